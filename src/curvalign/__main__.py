@@ -1,0 +1,3 @@
+from curvalign.cli import main
+
+main()

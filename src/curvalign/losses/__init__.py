@@ -1,0 +1,1 @@
+"""curvalign.losses"""

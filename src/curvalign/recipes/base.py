@@ -1,0 +1,178 @@
+"""The recipe contract: what a method is, as the trainer, the evaluations and the index see it.
+
+A recipe is an ``nn.Module`` that owns its heads and learnable scalars and composes
+geometry, scores and losses. It never runs a loop, reads files or logs: the trainer does.
+
+Embeddings
+    A recipe maps features to an ``Embedding``: a ``dict[str, Tensor]`` whose tensors all have
+    the number of items as leading dimension. The keys are the recipe's own, e.g. CLIP
+    ``{"point": [N, d]}`` (unit vectors), MERU ``{"point": [N, d]}`` (Lorentz space components),
+    PHyCLIP ``{"point": [N, k, d]}``, ProCLIP ``{"hyperbolic", "euclidean", "sphere"}``, AGR
+    ``{"euclidean", "lorentz", "context"}``. A dict of tensors slices, concatenates, gathers
+    across processes and saves (safetensors) without knowing the method.
+
+Scores
+    ``scores(texts, images, query)`` is the ranking score, higher is better, ``[Nt, Ni]``: the
+    same quantity the recipe trains with (distance, angle, routed score), never a cosine
+    stand-in. ``query`` says which side is the query, for methods whose score depends on it
+    (AGR's query gate; AtMG's angle at the text for text->image). ``pair_scores`` is the same
+    score for matched rows, ``[n]``, used to rerank candidates.
+
+Distributed training
+    ``loss`` receives a ``Gather``. A recipe embeds its local batch, gathers the embeddings of
+    all ranks (with gradients flowing to the local part), and scores its local rows against
+    all columns, with targets ``arange(B) + gather.offset(B)``. With the default single-process
+    ``Gather`` this is ordinary in-batch contrastive learning; with ``torch.distributed`` it
+    equals single-process training on the global batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar, Literal
+
+import torch
+from torch import Tensor, nn
+
+Embedding = dict[str, Tensor]
+Query = Literal["text", "image"]
+
+
+def slice_embedding(emb: Embedding, index: slice | Tensor) -> Embedding:
+    """Rows ``index`` of every tensor in ``emb``."""
+    return {k: v[index] for k, v in emb.items()}
+
+
+def cat_embeddings(parts: list[Embedding]) -> Embedding:
+    """Concatenate embeddings along the item dimension."""
+    if not parts:
+        raise ValueError("cat_embeddings needs at least one embedding")
+    return {k: torch.cat([p[k] for p in parts], dim=0) for k in parts[0]}
+
+
+def embedding_size(emb: Embedding) -> int:
+    """Number of items in ``emb`` (the shared leading dimension)."""
+    return int(next(iter(emb.values())).shape[0])
+
+
+@dataclass
+class Batch:
+    """One training step's inputs (features, not points).
+
+    image, text           [B, Di], [B, Dt]: B images, one of its captions each (row i with row i)
+    box_image, box_text   [B, Di], [B, Dt]: one box per image, matched with its noun phrase;
+                          ``box_image[i]`` is a crop of ``image[i]``
+    pair_a, pair_b        [P, Dt], [P, Dt]: scored text-text pairs; ``pair_score`` [P] in [0, 1]
+    """
+
+    image: Tensor
+    text: Tensor
+    box_image: Tensor | None = None
+    box_text: Tensor | None = None
+    pair_a: Tensor | None = None
+    pair_b: Tensor | None = None
+    pair_score: Tensor | None = None
+
+    def to(self, device: torch.device | str) -> "Batch":
+        return Batch(**{k: (v.to(device) if isinstance(v, Tensor) else v) for k, v in self.__dict__.items()})
+
+
+@dataclass
+class Progress:
+    """Where training stands; schedules read it. ``step`` counts from 0, ``total`` is the run's length."""
+
+    step: int
+    total: int
+
+    @property
+    def fraction(self) -> float:
+        return self.step / max(1, self.total)
+
+
+@dataclass
+class LossOutput:
+    """``total`` is the scalar to minimise; ``terms`` its weighted parts (they sum to ``total``),
+    named so a non-finite one can be reported; ``logs`` extra scalars for logging
+    (temperature, curvature, routing weight, gate, ...)."""
+
+    total: Tensor
+    terms: dict[str, Tensor]
+    logs: dict[str, float] = field(default_factory=dict)
+
+
+class Gather:
+    """Single-process gather: identity. ``train/distributed.py`` provides the multi-process one."""
+
+    rank: int = 0
+    world_size: int = 1
+
+    def __call__(self, emb: Embedding) -> Embedding:
+        return emb
+
+    def offset(self, local_batch: int) -> int:
+        """Index of this rank's first row in the gathered batch."""
+        return self.rank * local_batch
+
+
+class Recipe(nn.Module):
+    """Base class of the eight methods. Subclasses set ``name``, ``Config`` and ``requires``."""
+
+    name: ClassVar[str]
+    Config: ClassVar[type]
+    #: optional store parts the method trains on: subset of {"boxes", "text_pairs"}
+    requires: ClassVar[frozenset[str]] = frozenset()
+
+    def __init__(self, config, image_dim: int, text_dim: int) -> None:
+        super().__init__()
+        self.config = config
+        self.image_dim = image_dim
+        self.text_dim = text_dim
+
+    # --- embeddings -------------------------------------------------------------------------
+    def embed_images(self, features: Tensor) -> Embedding:
+        """[N, Di] image features -> Embedding with N items."""
+        raise NotImplementedError
+
+    def embed_texts(self, features: Tensor) -> Embedding:
+        """[N, Dt] text features -> Embedding with N items."""
+        raise NotImplementedError
+
+    # --- ranking ----------------------------------------------------------------------------
+    def scores(self, texts: Embedding, images: Embedding, query: Query = "text") -> Tensor:
+        """[Nt, Ni] ranking score, higher is better."""
+        raise NotImplementedError
+
+    def pair_scores(self, texts: Embedding, images: Embedding, query: Query = "text") -> Tensor:
+        """[n] score of matched rows (text i with image i); equals the diagonal of ``scores``."""
+        raise NotImplementedError
+
+    def zero_shot_scores(self, images: Embedding, prompts: Embedding, prompt_to_class: Tensor,
+                         num_classes: int) -> Tensor:
+        """[Ni, C] class scores from prompt embeddings ([Nq] items, class of each in
+        ``prompt_to_class``). Default: a class embedding per class (``class_embedding``), then
+        ``scores`` with the image as query."""
+        classes = cat_embeddings([
+            self.class_embedding(slice_embedding(prompts, torch.nonzero(prompt_to_class == c).flatten()))
+            for c in range(num_classes)
+        ])
+        return self.scores(classes, images, query="image").T
+
+    def class_embedding(self, prompts: Embedding) -> Embedding:
+        """One class's P prompt embeddings -> an Embedding with 1 item (the method's protocol)."""
+        raise NotImplementedError
+
+    # --- training ---------------------------------------------------------------------------
+    def loss(self, batch: Batch, progress: Progress, gather: Gather | None = None) -> LossOutput:
+        raise NotImplementedError
+
+    def on_step_start(self, progress: Progress) -> None:
+        """Curriculum hook, called before each step's forward (e.g. DualPath's path copy)."""
+
+    def no_decay_parameter_names(self) -> set[str]:
+        """Names of parameters that get no weight decay: scalars, curvatures, temperatures, gates.
+        Default: every parameter with fewer than two dimensions."""
+        return {n for n, p in self.named_parameters() if p.ndim < 2}
+
+    def log_values(self) -> dict[str, float]:
+        """Scalars worth a curve (temperature, curvature(s), gates), read at logging time."""
+        return {}
