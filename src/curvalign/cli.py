@@ -17,10 +17,23 @@ app = typer.Typer(
 )
 
 
+@app.callback()
+def _root() -> None:
+    """Geometry-aware contrastive alignment of images and texts."""
+
+
 def fail(message: str) -> None:
     """One clear error line on stderr and exit status 2; no traceback."""
     typer.secho(f"error: {message}", err=True, fg=typer.colors.RED)
     raise typer.Exit(code=2)
+
+
+@app.command()
+def version() -> None:
+    """Print the installed curvalign version."""
+    from curvalign import __version__
+
+    typer.echo(__version__)
 
 
 # --- train (issue: methods and trainer) -------------------------------------------------------
