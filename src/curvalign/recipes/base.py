@@ -113,6 +113,12 @@ class Gather:
         """Index of this rank's first row in the gathered batch."""
         return self.rank * local_batch
 
+    def average(self, value: Tensor) -> Tensor:
+        """Mean of ``value`` over ranks, with gradients. A loss term that is nonlinear in a batch
+        statistic (AGR's load balance ``(mean w - 0.5)^2``) must take the statistic through this,
+        or multi-process training would not equal training on the global batch."""
+        return value
+
 
 class Recipe(nn.Module):
     """Base class of the eight methods. Subclasses set ``name``, ``Config`` and ``requires``."""
