@@ -171,6 +171,11 @@ class Recipe(nn.Module):
     def loss(self, batch: Batch, progress: Progress, gather: Gather | None = None) -> LossOutput:
         raise NotImplementedError
 
+    def forward(self, batch: Batch, progress: Progress, gather: Gather | None = None) -> LossOutput:
+        """``loss`` under the name DistributedDataParallel calls: the trainer calls
+        ``model(batch, progress, gather)`` so that a DDP-wrapped recipe reduces its gradients."""
+        return self.loss(batch, progress, gather)
+
     def on_step_start(self, progress: Progress) -> None:
         """Curriculum hook, called before each step's forward (e.g. DualPath's path copy)."""
 
