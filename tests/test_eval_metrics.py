@@ -1,0 +1,170 @@
+"""curvalign.eval metrics against hand-computed cases (ties, several captions per image)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from curvalign.eval.compositional import hard_negative_accuracy
+from curvalign.eval.hierarchy import Taxonomy, hierarchical_metrics
+from curvalign.eval.ordering import ordering_accuracy
+from curvalign.eval.retrieval import image_to_text_ranks, recall_at_k, text_to_image_ranks
+from curvalign.eval.zeroshot import predict, topk_accuracy
+
+# 4 captions, 3 images; captions 0 and 1 describe image 0
+SCORES = torch.tensor([
+    [0.9, 0.1, 0.2],   # own image 0 first                          -> rank 0
+    [0.3, 0.5, 0.3],   # own image 0 (0.3) below 0.5 and tied 0.3   -> rank 2
+    [0.4, 0.4, 0.0],   # own image 1 (0.4) tied with image 0         -> rank 1
+    [0.1, 0.2, 0.05],  # own image 2 last                            -> rank 2
+])
+T2I = torch.tensor([0, 0, 1, 2])
+
+
+def test_text_to_image_ranks_count_ties_against():
+    assert text_to_image_ranks(SCORES, T2I).tolist() == [0, 2, 1, 2]
+
+
+def test_image_to_text_ranks_use_best_caption_and_ties_against():
+    # image 0: best caption 0.9, nothing wrong above -> 0; image 1: caption 2 (0.4) below caption 1 (0.5)
+    # -> 1; image 2: caption 3 (0.05) below captions 0 (0.2) and 1 (0.3) -> 2
+    assert image_to_text_ranks(SCORES, T2I).tolist() == [0, 1, 2]
+
+
+def test_recall_at_k_hand_computed():
+    r = recall_at_k(SCORES, T2I, ks=(1, 2, 3))
+    assert r == pytest.approx({"t2i@1": 1 / 4, "t2i@2": 2 / 4, "t2i@3": 1.0,
+                               "i2t@1": 1 / 3, "i2t@2": 2 / 3, "i2t@3": 1.0})
+
+
+def test_constant_scores_give_no_lucky_hits():
+    r = recall_at_k(torch.zeros(4, 3), T2I, ks=(1, 3))
+    assert r["t2i@1"] == 0.0 and r["i2t@1"] == 0.0
+    assert r["t2i@3"] == 1.0
+    # image 0 has two tied right captions: only the two wrong ones count against it (rank 2)
+    assert image_to_text_ranks(torch.zeros(4, 3), T2I).tolist() == [2, 3, 3]
+
+
+def test_any_caption_in_top_k_finds_the_image():
+    scores = torch.tensor([[0.0, 1.0], [1.0, 0.0], [0.5, 0.9]])  # captions 0,1 of image 0; 2 of image 1
+    t2i = torch.tensor([0, 0, 1])
+    # image 0: caption 1 is its top text although caption 0 is last
+    assert image_to_text_ranks(scores, t2i).tolist() == [0, 1]
+
+
+def test_i2t_scores_drive_image_to_text_only():
+    other = SCORES.flip(0).contiguous()
+    r = recall_at_k(SCORES, T2I, ks=(1,), i2t_scores=other)
+    assert r["t2i@1"] == recall_at_k(SCORES, T2I, ks=(1,))["t2i@1"]
+    assert r["i2t@1"] == recall_at_k(other, T2I, ks=(1,))["i2t@1"]
+
+
+def test_images_without_captions_are_left_out_of_i2t():
+    scores = torch.tensor([[1.0, 0.0, 0.5]])
+    assert image_to_text_ranks(scores, torch.tensor([0])).tolist() == [0, -1, -1]
+    assert recall_at_k(scores, torch.tensor([0]), ks=(1,))["i2t@1"] == 1.0
+
+
+def _brute_ranks(scores, t2i):
+    n_text, n_image = len(scores), len(scores[0])
+    t_ranks = [sum(1 for j in range(n_image) if j != t2i[t] and scores[t][j] >= scores[t][t2i[t]])
+               for t in range(n_text)]
+    i_ranks = []
+    for i in range(n_image):
+        right = [t for t in range(n_text) if t2i[t] == i]
+        if not right:
+            i_ranks.append(-1)
+            continue
+        best = max(scores[t][i] for t in right)
+        i_ranks.append(sum(1 for u in range(n_text) if t2i[u] != i and scores[u][i] >= best))
+    return t_ranks, i_ranks
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 6), st.integers(1, 5), st.data())
+def test_ranks_match_brute_force_with_many_ties(n_text, n_image, data):
+    values = data.draw(st.lists(st.lists(st.integers(0, 2), min_size=n_image, max_size=n_image),
+                                min_size=n_text, max_size=n_text))
+    t2i = data.draw(st.lists(st.integers(0, n_image - 1), min_size=n_text, max_size=n_text))
+    scores = torch.tensor(values, dtype=torch.float32)
+    t_ranks, i_ranks = _brute_ranks(values, t2i)
+    assert text_to_image_ranks(scores, torch.tensor(t2i)).tolist() == t_ranks
+    assert image_to_text_ranks(scores, torch.tensor(t2i)).tolist() == i_ranks
+
+
+def test_retrieval_rejects_bad_input():
+    with pytest.raises(ValueError, match="NaN"):
+        recall_at_k(torch.tensor([[float("nan")]]), torch.tensor([0]))
+    with pytest.raises(ValueError, match="text_to_image"):
+        recall_at_k(torch.zeros(2, 2), torch.tensor([0]))
+    with pytest.raises(ValueError, match="outside"):
+        recall_at_k(torch.zeros(1, 2), torch.tensor([5]))
+
+
+def test_zero_shot_topk_hand_computed():
+    scores = torch.tensor([[0.1, 0.5, 0.5], [0.9, 0.2, 0.1], [0.3, 0.3, 0.3], [1.0, 0.0, 0.0]])
+    labels = torch.tensor([1, 0, 2, -1])  # the last image has no class and is left out
+    assert topk_accuracy(scores, labels, ks=(1, 2, 3)) == pytest.approx({"top1": 1 / 3, "top2": 2 / 3, "top3": 1.0})
+    assert predict(scores[:3]).tolist() == [1, 0, 0]  # ties by lowest index
+
+
+# 0 root; 1 animal, 2 vehicle; 3 dog, 4 cat (under 1); 5 car (under 2); 6 puppy (under 3)
+PARENTS = [-1, 0, 0, 1, 1, 2, 3]
+# (pred, true) -> TIE, LCA, J, PH, RH by hand with A(n) excluding n
+HAND = {
+    (4, 3): (2, 1, 1.0, 1.0, 1.0),            # siblings share every ancestor
+    (5, 3): (4, 2, 1 / 3, 1 / 2, 1 / 2),      # only the root in common
+    (3, 3): (0, 1, 1.0, 1.0, 1.0),            # correct: LCA is 1 under this convention
+    (6, 3): (1, 2, 2 / 3, 2 / 3, 1.0),        # over-specialised: RH = 1
+    (1, 6): (2, 1, 1 / 3, 1.0, 1 / 3),        # over-generalised: PH = 1
+}
+
+
+@pytest.mark.parametrize("pair", list(HAND))
+def test_hierarchical_metrics_single_pairs(pair):
+    got = hierarchical_metrics([pair[0]], [pair[1]], PARENTS)
+    assert [got[k] for k in ("TIE", "LCA", "J", "PH", "RH")] == pytest.approx(HAND[pair])
+
+
+def test_hierarchical_metrics_average_over_samples():
+    pred, true = zip(*HAND)
+    got = hierarchical_metrics(torch.tensor(pred), torch.tensor(true), torch.tensor(PARENTS))
+    for i, key in enumerate(("TIE", "LCA", "J", "PH", "RH")):
+        assert got[key] == pytest.approx(sum(v[i] for v in HAND.values()) / len(HAND))
+
+
+def test_forest_is_joined_under_a_virtual_root():
+    tax = Taxonomy([-1, -1, 0, 1])  # two trees: 0 -> 2 and 1 -> 3
+    assert tax.virtual_root and tax.path_length(2, 3) == 4
+    got = hierarchical_metrics([2], [3], tax)
+    assert got == pytest.approx({"TIE": 4, "LCA": 2, "J": 1 / 3, "PH": 1 / 2, "RH": 1 / 2})
+
+
+def test_root_prediction_counts_empty_precision_ratio_as_one():
+    got = hierarchical_metrics([0], [3], PARENTS)
+    assert got == pytest.approx({"TIE": 2, "LCA": 1, "J": 0.0, "PH": 1.0, "RH": 0.0})
+
+
+def test_taxonomy_rejects_cycles_and_bad_ids():
+    with pytest.raises(ValueError, match="cycle"):
+        Taxonomy([-1, 2, 1])
+    with pytest.raises(ValueError, match="root"):
+        Taxonomy([1, 0])
+    with pytest.raises(ValueError, match="node ids"):
+        hierarchical_metrics([9], [0], PARENTS)
+
+
+def test_hard_negative_accuracy_per_kind_ties_lose():
+    true = torch.tensor([1.0, 1.0, 2.0, 0.5])
+    neg = torch.tensor([0.5, 1.0, 3.0, 0.1])  # second is a tie: lost
+    got = hard_negative_accuracy(true, neg, torch.tensor([0, 1, 1, 0]), ["object", "attribute"])
+    assert got == pytest.approx({"overall": 0.5, "object": 1.0, "attribute": 0.0})
+
+
+def test_ordering_accuracy_chain_and_pairs():
+    d = torch.tensor([[1.0, 2.0, 3.0], [1.0, 3.0, 2.0], [2.0, 2.0, 3.0]])  # equal distances count wrong
+    assert ordering_accuracy(d) == pytest.approx({"chain": 1 / 3, "pairs": 4 / 6})
+    with pytest.raises(ValueError, match="L >= 2"):
+        ordering_accuracy(torch.zeros(3, 1))
