@@ -42,15 +42,82 @@ image chains use the boxes: crop (general) -> full image (specific).
 
 Free-form JSON-serialisable facts (encoder name, the synthetic world's seed and sizes, ...)
 go in ``meta``.
+
+Rules that ``validate`` enforces (see docs/data.md for the on-disk format): every optional
+group is complete or absent; the taxonomy group needs the class group; features are finite
+floats, index fields integers within range (``image_labels`` may be -1, ``taxonomy_parents``
+is -1 exactly at roots and has no cycle); ``pair_scores`` lie in [0, 1]. An image without any
+caption is legal: retrieval galleries may hold distractor images that no text describes.
+
+On disk a store is a directory: ``meta.json`` plus one ``.npy`` file per tensor field, so that
+large feature arrays can be memory-mapped (``FeatureStore.load(path, mmap=True)``).
 """
 
 from __future__ import annotations
 
+import json
+import math
+import os
+import shutil
+import uuid
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
+
+FORMAT_NAME = "curvalign.feature_store"
+FORMAT_VERSION = 1
+
+# Tensor fields by kind. Float fields may be memory-mapped; index fields are small and always
+# loaded into memory as int64.
+FLOAT_FIELDS = (
+    "image_features",
+    "text_features",
+    "box_image_features",
+    "box_text_features",
+    "pair_a_features",
+    "pair_b_features",
+    "pair_scores",
+    "prompt_features",
+    "negative_features",
+    "chain_features",
+)
+INDEX_FIELDS = (
+    "text_to_image",
+    "image_split",
+    "box_to_image",
+    "prompt_to_class",
+    "image_labels",
+    "taxonomy_parents",
+    "class_to_node",
+    "negative_to_text",
+    "negative_kind",
+)
+TENSOR_FIELDS = FLOAT_FIELDS + INDEX_FIELDS
+LIST_FIELDS = ("split_names", "class_names", "taxonomy_names", "negative_kind_names")
+
+REQUIRED_FIELDS = ("image_features", "text_features", "text_to_image")
+# Optional groups: all of a group's fields are present, or none.
+GROUPS: dict[str, tuple[str, ...]] = {
+    "splits": ("image_split", "split_names"),
+    "boxes": ("box_image_features", "box_text_features", "box_to_image"),
+    "text_pairs": ("pair_a_features", "pair_b_features", "pair_scores"),
+    "classes": ("class_names", "prompt_features", "prompt_to_class", "image_labels"),
+    "taxonomy": ("taxonomy_names", "taxonomy_parents", "class_to_node"),
+    "negatives": ("negative_features", "negative_to_text", "negative_kind", "negative_kind_names"),
+    "chains": ("chain_features",),
+}
+
+# Rows per chunk when scanning float arrays for NaN/inf: bounded memory on memory-mapped stores.
+_SCAN_ELEMENTS = 1 << 22
+
+
+class FeatureStoreError(ValueError):
+    """A feature store (in memory or on disk) that breaks the format; the message names the field or file."""
 
 
 @dataclass
@@ -128,6 +195,11 @@ class FeatureStore:
     def has_chains(self) -> bool:
         return self.chain_features is not None
 
+    @property
+    def groups(self) -> list[str]:
+        """Names of the optional groups present (keys of ``GROUPS``)."""
+        return [g for g, names in GROUPS.items() if getattr(self, names[0]) is not None]
+
     def split_image_ids(self, name: str) -> Tensor:
         """Ids of the images in split ``name``; every image when the store has no splits."""
         if self.image_split is None or self.split_names is None:
@@ -135,3 +207,436 @@ class FeatureStore:
         if name not in self.split_names:
             raise ValueError(f"split {name!r} not in this store; it has {self.split_names}")
         return torch.nonzero(self.image_split == self.split_names.index(name)).flatten()
+
+    def texts_of_split(self, name: str) -> Tensor:
+        """Ids of the texts whose image is in split ``name`` (every text when there are no splits)."""
+        if self.image_split is None or self.split_names is None:
+            return torch.arange(self.num_texts)
+        in_split = torch.zeros(self.num_images, dtype=torch.bool)
+        in_split[self.split_image_ids(name)] = True
+        return torch.nonzero(in_split[self.text_to_image.long()]).flatten()
+
+    def select_split(self, name: str) -> FeatureStore:
+        """The store restricted to the images of split ``name`` (see ``subset``)."""
+        return self.subset(self.split_image_ids(name))
+
+    def prompt_ids_of_class(self, class_id: int) -> Tensor:
+        """Rows of ``prompt_features`` that belong to class ``class_id``."""
+        if self.prompt_to_class is None:
+            raise ValueError("this store has no zero-shot classes (prompt_features is absent)")
+        return torch.nonzero(self.prompt_to_class == class_id).flatten()
+
+    def subset(self, image_ids: Tensor | Sequence[int]) -> FeatureStore:
+        """A new store with the images ``image_ids`` (new image ``i`` is old ``image_ids[i]``).
+
+        Captions, boxes and labels of those images are kept and reindexed; hard negatives follow
+        their caption. Parts not tied to images (text pairs, prompts, taxonomy, chains) and
+        ``meta`` are kept whole. Tensors are copied, so a subset of a memory-mapped store lives
+        in memory.
+        """
+        ids = torch.as_tensor(image_ids, dtype=torch.long).flatten()
+        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self.num_images):
+            raise ValueError(f"subset: image ids must lie in [0, {self.num_images}), got {int(ids.min())}..{int(ids.max())}")
+        if torch.unique(ids).numel() != ids.numel():
+            raise ValueError("subset: image ids contain duplicates")
+        new_image = torch.full((self.num_images,), -1, dtype=torch.long)
+        new_image[ids] = torch.arange(ids.numel())
+
+        text_ids = torch.nonzero(new_image[self.text_to_image.long()] >= 0).flatten()
+        changes: dict[str, Any] = {
+            "image_features": self.image_features[ids],
+            "text_features": self.text_features[text_ids],
+            "text_to_image": new_image[self.text_to_image[text_ids].long()],
+            "meta": dict(self.meta),
+        }
+        if self.image_split is not None:
+            changes["image_split"] = self.image_split[ids]
+        if self.image_labels is not None:
+            changes["image_labels"] = self.image_labels[ids]
+        if self.box_to_image is not None:
+            assert self.box_image_features is not None and self.box_text_features is not None
+            box_ids = torch.nonzero(new_image[self.box_to_image.long()] >= 0).flatten()
+            changes["box_image_features"] = self.box_image_features[box_ids]
+            changes["box_text_features"] = self.box_text_features[box_ids]
+            changes["box_to_image"] = new_image[self.box_to_image[box_ids].long()]
+        if self.negative_to_text is not None:
+            assert self.negative_features is not None and self.negative_kind is not None
+            new_text = torch.full((self.num_texts,), -1, dtype=torch.long)
+            new_text[text_ids] = torch.arange(text_ids.numel())
+            neg_ids = torch.nonzero(new_text[self.negative_to_text.long()] >= 0).flatten()
+            changes["negative_features"] = self.negative_features[neg_ids]
+            changes["negative_to_text"] = new_text[self.negative_to_text[neg_ids].long()]
+            changes["negative_kind"] = self.negative_kind[neg_ids]
+        kept = {f: getattr(self, f) for f in TENSOR_FIELDS + LIST_FIELDS if f not in changes}
+        return FeatureStore(**{**kept, **changes})
+
+    def __repr__(self) -> str:
+        # The dataclass default would print every tensor in full.
+        parts = [f"images={self.num_images}x{self.image_dim}", f"texts={self.num_texts}x{self.text_dim}"]
+        if self.has_boxes:
+            parts.append(f"boxes={_rows(self.box_to_image)}")
+        if self.has_text_pairs:
+            parts.append(f"text_pairs={_rows(self.pair_scores)}")
+        if self.class_names is not None:
+            parts.append(f"classes={len(self.class_names)} prompts={_rows(self.prompt_features)}")
+        if self.taxonomy_names is not None:
+            parts.append(f"taxonomy_nodes={len(self.taxonomy_names)}")
+        if self.has_negatives:
+            parts.append(f"negatives={_rows(self.negative_features)}")
+        if self.has_chains:
+            assert self.chain_features is not None
+            parts.append(f"chains={tuple(self.chain_features.shape[:2])}")
+        if self.split_names is not None:
+            parts.append(f"splits={self.split_names}")
+        return f"FeatureStore({', '.join(parts)})"
+
+    # --- validation ---------------------------------------------------------------------------
+
+    def validate(self, check_values: bool = True) -> None:
+        """Raise ``FeatureStoreError`` naming the first field that breaks the format.
+
+        ``check_values=False`` skips the scan of every float for NaN/inf (one pass over the data,
+        the only check whose cost grows with the size of the features).
+        """
+        _validate(self, lambda name: f"field {name!r}", "feature store", check_values)
+
+    # --- persistence --------------------------------------------------------------------------
+
+    def save(self, path: str | os.PathLike[str], overwrite: bool = False) -> Path:
+        """Write the store as a directory ``path`` (``meta.json`` + one ``.npy`` per tensor field).
+
+        The write is atomic: files go into a temporary sibling directory that is renamed into
+        place at the end, so a crash never leaves a half-written store at ``path``. An existing
+        ``path`` is an error unless ``overwrite=True``, and even then only an existing feature
+        store or an empty directory is replaced. Float features keep their dtype (bfloat16,
+        which ``.npy`` cannot hold, is written as float32); index fields are written as int64.
+        """
+        self.validate(check_values=False)
+        target = Path(path)
+        if target.exists() or target.is_symlink():
+            if not overwrite:
+                raise FeatureStoreError(f"{target} already exists; pass overwrite=True to replace it")
+            if not target.is_dir() or (any(target.iterdir()) and not (target / "meta.json").is_file()):
+                raise FeatureStoreError(f"{target} exists and is not a feature store; not replacing it")
+        header = self._meta_json()
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.parent / f".{target.name}.tmp-{uuid.uuid4().hex[:8]}"
+        tmp.mkdir()
+        try:
+            for name in TENSOR_FIELDS:
+                value = getattr(self, name)
+                if value is not None:
+                    np.save(tmp / f"{name}.npy", _to_numpy(value, index=name in INDEX_FIELDS), allow_pickle=False)
+            # meta.json last: a directory with meta.json is complete.
+            (tmp / "meta.json").write_text(json.dumps(header, indent=1) + "\n")
+            if target.exists():
+                trash = target.parent / f".{target.name}.old-{uuid.uuid4().hex[:8]}"
+                os.rename(target, trash)
+                os.rename(tmp, target)
+                shutil.rmtree(trash, ignore_errors=True)
+            else:
+                os.rename(tmp, target)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        return target
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str], mmap: bool = False, check_values: bool = True) -> FeatureStore:
+        """Read a store written by ``save`` and validate it.
+
+        ``mmap=True`` memory-maps the float arrays (copy-on-write: the files are never modified),
+        so stores larger than memory can be read in chunks. ``check_values=False`` skips the
+        NaN/inf scan, which reads every float once.
+        """
+        root = Path(path)
+        where = f"feature store {root}"
+        if not root.is_dir():
+            raise FeatureStoreError(f"{where}: no such directory" if not root.exists() else f"{where}: not a directory")
+        meta_path = root / "meta.json"
+        if not meta_path.is_file():
+            raise FeatureStoreError(f"{where}: meta.json is missing (not a feature store directory?)")
+        try:
+            header = json.loads(meta_path.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise FeatureStoreError(f"{where}: meta.json is not readable JSON ({exc})") from None
+        if not isinstance(header, dict) or header.get("format") != FORMAT_NAME:
+            raise FeatureStoreError(f"{where}: meta.json does not describe a curvalign feature store (format {FORMAT_NAME!r} expected)")
+        version = header.get("version")
+        if version != FORMAT_VERSION:
+            raise FeatureStoreError(
+                f"{where}: meta.json has format version {version!r}; this curvalign reads version {FORMAT_VERSION}"
+            )
+        groups = header.get("groups", [])
+        arrays = header.get("arrays", {})
+        if not isinstance(groups, list) or not isinstance(arrays, dict) or any(g not in GROUPS for g in groups):
+            raise FeatureStoreError(f"{where}: meta.json 'groups' must list names from {list(GROUPS)}, got {groups!r}")
+        expected = list(REQUIRED_FIELDS) + [f for g in groups for f in GROUPS[g]]
+        values: dict[str, Any] = {}
+        for name in expected:
+            if name in LIST_FIELDS:
+                names = header.get(name)
+                if not isinstance(names, list) or not all(isinstance(s, str) for s in names):
+                    raise FeatureStoreError(f"{where}: meta.json lacks the list of strings {name!r} (group present)")
+                values[name] = names
+                continue
+            file = root / f"{name}.npy"
+            if not file.is_file():
+                raise FeatureStoreError(f"{where}: {file.name} is missing")
+            try:
+                array = np.load(file, mmap_mode="c" if mmap and name in FLOAT_FIELDS else None, allow_pickle=False)
+            except (OSError, ValueError, EOFError) as exc:
+                raise FeatureStoreError(f"{where}: {file.name} is not a readable .npy array ({exc})") from None
+            recorded = arrays.get(name, {})
+            if list(array.shape) != recorded.get("shape", list(array.shape)):
+                raise FeatureStoreError(
+                    f"{where}: {file.name} has shape {list(array.shape)} but meta.json records {recorded['shape']}"
+                )
+            values[name] = _from_numpy(array, name, f"{where}: {file.name}")
+        meta = header.get("meta", {})
+        if not isinstance(meta, dict):
+            raise FeatureStoreError(f"{where}: meta.json 'meta' must be an object")
+        store = cls(**values, meta=meta)
+        _validate(store, lambda name: f"{name}.npy" if name in TENSOR_FIELDS else f"meta.json {name!r}", where, check_values)
+        return store
+
+    def _meta_json(self) -> dict[str, Any]:
+        header: dict[str, Any] = {
+            "format": FORMAT_NAME,
+            "version": FORMAT_VERSION,
+            "counts": {
+                "images": self.num_images,
+                "texts": self.num_texts,
+                "boxes": _rows(self.box_to_image),
+                "text_pairs": _rows(self.pair_scores),
+                "classes": len(self.class_names) if self.class_names is not None else 0,
+                "prompts": _rows(self.prompt_to_class),
+                "taxonomy_nodes": _rows(self.taxonomy_parents),
+                "negatives": _rows(self.negative_to_text),
+                "chains": _rows(self.chain_features),
+            },
+            "dims": {"image": self.image_dim, "text": self.text_dim},
+            "groups": self.groups,
+            "arrays": {
+                name: {"shape": list(getattr(self, name).shape), "dtype": _disk_dtype(getattr(self, name), name)}
+                for name in TENSOR_FIELDS
+                if getattr(self, name) is not None
+            },
+        }
+        for name in LIST_FIELDS:
+            if getattr(self, name) is not None:
+                header[name] = list(getattr(self, name))
+        try:
+            json.dumps(self.meta)
+        except (TypeError, ValueError) as exc:
+            raise FeatureStoreError(f"feature store: field 'meta' is not JSON-serialisable ({exc})") from None
+        header["meta"] = self.meta
+        return header
+
+
+# --- helpers ----------------------------------------------------------------------------------
+
+
+def _rows(t: Tensor | None) -> int:
+    return 0 if t is None else int(t.shape[0])
+
+
+def _disk_dtype(t: Tensor, name: str) -> str:
+    if name in INDEX_FIELDS:
+        return "int64"
+    return "float32" if t.dtype == torch.bfloat16 else str(t.dtype).removeprefix("torch.")
+
+
+def _to_numpy(t: Tensor, index: bool) -> np.ndarray:
+    t = t.detach().cpu()
+    if index:
+        t = t.long()
+    elif t.dtype == torch.bfloat16:
+        t = t.float()
+    return t.numpy()
+
+
+def _from_numpy(array: np.ndarray, name: str, where: str) -> Tensor:
+    if name in INDEX_FIELDS:
+        if array.dtype.kind not in "iu":
+            raise FeatureStoreError(f"{where} holds {array.dtype} values; integer indices expected")
+        return torch.from_numpy(np.ascontiguousarray(array, dtype=np.int64))
+    if array.dtype not in (np.float16, np.float32, np.float64):
+        raise FeatureStoreError(f"{where} holds {array.dtype} values; float16, float32 or float64 expected")
+    return torch.from_numpy(array)
+
+
+def _validate(store: FeatureStore, describe: Callable[[str], str], where: str, check_values: bool) -> None:
+    """All of the format's rules, in an order that makes the first error the most basic one."""
+
+    def fail(message: str) -> None:
+        raise FeatureStoreError(f"{where}: {message}")
+
+    for name in REQUIRED_FIELDS:
+        if getattr(store, name) is None:
+            fail(f"{describe(name)} is required but missing")
+    for group, names in GROUPS.items():
+        present = [n for n in names if getattr(store, n) is not None]
+        if present and len(present) != len(names):
+            missing = [n for n in names if n not in present]
+            fail(
+                f"optional group {group!r} is only partly present: has {', '.join(present)} "
+                f"but lacks {', '.join(missing)} (a group is all present or all absent)"
+            )
+    if store.taxonomy_parents is not None and store.class_names is None:
+        fail("the taxonomy group needs the classes group (class_to_node maps classes to nodes)")
+
+    for name in TENSOR_FIELDS:
+        value = getattr(store, name)
+        if value is None:
+            continue
+        if not isinstance(value, Tensor):
+            fail(f"{describe(name)} must be a torch.Tensor, got {type(value).__name__}")
+        if name in FLOAT_FIELDS and not value.is_floating_point():
+            fail(f"{describe(name)} has dtype {value.dtype}; floating-point features expected")
+        if name in INDEX_FIELDS and (value.is_floating_point() or value.is_complex() or value.dtype == torch.bool):
+            fail(f"{describe(name)} has dtype {value.dtype}; integer indices expected")
+    for name in LIST_FIELDS:
+        value = getattr(store, name)
+        if value is not None and (not isinstance(value, (list, tuple)) or not all(isinstance(s, str) for s in value)):
+            fail(f"{describe(name)} must be a list of strings")
+    if not isinstance(store.meta, dict):
+        fail("meta must be a dict")
+
+    def ndim(name: str, expected: int, what: str) -> None:
+        value = getattr(store, name)
+        if value is not None and value.dim() != expected:
+            fail(f"{describe(name)} must be {expected}-D ({what}), got shape {list(value.shape)}")
+
+    ndim("image_features", 2, "[images, image_dim]")
+    ndim("text_features", 2, "[texts, text_dim]")
+    ndim("box_image_features", 2, "[boxes, image_dim]")
+    ndim("box_text_features", 2, "[boxes, text_dim]")
+    ndim("pair_a_features", 2, "[pairs, text_dim]")
+    ndim("pair_b_features", 2, "[pairs, text_dim]")
+    ndim("prompt_features", 2, "[prompts, text_dim]")
+    ndim("negative_features", 2, "[negatives, text_dim]")
+    ndim("chain_features", 3, "[chains, chain_length, text_dim]")
+    for name in ("pair_scores",) + INDEX_FIELDS:
+        ndim(name, 1, "one entry per row")
+
+    di, dt = store.image_dim, store.text_dim
+    for name, dim, what in (
+        ("box_image_features", di, "image_features"),
+        ("box_text_features", dt, "text_features"),
+        ("pair_a_features", dt, "text_features"),
+        ("pair_b_features", dt, "text_features"),
+        ("prompt_features", dt, "text_features"),
+        ("negative_features", dt, "text_features"),
+        ("chain_features", dt, "text_features"),
+    ):
+        value = getattr(store, name)
+        if value is not None and value.shape[-1] != dim:
+            fail(f"{describe(name)} has feature dimension {value.shape[-1]} but {what} has {dim}")
+
+    def same_rows(name: str, reference: str, what: str) -> None:
+        value, ref = getattr(store, name), getattr(store, reference)
+        if value is not None and ref is not None and value.shape[0] != ref.shape[0]:
+            fail(f"{describe(name)} has {value.shape[0]} entries but {describe(reference)} has {ref.shape[0]} rows ({what})")
+
+    same_rows("text_to_image", "text_features", "one image index per text")
+    same_rows("image_split", "image_features", "one split per image")
+    same_rows("box_text_features", "box_image_features", "one noun phrase per crop")
+    same_rows("box_to_image", "box_image_features", "one image index per box")
+    same_rows("pair_b_features", "pair_a_features", "pairs come in two matching halves")
+    same_rows("pair_scores", "pair_a_features", "one score per pair")
+    same_rows("prompt_to_class", "prompt_features", "one class per prompt")
+    same_rows("image_labels", "image_features", "one label per image")
+    same_rows("negative_to_text", "negative_features", "one true text per negative")
+    same_rows("negative_kind", "negative_features", "one kind per negative")
+    if store.taxonomy_parents is not None:
+        assert store.taxonomy_names is not None and store.class_to_node is not None and store.class_names is not None
+        if len(store.taxonomy_names) != store.taxonomy_parents.shape[0]:
+            fail(
+                f"{describe('taxonomy_parents')} has {store.taxonomy_parents.shape[0]} entries but "
+                f"{describe('taxonomy_names')} names {len(store.taxonomy_names)} nodes"
+            )
+        if len(store.class_names) != store.class_to_node.shape[0]:
+            fail(f"{describe('class_to_node')} has {store.class_to_node.shape[0]} entries but there are {len(store.class_names)} classes")
+
+    def in_range(name: str, upper: int, what: str, allow_minus_one: bool = False) -> None:
+        value = getattr(store, name)
+        if value is None or value.numel() == 0:
+            return
+        low = -1 if allow_minus_one else 0
+        bad = (value < low) | (value >= upper)
+        if bool(bad.any()):
+            first = int(torch.nonzero(bad)[0])
+            allowed = f"[{low}, {upper})" if upper > low else "nothing (there is nothing to point to)"
+            fail(f"{describe(name)} has {int(bad.sum())} entries outside {allowed} ({what}); first at row {first}: {int(value[first])}")
+
+    in_range("text_to_image", store.num_images, "image indices")
+    in_range("box_to_image", store.num_images, "image indices")
+    if store.split_names is not None:
+        in_range("image_split", len(store.split_names), "indices into split_names")
+    if store.class_names is not None:
+        in_range("prompt_to_class", len(store.class_names), "class indices")
+        in_range("image_labels", len(store.class_names), "class indices, -1 for none", allow_minus_one=True)
+    if store.taxonomy_names is not None:
+        in_range("class_to_node", len(store.taxonomy_names), "taxonomy node indices")
+        in_range("taxonomy_parents", len(store.taxonomy_names), "parent node, -1 for a root", allow_minus_one=True)
+        _check_forest(store, describe, fail)
+    in_range("negative_to_text", store.num_texts, "text indices")
+    if store.negative_kind_names is not None:
+        in_range("negative_kind", len(store.negative_kind_names), "indices into negative_kind_names")
+
+    if check_values:
+        for name in FLOAT_FIELDS:
+            value = getattr(store, name)
+            if value is not None:
+                bad_rows, first = _count_nonfinite_rows(value)
+                if bad_rows:
+                    fail(f"{describe(name)} has {bad_rows} row{'s' if bad_rows > 1 else ''} with NaN or inf values (first: row {first})")
+        if store.pair_scores is not None and store.pair_scores.numel():
+            scores = store.pair_scores
+            bad = (scores < 0) | (scores > 1)
+            if bool(bad.any()):
+                first = int(torch.nonzero(bad)[0])
+                fail(f"{describe('pair_scores')} has {int(bad.sum())} scores outside [0, 1]; first at row {first}: {float(scores[first])}")
+
+
+def _check_forest(store: FeatureStore, describe: Callable[[str], str], fail: Callable[[str], None]) -> None:
+    """Fail if following parents from some node never reaches a root (-1): a cycle."""
+    parents = store.taxonomy_parents
+    assert parents is not None and store.taxonomy_names is not None
+    n = parents.shape[0]
+    if n == 0:
+        return
+    # Pointer doubling: node n is a sentinel above every root; after 2^k >= n jumps every node
+    # of an acyclic forest sits on the sentinel.
+    up = torch.cat([torch.where(parents < 0, torch.full_like(parents, n), parents).long(), torch.tensor([n])])
+    for _ in range(max(1, math.ceil(math.log2(n + 1))) + 1):
+        up = up[up]
+    stuck = torch.nonzero(up[:n] != n).flatten()
+    if stuck.numel():
+        # Walk from a stuck node until a node repeats: that node lies on the cycle.
+        seen: list[int] = []
+        node = int(stuck[0])
+        while node not in seen:
+            seen.append(node)
+            node = int(parents[node])
+        cycle = seen[seen.index(node):]
+        names = " -> ".join(store.taxonomy_names[i] for i in cycle[:6]) + (" -> ..." if len(cycle) > 6 else "")
+        fail(f"{describe('taxonomy_parents')} has a cycle ({names} -> {store.taxonomy_names[node]}); the taxonomy must be a forest")
+
+
+def _count_nonfinite_rows(values: Tensor) -> tuple[int, int]:
+    """(number of rows holding a NaN or inf, first such row), scanning in bounded chunks."""
+    if values.numel() == 0:
+        return 0, -1
+    rows = values.shape[0]
+    flat = values.reshape(rows, -1)
+    step = max(1, _SCAN_ELEMENTS // max(1, flat.shape[1]))
+    count, first = 0, -1
+    for start in range(0, rows, step):
+        bad = ~torch.isfinite(flat[start : start + step]).all(dim=1)
+        n_bad = int(bad.sum())
+        if n_bad and first < 0:
+            first = start + int(torch.nonzero(bad)[0])
+        count += n_bad
+    return count, first
