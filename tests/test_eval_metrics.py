@@ -168,3 +168,104 @@ def test_ordering_accuracy_chain_and_pairs():
     assert ordering_accuracy(d) == pytest.approx({"chain": 1 / 3, "pairs": 4 / 6})
     with pytest.raises(ValueError, match="L >= 2"):
         ordering_accuracy(torch.zeros(3, 1))
+
+
+# --- evaluate() on a stand-in Lorentz recipe and a hand-built store ------------------------------
+
+from curvalign.data.features import FeatureStore  # noqa: E402
+from curvalign.eval import evaluate  # noqa: E402
+from curvalign.eval.diagnostics import (dist0, distance_to_origin, dominance, eigen_spectrum,  # noqa: E402
+                                        factorwise_max, logmap0, routing_statistics)
+
+
+class _IdentityLorentz(torch.nn.Module):
+    """Features are the Lorentz points themselves (c = 1); score = -distance."""
+
+    name = "meru"
+    curvature = 1.0
+
+    def embed_images(self, f):
+        return {"point": f}
+
+    def embed_texts(self, f):
+        return {"point": f}
+
+    def scores(self, texts, images, query="text"):
+        x, y = texts["point"].double(), images["point"].double()
+        tx = (1 + (x * x).sum(-1, keepdim=True)).sqrt()
+        ty = (1 + (y * y).sum(-1, keepdim=True)).sqrt()
+        return -torch.acosh((tx * ty.T - x @ y.T).clamp_min(1.0)).float()
+
+    def pair_scores(self, texts, images, query="text"):
+        return torch.stack([self.scores({"point": a[None]}, {"point": b[None]})[0, 0]
+                            for a, b in zip(texts["point"], images["point"])])
+
+    def zero_shot_scores(self, images, prompts, prompt_to_class, num_classes):
+        classes = torch.stack([prompts["point"][prompt_to_class == c].mean(0) for c in range(num_classes)])
+        return self.scores({"point": classes}, images).T
+
+
+def _toy_store():
+    image = torch.tensor([[2.0, 0.0], [0.0, 2.0], [-2.0, 0.0], [0.0, -2.0]])
+    text = torch.tensor([[1.0, 0.0], [0.0, 1.0], [-1.0, 0.1], [0.1, 1.0]])  # last caption points to image 1
+    return FeatureStore(
+        image_features=image, text_features=text, text_to_image=torch.tensor([0, 1, 2, 3]),
+        image_split=torch.tensor([1, 1, 1, 1]), split_names=["train", "test"],
+        box_image_features=torch.tensor([[1.0, 0.0], [0.0, 3.0]]), box_text_features=torch.zeros(2, 2),
+        box_to_image=torch.tensor([0, 1]),
+        class_names=["a", "b"], prompt_features=torch.tensor([[1.0, 0.0], [0.0, 1.0]]),
+        prompt_to_class=torch.tensor([0, 1]), image_labels=torch.tensor([0, 1, -1, -1]),
+        taxonomy_names=["root", "a", "b"], taxonomy_parents=torch.tensor([-1, 0, 0]), class_to_node=torch.tensor([1, 2]),
+        negative_features=torch.tensor([[0.0, 1.0], [1.0, 0.0]]), negative_to_text=torch.tensor([0, 1]),
+        negative_kind=torch.tensor([0, 1]), negative_kind_names=["object", "attribute"],
+        chain_features=torch.tensor([[[0.1, 0.0], [0.5, 0.0], [1.0, 0.0]], [[1.0, 0.0], [0.5, 0.0], [2.0, 0.0]]]),
+    )
+
+
+def test_evaluate_runs_every_supported_metric_with_the_recipe_score():
+    res = evaluate(_IdentityLorentz(), _toy_store(), split="test")
+    assert res["meta"]["num_images"] == 4 and res["meta"]["num_texts"] == 4
+    # caption 3 is nearest image 1, not its own image 3: 3 of 4 captions find their image first
+    assert res["retrieval"]["t2i@1"] == pytest.approx(3 / 4)
+    assert res["zeroshot"]["top1"] == 1.0
+    assert res["hierarchy"] == pytest.approx({"TIE": 0, "LCA": 1, "J": 1, "PH": 1, "RH": 1})
+    assert res["compositional"] == pytest.approx({"overall": 1.0, "object": 1.0, "attribute": 1.0})
+    assert res["ordering"]["text"] == pytest.approx({"chain": 0.5, "pairs": 3 / 4})
+    assert res["ordering"]["image"] == pytest.approx({"chain": 0.5, "pairs": 0.5})  # crop 2 is beyond its image
+    assert res["diagnostics"]["distance_to_origin"]["image"]["mean"] == pytest.approx(float(torch.asinh(torch.tensor(2.0))))
+
+
+def test_evaluate_reports_ordering_as_not_applicable_without_an_origin():
+    recipe = _IdentityLorentz()
+    recipe.name = "clip"
+    res = evaluate(recipe, _toy_store())
+    assert res["ordering"]["text"] is None and "n/a" in res["ordering"]["note"]
+
+
+def test_dist0_and_logmap0_match_closed_forms():
+    x = torch.tensor([[3.0, 4.0]])
+    assert dist0(x, 1.0).item() == pytest.approx(float(torch.asinh(torch.tensor(5.0))))
+    assert dist0(x, 4.0).item() == pytest.approx(float(torch.asinh(torch.tensor(10.0))) / 2)
+    v = logmap0(x, 1.0)
+    assert v.norm().item() == pytest.approx(dist0(x, 1.0).item())  # |log_o(x)| = d(o, x)
+    assert logmap0(torch.zeros(1, 2), 1.0).abs().max().item() == 0.0
+
+
+def test_factorwise_max_keeps_the_farther_factor():
+    a = torch.tensor([[[1.0, 0.0], [0.1, 0.0]]])
+    b = torch.tensor([[[0.2, 0.0], [0.0, 2.0]]])
+    assert factorwise_max(a, b, torch.tensor([1.0, 1.0])).tolist() == [[[1.0, 0.0], [0.0, 2.0]]]
+
+
+def test_spectrum_of_a_line_has_one_direction():
+    x = torch.tensor([[1.0, 2.0], [2.0, 4.0], [3.0, 6.0]])
+    s = eigen_spectrum(x)
+    assert s[0].item() == pytest.approx(5.0) and s[1].item() == pytest.approx(0.0, abs=1e-9)
+
+
+def test_routing_statistics_reads_the_weight_at_warmup_end():
+    rows = [{"step": s, "routing_weight": w, "query_gate": 0.5} for s, w in [(0, 0.5), (10, 0.95), (20, 0.4)]]
+    stats = routing_statistics(rows, warmup_end_step=15)
+    assert stats["weight_at_warmup_end"] == 0.95 and stats["dominance_at_warmup_end"] == "euclidean"
+    assert stats["weight_mean_over_training"] == pytest.approx((0.5 + 0.95 + 0.4) / 3)
+    assert dominance(0.05) == "hyperbolic" and dominance(0.5) == "balanced"
