@@ -1,0 +1,219 @@
+"""The training batch sampler: which images, captions, boxes and text pairs each step sees.
+
+Per step the sampler draws ``batch_size`` distinct images of the "train" split and, for each, one
+random caption (and one random box when the recipe requires "boxes"), plus ``pair_batch_size``
+scored text pairs when it requires "text_pairs".
+
+Epochs. Images are visited in a fresh random permutation per epoch, so each train image is
+drawn exactly once per epoch, with one caption drawn at that visit ("one random caption per
+image per epoch"). Batches do not drop the ragged tail: a batch that crosses an epoch boundary
+takes the last images of one epoch and the first of the next, and the next permutation is
+arranged so that none of those first images repeats one already in that batch (an image twice
+in one batch would be its own negative). Text pairs are visited the same way, independently.
+
+Boxes. When the recipe requires boxes, only images with at least one box are trained on (the
+box terms need a crop of every image in the batch); how many were left out is reported in
+``summary``. Images without any caption cannot form a pair and are left out likewise.
+
+State. ``state_dict`` holds the generator state, the current permutations and positions, so a
+resumed run draws exactly the batches an uninterrupted run would have drawn.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+import torch
+from torch import Tensor
+
+from curvalign.data.features import FeatureStore
+from curvalign.recipes.base import Batch
+
+
+class SamplingError(ValueError):
+    """The store cannot feed the requested batches (missing part, too few items, bad values)."""
+
+
+class _EpochStream:
+    """Indices ``0..n-1`` in a new random order per epoch, served in chunks of ``size`` that never
+    repeat an index within one chunk."""
+
+    def __init__(self, n: int, generator: torch.Generator) -> None:
+        self.n = n
+        self.generator = generator
+        self.epoch = 0
+        self.position = 0
+        self.order = torch.randperm(n, generator=generator)
+
+    def take(self, size: int) -> Tensor:
+        chunk = self.order[self.position:self.position + size]
+        self.position += len(chunk)
+        if len(chunk) < size:
+            order = torch.randperm(self.n, generator=self.generator)
+            seen = torch.isin(order, chunk)
+            self.order = torch.cat([order[~seen], order[seen]])  # the chunk's indices go last
+            self.epoch += 1
+            rest = size - len(chunk)
+            chunk = torch.cat([chunk, self.order[:rest]])
+            self.position = rest
+        return chunk
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"n": self.n, "epoch": self.epoch, "position": self.position, "order": self.order.clone()}
+
+    def load_state_dict(self, state: dict[str, Any], what: str) -> None:
+        if int(state["n"]) != self.n:
+            raise SamplingError(f"sampler state is for {state['n']} {what}, this data has {self.n}: "
+                                "resume with the data the run was trained on")
+        self.epoch = int(state["epoch"])
+        self.position = int(state["position"])
+        self.order = state["order"].clone()
+
+
+def _grouped(owner: Tensor, n_owners: int) -> tuple[Tensor, Tensor, Tensor]:
+    """Items grouped by owner: (items sorted by owner, start offset per owner, count per owner)."""
+    owner = owner.long()
+    order = torch.argsort(owner, stable=True)
+    counts = torch.bincount(owner, minlength=n_owners)
+    starts = torch.cumsum(counts, 0) - counts
+    return order, starts, counts
+
+
+def check_finite(store: FeatureStore, fields: Iterable[str]) -> None:
+    """SamplingError naming the first field and row that holds NaN or inf."""
+    for name in fields:
+        value = getattr(store, name)
+        if value is None or not value.is_floating_point():
+            continue
+        bad = ~torch.isfinite(value)
+        if bad.any():
+            row = int(torch.nonzero(bad.reshape(bad.shape[0], -1).any(dim=1))[0])
+            raise SamplingError(f"feature store field {name!r} has non-finite values (first at row {row}); "
+                                "clean the features before training")
+
+
+class BatchSampler:
+    """Draws training batches from a FeatureStore (see the module docstring).
+
+    ``requires`` is the recipe's ``requires`` (subset of {"boxes", "text_pairs"}); ``recipe``
+    and ``data`` only name things in error messages.
+    """
+
+    def __init__(self, store: FeatureStore, batch_size: int, *, seed: int = 0,
+                 requires: Iterable[str] = (), pair_batch_size: int = 64, split: str = "train",
+                 recipe: str = "this recipe", data: str = "this data") -> None:
+        self.store = store
+        self.batch_size = int(batch_size)
+        self.requires = frozenset(requires)
+        self.pair_batch_size = int(pair_batch_size)
+        unknown = self.requires - {"boxes", "text_pairs"}
+        if unknown:
+            raise SamplingError(f"recipe {recipe} requires unknown store part(s) {sorted(unknown)}")
+        if "boxes" in self.requires and not store.has_boxes:
+            raise SamplingError(f"recipe {recipe} trains on box-level pairs; data {data!r} has none "
+                                "(a feature store with box_image_features, box_text_features, box_to_image)")
+        if "text_pairs" in self.requires and not store.has_text_pairs:
+            raise SamplingError(f"recipe {recipe} trains on scored text pairs; data {data!r} has none "
+                                "(a feature store with pair_a_features, pair_b_features, pair_scores)")
+        fields = ["image_features", "text_features"]
+        if "boxes" in self.requires:
+            fields += ["box_image_features", "box_text_features"]
+        if "text_pairs" in self.requires:
+            fields += ["pair_a_features", "pair_b_features", "pair_scores"]
+        check_finite(store, fields)
+
+        if split == "train" and (store.split_names is None or store.image_split is None):
+            split_ids = torch.arange(store.num_images)
+        elif store.split_names is not None and split not in store.split_names:
+            raise SamplingError(f"data {data!r} has no {split!r} split (it has {store.split_names})")
+        else:
+            split_ids = store.split_image_ids(split)
+
+        self._caption_order, self._caption_start, caption_count = _grouped(store.text_to_image, store.num_images)
+        self._caption_count = caption_count
+        usable = caption_count[split_ids] > 0
+        self.skipped_without_caption = int((~usable).sum())
+        self.skipped_without_box = 0
+        if "boxes" in self.requires:
+            self._box_order, self._box_start, box_count = _grouped(store.box_to_image, store.num_images)
+            self._box_count = box_count
+            has_box = box_count[split_ids] > 0
+            self.skipped_without_box = int((usable & ~has_box).sum())
+            usable &= has_box
+        self.image_ids = split_ids[usable]
+        n = len(self.image_ids)
+        if n < self.batch_size:
+            raise SamplingError(f"batch_size {self.batch_size} is larger than the {n} usable {split} images "
+                                f"of data {data!r}; set batch_size to at most {n}")
+        if "text_pairs" in self.requires:
+            n_pairs = int(store.pair_a_features.shape[0])
+            if n_pairs < self.pair_batch_size:
+                raise SamplingError(f"pair_batch_size {self.pair_batch_size} is larger than the {n_pairs} "
+                                    f"text pairs of data {data!r}; set pair_batch_size to at most {n_pairs}")
+
+        self.generator = torch.Generator().manual_seed(int(seed))
+        self._images = _EpochStream(n, self.generator)
+        self._pairs = (_EpochStream(int(store.pair_a_features.shape[0]), self.generator)
+                       if "text_pairs" in self.requires else None)
+
+    @property
+    def epoch(self) -> int:
+        """Completed passes over the train images."""
+        return self._images.epoch
+
+    def summary(self) -> dict[str, Any]:
+        """What the sampler trains on, for meta.json and the user's notes."""
+        out = {"train_images": len(self.image_ids), "skipped_without_caption": self.skipped_without_caption,
+               "skipped_without_box": self.skipped_without_box}
+        if self._pairs is not None:
+            out["text_pairs"] = self._pairs.n
+        return out
+
+    def _pick(self, owners: Tensor, order: Tensor, start: Tensor, count: Tensor) -> Tensor:
+        """One uniformly random item (caption or box) of each owner image."""
+        u = torch.rand(len(owners), generator=self.generator, dtype=torch.float64)
+        offset = torch.minimum((u * count[owners]).long(), count[owners] - 1)
+        return order[start[owners] + offset]
+
+    def next_indices(self) -> dict[str, Tensor]:
+        """Row indices of the next batch: ``image``, ``text`` (and ``box``, ``pair`` when required)."""
+        images = self.image_ids[self._images.take(self.batch_size)]
+        out = {"image": images,
+               "text": self._pick(images, self._caption_order, self._caption_start, self._caption_count)}
+        if "boxes" in self.requires:
+            out["box"] = self._pick(images, self._box_order, self._box_start, self._box_count)
+        if self._pairs is not None:
+            out["pair"] = self._pairs.take(self.pair_batch_size)
+        return out
+
+    def next_batch(self) -> Batch:
+        """The next step's Batch (features, float32)."""
+        idx = self.next_indices()
+        s = self.store
+
+        def rows(tensor: Tensor, index: Tensor) -> Tensor:
+            return torch.as_tensor(tensor[index]).float()
+
+        batch = Batch(image=rows(s.image_features, idx["image"]), text=rows(s.text_features, idx["text"]))
+        if "box" in idx:
+            batch.box_image = rows(s.box_image_features, idx["box"])
+            batch.box_text = rows(s.box_text_features, idx["box"])
+        if "pair" in idx:
+            batch.pair_a = rows(s.pair_a_features, idx["pair"])
+            batch.pair_b = rows(s.pair_b_features, idx["pair"])
+            batch.pair_score = rows(s.pair_scores, idx["pair"])
+        return batch
+
+    def state_dict(self) -> dict[str, Any]:
+        state = {"generator": self.generator.get_state(), "images": self._images.state_dict()}
+        if self._pairs is not None:
+            state["pairs"] = self._pairs.state_dict()
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._images.load_state_dict(state["images"], "train images")
+        if self._pairs is not None:
+            if "pairs" not in state:
+                raise SamplingError("sampler state has no text-pair stream; it was saved for another recipe")
+            self._pairs.load_state_dict(state["pairs"], "text pairs")
+        self.generator.set_state(state["generator"])

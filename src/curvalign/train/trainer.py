@@ -1,0 +1,498 @@
+"""The trainer: runs any recipe on a feature store, with checkpoints, logs and exact resume.
+
+One step::
+
+    progress = Progress(step, total)            # step counts from 0
+    recipe.on_step_start(progress)              # curriculum hook
+    batch = sampler.next_batch()                # B images, one caption each (+ boxes, text pairs)
+    out = model(batch, progress, gather)        # Recipe.forward -> loss, under bf16 autocast if asked
+    out.total.backward(); clip; AdamW step; warm-up + cosine scheduler step
+
+Determinism: parameters are initialised after seeding torch with ``seed``; the sampler has its
+own generator seeded with ``seed``; ``torch.use_deterministic_algorithms`` is on during the run.
+A checkpoint stores weights, optimizer, scheduler, sampler and the torch/numpy/python RNG states,
+so a run resumed from step N ends with the same weights, bit for bit, as one never stopped (on
+the same machine and thread count).
+
+Multi-process: the sampler draws the *global* batch on every rank (same seed, same draws); rank
+r trains on rows ``[r B/W, (r+1) B/W)`` and the injected ``gather`` joins the embeddings, so W
+processes equal one process on the global batch. Only the main rank writes files.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import random
+import shutil
+import signal
+import threading
+import time
+from contextlib import contextmanager, nullcontext
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator, Mapping
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from curvalign.data.features import FeatureStore
+from curvalign.data.sampling import BatchSampler, SamplingError
+from curvalign.recipes.base import Batch, Gather, LossOutput, Progress, Recipe
+from curvalign.schedules import warmup_cosine
+from curvalign.train.checkpoint import (CONFIG_FILE, RUN_FILES, STATE_FILE, TB_DIR, CheckpointError,
+                                        build_recipe, is_run_dir, load_train_state, read_config,
+                                        read_meta, save_checkpoint, versions)
+from curvalign.train.config import ConfigError, RunConfig, TrainConfig, TrainError, resolve_config
+from curvalign.train.logging import RunLogger
+
+#: TrainConfig keys that may change when resuming (they do not change what is computed)
+RESUMABLE_KEYS = ("steps", "log_every", "checkpoint_every", "num_threads", "device", "tensorboard")
+
+
+class NonFiniteLossError(TrainError):
+    """The loss or its gradient became NaN/inf; training stopped before the bad update."""
+
+
+# --- building blocks (reused by the distributed launcher) -----------------------------------
+
+def lr_multiplier(step: int, train: TrainConfig) -> float:
+    """Learning-rate factor for 0-based ``step``: linear warm-up, then cosine to ``min_lr_ratio``."""
+    return float(warmup_cosine(step, train.steps, train.warmup_steps, min_ratio=train.min_lr_ratio))
+
+
+def seed_everything(seed: int) -> None:
+    torch.manual_seed(seed)
+    np.random.seed(seed % 2**32)
+    random.seed(seed)
+
+
+def build_model(config: RunConfig, image_dim: int, text_dim: int, device: str | torch.device = "cpu") -> Recipe:
+    """The recipe with its initial parameters: seeded by ``config.train.seed``, so every rank and
+    every resume builds the same model before loading any state."""
+    seed_everything(config.train.seed)
+    recipe = build_recipe(config, image_dim, text_dim)
+    return recipe.to(device)
+
+
+def build_optimizer(recipe: Recipe, train: TrainConfig) -> torch.optim.AdamW:
+    """AdamW with two groups: weight decay on matrices, none on ``recipe.no_decay_parameter_names()``."""
+    no_decay = set(recipe.no_decay_parameter_names())
+    named = [(n, p) for n, p in recipe.named_parameters() if p.requires_grad]
+    unknown = no_decay - {n for n, _ in recipe.named_parameters()}
+    if unknown:
+        raise TrainError(f"recipe {recipe.name!r}: no_decay_parameter_names() names unknown parameters {sorted(unknown)}")
+    if not named:
+        raise TrainError(f"recipe {recipe.name!r} has no trainable parameters")
+    groups = [
+        {"params": [p for n, p in named if n not in no_decay], "weight_decay": train.weight_decay},
+        {"params": [p for n, p in named if n in no_decay], "weight_decay": 0.0},
+    ]
+    # foreach=False: one kernel per tensor, the same arithmetic on every run and device count
+    return torch.optim.AdamW([g for g in groups if g["params"]], lr=train.lr, betas=(0.9, 0.98),
+                             eps=1e-6, foreach=False)
+
+
+def build_scheduler(optimizer: torch.optim.Optimizer, train: TrainConfig) -> torch.optim.lr_scheduler.LambdaLR:
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_multiplier(step, train))
+
+
+def local_rows(batch: Batch, gather: Gather) -> Batch:
+    """This rank's rows of a global batch (all of it in one process)."""
+    if gather.world_size == 1:
+        return batch
+
+    def part(t: Tensor | None) -> Tensor | None:
+        if t is None:
+            return None
+        size = t.shape[0] // gather.world_size
+        return t[gather.rank * size:(gather.rank + 1) * size]
+
+    return Batch(**{k: part(v) for k, v in batch.__dict__.items()})
+
+
+def rng_state() -> dict[str, Any]:
+    state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: Mapping[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    np.random.set_state(state["numpy"])
+    random.setstate(state["python"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+@contextmanager
+def deterministic_algorithms() -> Iterator[None]:
+    previous = torch.are_deterministic_algorithms_enabled()
+    previous_warn = torch.is_deterministic_algorithms_warn_only_enabled()
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(previous, warn_only=previous_warn)
+
+
+class _StopRequest:
+    """Turns the first Ctrl-C into a request honoured between steps (so the checkpoint written
+    on the way out is exact); a second Ctrl-C interrupts at once."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._previous = None
+
+    def __enter__(self) -> "_StopRequest":
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def _handle(self, signum: int, frame: object) -> None:
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+
+    def __exit__(self, *exc: object) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+
+
+# --- the trainer ----------------------------------------------------------------------------
+
+class Trainer:
+    """Trains ``config.recipe`` on ``store``, writing into ``run_dir``.
+
+    ``resume=True`` continues from ``run_dir``'s checkpoint (which must exist). ``gather`` and
+    ``is_main`` are for multi-process training (see the module docstring); ``notify`` receives
+    one-line notes for the user (images left out, resumed step).
+    """
+
+    def __init__(self, config: RunConfig, store: FeatureStore, run_dir: str | Path, *,
+                 resume: bool = False, gather: Gather | None = None, is_main: bool = True,
+                 show_progress: bool = True, notify: Callable[[str], None] | None = None) -> None:
+        self.config = config
+        self.train_config = config.train
+        self.store = store
+        self.run_dir = Path(run_dir)
+        self.gather = gather or Gather()
+        self.is_main = is_main
+        self.show_progress = show_progress
+        self.notify = notify or (lambda message: None)
+        self.notes: list[str] = []
+        cfg = self.train_config
+        if cfg.batch_size % self.gather.world_size:
+            raise ConfigError(f"batch_size {cfg.batch_size} is not divisible by the {self.gather.world_size} processes")
+        if cfg.num_threads is not None:
+            torch.set_num_threads(cfg.num_threads)
+        try:
+            self.device = torch.device(cfg.device)
+            torch.empty(0, device=self.device)
+        except (RuntimeError, AssertionError) as err:
+            raise ConfigError(f"device {cfg.device!r} is not usable here ({str(err).splitlines()[0]})") from None
+
+        self.recipe = build_model(config, store.image_dim, store.text_dim, self.device)
+        self.model: nn.Module = self.recipe  # the distributed launcher may wrap it (DDP)
+        try:
+            self.sampler = BatchSampler(store, cfg.batch_size, seed=cfg.seed, requires=self.recipe.requires,
+                                        pair_batch_size=cfg.pair_batch_size, recipe=repr(config.recipe),
+                                        data=config.data)
+        except SamplingError as err:
+            raise TrainError(str(err)) from None
+        summary = self.sampler.summary()
+        if summary["skipped_without_caption"]:
+            self._note(f"{summary['skipped_without_caption']} train images have no caption and are not trained on")
+        if summary["skipped_without_box"]:
+            self._note(f"{summary['skipped_without_box']} train images have no box and are not trained on "
+                       f"(recipe {config.recipe!r} needs a box for every image in a batch)")
+        self.optimizer = build_optimizer(self.recipe, cfg)
+        self.scheduler = build_scheduler(self.optimizer, cfg)
+        self.step = 0
+        self.checkpoint_step: int | None = None
+        if resume:
+            self._load_state()
+
+    def _note(self, message: str) -> None:
+        self.notes.append(message)
+        self.notify(message)
+
+    # --- state ------------------------------------------------------------------------------
+    def _load_state(self) -> None:
+        state = load_train_state(self.run_dir)
+        dims = (state.get("image_dim"), state.get("text_dim"))
+        if dims != (self.store.image_dim, self.store.text_dim):
+            raise CheckpointError(
+                f"feature dimensions differ from the checkpoint in {self.run_dir}: the data has image/text "
+                f"dims {self.store.image_dim}/{self.store.text_dim}, the run was trained on {dims[0]}/{dims[1]}")
+        if state.get("recipe") != self.config.recipe:
+            raise CheckpointError(f"the checkpoint in {self.run_dir} is of recipe {state.get('recipe')!r}, "
+                                  f"not {self.config.recipe!r}")
+        try:
+            self.recipe.load_state_dict(state["model"], strict=True)
+            self.optimizer.load_state_dict(state["optimizer"])
+            self.scheduler.load_state_dict(state["scheduler"])
+            self.sampler.load_state_dict(state["sampler"])
+        except SamplingError as err:
+            raise CheckpointError(f"cannot resume {self.run_dir}: {err}") from None
+        except (RuntimeError, ValueError, KeyError) as err:
+            raise CheckpointError(f"cannot resume {self.run_dir}: its state does not fit this recipe "
+                                  f"({str(err).splitlines()[0]})") from None
+        # the lambda reads train.steps, which may have been extended: recompute the current lr
+        for group, base_lr in zip(self.optimizer.param_groups, self.scheduler.base_lrs):
+            group["lr"] = base_lr * lr_multiplier(int(state["step"]), self.train_config)
+        set_rng_state(state["rng"])
+        self.step = self.checkpoint_step = int(state["step"])
+        self._note(f"resuming {self.run_dir} at step {self.step}")
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"step": self.step, "recipe": self.config.recipe, "image_dim": self.store.image_dim,
+                "text_dim": self.store.text_dim, "optimizer": self.optimizer.state_dict(),
+                "scheduler": self.scheduler.state_dict(), "sampler": self.sampler.state_dict(),
+                "rng": rng_state()}
+
+    def save_checkpoint(self) -> None:
+        """Write the checkpoint for the current step (main rank only)."""
+        if self.is_main:
+            meta = {"step": self.step, "recipe": self.config.recipe, "image_dim": self.store.image_dim,
+                    "text_dim": self.store.text_dim, "data": self.config.data, "epoch": self.sampler.epoch,
+                    "sampler": self.sampler.summary(), "notes": self.notes, "versions": versions()}
+            save_checkpoint(self.run_dir, model_state=self.recipe.state_dict(), train_state=self.state_dict(),
+                            meta=meta)
+        self.checkpoint_step = self.step
+
+    # --- the loop ---------------------------------------------------------------------------
+    def train_step(self, progress: Progress) -> tuple[LossOutput, Tensor]:
+        """One optimizer step; returns the loss output (detached) and the gradient norm.
+        Raises NonFiniteLossError before updating anything if the loss or gradient is not finite."""
+        cfg = self.train_config
+        self.recipe.train()
+        self.recipe.on_step_start(progress)
+        batch = local_rows(self.sampler.next_batch(), self.gather).to(self.device)
+        autocast = (torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
+                    if cfg.bf16 else nullcontext())
+        with autocast:
+            out = self.model(batch, progress, self.gather)
+        if not bool(torch.isfinite(out.total.detach())):
+            raise NonFiniteLossError(self._nonfinite_message(out, progress.step + 1))
+        self.optimizer.zero_grad(set_to_none=True)
+        out.total.backward()
+        params = [p for g in self.optimizer.param_groups for p in g["params"]]
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip if cfg.grad_clip > 0 else math.inf)
+        if not bool(torch.isfinite(grad_norm)):
+            bad = [n for n, p in self.recipe.named_parameters()
+                   if p.grad is not None and not bool(torch.isfinite(p.grad).all())]
+            raise NonFiniteLossError(
+                f"the gradient became non-finite at step {progress.step + 1} (loss {float(out.total):.4g} was "
+                f"finite) in parameter(s) {', '.join(bad[:5]) or '?'}; stopped before the update; "
+                + self._kept_message())
+        self.optimizer.step()
+        self.scheduler.step()
+        return out, grad_norm.detach()
+
+    def _kept_message(self) -> str:
+        if self.checkpoint_step is None:
+            return "no checkpoint had been written yet (lower checkpoint_every to keep earlier states)"
+        return f"the last good checkpoint (step {self.checkpoint_step}) is kept in {self.run_dir}"
+
+    def _nonfinite_message(self, out: LossOutput, step: int) -> str:
+        values = {name: float(value.detach().float()) for name, value in out.terms.items()}
+        bad = [f"{name} = {value}" for name, value in values.items() if not math.isfinite(value)]
+        what = ("term " + ", ".join(bad)) if bad else f"the total ({float(out.total.detach().float())}; every term was finite)"
+        return (f"the loss became non-finite at step {step}: {what}; training stopped; " + self._kept_message())
+
+    def fit(self, stop_at: int | None = None) -> Path:
+        """Train until ``train.steps`` (or until ``stop_at`` steps, leaving a checkpoint there, as a
+        killed run would have), writing checkpoints and logs. Returns the run directory."""
+        cfg = self.train_config
+        total = cfg.steps
+        end = total if stop_at is None else min(total, stop_at)
+        if self.is_main:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            self.config.save(self.run_dir)
+        if self.step >= end:
+            if self.step >= total:
+                self._note(f"{self.run_dir} is already trained to step {self.step} of {total}; nothing to do")
+            return self.run_dir
+        logger = RunLogger(self.run_dir, resume_step=self.step, tensorboard=cfg.tensorboard) if self.is_main else None
+        window: dict[str, Tensor] = {}
+        window_steps, window_start = 0, time.perf_counter()
+        try:
+            with deterministic_algorithms(), _StopRequest() as stop, self._progress_bar(end) as bar:
+                while self.step < end:
+                    if stop.requested:
+                        self.save_checkpoint()
+                        raise TrainError(f"interrupted: stopped at step {self.step} with a checkpoint in "
+                                         f"{self.run_dir}; continue with --resume")
+                    lr = self.optimizer.param_groups[0]["lr"]
+                    out, grad_norm = self.train_step(Progress(self.step, total))
+                    self.step += 1
+                    window_steps += 1
+                    for name, value in {"loss": out.total, **{f"loss/{k}": v for k, v in out.terms.items()},
+                                        "grad_norm": grad_norm}.items():
+                        value = value.detach().float()
+                        window[name] = window[name] + value if name in window else value
+                    is_last = self.step == end
+                    if self.step % cfg.log_every == 0 or is_last:
+                        elapsed = time.perf_counter() - window_start
+                        record = {"step": self.step, **{k: float(v) / window_steps for k, v in window.items()},
+                                  "lr": lr, "pairs_per_s": cfg.batch_size * window_steps / max(elapsed, 1e-9),
+                                  "epoch": self.sampler.epoch,
+                                  **{k: float(v) for k, v in self.recipe.log_values().items()},
+                                  **{k: float(v) for k, v in out.logs.items()}}
+                        if logger is not None:
+                            logger.log(record)
+                        bar.update(self.step, record)
+                        window, window_steps, window_start = {}, 0, time.perf_counter()
+                    if (cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0) or is_last:
+                        self.save_checkpoint()
+        finally:
+            if logger is not None:
+                logger.close()
+        return self.run_dir
+
+    def _progress_bar(self, end: int) -> "_Bar":
+        return _Bar(self.config.recipe, self.step, end, enabled=self.show_progress and self.is_main)
+
+
+class _Bar:
+    """A rich progress bar with the last logged loss and throughput (nothing when disabled)."""
+
+    def __init__(self, recipe: str, start: int, end: int, enabled: bool) -> None:
+        self.enabled = enabled
+        self.progress = None
+        if enabled:
+            from rich.console import Console
+            from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
+                                       TimeElapsedColumn, TimeRemainingColumn)
+
+            console = Console(stderr=True)
+            self.enabled = console.is_terminal
+            if self.enabled:
+                self.progress = Progress(TextColumn(f"train {recipe}"), BarColumn(), MofNCompleteColumn(),
+                                         TextColumn("{task.fields[info]}"), TimeElapsedColumn(),
+                                         TimeRemainingColumn(), console=console, transient=False)
+                self.task = self.progress.add_task("train", total=end, completed=start, info="")
+
+    def __enter__(self) -> "_Bar":
+        if self.progress is not None:
+            self.progress.start()
+        return self
+
+    def update(self, step: int, record: Mapping[str, Any]) -> None:
+        if self.progress is not None:
+            info = f"loss {record['loss']:.4f}  {record['pairs_per_s']:.0f} pairs/s"
+            self.progress.update(self.task, completed=step, info=info)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+
+
+# --- the entry point ------------------------------------------------------------------------
+
+def _clear_run_files(run_dir: Path) -> None:
+    for name in RUN_FILES:
+        (run_dir / name).unlink(missing_ok=True)
+    if (run_dir / TB_DIR).is_dir():
+        shutil.rmtree(run_dir / TB_DIR)
+
+
+def _describe_existing(run_dir: Path) -> str:
+    try:
+        config = read_config(run_dir)
+        what = f"a run of recipe {config.recipe!r}"
+    except TrainError:
+        what = "a run"
+    try:
+        what += f" at step {read_meta(run_dir)['step']}"
+    except TrainError:
+        pass
+    return what
+
+
+def _load_store(data: str | FeatureStore) -> tuple[FeatureStore, str]:
+    if isinstance(data, FeatureStore):
+        return data, str(data.meta.get("spec", "<in-memory FeatureStore>"))
+    try:
+        from curvalign.data import load_data
+    except ImportError:
+        raise TrainError("curvalign.data.load_data is not available in this installation") from None
+    try:
+        return load_data(data), data
+    except TrainError:
+        raise
+    except (ValueError, KeyError, OSError) as err:
+        message = err.args[0] if isinstance(err, KeyError) and err.args else err
+        raise TrainError(f"data {data!r}: {message}") from None
+
+
+def _resume_config(run_dir: Path, recipe: str | None, data_spec: str | None, steps: int | None,
+                   overrides: Iterable[str] | Mapping[str, Any], config_file: str | Path | None) -> RunConfig:
+    saved = read_config(run_dir)
+    if config_file is not None:
+        raise ConfigError("--config cannot be combined with --resume: the run's own config.json is used "
+                          "(pass key=value overrides for steps, log_every, checkpoint_every, device)")
+    if recipe is not None and recipe != saved.recipe:
+        raise ConfigError(f"{run_dir} holds a run of recipe {saved.recipe!r}, not {recipe!r}")
+    config = resolve_config(saved.recipe, data_spec or saved.data, steps=steps, overrides=overrides, base=saved)
+    old, new = dataclasses.asdict(saved.train), dataclasses.asdict(config.train)
+    changed = [k for k in new if new[k] != old[k] and k not in RESUMABLE_KEYS]
+    changed += [f"recipe.{k}" for k in config.recipe_config if config.recipe_config[k] != saved.recipe_config.get(k)]
+    if changed:
+        raise ConfigError(f"cannot change {', '.join(changed)} when resuming {run_dir} (that would not continue "
+                          f"the same run); only {', '.join(RESUMABLE_KEYS)} may change")
+    return config
+
+
+def train(recipe: str | None, data: str | FeatureStore | None, out_dir: str | Path, *, steps: int | None = None,
+          overrides: Iterable[str] | Mapping[str, Any] = (), config_file: str | Path | None = None,
+          resume: bool = False, overwrite: bool = False, show_progress: bool = True,
+          notify: Callable[[str], None] | None = None, stop_at: int | None = None) -> Path:
+    """Train ``recipe`` on ``data`` (a spec such as ``"synthetic"``, ``"features:PATH"``, or a
+    FeatureStore) into ``out_dir``; returns the run directory.
+
+    ``overrides``: ``"key=value"`` strings (or a mapping) on top of ``config_file``. ``resume``
+    continues the run in ``out_dir`` (recipe and data default to the saved ones; ``steps`` may
+    extend it); without it a directory that already holds files is refused unless ``overwrite``.
+    ``stop_at`` ends the call early at that step with a checkpoint, as if the process were killed
+    there. Errors are ``TrainError`` with one clear message.
+    """
+    run_dir = Path(out_dir)
+    if resume and overwrite:
+        raise ConfigError("--resume and --overwrite exclude each other")
+    if run_dir.exists() and not run_dir.is_dir():
+        raise ConfigError(f"output {run_dir} exists and is not a directory")
+    notify = notify or (lambda message: None)
+    non_empty = run_dir.is_dir() and any(run_dir.iterdir())
+    has_run = is_run_dir(run_dir)
+    data_spec = data if isinstance(data, str) else None
+
+    resuming = False
+    if resume and has_run and (run_dir / CONFIG_FILE).exists():
+        config = _resume_config(run_dir, recipe, data_spec, steps, overrides, config_file)
+        resuming = (run_dir / STATE_FILE).exists()
+        if not resuming:
+            notify(f"{run_dir} has a config but no checkpoint yet: starting it from step 0")
+    else:
+        if resume and non_empty:
+            raise ConfigError(f"cannot resume {run_dir}: it holds files but no curvalign run (no {CONFIG_FILE})")
+        if resume:
+            notify(f"{run_dir} holds no run yet: starting a new one")
+        if non_empty and not resume:
+            if not overwrite:
+                if has_run:
+                    raise ConfigError(f"{run_dir} already holds {_describe_existing(run_dir)}; pass --resume to "
+                                      "continue it or --overwrite to replace it")
+                raise ConfigError(f"output directory {run_dir} is not empty; choose a new directory or pass --overwrite")
+            _clear_run_files(run_dir)
+        config = resolve_config(recipe, data_spec or ("<in-memory FeatureStore>" if data is not None else None),
+                                steps=steps, overrides=overrides, config_file=config_file)
+    if data is None:
+        data = config.data
+    store, spec = _load_store(data)
+    if isinstance(data, FeatureStore) and not resuming:
+        config = dataclasses.replace(config, data=spec)
+    trainer = Trainer(config, store, run_dir, resume=resuming, show_progress=show_progress, notify=notify)
+    return trainer.fit(stop_at=stop_at)
