@@ -86,11 +86,12 @@ def _split_parts(store: Any, split: str) -> tuple[Tensor, Tensor, Tensor]:
 
 
 def _node_families(tax: Taxonomy) -> list[int]:
-    """Family (top real ancestor, i.e. the tree's root) of every node."""
+    """Concept family of every node: the root of its tree in a forest; under a single root (the
+    synthetic world's "entity", WordNet's "entity") the root's child on the node's path."""
     out = []
     for node, chain in enumerate(tax.ancestors):
-        real = [a for a in chain if a < tax.num_nodes]
-        out.append(real[-1] if real else node)
+        line = [node] + [a for a in chain if a < tax.num_nodes]  # node up to its real root
+        out.append(line[-1] if tax.virtual_root or len(line) < 2 else line[-2])
     return out
 
 
@@ -214,4 +215,24 @@ def _diagnostics(recipe: Any, store: Any, images: Embedding, texts: Embedding, p
     return out
 
 
-__all__ = ["embed", "evaluate", "matched_scores", "score_matrix"]
+@torch.no_grad()
+def diagnostic_arrays(recipe: Any, store: Any, split: str = "test", batch_size: int = 1024) -> dict[str, Any]:
+    """Raw arrays behind the diagnostics plots of one recipe on ``split``:
+    ``distance`` {"image": [Ni], "text": [Nt]} (None without an origin), ``spectrum``
+    {"image": [D], "text": [D]} descending eigenvalues, ``factor_activation`` {"image": [Ni, k],
+    "text": [Nt, k]} for PHyCLIP (else None). numpy arrays."""
+    if hasattr(recipe, "eval"):
+        recipe.eval()
+    image_ids, text_ids, _ = _split_parts(store, split)
+    images = embed(recipe, store.image_features[image_ids].float(), "image", batch_size)
+    texts = embed(recipe, store.text_features[text_ids].float(), "text", batch_size)
+    d_img, d_txt = distance_to_origin(recipe, images), distance_to_origin(recipe, texts)
+    a_img, a_txt = factor_activation(recipe, images), factor_activation(recipe, texts)
+    return {
+        "distance": None if d_img is None else {"image": d_img.numpy(), "text": d_txt.numpy()},
+        "spectrum": {m: eigen_spectrum(tangent_features(recipe, e)).numpy() for m, e in (("image", images), ("text", texts))},
+        "factor_activation": None if a_img is None else {"image": a_img.numpy(), "text": a_txt.numpy()},
+    }
+
+
+__all__ = ["diagnostic_arrays", "embed", "evaluate", "matched_scores", "score_matrix"]
