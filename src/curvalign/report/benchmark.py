@@ -1,0 +1,173 @@
+"""Benchmark orchestration: train several recipes on the same data with the same budget, evaluate
+each with ``curvalign.eval.evaluate``, and write a side-by-side table and plots.
+
+This module (unlike ``curvalign.eval``) drives the trainer. Every recipe gets the same data, the
+same steps, batch size and seed; only the recipe differs. ``key=value`` overrides apply to every
+recipe; ``NAME.key=value`` (e.g. ``phyclip.num_factors=16``) only to recipe NAME.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from curvalign.data.features import FeatureStore
+
+Notify = Callable[[str], None]
+
+#: the demo's defaults: all eight recipes on a small synthetic world, about a minute on 2 CPU cores
+DEMO_RECIPES = ("clip", "meru", "hycoclip", "atmg", "phyclip", "proclip", "agr", "dualpath")
+DEMO_STEPS = 120
+DEMO_WORLD = "synthetic:images=1200,text_pairs=1000"
+DEMO_OVERRIDES = ("batch_size=128", "tensorboard=false", "log_every=10", "checkpoint_every=0")
+#: log keys worth a curve, matched by substring
+CURVE_KEYS = ("curvature", "temperature", "routing", "gate", "alpha", "beta")
+
+
+@dataclass
+class BenchmarkResult:
+    """What ``run_benchmark`` produced: per-recipe evaluations, run directories, timings and files."""
+
+    results: dict[str, dict[str, Any]]
+    run_dirs: dict[str, Path]
+    train_seconds: dict[str, float]
+    eval_seconds: dict[str, float]
+    files: dict[str, Path] = field(default_factory=dict)
+    data: str = ""
+    steps: int | None = None
+
+
+def load_store(data: str | FeatureStore) -> tuple[FeatureStore, str]:
+    """A FeatureStore and the spec that names it (``synthetic[:k=v,...]``, ``features:PATH``)."""
+    if isinstance(data, FeatureStore):
+        return data, str(data.meta.get("spec", "<in-memory FeatureStore>"))
+    from curvalign.data import load_data
+
+    store = load_data(data)
+    store.meta.setdefault("spec", data)
+    return store, data
+
+
+def split_overrides(overrides: Iterable[str], recipes: Sequence[str]) -> dict[str, list[str]]:
+    """{recipe: overrides for it}: plain ``key=value`` for all, ``NAME.key=value`` for NAME only."""
+    out: dict[str, list[str]] = {name: [] for name in recipes}
+    for item in overrides:
+        if "=" not in item:
+            raise ValueError(f"override {item!r} is not key=value")
+        key, value = item.split("=", 1)
+        head, _, rest = key.partition(".")
+        if rest and head in out:
+            out[head].append(f"{rest}={value}")
+        elif rest and head not in ("train", "recipe"):
+            raise ValueError(f"override {item!r} names recipe {head!r}, which is not in this benchmark "
+                             f"({', '.join(recipes)})")
+        else:
+            for name in recipes:
+                out[name].append(item)
+    return out
+
+
+def log_curve_keys(logs: dict[str, list[dict[str, Any]]]) -> list[str]:
+    """Logged scalar keys worth plotting (curvatures, temperatures, routing weights, gates)."""
+    seen: dict[str, None] = {}
+    for rows in logs.values():
+        for row in rows:
+            for k, v in row.items():
+                if isinstance(v, (int, float)) and any(f in k for f in CURVE_KEYS):
+                    seen.setdefault(k, None)
+    return list(seen)
+
+
+def run_benchmark(recipes: Sequence[str], data: str | FeatureStore, out_dir: str | Path, *,
+                  steps: int | None = None, overrides: Iterable[str] = (), split: str = "test",
+                  show_progress: bool = True, notify: Notify | None = None, plots: bool = True,
+                  title: str = "benchmark") -> BenchmarkResult:
+    """Train each recipe on ``data`` into ``out_dir/runs/NAME`` (replacing an earlier run there),
+    evaluate it on ``split``, and write ``results.json``, ``results.md`` and PNG plots to ``out_dir``."""
+    from curvalign.eval import diagnostic_arrays, evaluate
+    from curvalign.eval.diagnostics import read_log
+    from curvalign.recipes import recipe_names
+    from curvalign.train.checkpoint import load_run
+    from curvalign.train.trainer import train
+
+    notify = notify or (lambda message: None)
+    recipes = list(recipes)
+    if not recipes:
+        raise ValueError("no recipes to benchmark")
+    known = recipe_names()
+    unknown = [r for r in recipes if r not in known]
+    if unknown:
+        raise ValueError(f"unknown recipe(s) {', '.join(unknown)}; known: {', '.join(known)}")
+    if len(set(recipes)) != len(recipes):
+        raise ValueError(f"recipes listed twice: {', '.join(recipes)}")
+    per_recipe = split_overrides(overrides, recipes)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+
+    t0 = time.perf_counter()
+    store, spec = load_store(data)
+    notify(f"data {spec}: {store.num_images} images, {store.num_texts} captions "
+           f"({time.perf_counter() - t0:.1f}s)")
+
+    result = BenchmarkResult({}, {}, {}, {}, data=spec, steps=steps)
+    logs: dict[str, list[dict[str, Any]]] = {}
+    arrays: dict[str, dict[str, Any]] = {}
+    for i, name in enumerate(recipes, 1):
+        notify(f"[{i}/{len(recipes)}] training {name}" + (f" for {steps} steps" if steps else ""))
+        t = time.perf_counter()
+        run_dir = train(name, store, out / "runs" / name, steps=steps, overrides=per_recipe[name],
+                        overwrite=True, show_progress=show_progress)
+        result.train_seconds[name] = time.perf_counter() - t
+        t = time.perf_counter()
+        loaded = load_run(run_dir)  # evaluate what was saved, not the live object
+        evaluation = evaluate(loaded.recipe, store, split=split)
+        evaluation["meta"].update(step=loaded.step, run_dir=str(run_dir),
+                                  train_seconds=round(result.train_seconds[name], 2))
+        result.results[name] = evaluation
+        result.run_dirs[name] = Path(run_dir)
+        if plots:
+            arrays[name] = diagnostic_arrays(loaded.recipe, store, split=split)
+            logs[name] = read_log(run_dir)
+        result.eval_seconds[name] = time.perf_counter() - t
+        r = evaluation["retrieval"]
+        notify(f"    {name}: train {result.train_seconds[name]:.1f}s, eval {result.eval_seconds[name]:.1f}s, "
+               f"T2I R@1 {100 * r['t2i@1']:.1f}, I2T R@1 {100 * r['i2t@1']:.1f}")
+
+    result.files = write_benchmark_outputs(result, out, logs if plots else None, arrays if plots else None, title)
+    return result
+
+
+def write_benchmark_outputs(result: BenchmarkResult, out: Path, logs: dict[str, list[dict[str, Any]]] | None,
+                            arrays: dict[str, dict[str, Any]] | None, title: str = "benchmark") -> dict[str, Path]:
+    """results.json, results.md and the PNG plots of a benchmark."""
+    from curvalign.report import plots
+    from curvalign.report.tables import markdown_table, write_json
+
+    files: dict[str, Path] = {}
+    payload = {"data": result.data, "steps": result.steps, "recipes": list(result.results),
+               "train_seconds": result.train_seconds, "eval_seconds": result.eval_seconds,
+               "results": result.results}
+    files["json"] = write_json(out / "results.json", payload)
+    md = [f"# {title}", "", f"data: `{result.data}`; steps: {result.steps or 'recipe default'}; "
+          "recalls and accuracies in %, ties counted against the model; n/a = does not apply.", "",
+          markdown_table(result.results)]
+    md += ["", "| recipe | train s | eval s | run dir |", "|---|---:|---:|---|"]
+    md += [f"| {n} | {result.train_seconds[n]:.1f} | {result.eval_seconds[n]:.1f} | `{result.run_dirs[n]}` |"
+           for n in result.results]
+    files["markdown"] = out / "results.md"
+    files["markdown"].write_text("\n".join(md) + "\n")
+    if arrays is not None:
+        files["retrieval_png"] = plots.retrieval_bars(result.results, out / "retrieval.png")
+        if any("hierarchy" in r or "zeroshot" in r for r in result.results.values()):
+            files["hierarchy_png"] = plots.hierarchy_bars(result.results, out / "hierarchy.png")
+        files["distances_png"] = plots.distance_histograms({n: a["distance"] for n, a in arrays.items()},
+                                                           out / "distances.png")
+        files["spectra_png"] = plots.spectra({n: a["spectrum"] for n, a in arrays.items()}, out / "spectra.png")
+    if logs:
+        keys = log_curve_keys(logs)
+        if keys:
+            files["curves_png"] = plots.log_curves(logs, keys[:8], out / "curves.png", title="training curves")
+    return files
