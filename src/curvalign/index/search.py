@@ -1,0 +1,551 @@
+"""Nearest-neighbour search over Lorentz points with Faiss, exact by construction.
+
+The transform (why an inner-product engine finds hyperbolic nearest neighbours)
+    A point of the hyperboloid ``{p : <p,p>_L = -1/c, p_0 > 0}`` is stored by its space part
+    ``x`` ``[d]``; its time is ``t(x) = sqrt(1/c + |x|^2)``. The Minkowski inner product is
+    ``<x,y>_L = x.y - t(x) t(y)`` and the distance ``d(x,y) = acosh(-c <x,y>_L) / sqrt(c)``,
+    a strictly increasing function of ``-<x,y>_L``. So the nearest points to ``y`` are the ones
+    with the *largest* ``<x,y>_L``. With database vectors ``u(x) = [x, t(x)]`` and query vectors
+    ``v(y) = [y, -t(y)]`` (both ``[d + 1]``) the ordinary dot product is
+    ``u(x).v(y) = x.y - t(x) t(y) = <x,y>_L``: maximum inner-product search on ``u, v`` is
+    nearest-neighbour search in hyperbolic distance.
+
+Exactness
+    Faiss computes ``u.v`` in float32, and ``<x,y>_L`` suffers cancellation for points far from
+    the origin, so its order is only approximate. The index therefore asks Faiss for more
+    candidates than requested, recomputes their distances in float64 with a cancellation-free
+    formula (``lorentz_excess``), sorts by (distance, id), and *certifies* the result: every
+    point Faiss did not return has a float32 score at most the last returned one, and the
+    float32 error of a score is at most ``gamma * |u| |v|`` (the standard dot-product bound,
+    ``gamma = (d + 4) u32 / (1 - (d + 4) u32)``, which also covers rounding the time coordinate).
+    If the k-th exact distance is strictly below the smallest distance any unreturned point
+    could have, the top k (ties by id included) equal a float64 brute-force ranking; otherwise
+    the query is retried with four times the candidates and, past a cap, answered by a chunked
+    float64 scan of the whole collection. The answer is exact for the stored points, which
+    are float32 (float64 input is rounded once, when added).
+
+Approximate search (``kind="ann"``)
+    ``method="hnsw"``: an HNSW graph. Faiss would build the graph by the dot product between
+    database vectors ``u(x).u(x') = x.x' + t t'``, which is not a hyperbolic proximity (it
+    favours far-out points), and recall collapses. The graph is therefore built with L2 on
+    Poincare-ball coordinates ``x / (1 + sqrt(c) t(x))``; the ball model is conformal, so a
+    point's Euclidean neighbours there are its hyperbolic neighbours to first order. The
+    search then walks that graph with the exact transform above. ``method="ivf"``: an
+    inverted file whose cells are hyperbolic Voronoi cells: centroids from k-means on the
+    space components, each point assigned to the centroid of largest ``<x, c>_L``, and the
+    query probes the ``nprobe`` cells of largest ``<y, c>_L``. Either way the returned
+    candidates are re-ranked exactly as above, so distances are exact and only recall is
+    approximate (``benchmarks/search.py`` measures it).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import faiss
+import numpy as np
+
+GEOMETRY = "lorentz"
+FORMAT_VERSION = 1
+_U32 = float(np.finfo(np.float32).eps) / 2  # unit roundoff of float32
+_U64 = float(np.finfo(np.float64).eps) / 2
+#: beyond this many candidates per query, uncertified queries fall back to a float64 scan
+_MAX_CANDIDATES = 4096
+#: float64 elements per work chunk (about 64 MiB)
+_CHUNK_ELEMENTS = 1 << 23
+
+IndexKind = Literal["exact", "ann"]
+AnnMethod = Literal["hnsw", "ivf"]
+
+
+class IndexMismatchError(ValueError):
+    """A query, an added batch or a file does not fit the index (dimension, geometry, curvature)."""
+
+
+# --- the transform and the exact distance ------------------------------------------------------
+
+def lorentz_time(x: np.ndarray, c: float) -> np.ndarray:
+    """Time component ``sqrt(1/c + |x|^2)`` in float64, ``[..., d] -> [...]``."""
+    x64 = np.asarray(x, dtype=np.float64)
+    return np.sqrt(1.0 / c + np.einsum("...i,...i->...", x64, x64))
+
+
+def database_vectors(x: np.ndarray, c: float) -> np.ndarray:
+    """``[N, d]`` space components -> ``[N, d + 1]`` float32 ``[x, t(x)]``."""
+    return np.ascontiguousarray(np.hstack([x.astype(np.float32), lorentz_time(x, c)[:, None].astype(np.float32)]))
+
+
+def query_vectors(y: np.ndarray, c: float) -> np.ndarray:
+    """``[n, d]`` space components -> ``[n, d + 1]`` float32 ``[y, -t(y)]``: ``u(x).v(y) = <x,y>_L``."""
+    return np.ascontiguousarray(np.hstack([y.astype(np.float32), -lorentz_time(y, c)[:, None].astype(np.float32)]))
+
+
+def lorentz_excess(x: np.ndarray, y: np.ndarray, c: float) -> np.ndarray:
+    """``z = -c <x,y>_L - 1 >= 0`` in float64, row-wise over broadcast ``[..., d]`` inputs.
+
+    Written as ``z = (c/2) (|x - y|^2 - (t(x) - t(y))^2)`` with
+    ``t(x) - t(y) = (x - y).(x + y) / (t(x) + t(y))``: no cancellation between two large
+    products, so near-duplicates far from the origin keep their relative precision (the naive
+    ``c (t(x) t(y) - x.y) - 1`` loses all digits there). ``d(x, y) = acosh(1 + z) / sqrt(c)``.
+    """
+    x64 = np.asarray(x, dtype=np.float64)
+    y64 = np.asarray(y, dtype=np.float64)
+    diff = x64 - y64
+    sq = np.einsum("...i,...i->...", diff, diff)
+    dt = np.einsum("...i,...i->...", diff, x64 + y64) / (lorentz_time(x64, c) + lorentz_time(y64, c))
+    return np.maximum(0.5 * c * (sq - dt * dt), 0.0)
+
+
+def distance_from_excess(z: np.ndarray, c: float) -> np.ndarray:
+    """``acosh(1 + z) / sqrt(c)`` computed as ``log1p(z + sqrt(z (z + 2)))``: exact near ``z = 0``."""
+    z = np.asarray(z, dtype=np.float64)
+    return np.log1p(z + np.sqrt(z * (z + 2.0))) / math.sqrt(c)
+
+
+def lorentz_distance(x: np.ndarray, y: np.ndarray, c: float) -> np.ndarray:
+    """Row-wise hyperbolic distance in float64, ``[..., d] x [..., d] -> [...]``."""
+    return distance_from_excess(lorentz_excess(x, y, c), c)
+
+
+def poincare_ball(x: np.ndarray, c: float) -> np.ndarray:
+    """Space components -> Poincare-ball coordinates ``x / (1 + sqrt(c) t(x))`` (float32)."""
+    return (x / (1.0 + math.sqrt(c) * lorentz_time(x, c))[:, None]).astype(np.float32)
+
+
+# --- input checks --------------------------------------------------------------------------------
+
+def _as_points(points: Any, name: str, dim: int | None = None) -> np.ndarray:
+    """Array-like ``[n, d]`` (a single ``[d]`` row is promoted) -> C-contiguous float32, checked."""
+    if isinstance(points, dict):
+        raise IndexMismatchError(
+            f"{name} is an embedding dict with keys {sorted(points)}; pass the Lorentz points "
+            f"themselves (an array of space components [n, d])")
+    if hasattr(points, "detach"):  # torch.Tensor, without importing torch here
+        points = points.detach().cpu().numpy()
+    arr = np.asarray(points)
+    if arr.dtype.kind not in "fiu":
+        raise IndexMismatchError(f"{name} must be a numeric array, got dtype {arr.dtype}")
+    if arr.ndim == 1:
+        arr = arr[None, :]
+    if arr.ndim != 2:
+        raise IndexMismatchError(
+            f"{name} must have shape [n, d] (space components of Lorentz points), got shape "
+            f"{list(arr.shape)}" + ("; product-manifold points [n, k, d] need a per-factor "
+                                    "index (see curvalign.index.RecipeIndex)" if arr.ndim == 3 else ""))
+    if dim is not None and arr.shape[1] != dim:
+        raise IndexMismatchError(
+            f"{name} has dimension {arr.shape[1]} but the index holds Lorentz points of dimension {dim}")
+    arr = np.ascontiguousarray(arr, dtype=np.float32)
+    if not np.isfinite(arr).all():
+        bad = int((~np.isfinite(arr)).any(axis=1).sum())
+        raise IndexMismatchError(f"{name} has {bad} row(s) with non-finite values (NaN or inf)")
+    return arr
+
+
+def _as_ids(ids: Any, n: int, start: int) -> np.ndarray:
+    if ids is None:
+        return np.arange(start, start + n, dtype=np.int64)
+    if hasattr(ids, "detach"):
+        ids = ids.detach().cpu().numpy()
+    arr = np.asarray(ids)
+    if arr.dtype.kind not in "iu" or arr.shape != (n,):
+        raise IndexMismatchError(f"ids must be {n} integers (one per point), got dtype {arr.dtype} "
+                                 f"and shape {list(arr.shape)}")
+    return arr.astype(np.int64)
+
+
+def _check_curvature(c: float) -> float:
+    c = float(c)
+    if not (math.isfinite(c) and c > 0):
+        raise IndexMismatchError(f"curvature c must be a positive finite number (sectional curvature -c), got {c}")
+    return c
+
+
+# --- the index -----------------------------------------------------------------------------------
+
+@dataclass
+class IndexInfo:
+    """What a saved index is; written as ``index.json`` next to the Faiss file."""
+
+    geometry: str
+    curvature: float
+    dim: int
+    count: int
+    kind: str
+    method: str | None
+    options: dict[str, Any]
+    max_norm: float
+    meta: dict[str, Any] = field(default_factory=dict)
+    format_version: int = FORMAT_VERSION
+
+
+class LorentzIndex:
+    """Search over Lorentz points (space components ``[N, d]``, curvature ``-c``).
+
+    ``search(queries, k)`` returns ``(distances [n, k] float64, ids [n, k] int64)`` in ascending
+    hyperbolic distance, ties broken by ascending id. Build one with ``build_index`` or
+    ``load_index``. ``meta`` is free JSON (recipe, embedding key, run directory, ...).
+    """
+
+    def __init__(self, faiss_index: faiss.Index, info: IndexInfo, ids: np.ndarray) -> None:
+        self._index = faiss_index
+        self.info = info
+        self._ids = ids
+        self._id_set: set[int] | None = None
+
+    # -- facts --
+    @property
+    def curvature(self) -> float:
+        return self.info.curvature
+
+    @property
+    def dim(self) -> int:
+        return self.info.dim
+
+    @property
+    def kind(self) -> str:
+        return self.info.kind
+
+    @property
+    def meta(self) -> dict[str, Any]:
+        return self.info.meta
+
+    @property
+    def ids(self) -> np.ndarray:
+        """External id of each stored point, in insertion order ``[N]``."""
+        return self._ids
+
+    def __len__(self) -> int:
+        return int(self._index.ntotal)
+
+    def __repr__(self) -> str:
+        method = f", method={self.info.method!r}" if self.info.method else ""
+        return (f"LorentzIndex(kind={self.kind!r}{method}, count={len(self)}, dim={self.dim}, "
+                f"c={self.curvature:g})")
+
+    # -- options --
+    def set_options(self, **options: int) -> None:
+        """Change search-time options: ``ef_search`` (HNSW), ``nprobe`` (IVF)."""
+        for key, value in options.items():
+            if key == "ef_search" and self.info.method == "hnsw":
+                self._faiss_hnsw().hnsw.efSearch = int(value)
+            elif key == "nprobe" and self.info.method == "ivf":
+                faiss.extract_index_ivf(self._index).nprobe = int(value)
+            else:
+                raise ValueError(f"option {key!r} does not apply to a {self.kind} index"
+                                 + (f" ({self.info.method})" if self.info.method else ""))
+            self.info.options[key] = int(value)
+
+    def _faiss_hnsw(self) -> faiss.IndexHNSW:
+        return faiss.downcast_index(self._index)
+
+    # -- adding --
+    def add(self, points: Any, ids: Any = None) -> None:
+        """Add ``points`` ``[m, d]`` with external ``ids`` ``[m]`` (default: continue from N).
+
+        Ids must be unique across the index. HNSW graphs are rebuilt (their construction needs
+        the ball coordinates of every point): prefer ``exact`` or ``ivf`` for frequent adds.
+        """
+        x = _as_points(points, "points", self.dim)
+        new_ids = _as_ids(ids, x.shape[0], int(self._ids.max()) + 1 if len(self._ids) else 0)
+        if len(np.unique(new_ids)) != len(new_ids):
+            raise IndexMismatchError("ids to add contain duplicates")
+        if self._id_set is None:
+            self._id_set = set(self._ids.tolist())
+        clash = [i for i in new_ids.tolist() if i in self._id_set]
+        if clash:
+            raise IndexMismatchError(f"ids already in the index: {clash[:5]}{' ...' if len(clash) > 5 else ''}")
+        c = self.curvature
+        if self.info.method == "hnsw":
+            everything = np.vstack([self._reconstruct(np.arange(len(self))), x])
+            hnsw = self._faiss_hnsw()
+            rebuilt = _build_hnsw(everything, c, M=self.info.options["M"],
+                                  ef_construction=self.info.options["ef_construction"])
+            rebuilt.hnsw.efSearch = hnsw.hnsw.efSearch
+            self._index = rebuilt
+        elif self.info.method == "ivf":
+            _ivf_add(self._index, x, c)
+        else:
+            self._index.add(database_vectors(x, c))
+        self._ids = np.concatenate([np.asarray(self._ids), new_ids])
+        self._id_set.update(new_ids.tolist())
+        self.info.count = len(self)
+        self.info.max_norm = max(self.info.max_norm, _max_transformed_norm(x, c))
+
+    # -- search --
+    def search(self, queries: Any, k: int, *, geometry: str | None = None,
+               curvature: float | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """``k`` nearest stored points of each query ``[n, d]``.
+
+        ``geometry`` / ``curvature``, when given, say what the queries are; a mismatch with the
+        index is refused rather than searched. Returns float64 distances and int64 external ids,
+        both ``[n, min(k, N)]``, ascending distance, ties by id.
+        """
+        if geometry is not None and geometry != GEOMETRY:
+            raise IndexMismatchError(
+                f"queries are {geometry} points but the index holds Lorentz points (curvature "
+                f"-{self.curvature:g}); embed the queries with a Lorentz recipe or use a matching index")
+        if curvature is not None and not math.isclose(float(curvature), self.curvature, rel_tol=1e-5):
+            raise IndexMismatchError(
+                f"queries live on the hyperboloid of curvature -{float(curvature):g} but the index "
+                f"holds points of curvature -{self.curvature:g}")
+        if int(k) < 1:
+            raise ValueError(f"k must be at least 1, got {k}")
+        y = _as_points(queries, "query", self.dim)
+        n, N = y.shape[0], len(self)
+        k = min(int(k), N)
+        if N == 0 or n == 0:
+            return np.zeros((n, 0)), np.zeros((n, 0), dtype=np.int64)
+        positions, z = (self._search_exact(y, k) if self.kind == "exact" else self._search_ann(y, k))
+        return distance_from_excess(z, self.curvature), np.asarray(self._ids)[positions]
+
+    def _search_exact(self, y: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        N, c = len(self), self.curvature
+        out_pos = np.zeros((y.shape[0], k), dtype=np.int64)
+        out_z = np.zeros((y.shape[0], k))
+        todo = np.arange(y.shape[0])
+        budget = min(N, k + max(16, k))
+        while len(todo):
+            yq = y[todo]
+            scores, cand = self._index.search(query_vectors(yq, c), budget)
+            pos, z = self._rerank(yq, cand, k)
+            if budget >= N:
+                certified = np.ones(len(todo), dtype=bool)
+            else:
+                # Smallest excess any point outside the candidates can have (see module docstring).
+                err = self._score_error(yq)
+                z_floor = -c * (scores[:, -1].astype(np.float64) + err) - 1.0
+                certified = z[:, -1] < z_floor - 8 * _U64 * (1.0 + np.abs(z_floor))
+            out_pos[todo[certified]], out_z[todo[certified]] = pos[certified], z[certified]
+            todo = todo[~certified]
+            if len(todo) and budget * 4 > _MAX_CANDIDATES and budget < N:
+                for q in todo:
+                    out_pos[q], out_z[q] = self._scan(y[q], k)
+                break
+            budget = min(N, budget * 4)
+        return out_pos, out_z
+
+    def _search_ann(self, y: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        budget = min(len(self), k + max(16, k))
+        _, cand = self._index.search(query_vectors(y, self.curvature), budget)
+        return self._rerank(y, cand, k)
+
+    def _score_error(self, y: np.ndarray) -> np.ndarray:
+        """Bound on |float32 score - <x,y>_L| for any stored x, per query ``[n]``."""
+        n_terms = self.dim + 4
+        gamma = n_terms * _U32 / (1 - n_terms * _U32)
+        qnorm = np.sqrt(2 * np.einsum("ij,ij->i", y.astype(np.float64), y.astype(np.float64)) + 1 / self.curvature)
+        return 1.01 * gamma * self.info.max_norm * qnorm
+
+    def _reconstruct(self, positions: np.ndarray) -> np.ndarray:
+        """Stored space components of internal ``positions`` (any shape) -> ``[..., d]`` float32."""
+        flat = positions.reshape(-1)
+        uniq, inverse = np.unique(flat, return_inverse=True)
+        rows = self._index.reconstruct_batch(uniq.astype(np.int64))[:, : self.dim]
+        return rows[inverse].reshape(*positions.shape, self.dim)
+
+    def _rerank(self, y: np.ndarray, cand: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Exact float64 excess of each candidate, sorted by (excess, id); keeps ``k`` per row.
+
+        Missing candidates (Faiss's -1 when an ANN search finds fewer) sort last with +inf.
+        """
+        n, m = cand.shape
+        z = np.full((n, m), np.inf)
+        ext = np.full((n, m), np.iinfo(np.int64).max)
+        rows_per_chunk = max(1, _CHUNK_ELEMENTS // max(1, m * self.dim))
+        ids = np.asarray(self._ids)
+        for start in range(0, n, rows_per_chunk):
+            sl = slice(start, start + rows_per_chunk)
+            block = cand[sl]
+            valid = block >= 0
+            safe = np.where(valid, block, 0)
+            x = self._reconstruct(safe)
+            zb = lorentz_excess(x, y[sl, None, :], self.curvature)
+            z[sl] = np.where(valid, zb, np.inf)
+            ext[sl] = np.where(valid, ids[safe], np.iinfo(np.int64).max)
+        order = np.lexsort((ext, z), axis=-1)[:, :k]
+        pos = np.take_along_axis(cand, order, axis=1)
+        zk = np.take_along_axis(z, order, axis=1)
+        if (pos < 0).any():
+            raise RuntimeError(f"the ANN index returned fewer than k={k} candidates for some queries; "
+                               f"raise ef_search / nprobe")
+        return pos, zk
+
+    def _scan(self, y: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """One query against every stored point in float64 (the certified fallback).
+
+        The naive float64 inner product selects every point within its error bound of the k-th
+        best; the stable excess then ranks those exactly.
+        """
+        c, N = self.curvature, len(self)
+        y64 = y.astype(np.float64)
+        ty = lorentz_time(y64, c)
+        chunk = max(1, _CHUNK_ELEMENTS // (self.dim + 1))
+        inner = np.empty(N)
+        for start in range(0, N, chunk):
+            x = self._reconstruct(np.arange(start, min(N, start + chunk))).astype(np.float64)
+            inner[start:start + len(x)] = x @ y64 - lorentz_time(x, c) * ty
+        n_terms = self.dim + 4
+        err = 2 * n_terms * _U64 * self.info.max_norm * math.sqrt(2 * float(y64 @ y64) + 1 / c)
+        kth = np.partition(inner, N - k)[N - k]
+        cand = np.nonzero(inner >= kth - 2 * err)[0]
+        pos, z = self._rerank(y[None, :], cand[None, :], k)
+        return pos[0], z[0]
+
+    # -- persistence --
+    def save(self, path: str | os.PathLike) -> Path:
+        """Write ``path/`` = ``index.faiss`` + ``ids.npy`` + ``index.json``, atomically.
+
+        Everything goes to a temporary sibling directory first, which then replaces ``path``.
+        """
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
+        try:
+            faiss.write_index(self._index, str(tmp / "index.faiss"))
+            np.save(tmp / "ids.npy", np.asarray(self._ids))
+            (tmp / "index.json").write_text(json.dumps(self.info.__dict__, indent=2, sort_keys=True))
+            for f in tmp.iterdir():
+                with open(f, "rb") as fh:
+                    os.fsync(fh.fileno())
+            old = None
+            if path.exists():
+                if not (path / "index.json").exists() and any(path.iterdir()):
+                    raise FileExistsError(f"{path} exists and is not a curvalign index; not overwriting it")
+                old = path.with_name(f".{path.name}.old-{os.getpid()}")
+                os.replace(path, old)
+            os.replace(tmp, path)
+            if old is not None:
+                shutil.rmtree(old, ignore_errors=True)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        return path
+
+
+def load_index(path: str | os.PathLike) -> LorentzIndex:
+    """Read an index written by ``LorentzIndex.save``."""
+    path = Path(path)
+    meta_file = path / "index.json"
+    if not meta_file.exists():
+        raise FileNotFoundError(f"{path} is not a curvalign index (no index.json); build one with "
+                                f"`curvalign index build` or LorentzIndex.save")
+    raw = json.loads(meta_file.read_text())
+    if raw.get("format_version") != FORMAT_VERSION:
+        raise IndexMismatchError(f"{path}: index format version {raw.get('format_version')} is not "
+                                 f"supported (expected {FORMAT_VERSION})")
+    if raw.get("geometry") != GEOMETRY:
+        raise IndexMismatchError(f"{path} holds {raw.get('geometry')} points, not Lorentz points")
+    info = IndexInfo(**raw)
+    faiss_index = faiss.read_index(str(path / "index.faiss"))
+    ids = np.load(path / "ids.npy", mmap_mode="r")
+    if faiss_index.ntotal != info.count or len(ids) != info.count or faiss_index.d != info.dim + 1:
+        raise IndexMismatchError(f"{path}: index.faiss ({faiss_index.ntotal} x {faiss_index.d}), ids.npy "
+                                 f"({len(ids)}) and index.json ({info.count} x {info.dim} + 1) disagree")
+    return LorentzIndex(faiss_index, info, ids)
+
+
+# --- construction --------------------------------------------------------------------------------
+
+def _max_transformed_norm(x: np.ndarray, c: float) -> float:
+    """max |[x, t(x)]| = sqrt(2|x|^2 + 1/c) over rows (0 for no rows)."""
+    if len(x) == 0:
+        return 0.0
+    x64 = x.astype(np.float64)
+    return float(np.sqrt(2 * np.einsum("ij,ij->i", x64, x64).max() + 1 / c))
+
+
+def _build_hnsw(x: np.ndarray, c: float, *, M: int, ef_construction: int) -> faiss.IndexHNSWFlat:
+    """HNSW whose graph is built by L2 on Poincare-ball coordinates and searched by the transform."""
+    d = x.shape[1]
+    graph = faiss.IndexHNSWFlat(d + 1, M)
+    graph.hnsw.efConstruction = ef_construction
+    ball = np.hstack([poincare_ball(x, c), np.zeros((len(x), 1), np.float32)])
+    graph.add(ball)
+    storage = faiss.IndexFlatIP(d + 1)
+    storage.add(database_vectors(x, c))
+    # Ownership: Python now frees both storages; the graph frees none.
+    graph.own_fields = False
+    graph.storage.this.own(True)
+    graph.storage = storage
+    graph.metric_type = faiss.METRIC_INNER_PRODUCT
+    # Faiss caches per-index state set up at construction; a serialisation round trip gives an
+    # index whose graph, storage and metric are consistent (swapping in place does not search).
+    return faiss.deserialize_index(faiss.serialize_index(graph))
+
+
+def _ivf_add(index: faiss.Index, x: np.ndarray, c: float) -> None:
+    """Add to a Lorentz-Voronoi IVF: each point goes to the centroid of largest ``<x, centroid>_L``."""
+    from faiss.contrib.ivf_tools import add_preassigned
+
+    ivf = faiss.extract_index_ivf(index)
+    _, assign = ivf.quantizer.search(query_vectors(x, c), 1)
+    add_preassigned(ivf, database_vectors(x, c), assign.ravel())
+
+
+def build_index(points: Any, c: float, kind: IndexKind = "exact", ids: Any = None, *,
+                method: AnnMethod = "hnsw", M: int = 32, ef_construction: int = 80, ef_search: int = 64,
+                nlist: int | None = None, nprobe: int = 16, seed: int = 0,
+                meta: dict[str, Any] | None = None) -> LorentzIndex:
+    """Index ``points`` ``[N, d]`` (Lorentz space components, curvature ``-c``).
+
+    kind="exact"   Faiss flat inner-product search on the transform, certified float64 rerank.
+    kind="ann"     ``method="hnsw"`` (``M``, ``ef_construction``, ``ef_search``) or ``method="ivf"``
+                   (``nlist``, default ``4 sqrt(N)``; ``nprobe``), candidates re-ranked exactly.
+    ids            external int ids ``[N]`` (default ``0..N-1``), unique; returned by ``search``.
+    meta           free JSON saved with the index (recipe, embedding key, run directory, ...).
+    """
+    c = _check_curvature(c)
+    x = _as_points(points, "points")
+    N, d = x.shape
+    ext_ids = _as_ids(ids, N, 0)
+    if len(np.unique(ext_ids)) != N:
+        raise IndexMismatchError("ids contain duplicates; each point needs its own id")
+    options: dict[str, Any] = {}
+    if kind == "exact":
+        index: faiss.Index = faiss.IndexFlatIP(d + 1)
+        index.add(database_vectors(x, c))
+        method_name = None
+    elif kind == "ann":
+        if method == "hnsw":
+            options = {"M": int(M), "ef_construction": int(ef_construction), "ef_search": int(ef_search)}
+            index = _build_hnsw(x, c, M=M, ef_construction=ef_construction)
+            index.hnsw.efSearch = int(ef_search)
+        elif method == "ivf":
+            nlist = int(nlist or max(1, min(N, round(4 * math.sqrt(max(N, 1))))))
+            if N < nlist:
+                raise IndexMismatchError(f"IVF needs at least nlist={nlist} points to train, got {N}")
+            options = {"nlist": nlist, "nprobe": int(nprobe)}
+            rng = np.random.default_rng(seed)
+            sample = x[rng.choice(N, size=min(N, 64 * nlist), replace=False)]
+            kmeans = faiss.Kmeans(d, nlist, niter=12, seed=seed, verbose=False)
+            kmeans.train(sample)
+            quantizer = faiss.IndexFlatIP(d + 1)
+            quantizer.add(database_vectors(kmeans.centroids, c))
+            index = faiss.IndexIVFFlat(quantizer, d + 1, nlist, faiss.METRIC_INNER_PRODUCT)
+            index.own_fields = True
+            quantizer.this.disown()  # the IVF index owns (and frees, and saves) its quantizer
+            index.is_trained = True
+            index.make_direct_map(True)  # reconstruct_batch for the exact rerank
+            _ivf_add(index, x, c)
+            index.nprobe = int(nprobe)
+        else:
+            raise ValueError(f"unknown ANN method {method!r}; expected 'hnsw' or 'ivf'")
+        method_name = method
+    else:
+        raise ValueError(f"unknown index kind {kind!r}; expected 'exact' or 'ann'")
+    info = IndexInfo(geometry=GEOMETRY, curvature=c, dim=d, count=N, kind=kind, method=method_name,
+                     options=options, max_norm=_max_transformed_norm(x, c), meta=dict(meta or {}))
+    return LorentzIndex(index, info, ext_ids)
+
+
+__all__ = ["GEOMETRY", "IndexInfo", "IndexMismatchError", "LorentzIndex", "build_index", "database_vectors",
+           "distance_from_excess", "load_index", "lorentz_distance", "lorentz_excess", "lorentz_time",
+           "poincare_ball", "query_vectors"]
