@@ -115,4 +115,15 @@ class LearnableScalar(nn.Module):
         return (f"shape={shape}, min={self.min}, max={self.max}, learnable={self.learnable}")
 
 
-__all__ = ["LearnableScalar", "inward_clamp"]
+def scalar_parameter_names(module: nn.Module) -> set[str]:
+    """Names (as in ``module.named_parameters()``) of every parameter owned by a
+    ``LearnableScalar`` inside ``module``: temperatures, curvatures, scales, weights. These get
+    no weight decay (decay would pull a log towards 0, i.e. the value towards 1)."""
+    names: set[str] = set()
+    for prefix, sub in module.named_modules():
+        if isinstance(sub, LearnableScalar) and sub.learnable:
+            names.add(f"{prefix}.log_value" if prefix else "log_value")
+    return names
+
+
+__all__ = ["LearnableScalar", "inward_clamp", "scalar_parameter_names"]

@@ -1,0 +1,105 @@
+"""CLIP (Radford et al. 2021): cosine InfoNCE on the unit sphere, learnable temperature.
+
+Embedding  {"point": [N, d]} unit vectors.
+Score      cosine similarity (the logit is cosine / tau).
+Loss       symmetric InfoNCE (mean of image->text and text->image), local rows vs gathered columns.
+Zero-shot  class embedding = mean of the class's normalised prompt embeddings, renormalised.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from curvalign.geometry import sphere
+from curvalign.losses import symmetric_info_nce
+from curvalign.nn.heads import CosineHead
+from curvalign.nn.scalars import LearnableScalar, scalar_parameter_names
+from curvalign.recipes import register
+from curvalign.recipes.base import Batch, Embedding, Gather, LossOutput, Progress, Query, Recipe
+from curvalign.scores import cosine_pair_scores, cosine_scores
+
+
+@dataclass
+class ClipConfig:
+    """CLIP's defaults (MERU's CLIP baseline): 512-d embedding, temperature 0.07 learnable,
+    floored at 0.01 (logit scale <= 100)."""
+
+    embed_dim: int = 512
+    temperature_init: float = 0.07
+    temperature_min: float = 0.01
+    learn_temperature: bool = True
+
+    def __post_init__(self) -> None:
+        if self.embed_dim <= 0:
+            raise ValueError(f"embed_dim must be positive, got {self.embed_dim}")
+        if not 0 < self.temperature_min <= self.temperature_init:
+            raise ValueError(f"need 0 < temperature_min <= temperature_init, got "
+                             f"{self.temperature_min}, {self.temperature_init}")
+
+
+def check_batch(batch: Batch, recipe: str, boxes: bool = False) -> None:
+    """One clear error when a batch lacks what the recipe trains on."""
+    if batch.image.shape[0] != batch.text.shape[0]:
+        raise ValueError(f"{recipe}: batch has {batch.image.shape[0]} images but {batch.text.shape[0]} "
+                         "texts; rows must be matched pairs")
+    if boxes:
+        if batch.box_image is None or batch.box_text is None:
+            raise ValueError(f"{recipe} trains on box-level pairs: the batch needs box_image and box_text "
+                             "(a feature store with boxes)")
+        if batch.box_image.shape[0] != batch.image.shape[0] or batch.box_text.shape[0] != batch.image.shape[0]:
+            raise ValueError(f"{recipe}: one box per image expected; got {batch.box_image.shape[0]} box "
+                             f"images and {batch.box_text.shape[0]} box texts for {batch.image.shape[0]} images")
+
+
+@register
+class Clip(Recipe):
+    name = "clip"
+    Config = ClipConfig
+
+    def __init__(self, config: ClipConfig, image_dim: int, text_dim: int) -> None:
+        super().__init__(config, image_dim, text_dim)
+        self.image_head = CosineHead(image_dim, config.embed_dim)
+        self.text_head = CosineHead(text_dim, config.embed_dim)
+        self.temperature = LearnableScalar(config.temperature_init, min=config.temperature_min,
+                                           learnable=config.learn_temperature)
+
+    def embed_images(self, features: Tensor) -> Embedding:
+        return {"point": self.image_head(features)}
+
+    def embed_texts(self, features: Tensor) -> Embedding:
+        return {"point": self.text_head(features)}
+
+    def scores(self, texts: Embedding, images: Embedding, query: Query = "text") -> Tensor:
+        return cosine_scores(texts["point"], images["point"])
+
+    def pair_scores(self, texts: Embedding, images: Embedding, query: Query = "text") -> Tensor:
+        return cosine_pair_scores(texts["point"], images["point"])
+
+    def class_embedding(self, prompts: Embedding) -> Embedding:
+        return {"point": sphere.project(prompts["point"].mean(dim=0, keepdim=True), 1.0)}
+
+    def loss(self, batch: Batch, progress: Progress, gather: Gather | None = None) -> LossOutput:
+        gather = gather or Gather()
+        check_batch(batch, self.name)
+        local = {"image": self.image_head(batch.image), "text": self.text_head(batch.text)}
+        everyone = gather(local)
+        offset = gather.offset(batch.image.shape[0])
+        tau = self.temperature()
+        contrastive = symmetric_info_nce(
+            cosine_scores(local["image"], everyone["text"]),
+            cosine_scores(local["text"], everyone["image"]),
+            temperature=tau, offset=offset)
+        return LossOutput(total=contrastive, terms={"contrastive": contrastive},
+                          logs={"temperature": float(tau.detach())})
+
+    def log_values(self) -> dict[str, float]:
+        return self.temperature.summary("temperature")
+
+    def no_decay_parameter_names(self) -> set[str]:
+        return scalar_parameter_names(self) | super().no_decay_parameter_names()
+
+
+__all__ = ["Clip", "ClipConfig", "check_batch"]

@@ -1,0 +1,88 @@
+"""HyCoCLIP (Pal et al. 2025): MERU plus box-level pairs (one object crop and its noun phrase).
+
+Embedding, head, score, zero-shot and logging as MERU (``LorentzRecipe``).
+
+Loss (DESIGN.md; the HyCoCLIP code as reused by PHyCLIP)
+    contrastive  0.25 x [ CE(image -> all texts) + CE(text -> all images)
+                        + CE(box image -> all texts) + CE(box text -> all images) ]
+                 on ``-d_L / tau``; box rows score against the *full* texts / images.
+    entailment   gamma x 0.5 x [ cone(T -> I, eta 0.7) + cone(T_box -> I_box, eta 0.7)
+                               + cone(I_box -> I, eta 1.2) + cone(T_box -> T, eta 1.2) ]
+                 with ``cone(parent -> child, eta) = mean max(0, ext(parent, child) - eta aper(parent))``,
+                 the parent being the general side; gamma 0.2.
+``requires = {"boxes"}``: one box per image per sample (``Batch.box_image``, ``Batch.box_text``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from curvalign.losses import entailment_cone_loss, info_nce
+from curvalign.recipes import register
+from curvalign.recipes.base import Batch, Gather, LossOutput, Progress
+from curvalign.recipes.clip import check_batch
+from curvalign.recipes.meru import LorentzConfig, LorentzRecipe
+from curvalign.scores import lorentz_distance_scores
+
+#: (term name, parent, child, which eta): the four entailment pairs, general side first.
+ENTAILMENT_PAIRS = (
+    ("entail_text_image", "text", "image", "inter"),
+    ("entail_box_text_box_image", "box_text", "box_image", "inter"),
+    ("entail_box_image_image", "box_image", "image", "intra"),
+    ("entail_box_text_text", "box_text", "text", "intra"),
+)
+
+#: (term name, local rows, gathered columns): the four contrastive directions.
+CONTRASTIVE_PAIRS = (
+    ("contrast_image_text", "image", "text"),
+    ("contrast_text_image", "text", "image"),
+    ("contrast_box_image_text", "box_image", "text"),
+    ("contrast_box_text_image", "box_text", "image"),
+)
+
+
+@dataclass
+class HycoclipConfig(LorentzConfig):
+    """HyCoCLIP: LorentzConfig plus the box-level terms.
+
+    entailment_weight  gamma, the entailment weight (0.2; the four cone terms are summed and
+                       halved, so each has weight 0.1, as in the HyCoCLIP code)
+    eta_inter          aperture multiplier for T -> I and T_box -> I_box (0.7)
+    eta_intra          aperture multiplier for I_box -> I and T_box -> T (1.2)
+    """
+
+    entailment_weight: float = 0.2
+    eta_inter: float = 0.7
+    eta_intra: float = 1.2
+
+
+@register
+class Hycoclip(LorentzRecipe):
+    name = "hycoclip"
+    Config = HycoclipConfig
+    requires = frozenset({"boxes"})
+
+    def loss(self, batch: Batch, progress: Progress, gather: Gather | None = None) -> LossOutput:
+        gather = gather or Gather()
+        check_batch(batch, self.name, boxes=True)
+        cfg: HycoclipConfig = self.config
+        c, tau = self.curvature(), self.temperature()
+        local = {"image": self.image_head(batch.image, c), "text": self.text_head(batch.text, c),
+                 "box_image": self.image_head(batch.box_image, c),
+                 "box_text": self.text_head(batch.box_text, c)}
+        everyone = gather({"image": local["image"], "text": local["text"]})
+        offset = gather.offset(batch.image.shape[0])
+        terms = {}
+        for name, rows, cols in CONTRASTIVE_PAIRS:
+            scores = lorentz_distance_scores(local[rows], everyone[cols], c)
+            terms[name] = 0.25 * info_nce(scores, temperature=tau, offset=offset)
+        eta = {"inter": cfg.eta_inter, "intra": cfg.eta_intra}
+        for name, parent, child, kind in ENTAILMENT_PAIRS:
+            cone = entailment_cone_loss(local[parent], local[child], c, eta=eta[kind], K=cfg.aperture_K)
+            terms[name] = cfg.entailment_weight * 0.5 * cone
+        total = sum(terms.values())
+        return LossOutput(total=total, terms=terms,
+                          logs={"temperature": float(tau.detach()), "curvature": float(c.detach())})
+
+
+__all__ = ["CONTRASTIVE_PAIRS", "ENTAILMENT_PAIRS", "Hycoclip", "HycoclipConfig"]

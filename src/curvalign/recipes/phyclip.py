@@ -1,0 +1,179 @@
+"""PHyCLIP (seed 002): an l1-product of k Lorentz factors, each with its own learnable curvature.
+
+Embedding  {"point": [N, k, d]} Lorentz space components per factor.
+Head       ``FactorizedLorentzHead``: a k*d projection sliced into k factors, a learnable scalar
+           per modality (App. C.3: init 1/sqrt(k d), at most 1), ``expmap0`` per factor with
+           curvature ``c[i]`` (init 1.0, clamped to [0.1, 10] per factor).
+Score      ``-d_avg = -(1/k) sum_i d_{H_i}`` (Eq. 2), always: never the sum of per-factor inner
+           products that the authors' zero-shot code uses (it does not rank like the training
+           distance).
+Loss       Eq. 1: ``L_cont + gamma L_ent``, gamma 0.2.
+           Eq. 4: ``L_cont = 1/4 [CE(I, T) + CE(T, I) + CE(I_box, T_box) + CE(T_box, I_box)]`` on
+           ``-d_avg / tau`` (tau init 0.07, floor 0.01), local rows vs gathered columns.
+           Eq. 5-6: ``L_ent = sum over the pairs X <= Y of mean_b (1/k) sum_i max(0, phi(y_i, x_i)
+           - eta omega(y_i))`` with the general side Y as the apex: I <= T and I_box <= T_box
+           (eta 0.7), I <= I_box and T <= T_box (eta 1.2). App. C.3's "T <= I_box" is read as a
+           typo for I <= I_box, following Eq. 6. The batch sum of Eq. 6 is a batch mean here
+           (as in the authors' code; a sum would tie the loss scale to the batch size).
+Zero-shot  per factor: ``expmap0`` of the mean of the prompts' tangent vectors.
+Logged     temperature; the k curvatures as min / mean / max.
+Analysis   ``factor_norms`` (factor-wise distance to the origin) and ``factor_max_compose``
+           (the factor-wise max composition of Fig. 7).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from curvalign.geometry import lorentz
+from curvalign.losses import entailment_cone_loss, info_nce
+from curvalign.nn.heads import FactorizedLorentzHead
+from curvalign.nn.scalars import LearnableScalar, scalar_parameter_names
+from curvalign.recipes import register
+from curvalign.recipes.base import Batch, Embedding, Gather, LossOutput, Progress, Query, Recipe
+from curvalign.recipes.clip import check_batch
+from curvalign.scores import product_average_distance_pair_scores, product_average_distance_scores
+
+#: (term name, local rows, gathered columns): Eq. 4's four directions.
+CONTRASTIVE_PAIRS = (
+    ("contrast_image_text", "image", "text"),
+    ("contrast_text_image", "text", "image"),
+    ("contrast_box_image_box_text", "box_image", "box_text"),
+    ("contrast_box_text_box_image", "box_text", "box_image"),
+)
+
+#: (term name, general side = apex, specific side, which eta): Eq. 6's four pairs.
+ENTAILMENT_PAIRS = (
+    ("entail_text_image", "text", "image", "inter"),
+    ("entail_box_text_box_image", "box_text", "box_image", "inter"),
+    ("entail_box_image_image", "box_image", "image", "intra"),
+    ("entail_box_text_text", "box_text", "text", "intra"),
+)
+
+
+@dataclass
+class PhyclipConfig:
+    """PHyCLIP's defaults (Sec. 4.1, App. C.3).
+
+    num_factors, factor_dim  k = 64 factors of d = 8 dimensions (total 512)
+    curvature_*              per-factor curvature init 1.0, clamped to [0.1, 10], learnable
+    temperature_*            tau init 0.07, floor 0.01, learnable
+    scale_init               per-modality scale; None = 1/sqrt(k d) (App. C.3)
+    scale_max                its upper bound (1, as MERU)
+    per_factor_scale         one scale per factor (the authors' code) instead of per modality
+    entailment_weight        gamma (0.2)
+    eta_inter, eta_intra     0.7 (I <= T, I_box <= T_box), 1.2 (I <= I_box, T <= T_box)
+    aperture_K               the cone constant K (0.1)
+    """
+
+    num_factors: int = 64
+    factor_dim: int = 8
+    curvature_init: float = 1.0
+    curvature_min: float = 0.1
+    curvature_max: float = 10.0
+    learn_curvature: bool = True
+    temperature_init: float = 0.07
+    temperature_min: float = 0.01
+    learn_temperature: bool = True
+    scale_init: float | None = None
+    scale_max: float | None = 1.0
+    per_factor_scale: bool = False
+    entailment_weight: float = 0.2
+    eta_inter: float = 0.7
+    eta_intra: float = 1.2
+    aperture_K: float = 0.1
+
+    def __post_init__(self) -> None:
+        if self.num_factors <= 0 or self.factor_dim <= 0:
+            raise ValueError(f"num_factors and factor_dim must be positive, got {self.num_factors}, "
+                             f"{self.factor_dim}")
+        if not 0 < self.curvature_min <= self.curvature_init <= self.curvature_max:
+            raise ValueError(f"need 0 < curvature_min <= curvature_init <= curvature_max, got "
+                             f"{self.curvature_min}, {self.curvature_init}, {self.curvature_max}")
+        if not 0 < self.temperature_min <= self.temperature_init:
+            raise ValueError(f"need 0 < temperature_min <= temperature_init, got "
+                             f"{self.temperature_min}, {self.temperature_init}")
+
+
+@register
+class Phyclip(Recipe):
+    name = "phyclip"
+    Config = PhyclipConfig
+    requires = frozenset({"boxes"})
+
+    def __init__(self, config: PhyclipConfig, image_dim: int, text_dim: int) -> None:
+        super().__init__(config, image_dim, text_dim)
+        head = dict(num_factors=config.num_factors, factor_dim=config.factor_dim,
+                    scale_init=config.scale_init, scale_max=config.scale_max,
+                    per_factor_scale=config.per_factor_scale)
+        self.image_head = FactorizedLorentzHead(image_dim, **head)
+        self.text_head = FactorizedLorentzHead(text_dim, **head)
+        self.curvature = LearnableScalar(config.curvature_init, min=config.curvature_min,
+                                         max=config.curvature_max, shape=(config.num_factors,),
+                                         learnable=config.learn_curvature)
+        self.temperature = LearnableScalar(config.temperature_init, min=config.temperature_min,
+                                           learnable=config.learn_temperature)
+
+    # --- embeddings and ranking ---------------------------------------------------------------
+    def embed_images(self, features: Tensor) -> Embedding:
+        return {"point": self.image_head(features, self.curvature())}
+
+    def embed_texts(self, features: Tensor) -> Embedding:
+        return {"point": self.text_head(features, self.curvature())}
+
+    def scores(self, texts: Embedding, images: Embedding, query: Query = "text") -> Tensor:
+        return product_average_distance_scores(texts["point"], images["point"], self.curvature())
+
+    def pair_scores(self, texts: Embedding, images: Embedding, query: Query = "text") -> Tensor:
+        return product_average_distance_pair_scores(texts["point"], images["point"], self.curvature())
+
+    def class_embedding(self, prompts: Embedding) -> Embedding:
+        c = self.curvature()
+        tangent = lorentz.logmap0(prompts["point"], c).mean(dim=0, keepdim=True)  # [1, k, d]
+        return {"point": lorentz.expmap0(tangent, c)}
+
+    # --- analysis -----------------------------------------------------------------------------
+    def factor_norms(self, emb: Embedding) -> Tensor:
+        """[N, k] hyperbolic distance of each factor to its origin (Fig. 3-4's factor norms)."""
+        return lorentz.dist0(emb["point"], self.curvature())
+
+    def factor_max_compose(self, a: Embedding, b: Embedding) -> Embedding:
+        """Fig. 7: per factor, keep whichever of ``a``'s and ``b``'s points lies further from the
+        origin (a Boolean OR when each factor is a bit). Shapes [N, k, d] -> [N, k, d]."""
+        pick_a = self.factor_norms(a) >= self.factor_norms(b)
+        return {"point": torch.where(pick_a.unsqueeze(-1), a["point"], b["point"])}
+
+    # --- training -----------------------------------------------------------------------------
+    def loss(self, batch: Batch, progress: Progress, gather: Gather | None = None) -> LossOutput:
+        gather = gather or Gather()
+        check_batch(batch, self.name, boxes=True)
+        cfg: PhyclipConfig = self.config
+        c, tau = self.curvature(), self.temperature()
+        local = {"image": self.image_head(batch.image, c), "text": self.text_head(batch.text, c),
+                 "box_image": self.image_head(batch.box_image, c),
+                 "box_text": self.text_head(batch.box_text, c)}
+        everyone = gather(local)
+        offset = gather.offset(batch.image.shape[0])
+        terms = {}
+        for name, rows, cols in CONTRASTIVE_PAIRS:
+            scores = product_average_distance_scores(local[rows], everyone[cols], c)
+            terms[name] = 0.25 * info_nce(scores, temperature=tau, offset=offset)
+        eta = {"inter": cfg.eta_inter, "intra": cfg.eta_intra}
+        for name, parent, child, kind in ENTAILMENT_PAIRS:
+            cone = entailment_cone_loss(local[parent], local[child], c, eta=eta[kind], K=cfg.aperture_K)
+            terms[name] = cfg.entailment_weight * cone
+        logs = {"temperature": float(tau.detach()), **self.curvature.summary("curvature")}
+        return LossOutput(total=sum(terms.values()), terms=terms, logs=logs)
+
+    def log_values(self) -> dict[str, float]:
+        return {**self.temperature.summary("temperature"), **self.curvature.summary("curvature"),
+                **self.image_head.scale.summary("scale/image"), **self.text_head.scale.summary("scale/text")}
+
+    def no_decay_parameter_names(self) -> set[str]:
+        return scalar_parameter_names(self) | super().no_decay_parameter_names()
+
+
+__all__ = ["CONTRASTIVE_PAIRS", "ENTAILMENT_PAIRS", "Phyclip", "PhyclipConfig"]

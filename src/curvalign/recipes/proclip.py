@@ -1,0 +1,162 @@
+"""ProCLIP (seed 003): a mixed-curvature product H x E x S with a weighted squared product metric.
+
+Embedding  {"hyperbolic": [N, dH] Lorentz space components, "euclidean": [N, dE],
+            "sphere": [N, dS] points of the sphere of radius R}; a part of dimension 0 is left
+           out (the single-geometry baselines of Sec. 3.2: e.g. hyperbolic_dim=192, the others 0).
+Head       ``MixedCurvatureHead``: one 2-layer MLP (hidden 512, ReLU) per part (Sec. 3.3).
+Score      ``s = -d_Z^2 = -(a_H d_H^2 + a_E |e1 - e2|^2 + a_S d_S^2)`` (Eq. 4, Sec. 2.2), the weights
+           a learnable and positive (stored as logs, init 1).
+Loss       Eq. 5: symmetric InfoNCE on ``s / tau`` with tau = 0.07 fixed (Sec. 3.3), as the mean of
+           the two directions (Eq. 5 writes their sum over the batch).
+Zero-shot  class embedding per part (the project's reading; the paper evaluates retrieval only):
+           hyperbolic ``expmap0`` of the mean tangent vector, Euclidean mean, spherical mean
+           projected back onto the sphere of radius R.
+Curvature  c and R are fixed by default: Remark 1 makes the learnable weights the effective
+           curvature scales; ``learn_curvature`` adds a learnable c in [curvature_min, curvature_max].
+"One random caption per image per epoch" is the sampler's job (``data.sampling``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from curvalign.geometry import lorentz, sphere
+from curvalign.losses import symmetric_info_nce
+from curvalign.nn.heads import MixedCurvatureHead
+from curvalign.nn.scalars import LearnableScalar, scalar_parameter_names
+from curvalign.recipes import register
+from curvalign.recipes.base import Batch, Embedding, Gather, LossOutput, Progress, Query, Recipe
+from curvalign.recipes.clip import check_batch
+from curvalign.scores import mixed_sqdist_pair_scores, mixed_sqdist_scores
+
+PARTS = ("hyperbolic", "euclidean", "sphere")
+
+
+@dataclass
+class ProclipConfig:
+    """ProCLIP's defaults (Sec. 3.2-3.3).
+
+    hyperbolic_dim, euclidean_dim, sphere_dim  d per part (64 x 3, the paper's smallest setting;
+                                               sphere_dim is the ambient dimension of its points)
+    hidden_dim                                 MLP hidden width (512)
+    temperature_init, learn_temperature        tau 0.07, fixed
+    temperature_min                            floor when learnt (0.01)
+    weight_init, weight_min, weight_max        the metric weights a_H, a_E, a_S: init 1, bounds
+    curvature_init, learn_curvature, ...       c of the hyperbolic part (1.0, fixed)
+    sphere_radius                              R of the spherical part (1.0)
+    """
+
+    hyperbolic_dim: int = 64
+    euclidean_dim: int = 64
+    sphere_dim: int = 64
+    hidden_dim: int = 512
+    temperature_init: float = 0.07
+    temperature_min: float = 0.01
+    learn_temperature: bool = False
+    weight_init: float = 1.0
+    weight_min: float = 1e-3
+    weight_max: float = 1e3
+    curvature_init: float = 1.0
+    curvature_min: float = 0.1
+    curvature_max: float = 10.0
+    learn_curvature: bool = False
+    sphere_radius: float = 1.0
+
+    def __post_init__(self) -> None:
+        dims = (self.hyperbolic_dim, self.euclidean_dim, self.sphere_dim)
+        if min(dims) < 0 or max(dims) == 0:
+            raise ValueError(f"part dimensions must be >= 0 with at least one positive, got {dims}")
+        if self.sphere_dim == 1:
+            raise ValueError("sphere_dim must be 0 or >= 2 (it is the ambient dimension of the sphere's points)")
+        if not 0 < self.temperature_min <= self.temperature_init:
+            raise ValueError(f"need 0 < temperature_min <= temperature_init, got "
+                             f"{self.temperature_min}, {self.temperature_init}")
+        if not 0 < self.weight_min <= self.weight_init <= self.weight_max:
+            raise ValueError(f"need 0 < weight_min <= weight_init <= weight_max, got "
+                             f"{self.weight_min}, {self.weight_init}, {self.weight_max}")
+        if not 0 < self.curvature_min <= self.curvature_init <= self.curvature_max:
+            raise ValueError(f"need 0 < curvature_min <= curvature_init <= curvature_max, got "
+                             f"{self.curvature_min}, {self.curvature_init}, {self.curvature_max}")
+        if self.sphere_radius <= 0:
+            raise ValueError(f"sphere_radius must be positive, got {self.sphere_radius}")
+
+
+@register
+class Proclip(Recipe):
+    name = "proclip"
+    Config = ProclipConfig
+
+    def __init__(self, config: ProclipConfig, image_dim: int, text_dim: int) -> None:
+        super().__init__(config, image_dim, text_dim)
+        dims = dict(hyperbolic_dim=config.hyperbolic_dim, euclidean_dim=config.euclidean_dim,
+                    sphere_dim=config.sphere_dim, hidden_dim=config.hidden_dim)
+        self.image_head = MixedCurvatureHead(image_dim, **dims)
+        self.text_head = MixedCurvatureHead(text_dim, **dims)
+        self.parts = tuple(p for p in PARTS if self.image_head.dims[p] > 0)
+        self.weights = torch.nn.ModuleDict({
+            p: LearnableScalar(config.weight_init, min=config.weight_min, max=config.weight_max)
+            for p in self.parts})
+        self.temperature = LearnableScalar(config.temperature_init, min=config.temperature_min,
+                                           learnable=config.learn_temperature)
+        self.curvature = LearnableScalar(config.curvature_init, min=config.curvature_min,
+                                         max=config.curvature_max, learnable=config.learn_curvature)
+
+    def _weights(self) -> dict[str, Tensor]:
+        return {p: w() for p, w in self.weights.items()}
+
+    def embed_images(self, features: Tensor) -> Embedding:
+        return self.image_head(features, self.curvature(), self.config.sphere_radius)
+
+    def embed_texts(self, features: Tensor) -> Embedding:
+        return self.text_head(features, self.curvature(), self.config.sphere_radius)
+
+    def scores(self, texts: Embedding, images: Embedding, query: Query = "text") -> Tensor:
+        return mixed_sqdist_scores(texts, images, self._weights(), self.curvature(), self.config.sphere_radius)
+
+    def pair_scores(self, texts: Embedding, images: Embedding, query: Query = "text") -> Tensor:
+        return mixed_sqdist_pair_scores(texts, images, self._weights(), self.curvature(),
+                                        self.config.sphere_radius)
+
+    def class_embedding(self, prompts: Embedding) -> Embedding:
+        out: Embedding = {}
+        c = self.curvature()
+        if "hyperbolic" in prompts:
+            tangent = lorentz.logmap0(prompts["hyperbolic"], c).mean(dim=0, keepdim=True)
+            out["hyperbolic"] = lorentz.expmap0(tangent, c)
+        if "euclidean" in prompts:
+            out["euclidean"] = prompts["euclidean"].mean(dim=0, keepdim=True)
+        if "sphere" in prompts:
+            out["sphere"] = sphere.project(prompts["sphere"].mean(dim=0, keepdim=True), self.config.sphere_radius)
+        return out
+
+    def loss(self, batch: Batch, progress: Progress, gather: Gather | None = None) -> LossOutput:
+        gather = gather or Gather()
+        check_batch(batch, self.name)
+        c, tau, w, radius = self.curvature(), self.temperature(), self._weights(), self.config.sphere_radius
+        images = self.image_head(batch.image, c, radius)
+        texts = self.text_head(batch.text, c, radius)
+        # One gather for both modalities: keys "image/<part>" and "text/<part>".
+        packed = {f"image/{p}": v for p, v in images.items()} | {f"text/{p}": v for p, v in texts.items()}
+        everyone = gather(packed)
+        all_images = {p: everyone[f"image/{p}"] for p in images}
+        all_texts = {p: everyone[f"text/{p}"] for p in texts}
+        contrastive = symmetric_info_nce(mixed_sqdist_scores(images, all_texts, w, c, radius),
+                                         mixed_sqdist_scores(texts, all_images, w, c, radius),
+                                         temperature=tau, offset=gather.offset(batch.image.shape[0]))
+        logs = {"temperature": float(tau.detach()), **{f"weight/{p}": float(v.detach()) for p, v in w.items()}}
+        return LossOutput(total=contrastive, terms={"contrastive": contrastive}, logs=logs)
+
+    def log_values(self) -> dict[str, float]:
+        out = {**self.temperature.summary("temperature"), **self.curvature.summary("curvature")}
+        for p, w in self.weights.items():
+            out.update(w.summary(f"weight/{p}"))
+        return out
+
+    def no_decay_parameter_names(self) -> set[str]:
+        return scalar_parameter_names(self) | super().no_decay_parameter_names()
+
+
+__all__ = ["Proclip", "ProclipConfig"]
