@@ -1,0 +1,709 @@
+"""The synthetic world: a feature store whose true structure is known, built from a seed.
+
+Latent model (all vectors in a latent space of ``latent_dim`` dimensions)
+    Concepts form one taxonomy: a global root ``entity`` (no vector of its own), one child per
+    concept family (``animal``, ``vehicle``, ...), and below each family a complete tree of
+    ``branching`` children per node, ``depth`` levels deep; the leaves are the zero-shot
+    classes. Every non-root node has a random vector; the *path vector* of a node is the sum
+    of the vectors from its family down to it, so a node's path vector contains its parent's.
+    Attribute families (colour, size, texture, material) have one random vector per value.
+
+    A *mention* is (node, attributes): its latent is
+        m = p + a + binding * sqrt(L) * (p Q) * a
+    with ``p`` the node's path vector, ``a`` the sum of the mentioned attribute vectors and
+    ``Q`` a fixed random rotation. The product term binds attributes to their object, so
+    swapping attributes between two objects changes the latent.
+
+Images
+    1..``max_objects`` objects from distinct families, each a random leaf with one value of
+    every attribute family. The first object is the main one (weight 1, its leaf is the image's
+    class); the others are weighted ``secondary_weight``. Image latent = weighted sum of the
+    objects' full mentions + ``background`` * (a nuisance vector no text describes) +
+    ``image_noise`` * noise, sent through a fixed random 2-layer tanh MLP into ``image_dim``.
+
+Texts
+    Each caption mentions every object of its image, each at a level drawn from its path (the
+    leaf with probability 1 - ``generality``, its parent with ``generality`` * (1 -
+    ``generality``), ... never above the family), with each attribute kept with probability
+    ``attribute_mention``. Caption latent = sum of the mentions + ``text_noise`` * noise, sent
+    through a *different* fixed random MLP into ``text_dim``. Texts are more general than
+    images and use another map: the modality gap is real.
+
+Derived parts (every optional group of the FeatureStore is present)
+    boxes       one per object: the object alone (image map) and its mention in the image's
+                first caption (text map).
+    text pairs  from train images: two captions of one image, captions of two images whose
+                main objects share a family, random captions; the score is the cosine of the
+                two texts' weighted concept sets (the nodes on each mention's path, weight 1;
+                each mentioned attribute bound to its object's family, weight 0.5).
+    classes     one per leaf; prompts = leaf path vector + one of ``templates`` fixed context
+                vectors of norm about ``template_scale``, text map, no noise.
+    negatives   for every test caption, as far as the caption allows: object_replaced (one
+                mention's node replaced by a sibling), attribute_replaced (one mentioned value
+                replaced), object_added (an object of a family absent from the image), swapped
+                (attribute values exchanged between two objects); same noise as the caption, so
+                only the structure differs.
+    chains      for each test image whose captions mention an attribute of the main object:
+                [those attributes alone, main object with them, the full caption] (general ->
+                specific: each text's content contains the previous one's).
+    splits      "train" / "test", a random ``test_fraction`` of the images in "test".
+
+Determinism: every part draws from its own ``torch.Generator`` seeded from (``seed``, part
+name), never from global RNG state. So the concepts and maps depend only on the seed and the
+dimensions: ``synthetic:images=500`` lives in the same world as the default.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import asdict, dataclass, fields
+
+import torch
+from torch import Tensor
+
+from curvalign.data.features import FeatureStore
+
+FAMILY_NAMES = ("animal", "vehicle", "plant", "furniture", "food", "tool", "instrument", "building")
+ATTRIBUTE_FAMILIES: dict[str, tuple[str, ...]] = {
+    "colour": ("red", "green", "blue", "yellow", "black", "white"),
+    "size": ("small", "medium", "large"),
+    "texture": ("smooth", "rough", "striped", "spotted"),
+    "material": ("wooden", "metal", "plastic", "glass", "fabric"),
+}
+NEGATIVE_KINDS = ("object_replaced", "attribute_replaced", "object_added", "swapped")
+CHAIN_LEVELS = ("attributes", "noun phrase", "caption")
+ROOT_NAME = "entity"
+
+
+@dataclass
+class SyntheticConfig:
+    """Knobs of the synthetic world (every one can be set in a spec: ``synthetic:images=500,seed=3``).
+
+    Sizes
+        images              number of images
+        captions_min/max    captions per image, drawn uniformly in [min, max]
+        max_objects         objects per image, drawn uniformly in [1, max_objects]
+        text_pairs          scored text-text pairs (DualPath)
+        templates           prompt templates per class
+        test_fraction       share of images in the "test" split
+    Structure
+        families            concept families (at most 8 named ones, more get generic names)
+        depth               levels below each family node; leaves are at this depth
+        branching           children per taxonomy node; classes = families * branching**depth
+        attribute_families  how many of colour, size, texture, material objects carry (0..4)
+    Dimensions
+        latent_dim, image_dim, text_dim, hidden_dim (width of the random MLP maps)
+    Difficulty
+        image_noise, text_noise  norm of the latent noise added before each map
+        background          norm of the per-image nuisance vector that no text mentions
+        secondary_weight    weight of the non-main objects in the image latent
+        attribute_scale     norm of an attribute vector (concept vectors have norm ~1)
+        binding             strength of the attribute-object binding term
+        generality          probability that a caption mentions an object one level higher
+        attribute_mention   probability that a caption mentions a given attribute of an object
+        template_scale      norm of a prompt template's context vector
+        gain                pre-activation gain of the maps (higher: more nonlinear)
+    seed                    seeds every random draw
+    """
+
+    images: int = 3000
+    captions_min: int = 3
+    captions_max: int = 5
+    max_objects: int = 3
+    text_pairs: int = 3000
+    templates: int = 4
+    test_fraction: float = 0.2
+
+    families: int = 4
+    depth: int = 3
+    branching: int = 3
+    attribute_families: int = 3
+
+    latent_dim: int = 64
+    image_dim: int = 128
+    text_dim: int = 96
+    hidden_dim: int = 256
+
+    image_noise: float = 1.5
+    text_noise: float = 0.5
+    background: float = 1.5
+    secondary_weight: float = 0.6
+    attribute_scale: float = 0.7
+    binding: float = 0.5
+    generality: float = 0.5
+    attribute_mention: float = 0.6
+    template_scale: float = 0.3
+    gain: float = 3.0
+
+    seed: int = 0
+
+    def check(self) -> None:
+        """Raise ValueError naming the first knob out of its range."""
+        positive = ("images", "captions_min", "max_objects", "templates", "families", "depth", "branching",
+                    "latent_dim", "image_dim", "text_dim", "hidden_dim")
+        for name in positive:
+            if getattr(self, name) < 1:
+                raise ValueError(f"synthetic world: {name} must be >= 1, got {getattr(self, name)}")
+        if self.captions_max < self.captions_min:
+            raise ValueError(f"synthetic world: captions_max ({self.captions_max}) < captions_min ({self.captions_min})")
+        if self.max_objects > self.families:
+            raise ValueError(f"synthetic world: max_objects ({self.max_objects}) > families ({self.families}); "
+                             "objects of one image come from distinct families")
+        if self.branching < 2:
+            raise ValueError("synthetic world: branching must be >= 2 (replaced-object negatives need siblings)")
+        if not 0 <= self.attribute_families <= len(ATTRIBUTE_FAMILIES):
+            raise ValueError(f"synthetic world: attribute_families must be in [0, {len(ATTRIBUTE_FAMILIES)}]")
+        if self.text_pairs < 0:
+            raise ValueError("synthetic world: text_pairs must be >= 0")
+        if not 0.0 < self.test_fraction < 1.0:
+            raise ValueError(f"synthetic world: test_fraction must be in (0, 1), got {self.test_fraction}")
+        for name in ("generality", "attribute_mention"):
+            if not 0.0 <= getattr(self, name) < 1.0 + (name == "attribute_mention"):
+                raise ValueError(f"synthetic world: {name} must be a probability, got {getattr(self, name)}")
+        for name in ("image_noise", "text_noise", "background", "secondary_weight", "attribute_scale", "binding",
+                     "template_scale", "gain"):
+            if not getattr(self, name) >= 0.0 or math.isinf(getattr(self, name)):
+                raise ValueError(f"synthetic world: {name} must be finite and >= 0, got {getattr(self, name)}")
+        if round(self.images * self.test_fraction) < 1 or round(self.images * self.test_fraction) >= self.images:
+            raise ValueError(f"synthetic world: {self.images} images with test_fraction {self.test_fraction} "
+                             "leave one split empty")
+
+
+def config_from_overrides(overrides: dict[str, str]) -> SyntheticConfig:
+    """A ``SyntheticConfig`` with string overrides parsed to each field's type."""
+    known = {f.name: f for f in fields(SyntheticConfig)}
+    values: dict[str, int | float] = {}
+    for key, raw in overrides.items():
+        if key not in known:
+            raise ValueError(f"synthetic world has no option {key!r}; options: {', '.join(known)}")
+        kind = type(getattr(SyntheticConfig(), key))
+        try:
+            values[key] = kind(raw)
+        except ValueError:
+            raise ValueError(f"synthetic world option {key}={raw!r}: expected {kind.__name__}") from None
+    config = SyntheticConfig(**values)  # type: ignore[arg-type]
+    config.check()
+    return config
+
+
+# --- the world's fixed parts ---------------------------------------------------------------------
+
+
+def _generator(seed: int, part: str) -> torch.Generator:
+    """An independent generator per part, so resizing one part leaves the others unchanged."""
+    digest = hashlib.blake2b(f"{seed}/{part}".encode(), digest_size=8).digest()
+    return torch.Generator().manual_seed(int.from_bytes(digest, "little") & ((1 << 63) - 1))
+
+
+def _gaussian(shape: tuple[int, ...], norm: float, gen: torch.Generator) -> Tensor:
+    """Rows of N(0, norm^2 / d) entries: vectors of norm about ``norm`` in d = shape[-1] dimensions."""
+    return torch.randn(shape, generator=gen) * (norm / math.sqrt(shape[-1]))
+
+
+class _RandomMLP:
+    """A fixed random map R^L -> R^D: x -> tanh(gain * x W1 + b1) W2."""
+
+    def __init__(self, latent_dim: int, hidden_dim: int, out_dim: int, gain: float, gen: torch.Generator) -> None:
+        self.w1 = torch.randn(latent_dim, hidden_dim, generator=gen) * (gain / math.sqrt(latent_dim))
+        self.b1 = torch.randn(hidden_dim, generator=gen) * 0.5
+        self.w2 = torch.randn(hidden_dim, out_dim, generator=gen) / math.sqrt(hidden_dim)
+
+    def __call__(self, z: Tensor) -> Tensor:
+        return torch.tanh(z @ self.w1 + self.b1) @ self.w2
+
+
+class _Taxonomy:
+    """The concept forest under one root, nodes in breadth-first order (root = node 0)."""
+
+    def __init__(self, config: SyntheticConfig) -> None:
+        names = [ROOT_NAME]
+        parents = [-1]
+        levels = [0]
+        frontier = []
+        for f in range(config.families):
+            names.append(FAMILY_NAMES[f] if f < len(FAMILY_NAMES) else f"family{f}")
+            parents.append(0)
+            levels.append(1)
+            frontier.append(len(names) - 1)
+        self.family_nodes = list(frontier)
+        for level in range(2, config.depth + 2):
+            next_frontier = []
+            for node in frontier:
+                for b in range(config.branching):
+                    names.append(f"{names[node]}.{b}")
+                    parents.append(node)
+                    levels.append(level)
+                    next_frontier.append(len(names) - 1)
+            frontier = next_frontier
+        self.names = names
+        self.parents = parents
+        self.levels = levels
+        self.leaf_level = config.depth + 1
+        self.leaves = frontier  # class c is leaf node self.leaves[c]
+        self.children: list[list[int]] = [[] for _ in names]
+        for node, parent in enumerate(parents):
+            if parent >= 0:
+                self.children[parent].append(node)
+        family_of = [0] * len(names)
+        for node in range(1, len(names)):
+            family_of[node] = node - 1 if parents[node] == 0 else family_of[parents[node]]
+        self.family_of = family_of  # family index of each node (root: 0, unused)
+        # ancestor[n][l]: the ancestor of n at level l (n itself at its own level)
+        self.ancestor = [[0] * (self.leaf_level + 1) for _ in names]
+        for node in range(len(names)):
+            n = node
+            while n >= 0:
+                self.ancestor[node][levels[n]] = n
+                n = parents[n]
+        self.leaves_per_family = config.branching ** config.depth
+
+
+@dataclass
+class _Mentions:
+    """A table of mentions, each owned by one output row (an image, a text, ...).
+
+    owner [M], node [M] (-1: no concept, attributes only), attrs [M, A] (value index or -1),
+    weight [M].
+    """
+
+    owner: Tensor
+    node: Tensor
+    attrs: Tensor
+    weight: Tensor
+
+    @staticmethod
+    def from_lists(owner: list[int], node: list[int], attrs: list[list[int]], weight: list[float], n_attr: int) -> _Mentions:
+        return _Mentions(
+            torch.tensor(owner, dtype=torch.long),
+            torch.tensor(node, dtype=torch.long),
+            torch.tensor(attrs, dtype=torch.long).reshape(len(owner), n_attr),
+            torch.tensor(weight, dtype=torch.float32),
+        )
+
+
+class _Model:
+    """Every fixed random part of the world: vectors and the two maps."""
+
+    def __init__(self, config: SyntheticConfig, taxonomy: _Taxonomy) -> None:
+        gen = _generator(config.seed, "concepts")
+        latent = config.latent_dim
+        node_vectors = _gaussian((len(taxonomy.names), latent), 1.0, gen)
+        node_vectors[0] = 0.0  # the global root says nothing
+        path = torch.zeros_like(node_vectors)
+        for node, parent in enumerate(taxonomy.parents):  # breadth-first: parents come first
+            path[node] = node_vectors[node] + (path[parent] if parent >= 0 else 0.0)
+        # one extra zero row: node -1 indexes it
+        self.path = torch.cat([path, torch.zeros(1, latent)])
+        self.attribute_names = list(ATTRIBUTE_FAMILIES)[: config.attribute_families]
+        self.value_counts = [len(ATTRIBUTE_FAMILIES[a]) for a in self.attribute_names]
+        self.value_offsets = [sum(self.value_counts[:a]) for a in range(len(self.value_counts))]
+        values = _gaussian((sum(self.value_counts), latent), config.attribute_scale, gen)
+        self.values = torch.cat([values, torch.zeros(1, latent)])  # row -1: no value
+        self.rotation = torch.linalg.qr(torch.randn(latent, latent, generator=gen))[0]
+        self.templates = _gaussian((config.templates, latent), config.template_scale, gen)
+        maps = _generator(config.seed, "maps")
+        self.image_map = _RandomMLP(latent, config.hidden_dim, config.image_dim, config.gain, maps)
+        self.text_map = _RandomMLP(latent, config.hidden_dim, config.text_dim, config.gain, maps)
+        self.binding = config.binding
+        self.latent_dim = latent
+
+    def compose(self, mentions: _Mentions, n_owners: int) -> Tensor:
+        """Latent of each owner: the weighted sum of its mentions' latents. [n_owners, L]."""
+        p = self.path[mentions.node]
+        if mentions.attrs.shape[1]:
+            offsets = torch.tensor(self.value_offsets, dtype=torch.long)
+            flat = torch.where(mentions.attrs >= 0, mentions.attrs + offsets, torch.full_like(mentions.attrs, -1))
+            a = self.values[flat].sum(dim=1)
+        else:
+            a = torch.zeros_like(p)
+        m = p + a + self.binding * math.sqrt(self.latent_dim) * (p @ self.rotation) * a
+        out = torch.zeros(n_owners, self.latent_dim)
+        # index_put_ rather than index_add_: the latter is many times slower on busy CPUs
+        return out.index_put_((mentions.owner,), m * mentions.weight[:, None], accumulate=True)
+
+
+class _Draws:
+    """Uniform numbers from a generator, handed out one at a time to the loops that need them."""
+
+    def __init__(self, gen: torch.Generator, block: int = 1 << 14) -> None:
+        self.gen, self.block, self.buffer, self.i = gen, block, [], 0
+
+    def uniform(self) -> float:
+        if self.i == len(self.buffer):
+            self.buffer = torch.rand(self.block, generator=self.gen, dtype=torch.float64).tolist()
+            self.i = 0
+        self.i += 1
+        return self.buffer[self.i - 1]
+
+    def below(self, n: int) -> int:
+        return min(int(self.uniform() * n), n - 1)
+
+    def choice(self, items: list):
+        return items[self.below(len(items))]
+
+
+# --- the world -------------------------------------------------------------------------------------
+
+
+@dataclass
+class SyntheticWorld:
+    """The generated store plus the ground truth behind it (for tests and analyses).
+
+    text_levels   [Nt, max_objects] taxonomy level of each mention of each caption (-1: none);
+                  the leaf level is ``leaf_level``
+    object_image, object_leaf, object_attrs  the objects (image-major), [No], [No], [No, A]
+    """
+
+    config: SyntheticConfig
+    store: FeatureStore
+    text_levels: Tensor
+    object_image: Tensor
+    object_leaf: Tensor
+    object_attrs: Tensor
+    leaf_level: int
+    _model: _Model
+    _taxonomy: _Taxonomy
+
+    def render_texts(self, image_ids: Tensor, levels_up: int, noise_seed: int = 0) -> Tensor:
+        """One text per image naming all of its objects ``levels_up`` levels above their leaves
+        (never above the family) and no attribute, with the world's text noise. [n, Dt]."""
+        owner, node = [], []
+        for row, image in enumerate(image_ids.tolist()):
+            for leaf in self.object_leaf[self.object_image == image].tolist():
+                owner.append(row)
+                node.append(self._taxonomy.ancestor[leaf][max(1, self.leaf_level - levels_up)])
+        n_attr = self.object_attrs.shape[1]
+        mentions = _Mentions.from_lists(owner, node, [[-1] * n_attr for _ in owner], [1.0] * len(owner), n_attr)
+        latent = self._model.compose(mentions, len(image_ids))
+        noise = _gaussian(tuple(latent.shape), self.config.text_noise, _generator(noise_seed, "render"))
+        return self._model.text_map(latent + noise)
+
+
+def make_world(config: SyntheticConfig | None = None) -> FeatureStore:
+    """The synthetic world's feature store (see the module docstring); deterministic in ``config``."""
+    return build_world(config).store
+
+
+def build_world(config: SyntheticConfig | None = None) -> SyntheticWorld:
+    """The synthetic world with its ground truth."""
+    config = config or SyntheticConfig()
+    config.check()
+    tax = _Taxonomy(config)
+    model = _Model(config, tax)
+    n_attr = len(model.attribute_names)
+    ni, k = config.images, config.max_objects
+
+    # Objects: distinct families per image, a random leaf and attribute values each.
+    gen = _generator(config.seed, "images")
+    n_objects = torch.randint(1, k + 1, (ni,), generator=gen)
+    families = torch.argsort(torch.rand(ni, config.families, generator=gen), dim=1)[:, :k]
+    leaf_in_family = torch.randint(0, tax.leaves_per_family, (ni, k), generator=gen)
+    counts = torch.tensor(model.value_counts, dtype=torch.float64)
+    attrs = (torch.rand(ni, k, n_attr, generator=gen, dtype=torch.float64) * counts).long()
+    valid = torch.arange(k)[None, :] < n_objects[:, None]
+    object_image = torch.arange(ni)[:, None].expand(ni, k)[valid]
+    object_slot = torch.arange(k)[None, :].expand(ni, k)[valid]
+    first_leaf = torch.tensor(tax.leaves, dtype=torch.long)
+    object_leaf = first_leaf[families[valid] * tax.leaves_per_family + leaf_in_family[valid]]
+    object_attrs = attrs[valid]
+    object_start = torch.cumsum(n_objects, 0) - n_objects
+    n_obj_total = int(object_image.numel())
+    main_weight = torch.where(object_slot == 0, 1.0, config.secondary_weight)
+
+    image_latent = model.compose(_Mentions(object_image, object_leaf, object_attrs, main_weight), ni)
+    image_latent += _gaussian((ni, config.latent_dim), config.background, gen)
+    image_latent += _gaussian((ni, config.latent_dim), config.image_noise, gen)
+    image_features = model.image_map(image_latent)
+
+    # Captions: every object at a level drawn from its path, some of its attributes.
+    gen = _generator(config.seed, "captions")
+    n_captions = torch.randint(config.captions_min, config.captions_max + 1, (ni,), generator=gen)
+    text_to_image = torch.repeat_interleave(torch.arange(ni), n_captions)
+    nt = int(text_to_image.numel())
+    per_text = n_objects[text_to_image]
+    mention_text = torch.repeat_interleave(torch.arange(nt), per_text)
+    text_start = torch.cumsum(per_text, 0) - per_text
+    mention_object = object_start[text_to_image][mention_text] + (torch.arange(mention_text.numel()) - text_start[mention_text])
+    n_mentions = int(mention_text.numel())
+    levels_up = _levels_up(n_mentions, config.generality, config.depth, gen)
+    ancestor = torch.tensor(tax.ancestor, dtype=torch.long)
+    mention_level = tax.leaf_level - levels_up
+    mention_node = ancestor[object_leaf[mention_object], mention_level]
+    keep = torch.rand(n_mentions, n_attr, generator=gen) < config.attribute_mention
+    mention_attrs = torch.where(keep, object_attrs[mention_object], torch.full_like(object_attrs[mention_object], -1))
+    captions = _Mentions(mention_text, mention_node, mention_attrs, torch.ones(n_mentions))
+    text_noise = _gaussian((nt, config.latent_dim), config.text_noise, gen)
+    text_features = model.text_map(model.compose(captions, nt) + text_noise)
+    text_levels = torch.full((nt, k), -1, dtype=torch.long)
+    text_levels[mention_text, mention_object - object_start[text_to_image][mention_text]] = mention_level
+
+    # Splits.
+    gen = _generator(config.seed, "splits")
+    n_test = round(ni * config.test_fraction)
+    image_split = torch.zeros(ni, dtype=torch.long)
+    image_split[torch.randperm(ni, generator=gen)[:n_test]] = 1
+
+    # Boxes: each object alone, and its mention in the image's first caption.
+    gen = _generator(config.seed, "boxes")
+    crop = _Mentions(torch.arange(n_obj_total), object_leaf, object_attrs, torch.ones(n_obj_total))
+    crop_latent = model.compose(crop, n_obj_total)
+    crop_latent += _gaussian((n_obj_total, config.latent_dim), config.background * 0.5, gen)
+    crop_latent += _gaussian((n_obj_total, config.latent_dim), config.image_noise, gen)
+    first_caption = (torch.cumsum(n_captions, 0) - n_captions)[object_image]
+    box_mention = text_start[first_caption] + object_slot
+    phrase = _Mentions(torch.arange(n_obj_total), mention_node[box_mention], mention_attrs[box_mention], torch.ones(n_obj_total))
+    phrase_latent = model.compose(phrase, n_obj_total) + _gaussian((n_obj_total, config.latent_dim), config.text_noise, gen)
+
+    # Zero-shot prompts: leaf path + template context, no noise.
+    n_classes = len(tax.leaves)
+    prompt_class = torch.arange(n_classes).repeat_interleave(config.templates)
+    prompt_latent = model.path[first_leaf[prompt_class]] + model.templates.repeat(n_classes, 1)
+
+    # Structure as lists for the loops below.
+    caption_mentions = _MentionLists(captions, nt)
+    image_families = [set() for _ in range(ni)]
+    for image, leaf in zip(object_image.tolist(), object_leaf.tolist()):
+        image_families[image].add(tax.family_of[leaf])
+
+    negatives = _hard_negatives(config, tax, model, caption_mentions, text_to_image, image_split, image_families,
+                                _Draws(_generator(config.seed, "negatives")))
+    neg_mentions, negative_to_text, negative_kind = negatives
+    negative_latent = model.compose(neg_mentions, len(negative_to_text)) + text_noise[negative_to_text]
+
+    chains, chain_texts = _chains(config, model, caption_mentions, text_to_image, n_captions, image_split, object_start,
+                                  _generator(config.seed, "chains"))
+    pairs_a, pairs_b, pair_scores = _text_pairs(config, tax, caption_mentions, text_to_image, n_captions, image_split,
+                                                object_leaf[object_start], _Draws(_generator(config.seed, "pairs")))
+
+    chain_features = torch.empty(len(chain_texts), len(CHAIN_LEVELS), config.text_dim)
+    if chain_texts:
+        chain_features[:, :2] = model.text_map(chains).reshape(len(chain_texts), 2, config.text_dim)
+        chain_features[:, 2] = text_features[torch.tensor(chain_texts)]
+
+    store = FeatureStore(
+        image_features=image_features,
+        text_features=text_features,
+        text_to_image=text_to_image,
+        image_split=image_split,
+        split_names=["train", "test"],
+        box_image_features=model.image_map(crop_latent),
+        box_text_features=model.text_map(phrase_latent),
+        box_to_image=object_image.clone(),
+        pair_a_features=text_features[pairs_a],
+        pair_b_features=text_features[pairs_b],
+        pair_scores=pair_scores,
+        class_names=[tax.names[n] for n in tax.leaves],
+        prompt_features=model.text_map(prompt_latent),
+        prompt_to_class=prompt_class,
+        image_labels=object_leaf[object_start] - tax.leaves[0],  # leaves are the last, contiguous nodes
+        taxonomy_names=list(tax.names),
+        taxonomy_parents=torch.tensor(tax.parents, dtype=torch.long),
+        class_to_node=first_leaf.clone(),
+        negative_features=model.text_map(negative_latent),
+        negative_to_text=negative_to_text,
+        negative_kind=negative_kind,
+        negative_kind_names=list(NEGATIVE_KINDS),
+        chain_features=chain_features,
+        meta={
+            "source": "synthetic",
+            "config": asdict(config),
+            "taxonomy_root": ROOT_NAME,
+            "families": tax.names[1 : config.families + 1],
+            "leaf_level": tax.leaf_level,
+            "attributes": {a: list(ATTRIBUTE_FAMILIES[a]) for a in model.attribute_names},
+            "chain_levels": list(CHAIN_LEVELS),
+            "text_pairs_from": "train",
+        },
+    )
+    return SyntheticWorld(config, store, text_levels, object_image, object_leaf, object_attrs, tax.leaf_level, model, tax)
+
+
+def _levels_up(n: int, generality: float, depth: int, gen: torch.Generator) -> Tensor:
+    """Geometric steps up from the leaf, P(s) ~ generality^s, capped so that the family is the top."""
+    u = torch.rand(n, generator=gen, dtype=torch.float64)
+    if generality <= 0.0:
+        return torch.zeros(n, dtype=torch.long)
+    steps = torch.floor(torch.log1p(-u) / math.log(generality)).long()
+    return steps.clamp(max=depth)
+
+
+Mention = tuple[int, list[int]]  # (node, attribute values or -1)
+
+
+class _MentionLists:
+    """``table[t]``: the mentions of owner ``t`` as a list, for a table whose owners are sorted."""
+
+    def __init__(self, m: _Mentions, n_owners: int) -> None:
+        counts = torch.bincount(m.owner, minlength=n_owners)
+        self.start = (torch.cumsum(counts, 0) - counts).tolist()
+        self.count = counts.tolist()
+        self.node = m.node.tolist()
+        self.attrs = m.attrs.tolist()
+
+    def __getitem__(self, owner: int) -> list[Mention]:
+        s = self.start[owner]
+        return [(self.node[i], self.attrs[i]) for i in range(s, s + self.count[owner])]
+
+
+def _hard_negatives(config: SyntheticConfig, tax: _Taxonomy, model: _Model, caption_mentions: _MentionLists,
+                    text_to_image: Tensor, image_split: Tensor, image_families: list[set[int]],
+                    draws: _Draws) -> tuple[_Mentions, Tensor, Tensor]:
+    """Up to one negative of each kind per test caption; a kind the caption cannot have is skipped."""
+    owner: list[int] = []
+    nodes: list[int] = []
+    attrs: list[list[int]] = []
+    to_text: list[int] = []
+    kinds: list[int] = []
+    test_image = (image_split == 1).tolist()
+
+    def emit(text: int, kind: int, mentions: list[Mention]) -> None:
+        row = len(to_text)
+        for node, values in mentions:
+            owner.append(row)
+            nodes.append(node)
+            attrs.append(list(values))
+        to_text.append(text)
+        kinds.append(kind)
+
+    n_attr = len(model.attribute_names)
+    for text, image in enumerate(text_to_image.tolist()):
+        if not test_image[image]:
+            continue
+        mentions = caption_mentions[text]
+        present = image_families[image]
+
+        # object_replaced: a sibling at the mentioned level, never a family already in the image
+        j = draws.below(len(mentions))
+        node, values = mentions[j]
+        siblings = [s for s in tax.children[tax.parents[node]] if s != node]
+        if tax.parents[node] == 0:  # a family-level mention: another family, absent from the image
+            siblings = [s for s in siblings if tax.family_of[s] not in present]
+        if siblings:
+            emit(text, 0, mentions[:j] + [(draws.choice(siblings), values)] + mentions[j + 1:])
+
+        # attribute_replaced: one mentioned value changed within its attribute family
+        slots = [(j, a) for j, (_, values) in enumerate(mentions) for a in range(n_attr) if values[a] >= 0]
+        if slots:
+            j, a = draws.choice(slots)
+            node, values = mentions[j]
+            changed = list(values)
+            changed[a] = (values[a] + 1 + draws.below(model.value_counts[a] - 1)) % model.value_counts[a]
+            emit(text, 1, mentions[:j] + [(node, changed)] + mentions[j + 1:])
+
+        # object_added: an object of an absent family, mentioned like a caption would
+        absent = [f for f in range(config.families) if f not in present]
+        if absent:
+            family = draws.choice(absent)
+            leaf = tax.leaves[family * tax.leaves_per_family + draws.below(tax.leaves_per_family)]
+            up = 0
+            while up < config.depth and draws.uniform() < config.generality:
+                up += 1
+            values = [draws.below(model.value_counts[a]) if draws.uniform() < config.attribute_mention else -1
+                      for a in range(n_attr)]
+            emit(text, 2, mentions + [(tax.ancestor[leaf][tax.leaf_level - up], values)])
+
+        # swapped: exchange one attribute value both objects mention (else their attribute sets)
+        if len(mentions) >= 2:
+            options = [(i, j, a) for i in range(len(mentions)) for j in range(i + 1, len(mentions)) for a in range(n_attr)
+                       if mentions[i][1][a] >= 0 and mentions[j][1][a] >= 0 and mentions[i][1][a] != mentions[j][1][a]]
+            if options:
+                i, j, a = draws.choice(options)
+                vi, vj = list(mentions[i][1]), list(mentions[j][1])
+                vi[a], vj[a] = vj[a], vi[a]
+            else:
+                pairs = [(i, j) for i in range(len(mentions)) for j in range(i + 1, len(mentions))
+                         if mentions[i][1] != mentions[j][1]]
+                if not pairs:
+                    continue
+                i, j = draws.choice(pairs)
+                vi, vj = list(mentions[j][1]), list(mentions[i][1])
+            swapped = list(mentions)
+            swapped[i], swapped[j] = (mentions[i][0], vi), (mentions[j][0], vj)
+            emit(text, 3, swapped)
+
+    table = _Mentions.from_lists(owner, nodes, attrs, [1.0] * len(owner), n_attr)
+    return table, torch.tensor(to_text, dtype=torch.long), torch.tensor(kinds, dtype=torch.long)
+
+
+def _chains(config: SyntheticConfig, model: _Model, caption_mentions: _MentionLists, text_to_image: Tensor,
+            n_captions: Tensor, image_split: Tensor, object_start: Tensor,
+            gen: torch.Generator) -> tuple[Tensor, list[int]]:
+    """Latents of [attributes alone, main object with them] for each chain, and the caption of each.
+
+    The main object is the first mention of a caption. Returns ([2 * Nc, L], Nc caption ids).
+    """
+    owner: list[int] = []
+    nodes: list[int] = []
+    attrs: list[list[int]] = []
+    texts: list[int] = []
+    caption_start = (torch.cumsum(n_captions, 0) - n_captions).tolist()
+    for image in torch.nonzero(image_split == 1).flatten().tolist():
+        for text in range(caption_start[image], caption_start[image] + int(n_captions[image])):
+            node, values = caption_mentions[text][0]
+            if any(v >= 0 for v in values):
+                row = 2 * len(texts)
+                owner += [row, row + 1]
+                nodes += [-1, node]
+                attrs += [list(values), list(values)]
+                texts.append(text)
+                break
+    n_attr = len(model.attribute_names)
+    table = _Mentions.from_lists(owner, nodes, attrs, [1.0] * len(owner), n_attr)
+    latent = model.compose(table, 2 * len(texts))
+    return latent + _gaussian(tuple(latent.shape), config.text_noise, gen), texts
+
+
+def _text_pairs(config: SyntheticConfig, tax: _Taxonomy, caption_mentions: _MentionLists, text_to_image: Tensor,
+                n_captions: Tensor, image_split: Tensor, main_leaf: Tensor,
+                draws: _Draws) -> tuple[Tensor, Tensor, Tensor]:
+    """Caption pairs from train images, a third of each kind (two captions of one image; captions of
+    two images whose main objects share their ancestor one level below the family; random),
+    scored by the cosine of their weighted concept sets."""
+    train_images = torch.nonzero(image_split == 0).flatten().tolist()
+    caption_start = (torch.cumsum(n_captions, 0) - n_captions).tolist()
+    counts = n_captions.tolist()
+    group_level = min(2, tax.leaf_level)
+    group_of = [tax.ancestor[leaf][group_level] for leaf in main_leaf.tolist()]
+    by_group: dict[int, list[int]] = {}
+    for image in train_images:
+        by_group.setdefault(group_of[image], []).append(image)
+
+    def caption_of(image: int) -> int:
+        return caption_start[image] + draws.below(counts[image])
+
+    def concepts(text: int) -> dict[tuple[int, ...], float]:
+        weights: dict[tuple[int, ...], float] = {}
+        for node, values in caption_mentions[text]:
+            n = node
+            while n > 0:  # the global root is shared by everything and says nothing
+                weights[(n,)] = weights.get((n,), 0.0) + 1.0
+                n = tax.parents[n]
+            for a, v in enumerate(values):
+                if v >= 0:
+                    key = (-1, tax.family_of[node], a, v)
+                    weights[key] = weights.get(key, 0.0) + 0.5
+        return weights
+
+    a_ids: list[int] = []
+    b_ids: list[int] = []
+    scores: list[float] = []
+    for p in range(config.text_pairs):
+        image = draws.choice(train_images)
+        kind = p % 3
+        if kind == 0 and counts[image] >= 2:
+            first = draws.below(counts[image])
+            second = (first + 1 + draws.below(counts[image] - 1)) % counts[image]
+            a, b = caption_start[image] + first, caption_start[image] + second
+        elif kind == 1:
+            a = caption_of(image)
+            b = caption_of(draws.choice(by_group[group_of[image]]))
+        else:
+            a, b = caption_of(image), caption_of(draws.choice(train_images))
+        wa, wb = concepts(a), concepts(b)
+        dot = sum(w * wb.get(key, 0.0) for key, w in wa.items())
+        norm = math.sqrt(sum(w * w for w in wa.values()) * sum(w * w for w in wb.values()))
+        a_ids.append(a)
+        b_ids.append(b)
+        scores.append(min(1.0, dot / norm) if norm > 0 else 0.0)
+    return torch.tensor(a_ids, dtype=torch.long), torch.tensor(b_ids, dtype=torch.long), torch.tensor(scores, dtype=torch.float32)
