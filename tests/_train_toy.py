@@ -2,19 +2,22 @@
 
 ``ToyRecipe``: linear heads, unit vectors, symmetric InfoNCE with a learnable log-temperature,
 and dropout (so that resume must restore the global RNG). ``nan_at_step`` makes the term
-``"bad"`` NaN at that 1-based step. ``ToyBoxRecipe`` also trains on boxes and text pairs.
+``"bad"`` NaN at that 1-based step (``mode="nan_grad"``: finite, with a NaN gradient). ``ToyBoxRecipe`` also trains on boxes and text pairs.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from curvalign.data.features import FeatureStore
-from curvalign.recipes import _REGISTRY
+import pytest
+
+import curvalign.recipes as recipes
 from curvalign.recipes.base import Batch, Gather, LossOutput, Progress, Recipe
 
 
@@ -25,7 +28,9 @@ class ToyConfig:
     dropout: float = 0.1
     nan_at_step: int = -1
     widths: tuple[int, ...] = (8,)
-    mode: str = "plain"
+    mode: Literal["nan_loss", "nan_grad"] = "nan_loss"
+    warmup: int = 0  # same name as a TrainConfig key, for the ambiguity test
+    scale: float | None = None
 
 
 class ToyRecipe(Recipe):
@@ -59,7 +64,10 @@ class ToyRecipe(Recipe):
     def loss(self, batch: Batch, progress: Progress, gather: Gather | None = None) -> LossOutput:
         terms = {"contrastive": self._clip(self.embed_images(batch.image), self.embed_texts(batch.text))}
         if self.config.nan_at_step == progress.step + 1:
-            terms["bad"] = terms["contrastive"] * float("nan")
+            if self.config.mode == "nan_loss":
+                terms["bad"] = terms["contrastive"] * float("nan")
+            else:  # finite value 0, gradient 0 * inf = nan
+                terms["bad"] = 0.0 * (self.log_temperature - self.log_temperature.detach()).sqrt()
         total = sum(terms.values())
         return LossOutput(total, terms, {"batch_rows": float(len(batch.image))})
 
@@ -85,12 +93,22 @@ TOY_RECIPES = (ToyRecipe, ToyBoxRecipe)
 
 def register_toys() -> None:
     for cls in TOY_RECIPES:
-        _REGISTRY[cls.name] = cls
+        recipes._REGISTRY[cls.name] = cls
+
+
+@pytest.fixture
+def toy_recipes(monkeypatch):
+    """Only the toy recipes in the registry (the real ones are tested by their own files and by
+    the every-recipe smoke test), removed afterwards."""
+    monkeypatch.setattr(recipes, "_REGISTRY", {})
+    monkeypatch.setattr(recipes, "_load_all", lambda: None)
+    register_toys()
+    yield
 
 
 def unregister_toys() -> None:
     for cls in TOY_RECIPES:
-        _REGISTRY.pop(cls.name, None)
+        recipes._REGISTRY.pop(cls.name, None)
 
 
 def toy_store(num_images: int = 40, captions: int = 2, image_dim: int = 6, text_dim: int = 5,

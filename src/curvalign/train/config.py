@@ -264,7 +264,7 @@ def _route_key(key: str, train_fields: list[str], recipe_fields: list[str], reci
         raise ConfigError(f"unknown key {key!r}; " + _valid_keys(train_fields, recipe_fields, recipe))
     in_train, in_recipe = key in train_fields, key in recipe_fields
     if in_train and in_recipe:
-        raise ConfigError(f"key {key!r} exists in both the trainer's and recipe {recipe!r}'s config; "
+        raise ConfigError(f"key {key!r} exists in both the trainer's config and the config of recipe {recipe!r}; "
                           f"write train.{key}=... or recipe.{key}=...")
     if in_train:
         return "train", key

@@ -284,7 +284,7 @@ class Trainer:
             bad = [n for n, p in self.recipe.named_parameters()
                    if p.grad is not None and not bool(torch.isfinite(p.grad).all())]
             raise NonFiniteLossError(
-                f"the gradient became non-finite at step {progress.step + 1} (loss {float(out.total):.4g} was "
+                f"the gradient became non-finite at step {progress.step + 1} (loss {float(out.total.detach()):.4g} was "
                 f"finite) in parameter(s) {', '.join(bad[:5]) or '?'}; stopped before the update; "
                 + self._kept_message())
         self.optimizer.step()
