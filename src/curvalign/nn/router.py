@@ -1,0 +1,238 @@
+"""AGR's pairwise router, query gates and calibration, and the baseline-safe routed score
+(seed 000: Sec. 4.2, Eqs. 13-14; Sec. 4.3, Eqs. 15-18; Algorithm 1, lines 22-34).
+
+Per pair (text ``t``, image ``i``) the router reads the 34-dim feature
+
+    x_ti = [S_E^route(t, i), S_H(t, i), phi_I(sg h_i) (16), phi_T(sg h_t) (16)]
+
+and returns ``w_ti = sigmoid(MLP(LN(x_ti)) / T_gate)``, with the MLP ``34-64-32-1`` (GELU, dropout
+after each hidden layer) and ``T_gate >= 0.5`` (Eq. 14; Algorithm 1's ``sigmoid(.)/T_gate`` is a
+typo, DESIGN.md). Gaussian jitter (sigma 0.1) is added to the two scalars in training only.
+Everything the router reads is detached: the contexts by the paper's stop-gradient, the two
+scalars too, so that the router sends no gradient into the heads or the trunk (Table 1,
+"Router MLP: no gradient to the backbone").
+
+The B x B computation without a [B, B, 34] tensor
+    ``LN`` then the first ``Linear`` are exact functions of four per-pair sums, because the
+    feature is a concatenation of two scalars and two per-item vectors. With ``W' = W diag(gamma)``
+    (LayerNorm's gain folded into the first layer), ``k = W' 1``, ``c = W beta + b``:
+
+        fc1(LN(x_ti)) = (w_E s_E + w_H s_H + W'_T u_t + W'_I u_i - mu_ti k) * rstd_ti + c
+        mu_ti   = (s_E + s_H + sum(u_t) + sum(u_i)) / 34
+        var_ti  = (s_E^2 + s_H^2 + |u_t|^2 + |u_i|^2) / 34 - mu_ti^2,  rstd = (var + eps)^-1/2
+
+    ``W'_T u_t`` is [Nt, 64] and ``W'_I u_i`` [Ni, 64], computed once per item; the statistics are
+    [Nt, Ni] scalars (computed in float64, so the one-pass variance cannot cancel). The first
+    tensor with a pair *and* a feature axis is the [R, Ni, 64] hidden layer itself, which the
+    MLP needs anyway. Memory (float32): the naive route holds [R, Ni, 34] features and their
+    normalised copy (2 x 136 bytes a pair) before reaching the same hidden layer; this one holds
+    [R, Ni] statistics (about 40 bytes a pair). The hidden layers cost about 4 x 64 + 3 x 32
+    floats a pair in training (saved for backward: 1.4 KB a pair; a 2048 x 2048 batch on one
+    device is about 6 GB, a 256-row shard against 2048 columns 0.75 GB). Without gradients the
+    rows are processed in chunks of at most ``max_chunk_pairs`` pairs, so scoring any number of
+    texts against any number of images holds ``max_chunk_pairs x ~1 KB`` at a time.
+
+``pair_logits`` is the same router on given (text, image) pairs, matched rows ``[n]`` or
+candidate lists ``[n, K]`` (top-K reranking); it builds the 34-dim features explicitly, with the
+standard modules, and is the reference the B x B path is tested against.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from curvalign.nn.scalars import LearnableScalar
+
+
+class PairwiseRouter(nn.Module):
+    """AGR's router ``R_theta`` with its context projections ``phi_I``, ``phi_T``.
+
+    Args:
+        image_dim, text_dim: trunk feature sizes (the contexts' inputs).
+        context_dim: size of each context projection (16 -> 2 + 2 x 16 = 34 router inputs).
+        hidden_dims: the MLP's hidden widths (64, 32).
+        dropout: dropout after each hidden activation.
+        gate_temperature: initial ``T_gate`` (0.5, Table 7); ``min_gate_temperature`` its floor (0.5).
+        learn_gate_temperature: learn ``T_gate`` (log-stored, clamped at the floor; the paper's
+            Table 5 reports a learned value of 2.0) or keep it fixed.
+        jitter: std of the Gaussian noise on the two scalar inputs in training (0.1).
+        max_chunk_pairs: without gradients, rows are scored in chunks of at most this many pairs.
+    """
+
+    def __init__(self, image_dim: int, text_dim: int, context_dim: int = 16,
+                 hidden_dims: tuple[int, int] = (64, 32), dropout: float = 0.1,
+                 gate_temperature: float = 0.5, min_gate_temperature: float = 0.5,
+                 learn_gate_temperature: bool = True, jitter: float = 0.1,
+                 max_chunk_pairs: int = 1 << 20) -> None:
+        super().__init__()
+        if min(image_dim, text_dim, context_dim, *hidden_dims) <= 0:
+            raise ValueError(f"PairwiseRouter dimensions must be positive, got image_dim={image_dim}, "
+                             f"text_dim={text_dim}, context_dim={context_dim}, hidden_dims={hidden_dims}")
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"PairwiseRouter dropout must lie in [0, 1), got {dropout}")
+        if jitter < 0:
+            raise ValueError(f"PairwiseRouter jitter must be >= 0, got {jitter}")
+        if max_chunk_pairs < 1:
+            raise ValueError(f"max_chunk_pairs must be >= 1, got {max_chunk_pairs}")
+        self.context_dim = context_dim
+        self.in_dim = 2 + 2 * context_dim
+        self.context_image = nn.Linear(image_dim, context_dim)  # phi_I
+        self.context_text = nn.Linear(text_dim, context_dim)    # phi_T
+        self.norm = nn.LayerNorm(self.in_dim)
+        self.fc1 = nn.Linear(self.in_dim, hidden_dims[0])
+        self.tail = nn.Sequential(
+            nn.GELU(), nn.Dropout(dropout),
+            nn.Linear(hidden_dims[0], hidden_dims[1]), nn.GELU(), nn.Dropout(dropout),
+            nn.Linear(hidden_dims[1], 1),
+        )
+        self.temperature = LearnableScalar(gate_temperature, min=min_gate_temperature,
+                                           learnable=learn_gate_temperature)
+        self.jitter = jitter
+        self.max_chunk_pairs = max_chunk_pairs
+
+    # --- contexts (per item, stop-gradient) -------------------------------------------------------
+    def image_context(self, h: Tensor) -> Tensor:
+        """``phi_I(sg h)``: [N, image_dim] -> [N, context_dim]."""
+        return self.context_image(h.detach())
+
+    def text_context(self, h: Tensor) -> Tensor:
+        """``phi_T(sg h)``: [N, text_dim] -> [N, context_dim]."""
+        return self.context_text(h.detach())
+
+    # --- helpers ------------------------------------------------------------------------------
+    def _scalars(self, s_e_route: Tensor, s_h: Tensor) -> tuple[Tensor, Tensor]:
+        s_e, s_h = s_e_route.detach(), s_h.detach()
+        if self.training and self.jitter > 0:
+            s_e = s_e + self.jitter * torch.randn_like(s_e)
+            s_h = s_h + self.jitter * torch.randn_like(s_h)
+        return s_e, s_h
+
+    def _check_contexts(self, text_context: Tensor, image_context: Tensor) -> None:
+        for name, u in (("text_context", text_context), ("image_context", image_context)):
+            if u.shape[-1] != self.context_dim:
+                raise ValueError(f"PairwiseRouter {name} must end in {self.context_dim}, got {tuple(u.shape)}")
+
+    # --- B x B --------------------------------------------------------------------------------
+    def matrix_logits(self, s_e_route: Tensor, s_h: Tensor, text_context: Tensor,
+                      image_context: Tensor) -> Tensor:
+        """Routing logits ``MLP(LN(x)) / T_gate`` for every (text, image) pair.
+
+        s_e_route, s_h   [Nt, Ni]  ``beta(t) S_E`` and ``S_H`` (detached here)
+        text_context     [Nt, 16]  ``phi_T(sg h_t)``
+        image_context    [Ni, 16]  ``phi_I(sg h_i)``
+        returns          [Nt, Ni]  logits ``l``; ``w = sigmoid(l)``
+        """
+        self._check_contexts(text_context, image_context)
+        nt, ni = s_h.shape
+        if s_e_route.shape != s_h.shape or text_context.shape[0] != nt or image_context.shape[0] != ni:
+            raise ValueError(f"PairwiseRouter.matrix_logits: scores {tuple(s_e_route.shape)}, "
+                             f"{tuple(s_h.shape)} do not match contexts {tuple(text_context.shape)}, "
+                             f"{tuple(image_context.shape)}")
+        s_e, s_h = self._scalars(s_e_route, s_h)
+        work = torch.promote_types(s_h.dtype, torch.float32)
+        s_e, s_h = s_e.to(work), s_h.to(work)
+        u_t, u_i = text_context.to(work), image_context.to(work)
+
+        c = self.context_dim
+        weight = self.fc1.weight.to(work) * self.norm.weight.to(work)            # W' [H, 34]
+        offset = self.fc1.bias.to(work) + self.fc1.weight.to(work) @ self.norm.bias.to(work)  # [H]
+        scalar_map = torch.stack((weight[:, 0], weight[:, 1], weight.sum(dim=1), offset))  # [4, H]
+        text_part = u_t @ weight[:, 2 + c:].T                                    # [Nt, H]
+        image_part = u_i @ weight[:, 2:2 + c].T                                  # [Ni, H]
+
+        # per-item sums for the LayerNorm statistics, in float64 (one-pass variance)
+        stat = torch.float64 if work != torch.float64 else work
+        sum_t, sq_t = u_t.to(stat).sum(-1), u_t.to(stat).square().sum(-1)
+        sum_i, sq_i = u_i.to(stat).sum(-1), u_i.to(stat).square().sum(-1)
+
+        rows = nt if torch.is_grad_enabled() else max(1, self.max_chunk_pairs // max(1, ni))
+        out = []
+        for start in range(0, nt, rows):
+            sl = slice(start, start + rows)
+            se, sh = s_e[sl], s_h[sl]
+            se64, sh64 = se.to(stat), sh.to(stat)
+            mean = (se64 + sh64 + sum_t[sl, None] + sum_i[None, :]) / self.in_dim
+            var = (se64.square() + sh64.square() + sq_t[sl, None] + sq_i[None, :]) / self.in_dim - mean.square()
+            rstd = (var.clamp_min(0.0) + self.norm.eps).rsqrt().to(work)
+            mean = mean.to(work)
+            # [R, Ni, 4] @ [4, H]: the scalar inputs, the mean correction and the bias in one product
+            coeffs = torch.stack((se * rstd, sh * rstd, -mean * rstd, torch.ones_like(se)), dim=-1)
+            hidden = coeffs @ scalar_map
+            hidden = hidden + rstd.unsqueeze(-1) * (text_part[sl, None, :] + image_part[None, :, :])
+            out.append(self.tail(hidden).squeeze(-1))
+        logits = out[0] if len(out) == 1 else torch.cat(out, dim=0)
+        return logits / self.temperature().to(work)
+
+    # --- given pairs (top-K rerank) ------------------------------------------------------------
+    def pair_logits(self, s_e_route: Tensor, s_h: Tensor, text_context: Tensor,
+                    image_context: Tensor) -> Tensor:
+        """Routing logits for given pairs: ``s_*`` of shape ``S`` (``[n]`` or ``[n, K]``), contexts
+        broadcastable to ``S + (16,)`` (e.g. ``[n, 1, 16]`` for a query against K candidates).
+        Returns logits of shape ``S``."""
+        self._check_contexts(text_context, image_context)
+        s_e, s_h = self._scalars(s_e_route, s_h)
+        work = torch.promote_types(s_h.dtype, torch.float32)
+        shape = torch.broadcast_shapes(s_e.shape, s_h.shape, text_context.shape[:-1], image_context.shape[:-1])
+        c = self.context_dim
+        x = torch.cat((
+            s_e.to(work).expand(shape).unsqueeze(-1),
+            s_h.to(work).expand(shape).unsqueeze(-1),
+            image_context.to(work).expand(*shape, c),
+            text_context.to(work).expand(*shape, c),
+        ), dim=-1)
+        logits = self.tail(self.fc1(self.norm(x))).squeeze(-1)
+        return logits / self.temperature().to(work)
+
+
+class QueryConditioner(nn.Module):
+    """Per-item query gate and calibration of one modality (Eq. 15; Algorithm 1, lines 29-30).
+
+    gate        ``g = sigmoid(Gate(sg h))``                       [N]
+    calibration ``(wE, sH, sE) = 2 sigmoid(C(sg h))``              [N, 3]
+
+    ``C`` is zero-initialised, so every calibration factor starts at exactly 1 (identity: the
+    routed score starts as Eq. 18). The ``2 sigmoid`` map keeps each factor in ``(0, 2)``: ``sH``
+    rescales the hyperbolic base by ``1 + alpha g (sH - 1)``, which must stay positive so that a
+    calibration can never reverse the base ranking; ``sE`` and ``wE`` scale the Euclidean
+    correction and its weight without changing their sign.
+    """
+
+    def __init__(self, in_dim: int) -> None:
+        super().__init__()
+        if in_dim <= 0:
+            raise ValueError(f"QueryConditioner in_dim must be positive, got {in_dim}")
+        self.gate = nn.Linear(in_dim, 1)
+        nn.init.zeros_(self.gate.bias)
+        self.calibration = nn.Linear(in_dim, 3)
+        nn.init.zeros_(self.calibration.weight)
+        nn.init.zeros_(self.calibration.bias)
+
+    def forward(self, h: Tensor) -> tuple[Tensor, Tensor]:
+        """[N, D] trunk features -> (gate [N] in (0, 1), calibration [N, 3] = (wE, sH, sE) in (0, 2))."""
+        h = h.detach()
+        return torch.sigmoid(self.gate(h)).squeeze(-1), 2.0 * torch.sigmoid(self.calibration(h))
+
+
+def routed_scores(s_h: Tensor, s_e: Tensor, route_weight: Tensor, gate: Tensor, calibration: Tensor,
+                  alpha: float, beta: float, max_delta: float = 5.0) -> Tensor:
+    """AGR's baseline-safe routed score (Algorithm 1, lines 32-34; Eqs. 16-18):
+
+        Delta = Dmax tanh((sE beta S_E - S_H) / Dmax)
+        S_AGR = S_H + alpha g w wE Delta + alpha g (sH - 1) S_H
+
+    s_h, s_e, route_weight   same shape ``S`` (a [Nt, Ni] matrix or given pairs)
+    gate                     the query side's gate, broadcastable to ``S`` ([Nt, 1] when texts
+                             are the queries of a [Nt, Ni] matrix, [1, Ni] when images are)
+    calibration              the query side's (wE, sH, sE), broadcastable to ``S + (3,)``
+    With ``alpha = 0`` the result equals ``S_H`` exactly (every correction is multiplied by 0).
+    """
+    if max_delta <= 0:
+        raise ValueError(f"max_delta must be positive, got {max_delta}")
+    w_e, s_h_scale, s_e_scale = calibration.unbind(-1)
+    delta = max_delta * torch.tanh((s_e_scale * (beta * s_e) - s_h) / max_delta)
+    gated = alpha * gate
+    return s_h + gated * route_weight * w_e * delta + gated * (s_h_scale - 1.0) * s_h
+
+
+__all__ = ["PairwiseRouter", "QueryConditioner", "routed_scores"]

@@ -1,0 +1,411 @@
+"""AGR, Adaptive Geometry Routing (seed 000; Algorithm 1 and Secs. 3-4).
+
+Trunk      the recipe's inputs are frozen-encoder features, which is what the paper's trunk is
+           (Sec. 4.1: "frozen ViT encoders extract trunk representations"; its 2.1M trainable
+           parameters are heads, router, gates and contexts only). ``trunk="identity"`` (default)
+           uses them as they are. ``trunk="residual"`` adds one trainable layer per modality,
+           ``h = f + W f`` with ``W`` zero-initialised, shared by both heads: the trainable
+           backbone of Table 1, which the hyperbolic head trains and nothing else reaches.
+Heads      Euclidean: ``normalize((W_0 + scaling B A) sg(h))`` with ``W_0`` frozen and a rank-64
+           LoRA (Sec. 4.1.1, Eq. 12); its input is detached from the trunk (Table 1).
+           Lorentz: ``expmap0(clip_norm(W_H h, kappa), c)`` with
+           ``clip_norm(v, kappa) = v min(1, kappa / (|v| sqrt(c)))``, kappa 1 (Eq. 5), and the
+           curvature ``c = exp(gamma)`` clamped to ``[1e-4, 2]``, init 0.1.
+Scores     ``S_E = cos / tau_E`` (tau_E learnable, init 0.07, floor 0.01), ``S_H = -d_L``;
+           router, query gate, calibration and the routed score ``S_AGR`` as in
+           ``curvalign.nn.router`` (Algorithm 1, lines 22-34).
+Loss       ``CE`` both directions on ``S_AGR`` (averaged, like every recipe here)
+           ``- lambda_ent(t) E[H(w)]`` (lambda 0.01 annealed linearly to 0)
+           ``+ 0.1 (mean w - 0.5)^2`` (mean over the global batch)
+           ``+ expert_weight x (CE on S_E + CE on S_H)`` (see "Experts' own losses" below).
+Curriculum ``alpha(t)``, ``beta(t)``, phases and ``single_schedule`` from
+           ``curvalign.schedules.AGRCurriculum``, boundaries as fractions of the run (default)
+           or in steps.
+Ranking    ``scores(texts, images, query)`` is ``S_AGR`` with the query side's gate and
+           calibration, at the curriculum values of the last training step (a fresh model has
+           ``alpha = 0``: pure hyperbolic retrieval). ``pair_scores`` is the router's pair mode,
+           for matched rows ``[n]`` or candidate lists (tensors ``[n, 1, ...]`` against
+           ``[n, K, ...]``), used to rerank index candidates.
+
+Experts' own losses
+    Eq. 25 alone gives the Euclidean head no gradient before Soft Launch (``beta = 0`` removes
+    ``S_E`` from the score), yet the paper calls both heads "active" during Isolation, reports
+    the Euclidean contrastive loss falling 5x faster than the hyperbolic one in the first 5K
+    steps, and evaluates each expert alone (Table 3, "E only", "H only"). The project trains
+    each expert with its own symmetric InfoNCE as well (``expert_weight``, default 1); set it to
+    0 for the literal Eq. 25. The experts' losses are logged either way.
+
+Gradient flow (Table 1, tested in tests/test_agr.py)
+    hyperbolic head -> trunk: yes.  Euclidean LoRA -> trunk: no (its input is ``sg(h)``).
+    router, contexts, gates, calibration -> trunk or heads: no (they read ``sg(h)`` and the two
+    scores detached). The routed score still trains both heads through ``S_H`` and ``Delta``.
+
+Embedding  {"euclidean": [N, d] unit vectors, "lorentz": [N, d] Lorentz space components,
+            "context": [N, 16] phi(sg h), "gate_logit": [N], "calibration_logit": [N, 3]}.
+            The gate and calibration are kept as logits (linear in ``h``), so a class embedding
+            averages them exactly like its features.
+Logged     routing_weight (mean w), gate (and gate/text, gate/image), alpha, beta, phase
+           (1 Isolation .. 4 Adaptive, 0 single-schedule warm-up), curvature, tau_e,
+           router_temperature, entropy_weight, routing_entropy, loss_euclidean, loss_hyperbolic,
+           and from the end of the warm-up on routing_weight_at_warmup_end and
+           dominance_at_warmup_end (+1 Euclidean dominance w > 0.9, -1 hyperbolic w < 0.1,
+           0 balanced; Definition 5.2).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import Tensor, nn
+
+from curvalign.geometry import lorentz, sphere
+from curvalign.losses.contrastive import symmetric_info_nce
+from curvalign.losses.routing import load_balance, routing_entropy
+from curvalign.nn.heads import LorentzHead, clip_tangent_norm
+from curvalign.nn.lora import LoRALinear
+from curvalign.nn.router import PairwiseRouter, QueryConditioner, routed_scores
+from curvalign.nn.scalars import LearnableScalar, scalar_parameter_names
+from curvalign.recipes import register
+from curvalign.recipes.base import Batch, Embedding, Gather, LossOutput, Progress, Query, Recipe
+from curvalign.schedules import (
+    AGRCurriculum,
+    agr_alpha,
+    agr_beta,
+    agr_entropy_weight,
+    agr_phase_index,
+    agr_warmup_end_step,
+)
+from curvalign.scores import cosine_pair_scores, cosine_scores, lorentz_distance_pair_scores, lorentz_distance_scores
+
+KEYS = ("euclidean", "lorentz", "context", "gate_logit", "calibration_logit")
+
+
+@dataclass
+class AGRConfig:
+    """AGR's settings; defaults from the paper (Sec. 6.1, Table 7).
+
+    embed_dim               d of both heads (512)
+    trunk                   "identity" (frozen features are the trunk) or "residual" (one
+                            trainable zero-initialised layer per modality, trained by the
+                            hyperbolic head only)
+    lora_rank, lora_alpha   Euclidean LoRA rank (64) and alpha (None: alpha = rank, scaling 1)
+    curvature_*             c init 0.1, clamped to [1e-4, 2], learnable (Sec. 3.1, Eq. 23)
+    clip_kappa              kappa of clip_norm (1.0)
+    tau_e_*                 Euclidean temperature, init 0.07, floor 0.01, learnable
+    context_dim             per-item router context size (16; 2 + 2 x 16 = 34 inputs)
+    router_hidden           router MLP hidden widths (64, 32)
+    router_dropout          dropout in the router MLP (0.1; the paper gives none)
+    gate_temperature        T_gate init (0.5) and floor ``gate_temperature_min`` (0.5)
+    learn_gate_temperature  learn T_gate above its floor (Table 5 reports a learned 2.0)
+    score_jitter            std of the Gaussian jitter on the router's scalar inputs (0.1)
+    max_delta               Delta_max of the bounded correction (5.0)
+    load_balance_weight     lambda_lb (0.1)
+    expert_weight           weight of the experts' own InfoNCE (1.0; 0 = Eq. 25 literally)
+    alpha_start .. beta_end the curriculum boundaries (Eqs. 19-20), in ``schedule_unit``
+    entropy_weight          lambda_ent at step 0 (0.01), annealed to 0 at ``entropy_anneal_end``
+    schedule_unit           "fraction" of the run (default; the paper's steps / 120K) or "steps"
+    single_schedule         the ablation ramping alpha and beta together from step 0
+    """
+
+    embed_dim: int = 512
+    trunk: Literal["identity", "residual"] = "identity"
+    lora_rank: int = 64
+    lora_alpha: float | None = None
+    curvature_init: float = 0.1
+    curvature_min: float = 1e-4
+    curvature_max: float = 2.0
+    learn_curvature: bool = True
+    clip_kappa: float = 1.0
+    tau_e_init: float = 0.07
+    tau_e_min: float = 0.01
+    learn_tau_e: bool = True
+    context_dim: int = 16
+    router_hidden: tuple[int, int] = (64, 32)
+    router_dropout: float = 0.1
+    gate_temperature: float = 0.5
+    gate_temperature_min: float = 0.5
+    learn_gate_temperature: bool = True
+    score_jitter: float = 0.1
+    max_delta: float = 5.0
+    load_balance_weight: float = 0.1
+    expert_weight: float = 1.0
+    alpha_start: float = AGRCurriculum.alpha_start
+    alpha_end: float = AGRCurriculum.alpha_end
+    beta_start: float = AGRCurriculum.beta_start
+    beta_end: float = AGRCurriculum.beta_end
+    entropy_weight: float = AGRCurriculum.entropy_weight
+    entropy_anneal_end: float = AGRCurriculum.entropy_anneal_end
+    schedule_unit: Literal["fraction", "steps"] = "fraction"
+    single_schedule: bool = False
+
+    def __post_init__(self) -> None:
+        checks = [
+            (self.embed_dim > 0, f"embed_dim must be positive, got {self.embed_dim}"),
+            (self.trunk in ("identity", "residual"), f"trunk must be 'identity' or 'residual', got {self.trunk!r}"),
+            (self.lora_rank > 0, f"lora_rank must be positive, got {self.lora_rank}"),
+            (0 < self.curvature_min <= self.curvature_init <= self.curvature_max,
+             "need 0 < curvature_min <= curvature_init <= curvature_max, got "
+             f"{self.curvature_min}, {self.curvature_init}, {self.curvature_max}"),
+            (self.clip_kappa > 0, f"clip_kappa must be positive, got {self.clip_kappa}"),
+            (0 < self.tau_e_min <= self.tau_e_init, f"need 0 < tau_e_min <= tau_e_init, got {self.tau_e_min}, {self.tau_e_init}"),
+            (0 < self.gate_temperature_min <= self.gate_temperature,
+             f"need 0 < gate_temperature_min <= gate_temperature, got {self.gate_temperature_min}, {self.gate_temperature}"),
+            (self.max_delta > 0, f"max_delta must be positive, got {self.max_delta}"),
+            (min(self.load_balance_weight, self.expert_weight, self.score_jitter) >= 0,
+             "load_balance_weight, expert_weight and score_jitter must be >= 0"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ValueError(message)
+        _ = self.curriculum  # validates the boundaries
+
+    @property
+    def curriculum(self) -> AGRCurriculum:
+        return AGRCurriculum(alpha_start=self.alpha_start, alpha_end=self.alpha_end,
+                             beta_start=self.beta_start, beta_end=self.beta_end,
+                             entropy_weight=self.entropy_weight, entropy_anneal_end=self.entropy_anneal_end,
+                             unit=self.schedule_unit, single_schedule=self.single_schedule)
+
+
+@dataclass
+class RoutedParts:
+    """Every intermediate of one routed score matrix (for the loss, logging and tests).
+
+    s_e [R, C] ``S_E`` (cos / tau_E); s_h [R, C] ``S_H``; route_logits [R, C] (``w = sigmoid``);
+    gate, calibration: the query side's, broadcast-shaped; s_agr [R, C] the routed score."""
+
+    s_e: Tensor
+    s_h: Tensor
+    route_logits: Tensor
+    gate: Tensor
+    calibration: Tensor
+    s_agr: Tensor
+
+
+class ResidualTrunk(nn.Module):
+    """``h = f + W f`` with ``W`` (and its bias) zero-initialised: starts as the identity."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.proj = nn.Linear(dim, dim)
+        nn.init.zeros_(self.proj.weight)
+        nn.init.zeros_(self.proj.bias)
+
+    def forward(self, features: Tensor) -> Tensor:
+        return features + self.proj(features)
+
+
+@register
+class AGR(Recipe):
+    name = "agr"
+    Config = AGRConfig
+
+    def __init__(self, config: AGRConfig, image_dim: int, text_dim: int) -> None:
+        super().__init__(config, image_dim, text_dim)
+        cfg = config
+        self.curriculum = cfg.curriculum
+        if cfg.trunk == "residual":
+            self.image_trunk: nn.Module = ResidualTrunk(image_dim)
+            self.text_trunk: nn.Module = ResidualTrunk(text_dim)
+        else:
+            self.image_trunk, self.text_trunk = nn.Identity(), nn.Identity()
+        self.image_euclidean = LoRALinear(image_dim, cfg.embed_dim, rank=cfg.lora_rank, alpha=cfg.lora_alpha)
+        self.text_euclidean = LoRALinear(text_dim, cfg.embed_dim, rank=cfg.lora_rank, alpha=cfg.lora_alpha)
+        # Eq. 5 has no learnable scale before the exp map: the scale is fixed at 1, and the
+        # curvature-dependent clip (|v| sqrt(c) <= kappa) is applied here, where c is known.
+        lorentz_head = dict(scale_init=1.0, scale_max=None, learn_scale=False, clip_norm=None)
+        self.image_lorentz = LorentzHead(image_dim, cfg.embed_dim, **lorentz_head)
+        self.text_lorentz = LorentzHead(text_dim, cfg.embed_dim, **lorentz_head)
+        self.curvature = LearnableScalar(cfg.curvature_init, min=cfg.curvature_min, max=cfg.curvature_max,
+                                         learnable=cfg.learn_curvature)
+        self.tau_e = LearnableScalar(cfg.tau_e_init, min=cfg.tau_e_min, learnable=cfg.learn_tau_e)
+        self.router = PairwiseRouter(image_dim, text_dim, context_dim=cfg.context_dim,
+                                     hidden_dims=tuple(cfg.router_hidden), dropout=cfg.router_dropout,
+                                     gate_temperature=cfg.gate_temperature,
+                                     min_gate_temperature=cfg.gate_temperature_min,
+                                     learn_gate_temperature=cfg.learn_gate_temperature,
+                                     jitter=cfg.score_jitter)
+        self.image_query = QueryConditioner(image_dim)   # G_I, C_I
+        self.text_query = QueryConditioner(text_dim)     # G_T, C_T
+        # Curriculum state of the last step, saved with the model so that a checkpoint ranks
+        # with the score it was trained with; the warm-up diagnostic is NaN until measured.
+        self.register_buffer("alpha", torch.zeros(()))
+        self.register_buffer("beta", torch.zeros(()))
+        self.register_buffer("routing_weight_at_warmup_end", torch.full((), math.nan))
+
+    # --- embeddings ---------------------------------------------------------------------------
+    def _embed(self, features: Tensor, trunk: nn.Module, euclidean: LoRALinear, hyperbolic: LorentzHead,
+               query: QueryConditioner, context: nn.Module, dim: int, what: str) -> Embedding:
+        if not isinstance(features, Tensor) or features.ndim != 2 or features.shape[1] != dim:
+            shape = tuple(features.shape) if isinstance(features, Tensor) else type(features).__name__
+            raise ValueError(f"agr: {what} features must have shape [N, {dim}], got {shape}")
+        h = trunk(features)
+        c = self.curvature()
+        tangent = clip_tangent_norm(hyperbolic.tangent(h), self.config.clip_kappa / c.sqrt())
+        gate_logit = query.gate(h.detach()).squeeze(-1)
+        calibration_logit = query.calibration(h.detach())
+        return {
+            "euclidean": sphere.project(euclidean(h.detach()), 1.0),
+            "lorentz": lorentz.expmap0(tangent, c),
+            "context": context(h),
+            "gate_logit": gate_logit,
+            "calibration_logit": calibration_logit,
+        }
+
+    def embed_images(self, features: Tensor) -> Embedding:
+        return self._embed(features, self.image_trunk, self.image_euclidean, self.image_lorentz,
+                           self.image_query, self.router.image_context, self.image_dim, "image")
+
+    def embed_texts(self, features: Tensor) -> Embedding:
+        return self._embed(features, self.text_trunk, self.text_euclidean, self.text_lorentz,
+                           self.text_query, self.router.text_context, self.text_dim, "text")
+
+    # --- scores -------------------------------------------------------------------------------
+    def routed(self, texts: Embedding, images: Embedding, query: Query, alpha: float | None = None,
+               beta: float | None = None) -> RoutedParts:
+        """The routed score matrix [Nt, Ni] and its parts; ``alpha``/``beta`` default to the
+        values of the last training step."""
+        _check_query(query)
+        alpha = float(self.alpha) if alpha is None else alpha
+        beta = float(self.beta) if beta is None else beta
+        s_e = cosine_scores(texts["euclidean"], images["euclidean"]) / self.tau_e()
+        s_h = lorentz_distance_scores(texts["lorentz"], images["lorentz"], self.curvature())
+        logits = self.router.matrix_logits(beta * s_e, s_h, texts["context"], images["context"])
+        return self._combine(s_e, s_h, logits, texts, images, query, alpha, beta,
+                             gate_axis=(slice(None), None) if query == "text" else (None, slice(None)))
+
+    def _combine(self, s_e: Tensor, s_h: Tensor, logits: Tensor, texts: Embedding, images: Embedding,
+                 query: Query, alpha: float, beta: float, gate_axis: tuple) -> RoutedParts:
+        side = texts if query == "text" else images
+        gate = torch.sigmoid(side["gate_logit"])[gate_axis]
+        calibration = 2.0 * torch.sigmoid(side["calibration_logit"])[gate_axis]
+        s_agr = routed_scores(s_h, s_e, torch.sigmoid(logits), gate, calibration, alpha, beta,
+                              self.config.max_delta)
+        return RoutedParts(s_e, s_h, logits, gate, calibration, s_agr)
+
+    def scores(self, texts: Embedding, images: Embedding, query: Query = "text") -> Tensor:
+        return self.routed(texts, images, query).s_agr
+
+    def pair_scores(self, texts: Embedding, images: Embedding, query: Query = "text") -> Tensor:
+        """Routed score of given pairs. Matched rows: every tensor ``[n, ...]`` -> ``[n]``.
+        Top-K rerank: texts ``[n, 1, ...]`` against images ``[n, K, ...]`` (or the other way
+        round) -> ``[n, K]``; the query side's gate and calibration are used."""
+        _check_query(query)
+        alpha, beta = float(self.alpha), float(self.beta)
+        s_e = cosine_pair_scores(texts["euclidean"], images["euclidean"]) / self.tau_e()
+        s_h = lorentz_distance_pair_scores(texts["lorentz"], images["lorentz"], self.curvature())
+        logits = self.router.pair_logits(beta * s_e, s_h, texts["context"], images["context"])
+        side = texts if query == "text" else images
+        gate = torch.sigmoid(side["gate_logit"])
+        calibration = 2.0 * torch.sigmoid(side["calibration_logit"])
+        return routed_scores(s_h, s_e, torch.sigmoid(logits), gate, calibration, alpha, beta,
+                             self.config.max_delta)
+
+    def class_embedding(self, prompts: Embedding) -> Embedding:
+        """A class from its prompts: mean direction (Euclidean, renormalised), mean tangent vector
+        (Lorentz, MERU's protocol), mean context, gate and calibration logits (all linear in the
+        features, so these equal the values of the mean prompt feature)."""
+        c = self.curvature()
+        return {
+            "euclidean": sphere.project(prompts["euclidean"].mean(0, keepdim=True), 1.0),
+            "lorentz": lorentz.expmap0(lorentz.logmap0(prompts["lorentz"], c).mean(0, keepdim=True), c),
+            "context": prompts["context"].mean(0, keepdim=True),
+            "gate_logit": prompts["gate_logit"].mean(0, keepdim=True),
+            "calibration_logit": prompts["calibration_logit"].mean(0, keepdim=True),
+        }
+
+    # --- training -----------------------------------------------------------------------------
+    def _set_curriculum(self, progress: Progress) -> tuple[float, float]:
+        alpha = agr_alpha(progress.step, progress.total, self.curriculum)
+        beta = agr_beta(progress.step, progress.total, self.curriculum)
+        self.alpha.fill_(alpha)
+        self.beta.fill_(beta)
+        return alpha, beta
+
+    def on_step_start(self, progress: Progress) -> None:
+        self._set_curriculum(progress)
+
+    def loss(self, batch: Batch, progress: Progress, gather: Gather | None = None) -> LossOutput:
+        gather = gather or Gather()
+        cfg: AGRConfig = self.config
+        if batch.image.shape[0] != batch.text.shape[0]:
+            raise ValueError(f"agr: batch has {batch.image.shape[0]} images but {batch.text.shape[0]} "
+                             "texts; rows must be matched pairs")
+        alpha, beta = self._set_curriculum(progress)
+        local_images, local_texts = self.embed_images(batch.image), self.embed_texts(batch.text)
+        all_images, all_texts = gather(local_images), gather(local_texts)
+        offset = gather.offset(batch.image.shape[0])
+
+        # text -> image: local text rows against all images
+        t2i = self.routed(local_texts, all_images, "text", alpha, beta)
+        # image -> text: all texts against local images, with the image side as query
+        if gather.world_size == 1:  # the same pairs: reuse scores and router weights
+            i2t = self._combine(t2i.s_e, t2i.s_h, t2i.route_logits, all_texts, local_images, "image",
+                                alpha, beta, gate_axis=(None, slice(None)))
+        else:
+            i2t = self.routed(all_texts, local_images, "image", alpha, beta)
+        contrastive = symmetric_info_nce(t2i.s_agr, i2t.s_agr.T, temperature=1.0, offset=offset)
+
+        with torch.no_grad() if cfg.expert_weight == 0 else torch.enable_grad():
+            loss_e = symmetric_info_nce(t2i.s_e, i2t.s_e.T, temperature=1.0, offset=offset)
+            loss_h = symmetric_info_nce(t2i.s_h, i2t.s_h.T, temperature=1.0, offset=offset)
+
+        entropy = routing_entropy(t2i.route_logits)
+        mean_w = gather.average(torch.sigmoid(t2i.route_logits.float()).mean())
+        lam_ent = agr_entropy_weight(progress.step, progress.total, self.curriculum)
+        terms = {
+            "contrastive": contrastive,
+            "entropy": -lam_ent * entropy,
+            "load_balance": cfg.load_balance_weight * load_balance(mean_w),
+        }
+        if cfg.expert_weight > 0:
+            terms["expert_euclidean"] = cfg.expert_weight * loss_e
+            terms["expert_hyperbolic"] = cfg.expert_weight * loss_h
+        total = sum(terms.values())
+
+        mean_w_value = float(mean_w.detach())
+        if (math.isnan(float(self.routing_weight_at_warmup_end))
+                and progress.step >= agr_warmup_end_step(progress.total, self.curriculum)):
+            self.routing_weight_at_warmup_end.fill_(mean_w_value)
+        gate_text = float(torch.sigmoid(local_texts["gate_logit"].detach()).mean())
+        gate_image = float(torch.sigmoid(local_images["gate_logit"].detach()).mean())
+        logs = {
+            "routing_weight": mean_w_value,
+            "gate": 0.5 * (gate_text + gate_image),
+            "gate/text": gate_text,
+            "gate/image": gate_image,
+            "alpha": alpha,
+            "beta": beta,
+            "phase": float(agr_phase_index(progress.step, progress.total, self.curriculum)),
+            "entropy_weight": lam_ent,
+            "routing_entropy": float(entropy.detach()),
+            "loss_euclidean": float(loss_e.detach()),
+            "loss_hyperbolic": float(loss_h.detach()),
+            **self.log_values(),
+        }
+        return LossOutput(total=total, terms=terms, logs=logs)
+
+    # --- logging ------------------------------------------------------------------------------
+    def log_values(self) -> dict[str, float]:
+        out = {**self.curvature.summary("curvature"), **self.tau_e.summary("tau_e"),
+               **self.router.temperature.summary("router_temperature"),
+               "alpha": float(self.alpha), "beta": float(self.beta)}
+        w = float(self.routing_weight_at_warmup_end)
+        if not math.isnan(w):
+            out["routing_weight_at_warmup_end"] = w
+            out["dominance_at_warmup_end"] = 1.0 if w > 0.9 else (-1.0 if w < 0.1 else 0.0)
+        return out
+
+    def no_decay_parameter_names(self) -> set[str]:
+        return scalar_parameter_names(self) | super().no_decay_parameter_names()
+
+
+def _check_query(query: str) -> None:
+    if query not in ("text", "image"):
+        raise ValueError(f"agr: query must be 'text' or 'image', got {query!r}")
+
+
+__all__ = ["AGR", "AGRConfig", "RoutedParts", "ResidualTrunk"]

@@ -1,0 +1,242 @@
+"""DualPath (viPolyQwen, seed 004): a soft two-expert projection with a text-first curriculum.
+
+Head       ``curvalign.nn.dualpath.DualPathHead``: per-modality input adapters into a common
+           width, learned task prefixes, shared ``Dropout(GELU(W_1 h))``, text path and
+           multimodal path mixed by ``g = sigmoid(theta)`` (theta init -5) for image inputs only,
+           residual ``a z + (1 - a) W_r h`` (a init 0.5); optional attention pooling
+           (``curvalign.nn.pooling``, K = 4) when the inputs are token sequences.
+Embedding  {"point": [N, d]} unit vectors; the score is the cosine.
+Curriculum ``curvalign.schedules.DualPathCurriculum``. Phase 1 (up to ``switch_at``, the paper's
+           1M of 7.5M samples): scored text pairs only. At the first Phase-2 step
+           ``on_step_start`` copies the text path into the multimodal path (once; a buffer
+           records it, so a resumed run does not copy again) and the gate warms up over
+           ``gate_warmup``. Temperature 0.1 -> 0.07, score weight 0.5 -> 3.0, rank weight
+           0.1 -> 1.0 over ``loss_warmup`` (Sec. 4.4).
+Loss       Phase 1: ``L_text = InfoNCE + lambda_s MSE(score) + lambda_r rank`` on text pairs
+           (task prefix "text_pair"); Phase 2: ``L_text + L_visual`` with
+           ``L_visual = InfoNCE + lambda_t triplet`` on image-caption pairs (task "image_text").
+           The loss readings are in ``curvalign.losses.multiloss``.
+Text tasks ``embed_texts(features, task="image_text")`` embeds captions for image retrieval (the
+           default); ``task="text_pair"`` embeds texts for text-text similarity, as in training.
+Logged     dualpath_gate (the effective g), dualpath_phase, gate_warmup, temperature,
+           score_weight, rank_weight, residual_mix (a) and the unweighted loss parts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+from curvalign.geometry import sphere
+from curvalign.losses.contrastive import symmetric_info_nce
+from curvalign.losses.multiloss import hardest_negative_triplet, pair_ranking, score_mse, score_weighted_info_nce
+from curvalign.nn.dualpath import TASKS, DualPathHead
+from curvalign.nn.pooling import AttentionPooling
+from curvalign.recipes import register
+from curvalign.recipes.base import Batch, Embedding, Gather, LossOutput, Progress, Query, Recipe
+from curvalign.schedules import (
+    DualPathCurriculum,
+    dualpath_gate_warmup,
+    dualpath_loss_weights,
+    dualpath_phase,
+)
+from curvalign.scores import cosine_pair_scores, cosine_scores
+
+_CURRICULUM = DualPathCurriculum()
+
+
+@dataclass
+class DualPathConfig:
+    """DualPath's settings; defaults from the paper where it gives them.
+
+    model_dim, hidden_dim, embed_dim  widths of h, h' and the embedding (the paper: 2048, 4096,
+                                      1024; the defaults keep its ratios at a quarter size)
+    dropout                           dropout on the shared expansion (0.1; not given)
+    gate_init                         theta_0 (-5.0: g = 0.0067)
+    residual_init                     a at initialisation (0.5)
+    task_prefix                       learned per-task prefix vectors ("text_pair", "image_text")
+    pool_tokens, pool_queries         inputs are token sequences [N, L, D], attention-pooled with
+                                      K queries (4); off for pooled feature stores
+    switch_at, gate_warmup, loss_warmup, schedule_unit   the curriculum (fractions of the run by
+                                      default: 1/7.5, 1000 x 512 / 7.5M, 1/7.5)
+    temperature_*, score_weight_*, rank_weight_*         Sec. 4.4's ramps
+    triplet_weight, triplet_margin    lambda_t and the triplet margin (not given: 1.0, 0.2)
+    """
+
+    model_dim: int = 512
+    hidden_dim: int = 1024
+    embed_dim: int = 256
+    dropout: float = 0.1
+    gate_init: float = -5.0
+    residual_init: float = 0.5
+    task_prefix: bool = True
+    pool_tokens: bool = False
+    pool_queries: int = 4
+    switch_at: float = _CURRICULUM.switch_at
+    gate_warmup: float = _CURRICULUM.gate_warmup
+    loss_warmup: float = _CURRICULUM.loss_warmup
+    schedule_unit: Literal["fraction", "steps"] = "fraction"
+    temperature_start: float = 0.1
+    temperature_end: float = 0.07
+    score_weight_start: float = 0.5
+    score_weight_end: float = 3.0
+    rank_weight_start: float = 0.1
+    rank_weight_end: float = 1.0
+    triplet_weight: float = 1.0
+    triplet_margin: float = 0.2
+
+    def __post_init__(self) -> None:
+        if min(self.model_dim, self.hidden_dim, self.embed_dim, self.pool_queries) <= 0:
+            raise ValueError("model_dim, hidden_dim, embed_dim and pool_queries must be positive, got "
+                             f"{self.model_dim}, {self.hidden_dim}, {self.embed_dim}, {self.pool_queries}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout must lie in [0, 1), got {self.dropout}")
+        if self.triplet_weight < 0 or self.triplet_margin < 0:
+            raise ValueError("triplet_weight and triplet_margin must be >= 0")
+        _ = self.curriculum  # validates the schedule values
+
+    @property
+    def curriculum(self) -> DualPathCurriculum:
+        return DualPathCurriculum(
+            switch_at=self.switch_at, gate_warmup=self.gate_warmup, loss_warmup=self.loss_warmup,
+            unit=self.schedule_unit, temperature_start=self.temperature_start,
+            temperature_end=self.temperature_end, score_weight_start=self.score_weight_start,
+            score_weight_end=self.score_weight_end, rank_weight_start=self.rank_weight_start,
+            rank_weight_end=self.rank_weight_end)
+
+
+@register
+class DualPath(Recipe):
+    name = "dualpath"
+    Config = DualPathConfig
+    requires = frozenset({"text_pairs"})
+
+    def __init__(self, config: DualPathConfig, image_dim: int, text_dim: int) -> None:
+        super().__init__(config, image_dim, text_dim)
+        cfg = config
+        self.curriculum = cfg.curriculum
+        if cfg.pool_tokens:
+            self.image_pool: AttentionPooling | None = AttentionPooling(image_dim, cfg.pool_queries)
+            self.text_pool: AttentionPooling | None = AttentionPooling(text_dim, cfg.pool_queries)
+            dims = {"image": self.image_pool.out_dim, "text": self.text_pool.out_dim}
+        else:
+            self.image_pool = self.text_pool = None
+            dims = {"image": image_dim, "text": text_dim}
+        self.head = DualPathHead(dims, cfg.model_dim, cfg.hidden_dim, cfg.embed_dim, dropout=cfg.dropout,
+                                 gate_init=cfg.gate_init, residual_init=cfg.residual_init,
+                                 tasks=TASKS if cfg.task_prefix else ())
+        # 1 once the multimodal path has been copied from the text path (survives checkpoints)
+        self.register_buffer("switched", torch.zeros((), dtype=torch.bool))
+
+    # --- embeddings ---------------------------------------------------------------------------
+    def _inputs(self, features: Tensor, mask: Tensor | None, pool: AttentionPooling | None, dim: int,
+                what: str) -> Tensor:
+        if pool is not None:
+            if features.ndim != 3 or features.shape[-1] != dim:
+                raise ValueError(f"dualpath (pool_tokens=True): {what} features must be tokens "
+                                 f"[N, L, {dim}], got {tuple(features.shape)}")
+            return pool(features, mask)
+        if features.ndim != 2 or features.shape[-1] != dim:
+            hint = " (token sequences need pool_tokens=true)" if features.ndim == 3 else ""
+            raise ValueError(f"dualpath: {what} features must have shape [N, {dim}], got "
+                             f"{tuple(features.shape)}{hint}")
+        return features
+
+    def embed_images(self, features: Tensor, mask: Tensor | None = None) -> Embedding:
+        x = self._inputs(features, mask, self.image_pool, self.image_dim, "image")
+        return {"point": sphere.project(self.head(x, "image", "image_text"), 1.0)}
+
+    def embed_texts(self, features: Tensor, mask: Tensor | None = None, task: str = "image_text") -> Embedding:
+        """Texts for image retrieval (``task="image_text"``) or text similarity (``"text_pair"``)."""
+        if task not in TASKS:
+            raise ValueError(f"dualpath: task must be one of {list(TASKS)}, got {task!r}")
+        x = self._inputs(features, mask, self.text_pool, self.text_dim, "text")
+        return {"point": sphere.project(self.head(x, "text", task), 1.0)}
+
+    def scores(self, texts: Embedding, images: Embedding, query: Query = "text") -> Tensor:
+        return cosine_scores(texts["point"], images["point"])
+
+    def pair_scores(self, texts: Embedding, images: Embedding, query: Query = "text") -> Tensor:
+        return cosine_pair_scores(texts["point"], images["point"])
+
+    def class_embedding(self, prompts: Embedding) -> Embedding:
+        return {"point": sphere.project(prompts["point"].mean(dim=0, keepdim=True), 1.0)}
+
+    # --- curriculum ---------------------------------------------------------------------------
+    def on_step_start(self, progress: Progress) -> None:
+        """Path copy at the first Phase-2 step (once), gate warm-up factor for this step."""
+        if dualpath_phase(progress.step, progress.total, self.curriculum) == 2 and not bool(self.switched):
+            self.head.copy_text_to_multimodal()
+            self.switched.fill_(True)
+        self.head.gate_warmup.fill_(dualpath_gate_warmup(progress.step, progress.total, self.curriculum))
+
+    # --- training -----------------------------------------------------------------------------
+    def loss(self, batch: Batch, progress: Progress, gather: Gather | None = None) -> LossOutput:
+        gather = gather or Gather()
+        cfg: DualPathConfig = self.config
+        self.on_step_start(progress)  # idempotent: a loop that forgets the hook still copies once
+        phase = dualpath_phase(progress.step, progress.total, self.curriculum)
+        weights = dualpath_loss_weights(progress.step, progress.total, self.curriculum)
+        tau = weights.temperature
+
+        if batch.pair_a is None or batch.pair_b is None or batch.pair_score is None:
+            raise ValueError("dualpath trains on scored text pairs: the batch needs pair_a, pair_b and "
+                             "pair_score (a feature store with text pairs)")
+        if not (batch.pair_a.shape[0] == batch.pair_b.shape[0] == batch.pair_score.shape[0]):
+            raise ValueError(f"dualpath: pair_a, pair_b, pair_score have {batch.pair_a.shape[0]}, "
+                             f"{batch.pair_b.shape[0]}, {batch.pair_score.shape[0]} rows; they must match")
+        local_a = self.embed_texts(batch.pair_a, task="text_pair")
+        local_b = self.embed_texts(batch.pair_b, task="text_pair")
+        all_a, all_b = gather(local_a), gather(local_b)
+        pair_offset = gather.offset(batch.pair_a.shape[0])
+        s = batch.pair_score
+        text_nce = 0.5 * (
+            score_weighted_info_nce(cosine_scores(local_a["point"], all_b["point"]), s, tau, pair_offset)
+            + score_weighted_info_nce(cosine_scores(local_b["point"], all_a["point"]), s, tau, pair_offset))
+        pair_cos = cosine_pair_scores(local_a["point"], local_b["point"])
+        mse = score_mse(pair_cos, s)
+        rank = pair_ranking(pair_cos, s)
+        terms = {
+            "text_info_nce": text_nce,
+            "score_mse": weights.score_weight * mse,
+            "rank": weights.rank_weight * rank,
+        }
+        logs = {"text_info_nce": float(text_nce.detach()), "score_mse_unweighted": float(mse.detach()),
+                "rank_unweighted": float(rank.detach())}
+
+        if phase == 2:
+            if batch.image.shape[0] != batch.text.shape[0]:
+                raise ValueError(f"dualpath: batch has {batch.image.shape[0]} images but "
+                                 f"{batch.text.shape[0]} texts; rows must be matched pairs")
+            images, texts = self.embed_images(batch.image), self.embed_texts(batch.text)
+            all_images, all_texts = gather(images), gather(texts)
+            offset = gather.offset(batch.image.shape[0])
+            i2t = cosine_scores(images["point"], all_texts["point"])
+            t2i = cosine_scores(texts["point"], all_images["point"])
+            visual_nce = symmetric_info_nce(i2t, t2i, temperature=tau, offset=offset)
+            triplet = 0.5 * (hardest_negative_triplet(i2t, cfg.triplet_margin, offset)
+                             + hardest_negative_triplet(t2i, cfg.triplet_margin, offset))
+            terms["image_info_nce"] = visual_nce
+            terms["triplet"] = cfg.triplet_weight * triplet
+            logs.update({"image_info_nce": float(visual_nce.detach()), "triplet_unweighted": float(triplet.detach())})
+
+        total = sum(terms.values())
+        logs.update({"dualpath_phase": float(phase), "temperature": tau, "score_weight": weights.score_weight,
+                     "rank_weight": weights.rank_weight, **self.log_values()})
+        return LossOutput(total=total, terms=terms, logs=logs)
+
+    def no_decay_parameter_names(self) -> set[str]:
+        # task prefixes are embeddings: decay would pull them to "no prefix"
+        extra = {"head.task_prefix"} if self.head.task_prefix is not None else set()
+        return super().no_decay_parameter_names() | extra
+
+    def log_values(self) -> dict[str, float]:
+        with torch.no_grad():
+            return {"dualpath_gate": float(self.head.gate()), "gate_warmup": float(self.head.gate_warmup),
+                    "residual_mix": float(self.head.mix)}
+
+
+__all__ = ["DualPath", "DualPathConfig"]
