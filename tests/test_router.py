@@ -1,0 +1,184 @@
+"""AGR's router, query conditioning, routed score and routing losses."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from curvalign.losses.routing import binary_entropy_from_logits, load_balance, routing_entropy
+from curvalign.nn.router import PairwiseRouter, QueryConditioner, routed_scores
+
+IMAGE_DIM, TEXT_DIM = 10, 12
+
+
+def _router(dtype=torch.float64, **kw) -> PairwiseRouter:
+    torch.manual_seed(0)
+    router = PairwiseRouter(IMAGE_DIM, TEXT_DIM, **kw).to(dtype).eval()
+    with torch.no_grad():  # a non-trivial LayerNorm gain/bias, so folding them is tested
+        router.norm.weight.normal_()
+        router.norm.bias.normal_()
+    return router
+
+
+def _inputs(router: PairwiseRouter, nt=7, ni=9, dtype=torch.float64):
+    g = torch.Generator().manual_seed(1)
+    s_e = 3 * torch.randn(nt, ni, generator=g, dtype=dtype)
+    s_h = -20 * torch.rand(nt, ni, generator=g, dtype=dtype)
+    u_t = router.text_context(torch.randn(nt, TEXT_DIM, generator=g, dtype=dtype))
+    u_i = router.image_context(torch.randn(ni, IMAGE_DIM, generator=g, dtype=dtype))
+    return s_e, s_h, u_t, u_i
+
+
+def test_matrix_equals_pair_mode_on_every_pair():
+    router = _router()
+    s_e, s_h, u_t, u_i = _inputs(router)
+    matrix = router.matrix_logits(s_e, s_h, u_t, u_i)
+    # [n, K] candidate lists: each text against every image
+    lists = router.pair_logits(s_e, s_h, u_t[:, None, :], u_i[None, :, :])
+    torch.testing.assert_close(matrix, lists, rtol=1e-12, atol=1e-12)
+    # matched rows [n]: the flattened pairs
+    t_idx = torch.arange(7).repeat_interleave(9)
+    i_idx = torch.arange(9).repeat(7)
+    rows = router.pair_logits(s_e.flatten(), s_h.flatten(), u_t[t_idx], u_i[i_idx])
+    torch.testing.assert_close(matrix.flatten(), rows, rtol=1e-12, atol=1e-12)
+
+
+def test_matrix_mode_in_float32_and_chunked():
+    router = _router(torch.float32)
+    s_e, s_h, u_t, u_i = (t.float() for t in _inputs(_router()))
+    matrix = router.matrix_logits(s_e, s_h, u_t.detach(), u_i.detach())
+    torch.testing.assert_close(matrix, router.pair_logits(s_e, s_h, u_t[:, None], u_i[None]), rtol=1e-5, atol=1e-5)
+    router.max_chunk_pairs = 10  # 1 row of 9 pairs per chunk
+    with torch.no_grad():
+        chunked = router.matrix_logits(s_e, s_h, u_t, u_i)
+    torch.testing.assert_close(chunked, matrix.detach(), rtol=1e-6, atol=1e-6)
+
+
+def test_no_pairwise_feature_tensor_is_kept():
+    """The B x B path never saves a [Nt, Ni, 34] tensor for backward (the naive path does)."""
+    router = _router(torch.float32)
+    router.train()
+    s_e, s_h, u_t, u_i = (t.float() for t in _inputs(_router()))
+    shapes: list[tuple[int, ...]] = []
+
+    def pack(t):
+        shapes.append(tuple(t.shape))
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        router.matrix_logits(s_e, s_h, u_t, u_i)
+    assert shapes and (7, 9, 34) not in shapes
+    shapes.clear()
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        router.pair_logits(s_e, s_h, u_t[:, None], u_i[None])
+    assert (7, 9, 34) in shapes  # the reference path does hold it: the check can fail
+
+
+def test_gate_temperature_floor_and_fixed_option():
+    router = _router()
+    assert router.temperature().item() == pytest.approx(0.5)
+    with torch.no_grad():
+        router.temperature.log_value.fill_(math.log(0.1))
+    assert router.temperature().item() == pytest.approx(0.5)  # clamped at the floor
+    s_e, s_h, u_t, u_i = _inputs(router)
+    with torch.no_grad():
+        router.temperature.log_value.fill_(math.log(2.0))
+        at_two = router.matrix_logits(s_e, s_h, u_t, u_i)
+        router.temperature.log_value.fill_(math.log(0.5))
+        at_half = router.matrix_logits(s_e, s_h, u_t, u_i)
+    torch.testing.assert_close(at_two * 4, at_half)  # logits / T_gate
+    fixed = PairwiseRouter(IMAGE_DIM, TEXT_DIM, learn_gate_temperature=False)
+    assert not any("temperature" in n for n, _ in fixed.named_parameters())
+    with pytest.raises(ValueError, match="outside its range"):
+        PairwiseRouter(IMAGE_DIM, TEXT_DIM, gate_temperature=0.3)
+
+
+def test_jitter_only_in_training():
+    router = _router(dropout=0.0)
+    s_e, s_h, u_t, u_i = _inputs(router)
+    with torch.no_grad():
+        eval_a = router.matrix_logits(s_e, s_h, u_t, u_i)
+        eval_b = router.matrix_logits(s_e, s_h, u_t, u_i)
+        router.train()
+        train_a = router.matrix_logits(s_e, s_h, u_t, u_i)
+        train_b = router.matrix_logits(s_e, s_h, u_t, u_i)
+        router.jitter = 0.0
+        train_no_jitter = router.matrix_logits(s_e, s_h, u_t, u_i)
+    assert torch.equal(eval_a, eval_b)
+    assert not torch.equal(train_a, train_b) and not torch.equal(train_a, eval_a)
+    assert (train_a - eval_a).abs().max() < 1.0  # small noise, not a different router
+    torch.testing.assert_close(train_no_jitter, eval_a, rtol=1e-12, atol=1e-12)
+
+
+def test_router_reads_everything_detached():
+    router = _router()
+    router.train()
+    s_e = torch.randn(4, 5, dtype=torch.float64, requires_grad=True)
+    s_h = torch.randn(4, 5, dtype=torch.float64, requires_grad=True)
+    h_t = torch.randn(4, TEXT_DIM, dtype=torch.float64, requires_grad=True)
+    h_i = torch.randn(5, IMAGE_DIM, dtype=torch.float64, requires_grad=True)
+    logits = router.matrix_logits(s_e, s_h, router.text_context(h_t), router.image_context(h_i))
+    grads = torch.autograd.grad(logits.sum(), [s_e, s_h, h_t, h_i, router.fc1.weight, router.context_text.weight],
+                                allow_unused=True)
+    assert all(g is None for g in grads[:4])
+    assert all(g is not None and g.abs().sum() > 0 for g in grads[4:])
+
+
+def test_query_conditioner_starts_as_identity_and_is_detached():
+    torch.manual_seed(0)
+    cond = QueryConditioner(TEXT_DIM)
+    h = torch.randn(6, TEXT_DIM, requires_grad=True)
+    gate, calibration = cond(h)
+    assert gate.shape == (6,) and torch.all((gate > 0) & (gate < 1))
+    assert torch.equal(calibration, torch.ones(6, 3))
+    (gate.sum() + calibration.sum()).backward()
+    assert h.grad is None and cond.calibration.weight.grad.abs().sum() > 0
+
+
+def test_routed_score_is_the_hyperbolic_score_while_alpha_is_zero():
+    g = torch.Generator().manual_seed(3)
+    s_h = -10 * torch.rand(5, 6, generator=g)
+    s_e = 8 * torch.randn(5, 6, generator=g)
+    w = torch.rand(5, 6, generator=g)
+    gate = torch.rand(5, 1, generator=g)
+    calibration = 2 * torch.rand(5, 1, 3, generator=g)
+    for beta in (0.0, 0.5, 1.0):
+        assert torch.equal(routed_scores(s_h, s_e, w, gate, calibration, 0.0, beta), s_h)
+
+
+def test_routed_score_formula_and_bound():
+    g = torch.Generator().manual_seed(4)
+    s_h = -30 * torch.rand(5, 6, generator=g, dtype=torch.float64)
+    s_e = 14 * torch.randn(5, 6, generator=g, dtype=torch.float64)
+    w = torch.rand(5, 6, generator=g, dtype=torch.float64)
+    gate = torch.rand(1, 6, generator=g, dtype=torch.float64)  # image side as the query
+    calibration = 2 * torch.rand(1, 6, 3, generator=g, dtype=torch.float64)
+    alpha, beta = 0.7, 0.4
+    out = routed_scores(s_h, s_e, w, gate, calibration, alpha, beta, max_delta=5.0)
+    for t in range(5):
+        for i in range(6):
+            wE, sH, sE = calibration[0, i].tolist()
+            delta = 5.0 * math.tanh((sE * beta * s_e[t, i].item() - s_h[t, i].item()) / 5.0)
+            expected = (s_h[t, i].item() + alpha * gate[0, i].item() * w[t, i].item() * wE * delta
+                        + alpha * gate[0, i].item() * (sH - 1) * s_h[t, i].item())
+            assert out[t, i].item() == pytest.approx(expected, rel=1e-12, abs=1e-12)
+    # the Euclidean correction is bounded by alpha g w wE Dmax whatever S_E is
+    base = s_h * (1 + alpha * gate * (calibration[..., 1] - 1))
+    bound = alpha * gate * w * calibration[..., 0] * 5.0
+    huge = routed_scores(s_h, 1e6 * s_e, w, gate, calibration, alpha, 1.0)
+    assert torch.all((huge - base).abs() <= bound + 1e-9)
+
+
+def test_routing_losses():
+    logits = torch.tensor([-1000.0, 0.0, 3.0, 1000.0], requires_grad=True)
+    h = binary_entropy_from_logits(logits)
+    w = torch.sigmoid(torch.tensor(3.0)).item()
+    expected = [0.0, math.log(2), -(w * math.log(w) + (1 - w) * math.log(1 - w)), 0.0]
+    torch.testing.assert_close(h, torch.tensor(expected), rtol=1e-6, atol=1e-6)
+    routing_entropy(logits).backward()
+    assert torch.all(torch.isfinite(logits.grad))
+    assert load_balance(torch.tensor(0.8)).item() == pytest.approx(0.09)
+    with pytest.raises(ValueError):
+        routing_entropy(torch.zeros(0))
