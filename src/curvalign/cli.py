@@ -226,6 +226,47 @@ def study_command(
 
 # --- extract (issue: real encoders) -----------------------------------------------------------
 
+@app.command("extract")
+def extract_command(
+    encoder: str = typer.Option(..., "--encoder", help="open_clip:ARCH:CHECKPOINT, hf-clip:DIR, "
+                                                       "sentence-transformers:DIR, or minilm (local files only)."),
+    images: Path = typer.Option(..., "--images", help="Folder the image paths are relative to."),
+    out: Path = typer.Option(..., "--out", help="Feature store directory to write (use as --data features:OUT)."),
+    captions: Path = typer.Option(None, "--captions", help="Captions JSON (COCO or Karpathy layout)."),
+    layout: str = typer.Option(None, "--format", help="coco or karpathy (default: told apart by the keys)."),
+    boxes: Path = typer.Option(None, "--boxes", help="Box-level pairs, JSON Lines {image, box, phrase}."),
+    classes: Path = typer.Option(None, "--classes", help="Class names (CLIP_benchmark JSON or one per line)."),
+    templates: Path = typer.Option(None, "--templates", help="Prompt templates with {c} (CLIP_benchmark JSON)."),
+    taxonomy: Path = typer.Option(None, "--taxonomy", help="'parent child' edge list over class folders/names."),
+    batch_size: int = typer.Option(64, "--batch-size", min=1, help="Rows per encoder call."),
+    shard_size: int = typer.Option(1024, "--shard-size", min=1, help="Rows per resumable shard."),
+    device: str = typer.Option("cpu", "--device", help="cpu or cuda."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing store at --out."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
+) -> None:
+    """Encode images and captions with a local encoder into a feature store (resumable)."""
+    from curvalign.data.encoders import EncoderError
+    from curvalign.data.extract import SKIPPED_REPORT, ExtractError, extract_features
+    from curvalign.data.features import FeatureStoreError
+
+    try:
+        summary = extract_features(
+            encoder, images, out, captions=captions, layout=layout, boxes=boxes, classes=classes,
+            templates=templates, taxonomy=taxonomy, batch_size=batch_size, shard_size=shard_size,
+            device=device, overwrite=overwrite, progress=not quiet,
+        )
+    except (EncoderError, ExtractError, FeatureStoreError) as err:
+        fail(str(err))
+    typer.echo(
+        f"wrote {summary.store}: {summary.images} images, {summary.texts} captions, {summary.boxes} boxes, "
+        f"{summary.classes} classes ({summary.shards_computed} shards computed, {summary.shards_reused} reused)"
+    )
+    if summary.skipped_images or summary.skipped_boxes:
+        typer.echo(
+            f"skipped {len(summary.skipped_images)} unreadable images (dropping their {summary.dropped_captions} "
+            f"captions) and {summary.dropped_boxes} boxes; listed in {summary.store / SKIPPED_REPORT}"
+        )
+
 
 def main() -> None:
     app()

@@ -1,0 +1,406 @@
+"""Images, captions and a local encoder -> a feature store on disk (``curvalign extract``).
+
+Work is cut into shards (``shard_size`` rows of one kind: images, captions, box crops, box
+phrases, class prompts). Each finished shard is written to ``STORE.partial/`` as a ``.npy``
+file and recorded in ``manifest.json`` (atomic rewrite) there, so an interrupted extraction
+restarts where it stopped: finished shards are never recomputed. The manifest carries a
+fingerprint of the inputs and the encoder; a partial directory from a different extraction is
+refused rather than mixed in. The final assembly reads the shards through memory maps and
+writes the store with ``FeatureStore.save`` (atomic), then removes the partial directory.
+
+An image that cannot be read (missing, truncated, not an image) is skipped: it is listed with
+the reason in ``STORE/skipped_images.tsv``, counted in the summary and in
+``meta["extract"]``, and its captions and boxes are dropped with it; every other row is kept.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from curvalign.data.encoders import Encoder, load_encoder
+from curvalign.data.features import FeatureStore
+from curvalign.data.readers import (
+    Box,
+    CaptionedImages,
+    ClassFolder,
+    ReaderError,
+    Taxonomy,
+    read_boxes,
+    read_captions,
+    read_class_folder,
+    read_edge_list,
+    taxonomy_with_ancestors,
+)
+
+MANIFEST_VERSION = 1
+SKIPPED_REPORT = "skipped_images.tsv"
+_SPLIT_ORDER = ("train", "val", "test")
+
+
+class ExtractError(ValueError):
+    """Inputs that cannot make a feature store, or a partial directory that does not match."""
+
+
+@dataclass
+class ExtractSummary:
+    store: Path
+    images: int
+    texts: int
+    boxes: int
+    classes: int
+    skipped_images: list[tuple[str, str]] = field(default_factory=list)  # (image file, reason)
+    skipped_boxes: list[tuple[str, str]] = field(default_factory=list)  # ("box K of FILE", reason)
+    dropped_captions: int = 0
+    dropped_boxes: int = 0
+    shards_computed: int = 0
+    shards_reused: int = 0
+
+
+@dataclass
+class _Plan:
+    """Everything to encode, as plain lists, with the links between them."""
+
+    image_files: list[str]
+    captions: list[str]
+    caption_to_image: list[int]
+    image_splits: list[str] | None
+    boxes: list[Box]
+    box_to_image: list[int]
+    classes: ClassFolder | None
+    image_labels: list[int] | None
+    taxonomy: Taxonomy | None
+    class_to_node: list[int] | None
+    captions_from_prompts: bool
+
+
+def _fingerprint_file(path: str | os.PathLike[str] | None) -> Any:
+    if path is None:
+        return None
+    p = Path(path).resolve()
+    stat = p.stat()
+    return [str(p), stat.st_size, stat.st_mtime_ns]
+
+
+def _plan(
+    images: Path,
+    captions: str | os.PathLike[str] | None,
+    layout: str | None,
+    boxes: str | os.PathLike[str] | None,
+    classes: str | os.PathLike[str] | None,
+    templates: str | os.PathLike[str] | None,
+    taxonomy: str | os.PathLike[str] | None,
+) -> _Plan:
+    if not images.is_dir():
+        raise ExtractError(f"images folder {images}: no such directory")
+    if (classes is None) != (templates is None):
+        raise ExtractError("zero-shot classes need both --classes FILE and --templates FILE")
+    if taxonomy is not None and classes is None:
+        raise ExtractError("--taxonomy maps classes onto tree nodes: it needs --classes and --templates")
+    folder = read_class_folder(images, classes, templates) if classes is not None else None
+    labels: list[int] | None = None
+    from_prompts = False
+    if captions is not None:
+        captioned: CaptionedImages = read_captions(captions, layout)
+        if folder is not None:
+            # An image under a class sub-folder has that class; any other image has none (-1).
+            by_folder = {name: c for c, name in enumerate(folder.class_folders)}
+            labels = [by_folder.get(f.split("/", 1)[0], -1) if "/" in f else -1 for f in captioned.image_files]
+    elif folder is not None:
+        # A class folder without captions: each image is captioned by its class's first prompt.
+        texts = [folder.templates[0].replace("{c}", folder.class_names[c]) for c in folder.image_labels]
+        captioned = CaptionedImages(folder.image_files, texts, list(range(len(texts))))
+        labels = list(folder.image_labels)
+        from_prompts = True
+    else:
+        raise ExtractError("nothing to extract: give --captions FILE, or --classes FILE --templates FILE")
+    if not captioned.image_files:
+        raise ExtractError(f"no images listed in {captions or images}")
+    index = {f: i for i, f in enumerate(captioned.image_files)}
+    box_list = read_boxes(boxes) if boxes is not None else []
+    box_to_image = []
+    for b in box_list:
+        if b.image_file not in index:
+            raise ExtractError(f"boxes file {boxes}: image {b.image_file!r} is not among the captioned images")
+        box_to_image.append(index[b.image_file])
+    tree: Taxonomy | None = None
+    class_to_node: list[int] | None = None
+    if taxonomy is not None:
+        assert folder is not None
+        full = read_edge_list(taxonomy)
+        keys = [(f, n) for f, n in zip(folder.class_folders, folder.class_names)]
+        known = full.index()
+        missing = [f for f, n in keys if f not in known and n not in known]
+        if missing:
+            raise ExtractError(
+                f"taxonomy file {taxonomy}: {len(missing)} classes are not nodes (by folder or class name), e.g. {missing[:3]}"
+            )
+        tree, nodes = taxonomy_with_ancestors(full, [f if f in known else n for f, n in keys])
+        class_to_node = [nodes[f] if f in known else nodes[n] for f, n in keys]
+    return _Plan(
+        captioned.image_files, captioned.captions, captioned.caption_to_image, captioned.image_splits,
+        box_list, box_to_image, folder, labels, tree, class_to_node, from_prompts,
+    )
+
+
+class _Shards:
+    """The partial directory: shard files plus an atomically rewritten manifest."""
+
+    def __init__(self, root: Path, fingerprint: str):
+        self.root = root
+        self.path = root / "manifest.json"
+        if self.path.is_file():
+            manifest = json.loads(self.path.read_text())
+            if manifest.get("fingerprint") != fingerprint:
+                raise ExtractError(
+                    f"{root} holds shards of a different extraction (other inputs, encoder or shard size); "
+                    "delete it to start over"
+                )
+            self.manifest = manifest
+        else:
+            root.mkdir(parents=True, exist_ok=True)
+            self.manifest = {"version": MANIFEST_VERSION, "fingerprint": fingerprint, "done": {}, "skipped": {}}
+            self._write()
+
+    def _write(self) -> None:
+        tmp = self.path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(self.manifest, indent=1))
+        os.replace(tmp, self.path)
+
+    def done(self, key: str) -> bool:
+        return key in self.manifest["done"] and (self.root / f"{key}.npy").is_file()
+
+    def save(self, key: str, rows: np.ndarray, skipped: dict[str, str] | None = None) -> None:
+        tmp = self.root / f"{key}.tmp.npy"
+        np.save(tmp, rows, allow_pickle=False)
+        os.replace(tmp, self.root / f"{key}.npy")
+        self.manifest["done"][key] = int(rows.shape[0])
+        if skipped:
+            self.manifest["skipped"].update(skipped)
+        self._write()
+
+    def load(self, key: str) -> np.ndarray:
+        return np.load(self.root / f"{key}.npy", mmap_mode="r")
+
+
+def _open_image(path: Path) -> Any:
+    """Decode fully now, so a truncated file fails here and not inside the encoder."""
+    from PIL import Image
+
+    try:
+        with Image.open(path) as image:
+            image.load()
+            return image.convert("RGB")
+    except Image.DecompressionBombError as exc:  # not an OSError; report it like one
+        raise ValueError(str(exc)) from None
+
+
+def _crop(image: Any, box: tuple[float, float, float, float]) -> Any:
+    x0, y0, x1, y1 = box
+    w, h = image.size
+    x0, y0, x1, y1 = max(0.0, x0), max(0.0, y0), min(float(w), x1), min(float(h), y1)
+    if x1 - x0 < 1 or y1 - y0 < 1:
+        raise ValueError(f"box {list(box)} lies outside the {w}x{h} image")
+    return image.crop((round(x0), round(y0), round(x1), round(y1)))
+
+
+def extract_features(
+    encoder: Encoder | str,
+    images: str | os.PathLike[str],
+    out: str | os.PathLike[str],
+    captions: str | os.PathLike[str] | None = None,
+    layout: str | None = None,
+    boxes: str | os.PathLike[str] | None = None,
+    classes: str | os.PathLike[str] | None = None,
+    templates: str | os.PathLike[str] | None = None,
+    taxonomy: str | os.PathLike[str] | None = None,
+    batch_size: int = 64,
+    shard_size: int = 1024,
+    device: str = "cpu",
+    overwrite: bool = False,
+    progress: bool = True,
+) -> ExtractSummary:
+    """Encode a collection into the feature store ``out``; resumable (see the module docstring).
+
+    ``encoder`` is an :class:`Encoder` or a spec string for ``load_encoder``. The store holds
+    image features [Ni, Di], caption features [Nt, Dt] and ``text_to_image``; plus box pairs,
+    zero-shot classes (prompts = every template for every class) and a taxonomy when given.
+    """
+    if batch_size < 1 or shard_size < 1:
+        raise ExtractError(f"batch size and shard size must be >= 1, got {batch_size} and {shard_size}")
+    images_dir = Path(images)
+    target = Path(out)
+    if target.exists() and not overwrite:
+        raise ExtractError(f"{target} already exists; pass --overwrite to replace it")
+    try:
+        plan = _plan(images_dir, captions, layout, boxes, classes, templates, taxonomy)
+    except ReaderError as exc:
+        raise ExtractError(str(exc)) from None
+    enc = load_encoder(encoder, device=device) if isinstance(encoder, str) else encoder
+    if not enc.encodes_images:
+        raise ExtractError(f"encoder {enc.spec!r} encodes texts only; extraction needs an image-text encoder")
+
+    prompts, prompt_to_class = plan.classes.prompts() if plan.classes is not None else ([], [])
+    fingerprint = hashlib.sha256(
+        json.dumps(
+            {
+                "encoder": enc.spec,
+                "images": str(images_dir.resolve()),
+                "inputs": [_fingerprint_file(p) for p in (captions, boxes, classes, templates, taxonomy)],
+                "layout": layout,
+                "shard_size": shard_size,
+                "counts": [len(plan.image_files), len(plan.captions), len(plan.boxes), len(prompts)],
+            },
+            sort_keys=True,
+        ).encode()
+    ).hexdigest()
+    shards = _Shards(target.parent / f"{target.name}.partial", fingerprint)
+
+    def encode_images_shard(rows: Sequence[int], loader: Callable[[int], Any], names: Callable[[int], str]):
+        feats = np.zeros((len(rows), enc.image_dim), dtype=np.float32)
+        skipped: dict[str, str] = {}
+        ok_rows: list[int] = []
+        ok_images: list[Any] = []
+        for k, i in enumerate(rows):
+            try:
+                ok_images.append(loader(i))
+                ok_rows.append(k)
+            except (OSError, ValueError, SyntaxError) as exc:  # PIL raises all three for bad files
+                skipped[names(i)] = f"{type(exc).__name__}: {exc}".replace("\t", " ").replace("\n", " ")
+        for start in range(0, len(ok_images), batch_size):
+            out_rows = ok_rows[start : start + batch_size]
+            feats[out_rows] = enc.encode_images(ok_images[start : start + batch_size]).numpy()
+        return feats, skipped
+
+    def encode_texts_shard(texts: Sequence[str]):
+        feats = np.zeros((len(texts), enc.text_dim), dtype=np.float32)
+        for start in range(0, len(texts), batch_size):
+            feats[start : start + batch_size] = enc.encode_texts(texts[start : start + batch_size]).numpy()
+        return feats, {}
+
+    jobs: list[tuple[str, int, Callable[[], tuple[np.ndarray, dict[str, str]]]]] = []
+
+    def add(kind: str, total: int, make: Callable[[range], Callable[[], tuple[np.ndarray, dict[str, str]]]]):
+        for n, start in enumerate(range(0, total, shard_size)):
+            rows = range(start, min(total, start + shard_size))
+            jobs.append((f"{kind}-{n:05d}", len(rows), make(rows)))
+
+    image_path = lambda i: images_dir / plan.image_files[i]  # noqa: E731
+    add("images", len(plan.image_files), lambda rows: lambda: encode_images_shard(
+        rows, lambda i: _open_image(image_path(i)), lambda i: plan.image_files[i]))
+    add("captions", len(plan.captions), lambda rows: lambda: encode_texts_shard([plan.captions[i] for i in rows]))
+    add("box_images", len(plan.boxes), lambda rows: lambda: encode_images_shard(
+        rows, lambda i: _crop(_open_image(image_path(plan.box_to_image[i])), plan.boxes[i].box),
+        lambda i: f"box {i} of {plan.boxes[i].image_file}"))
+    add("box_phrases", len(plan.boxes), lambda rows: lambda: encode_texts_shard([plan.boxes[i].phrase for i in rows]))
+    add("prompts", len(prompts), lambda rows: lambda: encode_texts_shard([prompts[i] for i in rows]))
+
+    computed = reused = 0
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    with Progress(
+        TextColumn("[bold]extract[/] {task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+        disable=not progress, transient=False,
+    ) as bar:
+        task = bar.add_task("rows", total=sum(n for _, n, _ in jobs))
+        for key, n, run in jobs:
+            bar.update(task, description=key)
+            if shards.done(key):
+                reused += 1
+            else:
+                rows, skipped = run()
+                shards.save(key, rows, skipped)
+                computed += 1
+            bar.advance(task, n)
+
+    summary = _assemble(plan, prompts, prompt_to_class, shards, jobs, enc, target, overwrite)
+    summary.shards_computed, summary.shards_reused = computed, reused
+    shutil.rmtree(shards.root, ignore_errors=True)
+    return summary
+
+
+def _concat(shards: _Shards, jobs: list, kind: str, dim: int) -> np.ndarray:
+    parts = [shards.load(key) for key, _, _ in jobs if key.startswith(kind + "-")]
+    return np.concatenate(parts) if parts else np.zeros((0, dim), dtype=np.float32)
+
+
+def _assemble(plan: _Plan, prompts: list[str], prompt_to_class: list[int], shards: _Shards, jobs: list,
+              enc: Encoder, target: Path, overwrite: bool) -> ExtractSummary:
+    skipped_files = shards.manifest["skipped"]
+    image_ok = np.array([f not in skipped_files for f in plan.image_files], dtype=bool)
+    box_ok = np.array(
+        [image_ok[i] and f"box {k} of {plan.boxes[k].image_file}" not in skipped_files for k, i in enumerate(plan.box_to_image)],
+        dtype=bool,
+    )
+    new_id = np.cumsum(image_ok) - 1  # old image index -> new one (valid where image_ok)
+    caption_owner = np.asarray(plan.caption_to_image, dtype=np.int64)
+    caption_ok = image_ok[caption_owner] if len(caption_owner) else np.zeros(0, dtype=bool)
+
+    # Boolean indexing of the memory maps copies only the kept rows.
+    image_features = _concat(shards, jobs, "images", enc.image_dim or 0)[image_ok]
+    text_features = _concat(shards, jobs, "captions", enc.text_dim)[caption_ok]
+    fields: dict[str, Any] = {
+        "image_features": torch.from_numpy(np.ascontiguousarray(image_features)),
+        "text_features": torch.from_numpy(np.ascontiguousarray(text_features)),
+        "text_to_image": torch.from_numpy(new_id[caption_owner[caption_ok]]),
+    }
+    if plan.image_splits is not None:
+        present = sorted(set(plan.image_splits), key=lambda s: (_SPLIT_ORDER.index(s) if s in _SPLIT_ORDER else 99, s))
+        fields["split_names"] = present
+        fields["image_split"] = torch.tensor([present.index(s) for s in plan.image_splits], dtype=torch.long)[
+            torch.from_numpy(image_ok)
+        ]
+    if plan.boxes:
+        owners = np.asarray(plan.box_to_image, dtype=np.int64)
+        fields["box_image_features"] = torch.from_numpy(_concat(shards, jobs, "box_images", enc.image_dim or 0)[box_ok])
+        fields["box_text_features"] = torch.from_numpy(_concat(shards, jobs, "box_phrases", enc.text_dim)[box_ok])
+        fields["box_to_image"] = torch.from_numpy(new_id[owners[box_ok]])
+    if plan.classes is not None:
+        assert plan.image_labels is not None
+        fields["class_names"] = list(plan.classes.class_names)
+        fields["prompt_features"] = torch.from_numpy(np.ascontiguousarray(_concat(shards, jobs, "prompts", enc.text_dim)))
+        fields["prompt_to_class"] = torch.tensor(prompt_to_class, dtype=torch.long)
+        fields["image_labels"] = torch.tensor(plan.image_labels, dtype=torch.long)[torch.from_numpy(image_ok)]
+    if plan.taxonomy is not None:
+        assert plan.class_to_node is not None
+        fields["taxonomy_names"] = list(plan.taxonomy.names)
+        fields["taxonomy_parents"] = torch.tensor(plan.taxonomy.parents, dtype=torch.long)
+        fields["class_to_node"] = torch.tensor(plan.class_to_node, dtype=torch.long)
+
+    skipped = [(f, skipped_files[f]) for f in plan.image_files if f in skipped_files]
+    skipped_boxes = [(k, v) for k, v in skipped_files.items() if k.startswith("box ")]
+    dropped_captions = int((~caption_ok).sum())
+    dropped_boxes = int((~box_ok).sum()) if plan.boxes else 0
+    meta = {
+        **enc.describe(),
+        "source": "curvalign extract",
+        "captions_from_class_prompts": plan.captions_from_prompts,
+        "extract": {
+            "skipped_images": int((~image_ok).sum()),
+            "dropped_captions": dropped_captions,
+            "dropped_boxes": dropped_boxes,
+            "taxonomy_extra_parent_edges": plan.taxonomy.extra_parent_edges if plan.taxonomy else 0,
+        },
+    }
+    if int(image_ok.sum()) == 0:
+        raise ExtractError(f"every image failed to load (see {shards.root / 'manifest.json'}); nothing to store")
+    store = FeatureStore(**fields, meta=meta)
+    store.save(target, overwrite=overwrite)
+    if skipped or skipped_boxes:
+        lines = ["file\treason"] + [f"{f}\t{reason}" for f, reason in skipped + skipped_boxes]
+        (target / SKIPPED_REPORT).write_text("\n".join(lines) + "\n")
+    return ExtractSummary(
+        store=target, images=store.num_images, texts=store.num_texts,
+        boxes=int(fields["box_to_image"].shape[0]) if plan.boxes else 0,
+        classes=len(plan.classes.class_names) if plan.classes else 0,
+        skipped_images=skipped, skipped_boxes=skipped_boxes, dropped_captions=dropped_captions, dropped_boxes=dropped_boxes,
+    )
