@@ -57,6 +57,8 @@ from __future__ import annotations
 
 import hashlib
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, fields
 
 import torch
@@ -158,9 +160,13 @@ class SyntheticConfig:
             raise ValueError("synthetic world: text_pairs must be >= 0")
         if not 0.0 < self.test_fraction < 1.0:
             raise ValueError(f"synthetic world: test_fraction must be in (0, 1), got {self.test_fraction}")
-        for name in ("generality", "attribute_mention"):
-            if not 0.0 <= getattr(self, name) < 1.0 + (name == "attribute_mention"):
-                raise ValueError(f"synthetic world: {name} must be a probability, got {getattr(self, name)}")
+        if not 0.0 <= self.generality < 1.0:
+            raise ValueError(f"synthetic world: generality must be in [0, 1), got {self.generality}")
+        if not 0.0 <= self.attribute_mention <= 1.0:
+            raise ValueError(f"synthetic world: attribute_mention must be in [0, 1], got {self.attribute_mention}")
+        if self.depth > 12 or self.families * self.branching ** self.depth > 100_000:
+            raise ValueError(f"synthetic world: families * branching**depth = "
+                             f"{self.families * self.branching ** self.depth} classes; at most 100000")
         for name in ("image_noise", "text_noise", "background", "secondary_weight", "attribute_scale", "binding",
                      "template_scale", "gain"):
             if not getattr(self, name) >= 0.0 or math.isinf(getattr(self, name)):
@@ -365,6 +371,12 @@ class SyntheticWorld:
     _model: _Model
     _taxonomy: _Taxonomy
 
+    @property
+    def main_objects(self) -> Tensor:
+        """Index of each image's main object in the object tables. [Ni]."""
+        counts = torch.bincount(self.object_image, minlength=self.store.num_images)
+        return torch.cumsum(counts, 0) - counts
+
     def render_texts(self, image_ids: Tensor, levels_up: int, noise_seed: int = 0) -> Tensor:
         """One text per image naming all of its objects ``levels_up`` levels above their leaves
         (never above the family) and no attribute, with the world's text noise. [n, Dt]."""
@@ -375,9 +387,10 @@ class SyntheticWorld:
                 node.append(self._taxonomy.ancestor[leaf][max(1, self.leaf_level - levels_up)])
         n_attr = self.object_attrs.shape[1]
         mentions = _Mentions.from_lists(owner, node, [[-1] * n_attr for _ in owner], [1.0] * len(owner), n_attr)
-        latent = self._model.compose(mentions, len(image_ids))
-        noise = _gaussian(tuple(latent.shape), self.config.text_noise, _generator(noise_seed, "render"))
-        return self._model.text_map(latent + noise)
+        with _single_threaded():
+            latent = self._model.compose(mentions, len(image_ids))
+            noise = _gaussian(tuple(latent.shape), self.config.text_noise, _generator(noise_seed, "render"))
+            return self._model.text_map(latent + noise)
 
 
 def make_world(config: SyntheticConfig | None = None) -> FeatureStore:
@@ -389,6 +402,27 @@ def build_world(config: SyntheticConfig | None = None) -> SyntheticWorld:
     """The synthetic world with its ground truth."""
     config = config or SyntheticConfig()
     config.check()
+    with _single_threaded():
+        return _build_world(config)
+
+
+@contextmanager
+def _single_threaded() -> Iterator[None]:
+    """Run torch on one intra-op thread, then restore the setting.
+
+    The world's tensors are small: extra threads only add synchronisation, which on a busy
+    machine made generation ten times slower; one thread also makes the floats independent of
+    the machine's core count.
+    """
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _build_world(config: SyntheticConfig) -> SyntheticWorld:
     tax = _Taxonomy(config)
     model = _Model(config, tax)
     n_attr = len(model.attribute_names)
