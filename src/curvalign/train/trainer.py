@@ -424,8 +424,8 @@ def _load_store(data: str | FeatureStore) -> tuple[FeatureStore, str]:
     except TrainError:
         raise
     except (ValueError, KeyError, OSError) as err:
-        message = err.args[0] if isinstance(err, KeyError) and err.args else err
-        raise TrainError(f"data {data!r}: {message}") from None
+        message = str(err.args[0] if isinstance(err, KeyError) and err.args else err)
+        raise TrainError(message if data in message else f"data {data!r}: {message}") from None
 
 
 def _resume_config(run_dir: Path, recipe: str | None, data_spec: str | None, steps: int | None,
