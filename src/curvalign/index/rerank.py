@@ -1,0 +1,336 @@
+"""Retrieval with a recipe's own score: candidates by an inner-product proxy, exact rerank.
+
+Only some scores are inner products of fixed vectors (cosine; Lorentz distance through the
+transform of ``search.py``). The others (AtMG's exterior angle, PHyCLIP's l1 sum of factor
+distances, ProCLIP's weighted squared product distance, AGR's routed score) are ranked in two
+stages: a Faiss inner-product search over *proxy* vectors returns ``candidates`` items per
+query, and the recipe's ``pair_scores`` ranks those exactly (AGR's router runs on the K
+candidates only). With ``candidates >= N`` the result equals an exhaustive ranking with
+``recipe.scores``; ``rerank_recall`` measures how close smaller K gets.
+
+Proxies (database vector ``u``, query vector ``v``, ``u.v`` large = likely a good match)
+    clip, dualpath   unit vectors: ``u.v`` is the cosine itself (exact).
+    meru, hycoclip   Lorentz ``[x, t]`` / ``[y, -t]``: ``u.v = <x,y>_L``, exact for ``-d_L``.
+    atmg             the exterior angle at the query point ``x`` towards ``y`` has
+                     ``cos(alpha) = sqrt(c) a / sqrt(b^2 - 1)`` with two *linear* functionals of the
+                     lifted ``y``: ``a = <y, r>_L`` (``r`` the outward radial unit vector at ``x``)
+                     and ``b = -c <x, y>_L``. Candidates come from a Dinkelbach iteration for
+                     that ratio: search ``max a - lam b``, set ``lam`` to the best ratio found times
+                     the slope of ``sqrt(b^2 - 1)`` at the best item (the tangent of the concave
+                     denominator), repeat (``ANGLE_ROUNDS`` rounds, ``lam = 0`` first); the union of the rounds'
+                     hit lists, last round first, is the candidate list. (The plain distance proxy
+                     fails here: the best angles belong to images far out along the text's axis,
+                     not near it; recall@10 was about 0.01 at K = 200 in our check.)
+    phyclip          per factor ``[x_f, t_f]`` / ``c_f [y_f, -t_f]`` concatenated:
+                     ``u.v = sum_f c_f <x_f, y_f>_L = -sum_f cosh(sqrt(c_f) d_f)``.
+    proclip          ``2 a_H <x,y>_L + a_E (2 e.e' - |e'|^2) + 2 a_S s.s'``: first-order in the
+                     hyperbolic and spherical parts, exact (up to a per-query constant) in the
+                     Euclidean one (database ``[x, t, e, |e|^2, s]``, query
+                     ``[2a_H y, -2a_H t, 2a_E e, -a_E, 2a_S s]``).
+    agr              ``proxy="lorentz"`` (default): the Lorentz expert's distance;
+                     ``proxy="euclidean"``: the Euclidean expert's cosine.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass
+from typing import Literal
+
+import faiss
+import numpy as np
+import torch
+from torch import Tensor
+
+from curvalign.index.search import IndexMismatchError, database_vectors, lorentz_time, query_vectors
+from curvalign.recipes.base import Embedding, Query, Recipe
+
+Side = Literal["images", "texts"]
+
+#: which embedding key of which recipe holds which kind of point (for the CLI and error messages)
+EMBEDDING_GEOMETRY: dict[str, dict[str, str]] = {
+    "clip": {"point": "sphere"},
+    "dualpath": {"point": "sphere"},
+    "meru": {"point": "lorentz"},
+    "hycoclip": {"point": "lorentz"},
+    "atmg": {"point": "lorentz"},
+    "phyclip": {"point": "lorentz-product"},
+    "proclip": {"hyperbolic": "lorentz", "euclidean": "euclidean", "sphere": "sphere"},
+    "agr": {"euclidean": "sphere", "lorentz": "lorentz", "context": "features"},
+}
+#: recipes whose proxy inner product ranks exactly like the recipe's score
+EXACT_PROXY = {"clip", "dualpath", "meru", "hycoclip"}
+#: the Lorentz key each recipe's default proxy uses, where it is a single Lorentz point set
+LORENTZ_KEY = {"meru": "point", "hycoclip": "point", "atmg": "point", "agr": "lorentz"}
+#: Dinkelbach rounds of the AtMG angle proxy (see the module docstring)
+ANGLE_ROUNDS = 4
+
+
+def _np(t: Tensor) -> np.ndarray:
+    return t.detach().to("cpu", torch.float32).numpy()
+
+
+def _curvature(recipe: Recipe) -> np.ndarray:
+    with torch.no_grad():
+        return np.atleast_1d(recipe.curvature().detach().double().cpu().numpy())
+
+
+@dataclass
+class Proxy:
+    """Maps an embedding to float32 vectors whose dot product ranks like the recipe's score."""
+
+    recipe: Recipe
+    name: str  # "cosine", "lorentz", "product-lorentz", "mixed", "euclidean"
+
+    def database(self, emb: Embedding) -> np.ndarray:
+        return self._vectors(emb, database=True)
+
+    def query(self, emb: Embedding) -> np.ndarray:
+        return self._vectors(emb, database=False)
+
+    def _vectors(self, emb: Embedding, database: bool) -> np.ndarray:
+        r = self.recipe
+        if self.name == "cosine":
+            key = "euclidean" if r.name == "agr" else "point"
+            x = _np(emb[key])
+            return np.ascontiguousarray(x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-30))
+        if self.name == "lorentz":
+            c = float(_curvature(r)[0])
+            x = _np(emb[LORENTZ_KEY.get(r.name, "point")])
+            return database_vectors(x, c) if database else query_vectors(x, c)
+        if self.name == "angle":
+            c = float(_curvature(r)[0])
+            x = _np(emb["point"])
+            if database:
+                return database_vectors(x, c)
+            return np.stack(self._angle_functionals(x, c), axis=1)  # [n, 2, d+1]: a and b
+        if self.name == "product-lorentz":
+            x = _np(emb["point"])  # [N, k, d]
+            c = _curvature(r)
+            n, k, d = x.shape
+            c = np.broadcast_to(c, (k,))
+            parts = []
+            for f in range(k):
+                if database:
+                    parts.append(database_vectors(x[:, f], float(c[f])))
+                else:
+                    parts.append(float(c[f]) * query_vectors(x[:, f], float(c[f])))
+            return np.ascontiguousarray(np.hstack(parts), dtype=np.float32)
+        if self.name == "mixed":
+            with torch.no_grad():
+                w = {p: float(s()) for p, s in r.weights.items()}
+            c = float(_curvature(r)[0])
+            parts = []
+            if "hyperbolic" in emb:
+                h = _np(emb["hyperbolic"])
+                parts.append(database_vectors(h, c) if database else 2 * w["hyperbolic"] * query_vectors(h, c))
+            if "euclidean" in emb:
+                e = _np(emb["euclidean"])
+                if database:
+                    parts.append(np.hstack([e, (e.astype(np.float64) ** 2).sum(1, keepdims=True).astype(np.float32)]))
+                else:
+                    parts.append(np.hstack([2 * w["euclidean"] * e,
+                                            np.full((len(e), 1), -w["euclidean"], np.float32)]))
+            if "sphere" in emb:
+                s = _np(emb["sphere"])
+                parts.append(s if database else 2 * w["sphere"] * s)
+            return np.ascontiguousarray(np.hstack(parts), dtype=np.float32)
+        raise ValueError(f"unknown proxy {self.name!r}")
+
+
+    @staticmethod
+    def _angle_functionals(x: np.ndarray, c: float) -> tuple[np.ndarray, np.ndarray]:
+        """``q_a, q_b`` ``[n, d+1]`` with ``[y, t(y)].q_a = a = sqrt(c) (t(x) xhat.y - |x| t(y))`` and
+        ``[y, t(y)].q_b = b = c (t(x) t(y) - x.y)``, for the AtMG angle at ``x``."""
+        x64 = x.astype(np.float64)
+        norm = np.linalg.norm(x64, axis=1, keepdims=True)
+        t = lorentz_time(x64, c)[:, None]
+        xhat = x64 / np.maximum(norm, np.finfo(np.float32).tiny)
+        return math.sqrt(c) * np.hstack([t * xhat, -norm]), c * np.hstack([-x64, t])
+
+
+def default_proxy(recipe: Recipe, proxy: str | None = None) -> Proxy:
+    """The candidate proxy for ``recipe`` (see the module docstring); ``proxy`` overrides it."""
+    name = recipe.name
+    if proxy is None:
+        proxy = {"clip": "cosine", "dualpath": "cosine", "meru": "lorentz", "hycoclip": "lorentz",
+                 "atmg": "angle", "phyclip": "product-lorentz", "proclip": "mixed", "agr": "lorentz"}.get(name)
+        if proxy is None:
+            raise ValueError(f"no candidate proxy known for recipe {name!r}; pass proxy=...")
+    if proxy == "euclidean":
+        proxy = "cosine"
+    allowed = {"clip": {"cosine"}, "dualpath": {"cosine"}, "meru": {"lorentz"}, "hycoclip": {"lorentz"},
+               "atmg": {"angle", "lorentz"}, "phyclip": {"product-lorentz"}, "proclip": {"mixed"},
+               "agr": {"lorentz", "cosine"}}.get(name, {proxy})
+    if proxy not in allowed:
+        raise ValueError(f"proxy {proxy!r} does not apply to recipe {name!r}; choose from {sorted(allowed)}")
+    return Proxy(recipe, proxy)
+
+
+def as_torch_embedding(emb: Embedding) -> Embedding:
+    """Every value as a torch tensor; numpy arrays and read-only memory maps are wrapped, not copied
+    (nothing here writes to them)."""
+    out = {}
+    for key, v in emb.items():
+        if not isinstance(v, Tensor):
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message=".*not writable.*")
+                v = torch.from_numpy(np.asarray(v))
+        out[key] = v
+    return out
+
+
+def _check_embedding(emb: Embedding, reference: Embedding, what: str) -> None:
+    missing = sorted(set(reference) - set(emb))
+    if missing:
+        raise IndexMismatchError(f"{what} lacks embedding keys {missing}; the index was built from keys "
+                                 f"{sorted(reference)} (embed the {what} with the same recipe)")
+    for key in reference:
+        if tuple(emb[key].shape[1:]) != tuple(reference[key].shape[1:]):
+            raise IndexMismatchError(f"{what}[{key!r}] has item shape {list(emb[key].shape[1:])} but the index "
+                                     f"holds {list(reference[key].shape[1:])}")
+
+
+class RecipeIndex:
+    """Search ``database`` (one side's Embedding) with a recipe's own score.
+
+    ``side`` says what the database holds: ``"images"`` (queries are texts, ``query="text"``)
+    or ``"texts"`` (queries are images). ``search(queries, k, candidates=K)`` returns
+    ``(scores [n, k], ids [n, k])``, scores higher-is-better, ties by id. ``ids`` are row
+    numbers of ``database`` unless ``ids`` maps them.
+    """
+
+    def __init__(self, recipe: Recipe, database: Embedding, side: Side = "images", *,
+                 proxy: str | None = None, ids: np.ndarray | None = None, score_batch: int = 65536) -> None:
+        if side not in ("images", "texts"):
+            raise ValueError(f"side must be 'images' or 'texts', got {side!r}")
+        self.recipe = recipe.eval()
+        self.database = as_torch_embedding(database)
+        self.side = side
+        self.query_side: Query = "text" if side == "images" else "image"
+        self.proxy = default_proxy(recipe, proxy)
+        vectors = self.proxy.database(database)
+        self._index = faiss.IndexFlatIP(vectors.shape[1])
+        self._index.add(vectors)
+        n = vectors.shape[0]
+        self.ids = np.arange(n, dtype=np.int64) if ids is None else np.asarray(ids, dtype=np.int64)
+        self.score_batch = score_batch
+
+    def __len__(self) -> int:
+        return int(self._index.ntotal)
+
+    @property
+    def exact_proxy(self) -> bool:
+        """Whether the proxy alone already ranks exactly like the recipe's score."""
+        return self.recipe.name in EXACT_PROXY
+
+    def candidates(self, queries: Embedding, K: int) -> np.ndarray:
+        """``[n, K]`` database rows with the largest proxy inner product."""
+        queries = as_torch_embedding(queries)
+        _check_embedding(queries, self.database, "queries")
+        K = min(int(K), len(self))
+        vectors = self.proxy.query(queries)
+        if vectors.ndim == 2:
+            return self._index.search(vectors, K)[1]
+        return self._dinkelbach_candidates(vectors.astype(np.float64), K)
+
+    def _dinkelbach_candidates(self, functionals: np.ndarray, K: int) -> np.ndarray:
+        """Candidates for ``max a / b`` (``functionals`` ``[n, 2, D]`` = ``q_a, q_b``)."""
+        q_a, q_b = functionals[:, 0], functionals[:, 1]
+        lam = np.zeros(len(q_a))
+        rounds = []
+        for _ in range(ANGLE_ROUNDS):
+            query = np.ascontiguousarray((q_a - lam[:, None] * q_b).astype(np.float32))
+            rows = self._index.search(query, K)[1]
+            rounds.append(rows)
+            u = self._index.reconstruct_batch(np.unique(rows)).astype(np.float64)
+            lookup = {int(r): i for i, r in enumerate(np.unique(rows))}
+            vec = u[np.vectorize(lookup.__getitem__)(rows)]  # [n, K, D]
+            a = np.einsum("nkd,nd->nk", vec, q_a)
+            b = np.einsum("nkd,nd->nk", vec, q_b)
+            # Best exact ratio a / h(b), h(b) = sqrt(b^2 - 1); the next round maximises a minus
+            # that ratio times h linearised at the best item's b (h is concave: a tangent line).
+            h = np.sqrt(np.maximum(b * b - 1.0, 1e-12))
+            best = np.argmax(a / h, axis=1)
+            a0, b0, h0 = (np.take_along_axis(v, best[:, None], 1)[:, 0] for v in (a, b, h))
+            lam = (a0 / h0) * (b0 / h0)
+        # Last round first (closest to the optimum), then earlier rounds: first K distinct rows.
+        hits = np.concatenate(rounds[::-1], axis=1)
+        out = np.empty((len(q_a), K), dtype=np.int64)
+        for i in range(len(q_a)):
+            _, first = np.unique(hits[i], return_index=True)
+            out[i] = hits[i][np.sort(first)[:K]]
+        return out
+
+    @torch.no_grad()
+    def rerank(self, queries: Embedding, rows: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Score ``rows`` ``[n, K]`` with ``recipe.pair_scores``; top ``k`` by (score desc, id asc)."""
+        queries = as_torch_embedding(queries)
+        n, K = rows.shape
+        scores = np.empty((n, K), dtype=np.float64)
+        flat = torch.from_numpy(rows.reshape(-1))
+        q_index = torch.arange(n).repeat_interleave(K)
+        for start in range(0, n * K, self.score_batch):
+            sl = slice(start, start + self.score_batch)
+            q = {key: v[q_index[sl]] for key, v in queries.items()}
+            d = {key: v[flat[sl]] for key, v in self.database.items()}
+            texts, images = (q, d) if self.query_side == "text" else (d, q)
+            s = self.recipe.pair_scores(texts, images, query=self.query_side)
+            scores.reshape(-1)[sl] = s.double().cpu().numpy()
+        if not np.isfinite(scores).all():
+            raise FloatingPointError("recipe.pair_scores returned non-finite scores for some candidates")
+        ext = self.ids[rows]
+        order = np.lexsort((ext, -scores), axis=-1)[:, :k]
+        return np.take_along_axis(scores, order, 1), np.take_along_axis(ext, order, 1)
+
+    def search(self, queries: Embedding, k: int = 10, candidates: int = 200) -> tuple[np.ndarray, np.ndarray]:
+        """Top ``k`` database items per query by the recipe's score, from ``candidates`` proxy hits."""
+        if k < 1 or candidates < 1:
+            raise ValueError(f"k and candidates must be positive, got k={k}, candidates={candidates}")
+        rows = self.candidates(queries, max(k, candidates))
+        return self.rerank(queries, rows, min(k, rows.shape[1]))
+
+
+def search_texts_to_images(recipe: Recipe, images: Embedding, texts: Embedding, k: int = 10,
+                           candidates: int = 200, proxy: str | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Images for each text by ``recipe``'s text->image score: ``(scores [Nt, k], image rows [Nt, k])``."""
+    return RecipeIndex(recipe, images, "images", proxy=proxy).search(texts, k, candidates)
+
+
+def search_images_to_texts(recipe: Recipe, texts: Embedding, images: Embedding, k: int = 10,
+                           candidates: int = 200, proxy: str | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Texts for each image by ``recipe``'s image->text score: ``(scores [Ni, k], text rows [Ni, k])``."""
+    return RecipeIndex(recipe, texts, "texts", proxy=proxy).search(images, k, candidates)
+
+
+@torch.no_grad()
+def exhaustive_topk(recipe: Recipe, queries: Embedding, database: Embedding, side: Side, k: int,
+                    chunk: int = 256) -> tuple[np.ndarray, np.ndarray]:
+    """Top ``k`` rows of ``database`` per query by the full ``recipe.scores`` matrix, ties by row."""
+    queries, database = as_torch_embedding(queries), as_torch_embedding(database)
+    out_s, out_i = [], []
+    n = next(iter(queries.values())).shape[0]
+    for start in range(0, n, chunk):
+        q = {key: v[start:start + chunk] for key, v in queries.items()}
+        s = (recipe.scores(q, database, query="text") if side == "images"
+             else recipe.scores(database, q, query="image").T).double().cpu().numpy()
+        rows = np.broadcast_to(np.arange(s.shape[1]), s.shape)
+        order = np.lexsort((rows, -s), axis=-1)[:, :k]
+        out_s.append(np.take_along_axis(s, order, 1))
+        out_i.append(order)
+    return np.vstack(out_s), np.vstack(out_i)
+
+
+def rerank_recall(recipe: Recipe, queries: Embedding, database: Embedding, side: Side = "images", *,
+                  k: int = 10, candidates: int = 200, proxy: str | None = None,
+                  engine: RecipeIndex | None = None) -> float:
+    """Mean |top-k of the two-stage search  ∩  exhaustive top-k by ``recipe.scores``| / k."""
+    engine = engine or RecipeIndex(recipe, database, side, proxy=proxy)
+    _, got = engine.search(queries, k, candidates)
+    _, want = exhaustive_topk(recipe, queries, database, side, k)
+    return float(np.mean([len(set(a.tolist()) & set(b.tolist())) / want.shape[1] for a, b in zip(got, want)]))
+
+
+__all__ = ["EMBEDDING_GEOMETRY", "EXACT_PROXY", "Proxy", "RecipeIndex", "default_proxy", "exhaustive_topk",
+           "rerank_recall", "search_images_to_texts", "search_texts_to_images"]
