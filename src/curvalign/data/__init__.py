@@ -90,3 +90,12 @@ def _load_features(argument: str) -> FeatureStore:
 
 register_data_source("synthetic", _load_synthetic, ("synthetic", "synthetic:key=value,..."))
 register_data_source("features", _load_features, ("features:PATH",))
+
+
+def _load_wordnet(argument: str) -> FeatureStore:
+    from curvalign.data.wordnet import load_wordnet_spec
+
+    return load_wordnet_spec(argument)
+
+
+register_data_source("wordnet", _load_wordnet, ("wordnet:SYNSET", "wordnet:SYNSET,encoder=SPEC,seed=N"))
