@@ -70,7 +70,7 @@ def single_process_step(name: str, state: dict) -> tuple[float, dict[str, torch.
     recipe = build(name, state)
     out = recipe(make_batch(), PROGRESS, Gather())
     out.total.backward()
-    return float(out.total), gradients(recipe)
+    return float(out.total.detach()), gradients(recipe)
 
 
 def _worker(rank: int, init_file: str, names: list[str], states_path: str, out_path: str) -> None:

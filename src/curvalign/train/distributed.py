@@ -2,8 +2,7 @@
 
 Scheme (the "local loss with gathered features" of open_clip): each rank embeds its local
 batch, gathers every rank's embeddings with gradients, and scores its local rows against all
-columns. ``torch.distributed.nn.functional.all_gather`` sums, in backward, the gradients that
-every rank sends to each slice; DistributedDataParallel then averages parameter gradients over
+columns. The gather's backward sums the gradients that every rank sends to each slice; DistributedDataParallel then averages parameter gradients over
 the ``W`` ranks. For a loss that is a mean over rows, rank r computes L_r (mean over its rows)
 and the global loss is L = (1/W) sum_r L_r, so the averaged gradient is exactly dL/dtheta.
 A term computed identically on every rank from gathered or averaged quantities (a centroid of
@@ -19,9 +18,44 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 from torch import Tensor
-from torch.distributed.nn.functional import all_gather, all_reduce
 
 from curvalign.recipes.base import Embedding, Gather
+
+
+class _AllGatherWithGrad(torch.autograd.Function):
+    """[n, ...] per rank -> [W n, ...] on every rank. Backward: every rank's loss may depend on
+    every slice, so the gradient of this rank's slice is the sum over ranks of their gradients
+    for it (all-reduce, then keep our rows)."""
+
+    @staticmethod
+    def forward(ctx, local: Tensor) -> Tensor:
+        ctx.rows = local.shape[0]
+        parts = [torch.empty_like(local) for _ in range(dist.get_world_size())]
+        dist.all_gather(parts, local.contiguous())
+        return torch.cat(parts, dim=0)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> Tensor:
+        grad = grad.contiguous()
+        dist.all_reduce(grad, op=dist.ReduceOp.SUM)
+        start = dist.get_rank() * ctx.rows
+        return grad[start:start + ctx.rows]
+
+
+class _AllReduceSumWithGrad(torch.autograd.Function):
+    """Sum over ranks; each rank's output depends on every input, so backward sums too."""
+
+    @staticmethod
+    def forward(ctx, value: Tensor) -> Tensor:
+        total = value.clone()
+        dist.all_reduce(total, op=dist.ReduceOp.SUM)
+        return total
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> Tensor:
+        grad = grad.clone()
+        dist.all_reduce(grad, op=dist.ReduceOp.SUM)
+        return grad
 
 
 class DistributedGather(Gather):
@@ -35,10 +69,10 @@ class DistributedGather(Gather):
         self.world_size = dist.get_world_size()
 
     def __call__(self, emb: Embedding) -> Embedding:
-        return {key: torch.cat(all_gather(value.contiguous()), dim=0) for key, value in emb.items()}
+        return {key: _AllGatherWithGrad.apply(value) for key, value in emb.items()}
 
     def average(self, value: Tensor) -> Tensor:
-        return all_reduce(value, op=dist.ReduceOp.SUM) / self.world_size
+        return _AllReduceSumWithGrad.apply(value) / self.world_size
 
 
 @dataclass(frozen=True)
