@@ -224,6 +224,177 @@ def study_command(
 
 # --- embed / index (issue: retrieval serving) -------------------------------------------------
 
+index_app = typer.Typer(help="Build and search retrieval indexes over embeddings (docs/search.md).",
+                        no_args_is_help=True)
+app.add_typer(index_app, name="index")
+
+
+def _index_errors() -> tuple[type[BaseException], ...]:
+    from curvalign.train.config import TrainError
+
+    return (TrainError, ValueError, KeyError, FileNotFoundError, FileExistsError, FloatingPointError)
+
+
+def _ids_option(text: str | None, name: str) -> list[int] | None:
+    if text is None:
+        return None
+    try:
+        return [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        fail(f"{name} must be comma-separated row ids, e.g. 0,5,9; got {text!r}")
+    return None
+
+
+@app.command("embed")
+def embed_command(
+    run_dir: Path = typer.Argument(..., help="A run directory written by `curvalign train`."),
+    data: str = typer.Option(None, "--data", help="Store to embed (default: the run's own data spec)."),
+    out: Path = typer.Option(..., "--out", help="Embeddings directory to write (.npy memory maps + embedding.json)."),
+    batch_size: int = typer.Option(4096, "--batch-size", min=1, help="Items per forward pass."),
+    boxes: bool = typer.Option(False, "--boxes", help="Also embed the store's box-level pairs."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
+) -> None:
+    """Embed a feature store's images and texts through a trained run, to memory-mapped files."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    from curvalign.data import load_data
+    from curvalign.index.embed import embed_store
+    from curvalign.train.checkpoint import load_run
+
+    try:
+        run = load_run(run_dir)
+        spec = data or run.config.data
+        if not data and spec.startswith("<"):
+            fail(f"{run_dir} was trained on an in-memory store ({spec}); pass --data SPEC")
+        store = load_data(spec)
+        info = {"run_dir": str(Path(run_dir).resolve()), "step": run.step, "data": spec}
+        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+                      console=_stderr_console(), disable=quiet) as bar:
+            def progress(label: str, total: int):
+                task = bar.add_task(label, total=total)
+                return lambda n: bar.advance(task, n)
+
+            path = embed_store(run.recipe, store, out, batch_size=batch_size, boxes=boxes, info=info,
+                               progress=progress)
+    except _index_errors() as err:
+        fail(_message(err))
+    typer.echo(f"embedded {store.num_images} images and {store.num_texts} texts with {run.config.recipe} "
+               f"(step {run.step}): {path}")
+
+
+@index_app.command("build")
+def index_build_command(
+    embeddings: Path = typer.Argument(..., help="An embeddings directory written by `curvalign embed`."),
+    out: Path = typer.Option(..., "--out", help="Index directory to write."),
+    exact: bool = typer.Option(False, "--exact", help="Exact search (the default)."),
+    ann: str = typer.Option(None, "--ann", help="Approximate search: hnsw or ivf (Lorentz-distance recipes)."),
+    side: str = typer.Option("images", "--side", help="What to index: images or texts."),
+    M: int = typer.Option(32, "--M", min=2, help="HNSW: links per node."),
+    ef_construction: int = typer.Option(80, "--ef-construction", min=1, help="HNSW: build beam width."),
+    ef_search: int = typer.Option(128, "--ef-search", min=1, help="HNSW: search beam width."),
+    nlist: int = typer.Option(None, "--nlist", min=1, help="IVF: number of cells (default 4 sqrt(N))."),
+    nprobe: int = typer.Option(16, "--nprobe", min=1, help="IVF: cells visited per query."),
+) -> None:
+    """Build an index over one side of an embeddings directory."""
+    from curvalign.index.embed import build_from_embeddings, load_embeddings
+
+    if exact and ann:
+        fail("--exact and --ann exclude each other")
+    if ann is not None and ann not in ("hnsw", "ivf"):
+        fail(f"--ann must be hnsw or ivf, got {ann!r}")
+    options = ({"M": M, "ef_construction": ef_construction, "ef_search": ef_search} if ann == "hnsw"
+               else {"nlist": nlist, "nprobe": nprobe} if ann == "ivf" else {})
+    try:
+        emb = load_embeddings(embeddings)
+        path = build_from_embeddings(emb, out, side=side, kind="ann" if ann else "exact", method=ann or "hnsw",
+                                     **options)
+    except _index_errors() as err:
+        fail(_message(err))
+    mode = f"approximate ({ann})" if ann else "exact"
+    typer.echo(f"indexed {emb.meta['counts'][side]} {side} of {emb.recipe_name} ({mode}): {path}")
+
+
+@index_app.command("search")
+def index_search_command(
+    index: Path = typer.Argument(..., help="An index directory written by `curvalign index build`."),
+    query_text_ids: str = typer.Option(None, "--query-text-ids", help="Rows of the embedded texts, e.g. 0,5,9."),
+    query_image_ids: str = typer.Option(None, "--query-image-ids", help="Rows of the embedded images."),
+    queries: Path = typer.Option(None, "--queries",
+                                 help="Embeddings directory to take the queries from (default: the index's)."),
+    query_npy: Path = typer.Option(None, "--query-npy", help="A .npy of query points [n, d] (Lorentz indexes)."),
+    k: int = typer.Option(10, "--k", min=1, help="Results per query."),
+    candidates: int = typer.Option(200, "--candidates", min=1, help="Rerank indexes: proxy candidates per query."),
+    json_output: bool = typer.Option(False, "--json", help="Print one JSON object on stdout."),
+) -> None:
+    """Search an index with embedded texts or images (or a .npy of points); prints a table or JSON."""
+    import json
+
+    import numpy as np
+
+    from curvalign.index.embed import load_embeddings, open_index, search_index
+
+    text_ids = _ids_option(query_text_ids, "--query-text-ids")
+    image_ids = _ids_option(query_image_ids, "--query-image-ids")
+    if sum(x is not None for x in (text_ids, image_ids, query_npy)) > 1:
+        fail("give one of --query-text-ids, --query-image-ids, --query-npy")
+    try:
+        raw, lorentz = open_index(index)
+        meta = raw["meta"]
+        query_side = "texts" if meta["side"] == "images" else "images"
+        truth = None
+        if query_npy is not None:
+            if lorentz is None:
+                fail("--query-npy needs a Lorentz index; this one reranks with a recipe: use embedded queries")
+            points = np.load(query_npy)
+            result = search_index(index, {meta["key"]: points}, k=k)
+            labels = list(range(len(points)))
+        else:
+            source = load_embeddings(queries or meta["embeddings"])
+            rows = text_ids if text_ids is not None else image_ids
+            wanted = "texts" if text_ids is not None else "images" if image_ids is not None else query_side
+            if wanted != query_side:
+                fail(f"the index holds {meta['side']}; query it with {query_side} "
+                     f"(--query-{query_side[:-1]}-ids), not {wanted}")
+            side = source.side(query_side)
+            n = next(iter(side.values())).shape[0]
+            rows = rows if rows is not None else list(range(n))
+            bad = [r for r in rows if not 0 <= r < n]
+            if bad:
+                fail(f"query row ids {bad[:5]} out of range: {source.path} has {n} {query_side}")
+            q = {key: np.asarray(v[rows]) for key, v in side.items()}
+            result = search_index(index, q, k=k, candidates=candidates, query_recipe=source.recipe_name,
+                                  query_curvature=source.curvature)
+            labels = rows
+            if query_side == "texts":
+                truth = source.text_to_image()[rows]
+    except _index_errors() as err:
+        fail(_message(err))
+    if json_output:
+        out = [{"query": int(q), **({"true_image": int(truth[i])} if truth is not None else {}),
+                "ids": result.ids[i].tolist(), result.score_name + "s": result.scores[i].tolist()}
+               for i, q in enumerate(labels)]
+        typer.echo(json.dumps({"index": str(index), "recipe": meta["recipe"], "side": meta["side"],
+                               "results": out}))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"{meta['recipe']} {meta['side']} index: {index}")
+    for col in ("query", "rank", "id", result.score_name) + (("true image",) if truth is not None else ()):
+        table.add_column(col, justify="right")
+    for i, q in enumerate(labels):
+        for rank, (item, value) in enumerate(zip(result.ids[i], result.scores[i]), start=1):
+            row = [str(q) if rank == 1 else "", str(rank), str(int(item)), f"{value:.6g}"]
+            if truth is not None:
+                hit = int(item) == int(truth[i])
+                row[2] += " *" if hit else ""
+                row.append(str(int(truth[i])) if rank == 1 else "")
+            table.add_row(*row)
+    Console().print(table)
+    if truth is not None:
+        typer.echo("* = the caption's true image")
+
+
 # --- extract (issue: real encoders) -----------------------------------------------------------
 
 @app.command("extract")

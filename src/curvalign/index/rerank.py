@@ -210,7 +210,7 @@ class RecipeIndex:
         self.side = side
         self.query_side: Query = "text" if side == "images" else "image"
         self.proxy = default_proxy(recipe, proxy)
-        vectors = self.proxy.database(database)
+        vectors = self.proxy.database(self.database)
         self._index = faiss.IndexFlatIP(vectors.shape[1])
         self._index.add(vectors)
         n = vectors.shape[0]
