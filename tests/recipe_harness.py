@@ -158,6 +158,13 @@ def standin_world(seed: int = 0, num_concepts: int = 24, num_images: int = 480, 
     )
 
 
-def small_world(seed: int = 0) -> FeatureStore:
-    """The world recipe tests train on."""
-    return standin_world(seed=seed)
+def small_world(seed: int = 0, images: int = 400, **overrides) -> FeatureStore:
+    """A small synthetic world (``curvalign.data.synthetic``): 400 images, 36 classes, small
+    feature dimensions, so a recipe trains in a second or two on one core."""
+    from curvalign.data.synthetic import SyntheticConfig, make_world
+
+    settings = dict(images=images, captions_min=2, captions_max=3, text_pairs=64, templates=3,
+                    test_fraction=0.25, families=4, depth=2, branching=3, latent_dim=32, image_dim=48,
+                    text_dim=40, hidden_dim=64, seed=seed)
+    settings.update(overrides)
+    return make_world(SyntheticConfig(**settings))

@@ -90,7 +90,7 @@ def product_average_distance_scores(x: Tensor, y: Tensor, c: Tensor) -> Tensor:
 
 def product_average_distance_pair_scores(x: Tensor, y: Tensor, c: Tensor) -> Tensor:
     """[n, k, d], [n, k, d], c [k] -> [n] ``-d_avg`` of matched rows."""
-    return -lorentz.dist(x, y, c).mean(dim=-1)
+    return -product.l1_dist(x, y, c) / x.shape[-2]
 
 
 # --- weighted mixed-curvature product (ProCLIP) ------------------------------------------------
@@ -111,7 +111,7 @@ def mixed_sqdist_pair_scores(x: Mapping[str, Tensor], y: Mapping[str, Tensor],
         if part == "hyperbolic":
             sq = lorentz.dist(xp, yp, c).square()
         elif part == "euclidean":
-            sq = (xp - yp).square().sum(dim=-1)
+            sq = euclidean.sqdist(xp, yp)
         elif part == "sphere":
             sq = sphere.dist(xp, yp, radius).square()
         else:

@@ -1,5 +1,16 @@
-"""Trainable modules: learnable positive scalars and the projection heads (features -> manifold points)."""
+"""Trainable modules: learnable positive scalars and the projection heads (features -> manifold points).
 
-from curvalign.nn.scalars import LearnableScalar, inward_clamp
+The AGR router, LoRA and pooling live in their own modules (``curvalign.nn.router`` ...).
+"""
 
-__all__ = ["LearnableScalar", "inward_clamp"]
+from curvalign.nn.heads import (
+    CosineHead,
+    FactorizedLorentzHead,
+    LorentzHead,
+    MixedCurvatureHead,
+    clip_tangent_norm,
+)
+from curvalign.nn.scalars import LearnableScalar, inward_clamp, scalar_parameter_names
+
+__all__ = ["CosineHead", "FactorizedLorentzHead", "LearnableScalar", "LorentzHead", "MixedCurvatureHead",
+           "clip_tangent_norm", "inward_clamp", "scalar_parameter_names"]

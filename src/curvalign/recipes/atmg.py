@@ -7,7 +7,10 @@ Score      ``-alpha(t, y)``: the exterior angle at the text t towards the image 
            "beta"`` ranks texts for an image query by the angle at the image instead (the
            image->text training logit).
 Loss       Eq. 11 (DESIGN.md's reading): ``1/2 [CE_{T->I}(-alpha / tau) + CE_{I->T}(beta / tau)]``
-           with beta the exterior angle at the image; plus ``lambda`` x the centroid regulariser
+           with beta the exterior angle at the image; plus 0.2 x the matched-pair angle term
+           ``mean alpha(t_i, y_i) - mean beta(y_i, t_i)`` of the authors' code (not in the paper;
+           ``pair_angle_weight=0`` gives Eq. 13 exactly, see docs/methods.md for why it is on);
+           plus ``lambda`` x the centroid regulariser
            (Eq. 12 reading: ``|dist0(mid T) - r_q| + |dist0(mid I) - r_p|``), off by default
            (lambda = 0; the authors' code does not use it).
 Zero-shot  ``zero_shot_scores`` averages alpha over each class's prompts (Sec. 6.1) and ranks by
@@ -23,7 +26,7 @@ import torch
 from torch import Tensor
 
 from curvalign.geometry import lorentz
-from curvalign.losses import angle_contrastive_loss, centroid_radius_loss
+from curvalign.losses import angle_contrastive_loss, centroid_radius_loss, matched_angle_loss
 from curvalign.recipes import register
 from curvalign.recipes.base import Batch, Embedding, Gather, LossOutput, Progress, Query
 from curvalign.recipes.clip import check_batch
@@ -40,6 +43,10 @@ from curvalign.scores import (
 class AtmgConfig(LorentzConfig):
     """AtMG: LorentzConfig (MERU's setup, App. B) plus the centroid regulariser.
 
+    pair_angle_weight     weight of ``mean alpha(t_i, y_i) - mean beta(y_i, t_i)`` over matched
+                          pairs (0.2, the authors' code; 0 = the paper's Eq. 13). Without it,
+                          training from the MERU initialisation can settle with texts outside
+                          their images (held-out R@1 at chance on the synthetic world).
     centroid_weight       lambda of Eq. 13 (0.0: off; the paper gives no value)
     centroid_text_level   q of Eq. 12; target radius acosh(c q)/sqrt(c)
     centroid_image_level  p > q of Eq. 12. Defaults cosh(0.5) and cosh(2): at c = 1 the targets
@@ -49,6 +56,7 @@ class AtmgConfig(LorentzConfig):
                           for an image query by the angle at the image)
     """
 
+    pair_angle_weight: float = 0.2
     centroid_weight: float = 0.0
     centroid_text_level: float = math.cosh(0.5)
     centroid_image_level: float = math.cosh(2.0)
@@ -56,6 +64,8 @@ class AtmgConfig(LorentzConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.pair_angle_weight < 0:
+            raise ValueError(f"pair_angle_weight must be >= 0, got {self.pair_angle_weight}")
         if self.centroid_weight < 0:
             raise ValueError(f"centroid_weight must be >= 0, got {self.centroid_weight}")
         if not self.centroid_image_level > self.centroid_text_level:
@@ -112,6 +122,8 @@ class Atmg(LorentzRecipe):
         terms = {"angle": angle_contrastive_loss(local["text"], local["image"], everyone["text"],
                                                  everyone["image"], c, tau, offset)}
         logs = {"temperature": float(tau.detach()), "curvature": float(c.detach())}
+        if cfg.pair_angle_weight > 0:
+            terms["pair_angle"] = cfg.pair_angle_weight * matched_angle_loss(local["text"], local["image"], c)
         if cfg.centroid_weight > 0:
             # Centroids of the gathered batch, so multi-process training matches the global batch.
             centroid = centroid_radius_loss(everyone["text"], everyone["image"], c,
