@@ -242,3 +242,41 @@ def test_bf16_autocast_trains_finite(tmp_path):
                 overrides=FAST + ["bf16=true"])
     weights = _weights(run)
     assert all(w.dtype == torch.float32 and torch.isfinite(w).all() for w in weights.values())
+
+
+def test_ctrl_c_stops_between_steps_with_an_exact_checkpoint(tmp_path, monkeypatch):
+    import os
+    import signal
+
+    store = toy_store(num_images=40)
+    args = dict(steps=6, overrides=FAST + ["checkpoint_every=0"], show_progress=False)
+    full = train("_toy", store, tmp_path / "full", **args)
+    original = ToyRecipe.loss
+
+    def ctrl_c_during_step_3(self, batch, progress, gather=None):
+        if progress.step + 1 == 3:
+            os.kill(os.getpid(), signal.SIGINT)  # the handler only records the request
+        return original(self, batch, progress, gather)
+
+    monkeypatch.setattr(ToyRecipe, "loss", ctrl_c_during_step_3)
+    with pytest.raises(TrainError, match="interrupted: stopped at step 3 .*--resume"):
+        train("_toy", store, tmp_path / "run", **args)
+    monkeypatch.setattr(ToyRecipe, "loss", original)
+    assert load_run(tmp_path / "run").step == 3
+    train("_toy", store, tmp_path / "run", resume=True, show_progress=False)
+    _assert_same_weights(full, tmp_path / "run")
+
+
+def test_a_term_present_on_some_steps_is_averaged_over_those_steps(tmp_path, monkeypatch):
+    original = ToyRecipe.loss
+
+    def odd_steps_add_a_term(self, batch, progress, gather=None):
+        out = original(self, batch, progress, gather)
+        if progress.step % 2 == 0:
+            out.terms["phase"] = torch.tensor(1.0)
+        return out
+
+    monkeypatch.setattr(ToyRecipe, "loss", odd_steps_add_a_term)
+    run = train("_toy", toy_store(num_images=40), tmp_path / "run", steps=4, show_progress=False,
+                overrides=["batch_size=8", "log_every=2", "tensorboard=false"])
+    assert [r["loss/phase"] for r in read_log(run)] == [1.0, 1.0]

@@ -316,8 +316,7 @@ class Trainer:
                 self._note(f"{self.run_dir} is already trained to step {self.step} of {total}; nothing to do")
             return self.run_dir
         logger = RunLogger(self.run_dir, resume_step=self.step, tensorboard=cfg.tensorboard) if self.is_main else None
-        window: dict[str, Tensor] = {}
-        window_steps, window_start = 0, time.perf_counter()
+        window = _Window()
         try:
             with deterministic_algorithms(), _StopRequest() as stop, self._progress_bar(end) as bar:
                 while self.step < end:
@@ -328,23 +327,18 @@ class Trainer:
                     lr = self.optimizer.param_groups[0]["lr"]
                     out, grad_norm = self.train_step(Progress(self.step, total))
                     self.step += 1
-                    window_steps += 1
-                    for name, value in {"loss": out.total, **{f"loss/{k}": v for k, v in out.terms.items()},
-                                        "grad_norm": grad_norm}.items():
-                        value = value.detach().float()
-                        window[name] = window[name] + value if name in window else value
+                    window.add(out, grad_norm)
                     is_last = self.step == end
                     if self.step % cfg.log_every == 0 or is_last:
-                        elapsed = time.perf_counter() - window_start
-                        record = {"step": self.step, **{k: float(v) / window_steps for k, v in window.items()},
-                                  "lr": lr, "pairs_per_s": cfg.batch_size * window_steps / max(elapsed, 1e-9),
-                                  "epoch": self.sampler.epoch,
-                                  **{k: float(v) for k, v in self.recipe.log_values().items()},
-                                  **{k: float(v) for k, v in out.logs.items()}}
+                        record = {"step": self.step, **window.means(), "lr": lr,
+                                  "pairs_per_s": window.rate(cfg.batch_size), "epoch": self.sampler.epoch}
+                        extras = {**self.recipe.log_values(), **out.logs}
+                        for key, value in extras.items():  # the trainer's own keys win
+                            record.setdefault(key, float(value))
                         if logger is not None:
                             logger.log(record)
                         bar.update(self.step, record)
-                        window, window_steps, window_start = {}, 0, time.perf_counter()
+                        window = _Window()
                     if (cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0) or is_last:
                         self.save_checkpoint()
         finally:
@@ -354,6 +348,32 @@ class Trainer:
 
     def _progress_bar(self, end: int) -> "_Bar":
         return _Bar(self.config.recipe, self.step, end, enabled=self.show_progress and self.is_main)
+
+
+class _Window:
+    """Loss, terms and gradient norm summed over the steps since the last log record. A term
+    may be absent on some steps (a curriculum phase): each key is averaged over its own steps."""
+
+    def __init__(self) -> None:
+        self.sums: dict[str, Tensor] = {}
+        self.counts: dict[str, int] = {}
+        self.steps = 0
+        self.start = time.perf_counter()
+
+    def add(self, out: LossOutput, grad_norm: Tensor) -> None:
+        self.steps += 1
+        values = {"loss": out.total, **{f"loss/{k}": v for k, v in out.terms.items()}, "grad_norm": grad_norm}
+        for name, value in values.items():
+            value = value.detach().float()
+            self.sums[name] = self.sums[name] + value if name in self.sums else value
+            self.counts[name] = self.counts.get(name, 0) + 1
+
+    def means(self) -> dict[str, float]:
+        return {k: float(v) / self.counts[k] for k, v in self.sums.items()}
+
+    def rate(self, pairs_per_step: int) -> float:
+        """Image-text pairs per second over the window."""
+        return pairs_per_step * self.steps / max(time.perf_counter() - self.start, 1e-9)
 
 
 class _Bar:
