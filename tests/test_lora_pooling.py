@@ -12,6 +12,15 @@ from curvalign.nn.lora import LoRALinear
 from curvalign.nn.pooling import AttentionPooling
 
 
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Tiny tensors: one intra-op thread avoids oversubscribing a shared 2-core machine."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 def _trained_lora(dtype=torch.float32, bias=True) -> LoRALinear:
     torch.manual_seed(0)
     layer = LoRALinear(12, 7, rank=4, alpha=8.0, bias=bias).to(dtype)

@@ -13,6 +13,15 @@ from curvalign.nn.router import PairwiseRouter, QueryConditioner, routed_scores
 IMAGE_DIM, TEXT_DIM = 10, 12
 
 
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Tiny tensors: one intra-op thread avoids oversubscribing a shared 2-core machine."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 def _router(dtype=torch.float64, **kw) -> PairwiseRouter:
     torch.manual_seed(0)
     router = PairwiseRouter(IMAGE_DIM, TEXT_DIM, **kw).to(dtype).eval()
