@@ -8,6 +8,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 import torch
 
 from curvalign.data.features import FLOAT_FIELDS, GROUPS, LIST_FIELDS, TENSOR_FIELDS, FeatureStore, FeatureStoreError
@@ -348,3 +350,29 @@ def test_split_accessors():
 def test_repr_is_a_summary():
     text = repr(tiny_store())
     assert text.startswith("FeatureStore(images=6x5, texts=9x4") and "tensor" not in text
+
+
+def test_overwrite_a_store_that_is_memory_mapped_from_the_same_path(tmp_path: Path):
+    tiny_store().save(tmp_path / "s")
+    mapped = FeatureStore.load(tmp_path / "s", mmap=True)
+    changed = replace(mapped, meta={"source": "changed"})
+    changed.save(tmp_path / "s", overwrite=True)  # reads the old files while replacing them
+    assert_same(replace(tiny_store(), meta={"source": "changed"}), FeatureStore.load(tmp_path / "s"))
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.permutations(range(6)), st.integers(0, 6))
+def test_subset_keeps_each_caption_with_its_image(order: list[int], size: int):
+    store = tiny_store()
+    ids = order[:size]
+    sub = store.subset(ids)
+    sub.validate()
+    for new, old in enumerate(ids):
+        mine = sub.text_features[sub.text_to_image == new]
+        assert torch.equal(mine, store.text_features[store.text_to_image == old])
+        assert torch.equal(sub.box_image_features[sub.box_to_image == new], store.box_image_features[store.box_to_image == old])
+    # texts keep their original order, so new text j is the j-th old text whose image is kept
+    old_text = torch.nonzero(torch.isin(store.text_to_image, torch.tensor(ids, dtype=torch.long))).flatten()
+    expected = torch.isin(store.negative_to_text, old_text)
+    assert torch.equal(sub.negative_features, store.negative_features[expected])
+    assert torch.equal(old_text[sub.negative_to_text], store.negative_to_text[expected])
