@@ -75,6 +75,7 @@ ATTRIBUTE_FAMILIES: dict[str, tuple[str, ...]] = {
 }
 NEGATIVE_KINDS = ("object_replaced", "attribute_replaced", "object_added", "swapped")
 CHAIN_LEVELS = ("attributes", "noun phrase", "caption")
+PAIR_KINDS = ("same_image", "related", "random")
 ROOT_NAME = "entity"
 
 
@@ -505,9 +506,8 @@ def _build_world(config: SyntheticConfig) -> SyntheticWorld:
     neg_mentions, negative_to_text, negative_kind = negatives
     negative_latent = model.compose(neg_mentions, len(negative_to_text)) + text_noise[negative_to_text]
 
-    chains, chain_texts = _chains(config, model, caption_mentions, text_to_image, n_captions, image_split, object_start,
-                                  _generator(config.seed, "chains"))
-    pairs_a, pairs_b, pair_scores = _text_pairs(config, tax, caption_mentions, text_to_image, n_captions, image_split,
+    chains, chain_texts = _chains(config, model, caption_mentions, n_captions, image_split, _generator(config.seed, "chains"))
+    pairs_a, pairs_b, pair_scores = _text_pairs(config, tax, caption_mentions, n_captions, image_split,
                                                 object_leaf[object_start], _Draws(_generator(config.seed, "pairs")))
 
     chain_features = torch.empty(len(chain_texts), len(CHAIN_LEVELS), config.text_dim)
@@ -548,6 +548,7 @@ def _build_world(config: SyntheticConfig) -> SyntheticWorld:
             "attributes": {a: list(ATTRIBUTE_FAMILIES[a]) for a in model.attribute_names},
             "chain_levels": list(CHAIN_LEVELS),
             "text_pairs_from": "train",
+            "text_pair_kinds": list(PAIR_KINDS),  # pair p is of kind p % 3
         },
     )
     return SyntheticWorld(config, store, text_levels, object_image, object_leaf, object_attrs, tax.leaf_level, model, tax)
@@ -660,9 +661,8 @@ def _hard_negatives(config: SyntheticConfig, tax: _Taxonomy, model: _Model, capt
     return table, torch.tensor(to_text, dtype=torch.long), torch.tensor(kinds, dtype=torch.long)
 
 
-def _chains(config: SyntheticConfig, model: _Model, caption_mentions: _MentionLists, text_to_image: Tensor,
-            n_captions: Tensor, image_split: Tensor, object_start: Tensor,
-            gen: torch.Generator) -> tuple[Tensor, list[int]]:
+def _chains(config: SyntheticConfig, model: _Model, caption_mentions: _MentionLists, n_captions: Tensor,
+            image_split: Tensor, gen: torch.Generator) -> tuple[Tensor, list[int]]:
     """Latents of [attributes alone, main object with them] for each chain, and the caption of each.
 
     The main object is the first mention of a caption. Returns ([2 * Nc, L], Nc caption ids).
@@ -688,8 +688,8 @@ def _chains(config: SyntheticConfig, model: _Model, caption_mentions: _MentionLi
     return latent + _gaussian(tuple(latent.shape), config.text_noise, gen), texts
 
 
-def _text_pairs(config: SyntheticConfig, tax: _Taxonomy, caption_mentions: _MentionLists, text_to_image: Tensor,
-                n_captions: Tensor, image_split: Tensor, main_leaf: Tensor,
+def _text_pairs(config: SyntheticConfig, tax: _Taxonomy, caption_mentions: _MentionLists, n_captions: Tensor,
+                image_split: Tensor, main_leaf: Tensor,
                 draws: _Draws) -> tuple[Tensor, Tensor, Tensor]:
     """Caption pairs from train images, a third of each kind (two captions of one image; captions of
     two images whose main objects share their ancestor one level below the family; random),
