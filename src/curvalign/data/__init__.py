@@ -5,6 +5,7 @@ A data spec is ``PREFIX`` or ``PREFIX:ARGUMENT``:
     synthetic                       the synthetic world with its default knobs
     synthetic:images=500,seed=3     the same with ``SyntheticConfig`` overrides
     features:PATH                   a feature store directory written by ``FeatureStore.save``
+    wordnet:SYNSET                  a WordNet sub-tree (``curvalign.data.wordnet``)
 
 New sources register a loader under a new prefix (``register_data_source``); ``load_data``
 dispatches on the text before the first ``:``.
@@ -70,15 +71,9 @@ def load_data(spec: str) -> FeatureStore:
 
 
 def _load_synthetic(argument: str) -> FeatureStore:
-    from curvalign.data.synthetic import config_from_overrides, make_world
+    from curvalign.data.synthetic import config_from_spec, make_world
 
-    overrides: dict[str, str] = {}
-    for item in filter(None, (part.strip() for part in argument.split(","))):
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip() or not value.strip():
-            raise DataSpecError(f"synthetic spec item {item!r} is not key=value (e.g. synthetic:images=500,seed=3)")
-        overrides[key.strip()] = value.strip()
-    return make_world(config_from_overrides(overrides))
+    return make_world(config_from_spec(argument))
 
 
 def _load_features(argument: str) -> FeatureStore:

@@ -177,6 +177,17 @@ class SyntheticConfig:
                              "leave one split empty")
 
 
+def config_from_spec(argument: str) -> SyntheticConfig:
+    """The config of the spec ``synthetic:ARGUMENT``, ``ARGUMENT`` = ``key=value,...`` (or "")."""
+    overrides: dict[str, str] = {}
+    for item in filter(None, (part.strip() for part in argument.split(","))):
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip() or not value.strip():
+            raise ValueError(f"synthetic spec item {item!r} is not key=value (e.g. synthetic:images=500,seed=3)")
+        overrides[key.strip()] = value.strip()
+    return config_from_overrides(overrides)
+
+
 def config_from_overrides(overrides: dict[str, str]) -> SyntheticConfig:
     """A ``SyntheticConfig`` with string overrides parsed to each field's type."""
     known = {f.name: f for f in fields(SyntheticConfig)}
