@@ -376,3 +376,16 @@ def test_subset_keeps_each_caption_with_its_image(order: list[int], size: int):
     expected = torch.isin(store.negative_to_text, old_text)
     assert torch.equal(sub.negative_features, store.negative_features[expected])
     assert torch.equal(old_text[sub.negative_to_text], store.negative_to_text[expected])
+
+
+@pytest.mark.parametrize("mmap", [False, True])
+def test_round_trip_with_empty_groups(tmp_path: Path, mmap: bool):
+    store = replace(
+        tiny_store(),
+        pair_a_features=torch.zeros(0, 4),
+        pair_b_features=torch.zeros(0, 4),
+        pair_scores=torch.zeros(0),
+        chain_features=torch.zeros(0, 3, 4),
+    )
+    store.save(tmp_path / "s")
+    assert_same(store, FeatureStore.load(tmp_path / "s", mmap=mmap))
