@@ -434,117 +434,173 @@ def _single_threaded() -> Iterator[None]:
         torch.set_num_threads(threads)
 
 
+@dataclass
+class _Objects:
+    """The objects of all images, image-major: image [No], slot [No] (0 = main), leaf [No],
+    attrs [No, A]; per image: count [Ni] and start [Ni] (index of its main object)."""
+
+    image: Tensor
+    slot: Tensor
+    leaf: Tensor
+    attrs: Tensor
+    count: Tensor
+    start: Tensor
+
+
+@dataclass
+class _Captions:
+    """Captions, image-major: text_to_image [Nt], count [Ni] per image, their mentions (one per
+    object of the image, text-major) with mention_object [M] and mention_level [M], and the
+    latent noise [Nt, L] (reused by the hard negatives)."""
+
+    text_to_image: Tensor
+    count: Tensor
+    mentions: _Mentions
+    mention_object: Tensor
+    mention_level: Tensor
+    noise: Tensor
+
+    @property
+    def first_mention(self) -> Tensor:
+        """Index of each caption's first mention. [Nt]."""
+        per_text = torch.bincount(self.mentions.owner, minlength=len(self.text_to_image))
+        return torch.cumsum(per_text, 0) - per_text
+
+    @property
+    def first_caption(self) -> Tensor:
+        """Index of each image's first caption. [Ni]."""
+        return torch.cumsum(self.count, 0) - self.count
+
+
+def _sample_objects(config: SyntheticConfig, tax: _Taxonomy, model: _Model, gen: torch.Generator) -> _Objects:
+    """1..max_objects objects per image from distinct families, a random leaf and values each."""
+    ni, k = config.images, config.max_objects
+    count = torch.randint(1, k + 1, (ni,), generator=gen)
+    families = torch.argsort(torch.rand(ni, config.families, generator=gen), dim=1)[:, :k]
+    leaf_in_family = torch.randint(0, tax.leaves_per_family, (ni, k), generator=gen)
+    value_counts = torch.tensor(model.value_counts, dtype=torch.float64)
+    attrs = (torch.rand(ni, k, len(model.value_counts), generator=gen, dtype=torch.float64) * value_counts).long()
+    valid = torch.arange(k)[None, :] < count[:, None]  # [Ni, k]; row-major masking keeps images in order
+    leaves = torch.tensor(tax.leaves, dtype=torch.long)
+    return _Objects(
+        image=torch.arange(ni)[:, None].expand(ni, k)[valid],
+        slot=torch.arange(k)[None, :].expand(ni, k)[valid],
+        leaf=leaves[families[valid] * tax.leaves_per_family + leaf_in_family[valid]],
+        attrs=attrs[valid],
+        count=count,
+        start=torch.cumsum(count, 0) - count,
+    )
+
+
+def _sample_captions(config: SyntheticConfig, tax: _Taxonomy, objects: _Objects, gen: torch.Generator) -> _Captions:
+    """captions_min..captions_max captions per image; each mentions every object of its image at a
+    level drawn from its path, with each attribute kept with probability attribute_mention."""
+    ni = config.images
+    count = torch.randint(config.captions_min, config.captions_max + 1, (ni,), generator=gen)
+    text_to_image = torch.repeat_interleave(torch.arange(ni), count)
+    nt = int(text_to_image.numel())
+    per_text = objects.count[text_to_image]
+    mention_text = torch.repeat_interleave(torch.arange(nt), per_text)
+    rank_in_text = torch.arange(mention_text.numel()) - (torch.cumsum(per_text, 0) - per_text)[mention_text]
+    mention_object = objects.start[text_to_image][mention_text] + rank_in_text
+    n_mentions = int(mention_text.numel())
+    mention_level = tax.leaf_level - _levels_up(n_mentions, config.generality, config.depth, gen)
+    ancestor = torch.tensor(tax.ancestor, dtype=torch.long)
+    n_attr = objects.attrs.shape[1]
+    keep = torch.rand(n_mentions, n_attr, generator=gen) < config.attribute_mention
+    values = objects.attrs[mention_object]
+    mentions = _Mentions(
+        owner=mention_text,
+        node=ancestor[objects.leaf[mention_object], mention_level],
+        attrs=torch.where(keep, values, torch.full_like(values, -1)),
+        weight=torch.ones(n_mentions),
+    )
+    noise = _gaussian((nt, config.latent_dim), config.text_noise, gen)
+    return _Captions(text_to_image, count, mentions, mention_object, mention_level, noise)
+
+
 def _build_world(config: SyntheticConfig) -> SyntheticWorld:
     tax = _Taxonomy(config)
     model = _Model(config, tax)
-    n_attr = len(model.attribute_names)
-    ni, k = config.images, config.max_objects
+    ni, latent_dim = config.images, config.latent_dim
 
-    # Objects: distinct families per image, a random leaf and attribute values each.
+    # Images: weighted objects + background + noise, through the image map.
     gen = _generator(config.seed, "images")
-    n_objects = torch.randint(1, k + 1, (ni,), generator=gen)
-    families = torch.argsort(torch.rand(ni, config.families, generator=gen), dim=1)[:, :k]
-    leaf_in_family = torch.randint(0, tax.leaves_per_family, (ni, k), generator=gen)
-    counts = torch.tensor(model.value_counts, dtype=torch.float64)
-    attrs = (torch.rand(ni, k, n_attr, generator=gen, dtype=torch.float64) * counts).long()
-    valid = torch.arange(k)[None, :] < n_objects[:, None]
-    object_image = torch.arange(ni)[:, None].expand(ni, k)[valid]
-    object_slot = torch.arange(k)[None, :].expand(ni, k)[valid]
-    first_leaf = torch.tensor(tax.leaves, dtype=torch.long)
-    object_leaf = first_leaf[families[valid] * tax.leaves_per_family + leaf_in_family[valid]]
-    object_attrs = attrs[valid]
-    object_start = torch.cumsum(n_objects, 0) - n_objects
-    n_obj_total = int(object_image.numel())
-    main_weight = torch.where(object_slot == 0, 1.0, config.secondary_weight)
-
-    image_latent = model.compose(_Mentions(object_image, object_leaf, object_attrs, main_weight), ni)
-    image_latent += _gaussian((ni, config.latent_dim), config.background, gen)
-    image_latent += _gaussian((ni, config.latent_dim), config.image_noise, gen)
+    objects = _sample_objects(config, tax, model, gen)
+    n_objects = int(objects.image.numel())
+    weight = torch.where(objects.slot == 0, 1.0, config.secondary_weight)
+    image_latent = model.compose(_Mentions(objects.image, objects.leaf, objects.attrs, weight), ni)
+    image_latent += _gaussian((ni, latent_dim), config.background, gen)
+    image_latent += _gaussian((ni, latent_dim), config.image_noise, gen)
     image_features = model.image_map(image_latent)
 
-    # Captions: every object at a level drawn from its path, some of its attributes.
-    gen = _generator(config.seed, "captions")
-    n_captions = torch.randint(config.captions_min, config.captions_max + 1, (ni,), generator=gen)
-    text_to_image = torch.repeat_interleave(torch.arange(ni), n_captions)
-    nt = int(text_to_image.numel())
-    per_text = n_objects[text_to_image]
-    mention_text = torch.repeat_interleave(torch.arange(nt), per_text)
-    text_start = torch.cumsum(per_text, 0) - per_text
-    mention_object = object_start[text_to_image][mention_text] + (torch.arange(mention_text.numel()) - text_start[mention_text])
-    n_mentions = int(mention_text.numel())
-    levels_up = _levels_up(n_mentions, config.generality, config.depth, gen)
-    ancestor = torch.tensor(tax.ancestor, dtype=torch.long)
-    mention_level = tax.leaf_level - levels_up
-    mention_node = ancestor[object_leaf[mention_object], mention_level]
-    keep = torch.rand(n_mentions, n_attr, generator=gen) < config.attribute_mention
-    mention_attrs = torch.where(keep, object_attrs[mention_object], torch.full_like(object_attrs[mention_object], -1))
-    captions = _Mentions(mention_text, mention_node, mention_attrs, torch.ones(n_mentions))
-    text_noise = _gaussian((nt, config.latent_dim), config.text_noise, gen)
-    text_features = model.text_map(model.compose(captions, nt) + text_noise)
-    text_levels = torch.full((nt, k), -1, dtype=torch.long)
-    text_levels[mention_text, mention_object - object_start[text_to_image][mention_text]] = mention_level
+    # Captions through the text map.
+    captions = _sample_captions(config, tax, objects, _generator(config.seed, "captions"))
+    nt = len(captions.text_to_image)
+    text_features = model.text_map(model.compose(captions.mentions, nt) + captions.noise)
+    text_levels = torch.full((nt, config.max_objects), -1, dtype=torch.long)
+    text_levels[captions.mentions.owner, objects.slot[captions.mention_object]] = captions.mention_level
 
     # Splits.
     gen = _generator(config.seed, "splits")
-    n_test = round(ni * config.test_fraction)
     image_split = torch.zeros(ni, dtype=torch.long)
-    image_split[torch.randperm(ni, generator=gen)[:n_test]] = 1
+    image_split[torch.randperm(ni, generator=gen)[: round(ni * config.test_fraction)]] = 1
 
-    # Boxes: each object alone, and its mention in the image's first caption.
+    # Boxes: each object alone (half the background), and its mention in the image's first caption.
     gen = _generator(config.seed, "boxes")
-    crop = _Mentions(torch.arange(n_obj_total), object_leaf, object_attrs, torch.ones(n_obj_total))
-    crop_latent = model.compose(crop, n_obj_total)
-    crop_latent += _gaussian((n_obj_total, config.latent_dim), config.background * 0.5, gen)
-    crop_latent += _gaussian((n_obj_total, config.latent_dim), config.image_noise, gen)
-    first_caption = (torch.cumsum(n_captions, 0) - n_captions)[object_image]
-    box_mention = text_start[first_caption] + object_slot
-    phrase = _Mentions(torch.arange(n_obj_total), mention_node[box_mention], mention_attrs[box_mention], torch.ones(n_obj_total))
-    phrase_latent = model.compose(phrase, n_obj_total) + _gaussian((n_obj_total, config.latent_dim), config.text_noise, gen)
+    every_object = torch.arange(n_objects)
+    crop = _Mentions(every_object, objects.leaf, objects.attrs, torch.ones(n_objects))
+    crop_latent = model.compose(crop, n_objects)
+    crop_latent += _gaussian((n_objects, latent_dim), config.background * 0.5, gen)
+    crop_latent += _gaussian((n_objects, latent_dim), config.image_noise, gen)
+    in_first_caption = captions.first_mention[captions.first_caption[objects.image]] + objects.slot
+    phrase = _Mentions(every_object, captions.mentions.node[in_first_caption], captions.mentions.attrs[in_first_caption],
+                       torch.ones(n_objects))
+    phrase_latent = model.compose(phrase, n_objects) + _gaussian((n_objects, latent_dim), config.text_noise, gen)
 
     # Zero-shot prompts: leaf path + template context, no noise.
+    leaves = torch.tensor(tax.leaves, dtype=torch.long)
     n_classes = len(tax.leaves)
     prompt_class = torch.arange(n_classes).repeat_interleave(config.templates)
-    prompt_latent = model.path[first_leaf[prompt_class]] + model.templates.repeat(n_classes, 1)
+    prompt_latent = model.path[leaves[prompt_class]] + model.templates.repeat(n_classes, 1)
 
-    # Structure as lists for the loops below.
-    caption_mentions = _MentionLists(captions, nt)
-    image_families = [set() for _ in range(ni)]
-    for image, leaf in zip(object_image.tolist(), object_leaf.tolist()):
+    # The parts built by loops over structure.
+    caption_mentions = _MentionLists(captions.mentions, nt)
+    image_families: list[set[int]] = [set() for _ in range(ni)]
+    for image, leaf in zip(objects.image.tolist(), objects.leaf.tolist()):
         image_families[image].add(tax.family_of[leaf])
-
-    negatives = _hard_negatives(config, tax, model, caption_mentions, text_to_image, image_split, image_families,
-                                _Draws(_generator(config.seed, "negatives")))
-    neg_mentions, negative_to_text, negative_kind = negatives
-    negative_latent = model.compose(neg_mentions, len(negative_to_text)) + text_noise[negative_to_text]
-
-    chains, chain_texts = _chains(config, model, caption_mentions, n_captions, image_split, _generator(config.seed, "chains"))
-    pairs_a, pairs_b, pair_scores = _text_pairs(config, tax, caption_mentions, n_captions, image_split,
-                                                object_leaf[object_start], _Draws(_generator(config.seed, "pairs")))
-
+    neg_mentions, negative_to_text, negative_kind = _hard_negatives(
+        config, tax, model, caption_mentions, captions.text_to_image, image_split, image_families,
+        _Draws(_generator(config.seed, "negatives")))
+    negative_latent = model.compose(neg_mentions, len(negative_to_text)) + captions.noise[negative_to_text]
+    chains, chain_texts = _chains(config, model, caption_mentions, captions.count, image_split,
+                                  _generator(config.seed, "chains"))
     chain_features = torch.empty(len(chain_texts), len(CHAIN_LEVELS), config.text_dim)
     if chain_texts:
         chain_features[:, :2] = model.text_map(chains).reshape(len(chain_texts), 2, config.text_dim)
         chain_features[:, 2] = text_features[torch.tensor(chain_texts)]
+    pairs_a, pairs_b, pair_scores = _text_pairs(config, tax, caption_mentions, captions.count, image_split,
+                                                objects.leaf[objects.start], _Draws(_generator(config.seed, "pairs")))
 
     store = FeatureStore(
         image_features=image_features,
         text_features=text_features,
-        text_to_image=text_to_image,
+        text_to_image=captions.text_to_image,
         image_split=image_split,
         split_names=["train", "test"],
         box_image_features=model.image_map(crop_latent),
         box_text_features=model.text_map(phrase_latent),
-        box_to_image=object_image.clone(),
+        box_to_image=objects.image.clone(),  # the world keeps its own copy
         pair_a_features=text_features[pairs_a],
         pair_b_features=text_features[pairs_b],
         pair_scores=pair_scores,
         class_names=[tax.names[n] for n in tax.leaves],
         prompt_features=model.text_map(prompt_latent),
         prompt_to_class=prompt_class,
-        image_labels=object_leaf[object_start] - tax.leaves[0],  # leaves are the last, contiguous nodes
+        image_labels=objects.leaf[objects.start] - tax.leaves[0],  # leaves are the last, contiguous nodes
         taxonomy_names=list(tax.names),
         taxonomy_parents=torch.tensor(tax.parents, dtype=torch.long),
-        class_to_node=first_leaf.clone(),
+        class_to_node=leaves,
         negative_features=model.text_map(negative_latent),
         negative_to_text=negative_to_text,
         negative_kind=negative_kind,
@@ -562,7 +618,7 @@ def _build_world(config: SyntheticConfig) -> SyntheticWorld:
             "text_pair_kinds": list(PAIR_KINDS),  # pair p is of kind p % 3
         },
     )
-    return SyntheticWorld(config, store, text_levels, object_image, object_leaf, object_attrs, tax.leaf_level, model, tax)
+    return SyntheticWorld(config, store, text_levels, objects.image, objects.leaf, objects.attrs, tax.leaf_level, model, tax)
 
 
 def _levels_up(n: int, generality: float, depth: int, gen: torch.Generator) -> Tensor:
