@@ -106,3 +106,37 @@ def acos_safe(u: Tensor, w0: float) -> Tensor:
     near_one = 2.0 * torch.asin(sqrt_lin(half_one_minus, w0))
     near_minus_one = math.pi - 2.0 * torch.asin(sqrt_lin(half_one_plus, w0))
     return torch.where(u >= 0.0, near_one, near_minus_one)
+
+
+def tiny_floor(dtype: torch.dtype) -> float:
+    """``sqrt(finfo.tiny)``: a floor for squared quantities that are computed without
+    cancellation (their relative error is eps), far below any value that carries information
+    yet still a normal number whose reciprocal square root is finite."""
+    return float(torch.finfo(dtype).tiny) ** 0.5
+
+
+class _BoundedAtan2(torch.autograd.Function):
+    """``atan2(a, b)`` whose backward divides by ``max(a^2 + b^2, floor^2)``.
+
+    Exact derivative wherever ``a^2 + b^2 >= floor^2``; inside that disc (where the angle
+    itself is undetermined, e.g. at ``x = y``) the gradient is scaled down instead of growing
+    like ``1 / r`` without bound, and at ``a = b = 0`` it is 0 rather than NaN.
+    """
+
+    @staticmethod
+    def forward(ctx, a: Tensor, b: Tensor, floor: float) -> Tensor:  # type: ignore[override]
+        ctx.save_for_backward(a, b)
+        ctx.floor = floor
+        return torch.atan2(a, b)
+
+    @staticmethod
+    @no_autocast
+    def backward(ctx, grad: Tensor):  # type: ignore[override]
+        a, b = ctx.saved_tensors
+        scale = grad / (a * a + b * b).clamp_min(ctx.floor * ctx.floor)
+        return scale * b, -scale * a, None
+
+
+def bounded_atan2(a: Tensor, b: Tensor, floor: float) -> Tensor:
+    """:class:`_BoundedAtan2`: ``atan2(a, b)`` with gradients bounded by ``1 / floor``."""
+    return _BoundedAtan2.apply(a, b, floor)

@@ -31,8 +31,10 @@ from curvalign.geometry._numerics import (
     check_points,
     eps,
     no_autocast,
+    bounded_atan2,
     safe_norm,
     sqrt_lin,
+    tiny_floor,
     work_dtype,
 )
 
@@ -132,28 +134,35 @@ def inner(x: Tensor, y: Tensor, c: Curvature) -> Tensor:
     return (x * y).sum(-1) - _time(x, c) * _time(y, c)
 
 
-def _rowwise_w(x: Tensor, y: Tensor, c: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """``w = (-c<x,y>_L - 1) / 2`` row-wise without cancellation, plus ``time(x), time(y)``.
+def _rowwise_w(x: Tensor, y: Tensor, c: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """``w = (-c<x,y>_L - 1) / 2`` row-wise without cancellation.
 
-    ``-c<x,y>_L - 1 = (c/2) (|x - y|^2 - (t_x - t_y)^2)`` and
-    ``t_x - t_y = (x - y).(x + y) / (t_x + t_y)``: both differences are formed from ``x - y``
-    directly, so nearby points keep their small distance instead of rounding it away.
+    ``-c<x,y>_L - 1 = (c/2) (|x - y|^2 - (t_y - t_x)^2)`` and
+    ``t_y - t_x = (y - x).(x + y) / (t_x + t_y)``: both differences are formed from
+    ``delta = y - x`` directly, so nearby points keep their small distance to relative
+    precision instead of losing it to ``t_x t_y - x.y``. Also returns ``t_x, t_y, delta`` and
+    ``t_y - t_x``.
     """
     tx, ty = _time(x, c), _time(y, c)
-    delta = x - y
+    delta = y - x
     dt = (delta * (x + y)).sum(-1) / (tx + ty)
     w = 0.25 * c * (_sqnorm(delta) - dt * dt)
-    return w, tx, ty
+    return w, tx, ty, delta, dt
 
 
 @no_autocast
 def dist(x: Tensor, y: Tensor, c: Curvature) -> Tensor:
-    """Row-wise geodesic distance ``acosh(-c<x,y>_L) / sqrt(c)`` (AtMG Eq. 4). -> ``[...]``."""
+    """Row-wise geodesic distance ``acosh(-c<x,y>_L) / sqrt(c)`` (AtMG Eq. 4). -> ``[...]``.
+
+    Formed from ``y - x`` (see :func:`_rowwise_w`): relative precision even for nearby points,
+    exactly 0 at ``x = y`` with a finite gradient.
+    """
     check_points(x, "x")
     check_points(y, "y")
     x, c, (y,) = _prep(x, c, y)
-    w, _, _ = _rowwise_w(x, y, c)
-    return _asinh_dist(w, c, eps(x.dtype))
+    w = _rowwise_w(x, y, c)[0]
+    # w carries relative (not absolute) error here, so the chord below sqrt(tiny) is harmless.
+    return _asinh_dist(w, c, tiny_floor(x.dtype))
 
 
 @no_autocast
@@ -205,16 +214,30 @@ def exterior_angle(x: Tensor, y: Tensor, c: Curvature) -> Tensor:
 
     The angle at ``x`` between the geodesic from the origin through ``x`` (continued beyond
     ``x``) and the geodesic from ``x`` to ``y``; in ``[0, pi]``, 0 when ``y`` lies on the ray
-    from the origin beyond ``x``. ``x, y: [..., d]`` -> ``[...]``. At ``x = 0`` (no ray) the
-    value is ``pi/2``; at ``x = y`` it is finite (``pi/2`` up to rounding).
+    from the origin beyond ``x``. ``x, y: [..., d]`` -> ``[...]``.
+
+    Computed as ``atan2(sin, cos)`` with the common factor ``1 / sqrt(z^2 - 1)`` dropped:
+    ``cos`` is Eq. (9), whose numerator over ``|x|`` is ``c (t_x x^.y - |x| t_y)`` (because
+    ``c t_x^2 = 1 + c|x|^2``) = ``c (t_x x^.delta - |x| (t_y - t_x))`` with ``delta = y - x``;
+    ``sin = sqrt(c) |delta_perp| / sqrt(z^2 - 1)`` by the hyperbolic law of sines in the
+    triangle (origin, x, y), ``delta_perp`` the part of ``delta`` orthogonal to ``x``. Both are
+    formed from ``delta``, so small angles and nearby points keep relative precision (``acos``
+    of a cosine near 1 would lose half the digits). Gradients are bounded (by about
+    ``1/sqrt(eps)``) where the angle is undetermined: at ``x = y``, and at ``x = 0`` (no ray;
+    the value there is ``pi/2``).
     """
     check_points(x, "x")
     check_points(y, "y")
     x, c, (y,) = _prep(x, c, y)
     e = eps(x.dtype)
-    w, tx, ty = _rowwise_w(x, y, c)
-    cos = _exterior_cos((x * y).sum(-1), safe_norm(x, e), tx, ty, w, c, e)
-    return acos_safe(cos, e)
+    _, tx, _, delta, dt = _rowwise_w(x, y, c)
+    nx = safe_norm(x, e)
+    xhat = x / nx.unsqueeze(-1)
+    along = (xhat * delta).sum(-1)
+    perp = delta - along.unsqueeze(-1) * xhat
+    sin_part = torch.sqrt(c) * safe_norm(perp, tiny_floor(x.dtype))
+    cos_part = c * (tx * along - nx * dt)
+    return bounded_atan2(sin_part, cos_part, math.sqrt(e))
 
 
 # ----------------------------------------------------------------------------------------
@@ -275,142 +298,141 @@ def pairwise_inner(X: Tensor, Y: Tensor, c: Curvature) -> Tensor:
     return _gram(X, Y) - _time(X, c.squeeze(-1)).unsqueeze(-1) * _time(Y, c.squeeze(-1)).unsqueeze(-2)
 
 
-def _augment(X: Tensor, c: Tensor, time_sign: float, scale: Tensor | None = None) -> tuple[Tensor, Tensor]:
-    """``[x, time_sign * time(x)]`` (times ``scale``) for ``X: [k, n, d]``, ``c: [k]``; and times.
+def _minkowski_operands(X: Tensor, Y: Tensor, c: Tensor) -> tuple[Tensor, Tensor]:
+    """``P = (c/2) [x, t_x]`` and ``Q = [y, -t_y]`` for ``X: [k, N, d]``, ``Y: [k, M, d]``, ``c: [k]``.
 
-    With ``P = (c/2) [x, t_x]`` and ``Q = [y, -t_y]``, ``-P.Q - 1/2 = (-c<x,y>_L - 1) / 2``:
-    the Minkowski Gram matrix is a single batched matrix product, no separate outer product.
+    ``-P.Q - 1/2 = (-c<x,y>_L - 1) / 2 = w``: the Minkowski Gram matrix is one batched matrix
+    product of the time-augmented points, no separate outer product of times. Built with
+    autograd (they are small, ``[k, n, d+1]``), so the dependence of the times on ``x`` and
+    ``c`` is differentiated for free.
     """
-    t = torch.sqrt(c.reciprocal().unsqueeze(-1) + _sqnorm(X))
-    aug = torch.cat([X, (time_sign * t).unsqueeze(-1)], -1)
-    if scale is not None:
-        aug = aug * scale
-    return aug, t
+    cv = c.view(-1, 1)
+    tx = torch.sqrt(cv.reciprocal() + _sqnorm(X))
+    ty = torch.sqrt(cv.reciprocal() + _sqnorm(Y))
+    P = torch.cat([X, tx.unsqueeze(-1)], -1) * (0.5 * c.view(-1, 1, 1))
+    Q = torch.cat([Y, -ty.unsqueeze(-1)], -1)
+    return P, Q
 
 
-def _factor_w(X: Tensor, Y: Tensor, c: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """``w = (-c<x_i,y_j>_L - 1) / 2`` per factor: ``[k, N, d], [k, M, d], [k]`` -> ``[k, N, M]``.
+def _w_block(P: Tensor, Q: Tensor) -> Tensor:
+    """``w = -P Q^T - 1/2``: ``[k, n, d+1], [k, M, d+1]`` -> ``[k, n, M]``."""
+    return torch.baddbmm(P.new_full((1, 1, 1), -0.5), P, Q.transpose(1, 2), alpha=-1.0)
 
-    Also returns the augmented ``[x, -t_x]``, ``[y, -t_y]`` and the times, for the backward.
+
+def _acosh_1p2w(w: Tensor) -> Tensor:
+    """``acosh(1 + 2u)`` with ``u = max(w, 0)``, as ``log1p(2 (u + sqrt(u + u^2)))``.
+
+    Same value as ``2 asinh(sqrt(u))``, without cancellation near 0 (log1p), exactly 0 at
+    ``u = 0``; and log1p/sqrt are vectorised on CPU where asinh/acosh are not (about 10x).
     """
-    half_c = 0.5 * c.view(-1, 1, 1)
-    P, tx = _augment(X, c, 1.0, half_c)
-    Q, ty = _augment(Y, c, -1.0)
-    w = torch.baddbmm(P.new_full((1, 1, 1), -0.5), P, Q.transpose(1, 2), alpha=-1.0)
-    return w, tx, ty, Q, P
+    u = w.clamp_min(0.0)
+    return torch.addcmul(u, u, u).sqrt_().add_(u).mul_(2.0).log1p_()
 
 
-def _dist_from_w(w: Tensor, c: Tensor, w0: float) -> Tensor:
-    """``2 asinh(sqrt_lin(w)) / sqrt(c)`` with ``c: [k]`` against ``w: [k, N, M]``, fresh memory."""
-    r = w.clamp_min(w0).rsqrt_()
-    return w.clamp_min(0.0).mul_(r).asinh_().mul_((2.0 * torch.rsqrt(c)).view(-1, 1, 1))
+def _dacosh_dw(w: Tensor, w0: float) -> Tensor:
+    """``d acosh(1 + 2w) / dw = 1 / sqrt(w (1 + w))`` with ``w`` floored at ``w0``; 0 for ``w <= 0``.
 
-
-def _ddist_dw(w: Tensor, c: Tensor, w0: float) -> Tensor:
-    """Derivative of :func:`_dist_from_w` in ``w``.
-
-    ``1 / (sqrt(c) sqrt(w (1 + w)))`` for ``w >= w0``; on the chord ``0 < w < w0`` it is
-    ``2 / (sqrt(c) sqrt(w0 + w^2))`` (= twice the value at ``w0`` to rounding); 0 for ``w <= 0``.
+    The floor bounds the gradient by ``1 / sqrt(w0)`` where the true one grows without bound
+    (``x -> y``); below ``w0`` (the Gram matrix's rounding floor) the value is noise anyway.
     """
     wc = w.clamp_min(w0)
-    fac = wc.mul(wc.add(1.0)).rsqrt_()
-    chord = (w > 0.0).to(w.dtype).mul_(2.0 / math.sqrt(w0 * (1.0 + w0)))
-    fac = torch.where(w >= w0, fac, chord)
-    return fac.mul_(torch.rsqrt(c).view(-1, 1, 1))
+    return torch.addcmul(wc, wc, wc).rsqrt_().masked_fill_(w <= 0.0, 0.0)
 
 
-class _FactorPairwiseDist(torch.autograd.Function):
-    """Pairwise Lorentz distances per factor, optionally summed over factors.
+def _row_blocks(k: int, n: int, m: int, budget: int) -> tuple[int, int]:
+    """Factors and rows per block so that a ``[kc, nb, m]`` block holds about ``budget`` elements."""
+    if k * n * m <= budget:
+        return k, n
+    if n * m <= budget:
+        return max(1, budget // (n * m)), n
+    return 1, max(1, budget // m)
 
-    ``X: [k, N, d]``, ``Y: [k, M, d]``, ``c: [k]``. With ``reduce_sum`` the result is the
-    ``[N, M]`` sum over factors, built ``chunk`` factors at a time; only the inputs are saved
-    and the backward recomputes each chunk, so no ``[k, N, M]`` tensor exists in either pass
-    (peak extra memory about ``5 * chunk * N * M`` elements). Without it the result is
-    ``[k, N, M]`` and ``w`` is saved for the backward (no second Gram matrix).
 
-    Backward for one factor, ``w = -(c/2)(x.y - t_x t_y) - 1/2``, ``G = dL/dd * dd/dw``:
-    ``dL/dx_i = -(c/2) (sum_j G_ij y_j - (sum_j G_ij t_yj) x_i / t_xi)`` (two matrix products
-    with the augmented ``[y, -t_y]``), symmetrically for ``y``, and
-    ``dL/dc = sum (G (2w + 1) - dL/dd * d) / (2c) - sum G (t_y/t_x + t_x/t_y) / (4c)``
-    (``d`` depends on ``c`` through ``1/sqrt(c)``, ``w`` through ``c`` and both times).
+class _PairwiseAcosh(torch.autograd.Function):
+    """``d = acosh(1 + 2w) * s`` with ``w = -P Q^T - 1/2`` per factor, ``s = 1/sqrt(c)``.
+
+    ``P: [k, N, d+1]``, ``Q: [k, M, d+1]``, ``s: [k]``. Without ``reduce_sum`` returns
+    ``[k, N, M]`` and saves ``w`` (no second Gram matrix in the backward). With it returns the
+    ``[N, M]`` sum over factors, computed block by block (``[kc, nb, M]``, about ``block``
+    elements, small enough to stay in cache); only the inputs are saved and the backward
+    recomputes each block, so no ``[k, N, M]`` tensor exists in either pass.
+
+    Backward per factor with ``G = dL/dd * s * dacosh/dw``: ``dL/dP = -G Q``,
+    ``dL/dQ = -G^T P``, ``dL/ds = sum dL/dd * acosh(1 + 2w)``.
     """
 
     @staticmethod
-    def forward(ctx, X: Tensor, Y: Tensor, c: Tensor, reduce_sum: bool, chunk: int) -> Tensor:  # type: ignore[override]
-        k, N, _ = X.shape
-        M = Y.shape[1]
-        w0 = eps(X.dtype)
-        ctx.reduce_sum, ctx.chunk, ctx.w0 = reduce_sum, chunk, w0
+    def forward(ctx, P: Tensor, Q: Tensor, s: Tensor, reduce_sum: bool, block: int) -> Tensor:  # type: ignore[override]
+        k, N, _ = P.shape
+        M = Q.shape[1]
+        ctx.reduce_sum, ctx.block, ctx.w0 = reduce_sum, block, eps(P.dtype)
+        s3 = s.view(-1, 1, 1)
         if not reduce_sum:
-            w = _factor_w(X, Y, c)[0]
-            ctx.save_for_backward(X, Y, c, w)
-            return _dist_from_w(w, c, w0)
-        out = X.new_zeros(N, M)
-        for j0 in range(0, k, chunk):
-            j1 = min(k, j0 + chunk)
-            w = _factor_w(X[j0:j1], Y[j0:j1], c[j0:j1])[0]
-            out += _dist_from_w(w, c[j0:j1], w0).sum(0)
-            del w
-        ctx.save_for_backward(X, Y, c)
+            w = _w_block(P, Q)
+            out = _acosh_1p2w(w).mul_(s3)
+            ctx.save_for_backward(P, Q, s, w, out)
+            return out
+        out = P.new_zeros(N, M)
+        kc, nb = _row_blocks(k, N, M, block)
+        for j0 in range(0, k, kc):
+            j1 = min(k, j0 + kc)
+            for i0 in range(0, N, nb):
+                i1 = min(N, i0 + nb)
+                d = _acosh_1p2w(_w_block(P[j0:j1, i0:i1], Q[j0:j1])).mul_(s3[j0:j1])
+                out[i0:i1] += d.sum(0)
+        ctx.save_for_backward(P, Q, s)
         return out
 
     @staticmethod
+    @no_autocast  # the backward runs outside the forward's context: keep float32 here too
     def backward(ctx, grad: Tensor):  # type: ignore[override]
-        need_x, need_y, need_c = ctx.needs_input_grad[:3]
-        if ctx.reduce_sum:
-            X, Y, c = ctx.saved_tensors
-            saved_w = None
-        else:
-            X, Y, c, saved_w = ctx.saved_tensors
-        k = X.shape[0]
+        need_p, need_q, need_s = ctx.needs_input_grad[:3]
         w0 = ctx.w0
-        gX = torch.zeros_like(X) if need_x else None
-        gY = torch.zeros_like(Y) if need_y else None
-        gc = torch.zeros_like(c) if need_c else None
-        step = ctx.chunk if ctx.reduce_sum else k
-        for j0 in range(0, k, step):
-            j1 = min(k, j0 + step)
-            Xc, Yc, cc = X[j0:j1], Y[j0:j1], c[j0:j1]
-            half_c = 0.5 * cc.view(-1, 1, 1)
-            if saved_w is None:
-                # Recompute exactly as the forward did, so the gradient matches its rounding.
-                w, tx, ty, Q, _ = _factor_w(Xc, Yc, cc)
-                g = grad.unsqueeze(0)
-            else:
-                Q, ty = _augment(Yc, cc, -1.0)
-                tx = torch.sqrt(cc.reciprocal().unsqueeze(-1) + _sqnorm(Xc))
-                w = saved_w[j0:j1]
-                g = grad[j0:j1]
-            Pun = torch.cat([Xc, -tx.unsqueeze(-1)], -1)  # [x, -t_x]
-            G = _ddist_dw(w, cc, w0).mul_(g)
-            A = torch.bmm(G, Q)  # [kc, N, d+1]
-            B = torch.bmm(G.transpose(1, 2), Pun)  # [kc, M, d+1]
-            if need_x:
-                gX[j0:j1] = -half_c * (A[..., :-1] + A[..., -1:] * Xc / tx.unsqueeze(-1))
-            if need_y:
-                gY[j0:j1] = -half_c * (B[..., :-1] + B[..., -1:] * Yc / ty.unsqueeze(-1))
-            if need_c:
-                d = _dist_from_w(w, cc, w0)
-                gw_term = (G * (2.0 * w + 1.0)).sum((1, 2)) - (g * d).sum((1, 2))
-                # -A[..., -1] = sum_j G_ij t_yj and -B[..., -1] = sum_i G_ij t_xi
-                time_term = -(A[..., -1] / tx).sum(1) - (B[..., -1] / ty).sum(1)
-                gc[j0:j1] = gw_term / (2.0 * cc) - time_term / (4.0 * cc)
-        return gX, gY, gc, None, None
+        if not ctx.reduce_sum:
+            P, Q, s, w, out = ctx.saved_tensors
+            G = _dacosh_dw(w, w0).mul_(grad).mul_(s.view(-1, 1, 1))
+            gP = torch.bmm(G, Q).neg_() if need_p else None
+            gQ = torch.bmm(G.transpose(1, 2), P).neg_() if need_q else None
+            gs = (grad * out).sum((1, 2)) / s if need_s else None
+            return gP, gQ, gs, None, None
+        P, Q, s = ctx.saved_tensors
+        k, N, _ = P.shape
+        M = Q.shape[1]
+        gP = torch.zeros_like(P) if need_p else None
+        gQ = torch.zeros_like(Q) if need_q else None
+        gs = torch.zeros_like(s) if need_s else None
+        s3 = s.view(-1, 1, 1)
+        kc, nb = _row_blocks(k, N, M, ctx.block)
+        for j0 in range(0, k, kc):
+            j1 = min(k, j0 + kc)
+            for i0 in range(0, N, nb):
+                i1 = min(N, i0 + nb)
+                Pb, Qb = P[j0:j1, i0:i1], Q[j0:j1]
+                w = _w_block(Pb, Qb)
+                g = grad[i0:i1].unsqueeze(0)
+                if need_s:
+                    gs[j0:j1] += (_acosh_1p2w(w).mul_(g)).sum((1, 2))
+                G = _dacosh_dw(w, w0).mul_(g).mul_(s3[j0:j1])
+                if need_p:
+                    gP[j0:j1, i0:i1] = torch.bmm(G, Qb).neg_()
+                if need_q:
+                    gQ[j0:j1].baddbmm_(G.transpose(1, 2), Pb, alpha=-1.0)
+        return gP, gQ, gs, None, None
 
 
 def factor_pairwise_dist(
-    X: Tensor, Y: Tensor, c: Tensor, reduce_sum: bool = False, chunk: int | None = None
+    X: Tensor, Y: Tensor, c: Tensor, reduce_sum: bool = False, block: int = 1 << 18
 ) -> Tensor:
-    """Per-factor pairwise distances in factor-major layout (internal building block).
+    """Per-factor pairwise distances in factor-major layout (building block of the public API).
 
-    ``X: [k, N, d]``, ``Y: [k, M, d]`` (working dtype), ``c: [k]`` -> ``[k, N, M]``, or the
-    ``[N, M]`` sum over factors with ``reduce_sum`` (``chunk`` factors at a time).
+    ``X: [k, N, d]``, ``Y: [k, M, d]`` (working dtype), ``c: [k]`` or ``[1]`` -> ``[k, N, M]``,
+    or with ``reduce_sum`` the ``[N, M]`` sum over factors, built in blocks of about ``block``
+    pair-factor elements (peak extra memory about ``4 * block`` elements beyond the output).
     """
-    k, N, _ = X.shape
-    if chunk is None:
-        # About 2^22 elements per chunk: 16 MiB per temporary in float32.
-        chunk = max(1, min(k, (1 << 22) // max(1, N * Y.shape[1])))
-    return _FactorPairwiseDist.apply(X, Y, c.expand(k).contiguous(), reduce_sum, int(chunk))
+    k = X.shape[0]
+    c = c.reshape(-1).expand(k)
+    P, Q = _minkowski_operands(X, Y, c)
+    return _PairwiseAcosh.apply(P, Q, torch.rsqrt(c), reduce_sum, int(block))
 
 
 @no_autocast
@@ -418,10 +440,12 @@ def pairwise_dist(X: Tensor, Y: Tensor, c: Curvature) -> Tensor:
     """All geodesic distances ``acosh(-c<x_i,y_j>_L) / sqrt(c)`` (AtMG Eq. 4).
 
     ``X: [N, d]``, ``Y: [M, d]`` -> ``[N, M]`` (factor layout ``[N, k, d]`` -> ``[k, N, M]``).
-    One matrix product of the time-augmented points, elementwise maps, a hand-written backward
-    (two matrix products). Accuracy floor: the Gram matrix carries an absolute error of about
-    ``eps |x||y|``, so for nearby points with large norms use the row-wise :func:`dist`, which
-    forms ``x - y`` directly.
+    One matrix product of the time-augmented points, vectorised elementwise maps and a
+    hand-written backward (two matrix products). Exactly 0 where ``-c<x,y>_L <= 1`` (x = y up
+    to rounding); the gradient is bounded by flooring ``(z - 1)/2`` at ``eps`` inside the
+    derivative. Accuracy floor: the Gram matrix carries an absolute error of about
+    ``eps c t_x t_y`` in ``z``, so for nearby points with large norms use the row-wise
+    :func:`dist`, which forms ``y - x`` directly.
     """
     X, Y, c = _pairwise_prep(X, Y, c)
     if X.dim() == 2:
@@ -429,21 +453,89 @@ def pairwise_dist(X: Tensor, Y: Tensor, c: Curvature) -> Tensor:
     return factor_pairwise_dist(X, Y, c.reshape(-1))
 
 
+class _PairwiseExteriorAngle(torch.autograd.Function):
+    """Exterior angles for all pairs from one Gram matrix, with a hand-written backward.
+
+    Inputs ``X: [k, N, d]``, ``Y: [k, M, d]``, the row vectors ``tx = time(x)``, ``nx = |x|``
+    (``[k, N]``), ``ty = time(y)`` (``[k, M]``) and ``c: [k]``; the times and norms are made
+    by autograd outside, so their dependence on ``x``, ``y`` and ``c`` needs no code here.
+    With ``G = X Y^T``:
+    ``w = (c/2)(tx ty - G) - 1/2``, ``n = (c/2)((tx/nx) G - nx ty)`` and
+    ``cos = n / sqrt(w (1 + w))`` (AtMG Eq. 9 over ``|x|``, see :func:`exterior_angle`),
+    ``alpha = acos(clamp(cos, -1 + eps, 1 - eps))``.
+    """
+
+    @staticmethod
+    def forward(ctx, X, Y, tx, nx, ty, c, w0):  # type: ignore[no-untyped-def, override]
+        c3 = c.view(-1, 1, 1)
+        half_c = 0.5 * c3
+        G = torch.bmm(X, Y.transpose(1, 2))
+        w = (tx.unsqueeze(-1) * ty.unsqueeze(-2)).sub_(G).mul_(half_c).sub_(0.5)
+        num = (G * (tx / nx).unsqueeze(-1)).sub_(nx.unsqueeze(-1) * ty.unsqueeze(-2)).mul_(half_c)
+        wc = w.clamp_min(w0)
+        cos = torch.addcmul(wc, wc, wc).rsqrt_().mul_(num)
+        del num, wc
+        bound = 1.0 - eps(X.dtype)
+        cos.clamp_(-bound, bound)
+        ctx.bound, ctx.w0 = bound, w0
+        ctx.save_for_backward(X, Y, tx, nx, ty, c, G, w, cos)
+        return torch.acos(cos)
+
+    @staticmethod
+    @no_autocast  # the backward runs outside the forward's context: keep float32 here too
+    def backward(ctx, grad):  # type: ignore[no-untyped-def, override]
+        X, Y, tx, nx, ty, c, G, w, cos = ctx.saved_tensors
+        c3 = c.view(-1, 1, 1)
+        half_c = 0.5 * c3
+        # d alpha / d cos, zero where the clamp was active.
+        gcos = torch.addcmul(torch.ones_like(cos), cos, cos, value=-1.0).rsqrt_().mul_(grad).neg_()
+        gcos.masked_fill_(cos.abs() >= ctx.bound, 0.0)
+        wc = w.clamp_min(ctx.w0)
+        den = torch.addcmul(wc, wc, wc).rsqrt_()  # 1 / sqrt(w (1 + w))
+        g_num = gcos * den
+        # d cos / d w = -cos (1 + 2w) / (2 w (1 + w)), zero where the floor was active.
+        g_w = (wc.mul(2.0).add_(1.0)).mul_(den).mul_(den).mul_(cos).mul_(gcos).mul_(-0.5)
+        g_w.masked_fill_(w <= ctx.w0, 0.0)
+        num_over = cos / den  # = n where the clamp was inactive (elsewhere g_num = 0)
+        gc = ((g_w * (w + 0.5)).sum((1, 2)) + (g_num * num_over).sum((1, 2))) / c
+        del num_over, den, wc
+        rows_gnG = (g_num * G).sum(-1)  # [k, N]
+        g_w_ty = torch.bmm(g_w, ty.unsqueeze(-1)).squeeze(-1)
+        g_num_ty = torch.bmm(g_num, ty.unsqueeze(-1)).squeeze(-1)
+        g_tx = half_c.squeeze(-1) * (g_w_ty + rows_gnG / nx)
+        g_nx = -half_c.squeeze(-1) * (rows_gnG * tx / (nx * nx) + g_num_ty)
+        g_ty = half_c.squeeze(-1) * (
+            torch.bmm(g_w.transpose(1, 2), tx.unsqueeze(-1)).squeeze(-1)
+            - torch.bmm(g_num.transpose(1, 2), nx.unsqueeze(-1)).squeeze(-1)
+        )
+        gG = g_num.mul_((tx / nx).unsqueeze(-1)).sub_(g_w).mul_(half_c)
+        gX = torch.bmm(gG, Y)
+        gY = torch.bmm(gG.transpose(1, 2), X)
+        return gX, gY, g_tx, g_nx, g_ty, gc, None
+
+
 @no_autocast
 def pairwise_exterior_angle(X: Tensor, Y: Tensor, c: Curvature) -> Tensor:
     """Exterior angle at every ``x_i`` towards every ``y_j`` (AtMG Eq. 9), in ``[0, pi]``.
 
     ``X: [N, d]``, ``Y: [M, d]`` -> ``[N, M]`` (factor layout ``[N, k, d]`` -> ``[k, N, M]``).
+    One Gram matrix, elementwise maps, a hand-written backward (two matrix products). The
+    cosine is clamped into ``[-1 + eps, 1 - eps]`` (so the angle has a ``sqrt(2 eps)`` floor:
+    the Gram matrix's rounding puts the same floor on its accuracy anyway); use the row-wise
+    :func:`exterior_angle` where small angles must be exact.
     """
     X, Y, c = _pairwise_prep(X, Y, c)
+    squeeze = X.dim() == 2
+    if squeeze:
+        X, Y = X.unsqueeze(0), Y.unsqueeze(0)
+    k = X.shape[0]
+    cv = c.reshape(-1).expand(k)
     e = eps(X.dtype)
-    cv = c.squeeze(-1)
-    G = _gram(X, Y)
-    tx, ty = _time(X, cv), _time(Y, cv)
-    w = _pairwise_w(G, tx, ty, c)
-    nx = safe_norm(X, e).unsqueeze(-1)
-    cos = _exterior_cos(G, nx, tx.unsqueeze(-1), ty.unsqueeze(-2), w, c, e)
-    return acos_safe(cos, e)
+    tx = torch.sqrt(cv.view(-1, 1).reciprocal() + _sqnorm(X))
+    ty = torch.sqrt(cv.view(-1, 1).reciprocal() + _sqnorm(Y))
+    nx = safe_norm(X, e)
+    out = _PairwiseExteriorAngle.apply(X, Y, tx, nx, ty, cv, e)
+    return out[0] if squeeze else out
 
 
 # ----------------------------------------------------------------------------------------
@@ -503,11 +595,13 @@ def einstein_midpoint(
             ) from None
         if bool((wts < 0).any()) or bool((wts.sum(dim) <= 0).any()):
             raise ValueError("weights: expected non-negative weights with a positive sum per set")
-    norm = torch.sqrt(_sqnorm(x))
-    t = torch.sqrt(cb.reciprocal() + norm * norm)
+    tiny = torch.finfo(dtype).tiny
+    sq = _sqnorm(x)
+    norm = torch.sqrt(sq.clamp_min(tiny))  # finite gradient at x = 0
+    t = torch.sqrt(cb.reciprocal() + sq)
     S = (wts.unsqueeze(-1) * x).sum(dim)
     T_minus_absx = (wts / (cb * (t + norm))).sum(dim)
-    absS = torch.sqrt(_sqnorm(S))
+    absS = torch.sqrt(_sqnorm(S).clamp_min(tiny))
     gap = T_minus_absx + ((wts * norm).sum(dim) - absS).clamp_min(0.0)
     T = (wts * t).sum(dim)
     c_set = cb.mean(dim)  # c is constant along the set axis; the mean keeps its gradient

@@ -37,14 +37,16 @@ def _check_factor_points(X: Tensor, Y: Tensor, row_wise: bool) -> None:
 
 
 @no_autocast
-def l1_pairwise_dist(X: Tensor, Y: Tensor, c: Curvature, chunk: int | None = None) -> Tensor:
+def l1_pairwise_dist(X: Tensor, Y: Tensor, c: Curvature, block: int = 1 << 18) -> Tensor:
     """PHyCLIP's l1-product distance: ``sum_k d_k(x_i^(k), y_j^(k))`` for all pairs.
 
     ``X: [N, k, d]``, ``Y: [M, k, d]``, ``c``: scalar or ``[k]`` (per-factor curvature) ->
-    ``[N, M]``. Factors are processed ``chunk`` at a time (default: about 2^22 pair-factor
-    elements per chunk) in a custom autograd function that saves only its inputs and recomputes
-    each chunk in the backward: no ``[k, N, M]`` tensor is held in either pass, peak extra memory
-    is about ``5 * chunk * N * M`` elements. PHyCLIP's ``d_avg`` is this divided by ``k``.
+    ``[N, M]``. The sum is built in blocks of ``[k_b, n_b, M]`` pair-factor elements (about
+    ``block`` of them, default 2^18 = 1 MiB in float32, small enough to stay in cache) by a
+    custom autograd function that saves only its (small) inputs and recomputes each block in
+    the backward: no ``[k, N, M]`` tensor is held in either pass; the peak beyond the
+    ``[N, M]`` output and its gradient is about ``4 * block`` elements plus ``O((N + M) k d)``.
+    PHyCLIP's ``d_avg`` is this divided by ``k``.
     """
     _check_factor_points(X, Y, row_wise=False)
     dtype = work_dtype(X, Y, c)
@@ -52,11 +54,11 @@ def l1_pairwise_dist(X: Tensor, Y: Tensor, c: Curvature, chunk: int | None = Non
     cc = as_positive(c, "c", dtype, X.device)
     if cc.numel() not in (1, k):
         raise ValueError(f"c: expected a scalar or shape [{k}], got {tuple(cc.shape)}")
-    if chunk is not None and chunk < 1:
-        raise ValueError(f"chunk: expected a positive number of factors, got {chunk}")
+    if block < 1:
+        raise ValueError(f"block: expected a positive number of elements, got {block}")
     Xk = X.to(dtype).transpose(0, 1)
     Yk = Y.to(dtype).transpose(0, 1)
-    return lorentz.factor_pairwise_dist(Xk, Yk, cc.reshape(-1), reduce_sum=True, chunk=chunk)
+    return lorentz.factor_pairwise_dist(Xk, Yk, cc.reshape(-1), reduce_sum=True, block=block)
 
 
 @no_autocast

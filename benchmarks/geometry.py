@@ -1,0 +1,194 @@
+"""Speed and peak memory of the geometry scores inside a symmetric InfoNCE, fwd + bwd.
+
+Cases (B x B score matrices from B points of total width D):
+  cosine     CLIP's cosine similarity (the baseline every ratio is taken against)
+  lorentz    -lorentz.pairwise_dist                 (MERU)
+  exterior   -lorentz.pairwise_exterior_angle        (AtMG)
+  l1         -product.l1_pairwise_dist / k, k x d = D (PHyCLIP)
+and, at a smaller B, our pairwise Lorentz distance against a broadcast ``[N, M, d]``
+implementation of the kind geoopt uses.
+
+Each case runs in a fresh subprocess: inputs are made, the resident set size (RSS) is read,
+the kernel's peak-RSS counter is reset (``/proc/self/clear_refs``), one fwd + bwd runs, and
+peak RSS minus the starting RSS is reported as the case's peak memory. Then ``--repeats`` timed
+fwd + bwd runs follow (after one warm-up) and the median is reported. All cases of one
+invocation run on the same machine, so the ratios to cosine are measured in one run.
+
+    python benchmarks/geometry.py                       # B=4096, D=512, k=64, d=8
+    python benchmarks/geometry.py --batch 1024 --repeats 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+CASES = ("cosine", "lorentz", "exterior", "l1")
+
+
+def _rss_kib(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise RuntimeError(f"{field} not found in /proc/self/status")
+
+
+def _reset_peak() -> bool:
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def run_case(case: str, batch: int, dim: int, k: int, repeats: int, threads: int | None) -> dict:
+    """Run one case in this process; returns times (s) and peak extra memory (MiB)."""
+    import torch
+    import torch.nn.functional as F
+
+    from curvalign.geometry import euclidean, lorentz, product
+
+    if threads:
+        torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    tau = 0.07
+    labels = torch.arange(batch)
+    c = torch.tensor(1.0, requires_grad=True)
+
+    if case == "broadcast":
+        def pairwise(X, Y, cc):  # noqa: ANN001 - geoopt-style reference: an [N, M, d+1] product
+            tx = torch.sqrt(1.0 / cc + (X * X).sum(-1, keepdim=True))
+            ty = torch.sqrt(1.0 / cc + (Y * Y).sum(-1, keepdim=True))
+            xa = torch.cat([-tx, X], -1).unsqueeze(1)
+            ya = torch.cat([ty, Y], -1).unsqueeze(0)
+            inner = (xa * ya).sum(-1)
+            return torch.acosh((-cc * inner).clamp_min(1.0 + 1e-6)) / torch.sqrt(cc)
+    elif case == "ours-at-broadcast":
+        pairwise = lorentz.pairwise_dist
+
+    with torch.no_grad():
+        if case in ("cosine",):
+            X0 = torch.randn(batch, dim)
+            Y0 = torch.randn(batch, dim)
+        else:
+            # Points at typical distances from the origin: exp map of small tangent vectors.
+            cdim = dim // k if case == "l1" else dim
+            shape = (batch, k, cdim) if case == "l1" else (batch, dim)
+            X0 = lorentz.expmap0(torch.randn(shape) / cdim**0.5, 1.0)
+            Y0 = lorentz.expmap0(torch.randn(shape) / cdim**0.5, 1.0)
+    X = X0.clone().requires_grad_()
+    Y = Y0.clone().requires_grad_()
+    if case == "l1":
+        c = torch.ones(k, requires_grad=True)
+
+    def scores() -> torch.Tensor:
+        if case == "cosine":
+            return euclidean.pairwise_cosine(X, Y) / tau
+        if case == "lorentz":
+            return -lorentz.pairwise_dist(X, Y, c) / tau
+        if case == "exterior":
+            return -lorentz.pairwise_exterior_angle(X, Y, c) / tau
+        if case == "l1":
+            return -product.l1_pairwise_dist(X, Y, c) / (k * tau)
+        return -pairwise(X, Y, c) / tau
+
+    def step() -> None:
+        S = scores()
+        loss = 0.5 * (F.cross_entropy(S, labels) + F.cross_entropy(S.t(), labels))
+        loss.backward()
+        X.grad = Y.grad = c.grad = None
+
+    import gc
+
+    gc.collect()
+    start = _rss_kib("VmRSS")
+    peak_ok = _reset_peak()
+    step()
+    peak = _rss_kib("VmHWM") if peak_ok else None
+    step()  # warm-up
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - t0)
+    return {
+        "case": case,
+        "median_s": statistics.median(times),
+        "times_s": times,
+        "peak_extra_mib": None if peak is None else (peak - start) / 1024.0,
+        "threads": torch.get_num_threads(),
+    }
+
+
+def _spawn(case: str, args: argparse.Namespace, batch: int) -> dict:
+    cmd = [
+        sys.executable, __file__, "--_case", case, "--batch", str(batch), "--dim", str(args.dim),
+        "--factors", str(args.factors), "--repeats", str(args.repeats),
+    ]
+    if args.threads:
+        cmd += ["--threads", str(args.threads)]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=os.environ.copy())
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--batch", type=int, default=4096, help="B for the InfoNCE cases (default 4096)")
+    p.add_argument("--dim", type=int, default=512, help="total embedding width D (default 512)")
+    p.add_argument("--factors", type=int, default=64, help="k for the l1 product, d = D / k (default 64)")
+    p.add_argument("--broadcast-batch", type=int, default=1024, help="B for the broadcast comparison")
+    p.add_argument("--repeats", type=int, default=5, help="timed repeats per case, median reported")
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    p.add_argument("--cases", default=",".join(CASES), help="comma-separated subset of " + ",".join(CASES))
+    p.add_argument("--_case", default=None, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.dim % args.factors:
+        p.error(f"--dim {args.dim} must be divisible by --factors {args.factors}")
+
+    if args._case:
+        print(json.dumps(run_case(args._case, args.batch, args.dim, args.factors, args.repeats, args.threads)))
+        return
+
+    cases = [c.strip() for c in args.cases.split(",") if c.strip()]
+    unknown = set(cases) - set(CASES)
+    if unknown:
+        p.error(f"--cases: unknown {sorted(unknown)}; expected among {CASES}")
+    if "cosine" not in cases:
+        cases.insert(0, "cosine")
+    targets = {"lorentz": (1.3, None), "exterior": (1.5, None), "l1": (3.0, 2.0)}
+    results = {case: _spawn(case, args, args.batch) for case in cases}
+    base = results["cosine"]
+    print(f"symmetric InfoNCE fwd+bwd, B={args.batch}, D={args.dim}, k={args.factors}, "
+          f"d={args.dim // args.factors}, {base['threads']} threads, median of {args.repeats}")
+    print(f"{'case':<10} {'time (s)':>9} {'x cosine':>9} {'peak MiB':>9} {'x cosine':>9}  target")
+    for case, r in results.items():
+        t_ratio = r["median_s"] / base["median_s"]
+        m = r["peak_extra_mib"]
+        m_ratio = m / base["peak_extra_mib"] if m is not None and base["peak_extra_mib"] else float("nan")
+        tgt = targets.get(case)
+        tgt_s = "" if tgt is None else f"time <= {tgt[0]}x" + ("" if tgt[1] is None else f", mem <= {tgt[1]}x")
+        ok = ""
+        if tgt is not None:
+            ok = "met" if t_ratio <= tgt[0] and (tgt[1] is None or m_ratio <= tgt[1]) else "MISSED"
+        m_s = "n/a" if m is None else f"{m:9.0f}"
+        print(f"{case:<10} {r['median_s']:9.3f} {t_ratio:9.2f} {m_s:>9} {m_ratio:9.2f}  {tgt_s} {ok}")
+
+    ours = _spawn("ours-at-broadcast", args, args.broadcast_batch)
+    bro = _spawn("broadcast", args, args.broadcast_batch)
+    print(f"\npairwise Lorentz distance in the same loss, B={args.broadcast_batch}, D={args.dim}")
+    print(f"{'impl':<22} {'time (s)':>9} {'peak MiB':>9}")
+    for name, r in (("ours (Gram matrix)", ours), ("broadcast [N, M, d]", bro)):
+        print(f"{name:<22} {r['median_s']:9.3f} {r['peak_extra_mib']:9.0f}")
+    print(f"speed-up {bro['median_s'] / ours['median_s']:.1f}x, memory "
+          f"{bro['peak_extra_mib'] / max(ours['peak_extra_mib'], 1e-9):.1f}x less")
+
+
+if __name__ == "__main__":
+    main()
