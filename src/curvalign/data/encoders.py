@@ -36,12 +36,10 @@ import sys
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Union
+from typing import Any
 
 import torch
 from torch import Tensor
-
-ImageLike = Union["PILImage", str, os.PathLike]  # noqa: F821 (PIL is optional at import time)
 
 ENCODER_SPEC_HELP = (
     "open_clip:ARCH:CHECKPOINT, hf-clip:DIR, sentence-transformers:DIR, or minilm"

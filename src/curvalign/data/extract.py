@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch import Tensor
 
 from curvalign.data.encoders import Encoder, load_encoder
 from curvalign.data.features import FeatureStore
@@ -328,9 +329,25 @@ def extract_features(
     return summary
 
 
-def _concat(shards: _Shards, jobs: list, kind: str, dim: int) -> np.ndarray:
-    parts = [shards.load(key) for key, _, _ in jobs if key.startswith(kind + "-")]
-    return np.concatenate(parts) if parts else np.zeros((0, dim), dtype=np.float32)
+def _gather(shards: _Shards, jobs: list, kind: str, dim: int, keep: np.ndarray) -> Tensor:
+    """The kept rows of every ``kind`` shard, copied shard by shard into one memory-mapped file.
+
+    Peak memory is one shard, not the collection: the result is backed by
+    ``STORE.partial/assembled-KIND.npy``, which ``FeatureStore.save`` streams into the store.
+    """
+    keys = [key for key, _, _ in jobs if key.startswith(kind + "-")]
+    out = np.lib.format.open_memmap(
+        shards.root / f"assembled-{kind}.npy", mode="w+", dtype=np.float32, shape=(int(keep.sum()), dim)
+    )
+    row = start = 0
+    for key in keys:
+        part = shards.load(key)
+        mask = keep[start : start + part.shape[0]]
+        n = int(mask.sum())
+        out[row : row + n] = part[mask]
+        row, start = row + n, start + part.shape[0]
+    out.flush()
+    return torch.from_numpy(out)
 
 
 def _assemble(plan: _Plan, prompts: list[str], prompt_to_class: list[int], shards: _Shards, jobs: list,
@@ -345,12 +362,9 @@ def _assemble(plan: _Plan, prompts: list[str], prompt_to_class: list[int], shard
     caption_owner = np.asarray(plan.caption_to_image, dtype=np.int64)
     caption_ok = image_ok[caption_owner] if len(caption_owner) else np.zeros(0, dtype=bool)
 
-    # Boolean indexing of the memory maps copies only the kept rows.
-    image_features = _concat(shards, jobs, "images", enc.image_dim or 0)[image_ok]
-    text_features = _concat(shards, jobs, "captions", enc.text_dim)[caption_ok]
     fields: dict[str, Any] = {
-        "image_features": torch.from_numpy(np.ascontiguousarray(image_features)),
-        "text_features": torch.from_numpy(np.ascontiguousarray(text_features)),
+        "image_features": _gather(shards, jobs, "images", enc.image_dim or 0, image_ok),
+        "text_features": _gather(shards, jobs, "captions", enc.text_dim, caption_ok),
         "text_to_image": torch.from_numpy(new_id[caption_owner[caption_ok]]),
     }
     if plan.image_splits is not None:
@@ -361,13 +375,13 @@ def _assemble(plan: _Plan, prompts: list[str], prompt_to_class: list[int], shard
         ]
     if plan.boxes:
         owners = np.asarray(plan.box_to_image, dtype=np.int64)
-        fields["box_image_features"] = torch.from_numpy(_concat(shards, jobs, "box_images", enc.image_dim or 0)[box_ok])
-        fields["box_text_features"] = torch.from_numpy(_concat(shards, jobs, "box_phrases", enc.text_dim)[box_ok])
+        fields["box_image_features"] = _gather(shards, jobs, "box_images", enc.image_dim or 0, box_ok)
+        fields["box_text_features"] = _gather(shards, jobs, "box_phrases", enc.text_dim, box_ok)
         fields["box_to_image"] = torch.from_numpy(new_id[owners[box_ok]])
     if plan.classes is not None:
         assert plan.image_labels is not None
         fields["class_names"] = list(plan.classes.class_names)
-        fields["prompt_features"] = torch.from_numpy(np.ascontiguousarray(_concat(shards, jobs, "prompts", enc.text_dim)))
+        fields["prompt_features"] = _gather(shards, jobs, "prompts", enc.text_dim, np.ones(len(prompts), dtype=bool))
         fields["prompt_to_class"] = torch.tensor(prompt_to_class, dtype=torch.long)
         fields["image_labels"] = torch.tensor(plan.image_labels, dtype=torch.long)[torch.from_numpy(image_ok)]
     if plan.taxonomy is not None:
@@ -394,6 +408,7 @@ def _assemble(plan: _Plan, prompts: list[str], prompt_to_class: list[int], shard
     if int(image_ok.sum()) == 0:
         raise ExtractError(f"every image failed to load (see {shards.root / 'manifest.json'}); nothing to store")
     store = FeatureStore(**fields, meta=meta)
+    store.validate()  # names a non-finite feature (an encoder that overflowed) before anything is written
     store.save(target, overwrite=overwrite)
     if skipped or skipped_boxes:
         lines = ["file\treason"] + [f"{f}\t{reason}" for f, reason in skipped + skipped_boxes]
