@@ -389,3 +389,11 @@ def test_round_trip_with_empty_groups(tmp_path: Path, mmap: bool):
     )
     store.save(tmp_path / "s")
     assert_same(store, FeatureStore.load(tmp_path / "s", mmap=mmap))
+
+
+def test_save_refuses_an_invalid_store(tmp_path: Path):
+    store = tiny_store()
+    store.text_features[2, 1] = float("nan")
+    with pytest.raises(FeatureStoreError, match=r"text_features.* 1 row with NaN"):
+        store.save(tmp_path / "s")
+    assert not any(tmp_path.iterdir())

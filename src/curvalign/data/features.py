@@ -308,11 +308,12 @@ class FeatureStore:
         The write is atomic: files go into a temporary sibling directory that is renamed into
         place at the end, so a crash never leaves a half-written store at ``path``. An existing
         ``path`` is an error unless ``overwrite=True``, and even then only an existing feature
-        store or an empty directory is replaced. Float features keep their dtype (bfloat16,
+        store or an empty directory is replaced. The store is validated first (NaN/inf included).
+        Float features keep their dtype (bfloat16,
         which ``.npy`` cannot hold, is written as float32); index fields are written as int64.
         """
-        self.validate(check_values=False)
-        target = Path(path)
+        self.validate()  # a store that load() would reject is never written
+        target = Path(path).expanduser()
         if target.exists() or target.is_symlink():
             if not overwrite:
                 raise FeatureStoreError(f"{target} already exists; pass overwrite=True to replace it")
@@ -349,7 +350,7 @@ class FeatureStore:
         so stores larger than memory can be read in chunks. ``check_values=False`` skips the
         NaN/inf scan, which reads every float once.
         """
-        root = Path(path)
+        root = Path(path).expanduser()
         where = f"feature store {root}"
         if not root.is_dir():
             raise FeatureStoreError(f"{where}: no such directory" if not root.exists() else f"{where}: not a directory")
