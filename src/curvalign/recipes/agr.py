@@ -10,7 +10,9 @@ Heads      Euclidean: ``normalize((W_0 + scaling B A) sg(h))`` with ``W_0`` froz
            LoRA (Sec. 4.1.1, Eq. 12); its input is detached from the trunk (Table 1).
            Lorentz: ``expmap0(clip_norm(W_H h, kappa), c)`` with
            ``clip_norm(v, kappa) = v min(1, kappa / (|v| sqrt(c)))``, kappa 1 (Eq. 5), and the
-           curvature ``c = exp(gamma)`` clamped to ``[1e-4, 2]``, init 0.1.
+           curvature ``c = exp(gamma)`` clamped to ``[1e-4, 2]``, init 0.1. ``W_H`` is
+           initialised small (outputs of norm ~1), so the clip is a safety bound and not a
+           projection of every point onto one sphere (the paper does not give the init).
 Scores     ``S_E = cos / tau_E`` (tau_E learnable, init 0.07, floor 0.01), ``S_H = -d_L``;
            router, query gate, calibration and the routed score ``S_AGR`` as in
            ``curvalign.nn.router`` (Algorithm 1, lines 22-34).
@@ -94,6 +96,9 @@ class AGRConfig:
     lora_rank, lora_alpha   Euclidean LoRA rank (64) and alpha (None: alpha = rank, scaling 1)
     curvature_*             c init 0.1, clamped to [1e-4, 2], learnable (Sec. 3.1, Eq. 23)
     clip_kappa              kappa of clip_norm (1.0)
+    tangent_scale           W_H's initialisation is scaled so its outputs start with norm about
+                            ``tangent_scale * sqrt(embed_dim)``; None = 1/sqrt(embed_dim) (norm ~1,
+                            inside the clip radius; not given in the paper)
     tau_e_*                 Euclidean temperature, init 0.07, floor 0.01, learnable
     context_dim             per-item router context size (16; 2 + 2 x 16 = 34 inputs)
     router_hidden           router MLP hidden widths (64, 32)
@@ -119,6 +124,7 @@ class AGRConfig:
     curvature_max: float = 2.0
     learn_curvature: bool = True
     clip_kappa: float = 1.0
+    tangent_scale: float | None = None
     tau_e_init: float = 0.07
     tau_e_min: float = 0.01
     learn_tau_e: bool = True
@@ -214,11 +220,19 @@ class AGR(Recipe):
             self.image_trunk, self.text_trunk = nn.Identity(), nn.Identity()
         self.image_euclidean = LoRALinear(image_dim, cfg.embed_dim, rank=cfg.lora_rank, alpha=cfg.lora_alpha)
         self.text_euclidean = LoRALinear(text_dim, cfg.embed_dim, rank=cfg.lora_rank, alpha=cfg.lora_alpha)
-        # Eq. 5 has no learnable scale before the exp map: the scale is fixed at 1, and the
-        # curvature-dependent clip (|v| sqrt(c) <= kappa) is applied here, where c is known.
+        # Eq. 5 has no scale before the exp map: the head's scale is fixed at 1 and the
+        # curvature-dependent clip (|v| sqrt(c) <= kappa) is applied in _embed, where c is known.
+        # W_H starts with outputs of norm about ``tangent_scale * sqrt(d)`` (1 by default), inside
+        # the clip radius kappa / sqrt(c) = 3.2 at c = 0.1: the clip is then the safety bound it is
+        # meant to be; at the default Linear scale every point would start clipped onto one
+        # sphere around the origin, where the distance to the origin carries nothing.
         lorentz_head = dict(scale_init=1.0, scale_max=None, learn_scale=False, clip_norm=None)
         self.image_lorentz = LorentzHead(image_dim, cfg.embed_dim, **lorentz_head)
         self.text_lorentz = LorentzHead(text_dim, cfg.embed_dim, **lorentz_head)
+        shrink = cfg.tangent_scale if cfg.tangent_scale is not None else cfg.embed_dim ** -0.5
+        with torch.no_grad():
+            self.image_lorentz.proj.weight.mul_(shrink)
+            self.text_lorentz.proj.weight.mul_(shrink)
         self.curvature = LearnableScalar(cfg.curvature_init, min=cfg.curvature_min, max=cfg.curvature_max,
                                          learnable=cfg.learn_curvature)
         self.tau_e = LearnableScalar(cfg.tau_e_init, min=cfg.tau_e_min, learnable=cfg.learn_tau_e)
