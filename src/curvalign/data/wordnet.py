@@ -243,6 +243,7 @@ def _build_store(synset: str, encoder_spec: str, seed: int, test_fraction: float
         chain_features=chains,
         meta={
             **encoder.describe(),
+            "image_dim": encoder.text_dim,  # view A is text too, from the same encoder
             "source": "wordnet",
             "synset": synset,
             "wordnet_dir": str(root),
