@@ -191,3 +191,29 @@ def test_routing_losses():
     assert load_balance(torch.tensor(0.8)).item() == pytest.approx(0.09)
     with pytest.raises(ValueError):
         routing_entropy(torch.zeros(0))
+
+
+def test_first_layer_gradients():
+    from curvalign.nn.router import _FirstLayer
+
+    g = torch.Generator().manual_seed(5)
+    args = [torch.randn(3, 4, 4, generator=g, dtype=torch.float64), torch.randn(4, 5, generator=g, dtype=torch.float64),
+            torch.rand(3, 4, generator=g, dtype=torch.float64), torch.randn(3, 5, generator=g, dtype=torch.float64),
+            torch.randn(4, 5, generator=g, dtype=torch.float64)]
+    assert torch.autograd.gradcheck(_FirstLayer.apply, [a.requires_grad_() for a in args])
+
+
+def test_matrix_and_pair_mode_train_the_router_alike():
+    router = _router()
+    s_e, s_h, _, _ = _inputs(router)
+    g = torch.Generator().manual_seed(6)
+    h_t = torch.randn(7, TEXT_DIM, generator=g, dtype=torch.float64)
+    h_i = torch.randn(9, IMAGE_DIM, generator=g, dtype=torch.float64)
+    weight = torch.randn(7, 9, generator=g, dtype=torch.float64)  # an arbitrary downstream loss
+    params = [p for p in router.parameters() if p.requires_grad]
+    matrix = router.matrix_logits(s_e, s_h, router.text_context(h_t), router.image_context(h_i))
+    grads_matrix = torch.autograd.grad((weight * matrix).sum(), params)
+    pairs = router.pair_logits(s_e, s_h, router.text_context(h_t)[:, None], router.image_context(h_i)[None])
+    grads_pairs = torch.autograd.grad((weight * pairs).sum(), params)
+    for a, b in zip(grads_matrix, grads_pairs):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)

@@ -24,13 +24,14 @@ The B x B computation without a [B, B, 34] tensor
     ``W'_T u_t`` is [Nt, 64] and ``W'_I u_i`` [Ni, 64], computed once per item; the statistics are
     [Nt, Ni] scalars (computed in float64, so the one-pass variance cannot cancel). The first
     tensor with a pair *and* a feature axis is the [R, Ni, 64] hidden layer itself, which the
-    MLP needs anyway. Memory (float32): the naive route holds [R, Ni, 34] features and their
-    normalised copy (2 x 136 bytes a pair) before reaching the same hidden layer; this one holds
-    [R, Ni] statistics (about 40 bytes a pair). The hidden layers cost about 4 x 64 + 3 x 32
-    floats a pair in training (saved for backward: 1.4 KB a pair; a 2048 x 2048 batch on one
-    device is about 6 GB, a 256-row shard against 2048 columns 0.75 GB). Without gradients the
-    rows are processed in chunks of at most ``max_chunk_pairs`` pairs, so scoring any number of
-    texts against any number of images holds ``max_chunk_pairs x ~1 KB`` at a time.
+    MLP needs anyway; ``_FirstLayer`` builds it and keeps only per-pair scalars for backward.
+    Memory kept for backward, float32, measured with ``saved_tensors_hooks`` (64 x 128 pairs):
+    the naive route (``pair_logits``: [.., 34] features, their normalised copy, then the MLP)
+    keeps about 1.44 KB a pair, this one about 1.2 KB; what remains is the MLP's hidden layers
+    (GELU inputs and outputs, dropout masks), which any pairwise MLP keeps. A 256-row shard
+    against 2048 columns: about 0.6 GB. Without gradients the rows are processed in chunks of
+    at most ``max_chunk_pairs`` pairs, so scoring any number of texts against any number of
+    images holds ``max_chunk_pairs`` x about 1 KB at a time.
 
 ``pair_logits`` is the same router on given (text, image) pairs, matched rows ``[n]`` or
 candidate lists ``[n, K]`` (top-K reranking); it builds the 34-dim features explicitly, with the
@@ -43,6 +44,36 @@ import torch
 from torch import Tensor, nn
 
 from curvalign.nn.scalars import LearnableScalar
+
+
+class _FirstLayer(torch.autograd.Function):
+    """``hidden[r, c] = coeffs[r, c] @ M + rstd[r, c] (t[r] + i[c])``, [R, C, H], saving only the
+    per-pair scalars and the per-item rows for backward (20 bytes a pair in float32): autograd
+    would otherwise keep the [R, C, H] sum ``t[r] + i[c]`` for the gradient of ``rstd``."""
+
+    @staticmethod
+    def forward(ctx, coeffs: Tensor, scalar_map: Tensor, rstd: Tensor, text_part: Tensor,
+                image_part: Tensor) -> Tensor:  # type: ignore[override]
+        ctx.save_for_backward(coeffs, scalar_map, rstd, text_part, image_part)
+        hidden = coeffs @ scalar_map
+        hidden += rstd.unsqueeze(-1) * (text_part.unsqueeze(1) + image_part.unsqueeze(0))
+        return hidden
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):  # type: ignore[override]
+        coeffs, scalar_map, rstd, text_part, image_part = ctx.saved_tensors
+        g_coeffs = g_map = g_rstd = g_text = g_image = None
+        if ctx.needs_input_grad[0]:
+            g_coeffs = grad @ scalar_map.T
+        if ctx.needs_input_grad[1]:
+            g_map = coeffs.flatten(0, 1).T @ grad.flatten(0, 1)
+        if ctx.needs_input_grad[2]:
+            g_rstd = torch.einsum("rch,rh->rc", grad, text_part) + torch.einsum("rch,ch->rc", grad, image_part)
+        if ctx.needs_input_grad[3]:
+            g_text = torch.einsum("rch,rc->rh", grad, rstd)
+        if ctx.needs_input_grad[4]:
+            g_image = torch.einsum("rch,rc->ch", grad, rstd)
+        return g_coeffs, g_map, g_rstd, g_text, g_image
 
 
 class PairwiseRouter(nn.Module):
@@ -158,8 +189,7 @@ class PairwiseRouter(nn.Module):
             mean = mean.to(work)
             # [R, Ni, 4] @ [4, H]: the scalar inputs, the mean correction and the bias in one product
             coeffs = torch.stack((se * rstd, sh * rstd, -mean * rstd, torch.ones_like(se)), dim=-1)
-            hidden = coeffs @ scalar_map
-            hidden = hidden + rstd.unsqueeze(-1) * (text_part[sl, None, :] + image_part[None, :, :])
+            hidden = _FirstLayer.apply(coeffs, scalar_map, rstd, text_part[sl], image_part)
             out.append(self.tail(hidden).squeeze(-1))
         logits = out[0] if len(out) == 1 else torch.cat(out, dim=0)
         return logits / self.temperature().to(work)
