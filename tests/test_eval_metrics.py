@@ -269,3 +269,16 @@ def test_routing_statistics_reads_the_weight_at_warmup_end():
     assert stats["weight_at_warmup_end"] == 0.95 and stats["dominance_at_warmup_end"] == "euclidean"
     assert stats["weight_mean_over_training"] == pytest.approx((0.5 + 0.95 + 0.4) / 3)
     assert dominance(0.05) == "hyperbolic" and dominance(0.5) == "balanced"
+
+
+def test_text_text_recall_excludes_the_query_and_counts_ties_against():
+    from curvalign.eval.retrieval import text_text_recall
+
+    scores = torch.tensor([
+        [9.0, 1.0, 2.0, 0.0],  # self-score ignored; paraphrase 1 (1.0) below caption 2 (2.0) -> rank 1
+        [1.0, 9.0, 0.5, 0.5],  # paraphrase 0 first -> rank 0
+        [0.3, 0.3, 9.0, 0.3],  # paraphrase 3 tied with the two others -> rank 2
+        [0.0, 0.0, 1.0, 9.0],  # paraphrase 2 first -> rank 0
+    ])
+    groups = torch.tensor([0, 0, 1, 1])
+    assert text_text_recall(scores, groups, ks=(1, 2, 3)) == pytest.approx({"t2t@1": 0.5, "t2t@2": 0.75, "t2t@3": 1.0})

@@ -168,9 +168,10 @@ def _evaluate(recipe: Any, store: Any, split: str, batch_size: int, diagnostics:
 
 def _ordering(recipe: Any, store: Any, image_ids: Tensor, images: Embedding, batch_size: int) -> dict[str, Any]:
     name = getattr(recipe, "name", None)
-    if not has_origin(name):
+    if not has_origin(name) or distance_to_origin(recipe, _rows(images, slice(0, 1))) is None:
         return {"text": None, "image": None,
-                "note": f"{name} has no origin in its geometry: hierarchy ordering does not apply (n/a)"}
+                "note": f"{name} has no origin in its geometry (no hyperbolic part): hierarchy ordering "
+                        "does not apply (n/a)"}
     out: dict[str, Any] = {"text": None, "image": None,
                            "note": "distance to the origin of the hyperbolic part, chains general -> specific"}
     if store.has_chains:

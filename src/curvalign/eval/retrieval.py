@@ -99,3 +99,30 @@ def recall_at_k(scores: Tensor, text_to_image: Tensor, ks: Sequence[int] = (1, 5
     for k in ks:
         out[f"i2t@{k}"] = float((i_ranks < k).float().mean()) if len(i_ranks) else float("nan")
     return out
+
+
+def text_text_recall(scores: Tensor, groups: Tensor, ks: Sequence[int] = (1, 5, 10)) -> dict[str, float]:
+    """Text->text retrieval among captions (DualPath's text-only capability, seed 004).
+
+    scores [N, N] between captions (query rows, candidate columns), groups [N] (e.g. the image
+    each caption describes: captions of one image are paraphrases). A query is found at k when a
+    caption of its group other than itself is among its k best candidates; the query itself is
+    never a candidate; ties pessimistic; queries without a paraphrase are left out.
+    Returns {"t2t@k": ...}.
+    """
+    if scores.ndim != 2 or scores.shape[0] != scores.shape[1] or groups.shape != scores.shape[:1]:
+        raise ValueError(f"text-text scores must be [N, N] with groups [N]; got {tuple(scores.shape)} and "
+                         f"{tuple(groups.shape)}")
+    if not bool(torch.isfinite(scores).all()):
+        raise ValueError("text-text scores contain NaN or infinite values")
+    n = scores.shape[0]
+    same = groups[:, None] == groups[None, :]
+    eye = torch.eye(n, dtype=torch.bool)
+    right = same & ~eye
+    has = right.any(dim=1)
+    masked = scores.masked_fill(eye, float("-inf"))
+    best = masked.masked_fill(~right, float("-inf")).max(dim=1, keepdim=True).values
+    ranks = ((masked >= best) & ~right & ~eye).sum(dim=1)[has]
+    if len(ranks) == 0:
+        raise ValueError("no caption has a paraphrase (another caption of its group)")
+    return {f"t2t@{k}": float((ranks < k).float().mean()) for k in ks}

@@ -1,0 +1,111 @@
+"""End to end: `curvalign eval --json`, benchmark, demo and every study, on tiny synthetic worlds."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from curvalign.cli import app
+
+TINY = "synthetic:images=120,text_pairs=60,captions_max=3"
+TINY_TRAIN = ["batch_size=16", "pair_batch_size=16", "tensorboard=false", "log_every=1", "checkpoint_every=0"]
+runner = CliRunner()
+
+EVAL_KEYS = {"meta", "retrieval", "zeroshot", "hierarchy", "compositional", "ordering", "diagnostics"}
+
+
+@pytest.fixture(scope="module")
+def meru_run(tmp_path_factory) -> Path:
+    from curvalign.train.trainer import train
+
+    out = tmp_path_factory.mktemp("runs") / "meru"
+    return train("meru", TINY, out, steps=4, overrides=TINY_TRAIN, show_progress=False)
+
+
+def test_eval_json_prints_one_object_with_the_documented_keys(meru_run):
+    result = runner.invoke(app, ["eval", str(meru_run), "--json"])
+    assert result.exit_code == 0, result.output
+    payload = json.loads(result.stdout)  # the whole of stdout is one JSON object
+    assert EVAL_KEYS <= set(payload)
+    assert set(payload["retrieval"]) == {f"{d}@{k}" for d in ("t2i", "i2t") for k in (1, 5, 10)}
+    assert set(payload["hierarchy"]) == {"TIE", "LCA", "J", "PH", "RH"}
+    assert {"top1", "top5"} == set(payload["zeroshot"])
+    assert "overall" in payload["compositional"]
+    assert set(payload["ordering"]["text"]) == {"chain", "pairs"}
+    assert payload["meta"]["recipe"] == "meru" and payload["meta"]["step"] == 4
+    assert all(0.0 <= v <= 1.0 for v in payload["retrieval"].values())
+
+
+def test_eval_text_output_and_split_choice(meru_run):
+    result = runner.invoke(app, ["eval", str(meru_run), "--split", "train"])
+    assert result.exit_code == 0, result.output
+    assert "retrieval/t2i@1" in result.stdout and "meru at step 4" in result.stdout
+
+
+@pytest.mark.parametrize("args, message", [
+    (["eval", "/nonexistent/run"], "does not exist"),
+    (["eval", "RUN", "--split", "validation"], "split 'validation'"),
+    (["eval", "RUN", "--data", "nosuchsource"], "nosuchsource"),
+])
+def test_eval_errors_are_one_line(meru_run, args, message):
+    args = [str(meru_run) if a == "RUN" else a for a in args]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2
+    assert message in result.output and "Traceback" not in result.output
+
+
+def test_benchmark_writes_table_json_and_plots(tmp_path):
+    out = tmp_path / "bench"
+    result = runner.invoke(app, ["benchmark", "--recipes", "clip,meru", "--data", TINY, "--out", str(out),
+                                 "--steps", "3", "--quiet", *TINY_TRAIN])
+    assert result.exit_code == 0, result.output
+    payload = json.loads((out / "results.json").read_text())
+    assert payload["recipes"] == ["clip", "meru"] and payload["steps"] == 3
+    assert payload["results"]["clip"]["ordering"]["text"] is None  # no origin on the sphere: n/a
+    assert payload["results"]["meru"]["ordering"]["text"] is not None
+    md = (out / "results.md").read_text()
+    assert "| clip |" in md and "| meru |" in md and "n/a" in md
+    for png in ("retrieval.png", "hierarchy.png", "distances.png", "spectra.png", "curves.png"):
+        assert (out / png).stat().st_size > 0
+
+
+def test_benchmark_rejects_unknown_recipe(tmp_path):
+    result = runner.invoke(app, ["benchmark", "--recipes", "clip,nope", "--data", TINY, "--out", str(tmp_path)])
+    assert result.exit_code == 2 and "nope" in result.output
+
+
+def test_demo_runs_small(tmp_path):
+    out = tmp_path / "demo"
+    result = runner.invoke(app, ["demo", "--out", str(out), "--recipes", "clip", "--steps", "2", "--data", TINY,
+                                 "--quiet", "batch_size=16"])
+    assert result.exit_code == 0, result.output
+    assert "demo finished" in result.stdout and (out / "results.md").exists()
+
+
+STUDY_OPTIONS = {
+    "agr-curriculum": {},
+    "atmg-curvature": {"curvatures": (0.5,)},
+    "proclip-product": {"part_dim": 4},
+    "phyclip-factors": {"total_dim": 8, "factors": (1, 4)},
+    "dualpath-forgetting": {},
+}
+
+
+@pytest.mark.parametrize("name", list(STUDY_OPTIONS))
+def test_each_study_runs_tiny_and_gives_a_verdict(tmp_path, name):
+    from curvalign.report.studies import run_study
+
+    result = run_study(name, tmp_path / name, steps=4, data=TINY, overrides=TINY_TRAIN, **STUDY_OPTIONS[name])
+    assert result["verdict"].split(":")[0] in {"holds", "does not hold", "mixed"}
+    assert result["rows"] and all(Path(f).exists() for f in result["figures"])
+    saved = json.loads((tmp_path / name / "study.json").read_text())
+    assert saved["verdict"] == result["verdict"]
+    assert "Verdict" in (tmp_path / name / "study.md").read_text()
+
+
+def test_study_command_rejects_unknown_name():
+    result = runner.invoke(app, ["study", "nope"])
+    assert result.exit_code == 2 and "unknown study" in result.output
