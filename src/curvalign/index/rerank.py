@@ -192,6 +192,20 @@ def _check_embedding(emb: Embedding, reference: Embedding, what: str) -> None:
                                      f"holds {list(reference[key].shape[1:])}")
 
 
+def _first_distinct(hits: np.ndarray, K: int) -> np.ndarray:
+    """Per row, the first ``K`` distinct values of ``hits`` ``[n, m]`` in order (``m >= K``)."""
+    n, m = hits.shape
+    order = np.argsort(hits, axis=1, kind="stable")
+    sorted_hits = np.take_along_axis(hits, order, 1)
+    duplicate = np.zeros_like(hits, dtype=bool)
+    duplicate[:, 1:] = sorted_hits[:, 1:] == sorted_hits[:, :-1]
+    keep = np.empty_like(duplicate)
+    np.put_along_axis(keep, order, ~duplicate, 1)
+    # stable sort of "not kept" moves kept entries to the front in their original order
+    front = np.argsort(~keep, axis=1, kind="stable")[:, :K]
+    return np.take_along_axis(hits, front, 1)
+
+
 class RecipeIndex:
     """Search ``database`` (one side's Embedding) with a recipe's own score.
 
@@ -236,32 +250,26 @@ class RecipeIndex:
         return self._dinkelbach_candidates(vectors.astype(np.float64), K)
 
     def _dinkelbach_candidates(self, functionals: np.ndarray, K: int) -> np.ndarray:
-        """Candidates for ``max a / b`` (``functionals`` ``[n, 2, D]`` = ``q_a, q_b``)."""
+        """Candidates for ``max a / sqrt(b^2 - 1)`` (``functionals`` ``[n, 2, D]`` = ``q_a, q_b``)."""
         q_a, q_b = functionals[:, 0], functionals[:, 1]
-        lam = np.zeros(len(q_a))
+        n = len(q_a)
+        lam = np.zeros(n)
         rounds = []
         for _ in range(ANGLE_ROUNDS):
             query = np.ascontiguousarray((q_a - lam[:, None] * q_b).astype(np.float32))
             rows = self._index.search(query, K)[1]
             rounds.append(rows)
-            u = self._index.reconstruct_batch(np.unique(rows)).astype(np.float64)
-            lookup = {int(r): i for i, r in enumerate(np.unique(rows))}
-            vec = u[np.vectorize(lookup.__getitem__)(rows)]  # [n, K, D]
-            a = np.einsum("nkd,nd->nk", vec, q_a)
-            b = np.einsum("nkd,nd->nk", vec, q_b)
+            uniq, inverse = np.unique(rows, return_inverse=True)
+            vec = self._index.reconstruct_batch(uniq)[inverse.reshape(rows.shape)]  # [n, K, D] float32
+            ab = np.matmul(vec, np.stack([q_a, q_b], axis=2).astype(np.float32)).astype(np.float64)
+            a, b = ab[..., 0], ab[..., 1]
             # Best exact ratio a / h(b), h(b) = sqrt(b^2 - 1); the next round maximises a minus
             # that ratio times h linearised at the best item's b (h is concave: a tangent line).
             h = np.sqrt(np.maximum(b * b - 1.0, 1e-12))
             best = np.argmax(a / h, axis=1)
             a0, b0, h0 = (np.take_along_axis(v, best[:, None], 1)[:, 0] for v in (a, b, h))
             lam = (a0 / h0) * (b0 / h0)
-        # Last round first (closest to the optimum), then earlier rounds: first K distinct rows.
-        hits = np.concatenate(rounds[::-1], axis=1)
-        out = np.empty((len(q_a), K), dtype=np.int64)
-        for i in range(len(q_a)):
-            _, first = np.unique(hits[i], return_index=True)
-            out[i] = hits[i][np.sort(first)[:K]]
-        return out
+        return _first_distinct(np.concatenate(rounds[::-1], axis=1), K)
 
     @torch.no_grad()
     def rerank(self, queries: Embedding, rows: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:

@@ -491,7 +491,7 @@ def _ivf_add(index: faiss.Index, x: np.ndarray, c: float) -> None:
 
 
 def build_index(points: Any, c: float, kind: IndexKind = "exact", ids: Any = None, *,
-                method: AnnMethod = "hnsw", M: int = 32, ef_construction: int = 80, ef_search: int = 64,
+                method: AnnMethod = "hnsw", M: int = 32, ef_construction: int = 80, ef_search: int = 128,
                 nlist: int | None = None, nprobe: int = 16, seed: int = 0,
                 meta: dict[str, Any] | None = None) -> LorentzIndex:
     """Index ``points`` ``[N, d]`` (Lorentz space components, curvature ``-c``).
@@ -524,8 +524,8 @@ def build_index(points: Any, c: float, kind: IndexKind = "exact", ids: Any = Non
                 raise IndexMismatchError(f"IVF needs at least nlist={nlist} points to train, got {N}")
             options = {"nlist": nlist, "nprobe": int(nprobe)}
             rng = np.random.default_rng(seed)
-            sample = x[rng.choice(N, size=min(N, 64 * nlist), replace=False)]
-            kmeans = faiss.Kmeans(d, nlist, niter=12, seed=seed, verbose=False)
+            sample = x[rng.choice(N, size=min(N, 40 * nlist), replace=False)]  # faiss wants >= 39 per cell
+            kmeans = faiss.Kmeans(d, nlist, niter=10, seed=seed, verbose=False)
             kmeans.train(sample)
             quantizer = faiss.IndexFlatIP(d + 1)
             quantizer.add(database_vectors(kmeans.centroids, c))
