@@ -272,3 +272,14 @@ def test_short_fit_learns_and_ranks_heldout_pairs():
     recall = heldout_recall_at_1(model, store)
     assert recall > 10.0 / n_test, (recall, n_test)  # chance is 1 / n_test
     assert float(model.alpha) == 1.0 and float(model.beta) == 1.0
+
+
+def test_loss_under_bf16_autocast_is_finite():
+    model = _model(trunk="residual")
+    _perturb_(model)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = model.loss(_batch(), Progress(500, TOTAL))
+    assert out.total.dtype == torch.float32 and torch.isfinite(out.total)
+    out.total.backward()
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    assert grads and all(torch.isfinite(g).all() for g in grads)

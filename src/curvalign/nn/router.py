@@ -55,8 +55,10 @@ class _FirstLayer(torch.autograd.Function):
     def forward(ctx, coeffs: Tensor, scalar_map: Tensor, rstd: Tensor, text_part: Tensor,
                 image_part: Tensor) -> Tensor:  # type: ignore[override]
         ctx.save_for_backward(coeffs, scalar_map, rstd, text_part, image_part)
-        hidden = coeffs @ scalar_map
-        hidden += rstd.unsqueeze(-1) * (text_part.unsqueeze(1) + image_part.unsqueeze(0))
+        # in the inputs' dtype (float32 at least) also under autocast, so backward sees one dtype
+        with torch.autocast(device_type=coeffs.device.type, enabled=False):
+            hidden = coeffs @ scalar_map
+            hidden += rstd.unsqueeze(-1) * (text_part.unsqueeze(1) + image_part.unsqueeze(0))
         return hidden
 
     @staticmethod
@@ -166,11 +168,14 @@ class PairwiseRouter(nn.Module):
         u_t, u_i = text_context.to(work), image_context.to(work)
 
         c = self.context_dim
-        weight = self.fc1.weight.to(work) * self.norm.weight.to(work)            # W' [H, 34]
-        offset = self.fc1.bias.to(work) + self.fc1.weight.to(work) @ self.norm.bias.to(work)  # [H]
-        scalar_map = torch.stack((weight[:, 0], weight[:, 1], weight.sum(dim=1), offset))  # [4, H]
-        text_part = u_t @ weight[:, 2 + c:].T                                    # [Nt, H]
-        image_part = u_i @ weight[:, 2:2 + c].T                                  # [Ni, H]
+        # the folded first layer in float32 at least, also under autocast (the MLP after it may
+        # run in bf16): its per-pair statistics and sums need the range and precision
+        with torch.autocast(device_type=s_h.device.type, enabled=False):
+            weight = self.fc1.weight.to(work) * self.norm.weight.to(work)        # W' [H, 34]
+            offset = self.fc1.bias.to(work) + self.fc1.weight.to(work) @ self.norm.bias.to(work)  # [H]
+            scalar_map = torch.stack((weight[:, 0], weight[:, 1], weight.sum(dim=1), offset))  # [4, H]
+            text_part = u_t @ weight[:, 2 + c:].T                                # [Nt, H]
+            image_part = u_i @ weight[:, 2:2 + c].T                              # [Ni, H]
 
         # per-item sums for the LayerNorm statistics, in float64 (one-pass variance)
         stat = torch.float64 if work != torch.float64 else work
