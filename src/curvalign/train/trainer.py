@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import random
 import shutil
 import signal
@@ -189,6 +190,9 @@ class Trainer:
             torch.set_num_threads(cfg.num_threads)
         try:
             self.device = torch.device(cfg.device)
+            if self.device.type == "cuda" and not torch.cuda.is_initialized():
+                # deterministic cuBLAS needs a fixed workspace, set before CUDA starts
+                os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
             torch.empty(0, device=self.device)
         except (RuntimeError, AssertionError) as err:
             raise ConfigError(f"device {cfg.device!r} is not usable here ({str(err).splitlines()[0]})") from None
@@ -510,6 +514,8 @@ def train(recipe: str | None, data: str | FeatureStore | None, out_dir: str | Pa
         config = resolve_config(recipe, data_spec or ("<in-memory FeatureStore>" if data is not None else None),
                                 steps=steps, overrides=overrides, config_file=config_file)
     if data is None:
+        if config.data.startswith("<in-memory"):
+            raise ConfigError(f"{run_dir} was trained on an in-memory FeatureStore: pass that store as data to resume")
         data = config.data
     store, spec = _load_store(data)
     if isinstance(data, FeatureStore) and not resuming:
