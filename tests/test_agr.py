@@ -58,7 +58,8 @@ def _connected(grads: dict) -> set[str]:
 def test_registered_with_its_config():
     assert get_recipe("agr") is AGR and AGR.Config is AGRConfig
     cfg = AGRConfig()
-    assert (cfg.lora_rank, cfg.curvature_init, cfg.curvature_min, cfg.curvature_max, cfg.max_delta) == (64, 0.1, 1e-4, 2.0, 5.0)
+    defaults = (cfg.lora_rank, cfg.curvature_init, cfg.curvature_min, cfg.curvature_max, cfg.max_delta)
+    assert defaults == (64, 0.1, 1e-4, 2.0, 5.0)
     assert cfg.curriculum.alpha_end * 120_000 == pytest.approx(5_000)
     with pytest.raises(ValueError, match="curvature"):
         AGRConfig(curvature_init=5.0)

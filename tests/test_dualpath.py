@@ -141,10 +141,11 @@ def test_phases_and_curriculum_in_the_loss():
     first = model.loss(_batch(), Progress(0, TOTAL))
     assert set(first.terms) == {"text_info_nce", "score_mse", "rank"}
     assert first.logs["dualpath_phase"] == 1.0
-    assert (first.logs["temperature"], first.logs["score_weight"], first.logs["rank_weight"]) == pytest.approx((0.1, 0.5, 0.1))
+    curriculum = ("temperature", "score_weight", "rank_weight")
+    assert tuple(first.logs[k] for k in curriculum) == pytest.approx((0.1, 0.5, 0.1))
     later = model.loss(_batch(), Progress(100, TOTAL))
     assert set(later.terms) == {"text_info_nce", "score_mse", "rank", "image_info_nce", "triplet"}
-    assert (later.logs["temperature"], later.logs["score_weight"], later.logs["rank_weight"]) == pytest.approx((0.07, 3.0, 1.0))
+    assert tuple(later.logs[k] for k in curriculum) == pytest.approx((0.07, 3.0, 1.0))
     assert later.total.item() == pytest.approx(sum(t.item() for t in later.terms.values()), rel=1e-6)
     assert later.terms["score_mse"].item() == pytest.approx(3.0 * later.logs["score_mse_unweighted"], rel=1e-5)
 
@@ -167,14 +168,16 @@ def test_task_prefixes_and_token_inputs():
     out = pooled.embed_texts(tokens, mask)["point"]
     assert out.shape == (3, 8)
     tokens[:, 2:] = 1e3  # masked positions do not matter
-    torch.testing.assert_close(pooled.eval().embed_texts(tokens, mask)["point"], pooled.embed_texts(tokens[:, :2])["point"])
+    pooled.eval()
+    torch.testing.assert_close(pooled.embed_texts(tokens, mask)["point"], pooled.embed_texts(tokens[:, :2])["point"])
 
 
 def test_multiloss_readings():
     g = torch.Generator().manual_seed(0)
     scores = torch.randn(5, 5, generator=g)
     # all scores 1: the plain InfoNCE; a zero-score row is no positive
-    assert score_weighted_info_nce(scores, torch.ones(5), 0.1).item() == pytest.approx(info_nce(scores, 0.1).item(), rel=1e-6)
+    plain = info_nce(scores, 0.1).item()
+    assert score_weighted_info_nce(scores, torch.ones(5), 0.1).item() == pytest.approx(plain, rel=1e-6)
     w = torch.tensor([1.0, 1.0, 0.0, 1.0, 1.0])
     keep = [0, 1, 3, 4]
     ce = torch.nn.functional.cross_entropy(scores[keep] / 0.1, torch.tensor(keep), reduction="mean")

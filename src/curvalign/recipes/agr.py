@@ -156,9 +156,11 @@ class AGRConfig:
              "need 0 < curvature_min <= curvature_init <= curvature_max, got "
              f"{self.curvature_min}, {self.curvature_init}, {self.curvature_max}"),
             (self.clip_kappa > 0, f"clip_kappa must be positive, got {self.clip_kappa}"),
-            (0 < self.tau_e_min <= self.tau_e_init, f"need 0 < tau_e_min <= tau_e_init, got {self.tau_e_min}, {self.tau_e_init}"),
+            (0 < self.tau_e_min <= self.tau_e_init,
+             f"need 0 < tau_e_min <= tau_e_init, got {self.tau_e_min}, {self.tau_e_init}"),
             (0 < self.gate_temperature_min <= self.gate_temperature,
-             f"need 0 < gate_temperature_min <= gate_temperature, got {self.gate_temperature_min}, {self.gate_temperature}"),
+             "need 0 < gate_temperature_min <= gate_temperature, got "
+             f"{self.gate_temperature_min}, {self.gate_temperature}"),
             (self.max_delta > 0, f"max_delta must be positive, got {self.max_delta}"),
             (min(self.load_balance_weight, self.expert_weight, self.score_jitter) >= 0,
              "load_balance_weight, expert_weight and score_jitter must be >= 0"),
