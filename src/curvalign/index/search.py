@@ -374,8 +374,8 @@ class LorentzIndex:
         pos = np.take_along_axis(cand, order, axis=1)
         zk = np.take_along_axis(z, order, axis=1)
         if (pos < 0).any():
-            raise RuntimeError(f"the ANN index returned fewer than k={k} candidates for some queries; "
-                               f"raise ef_search / nprobe")
+            raise ValueError(f"the approximate index found fewer than k={k} candidates for some queries; "
+                             f"raise ef_search (HNSW) or nprobe (IVF)")
         return pos, zk
 
     def _scan(self, y: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
