@@ -114,11 +114,13 @@ def test_missing_parts_and_bad_sizes_are_clear_errors():
         BatchSampler(store, 4, split="valid")
 
 
-def test_non_finite_features_are_named():
-    store = toy_store(num_images=10)
+def test_non_finite_features_are_named_when_drawn():
+    store = toy_store(num_images=10, captions=1)
     store.text_features[7, 2] = float("nan")
-    with pytest.raises(SamplingError, match="'text_features' has non-finite values \\(first at row 7\\)"):
-        BatchSampler(store, 4)
+    sampler = BatchSampler(store, 5)
+    with pytest.raises(SamplingError, match="'text_features' has non-finite values \\(row 7\\)"):
+        for _ in range(2):  # one epoch: image 7 and its only caption are drawn
+            sampler.next_batch()
 
 
 def test_store_without_splits_trains_on_all_images():

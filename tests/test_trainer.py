@@ -280,3 +280,11 @@ def test_a_term_present_on_some_steps_is_averaged_over_those_steps(tmp_path, mon
     run = train("_toy", toy_store(num_images=40), tmp_path / "run", steps=4, show_progress=False,
                 overrides=["batch_size=8", "log_every=2", "tensorboard=false"])
     assert [r["loss/phase"] for r in read_log(run)] == [1.0, 1.0]
+
+
+def test_non_finite_features_stop_training_with_field_and_row(tmp_path):
+    store = toy_store(num_images=40, captions=1)
+    store.image_features[11, 0] = float("inf")
+    with pytest.raises(TrainError, match="step [12]: feature store field 'image_features' has non-finite values \\(row 11\\)"):
+        train("_toy", store, tmp_path / "run", steps=5, overrides=["batch_size=20", "tensorboard=false"],
+              show_progress=False)

@@ -11,6 +11,9 @@ takes the last images of one epoch and the first of the next, and the next permu
 arranged so that none of those first images repeats one already in that batch (an image twice
 in one batch would be its own negative). Text pairs are visited the same way, independently.
 
+Values. Every drawn row is checked for NaN/inf (cheap: O(batch)); a bad one stops training with
+the field and row named. (Stores loaded from disk are validated in full when loaded.)
+
 Boxes. When the recipe requires boxes, only images with at least one box are trained on (the
 box terms need a crop of every image in the batch); how many were left out is reported in
 ``summary``. Images without any caption cannot form a pair and are left out likewise.
@@ -79,17 +82,13 @@ def _grouped(owner: Tensor, n_owners: int) -> tuple[Tensor, Tensor, Tensor]:
     return order, starts, counts
 
 
-def check_finite(store: FeatureStore, fields: Iterable[str]) -> None:
-    """SamplingError naming the first field and row that holds NaN or inf."""
-    for name in fields:
-        value = getattr(store, name)
-        if value is None or not value.is_floating_point():
-            continue
-        bad = ~torch.isfinite(value)
-        if bad.any():
-            row = int(torch.nonzero(bad.reshape(bad.shape[0], -1).any(dim=1))[0])
-            raise SamplingError(f"feature store field {name!r} has non-finite values (first at row {row}); "
-                                "clean the features before training")
+def _check_rows(name: str, rows: Tensor, index: Tensor) -> None:
+    """SamplingError naming the store field and row if ``rows`` (= ``field[index]``) holds NaN/inf."""
+    bad = ~torch.isfinite(rows)
+    if bad.any():
+        row = int(index[torch.nonzero(bad.reshape(bad.shape[0], -1).any(dim=1))[0]])
+        raise SamplingError(f"feature store field {name!r} has non-finite values (row {row}); "
+                            "clean the features before training")
 
 
 class BatchSampler:
@@ -115,13 +114,6 @@ class BatchSampler:
         if "text_pairs" in self.requires and not store.has_text_pairs:
             raise SamplingError(f"recipe {recipe} trains on scored text pairs; data {data!r} has none "
                                 "(a feature store with pair_a_features, pair_b_features, pair_scores)")
-        fields = ["image_features", "text_features"]
-        if "boxes" in self.requires:
-            fields += ["box_image_features", "box_text_features"]
-        if "text_pairs" in self.requires:
-            fields += ["pair_a_features", "pair_b_features", "pair_scores"]
-        check_finite(store, fields)
-
         if split == "train" and (store.split_names is None or store.image_split is None):
             split_ids = torch.arange(store.num_images)
         elif store.split_names is not None and split not in store.split_names:
@@ -191,17 +183,19 @@ class BatchSampler:
         idx = self.next_indices()
         s = self.store
 
-        def rows(tensor: Tensor, index: Tensor) -> Tensor:
-            return torch.as_tensor(tensor[index]).float()
+        def rows(name: str, index: Tensor) -> Tensor:
+            out = torch.as_tensor(getattr(s, name)[index]).float()
+            _check_rows(name, out, index)  # O(batch): a bad row is caught when it is first drawn
+            return out
 
-        batch = Batch(image=rows(s.image_features, idx["image"]), text=rows(s.text_features, idx["text"]))
+        batch = Batch(image=rows("image_features", idx["image"]), text=rows("text_features", idx["text"]))
         if "box" in idx:
-            batch.box_image = rows(s.box_image_features, idx["box"])
-            batch.box_text = rows(s.box_text_features, idx["box"])
+            batch.box_image = rows("box_image_features", idx["box"])
+            batch.box_text = rows("box_text_features", idx["box"])
         if "pair" in idx:
-            batch.pair_a = rows(s.pair_a_features, idx["pair"])
-            batch.pair_b = rows(s.pair_b_features, idx["pair"])
-            batch.pair_score = rows(s.pair_scores, idx["pair"])
+            batch.pair_a = rows("pair_a_features", idx["pair"])
+            batch.pair_b = rows("pair_b_features", idx["pair"])
+            batch.pair_score = rows("pair_scores", idx["pair"])
         return batch
 
     def state_dict(self) -> dict[str, Any]:

@@ -273,7 +273,10 @@ class Trainer:
         cfg = self.train_config
         self.recipe.train()
         self.recipe.on_step_start(progress)
-        batch = local_rows(self.sampler.next_batch(), self.gather).to(self.device)
+        try:
+            batch = local_rows(self.sampler.next_batch(), self.gather).to(self.device)
+        except SamplingError as err:
+            raise TrainError(f"step {progress.step + 1}: {err}; " + self._kept_message()) from None
         autocast = (torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
                     if cfg.bf16 else nullcontext())
         with autocast:
