@@ -133,7 +133,7 @@ class RunConfig:
         recipe_cls = recipe_class(raw["recipe"])
         recipe_config = _build_dataclass(recipe_cls.Config, raw.get("recipe_config") or {},
                                          f"{source}: recipe_config")
-        return cls(raw["recipe"], raw["data"], train, dataclasses.asdict(recipe_config))
+        return cls(raw["recipe"], raw["data"], train, init_values(recipe_config))
 
     def recipe_config_object(self) -> Any:
         """The recipe's ``Config`` dataclass instance."""
@@ -222,7 +222,7 @@ def resolve_config(
 
     train = _build_dataclass(TrainConfig, train_values, "train")
     recipe_config = _build_dataclass(recipe_cls.Config, recipe_values, f"recipe {recipe!r}")
-    return RunConfig(str(recipe), str(data), train, dataclasses.asdict(recipe_config))
+    return RunConfig(str(recipe), str(data), train, init_values(recipe_config))
 
 
 def parse_override(text: str) -> tuple[str, str]:
@@ -279,6 +279,11 @@ def _valid_keys(train_fields: list[str], recipe_fields: list[str], recipe: str) 
 
 
 # --- typed construction ---------------------------------------------------------------------
+
+def init_values(obj: Any) -> dict[str, Any]:
+    """The constructor arguments of dataclass instance ``obj`` (fields with ``init=False`` left out)."""
+    return {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj) if f.init}
+
 
 def _field_names(cls: type) -> list[str]:
     if not dataclasses.is_dataclass(cls):
@@ -341,12 +346,11 @@ def coerce(value: Any, annotation: Any, where: str, default: Any = dataclasses.M
     if origin in (Union, types.UnionType):
         if type(None) in args and (value is None or (isinstance(value, str) and value.strip().lower() in _NONE)):
             return None
-        errors = []
         for arg in (a for a in args if a is not type(None)):
             try:
                 return coerce(value, arg, where)
-            except ConfigError as err:
-                errors.append(str(err))
+            except ConfigError:
+                continue
         raise ConfigError(f"{where}: cannot read {value!r} as {_type_name(annotation)}")
     if origin is Literal:
         for choice in args:

@@ -197,7 +197,10 @@ class Trainer:
         except (RuntimeError, AssertionError) as err:
             raise ConfigError(f"device {cfg.device!r} is not usable here ({str(err).splitlines()[0]})") from None
 
-        self.recipe = build_model(config, store.image_dim, store.text_dim, self.device)
+        try:
+            self.recipe = build_model(config, store.image_dim, store.text_dim, self.device)
+        except (ValueError, TypeError) as err:
+            raise ConfigError(f"recipe {config.recipe!r} cannot be built with this config: {err}") from None
         self.model: nn.Module = self.recipe  # the distributed launcher may wrap it (DDP)
         try:
             self.sampler = BatchSampler(store, cfg.batch_size, seed=cfg.seed, requires=self.recipe.requires,
