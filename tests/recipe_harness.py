@@ -5,7 +5,8 @@
     small_world(seed=0, ...) -> FeatureStore                                  a small test world
 
 Each step samples ``batch_size`` distinct train images, one random caption each (and one random
-box each when the recipe requires "boxes"), and takes an AdamW step on ``recipe.loss``.
+box each when the recipe requires "boxes"; ``batch_size`` random scored text pairs when it
+requires "text_pairs"), and takes an AdamW step on ``recipe.loss``.
 Parameters named by ``recipe.no_decay_parameter_names()`` get no weight decay.
 
 ``small_world`` uses the project's synthetic world (``curvalign.data.synthetic``) when it is
@@ -53,6 +54,8 @@ def fit(recipe: Recipe, store: FeatureStore, steps: int, batch_size: int = 64, l
     need_boxes = "boxes" in recipe.requires
     if need_boxes and not store.has_boxes:
         raise ValueError(f"recipe {recipe.name} requires boxes; the store has none")
+    if "text_pairs" in recipe.requires and not store.has_text_pairs:
+        raise ValueError(f"recipe {recipe.name} requires scored text pairs; the store has none")
     images, captions, boxes = _usable_train_images(store, need_boxes)
     if len(images) < batch_size:
         raise ValueError(f"only {len(images)} usable train images for batch_size {batch_size}")
@@ -71,6 +74,11 @@ def fit(recipe: Recipe, store: FeatureStore, steps: int, batch_size: int = 64, l
             box_rows = _pick_one(boxes, chosen, generator)
             batch.box_image = store.box_image_features[box_rows].float()
             batch.box_text = store.box_text_features[box_rows].float()
+        if "text_pairs" in recipe.requires:
+            pairs = torch.randperm(store.pair_a_features.shape[0], generator=generator)[:batch_size]
+            batch.pair_a = store.pair_a_features[pairs].float()
+            batch.pair_b = store.pair_b_features[pairs].float()
+            batch.pair_score = store.pair_scores[pairs].float()
         recipe.on_step_start(Progress(step, steps))
         out = recipe.loss(batch, Progress(step, steps))
         if not torch.isfinite(out.total):

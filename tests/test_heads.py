@@ -48,10 +48,10 @@ def test_lorentz_head_point_is_expmap_of_its_tangent():
 
 def test_lorentz_head_scale_starts_at_inverse_sqrt_dim_and_is_capped():
     head = LorentzHead(10, 16)
-    assert float(head.scale()) == pytest.approx(16 ** -0.5)
+    assert float(head.scale.value) == pytest.approx(16 ** -0.5)
     with torch.no_grad():
         head.scale.log_value.fill_(3.0)
-    assert float(head.scale()) == pytest.approx(1.0)
+    assert float(head.scale.value) == pytest.approx(1.0)
 
 
 def test_lorentz_head_clip_norm_bounds_the_tangent():
@@ -67,7 +67,7 @@ def test_lorentz_head_clip_norm_bounds_the_tangent():
 def test_factorized_head_maps_each_factor_with_its_curvature():
     k, d = 5, 3
     head = FactorizedLorentzHead(12, k, d)
-    assert float(head.scale()) == pytest.approx((k * d) ** -0.5)
+    assert float(head.scale.value) == pytest.approx((k * d) ** -0.5)
     c = torch.tensor([0.1, 0.5, 1.0, 3.0, 10.0])
     f = torch.randn(4, 12)
     x = head(f, c)
