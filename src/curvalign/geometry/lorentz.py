@@ -68,6 +68,13 @@ def _sqnorm(x: Tensor) -> Tensor:
     return (x * x).sum(-1)
 
 
+def _robust_norm(v: Tensor) -> Tensor:
+    """``|v|`` over the last axis as ``[..., 1]``, scaled by the largest entry first so that
+    norms up to the dtype's maximum do not overflow in the squares; finite gradient at 0."""
+    m = v.detach().abs().amax(-1, keepdim=True).clamp_min(torch.finfo(v.dtype).tiny)
+    return m * torch.sqrt(((v / m) ** 2).sum(-1, keepdim=True).clamp_min(torch.finfo(v.dtype).tiny))
+
+
 def _time(x: Tensor, c: Tensor) -> Tensor:
     return torch.sqrt(c.reciprocal() + _sqnorm(x))
 
@@ -101,13 +108,14 @@ def expmap0(v: Tensor, c: Curvature) -> Tensor:
     check_points(v, "v")
     v, c, _ = _prep(v, c)
     cb = c.unsqueeze(-1) if c.dim() else c
-    r2 = cb * _sqnorm(v).unsqueeze(-1)
+    r = torch.sqrt(cb) * _robust_norm(v)
     # Taylor series 1 + r^2/6 + r^4/120 is exact to the dtype below r^6/5040 < eps.
     r_small = (5040.0 * eps(v.dtype)) ** (1.0 / 6.0)
+    r2 = r.clamp_max(r_small) ** 2  # clamped so the unselected branch has finite gradients
     series = 1.0 + r2 / 6.0 + r2 * r2 / 120.0
-    r = torch.sqrt(r2.clamp_min(r_small * r_small))
-    ratio = torch.sinh(r.clamp_max(MAX_SQRT_C_RADIUS)) / r
-    return torch.where(r2 < r_small * r_small, series, ratio) * v
+    r_big = r.clamp_min(r_small)
+    ratio = torch.sinh(r_big.clamp_max(MAX_SQRT_C_RADIUS)) / r_big
+    return torch.where(r < r_small, series, ratio) * v
 
 
 @no_autocast
@@ -116,13 +124,14 @@ def logmap0(x: Tensor, c: Curvature) -> Tensor:
     check_points(x, "x")
     x, c, _ = _prep(x, c)
     cb = c.unsqueeze(-1) if c.dim() else c
-    r2 = cb * _sqnorm(x).unsqueeze(-1)
+    r = torch.sqrt(cb) * _robust_norm(x)
     # asinh(r)/r = 1 - r^2/6 + 3 r^4/40 - ...; next term 15 r^6/336 below eps.
     r_small = (336.0 / 15.0 * eps(x.dtype)) ** (1.0 / 6.0)
+    r2 = r.clamp_max(r_small) ** 2
     series = 1.0 - r2 / 6.0 + 3.0 * r2 * r2 / 40.0
-    r = torch.sqrt(r2.clamp_min(r_small * r_small))
-    ratio = torch.asinh(r) / r
-    return torch.where(r2 < r_small * r_small, series, ratio) * x
+    r_big = r.clamp_min(r_small)
+    ratio = torch.asinh(r_big) / r_big
+    return torch.where(r < r_small, series, ratio) * x
 
 
 @no_autocast
