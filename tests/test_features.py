@@ -397,3 +397,18 @@ def test_save_refuses_an_invalid_store(tmp_path: Path):
     with pytest.raises(FeatureStoreError, match=r"text_features.* 1 row with NaN"):
         store.save(tmp_path / "s")
     assert not any(tmp_path.iterdir())
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.sampled_from([f for f in TENSOR_FIELDS if f not in FLOAT_FIELDS]), st.integers(0, 20), st.integers(-3, 12))
+def test_any_corrupted_index_gives_a_store_error_or_a_valid_store(name: str, row: int, value: int):
+    store = tiny_store()
+    column = getattr(store, name).clone()
+    column[row % len(column)] = value
+    setattr(store, name, column)
+    try:
+        store.validate()
+    except FeatureStoreError as err:
+        assert name in str(err)
+    else:  # still valid: every accessor works on it
+        store.subset(torch.arange(store.num_images).flip(0)).validate()
