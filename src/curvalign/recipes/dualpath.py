@@ -193,12 +193,15 @@ class DualPath(Recipe):
         all_a, all_b = gather(local_a), gather(local_b)
         pair_offset = gather.offset(batch.pair_a.shape[0])
         s = batch.pair_score
+        # ratios and pairwise terms over the global pair batch (see losses.multiloss)
+        s_mean = gather.average(s.float().mean())
         text_nce = 0.5 * (
-            score_weighted_info_nce(cosine_scores(local_a["point"], all_b["point"]), s, tau, pair_offset)
-            + score_weighted_info_nce(cosine_scores(local_b["point"], all_a["point"]), s, tau, pair_offset))
+            score_weighted_info_nce(cosine_scores(local_a["point"], all_b["point"]), s, tau, pair_offset, s_mean)
+            + score_weighted_info_nce(cosine_scores(local_b["point"], all_a["point"]), s, tau, pair_offset, s_mean))
         pair_cos = cosine_pair_scores(local_a["point"], local_b["point"])
         mse = score_mse(pair_cos, s)
-        rank = pair_ranking(pair_cos, s)
+        everyone = gather({"cos": pair_cos, "score": s})
+        rank = pair_ranking(pair_cos, s, everyone["cos"], everyone["score"], gather.world_size)
         terms = {
             "text_info_nce": text_nce,
             "score_mse": weights.score_weight * mse,
