@@ -24,7 +24,7 @@ from curvalign.report.tables import format_cell, lookup, write_json
 
 Notify = Callable[[str], None]
 
-COMMON_OVERRIDES = ("tensorboard=false", "checkpoint_every=0")
+COMMON_OVERRIDES = ("batch_size=128", "tensorboard=false", "checkpoint_every=0")
 
 
 # --- shared machinery ---------------------------------------------------------------------------
