@@ -242,3 +242,18 @@ def test_short_fit_learns_and_keeps_text_similarity():
     recall_end = pair_recall()
     assert recall_phase1 > 10 * chance and recall_end > max(10 * chance, recall_init)
     assert recall_end > recall_phase1 - 0.1  # text similarity survives Phase 2
+
+
+def test_pair_losses_split_over_processes_equal_the_global_batch():
+    g = torch.Generator().manual_seed(1)
+    cos, s = torch.rand(8, generator=g) * 2 - 1, torch.rand(8, generator=g)
+    scores = torch.randn(8, 8, generator=g)
+    whole_rank = pair_ranking(cos, s)
+    whole_nce = score_weighted_info_nce(scores, s, 0.1)
+    ranks, nces = [], []
+    for r in range(2):
+        sl = slice(4 * r, 4 * r + 4)
+        ranks.append(pair_ranking(cos[sl], s[sl], cos, s, world_size=2))
+        nces.append(score_weighted_info_nce(scores[sl], s[sl], 0.1, offset=4 * r, weight_mean=s.mean()))
+    assert (0.5 * (ranks[0] + ranks[1])).item() == pytest.approx(whole_rank.item(), rel=1e-6)
+    assert (0.5 * (nces[0] + nces[1])).item() == pytest.approx(whole_nce.item(), rel=1e-6)
