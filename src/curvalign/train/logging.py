@@ -38,9 +38,8 @@ class RunLogger:
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
-            # purge_step hides events a killed process wrote past the resumed checkpoint
-            self._tb = SummaryWriter(str(Path(run_dir) / TB_DIR),
-                                     purge_step=resume_step + 1 if resume_step > 0 else None)
+            # purge_step hides events a killed process wrote past the checkpoint resumed from
+            self._tb = SummaryWriter(str(Path(run_dir) / TB_DIR), purge_step=resume_step + 1)
 
     def _truncate_after(self, step: int) -> None:
         if not self.path.exists():
