@@ -387,8 +387,9 @@ class _PairwiseAcosh(torch.autograd.Function):
             j1 = min(k, j0 + kc)
             for i0 in range(0, N, nb):
                 i1 = min(N, i0 + nb)
-                d = _acosh_1p2w(_w_block(P[j0:j1, i0:i1], Q[j0:j1])).mul_(s3[j0:j1])
-                out[i0:i1] += d.sum(0)
+                d = _acosh_1p2w(_w_block(P[j0:j1, i0:i1], Q[j0:j1]))
+                # Scale by 1/sqrt(c_k) and sum over factors in one pass: [kc] x [kc, nb*M].
+                out[i0:i1] += torch.tensordot(s[j0:j1], d, dims=1)
         ctx.save_for_backward(P, Q, s)
         return out
 
@@ -399,9 +400,10 @@ class _PairwiseAcosh(torch.autograd.Function):
         w0 = ctx.w0
         if not ctx.reduce_sum:
             P, Q, s, w, out = ctx.saved_tensors
-            G = _dacosh_dw(w, w0).mul_(grad).mul_(s.view(-1, 1, 1))
-            gP = torch.bmm(G, Q).neg_() if need_p else None
-            gQ = torch.bmm(G.transpose(1, 2), P).neg_() if need_q else None
+            G = _dacosh_dw(w, w0).mul_(grad)
+            minus_s = -s.view(-1, 1, 1)  # applied to the small [k, n, d+1] products
+            gP = torch.bmm(G, Q).mul_(minus_s) if need_p else None
+            gQ = torch.bmm(G.transpose(1, 2), P).mul_(minus_s) if need_q else None
             gs = (grad * out).sum((1, 2)) / s if need_s else None
             return gP, gQ, gs, None, None
         P, Q, s = ctx.saved_tensors
@@ -420,12 +422,14 @@ class _PairwiseAcosh(torch.autograd.Function):
                 w = _w_block(Pb, Qb)
                 g = grad[i0:i1].unsqueeze(0)
                 if need_s:
-                    gs[j0:j1] += (_acosh_1p2w(w).mul_(g)).sum((1, 2))
-                G = _dacosh_dw(w, w0).mul_(g).mul_(s3[j0:j1])
+                    gs[j0:j1] += (_acosh_1p2w(w) * g).sum((1, 2))
+                G = _dacosh_dw(w, w0).mul_(g)
+                del w
+                s3b = s3[j0:j1]
                 if need_p:
-                    gP[j0:j1, i0:i1] = torch.bmm(G, Qb).neg_()
+                    gP[j0:j1, i0:i1] = torch.bmm(G, Qb).mul_(-s3b)
                 if need_q:
-                    gQ[j0:j1].baddbmm_(G.transpose(1, 2), Pb, alpha=-1.0)
+                    gQ[j0:j1] -= torch.bmm(G.transpose(1, 2), Pb).mul_(s3b)
         return gP, gQ, gs, None, None
 
 
