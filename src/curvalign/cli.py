@@ -55,21 +55,30 @@ def train_command(
     resume: bool = typer.Option(False, "--resume", help="Continue the run in --out from its checkpoint."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace the run files already in --out."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar or notes."),
+    nproc: int = typer.Option(1, "--nproc", min=1, help="Processes on this machine (launched through torchrun; "
+                                                         "DDP with global-batch negatives, see docs/scale.md)."),
 ) -> None:
     """Train a recipe on features; writes checkpoint, config and logs into --out."""
     from curvalign.train.config import TrainError
     from curvalign.train.logging import read_log
-    from curvalign.train.trainer import train
+    from curvalign.train.distributed import is_main_process, launch_training, run_training, train_arguments
 
     def note(message: str) -> None:
         if not quiet:
             typer.secho(f"note: {message}", err=True, fg=typer.colors.YELLOW)
 
     try:
-        run_dir = train(recipe, data, out, steps=steps, overrides=overrides or (), config_file=config,
-                        resume=resume, overwrite=overwrite, show_progress=not quiet, notify=note)
+        if nproc > 1:  # the ranks run this same command under torchrun (and print their own errors)
+            raise typer.Exit(code=launch_training(nproc, train_arguments(
+                recipe=recipe, data=data, steps=steps, out=out, config=config, resume=resume,
+                overwrite=overwrite, quiet=quiet, overrides=overrides or [])))
+        # run_training is train() itself unless torchrun launched this process
+        run_dir = run_training(recipe, data, out, steps=steps, overrides=overrides or (), config_file=config,
+                               resume=resume, overwrite=overwrite, show_progress=not quiet, notify=note)
     except TrainError as err:
         fail(str(err))
+    if not is_main_process():
+        return
     records = read_log(run_dir)
     last = records[-1] if records else {}
     loss = f" (loss {last['loss']:.4f})" if isinstance(last.get("loss"), float) else ""

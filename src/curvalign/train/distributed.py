@@ -12,14 +12,23 @@ slice W times through the summing backward and is divided by W by DDP's average:
 
 from __future__ import annotations
 
+import functools
 import os
+import subprocess
+import sys
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
 
 import torch
 import torch.distributed as dist
-from torch import Tensor
+from torch import Tensor, nn
+from torch.nn.parallel import DistributedDataParallel
 
-from curvalign.recipes.base import Embedding, Gather
+from curvalign.data.features import FeatureStore
+from curvalign.recipes.base import Batch, Embedding, Gather, LossOutput, Progress
+from curvalign.train.config import ConfigError, RunConfig
+from curvalign.train.trainer import Trainer, _clear_run_files, train
 
 
 class _AllGatherWithGrad(torch.autograd.Function):
@@ -102,14 +111,144 @@ def context_from_env() -> DistributedContext:
     )
 
 
-def init_process_group(context: DistributedContext, device: str = "cpu") -> None:
-    """Initialise the default group for a torchrun launch: gloo on CPU, nccl on CUDA."""
+def init_process_group(context: DistributedContext) -> None:
+    """Initialise the default group for a torchrun launch: gloo for CPU tensors, and nccl for
+    CUDA tensors where CUDA is available (then ``device=cuda`` means this rank's local GPU)."""
     if not context.enabled or dist.is_initialized():
         return
-    backend = "nccl" if device.startswith("cuda") else "gloo"
+    backend = "gloo"
+    if torch.cuda.is_available():
+        torch.cuda.set_device(context.local_rank)
+        backend = "cpu:gloo,cuda:nccl"
     dist.init_process_group(backend=backend, rank=context.rank, world_size=context.world_size)
 
 
 def shutdown() -> None:
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
+
+
+# --- launching training ----------------------------------------------------------------------
+
+def _step_seed(seed: int, rank: int, step: int) -> int:
+    """A seed of its own for (run seed, rank, step): the stochastic layers (dropout, score jitter)
+    draw independent numbers on each rank, and a resumed run draws what an uninterrupted one would."""
+    return (seed * 1_000_003 + rank * 7_919 + step * 104_729 + 1) % (2**63 - 1)
+
+
+class GlobalLossStep(nn.Module):
+    """The model the distributed trainer calls: a DDP-wrapped recipe whose reported loss is global.
+
+    ``forward`` returns a LossOutput whose *values* (total, terms, logs) are the means over ranks
+    of the local values (what one process on the global batch reports), while the gradient of
+    ``total`` is that of this rank's local loss (``local + (global - local).detach()``), which
+    DDP then averages into the global gradient. Every rank therefore sees the same loss, so the
+    trainer's non-finite check stops all ranks at the same step, before any update.
+
+    The forward runs under a forked RNG seeded from (seed, rank, step): dropout and jitter masks
+    differ across ranks (the same seed on every rank would repeat one rank's masks on the next),
+    while the process-wide RNG, identical on every rank and saved by rank 0, is left untouched.
+    """
+
+    def __init__(self, ddp: DistributedDataParallel, seed: int, rank: int, device: torch.device) -> None:
+        super().__init__()
+        self.ddp = ddp
+        self.seed = seed
+        self.rank = rank
+        self.device = device
+
+    def forward(self, batch: Batch, progress: Progress, gather: Gather) -> LossOutput:
+        devices = [self.device] if self.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices):
+            torch.manual_seed(_step_seed(self.seed, self.rank, progress.step))
+            out = self.ddp(batch, progress, gather)
+        names = list(out.terms)
+        log_names = list(out.logs)
+        local = torch.stack([out.total.detach().float(), *(out.terms[n].detach().float() for n in names),
+                             *(torch.tensor(float(out.logs[n]), device=out.total.device) for n in log_names)])
+        dist.all_reduce(local, op=dist.ReduceOp.SUM)
+        means = local / dist.get_world_size()
+        total = out.total.float()
+        total = total + (means[0] - total).detach()
+        terms = {n: means[1 + i] for i, n in enumerate(names)}
+        logs = {n: float(means[1 + len(names) + i]) for i, n in enumerate(log_names)}
+        return LossOutput(total=total, terms=terms, logs=logs)
+
+
+def build_distributed_trainer(config: RunConfig, store: FeatureStore, run_dir: str | Path, *,
+                              context: DistributedContext, **kwargs: Any) -> Trainer:
+    """A Trainer for this rank: DistributedGather, main rank = rank 0, recipe wrapped in DDP.
+
+    ``find_unused_parameters=True`` because curriculum recipes (AGR, DualPath) leave some
+    parameters out of the loss in some phases."""
+    gather = DistributedGather()
+    trainer = Trainer(config, store, run_dir, gather=gather, is_main=context.is_main, **kwargs)
+    if "text_pairs" in trainer.recipe.requires and config.train.pair_batch_size % gather.world_size:
+        raise ConfigError(f"pair_batch_size {config.train.pair_batch_size} is not divisible by the "
+                          f"{gather.world_size} processes")
+    device_ids = [trainer.device.index if trainer.device.index is not None else torch.cuda.current_device()] \
+        if trainer.device.type == "cuda" else None
+    ddp = DistributedDataParallel(trainer.recipe, device_ids=device_ids, find_unused_parameters=True)
+    trainer.model = GlobalLossStep(ddp, config.train.seed, context.rank, trainer.device)
+    return trainer
+
+
+def run_training(recipe: str | None, data: str | None, out_dir: str | Path, *,
+                 notify: Callable[[str], None] | None = None, show_progress: bool = True,
+                 **kwargs: Any) -> Path:
+    """``curvalign.train.trainer.train`` in a torchrun launch (same arguments); plain ``train``
+    when this process was not launched by torchrun (WORLD_SIZE unset or 1).
+
+    Every rank draws the same global batches and trains on its slice; only rank 0 writes the
+    run directory, prints notes and shows progress. A rank that fails raises its error and
+    exits; torchrun then stops the other ranks (a rank blocked in a collective does not wait
+    for a peer that has gone: gloo raises once the peer's connection closes).
+    """
+    context = context_from_env()
+    if not context.enabled:
+        return train(recipe, data, out_dir, notify=notify, show_progress=show_progress, **kwargs)
+    init_process_group(context)
+    try:
+        if context.is_main and kwargs.get("overwrite") and not kwargs.get("resume") and Path(out_dir).is_dir():
+            # rank 0 clears the old run files before any rank looks at the directory, so that
+            # no two ranks delete the same files at once
+            _clear_run_files(Path(out_dir))
+        dist.barrier()
+        factory = functools.partial(build_distributed_trainer, context=context)
+        return train(recipe, data, out_dir, notify=notify if context.is_main else None,
+                     show_progress=show_progress and context.is_main, trainer_factory=factory, **kwargs)
+    finally:
+        shutdown()
+
+
+def is_main_process() -> bool:
+    """True outside a torchrun launch and on its rank 0."""
+    return context_from_env().is_main
+
+
+def train_arguments(*, recipe: str | None, data: str | None, steps: int | None, out: str | Path,
+                    config: str | Path | None, resume: bool, overwrite: bool, quiet: bool,
+                    overrides: Sequence[str]) -> list[str]:
+    """The ``curvalign train`` arguments that reproduce these options (for the ranks to parse)."""
+    args = ["--out", str(out)]
+    for flag, value in (("--recipe", recipe), ("--data", data), ("--steps", steps), ("--config", config)):
+        if value is not None:
+            args += [flag, str(value)]
+    args += [flag for flag, on in (("--resume", resume), ("--overwrite", overwrite), ("--quiet", quiet)) if on]
+    if overrides:
+        args += ["--", *overrides]
+    return args
+
+
+def launch_training(nproc: int, arguments: Sequence[str]) -> int:
+    """Run ``curvalign train ARGUMENTS`` in ``nproc`` processes on this machine through torchrun
+    (``python -m torch.distributed.run --standalone``); returns the exit status (0 when every
+    rank succeeded). torchrun stops every rank as soon as one fails."""
+    if context_from_env().enabled:
+        raise ConfigError("--nproc cannot be used inside a torchrun launch (it already runs "
+                          f"{context_from_env().world_size} processes)")
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+               "--local-ranks-filter=0", "-m", "curvalign", "train", *arguments]
+    env = dict(os.environ)
+    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
+    return subprocess.run(command, env=env, check=False).returncode

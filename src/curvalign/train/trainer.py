@@ -236,6 +236,10 @@ class Trainer:
         if state.get("recipe") != self.config.recipe:
             raise CheckpointError(f"the checkpoint in {self.run_dir} is of recipe {state.get('recipe')!r}, "
                                   f"not {self.config.recipe!r}")
+        saved_world = int(state.get("world_size", 1))
+        if saved_world != self.gather.world_size:  # per-rank dropout streams differ: not the same run
+            raise CheckpointError(f"the run in {self.run_dir} was trained with {saved_world} process(es); resume "
+                                  f"it with the same number (--nproc {saved_world}), not {self.gather.world_size}")
         try:
             self.recipe.load_state_dict(state["model"], strict=True)
             self.optimizer.load_state_dict(state["optimizer"])
@@ -255,7 +259,8 @@ class Trainer:
 
     def state_dict(self) -> dict[str, Any]:
         return {"step": self.step, "recipe": self.config.recipe, "image_dim": self.store.image_dim,
-                "text_dim": self.store.text_dim, "optimizer": self.optimizer.state_dict(),
+                "text_dim": self.store.text_dim, "world_size": self.gather.world_size,
+                "optimizer": self.optimizer.state_dict(),
                 "scheduler": self.scheduler.state_dict(), "sampler": self.sampler.state_dict(),
                 "rng": rng_state()}
 
@@ -479,7 +484,8 @@ def _resume_config(run_dir: Path, recipe: str | None, data_spec: str | None, ste
 def train(recipe: str | None, data: str | FeatureStore | None, out_dir: str | Path, *, steps: int | None = None,
           overrides: Iterable[str] | Mapping[str, Any] = (), config_file: str | Path | None = None,
           resume: bool = False, overwrite: bool = False, show_progress: bool = True,
-          notify: Callable[[str], None] | None = None, stop_at: int | None = None) -> Path:
+          notify: Callable[[str], None] | None = None, stop_at: int | None = None,
+          trainer_factory: Callable[..., Trainer] = Trainer) -> Path:
     """Train ``recipe`` on ``data`` (a spec such as ``"synthetic"``, ``"features:PATH"``, or a
     FeatureStore) into ``out_dir``; returns the run directory.
 
@@ -526,5 +532,6 @@ def train(recipe: str | None, data: str | FeatureStore | None, out_dir: str | Pa
     store, spec = _load_store(data)
     if isinstance(data, FeatureStore) and not resuming:
         config = dataclasses.replace(config, data=spec)
-    trainer = Trainer(config, store, run_dir, resume=resuming, show_progress=show_progress, notify=notify)
+    # trainer_factory: the distributed launcher builds a DDP-wrapped Trainer with the same arguments
+    trainer = trainer_factory(config, store, run_dir, resume=resuming, show_progress=show_progress, notify=notify)
     return trainer.fit(stop_at=stop_at)
