@@ -130,3 +130,33 @@ def test_default_encoder_is_the_shipped_minilm(monkeypatch, tmp_path: Path) -> N
     best = (names @ glosses.T).argmax(dim=1)
     top1 = (store.text_to_image[best] == torch.arange(store.num_images)).float().mean()
     assert top1 > 3.0 / store.num_images
+
+
+def test_wu_palmer_by_hand() -> None:
+    from curvalign.data.wordnet import wu_palmer
+
+    # root(0) -> a(1) -> a1(2); root -> b(3); depths 1, 2, 3, 2
+    parents, depth = [-1, 0, 1, 0], [1, 2, 3, 2]
+    assert wu_palmer(parents, 2, 1, depth) == pytest.approx(2 * 2 / (3 + 2))  # lca a
+    assert wu_palmer(parents, 2, 3, depth) == pytest.approx(2 * 1 / (3 + 2))  # lca root
+    assert wu_palmer(parents, 3, 3, depth) == 1.0
+
+
+def test_text_pairs_are_gloss_pairs_scored_in_the_tree(stand_in_encoder: LetterEncoder) -> None:
+    from curvalign.data.wordnet import build_tree, wordnet_store
+
+    store = wordnet_store("big_cat.n.01")
+    tree = build_tree("big_cat.n.01")
+    glosses = stand_in_encoder.encode_texts([tree.texts[tree.text_to_node.index(i)] for i in range(len(tree.synsets))])
+    # Each pair row is the gloss of two different synsets.
+    match_a = (store.pair_a_features[:, None, :] == glosses[None]).all(-1)
+    match_b = (store.pair_b_features[:, None, :] == glosses[None]).all(-1)
+    assert match_a.any(1).all() and match_b.any(1).all()
+    i = tree.synsets.index("lioness.n.01")
+    rows = [k for k in range(len(store.pair_scores)) if match_a[k, i]]
+    lion = tree.synsets.index("lion.n.01")
+    for k in rows:  # lioness (depth 3) with a sibling under lion scores 2*2/(3+3)
+        partner = int(match_b[k].nonzero()[0, 0])
+        if tree.parents[partner] == lion:
+            assert store.pair_scores[k].item() == pytest.approx(4 / 6)
+    assert ((store.pair_scores > 0) & (store.pair_scores < 1)).all()

