@@ -9,9 +9,9 @@ and, at a smaller B, our pairwise Lorentz distance against a broadcast ``[N, M, 
 implementation of the kind geoopt uses.
 
 Each case runs in a fresh subprocess: inputs are made, the resident set size (RSS) is read,
-the kernel's peak-RSS counter is reset (``/proc/self/clear_refs``), one fwd + bwd runs, and
-peak RSS minus the starting RSS is reported as the case's peak memory. Then ``--repeats`` timed
-fwd + bwd runs follow (after one warm-up) and the median is reported. All cases of one
+the kernel's peak-RSS counter is reset (``/proc/self/clear_refs``), one fwd + bwd runs (it is
+also the warm-up), and peak RSS minus the starting RSS is reported as the case's peak memory.
+Then ``--repeats`` timed fwd + bwd runs follow and the median is reported. All cases of one
 invocation run on the same machine, so the ratios to cosine are measured in one run.
 
     python benchmarks/geometry.py                       # B=4096, D=512, k=64, d=8
@@ -110,9 +110,8 @@ def run_case(case: str, batch: int, dim: int, k: int, repeats: int, threads: int
     gc.collect()
     start = _rss_kib("VmRSS")
     peak_ok = _reset_peak()
-    step()
+    step()  # also the warm-up: the first fwd + bwd is not timed
     peak = _rss_kib("VmHWM") if peak_ok else None
-    step()  # warm-up
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
@@ -144,7 +143,7 @@ def main() -> None:
     p.add_argument("--dim", type=int, default=512, help="total embedding width D (default 512)")
     p.add_argument("--factors", type=int, default=64, help="k for the l1 product, d = D / k (default 64)")
     p.add_argument("--broadcast-batch", type=int, default=1024, help="B for the broadcast comparison")
-    p.add_argument("--repeats", type=int, default=5, help="timed repeats per case, median reported")
+    p.add_argument("--repeats", type=int, default=3, help="timed repeats per case, median reported (default 3)")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     p.add_argument("--cases", default=",".join(CASES), help="comma-separated subset of " + ",".join(CASES))
     p.add_argument("--_case", default=None, help=argparse.SUPPRESS)
