@@ -18,6 +18,7 @@ import torch.multiprocessing as mp
 from torch.nn.parallel import DistributedDataParallel
 
 from curvalign.recipes import Batch, Gather, Progress, get_recipe, recipe_names
+from curvalign.recipes.base import LossOutput
 from curvalign.train.distributed import DistributedGather
 
 IMAGE_DIM, TEXT_DIM, GLOBAL_BATCH, WORLD = 24, 16, 8, 2
@@ -117,3 +118,45 @@ def test_two_processes_equal_one_process_on_the_global_batch(tmp_path):
                 err = (grads_1[pname] - grads_w[pname]).abs().max().item()
                 failures.append(f"{name}: gradient of {pname} differs by {err:.2e}")
     assert not failures, "\n".join(failures)
+
+
+class _LocalLoss(torch.nn.Module):
+    """A loss that is the mean of this rank's rows: NaN where a row is NaN."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.ones(1))
+
+    def forward(self, batch: Batch, progress: Progress, gather: Gather) -> LossOutput:
+        value = (self.weight * batch.image).mean()
+        return LossOutput(total=value, terms={"term": value}, logs={"rows": float(batch.image.shape[0])})
+
+
+def _global_loss_worker(rank: int, init_file: str, out_path: str) -> None:
+    from curvalign.train.distributed import GlobalLossStep
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD)
+    model = GlobalLossStep(DistributedDataParallel(_LocalLoss()), seed=0, rank=rank, device=torch.device("cpu"))
+    finite = model(Batch(image=torch.full((2,), 1.0 + rank), text=torch.zeros(2)), PROGRESS, DistributedGather())
+    finite.total.backward()
+    local_nan = float("nan") if rank == 1 else 1.0
+    bad = model(Batch(image=torch.full((2,), local_nan), text=torch.zeros(2)), PROGRESS, DistributedGather())
+    torch.save({"total": float(finite.total), "term": float(finite.terms["term"]), "logs": finite.logs,
+                "grad": float(model.ddp.module.weight.grad), "bad": float(bad.total.detach())},
+               f"{out_path}.{rank}")
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def test_every_rank_reports_the_global_loss(tmp_path):
+    """Values are the mean over ranks (so a NaN on one rank stops all of them at the same step);
+    the gradient stays that of the local loss, which DDP averages."""
+    init_file = tempfile.mktemp(prefix="curvalign-dist-", dir=str(tmp_path))
+    mp.spawn(_global_loss_worker, args=(init_file, str(tmp_path / "out")), nprocs=WORLD, join=True)
+    for rank in range(WORLD):
+        result = torch.load(tmp_path / f"out.{rank}")
+        assert result["total"] == pytest.approx(1.5) and result["term"] == pytest.approx(1.5)
+        assert result["logs"] == {"rows": 2.0}
+        assert result["grad"] == pytest.approx(1.5)  # mean over ranks of d(mean(w x))/dw = x
+        assert result["bad"] != result["bad"], f"rank {rank} did not see the other rank's NaN"

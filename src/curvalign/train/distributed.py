@@ -13,9 +13,8 @@ slice W times through the summing backward and is divided by W by DDP's average:
 from __future__ import annotations
 
 import functools
+import logging
 import os
-import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -242,13 +241,28 @@ def train_arguments(*, recipe: str | None, data: str | None, steps: int | None, 
 
 def launch_training(nproc: int, arguments: Sequence[str]) -> int:
     """Run ``curvalign train ARGUMENTS`` in ``nproc`` processes on this machine through torchrun
-    (``python -m torch.distributed.run --standalone``); returns the exit status (0 when every
-    rank succeeded). torchrun stops every rank as soon as one fails."""
-    if context_from_env().enabled:
-        raise ConfigError("--nproc cannot be used inside a torchrun launch (it already runs "
-                          f"{context_from_env().world_size} processes)")
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-               "--local-ranks-filter=0", "-m", "curvalign", "train", *arguments]
-    env = dict(os.environ)
-    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
-    return subprocess.run(command, env=env, check=False).returncode
+    (``torch.distributed.run --standalone``, its agent in this process); returns the exit status
+    (that of the first rank to fail, 0 when all succeed). torchrun stops every rank as soon as
+    one fails; only rank 0's output is shown (every rank raises the same configuration errors)."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import get_args_parser, run
+
+    context = context_from_env()
+    if context.enabled:
+        raise ConfigError(f"--nproc cannot be used inside a torchrun launch (it already runs {context.world_size} "
+                          "processes)")
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
+    args = get_args_parser().parse_args(["--standalone", f"--nproc_per_node={nproc}", "--local-ranks-filter=0",
+                                         "-m", "curvalign", "train", *arguments])
+    # the ranks print their own one-line errors; the agent's report of a failed rank would repeat them
+    elastic_logger = logging.getLogger("torch.distributed.elastic")
+    level = elastic_logger.level
+    elastic_logger.setLevel(logging.CRITICAL)
+    try:
+        run(args)
+    except ChildFailedError as err:
+        _, failure = err.get_first_failure()
+        return failure.exitcode if failure.exitcode > 0 else 1
+    finally:
+        elastic_logger.setLevel(level)
+    return 0
