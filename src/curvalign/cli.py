@@ -144,7 +144,10 @@ def _print_benchmark(result, out: Path, title: str) -> None:
 
     from curvalign.report.tables import rich_table
 
-    Console().print(rich_table(result.results, title=title))
+    console = Console()
+    if not console.is_terminal:  # a pipe or file: print the whole table rather than squeeze it to 80 columns
+        console = Console(width=200)
+    console.print(rich_table(result.results, title=title))
     typer.echo(f"wrote {out / 'results.md'}, {out / 'results.json'}")
     pngs = [str(p) for k, p in result.files.items() if k.endswith("_png")]
     if pngs:

@@ -24,7 +24,8 @@ from curvalign.report.tables import format_cell, lookup, write_json
 
 Notify = Callable[[str], None]
 
-COMMON_OVERRIDES = ("batch_size=128", "tensorboard=false", "checkpoint_every=0")
+#: every study run: batch 64 and no TensorBoard, so a study finishes in minutes on two CPU cores
+COMMON_OVERRIDES = ("batch_size=64", "pair_batch_size=32", "tensorboard=false", "checkpoint_every=0", "log_every=5")
 
 
 # --- shared machinery ---------------------------------------------------------------------------
@@ -96,7 +97,7 @@ def study_agr_curriculum(out: Path, *, steps: int | None = None, data: str | Non
     from curvalign.report import plots
     from curvalign.schedules import agr_warmup_end_step
 
-    ctx = _Context(out, data or "synthetic:images=1500,text_pairs=0", steps or 400, overrides, show_progress, notify)
+    ctx = _Context(out, data or "synthetic:images=800,text_pairs=0", steps or 150, overrides, show_progress, notify)
     rows, logs, marks = [], {}, {}
     for label, extra in (("four-phase", ["single_schedule=false"]), ("single-schedule", ["single_schedule=true"])):
         run_dir = ctx.train(label, "agr", extra)
@@ -142,7 +143,7 @@ def study_atmg_curvature(out: Path, *, steps: int | None = None, data: str | Non
     crop -> image chains) per curvature."""
     from curvalign.report import plots
 
-    ctx = _Context(out, data or "synthetic:images=1000,text_pairs=0", steps or 200, overrides, show_progress, notify)
+    ctx = _Context(out, data or "synthetic:images=800,text_pairs=0", steps or 100, overrides, show_progress, notify)
     rows = []
     for c in curvatures:
         for recipe in ("meru", "atmg"):
@@ -187,7 +188,7 @@ def study_proclip_product(out: Path, *, steps: int | None = None, data: str | No
     dimension (3 x ``part_dim``): Recall@1 and @10 in both directions."""
     from curvalign.report import plots
 
-    ctx = _Context(out, data or "synthetic:images=1500,text_pairs=0", steps or 300, overrides, show_progress, notify)
+    ctx = _Context(out, data or "synthetic:images=800,text_pairs=0", steps or 150, overrides, show_progress, notify)
     total = 3 * part_dim
     settings = {"product H x E x S": (part_dim, part_dim, part_dim), "hyperbolic only": (total, 0, 0),
                 "euclidean only": (0, total, 0), "sphere only": (0, 0, total)}
@@ -281,12 +282,12 @@ def composition_precision(recipe: Any, store: FeatureStore, world: Any, top: int
 def study_phyclip_factors(out: Path, *, steps: int | None = None, data: str | None = None,
                           overrides: Sequence[str] = (), show_progress: bool = False,
                           notify: Notify = lambda m: None, total_dim: int = 64,
-                          factors: Sequence[int] = (1, 4, 16, 32)) -> dict[str, Any]:
+                          factors: Sequence[int] = (1, 4, 16)) -> dict[str, Any]:
     """PHyCLIP with k factors of d = total_dim / k dimensions: retrieval, zero-shot, hierarchy,
     hard negatives; factor activation per concept family; factor-wise max composition."""
     from curvalign.report import plots
 
-    ctx = _Context(out, data or "synthetic:images=1500,text_pairs=0", steps or 300, overrides, show_progress, notify)
+    ctx = _Context(out, data or "synthetic:images=800,text_pairs=0", steps or 150, overrides, show_progress, notify)
     rows, figures = [], []
     for k in factors:
         if total_dim % k:
@@ -347,7 +348,7 @@ def study_dualpath_forgetting(out: Path, *, steps: int | None = None, data: str 
     from curvalign.schedules import dualpath_switch_step
     from curvalign.train.checkpoint import load_run
 
-    ctx = _Context(out, data or "synthetic:images=1500,text_pairs=3000", steps or 300, overrides, show_progress, notify)
+    ctx = _Context(out, data or "synthetic:images=800,text_pairs=1500", steps or 150, overrides, show_progress, notify)
     test_ids = ctx.store.split_image_ids("test")
     in_test = torch.zeros(ctx.store.num_images, dtype=torch.bool)
     in_test[test_ids] = True
