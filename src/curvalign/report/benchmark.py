@@ -74,14 +74,17 @@ def split_overrides(overrides: Iterable[str], recipes: Sequence[str]) -> dict[st
 
 
 def log_curve_keys(logs: dict[str, list[dict[str, Any]]]) -> list[str]:
-    """Logged scalar keys worth plotting (curvatures, temperatures, routing weights, gates)."""
+    """Logged scalar keys worth plotting: first ``loss``, curvature, temperature, AGR's routing
+    weight and gates, then the other matching keys (per-factor summaries, alpha, beta, ...)."""
     seen: dict[str, None] = {}
     for rows in logs.values():
         for row in rows:
             for k, v in row.items():
                 if isinstance(v, (int, float)) and any(f in k for f in CURVE_KEYS):
                     seen.setdefault(k, None)
-    return list(seen)
+    first = [k for k in ("loss", "curvature", "curvature/mean", "temperature", "routing_weight", "gate", "dualpath_gate") if k in seen
+             or (k == "loss" and any("loss" in r for rows in logs.values() for r in rows))]
+    return first + [k for k in seen if k not in first]
 
 
 def run_benchmark(recipes: Sequence[str], data: str | FeatureStore, out_dir: str | Path, *,

@@ -81,6 +81,8 @@ def distance_histograms(distances: Mapping[str, Mapping[str, np.ndarray] | None]
         d = distances[name]
         if d is None:
             ax.text(0.5, 0.5, "n/a\n(no origin)", ha="center", va="center", transform=ax.transAxes)
+            ax.set_xticks([])
+            ax.set_yticks([])
         else:
             for modality, color in (("image", "C0"), ("text", "C1")):
                 ax.hist(np.asarray(d[modality]), bins=30, alpha=0.6, color=color, label=modality)
@@ -108,8 +110,12 @@ def log_curves(logs: Mapping[str, list[dict[str, Any]]], keys: Sequence[str], pa
                title: str | None = None, marks: Mapping[str, float] | None = None) -> Path:
     """One panel per logged key (e.g. curvature, routing weight, gate), one line per run.
     ``marks``: vertical lines {label: step} (e.g. the end of AGR's warm-up)."""
-    fig, axes = plt.subplots(1, max(1, len(keys)), figsize=(3.6 * max(1, len(keys)), 3.0), squeeze=False)
-    for ax, key in zip(axes[0], keys):
+    ncols = min(4, max(1, len(keys)))
+    nrows = max(1, -(-len(keys) // ncols))
+    fig, axes = plt.subplots(nrows, ncols, figsize=(3.6 * ncols, 2.8 * nrows), squeeze=False)
+    for ax in axes.flat[len(keys):]:
+        ax.axis("off")
+    for ax, key in zip(axes.flat, keys):
         for i, (name, rows) in enumerate(logs.items()):
             pts = [(r.get("step", j), r[key]) for j, r in enumerate(rows) if isinstance(r.get(key), (int, float))]
             if pts:
@@ -119,7 +125,7 @@ def log_curves(logs: Mapping[str, list[dict[str, Any]]], keys: Sequence[str], pa
             ax.text(step, ax.get_ylim()[1], label, fontsize=6, rotation=90, va="top")
         ax.set_title(key, fontsize=9)
         ax.set_xlabel("step", fontsize=8)
-    axes[0][-1].legend(fontsize=7)
+    axes.flat[0].legend(fontsize=7)
     if title:
         fig.suptitle(title, fontsize=10)
     return _save(fig, path)
