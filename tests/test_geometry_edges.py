@@ -91,10 +91,11 @@ def test_values_and_gradients_are_finite(scale: float, c: float, autocast: bool)
 
 
 def test_pairwise_diagonal_is_zero_with_bounded_gradient() -> None:
-    x = torch.randn(8, 5).requires_grad_()
+    x = torch.randn(8, 5, generator=torch.Generator().manual_seed(3)).requires_grad_()
     D = L.pairwise_dist(x, x, 1.0)
     A = L.pairwise_exterior_angle(x, x, 1.0)
-    assert D.diagonal().abs().max() < 1e-3
+    # The Gram matrix's rounding floor in float32: z - 1 ~ eps t^2, so d ~ sqrt(eps) t.
+    assert D.diagonal().abs().max() < 8 * math.sqrt(torch.finfo(torch.float32).eps) * L.time(x, 1.0).max()
     (gd,) = torch.autograd.grad(D.sum(), x)
     (ga,) = torch.autograd.grad(A.sum(), x)
     # Bounded by the dtype floor (1/sqrt(eps) ~ 3e3), not merely finite.

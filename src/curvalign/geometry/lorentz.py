@@ -26,7 +26,6 @@ from torch import Tensor
 
 from curvalign.geometry._numerics import (
     Curvature,
-    acos_safe,
     as_positive,
     check_points,
     eps,
@@ -202,21 +201,6 @@ def half_aperture(x: Tensor, c: Curvature, K: float = 0.1) -> Tensor:
     return torch.asin(arg.clamp_max(1.0 - e))
 
 
-def _exterior_cos(
-    xy: Tensor, nx: Tensor, tx: Tensor, ty: Tensor, w: Tensor, c: Tensor, w0: float
-) -> Tensor:
-    """Cosine of the exterior angle from ``x.y``, ``|x|``, times and ``w = (z-1)/2``.
-
-    AtMG Eq. (9): ``(t_y + t_x c<x,y>_L) / (|x| sqrt((c<x,y>_L)^2 - 1))``. Since
-    ``c t_x^2 = 1 + c|x|^2`` the numerator over ``|x|`` is ``c (t_x (x.y)/|x| - |x| t_y)``,
-    which has no ``1 - c t_x^2`` cancellation and no 0/0 at ``x = 0``; the denominator is
-    ``sqrt(z^2 - 1) = 2 sqrt(w (1 + w))`` with ``w >= w0``.
-    """
-    numer = c * (tx * (xy / nx) - nx * ty)
-    wc = w.clamp_min(w0)
-    return 0.5 * numer * torch.rsqrt(wc * (1.0 + wc))
-
-
 @no_autocast
 def exterior_angle(x: Tensor, y: Tensor, c: Curvature) -> Tensor:
     """Row-wise exterior angle at ``x`` towards ``y`` (AtMG Eq. 9, MERU ``oxy_angle``).
@@ -290,11 +274,6 @@ def _pairwise_prep(
 
 def _gram(X: Tensor, Y: Tensor) -> Tensor:
     return X @ Y.transpose(-1, -2)
-
-
-def _pairwise_w(G: Tensor, tx: Tensor, ty: Tensor, c: Tensor) -> Tensor:
-    """``w = (c (t_x t_y - x.y) - 1) / 2`` for all pairs; ``G`` the Gram matrix."""
-    return 0.5 * (c * (tx.unsqueeze(-1) * ty.unsqueeze(-2) - G) - 1.0)
 
 
 @no_autocast

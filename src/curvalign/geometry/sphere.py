@@ -7,7 +7,6 @@ at least float32 with autocast disabled. ProCLIP (seed 003) spherical factor.
 
 from __future__ import annotations
 
-import torch
 from torch import Tensor
 
 from curvalign.geometry._numerics import (
