@@ -84,11 +84,14 @@ def test_open_clip_loads_local_checkpoint(tiny_open_clip, tmp_path: Path) -> Non
 
 
 @needs("open_clip", "open_clip")
-def test_open_clip_unknown_architecture(tmp_path: Path) -> None:
+def test_open_clip_unknown_architecture_and_wrong_checkpoint(tiny_open_clip, tmp_path: Path) -> None:
+    _, config, _ = tiny_open_clip
     ckpt = tmp_path / "x.pt"
-    ckpt.write_bytes(b"0")
+    torch.save({"visual.proj": torch.zeros(3, 3)}, ckpt)
     with pytest.raises(EncoderError, match="no architecture 'NoSuchNet'"):
         load_encoder(f"open_clip:NoSuchNet:{ckpt}")
+    with pytest.raises(EncoderError, match=f"checkpoint {ckpt}: cannot load it offline"):
+        load_encoder(f"open_clip:{config}:{ckpt}")
 
 
 @pytest.fixture(scope="module")

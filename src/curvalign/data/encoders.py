@@ -179,11 +179,15 @@ class OpenClipEncoder(Encoder):
                 "or a model-config .json file"
             )
         self.device = torch.device(device)
-        # pretrained= a file path loads that file; open_clip fetches only for registry tags.
-        model, _, preprocess = open_clip.create_model_and_transforms(name, pretrained=str(ckpt), device=self.device)
+        try:
+            # pretrained= a file path loads that file; open_clip fetches only for registry tags.
+            model, _, preprocess = open_clip.create_model_and_transforms(name, pretrained=str(ckpt), device=self.device)
+            self.tokenizer = open_clip.get_tokenizer(name)
+        except (OSError, RuntimeError, ValueError, KeyError) as exc:
+            # e.g. a state dict of another architecture, or a tokenizer that would need the hub
+            raise EncoderError(f"open_clip {arch} with checkpoint {ckpt}: cannot load it offline ({exc})") from None
         self.model = model.eval()
         self.preprocess = preprocess
-        self.tokenizer = open_clip.get_tokenizer(name)
         self.spec = f"open_clip:{arch}:{ckpt}"
         with torch.no_grad():
             self.text_dim = int(self.encode_texts(["a"]).shape[-1])
