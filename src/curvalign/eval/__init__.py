@@ -202,6 +202,9 @@ def _diagnostics(recipe: Any, store: Any, images: Embedding, texts: Embedding, p
         spectrum = eigen_spectrum(tangent_features(recipe, emb))
         out["spectrum"][modality] = {"effective_rank": effective_rank(spectrum),
                                      "top_eigenvalues": [float(v) for v in spectrum[:10]]}
+    if "gate_logit" in images and "gate_logit" in texts:  # AGR's query gate, per query (seed 000, Sec. 4.2)
+        out["query_gate"] = {m: summary(torch.sigmoid(e["gate_logit"].double().flatten()))
+                             for m, e in (("image", images), ("text", texts))}
     if prompts is not None and tax is not None and store.class_to_node is not None:
         activation = factor_activation(recipe, prompts)
         if activation is not None:
