@@ -214,10 +214,12 @@ def study_command(
     out: Path = typer.Option(None, "--out", help="Output directory (default: studies/NAME)."),
     steps: int = typer.Option(None, "--steps", min=1, help="Steps per run (default: the study's)."),
     data: str = typer.Option(None, "--data", help="Data (default: the study's synthetic world)."),
+    options: list[str] = typer.Option(None, "--set", help="Study option NAME=VALUE (a Python literal), e.g. "
+                                                          "curvatures=0.1,1,3 or factors=1,4,16 (see docs/results.md)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No per-step progress bars."),
 ) -> None:
     """Test one paper claim on the synthetic world and print the verdict with its figures."""
-    from curvalign.report.studies import STUDIES, run_study
+    from curvalign.report.studies import STUDIES, parse_study_options, run_study
 
     if name not in STUDIES:
         fail(f"unknown study {name!r}; studies: {', '.join(STUDIES)}")
@@ -225,7 +227,8 @@ def study_command(
     out = out or Path("studies") / name
     try:
         result = run_study(name, out, steps=steps, data=data, overrides=overrides or [],
-                           show_progress=not quiet, notify=console.print)
+                           show_progress=not quiet, notify=console.print,
+                           **parse_study_options(name, options or []))
     except _eval_errors() as err:
         fail(_message(err))
     typer.echo(result["markdown"])
@@ -353,7 +356,7 @@ def index_search_command(
         raw, lorentz = open_index(index)
         meta = raw["meta"]
         query_side = "texts" if meta["side"] == "images" else "images"
-        truth = None
+        truth = captions_of = None
         if query_npy is not None:
             if lorentz is None:
                 fail("--query-npy needs a Lorentz index; this one reranks with a recipe: use embedded queries")
@@ -379,6 +382,8 @@ def index_search_command(
             labels = rows
             if query_side == "texts":
                 truth = source.text_to_image()[rows]
+            else:  # an image query: its own captions are the hits
+                captions_of = source.text_to_image()
     except _index_errors() as err:
         fail(_message(err))
     if json_output:
@@ -398,13 +403,16 @@ def index_search_command(
         for rank, (item, value) in enumerate(zip(result.ids[i], result.scores[i]), start=1):
             row = [str(q) if rank == 1 else "", str(rank), str(int(item)), f"{value:.6g}"]
             if truth is not None:
-                hit = int(item) == int(truth[i])
-                row[2] += " *" if hit else ""
+                row[2] += " *" if int(item) == int(truth[i]) else ""
                 row.append(str(int(truth[i])) if rank == 1 else "")
+            elif captions_of is not None and int(captions_of[int(item)]) == int(q):
+                row[2] += " *"
             table.add_row(*row)
     Console().print(table)
     if truth is not None:
         typer.echo("* = the caption's true image")
+    elif captions_of is not None:
+        typer.echo("* = a caption of the query image")
 
 
 # --- extract (issue: real encoders) -----------------------------------------------------------

@@ -406,6 +406,34 @@ STUDIES: dict[str, Callable[..., dict[str, Any]]] = {
 }
 
 
+def _literal(value: Any) -> str:
+    return ",".join(f"{v:g}" if isinstance(v, float) else str(v) for v in value) if isinstance(value, (tuple, list)) \
+        else str(value)
+
+
+def parse_study_options(name: str, items: Sequence[str]) -> dict[str, Any]:
+    """``["curvatures=0.1,1,3", "part_dim=16"]`` -> keyword options of study ``name``, checked
+    against its signature (values are Python literals; a comma list becomes a tuple)."""
+    import ast
+    import inspect
+
+    allowed = {p for p in inspect.signature(STUDIES[name]).parameters
+               if p not in ("out", "steps", "data", "overrides", "show_progress", "notify")}
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep:
+            raise ValueError(f"study option {item!r} is not NAME=VALUE")
+        if key not in allowed:
+            raise ValueError(f"study {name} has no option {key!r}; options: {', '.join(sorted(allowed)) or 'none'}")
+        try:
+            value = ast.literal_eval(raw)
+        except (ValueError, SyntaxError):
+            raise ValueError(f"study option {key}={raw!r}: expected a Python literal") from None
+        out[key] = value
+    return out
+
+
 def run_study(name: str, out: str | Path, *, steps: int | None = None, data: str | None = None,
               overrides: Sequence[str] = (), show_progress: bool = False, notify: Notify | None = None,
               **options: Any) -> dict[str, Any]:
@@ -416,7 +444,8 @@ def run_study(name: str, out: str | Path, *, steps: int | None = None, data: str
     result = STUDIES[name](out, steps=steps, data=data, overrides=list(overrides), show_progress=show_progress,
                            notify=notify or (lambda m: None), **options)
     result["command"] = f"curvalign study {name} --out {out}" + (f" --steps {steps}" if steps else "") + \
-        (f" --data {data}" if data else "") + "".join(f" {o}" for o in overrides)
+        (f" --data {data}" if data else "") + "".join(f" --set {k}={_literal(v)}" for k, v in options.items()) + \
+        "".join(f" {o}" for o in overrides)
     write_json(out / "study.json", result)
     md = [f"# Study {name}", "", f"Claim: {result['claim']}", "", f"Verdict: **{result['verdict']}**", "",
           result["markdown"], "", f"Command: `{result['command']}`", ""]
