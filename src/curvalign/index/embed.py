@@ -187,12 +187,34 @@ def build_from_embeddings(emb: Embeddings, out: str | os.PathLike, *, side: Side
                          f"{recipe!r} is served by exact proxy candidates and a rerank with its own score")
     if not base_meta["run_dir"]:
         raise ValueError(f"{emb.path} does not name the run it came from; {recipe!r} needs the recipe to rerank")
+    from curvalign.train.checkpoint import load_run
+
+    run = load_run(base_meta["run_dir"])
+    if run.config.recipe != recipe:
+        raise ValueError(f"{emb.path} says recipe {recipe!r} but its run {base_meta['run_dir']} holds "
+                         f"{run.config.recipe!r}")
+    engine = RecipeIndex(run.recipe, emb.side(side), side)
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    tmp = out / ".index.json.tmp"
-    tmp.write_text(json.dumps({"format_version": 1, "geometry": "recipe", "mode": "rerank",
-                               "count": emb.meta["counts"][side], "meta": base_meta}, indent=2))
-    os.replace(tmp, out / "index.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        # The proxy vectors depend on the run's learned curvature / weights: computed once, here.
+        engine.save_proxy(str(tmp / "proxy.faiss"))
+        (tmp / "index.json").write_text(json.dumps(
+            {"format_version": 1, "geometry": "recipe", "mode": "rerank", "proxy": engine.proxy.name,
+             "count": emb.meta["counts"][side], "meta": base_meta}, indent=2))
+        old = None
+        if out.exists():
+            if not (out / "index.json").exists() and any(out.iterdir()):
+                raise FileExistsError(f"{out} exists and is not a curvalign index; not overwriting it")
+            old = out.with_name(f".{out.name}.old-{os.getpid()}")
+            os.replace(out, old)
+        os.replace(tmp, out)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     return out
 
 
@@ -244,9 +266,16 @@ def search_index(path: str | os.PathLike, queries: Embedding, *, k: int = 10, ca
         return SearchResult(d, ids, "distance")
     from curvalign.train.checkpoint import load_run
 
+    import faiss
+
     run = load_run(meta["run_dir"])
+    if meta.get("step") is not None and run.step != meta["step"]:
+        raise IndexMismatchError(f"the run {meta['run_dir']} is at step {run.step} but the index was built from "
+                                 f"its embeddings at step {meta['step']}; embed and build again")
     database = load_embeddings(meta["embeddings"]).side(meta["side"])
-    engine = RecipeIndex(run.recipe, database, meta["side"])
+    proxy_file = Path(path) / "proxy.faiss"
+    engine = RecipeIndex(run.recipe, database, meta["side"], proxy=raw.get("proxy"),
+                         proxy_index=faiss.read_index(str(proxy_file)) if proxy_file.exists() else None)
     scores, ids = engine.search(as_torch_embedding(queries), k, candidates)
     return SearchResult(scores, ids, "score")
 

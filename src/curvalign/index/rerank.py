@@ -216,7 +216,8 @@ class RecipeIndex:
     """
 
     def __init__(self, recipe: Recipe, database: Embedding, side: Side = "images", *,
-                 proxy: str | None = None, ids: np.ndarray | None = None, score_batch: int = 65536) -> None:
+                 proxy: str | None = None, ids: np.ndarray | None = None, score_batch: int = 65536,
+                 proxy_index: faiss.Index | None = None) -> None:
         if side not in ("images", "texts"):
             raise ValueError(f"side must be 'images' or 'texts', got {side!r}")
         self.recipe = recipe.eval()
@@ -224,15 +225,25 @@ class RecipeIndex:
         self.side = side
         self.query_side: Query = "text" if side == "images" else "image"
         self.proxy = default_proxy(recipe, proxy)
-        vectors = self.proxy.database(self.database)
-        self._index = faiss.IndexFlatIP(vectors.shape[1])
-        self._index.add(vectors)
-        n = vectors.shape[0]
+        n = next(iter(self.database.values())).shape[0]
+        if proxy_index is not None:  # saved by save_proxy: the same vectors, not recomputed
+            if proxy_index.ntotal != n:
+                raise IndexMismatchError(f"the saved proxy index holds {proxy_index.ntotal} items but the "
+                                         f"database has {n}; rebuild the index")
+            self._index = proxy_index
+        else:
+            vectors = self.proxy.database(self.database)
+            self._index = faiss.IndexFlatIP(vectors.shape[1])
+            self._index.add(vectors)
         self.ids = np.arange(n, dtype=np.int64) if ids is None else np.asarray(ids, dtype=np.int64)
         self.score_batch = score_batch
 
     def __len__(self) -> int:
         return int(self._index.ntotal)
+
+    def save_proxy(self, path: str) -> None:
+        """Write the proxy vectors' Faiss index (``RecipeIndex(..., proxy_index=faiss.read_index(path))``)."""
+        faiss.write_index(self._index, str(path))
 
     @property
     def exact_proxy(self) -> bool:

@@ -498,7 +498,8 @@ def build_index(points: Any, c: float, kind: IndexKind = "exact", ids: Any = Non
 
     kind="exact"   Faiss flat inner-product search on the transform, certified float64 rerank.
     kind="ann"     ``method="hnsw"`` (``M``, ``ef_construction``, ``ef_search``) or ``method="ivf"``
-                   (``nlist``, default ``4 sqrt(N)``; ``nprobe``), candidates re-ranked exactly.
+                   (``nlist``, default ``min(4 sqrt(N), N / 39)``; ``nprobe``), candidates re-ranked
+                   exactly.
     ids            external int ids ``[N]`` (default ``0..N-1``), unique; returned by ``search``.
     meta           free JSON saved with the index (recipe, embedding key, run directory, ...).
     """
@@ -519,7 +520,8 @@ def build_index(points: Any, c: float, kind: IndexKind = "exact", ids: Any = Non
             index = _build_hnsw(x, c, M=M, ef_construction=ef_construction)
             index.hnsw.efSearch = int(ef_search)
         elif method == "ivf":
-            nlist = int(nlist or max(1, min(N, round(4 * math.sqrt(max(N, 1))))))
+            # 4 sqrt(N) cells, but at least 39 training points per cell (Faiss's k-means minimum)
+            nlist = int(nlist or max(1, min(round(4 * math.sqrt(max(N, 1))), N // 39)))
             if N < nlist:
                 raise IndexMismatchError(f"IVF needs at least nlist={nlist} points to train, got {N}")
             options = {"nlist": nlist, "nprobe": int(nprobe)}
