@@ -109,3 +109,15 @@ def test_each_study_runs_tiny_and_gives_a_verdict(tmp_path, name):
 def test_study_command_rejects_unknown_name():
     result = runner.invoke(app, ["study", "nope"])
     assert result.exit_code == 2 and "unknown study" in result.output
+
+
+def test_study_options_are_parsed_and_checked():
+    from curvalign.report.studies import parse_study_options
+
+    assert parse_study_options("atmg-curvature", ["curvatures=0.1,1,3"]) == {"curvatures": (0.1, 1, 3)}
+    with pytest.raises(ValueError, match="no option 'bogus'"):
+        parse_study_options("atmg-curvature", ["bogus=1"])
+    with pytest.raises(ValueError, match="Python literal"):
+        parse_study_options("proclip-product", ["part_dim=abc"])
+    result = runner.invoke(app, ["study", "proclip-product", "--set", "part_dim"])
+    assert result.exit_code == 2 and "NAME=VALUE" in result.output
