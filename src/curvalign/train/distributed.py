@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -261,7 +262,10 @@ def launch_training(nproc: int, arguments: Sequence[str]) -> int:
     try:
         run(args)
     except ChildFailedError as err:
-        _, failure = err.get_first_failure()
+        rank, failure = err.get_first_failure()
+        if 0 not in err.failures:  # rank 0 printed nothing: say which rank failed
+            print(f"error: rank {rank} of {nproc} failed (exit status {failure.exitcode}); its output is not "
+                  "shown: launch with torchrun to see every rank's", file=sys.stderr)
         return failure.exitcode if failure.exitcode > 0 else 1
     finally:
         elastic_logger.setLevel(level)

@@ -1,0 +1,246 @@
+"""How training cost grows: throughput and peak memory per recipe and batch size, PHyCLIP's
+factor count, and two gloo processes against one, all measured in one run on cached features.
+
+    python benchmarks/scale.py                                   # the default tables (~10 min, 2 cores)
+    python benchmarks/scale.py --recipes clip,phyclip --batches 256,1024 --no-k --no-ddp   # smaller
+
+A synthetic feature store (``--world``) is generated once and saved; every case then runs in a
+fresh subprocess that loads it, builds the Trainer (the recipes' paper-default dimensions unless
+``KEY=VALUE`` overrides are given), takes ``--warmup`` steps and times the next ones, keeping the fastest (the least disturbed by
+other processes on the machine). Peak memory
+is the subprocess's ``ru_maxrss`` (the high-water mark of its resident set, the reliable figure on
+CPU); "train MiB" is that peak minus the resident set after the store and model are loaded.
+Cases whose step time or memory, extrapolated from the previous batch size with the measured
+growth, would exceed ``--max-step-seconds`` or ``--max-gib`` are skipped and reported as such.
+Timings on a shared machine are noisy: compare ratios measured in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import resource
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+STEPS_AT = {256: 3, 1024: 2, 4096: 1}  # timed steps per batch size (after the warm-up); the best is kept
+
+
+# --- the measured case (runs in its own process) ---------------------------------------------
+
+def _rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+
+
+def run_case(spec: dict) -> dict:
+    import torch
+
+    from curvalign.data import load_data
+    from curvalign.recipes.base import Progress
+    from curvalign.train.config import resolve_config
+    from curvalign.train.distributed import build_distributed_trainer, context_from_env, init_process_group
+    from curvalign.train.trainer import Trainer
+
+    torch.set_num_threads(spec["threads"])
+    context = context_from_env()
+    overrides = {"batch_size": spec["batch"], "pair_batch_size": spec["batch"], "tensorboard": False,
+                 "checkpoint_every": 0, "steps": 1000, **spec["overrides"]}
+    data = f"features:{spec['store']}"
+    store = load_data(data)
+    config = resolve_config(spec["recipe"], data, overrides=overrides)
+    with tempfile.TemporaryDirectory() as run_dir:
+        if context.enabled:
+            init_process_group(context)
+            trainer = build_distributed_trainer(config, store, run_dir, context=context, show_progress=False)
+        else:
+            trainer = Trainer(config, store, run_dir, show_progress=False)
+        loaded = _rss_mib()
+        for step in range(spec["warmup"]):
+            trainer.train_step(Progress(step, 1000))
+        times = []
+        for step in range(spec["warmup"], spec["warmup"] + spec["steps"]):
+            start = time.perf_counter()
+            trainer.train_step(Progress(step, 1000))
+            times.append(time.perf_counter() - start)
+        seconds = min(times)  # the least disturbed step: other processes share the cores
+    return {"step_s": seconds, "pairs_per_s": spec["batch"] / seconds, "peak_mib": _rss_mib(),
+            "train_mib": _rss_mib() - loaded}
+
+
+def _case_in_subprocess(spec: dict, nproc: int = 1, timeout: float = 900) -> dict:
+    """Run ``spec`` in ``nproc`` fresh processes (gloo when 2+); the result of rank 0."""
+    command = [sys.executable, __file__, "--case", json.dumps(spec)]
+    env = {**os.environ, "OMP_NUM_THREADS": str(spec["threads"])}
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        env.pop(key, None)
+    if nproc == 1:
+        runs = [subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)]
+    else:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        runs = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                 env={**env, "RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": str(nproc),
+                                      "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
+                for r in range(nproc)]
+    outputs = [run.communicate(timeout=timeout) for run in runs]
+    if any(run.returncode for run in runs):
+        err = next(o[1] for o, run in zip(outputs, runs) if run.returncode)
+        return {"error": (err.strip().splitlines() or ["?"])[-1][:160]}
+    return json.loads(outputs[0][0].strip().splitlines()[-1])
+
+
+# --- the tables ------------------------------------------------------------------------------
+
+def _growth(prev: dict | None, cur: dict, key: str) -> str:
+    if not prev or "error" in prev or "error" in cur or "skipped" in cur or "skipped" in prev:
+        return ""
+    return f"x{cur[key] / prev[key]:.1f}"
+
+
+def _exponent(prev: dict | None, cur: dict, ratio: float) -> str:
+    """Exponent p of step time ~ B^p between two successive batch sizes."""
+    if not prev or any(k in d for d in (prev, cur) for k in ("error", "skipped")):
+        return ""
+    return f"{math.log(cur['step_s'] / prev['step_s']) / math.log(ratio):.2f}"
+
+
+def _row(cells: list[str], widths: list[int]) -> str:
+    return "| " + " | ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths))) + " |"
+
+
+def print_table(title: str, header: list[str], rows: list[list[str]]) -> None:
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    print(f"\n{title}\n")
+    print(_row(header, widths))
+    print("|" + "|".join(("-" * (w + 2)) if i == 0 else ("-" * (w + 1) + ":") for i, w in enumerate(widths)) + "|")
+    for r in rows:
+        print(_row(r, widths))
+    sys.stdout.flush()
+
+
+def _fmt(result: dict) -> tuple[str, str, str, str]:
+    if "error" in result:
+        return ("error: " + result["error"], "", "", "")
+    if "skipped" in result:
+        return (result["skipped"], "", "", "")
+    return (f"{result['pairs_per_s']:.0f}", f"{result['step_s']:.3f}", f"{result['peak_mib']:.0f}",
+            f"{result['train_mib']:.0f}")
+
+
+def _predict_skip(prev: dict | None, prev2: dict | None, ratio: float, args: argparse.Namespace) -> str | None:
+    """Skip when the extrapolated step time or memory exceeds the limits (growth as measured
+    between the two previous sizes, at least quadratic for time and linear for memory)."""
+    if not prev or "step_s" not in prev:
+        return None if not prev else "skipped (smaller batch failed or was skipped)"
+    time_growth = ratio ** 2
+    mem_growth = ratio
+    if prev2 and "step_s" in prev2:
+        time_growth = max(time_growth, prev["step_s"] / prev2["step_s"])
+        mem_growth = max(mem_growth, prev["train_mib"] / max(prev2["train_mib"], 1.0))
+    step_s = prev["step_s"] * time_growth
+    gib = (prev["peak_mib"] + prev["train_mib"] * (mem_growth - 1)) / 1024
+    if step_s > args.max_step_seconds or gib > args.max_gib:
+        return f"skipped (predicted {step_s:.0f} s/step, {gib:.1f} GiB)"
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides for every case")
+    parser.add_argument("--recipes", default="clip,meru,hycoclip,atmg,phyclip,proclip,agr,dualpath")
+    parser.add_argument("--batches", default="256,1024,4096")
+    parser.add_argument("--world", default="synthetic:images=5200,text_pairs=4096",
+                        help="synthetic spec of the store (enough train images for the largest batch)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads of a one-process case")
+    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--max-step-seconds", type=float, default=15.0)
+    parser.add_argument("--max-gib", type=float, default=6.0)
+    parser.add_argument("--factors", default="8,32,64", help="PHyCLIP k values (d = 8)")
+    parser.add_argument("--k-batch", type=int, default=512, help="batch size of the PHyCLIP k sweep")
+    parser.add_argument("--ddp-recipes", default="clip,phyclip")
+    parser.add_argument("--ddp-batch", type=int, default=512)
+    parser.add_argument("--no-k", action="store_true", help="skip the PHyCLIP k sweep")
+    parser.add_argument("--no-ddp", action="store_true", help="skip two processes against one")
+    parser.add_argument("--case", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.case:  # a measured case, in its own process
+        result = run_case(json.loads(args.case))
+        from curvalign.train.distributed import context_from_env, shutdown
+
+        shutdown()
+        if context_from_env().is_main:
+            print(json.dumps(result))
+        return 0
+
+    import torch
+
+    from curvalign.data import load_data
+
+    overrides = dict(item.split("=", 1) for item in args.overrides)
+    batches = [int(b) for b in args.batches.split(",")]
+    recipes = [r for r in args.recipes.split(",") if r]
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        store_path = Path(tmp) / "store"
+        load_data(args.world).save(store_path)
+        print(f"store: {args.world}, saved once to features:PATH; torch {torch.__version__}, "
+              f"{os.cpu_count()} cores; one-process cases use {args.threads} thread(s); "
+              f"warm-up {args.warmup} step(s), then {', '.join(f'{STEPS_AT.get(b, 2)} at B={b}' for b in batches)}",
+              flush=True)
+
+        def spec(recipe: str, batch: int, extra: dict | None = None, threads: int | None = None) -> dict:
+            return {"recipe": recipe, "batch": batch, "store": str(store_path), "threads": threads or args.threads,
+                    "warmup": args.warmup, "steps": STEPS_AT.get(batch, 2), "overrides": {**overrides, **(extra or {})}}
+
+        rows = []
+        for recipe in recipes:
+            results: list[dict] = []
+            for i, batch in enumerate(batches):
+                prev = results[-1] if results else None
+                prev2 = results[-2] if len(results) > 1 else None
+                ratio = batch / batches[i - 1] if i else 1.0
+                skip = _predict_skip(prev, prev2, ratio, args) if i else None
+                result = {"skipped": skip} if skip else _case_in_subprocess(spec(recipe, batch))
+                results.append(result)
+                rows.append([recipe, str(batch), *_fmt(result), _growth(prev, result, "step_s"),
+                             _exponent(prev, result, ratio), _growth(prev, result, "train_mib")])
+                print(f"  {recipe} B={batch}: {_fmt(result)}", file=sys.stderr, flush=True)
+        print_table("Throughput and peak memory per recipe and batch size (paper-default dimensions)",
+                    ["recipe", "B", "pairs/s", "s/step", "peak MiB", "train MiB", "time growth", "p (time ~ B^p)",
+                     "train-mem growth"], rows)
+
+        if not args.no_k:
+            rows, prev = [], None
+            for k in [int(k) for k in args.factors.split(",")]:
+                result = _case_in_subprocess(spec("phyclip", args.k_batch, {"num_factors": k, "factor_dim": 8}))
+                rows.append([str(k), *_fmt(result), _growth(prev, result, "step_s"), _growth(prev, result, "train_mib")])
+                prev = result
+            print_table(f"PHyCLIP, factors k at d = 8, B = {args.k_batch}",
+                        ["k", "pairs/s", "s/step", "peak MiB", "train MiB", "time growth", "train-mem growth"], rows)
+
+        if not args.no_ddp:
+            rows = []
+            for recipe in [r for r in args.ddp_recipes.split(",") if r]:
+                one_1 = _case_in_subprocess(spec(recipe, args.ddp_batch, threads=1))
+                one_2 = _case_in_subprocess(spec(recipe, args.ddp_batch, threads=2))
+                two = _case_in_subprocess(spec(recipe, args.ddp_batch, threads=1), nproc=2)
+                for label, result in (("1 process, 1 thread", one_1), ("1 process, 2 threads", one_2),
+                                      ("2 gloo processes, 1 thread each", two)):
+                    speedup = (f"x{result['pairs_per_s'] / one_1['pairs_per_s']:.2f}"
+                               if "pairs_per_s" in result and "pairs_per_s" in one_1 else "")
+                    rows.append([recipe, label, *_fmt(result)[:3], speedup])
+            print_table(f"Two processes against one, global batch {args.ddp_batch} (peak MiB: rank 0's process)",
+                        ["recipe", "run", "pairs/s", "s/step", "peak MiB", "vs 1 process 1 thread"], rows)
+    print(f"\ntotal {time.perf_counter() - started:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
