@@ -448,62 +448,53 @@ def pairwise_dist(X: Tensor, Y: Tensor, c: Curvature) -> Tensor:
 class _PairwiseExteriorAngle(torch.autograd.Function):
     """Exterior angles for all pairs from one Gram matrix, with a hand-written backward.
 
-    Inputs ``X: [k, N, d]``, ``Y: [k, M, d]``, the row vectors ``tx = time(x)``, ``nx = |x|``
-    (``[k, N]``), ``ty = time(y)`` (``[k, M]``) and ``c: [k]``; the times and norms are made
-    by autograd outside, so their dependence on ``x``, ``y`` and ``c`` needs no code here.
-    With ``G = X Y^T``:
-    ``w = (c/2)(tx ty - G) - 1/2``, ``n = (c/2)((tx/nx) G - nx ty)`` and
-    ``cos = n / sqrt(w (1 + w))`` (AtMG Eq. 9 over ``|x|``, see :func:`exterior_angle`),
-    ``alpha = acos(clamp(cos, -1 + eps, 1 - eps))``.
+    Inputs (made by autograd outside, so their dependence on ``x``, ``y`` and ``c`` needs no
+    code here): ``Xs = (c/2) X: [k, N, d]``, ``Y: [k, M, d]``, ``txs = (c/2) time(x)``,
+    ``u = time(x) / |x|``, ``a = (c/2) |x|^2 / time(x)`` (``[k, N]``) and ``ty = time(y)``
+    (``[k, M]``). With ``Gs = Xs Y^T``:
+    ``h = txs ty - Gs = w + 1/2`` (``w = (z - 1)/2``), ``w (1 + w) = h^2 - 1/4``,
+    numerator ``n = u (Gs - a ty) = (c/2)(t_x (x.y)/|x| - |x| t_y)`` (AtMG Eq. 9 over ``|x|``),
+    ``cos = n / sqrt(h^2 - 1/4)`` with ``h^2 - 1/4`` floored at ``eps (1 + eps)``,
+    ``alpha = acos(clamp(cos, -1 + eps, 1 - eps))``. At the clamp the backward uses the slope at
+    the boundary (bounded by ``1/sqrt(2 eps)``); at the floor the ``h`` path is cut.
     """
 
     @staticmethod
-    def forward(ctx, X, Y, tx, nx, ty, c, w0):  # type: ignore[no-untyped-def, override]
-        c3 = c.view(-1, 1, 1)
-        half_c = 0.5 * c3
-        G = torch.bmm(X, Y.transpose(1, 2))
-        w = (tx.unsqueeze(-1) * ty.unsqueeze(-2)).sub_(G).mul_(half_c).sub_(0.5)
-        num = (G * (tx / nx).unsqueeze(-1)).sub_(nx.unsqueeze(-1) * ty.unsqueeze(-2)).mul_(half_c)
-        wc = w.clamp_min(w0)
-        cos = torch.addcmul(wc, wc, wc).rsqrt_().mul_(num)
-        del num, wc
-        bound = 1.0 - eps(X.dtype)
+    def forward(ctx, Xs, Y, txs, u, a, ty):  # type: ignore[no-untyped-def, override]
+        e = eps(Xs.dtype)
+        q_min = e * (1.0 + e)
+        Gs = torch.bmm(Xs, Y.transpose(1, 2))
+        ty_row = ty.unsqueeze(1)
+        h = torch.baddbmm(Gs, txs.unsqueeze(-1), ty_row, beta=-1.0)
+        q = torch.addcmul(h.new_full((1, 1, 1), -0.25), h, h)
+        floored = q <= q_min
+        den = q.clamp_min_(q_min).rsqrt_()
+        cos = torch.baddbmm(Gs, a.unsqueeze(-1), ty_row, alpha=-1.0)
+        del Gs
+        cos.mul_(den).mul_(u.unsqueeze(-1))
+        bound = 1.0 - e
         cos.clamp_(-bound, bound)
-        ctx.bound, ctx.w0 = bound, w0
-        ctx.save_for_backward(X, Y, tx, nx, ty, c, G, w, cos)
+        ctx.save_for_backward(Xs, Y, txs, u, a, ty, h, den, cos, floored)
         return torch.acos(cos)
 
     @staticmethod
     @no_autocast  # the backward runs outside the forward's context: keep float32 here too
     def backward(ctx, grad):  # type: ignore[no-untyped-def, override]
-        X, Y, tx, nx, ty, c, G, w, cos = ctx.saved_tensors
-        c3 = c.view(-1, 1, 1)
-        half_c = 0.5 * c3
-        # d alpha / d cos, zero where the clamp was active.
-        gcos = torch.addcmul(torch.ones_like(cos), cos, cos, value=-1.0).rsqrt_().mul_(grad).neg_()
-        gcos.masked_fill_(cos.abs() >= ctx.bound, 0.0)
-        wc = w.clamp_min(ctx.w0)
-        den = torch.addcmul(wc, wc, wc).rsqrt_()  # 1 / sqrt(w (1 + w))
-        g_num = gcos * den
-        # d cos / d w = -cos (1 + 2w) / (2 w (1 + w)), zero where the floor was active.
-        g_w = (wc.mul(2.0).add_(1.0)).mul_(den).mul_(den).mul_(cos).mul_(gcos).mul_(-0.5)
-        g_w.masked_fill_(w <= ctx.w0, 0.0)
-        num_over = cos / den  # = n where the clamp was inactive (elsewhere g_num = 0)
-        gc = ((g_w * (w + 0.5)).sum((1, 2)) + (g_num * num_over).sum((1, 2))) / c
-        del num_over, den, wc
-        rows_gnG = (g_num * G).sum(-1)  # [k, N]
-        g_w_ty = torch.bmm(g_w, ty.unsqueeze(-1)).squeeze(-1)
-        g_num_ty = torch.bmm(g_num, ty.unsqueeze(-1)).squeeze(-1)
-        g_tx = half_c.squeeze(-1) * (g_w_ty + rows_gnG / nx)
-        g_nx = -half_c.squeeze(-1) * (rows_gnG * tx / (nx * nx) + g_num_ty)
-        g_ty = half_c.squeeze(-1) * (
-            torch.bmm(g_w.transpose(1, 2), tx.unsqueeze(-1)).squeeze(-1)
-            - torch.bmm(g_num.transpose(1, 2), nx.unsqueeze(-1)).squeeze(-1)
-        )
-        gG = g_num.mul_((tx / nx).unsqueeze(-1)).sub_(g_w).mul_(half_c)
-        gX = torch.bmm(gG, Y)
-        gY = torch.bmm(gG.transpose(1, 2), X)
-        return gX, gY, g_tx, g_nx, g_ty, gc, None
+        Xs, Y, txs, u, a, ty, h, den, cos, floored = ctx.saved_tensors
+        r = torch.addcmul(torch.ones_like(cos), cos, cos, value=-1.0).rsqrt_().mul_(grad)
+        p = r * den  # -dL/dn
+        rc = r.mul_(cos)  # r consumed
+        g_u = -rc.sum(-1) / u  # dL/du = sum_j dL/dn * n / u = -sum_j r cos / u
+        g_h = rc.mul_(h).mul_(den).mul_(den).masked_fill_(floored, 0.0)  # dL/dh
+        g_txs = torch.bmm(g_h, ty.unsqueeze(-1)).squeeze(-1)
+        g_ty = torch.bmm(g_h.transpose(1, 2), txs.unsqueeze(-1)).squeeze(-1)
+        g_ty += torch.bmm(p.transpose(1, 2), (u * a).unsqueeze(-1)).squeeze(-1)
+        g_a = u * torch.bmm(p, ty.unsqueeze(-1)).squeeze(-1)
+        minus_gGs = p.mul_(u.unsqueeze(-1)).add_(g_h)  # -dL/dGs
+        del g_h
+        gXs = torch.bmm(minus_gGs, Y).neg_()
+        gY = torch.bmm(minus_gGs.transpose(1, 2), Xs).neg_()
+        return gXs, gY, g_txs, g_u, g_a, g_ty
 
 
 @no_autocast
@@ -521,12 +512,15 @@ def pairwise_exterior_angle(X: Tensor, Y: Tensor, c: Curvature) -> Tensor:
     if squeeze:
         X, Y = X.unsqueeze(0), Y.unsqueeze(0)
     k = X.shape[0]
-    cv = c.reshape(-1).expand(k)
+    cv = c.reshape(-1).expand(k).view(-1, 1)
     e = eps(X.dtype)
-    tx = torch.sqrt(cv.view(-1, 1).reciprocal() + _sqnorm(X))
-    ty = torch.sqrt(cv.view(-1, 1).reciprocal() + _sqnorm(Y))
+    tx = torch.sqrt(cv.reciprocal() + _sqnorm(X))
+    ty = torch.sqrt(cv.reciprocal() + _sqnorm(Y))
     nx = safe_norm(X, e)
-    out = _PairwiseExteriorAngle.apply(X, Y, tx, nx, ty, cv, e)
+    half_c = 0.5 * cv
+    out = _PairwiseExteriorAngle.apply(
+        X * half_c.unsqueeze(-1), Y, half_c * tx, tx / nx, half_c * nx * nx / tx, ty
+    )
     return out[0] if squeeze else out
 
 
