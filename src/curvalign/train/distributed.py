@@ -8,6 +8,12 @@ and the global loss is L = (1/W) sum_r L_r, so the averaged gradient is exactly 
 A term computed identically on every rank from gathered or averaged quantities (a centroid of
 the gathered batch, a load-balance penalty of the global mean weight) reaches each rank's
 slice W times through the summing backward and is divided by W by DDP's average: again exact.
+
+Launching: ``torchrun --nproc_per_node N -m curvalign train ...`` runs ``run_training`` on every
+rank (``curvalign train --nproc N ...`` starts the same through torchrun's agent). Each rank
+builds the Trainer with ``DistributedGather`` and the recipe wrapped in DDP (``GlobalLossStep``:
+the logged loss is the global one, identical on every rank); rank 0 alone writes the run
+directory. A checkpoint records its world size and is resumed with the same one.
 """
 
 from __future__ import annotations
