@@ -9,10 +9,11 @@ and, at a smaller B, our pairwise Lorentz distance against a broadcast ``[N, M, 
 implementation of the kind geoopt uses.
 
 Each case runs in a fresh subprocess: inputs are made, the resident set size (RSS) is read,
-the kernel's peak-RSS counter is reset (``/proc/self/clear_refs``), one fwd + bwd runs (it is
-also the warm-up), and peak RSS minus the starting RSS is reported as the case's peak memory.
-Then ``--repeats`` timed fwd + bwd runs follow and the median is reported. All cases of one
-invocation run on the same machine, so the ratios to cosine are measured in one run.
+the kernel's peak-RSS counter is reset (``/proc/self/clear_refs``), one fwd + bwd runs, and
+peak RSS minus the starting RSS is reported as the case's peak memory. Times are measured in
+one process: one warm-up per case, then ``--repeats`` rounds that run every case once each
+(interleaved, so a change in the machine's load during the run hits every case alike), and
+the median per case is reported; the ratios to cosine come from that one run.
 
     python benchmarks/geometry.py                       # B=4096, D=512, k=64, d=8
     python benchmarks/geometry.py --batch 1024 --repeats 3
@@ -48,15 +49,13 @@ def _reset_peak() -> bool:
         return False
 
 
-def run_case(case: str, batch: int, dim: int, k: int, repeats: int, threads: int | None) -> dict:
-    """Run one case in this process; returns times (s) and peak extra memory (MiB)."""
+def build_step(case: str, batch: int, dim: int, k: int):  # noqa: ANN201 - returns a closure
+    """Inputs for one case and a closure running one fwd + bwd of the symmetric InfoNCE."""
     import torch
     import torch.nn.functional as F
 
     from curvalign.geometry import euclidean, lorentz, product
 
-    if threads:
-        torch.set_num_threads(threads)
     torch.manual_seed(0)
     tau = 0.07
     labels = torch.arange(batch)
@@ -105,31 +104,45 @@ def run_case(case: str, batch: int, dim: int, k: int, repeats: int, threads: int
         loss.backward()
         X.grad = Y.grad = c.grad = None
 
+    return step
+
+
+def measure_memory(case: str, batch: int, dim: int, k: int, threads: int | None) -> dict:
+    """Peak extra RSS (MiB) of one fwd + bwd, in this (fresh) process."""
     import gc
 
+    import torch
+
+    if threads:
+        torch.set_num_threads(threads)
+    step = build_step(case, batch, dim, k)
     gc.collect()
     start = _rss_kib("VmRSS")
     peak_ok = _reset_peak()
-    step()  # also the warm-up: the first fwd + bwd is not timed
+    step()
     peak = _rss_kib("VmHWM") if peak_ok else None
-    times = []
+    return {"case": case, "peak_extra_mib": None if peak is None else (peak - start) / 1024.0}
+
+
+def time_round_robin(cases: list[str], batch: int, dim: int, k: int, repeats: int) -> dict[str, float]:
+    """Median fwd + bwd time per case, the cases interleaved in each round so that a change in
+    the machine's load during the run affects every case alike."""
+    steps = {case: build_step(case, batch, dim, k) for case in cases}
+    for step in steps.values():
+        step()  # warm-up
+    times: dict[str, list[float]] = {case: [] for case in cases}
     for _ in range(repeats):
-        t0 = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - t0)
-    return {
-        "case": case,
-        "median_s": statistics.median(times),
-        "times_s": times,
-        "peak_extra_mib": None if peak is None else (peak - start) / 1024.0,
-        "threads": torch.get_num_threads(),
-    }
+        for case, step in steps.items():
+            t0 = time.perf_counter()
+            step()
+            times[case].append(time.perf_counter() - t0)
+    return {case: statistics.median(ts) for case, ts in times.items()}
 
 
-def _spawn(case: str, args: argparse.Namespace, batch: int) -> dict:
+def _spawn_memory(case: str, args: argparse.Namespace, batch: int) -> dict:
     cmd = [
         sys.executable, __file__, "--_case", case, "--batch", str(batch), "--dim", str(args.dim),
-        "--factors", str(args.factors), "--repeats", str(args.repeats),
+        "--factors", str(args.factors),
     ]
     if args.threads:
         cmd += ["--threads", str(args.threads)]
@@ -152,8 +165,13 @@ def main() -> None:
         p.error(f"--dim {args.dim} must be divisible by --factors {args.factors}")
 
     if args._case:
-        print(json.dumps(run_case(args._case, args.batch, args.dim, args.factors, args.repeats, args.threads)))
+        print(json.dumps(measure_memory(args._case, args.batch, args.dim, args.factors, args.threads)))
         return
+
+    import torch
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
     cases = [c.strip() for c in args.cases.split(",") if c.strip()]
     unknown = set(cases) - set(CASES)
@@ -162,31 +180,33 @@ def main() -> None:
     if "cosine" not in cases:
         cases.insert(0, "cosine")
     targets = {"lorentz": (1.3, None), "exterior": (1.5, None), "l1": (3.0, 2.0)}
-    results = {case: _spawn(case, args, args.batch) for case in cases}
-    base = results["cosine"]
+    memory = {case: _spawn_memory(case, args, args.batch)["peak_extra_mib"] for case in cases}
+    seconds = time_round_robin(cases, args.batch, args.dim, args.factors, args.repeats)
+    threads = torch.get_num_threads()
     print(f"symmetric InfoNCE fwd+bwd, B={args.batch}, D={args.dim}, k={args.factors}, "
-          f"d={args.dim // args.factors}, {base['threads']} threads, median of {args.repeats}")
+          f"d={args.dim // args.factors}, {threads} thread(s), median of {args.repeats} interleaved rounds")
     print(f"{'case':<10} {'time (s)':>9} {'x cosine':>9} {'peak MiB':>9} {'x cosine':>9}  target")
-    for case, r in results.items():
-        t_ratio = r["median_s"] / base["median_s"]
-        m = r["peak_extra_mib"]
-        m_ratio = m / base["peak_extra_mib"] if m is not None and base["peak_extra_mib"] else float("nan")
+    for case in cases:
+        t_ratio = seconds[case] / seconds["cosine"]
+        m = memory[case]
+        m_ratio = m / memory["cosine"] if m is not None and memory["cosine"] else float("nan")
         tgt = targets.get(case)
         tgt_s = "" if tgt is None else f"time <= {tgt[0]}x" + ("" if tgt[1] is None else f", mem <= {tgt[1]}x")
         ok = ""
         if tgt is not None:
             ok = "met" if t_ratio <= tgt[0] and (tgt[1] is None or m_ratio <= tgt[1]) else "MISSED"
         m_s = "n/a" if m is None else f"{m:9.0f}"
-        print(f"{case:<10} {r['median_s']:9.3f} {t_ratio:9.2f} {m_s:>9} {m_ratio:9.2f}  {tgt_s} {ok}")
+        print(f"{case:<10} {seconds[case]:9.3f} {t_ratio:9.2f} {m_s:>9} {m_ratio:9.2f}  {tgt_s} {ok}")
 
-    ours = _spawn("ours-at-broadcast", args, args.broadcast_batch)
-    bro = _spawn("broadcast", args, args.broadcast_batch)
+    pair = ["ours-at-broadcast", "broadcast"]
+    bmem = {case: _spawn_memory(case, args, args.broadcast_batch)["peak_extra_mib"] for case in pair}
+    bsec = time_round_robin(pair, args.broadcast_batch, args.dim, args.factors, args.repeats)
     print(f"\npairwise Lorentz distance in the same loss, B={args.broadcast_batch}, D={args.dim}")
     print(f"{'impl':<22} {'time (s)':>9} {'peak MiB':>9}")
-    for name, r in (("ours (Gram matrix)", ours), ("broadcast [N, M, d]", bro)):
-        print(f"{name:<22} {r['median_s']:9.3f} {r['peak_extra_mib']:9.0f}")
-    print(f"speed-up {bro['median_s'] / ours['median_s']:.1f}x, memory "
-          f"{bro['peak_extra_mib'] / max(ours['peak_extra_mib'], 1e-9):.1f}x less")
+    for name, case in (("ours (Gram matrix)", pair[0]), ("broadcast [N, M, d]", pair[1])):
+        print(f"{name:<22} {bsec[case]:9.3f} {bmem[case]:9.0f}")
+    print(f"speed-up {bsec['broadcast'] / bsec[pair[0]]:.1f}x, memory "
+          f"{bmem['broadcast'] / max(bmem[pair[0]], 1e-9):.1f}x less")
 
 
 if __name__ == "__main__":
