@@ -63,7 +63,11 @@ def _require(module: str, extra: str) -> Any:
     if importlib.util.find_spec(module) is None:
         raise EncoderError(f"this encoder needs the Python package {module!r}: pip install 'curvalign[{extra}]'")
     _make_torchvision_importable()
-    return importlib.import_module(module)
+    imported = importlib.import_module(module)
+    if module in ("transformers", "sentence_transformers"):
+        # transformers draws a "Loading weights" bar per model; curvalign shows its own progress.
+        importlib.import_module("transformers").utils.logging.disable_progress_bar()
+    return imported
 
 
 def _make_torchvision_importable() -> None:
