@@ -282,3 +282,11 @@ def test_text_text_recall_excludes_the_query_and_counts_ties_against():
     ])
     groups = torch.tensor([0, 0, 1, 1])
     assert text_text_recall(scores, groups, ks=(1, 2, 3)) == pytest.approx({"t2t@1": 0.5, "t2t@2": 0.75, "t2t@3": 1.0})
+
+
+def test_concept_families_are_the_roots_children_under_a_single_root():
+    from curvalign.eval import _node_families
+
+    tax = Taxonomy([-1, 0, 0, 1, 2])  # entity -> {1, 2}; 3 under 1, 4 under 2
+    assert _node_families(tax) == [0, 1, 2, 1, 2]
+    assert _node_families(Taxonomy([-1, -1, 0, 1])) == [0, 1, 0, 1]  # a forest: each tree's root

@@ -209,7 +209,7 @@ def _diagnostics(recipe: Any, store: Any, images: Embedding, texts: Embedding, p
         activation = factor_activation(recipe, prompts)
         if activation is not None:
             families = torch.tensor(_node_families(tax))
-            roots = sorted(set(families.tolist()))
+            roots = sorted(set(families[store.class_to_node.long()].tolist()))  # families that have classes
             family_of_class = torch.tensor([roots.index(int(f)) for f in families[store.class_to_node.long()]])
             prompt_family = family_of_class[store.prompt_to_class.long()]
             per_family = factor_family_activation(activation, prompt_family, len(roots))
