@@ -3,6 +3,7 @@ factor count, and two gloo processes against one, all measured in one run on cac
 
     python benchmarks/scale.py                                   # the default tables (~10 min, 2 cores)
     python benchmarks/scale.py --recipes clip,phyclip --batches 256,1024 --no-k --no-ddp   # smaller
+    python benchmarks/scale.py --l1 8192      # only: PHyCLIP's product distance, memory and time
 
 A synthetic feature store (``--world``) is generated once and saved; every case then runs in a
 fresh subprocess that loads it, builds the Trainer (the recipes' paper-default dimensions unless
@@ -61,6 +62,17 @@ def _reset_peak() -> bool:
 
 
 def run_case(spec: dict) -> dict:
+    if args.l1:
+        r = _case_in_subprocess({"kind": "l1", "n": args.l1, "k": 64, "d": 8, "threads": args.threads},
+                                timeout=24 * 3600)
+        print(f"l1_pairwise_dist, N = M = {args.l1}, k = 64, d = 8, {args.threads} thread(s): " + (
+            f"error {r['error']}" if "error" in r else
+            f"forward {r['forward_s']:.1f} s, backward {r['backward_s']:.1f} s, CPU {r['cpu_s']:.0f} s; peak RSS "
+            f"{r['peak_mib'] / 1024:.2f} GiB (before the call {r['before_mib'] / 1024:.2f} GiB; the [N, M] output "
+            f"{args.l1 ** 2 * 4 / 2 ** 30:.2f} GiB; a [k, N, M] intermediate would be "
+            f"{64 * args.l1 ** 2 * 4 / 2 ** 30:.1f} GiB); finite: {r['finite']}"))
+        return 0
+
     import torch
 
     from curvalign.data import load_data
@@ -98,6 +110,30 @@ def run_case(spec: dict) -> dict:
         train_peak = (_status_mib("VmHWM") if exact_peak else _rss_mib()) or 0.0
     return {"step_s": seconds, "pairs_per_s": spec["batch"] / seconds, "peak_mib": _rss_mib(),
             "train_mib": max(train_peak - loaded, 0.0)}
+
+
+def run_l1_case(spec: dict) -> dict:
+    """Forward + backward of ``l1_pairwise_dist`` at N = M = ``n`` (k factors of dimension d)."""
+    import torch
+
+    from curvalign.geometry.product import l1_pairwise_dist
+
+    torch.set_num_threads(spec["threads"])
+    n, k, d = spec["n"], spec["k"], spec["d"]
+    g = torch.Generator().manual_seed(0)
+    X = (0.3 * torch.randn(n, k, d, generator=g)).requires_grad_()
+    Y = (0.3 * torch.randn(n, k, d, generator=g)).requires_grad_()
+    c = torch.ones(k, requires_grad=True)
+    before = _rss_mib()
+    start = time.perf_counter()
+    D = l1_pairwise_dist(X, Y, c)
+    forward = time.perf_counter() - start
+    D.mean().backward()
+    backward = time.perf_counter() - start - forward
+    peak = _rss_mib()
+    finite = all(bool(torch.isfinite(t).all()) for t in (D, X.grad, Y.grad, c.grad))
+    return {"forward_s": forward, "backward_s": backward, "peak_mib": peak, "before_mib": before,
+            "cpu_s": resource.getrusage(resource.RUSAGE_SELF).ru_utime, "finite": finite}
 
 
 def _case_in_subprocess(spec: dict, nproc: int = 1, timeout: float = 900) -> dict:
@@ -195,15 +231,29 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ddp-batch", type=int, default=512)
     parser.add_argument("--no-k", action="store_true", help="skip the PHyCLIP k sweep")
     parser.add_argument("--no-ddp", action="store_true", help="skip two processes against one")
+    parser.add_argument("--l1", type=int, default=0, metavar="N",
+                        help="only measure l1_pairwise_dist forward+backward at N = M (k=64, d=8) and exit")
     parser.add_argument("--case", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.case:  # a measured case, in its own process
-        result = run_case(json.loads(args.case))
+        case = json.loads(args.case)
+        result = run_l1_case(case) if case.get("kind") == "l1" else run_case(case)
         from curvalign.train.distributed import context_from_env, shutdown
 
         shutdown()
         if context_from_env().is_main:
             print(json.dumps(result))
+        return 0
+
+    if args.l1:
+        r = _case_in_subprocess({"kind": "l1", "n": args.l1, "k": 64, "d": 8, "threads": args.threads},
+                                timeout=24 * 3600)
+        print(f"l1_pairwise_dist, N = M = {args.l1}, k = 64, d = 8, {args.threads} thread(s): " + (
+            f"error {r['error']}" if "error" in r else
+            f"forward {r['forward_s']:.1f} s, backward {r['backward_s']:.1f} s, CPU {r['cpu_s']:.0f} s; peak RSS "
+            f"{r['peak_mib'] / 1024:.2f} GiB (before the call {r['before_mib'] / 1024:.2f} GiB; the [N, M] output "
+            f"{args.l1 ** 2 * 4 / 2 ** 30:.2f} GiB; a [k, N, M] intermediate would be "
+            f"{64 * args.l1 ** 2 * 4 / 2 ** 30:.1f} GiB); finite: {r['finite']}"))
         return 0
 
     import torch
