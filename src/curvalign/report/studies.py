@@ -362,7 +362,8 @@ def study_dualpath_forgetting(out: Path, *, steps: int | None = None, data: str 
             texts = embed(recipe, ctx.store.text_features[text_ids].float(), "text")
             tt = text_text_recall(score_matrix(recipe, texts, texts, query="text"), groups)
         ev = evaluate(recipe, ctx.store, diagnostics=False)
-        gate = recipe.log_values().get("gate")
+        logged = recipe.log_values()
+        gate = logged.get("dualpath_gate", logged.get("gate"))
         return {"label": label, "step": loaded.step, "text_text": tt, "retrieval": ev["retrieval"], "gate": gate}
 
     from curvalign.train.config import resolve_config
