@@ -62,17 +62,6 @@ def _reset_peak() -> bool:
 
 
 def run_case(spec: dict) -> dict:
-    if args.l1:
-        r = _case_in_subprocess({"kind": "l1", "n": args.l1, "k": 64, "d": 8, "threads": args.threads},
-                                timeout=24 * 3600)
-        print(f"l1_pairwise_dist, N = M = {args.l1}, k = 64, d = 8, {args.threads} thread(s): " + (
-            f"error {r['error']}" if "error" in r else
-            f"forward {r['forward_s']:.1f} s, backward {r['backward_s']:.1f} s, CPU {r['cpu_s']:.0f} s; peak RSS "
-            f"{r['peak_mib'] / 1024:.2f} GiB (before the call {r['before_mib'] / 1024:.2f} GiB; the [N, M] output "
-            f"{args.l1 ** 2 * 4 / 2 ** 30:.2f} GiB; a [k, N, M] intermediate would be "
-            f"{64 * args.l1 ** 2 * 4 / 2 ** 30:.1f} GiB); finite: {r['finite']}"))
-        return 0
-
     import torch
 
     from curvalign.data import load_data
