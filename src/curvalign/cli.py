@@ -191,14 +191,14 @@ def demo_command(
     """All methods on a small synthetic world in about a minute on two CPU cores: table and plots."""
     import time
 
-    from curvalign.report.benchmark import DEMO_OVERRIDES, DEMO_RECIPES, DEMO_STEPS, DEMO_WORLD, run_benchmark
+    from curvalign.report.benchmark import DEMO_RECIPES, DEMO_STEPS, DEMO_WORLD, demo_overrides, run_benchmark
 
     names = [r.strip() for r in recipes.split(",") if r.strip()] if recipes else list(DEMO_RECIPES)
     console = _stderr_console()
     start = time.perf_counter()
     try:
         result = run_benchmark(names, data or DEMO_WORLD, out, steps=steps or DEMO_STEPS,
-                               overrides=list(DEMO_OVERRIDES) + list(overrides or []), show_progress=not quiet,
+                               overrides=demo_overrides(names) + list(overrides or []), show_progress=not quiet,
                                notify=console.print, title="curvalign demo")
     except _eval_errors() as err:
         fail(_message(err))

@@ -26,6 +26,17 @@ DEMO_WORLD = "synthetic:images=600,text_pairs=400"
 #: demo keeps d=8 with k=16 so that all eight recipes fit the one-minute budget
 DEMO_OVERRIDES = ("batch_size=64", "pair_batch_size=32", "tensorboard=false", "log_every=5", "checkpoint_every=0",
                   "phyclip.num_factors=16")
+def demo_overrides(recipes: Sequence[str]) -> list[str]:
+    """``DEMO_OVERRIDES`` without the per-recipe ones of recipes the demo does not run."""
+    out = []
+    for item in DEMO_OVERRIDES:
+        head = item.split("=", 1)[0].partition(".")
+        if head[2] and head[0] not in recipes:
+            continue
+        out.append(item)
+    return out
+
+
 #: log keys worth a curve, matched by substring
 CURVE_KEYS = ("curvature", "temperature", "routing", "gate", "alpha", "beta")
 
