@@ -18,7 +18,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 
-def _check_logits(scores: Tensor, offset: int, name: str) -> None:
+def check_logits(scores: Tensor, offset: int, name: str) -> None:
+    """One clear error unless ``scores`` is a [B_local, B_global] matrix that ``offset`` fits."""
     if not isinstance(scores, Tensor) or scores.ndim != 2:
         shape = tuple(scores.shape) if isinstance(scores, Tensor) else type(scores).__name__
         raise ValueError(f"{name} must be a [B_local, B_global] score matrix, got {shape}")
@@ -37,7 +38,7 @@ def info_nce(scores: Tensor, temperature: float | Tensor = 1.0, offset: int = 0)
 
     ``-mean_i log softmax_j(scores[i, j] / tau)[i + offset]``.
     """
-    _check_logits(scores, offset, "info_nce scores")
+    check_logits(scores, offset, "info_nce scores")
     work = torch.promote_types(scores.dtype, torch.float32)
     logits = scores.to(work) / temperature
     targets = torch.arange(scores.shape[0], device=scores.device) + offset

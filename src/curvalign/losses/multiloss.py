@@ -26,16 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-
-
-def _check_logits(scores: Tensor, offset: int, name: str) -> None:
-    if not isinstance(scores, Tensor) or scores.ndim != 2:
-        shape = tuple(scores.shape) if isinstance(scores, Tensor) else type(scores).__name__
-        raise ValueError(f"{name} must be a [B_local, B_global] score matrix, got {shape}")
-    rows, cols = scores.shape
-    if not 0 <= offset <= cols - rows:
-        raise ValueError(f"{name}: offset {offset} with {rows} local rows does not fit in {cols} "
-                         f"gathered columns (need 0 <= offset <= {cols - rows})")
+from curvalign.losses.contrastive import check_logits
 
 
 def score_weighted_info_nce(scores: Tensor, pair_scores: Tensor, temperature: float | Tensor,
@@ -49,7 +40,7 @@ def score_weighted_info_nce(scores: Tensor, pair_scores: Tensor, temperature: fl
     Returns ``mean_p(s_p CE_p) / weight_mean``: over one process ``sum_p s_p CE_p / sum_p s_p``,
     and the mean of the ranks' values is that ratio on the global batch (0 when every score is 0).
     """
-    _check_logits(scores, offset, "score_weighted_info_nce scores")
+    check_logits(scores, offset, "score_weighted_info_nce scores")
     if pair_scores.shape != scores.shape[:1]:
         raise ValueError(f"score_weighted_info_nce: {scores.shape[0]} rows but pair_scores of shape "
                          f"{tuple(pair_scores.shape)}")
@@ -106,7 +97,7 @@ def hardest_negative_triplet(scores: Tensor, margin: float = 0.2, offset: int = 
     scores  [B, B_global]  cosines of local anchors against all gathered candidates; row i's
                            positive is column ``i + offset``.
     """
-    _check_logits(scores, offset, "hardest_negative_triplet scores")
+    check_logits(scores, offset, "hardest_negative_triplet scores")
     if scores.shape[1] < 2:
         raise ValueError("hardest_negative_triplet needs at least two candidates per row")
     work = torch.promote_types(scores.dtype, torch.float32)
