@@ -69,6 +69,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from curvalign._io import replace_directory
+
 FORMAT_NAME = "curvalign.feature_store"
 FORMAT_VERSION = 1
 
@@ -330,13 +332,7 @@ class FeatureStore:
                     np.save(tmp / f"{name}.npy", _to_numpy(value, index=name in INDEX_FIELDS), allow_pickle=False)
             # meta.json last: a directory with meta.json is complete.
             (tmp / "meta.json").write_text(json.dumps(header, indent=1) + "\n")
-            if target.exists():
-                trash = target.parent / f".{target.name}.old-{uuid.uuid4().hex[:8]}"
-                os.rename(target, trash)
-                os.rename(tmp, target)
-                shutil.rmtree(trash, ignore_errors=True)
-            else:
-                os.rename(tmp, target)
+            replace_directory(tmp, target)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise

@@ -26,6 +26,7 @@ from typing import Any, Callable, Literal
 import numpy as np
 import torch
 
+from curvalign._io import replace_directory
 from curvalign.index.rerank import EMBEDDING_GEOMETRY, RecipeIndex, as_torch_embedding
 from curvalign.index.search import GEOMETRY, IndexMismatchError, LorentzIndex, build_index, load_index
 from curvalign.recipes.base import Embedding, Recipe
@@ -108,13 +109,7 @@ def embed_store(recipe: Recipe, store: Any, out: str | os.PathLike, *, batch_siz
         meta = {"format_version": FORMAT_VERSION, "recipe": recipe.name, "counts": counts, "keys": keys,
                 "files": files, "curvature": _curvature_list(recipe), **(info or {})}
         (tmp / META_FILE).write_text(json.dumps(meta, indent=2, default=str))
-        old = None
-        if out.exists():
-            old = out.with_name(f".{out.name}.old-{os.getpid()}")
-            os.replace(out, old)
-        os.replace(tmp, out)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
+        replace_directory(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -203,15 +198,10 @@ def build_from_embeddings(emb: Embeddings, out: str | os.PathLike, *, side: Side
         (tmp / "index.json").write_text(json.dumps(
             {"format_version": 1, "geometry": "recipe", "mode": "rerank", "proxy": engine.proxy.name,
              "count": emb.meta["counts"][side], "meta": base_meta}, indent=2))
-        old = None
         if out.exists():
             if not (out / "index.json").exists() and any(out.iterdir()):
                 raise FileExistsError(f"{out} exists and is not a curvalign index; not overwriting it")
-            old = out.with_name(f".{out.name}.old-{os.getpid()}")
-            os.replace(out, old)
-        os.replace(tmp, out)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
+        replace_directory(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -52,6 +52,8 @@ from typing import Any, Literal
 import faiss
 import numpy as np
 
+from curvalign._io import replace_directory
+
 GEOMETRY = "lorentz"
 FORMAT_VERSION = 1
 _U32 = float(np.finfo(np.float32).eps) / 2  # unit roundoff of float32
@@ -415,15 +417,10 @@ class LorentzIndex:
             for f in tmp.iterdir():
                 with open(f, "rb") as fh:
                     os.fsync(fh.fileno())
-            old = None
             if path.exists():
                 if not (path / "index.json").exists() and any(path.iterdir()):
                     raise FileExistsError(f"{path} exists and is not a curvalign index; not overwriting it")
-                old = path.with_name(f".{path.name}.old-{os.getpid()}")
-                os.replace(path, old)
-            os.replace(tmp, path)
-            if old is not None:
-                shutil.rmtree(old, ignore_errors=True)
+            replace_directory(tmp, path)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise

@@ -1,0 +1,24 @@
+"""Atomic replacement of result directories (feature stores, embeddings, indexes)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from pathlib import Path
+
+
+def replace_directory(tmp: Path, target: Path) -> None:
+    """Put the fully written directory ``tmp`` at ``target``, replacing what was there.
+
+    A reader sees either the old directory or the new one, never a half-written mix: the old one
+    is moved aside, the new one renamed into place (both atomic on one file system), and only
+    then is the old one removed. Callers decide beforehand whether ``target`` may be replaced.
+    """
+    old = None
+    if target.exists():
+        old = target.with_name(f".{target.name}.old-{uuid.uuid4().hex[:8]}")
+        os.replace(target, old)
+    os.replace(tmp, target)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
