@@ -164,7 +164,8 @@ def _as_ids(ids: Any, n: int, start: int) -> np.ndarray:
 
 
 def _check_curvature(c: float) -> float:
-    c = float(c)
+    # a recipe's learnable curvature arrives as a tensor that requires grad; the index stores a number
+    c = float(c.detach()) if hasattr(c, "detach") else float(c)
     if not (math.isfinite(c) and c > 0):
         raise IndexMismatchError(f"curvature c must be a positive finite number (sectional curvature -c), got {c}")
     return c
