@@ -18,13 +18,7 @@ DI, DT = 20, 24
 TOTAL = 1_200  # curriculum boundaries at 25 / 50 / 50 / 100 steps
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny tensors: one intra-op thread avoids oversubscribing a shared 2-core machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _model(**kw) -> AGR:

@@ -20,13 +20,7 @@ DI, DT = 20, 24
 TOTAL = 300  # default fractions: switch at step 40, gate warm-up 20.5 steps
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny tensors: one intra-op thread avoids oversubscribing a shared 2-core machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _model(**kw) -> DualPath:

@@ -12,13 +12,7 @@ from curvalign.nn.lora import LoRALinear
 from curvalign.nn.pooling import AttentionPooling
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny tensors: one intra-op thread avoids oversubscribing a shared 2-core machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _trained_lora(dtype=torch.float32, bias=True) -> LoRALinear:

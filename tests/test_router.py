@@ -13,13 +13,7 @@ from curvalign.nn.router import PairwiseRouter, QueryConditioner, routed_scores
 IMAGE_DIM, TEXT_DIM = 10, 12
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny tensors: one intra-op thread avoids oversubscribing a shared 2-core machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _router(dtype=torch.float64, **kw) -> PairwiseRouter:
