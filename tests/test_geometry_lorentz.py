@@ -231,3 +231,31 @@ def test_bad_input_gets_one_clear_error() -> None:
         L.einstein_midpoint(x, 1.0, weights=torch.tensor([1.0, -1.0, 1.0]))
     with pytest.raises(ValueError, match="dim"):
         L.einstein_midpoint(x, 1.0, dim=-1)
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 2**16), c=st.sampled_from([1e-2, 1.0, 10.0]))
+def test_tangent_mean_along_a_ray_averages_distances_to_the_origin(seed: int, c: float) -> None:
+    """Points on one geodesic ray from the origin: the centroid lies on that ray, at the mean of
+    their distances to the origin (the expected value comes from dist0, not from logmap0)."""
+    g = torch.Generator().manual_seed(seed)
+    direction = torch.randn(5, generator=g, dtype=torch.float64)
+    direction = direction / direction.norm()
+    radii = torch.rand(4, generator=g, dtype=torch.float64) * 3.0
+    # a point at geodesic distance r along the ray has space part sinh(sqrt(c) r)/sqrt(c) * direction
+    points = (torch.sinh(math.sqrt(c) * radii) / math.sqrt(c))[:, None] * direction
+    centroid = L.tangent_mean(points, c)
+    assert centroid.shape == (1, 5)
+    assert torch.allclose(L.dist0(centroid, c), L.dist0(points, c).mean(), atol=1e-9)
+    along = (centroid[0] @ direction) / centroid[0].norm().clamp_min(1e-300)
+    assert radii.mean() < 1e-6 or torch.isclose(along, torch.tensor(1.0, dtype=torch.float64), atol=1e-9)
+
+
+def test_tangent_mean_of_one_point_and_per_factor_curvatures() -> None:
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(1, 3, 4, generator=g, dtype=torch.float64)
+    c = torch.tensor([0.1, 1.0, 10.0], dtype=torch.float64)
+    assert torch.allclose(L.tangent_mean(x, c), x, atol=1e-12)
+    prompts = torch.randn(6, 3, 4, generator=g, dtype=torch.float64)
+    per_factor = torch.stack([L.tangent_mean(prompts[:, f], float(c[f]))[0] for f in range(3)])
+    assert torch.allclose(L.tangent_mean(prompts, c)[0], per_factor, atol=1e-12)

@@ -50,6 +50,7 @@ __all__ = [
     "exterior_angle",
     "pairwise_exterior_angle",
     "einstein_midpoint",
+    "tangent_mean",
 ]
 
 # sinh(asinh(2^15)) = 2^15: the largest hyperbolic radius sqrt(c)|v| the exponential map lets
@@ -594,3 +595,11 @@ def einstein_midpoint(
     lower = wts.sum(dim) ** 2 / c_set
     denom2 = (gap * (T + absS)).clamp_min(lower)
     return (S / torch.sqrt(c_set * denom2).unsqueeze(-1)).to(out_dtype)
+
+
+def tangent_mean(x: Tensor, c: Curvature, dim: int = 0) -> Tensor:
+    """Centroid through the tangent space at the origin: ``expmap0(mean(logmap0(x)))`` over ``dim``
+    (kept, with size 1). MERU's class embedding from prompt embeddings; with ``x: [P, k, d]``
+    and ``c: [k]`` it is taken per factor (PHyCLIP). Exact for points on one geodesic through the
+    origin on the same side of it (their tangent vectors are parallel)."""
+    return expmap0(logmap0(x, c).mean(dim=dim, keepdim=True), c)

@@ -327,7 +327,7 @@ class AGR(Recipe):
         c = self.curvature()
         return {
             "euclidean": sphere.project(prompts["euclidean"].mean(0, keepdim=True), 1.0),
-            "lorentz": lorentz.expmap0(lorentz.logmap0(prompts["lorentz"], c).mean(0, keepdim=True), c),
+            "lorentz": lorentz.tangent_mean(prompts["lorentz"], c),
             "context": prompts["context"].mean(0, keepdim=True),
             "gate_logit": prompts["gate_logit"].mean(0, keepdim=True),
             "calibration_logit": prompts["calibration_logit"].mean(0, keepdim=True),

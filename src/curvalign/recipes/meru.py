@@ -19,7 +19,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
 from torch import Tensor
 
 from curvalign.geometry import lorentz
@@ -110,9 +109,7 @@ class LorentzRecipe(Recipe):
         return lorentz_distance_pair_scores(texts["point"], images["point"], self.curvature())
 
     def class_embedding(self, prompts: Embedding) -> Embedding:
-        c = self.curvature()
-        tangent = lorentz.logmap0(prompts["point"], c).mean(dim=0, keepdim=True)
-        return {"point": lorentz.expmap0(tangent, c)}
+        return {"point": lorentz.tangent_mean(prompts["point"], self.curvature())}
 
     def log_values(self) -> dict[str, float]:
         return {**self.temperature.summary("temperature"), **self.curvature.summary("curvature"),

@@ -131,9 +131,7 @@ class Phyclip(Recipe):
         return product_average_distance_pair_scores(texts["point"], images["point"], self.curvature())
 
     def class_embedding(self, prompts: Embedding) -> Embedding:
-        c = self.curvature()
-        tangent = lorentz.logmap0(prompts["point"], c).mean(dim=0, keepdim=True)  # [1, k, d]
-        return {"point": lorentz.expmap0(tangent, c)}
+        return {"point": lorentz.tangent_mean(prompts["point"], self.curvature())}  # [1, k, d]
 
     # --- analysis -----------------------------------------------------------------------------
     def factor_norms(self, emb: Embedding) -> Tensor:

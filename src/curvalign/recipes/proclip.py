@@ -124,8 +124,7 @@ class Proclip(Recipe):
         out: Embedding = {}
         c = self.curvature()
         if "hyperbolic" in prompts:
-            tangent = lorentz.logmap0(prompts["hyperbolic"], c).mean(dim=0, keepdim=True)
-            out["hyperbolic"] = lorentz.expmap0(tangent, c)
+            out["hyperbolic"] = lorentz.tangent_mean(prompts["hyperbolic"], c)
         if "euclidean" in prompts:
             out["euclidean"] = prompts["euclidean"].mean(dim=0, keepdim=True)
         if "sphere" in prompts:
