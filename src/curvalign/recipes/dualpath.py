@@ -79,12 +79,12 @@ class DualPathConfig:
     gate_warmup: float = _CURRICULUM.gate_warmup
     loss_warmup: float = _CURRICULUM.loss_warmup
     schedule_unit: Literal["fraction", "steps"] = "fraction"
-    temperature_start: float = 0.1
-    temperature_end: float = 0.07
-    score_weight_start: float = 0.5
-    score_weight_end: float = 3.0
-    rank_weight_start: float = 0.1
-    rank_weight_end: float = 1.0
+    temperature_start: float = _CURRICULUM.temperature_start
+    temperature_end: float = _CURRICULUM.temperature_end
+    score_weight_start: float = _CURRICULUM.score_weight_start
+    score_weight_end: float = _CURRICULUM.score_weight_end
+    rank_weight_start: float = _CURRICULUM.rank_weight_start
+    rank_weight_end: float = _CURRICULUM.rank_weight_end
     triplet_weight: float = 1.0
     triplet_margin: float = 0.2
 
