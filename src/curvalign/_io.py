@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import os
 import shutil
+import tempfile
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 
@@ -22,3 +25,22 @@ def replace_directory(tmp: Path, target: Path) -> None:
     os.replace(tmp, target)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
+
+
+@contextmanager
+def staged_directory(target: Path) -> Iterator[Path]:
+    """Yield an empty sibling directory of ``target`` to write into; when the block ends normally
+    it replaces ``target`` (``replace_directory``), when it raises it is removed and ``target``
+    is left as it was."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+    try:
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    try:
+        replace_directory(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise

@@ -58,8 +58,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import shutil
-import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -69,7 +67,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from curvalign._io import replace_directory
+from curvalign._io import staged_directory
 
 FORMAT_NAME = "curvalign.feature_store"
 FORMAT_VERSION = 1
@@ -322,20 +320,13 @@ class FeatureStore:
             if not target.is_dir() or (any(target.iterdir()) and not (target / "meta.json").is_file()):
                 raise FeatureStoreError(f"{target} exists and is not a feature store; not replacing it")
         header = self._meta_json()
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.parent / f".{target.name}.tmp-{uuid.uuid4().hex[:8]}"
-        tmp.mkdir()
-        try:
+        with staged_directory(target) as tmp:
             for name in TENSOR_FIELDS:
                 value = getattr(self, name)
                 if value is not None:
                     np.save(tmp / f"{name}.npy", _to_numpy(value, index=name in INDEX_FIELDS), allow_pickle=False)
             # meta.json last: a directory with meta.json is complete.
             (tmp / "meta.json").write_text(json.dumps(header, indent=1) + "\n")
-            replace_directory(tmp, target)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
         return target
 
     @classmethod

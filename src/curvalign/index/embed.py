@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Literal
@@ -26,7 +24,7 @@ from typing import Any, Callable, Literal
 import numpy as np
 import torch
 
-from curvalign._io import replace_directory
+from curvalign._io import staged_directory
 from curvalign.index.rerank import EMBEDDING_GEOMETRY, RecipeIndex, as_torch_embedding
 from curvalign.index.search import GEOMETRY, IndexMismatchError, LorentzIndex, build_index, load_index
 from curvalign.recipes.base import Embedding, Recipe
@@ -66,7 +64,6 @@ def embed_store(recipe: Recipe, store: Any, out: str | os.PathLike, *, batch_siz
     out.parent.mkdir(parents=True, exist_ok=True)
     if out.exists() and not (out / META_FILE).exists() and any(out.iterdir()):
         raise FileExistsError(f"{out} exists and is not an embeddings directory; not overwriting it")
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     parts: list[tuple[str, Any, Callable[[torch.Tensor], Embedding]]] = [
         ("images", store.image_features, recipe.embed_images),
         ("texts", store.text_features, recipe.embed_texts)]
@@ -77,7 +74,7 @@ def embed_store(recipe: Recipe, store: Any, out: str | os.PathLike, *, batch_siz
     counts: dict[str, int] = {}
     files: dict[str, dict[str, str]] = {}
     geometry = EMBEDDING_GEOMETRY.get(recipe.name, {})
-    try:
+    with staged_directory(out) as tmp:
         for side, features, embed in parts:
             n = int(features.shape[0])
             counts[side] = n
@@ -109,10 +106,6 @@ def embed_store(recipe: Recipe, store: Any, out: str | os.PathLike, *, batch_siz
         meta = {"format_version": FORMAT_VERSION, "recipe": recipe.name, "counts": counts, "keys": keys,
                 "files": files, "curvature": _curvature_list(recipe), **(info or {})}
         (tmp / META_FILE).write_text(json.dumps(meta, indent=2, default=str))
-        replace_directory(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return out
 
 
@@ -190,21 +183,14 @@ def build_from_embeddings(emb: Embeddings, out: str | os.PathLike, *, side: Side
                          f"{run.config.recipe!r}")
     engine = RecipeIndex(run.recipe, emb.side(side), side)
     out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    try:
+    if out.exists() and not (out / "index.json").exists() and any(out.iterdir()):
+        raise FileExistsError(f"{out} exists and is not a curvalign index; not overwriting it")
+    with staged_directory(out) as tmp:
         # The proxy vectors depend on the run's learned curvature / weights: computed once, here.
         engine.save_proxy(str(tmp / "proxy.faiss"))
         (tmp / "index.json").write_text(json.dumps(
             {"format_version": 1, "geometry": "recipe", "mode": "rerank", "proxy": engine.proxy.name,
              "count": emb.meta["counts"][side], "meta": base_meta}, indent=2))
-        if out.exists():
-            if not (out / "index.json").exists() and any(out.iterdir()):
-                raise FileExistsError(f"{out} exists and is not a curvalign index; not overwriting it")
-        replace_directory(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return out
 
 

@@ -43,8 +43,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import shutil
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -52,7 +50,7 @@ from typing import Any, Literal
 import faiss
 import numpy as np
 
-from curvalign._io import replace_directory
+from curvalign._io import staged_directory
 
 GEOMETRY = "lorentz"
 FORMAT_VERSION = 1
@@ -409,22 +407,15 @@ class LorentzIndex:
         Everything goes to a temporary sibling directory first, which then replaces ``path``.
         """
         path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
-        try:
+        if path.exists() and not (path / "index.json").exists() and any(path.iterdir()):
+            raise FileExistsError(f"{path} exists and is not a curvalign index; not overwriting it")
+        with staged_directory(path) as tmp:
             faiss.write_index(self._index, str(tmp / "index.faiss"))
             np.save(tmp / "ids.npy", np.asarray(self._ids))
             (tmp / "index.json").write_text(json.dumps(self.info.__dict__, indent=2, sort_keys=True))
             for f in tmp.iterdir():
                 with open(f, "rb") as fh:
                     os.fsync(fh.fileno())
-            if path.exists():
-                if not (path / "index.json").exists() and any(path.iterdir()):
-                    raise FileExistsError(f"{path} exists and is not a curvalign index; not overwriting it")
-            replace_directory(tmp, path)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
         return path
 
 
