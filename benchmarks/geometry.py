@@ -62,6 +62,7 @@ def build_step(case: str, batch: int, dim: int, k: int):  # noqa: ANN201 - retur
     c = torch.tensor(1.0, requires_grad=True)
 
     if case == "broadcast":
+
         def pairwise(X, Y, cc):  # noqa: ANN001 - geoopt-style reference: an [N, M, d+1] product
             tx = torch.sqrt(1.0 / cc + (X * X).sum(-1, keepdim=True))
             ty = torch.sqrt(1.0 / cc + (Y * Y).sum(-1, keepdim=True))
@@ -124,7 +125,9 @@ def measure_memory(case: str, batch: int, dim: int, k: int, threads: int | None)
     return {"case": case, "peak_extra_mib": None if peak is None else (peak - start) / 1024.0}
 
 
-def time_round_robin(cases: list[str], batch: int, dim: int, k: int, repeats: int) -> dict[str, float]:
+def time_round_robin(
+    cases: list[str], batch: int, dim: int, k: int, repeats: int
+) -> dict[str, float]:
     """Median fwd + bwd time per case, the cases interleaved in each round so that a change in
     the machine's load during the run affects every case alike."""
     steps = {case: build_step(case, batch, dim, k) for case in cases}
@@ -141,8 +144,16 @@ def time_round_robin(cases: list[str], batch: int, dim: int, k: int, repeats: in
 
 def _spawn_memory(case: str, args: argparse.Namespace, batch: int) -> dict:
     cmd = [
-        sys.executable, __file__, "--_case", case, "--batch", str(batch), "--dim", str(args.dim),
-        "--factors", str(args.factors),
+        sys.executable,
+        __file__,
+        "--_case",
+        case,
+        "--batch",
+        str(batch),
+        "--dim",
+        str(args.dim),
+        "--factors",
+        str(args.factors),
     ]
     if args.threads:
         cmd += ["--threads", str(args.threads)]
@@ -151,21 +162,33 @@ def _spawn_memory(case: str, args: argparse.Namespace, batch: int) -> dict:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--batch", type=int, default=4096, help="B for the InfoNCE cases (default 4096)")
     p.add_argument("--dim", type=int, default=512, help="total embedding width D (default 512)")
-    p.add_argument("--factors", type=int, default=64, help="k for the l1 product, d = D / k (default 64)")
-    p.add_argument("--broadcast-batch", type=int, default=1024, help="B for the broadcast comparison")
-    p.add_argument("--repeats", type=int, default=3, help="timed repeats per case, median reported (default 3)")
+    p.add_argument(
+        "--factors", type=int, default=64, help="k for the l1 product, d = D / k (default 64)"
+    )
+    p.add_argument(
+        "--broadcast-batch", type=int, default=1024, help="B for the broadcast comparison"
+    )
+    p.add_argument(
+        "--repeats", type=int, default=3, help="timed repeats per case, median reported (default 3)"
+    )
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
-    p.add_argument("--cases", default=",".join(CASES), help="comma-separated subset of " + ",".join(CASES))
+    p.add_argument(
+        "--cases", default=",".join(CASES), help="comma-separated subset of " + ",".join(CASES)
+    )
     p.add_argument("--_case", default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.dim % args.factors:
         p.error(f"--dim {args.dim} must be divisible by --factors {args.factors}")
 
     if args._case:
-        print(json.dumps(measure_memory(args._case, args.batch, args.dim, args.factors, args.threads)))
+        print(
+            json.dumps(measure_memory(args._case, args.batch, args.dim, args.factors, args.threads))
+        )
         return
 
     import torch
@@ -183,30 +206,42 @@ def main() -> None:
     memory = {case: _spawn_memory(case, args, args.batch)["peak_extra_mib"] for case in cases}
     seconds = time_round_robin(cases, args.batch, args.dim, args.factors, args.repeats)
     threads = torch.get_num_threads()
-    print(f"symmetric InfoNCE fwd+bwd, B={args.batch}, D={args.dim}, k={args.factors}, "
-          f"d={args.dim // args.factors}, {threads} thread(s), median of {args.repeats} interleaved rounds")
+    print(
+        f"symmetric InfoNCE fwd+bwd, B={args.batch}, D={args.dim}, k={args.factors}, "
+        f"d={args.dim // args.factors}, {threads} thread(s), median of {args.repeats} interleaved rounds"
+    )
     print(f"{'case':<10} {'time (s)':>9} {'x cosine':>9} {'peak MiB':>9} {'x cosine':>9}  target")
     for case in cases:
         t_ratio = seconds[case] / seconds["cosine"]
         m = memory[case]
         m_ratio = m / memory["cosine"] if m is not None and memory["cosine"] else float("nan")
         tgt = targets.get(case)
-        tgt_s = "" if tgt is None else f"time <= {tgt[0]}x" + ("" if tgt[1] is None else f", mem <= {tgt[1]}x")
+        tgt_s = (
+            ""
+            if tgt is None
+            else f"time <= {tgt[0]}x" + ("" if tgt[1] is None else f", mem <= {tgt[1]}x")
+        )
         ok = ""
         if tgt is not None:
             ok = "met" if t_ratio <= tgt[0] and (tgt[1] is None or m_ratio <= tgt[1]) else "MISSED"
         m_s = "n/a" if m is None else f"{m:9.0f}"
-        print(f"{case:<10} {seconds[case]:9.3f} {t_ratio:9.2f} {m_s:>9} {m_ratio:9.2f}  {tgt_s} {ok}")
+        print(
+            f"{case:<10} {seconds[case]:9.3f} {t_ratio:9.2f} {m_s:>9} {m_ratio:9.2f}  {tgt_s} {ok}"
+        )
 
     pair = ["ours-at-broadcast", "broadcast"]
-    bmem = {case: _spawn_memory(case, args, args.broadcast_batch)["peak_extra_mib"] for case in pair}
+    bmem = {
+        case: _spawn_memory(case, args, args.broadcast_batch)["peak_extra_mib"] for case in pair
+    }
     bsec = time_round_robin(pair, args.broadcast_batch, args.dim, args.factors, args.repeats)
     print(f"\npairwise Lorentz distance in the same loss, B={args.broadcast_batch}, D={args.dim}")
     print(f"{'impl':<22} {'time (s)':>9} {'peak MiB':>9}")
     for name, case in (("ours (Gram matrix)", pair[0]), ("broadcast [N, M, d]", pair[1])):
         print(f"{name:<22} {bsec[case]:9.3f} {bmem[case]:9.0f}")
-    print(f"speed-up {bsec['broadcast'] / bsec[pair[0]]:.1f}x, memory "
-          f"{bmem['broadcast'] / max(bmem[pair[0]], 1e-9):.1f}x less")
+    print(
+        f"speed-up {bsec['broadcast'] / bsec[pair[0]]:.1f}x, memory "
+        f"{bmem['broadcast'] / max(bmem[pair[0]], 1e-9):.1f}x less"
+    )
 
 
 if __name__ == "__main__":

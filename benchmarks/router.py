@@ -46,7 +46,9 @@ def median_time(fn, repeats: int) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=512)
-    parser.add_argument("--dim", type=int, default=512, help="trunk feature size of both modalities")
+    parser.add_argument(
+        "--dim", type=int, default=512, help="trunk feature size of both modalities"
+    )
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=None)
     args = parser.parse_args()
@@ -62,15 +64,22 @@ def main() -> None:
         return router.matrix_logits(s_e, s_h, router.text_context(h_t), router.image_context(h_i))
 
     def explicit():
-        return router.pair_logits(s_e, s_h, router.text_context(h_t)[:, None], router.image_context(h_i)[None])
+        return router.pair_logits(
+            s_e, s_h, router.text_context(h_t)[:, None], router.image_context(h_i)[None]
+        )
 
     rows = []
-    for name, fn in (("folded (matrix_logits)", folded), ("explicit [B,B,34] (pair_logits)", explicit)):
+    for name, fn in (
+        ("folded (matrix_logits)", folded),
+        ("explicit [B,B,34] (pair_logits)", explicit),
+    ):
         rows.append((name, saved_bytes_per_pair(fn, b * b), median_time(fn, args.repeats)))
     print(f"B = {b}, {torch.get_num_threads()} threads, training mode, fwd + bwd")
     for name, saved, seconds in rows:
         print(f"  {name:34s} saved {saved:7.0f} B/pair   time {seconds * 1e3:8.1f} ms")
-    print(f"  ratio folded / explicit: saved {rows[0][1] / rows[1][1]:.2f}, time {rows[0][2] / rows[1][2]:.2f}")
+    print(
+        f"  ratio folded / explicit: saved {rows[0][1] / rows[1][1]:.2f}, time {rows[0][2] / rows[1][2]:.2f}"
+    )
 
 
 if __name__ == "__main__":

@@ -31,10 +31,15 @@ import tempfile
 import time
 from pathlib import Path
 
-STEPS_AT = {256: 3, 1024: 2, 4096: 1}  # timed steps per batch size (after the warm-up); the best is kept
+STEPS_AT = {
+    256: 3,
+    1024: 2,
+    4096: 1,
+}  # timed steps per batch size (after the warm-up); the best is kept
 
 
 # --- the measured case (runs in its own process) ---------------------------------------------
+
 
 def _rss_mib() -> float:
     """Peak resident set of this process so far (ru_maxrss, KiB on Linux), in MiB."""
@@ -67,20 +72,32 @@ def run_case(spec: dict) -> dict:
     from curvalign.data import load_data
     from curvalign.recipes.base import Progress
     from curvalign.train.config import resolve_config
-    from curvalign.train.distributed import build_distributed_trainer, context_from_env, init_process_group
+    from curvalign.train.distributed import (
+        build_distributed_trainer,
+        context_from_env,
+        init_process_group,
+    )
     from curvalign.train.trainer import Trainer
 
     torch.set_num_threads(spec["threads"])
     context = context_from_env()
-    overrides = {"batch_size": spec["batch"], "pair_batch_size": spec["batch"], "tensorboard": False,
-                 "checkpoint_every": 0, "steps": 1000, **spec["overrides"]}
+    overrides = {
+        "batch_size": spec["batch"],
+        "pair_batch_size": spec["batch"],
+        "tensorboard": False,
+        "checkpoint_every": 0,
+        "steps": 1000,
+        **spec["overrides"],
+    }
     data = f"features:{spec['store']}"
     store = load_data(data)
     config = resolve_config(spec["recipe"], data, overrides=overrides)
     with tempfile.TemporaryDirectory() as run_dir:
         if context.enabled:
             init_process_group(context)
-            trainer = build_distributed_trainer(config, store, run_dir, context=context, show_progress=False)
+            trainer = build_distributed_trainer(
+                config, store, run_dir, context=context, show_progress=False
+            )
         else:
             trainer = Trainer(config, store, run_dir, show_progress=False)
         import gc
@@ -97,8 +114,12 @@ def run_case(spec: dict) -> dict:
             times.append(time.perf_counter() - start)
         seconds = min(times)  # the least disturbed step: other processes share the cores
         train_peak = (_status_mib("VmHWM") if exact_peak else _rss_mib()) or 0.0
-    return {"step_s": seconds, "pairs_per_s": spec["batch"] / seconds, "peak_mib": _rss_mib(),
-            "train_mib": max(train_peak - loaded, 0.0)}
+    return {
+        "step_s": seconds,
+        "pairs_per_s": spec["batch"] / seconds,
+        "peak_mib": _rss_mib(),
+        "train_mib": max(train_peak - loaded, 0.0),
+    }
 
 
 def run_l1_case(spec: dict) -> dict:
@@ -121,8 +142,14 @@ def run_l1_case(spec: dict) -> dict:
     backward = time.perf_counter() - start - forward
     peak = _rss_mib()
     finite = all(bool(torch.isfinite(t).all()) for t in (D, X.grad, Y.grad, c.grad))
-    return {"forward_s": forward, "backward_s": backward, "peak_mib": peak, "before_mib": before,
-            "cpu_s": resource.getrusage(resource.RUSAGE_SELF).ru_utime, "finite": finite}
+    return {
+        "forward_s": forward,
+        "backward_s": backward,
+        "peak_mib": peak,
+        "before_mib": before,
+        "cpu_s": resource.getrusage(resource.RUSAGE_SELF).ru_utime,
+        "finite": finite,
+    }
 
 
 def _case_in_subprocess(spec: dict, nproc: int = 1, timeout: float = 900) -> dict:
@@ -132,23 +159,41 @@ def _case_in_subprocess(spec: dict, nproc: int = 1, timeout: float = 900) -> dic
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
         env.pop(key, None)
     if nproc == 1:
-        runs = [subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)]
+        runs = [
+            subprocess.Popen(
+                command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+            )
+        ]
     else:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
-        runs = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                 env={**env, "RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": str(nproc),
-                                      "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
-                for r in range(nproc)]
+        runs = [
+            subprocess.Popen(
+                command,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                env={
+                    **env,
+                    "RANK": str(r),
+                    "LOCAL_RANK": str(r),
+                    "WORLD_SIZE": str(nproc),
+                    "MASTER_ADDR": "127.0.0.1",
+                    "MASTER_PORT": str(port),
+                },
+            )
+            for r in range(nproc)
+        ]
     outputs = [run.communicate(timeout=timeout) for run in runs]
     if any(run.returncode for run in runs):
-        err = next(o[1] for o, run in zip(outputs, runs) if run.returncode)
+        err = next(o[1] for o, run in zip(outputs, runs, strict=False) if run.returncode)
         return {"error": (err.strip().splitlines() or ["?"])[-1][:160]}
     return json.loads(outputs[0][0].strip().splitlines()[-1])
 
 
 # --- the tables ------------------------------------------------------------------------------
+
 
 def _growth(prev: dict | None, cur: dict, key: str) -> str:
     if not prev or "error" in prev or "error" in cur or "skipped" in cur or "skipped" in prev:
@@ -164,14 +209,27 @@ def _exponent(prev: dict | None, cur: dict, ratio: float) -> str:
 
 
 def _row(cells: list[str], widths: list[int]) -> str:
-    return "| " + " | ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths))) + " |"
+    return (
+        "| "
+        + " | ".join(
+            c.rjust(w) if i else c.ljust(w)
+            for i, (c, w) in enumerate(zip(cells, widths, strict=False))
+        )
+        + " |"
+    )
 
 
 def print_table(title: str, header: list[str], rows: list[list[str]]) -> None:
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
     print(f"\n{title}\n")
     print(_row(header, widths))
-    print("|" + "|".join(("-" * (w + 2)) if i == 0 else ("-" * (w + 1) + ":") for i, w in enumerate(widths)) + "|")
+    print(
+        "|"
+        + "|".join(
+            ("-" * (w + 2)) if i == 0 else ("-" * (w + 1) + ":") for i, w in enumerate(widths)
+        )
+        + "|"
+    )
     for r in rows:
         print(_row(r, widths))
     sys.stdout.flush()
@@ -182,16 +240,22 @@ def _fmt(result: dict) -> tuple[str, str, str, str]:
         return ("error: " + result["error"], "", "", "")
     if "skipped" in result:
         return (result["skipped"], "", "", "")
-    return (f"{result['pairs_per_s']:.0f}", f"{result['step_s']:.3f}", f"{result['peak_mib']:.0f}",
-            f"{result['train_mib']:.0f}")
+    return (
+        f"{result['pairs_per_s']:.0f}",
+        f"{result['step_s']:.3f}",
+        f"{result['peak_mib']:.0f}",
+        f"{result['train_mib']:.0f}",
+    )
 
 
-def _predict_skip(prev: dict | None, prev2: dict | None, ratio: float, args: argparse.Namespace) -> str | None:
+def _predict_skip(
+    prev: dict | None, prev2: dict | None, ratio: float, args: argparse.Namespace
+) -> str | None:
     """Skip when the extrapolated step time or memory exceeds the limits (growth as measured
     between the two previous sizes, at least quadratic for time and linear for memory)."""
     if not prev or "step_s" not in prev:
         return None if not prev else "skipped (smaller batch failed or was skipped)"
-    time_growth = ratio ** 2
+    time_growth = ratio**2
     mem_growth = ratio
     if prev2 and "step_s" in prev2:
         time_growth = max(time_growth, prev["step_s"] / prev2["step_s"])
@@ -204,24 +268,40 @@ def _predict_skip(prev: dict | None, prev2: dict | None, ratio: float, args: arg
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides for every case")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "overrides", nargs="*", metavar="KEY=VALUE", help="config overrides for every case"
+    )
     parser.add_argument("--recipes", default="clip,meru,hycoclip,atmg,phyclip,proclip,agr,dualpath")
     parser.add_argument("--batches", default="256,1024,4096")
-    parser.add_argument("--world", default="synthetic:images=5200,text_pairs=4096",
-                        help="synthetic spec of the store (enough train images for the largest batch)")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads of a one-process case")
+    parser.add_argument(
+        "--world",
+        default="synthetic:images=5200,text_pairs=4096",
+        help="synthetic spec of the store (enough train images for the largest batch)",
+    )
+    parser.add_argument(
+        "--threads", type=int, default=1, help="torch threads of a one-process case"
+    )
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--max-step-seconds", type=float, default=15.0)
     parser.add_argument("--max-gib", type=float, default=6.0)
     parser.add_argument("--factors", default="8,32,64", help="PHyCLIP k values (d = 8)")
-    parser.add_argument("--k-batch", type=int, default=512, help="batch size of the PHyCLIP k sweep")
+    parser.add_argument(
+        "--k-batch", type=int, default=512, help="batch size of the PHyCLIP k sweep"
+    )
     parser.add_argument("--ddp-recipes", default="clip,phyclip")
     parser.add_argument("--ddp-batch", type=int, default=512)
     parser.add_argument("--no-k", action="store_true", help="skip the PHyCLIP k sweep")
     parser.add_argument("--no-ddp", action="store_true", help="skip two processes against one")
-    parser.add_argument("--l1", type=int, default=0, metavar="N",
-                        help="only measure l1_pairwise_dist forward+backward at N = M (k=64, d=8) and exit")
+    parser.add_argument(
+        "--l1",
+        type=int,
+        default=0,
+        metavar="N",
+        help="only measure l1_pairwise_dist forward+backward at N = M (k=64, d=8) and exit",
+    )
     parser.add_argument("--case", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.case:  # a measured case, in its own process
@@ -235,14 +315,21 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     if args.l1:
-        r = _case_in_subprocess({"kind": "l1", "n": args.l1, "k": 64, "d": 8, "threads": args.threads},
-                                timeout=24 * 3600)
-        print(f"l1_pairwise_dist, N = M = {args.l1}, k = 64, d = 8, {args.threads} thread(s): " + (
-            f"error {r['error']}" if "error" in r else
-            f"forward {r['forward_s']:.1f} s, backward {r['backward_s']:.1f} s, CPU {r['cpu_s']:.0f} s; peak RSS "
-            f"{r['peak_mib'] / 1024:.2f} GiB (before the call {r['before_mib'] / 1024:.2f} GiB; the [N, M] output "
-            f"{args.l1 ** 2 * 4 / 2 ** 30:.2f} GiB; a [k, N, M] intermediate would be "
-            f"{64 * args.l1 ** 2 * 4 / 2 ** 30:.1f} GiB); finite: {r['finite']}"))
+        r = _case_in_subprocess(
+            {"kind": "l1", "n": args.l1, "k": 64, "d": 8, "threads": args.threads},
+            timeout=24 * 3600,
+        )
+        print(
+            f"l1_pairwise_dist, N = M = {args.l1}, k = 64, d = 8, {args.threads} thread(s): "
+            + (
+                f"error {r['error']}"
+                if "error" in r
+                else f"forward {r['forward_s']:.1f} s, backward {r['backward_s']:.1f} s, CPU {r['cpu_s']:.0f} s; peak RSS "
+                f"{r['peak_mib'] / 1024:.2f} GiB (before the call {r['before_mib'] / 1024:.2f} GiB; the [N, M] output "
+                f"{args.l1**2 * 4 / 2**30:.2f} GiB; a [k, N, M] intermediate would be "
+                f"{64 * args.l1**2 * 4 / 2**30:.1f} GiB); finite: {r['finite']}"
+            )
+        )
         return 0
 
     import torch
@@ -256,14 +343,25 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         store_path = Path(tmp) / "store"
         load_data(args.world).save(store_path)
-        print(f"store: {args.world}, saved once to features:PATH; torch {torch.__version__}, "
-              f"{os.cpu_count()} cores; one-process cases use {args.threads} thread(s); "
-              f"warm-up {args.warmup} step(s), then {', '.join(f'{STEPS_AT.get(b, 2)} at B={b}' for b in batches)}",
-              flush=True)
+        print(
+            f"store: {args.world}, saved once to features:PATH; torch {torch.__version__}, "
+            f"{os.cpu_count()} cores; one-process cases use {args.threads} thread(s); "
+            f"warm-up {args.warmup} step(s), then {', '.join(f'{STEPS_AT.get(b, 2)} at B={b}' for b in batches)}",
+            flush=True,
+        )
 
-        def spec(recipe: str, batch: int, extra: dict | None = None, threads: int | None = None) -> dict:
-            return {"recipe": recipe, "batch": batch, "store": str(store_path), "threads": threads or args.threads,
-                    "warmup": args.warmup, "steps": STEPS_AT.get(batch, 2), "overrides": {**overrides, **(extra or {})}}
+        def spec(
+            recipe: str, batch: int, extra: dict | None = None, threads: int | None = None
+        ) -> dict:
+            return {
+                "recipe": recipe,
+                "batch": batch,
+                "store": str(store_path),
+                "threads": threads or args.threads,
+                "warmup": args.warmup,
+                "steps": STEPS_AT.get(batch, 2),
+                "overrides": {**overrides, **(extra or {})},
+            }
 
         rows = []
         for recipe in recipes:
@@ -275,21 +373,61 @@ def main(argv: list[str] | None = None) -> int:
                 skip = _predict_skip(prev, prev2, ratio, args) if i else None
                 result = {"skipped": skip} if skip else _case_in_subprocess(spec(recipe, batch))
                 results.append(result)
-                rows.append([recipe, str(batch), *_fmt(result), _growth(prev, result, "step_s"),
-                             _exponent(prev, result, ratio), _growth(prev, result, "train_mib")])
+                rows.append(
+                    [
+                        recipe,
+                        str(batch),
+                        *_fmt(result),
+                        _growth(prev, result, "step_s"),
+                        _exponent(prev, result, ratio),
+                        _growth(prev, result, "train_mib"),
+                    ]
+                )
                 print(f"  {recipe} B={batch}: {_fmt(result)}", file=sys.stderr, flush=True)
-        print_table("Throughput and peak memory per recipe and batch size (paper-default dimensions)",
-                    ["recipe", "B", "pairs/s", "s/step", "peak MiB", "train MiB", "time growth", "p (time ~ B^p)",
-                     "train-mem growth"], rows)
+        print_table(
+            "Throughput and peak memory per recipe and batch size (paper-default dimensions)",
+            [
+                "recipe",
+                "B",
+                "pairs/s",
+                "s/step",
+                "peak MiB",
+                "train MiB",
+                "time growth",
+                "p (time ~ B^p)",
+                "train-mem growth",
+            ],
+            rows,
+        )
 
         if not args.no_k:
             rows, prev = [], None
             for k in [int(k) for k in args.factors.split(",")]:
-                result = _case_in_subprocess(spec("phyclip", args.k_batch, {"num_factors": k, "factor_dim": 8}))
-                rows.append([str(k), *_fmt(result), _growth(prev, result, "step_s"), _growth(prev, result, "train_mib")])
+                result = _case_in_subprocess(
+                    spec("phyclip", args.k_batch, {"num_factors": k, "factor_dim": 8})
+                )
+                rows.append(
+                    [
+                        str(k),
+                        *_fmt(result),
+                        _growth(prev, result, "step_s"),
+                        _growth(prev, result, "train_mib"),
+                    ]
+                )
                 prev = result
-            print_table(f"PHyCLIP, factors k at d = 8, B = {args.k_batch}",
-                        ["k", "pairs/s", "s/step", "peak MiB", "train MiB", "time growth", "train-mem growth"], rows)
+            print_table(
+                f"PHyCLIP, factors k at d = 8, B = {args.k_batch}",
+                [
+                    "k",
+                    "pairs/s",
+                    "s/step",
+                    "peak MiB",
+                    "train MiB",
+                    "time growth",
+                    "train-mem growth",
+                ],
+                rows,
+            )
 
         if not args.no_ddp:
             rows = []
@@ -297,13 +435,22 @@ def main(argv: list[str] | None = None) -> int:
                 one_1 = _case_in_subprocess(spec(recipe, args.ddp_batch, threads=1))
                 one_2 = _case_in_subprocess(spec(recipe, args.ddp_batch, threads=2))
                 two = _case_in_subprocess(spec(recipe, args.ddp_batch, threads=1), nproc=2)
-                for label, result in (("1 process, 1 thread", one_1), ("1 process, 2 threads", one_2),
-                                      ("2 gloo processes, 1 thread each", two)):
-                    speedup = (f"x{result['pairs_per_s'] / one_1['pairs_per_s']:.2f}"
-                               if "pairs_per_s" in result and "pairs_per_s" in one_1 else "")
+                for label, result in (
+                    ("1 process, 1 thread", one_1),
+                    ("1 process, 2 threads", one_2),
+                    ("2 gloo processes, 1 thread each", two),
+                ):
+                    speedup = (
+                        f"x{result['pairs_per_s'] / one_1['pairs_per_s']:.2f}"
+                        if "pairs_per_s" in result and "pairs_per_s" in one_1
+                        else ""
+                    )
                     rows.append([recipe, label, *_fmt(result)[:3], speedup])
-            print_table(f"Two processes against one, global batch {args.ddp_batch} (peak MiB: rank 0's process)",
-                        ["recipe", "run", "pairs/s", "s/step", "peak MiB", "vs 1 process 1 thread"], rows)
+            print_table(
+                f"Two processes against one, global batch {args.ddp_batch} (peak MiB: rank 0's process)",
+                ["recipe", "run", "pairs/s", "s/step", "peak MiB", "vs 1 process 1 thread"],
+                rows,
+            )
     print(f"\ntotal {time.perf_counter() - started:.0f} s")
     return 0
 

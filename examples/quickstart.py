@@ -20,14 +20,22 @@ from curvalign.train import load_run, train
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--out", default="runs/example-meru")
     args = parser.parse_args()
 
     store = load_data("synthetic:images=1000")
-    run_dir = train("meru", store, args.out, steps=args.steps, overrides=["batch_size=128", "embed_dim=64"],
-                    overwrite=True)
+    run_dir = train(
+        "meru",
+        store,
+        args.out,
+        steps=args.steps,
+        overrides=["batch_size=128", "embed_dim=64"],
+        overwrite=True,
+    )
     run = load_run(run_dir)
     recipe = run.recipe
 
@@ -42,10 +50,15 @@ def main() -> None:
         queries = recipe.embed_texts(store.text_features[captions])["point"]
     index = build_index(images, recipe.curvature(), ids=test_images)
     distances, ids = index.search(queries, k=5)
-    for caption, row_ids, row_distances in zip(captions.tolist(), ids, distances):
+    for caption, row_ids, row_distances in zip(captions.tolist(), ids, distances, strict=False):
         found = "found" if int(store.text_to_image[caption]) in row_ids.tolist() else "not in top 5"
-        print(f"caption {caption} (image {int(store.text_to_image[caption])}, {found}): "
-              + ", ".join(f"{i}@{d:.3f}" for i, d in zip(row_ids.tolist(), row_distances.tolist())))
+        print(
+            f"caption {caption} (image {int(store.text_to_image[caption])}, {found}): "
+            + ", ".join(
+                f"{i}@{d:.3f}"
+                for i, d in zip(row_ids.tolist(), row_distances.tolist(), strict=False)
+            )
+        )
 
 
 if __name__ == "__main__":

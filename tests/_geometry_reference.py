@@ -52,7 +52,9 @@ def exterior_angle(x: torch.Tensor, y: torch.Tensor, c: float) -> torch.Tensor:
     o[..., 0] = 1.0 / math.sqrt(c)
     outward = -log_at(a, o, c)
     towards = log_at(a, b, c)
-    cos = minkowski(outward, towards) / torch.sqrt(minkowski(outward, outward) * minkowski(towards, towards))
+    cos = minkowski(outward, towards) / torch.sqrt(
+        minkowski(outward, outward) * minkowski(towards, towards)
+    )
     return torch.acos(cos.clamp(-1.0, 1.0))
 
 
@@ -61,7 +63,9 @@ def half_aperture(x: torch.Tensor, c: float, K: float = 0.1) -> torch.Tensor:
     return torch.asin(torch.clamp(2 * K / (math.sqrt(c) * x.norm(dim=-1)), max=1.0))
 
 
-def einstein_midpoint(X: torch.Tensor, c: float, weights: torch.Tensor | None = None) -> torch.Tensor:
+def einstein_midpoint(
+    X: torch.Tensor, c: float, weights: torch.Tensor | None = None
+) -> torch.Tensor:
     """AtMG Eq. (5)-(6) with Lorentz factors ``1 / sqrt(1 - |k|^2)`` (DESIGN.md), by loop."""
     n = X.shape[0]
     w = torch.ones(n, dtype=X.dtype) if weights is None else weights
@@ -74,7 +78,9 @@ def einstein_midpoint(X: torch.Tensor, c: float, weights: torch.Tensor | None = 
         num = num + w[j] * gamma * k
         den = den + w[j] * gamma
     m = num / den
-    back = torch.cat([torch.ones(1, dtype=X.dtype), m]) / torch.sqrt(c * (1.0 - (m * m).sum()))  # Pi_{K -> H}
+    back = torch.cat([torch.ones(1, dtype=X.dtype), m]) / torch.sqrt(
+        c * (1.0 - (m * m).sum())
+    )  # Pi_{K -> H}
     return back[1:]
 
 

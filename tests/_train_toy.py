@@ -10,14 +10,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from curvalign.data.features import FeatureStore
-import pytest
-
 import curvalign.recipes as recipes
+from curvalign.data.features import FeatureStore
 from curvalign.recipes.base import Batch, Gather, LossOutput, Progress, Recipe
 
 
@@ -62,7 +61,9 @@ class ToyRecipe(Recipe):
         return 0.5 * (F.cross_entropy(logits, target) + F.cross_entropy(logits.T, target))
 
     def loss(self, batch: Batch, progress: Progress, gather: Gather | None = None) -> LossOutput:
-        terms = {"contrastive": self._clip(self.embed_images(batch.image), self.embed_texts(batch.text))}
+        terms = {
+            "contrastive": self._clip(self.embed_images(batch.image), self.embed_texts(batch.text))
+        }
         if self.config.nan_at_step == progress.step + 1:
             if self.config.mode == "nan_loss":
                 terms["bad"] = terms["contrastive"] * float("nan")
@@ -111,8 +112,16 @@ def unregister_toys() -> None:
         recipes._REGISTRY.pop(cls.name, None)
 
 
-def toy_store(num_images: int = 40, captions: int = 2, image_dim: int = 6, text_dim: int = 5,
-              boxes: bool = False, pairs: int = 0, seed: int = 0, test_images: int = 0) -> FeatureStore:
+def toy_store(
+    num_images: int = 40,
+    captions: int = 2,
+    image_dim: int = 6,
+    text_dim: int = 5,
+    boxes: bool = False,
+    pairs: int = 0,
+    seed: int = 0,
+    test_images: int = 0,
+) -> FeatureStore:
     """A small random store: ``num_images`` train images (+ ``test_images``), ``captions`` each."""
     g = torch.Generator().manual_seed(seed)
     n = num_images + test_images

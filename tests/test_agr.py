@@ -40,9 +40,11 @@ def _perturb_(model: AGR) -> None:
                 p.add_(0.1 * torch.randn(p.shape, generator=g))
 
 
-def _grads(output: torch.Tensor, params: dict[str, torch.nn.Parameter]) -> dict[str, torch.Tensor | None]:
+def _grads(
+    output: torch.Tensor, params: dict[str, torch.nn.Parameter]
+) -> dict[str, torch.Tensor | None]:
     grads = torch.autograd.grad(output, list(params.values()), allow_unused=True, retain_graph=True)
-    return dict(zip(params, grads))
+    return dict(zip(params, grads, strict=False))
 
 
 def _connected(grads: dict) -> set[str]:
@@ -52,7 +54,13 @@ def _connected(grads: dict) -> set[str]:
 def test_registered_with_its_config():
     assert get_recipe("agr") is AGR and AGR.Config is AGRConfig
     cfg = AGRConfig()
-    defaults = (cfg.lora_rank, cfg.curvature_init, cfg.curvature_min, cfg.curvature_max, cfg.max_delta)
+    defaults = (
+        cfg.lora_rank,
+        cfg.curvature_init,
+        cfg.curvature_min,
+        cfg.curvature_max,
+        cfg.max_delta,
+    )
     assert defaults == (64, 0.1, 1e-4, 2.0, 5.0)
     assert cfg.curriculum.alpha_end * 120_000 == pytest.approx(5_000)
     with pytest.raises(ValueError, match="curvature"):
@@ -85,8 +93,11 @@ def test_gradient_flow_table():
     s_e = _connected(_grads(parts.s_e.sum(), params))
     assert lora <= s_e and not (s_e & (trunk | router | lorentz_heads))
 
-    for name, value in (("route_logits", parts.route_logits), ("gate", parts.gate),
-                        ("calibration", parts.calibration)):
+    for name, value in (
+        ("route_logits", parts.route_logits),
+        ("gate", parts.gate),
+        ("calibration", parts.calibration),
+    ):
         reached = _connected(_grads(value.sum(), params))
         assert reached and reached <= router, name
 
@@ -96,9 +107,17 @@ def test_gradient_flow_table():
     trunk_from_agr = torch.cat([s_agr[n].flatten() for n in sorted(trunk)])
     # compare with the trunk gradient of S_AGR where only S_H's own graph reaches the trunk:
     # the same score with every router-side tensor detached
-    detached = model._combine(parts.s_e, parts.s_h, parts.route_logits.detach(),
-                              {k: v.detach() for k, v in texts.items()}, images, "text", 1.0, 1.0,
-                              gate_axis=(slice(None), None))
+    detached = model._combine(
+        parts.s_e,
+        parts.s_h,
+        parts.route_logits.detach(),
+        {k: v.detach() for k, v in texts.items()},
+        images,
+        "text",
+        1.0,
+        1.0,
+        gate_axis=(slice(None), None),
+    )
     ref = _grads(detached.s_agr.sum(), params)
     torch.testing.assert_close(trunk_from_agr, torch.cat([ref[n].flatten() for n in sorted(trunk)]))
 
@@ -153,7 +172,9 @@ def test_curriculum_logged_through_the_phases():
     assert seen[50] == (1.0, 0.0, 2.0)
     assert seen[75] == (1.0, pytest.approx(0.5), 3.0)
     assert seen[101] == (1.0, 1.0, 4.0)
-    assert float(model.alpha) == 1.0 and float(model.beta) == 1.0  # the ranking uses the last values
+    assert (
+        float(model.alpha) == 1.0 and float(model.beta) == 1.0
+    )  # the ranking uses the last values
     logs = model.loss(b, Progress(1199, TOTAL)).logs
     assert 0.0 < logs["routing_weight"] < 1.0 and 0.0 < logs["gate"] < 1.0
     assert logs["curvature"] == pytest.approx(0.1, rel=1e-3)
@@ -197,8 +218,11 @@ def test_matrix_scores_equal_pair_scores(query):
     matrix = model.scores(texts, images, query)
     assert matrix.shape == (5, 7)
     # top-K rerank shape: each text against K = 7 candidates
-    lists = model.pair_scores({k: v.unsqueeze(1) for k, v in texts.items()},
-                              {k: v.unsqueeze(0).expand(5, *v.shape) for k, v in images.items()}, query)
+    lists = model.pair_scores(
+        {k: v.unsqueeze(1) for k, v in texts.items()},
+        {k: v.unsqueeze(0).expand(5, *v.shape) for k, v in images.items()},
+        query,
+    )
     torch.testing.assert_close(lists, matrix, rtol=1e-5, atol=1e-5)
     # matched rows
     n = 5
@@ -259,7 +283,11 @@ def test_gathered_loss_equals_the_global_batch():
 def test_short_fit_learns_and_ranks_heldout_pairs():
     torch.manual_seed(0)
     store = make_world(SyntheticConfig(images=300, text_pairs=0, seed=0))
-    model = AGR(AGRConfig(embed_dim=32, lora_rank=8), store.image_features.shape[1], store.text_features.shape[1])
+    model = AGR(
+        AGRConfig(embed_dim=32, lora_rank=8),
+        store.image_features.shape[1],
+        store.text_features.shape[1],
+    )
     losses = fit(model, store, steps=100, batch_size=32, lr=3e-3)
     assert all(math.isfinite(v) for v in losses)
     assert sum(losses[-10:]) / 10 < 0.5 * sum(losses[:10]) / 10

@@ -22,8 +22,17 @@ from curvalign.train.trainer import train
 
 STEPS = 150
 WORLD = "synthetic:images=400,text_pairs=200,latent_dim=16,image_dim=32,text_dim=24,hidden_dim=32"
-TINY = {"embed_dim": 16, "num_factors": 4, "factor_dim": 8, "hyperbolic_dim": 16, "euclidean_dim": 16,
-        "sphere_dim": 16, "hidden_dim": 32, "model_dim": 32, "lora_rank": 4}
+TINY = {
+    "embed_dim": 16,
+    "num_factors": 4,
+    "factor_dim": 8,
+    "hyperbolic_dim": 16,
+    "euclidean_dim": 16,
+    "sphere_dim": 16,
+    "hidden_dim": 32,
+    "model_dim": 32,
+    "lora_rank": 4,
+}
 
 
 @pytest.fixture(scope="module")
@@ -34,14 +43,26 @@ def store():
 @pytest.mark.parametrize("name", recipe_names())
 def test_bf16_training_stays_finite(name, store, tmp_path):
     fields = {f.name for f in dataclasses.fields(get_recipe(name).Config)}
-    overrides = {"bf16": True, "batch_size": 32, "pair_batch_size": 32, "log_every": 1, "checkpoint_every": 0,
-                 "tensorboard": False, "num_threads": 1, **{k: v for k, v in TINY.items() if k in fields}}
+    overrides = {
+        "bf16": True,
+        "batch_size": 32,
+        "pair_batch_size": 32,
+        "log_every": 1,
+        "checkpoint_every": 0,
+        "tensorboard": False,
+        "num_threads": 1,
+        **{k: v for k, v in TINY.items() if k in fields},
+    }
     # a non-finite loss or gradient would raise NonFiniteLossError naming the step and term
-    run_dir = train(name, store, tmp_path / name, steps=STEPS, overrides=overrides, show_progress=False)
+    run_dir = train(
+        name, store, tmp_path / name, steps=STEPS, overrides=overrides, show_progress=False
+    )
     losses = [record["loss"] for record in read_log(run_dir)]
     assert len(losses) == STEPS
     assert all(isinstance(x, float) and math.isfinite(x) for x in losses), losses
     weights = load_file(run_dir / "model.safetensors")
-    bad = [k for k, w in weights.items() if w.is_floating_point() and not bool(torch.isfinite(w).all())]
+    bad = [
+        k for k, w in weights.items() if w.is_floating_point() and not bool(torch.isfinite(w).all())
+    ]
     assert not bad, f"non-finite parameters after bf16 training: {bad}"
     assert losses[-1] != losses[0]  # it trained

@@ -7,16 +7,18 @@ import json
 
 import pytest
 import torch
-from _train_toy import toy_recipes, toy_store  # noqa: F401  (fixture)
 from typer.testing import CliRunner
 
+from _train_toy import toy_recipes, toy_store  # noqa: F401  (fixture)
 from curvalign.cli import app
 from curvalign.train.checkpoint import load_run
 from curvalign.train.logging import read_log
 
 METHODS = ("clip", "meru", "hycoclip", "atmg", "phyclip", "proclip", "agr", "dualpath")
-TINY_WORLD = ("synthetic:images=120,text_pairs=80,families=2,max_objects=2,depth=2,branching=2,latent_dim=16,"
-              "image_dim=24,text_dim=20,hidden_dim=32")
+TINY_WORLD = (
+    "synthetic:images=120,text_pairs=80,families=2,max_objects=2,depth=2,branching=2,latent_dim=16,"
+    "image_dim=24,text_dim=20,hidden_dim=32"
+)
 
 runner = CliRunner()
 
@@ -35,11 +37,30 @@ def toy_features(tmp_path):
 @pytest.mark.usefixtures("toy_recipes")
 def test_cli_writes_checkpoint_config_and_logs(tmp_path, toy_features):
     out = tmp_path / "run"
-    result = _run("--recipe", "_toy", "--data", toy_features, "--steps", 4, "--out", out, "--quiet",
-                  "batch_size=8", "log_every=2", "temperature_init=0.2")
+    result = _run(
+        "--recipe",
+        "_toy",
+        "--data",
+        toy_features,
+        "--steps",
+        4,
+        "--out",
+        out,
+        "--quiet",
+        "batch_size=8",
+        "log_every=2",
+        "temperature_init=0.2",
+    )
     assert result.exit_code == 0, result.output
-    assert f"trained to step 4" in result.output and str(out) in result.output
-    for name in ("config.json", "config.yaml", "model.safetensors", "state.pt", "meta.json", "log.jsonl"):
+    assert "trained to step 4" in result.output and str(out) in result.output
+    for name in (
+        "config.json",
+        "config.yaml",
+        "model.safetensors",
+        "state.pt",
+        "meta.json",
+        "log.jsonl",
+    ):
         assert (out / name).is_file(), name
     config = json.loads((out / "config.json").read_text())
     assert config["recipe"] == "_toy" and config["data"] == toy_features
@@ -51,31 +72,47 @@ def test_cli_writes_checkpoint_config_and_logs(tmp_path, toy_features):
 @pytest.mark.usefixtures("toy_recipes")
 def test_cli_config_file_resume_and_overwrite(tmp_path, toy_features):
     config = tmp_path / "run.yaml"
-    config.write_text(f"recipe: _toy\ndata: '{toy_features}'\ntrain:\n  batch_size: 8\n  steps: 3\n"
-                      "  tensorboard: false\n")
+    config.write_text(
+        f"recipe: _toy\ndata: '{toy_features}'\ntrain:\n  batch_size: 8\n  steps: 3\n"
+        "  tensorboard: false\n"
+    )
     out = tmp_path / "run"
     assert _run("--config", config, "--out", out, "-q").exit_code == 0
     assert load_run(out).step == 3
 
     refused = _run("--config", config, "--out", out, "-q")
-    assert refused.exit_code == 2 and "already holds a run of recipe '_toy' at step 3" in refused.output
+    assert (
+        refused.exit_code == 2
+        and "already holds a run of recipe '_toy' at step 3" in refused.output
+    )
 
     resumed = _run("--out", out, "--resume", "--steps", 5)
     assert resumed.exit_code == 0, resumed.output
     assert "resuming" in resumed.output and load_run(out).step == 5
 
     replaced = _run("--config", config, "--out", out, "--overwrite", "-q", "seed=4")
-    assert replaced.exit_code == 0 and load_run(out).config.train.seed == 4 and load_run(out).step == 3
+    assert (
+        replaced.exit_code == 0 and load_run(out).config.train.seed == 4 and load_run(out).step == 3
+    )
 
 
 @pytest.mark.usefixtures("toy_recipes")
-@pytest.mark.parametrize("args, fragment", [
-    (["--recipe", "nope"], "unknown recipe 'nope'; known recipes: _toy, _toy_boxes"),
-    (["--recipe", "_toy", "bogus=1"], "unknown key 'bogus'"),
-    (["--recipe", "_toy", "lr"], "is not key=value"),
-    (["--recipe", "_toy_boxes"], "recipe '_toy_boxes' trains on box-level pairs; data 'features:"),
-    (["--recipe", "_toy", "batch_size=500"], "batch_size 500 is larger than the 40 usable train images"),
-])
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        (["--recipe", "nope"], "unknown recipe 'nope'; known recipes: _toy, _toy_boxes"),
+        (["--recipe", "_toy", "bogus=1"], "unknown key 'bogus'"),
+        (["--recipe", "_toy", "lr"], "is not key=value"),
+        (
+            ["--recipe", "_toy_boxes"],
+            "recipe '_toy_boxes' trains on box-level pairs; data 'features:",
+        ),
+        (
+            ["--recipe", "_toy", "batch_size=500"],
+            "batch_size 500 is larger than the 40 usable train images",
+        ),
+    ],
+)
 def test_cli_errors_are_one_line_without_traceback(tmp_path, toy_features, args, fragment):
     result = _run("--data", toy_features, "--steps", 2, "--out", tmp_path / "run", *args)
     assert result.exit_code == 2
@@ -85,8 +122,14 @@ def test_cli_errors_are_one_line_without_traceback(tmp_path, toy_features, args,
 
 @pytest.mark.usefixtures("toy_recipes")
 def test_cli_bad_data_spec(tmp_path):
-    result = _run("--recipe", "_toy", "--data", "nosuchsource:x", "--steps", 2, "--out", tmp_path / "run")
-    assert result.exit_code == 2 and "nosuchsource" in result.output and "Traceback" not in result.output
+    result = _run(
+        "--recipe", "_toy", "--data", "nosuchsource:x", "--steps", 2, "--out", tmp_path / "run"
+    )
+    assert (
+        result.exit_code == 2
+        and "nosuchsource" in result.output
+        and "Traceback" not in result.output
+    )
 
 
 @pytest.mark.parametrize("recipe", METHODS)
@@ -95,8 +138,21 @@ def test_every_recipe_trains_a_few_steps_from_the_cli(tmp_path, recipe):
 
     assert recipe in recipe_names(), f"method {recipe!r} is not registered"
     out = tmp_path / recipe
-    result = _run("--recipe", recipe, "--data", TINY_WORLD, "--steps", 3, "--out", out, "--quiet",
-                  "batch_size=16", "pair_batch_size=8", "log_every=1", "tensorboard=false")
+    result = _run(
+        "--recipe",
+        recipe,
+        "--data",
+        TINY_WORLD,
+        "--steps",
+        3,
+        "--out",
+        out,
+        "--quiet",
+        "batch_size=16",
+        "pair_batch_size=8",
+        "log_every=1",
+        "tensorboard=false",
+    )
     assert result.exit_code == 0, result.output
     records = read_log(out)
     assert [r["step"] for r in records] == [1, 2, 3]
@@ -109,20 +165,41 @@ def test_every_recipe_trains_a_few_steps_from_the_cli(tmp_path, recipe):
     assert all(torch.isfinite(v).all() for v in emb.values())
 
 
-@pytest.mark.parametrize("recipe, small", [
-    ("dualpath", ["model_dim=32", "hidden_dim=32", "embed_dim=16"]),  # path copy at the switch
-    ("agr", ["embed_dim=32", "lora_rank=4"]),  # curriculum phases, score jitter from the global RNG
-])
+@pytest.mark.parametrize(
+    "recipe, small",
+    [
+        ("dualpath", ["model_dim=32", "hidden_dim=32", "embed_dim=16"]),  # path copy at the switch
+        (
+            "agr",
+            ["embed_dim=32", "lora_rank=4"],
+        ),  # curriculum phases, score jitter from the global RNG
+    ],
+)
 def test_curriculum_recipes_resume_bit_for_bit(tmp_path, recipe, small):
     from curvalign.train.trainer import train
 
-    overrides = ["batch_size=16", "pair_batch_size=8", "tensorboard=false", "checkpoint_every=3", *small]
+    overrides = [
+        "batch_size=16",
+        "pair_batch_size=8",
+        "tensorboard=false",
+        "checkpoint_every=3",
+        *small,
+    ]
     train(recipe, TINY_WORLD, tmp_path / "full", steps=8, overrides=overrides, show_progress=False)
-    train(recipe, TINY_WORLD, tmp_path / "part", steps=8, overrides=overrides, show_progress=False,
-          stop_at=3)  # as if killed after the checkpoint at step 3
+    train(
+        recipe,
+        TINY_WORLD,
+        tmp_path / "part",
+        steps=8,
+        overrides=overrides,
+        show_progress=False,
+        stop_at=3,
+    )  # as if killed after the checkpoint at step 3
     resumed = _run("--out", tmp_path / "part", "--resume", "--quiet")
     assert resumed.exit_code == 0, resumed.output
     full, part = load_run(tmp_path / "full"), load_run(tmp_path / "part")
     assert part.step == 8
-    for (name, a), (_, b) in zip(full.recipe.state_dict().items(), part.recipe.state_dict().items()):
+    for (name, a), (_, b) in zip(
+        full.recipe.state_dict().items(), part.recipe.state_dict().items(), strict=False
+    ):
         assert torch.equal(a, b), name

@@ -8,7 +8,6 @@ the gathering, the targets' offsets and the averaged batch statistics are what i
 
 from __future__ import annotations
 
-import os
 import tempfile
 
 import pytest
@@ -44,7 +43,7 @@ def local_part(batch: Batch, rank: int, world: int) -> Batch:
         if t is None:
             return None
         n = t.shape[0] // world
-        return t[rank * n:(rank + 1) * n]
+        return t[rank * n : (rank + 1) * n]
 
     return Batch(**{k: part(v) for k, v in batch.__dict__.items()})
 
@@ -63,8 +62,11 @@ def build(name: str, state: dict | None = None):
 def gradients(recipe) -> dict[str, torch.Tensor]:
     """Every trainable parameter's gradient; DDP gives unused parameters zeros where a single
     process leaves None, so None counts as zero."""
-    return {n: (p.grad.clone() if p.grad is not None else torch.zeros_like(p))
-            for n, p in recipe.named_parameters() if p.requires_grad}
+    return {
+        n: (p.grad.clone() if p.grad is not None else torch.zeros_like(p))
+        for n, p in recipe.named_parameters()
+        if p.requires_grad
+    }
 
 
 def single_process_step(name: str, state: dict) -> tuple[float, dict[str, torch.Tensor]]:
@@ -94,7 +96,16 @@ def _worker(rank: int, init_file: str, names: list[str], states_path: str, out_p
 
 
 def test_every_method_is_registered():
-    assert set(recipe_names()) >= {"clip", "meru", "hycoclip", "atmg", "phyclip", "proclip", "agr", "dualpath"}
+    assert set(recipe_names()) >= {
+        "clip",
+        "meru",
+        "hycoclip",
+        "atmg",
+        "phyclip",
+        "proclip",
+        "agr",
+        "dualpath",
+    }
 
 
 def test_two_processes_equal_one_process_on_the_global_batch(tmp_path):
@@ -129,7 +140,9 @@ class _LocalLoss(torch.nn.Module):
 
     def forward(self, batch: Batch, progress: Progress, gather: Gather) -> LossOutput:
         value = (self.weight * batch.image).mean()
-        return LossOutput(total=value, terms={"term": value}, logs={"rows": float(batch.image.shape[0])})
+        return LossOutput(
+            total=value, terms={"term": value}, logs={"rows": float(batch.image.shape[0])}
+        )
 
 
 def _global_loss_worker(rank: int, init_file: str, out_path: str) -> None:
@@ -137,14 +150,29 @@ def _global_loss_worker(rank: int, init_file: str, out_path: str) -> None:
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD)
-    model = GlobalLossStep(DistributedDataParallel(_LocalLoss()), seed=0, rank=rank, device=torch.device("cpu"))
-    finite = model(Batch(image=torch.full((2,), 1.0 + rank), text=torch.zeros(2)), PROGRESS, DistributedGather())
+    model = GlobalLossStep(
+        DistributedDataParallel(_LocalLoss()), seed=0, rank=rank, device=torch.device("cpu")
+    )
+    finite = model(
+        Batch(image=torch.full((2,), 1.0 + rank), text=torch.zeros(2)),
+        PROGRESS,
+        DistributedGather(),
+    )
     finite.total.backward()
     local_nan = float("nan") if rank == 1 else 1.0
-    bad = model(Batch(image=torch.full((2,), local_nan), text=torch.zeros(2)), PROGRESS, DistributedGather())
-    torch.save({"total": float(finite.total), "term": float(finite.terms["term"]), "logs": finite.logs,
-                "grad": float(model.ddp.module.weight.grad), "bad": float(bad.total.detach())},
-               f"{out_path}.{rank}")
+    bad = model(
+        Batch(image=torch.full((2,), local_nan), text=torch.zeros(2)), PROGRESS, DistributedGather()
+    )
+    torch.save(
+        {
+            "total": float(finite.total),
+            "term": float(finite.terms["term"]),
+            "logs": finite.logs,
+            "grad": float(model.ddp.module.weight.grad),
+            "bad": float(bad.total.detach()),
+        },
+        f"{out_path}.{rank}",
+    )
     dist.barrier()
     dist.destroy_process_group()
 

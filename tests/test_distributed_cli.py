@@ -22,13 +22,25 @@ from curvalign.train.logging import read_log
 from curvalign.train.trainer import local_rows, train
 
 DATA = "synthetic:images=120,text_pairs=60,latent_dim=16,image_dim=32,text_dim=24,hidden_dim=32"
-OVERRIDES = ["embed_dim=16", "batch_size=16", "log_every=1", "checkpoint_every=0", "warmup=0",
-             "min_lr_ratio=1", "tensorboard=false", "num_threads=1"]
+OVERRIDES = [
+    "embed_dim=16",
+    "batch_size=16",
+    "log_every=1",
+    "checkpoint_every=0",
+    "warmup=0",
+    "min_lr_ratio=1",
+    "tensorboard=false",
+    "num_threads=1",
+]
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "curvalign", "train", *args], capture_output=True, text=True,
-                          timeout=240)
+    return subprocess.run(
+        [sys.executable, "-m", "curvalign", "train", *args],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -36,8 +48,20 @@ def runs(tmp_path_factory):
     """A single-process run of 6 steps, and a 2-process run of 3 steps resumed to 6."""
     base = tmp_path_factory.mktemp("ddp")
     single = train("clip", DATA, base / "single", steps=6, overrides=OVERRIDES, show_progress=False)
-    first = cli("--nproc", "2", "--recipe", "clip", "--data", DATA, "--steps", "3", "--out", str(base / "ddp"),
-                "-q", *OVERRIDES)
+    first = cli(
+        "--nproc",
+        "2",
+        "--recipe",
+        "clip",
+        "--data",
+        DATA,
+        "--steps",
+        "3",
+        "--out",
+        str(base / "ddp"),
+        "-q",
+        *OVERRIDES,
+    )
     assert first.returncode == 0, first.stderr[-3000:]
     second = cli("--nproc", "2", "--resume", "--steps", "6", "--out", str(base / "ddp"), "-q")
     assert second.returncode == 0, second.stderr[-3000:]
@@ -46,14 +70,17 @@ def runs(tmp_path_factory):
 
 def test_two_processes_end_with_the_weights_of_one_process(runs):
     single, ddp, _ = runs
-    weights_1, weights_2 = load_file(single / "model.safetensors"), load_file(ddp / "model.safetensors")
+    weights_1, weights_2 = (
+        load_file(single / "model.safetensors"),
+        load_file(ddp / "model.safetensors"),
+    )
     assert set(weights_1) == set(weights_2)
     for name in weights_1:
         torch.testing.assert_close(weights_2[name], weights_1[name], rtol=1e-4, atol=1e-5, msg=name)
     log_1, log_2 = read_log(single), read_log(ddp)
     # the logged loss is the global one: the two logs agree step by step
     assert [r["step"] for r in log_2] == [1, 2, 3, 4, 5, 6] == [r["step"] for r in log_1]
-    for a, b in zip(log_1, log_2):
+    for a, b in zip(log_1, log_2, strict=False):
         assert b["loss"] == pytest.approx(a["loss"], rel=1e-5)
         assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-4)
 
@@ -80,8 +107,11 @@ def test_the_ranks_rows_cover_every_train_image_once_per_epoch():
     """Every rank draws the same global batch and keeps its slice: over an epoch, the union of
     the ranks' rows is each train image exactly once."""
     n, batch, world = 48, 12, 3
-    store = FeatureStore(image_features=torch.arange(n, dtype=torch.float32)[:, None].repeat(1, 4),
-                         text_features=torch.randn(n, 4), text_to_image=torch.arange(n))
+    store = FeatureStore(
+        image_features=torch.arange(n, dtype=torch.float32)[:, None].repeat(1, 4),
+        text_features=torch.randn(n, 4),
+        text_to_image=torch.arange(n),
+    )
     samplers = [BatchSampler(store, batch, seed=5) for _ in range(world)]
     seen = []
     for _ in range(n // batch):

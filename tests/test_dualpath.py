@@ -9,7 +9,12 @@ import torch
 
 from curvalign.data.synthetic import SyntheticConfig, make_world
 from curvalign.losses.contrastive import info_nce
-from curvalign.losses.multiloss import hardest_negative_triplet, pair_ranking, score_mse, score_weighted_info_nce
+from curvalign.losses.multiloss import (
+    hardest_negative_triplet,
+    pair_ranking,
+    score_mse,
+    score_weighted_info_nce,
+)
 from curvalign.nn.dualpath import DualPathHead
 from curvalign.recipes import get_recipe
 from curvalign.recipes.base import Batch, Progress
@@ -30,9 +35,13 @@ def _model(**kw) -> DualPath:
 
 def _batch(n: int = 10, pairs: int = 12, seed: int = 0) -> Batch:
     g = torch.Generator().manual_seed(seed)
-    return Batch(image=torch.randn(n, DI, generator=g), text=torch.randn(n, DT, generator=g),
-                 pair_a=torch.randn(pairs, DT, generator=g), pair_b=torch.randn(pairs, DT, generator=g),
-                 pair_score=torch.rand(pairs, generator=g))
+    return Batch(
+        image=torch.randn(n, DI, generator=g),
+        text=torch.randn(n, DT, generator=g),
+        pair_a=torch.randn(pairs, DT, generator=g),
+        pair_b=torch.randn(pairs, DT, generator=g),
+        pair_score=torch.rand(pairs, generator=g),
+    )
 
 
 def _snapshot(module: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -59,8 +68,13 @@ def test_text_inputs_never_touch_the_multimodal_path():
     head = DualPathHead({"image": DI, "text": DT}, 16, 32, 8)
     head(torch.randn(5, DT), "text", "text_pair").square().sum().backward()
     untouched = {n for n, p in head.named_parameters() if p.grad is None}
-    assert untouched == {"multi_path.weight", "multi_path.bias", "gate_logit", "adapters.image.weight",
-                         "adapters.image.bias"}
+    assert untouched == {
+        "multi_path.weight",
+        "multi_path.bias",
+        "gate_logit",
+        "adapters.image.weight",
+        "adapters.image.bias",
+    }
 
 
 def test_text_only_step_leaves_multimodal_parameters_bit_identical():
@@ -78,9 +92,18 @@ def test_text_only_step_leaves_multimodal_parameters_bit_identical():
         after = _snapshot(model)
         changed = {n for n in before if not torch.equal(before[n], after[n])}
         if step == 60:
-            assert {"head.multi_path.weight", "head.gate_logit", "head.adapters.image.weight"} <= changed
-    assert not changed & {"head.multi_path.weight", "head.multi_path.bias", "head.gate_logit",
-                          "head.adapters.image.weight", "head.adapters.image.bias"}
+            assert {
+                "head.multi_path.weight",
+                "head.gate_logit",
+                "head.adapters.image.weight",
+            } <= changed
+    assert not changed & {
+        "head.multi_path.weight",
+        "head.multi_path.bias",
+        "head.gate_logit",
+        "head.adapters.image.weight",
+        "head.adapters.image.bias",
+    }
     assert {"head.text_path.weight", "head.adapters.text.weight"} <= changed
 
 
@@ -140,8 +163,12 @@ def test_phases_and_curriculum_in_the_loss():
     later = model.loss(_batch(), Progress(100, TOTAL))
     assert set(later.terms) == {"text_info_nce", "score_mse", "rank", "image_info_nce", "triplet"}
     assert tuple(later.logs[k] for k in curriculum) == pytest.approx((0.07, 3.0, 1.0))
-    assert later.total.item() == pytest.approx(sum(t.item() for t in later.terms.values()), rel=1e-6)
-    assert later.terms["score_mse"].item() == pytest.approx(3.0 * later.logs["score_mse_unweighted"], rel=1e-5)
+    assert later.total.item() == pytest.approx(
+        sum(t.item() for t in later.terms.values()), rel=1e-6
+    )
+    assert later.terms["score_mse"].item() == pytest.approx(
+        3.0 * later.logs["score_mse_unweighted"], rel=1e-5
+    )
 
 
 def test_task_prefixes_and_token_inputs():
@@ -163,7 +190,9 @@ def test_task_prefixes_and_token_inputs():
     assert out.shape == (3, 8)
     tokens[:, 2:] = 1e3  # masked positions do not matter
     pooled.eval()
-    torch.testing.assert_close(pooled.embed_texts(tokens, mask)["point"], pooled.embed_texts(tokens[:, :2])["point"])
+    torch.testing.assert_close(
+        pooled.embed_texts(tokens, mask)["point"], pooled.embed_texts(tokens[:, :2])["point"]
+    )
 
 
 def test_multiloss_readings():
@@ -171,28 +200,43 @@ def test_multiloss_readings():
     scores = torch.randn(5, 5, generator=g)
     # all scores 1: the plain InfoNCE; a zero-score row is no positive
     plain = info_nce(scores, 0.1).item()
-    assert score_weighted_info_nce(scores, torch.ones(5), 0.1).item() == pytest.approx(plain, rel=1e-6)
+    assert score_weighted_info_nce(scores, torch.ones(5), 0.1).item() == pytest.approx(
+        plain, rel=1e-6
+    )
     w = torch.tensor([1.0, 1.0, 0.0, 1.0, 1.0])
     keep = [0, 1, 3, 4]
     ce = torch.nn.functional.cross_entropy(scores[keep] / 0.1, torch.tensor(keep), reduction="mean")
     assert score_weighted_info_nce(scores, w, 0.1).item() == pytest.approx(ce.item(), rel=1e-6)
-    assert score_mse(torch.tensor([0.5, 1.0]), torch.tensor([0.0, 1.0])).item() == pytest.approx(0.125)
+    assert score_mse(torch.tensor([0.5, 1.0]), torch.tensor([0.0, 1.0])).item() == pytest.approx(
+        0.125
+    )
     # ranking: pair 0 scored above pair 1 needs a cosine gap >= 0.5
-    assert pair_ranking(torch.tensor([0.2, 0.1]), torch.tensor([0.9, 0.4])).item() == pytest.approx(0.4)
+    assert pair_ranking(torch.tensor([0.2, 0.1]), torch.tensor([0.9, 0.4])).item() == pytest.approx(
+        0.4
+    )
     assert pair_ranking(torch.tensor([0.9, 0.1]), torch.tensor([0.9, 0.4])).item() == 0.0
     assert pair_ranking(torch.tensor([0.9, 0.1]), torch.tensor([0.5, 0.5])).item() == 0.0
     cos = torch.tensor([[0.9, 0.8, 0.1], [0.0, 0.3, 0.5], [0.2, 0.1, 0.6]])
     # rows: max(0, 0.2 - 0.9 + 0.8), max(0, 0.2 - 0.3 + 0.5), max(0, 0.2 - 0.6 + 0.2)
-    assert hardest_negative_triplet(cos, margin=0.2).item() == pytest.approx((0.1 + 0.4 + 0.0) / 3, rel=1e-6)
-    wide = torch.cat([torch.full((2, 2), -1.0), cos[:2]], dim=1)  # 2 local rows, positives at offset 2
-    assert hardest_negative_triplet(wide, 0.2, offset=2).item() == pytest.approx((0.1 + 0.4) / 2, rel=1e-6)
+    assert hardest_negative_triplet(cos, margin=0.2).item() == pytest.approx(
+        (0.1 + 0.4 + 0.0) / 3, rel=1e-6
+    )
+    wide = torch.cat(
+        [torch.full((2, 2), -1.0), cos[:2]], dim=1
+    )  # 2 local rows, positives at offset 2
+    assert hardest_negative_triplet(wide, 0.2, offset=2).item() == pytest.approx(
+        (0.1 + 0.4) / 2, rel=1e-6
+    )
 
 
 def test_short_fit_learns_and_keeps_text_similarity():
     torch.manual_seed(0)
     store = make_world(SyntheticConfig(images=300, text_pairs=900, seed=0))
-    model = DualPath(DualPathConfig(model_dim=64, hidden_dim=128, embed_dim=32),
-                     store.image_features.shape[1], store.text_features.shape[1])
+    model = DualPath(
+        DualPathConfig(model_dim=64, hidden_dim=128, embed_dim=32),
+        store.image_features.shape[1],
+        store.text_features.shape[1],
+    )
     optimizer = torch.optim.AdamW(model.parameters(), lr=2e-3, weight_decay=0.0)
     train = store.split_image_ids("train")
     first_caption = {}
@@ -216,9 +260,13 @@ def test_short_fit_learns_and_keeps_text_similarity():
         images = train[torch.randperm(len(train), generator=g)[:32]]
         texts = torch.tensor([first_caption[i] for i in images.tolist()])
         pairs = torch.randint(len(store.pair_scores), (32,), generator=g)
-        batch = Batch(image=store.image_features[images].float(), text=store.text_features[texts].float(),
-                      pair_a=store.pair_a_features[pairs].float(), pair_b=store.pair_b_features[pairs].float(),
-                      pair_score=store.pair_scores[pairs].float())
+        batch = Batch(
+            image=store.image_features[images].float(),
+            text=store.text_features[texts].float(),
+            pair_a=store.pair_a_features[pairs].float(),
+            pair_b=store.pair_b_features[pairs].float(),
+            pair_score=store.pair_scores[pairs].float(),
+        )
         progress = Progress(step, steps)
         model.on_step_start(progress)
         out = model.loss(batch, progress)
@@ -248,6 +296,8 @@ def test_pair_losses_split_over_processes_equal_the_global_batch():
     for r in range(2):
         sl = slice(4 * r, 4 * r + 4)
         ranks.append(pair_ranking(cos[sl], s[sl], cos, s, world_size=2))
-        nces.append(score_weighted_info_nce(scores[sl], s[sl], 0.1, offset=4 * r, weight_mean=s.mean()))
+        nces.append(
+            score_weighted_info_nce(scores[sl], s[sl], 0.1, offset=4 * r, weight_mean=s.mean())
+        )
     assert (0.5 * (ranks[0] + ranks[1])).item() == pytest.approx(whole_rank.item(), rel=1e-6)
     assert (0.5 * (nces[0] + nces[1])).item() == pytest.approx(whole_nce.item(), rel=1e-6)

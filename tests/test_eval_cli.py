@@ -11,10 +11,24 @@ from typer.testing import CliRunner
 from curvalign.cli import app
 
 TINY = "synthetic:images=120,text_pairs=60,captions_max=3"
-TINY_TRAIN = ["batch_size=16", "pair_batch_size=16", "tensorboard=false", "log_every=1", "checkpoint_every=0"]
+TINY_TRAIN = [
+    "batch_size=16",
+    "pair_batch_size=16",
+    "tensorboard=false",
+    "log_every=1",
+    "checkpoint_every=0",
+]
 runner = CliRunner()
 
-EVAL_KEYS = {"meta", "retrieval", "zeroshot", "hierarchy", "compositional", "ordering", "diagnostics"}
+EVAL_KEYS = {
+    "meta",
+    "retrieval",
+    "zeroshot",
+    "hierarchy",
+    "compositional",
+    "ordering",
+    "diagnostics",
+}
 
 
 @pytest.fixture(scope="module")
@@ -45,11 +59,14 @@ def test_eval_text_output_and_split_choice(meru_run):
     assert "retrieval/t2i@1" in result.stdout and "meru at step 4" in result.stdout
 
 
-@pytest.mark.parametrize("args, message", [
-    (["eval", "/nonexistent/run"], "does not exist"),
-    (["eval", "RUN", "--split", "validation"], "split 'validation'"),
-    (["eval", "RUN", "--data", "nosuchsource"], "nosuchsource"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["eval", "/nonexistent/run"], "does not exist"),
+        (["eval", "RUN", "--split", "validation"], "split 'validation'"),
+        (["eval", "RUN", "--data", "nosuchsource"], "nosuchsource"),
+    ],
+)
 def test_eval_errors_are_one_line(meru_run, args, message):
     args = [str(meru_run) if a == "RUN" else a for a in args]
     result = runner.invoke(app, args)
@@ -59,8 +76,22 @@ def test_eval_errors_are_one_line(meru_run, args, message):
 
 def test_benchmark_writes_table_json_and_plots(tmp_path):
     out = tmp_path / "bench"
-    result = runner.invoke(app, ["benchmark", "--recipes", "clip,meru", "--data", TINY, "--out", str(out),
-                                 "--steps", "3", "--quiet", *TINY_TRAIN])
+    result = runner.invoke(
+        app,
+        [
+            "benchmark",
+            "--recipes",
+            "clip,meru",
+            "--data",
+            TINY,
+            "--out",
+            str(out),
+            "--steps",
+            "3",
+            "--quiet",
+            *TINY_TRAIN,
+        ],
+    )
     assert result.exit_code == 0, result.output
     payload = json.loads((out / "results.json").read_text())
     assert payload["recipes"] == ["clip", "meru"] and payload["steps"] == 3
@@ -73,14 +104,30 @@ def test_benchmark_writes_table_json_and_plots(tmp_path):
 
 
 def test_benchmark_rejects_unknown_recipe(tmp_path):
-    result = runner.invoke(app, ["benchmark", "--recipes", "clip,nope", "--data", TINY, "--out", str(tmp_path)])
+    result = runner.invoke(
+        app, ["benchmark", "--recipes", "clip,nope", "--data", TINY, "--out", str(tmp_path)]
+    )
     assert result.exit_code == 2 and "nope" in result.output
 
 
 def test_demo_runs_small(tmp_path):
     out = tmp_path / "demo"
-    result = runner.invoke(app, ["demo", "--out", str(out), "--recipes", "clip", "--steps", "2", "--data", TINY,
-                                 "--quiet", "batch_size=16"])
+    result = runner.invoke(
+        app,
+        [
+            "demo",
+            "--out",
+            str(out),
+            "--recipes",
+            "clip",
+            "--steps",
+            "2",
+            "--data",
+            TINY,
+            "--quiet",
+            "batch_size=16",
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert "demo finished" in result.stdout and (out / "results.md").exists()
 
@@ -98,7 +145,9 @@ STUDY_OPTIONS = {
 def test_each_study_runs_tiny_and_gives_a_verdict(tmp_path, name):
     from curvalign.report.studies import run_study
 
-    result = run_study(name, tmp_path / name, steps=4, data=TINY, overrides=TINY_TRAIN, **STUDY_OPTIONS[name])
+    result = run_study(
+        name, tmp_path / name, steps=4, data=TINY, overrides=TINY_TRAIN, **STUDY_OPTIONS[name]
+    )
     assert result["verdict"].split(":")[0] in {"holds", "does not hold", "mixed"}
     assert result["rows"] and all(Path(f).exists() for f in result["figures"])
     saved = json.loads((tmp_path / name / "study.json").read_text())
@@ -114,7 +163,9 @@ def test_study_command_rejects_unknown_name():
 def test_study_options_are_parsed_and_checked():
     from curvalign.report.studies import parse_study_options
 
-    assert parse_study_options("atmg-curvature", ["curvatures=0.1,1,3"]) == {"curvatures": (0.1, 1, 3)}
+    assert parse_study_options("atmg-curvature", ["curvatures=0.1,1,3"]) == {
+        "curvatures": (0.1, 1, 3)
+    }
     with pytest.raises(ValueError, match="no option 'bogus'"):
         parse_study_options("atmg-curvature", ["bogus=1"])
     with pytest.raises(ValueError, match="Python literal"):

@@ -14,12 +14,14 @@ from curvalign.eval.retrieval import image_to_text_ranks, recall_at_k, text_to_i
 from curvalign.eval.zeroshot import predict, topk_accuracy
 
 # 4 captions, 3 images; captions 0 and 1 describe image 0
-SCORES = torch.tensor([
-    [0.9, 0.1, 0.2],   # own image 0 first                          -> rank 0
-    [0.3, 0.5, 0.3],   # own image 0 (0.3) below 0.5 and tied 0.3   -> rank 2
-    [0.4, 0.4, 0.0],   # own image 1 (0.4) tied with image 0         -> rank 1
-    [0.1, 0.2, 0.05],  # own image 2 last                            -> rank 2
-])
+SCORES = torch.tensor(
+    [
+        [0.9, 0.1, 0.2],  # own image 0 first                          -> rank 0
+        [0.3, 0.5, 0.3],  # own image 0 (0.3) below 0.5 and tied 0.3   -> rank 2
+        [0.4, 0.4, 0.0],  # own image 1 (0.4) tied with image 0         -> rank 1
+        [0.1, 0.2, 0.05],  # own image 2 last                            -> rank 2
+    ]
+)
 T2I = torch.tensor([0, 0, 1, 2])
 
 
@@ -35,8 +37,9 @@ def test_image_to_text_ranks_use_best_caption_and_ties_against():
 
 def test_recall_at_k_hand_computed():
     r = recall_at_k(SCORES, T2I, ks=(1, 2, 3))
-    assert r == pytest.approx({"t2i@1": 1 / 4, "t2i@2": 2 / 4, "t2i@3": 1.0,
-                               "i2t@1": 1 / 3, "i2t@2": 2 / 3, "i2t@3": 1.0})
+    assert r == pytest.approx(
+        {"t2i@1": 1 / 4, "t2i@2": 2 / 4, "t2i@3": 1.0, "i2t@1": 1 / 3, "i2t@2": 2 / 3, "i2t@3": 1.0}
+    )
 
 
 def test_constant_scores_give_no_lucky_hits():
@@ -48,7 +51,9 @@ def test_constant_scores_give_no_lucky_hits():
 
 
 def test_any_caption_in_top_k_finds_the_image():
-    scores = torch.tensor([[0.0, 1.0], [1.0, 0.0], [0.5, 0.9]])  # captions 0,1 of image 0; 2 of image 1
+    scores = torch.tensor(
+        [[0.0, 1.0], [1.0, 0.0], [0.5, 0.9]]
+    )  # captions 0,1 of image 0; 2 of image 1
     t2i = torch.tensor([0, 0, 1])
     # image 0: caption 1 is its top text although caption 0 is last
     assert image_to_text_ranks(scores, t2i).tolist() == [0, 1]
@@ -69,8 +74,10 @@ def test_images_without_captions_are_left_out_of_i2t():
 
 def _brute_ranks(scores, t2i):
     n_text, n_image = len(scores), len(scores[0])
-    t_ranks = [sum(1 for j in range(n_image) if j != t2i[t] and scores[t][j] >= scores[t][t2i[t]])
-               for t in range(n_text)]
+    t_ranks = [
+        sum(1 for j in range(n_image) if j != t2i[t] and scores[t][j] >= scores[t][t2i[t]])
+        for t in range(n_text)
+    ]
     i_ranks = []
     for i in range(n_image):
         right = [t for t in range(n_text) if t2i[t] == i]
@@ -85,8 +92,13 @@ def _brute_ranks(scores, t2i):
 @settings(max_examples=40, deadline=None)
 @given(st.integers(1, 6), st.integers(1, 5), st.data())
 def test_ranks_match_brute_force_with_many_ties(n_text, n_image, data):
-    values = data.draw(st.lists(st.lists(st.integers(0, 2), min_size=n_image, max_size=n_image),
-                                min_size=n_text, max_size=n_text))
+    values = data.draw(
+        st.lists(
+            st.lists(st.integers(0, 2), min_size=n_image, max_size=n_image),
+            min_size=n_text,
+            max_size=n_text,
+        )
+    )
     t2i = data.draw(st.lists(st.integers(0, n_image - 1), min_size=n_text, max_size=n_text))
     scores = torch.tensor(values, dtype=torch.float32)
     t_ranks, i_ranks = _brute_ranks(values, t2i)
@@ -106,7 +118,9 @@ def test_retrieval_rejects_bad_input():
 def test_zero_shot_topk_hand_computed():
     scores = torch.tensor([[0.1, 0.5, 0.5], [0.9, 0.2, 0.1], [0.3, 0.3, 0.3], [1.0, 0.0, 0.0]])
     labels = torch.tensor([1, 0, 2, -1])  # the last image has no class and is left out
-    assert topk_accuracy(scores, labels, ks=(1, 2, 3)) == pytest.approx({"top1": 1 / 3, "top2": 2 / 3, "top3": 1.0})
+    assert topk_accuracy(scores, labels, ks=(1, 2, 3)) == pytest.approx(
+        {"top1": 1 / 3, "top2": 2 / 3, "top3": 1.0}
+    )
     assert predict(scores[:3]).tolist() == [1, 0, 0]  # ties by lowest index
 
 
@@ -114,11 +128,11 @@ def test_zero_shot_topk_hand_computed():
 PARENTS = [-1, 0, 0, 1, 1, 2, 3]
 # (pred, true) -> TIE, LCA, J, PH, RH by hand with A(n) excluding n
 HAND = {
-    (4, 3): (2, 1, 1.0, 1.0, 1.0),            # siblings share every ancestor
-    (5, 3): (4, 2, 1 / 3, 1 / 2, 1 / 2),      # only the root in common
-    (3, 3): (0, 1, 1.0, 1.0, 1.0),            # correct: LCA is 1 under this convention
-    (6, 3): (1, 2, 2 / 3, 2 / 3, 1.0),        # over-specialised: RH = 1
-    (1, 6): (2, 1, 1 / 3, 1.0, 1 / 3),        # over-generalised: PH = 1
+    (4, 3): (2, 1, 1.0, 1.0, 1.0),  # siblings share every ancestor
+    (5, 3): (4, 2, 1 / 3, 1 / 2, 1 / 2),  # only the root in common
+    (3, 3): (0, 1, 1.0, 1.0, 1.0),  # correct: LCA is 1 under this convention
+    (6, 3): (1, 2, 2 / 3, 2 / 3, 1.0),  # over-specialised: RH = 1
+    (1, 6): (2, 1, 1 / 3, 1.0, 1 / 3),  # over-generalised: PH = 1
 }
 
 
@@ -129,7 +143,7 @@ def test_hierarchical_metrics_single_pairs(pair):
 
 
 def test_hierarchical_metrics_average_over_samples():
-    pred, true = zip(*HAND)
+    pred, true = zip(*HAND, strict=False)
     got = hierarchical_metrics(torch.tensor(pred), torch.tensor(true), torch.tensor(PARENTS))
     for i, key in enumerate(("TIE", "LCA", "J", "PH", "RH")):
         assert got[key] == pytest.approx(sum(v[i] for v in HAND.values()) / len(HAND))
@@ -164,7 +178,9 @@ def test_hard_negative_accuracy_per_kind_ties_lose():
 
 
 def test_ordering_accuracy_chain_and_pairs():
-    d = torch.tensor([[1.0, 2.0, 3.0], [1.0, 3.0, 2.0], [2.0, 2.0, 3.0]])  # equal distances count wrong
+    d = torch.tensor(
+        [[1.0, 2.0, 3.0], [1.0, 3.0, 2.0], [2.0, 2.0, 3.0]]
+    )  # equal distances count wrong
     assert ordering_accuracy(d) == pytest.approx({"chain": 1 / 3, "pairs": 4 / 6})
     with pytest.raises(ValueError, match="L >= 2"):
         ordering_accuracy(torch.zeros(3, 1))
@@ -174,8 +190,14 @@ def test_ordering_accuracy_chain_and_pairs():
 
 from curvalign.data.features import FeatureStore  # noqa: E402
 from curvalign.eval import evaluate  # noqa: E402
-from curvalign.eval.diagnostics import (dist0, distance_to_origin, dominance, eigen_spectrum,  # noqa: E402
-                                        factorwise_max, logmap0, routing_statistics)
+from curvalign.eval.diagnostics import (
+    dist0,
+    dominance,
+    eigen_spectrum,  # noqa: E402
+    factorwise_max,
+    logmap0,
+    routing_statistics,
+)
 
 
 class _IdentityLorentz(torch.nn.Module):
@@ -197,28 +219,48 @@ class _IdentityLorentz(torch.nn.Module):
         return -torch.acosh((tx * ty.T - x @ y.T).clamp_min(1.0)).float()
 
     def pair_scores(self, texts, images, query="text"):
-        return torch.stack([self.scores({"point": a[None]}, {"point": b[None]})[0, 0]
-                            for a, b in zip(texts["point"], images["point"])])
+        return torch.stack(
+            [
+                self.scores({"point": a[None]}, {"point": b[None]})[0, 0]
+                for a, b in zip(texts["point"], images["point"], strict=False)
+            ]
+        )
 
     def zero_shot_scores(self, images, prompts, prompt_to_class, num_classes):
-        classes = torch.stack([prompts["point"][prompt_to_class == c].mean(0) for c in range(num_classes)])
+        classes = torch.stack(
+            [prompts["point"][prompt_to_class == c].mean(0) for c in range(num_classes)]
+        )
         return self.scores({"point": classes}, images).T
 
 
 def _toy_store():
     image = torch.tensor([[2.0, 0.0], [0.0, 2.0], [-2.0, 0.0], [0.0, -2.0]])
-    text = torch.tensor([[1.0, 0.0], [0.0, 1.0], [-1.0, 0.1], [0.1, 1.0]])  # last caption points to image 1
+    text = torch.tensor(
+        [[1.0, 0.0], [0.0, 1.0], [-1.0, 0.1], [0.1, 1.0]]
+    )  # last caption points to image 1
     return FeatureStore(
-        image_features=image, text_features=text, text_to_image=torch.tensor([0, 1, 2, 3]),
-        image_split=torch.tensor([1, 1, 1, 1]), split_names=["train", "test"],
-        box_image_features=torch.tensor([[1.0, 0.0], [0.0, 3.0]]), box_text_features=torch.zeros(2, 2),
+        image_features=image,
+        text_features=text,
+        text_to_image=torch.tensor([0, 1, 2, 3]),
+        image_split=torch.tensor([1, 1, 1, 1]),
+        split_names=["train", "test"],
+        box_image_features=torch.tensor([[1.0, 0.0], [0.0, 3.0]]),
+        box_text_features=torch.zeros(2, 2),
         box_to_image=torch.tensor([0, 1]),
-        class_names=["a", "b"], prompt_features=torch.tensor([[1.0, 0.0], [0.0, 1.0]]),
-        prompt_to_class=torch.tensor([0, 1]), image_labels=torch.tensor([0, 1, -1, -1]),
-        taxonomy_names=["root", "a", "b"], taxonomy_parents=torch.tensor([-1, 0, 0]), class_to_node=torch.tensor([1, 2]),
-        negative_features=torch.tensor([[0.0, 1.0], [1.0, 0.0]]), negative_to_text=torch.tensor([0, 1]),
-        negative_kind=torch.tensor([0, 1]), negative_kind_names=["object", "attribute"],
-        chain_features=torch.tensor([[[0.1, 0.0], [0.5, 0.0], [1.0, 0.0]], [[1.0, 0.0], [0.5, 0.0], [2.0, 0.0]]]),
+        class_names=["a", "b"],
+        prompt_features=torch.tensor([[1.0, 0.0], [0.0, 1.0]]),
+        prompt_to_class=torch.tensor([0, 1]),
+        image_labels=torch.tensor([0, 1, -1, -1]),
+        taxonomy_names=["root", "a", "b"],
+        taxonomy_parents=torch.tensor([-1, 0, 0]),
+        class_to_node=torch.tensor([1, 2]),
+        negative_features=torch.tensor([[0.0, 1.0], [1.0, 0.0]]),
+        negative_to_text=torch.tensor([0, 1]),
+        negative_kind=torch.tensor([0, 1]),
+        negative_kind_names=["object", "attribute"],
+        chain_features=torch.tensor(
+            [[[0.1, 0.0], [0.5, 0.0], [1.0, 0.0]], [[1.0, 0.0], [0.5, 0.0], [2.0, 0.0]]]
+        ),
     )
 
 
@@ -231,8 +273,12 @@ def test_evaluate_runs_every_supported_metric_with_the_recipe_score():
     assert res["hierarchy"] == pytest.approx({"TIE": 0, "LCA": 1, "J": 1, "PH": 1, "RH": 1})
     assert res["compositional"] == pytest.approx({"overall": 1.0, "object": 1.0, "attribute": 1.0})
     assert res["ordering"]["text"] == pytest.approx({"chain": 0.5, "pairs": 3 / 4})
-    assert res["ordering"]["image"] == pytest.approx({"chain": 0.5, "pairs": 0.5})  # crop 2 is beyond its image
-    assert res["diagnostics"]["distance_to_origin"]["image"]["mean"] == pytest.approx(float(torch.asinh(torch.tensor(2.0))))
+    assert res["ordering"]["image"] == pytest.approx(
+        {"chain": 0.5, "pairs": 0.5}
+    )  # crop 2 is beyond its image
+    assert res["diagnostics"]["distance_to_origin"]["image"]["mean"] == pytest.approx(
+        float(torch.asinh(torch.tensor(2.0)))
+    )
 
 
 def test_evaluate_reports_ordering_as_not_applicable_without_an_origin():
@@ -264,7 +310,10 @@ def test_spectrum_of_a_line_has_one_direction():
 
 
 def test_routing_statistics_reads_the_weight_at_warmup_end():
-    rows = [{"step": s, "routing_weight": w, "query_gate": 0.5} for s, w in [(0, 0.5), (10, 0.95), (20, 0.4)]]
+    rows = [
+        {"step": s, "routing_weight": w, "query_gate": 0.5}
+        for s, w in [(0, 0.5), (10, 0.95), (20, 0.4)]
+    ]
     stats = routing_statistics(rows, warmup_end_step=15)
     assert stats["weight_at_warmup_end"] == 0.95 and stats["dominance_at_warmup_end"] == "euclidean"
     assert stats["weight_mean_over_training"] == pytest.approx((0.5 + 0.95 + 0.4) / 3)
@@ -274,14 +323,23 @@ def test_routing_statistics_reads_the_weight_at_warmup_end():
 def test_text_text_recall_excludes_the_query_and_counts_ties_against():
     from curvalign.eval.retrieval import text_text_recall
 
-    scores = torch.tensor([
-        [9.0, 1.0, 2.0, 0.0],  # self-score ignored; paraphrase 1 (1.0) below caption 2 (2.0) -> rank 1
-        [1.0, 9.0, 0.5, 0.5],  # paraphrase 0 first -> rank 0
-        [0.3, 0.3, 9.0, 0.3],  # paraphrase 3 tied with the two others -> rank 2
-        [0.0, 0.0, 1.0, 9.0],  # paraphrase 2 first -> rank 0
-    ])
+    scores = torch.tensor(
+        [
+            [
+                9.0,
+                1.0,
+                2.0,
+                0.0,
+            ],  # self-score ignored; paraphrase 1 (1.0) below caption 2 (2.0) -> rank 1
+            [1.0, 9.0, 0.5, 0.5],  # paraphrase 0 first -> rank 0
+            [0.3, 0.3, 9.0, 0.3],  # paraphrase 3 tied with the two others -> rank 2
+            [0.0, 0.0, 1.0, 9.0],  # paraphrase 2 first -> rank 0
+        ]
+    )
     groups = torch.tensor([0, 0, 1, 1])
-    assert text_text_recall(scores, groups, ks=(1, 2, 3)) == pytest.approx({"t2t@1": 0.5, "t2t@2": 0.75, "t2t@3": 1.0})
+    assert text_text_recall(scores, groups, ks=(1, 2, 3)) == pytest.approx(
+        {"t2t@1": 0.5, "t2t@2": 0.75, "t2t@3": 1.0}
+    )
 
 
 def test_concept_families_are_the_roots_children_under_a_single_root():

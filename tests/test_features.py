@@ -8,11 +8,18 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-import torch
 
-from curvalign.data.features import FLOAT_FIELDS, GROUPS, LIST_FIELDS, TENSOR_FIELDS, FeatureStore, FeatureStoreError
+from curvalign.data.features import (
+    FLOAT_FIELDS,
+    GROUPS,
+    LIST_FIELDS,
+    TENSOR_FIELDS,
+    FeatureStore,
+    FeatureStoreError,
+)
 
 
 def tiny_store(seed: int = 0) -> FeatureStore:
@@ -83,7 +90,12 @@ def test_round_trip_without_optional_groups_and_float64(tmp_path: Path):
     loaded = FeatureStore.load(tmp_path / "s")
     assert_same(store, loaded)
     assert loaded.groups == []
-    assert sorted(p.name for p in (tmp_path / "s").iterdir()) == ["image_features.npy", "meta.json", "text_features.npy", "text_to_image.npy"]
+    assert sorted(p.name for p in (tmp_path / "s").iterdir()) == [
+        "image_features.npy",
+        "meta.json",
+        "text_features.npy",
+        "text_to_image.npy",
+    ]
 
 
 def test_mmap_load_is_memory_mapped_and_leaves_file_unchanged(tmp_path: Path):
@@ -107,7 +119,11 @@ def test_bfloat16_is_saved_as_float32(tmp_path: Path):
 def test_meta_json_describes_counts_and_groups(tmp_path: Path):
     tiny_store().save(tmp_path / "s")
     header = json.loads((tmp_path / "s" / "meta.json").read_text())
-    assert header["counts"]["images"] == 6 and header["counts"]["texts"] == 9 and header["counts"]["boxes"] == 7
+    assert (
+        header["counts"]["images"] == 6
+        and header["counts"]["texts"] == 9
+        and header["counts"]["boxes"] == 7
+    )
     assert header["dims"] == {"image": 5, "text": 4}
     assert header["groups"] == list(GROUPS)
     assert header["negative_kind_names"] == ["object_replaced", "attribute_replaced"]
@@ -150,22 +166,40 @@ def broken(**changes) -> FeatureStore:
 @pytest.mark.parametrize(
     "changes, pattern",
     [
-        ({"text_to_image": torch.tensor([0, 1])}, r"text_to_image.* 2 entries .*text_features.* 9 rows"),
-        ({"text_to_image": torch.tensor([0, 0, 1, 2, 2, 3, 4, 5, 6])}, r"text_to_image.*outside \[0, 6\).*row 8: 6"),
+        (
+            {"text_to_image": torch.tensor([0, 1])},
+            r"text_to_image.* 2 entries .*text_features.* 9 rows",
+        ),
+        (
+            {"text_to_image": torch.tensor([0, 0, 1, 2, 2, 3, 4, 5, 6])},
+            r"text_to_image.*outside \[0, 6\).*row 8: 6",
+        ),
         ({"text_to_image": torch.zeros(9)}, r"text_to_image.*integer"),
         ({"image_features": torch.randn(6)}, r"image_features.*2-D"),
         ({"text_features": torch.randn(9, 4).long()}, r"text_features.*floating"),
-        ({"box_image_features": torch.randn(7, 3)}, r"box_image_features.*dimension 3 .*image_features has 5"),
+        (
+            {"box_image_features": torch.randn(7, 3)},
+            r"box_image_features.*dimension 3 .*image_features has 5",
+        ),
         ({"prompt_features": torch.randn(6, 5)}, r"prompt_features.*dimension 5"),
         ({"chain_features": torch.randn(2, 4)}, r"chain_features.*3-D"),
         ({"box_to_image": torch.tensor([0, 1, 1, 2, 3, 4, 9])}, r"box_to_image.*outside"),
-        ({"prompt_to_class": torch.tensor([0, 0, 1, 1, 2, 3])}, r"prompt_to_class.*outside \[0, 3\)"),
+        (
+            {"prompt_to_class": torch.tensor([0, 0, 1, 1, 2, 3])},
+            r"prompt_to_class.*outside \[0, 3\)",
+        ),
         ({"image_labels": torch.tensor([0, 1, 2, -2, 0, 1])}, r"image_labels.*outside \[-1, 3\)"),
         ({"negative_to_text": torch.tensor([6, 6, 7, 9])}, r"negative_to_text.*outside \[0, 9\)"),
         ({"negative_kind": torch.tensor([0, 1, 0, 2])}, r"negative_kind.*outside"),
         ({"class_to_node": torch.tensor([3, 4, 6])}, r"class_to_node.*outside \[0, 6\)"),
-        ({"taxonomy_parents": torch.tensor([-1, 0, 0, 1, 1, 7])}, r"taxonomy_parents.*outside \[-1, 6\)"),
-        ({"taxonomy_parents": torch.tensor([-1, 3, 0, 1, 1, 2])}, r"taxonomy_parents.*cycle.*animal"),
+        (
+            {"taxonomy_parents": torch.tensor([-1, 0, 0, 1, 1, 7])},
+            r"taxonomy_parents.*outside \[-1, 6\)",
+        ),
+        (
+            {"taxonomy_parents": torch.tensor([-1, 3, 0, 1, 1, 2])},
+            r"taxonomy_parents.*cycle.*animal",
+        ),
         ({"taxonomy_parents": torch.tensor([-1, 1, 0, 1, 1, 2])}, r"cycle \(animal -> animal\)"),
         ({"image_split": torch.tensor([0, 0, 0, 0, 1, 2])}, r"image_split.*outside \[0, 2\)"),
         ({"class_to_node": torch.tensor([3, 4])}, r"class_to_node.*2 entries.*3 classes"),
@@ -175,7 +209,15 @@ def broken(**changes) -> FeatureStore:
         ({"box_to_image": None}, r"group 'boxes' is only partly present.*lacks box_to_image"),
         ({"negative_kind_names": None}, r"group 'negatives'.*lacks negative_kind_names"),
         ({"split_names": None}, r"group 'splits'"),
-        ({"class_names": None, "prompt_features": None, "prompt_to_class": None, "image_labels": None}, r"taxonomy group needs the classes"),
+        (
+            {
+                "class_names": None,
+                "prompt_features": None,
+                "prompt_to_class": None,
+                "image_labels": None,
+            },
+            r"taxonomy group needs the classes",
+        ),
         ({"split_names": "train"}, r"split_names.*list of strings"),
     ],
 )
@@ -207,7 +249,11 @@ def test_nonfinite_scan_is_chunked(monkeypatch):
 
 
 def test_images_without_captions_are_legal():
-    store = broken(text_features=torch.randn(2, 4), text_to_image=torch.tensor([0, 0]), negative_to_text=torch.tensor([0, 1, 1, 0]))
+    store = broken(
+        text_features=torch.randn(2, 4),
+        text_to_image=torch.tensor([0, 0]),
+        negative_to_text=torch.tensor([0, 1, 1, 0]),
+    )
     store.validate()
 
 
@@ -276,7 +322,9 @@ def test_load_truncated_array(saved: Path):
 
 def test_load_replaced_array_with_other_shape(saved: Path):
     np.save(saved / "text_to_image.npy", np.zeros(4, dtype=np.int64))
-    with pytest.raises(FeatureStoreError, match=r"text_to_image.npy has shape \[4\] but meta.json records \[9\]"):
+    with pytest.raises(
+        FeatureStoreError, match=r"text_to_image.npy has shape \[4\] but meta.json records \[9\]"
+    ):
         FeatureStore.load(saved)
 
 
@@ -293,13 +341,18 @@ def test_load_finds_nan_in_files(saved: Path, mmap: bool):
     feats = np.load(saved / "negative_features.npy")
     feats[3, 0] = np.nan
     np.save(saved / "negative_features.npy", feats)
-    with pytest.raises(FeatureStoreError, match=r"negative_features.npy has 1 row with NaN or inf values \(first: row 3\)"):
+    with pytest.raises(
+        FeatureStoreError,
+        match=r"negative_features.npy has 1 row with NaN or inf values \(first: row 3\)",
+    ):
         FeatureStore.load(saved, mmap=mmap)
 
 
 def test_load_rejects_float_indices(saved: Path):
     np.save(saved / "text_to_image.npy", np.zeros(9, dtype=np.float32))
-    with pytest.raises(FeatureStoreError, match=r"text_to_image.npy holds float32 values; integer indices expected"):
+    with pytest.raises(
+        FeatureStoreError, match=r"text_to_image.npy holds float32 values; integer indices expected"
+    ):
         FeatureStore.load(saved)
 
 
@@ -357,7 +410,9 @@ def test_overwrite_a_store_that_is_memory_mapped_from_the_same_path(tmp_path: Pa
     mapped = FeatureStore.load(tmp_path / "s", mmap=True)
     changed = replace(mapped, meta={"source": "changed"})
     changed.save(tmp_path / "s", overwrite=True)  # reads the old files while replacing them
-    assert_same(replace(tiny_store(), meta={"source": "changed"}), FeatureStore.load(tmp_path / "s"))
+    assert_same(
+        replace(tiny_store(), meta={"source": "changed"}), FeatureStore.load(tmp_path / "s")
+    )
 
 
 @settings(max_examples=30, deadline=None)
@@ -370,9 +425,14 @@ def test_subset_keeps_each_caption_with_its_image(order: list[int], size: int):
     for new, old in enumerate(ids):
         mine = sub.text_features[sub.text_to_image == new]
         assert torch.equal(mine, store.text_features[store.text_to_image == old])
-        assert torch.equal(sub.box_image_features[sub.box_to_image == new], store.box_image_features[store.box_to_image == old])
+        assert torch.equal(
+            sub.box_image_features[sub.box_to_image == new],
+            store.box_image_features[store.box_to_image == old],
+        )
     # texts keep their original order, so new text j is the j-th old text whose image is kept
-    old_text = torch.nonzero(torch.isin(store.text_to_image, torch.tensor(ids, dtype=torch.long))).flatten()
+    old_text = torch.nonzero(
+        torch.isin(store.text_to_image, torch.tensor(ids, dtype=torch.long))
+    ).flatten()
     expected = torch.isin(store.negative_to_text, old_text)
     assert torch.equal(sub.negative_features, store.negative_features[expected])
     assert torch.equal(old_text[sub.negative_to_text], store.negative_to_text[expected])
@@ -400,7 +460,11 @@ def test_save_refuses_an_invalid_store(tmp_path: Path):
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.sampled_from([f for f in TENSOR_FIELDS if f not in FLOAT_FIELDS]), st.integers(0, 20), st.integers(-3, 12))
+@given(
+    st.sampled_from([f for f in TENSOR_FIELDS if f not in FLOAT_FIELDS]),
+    st.integers(0, 20),
+    st.integers(-3, 12),
+)
 def test_any_corrupted_index_gives_a_store_error_or_a_valid_store(name: str, row: int, value: int):
     store = tiny_store()
     column = getattr(store, name).clone()

@@ -31,7 +31,9 @@ OPS: dict[str, Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor
     "pairwise_dist": lambda x, y, c: L.pairwise_dist(x, y, c),
     "pairwise_exterior_angle": lambda x, y, c: L.pairwise_exterior_angle(x, y, c),
     "einstein_midpoint": lambda x, y, c: L.einstein_midpoint(x, c),
-    "l1_pairwise_dist": lambda x, y, c: P.l1_pairwise_dist(x.view(4, 2, 3), y.view(4, 2, 3), c.expand(2)),
+    "l1_pairwise_dist": lambda x, y, c: P.l1_pairwise_dist(
+        x.view(4, 2, 3), y.view(4, 2, 3), c.expand(2)
+    ),
     "l1_dist": lambda x, y, c: P.l1_dist(x.view(4, 2, 3), y.view(4, 2, 3), c),
     "mixed_pairwise_sqdist": lambda x, y, c: P.mixed_pairwise_sqdist(
         {"hyperbolic": x, "euclidean": x, "sphere": S.project(x)},
@@ -64,7 +66,11 @@ def _check(name: str, x: torch.Tensor, y: torch.Tensor, c: torch.Tensor, autocas
     x = x.clone().requires_grad_()
     y = y.clone().requires_grad_()
     c = c.clone().requires_grad_()
-    ctx = torch.autocast("cpu", dtype=torch.bfloat16) if autocast else torch.autocast("cpu", enabled=False)
+    ctx = (
+        torch.autocast("cpu", dtype=torch.bfloat16)
+        if autocast
+        else torch.autocast("cpu", enabled=False)
+    )
     with ctx:
         out = OPS[name](x, y, c)
         loss = (out * torch.linspace(0.5, 1.5, out.numel()).view_as(out)).sum()
@@ -72,7 +78,7 @@ def _check(name: str, x: torch.Tensor, y: torch.Tensor, c: torch.Tensor, autocas
     if autocast:
         assert out.dtype == torch.float32, f"{name}: {out.dtype} under bf16 autocast"
     grads = torch.autograd.grad(loss, (x, y, c), allow_unused=True)
-    for which, g in zip("xyc", grads):
+    for which, g in zip("xyc", grads, strict=False):
         assert g is None or torch.isfinite(g).all(), f"{name}: non-finite gradient in {which}"
 
 
@@ -95,7 +101,10 @@ def test_pairwise_diagonal_is_zero_with_bounded_gradient() -> None:
     D = L.pairwise_dist(x, x, 1.0)
     A = L.pairwise_exterior_angle(x, x, 1.0)
     # The Gram matrix's rounding floor in float32: z - 1 ~ eps t^2, so d ~ sqrt(eps) t.
-    assert D.diagonal().abs().max() < 8 * math.sqrt(torch.finfo(torch.float32).eps) * L.time(x, 1.0).max()
+    assert (
+        D.diagonal().abs().max()
+        < 8 * math.sqrt(torch.finfo(torch.float32).eps) * L.time(x, 1.0).max()
+    )
     (gd,) = torch.autograd.grad(D.sum(), x)
     (ga,) = torch.autograd.grad(A.sum(), x)
     # Bounded by the dtype floor (1/sqrt(eps) ~ 3e3), not merely finite.

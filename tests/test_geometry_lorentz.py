@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import math
 
-import _geometry_reference as ref
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import _geometry_reference as ref
 from curvalign.geometry import lorentz as L
 
 f64 = torch.float64
@@ -71,8 +71,16 @@ def test_exterior_angle_curvature_scaling() -> None:
     triangle), which pins down where c enters the formula."""
     x, y = points(5, 6, 3), points(6, 6, 3)
     for s in (0.1, 4.0):
-        assert torch.allclose(L.exterior_angle(x / math.sqrt(s), y / math.sqrt(s), s), L.exterior_angle(x, y, 1.0), atol=1e-10)
-        assert torch.allclose(L.dist(x / math.sqrt(s), y / math.sqrt(s), s) * math.sqrt(s), L.dist(x, y, 1.0), rtol=1e-10)
+        assert torch.allclose(
+            L.exterior_angle(x / math.sqrt(s), y / math.sqrt(s), s),
+            L.exterior_angle(x, y, 1.0),
+            atol=1e-10,
+        )
+        assert torch.allclose(
+            L.dist(x / math.sqrt(s), y / math.sqrt(s), s) * math.sqrt(s),
+            L.dist(x, y, 1.0),
+            rtol=1e-10,
+        )
 
 
 @pytest.mark.parametrize("c", CURVATURES)
@@ -81,15 +89,26 @@ def test_half_aperture_and_midpoint_match_reference(c: float) -> None:
     assert torch.allclose(L.half_aperture(x, c), ref.half_aperture(x, c), atol=1e-12)
     assert torch.allclose(L.half_aperture(x, c, K=0.3), ref.half_aperture(x, c, K=0.3), atol=1e-12)
     w = torch.rand(10, generator=torch.Generator().manual_seed(8), dtype=f64) + 0.1
-    assert torch.allclose(L.einstein_midpoint(x, c), ref.einstein_midpoint(x, c), rtol=1e-9, atol=1e-12)
-    assert torch.allclose(L.einstein_midpoint(x, c, weights=w), ref.einstein_midpoint(x, c, w), rtol=1e-9, atol=1e-12)
+    assert torch.allclose(
+        L.einstein_midpoint(x, c), ref.einstein_midpoint(x, c), rtol=1e-9, atol=1e-12
+    )
+    assert torch.allclose(
+        L.einstein_midpoint(x, c, weights=w), ref.einstein_midpoint(x, c, w), rtol=1e-9, atol=1e-12
+    )
 
 
 def test_factor_layout_matches_per_factor_calls() -> None:
     g = torch.Generator().manual_seed(9)
-    X, Y = torch.randn(5, 3, 4, generator=g, dtype=f64), torch.randn(6, 3, 4, generator=g, dtype=f64)
+    X, Y = (
+        torch.randn(5, 3, 4, generator=g, dtype=f64),
+        torch.randn(6, 3, 4, generator=g, dtype=f64),
+    )
     c = torch.tensor([0.5, 1.0, 3.0], dtype=f64)
-    D, A, I = L.pairwise_dist(X, Y, c), L.pairwise_exterior_angle(X, Y, c), L.pairwise_inner(X, Y, c)
+    D, A, I = (
+        L.pairwise_dist(X, Y, c),
+        L.pairwise_exterior_angle(X, Y, c),
+        L.pairwise_inner(X, Y, c),
+    )
     assert D.shape == A.shape == I.shape == (3, 5, 6)
     for j in range(3):
         assert torch.allclose(D[j], L.pairwise_dist(X[:, j], Y[:, j], c[j]), rtol=1e-12, atol=1e-14)
@@ -147,7 +166,11 @@ scales = st.sampled_from([0.05, 0.5, 1.0, 2.0])
 @PROPS
 @given(seeds, curv, scales)
 def test_distance_is_a_metric(seed: int, c: float, scale: float) -> None:
-    x, y, z = points(seed, 6, 4, scale, c), points(seed + 1, 6, 4, scale, c), points(seed + 2, 6, 4, scale, c)
+    x, y, z = (
+        points(seed, 6, 4, scale, c),
+        points(seed + 1, 6, 4, scale, c),
+        points(seed + 2, 6, 4, scale, c),
+    )
     dxy, dyx = L.dist(x, y, c), L.dist(y, x, c)
     assert torch.allclose(dxy, dyx, rtol=1e-12, atol=1e-14)
     assert torch.equal(L.dist(x, x, c), torch.zeros(6, dtype=f64))
@@ -166,7 +189,9 @@ def test_pairwise_equals_rowwise(seed: int, c: float, scale: float) -> None:
     xe, ye = x[:, None].expand(5, 4, 3), y[None].expand(5, 4, 3)
     assert torch.allclose(L.pairwise_dist(x, y, c), L.dist(xe, ye, c), rtol=1e-8, atol=1e-7)
     assert torch.allclose(L.pairwise_inner(x, y, c), L.inner(xe, ye, c), rtol=1e-10)
-    assert torch.allclose(L.pairwise_exterior_angle(x, y, c), L.exterior_angle(xe, ye, c), atol=1e-6)
+    assert torch.allclose(
+        L.pairwise_exterior_angle(x, y, c), L.exterior_angle(xe, ye, c), atol=1e-6
+    )
 
 
 @PROPS
@@ -178,14 +203,20 @@ def test_expmap_logmap_inverse_and_on_manifold(seed: int, c: float, radius: floa
     x = L.expmap0(v, c)
     t = L.time(x, c)
     # -t^2 + |x|^2 = -1/c, relative to the size of the terms.
-    assert torch.allclose((-t * t + (x * x).sum(-1)) * c, torch.full((6,), -1.0, dtype=f64), atol=1e-12 * (1 + (c * t * t).max().item()))
+    assert torch.allclose(
+        (-t * t + (x * x).sum(-1)) * c,
+        torch.full((6,), -1.0, dtype=f64),
+        atol=1e-12 * (1 + (c * t * t).max().item()),
+    )
     assert torch.allclose(L.logmap0(x, c), v, rtol=1e-9, atol=1e-13)
     assert torch.allclose(L.expmap0(L.logmap0(x, c), c), x, rtol=1e-9, atol=1e-13)
 
 
 @PROPS
 @given(seeds, curv, st.floats(1.01, 5.0), st.floats(0.05, 0.95))
-def test_exterior_angle_range_ray_and_towards_origin(seed: int, c: float, beyond: float, before: float) -> None:
+def test_exterior_angle_range_ray_and_towards_origin(
+    seed: int, c: float, beyond: float, before: float
+) -> None:
     x, y = points(seed, 6, 3, 1.0, c), points(seed + 3, 6, 3, 1.0, c)
     a = L.exterior_angle(x, y, c)
     assert ((a >= 0) & (a <= math.pi)).all()
@@ -209,7 +240,9 @@ def test_einstein_midpoint_properties(seed: int, c: float) -> None:
     # Repeating a point is the same as weighting it.
     X = torch.cat([x, x, y])
     w = torch.tensor([2.0, 1.0], dtype=f64)
-    assert torch.allclose(L.einstein_midpoint(X, c), L.einstein_midpoint(torch.cat([x, y]), c, weights=w), rtol=1e-10)
+    assert torch.allclose(
+        L.einstein_midpoint(X, c), L.einstein_midpoint(torch.cat([x, y]), c, weights=w), rtol=1e-10
+    )
 
 
 # ----------------------------------------------------------------------------------------
@@ -248,7 +281,9 @@ def test_tangent_mean_along_a_ray_averages_distances_to_the_origin(seed: int, c:
     assert centroid.shape == (1, 5)
     assert torch.allclose(L.dist0(centroid, c), L.dist0(points, c).mean(), atol=1e-9)
     along = (centroid[0] @ direction) / centroid[0].norm().clamp_min(1e-300)
-    assert radii.mean() < 1e-6 or torch.isclose(along, torch.tensor(1.0, dtype=torch.float64), atol=1e-9)
+    assert radii.mean() < 1e-6 or torch.isclose(
+        along, torch.tensor(1.0, dtype=torch.float64), atol=1e-9
+    )
 
 
 def test_tangent_mean_of_one_point_and_per_factor_curvatures() -> None:

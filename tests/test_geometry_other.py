@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import math
 
-import _geometry_reference as ref
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import _geometry_reference as ref
 from curvalign.geometry import euclidean as E
 from curvalign.geometry import sphere as S
 
@@ -75,14 +75,18 @@ def test_sphere_distance_is_a_metric(seed: int, R: float) -> None:
     assert ((dxy >= 0) & (dxy <= math.pi * R + 1e-12)).all()
     assert (S.dist(x, z, R) <= dxy + S.dist(y, z, R) + 1e-9).all()
     D = S.pairwise_dist(x, y, R)
-    assert torch.allclose(D, S.dist(x[:, None].expand(5, 5, 3), y[None].expand(5, 5, 3), R), atol=1e-12)
+    assert torch.allclose(
+        D, S.dist(x[:, None].expand(5, 5, 3), y[None].expand(5, 5, 3), R), atol=1e-12
+    )
 
 
 @PROPS
 @given(seeds)
 def test_euclidean_pairwise_equals_rowwise_and_is_symmetric(seed: int) -> None:
     x, y = rand(seed, 5, 3), rand(seed + 1, 4, 3)
-    assert torch.allclose(E.pairwise_sqdist(x, y), E.sqdist(x[:, None], y[None]), rtol=1e-10, atol=1e-12)
+    assert torch.allclose(
+        E.pairwise_sqdist(x, y), E.sqdist(x[:, None], y[None]), rtol=1e-10, atol=1e-12
+    )
     assert torch.allclose(E.pairwise_sqdist(x, y), E.pairwise_sqdist(y, x).T, rtol=1e-12)
     C = E.pairwise_cosine(x, x)
     assert torch.allclose(C.diagonal(), torch.ones(5, dtype=f64))

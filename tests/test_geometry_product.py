@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import math
 
-import _geometry_reference as ref
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.utils._python_dispatch import TorchDispatchMode
 
+import _geometry_reference as ref
 from curvalign.geometry import lorentz as L
 from curvalign.geometry import product as P
 from curvalign.geometry import sphere as S
@@ -43,9 +43,13 @@ def test_l1_matches_per_factor_reference() -> None:
     expect = sum(ref.dist(X[:, None, j], Y[None, :, j], c[j]) for j in range(3))
     got = P.l1_pairwise_dist(X, Y, torch.tensor(c, dtype=f64))
     assert torch.allclose(got, expect, rtol=1e-9, atol=1e-12)
-    assert torch.allclose(P.l1_dist(X[:, None], Y[None], torch.tensor(c, dtype=f64)), expect, rtol=1e-9)
+    assert torch.allclose(
+        P.l1_dist(X[:, None], Y[None], torch.tensor(c, dtype=f64)), expect, rtol=1e-9
+    )
     # A scalar curvature is shared by all factors.
-    assert torch.allclose(P.l1_pairwise_dist(X, Y, 1.0), P.l1_pairwise_dist(X, Y, torch.ones(3, dtype=f64)))
+    assert torch.allclose(
+        P.l1_pairwise_dist(X, Y, 1.0), P.l1_pairwise_dist(X, Y, torch.ones(3, dtype=f64))
+    )
 
 
 @pytest.mark.parametrize("block", [1, 7, 40, 10**9])
@@ -67,7 +71,9 @@ def test_l1_blocked_equals_naive_sum_values_and_gradients(block: int) -> None:
 def test_l1_gradcheck_including_curvature() -> None:
     X, Y = rand(5, 4, 3, 2).requires_grad_(), rand(6, 3, 3, 2).requires_grad_()
     c = torch.tensor([0.4, 1.0, 3.0], dtype=f64, requires_grad=True)
-    assert torch.autograd.gradcheck(lambda a, b, cc: P.l1_pairwise_dist(a, b, cc, block=5), (X, Y, c))
+    assert torch.autograd.gradcheck(
+        lambda a, b, cc: P.l1_pairwise_dist(a, b, cc, block=5), (X, Y, c)
+    )
     assert torch.autograd.gradcheck(lambda a, b, cc: P.l1_pairwise_dist(a, b, cc), (X, Y, c))
 
 
@@ -112,11 +118,19 @@ def test_mixed_matches_proclip_formula() -> None:
     ds = ref.sphere_dist(px["sphere"][:, None], py["sphere"][None], R)
     expect = 0.5 * dh**2 + 1.5 * de + 2.0 * ds**2
     assert torch.allclose(got, expect, rtol=1e-9, atol=1e-12)
-    rows = P.mixed_sqdist({k: v[:, None] for k, v in px.items()}, {k: v[None] for k, v in py.items()}, w, c=c, radius=R)
+    rows = P.mixed_sqdist(
+        {k: v[:, None] for k, v in px.items()},
+        {k: v[None] for k, v in py.items()},
+        w,
+        c=c,
+        radius=R,
+    )
     assert torch.allclose(rows, expect, rtol=1e-9, atol=1e-12)
     # A subset of factors works; tensor weights carry gradients.
     a = torch.tensor(0.3, dtype=f64, requires_grad=True)
-    only_e = P.mixed_pairwise_sqdist({"euclidean": px["euclidean"]}, {"euclidean": py["euclidean"]}, {"euclidean": a})
+    only_e = P.mixed_pairwise_sqdist(
+        {"euclidean": px["euclidean"]}, {"euclidean": py["euclidean"]}, {"euclidean": a}
+    )
     only_e.sum().backward()
     assert torch.allclose(a.grad, de.sum())
 
@@ -130,7 +144,10 @@ def test_mixed_gradcheck() -> None:
     def f(hx, ex, sx, hy, ey, sy, cc, ww):  # type: ignore[no-untyped-def]
         weights = {"hyperbolic": ww[0], "euclidean": ww[1], "sphere": ww[2]}
         return P.mixed_pairwise_sqdist(
-            {"hyperbolic": hx, "euclidean": ex, "sphere": sx}, {"hyperbolic": hy, "euclidean": ey, "sphere": sy}, weights, c=cc
+            {"hyperbolic": hx, "euclidean": ex, "sphere": sx},
+            {"hyperbolic": hy, "euclidean": ey, "sphere": sy},
+            weights,
+            c=cc,
         )
 
     assert torch.autograd.gradcheck(f, (*px.values(), *py.values(), c, w))
@@ -144,7 +161,9 @@ def test_products_are_symmetric_and_zero_on_the_diagonal(seed: int, c: float) ->
     assert torch.allclose(D, D.T, rtol=1e-10, atol=1e-9)
     assert D.diagonal().abs().max() < 1e-6 * L.time(X, c).max() * 4
     Y = rand(seed + 1, 5, 4, 3)
-    assert (P.l1_dist(X, Y, c) <= P.l1_dist(X, X.roll(1, 0), c) + P.l1_dist(X.roll(1, 0), Y, c) + 1e-9).all()
+    assert (
+        P.l1_dist(X, Y, c) <= P.l1_dist(X, X.roll(1, 0), c) + P.l1_dist(X.roll(1, 0), Y, c) + 1e-9
+    ).all()
     parts = _mixed_parts(seed, 4, 1.0)
     w = {"hyperbolic": 1.0, "euclidean": 1.0, "sphere": 1.0}
     Mx = P.mixed_pairwise_sqdist(parts, parts, w, c=c)
@@ -163,4 +182,6 @@ def test_bad_input() -> None:
     with pytest.raises(ValueError, match="missing weight"):
         P.mixed_pairwise_sqdist({"euclidean": X[:, 0]}, {"euclidean": X[:, 0]}, {})
     with pytest.raises(ValueError, match="factors differ"):
-        P.mixed_pairwise_sqdist({"euclidean": X[:, 0]}, {"sphere": X[:, 0]}, {"euclidean": 1.0, "sphere": 1.0})
+        P.mixed_pairwise_sqdist(
+            {"euclidean": X[:, 0]}, {"sphere": X[:, 0]}, {"euclidean": 1.0, "sphere": 1.0}
+        )

@@ -42,13 +42,17 @@ def test_lorentz_head_point_is_expmap_of_its_tangent():
     torch.testing.assert_close(lorentz.logmap0(x, c), v, rtol=1e-4, atol=1e-5)
     # Full point satisfies -t^2 + |x|^2 = -1/c.
     t = lorentz.time(x, c).double()
-    torch.testing.assert_close(-t**2 + x.double().square().sum(-1), torch.full((8,), -1 / 0.7, dtype=torch.float64),
-                               rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(
+        -(t**2) + x.double().square().sum(-1),
+        torch.full((8,), -1 / 0.7, dtype=torch.float64),
+        rtol=1e-5,
+        atol=1e-5,
+    )
 
 
 def test_lorentz_head_scale_starts_at_inverse_sqrt_dim_and_is_capped():
     head = LorentzHead(10, 16)
-    assert float(head.scale.value) == pytest.approx(16 ** -0.5)
+    assert float(head.scale.value) == pytest.approx(16**-0.5)
     with torch.no_grad():
         head.scale.log_value.fill_(3.0)
     assert float(head.scale.value) == pytest.approx(1.0)
@@ -61,7 +65,9 @@ def test_lorentz_head_clip_norm_bounds_the_tangent():
     assert torch.all(v.norm(dim=-1) <= 1.0 + 1e-5)
     assert torch.all(lorentz.dist0(head(f, 1.0), 1.0) <= 1.0 + 1e-4)
     small = torch.tensor([[0.1, 0.0], [0.0, 0.0]])
-    torch.testing.assert_close(clip_tangent_norm(small, 1.0), small)  # inside the ball, and zero, unchanged
+    torch.testing.assert_close(
+        clip_tangent_norm(small, 1.0), small
+    )  # inside the ball, and zero, unchanged
 
 
 def test_factorized_head_maps_each_factor_with_its_curvature():
@@ -82,7 +88,7 @@ def test_factorized_head_maps_each_factor_with_its_curvature():
 def test_factorized_head_per_factor_scale():
     head = FactorizedLorentzHead(12, 4, 2, per_factor_scale=True)
     assert head.scale().shape == (4,)
-    torch.testing.assert_close(head.scale(), torch.full((4,), 2 ** -0.5))
+    torch.testing.assert_close(head.scale(), torch.full((4,), 2**-0.5))
 
 
 def test_mixed_head_parts_lie_on_their_manifolds():
@@ -93,7 +99,9 @@ def test_mixed_head_parts_lie_on_their_manifolds():
     assert parts["hyperbolic"].shape == (6, 4) and parts["euclidean"].shape == (6, 3)
     torch.testing.assert_close(parts["sphere"].norm(dim=-1), torch.full((6,), 2.0))
     tangent = head.mlps["hyperbolic"](f)
-    torch.testing.assert_close(lorentz.logmap0(parts["hyperbolic"], 0.5), tangent, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(
+        lorentz.logmap0(parts["hyperbolic"], 0.5), tangent, rtol=1e-4, atol=1e-5
+    )
     only_sphere = MixedCurvatureHead(9, 0, 0, 4, hidden_dim=8)
     assert set(only_sphere(f, 1.0, 1.0)) == {"sphere"}
 
@@ -114,11 +122,11 @@ def test_scalar_clamps_each_entry_and_passes_only_inward_gradients():
     torch.testing.assert_close(value, torch.tensor([10.0, 0.1, 1.0, math.exp(0.5)]))
     value.sum().backward()  # d/dv > 0: descent lowers every value
     grad = s.log_value.grad
-    assert grad[0] > 0          # at the top: lowering is inwards, passes
-    assert grad[1] == 0         # at the bottom: lowering would push out, blocked
+    assert grad[0] > 0  # at the top: lowering is inwards, passes
+    assert grad[1] == 0  # at the bottom: lowering would push out, blocked
     assert grad[2] > 0 and grad[3] > 0
     s.log_value.grad = None
-    (-s()).sum().backward()     # descent raises every value
+    (-s()).sum().backward()  # descent raises every value
     assert s.log_value.grad[0] == 0 and s.log_value.grad[1] < 0
 
 
@@ -135,6 +143,8 @@ def test_scalar_frozen_is_a_buffer_and_validates_its_range():
 def test_scalar_summary_and_parameter_names():
     vec = LearnableScalar([0.2, 0.4, 0.9])
     summary = vec.summary("curvature")
-    assert summary["curvature/min"] == pytest.approx(0.2) and summary["curvature/max"] == pytest.approx(0.9)
+    assert summary["curvature/min"] == pytest.approx(0.2) and summary[
+        "curvature/max"
+    ] == pytest.approx(0.9)
     head = LorentzHead(4, 3)
     assert scalar_parameter_names(head) == {"scale.log_value"}

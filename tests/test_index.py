@@ -38,7 +38,7 @@ def _mp_distance(x: np.ndarray, y: np.ndarray, c: float) -> mpmath.mpf:
     ys = [mpmath.mpf(float(v)) for v in y]
     tx = mpmath.sqrt(1 / c + sum(v * v for v in xs))
     ty = mpmath.sqrt(1 / c + sum(v * v for v in ys))
-    arg = c * (tx * ty - sum(a * b for a, b in zip(xs, ys)))
+    arg = c * (tx * ty - sum(a * b for a, b in zip(xs, ys, strict=False)))
     return mpmath.acosh(max(arg, mpmath.mpf(1))) / mpmath.sqrt(c)
 
 
@@ -60,7 +60,9 @@ def _points(rng: np.random.Generator, n: int, d: int, scale: float) -> np.ndarra
     return (v * scale * 10 ** rng.uniform(-1, 1, size=(n, 1))).astype(np.float32)
 
 
-def _clustered(rng: np.random.Generator, n: int, d: int, c: float, clusters: int = 30) -> np.ndarray:
+def _clustered(
+    rng: np.random.Generator, n: int, d: int, c: float, clusters: int = 30
+) -> np.ndarray:
     """Points with structure: expmap0 of tangent vectors around cluster centres."""
     centres = rng.normal(size=(clusters, d)) * 1.5 / math.sqrt(d)
     v = centres[rng.integers(0, clusters, n)] + rng.normal(size=(n, d)) * 0.4 / math.sqrt(d)
@@ -70,6 +72,7 @@ def _clustered(rng: np.random.Generator, n: int, d: int, c: float, clusters: int
 
 # --- the transform ------------------------------------------------------------------------------
 
+
 def test_transform_dot_product_is_the_minkowski_inner_product():
     rng = np.random.default_rng(0)
     for c in (1e-3, 1.0, 7.0):
@@ -78,7 +81,9 @@ def test_transform_dot_product_is_the_minkowski_inner_product():
         x64, y64 = x.astype(np.float64), y.astype(np.float64)
         tx, ty = np.sqrt(1 / c + (x64**2).sum(1)), np.sqrt(1 / c + (y64**2).sum(1))
         minkowski = x64 @ y64.T - np.outer(tx, ty)
-        np.testing.assert_allclose(u @ v.T, minkowski, rtol=1e-5, atol=1e-5 * np.abs(minkowski).max())
+        np.testing.assert_allclose(
+            u @ v.T, minkowski, rtol=1e-5, atol=1e-5 * np.abs(minkowski).max()
+        )
         # The sign: the largest inner product is the smallest distance, for every query.
         dist = np.arccosh(np.maximum(-c * minkowski, 1.0)) / math.sqrt(c)
         assert (np.argmax(minkowski, axis=0) == np.argmin(dist, axis=0)).all()
@@ -91,12 +96,13 @@ def test_stable_distance_matches_mpmath_near_duplicates_far_out():
     y = (x + rng.normal(size=x.shape).astype(np.float32) * 1e-2).astype(np.float32)
     for c in (0.1, 1.0, 10.0):
         got = lorentz_distance(x, y, c)
-        want = np.array([float(_mp_distance(a, b, c)) for a, b in zip(x, y)])
+        want = np.array([float(_mp_distance(a, b, c)) for a, b in zip(x, y, strict=False)])
         np.testing.assert_allclose(got, want, rtol=1e-8)
         assert (lorentz_distance(x, x, c) == 0).all()
 
 
 # --- exact search -------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("c", [1e-4, 0.1, 1.0, 10.0])
 @pytest.mark.parametrize("scale", [1e-4, 1.0, 1e3])
@@ -117,7 +123,9 @@ def test_exact_search_equals_brute_force_ranking(c, scale):
 
 
 @pytest.mark.parametrize("max_candidates", [4096, 30])
-def test_exact_search_certificate_recovers_when_float32_cannot_separate(monkeypatch, max_candidates):
+def test_exact_search_certificate_recovers_when_float32_cannot_separate(
+    monkeypatch, max_candidates
+):
     # Far from the origin with nearly equal norms the float32 scores are all noise (plain Faiss
     # gets the top 5 wrong here); the index must still return the float64 ranking, by widening
     # the candidate list (default cap) or by the float64 scan (a cap of 30 forces it).
@@ -126,8 +134,11 @@ def test_exact_search_certificate_recovers_when_float32_cannot_separate(monkeypa
     monkeypatch.setattr(search_module, "_MAX_CANDIDATES", max_candidates)
     scans = []
     real_scan = search_module.LorentzIndex._scan
-    monkeypatch.setattr(search_module.LorentzIndex, "_scan",
-                        lambda self, *a, **kw: scans.append(1) or real_scan(self, *a, **kw))
+    monkeypatch.setattr(
+        search_module.LorentzIndex,
+        "_scan",
+        lambda self, *a, **kw: scans.append(1) or real_scan(self, *a, **kw),
+    )
     rng = np.random.default_rng(2)
     base = _points(rng, 1, 4, 1e4)[0]
     x = (base + rng.normal(size=(400, 4)) * 1e-1).astype(np.float32)
@@ -152,7 +163,10 @@ def test_k_larger_than_collection_and_single_query():
 
 # --- approximate search -------------------------------------------------------------------------
 
-@pytest.mark.parametrize("method,options", [("hnsw", {"ef_search": 128}), ("ivf", {"nlist": 32, "nprobe": 8})])
+
+@pytest.mark.parametrize(
+    "method,options", [("hnsw", {"ef_search": 128}), ("ivf", {"nlist": 32, "nprobe": 8})]
+)
 def test_ann_recall_is_high_and_distances_exact(method, options):
     rng = np.random.default_rng(4)
     c = 0.5
@@ -161,13 +175,14 @@ def test_ann_recall_is_high_and_distances_exact(method, options):
     _, want = build_index(x, c).search(q, 10)
     ann = build_index(x, c, kind="ann", method=method, **options)
     dist, got = ann.search(q, 10)
-    recall = np.mean([len(set(a) & set(b)) / 10 for a, b in zip(got, want)])
+    recall = np.mean([len(set(a) & set(b)) / 10 for a, b in zip(got, want, strict=False)])
     assert recall >= 0.95, recall
     np.testing.assert_allclose(dist, lorentz_distance(x[got], q[:, None], c), rtol=1e-12)
     assert (np.diff(dist, axis=1) >= 0).all()
 
 
 # --- add, save, load ----------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("kind,method", [("exact", "hnsw"), ("ann", "hnsw"), ("ann", "ivf")])
 def test_save_load_round_trip_and_add(tmp_path, kind, method):
@@ -176,13 +191,25 @@ def test_save_load_round_trip_and_add(tmp_path, kind, method):
     x = _clustered(rng, 1500, 8, c)
     q = _clustered(rng, 20, 8, c)
     options = {"nlist": 16} if method == "ivf" else {}
-    index = build_index(x[:1000], c, kind=kind, method=method, ids=np.arange(1000) * 2, meta={"recipe": "meru"},
-                        **options)
+    index = build_index(
+        x[:1000],
+        c,
+        kind=kind,
+        method=method,
+        ids=np.arange(1000) * 2,
+        meta={"recipe": "meru"},
+        **options,
+    )
     index.add(x[1000:], ids=np.arange(1000, 1500) * 2 + 1)
     d1, i1 = index.search(q, 7)
     path = index.save(tmp_path / "idx")
     meta = json.loads((path / "index.json").read_text())
-    assert meta["count"] == 1500 and meta["dim"] == 8 and meta["curvature"] == c and meta["meta"]["recipe"] == "meru"
+    assert (
+        meta["count"] == 1500
+        and meta["dim"] == 8
+        and meta["curvature"] == c
+        and meta["meta"]["recipe"] == "meru"
+    )
     loaded = load_index(path)
     d2, i2 = loaded.search(q, 7)
     np.testing.assert_array_equal(i1, i2)
@@ -199,14 +226,22 @@ def test_save_load_round_trip_and_add(tmp_path, kind, method):
 
 # --- bad input ----------------------------------------------------------------------------------
 
+
 def test_bad_queries_and_inputs_are_refused_with_a_clear_message(tmp_path):
     x = _points(np.random.default_rng(6), 50, 32, 1.0)
     index = build_index(x, 1.0)
-    with pytest.raises(IndexMismatchError, match="query has dimension 64 but the index holds Lorentz points of dimension 32"):
+    with pytest.raises(
+        IndexMismatchError,
+        match="query has dimension 64 but the index holds Lorentz points of dimension 32",
+    ):
         index.search(np.zeros((2, 64), np.float32), 3)
-    with pytest.raises(IndexMismatchError, match="sphere points but the index holds Lorentz points"):
+    with pytest.raises(
+        IndexMismatchError, match="sphere points but the index holds Lorentz points"
+    ):
         index.search(x[:2], 3, geometry="sphere")
-    with pytest.raises(IndexMismatchError, match="curvature -0.5 but the index holds points of curvature -1"):
+    with pytest.raises(
+        IndexMismatchError, match="curvature -0.5 but the index holds points of curvature -1"
+    ):
         index.search(x[:2], 3, curvature=0.5)
     with pytest.raises(IndexMismatchError, match="embedding dict"):
         index.search({"point": x[:2]}, 3)
@@ -230,6 +265,7 @@ def test_bad_queries_and_inputs_are_refused_with_a_clear_message(tmp_path):
 
 # --- rerank with the recipe's own score ----------------------------------------------------------
 
+
 def _random_recipe(name: str, seed: int = 0):
     torch.manual_seed(seed)
     cls = get_recipe(name)
@@ -245,7 +281,9 @@ def _random_recipe(name: str, seed: int = 0):
     return recipe, images, texts
 
 
-@pytest.mark.parametrize("name", ["atmg", "phyclip", "proclip", "agr", "meru", "hycoclip", "clip", "dualpath"])
+@pytest.mark.parametrize(
+    "name", ["atmg", "phyclip", "proclip", "agr", "meru", "hycoclip", "clip", "dualpath"]
+)
 def test_rerank_with_all_candidates_equals_exhaustive_ranking(name):
     # In float64: the recipes compute pair_scores row-wise and scores through a Gram matrix, and
     # in float32 those two can swap near-ties (the rerank is exact for pair_scores by contract).
@@ -260,7 +298,9 @@ def test_rerank_with_all_candidates_equals_exhaustive_ranking(name):
         want_scores, want_ids = exhaustive_topk(recipe, queries, database, side, 10)
         np.testing.assert_array_equal(ids, want_ids)
         np.testing.assert_allclose(scores, want_scores, rtol=1e-9, atol=1e-9)
-        assert rerank_recall(recipe, queries, database, side, k=10, candidates=n, engine=engine) == 1.0
+        assert (
+            rerank_recall(recipe, queries, database, side, k=10, candidates=n, engine=engine) == 1.0
+        )
 
 
 @pytest.mark.parametrize("name", ["atmg", "phyclip", "proclip", "agr"])
@@ -281,13 +321,16 @@ def test_recipe_index_refuses_queries_from_another_geometry():
 
 # --- embed ---------------------------------------------------------------------------------------
 
+
 def test_embed_writes_memory_maps_equal_to_in_memory_embedding(tmp_path):
     from curvalign.data.synthetic import SyntheticConfig, make_world
 
     store = make_world(SyntheticConfig(images=60, text_pairs=10, seed=3))
     recipe, _, _ = _random_recipe("agr")
     recipe = type(recipe)(recipe.config, store.image_dim, store.text_dim).eval()
-    path = embed_store(recipe, store, tmp_path / "emb", batch_size=17, info={"run_dir": "x", "step": 0})
+    path = embed_store(
+        recipe, store, tmp_path / "emb", batch_size=17, info={"run_dir": "x", "step": 0}
+    )
     emb = load_embeddings(path)
     assert emb.meta["counts"] == {"images": store.num_images, "texts": store.num_texts}
     assert emb.geometry("lorentz") == "lorentz" and emb.curvature is not None

@@ -11,7 +11,6 @@ import torch.nn.functional as F
 from curvalign.nn.lora import LoRALinear
 from curvalign.nn.pooling import AttentionPooling
 
-
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
@@ -49,7 +48,11 @@ def test_lora_merge_is_exact():
 def test_lora_matches_the_factored_formula():
     layer = _trained_lora(torch.float64)
     x = torch.randn(9, 12, dtype=torch.float64)
-    factored = x @ layer.base_weight.T + layer.scaling * (x @ layer.lora_A.T) @ layer.lora_B.T + layer.base_bias
+    factored = (
+        x @ layer.base_weight.T
+        + layer.scaling * (x @ layer.lora_A.T) @ layer.lora_B.T
+        + layer.base_bias
+    )
     torch.testing.assert_close(layer(x), factored, rtol=1e-12, atol=1e-12)
     assert layer.scaling == 2.0
 
@@ -63,7 +66,9 @@ def test_lora_rejects_bad_shapes():
         LoRALinear(4, 3, rank=2)(torch.zeros(2, 5))
 
 
-def _reference_pool(pool: AttentionPooling, tokens: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+def _reference_pool(
+    pool: AttentionPooling, tokens: torch.Tensor, mask: torch.Tensor
+) -> torch.Tensor:
     """The paper's formula, written out: exp(h.v/tau) M / sum exp(h.v/tau) M, concatenated heads."""
     tau = pool.temperature().double()
     out = []
@@ -83,7 +88,9 @@ def test_pooling_matches_the_formula_and_respects_the_mask():
     mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [0, 1, 0, 1, 0]])
     pooled = pool(tokens, mask)
     assert pooled.shape == (3, 24)
-    torch.testing.assert_close(pooled.double(), _reference_pool(pool, tokens, mask), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(
+        pooled.double(), _reference_pool(pool, tokens, mask), rtol=1e-5, atol=1e-6
+    )
     weights = pool.attention(tokens, mask)
     assert torch.all(weights[mask.unsqueeze(1).expand_as(weights) == 0] == 0)
     torch.testing.assert_close(weights.sum(-1), torch.ones(3, 4))

@@ -25,11 +25,21 @@ def write(path: Path, content) -> Path:
 
 
 def test_coco_captions_keeps_order_and_uncaptioned_images(tmp_path: Path) -> None:
-    file = write(tmp_path / "coco.json", {
-        "images": [{"id": 7, "file_name": "a.jpg"}, {"id": 3, "file_name": "b.jpg"}, {"id": 9, "file_name": "c.jpg"}],
-        "annotations": [{"image_id": 3, "caption": " two "}, {"image_id": 7, "caption": "one"},
-                        {"image_id": 3, "caption": "three"}],
-    })
+    file = write(
+        tmp_path / "coco.json",
+        {
+            "images": [
+                {"id": 7, "file_name": "a.jpg"},
+                {"id": 3, "file_name": "b.jpg"},
+                {"id": 9, "file_name": "c.jpg"},
+            ],
+            "annotations": [
+                {"image_id": 3, "caption": " two "},
+                {"image_id": 7, "caption": "one"},
+                {"image_id": 3, "caption": "three"},
+            ],
+        },
+    )
     got = read_coco_captions(file)
     assert got.image_files == ["a.jpg", "b.jpg", "c.jpg"]
     assert got.captions == ["two", "one", "three"]
@@ -39,10 +49,20 @@ def test_coco_captions_keeps_order_and_uncaptioned_images(tmp_path: Path) -> Non
 
 
 def test_karpathy_split_with_filepath_and_restval(tmp_path: Path) -> None:
-    file = write(tmp_path / "dataset_coco.json", {"images": [
-        {"filepath": "val2014", "filename": "x.jpg", "split": "test", "sentences": [{"raw": "a"}, {"raw": "b"}]},
-        {"filename": "y.jpg", "split": "restval", "sentences": [{"raw": "c"}]},
-    ]})
+    file = write(
+        tmp_path / "dataset_coco.json",
+        {
+            "images": [
+                {
+                    "filepath": "val2014",
+                    "filename": "x.jpg",
+                    "split": "test",
+                    "sentences": [{"raw": "a"}, {"raw": "b"}],
+                },
+                {"filename": "y.jpg", "split": "restval", "sentences": [{"raw": "c"}]},
+            ]
+        },
+    )
     got = read_karpathy(file)
     assert got.image_files == ["val2014/x.jpg", "y.jpg"]
     assert got.captions == ["a", "b", "c"]
@@ -56,20 +76,51 @@ def test_karpathy_split_with_filepath_and_restval(tmp_path: Path) -> None:
     [
         ("{not json", read_coco_captions, "not valid JSON (line 1"),
         ({"images": []}, read_coco_captions, "missing key 'annotations'"),
-        ({"images": [{"id": 1}], "annotations": []}, read_coco_captions, "images[0]: missing key 'file_name'"),
-        ({"images": [{"id": 1, "file_name": "a"}], "annotations": [{"image_id": 2, "caption": "x"}]},
-         read_coco_captions, "annotations[0]: image_id 2 is not listed"),
-        ({"images": [{"id": 1, "file_name": "a"}], "annotations": [{"image_id": 1, "caption": 5}]},
-         read_coco_captions, "annotations[0].caption: expected str, got int"),
-        ({"images": [{"id": 1, "file_name": "a"}, {"id": 1, "file_name": "b"}], "annotations": []},
-         read_coco_captions, "image id 1 appears twice"),
-        ({"images": [{"filename": "a", "split": "train", "sentences": [{"tokens": []}]}]},
-         read_karpathy, "images[0].sentences[0]: missing key 'raw'"),
-        ({"images": [{"filename": "a", "sentences": []}]}, read_karpathy, "images[0]: missing key 'split'"),
+        (
+            {"images": [{"id": 1}], "annotations": []},
+            read_coco_captions,
+            "images[0]: missing key 'file_name'",
+        ),
+        (
+            {
+                "images": [{"id": 1, "file_name": "a"}],
+                "annotations": [{"image_id": 2, "caption": "x"}],
+            },
+            read_coco_captions,
+            "annotations[0]: image_id 2 is not listed",
+        ),
+        (
+            {
+                "images": [{"id": 1, "file_name": "a"}],
+                "annotations": [{"image_id": 1, "caption": 5}],
+            },
+            read_coco_captions,
+            "annotations[0].caption: expected str, got int",
+        ),
+        (
+            {
+                "images": [{"id": 1, "file_name": "a"}, {"id": 1, "file_name": "b"}],
+                "annotations": [],
+            },
+            read_coco_captions,
+            "image id 1 appears twice",
+        ),
+        (
+            {"images": [{"filename": "a", "split": "train", "sentences": [{"tokens": []}]}]},
+            read_karpathy,
+            "images[0].sentences[0]: missing key 'raw'",
+        ),
+        (
+            {"images": [{"filename": "a", "sentences": []}]},
+            read_karpathy,
+            "images[0]: missing key 'split'",
+        ),
         ([1, 2], read_captions, "neither COCO"),
     ],
 )
-def test_malformed_caption_files_name_file_and_key(tmp_path: Path, content, reader, expected: str) -> None:
+def test_malformed_caption_files_name_file_and_key(
+    tmp_path: Path, content, reader, expected: str
+) -> None:
     file = write(tmp_path / "bad.json", content)
     with pytest.raises(ReaderError) as info:
         reader(file)
@@ -93,7 +144,9 @@ def make_class_folder(tmp_path: Path) -> Path:
 
 def test_class_folder_with_clip_benchmark_files(tmp_path: Path) -> None:
     root = make_class_folder(tmp_path)
-    classnames = write(tmp_path / "en_classnames.json", {"pets": ["cat", "dog"], "other": ["x", "y", "z"]})
+    classnames = write(
+        tmp_path / "en_classnames.json", {"pets": ["cat", "dog"], "other": ["x", "y", "z"]}
+    )
     templates = write(tmp_path / "templates.json", {"pets": ["a photo of a {c}.", "a {c}"]})
     got = read_class_folder(root, classnames, templates)
     assert got.class_folders == ["n01", "n02"]  # sorted, names follow this order
@@ -115,13 +168,20 @@ def test_class_folder_text_lists_and_errors(tmp_path: Path) -> None:
     with pytest.raises(ReaderError, match=r"has no '\{c\}'"):
         read_class_folder(root, names_txt, write(tmp_path / "t2.json", ["a photo"]))
     with pytest.raises(ReaderError, match="none named 'pets'"):
-        read_class_folder(root, write(tmp_path / "multi.json", {"a": ["x", "y"], "b": ["x", "y"]}), tmp_path / "t.json")
+        read_class_folder(
+            root,
+            write(tmp_path / "multi.json", {"a": ["x", "y"], "b": ["x", "y"]}),
+            tmp_path / "t.json",
+        )
     with pytest.raises(ReaderError, match="expected a JSON list of strings"):
         read_class_folder(root, write(tmp_path / "num.json", [1, 2]), tmp_path / "t.json")
 
 
 def test_edge_list_is_a_format(tmp_path: Path) -> None:
-    file = write(tmp_path / "is_a.txt", "# ImageNet style\nn0 n1\nn0 n2\nn1 n3\n\nn2 n3  # second parent\nn9 n8\n")
+    file = write(
+        tmp_path / "is_a.txt",
+        "# ImageNet style\nn0 n1\nn0 n2\nn1 n3\n\nn2 n3  # second parent\nn9 n8\n",
+    )
     tax = read_edge_list(file)
     idx = tax.index()
     assert tax.parents[idx["n0"]] == -1 and tax.parents[idx["n9"]] == -1
@@ -134,8 +194,12 @@ def test_edge_list_is_a_format(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     "content, expected",
-    [("a b c\n", "line 1: expected 'parent child'"), ("a a\n", "line 1: 'a' is its own parent"),
-     ("a b\nb c\nc a\n", "cycle"), ("# nothing\n", "no 'parent child' lines")],
+    [
+        ("a b c\n", "line 1: expected 'parent child'"),
+        ("a a\n", "line 1: 'a' is its own parent"),
+        ("a b\nb c\nc a\n", "cycle"),
+        ("# nothing\n", "no 'parent child' lines"),
+    ],
 )
 def test_edge_list_errors(tmp_path: Path, content: str, expected: str) -> None:
     file = write(tmp_path / "tax.txt", content)
@@ -145,22 +209,29 @@ def test_edge_list_errors(tmp_path: Path, content: str, expected: str) -> None:
 
 
 def test_boxes_jsonl_and_json_list(tmp_path: Path) -> None:
-    rows = [{"image": "a.jpg", "box": [0, 1, 5, 6.5], "phrase": " a dog "}, {"image": "b.jpg", "box": [2, 2, 3, 3], "phrase": "x"}]
+    rows = [
+        {"image": "a.jpg", "box": [0, 1, 5, 6.5], "phrase": " a dog "},
+        {"image": "b.jpg", "box": [2, 2, 3, 3], "phrase": "x"},
+    ]
     jsonl = write(tmp_path / "b.jsonl", "\n".join(json.dumps(r) for r in rows) + "\n\n")
     listed = write(tmp_path / "b.json", rows)
     for file in (jsonl, listed):
         boxes = read_boxes(file)
         assert [(b.image_file, b.box, b.phrase) for b in boxes] == [
-            ("a.jpg", (0.0, 1.0, 5.0, 6.5), "a dog"), ("b.jpg", (2.0, 2.0, 3.0, 3.0), "x")]
+            ("a.jpg", (0.0, 1.0, 5.0, 6.5), "a dog"),
+            ("b.jpg", (2.0, 2.0, 3.0, 3.0), "x"),
+        ]
 
 
 @pytest.mark.parametrize(
     "line, expected",
-    [('{"image": "a", "box": [0, 0, 1], "phrase": "p"}', "line 2: 'box' must be four numbers"),
-     ('{"image": "a", "box": [3, 0, 1, 1], "phrase": "p"}', "line 2: 'box' needs x0 < x1"),
-     ('{"image": "a", "box": [0, 0, 1, 1]}', "line 2: missing key 'phrase'"),
-     ('{"image": "a", "box": [0, 0, 1, 1], "phrase": "  "}', "line 2: 'phrase' is empty"),
-     ("not json", "line 2: not a JSON object")],
+    [
+        ('{"image": "a", "box": [0, 0, 1], "phrase": "p"}', "line 2: 'box' must be four numbers"),
+        ('{"image": "a", "box": [3, 0, 1, 1], "phrase": "p"}', "line 2: 'box' needs x0 < x1"),
+        ('{"image": "a", "box": [0, 0, 1, 1]}', "line 2: missing key 'phrase'"),
+        ('{"image": "a", "box": [0, 0, 1, 1], "phrase": "  "}', "line 2: 'phrase' is empty"),
+        ("not json", "line 2: not a JSON object"),
+    ],
 )
 def test_boxes_errors_name_the_line(tmp_path: Path, line: str, expected: str) -> None:
     good = '{"image": "a", "box": [0, 0, 1, 1], "phrase": "p"}'

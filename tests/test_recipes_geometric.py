@@ -48,10 +48,14 @@ def make(name: str, world, seed: int = 0, **overrides):
 def random_batch(world, n: int = 8, boxes: bool = True, seed: int = 0) -> Batch:
     g = torch.Generator().manual_seed(seed)
     ids = torch.randperm(world.num_images, generator=g)[:n]
-    texts = torch.stack([torch.nonzero(world.text_to_image == i).flatten()[0] for i in ids.tolist()])
+    texts = torch.stack(
+        [torch.nonzero(world.text_to_image == i).flatten()[0] for i in ids.tolist()]
+    )
     batch = Batch(image=world.image_features[ids].float(), text=world.text_features[texts].float())
     if boxes:
-        rows = torch.stack([torch.nonzero(world.box_to_image == i).flatten()[0] for i in ids.tolist()])
+        rows = torch.stack(
+            [torch.nonzero(world.box_to_image == i).flatten()[0] for i in ids.tolist()]
+        )
         batch.box_image = world.box_image_features[rows].float()
         batch.box_text = world.box_text_features[rows].float()
     return batch
@@ -67,8 +71,12 @@ def test_pair_scores_equal_the_diagonal_of_scores(name, world):
         for query in ("text", "image"):
             full = recipe.scores(texts, images, query=query)
             assert full.shape == (7, 7) and torch.isfinite(full).all()
-            torch.testing.assert_close(recipe.pair_scores(texts, images, query=query), torch.diagonal(full),
-                                       rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(
+                recipe.pair_scores(texts, images, query=query),
+                torch.diagonal(full),
+                rtol=1e-5,
+                atol=1e-5,
+            )
 
 
 def test_atmg_beta_ranking_pair_scores():
@@ -78,7 +86,9 @@ def test_atmg_beta_ranking_pair_scores():
     with torch.no_grad():
         t, i = recipe.embed_texts(batch.text), recipe.embed_images(batch.image)
         full = recipe.scores(t, i, query="image")
-        torch.testing.assert_close(recipe.pair_scores(t, i, query="image"), torch.diagonal(full), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(
+            recipe.pair_scores(t, i, query="image"), torch.diagonal(full), rtol=1e-5, atol=1e-5
+        )
         assert not torch.allclose(full, recipe.scores(t, i, query="text"))
 
 
@@ -142,8 +152,15 @@ class _TwoRanks(Gather):
 def test_two_ranks_average_to_the_full_batch_loss(name, world):
     recipe = make(name, world, **({"centroid_weight": 0.5} if name == "atmg" else {}))
     batch = random_batch(world, 8)
-    halves = [Batch(**{k: (v[r * 4:(r + 1) * 4] if v is not None else None) for k, v in batch.__dict__.items()})
-              for r in range(2)]
+    halves = [
+        Batch(
+            **{
+                k: (v[r * 4 : (r + 1) * 4] if v is not None else None)
+                for k, v in batch.__dict__.items()
+            }
+        )
+        for r in range(2)
+    ]
     progress = Progress(0, 1)
     with torch.no_grad():
         full = recipe.loss(batch, progress).total
@@ -152,7 +169,9 @@ def test_two_ranks_average_to_the_full_batch_loss(name, world):
             rec = _Recording()
             recipe.loss(half, progress, rec)
             seen.append(rec.seen)
-        ranks = [recipe.loss(halves[r], progress, _TwoRanks(r, seen[1 - r])).total for r in range(2)]
+        ranks = [
+            recipe.loss(halves[r], progress, _TwoRanks(r, seen[1 - r])).total for r in range(2)
+        ]
     torch.testing.assert_close((ranks[0] + ranks[1]) / 2, full, rtol=1e-4, atol=1e-5)
 
 
@@ -164,16 +183,24 @@ def test_meru_loss_is_distance_infonce_plus_text_entails_image(world):
         out = recipe.loss(batch, Progress(0, 1))
         c, tau = recipe.curvature(), recipe.temperature()
         i, t = recipe.embed_images(batch.image)["point"], recipe.embed_texts(batch.text)["point"]
-        contrast = 0.5 * (info_nce(lorentz_distance_scores(i, t, c), tau) + info_nce(lorentz_distance_scores(t, i, c), tau))
+        contrast = 0.5 * (
+            info_nce(lorentz_distance_scores(i, t, c), tau)
+            + info_nce(lorentz_distance_scores(t, i, c), tau)
+        )
         torch.testing.assert_close(out.terms["contrastive"], contrast)
-        torch.testing.assert_close(out.terms["entailment"], 0.2 * entailment_cone_loss(t, i, c, eta=1.0))
+        torch.testing.assert_close(
+            out.terms["entailment"], 0.2 * entailment_cone_loss(t, i, c, eta=1.0)
+        )
         torch.testing.assert_close(out.total, sum(out.terms.values()))
 
 
 def _local_points(recipe, batch):
-    return {"image": recipe.embed_images(batch.image)["point"], "text": recipe.embed_texts(batch.text)["point"],
-            "box_image": recipe.embed_images(batch.box_image)["point"],
-            "box_text": recipe.embed_texts(batch.box_text)["point"]}
+    return {
+        "image": recipe.embed_images(batch.image)["point"],
+        "text": recipe.embed_texts(batch.text)["point"],
+        "box_image": recipe.embed_images(batch.box_image)["point"],
+        "box_text": recipe.embed_texts(batch.box_text)["point"],
+    }
 
 
 def test_hycoclip_four_contrastive_and_four_entailment_terms(world):
@@ -182,15 +209,27 @@ def test_hycoclip_four_contrastive_and_four_entailment_terms(world):
     with torch.no_grad():
         out = recipe.loss(batch, Progress(0, 1))
         p, c, tau = _local_points(recipe, batch), recipe.curvature(), recipe.temperature()
-    contrast = {"contrast_image_text": ("image", "text"), "contrast_text_image": ("text", "image"),
-                "contrast_box_image_text": ("box_image", "text"), "contrast_box_text_image": ("box_text", "image")}
-    entail = {"entail_text_image": ("text", "image", 0.7), "entail_box_text_box_image": ("box_text", "box_image", 0.7),
-              "entail_box_image_image": ("box_image", "image", 1.2), "entail_box_text_text": ("box_text", "text", 1.2)}
+    contrast = {
+        "contrast_image_text": ("image", "text"),
+        "contrast_text_image": ("text", "image"),
+        "contrast_box_image_text": ("box_image", "text"),
+        "contrast_box_text_image": ("box_text", "image"),
+    }
+    entail = {
+        "entail_text_image": ("text", "image", 0.7),
+        "entail_box_text_box_image": ("box_text", "box_image", 0.7),
+        "entail_box_image_image": ("box_image", "image", 1.2),
+        "entail_box_text_text": ("box_text", "text", 1.2),
+    }
     assert set(out.terms) == set(contrast) | set(entail)
     for name, (rows, cols) in contrast.items():
-        torch.testing.assert_close(out.terms[name], 0.25 * info_nce(lorentz_distance_scores(p[rows], p[cols], c), tau))
+        torch.testing.assert_close(
+            out.terms[name], 0.25 * info_nce(lorentz_distance_scores(p[rows], p[cols], c), tau)
+        )
     for name, (parent, child, eta) in entail.items():
-        torch.testing.assert_close(out.terms[name], 0.2 * 0.5 * entailment_cone_loss(p[parent], p[child], c, eta=eta))
+        torch.testing.assert_close(
+            out.terms[name], 0.2 * 0.5 * entailment_cone_loss(p[parent], p[child], c, eta=eta)
+        )
     torch.testing.assert_close(out.total, sum(out.terms.values()))
 
 
@@ -200,17 +239,28 @@ def test_phyclip_terms_follow_eq4_and_eq6(world):
     with torch.no_grad():
         out = recipe.loss(batch, Progress(0, 1))
         p, c, tau = _local_points(recipe, batch), recipe.curvature(), recipe.temperature()
-    contrast = {"contrast_image_text": ("image", "text"), "contrast_text_image": ("text", "image"),
-                "contrast_box_image_box_text": ("box_image", "box_text"),
-                "contrast_box_text_box_image": ("box_text", "box_image")}
-    entail = {"entail_text_image": ("text", "image", 0.7), "entail_box_text_box_image": ("box_text", "box_image", 0.7),
-              "entail_box_image_image": ("box_image", "image", 1.2), "entail_box_text_text": ("box_text", "text", 1.2)}
+    contrast = {
+        "contrast_image_text": ("image", "text"),
+        "contrast_text_image": ("text", "image"),
+        "contrast_box_image_box_text": ("box_image", "box_text"),
+        "contrast_box_text_box_image": ("box_text", "box_image"),
+    }
+    entail = {
+        "entail_text_image": ("text", "image", 0.7),
+        "entail_box_text_box_image": ("box_text", "box_image", 0.7),
+        "entail_box_image_image": ("box_image", "image", 1.2),
+        "entail_box_text_text": ("box_text", "text", 1.2),
+    }
     assert set(out.terms) == set(contrast) | set(entail)
     for name, (rows, cols) in contrast.items():
-        torch.testing.assert_close(out.terms[name],
-                                   0.25 * info_nce(product_average_distance_scores(p[rows], p[cols], c), tau))
+        torch.testing.assert_close(
+            out.terms[name],
+            0.25 * info_nce(product_average_distance_scores(p[rows], p[cols], c), tau),
+        )
     for name, (parent, child, eta) in entail.items():
-        torch.testing.assert_close(out.terms[name], 0.2 * entailment_cone_loss(p[parent], p[child], c, eta=eta))
+        torch.testing.assert_close(
+            out.terms[name], 0.2 * entailment_cone_loss(p[parent], p[child], c, eta=eta)
+        )
 
 
 def test_phyclip_curvatures_stay_in_range_per_factor(world):
@@ -225,7 +275,13 @@ def test_phyclip_curvatures_stay_in_range_per_factor(world):
     assert torch.all(c >= 0.1 - 1e-6) and torch.all(c <= 10.0 + 1e-5)
     logs = recipe.log_values()
     assert {"curvature/min", "curvature/mean", "curvature/max"} <= set(logs)
-    assert 0.1 - 1e-6 <= logs["curvature/min"] <= logs["curvature/mean"] <= logs["curvature/max"] <= 10.0 + 1e-5
+    assert (
+        0.1 - 1e-6
+        <= logs["curvature/min"]
+        <= logs["curvature/mean"]
+        <= logs["curvature/max"]
+        <= 10.0 + 1e-5
+    )
 
 
 def test_meru_curvature_at_its_lower_bound_is_visible(world):
@@ -251,8 +307,10 @@ def test_atmg_loss_is_the_angle_loss_on_its_points(world):
         i, t = recipe.embed_images(batch.image)["point"], recipe.embed_texts(batch.text)["point"]
         torch.testing.assert_close(out.terms["angle"], angle_contrastive_loss(t, i, t, i, c, tau))
         torch.testing.assert_close(out.terms["pair_angle"], 0.2 * matched_angle_loss(t, i, c))
-        torch.testing.assert_close(out.terms["centroid"], 0.3 * centroid_radius_loss(t, i, c, math.cosh(0.5),
-                                                                                      math.cosh(2.0)))
+        torch.testing.assert_close(
+            out.terms["centroid"],
+            0.3 * centroid_radius_loss(t, i, c, math.cosh(0.5), math.cosh(2.0)),
+        )
     assert set(out.terms) == {"angle", "pair_angle", "centroid"}
     assert "centroid" not in make("atmg", world).loss(batch, Progress(0, 1)).terms  # off by default
 

@@ -9,11 +9,24 @@ import pytest
 
 from curvalign.report import plots
 from curvalign.report.benchmark import split_overrides
-from curvalign.report.tables import lookup, markdown_table, metrics_lines, present_columns, to_jsonable, write_json
+from curvalign.report.tables import (
+    lookup,
+    markdown_table,
+    metrics_lines,
+    present_columns,
+    to_jsonable,
+    write_json,
+)
 
 RESULTS = {
-    "clip": {"retrieval": {"t2i@1": 0.5, "i2t@1": 0.25}, "ordering": {"text": None, "image": None, "note": "n/a"}},
-    "meru": {"retrieval": {"t2i@1": 0.125, "i2t@1": 1.0}, "ordering": {"text": {"chain": 0.75, "pairs": 0.8}}},
+    "clip": {
+        "retrieval": {"t2i@1": 0.5, "i2t@1": 0.25},
+        "ordering": {"text": None, "image": None, "note": "n/a"},
+    },
+    "meru": {
+        "retrieval": {"t2i@1": 0.125, "i2t@1": 1.0},
+        "ordering": {"text": {"chain": 0.75, "pairs": 0.8}},
+    },
 }
 
 
@@ -38,14 +51,19 @@ def test_lookup_and_metric_lines():
 
 
 def test_json_has_no_nan(tmp_path):
-    path = write_json(tmp_path / "r.json", {"a": float("nan"), "b": [1.0, float("inf")], "c": np.float64(2.0)})
+    path = write_json(
+        tmp_path / "r.json", {"a": float("nan"), "b": [1.0, float("inf")], "c": np.float64(2.0)}
+    )
     assert json.loads(path.read_text()) == {"a": None, "b": [1.0, None], "c": 2.0}
     assert to_jsonable({"x": (1, 2)}) == {"x": [1, 2]}
 
 
 def test_overrides_split_per_recipe():
     got = split_overrides(["lr=1e-3", "phyclip.num_factors=4", "train.seed=1"], ["clip", "phyclip"])
-    assert got == {"clip": ["lr=1e-3", "train.seed=1"], "phyclip": ["lr=1e-3", "num_factors=4", "train.seed=1"]}
+    assert got == {
+        "clip": ["lr=1e-3", "train.seed=1"],
+        "phyclip": ["lr=1e-3", "num_factors=4", "train.seed=1"],
+    }
     with pytest.raises(ValueError, match="not in this benchmark"):
         split_overrides(["meru.lr=1"], ["clip"])
     with pytest.raises(ValueError, match="key=value"):
@@ -57,12 +75,23 @@ def test_plots_write_png_files(tmp_path):
     files = [
         plots.retrieval_bars(RESULTS, tmp_path / "r.png"),
         plots.hierarchy_bars({"m": {"hierarchy": {"TIE": 2.0, "J": 0.5}}}, tmp_path / "h.png"),
-        plots.distance_histograms({"clip": None, "meru": {"image": rng.random(50), "text": rng.random(50)}},
-                                  tmp_path / "d.png"),
-        plots.spectra({"meru": {"image": np.array([3.0, 1.0, 0.0]), "text": np.array([2.0, 0.5, 0.1])}}, tmp_path / "s.png"),
-        plots.log_curves({"agr": [{"step": 1, "routing_weight": 0.5}, {"step": 2, "routing_weight": 0.4}]},
-                         ["routing_weight"], tmp_path / "c.png", marks={"T_w": 1}),
-        plots.line_plot([0.1, 1.0], {"a": [0.5, None]}, tmp_path / "l.png", "c", "acc", "t", logx=True),
+        plots.distance_histograms(
+            {"clip": None, "meru": {"image": rng.random(50), "text": rng.random(50)}},
+            tmp_path / "d.png",
+        ),
+        plots.spectra(
+            {"meru": {"image": np.array([3.0, 1.0, 0.0]), "text": np.array([2.0, 0.5, 0.1])}},
+            tmp_path / "s.png",
+        ),
+        plots.log_curves(
+            {"agr": [{"step": 1, "routing_weight": 0.5}, {"step": 2, "routing_weight": 0.4}]},
+            ["routing_weight"],
+            tmp_path / "c.png",
+            marks={"T_w": 1},
+        ),
+        plots.line_plot(
+            [0.1, 1.0], {"a": [0.5, None]}, tmp_path / "l.png", "c", "acc", "t", logx=True
+        ),
         plots.heatmap(np.eye(3), tmp_path / "m.png", ["a", "b", "c"], "factor", "t"),
     ]
     for f in files:

@@ -52,7 +52,9 @@ def test_matrix_mode_in_float32_and_chunked():
     router = _router(torch.float32)
     s_e, s_h, u_t, u_i = (t.float() for t in _inputs(_router()))
     matrix = router.matrix_logits(s_e, s_h, u_t.detach(), u_i.detach())
-    torch.testing.assert_close(matrix, router.pair_logits(s_e, s_h, u_t[:, None], u_i[None]), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(
+        matrix, router.pair_logits(s_e, s_h, u_t[:, None], u_i[None]), rtol=1e-5, atol=1e-5
+    )
     router.max_chunk_pairs = 10  # 1 row of 9 pairs per chunk
     with torch.no_grad():
         chunked = router.matrix_logits(s_e, s_h, u_t, u_i)
@@ -123,8 +125,11 @@ def test_router_reads_everything_detached():
     h_t = torch.randn(4, TEXT_DIM, dtype=torch.float64, requires_grad=True)
     h_i = torch.randn(5, IMAGE_DIM, dtype=torch.float64, requires_grad=True)
     logits = router.matrix_logits(s_e, s_h, router.text_context(h_t), router.image_context(h_i))
-    grads = torch.autograd.grad(logits.sum(), [s_e, s_h, h_t, h_i, router.fc1.weight, router.context_text.weight],
-                                allow_unused=True)
+    grads = torch.autograd.grad(
+        logits.sum(),
+        [s_e, s_h, h_t, h_i, router.fc1.weight, router.context_text.weight],
+        allow_unused=True,
+    )
     assert all(g is None for g in grads[:4])
     assert all(g is not None and g.abs().sum() > 0 for g in grads[4:])
 
@@ -164,8 +169,11 @@ def test_routed_score_formula_and_bound():
         for i in range(6):
             wE, sH, sE = calibration[0, i].tolist()
             delta = 5.0 * math.tanh((sE * beta * s_e[t, i].item() - s_h[t, i].item()) / 5.0)
-            expected = (s_h[t, i].item() + alpha * gate[0, i].item() * w[t, i].item() * wE * delta
-                        + alpha * gate[0, i].item() * (sH - 1) * s_h[t, i].item())
+            expected = (
+                s_h[t, i].item()
+                + alpha * gate[0, i].item() * w[t, i].item() * wE * delta
+                + alpha * gate[0, i].item() * (sH - 1) * s_h[t, i].item()
+            )
             assert out[t, i].item() == pytest.approx(expected, rel=1e-12, abs=1e-12)
     # the Euclidean correction is bounded by alpha g w wE Dmax whatever S_E is
     base = s_h * (1 + alpha * gate * (calibration[..., 1] - 1))
@@ -191,9 +199,13 @@ def test_first_layer_gradients():
     from curvalign.nn.router import _FirstLayer
 
     g = torch.Generator().manual_seed(5)
-    args = [torch.randn(3, 4, 4, generator=g, dtype=torch.float64), torch.randn(4, 5, generator=g, dtype=torch.float64),
-            torch.rand(3, 4, generator=g, dtype=torch.float64), torch.randn(3, 5, generator=g, dtype=torch.float64),
-            torch.randn(4, 5, generator=g, dtype=torch.float64)]
+    args = [
+        torch.randn(3, 4, 4, generator=g, dtype=torch.float64),
+        torch.randn(4, 5, generator=g, dtype=torch.float64),
+        torch.rand(3, 4, generator=g, dtype=torch.float64),
+        torch.randn(3, 5, generator=g, dtype=torch.float64),
+        torch.randn(4, 5, generator=g, dtype=torch.float64),
+    ]
     assert torch.autograd.gradcheck(_FirstLayer.apply, [a.requires_grad_() for a in args])
 
 
@@ -207,7 +219,9 @@ def test_matrix_and_pair_mode_train_the_router_alike():
     params = [p for p in router.parameters() if p.requires_grad]
     matrix = router.matrix_logits(s_e, s_h, router.text_context(h_t), router.image_context(h_i))
     grads_matrix = torch.autograd.grad((weight * matrix).sum(), params)
-    pairs = router.pair_logits(s_e, s_h, router.text_context(h_t)[:, None], router.image_context(h_i)[None])
+    pairs = router.pair_logits(
+        s_e, s_h, router.text_context(h_t)[:, None], router.image_context(h_i)[None]
+    )
     grads_pairs = torch.autograd.grad((weight * pairs).sum(), params)
-    for a, b in zip(grads_matrix, grads_pairs):
+    for a, b in zip(grads_matrix, grads_pairs, strict=False):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)

@@ -27,7 +27,9 @@ from curvalign.schedules import (
 PAPER_TOTAL = 120_000
 
 
-@pytest.mark.parametrize("cfg", [AGRCurriculum(), AGRCurriculum.paper_steps()], ids=["fraction", "steps"])
+@pytest.mark.parametrize(
+    "cfg", [AGRCurriculum(), AGRCurriculum.paper_steps()], ids=["fraction", "steps"]
+)
 @pytest.mark.parametrize(
     "step, alpha, beta, phase",
     [
@@ -58,7 +60,13 @@ def test_agr_fractions_scale_with_the_run():
     assert agr_alpha(30, total, cfg) == pytest.approx(5 / 25)
     assert agr_beta(75, total, cfg) == pytest.approx(0.5)
     assert [agr_phase(s, total, cfg) for s in (25, 26, 50, 51, 100, 101)] == [
-        "Isolation", "Shadow", "Shadow", "Soft Launch", "Soft Launch", "Adaptive"]
+        "Isolation",
+        "Shadow",
+        "Shadow",
+        "Soft Launch",
+        "Soft Launch",
+        "Adaptive",
+    ]
     assert [agr_phase_index(s, total, cfg) for s in (0, 26, 51, 101)] == [1, 2, 3, 4]
     # the same run in steps does not scale: routing stays off
     assert agr_alpha(1_199, total, AGRCurriculum.paper_steps()) == 0.0
@@ -109,11 +117,13 @@ def test_warmup_cosine_shape():
     assert warmup_cosine(9, 100, 10) == pytest.approx(1.0)
     assert warmup_cosine(10, 100, 10) == pytest.approx(1.0)
     mid = 10 + (100 - 1 - 10) / 2
-    assert warmup_cosine(int(mid), 100, 10) == pytest.approx(0.5 + 0.5 * math.cos(math.pi * int(mid - 10) / 89))
+    assert warmup_cosine(int(mid), 100, 10) == pytest.approx(
+        0.5 + 0.5 * math.cos(math.pi * int(mid - 10) / 89)
+    )
     assert warmup_cosine(99, 100, 10, min_ratio=0.01) == pytest.approx(0.01)
     assert warmup_cosine(150, 100, 10, min_ratio=0.01) == pytest.approx(0.01)
     values = [warmup_cosine(s, 100, 10) for s in range(10, 100)]
-    assert all(a >= b for a, b in zip(values, values[1:]))
+    assert all(a >= b for a, b in zip(values, values[1:], strict=False))
     assert warmup_cosine(0, 100, 0) == 1.0
     with pytest.raises(ValueError):
         warmup_cosine(0, 100, 10, min_ratio=2.0)
@@ -129,7 +139,9 @@ def test_dualpath_curriculum():
     assert dualpath_gate_warmup(3000, total, cfg) == 1.0
     w0, w_end = dualpath_loss_weights(0, total, cfg), dualpath_loss_weights(5000, total, cfg)
     assert (w0.temperature, w0.score_weight, w0.rank_weight) == pytest.approx((0.1, 0.5, 0.1))
-    assert (w_end.temperature, w_end.score_weight, w_end.rank_weight) == pytest.approx((0.07, 3.0, 1.0))
+    assert (w_end.temperature, w_end.score_weight, w_end.rank_weight) == pytest.approx(
+        (0.07, 3.0, 1.0)
+    )
     half = dualpath_loss_weights(int(1953 / 2), total, cfg)
     assert 0.07 < half.temperature < 0.1 and 0.5 < half.score_weight < 3.0
 

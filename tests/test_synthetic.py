@@ -17,7 +17,13 @@ import torch.nn.functional as F
 
 from curvalign.data import DataSpecError, FeatureStore, FeatureStoreError, load_data
 from curvalign.data.features import GROUPS, TENSOR_FIELDS
-from curvalign.data.synthetic import NEGATIVE_KINDS, SyntheticConfig, SyntheticWorld, build_world, make_world
+from curvalign.data.synthetic import (
+    NEGATIVE_KINDS,
+    SyntheticConfig,
+    SyntheticWorld,
+    build_world,
+    make_world,
+)
 
 SMALL = SyntheticConfig(images=240, text_pairs=120)
 
@@ -110,15 +116,23 @@ def test_swapped_negatives_differ_only_through_binding():
     for s, same in ((unbound, True), (bound, False)):
         swapped = s.negative_kind == NEGATIVE_KINDS.index("swapped")
         assert int(swapped.sum()) > 10
-        gap = (s.negative_features[swapped] - s.text_features[s.negative_to_text[swapped]]).abs().amax(dim=1)
+        gap = (
+            (s.negative_features[swapped] - s.text_features[s.negative_to_text[swapped]])
+            .abs()
+            .amax(dim=1)
+        )
         assert bool((gap < 1e-4).all()) == same
 
 
 def test_chains_end_with_a_test_caption(world: SyntheticWorld):
     s = world.store
-    assert s.chain_features.shape[1:] == (3, s.text_dim) and s.chain_features.shape[0] > 0.9 * len(s.split_image_ids("test"))
+    assert s.chain_features.shape[1:] == (3, s.text_dim) and s.chain_features.shape[0] > 0.9 * len(
+        s.split_image_ids("test")
+    )
     test_texts = s.text_features[s.texts_of_split("test")]
-    nearest = torch.cdist(s.chain_features[:, 2], test_texts, compute_mode="donot_use_mm_for_euclid_dist").amin(dim=1)
+    nearest = torch.cdist(
+        s.chain_features[:, 2], test_texts, compute_mode="donot_use_mm_for_euclid_dist"
+    ).amin(dim=1)
     assert bool((nearest == 0).all())
 
 
@@ -176,8 +190,18 @@ def test_linear_map_classifies_zero_shot(world: SyntheticWorld, linear_map):
     s = world.store
     test_images = s.split_image_ids("test")
     prompts = to_image_space(s.prompt_features)
-    classes = F.normalize(torch.zeros(len(s.class_names), prompts.shape[1]).index_add_(0, s.prompt_to_class, prompts), dim=1)
-    accuracy = float(((images(s.image_features[test_images]) @ classes.T).argmax(1) == s.image_labels[test_images]).float().mean())
+    classes = F.normalize(
+        torch.zeros(len(s.class_names), prompts.shape[1]).index_add_(0, s.prompt_to_class, prompts),
+        dim=1,
+    )
+    accuracy = float(
+        (
+            (images(s.image_features[test_images]) @ classes.T).argmax(1)
+            == s.image_labels[test_images]
+        )
+        .float()
+        .mean()
+    )
     assert accuracy > 30 / len(s.class_names)
 
 
@@ -186,10 +210,14 @@ def test_specific_captions_sit_closer_to_their_image(world: SyntheticWorld, line
     test_images = world.store.split_image_ids("test")
     image_points = images(world.store.image_features[test_images])
     closeness = [
-        float((to_image_space(world.render_texts(test_images, levels_up=up)) * image_points).sum(1).mean())
+        float(
+            (to_image_space(world.render_texts(test_images, levels_up=up)) * image_points)
+            .sum(1)
+            .mean()
+        )
         for up in range(world.config.depth + 1)
     ]
-    assert all(a > b + 0.02 for a, b in zip(closeness, closeness[1:])), closeness
+    assert all(a > b + 0.02 for a, b in zip(closeness, closeness[1:], strict=False)), closeness
 
 
 def test_true_captions_beat_their_hard_negatives(world: SyntheticWorld, linear_map):
@@ -224,7 +252,11 @@ def test_features_spec_round_trip(tmp_path: Path):
 @pytest.mark.parametrize(
     "spec, error, pattern",
     [
-        ("cifar", DataSpecError, r"unknown data spec 'cifar'; accepted forms: synthetic, synthetic:key=value,..., features:PATH"),
+        (
+            "cifar",
+            DataSpecError,
+            r"unknown data spec 'cifar'; accepted forms: synthetic, synthetic:key=value,..., features:PATH",
+        ),
         ("synthetic:imgs=5", DataSpecError, r"no option 'imgs'; options: images"),
         ("synthetic:images=many", DataSpecError, r"images='many': expected int"),
         ("synthetic:images", DataSpecError, r"'images' is not key=value"),
@@ -244,6 +276,8 @@ def test_spec_registry_has_an_extension_point():
     store = FeatureStore(torch.zeros(1, 2), torch.zeros(1, 3), torch.zeros(1, dtype=torch.long))
     register_data_source("probe", lambda argument: store if argument == "x" else None, ("probe:x",))
     try:
-        assert load_data("probe:x") is store and "probe:x" in str(pytest.raises(DataSpecError, load_data, "nope").value)
+        assert load_data("probe:x") is store and "probe:x" in str(
+            pytest.raises(DataSpecError, load_data, "nope").value
+        )
     finally:
         _SOURCES.pop("probe")

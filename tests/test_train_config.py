@@ -5,9 +5,16 @@ from __future__ import annotations
 import json
 
 import pytest
-from _train_toy import toy_recipes  # noqa: F401  (fixture)
 
-from curvalign.train.config import ConfigError, RunConfig, TrainConfig, coerce, parse_override, resolve_config
+from _train_toy import toy_recipes  # noqa: F401  (fixture)
+from curvalign.train.config import (
+    ConfigError,
+    RunConfig,
+    TrainConfig,
+    coerce,
+    parse_override,
+    resolve_config,
+)
 
 pytestmark = pytest.mark.usefixtures("toy_recipes")
 
@@ -21,9 +28,23 @@ def test_defaults_and_warmup_steps():
 
 
 def test_overrides_route_to_train_and_recipe_with_types():
-    cfg = resolve_config("_toy", "synthetic", steps=7, overrides=[
-        "lr=1e-3", "bf16=true", "batch_size=32", "num_threads=none", "temperature_init=0.05",
-        "recipe.dim=4", "train.seed=3", "widths=(4, 5)", "mode=nan_grad", "scale=2"])
+    cfg = resolve_config(
+        "_toy",
+        "synthetic",
+        steps=7,
+        overrides=[
+            "lr=1e-3",
+            "bf16=true",
+            "batch_size=32",
+            "num_threads=none",
+            "temperature_init=0.05",
+            "recipe.dim=4",
+            "train.seed=3",
+            "widths=(4, 5)",
+            "mode=nan_grad",
+            "scale=2",
+        ],
+    )
     assert cfg.train.steps == 7
     assert cfg.train.lr == pytest.approx(1e-3) and isinstance(cfg.train.lr, float)
     assert cfg.train.bf16 is True and cfg.train.batch_size == 32 and cfg.train.seed == 3
@@ -41,19 +62,22 @@ def test_recipe_config_is_complete_with_defaults():
     assert cfg.recipe_config["widths"] == (8,)
 
 
-@pytest.mark.parametrize("override, fragment", [
-    ("lrr=3", "unknown key 'lrr'"),
-    ("train.dim=3", "unknown key 'train.dim'"),
-    ("model.lr=3", "prefix must be 'train.' or 'recipe.'"),
-    ("lr=fast", "expected a number"),
-    ("steps=1.5", "expected an integer"),
-    ("bf16=maybe", "expected true or false"),
-    ("mode=other", "is not one of"),
-    ("widths=(a,b)", "expected an integer"),
-    ("warmup=3", "train.warmup=... or recipe.warmup=..."),
-    ("steps=0", "steps must be >= 1"),
-    ("lr", "is not key=value"),
-])
+@pytest.mark.parametrize(
+    "override, fragment",
+    [
+        ("lrr=3", "unknown key 'lrr'"),
+        ("train.dim=3", "unknown key 'train.dim'"),
+        ("model.lr=3", "prefix must be 'train.' or 'recipe.'"),
+        ("lr=fast", "expected a number"),
+        ("steps=1.5", "expected an integer"),
+        ("bf16=maybe", "expected true or false"),
+        ("mode=other", "is not one of"),
+        ("widths=(a,b)", "expected an integer"),
+        ("warmup=3", "train.warmup=... or recipe.warmup=..."),
+        ("steps=0", "steps must be >= 1"),
+        ("lr", "is not key=value"),
+    ],
+)
 def test_override_errors_are_clear(override, fragment):
     with pytest.raises(ConfigError, match=None) as info:
         resolve_config("_toy", "synthetic", overrides=[override])
@@ -122,7 +146,11 @@ def test_yaml_errors(tmp_path):
 def test_json_round_trip(tmp_path):
     cfg = resolve_config("_toy", "synthetic", overrides=["widths=(1,2,3)", "lr=0.5"])
     cfg.save(tmp_path)
-    assert json.loads((tmp_path / "config.json").read_text())["recipe_config"]["widths"] == [1, 2, 3]
+    assert json.loads((tmp_path / "config.json").read_text())["recipe_config"]["widths"] == [
+        1,
+        2,
+        3,
+    ]
     assert (tmp_path / "config.yaml").read_text().startswith("recipe: _toy")
     again = RunConfig.load(tmp_path / "config.json")
     assert again == cfg
@@ -133,11 +161,22 @@ def test_from_dict_rejects_unknown_sections():
         RunConfig.from_dict({"recipe": "_toy", "data": "x", "trian": {}})
 
 
-@pytest.mark.parametrize("value, annotation, expected", [
-    ("3", int, 3), ("3.0", int, 3), (3, float, 3.0), ("1e-4", float, 1e-4), ("off", bool, False),
-    ("[1, 2]", tuple[int, ...], (1, 2)), ("1,2", list[float], [1.0, 2.0]), ("null", int | None, None),
-    ("7", int | None, 7), ("abc", str, "abc"), (5, str, "5"),
-])
+@pytest.mark.parametrize(
+    "value, annotation, expected",
+    [
+        ("3", int, 3),
+        ("3.0", int, 3),
+        (3, float, 3.0),
+        ("1e-4", float, 1e-4),
+        ("off", bool, False),
+        ("[1, 2]", tuple[int, ...], (1, 2)),
+        ("1,2", list[float], [1.0, 2.0]),
+        ("null", int | None, None),
+        ("7", int | None, 7),
+        ("abc", str, "abc"),
+        (5, str, "5"),
+    ],
+)
 def test_coerce(value, annotation, expected):
     assert coerce(value, annotation, "x") == expected
 

@@ -6,9 +6,9 @@ import json
 
 import pytest
 import torch
-from _train_toy import ToyRecipe, toy_recipes, toy_store  # noqa: F401  (fixture)
 from safetensors.torch import load_file
 
+from _train_toy import ToyRecipe, toy_recipes, toy_store  # noqa: F401  (fixture)
 from curvalign.train import checkpoint as ckpt
 from curvalign.train.checkpoint import CheckpointError, atomic_write, load_run
 from curvalign.train.config import ConfigError, TrainConfig, TrainError
@@ -35,7 +35,9 @@ def test_killed_run_resumed_equals_uninterrupted_run_bit_for_bit(tmp_path):
     """40 images, batches of 16 (epochs straddle batches), dropout on: a run stopped at step 6
     and resumed by a fresh Trainer to 12 ends with the same weights as one never stopped."""
     store = toy_store(num_images=40, captions=3, boxes=True, pairs=20)
-    args = dict(steps=12, overrides=FAST + ["checkpoint_every=4", "pair_batch_size=4"], show_progress=False)
+    args = dict(
+        steps=12, overrides=FAST + ["checkpoint_every=4", "pair_batch_size=4"], show_progress=False
+    )
     full = train("_toy_boxes", store, tmp_path / "full", **args)
     part = train("_toy_boxes", store, tmp_path / "part", stop_at=6, **args)
     assert load_run(part).step == 6
@@ -43,13 +45,18 @@ def test_killed_run_resumed_equals_uninterrupted_run_bit_for_bit(tmp_path):
     import random
 
     import numpy as np
+
     random.random(), np.random.rand(5)
     resumed = train("_toy_boxes", store, tmp_path / "part", resume=True, show_progress=False)
     assert resumed == tmp_path / "part"
     _assert_same_weights(full, resumed)
     state_full = torch.load(full / "state.pt", weights_only=False)
     state_res = torch.load(resumed / "state.pt", weights_only=False)
-    for a, b in zip(state_full["optimizer"]["state"].values(), state_res["optimizer"]["state"].values()):
+    for a, b in zip(
+        state_full["optimizer"]["state"].values(),
+        state_res["optimizer"]["state"].values(),
+        strict=False,
+    ):
         assert torch.equal(a["exp_avg_sq"], b["exp_avg_sq"])
     log_full, log_res = read_log(full), read_log(resumed)
     assert [r["step"] for r in log_res] == list(range(1, 13))
@@ -92,29 +99,57 @@ def test_resume_can_extend_steps_but_not_change_the_run(tmp_path):
 
 
 def test_resume_with_other_feature_dims_is_refused(tmp_path):
-    run = train("_toy", toy_store(num_images=40), tmp_path / "run", steps=3, overrides=FAST,
-                show_progress=False, stop_at=2)
-    with pytest.raises(CheckpointError, match="feature dimensions differ.*dims 7/5.*trained on 6/5"):
+    run = train(
+        "_toy",
+        toy_store(num_images=40),
+        tmp_path / "run",
+        steps=3,
+        overrides=FAST,
+        show_progress=False,
+        stop_at=2,
+    )
+    with pytest.raises(
+        CheckpointError, match="feature dimensions differ.*dims 7/5.*trained on 6/5"
+    ):
         train("_toy", toy_store(num_images=40, image_dim=7), run, resume=True, show_progress=False)
 
 
 def test_resume_on_empty_directory_starts_fresh(tmp_path):
     notes = []
-    run = train("_toy", toy_store(num_images=40), tmp_path / "new", steps=2, overrides=FAST, resume=True,
-                show_progress=False, notify=notes.append)
+    run = train(
+        "_toy",
+        toy_store(num_images=40),
+        tmp_path / "new",
+        steps=2,
+        overrides=FAST,
+        resume=True,
+        show_progress=False,
+        notify=notes.append,
+    )
     assert load_run(run).step == 2 and any("starting a new one" in n for n in notes)
 
 
-@pytest.mark.parametrize("mode, fragment", [
-    ("nan_loss", "the loss became non-finite at step 7: term bad = nan"),
-    ("nan_grad", "the gradient became non-finite at step 7"),
-])
-def test_non_finite_loss_stops_names_the_term_and_keeps_the_last_good_checkpoint(tmp_path, mode, fragment):
+@pytest.mark.parametrize(
+    "mode, fragment",
+    [
+        ("nan_loss", "the loss became non-finite at step 7: term bad = nan"),
+        ("nan_grad", "the gradient became non-finite at step 7"),
+    ],
+)
+def test_non_finite_loss_stops_names_the_term_and_keeps_the_last_good_checkpoint(
+    tmp_path, mode, fragment
+):
     store = toy_store(num_images=40)
     run_dir = tmp_path / "run"
     with pytest.raises(NonFiniteLossError) as info:
-        train("_toy", store, run_dir, steps=10, show_progress=False,
-              overrides=FAST + ["checkpoint_every=5", "nan_at_step=7", f"mode={mode}"])
+        train(
+            "_toy",
+            store,
+            run_dir,
+            steps=10,
+            show_progress=False,
+            overrides=FAST + ["checkpoint_every=5", "nan_at_step=7", f"mode={mode}"],
+        )
     message = str(info.value)
     assert fragment in message and "last good checkpoint (step 5)" in message
     loaded = load_run(run_dir)
@@ -125,14 +160,22 @@ def test_non_finite_loss_stops_names_the_term_and_keeps_the_last_good_checkpoint
 
 def test_non_finite_before_any_checkpoint_says_so(tmp_path):
     with pytest.raises(NonFiniteLossError, match="no checkpoint had been written yet"):
-        train("_toy", toy_store(num_images=40), tmp_path / "run", steps=10, show_progress=False,
-              overrides=FAST + ["checkpoint_every=5", "nan_at_step=2"])
+        train(
+            "_toy",
+            toy_store(num_images=40),
+            tmp_path / "run",
+            steps=10,
+            show_progress=False,
+            overrides=FAST + ["checkpoint_every=5", "nan_at_step=2"],
+        )
 
 
 def test_existing_run_is_refused_unless_resume_or_overwrite(tmp_path):
     store = toy_store(num_images=40)
     run = train("_toy", store, tmp_path / "run", steps=2, overrides=FAST, show_progress=False)
-    with pytest.raises(ConfigError, match="already holds a run of recipe '_toy' at step 2; pass --resume"):
+    with pytest.raises(
+        ConfigError, match="already holds a run of recipe '_toy' at step 2; pass --resume"
+    ):
         train("_toy", store, run, steps=2, overrides=FAST, show_progress=False)
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "notes.txt").write_text("mine")
@@ -140,7 +183,15 @@ def test_existing_run_is_refused_unless_resume_or_overwrite(tmp_path):
         train("_toy", store, tmp_path / "other", steps=2, show_progress=False)
     with pytest.raises(ConfigError, match="holds files but no curvalign run"):
         train("_toy", store, tmp_path / "other", steps=2, resume=True, show_progress=False)
-    train("_toy", store, run, steps=3, overrides=FAST + ["seed=1"], overwrite=True, show_progress=False)
+    train(
+        "_toy",
+        store,
+        run,
+        steps=3,
+        overrides=FAST + ["seed=1"],
+        overwrite=True,
+        show_progress=False,
+    )
     assert load_run(run).step == 3 and load_run(run).config.train.seed == 1
     assert [r["step"] for r in read_log(run)] == [1, 2, 3]
 
@@ -152,25 +203,54 @@ def test_unknown_recipe_lists_the_known_ones(tmp_path):
 
 
 def test_run_directory_layout_logs_and_tensorboard(tmp_path):
-    run = train("_toy", toy_store(num_images=40), tmp_path / "run", steps=4, show_progress=False,
-                overrides=["batch_size=8", "log_every=2", "checkpoint_every=0"])
+    run = train(
+        "_toy",
+        toy_store(num_images=40),
+        tmp_path / "run",
+        steps=4,
+        show_progress=False,
+        overrides=["batch_size=8", "log_every=2", "checkpoint_every=0"],
+    )
     names = {p.name for p in run.iterdir()}
-    assert {"config.json", "config.yaml", "model.safetensors", "state.pt", "meta.json", "log.jsonl", "tb"} <= names
+    assert {
+        "config.json",
+        "config.yaml",
+        "model.safetensors",
+        "state.pt",
+        "meta.json",
+        "log.jsonl",
+        "tb",
+    } <= names
     assert not [n for n in names if n.endswith(".tmp")]
     assert any((run / "tb").iterdir())
     meta = json.loads((run / "meta.json").read_text())
-    assert meta["step"] == 4 and meta["image_dim"] == 6 and meta["text_dim"] == 5 and meta["recipe"] == "_toy"
+    assert (
+        meta["step"] == 4
+        and meta["image_dim"] == 6
+        and meta["text_dim"] == 5
+        and meta["recipe"] == "_toy"
+    )
     assert meta["sampler"]["train_images"] == 40 and "torch" in meta["versions"]
     records = read_log(run)
     assert [r["step"] for r in records] == [2, 4]
-    assert {"loss", "loss/contrastive", "lr", "grad_norm", "pairs_per_s", "temperature", "batch_rows"} <= set(records[0])
+    assert {
+        "loss",
+        "loss/contrastive",
+        "lr",
+        "grad_norm",
+        "pairs_per_s",
+        "temperature",
+        "batch_rows",
+    } <= set(records[0])
     assert records[0]["pairs_per_s"] > 0
     assert json.loads((run / "config.json").read_text())["train"]["batch_size"] == 8
 
 
 def test_load_run_builds_the_trained_recipe_in_eval_mode(tmp_path):
     store = toy_store(num_images=40)
-    run = train("_toy", store, tmp_path / "run", steps=3, overrides=FAST + ["dim=4"], show_progress=False)
+    run = train(
+        "_toy", store, tmp_path / "run", steps=3, overrides=FAST + ["dim=4"], show_progress=False
+    )
     loaded = load_run(run)
     assert isinstance(loaded.recipe, ToyRecipe) and not loaded.recipe.training
     assert loaded.recipe.image_head.out_features == 4 and loaded.config.recipe_config["dim"] == 4
@@ -183,7 +263,14 @@ def test_load_run_errors(tmp_path):
         load_run(tmp_path / "missing")
     with pytest.raises(CheckpointError, match="not a run directory"):
         load_run(tmp_path)
-    run = train("_toy", toy_store(num_images=40), tmp_path / "run", steps=2, overrides=FAST, show_progress=False)
+    run = train(
+        "_toy",
+        toy_store(num_images=40),
+        tmp_path / "run",
+        steps=2,
+        overrides=FAST,
+        show_progress=False,
+    )
     (run / "model.safetensors").write_bytes(b"\x00garbage")
     with pytest.raises(CheckpointError, match="model.safetensors is corrupt"):
         load_run(run)
@@ -220,7 +307,14 @@ def test_checkpoint_failure_keeps_previous_checkpoint_whole(tmp_path, monkeypatc
 
     monkeypatch.setattr(ckpt, "save_file", fails_on_second_checkpoint)
     with pytest.raises(OSError):
-        train("_toy", store, run_dir, steps=6, overrides=FAST + ["checkpoint_every=3"], show_progress=False)
+        train(
+            "_toy",
+            store,
+            run_dir,
+            steps=6,
+            overrides=FAST + ["checkpoint_every=3"],
+            show_progress=False,
+        )
     assert not [p.name for p in run_dir.iterdir() if p.name.endswith(".tmp")]
     assert load_run(run_dir).step == 3  # model.safetensors and meta.json still from step 3
 
@@ -233,13 +327,21 @@ def test_optimizer_groups_and_schedule():
     assert decay["weight_decay"] == 0.3 and no_decay["weight_decay"] == 0.0
     names = {id(p): n for n, p in recipe.named_parameters()}
     assert {names[id(p)] for p in no_decay["params"]} == recipe.no_decay_parameter_names()
-    assert lr_multiplier(0, cfg) == pytest.approx(0.5) and lr_multiplier(1, cfg) == pytest.approx(1.0)
+    assert lr_multiplier(0, cfg) == pytest.approx(0.5) and lr_multiplier(1, cfg) == pytest.approx(
+        1.0
+    )
     assert lr_multiplier(9, cfg) == pytest.approx(0.0, abs=1e-12)
 
 
 def test_bf16_autocast_trains_finite(tmp_path):
-    run = train("_toy", toy_store(num_images=40), tmp_path / "run", steps=3, show_progress=False,
-                overrides=FAST + ["bf16=true"])
+    run = train(
+        "_toy",
+        toy_store(num_images=40),
+        tmp_path / "run",
+        steps=3,
+        show_progress=False,
+        overrides=FAST + ["bf16=true"],
+    )
     weights = _weights(run)
     assert all(w.dtype == torch.float32 and torch.isfinite(w).all() for w in weights.values())
 
@@ -277,14 +379,29 @@ def test_a_term_present_on_some_steps_is_averaged_over_those_steps(tmp_path, mon
         return out
 
     monkeypatch.setattr(ToyRecipe, "loss", odd_steps_add_a_term)
-    run = train("_toy", toy_store(num_images=40), tmp_path / "run", steps=4, show_progress=False,
-                overrides=["batch_size=8", "log_every=2", "tensorboard=false"])
+    run = train(
+        "_toy",
+        toy_store(num_images=40),
+        tmp_path / "run",
+        steps=4,
+        show_progress=False,
+        overrides=["batch_size=8", "log_every=2", "tensorboard=false"],
+    )
     assert [r["loss/phase"] for r in read_log(run)] == [1.0, 1.0]
 
 
 def test_non_finite_features_stop_training_with_field_and_row(tmp_path):
     store = toy_store(num_images=40, captions=1)
     store.image_features[11, 0] = float("inf")
-    with pytest.raises(TrainError, match="step [12]: feature store field 'image_features' has non-finite values \\(row 11\\)"):
-        train("_toy", store, tmp_path / "run", steps=5, overrides=["batch_size=20", "tensorboard=false"],
-              show_progress=False)
+    with pytest.raises(
+        TrainError,
+        match="step [12]: feature store field 'image_features' has non-finite values \\(row 11\\)",
+    ):
+        train(
+            "_toy",
+            store,
+            tmp_path / "run",
+            steps=5,
+            overrides=["batch_size=20", "tensorboard=false"],
+            show_progress=False,
+        )

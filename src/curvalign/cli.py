@@ -40,28 +40,52 @@ def version() -> None:
 
 # --- train (issue: methods and trainer) -------------------------------------------------------
 
+
 @app.command("train")
 def train_command(
     overrides: list[str] = typer.Argument(
-        None, metavar="KEY=VALUE",
+        None,
+        metavar="KEY=VALUE",
         help="Config overrides: a trainer key (lr=1e-3) or a recipe key (temperature_init=0.05); "
-             "prefix train. or recipe. to be explicit."),
-    recipe: str = typer.Option(None, "--recipe", help="Method to train (clip, meru, hycoclip, atmg, "
-                                                      "phyclip, proclip, agr, dualpath)."),
-    data: str = typer.Option(None, "--data", help="synthetic, synthetic:k=v,..., or features:PATH."),
+        "prefix train. or recipe. to be explicit.",
+    ),
+    recipe: str = typer.Option(
+        None,
+        "--recipe",
+        help="Method to train (clip, meru, hycoclip, atmg, phyclip, proclip, agr, dualpath).",
+    ),
+    data: str = typer.Option(
+        None, "--data", help="synthetic, synthetic:k=v,..., or features:PATH."
+    ),
     steps: int = typer.Option(None, "--steps", min=1, help="Optimizer steps (train.steps)."),
     out: Path = typer.Option(..., "--out", help="Run directory to write."),
-    config: Path = typer.Option(None, "--config", help="YAML file shaped like a run's config.json."),
-    resume: bool = typer.Option(False, "--resume", help="Continue the run in --out from its checkpoint."),
-    overwrite: bool = typer.Option(False, "--overwrite", help="Replace the run files already in --out."),
+    config: Path = typer.Option(
+        None, "--config", help="YAML file shaped like a run's config.json."
+    ),
+    resume: bool = typer.Option(
+        False, "--resume", help="Continue the run in --out from its checkpoint."
+    ),
+    overwrite: bool = typer.Option(
+        False, "--overwrite", help="Replace the run files already in --out."
+    ),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar or notes."),
-    nproc: int = typer.Option(1, "--nproc", min=1, help="Processes on this machine (launched through torchrun; "
-                                                         "DDP with global-batch negatives, see docs/scale.md)."),
+    nproc: int = typer.Option(
+        1,
+        "--nproc",
+        min=1,
+        help="Processes on this machine (launched through torchrun; "
+        "DDP with global-batch negatives, see docs/scale.md).",
+    ),
 ) -> None:
     """Train a recipe on features; writes checkpoint, config and logs into --out."""
     from curvalign.train.config import TrainError
+    from curvalign.train.distributed import (
+        is_main_process,
+        launch_training,
+        run_training,
+        train_arguments,
+    )
     from curvalign.train.logging import read_log
-    from curvalign.train.distributed import is_main_process, launch_training, run_training, train_arguments
 
     def note(message: str) -> None:
         if not quiet:
@@ -69,12 +93,35 @@ def train_command(
 
     try:
         if nproc > 1:  # the ranks run this same command under torchrun (and print their own errors)
-            raise typer.Exit(code=launch_training(nproc, train_arguments(
-                recipe=recipe, data=data, steps=steps, out=out, config=config, resume=resume,
-                overwrite=overwrite, quiet=quiet, overrides=overrides or [])))
+            raise typer.Exit(
+                code=launch_training(
+                    nproc,
+                    train_arguments(
+                        recipe=recipe,
+                        data=data,
+                        steps=steps,
+                        out=out,
+                        config=config,
+                        resume=resume,
+                        overwrite=overwrite,
+                        quiet=quiet,
+                        overrides=overrides or [],
+                    ),
+                )
+            )
         # run_training is train() itself unless torchrun launched this process
-        run_dir = run_training(recipe, data, out, steps=steps, overrides=overrides or (), config_file=config,
-                               resume=resume, overwrite=overwrite, show_progress=not quiet, notify=note)
+        run_dir = run_training(
+            recipe,
+            data,
+            out,
+            steps=steps,
+            overrides=overrides or (),
+            config_file=config,
+            resume=resume,
+            overwrite=overwrite,
+            show_progress=not quiet,
+            notify=note,
+        )
     except TrainError as err:
         fail(str(err))
     if not is_main_process():
@@ -86,6 +133,7 @@ def train_command(
 
 
 # --- eval / benchmark / demo / study (issue: evaluation) --------------------------------------
+
 
 def _eval_errors() -> tuple[type[BaseException], ...]:
     """Exceptions that carry a message for the user (printed by ``fail``, no traceback)."""
@@ -107,10 +155,18 @@ def _stderr_console():
 @app.command("eval")
 def eval_command(
     run_dir: Path = typer.Argument(..., help="A run directory written by `curvalign train`."),
-    data: str = typer.Option(None, "--data", help="Data to evaluate on (default: the run's own data spec)."),
-    split: str = typer.Option("test", "--split", help="Split of the store to evaluate (every image if it has none)."),
-    json_output: bool = typer.Option(False, "--json", help="Print exactly one JSON object on stdout."),
-    batch_size: int = typer.Option(1024, "--batch-size", min=1, help="Items embedded per forward pass."),
+    data: str = typer.Option(
+        None, "--data", help="Data to evaluate on (default: the run's own data spec)."
+    ),
+    split: str = typer.Option(
+        "test", "--split", help="Split of the store to evaluate (every image if it has none)."
+    ),
+    json_output: bool = typer.Option(
+        False, "--json", help="Print exactly one JSON object on stdout."
+    ),
+    batch_size: int = typer.Option(
+        1024, "--batch-size", min=1, help="Items embedded per forward pass."
+    ),
 ) -> None:
     """Evaluate a trained run: every metric the data supports (see docs/evaluation.md)."""
     import json
@@ -133,8 +189,10 @@ def eval_command(
     if json_output:
         typer.echo(json.dumps(to_jsonable(result)))
         return
-    typer.echo(f"{run.config.recipe} at step {run.step} on {spec} ({split}: {result['meta']['num_images']} images, "
-               f"{result['meta']['num_texts']} captions)")
+    typer.echo(
+        f"{run.config.recipe} at step {run.step} on {spec} ({split}: {result['meta']['num_images']} images, "
+        f"{result['meta']['num_texts']} captions)"
+    )
     for name, value in metrics_lines(result):
         typer.echo(f"  {name:40s} {value}")
 
@@ -145,7 +203,9 @@ def _print_benchmark(result, out: Path, title: str) -> None:
     from curvalign.report.tables import rich_table
 
     console = Console()
-    if not console.is_terminal:  # a pipe or file: print the whole table rather than squeeze it to 80 columns
+    if (
+        not console.is_terminal
+    ):  # a pipe or file: print the whole table rather than squeeze it to 80 columns
         console = Console(width=200)
     console.print(rich_table(result.results, title=title))
     typer.echo(f"wrote {out / 'results.md'}, {out / 'results.json'}")
@@ -157,11 +217,19 @@ def _print_benchmark(result, out: Path, title: str) -> None:
 @app.command("benchmark")
 def benchmark_command(
     overrides: list[str] = typer.Argument(
-        None, metavar="KEY=VALUE",
-        help="Overrides for every recipe (batch_size=128); NAME.key=value for recipe NAME only."),
-    recipes: str = typer.Option(..., "--recipes", help="Comma-separated recipe names, e.g. clip,meru,phyclip."),
-    data: str = typer.Option("synthetic", "--data", help="synthetic, synthetic:k=v,..., or features:PATH."),
-    out: Path = typer.Option(..., "--out", help="Output directory (runs/, results.md, results.json, plots)."),
+        None,
+        metavar="KEY=VALUE",
+        help="Overrides for every recipe (batch_size=128); NAME.key=value for recipe NAME only.",
+    ),
+    recipes: str = typer.Option(
+        ..., "--recipes", help="Comma-separated recipe names, e.g. clip,meru,phyclip."
+    ),
+    data: str = typer.Option(
+        "synthetic", "--data", help="synthetic, synthetic:k=v,..., or features:PATH."
+    ),
+    out: Path = typer.Option(
+        ..., "--out", help="Output directory (runs/, results.md, results.json, plots)."
+    ),
     steps: int = typer.Option(None, "--steps", min=1, help="Optimizer steps for every recipe."),
     split: str = typer.Option("test", "--split", help="Split to evaluate on."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No per-step progress bars."),
@@ -172,8 +240,16 @@ def benchmark_command(
     names = [r.strip() for r in recipes.split(",") if r.strip()]
     console = _stderr_console()
     try:
-        result = run_benchmark(names, data, out, steps=steps, overrides=overrides or [], split=split,
-                               show_progress=not quiet, notify=console.print)
+        result = run_benchmark(
+            names,
+            data,
+            out,
+            steps=steps,
+            overrides=overrides or [],
+            split=split,
+            show_progress=not quiet,
+            notify=console.print,
+        )
     except _eval_errors() as err:
         fail(_message(err))
     _print_benchmark(result, out, f"benchmark on {result.data}")
@@ -181,25 +257,42 @@ def benchmark_command(
 
 @app.command("demo")
 def demo_command(
-    overrides: list[str] = typer.Argument(None, metavar="KEY=VALUE", help="Extra overrides (as for benchmark)."),
+    overrides: list[str] = typer.Argument(
+        None, metavar="KEY=VALUE", help="Extra overrides (as for benchmark)."
+    ),
     out: Path = typer.Option(Path("curvalign-demo"), "--out", help="Output directory."),
     recipes: str = typer.Option(None, "--recipes", help="Recipes (default: all eight)."),
     data: str = typer.Option(None, "--data", help="Data (default: a small synthetic world)."),
-    steps: int = typer.Option(None, "--steps", min=1, help="Steps per recipe (default: the demo's)."),
+    steps: int = typer.Option(
+        None, "--steps", min=1, help="Steps per recipe (default: the demo's)."
+    ),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No per-step progress bars."),
 ) -> None:
     """All methods on a small synthetic world in about a minute on two CPU cores: table and plots."""
     import time
 
-    from curvalign.report.benchmark import DEMO_RECIPES, DEMO_STEPS, DEMO_WORLD, demo_overrides, run_benchmark
+    from curvalign.report.benchmark import (
+        DEMO_RECIPES,
+        DEMO_STEPS,
+        DEMO_WORLD,
+        demo_overrides,
+        run_benchmark,
+    )
 
     names = [r.strip() for r in recipes.split(",") if r.strip()] if recipes else list(DEMO_RECIPES)
     console = _stderr_console()
     start = time.perf_counter()
     try:
-        result = run_benchmark(names, data or DEMO_WORLD, out, steps=steps or DEMO_STEPS,
-                               overrides=demo_overrides(names) + list(overrides or []), show_progress=not quiet,
-                               notify=console.print, title="curvalign demo")
+        result = run_benchmark(
+            names,
+            data or DEMO_WORLD,
+            out,
+            steps=steps or DEMO_STEPS,
+            overrides=demo_overrides(names) + list(overrides or []),
+            show_progress=not quiet,
+            notify=console.print,
+            title="curvalign demo",
+        )
     except _eval_errors() as err:
         fail(_message(err))
     _print_benchmark(result, out, f"curvalign demo: {result.data}, {result.steps} steps per recipe")
@@ -208,14 +301,23 @@ def demo_command(
 
 @app.command("study")
 def study_command(
-    name: str = typer.Argument(..., help="agr-curriculum, atmg-curvature, proclip-product, phyclip-factors, "
-                                         "dualpath-forgetting"),
-    overrides: list[str] = typer.Argument(None, metavar="KEY=VALUE", help="Overrides for every run of the study."),
+    name: str = typer.Argument(
+        ...,
+        help="agr-curriculum, atmg-curvature, proclip-product, phyclip-factors, "
+        "dualpath-forgetting",
+    ),
+    overrides: list[str] = typer.Argument(
+        None, metavar="KEY=VALUE", help="Overrides for every run of the study."
+    ),
     out: Path = typer.Option(None, "--out", help="Output directory (default: studies/NAME)."),
     steps: int = typer.Option(None, "--steps", min=1, help="Steps per run (default: the study's)."),
     data: str = typer.Option(None, "--data", help="Data (default: the study's synthetic world)."),
-    options: list[str] = typer.Option(None, "--set", help="Study option NAME=VALUE (a Python literal), e.g. "
-                                                          "curvatures=0.1,1,3 or factors=1,4,16 (see docs/results.md)."),
+    options: list[str] = typer.Option(
+        None,
+        "--set",
+        help="Study option NAME=VALUE (a Python literal), e.g. "
+        "curvatures=0.1,1,3 or factors=1,4,16 (see docs/results.md).",
+    ),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No per-step progress bars."),
 ) -> None:
     """Test one paper claim on the synthetic world and print the verdict with its figures."""
@@ -226,28 +328,46 @@ def study_command(
     console = _stderr_console()
     out = out or Path("studies") / name
     try:
-        result = run_study(name, out, steps=steps, data=data, overrides=overrides or [],
-                           show_progress=not quiet, notify=console.print,
-                           **parse_study_options(name, options or []))
+        result = run_study(
+            name,
+            out,
+            steps=steps,
+            data=data,
+            overrides=overrides or [],
+            show_progress=not quiet,
+            notify=console.print,
+            **parse_study_options(name, options or []),
+        )
     except _eval_errors() as err:
         fail(_message(err))
     typer.echo(result["markdown"])
     typer.echo(f"verdict: {result['verdict']}")
-    typer.echo(f"wrote {out / 'study.json'}, {out / 'study.md'}" +
-               (", " + ", ".join(result["figures"]) if result.get("figures") else ""))
+    typer.echo(
+        f"wrote {out / 'study.json'}, {out / 'study.md'}"
+        + (", " + ", ".join(result["figures"]) if result.get("figures") else "")
+    )
 
 
 # --- embed / index (issue: retrieval serving) -------------------------------------------------
 
-index_app = typer.Typer(help="Build and search retrieval indexes over embeddings (docs/search.md).",
-                        no_args_is_help=True)
+index_app = typer.Typer(
+    help="Build and search retrieval indexes over embeddings (docs/search.md).",
+    no_args_is_help=True,
+)
 app.add_typer(index_app, name="index")
 
 
 def _index_errors() -> tuple[type[BaseException], ...]:
     from curvalign.train.config import TrainError
 
-    return (TrainError, ValueError, KeyError, FileNotFoundError, FileExistsError, FloatingPointError)
+    return (
+        TrainError,
+        ValueError,
+        KeyError,
+        FileNotFoundError,
+        FileExistsError,
+        FloatingPointError,
+    )
 
 
 def _ids_option(text: str | None, name: str) -> list[int] | None:
@@ -263,14 +383,24 @@ def _ids_option(text: str | None, name: str) -> list[int] | None:
 @app.command("embed")
 def embed_command(
     run_dir: Path = typer.Argument(..., help="A run directory written by `curvalign train`."),
-    data: str = typer.Option(None, "--data", help="Store to embed (default: the run's own data spec)."),
-    out: Path = typer.Option(..., "--out", help="Embeddings directory to write (.npy memory maps + embedding.json)."),
+    data: str = typer.Option(
+        None, "--data", help="Store to embed (default: the run's own data spec)."
+    ),
+    out: Path = typer.Option(
+        ..., "--out", help="Embeddings directory to write (.npy memory maps + embedding.json)."
+    ),
     batch_size: int = typer.Option(4096, "--batch-size", min=1, help="Items per forward pass."),
     boxes: bool = typer.Option(False, "--boxes", help="Also embed the store's box-level pairs."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
 ) -> None:
     """Embed a feature store's images and texts through a trained run, to memory-mapped files."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeRemainingColumn,
+    )
 
     from curvalign.data import load_data
     from curvalign.index.embed import embed_store
@@ -283,31 +413,55 @@ def embed_command(
             fail(f"{run_dir} was trained on an in-memory store ({spec}); pass --data SPEC")
         store = load_data(spec)
         info = {"run_dir": str(Path(run_dir).resolve()), "step": run.step, "data": spec}
-        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
-                      console=_stderr_console(), disable=quiet) as bar:
+        with Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeRemainingColumn(),
+            console=_stderr_console(),
+            disable=quiet,
+        ) as bar:
+
             def progress(label: str, total: int):
                 task = bar.add_task(label, total=total)
                 return lambda n: bar.advance(task, n)
 
-            path = embed_store(run.recipe, store, out, batch_size=batch_size, boxes=boxes, info=info,
-                               progress=progress)
+            path = embed_store(
+                run.recipe,
+                store,
+                out,
+                batch_size=batch_size,
+                boxes=boxes,
+                info=info,
+                progress=progress,
+            )
     except _index_errors() as err:
         fail(_message(err))
-    typer.echo(f"embedded {store.num_images} images and {store.num_texts} texts with {run.config.recipe} "
-               f"(step {run.step}): {path}")
+    typer.echo(
+        f"embedded {store.num_images} images and {store.num_texts} texts with {run.config.recipe} "
+        f"(step {run.step}): {path}"
+    )
 
 
 @index_app.command("build")
 def index_build_command(
-    embeddings: Path = typer.Argument(..., help="An embeddings directory written by `curvalign embed`."),
+    embeddings: Path = typer.Argument(
+        ..., help="An embeddings directory written by `curvalign embed`."
+    ),
     out: Path = typer.Option(..., "--out", help="Index directory to write."),
     exact: bool = typer.Option(False, "--exact", help="Exact search (the default)."),
-    ann: str = typer.Option(None, "--ann", help="Approximate search: hnsw or ivf (Lorentz-distance recipes)."),
+    ann: str = typer.Option(
+        None, "--ann", help="Approximate search: hnsw or ivf (Lorentz-distance recipes)."
+    ),
     side: str = typer.Option("images", "--side", help="What to index: images or texts."),
     M: int = typer.Option(32, "--M", min=2, help="HNSW: links per node."),
-    ef_construction: int = typer.Option(80, "--ef-construction", min=1, help="HNSW: build beam width."),
+    ef_construction: int = typer.Option(
+        80, "--ef-construction", min=1, help="HNSW: build beam width."
+    ),
     ef_search: int = typer.Option(128, "--ef-search", min=1, help="HNSW: search beam width."),
-    nlist: int = typer.Option(None, "--nlist", min=1, help="IVF: number of cells (default 4 sqrt(N))."),
+    nlist: int = typer.Option(
+        None, "--nlist", min=1, help="IVF: number of cells (default 4 sqrt(N))."
+    ),
     nprobe: int = typer.Option(16, "--nprobe", min=1, help="IVF: cells visited per query."),
 ) -> None:
     """Build an index over one side of an embeddings directory."""
@@ -317,12 +471,18 @@ def index_build_command(
         fail("--exact and --ann exclude each other")
     if ann is not None and ann not in ("hnsw", "ivf"):
         fail(f"--ann must be hnsw or ivf, got {ann!r}")
-    options = ({"M": M, "ef_construction": ef_construction, "ef_search": ef_search} if ann == "hnsw"
-               else {"nlist": nlist, "nprobe": nprobe} if ann == "ivf" else {})
+    options = (
+        {"M": M, "ef_construction": ef_construction, "ef_search": ef_search}
+        if ann == "hnsw"
+        else {"nlist": nlist, "nprobe": nprobe}
+        if ann == "ivf"
+        else {}
+    )
     try:
         emb = load_embeddings(embeddings)
-        path = build_from_embeddings(emb, out, side=side, kind="ann" if ann else "exact", method=ann or "hnsw",
-                                     **options)
+        path = build_from_embeddings(
+            emb, out, side=side, kind="ann" if ann else "exact", method=ann or "hnsw", **options
+        )
     except _index_errors() as err:
         fail(_message(err))
     mode = f"approximate ({ann})" if ann else "exact"
@@ -331,14 +491,27 @@ def index_build_command(
 
 @index_app.command("search")
 def index_search_command(
-    index: Path = typer.Argument(..., help="An index directory written by `curvalign index build`."),
-    query_text_ids: str = typer.Option(None, "--query-text-ids", help="Rows of the embedded texts, e.g. 0,5,9."),
-    query_image_ids: str = typer.Option(None, "--query-image-ids", help="Rows of the embedded images."),
-    queries: Path = typer.Option(None, "--queries",
-                                 help="Embeddings directory to take the queries from (default: the index's)."),
-    query_npy: Path = typer.Option(None, "--query-npy", help="A .npy of query points [n, d] (Lorentz indexes)."),
+    index: Path = typer.Argument(
+        ..., help="An index directory written by `curvalign index build`."
+    ),
+    query_text_ids: str = typer.Option(
+        None, "--query-text-ids", help="Rows of the embedded texts, e.g. 0,5,9."
+    ),
+    query_image_ids: str = typer.Option(
+        None, "--query-image-ids", help="Rows of the embedded images."
+    ),
+    queries: Path = typer.Option(
+        None,
+        "--queries",
+        help="Embeddings directory to take the queries from (default: the index's).",
+    ),
+    query_npy: Path = typer.Option(
+        None, "--query-npy", help="A .npy of query points [n, d] (Lorentz indexes)."
+    ),
     k: int = typer.Option(10, "--k", min=1, help="Results per query."),
-    candidates: int = typer.Option(200, "--candidates", min=1, help="Rerank indexes: proxy candidates per query."),
+    candidates: int = typer.Option(
+        200, "--candidates", min=1, help="Rerank indexes: proxy candidates per query."
+    ),
     json_output: bool = typer.Option(False, "--json", help="Print one JSON object on stdout."),
 ) -> None:
     """Search an index with embedded texts or images (or a .npy of points); prints a table or JSON."""
@@ -359,17 +532,27 @@ def index_search_command(
         truth = captions_of = None
         if query_npy is not None:
             if lorentz is None:
-                fail("--query-npy needs a Lorentz index; this one reranks with a recipe: use embedded queries")
+                fail(
+                    "--query-npy needs a Lorentz index; this one reranks with a recipe: use embedded queries"
+                )
             points = np.load(query_npy)
             result = search_index(index, {meta["key"]: points}, k=k)
             labels = list(range(len(points)))
         else:
             source = load_embeddings(queries or meta["embeddings"])
             rows = text_ids if text_ids is not None else image_ids
-            wanted = "texts" if text_ids is not None else "images" if image_ids is not None else query_side
+            wanted = (
+                "texts"
+                if text_ids is not None
+                else "images"
+                if image_ids is not None
+                else query_side
+            )
             if wanted != query_side:
-                fail(f"the index holds {meta['side']}; query it with {query_side} "
-                     f"(--query-{query_side[:-1]}-ids), not {wanted}")
+                fail(
+                    f"the index holds {meta['side']}; query it with {query_side} "
+                    f"(--query-{query_side[:-1]}-ids), not {wanted}"
+                )
             side = source.side(query_side)
             n = next(iter(side.values())).shape[0]
             rows = rows if rows is not None else list(range(n))
@@ -377,8 +560,14 @@ def index_search_command(
             if bad:
                 fail(f"query row ids {bad[:5]} out of range: {source.path} has {n} {query_side}")
             q = {key: np.asarray(v[rows]) for key, v in side.items()}
-            result = search_index(index, q, k=k, candidates=candidates, query_recipe=source.recipe_name,
-                                  query_curvature=source.curvature)
+            result = search_index(
+                index,
+                q,
+                k=k,
+                candidates=candidates,
+                query_recipe=source.recipe_name,
+                query_curvature=source.curvature,
+            )
             labels = rows
             if query_side == "texts":
                 truth = source.text_to_image()[rows]
@@ -387,20 +576,38 @@ def index_search_command(
     except _index_errors() as err:
         fail(_message(err))
     if json_output:
-        out = [{"query": int(q), **({"true_image": int(truth[i])} if truth is not None else {}),
-                "ids": result.ids[i].tolist(), result.score_name + "s": result.scores[i].tolist()}
-               for i, q in enumerate(labels)]
-        typer.echo(json.dumps({"index": str(index), "recipe": meta["recipe"], "side": meta["side"],
-                               "results": out}))
+        out = [
+            {
+                "query": int(q),
+                **({"true_image": int(truth[i])} if truth is not None else {}),
+                "ids": result.ids[i].tolist(),
+                result.score_name + "s": result.scores[i].tolist(),
+            }
+            for i, q in enumerate(labels)
+        ]
+        typer.echo(
+            json.dumps(
+                {
+                    "index": str(index),
+                    "recipe": meta["recipe"],
+                    "side": meta["side"],
+                    "results": out,
+                }
+            )
+        )
         return
     from rich.console import Console
     from rich.table import Table
 
     table = Table(title=f"{meta['recipe']} {meta['side']} index: {index}")
-    for col in ("query", "rank", "id", result.score_name) + (("true image",) if truth is not None else ()):
+    for col in ("query", "rank", "id", result.score_name) + (
+        ("true image",) if truth is not None else ()
+    ):
         table.add_column(col, justify="right")
     for i, q in enumerate(labels):
-        for rank, (item, value) in enumerate(zip(result.ids[i], result.scores[i]), start=1):
+        for rank, (item, value) in enumerate(
+            zip(result.ids[i], result.scores[i], strict=False), start=1
+        ):
             row = [str(q) if rank == 1 else "", str(rank), str(int(item)), f"{value:.6g}"]
             if truth is not None:
                 row[2] += " *" if int(item) == int(truth[i]) else ""
@@ -417,22 +624,43 @@ def index_search_command(
 
 # --- extract (issue: real encoders) -----------------------------------------------------------
 
+
 @app.command("extract")
 def extract_command(
-    encoder: str = typer.Option(..., "--encoder", help="open_clip:ARCH:CHECKPOINT, hf-clip:DIR, "
-                                                       "sentence-transformers:DIR, or minilm (local files only)."),
+    encoder: str = typer.Option(
+        ...,
+        "--encoder",
+        help="open_clip:ARCH:CHECKPOINT, hf-clip:DIR, "
+        "sentence-transformers:DIR, or minilm (local files only).",
+    ),
     images: Path = typer.Option(..., "--images", help="Folder the image paths are relative to."),
-    out: Path = typer.Option(..., "--out", help="Feature store directory to write (use as --data features:OUT)."),
-    captions: Path = typer.Option(None, "--captions", help="Captions JSON (COCO or Karpathy layout)."),
-    layout: str = typer.Option(None, "--format", help="coco or karpathy (default: told apart by the keys)."),
-    boxes: Path = typer.Option(None, "--boxes", help="Box-level pairs, JSON Lines {image, box, phrase}."),
-    classes: Path = typer.Option(None, "--classes", help="Class names (CLIP_benchmark JSON or one per line)."),
-    templates: Path = typer.Option(None, "--templates", help="Prompt templates with {c} (CLIP_benchmark JSON)."),
-    taxonomy: Path = typer.Option(None, "--taxonomy", help="'parent child' edge list over class folders/names."),
+    out: Path = typer.Option(
+        ..., "--out", help="Feature store directory to write (use as --data features:OUT)."
+    ),
+    captions: Path = typer.Option(
+        None, "--captions", help="Captions JSON (COCO or Karpathy layout)."
+    ),
+    layout: str = typer.Option(
+        None, "--format", help="coco or karpathy (default: told apart by the keys)."
+    ),
+    boxes: Path = typer.Option(
+        None, "--boxes", help="Box-level pairs, JSON Lines {image, box, phrase}."
+    ),
+    classes: Path = typer.Option(
+        None, "--classes", help="Class names (CLIP_benchmark JSON or one per line)."
+    ),
+    templates: Path = typer.Option(
+        None, "--templates", help="Prompt templates with {c} (CLIP_benchmark JSON)."
+    ),
+    taxonomy: Path = typer.Option(
+        None, "--taxonomy", help="'parent child' edge list over class folders/names."
+    ),
     batch_size: int = typer.Option(64, "--batch-size", min=1, help="Rows per encoder call."),
     shard_size: int = typer.Option(1024, "--shard-size", min=1, help="Rows per resumable shard."),
     device: str = typer.Option("cpu", "--device", help="cpu or cuda."),
-    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing store at --out."),
+    overwrite: bool = typer.Option(
+        False, "--overwrite", help="Replace an existing store at --out."
+    ),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
 ) -> None:
     """Encode images and captions with a local encoder into a feature store (resumable)."""
@@ -442,9 +670,20 @@ def extract_command(
 
     try:
         summary = extract_features(
-            encoder, images, out, captions=captions, layout=layout, boxes=boxes, classes=classes,
-            templates=templates, taxonomy=taxonomy, batch_size=batch_size, shard_size=shard_size,
-            device=device, overwrite=overwrite, progress=not quiet,
+            encoder,
+            images,
+            out,
+            captions=captions,
+            layout=layout,
+            boxes=boxes,
+            classes=classes,
+            templates=templates,
+            taxonomy=taxonomy,
+            batch_size=batch_size,
+            shard_size=shard_size,
+            device=device,
+            overwrite=overwrite,
+            progress=not quiet,
         )
     except (EncoderError, ExtractError, FeatureStoreError) as err:
         fail(str(err))

@@ -60,6 +60,7 @@ def _to_steps(value: float, unit: Unit, total: int) -> float:
 
 # --- learning rate ----------------------------------------------------------------------------
 
+
 def warmup_cosine(step: int, total_steps: int, warmup_steps: int, min_ratio: float = 0.0) -> float:
     """Learning-rate multiplier: ``(step + 1) / warmup_steps`` during the warm-up (so step 0 already
     moves), then a half cosine from 1 down to ``min_ratio`` at ``total_steps - 1``, and ``min_ratio``
@@ -107,20 +108,34 @@ class AGRCurriculum:
     def __post_init__(self) -> None:
         if self.unit not in ("steps", "fraction"):
             raise ValueError(f"AGRCurriculum.unit must be 'steps' or 'fraction', got {self.unit!r}")
-        for name in ("alpha_start", "alpha_end", "beta_start", "beta_end", "entropy_anneal_end",
-                     "entropy_weight"):
+        for name in (
+            "alpha_start",
+            "alpha_end",
+            "beta_start",
+            "beta_end",
+            "entropy_anneal_end",
+            "entropy_weight",
+        ):
             if getattr(self, name) < 0:
                 raise ValueError(f"AGRCurriculum.{name} must be >= 0, got {getattr(self, name)}")
         if self.alpha_end < self.alpha_start or self.beta_end < self.beta_start:
-            raise ValueError("AGRCurriculum: each ramp needs start <= end, got "
-                             f"alpha {self.alpha_start}..{self.alpha_end}, "
-                             f"beta {self.beta_start}..{self.beta_end}")
+            raise ValueError(
+                "AGRCurriculum: each ramp needs start <= end, got "
+                f"alpha {self.alpha_start}..{self.alpha_end}, "
+                f"beta {self.beta_start}..{self.beta_end}"
+            )
 
     @classmethod
-    def paper_steps(cls, **overrides: float) -> "AGRCurriculum":
+    def paper_steps(cls, **overrides: float) -> AGRCurriculum:
         """The paper's boundaries in absolute steps (for a run of 120K steps or any other)."""
-        values: dict = dict(alpha_start=2_500, alpha_end=5_000, beta_start=5_000, beta_end=10_000,
-                            entropy_anneal_end=50_000, unit="steps")
+        values: dict = dict(
+            alpha_start=2_500,
+            alpha_end=5_000,
+            beta_start=5_000,
+            beta_end=10_000,
+            entropy_anneal_end=50_000,
+            unit="steps",
+        )
         values.update(overrides)
         return cls(**values)
 
@@ -187,6 +202,7 @@ def agr_warmup_end_step(total: int, cfg: AGRCurriculum) -> int:
 
 # --- DualPath -----------------------------------------------------------------------------------
 
+
 @dataclass
 class DualPathCurriculum:
     """DualPath's curriculum (seed 004).
@@ -215,13 +231,19 @@ class DualPathCurriculum:
 
     def __post_init__(self) -> None:
         if self.unit not in ("steps", "fraction"):
-            raise ValueError(f"DualPathCurriculum.unit must be 'steps' or 'fraction', got {self.unit!r}")
+            raise ValueError(
+                f"DualPathCurriculum.unit must be 'steps' or 'fraction', got {self.unit!r}"
+            )
         for name in ("switch_at", "gate_warmup", "loss_warmup"):
             if getattr(self, name) < 0:
-                raise ValueError(f"DualPathCurriculum.{name} must be >= 0, got {getattr(self, name)}")
+                raise ValueError(
+                    f"DualPathCurriculum.{name} must be >= 0, got {getattr(self, name)}"
+                )
         if min(self.temperature_start, self.temperature_end) <= 0:
-            raise ValueError("DualPathCurriculum temperatures must be > 0, got "
-                             f"{self.temperature_start} -> {self.temperature_end}")
+            raise ValueError(
+                "DualPathCurriculum temperatures must be > 0, got "
+                f"{self.temperature_start} -> {self.temperature_end}"
+            )
 
     def steps(self, name: str, total: int) -> float:
         return _to_steps(getattr(self, name), self.unit, total)
@@ -274,8 +296,20 @@ def dualpath_loss_weights(step: int, total: int, cfg: DualPathCurriculum) -> Dua
 
 
 __all__ = [
-    "AGRCurriculum", "AGR_PHASES", "DualPathCurriculum", "DualPathLossWeights", "agr_alpha",
-    "agr_beta", "agr_entropy_weight", "agr_phase", "agr_phase_index", "agr_warmup_end_step",
-    "dualpath_gate_warmup", "dualpath_loss_weights", "dualpath_phase", "dualpath_switch_step",
-    "ramp", "warmup_cosine",
+    "AGRCurriculum",
+    "AGR_PHASES",
+    "DualPathCurriculum",
+    "DualPathLossWeights",
+    "agr_alpha",
+    "agr_beta",
+    "agr_entropy_weight",
+    "agr_phase",
+    "agr_phase_index",
+    "agr_warmup_end_step",
+    "dualpath_gate_warmup",
+    "dualpath_loss_weights",
+    "dualpath_phase",
+    "dualpath_switch_step",
+    "ramp",
+    "warmup_cosine",
 ]

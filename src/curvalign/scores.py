@@ -94,16 +94,26 @@ def product_average_distance_pair_scores(x: Tensor, y: Tensor, c: Tensor) -> Ten
 
 
 # --- weighted mixed-curvature product (ProCLIP) ------------------------------------------------
-def mixed_sqdist_scores(x: Mapping[str, Tensor], y: Mapping[str, Tensor], weights: Mapping[str, Tensor],
-                        c: Curvature, radius: Curvature) -> Tensor:
+def mixed_sqdist_scores(
+    x: Mapping[str, Tensor],
+    y: Mapping[str, Tensor],
+    weights: Mapping[str, Tensor],
+    c: Curvature,
+    radius: Curvature,
+) -> Tensor:
     """Parts {"hyperbolic" [N, dH], "euclidean" [N, dE], "sphere" [N, dS]} of both sides,
     positive ``weights`` per part -> [N, M] ``-d_Z^2 = -(a_H d_H^2 + a_E |e1 - e2|^2 + a_S d_S^2)``
     (ProCLIP Eq. 4 and Sec. 2.2: ``s = -d_Z^2``). Parts absent from ``x`` are left out."""
     return -product.mixed_pairwise_sqdist(dict(x), dict(y), dict(weights), c=c, radius=radius)
 
 
-def mixed_sqdist_pair_scores(x: Mapping[str, Tensor], y: Mapping[str, Tensor],
-                             weights: Mapping[str, Tensor], c: Curvature, radius: Curvature) -> Tensor:
+def mixed_sqdist_pair_scores(
+    x: Mapping[str, Tensor],
+    y: Mapping[str, Tensor],
+    weights: Mapping[str, Tensor],
+    c: Curvature,
+    radius: Curvature,
+) -> Tensor:
     """Matched rows of ``mixed_sqdist_scores``: [n]."""
     total: Tensor | None = None
     for part, xp in x.items():
@@ -115,7 +125,9 @@ def mixed_sqdist_pair_scores(x: Mapping[str, Tensor], y: Mapping[str, Tensor],
         elif part == "sphere":
             sq = sphere.dist(xp, yp, radius).square()
         else:
-            raise ValueError(f"unknown product part {part!r}; expected hyperbolic, euclidean or sphere")
+            raise ValueError(
+                f"unknown product part {part!r}; expected hyperbolic, euclidean or sphere"
+            )
         term = weights[part] * sq.to(torch.promote_types(sq.dtype, torch.float32))
         total = term if total is None else total + term
     if total is None:
@@ -124,8 +136,16 @@ def mixed_sqdist_pair_scores(x: Mapping[str, Tensor], y: Mapping[str, Tensor],
 
 
 __all__ = [
-    "angle_at_image_pair_scores", "angle_at_image_scores", "angle_at_text_pair_scores",
-    "angle_at_text_scores", "cosine_pair_scores", "cosine_scores", "lorentz_distance_pair_scores",
-    "lorentz_distance_scores", "mixed_sqdist_pair_scores", "mixed_sqdist_scores",
-    "product_average_distance_pair_scores", "product_average_distance_scores",
+    "angle_at_image_pair_scores",
+    "angle_at_image_scores",
+    "angle_at_text_pair_scores",
+    "angle_at_text_scores",
+    "cosine_pair_scores",
+    "cosine_scores",
+    "lorentz_distance_pair_scores",
+    "lorentz_distance_scores",
+    "mixed_sqdist_pair_scores",
+    "mixed_sqdist_scores",
+    "product_average_distance_pair_scores",
+    "product_average_distance_scores",
 ]

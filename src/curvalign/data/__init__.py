@@ -18,7 +18,14 @@ from dataclasses import dataclass
 
 from curvalign.data.features import FeatureStore, FeatureStoreError
 
-__all__ = ["FeatureStore", "FeatureStoreError", "DataSpecError", "load_data", "register_data_source", "data_spec_forms"]
+__all__ = [
+    "FeatureStore",
+    "FeatureStoreError",
+    "DataSpecError",
+    "load_data",
+    "register_data_source",
+    "data_spec_forms",
+]
 
 
 class DataSpecError(ValueError):
@@ -34,7 +41,9 @@ class _Source:
 _SOURCES: dict[str, _Source] = {}
 
 
-def register_data_source(prefix: str, load: Callable[[str], FeatureStore], usage: tuple[str, ...]) -> None:
+def register_data_source(
+    prefix: str, load: Callable[[str], FeatureStore], usage: tuple[str, ...]
+) -> None:
     """Make ``load_data("PREFIX:ARG")`` call ``load(ARG)`` (``ARG`` is "" for a bare ``PREFIX``).
 
     ``usage`` lists the accepted forms, e.g. ``("wordnet:SYNSET",)``. A loader raises
@@ -59,7 +68,9 @@ def load_data(spec: str) -> FeatureStore:
     prefix, _, argument = spec.strip().partition(":")
     source = _SOURCES.get(prefix)
     if source is None:
-        raise DataSpecError(f"unknown data spec {spec!r}; accepted forms: {', '.join(data_spec_forms())}")
+        raise DataSpecError(
+            f"unknown data spec {spec!r}; accepted forms: {', '.join(data_spec_forms())}"
+        )
     try:
         store = source.load(argument)
     except (DataSpecError, FeatureStoreError):
@@ -93,4 +104,6 @@ def _load_wordnet(argument: str) -> FeatureStore:
     return load_wordnet_spec(argument)
 
 
-register_data_source("wordnet", _load_wordnet, ("wordnet:SYNSET", "wordnet:SYNSET,encoder=SPEC,seed=N"))
+register_data_source(
+    "wordnet", _load_wordnet, ("wordnet:SYNSET", "wordnet:SYNSET,encoder=SPEC,seed=N")
+)

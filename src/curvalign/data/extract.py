@@ -106,7 +106,9 @@ def _plan(
     if (classes is None) != (templates is None):
         raise ExtractError("zero-shot classes need both --classes FILE and --templates FILE")
     if taxonomy is not None and classes is None:
-        raise ExtractError("--taxonomy maps classes onto tree nodes: it needs --classes and --templates")
+        raise ExtractError(
+            "--taxonomy maps classes onto tree nodes: it needs --classes and --templates"
+        )
     folder = read_class_folder(images, classes, templates) if classes is not None else None
     labels: list[int] | None = None
     from_prompts = False
@@ -115,15 +117,22 @@ def _plan(
         if folder is not None:
             # An image under a class sub-folder has that class; any other image has none (-1).
             by_folder = {name: c for c, name in enumerate(folder.class_folders)}
-            labels = [by_folder.get(f.split("/", 1)[0], -1) if "/" in f else -1 for f in captioned.image_files]
+            labels = [
+                by_folder.get(f.split("/", 1)[0], -1) if "/" in f else -1
+                for f in captioned.image_files
+            ]
     elif folder is not None:
         # A class folder without captions: each image is captioned by its class's first prompt.
-        texts = [folder.templates[0].replace("{c}", folder.class_names[c]) for c in folder.image_labels]
+        texts = [
+            folder.templates[0].replace("{c}", folder.class_names[c]) for c in folder.image_labels
+        ]
         captioned = CaptionedImages(folder.image_files, texts, list(range(len(texts))))
         labels = list(folder.image_labels)
         from_prompts = True
     else:
-        raise ExtractError("nothing to extract: give --captions FILE, or --classes FILE --templates FILE")
+        raise ExtractError(
+            "nothing to extract: give --captions FILE, or --classes FILE --templates FILE"
+        )
     if not captioned.image_files:
         raise ExtractError(f"no images listed in {captions or images}")
     index = {f: i for i, f in enumerate(captioned.image_files)}
@@ -131,14 +140,16 @@ def _plan(
     box_to_image = []
     for b in box_list:
         if b.image_file not in index:
-            raise ExtractError(f"boxes file {boxes}: image {b.image_file!r} is not among the captioned images")
+            raise ExtractError(
+                f"boxes file {boxes}: image {b.image_file!r} is not among the captioned images"
+            )
         box_to_image.append(index[b.image_file])
     tree: Taxonomy | None = None
     class_to_node: list[int] | None = None
     if taxonomy is not None:
         assert folder is not None
         full = read_edge_list(taxonomy)
-        keys = [(f, n) for f, n in zip(folder.class_folders, folder.class_names)]
+        keys = [(f, n) for f, n in zip(folder.class_folders, folder.class_names, strict=False)]
         known = full.index()
         missing = [f for f, n in keys if f not in known and n not in known]
         if missing:
@@ -148,8 +159,17 @@ def _plan(
         tree, nodes = taxonomy_with_ancestors(full, [f if f in known else n for f, n in keys])
         class_to_node = [nodes[f] if f in known else nodes[n] for f, n in keys]
     return _Plan(
-        captioned.image_files, captioned.captions, captioned.caption_to_image, captioned.image_splits,
-        box_list, box_to_image, folder, labels, tree, class_to_node, from_prompts,
+        captioned.image_files,
+        captioned.captions,
+        captioned.caption_to_image,
+        captioned.image_splits,
+        box_list,
+        box_to_image,
+        folder,
+        labels,
+        tree,
+        class_to_node,
+        from_prompts,
     )
 
 
@@ -169,7 +189,12 @@ class _Shards:
             self.manifest = manifest
         else:
             root.mkdir(parents=True, exist_ok=True)
-            self.manifest = {"version": MANIFEST_VERSION, "fingerprint": fingerprint, "done": {}, "skipped": {}}
+            self.manifest = {
+                "version": MANIFEST_VERSION,
+                "fingerprint": fingerprint,
+                "done": {},
+                "skipped": {},
+            }
             self._write()
 
     def _write(self) -> None:
@@ -237,7 +262,9 @@ def extract_features(
     zero-shot classes (prompts = every template for every class) and a taxonomy when given.
     """
     if batch_size < 1 or shard_size < 1:
-        raise ExtractError(f"batch size and shard size must be >= 1, got {batch_size} and {shard_size}")
+        raise ExtractError(
+            f"batch size and shard size must be >= 1, got {batch_size} and {shard_size}"
+        )
     images_dir = Path(images)
     target = Path(out)
     if target.exists() and not overwrite:
@@ -248,7 +275,9 @@ def extract_features(
         raise ExtractError(str(exc)) from None
     enc = load_encoder(encoder, device=device) if isinstance(encoder, str) else encoder
     if not enc.encodes_images:
-        raise ExtractError(f"encoder {enc.spec!r} encodes texts only; extraction needs an image-text encoder")
+        raise ExtractError(
+            f"encoder {enc.spec!r} encodes texts only; extraction needs an image-text encoder"
+        )
 
     prompts, prompt_to_class = plan.classes.prompts() if plan.classes is not None else ([], [])
     fingerprint = hashlib.sha256(
@@ -256,17 +285,26 @@ def extract_features(
             {
                 "encoder": enc.spec,
                 "images": str(images_dir.resolve()),
-                "inputs": [_fingerprint_file(p) for p in (captions, boxes, classes, templates, taxonomy)],
+                "inputs": [
+                    _fingerprint_file(p) for p in (captions, boxes, classes, templates, taxonomy)
+                ],
                 "layout": layout,
                 "shard_size": shard_size,
-                "counts": [len(plan.image_files), len(plan.captions), len(plan.boxes), len(prompts)],
+                "counts": [
+                    len(plan.image_files),
+                    len(plan.captions),
+                    len(plan.boxes),
+                    len(prompts),
+                ],
             },
             sort_keys=True,
         ).encode()
     ).hexdigest()
     shards = _Shards(target.parent / f"{target.name}.partial", fingerprint)
 
-    def encode_images_shard(rows: Sequence[int], loader: Callable[[int], Any], names: Callable[[int], str]):
+    def encode_images_shard(
+        rows: Sequence[int], loader: Callable[[int], Any], names: Callable[[int], str]
+    ):
         feats = np.zeros((len(rows), enc.image_dim), dtype=np.float32)
         skipped: dict[str, str] = {}
         ok_rows: list[int] = []
@@ -276,7 +314,9 @@ def extract_features(
                 ok_images.append(loader(i))
                 ok_rows.append(k)
             except (OSError, ValueError, SyntaxError) as exc:  # PIL raises all three for bad files
-                skipped[names(i)] = f"{type(exc).__name__}: {exc}".replace("\t", " ").replace("\n", " ")
+                skipped[names(i)] = f"{type(exc).__name__}: {exc}".replace("\t", " ").replace(
+                    "\n", " "
+                )
         for start in range(0, len(ok_images), batch_size):
             out_rows = ok_rows[start : start + batch_size]
             feats[out_rows] = enc.encode_images(ok_images[start : start + batch_size]).numpy()
@@ -285,32 +325,73 @@ def extract_features(
     def encode_texts_shard(texts: Sequence[str]):
         feats = np.zeros((len(texts), enc.text_dim), dtype=np.float32)
         for start in range(0, len(texts), batch_size):
-            feats[start : start + batch_size] = enc.encode_texts(texts[start : start + batch_size]).numpy()
+            feats[start : start + batch_size] = enc.encode_texts(
+                texts[start : start + batch_size]
+            ).numpy()
         return feats, {}
 
     jobs: list[tuple[str, int, Callable[[], tuple[np.ndarray, dict[str, str]]]]] = []
 
-    def add(kind: str, total: int, make: Callable[[range], Callable[[], tuple[np.ndarray, dict[str, str]]]]):
+    def add(
+        kind: str,
+        total: int,
+        make: Callable[[range], Callable[[], tuple[np.ndarray, dict[str, str]]]],
+    ):
         for n, start in enumerate(range(0, total, shard_size)):
             rows = range(start, min(total, start + shard_size))
             jobs.append((f"{kind}-{n:05d}", len(rows), make(rows)))
 
     image_path = lambda i: images_dir / plan.image_files[i]  # noqa: E731
-    add("images", len(plan.image_files), lambda rows: lambda: encode_images_shard(
-        rows, lambda i: _open_image(image_path(i)), lambda i: plan.image_files[i]))
-    add("captions", len(plan.captions), lambda rows: lambda: encode_texts_shard([plan.captions[i] for i in rows]))
-    add("box_images", len(plan.boxes), lambda rows: lambda: encode_images_shard(
-        rows, lambda i: _crop(_open_image(image_path(plan.box_to_image[i])), plan.boxes[i].box),
-        lambda i: f"box {i} of {plan.boxes[i].image_file}"))
-    add("box_phrases", len(plan.boxes), lambda rows: lambda: encode_texts_shard([plan.boxes[i].phrase for i in rows]))
-    add("prompts", len(prompts), lambda rows: lambda: encode_texts_shard([prompts[i] for i in rows]))
+    add(
+        "images",
+        len(plan.image_files),
+        lambda rows: (
+            lambda: encode_images_shard(
+                rows, lambda i: _open_image(image_path(i)), lambda i: plan.image_files[i]
+            )
+        ),
+    )
+    add(
+        "captions",
+        len(plan.captions),
+        lambda rows: lambda: encode_texts_shard([plan.captions[i] for i in rows]),
+    )
+    add(
+        "box_images",
+        len(plan.boxes),
+        lambda rows: (
+            lambda: encode_images_shard(
+                rows,
+                lambda i: _crop(_open_image(image_path(plan.box_to_image[i])), plan.boxes[i].box),
+                lambda i: f"box {i} of {plan.boxes[i].image_file}",
+            )
+        ),
+    )
+    add(
+        "box_phrases",
+        len(plan.boxes),
+        lambda rows: lambda: encode_texts_shard([plan.boxes[i].phrase for i in rows]),
+    )
+    add(
+        "prompts", len(prompts), lambda rows: lambda: encode_texts_shard([prompts[i] for i in rows])
+    )
 
     computed = reused = 0
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeRemainingColumn,
+    )
 
     with Progress(
-        TextColumn("[bold]extract[/] {task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
-        disable=not progress, transient=False,
+        TextColumn("[bold]extract[/] {task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeRemainingColumn(),
+        disable=not progress,
+        transient=False,
     ) as bar:
         task = bar.add_task("rows", total=sum(n for _, n, _ in jobs))
         for key, n, run in jobs:
@@ -337,7 +418,10 @@ def _gather(shards: _Shards, jobs: list, kind: str, dim: int, keep: np.ndarray) 
     """
     keys = [key for key, _, _ in jobs if key.startswith(kind + "-")]
     out = np.lib.format.open_memmap(
-        shards.root / f"assembled-{kind}.npy", mode="w+", dtype=np.float32, shape=(int(keep.sum()), dim)
+        shards.root / f"assembled-{kind}.npy",
+        mode="w+",
+        dtype=np.float32,
+        shape=(int(keep.sum()), dim),
     )
     row = start = 0
     for key in keys:
@@ -350,12 +434,23 @@ def _gather(shards: _Shards, jobs: list, kind: str, dim: int, keep: np.ndarray) 
     return torch.from_numpy(out)
 
 
-def _assemble(plan: _Plan, prompts: list[str], prompt_to_class: list[int], shards: _Shards, jobs: list,
-              enc: Encoder, target: Path, overwrite: bool) -> ExtractSummary:
+def _assemble(
+    plan: _Plan,
+    prompts: list[str],
+    prompt_to_class: list[int],
+    shards: _Shards,
+    jobs: list,
+    enc: Encoder,
+    target: Path,
+    overwrite: bool,
+) -> ExtractSummary:
     skipped_files = shards.manifest["skipped"]
     image_ok = np.array([f not in skipped_files for f in plan.image_files], dtype=bool)
     box_ok = np.array(
-        [image_ok[i] and f"box {k} of {plan.boxes[k].image_file}" not in skipped_files for k, i in enumerate(plan.box_to_image)],
+        [
+            image_ok[i] and f"box {k} of {plan.boxes[k].image_file}" not in skipped_files
+            for k, i in enumerate(plan.box_to_image)
+        ],
         dtype=bool,
     )
     new_id = np.cumsum(image_ok) - 1  # old image index -> new one (valid where image_ok)
@@ -368,22 +463,31 @@ def _assemble(plan: _Plan, prompts: list[str], prompt_to_class: list[int], shard
         "text_to_image": torch.from_numpy(new_id[caption_owner[caption_ok]]),
     }
     if plan.image_splits is not None:
-        present = sorted(set(plan.image_splits), key=lambda s: (_SPLIT_ORDER.index(s) if s in _SPLIT_ORDER else 99, s))
+        present = sorted(
+            set(plan.image_splits),
+            key=lambda s: (_SPLIT_ORDER.index(s) if s in _SPLIT_ORDER else 99, s),
+        )
         fields["split_names"] = present
-        fields["image_split"] = torch.tensor([present.index(s) for s in plan.image_splits], dtype=torch.long)[
-            torch.from_numpy(image_ok)
-        ]
+        fields["image_split"] = torch.tensor(
+            [present.index(s) for s in plan.image_splits], dtype=torch.long
+        )[torch.from_numpy(image_ok)]
     if plan.boxes:
         owners = np.asarray(plan.box_to_image, dtype=np.int64)
-        fields["box_image_features"] = _gather(shards, jobs, "box_images", enc.image_dim or 0, box_ok)
+        fields["box_image_features"] = _gather(
+            shards, jobs, "box_images", enc.image_dim or 0, box_ok
+        )
         fields["box_text_features"] = _gather(shards, jobs, "box_phrases", enc.text_dim, box_ok)
         fields["box_to_image"] = torch.from_numpy(new_id[owners[box_ok]])
     if plan.classes is not None:
         assert plan.image_labels is not None
         fields["class_names"] = list(plan.classes.class_names)
-        fields["prompt_features"] = _gather(shards, jobs, "prompts", enc.text_dim, np.ones(len(prompts), dtype=bool))
+        fields["prompt_features"] = _gather(
+            shards, jobs, "prompts", enc.text_dim, np.ones(len(prompts), dtype=bool)
+        )
         fields["prompt_to_class"] = torch.tensor(prompt_to_class, dtype=torch.long)
-        fields["image_labels"] = torch.tensor(plan.image_labels, dtype=torch.long)[torch.from_numpy(image_ok)]
+        fields["image_labels"] = torch.tensor(plan.image_labels, dtype=torch.long)[
+            torch.from_numpy(image_ok)
+        ]
     if plan.taxonomy is not None:
         assert plan.class_to_node is not None
         fields["taxonomy_names"] = list(plan.taxonomy.names)
@@ -406,7 +510,9 @@ def _assemble(plan: _Plan, prompts: list[str], prompt_to_class: list[int], shard
         },
     }
     if int(image_ok.sum()) == 0:
-        raise ExtractError(f"every image failed to load (see {shards.root / 'manifest.json'}); nothing to store")
+        raise ExtractError(
+            f"every image failed to load (see {shards.root / 'manifest.json'}); nothing to store"
+        )
     store = FeatureStore(**fields, meta=meta)
     store.validate()  # names a non-finite feature (an encoder that overflowed) before anything is written
     store.save(target, overwrite=overwrite)
@@ -414,8 +520,13 @@ def _assemble(plan: _Plan, prompts: list[str], prompt_to_class: list[int], shard
         lines = ["file\treason"] + [f"{f}\t{reason}" for f, reason in skipped + skipped_boxes]
         (target / SKIPPED_REPORT).write_text("\n".join(lines) + "\n")
     return ExtractSummary(
-        store=target, images=store.num_images, texts=store.num_texts,
+        store=target,
+        images=store.num_images,
+        texts=store.num_texts,
         boxes=int(fields["box_to_image"].shape[0]) if plan.boxes else 0,
         classes=len(plan.classes.class_names) if plan.classes else 0,
-        skipped_images=skipped, skipped_boxes=skipped_boxes, dropped_captions=dropped_captions, dropped_boxes=dropped_boxes,
+        skipped_images=skipped,
+        skipped_boxes=skipped_boxes,
+        dropped_captions=dropped_captions,
+        dropped_boxes=dropped_boxes,
     )

@@ -236,7 +236,9 @@ class FeatureStore:
         """
         ids = torch.as_tensor(image_ids, dtype=torch.long).flatten()
         if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self.num_images):
-            raise ValueError(f"subset: image ids must lie in [0, {self.num_images}), got {int(ids.min())}..{int(ids.max())}")
+            raise ValueError(
+                f"subset: image ids must lie in [0, {self.num_images}), got {int(ids.min())}..{int(ids.max())}"
+            )
         if torch.unique(ids).numel() != ids.numel():
             raise ValueError("subset: image ids contain duplicates")
         new_image = torch.full((self.num_images,), -1, dtype=torch.long)
@@ -272,7 +274,10 @@ class FeatureStore:
 
     def __repr__(self) -> str:
         # The dataclass default would print every tensor in full.
-        parts = [f"images={self.num_images}x{self.image_dim}", f"texts={self.num_texts}x{self.text_dim}"]
+        parts = [
+            f"images={self.num_images}x{self.image_dim}",
+            f"texts={self.num_texts}x{self.text_dim}",
+        ]
         if self.has_boxes:
             parts.append(f"boxes={_rows(self.box_to_image)}")
         if self.has_text_pairs:
@@ -316,21 +321,33 @@ class FeatureStore:
         target = Path(path).expanduser()
         if target.exists() or target.is_symlink():
             if not overwrite:
-                raise FeatureStoreError(f"{target} already exists; pass overwrite=True to replace it")
-            if not target.is_dir() or (any(target.iterdir()) and not (target / "meta.json").is_file()):
-                raise FeatureStoreError(f"{target} exists and is not a feature store; not replacing it")
+                raise FeatureStoreError(
+                    f"{target} already exists; pass overwrite=True to replace it"
+                )
+            if not target.is_dir() or (
+                any(target.iterdir()) and not (target / "meta.json").is_file()
+            ):
+                raise FeatureStoreError(
+                    f"{target} exists and is not a feature store; not replacing it"
+                )
         header = self._meta_json()
         with staged_directory(target) as tmp:
             for name in TENSOR_FIELDS:
                 value = getattr(self, name)
                 if value is not None:
-                    np.save(tmp / f"{name}.npy", _to_numpy(value, index=name in INDEX_FIELDS), allow_pickle=False)
+                    np.save(
+                        tmp / f"{name}.npy",
+                        _to_numpy(value, index=name in INDEX_FIELDS),
+                        allow_pickle=False,
+                    )
             # meta.json last: a directory with meta.json is complete.
             (tmp / "meta.json").write_text(json.dumps(header, indent=1) + "\n")
         return target
 
     @classmethod
-    def load(cls, path: str | os.PathLike[str], mmap: bool = False, check_values: bool = True) -> FeatureStore:
+    def load(
+        cls, path: str | os.PathLike[str], mmap: bool = False, check_values: bool = True
+    ) -> FeatureStore:
         """Read a store written by ``save`` and validate it.
 
         ``mmap=True`` memory-maps the float arrays (copy-on-write: the files are never modified),
@@ -340,16 +357,22 @@ class FeatureStore:
         root = Path(path).expanduser()
         where = f"feature store {root}"
         if not root.is_dir():
-            raise FeatureStoreError(f"{where}: no such directory" if not root.exists() else f"{where}: not a directory")
+            raise FeatureStoreError(
+                f"{where}: no such directory" if not root.exists() else f"{where}: not a directory"
+            )
         meta_path = root / "meta.json"
         if not meta_path.is_file():
-            raise FeatureStoreError(f"{where}: meta.json is missing (not a feature store directory?)")
+            raise FeatureStoreError(
+                f"{where}: meta.json is missing (not a feature store directory?)"
+            )
         try:
             header = json.loads(meta_path.read_text())
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise FeatureStoreError(f"{where}: meta.json is not readable JSON ({exc})") from None
         if not isinstance(header, dict) or header.get("format") != FORMAT_NAME:
-            raise FeatureStoreError(f"{where}: meta.json does not describe a curvalign feature store (format {FORMAT_NAME!r} expected)")
+            raise FeatureStoreError(
+                f"{where}: meta.json does not describe a curvalign feature store (format {FORMAT_NAME!r} expected)"
+            )
         version = header.get("version")
         if version != FORMAT_VERSION:
             raise FeatureStoreError(
@@ -357,24 +380,38 @@ class FeatureStore:
             )
         groups = header.get("groups", [])
         arrays = header.get("arrays", {})
-        if not isinstance(groups, list) or not isinstance(arrays, dict) or any(g not in GROUPS for g in groups):
-            raise FeatureStoreError(f"{where}: meta.json 'groups' must list names from {list(GROUPS)}, got {groups!r}")
+        if (
+            not isinstance(groups, list)
+            or not isinstance(arrays, dict)
+            or any(g not in GROUPS for g in groups)
+        ):
+            raise FeatureStoreError(
+                f"{where}: meta.json 'groups' must list names from {list(GROUPS)}, got {groups!r}"
+            )
         expected = list(REQUIRED_FIELDS) + [f for g in groups for f in GROUPS[g]]
         values: dict[str, Any] = {}
         for name in expected:
             if name in LIST_FIELDS:
                 names = header.get(name)
                 if not isinstance(names, list) or not all(isinstance(s, str) for s in names):
-                    raise FeatureStoreError(f"{where}: meta.json lacks the list of strings {name!r} (group present)")
+                    raise FeatureStoreError(
+                        f"{where}: meta.json lacks the list of strings {name!r} (group present)"
+                    )
                 values[name] = names
                 continue
             file = root / f"{name}.npy"
             if not file.is_file():
                 raise FeatureStoreError(f"{where}: {file.name} is missing")
             try:
-                array = np.load(file, mmap_mode="c" if mmap and name in FLOAT_FIELDS else None, allow_pickle=False)
+                array = np.load(
+                    file,
+                    mmap_mode="c" if mmap and name in FLOAT_FIELDS else None,
+                    allow_pickle=False,
+                )
             except (OSError, ValueError, EOFError) as exc:
-                raise FeatureStoreError(f"{where}: {file.name} is not a readable .npy array ({exc})") from None
+                raise FeatureStoreError(
+                    f"{where}: {file.name} is not a readable .npy array ({exc})"
+                ) from None
             recorded = arrays.get(name, {})
             if list(array.shape) != recorded.get("shape", list(array.shape)):
                 raise FeatureStoreError(
@@ -385,7 +422,12 @@ class FeatureStore:
         if not isinstance(meta, dict):
             raise FeatureStoreError(f"{where}: meta.json 'meta' must be an object")
         store = cls(**values, meta=meta)
-        _validate(store, lambda name: f"{name}.npy" if name in TENSOR_FIELDS else f"meta.json {name!r}", where, check_values)
+        _validate(
+            store,
+            lambda name: f"{name}.npy" if name in TENSOR_FIELDS else f"meta.json {name!r}",
+            where,
+            check_values,
+        )
         return store
 
     def _meta_json(self) -> dict[str, Any]:
@@ -406,7 +448,10 @@ class FeatureStore:
             "dims": {"image": self.image_dim, "text": self.text_dim},
             "groups": self.groups,
             "arrays": {
-                name: {"shape": list(getattr(self, name).shape), "dtype": _disk_dtype(getattr(self, name), name)}
+                name: {
+                    "shape": list(getattr(self, name).shape),
+                    "dtype": _disk_dtype(getattr(self, name), name),
+                }
                 for name in TENSOR_FIELDS
                 if getattr(self, name) is not None
             },
@@ -417,7 +462,9 @@ class FeatureStore:
         try:
             json.dumps(self.meta)
         except (TypeError, ValueError) as exc:
-            raise FeatureStoreError(f"feature store: field 'meta' is not JSON-serialisable ({exc})") from None
+            raise FeatureStoreError(
+                f"feature store: field 'meta' is not JSON-serialisable ({exc})"
+            ) from None
         header["meta"] = self.meta
         return header
 
@@ -450,11 +497,15 @@ def _from_numpy(array: np.ndarray, name: str, where: str) -> Tensor:
             raise FeatureStoreError(f"{where} holds {array.dtype} values; integer indices expected")
         return torch.from_numpy(np.ascontiguousarray(array, dtype=np.int64))
     if array.dtype not in (np.float16, np.float32, np.float64):
-        raise FeatureStoreError(f"{where} holds {array.dtype} values; float16, float32 or float64 expected")
+        raise FeatureStoreError(
+            f"{where} holds {array.dtype} values; float16, float32 or float64 expected"
+        )
     return torch.from_numpy(array)
 
 
-def _validate(store: FeatureStore, describe: Callable[[str], str], where: str, check_values: bool) -> None:
+def _validate(
+    store: FeatureStore, describe: Callable[[str], str], where: str, check_values: bool
+) -> None:
     """All of the format's rules, in an order that makes the first error the most basic one."""
 
     def fail(message: str) -> None:
@@ -482,11 +533,15 @@ def _validate(store: FeatureStore, describe: Callable[[str], str], where: str, c
             fail(f"{describe(name)} must be a torch.Tensor, got {type(value).__name__}")
         if name in FLOAT_FIELDS and not value.is_floating_point():
             fail(f"{describe(name)} has dtype {value.dtype}; floating-point features expected")
-        if name in INDEX_FIELDS and (value.is_floating_point() or value.is_complex() or value.dtype == torch.bool):
+        if name in INDEX_FIELDS and (
+            value.is_floating_point() or value.is_complex() or value.dtype == torch.bool
+        ):
             fail(f"{describe(name)} has dtype {value.dtype}; integer indices expected")
     for name in LIST_FIELDS:
         value = getattr(store, name)
-        if value is not None and (not isinstance(value, (list, tuple)) or not all(isinstance(s, str) for s in value)):
+        if value is not None and (
+            not isinstance(value, (list, tuple)) or not all(isinstance(s, str) for s in value)
+        ):
             fail(f"{describe(name)} must be a list of strings")
     if not isinstance(store.meta, dict):
         fail("meta must be a dict")
@@ -525,7 +580,9 @@ def _validate(store: FeatureStore, describe: Callable[[str], str], where: str, c
     def same_rows(name: str, reference: str, what: str) -> None:
         value, ref = getattr(store, name), getattr(store, reference)
         if value is not None and ref is not None and value.shape[0] != ref.shape[0]:
-            fail(f"{describe(name)} has {value.shape[0]} entries but {describe(reference)} has {ref.shape[0]} rows ({what})")
+            fail(
+                f"{describe(name)} has {value.shape[0]} entries but {describe(reference)} has {ref.shape[0]} rows ({what})"
+            )
 
     same_rows("text_to_image", "text_features", "one image index per text")
     same_rows("image_split", "image_features", "one split per image")
@@ -538,14 +595,20 @@ def _validate(store: FeatureStore, describe: Callable[[str], str], where: str, c
     same_rows("negative_to_text", "negative_features", "one true text per negative")
     same_rows("negative_kind", "negative_features", "one kind per negative")
     if store.taxonomy_parents is not None:
-        assert store.taxonomy_names is not None and store.class_to_node is not None and store.class_names is not None
+        assert (
+            store.taxonomy_names is not None
+            and store.class_to_node is not None
+            and store.class_names is not None
+        )
         if len(store.taxonomy_names) != store.taxonomy_parents.shape[0]:
             fail(
                 f"{describe('taxonomy_parents')} has {store.taxonomy_parents.shape[0]} entries but "
                 f"{describe('taxonomy_names')} names {len(store.taxonomy_names)} nodes"
             )
         if len(store.class_names) != store.class_to_node.shape[0]:
-            fail(f"{describe('class_to_node')} has {store.class_to_node.shape[0]} entries but there are {len(store.class_names)} classes")
+            fail(
+                f"{describe('class_to_node')} has {store.class_to_node.shape[0]} entries but there are {len(store.class_names)} classes"
+            )
 
     def in_range(name: str, upper: int, what: str, allow_minus_one: bool = False) -> None:
         value = getattr(store, name)
@@ -555,8 +618,12 @@ def _validate(store: FeatureStore, describe: Callable[[str], str], where: str, c
         bad = (value < low) | (value >= upper)
         if bool(bad.any()):
             first = int(torch.nonzero(bad)[0])
-            allowed = f"[{low}, {upper})" if upper > low else "nothing (there is nothing to point to)"
-            fail(f"{describe(name)} has {int(bad.sum())} entries outside {allowed} ({what}); first at row {first}: {int(value[first])}")
+            allowed = (
+                f"[{low}, {upper})" if upper > low else "nothing (there is nothing to point to)"
+            )
+            fail(
+                f"{describe(name)} has {int(bad.sum())} entries outside {allowed} ({what}); first at row {first}: {int(value[first])}"
+            )
 
     in_range("text_to_image", store.num_images, "image indices")
     in_range("box_to_image", store.num_images, "image indices")
@@ -564,14 +631,26 @@ def _validate(store: FeatureStore, describe: Callable[[str], str], where: str, c
         in_range("image_split", len(store.split_names), "indices into split_names")
     if store.class_names is not None:
         in_range("prompt_to_class", len(store.class_names), "class indices")
-        in_range("image_labels", len(store.class_names), "class indices, -1 for none", allow_minus_one=True)
+        in_range(
+            "image_labels",
+            len(store.class_names),
+            "class indices, -1 for none",
+            allow_minus_one=True,
+        )
     if store.taxonomy_names is not None:
         in_range("class_to_node", len(store.taxonomy_names), "taxonomy node indices")
-        in_range("taxonomy_parents", len(store.taxonomy_names), "parent node, -1 for a root", allow_minus_one=True)
+        in_range(
+            "taxonomy_parents",
+            len(store.taxonomy_names),
+            "parent node, -1 for a root",
+            allow_minus_one=True,
+        )
         _check_forest(store, describe, fail)
     in_range("negative_to_text", store.num_texts, "text indices")
     if store.negative_kind_names is not None:
-        in_range("negative_kind", len(store.negative_kind_names), "indices into negative_kind_names")
+        in_range(
+            "negative_kind", len(store.negative_kind_names), "indices into negative_kind_names"
+        )
 
     if check_values:
         for name in FLOAT_FIELDS:
@@ -579,16 +658,22 @@ def _validate(store: FeatureStore, describe: Callable[[str], str], where: str, c
             if value is not None:
                 bad_rows, first = _count_nonfinite_rows(value)
                 if bad_rows:
-                    fail(f"{describe(name)} has {bad_rows} row{'s' if bad_rows > 1 else ''} with NaN or inf values (first: row {first})")
+                    fail(
+                        f"{describe(name)} has {bad_rows} row{'s' if bad_rows > 1 else ''} with NaN or inf values (first: row {first})"
+                    )
         if store.pair_scores is not None and store.pair_scores.numel():
             scores = store.pair_scores
             bad = (scores < 0) | (scores > 1)
             if bool(bad.any()):
                 first = int(torch.nonzero(bad)[0])
-                fail(f"{describe('pair_scores')} has {int(bad.sum())} scores outside [0, 1]; first at row {first}: {float(scores[first])}")
+                fail(
+                    f"{describe('pair_scores')} has {int(bad.sum())} scores outside [0, 1]; first at row {first}: {float(scores[first])}"
+                )
 
 
-def _check_forest(store: FeatureStore, describe: Callable[[str], str], fail: Callable[[str], None]) -> None:
+def _check_forest(
+    store: FeatureStore, describe: Callable[[str], str], fail: Callable[[str], None]
+) -> None:
     """Fail if following parents from some node never reaches a root (-1): a cycle."""
     parents = store.taxonomy_parents
     assert parents is not None and store.taxonomy_names is not None
@@ -597,7 +682,9 @@ def _check_forest(store: FeatureStore, describe: Callable[[str], str], fail: Cal
         return
     # Pointer doubling: node n is a sentinel above every root; after 2^k >= n jumps every node
     # of an acyclic forest sits on the sentinel.
-    up = torch.cat([torch.where(parents < 0, torch.full_like(parents, n), parents).long(), torch.tensor([n])])
+    up = torch.cat(
+        [torch.where(parents < 0, torch.full_like(parents, n), parents).long(), torch.tensor([n])]
+    )
     for _ in range(max(1, math.ceil(math.log2(n + 1))) + 1):
         up = up[up]
     stuck = torch.nonzero(up[:n] != n).flatten()
@@ -608,9 +695,13 @@ def _check_forest(store: FeatureStore, describe: Callable[[str], str], fail: Cal
         while node not in seen:
             seen.append(node)
             node = int(parents[node])
-        cycle = seen[seen.index(node):]
-        names = " -> ".join(store.taxonomy_names[i] for i in cycle[:6]) + (" -> ..." if len(cycle) > 6 else "")
-        fail(f"{describe('taxonomy_parents')} has a cycle ({names} -> {store.taxonomy_names[node]}); the taxonomy must be a forest")
+        cycle = seen[seen.index(node) :]
+        names = " -> ".join(store.taxonomy_names[i] for i in cycle[:6]) + (
+            " -> ..." if len(cycle) > 6 else ""
+        )
+        fail(
+            f"{describe('taxonomy_parents')} has a cycle ({names} -> {store.taxonomy_names[node]}); the taxonomy must be a forest"
+        )
 
 
 def _count_nonfinite_rows(values: Tensor) -> tuple[int, int]:

@@ -111,7 +111,9 @@ class _Where:
         if self.line is not None:
             out += f": line {self.line}"
         if self.keys:
-            out += ": " + "".join(f"[{k}]" if k.isdigit() else f".{k}" for k in self.keys).lstrip(".")
+            out += ": " + "".join(f"[{k}]" if k.isdigit() else f".{k}" for k in self.keys).lstrip(
+                "."
+            )
         return out
 
 
@@ -124,7 +126,9 @@ def _read_json(path: str | os.PathLike[str], what: str) -> Any:
     except UnicodeDecodeError as exc:
         raise ReaderError(f"{what} {file}: not UTF-8 text ({exc})") from None
     except json.JSONDecodeError as exc:
-        raise ReaderError(f"{what} {file}: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})") from None
+        raise ReaderError(
+            f"{what} {file}: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})"
+        ) from None
 
 
 def _get(obj: Any, key: str, kind: type | tuple[type, ...], where: _Where) -> Any:
@@ -135,7 +139,9 @@ def _get(obj: Any, key: str, kind: type | tuple[type, ...], where: _Where) -> An
     value = obj[key]
     if not isinstance(value, kind) or isinstance(value, bool):
         names = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
-        raise ReaderError(f"{_Where(where.file, where.line, [*where.keys, key])}: expected {names}, got {type(value).__name__}")
+        raise ReaderError(
+            f"{_Where(where.file, where.line, [*where.keys, key])}: expected {names}, got {type(value).__name__}"
+        )
     return value
 
 
@@ -189,7 +195,9 @@ def read_karpathy(path: str | os.PathLike[str]) -> CaptionedImages:
         split = _get(image, "split", str, where)
         sentences = _get(image, "sentences", list, where)
         for j, sentence in enumerate(sentences):
-            raw = _get(sentence, "raw", str, _Where(file, keys=["images", str(i), "sentences", str(j)]))
+            raw = _get(
+                sentence, "raw", str, _Where(file, keys=["images", str(i), "sentences", str(j)])
+            )
             captions.append(raw.strip())
             owners.append(len(files))
         files.append(f"{folder}/{name}" if folder else name)
@@ -263,7 +271,9 @@ def read_class_folder(
     prompt_templates = _read_string_list(templates, "templates file", root.name)
     for i, template in enumerate(prompt_templates):
         if "{c}" not in template:
-            raise ReaderError(f"templates file {templates}: entry {i} {template!r} has no '{{c}}' for the class name")
+            raise ReaderError(
+                f"templates file {templates}: entry {i} {template!r} has no '{{c}}' for the class name"
+            )
     files: list[str] = []
     labels: list[int] = []
     for c, folder in enumerate(folders):
@@ -296,10 +306,14 @@ def read_edge_list(path: str | os.PathLike[str]) -> Taxonomy:
             continue
         parts = text.split()
         if len(parts) != 2:
-            raise ReaderError(f"taxonomy file {file}: line {number}: expected 'parent child', got {line.strip()!r}")
+            raise ReaderError(
+                f"taxonomy file {file}: line {number}: expected 'parent child', got {line.strip()!r}"
+            )
         parent, child = node(parts[0]), node(parts[1])
         if parent == child:
-            raise ReaderError(f"taxonomy file {file}: line {number}: {parts[0]!r} is its own parent")
+            raise ReaderError(
+                f"taxonomy file {file}: line {number}: {parts[0]!r} is its own parent"
+            )
         if child in parent_of:
             extra += int(parent_of[child] != parent)
             continue
@@ -326,7 +340,9 @@ def _check_acyclic(parents: list[int], names: list[str], what: str) -> None:
             state[n] = 2
 
 
-def taxonomy_with_ancestors(taxonomy: Taxonomy, keep: Iterable[str]) -> tuple[Taxonomy, dict[str, int]]:
+def taxonomy_with_ancestors(
+    taxonomy: Taxonomy, keep: Iterable[str]
+) -> tuple[Taxonomy, dict[str, int]]:
     """The sub-forest of ``keep`` and all their ancestors; returns it and a name -> node map."""
     index = taxonomy.index()
     wanted: set[int] = set()
@@ -341,7 +357,9 @@ def taxonomy_with_ancestors(taxonomy: Taxonomy, keep: Iterable[str]) -> tuple[Ta
     new = {old: i for i, old in enumerate(order)}
     names = [taxonomy.names[o] for o in order]
     parents = [new.get(taxonomy.parents[o], -1) for o in order]
-    return Taxonomy(names, parents, taxonomy.extra_parent_edges), {n: i for i, n in enumerate(names)}
+    return Taxonomy(names, parents, taxonomy.extra_parent_edges), {
+        n: i for i, n in enumerate(names)
+    }
 
 
 def read_boxes(path: str | os.PathLike[str]) -> list[Box]:
@@ -361,13 +379,17 @@ def read_boxes(path: str | os.PathLike[str]) -> list[Box]:
             try:
                 records.append((_Where(file, line=number), json.loads(line)))
             except json.JSONDecodeError as exc:
-                raise ReaderError(f"boxes file {file}: line {number}: not a JSON object ({exc.msg})") from None
+                raise ReaderError(
+                    f"boxes file {file}: line {number}: not a JSON object ({exc.msg})"
+                ) from None
     boxes: list[Box] = []
     for where, item in records:
         image = _get(item, "image", str, where)
         phrase = _get(item, "phrase", str, where).strip()
         raw = _get(item, "box", list, where)
-        if len(raw) != 4 or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in raw):
+        if len(raw) != 4 or not all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) for v in raw
+        ):
             raise ReaderError(f"{where}: 'box' must be four numbers [x0, y0, x1, y1], got {raw!r}")
         x0, y0, x1, y1 = (float(v) for v in raw)
         if not (x0 < x1 and y0 < y1):

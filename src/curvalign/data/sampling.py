@@ -24,7 +24,8 @@ resumed run draws exactly the batches an uninterrupted run would have drawn.
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -49,7 +50,7 @@ class _EpochStream:
         self.order = torch.randperm(n, generator=generator)
 
     def take(self, size: int) -> Tensor:
-        chunk = self.order[self.position:self.position + size]
+        chunk = self.order[self.position : self.position + size]
         self.position += len(chunk)
         if len(chunk) < size:
             order = torch.randperm(self.n, generator=self.generator)
@@ -62,12 +63,19 @@ class _EpochStream:
         return chunk
 
     def state_dict(self) -> dict[str, Any]:
-        return {"n": self.n, "epoch": self.epoch, "position": self.position, "order": self.order.clone()}
+        return {
+            "n": self.n,
+            "epoch": self.epoch,
+            "position": self.position,
+            "order": self.order.clone(),
+        }
 
     def load_state_dict(self, state: dict[str, Any], what: str) -> None:
         if int(state["n"]) != self.n:
-            raise SamplingError(f"sampler state is for {state['n']} {what}, this data has {self.n}: "
-                                "resume with the data the run was trained on")
+            raise SamplingError(
+                f"sampler state is for {state['n']} {what}, this data has {self.n}: "
+                "resume with the data the run was trained on"
+            )
         self.epoch = int(state["epoch"])
         self.position = int(state["position"])
         self.order = state["order"].clone()
@@ -87,8 +95,10 @@ def _check_rows(name: str, rows: Tensor, index: Tensor) -> None:
     bad = ~torch.isfinite(rows)
     if bad.any():
         row = int(index[torch.nonzero(bad.reshape(bad.shape[0], -1).any(dim=1))[0]])
-        raise SamplingError(f"feature store field {name!r} has non-finite values (row {row}); "
-                            "clean the features before training")
+        raise SamplingError(
+            f"feature store field {name!r} has non-finite values (row {row}); "
+            "clean the features before training"
+        )
 
 
 class BatchSampler:
@@ -98,9 +108,18 @@ class BatchSampler:
     and ``data`` only name things in error messages.
     """
 
-    def __init__(self, store: FeatureStore, batch_size: int, *, seed: int = 0,
-                 requires: Iterable[str] = (), pair_batch_size: int = 64, split: str = "train",
-                 recipe: str = "this recipe", data: str = "this data") -> None:
+    def __init__(
+        self,
+        store: FeatureStore,
+        batch_size: int,
+        *,
+        seed: int = 0,
+        requires: Iterable[str] = (),
+        pair_batch_size: int = 64,
+        split: str = "train",
+        recipe: str = "this recipe",
+        data: str = "this data",
+    ) -> None:
         self.store = store
         self.batch_size = int(batch_size)
         self.requires = frozenset(requires)
@@ -109,25 +128,35 @@ class BatchSampler:
         if unknown:
             raise SamplingError(f"recipe {recipe} requires unknown store part(s) {sorted(unknown)}")
         if "boxes" in self.requires and not store.has_boxes:
-            raise SamplingError(f"recipe {recipe} trains on box-level pairs; data {data!r} has none "
-                                "(a feature store with box_image_features, box_text_features, box_to_image)")
+            raise SamplingError(
+                f"recipe {recipe} trains on box-level pairs; data {data!r} has none "
+                "(a feature store with box_image_features, box_text_features, box_to_image)"
+            )
         if "text_pairs" in self.requires and not store.has_text_pairs:
-            raise SamplingError(f"recipe {recipe} trains on scored text pairs; data {data!r} has none "
-                                "(a feature store with pair_a_features, pair_b_features, pair_scores)")
+            raise SamplingError(
+                f"recipe {recipe} trains on scored text pairs; data {data!r} has none "
+                "(a feature store with pair_a_features, pair_b_features, pair_scores)"
+            )
         if split == "train" and (store.split_names is None or store.image_split is None):
             split_ids = torch.arange(store.num_images)
         elif store.split_names is not None and split not in store.split_names:
-            raise SamplingError(f"data {data!r} has no {split!r} split (it has {store.split_names})")
+            raise SamplingError(
+                f"data {data!r} has no {split!r} split (it has {store.split_names})"
+            )
         else:
             split_ids = store.split_image_ids(split)
 
-        self._caption_order, self._caption_start, caption_count = _grouped(store.text_to_image, store.num_images)
+        self._caption_order, self._caption_start, caption_count = _grouped(
+            store.text_to_image, store.num_images
+        )
         self._caption_count = caption_count
         usable = caption_count[split_ids] > 0
         self.skipped_without_caption = int((~usable).sum())
         self.skipped_without_box = 0
         if "boxes" in self.requires:
-            self._box_order, self._box_start, box_count = _grouped(store.box_to_image, store.num_images)
+            self._box_order, self._box_start, box_count = _grouped(
+                store.box_to_image, store.num_images
+            )
             self._box_count = box_count
             has_box = box_count[split_ids] > 0
             self.skipped_without_box = int((usable & ~has_box).sum())
@@ -135,18 +164,25 @@ class BatchSampler:
         self.image_ids = split_ids[usable]
         n = len(self.image_ids)
         if n < self.batch_size:
-            raise SamplingError(f"batch_size {self.batch_size} is larger than the {n} usable {split} images "
-                                f"of data {data!r}; set batch_size to at most {n}")
+            raise SamplingError(
+                f"batch_size {self.batch_size} is larger than the {n} usable {split} images "
+                f"of data {data!r}; set batch_size to at most {n}"
+            )
         if "text_pairs" in self.requires:
             n_pairs = int(store.pair_a_features.shape[0])
             if n_pairs < self.pair_batch_size:
-                raise SamplingError(f"pair_batch_size {self.pair_batch_size} is larger than the {n_pairs} "
-                                    f"text pairs of data {data!r}; set pair_batch_size to at most {n_pairs}")
+                raise SamplingError(
+                    f"pair_batch_size {self.pair_batch_size} is larger than the {n_pairs} "
+                    f"text pairs of data {data!r}; set pair_batch_size to at most {n_pairs}"
+                )
 
         self.generator = torch.Generator().manual_seed(int(seed))
         self._images = _EpochStream(n, self.generator)
-        self._pairs = (_EpochStream(int(store.pair_a_features.shape[0]), self.generator)
-                       if "text_pairs" in self.requires else None)
+        self._pairs = (
+            _EpochStream(int(store.pair_a_features.shape[0]), self.generator)
+            if "text_pairs" in self.requires
+            else None
+        )
 
     @property
     def epoch(self) -> int:
@@ -155,8 +191,11 @@ class BatchSampler:
 
     def summary(self) -> dict[str, Any]:
         """What the sampler trains on, for meta.json and the user's notes."""
-        out = {"train_images": len(self.image_ids), "skipped_without_caption": self.skipped_without_caption,
-               "skipped_without_box": self.skipped_without_box}
+        out = {
+            "train_images": len(self.image_ids),
+            "skipped_without_caption": self.skipped_without_caption,
+            "skipped_without_box": self.skipped_without_box,
+        }
         if self._pairs is not None:
             out["text_pairs"] = self._pairs.n
         return out
@@ -170,8 +209,12 @@ class BatchSampler:
     def next_indices(self) -> dict[str, Tensor]:
         """Row indices of the next batch: ``image``, ``text`` (and ``box``, ``pair`` when required)."""
         images = self.image_ids[self._images.take(self.batch_size)]
-        out = {"image": images,
-               "text": self._pick(images, self._caption_order, self._caption_start, self._caption_count)}
+        out = {
+            "image": images,
+            "text": self._pick(
+                images, self._caption_order, self._caption_start, self._caption_count
+            ),
+        }
         if "boxes" in self.requires:
             out["box"] = self._pick(images, self._box_order, self._box_start, self._box_count)
         if self._pairs is not None:
@@ -188,7 +231,9 @@ class BatchSampler:
             _check_rows(name, out, index)  # O(batch): a bad row is caught when it is first drawn
             return out
 
-        batch = Batch(image=rows("image_features", idx["image"]), text=rows("text_features", idx["text"]))
+        batch = Batch(
+            image=rows("image_features", idx["image"]), text=rows("text_features", idx["text"])
+        )
         if "box" in idx:
             batch.box_image = rows("box_image_features", idx["box"])
             batch.box_text = rows("box_text_features", idx["box"])
@@ -208,6 +253,8 @@ class BatchSampler:
         self._images.load_state_dict(state["images"], "train images")
         if self._pairs is not None:
             if "pairs" not in state:
-                raise SamplingError("sampler state has no text-pair stream; it was saved for another recipe")
+                raise SamplingError(
+                    "sampler state has no text-pair stream; it was saved for another recipe"
+                )
             self._pairs.load_state_dict(state["pairs"], "text pairs")
         self.generator.set_state(state["generator"])

@@ -143,38 +143,80 @@ class SyntheticConfig:
 
     def check(self) -> None:
         """Raise ValueError naming the first knob out of its range."""
-        positive = ("images", "captions_min", "max_objects", "templates", "families", "depth", "branching",
-                    "latent_dim", "image_dim", "text_dim", "hidden_dim")
+        positive = (
+            "images",
+            "captions_min",
+            "max_objects",
+            "templates",
+            "families",
+            "depth",
+            "branching",
+            "latent_dim",
+            "image_dim",
+            "text_dim",
+            "hidden_dim",
+        )
         for name in positive:
             if getattr(self, name) < 1:
                 raise ValueError(f"synthetic world: {name} must be >= 1, got {getattr(self, name)}")
         if self.captions_max < self.captions_min:
-            raise ValueError(f"synthetic world: captions_max ({self.captions_max}) < captions_min ({self.captions_min})")
+            raise ValueError(
+                f"synthetic world: captions_max ({self.captions_max}) < captions_min ({self.captions_min})"
+            )
         if self.max_objects > self.families:
-            raise ValueError(f"synthetic world: max_objects ({self.max_objects}) > families ({self.families}); "
-                             "objects of one image come from distinct families")
+            raise ValueError(
+                f"synthetic world: max_objects ({self.max_objects}) > families ({self.families}); "
+                "objects of one image come from distinct families"
+            )
         if self.branching < 2:
-            raise ValueError("synthetic world: branching must be >= 2 (replaced-object negatives need siblings)")
+            raise ValueError(
+                "synthetic world: branching must be >= 2 (replaced-object negatives need siblings)"
+            )
         if not 0 <= self.attribute_families <= len(ATTRIBUTE_FAMILIES):
-            raise ValueError(f"synthetic world: attribute_families must be in [0, {len(ATTRIBUTE_FAMILIES)}]")
+            raise ValueError(
+                f"synthetic world: attribute_families must be in [0, {len(ATTRIBUTE_FAMILIES)}]"
+            )
         if self.text_pairs < 0:
             raise ValueError("synthetic world: text_pairs must be >= 0")
         if not 0.0 < self.test_fraction < 1.0:
-            raise ValueError(f"synthetic world: test_fraction must be in (0, 1), got {self.test_fraction}")
+            raise ValueError(
+                f"synthetic world: test_fraction must be in (0, 1), got {self.test_fraction}"
+            )
         if not 0.0 <= self.generality < 1.0:
-            raise ValueError(f"synthetic world: generality must be in [0, 1), got {self.generality}")
+            raise ValueError(
+                f"synthetic world: generality must be in [0, 1), got {self.generality}"
+            )
         if not 0.0 <= self.attribute_mention <= 1.0:
-            raise ValueError(f"synthetic world: attribute_mention must be in [0, 1], got {self.attribute_mention}")
-        if self.depth > 12 or self.families * self.branching ** self.depth > 100_000:
-            raise ValueError(f"synthetic world: families * branching**depth = "
-                             f"{self.families * self.branching ** self.depth} classes; at most 100000")
-        for name in ("image_noise", "text_noise", "background", "secondary_weight", "attribute_scale", "binding",
-                     "template_scale", "gain"):
+            raise ValueError(
+                f"synthetic world: attribute_mention must be in [0, 1], got {self.attribute_mention}"
+            )
+        if self.depth > 12 or self.families * self.branching**self.depth > 100_000:
+            raise ValueError(
+                f"synthetic world: families * branching**depth = "
+                f"{self.families * self.branching**self.depth} classes; at most 100000"
+            )
+        for name in (
+            "image_noise",
+            "text_noise",
+            "background",
+            "secondary_weight",
+            "attribute_scale",
+            "binding",
+            "template_scale",
+            "gain",
+        ):
             if not getattr(self, name) >= 0.0 or math.isinf(getattr(self, name)):
-                raise ValueError(f"synthetic world: {name} must be finite and >= 0, got {getattr(self, name)}")
-        if round(self.images * self.test_fraction) < 1 or round(self.images * self.test_fraction) >= self.images:
-            raise ValueError(f"synthetic world: {self.images} images with test_fraction {self.test_fraction} "
-                             "leave one split empty")
+                raise ValueError(
+                    f"synthetic world: {name} must be finite and >= 0, got {getattr(self, name)}"
+                )
+        if (
+            round(self.images * self.test_fraction) < 1
+            or round(self.images * self.test_fraction) >= self.images
+        ):
+            raise ValueError(
+                f"synthetic world: {self.images} images with test_fraction {self.test_fraction} "
+                "leave one split empty"
+            )
 
 
 def config_from_spec(argument: str) -> SyntheticConfig:
@@ -183,7 +225,9 @@ def config_from_spec(argument: str) -> SyntheticConfig:
     for item in filter(None, (part.strip() for part in argument.split(","))):
         key, sep, value = item.partition("=")
         if not sep or not key.strip() or not value.strip():
-            raise ValueError(f"synthetic spec item {item!r} is not key=value (e.g. synthetic:images=500,seed=3)")
+            raise ValueError(
+                f"synthetic spec item {item!r} is not key=value (e.g. synthetic:images=500,seed=3)"
+            )
         overrides[key.strip()] = value.strip()
     return config_from_overrides(overrides)
 
@@ -199,7 +243,9 @@ def config_from_overrides(overrides: dict[str, str]) -> SyntheticConfig:
         try:
             values[key] = kind(raw)
         except ValueError:
-            raise ValueError(f"synthetic world option {key}={raw!r}: expected {kind.__name__}") from None
+            raise ValueError(
+                f"synthetic world option {key}={raw!r}: expected {kind.__name__}"
+            ) from None
     config = SyntheticConfig(**values)  # type: ignore[arg-type]
     config.check()
     return config
@@ -222,8 +268,12 @@ def _gaussian(shape: tuple[int, ...], norm: float, gen: torch.Generator) -> Tens
 class _RandomMLP:
     """A fixed random map R^L -> R^D: x -> tanh(gain * x W1 + b1) W2."""
 
-    def __init__(self, latent_dim: int, hidden_dim: int, out_dim: int, gain: float, gen: torch.Generator) -> None:
-        self.w1 = torch.randn(latent_dim, hidden_dim, generator=gen) * (gain / math.sqrt(latent_dim))
+    def __init__(
+        self, latent_dim: int, hidden_dim: int, out_dim: int, gain: float, gen: torch.Generator
+    ) -> None:
+        self.w1 = torch.randn(latent_dim, hidden_dim, generator=gen) * (
+            gain / math.sqrt(latent_dim)
+        )
         self.b1 = torch.randn(hidden_dim, generator=gen) * 0.5
         self.w2 = torch.randn(hidden_dim, out_dim, generator=gen) / math.sqrt(hidden_dim)
 
@@ -274,7 +324,7 @@ class _Taxonomy:
             while n >= 0:
                 self.ancestor[node][levels[n]] = n
                 n = parents[n]
-        self.leaves_per_family = config.branching ** config.depth
+        self.leaves_per_family = config.branching**config.depth
 
 
 @dataclass
@@ -291,7 +341,9 @@ class _Mentions:
     weight: Tensor
 
     @staticmethod
-    def from_lists(owner: list[int], node: list[int], attrs: list[list[int]], weight: list[float], n_attr: int) -> _Mentions:
+    def from_lists(
+        owner: list[int], node: list[int], attrs: list[list[int]], weight: list[float], n_attr: int
+    ) -> _Mentions:
         return _Mentions(
             torch.tensor(owner, dtype=torch.long),
             torch.tensor(node, dtype=torch.long),
@@ -331,7 +383,9 @@ class _Model:
         p = self.path[mentions.node]
         if mentions.attrs.shape[1]:
             offsets = torch.tensor(self.value_offsets, dtype=torch.long)
-            flat = torch.where(mentions.attrs >= 0, mentions.attrs + offsets, torch.full_like(mentions.attrs, -1))
+            flat = torch.where(
+                mentions.attrs >= 0, mentions.attrs + offsets, torch.full_like(mentions.attrs, -1)
+            )
             a = self.values[flat].sum(dim=1)
         else:
             a = torch.zeros_like(p)
@@ -398,10 +452,14 @@ class SyntheticWorld:
                 owner.append(row)
                 node.append(self._taxonomy.ancestor[leaf][max(1, self.leaf_level - levels_up)])
         n_attr = self.object_attrs.shape[1]
-        mentions = _Mentions.from_lists(owner, node, [[-1] * n_attr for _ in owner], [1.0] * len(owner), n_attr)
+        mentions = _Mentions.from_lists(
+            owner, node, [[-1] * n_attr for _ in owner], [1.0] * len(owner), n_attr
+        )
         with _single_threaded():
             latent = self._model.compose(mentions, len(image_ids))
-            noise = _gaussian(tuple(latent.shape), self.config.text_noise, _generator(noise_seed, "render"))
+            noise = _gaussian(
+                tuple(latent.shape), self.config.text_noise, _generator(noise_seed, "render")
+            )
             return self._model.text_map(latent + noise)
 
 
@@ -472,15 +530,22 @@ class _Captions:
         return torch.cumsum(self.count, 0) - self.count
 
 
-def _sample_objects(config: SyntheticConfig, tax: _Taxonomy, model: _Model, gen: torch.Generator) -> _Objects:
+def _sample_objects(
+    config: SyntheticConfig, tax: _Taxonomy, model: _Model, gen: torch.Generator
+) -> _Objects:
     """1..max_objects objects per image from distinct families, a random leaf and values each."""
     ni, k = config.images, config.max_objects
     count = torch.randint(1, k + 1, (ni,), generator=gen)
     families = torch.argsort(torch.rand(ni, config.families, generator=gen), dim=1)[:, :k]
     leaf_in_family = torch.randint(0, tax.leaves_per_family, (ni, k), generator=gen)
     value_counts = torch.tensor(model.value_counts, dtype=torch.float64)
-    attrs = (torch.rand(ni, k, len(model.value_counts), generator=gen, dtype=torch.float64) * value_counts).long()
-    valid = torch.arange(k)[None, :] < count[:, None]  # [Ni, k]; row-major masking keeps images in order
+    attrs = (
+        torch.rand(ni, k, len(model.value_counts), generator=gen, dtype=torch.float64)
+        * value_counts
+    ).long()
+    valid = (
+        torch.arange(k)[None, :] < count[:, None]
+    )  # [Ni, k]; row-major masking keeps images in order
     leaves = torch.tensor(tax.leaves, dtype=torch.long)
     return _Objects(
         image=torch.arange(ni)[:, None].expand(ni, k)[valid],
@@ -492,7 +557,9 @@ def _sample_objects(config: SyntheticConfig, tax: _Taxonomy, model: _Model, gen:
     )
 
 
-def _sample_captions(config: SyntheticConfig, tax: _Taxonomy, objects: _Objects, gen: torch.Generator) -> _Captions:
+def _sample_captions(
+    config: SyntheticConfig, tax: _Taxonomy, objects: _Objects, gen: torch.Generator
+) -> _Captions:
     """captions_min..captions_max captions per image; each mentions every object of its image at a
     level drawn from its path, with each attribute kept with probability attribute_mention."""
     ni = config.images
@@ -501,7 +568,9 @@ def _sample_captions(config: SyntheticConfig, tax: _Taxonomy, objects: _Objects,
     nt = int(text_to_image.numel())
     per_text = objects.count[text_to_image]
     mention_text = torch.repeat_interleave(torch.arange(nt), per_text)
-    rank_in_text = torch.arange(mention_text.numel()) - (torch.cumsum(per_text, 0) - per_text)[mention_text]
+    rank_in_text = (
+        torch.arange(mention_text.numel()) - (torch.cumsum(per_text, 0) - per_text)[mention_text]
+    )
     mention_object = objects.start[text_to_image][mention_text] + rank_in_text
     n_mentions = int(mention_text.numel())
     mention_level = tax.leaf_level - _levels_up(n_mentions, config.generality, config.depth, gen)
@@ -539,7 +608,9 @@ def _build_world(config: SyntheticConfig) -> SyntheticWorld:
     nt = len(captions.text_to_image)
     text_features = model.text_map(model.compose(captions.mentions, nt) + captions.noise)
     text_levels = torch.full((nt, config.max_objects), -1, dtype=torch.long)
-    text_levels[captions.mentions.owner, objects.slot[captions.mention_object]] = captions.mention_level
+    text_levels[captions.mentions.owner, objects.slot[captions.mention_object]] = (
+        captions.mention_level
+    )
 
     # Splits.
     gen = _generator(config.seed, "splits")
@@ -554,9 +625,15 @@ def _build_world(config: SyntheticConfig) -> SyntheticWorld:
     crop_latent += _gaussian((n_objects, latent_dim), config.background * 0.5, gen)
     crop_latent += _gaussian((n_objects, latent_dim), config.image_noise, gen)
     in_first_caption = captions.first_mention[captions.first_caption[objects.image]] + objects.slot
-    phrase = _Mentions(every_object, captions.mentions.node[in_first_caption], captions.mentions.attrs[in_first_caption],
-                       torch.ones(n_objects))
-    phrase_latent = model.compose(phrase, n_objects) + _gaussian((n_objects, latent_dim), config.text_noise, gen)
+    phrase = _Mentions(
+        every_object,
+        captions.mentions.node[in_first_caption],
+        captions.mentions.attrs[in_first_caption],
+        torch.ones(n_objects),
+    )
+    phrase_latent = model.compose(phrase, n_objects) + _gaussian(
+        (n_objects, latent_dim), config.text_noise, gen
+    )
 
     # Zero-shot prompts: leaf path + template context, no noise.
     leaves = torch.tensor(tax.leaves, dtype=torch.long)
@@ -567,20 +644,42 @@ def _build_world(config: SyntheticConfig) -> SyntheticWorld:
     # The parts built by loops over structure.
     caption_mentions = _MentionLists(captions.mentions, nt)
     image_families: list[set[int]] = [set() for _ in range(ni)]
-    for image, leaf in zip(objects.image.tolist(), objects.leaf.tolist()):
+    for image, leaf in zip(objects.image.tolist(), objects.leaf.tolist(), strict=False):
         image_families[image].add(tax.family_of[leaf])
     neg_mentions, negative_to_text, negative_kind = _hard_negatives(
-        config, tax, model, caption_mentions, captions.text_to_image, image_split, image_families,
-        _Draws(_generator(config.seed, "negatives")))
-    negative_latent = model.compose(neg_mentions, len(negative_to_text)) + captions.noise[negative_to_text]
-    chains, chain_texts = _chains(config, model, caption_mentions, captions.count, image_split,
-                                  _generator(config.seed, "chains"))
+        config,
+        tax,
+        model,
+        caption_mentions,
+        captions.text_to_image,
+        image_split,
+        image_families,
+        _Draws(_generator(config.seed, "negatives")),
+    )
+    negative_latent = (
+        model.compose(neg_mentions, len(negative_to_text)) + captions.noise[negative_to_text]
+    )
+    chains, chain_texts = _chains(
+        config,
+        model,
+        caption_mentions,
+        captions.count,
+        image_split,
+        _generator(config.seed, "chains"),
+    )
     chain_features = torch.empty(len(chain_texts), len(CHAIN_LEVELS), config.text_dim)
     if chain_texts:
         chain_features[:, :2] = model.text_map(chains).reshape(len(chain_texts), 2, config.text_dim)
         chain_features[:, 2] = text_features[torch.tensor(chain_texts)]
-    pairs_a, pairs_b, pair_scores = _text_pairs(config, tax, caption_mentions, captions.count, image_split,
-                                                objects.leaf[objects.start], _Draws(_generator(config.seed, "pairs")))
+    pairs_a, pairs_b, pair_scores = _text_pairs(
+        config,
+        tax,
+        caption_mentions,
+        captions.count,
+        image_split,
+        objects.leaf[objects.start],
+        _Draws(_generator(config.seed, "pairs")),
+    )
 
     store = FeatureStore(
         image_features=image_features,
@@ -597,7 +696,8 @@ def _build_world(config: SyntheticConfig) -> SyntheticWorld:
         class_names=[tax.names[n] for n in tax.leaves],
         prompt_features=model.text_map(prompt_latent),
         prompt_to_class=prompt_class,
-        image_labels=objects.leaf[objects.start] - tax.leaves[0],  # leaves are the last, contiguous nodes
+        image_labels=objects.leaf[objects.start]
+        - tax.leaves[0],  # leaves are the last, contiguous nodes
         taxonomy_names=list(tax.names),
         taxonomy_parents=torch.tensor(tax.parents, dtype=torch.long),
         class_to_node=leaves,
@@ -618,7 +718,17 @@ def _build_world(config: SyntheticConfig) -> SyntheticWorld:
             "text_pair_kinds": list(PAIR_KINDS),  # pair p is of kind p % 3
         },
     )
-    return SyntheticWorld(config, store, text_levels, objects.image, objects.leaf, objects.attrs, tax.leaf_level, model, tax)
+    return SyntheticWorld(
+        config,
+        store,
+        text_levels,
+        objects.image,
+        objects.leaf,
+        objects.attrs,
+        tax.leaf_level,
+        model,
+        tax,
+    )
 
 
 def _levels_up(n: int, generality: float, depth: int, gen: torch.Generator) -> Tensor:
@@ -648,9 +758,16 @@ class _MentionLists:
         return [(self.node[i], self.attrs[i]) for i in range(s, s + self.count[owner])]
 
 
-def _hard_negatives(config: SyntheticConfig, tax: _Taxonomy, model: _Model, caption_mentions: _MentionLists,
-                    text_to_image: Tensor, image_split: Tensor, image_families: list[set[int]],
-                    draws: _Draws) -> tuple[_Mentions, Tensor, Tensor]:
+def _hard_negatives(
+    config: SyntheticConfig,
+    tax: _Taxonomy,
+    model: _Model,
+    caption_mentions: _MentionLists,
+    text_to_image: Tensor,
+    image_split: Tensor,
+    image_families: list[set[int]],
+    draws: _Draws,
+) -> tuple[_Mentions, Tensor, Tensor]:
     """Up to one negative of each kind per test caption; a kind the caption cannot have is skipped."""
     owner: list[int] = []
     nodes: list[int] = []
@@ -682,16 +799,23 @@ def _hard_negatives(config: SyntheticConfig, tax: _Taxonomy, model: _Model, capt
         if tax.parents[node] == 0:  # a family-level mention: another family, absent from the image
             siblings = [s for s in siblings if tax.family_of[s] not in present]
         if siblings:
-            emit(text, 0, mentions[:j] + [(draws.choice(siblings), values)] + mentions[j + 1:])
+            emit(text, 0, mentions[:j] + [(draws.choice(siblings), values)] + mentions[j + 1 :])
 
         # attribute_replaced: one mentioned value changed within its attribute family
-        slots = [(j, a) for j, (_, values) in enumerate(mentions) for a in range(n_attr) if values[a] >= 0]
+        slots = [
+            (j, a)
+            for j, (_, values) in enumerate(mentions)
+            for a in range(n_attr)
+            if values[a] >= 0
+        ]
         if slots:
             j, a = draws.choice(slots)
             node, values = mentions[j]
             changed = list(values)
-            changed[a] = (values[a] + 1 + draws.below(model.value_counts[a] - 1)) % model.value_counts[a]
-            emit(text, 1, mentions[:j] + [(node, changed)] + mentions[j + 1:])
+            changed[a] = (
+                values[a] + 1 + draws.below(model.value_counts[a] - 1)
+            ) % model.value_counts[a]
+            emit(text, 1, mentions[:j] + [(node, changed)] + mentions[j + 1 :])
 
         # object_added: an object of an absent family, mentioned like a caption would
         absent = [f for f in range(config.families) if f not in present]
@@ -701,21 +825,36 @@ def _hard_negatives(config: SyntheticConfig, tax: _Taxonomy, model: _Model, capt
             up = 0
             while up < config.depth and draws.uniform() < config.generality:
                 up += 1
-            values = [draws.below(model.value_counts[a]) if draws.uniform() < config.attribute_mention else -1
-                      for a in range(n_attr)]
+            values = [
+                draws.below(model.value_counts[a])
+                if draws.uniform() < config.attribute_mention
+                else -1
+                for a in range(n_attr)
+            ]
             emit(text, 2, mentions + [(tax.ancestor[leaf][tax.leaf_level - up], values)])
 
         # swapped: exchange one attribute value both objects mention (else their attribute sets)
         if len(mentions) >= 2:
-            options = [(i, j, a) for i in range(len(mentions)) for j in range(i + 1, len(mentions)) for a in range(n_attr)
-                       if mentions[i][1][a] >= 0 and mentions[j][1][a] >= 0 and mentions[i][1][a] != mentions[j][1][a]]
+            options = [
+                (i, j, a)
+                for i in range(len(mentions))
+                for j in range(i + 1, len(mentions))
+                for a in range(n_attr)
+                if mentions[i][1][a] >= 0
+                and mentions[j][1][a] >= 0
+                and mentions[i][1][a] != mentions[j][1][a]
+            ]
             if options:
                 i, j, a = draws.choice(options)
                 vi, vj = list(mentions[i][1]), list(mentions[j][1])
                 vi[a], vj[a] = vj[a], vi[a]
             else:
-                pairs = [(i, j) for i in range(len(mentions)) for j in range(i + 1, len(mentions))
-                         if mentions[i][1] != mentions[j][1]]
+                pairs = [
+                    (i, j)
+                    for i in range(len(mentions))
+                    for j in range(i + 1, len(mentions))
+                    if mentions[i][1] != mentions[j][1]
+                ]
                 if not pairs:
                     continue
                 i, j = draws.choice(pairs)
@@ -728,8 +867,14 @@ def _hard_negatives(config: SyntheticConfig, tax: _Taxonomy, model: _Model, capt
     return table, torch.tensor(to_text, dtype=torch.long), torch.tensor(kinds, dtype=torch.long)
 
 
-def _chains(config: SyntheticConfig, model: _Model, caption_mentions: _MentionLists, n_captions: Tensor,
-            image_split: Tensor, gen: torch.Generator) -> tuple[Tensor, list[int]]:
+def _chains(
+    config: SyntheticConfig,
+    model: _Model,
+    caption_mentions: _MentionLists,
+    n_captions: Tensor,
+    image_split: Tensor,
+    gen: torch.Generator,
+) -> tuple[Tensor, list[int]]:
     """Latents of [attributes alone, main object with them] for each chain, and the caption of each.
 
     The main object is the first mention of a caption. Returns ([2 * Nc, L], Nc caption ids).
@@ -755,9 +900,15 @@ def _chains(config: SyntheticConfig, model: _Model, caption_mentions: _MentionLi
     return latent + _gaussian(tuple(latent.shape), config.text_noise, gen), texts
 
 
-def _text_pairs(config: SyntheticConfig, tax: _Taxonomy, caption_mentions: _MentionLists, n_captions: Tensor,
-                image_split: Tensor, main_leaf: Tensor,
-                draws: _Draws) -> tuple[Tensor, Tensor, Tensor]:
+def _text_pairs(
+    config: SyntheticConfig,
+    tax: _Taxonomy,
+    caption_mentions: _MentionLists,
+    n_captions: Tensor,
+    image_split: Tensor,
+    main_leaf: Tensor,
+    draws: _Draws,
+) -> tuple[Tensor, Tensor, Tensor]:
     """Caption pairs from train images, a third of each kind (two captions of one image; captions of
     two images whose main objects share their ancestor one level below the family; random),
     scored by the cosine of their weighted concept sets."""
@@ -807,4 +958,8 @@ def _text_pairs(config: SyntheticConfig, tax: _Taxonomy, caption_mentions: _Ment
         a_ids.append(a)
         b_ids.append(b)
         scores.append(min(1.0, dot / norm) if norm > 0 else 0.0)
-    return torch.tensor(a_ids, dtype=torch.long), torch.tensor(b_ids, dtype=torch.long), torch.tensor(scores, dtype=torch.float32)
+    return (
+        torch.tensor(a_ids, dtype=torch.long),
+        torch.tensor(b_ids, dtype=torch.long),
+        torch.tensor(scores, dtype=torch.float32),
+    )

@@ -47,7 +47,16 @@ from curvalign.data.features import FeatureStore
 
 CONSTRUCTION_VERSION = 1
 DEFAULT_WORDNET_DIR = "/usr/share/wordnet"
-_REQUIRED_FILES = ("data.noun", "index.noun", "data.verb", "index.verb", "data.adj", "index.adj", "data.adv", "index.adv")
+_REQUIRED_FILES = (
+    "data.noun",
+    "index.noun",
+    "data.verb",
+    "index.verb",
+    "data.adj",
+    "index.adj",
+    "data.adv",
+    "index.adv",
+)
 
 # The lexicographer file list of WordNet 3.0 (lexnames(5WN)). Debian ships the database without
 # the ``lexnames`` file that nltk's reader opens first; its content is this fixed table.
@@ -92,11 +101,15 @@ def open_wordnet(root: Path | None = None) -> Any:
         import nltk
         from nltk.corpus.reader.wordnet import WordNetCorpusReader
     except ImportError:
-        raise WordNetError("the WordNet data source needs nltk: pip install 'curvalign[wordnet]'") from None
+        raise WordNetError(
+            "the WordNet data source needs nltk: pip install 'curvalign[wordnet]'"
+        ) from None
     # nltk only opens files under its data path (a sandbox); add the database directory to it.
     if key not in [str(p) for p in nltk.data.path]:
         nltk.data.path.append(key)
-    lexnames = "".join(f"{i:02d}\t{name}\t{_CATEGORY[name.split('.')[0]]}\n" for i, name in enumerate(_LEXNAMES))
+    lexnames = "".join(
+        f"{i:02d}\t{name}\t{_CATEGORY[name.split('.')[0]]}\n" for i, name in enumerate(_LEXNAMES)
+    )
 
     class _Reader(WordNetCorpusReader):
         def open(self, file: str) -> Any:
@@ -137,14 +150,18 @@ def build_tree(synset: str, wn: Any | None = None) -> WordNetTree:
     try:
         root = wn.synset(synset)
     except Exception:  # nltk raises WordNetError/ValueError with varied messages
-        raise WordNetError(f"{synset!r} is not a WordNet synset name (expected e.g. mammal.n.01)") from None
+        raise WordNetError(
+            f"{synset!r} is not a WordNet synset name (expected e.g. mammal.n.01)"
+        ) from None
     order = [root]
     position = {root.name(): 0}
     parent = [-1]
     queue = deque([root])
     while queue:
         node = queue.popleft()
-        children = sorted(set(node.hyponyms()) | set(node.instance_hyponyms()), key=lambda s: s.name())
+        children = sorted(
+            set(node.hyponyms()) | set(node.instance_hyponyms()), key=lambda s: s.name()
+        )
         for child in children:
             if child.name() not in position:  # first reached = shallowest hypernym in the closure
                 position[child.name()] = len(order)
@@ -154,7 +171,9 @@ def build_tree(synset: str, wn: Any | None = None) -> WordNetTree:
     names_text, texts, owners = [], [], []
     for i, s in enumerate(order):
         lemmas = list(dict.fromkeys(_pretty(n) for n in s.lemma_names()))
-        names_text.append(lemmas[0] + (f", also called {', '.join(lemmas[1:])}" if len(lemmas) > 1 else ""))
+        names_text.append(
+            lemmas[0] + (f", also called {', '.join(lemmas[1:])}" if len(lemmas) > 1 else "")
+        )
         for text in [s.definition(), *s.examples()]:
             texts.append(text.strip())
             owners.append(i)
@@ -162,7 +181,9 @@ def build_tree(synset: str, wn: Any | None = None) -> WordNetTree:
 
 
 def _cache_root() -> Path:
-    base = os.environ.get("CURVALIGN_CACHE") or os.path.join(os.environ.get("XDG_CACHE_HOME", "~/.cache"), "curvalign")
+    base = os.environ.get("CURVALIGN_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME", "~/.cache"), "curvalign"
+    )
     return Path(base).expanduser() / "wordnet"
 
 
@@ -179,7 +200,18 @@ def wordnet_store(
         raise WordNetError(f"test_fraction must lie in (0, 1), got {test_fraction}")
     root = wordnet_dir()
     stat = (root / "data.noun").stat()
-    key = json.dumps([CONSTRUCTION_VERSION, synset, encoder, seed, test_fraction, str(root), stat.st_size, stat.st_mtime_ns])
+    key = json.dumps(
+        [
+            CONSTRUCTION_VERSION,
+            synset,
+            encoder,
+            seed,
+            test_fraction,
+            str(root),
+            stat.st_size,
+            stat.st_mtime_ns,
+        ]
+    )
     path = _cache_root() / f"{synset}-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
     if cache and (path / "meta.json").is_file():
         return _with_text_pairs(FeatureStore.load(path), seed)
@@ -224,7 +256,10 @@ def _with_text_pairs(store: FeatureStore, seed: int) -> FeatureStore:
             if partner != i:
                 a_nodes.append(i)
                 b_nodes.append(partner)
-    scores = torch.tensor([wu_palmer(parents, a, b, depth) for a, b in zip(a_nodes, b_nodes)], dtype=torch.float32)
+    scores = torch.tensor(
+        [wu_palmer(parents, a, b, depth) for a, b in zip(a_nodes, b_nodes, strict=False)],
+        dtype=torch.float32,
+    )
     store.pair_a_features = store.text_features[torch.tensor([gloss_row[a] for a in a_nodes])]
     store.pair_b_features = store.text_features[torch.tensor([gloss_row[b] for b in b_nodes])]
     store.pair_scores = scores
@@ -232,7 +267,9 @@ def _with_text_pairs(store: FeatureStore, seed: int) -> FeatureStore:
     return store
 
 
-def _build_store(synset: str, encoder_spec: str, seed: int, test_fraction: float, root: Path, device: str) -> FeatureStore:
+def _build_store(
+    synset: str, encoder_spec: str, seed: int, test_fraction: float, root: Path, device: str
+) -> FeatureStore:
     from curvalign.data.encoders import load_encoder
 
     tree = build_tree(synset, open_wordnet(root))
@@ -270,7 +307,9 @@ def _build_store(synset: str, encoder_spec: str, seed: int, test_fraction: float
         if not seen[node]:
             gloss_row[node], seen[node] = row, True
     deep = [i for i in range(n) if parents[i] >= 0 and parents[parents[i]] >= 0]
-    chain_nodes = torch.tensor([[int(parents[parents[i]]), int(parents[i]), i] for i in deep], dtype=torch.long)
+    chain_nodes = torch.tensor(
+        [[int(parents[parents[i]]), int(parents[i]), i] for i in deep], dtype=torch.long
+    )
     chains = texts[gloss_row[chain_nodes.reshape(-1)]].reshape(len(deep), 3, -1) if deep else None
 
     store = FeatureStore(
@@ -315,9 +354,16 @@ def load_wordnet_spec(argument: str) -> FeatureStore:
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or key not in ("encoder", "seed", "test_fraction", "cache"):
-            raise WordNetError(f"wordnet spec item {item!r}: expected encoder=SPEC, seed=N, test_fraction=F or cache=0/1")
+            raise WordNetError(
+                f"wordnet spec item {item!r}: expected encoder=SPEC, seed=N, test_fraction=F or cache=0/1"
+            )
         try:
-            options[key] = {"encoder": str, "seed": int, "test_fraction": float, "cache": lambda v: v not in ("0", "false")}[key](value)
+            options[key] = {
+                "encoder": str,
+                "seed": int,
+                "test_fraction": float,
+                "cache": lambda v: v not in ("0", "false"),
+            }[key](value)
         except ValueError:
             raise WordNetError(f"wordnet spec item {item!r}: bad value") from None
     return wordnet_store(synset, **options)

@@ -17,9 +17,17 @@ import torch
 from torch import Tensor
 
 from curvalign.eval.compositional import hard_negative_accuracy
-from curvalign.eval.diagnostics import (distance_to_origin, effective_rank, eigen_spectrum, factor_activation,
-                                        factor_family_activation, factor_specialisation, has_origin, summary,
-                                        tangent_features)
+from curvalign.eval.diagnostics import (
+    distance_to_origin,
+    effective_rank,
+    eigen_spectrum,
+    factor_activation,
+    factor_family_activation,
+    factor_specialisation,
+    has_origin,
+    summary,
+    tangent_features,
+)
 from curvalign.eval.hierarchy import Taxonomy, hierarchical_metrics
 from curvalign.eval.ordering import ordering_accuracy
 from curvalign.eval.retrieval import recall_at_k
@@ -35,7 +43,7 @@ PAIR_BUDGET = 1 << 20
 def embed(recipe: Any, features: Tensor, modality: str, batch_size: int = 1024) -> Embedding:
     """Embed ``features`` [N, D] (``modality`` "image" or "text") in batches; returns N items."""
     fn = recipe.embed_images if modality == "image" else recipe.embed_texts
-    parts = [fn(features[i:i + batch_size]) for i in range(0, features.shape[0], batch_size)]
+    parts = [fn(features[i : i + batch_size]) for i in range(0, features.shape[0], batch_size)]
     if not parts:
         raise ValueError(f"no {modality} features to embed")
     return {k: torch.cat([p[k] for p in parts], dim=0) for k in parts[0]}
@@ -57,19 +65,35 @@ def score_matrix(recipe: Any, texts: Embedding, images: Embedding, query: str = 
     rows = max(1, PAIR_BUDGET // max(1, n_image))
     out = torch.empty(n_text, n_image, dtype=torch.float32)
     for start in range(0, n_text, rows):
-        out[start:start + rows] = recipe.scores(_rows(texts, slice(start, start + rows)), images, query=query).float().cpu()
+        out[start : start + rows] = (
+            recipe.scores(_rows(texts, slice(start, start + rows)), images, query=query)
+            .float()
+            .cpu()
+        )
     return out
 
 
 @torch.no_grad()
-def matched_scores(recipe: Any, texts: Embedding, images: Embedding, query: str = "image") -> Tensor:
+def matched_scores(
+    recipe: Any, texts: Embedding, images: Embedding, query: str = "image"
+) -> Tensor:
     """[n] score of text i with image i, via ``recipe.pair_scores`` (the diagonal of ``scores``)."""
     try:
         return recipe.pair_scores(texts, images, query=query).float().cpu()
     except NotImplementedError:  # a recipe without pair_scores: the diagonal, one pair at a time
         n = _size(texts)
-        return torch.stack([recipe.scores(_rows(texts, slice(i, i + 1)), _rows(images, slice(i, i + 1)),
-                                          query=query)[0, 0] for i in range(n)]).float().cpu()
+        return (
+            torch.stack(
+                [
+                    recipe.scores(
+                        _rows(texts, slice(i, i + 1)), _rows(images, slice(i, i + 1)), query=query
+                    )[0, 0]
+                    for i in range(n)
+                ]
+            )
+            .float()
+            .cpu()
+        )
 
 
 def _split_parts(store: Any, split: str) -> tuple[Tensor, Tensor, Tensor]:
@@ -96,8 +120,9 @@ def _node_families(tax: Taxonomy) -> list[int]:
 
 
 @torch.no_grad()
-def evaluate(recipe: Any, store: Any, split: str = "test", batch_size: int = 1024,
-             diagnostics: bool = True) -> dict[str, Any]:
+def evaluate(
+    recipe: Any, store: Any, split: str = "test", batch_size: int = 1024, diagnostics: bool = True
+) -> dict[str, Any]:
     """All metrics the store supports on ``split`` (every image when the store has no splits).
 
     Returns a JSON-serialisable dict (keys documented in docs/evaluation.md):
@@ -116,13 +141,21 @@ def evaluate(recipe: Any, store: Any, split: str = "test", batch_size: int = 102
             recipe.train()
 
 
-def _evaluate(recipe: Any, store: Any, split: str, batch_size: int, diagnostics: bool) -> dict[str, Any]:
+def _evaluate(
+    recipe: Any, store: Any, split: str, batch_size: int, diagnostics: bool
+) -> dict[str, Any]:
     name = getattr(recipe, "name", type(recipe).__name__)
     image_ids, text_ids, t2i = _split_parts(store, split)
     images = embed(recipe, store.image_features[image_ids].float(), "image", batch_size)
     texts = embed(recipe, store.text_features[text_ids].float(), "text", batch_size)
-    result: dict[str, Any] = {"meta": {"recipe": name, "split": split, "num_images": len(image_ids),
-                                       "num_texts": len(text_ids)}}
+    result: dict[str, Any] = {
+        "meta": {
+            "recipe": name,
+            "split": split,
+            "num_images": len(image_ids),
+            "num_texts": len(text_ids),
+        }
+    }
 
     t_scores = score_matrix(recipe, texts, images, query="text")
     i_scores = score_matrix(recipe, texts, images, query="image")
@@ -134,16 +167,24 @@ def _evaluate(recipe: Any, store: Any, split: str, batch_size: int, diagnostics:
     if store.has_classes:
         labels = store.image_labels[image_ids].long() if store.image_labels is not None else None
         prompts = embed(recipe, store.prompt_features.float(), "text", batch_size)
-        num_classes = len(store.class_names) if store.class_names else int(store.prompt_to_class.max()) + 1
+        num_classes = (
+            len(store.class_names) if store.class_names else int(store.prompt_to_class.max()) + 1
+        )
         if labels is not None and bool((labels >= 0).any()):
             keep = torch.nonzero(labels >= 0).flatten()
-            class_scores = recipe.zero_shot_scores(_rows(images, keep), prompts, store.prompt_to_class.long(),
-                                                   num_classes).float().cpu()
+            class_scores = (
+                recipe.zero_shot_scores(
+                    _rows(images, keep), prompts, store.prompt_to_class.long(), num_classes
+                )
+                .float()
+                .cpu()
+            )
             result["zeroshot"] = topk_accuracy(class_scores, labels[keep], ks=(1, 5))
             if tax is not None and store.class_to_node is not None:
                 class_to_node = store.class_to_node.long()
-                result["hierarchy"] = hierarchical_metrics(class_to_node[predict(class_scores)],
-                                                           class_to_node[labels[keep]], tax)
+                result["hierarchy"] = hierarchical_metrics(
+                    class_to_node[predict(class_scores)], class_to_node[labels[keep]], tax
+                )
 
     if store.has_negatives:
         text_local = torch.full((store.num_texts,), -1, dtype=torch.long)
@@ -156,7 +197,9 @@ def _evaluate(recipe: Any, store: Any, split: str, batch_size: int, diagnostics:
             true = matched_scores(recipe, _rows(texts, owner[keep]), paired_images, query="image")
             negative = matched_scores(recipe, negatives, paired_images, query="image")
             kinds = store.negative_kind[keep].long() if store.negative_kind is not None else None
-            result["compositional"] = hard_negative_accuracy(true, negative, kinds, store.negative_kind_names)
+            result["compositional"] = hard_negative_accuracy(
+                true, negative, kinds, store.negative_kind_names
+            )
 
     if store.has_chains or store.has_boxes:
         result["ordering"] = _ordering(recipe, store, image_ids, images, batch_size)
@@ -166,14 +209,22 @@ def _evaluate(recipe: Any, store: Any, split: str, batch_size: int, diagnostics:
     return result
 
 
-def _ordering(recipe: Any, store: Any, image_ids: Tensor, images: Embedding, batch_size: int) -> dict[str, Any]:
+def _ordering(
+    recipe: Any, store: Any, image_ids: Tensor, images: Embedding, batch_size: int
+) -> dict[str, Any]:
     name = getattr(recipe, "name", None)
     if not has_origin(name) or distance_to_origin(recipe, _rows(images, slice(0, 1))) is None:
-        return {"text": None, "image": None,
-                "note": f"{name} has no origin in its geometry (no hyperbolic part): hierarchy ordering "
-                        "does not apply (n/a)"}
-    out: dict[str, Any] = {"text": None, "image": None,
-                           "note": "distance to the origin of the hyperbolic part, chains general -> specific"}
+        return {
+            "text": None,
+            "image": None,
+            "note": f"{name} has no origin in its geometry (no hyperbolic part): hierarchy ordering "
+            "does not apply (n/a)",
+        }
+    out: dict[str, Any] = {
+        "text": None,
+        "image": None,
+        "note": "distance to the origin of the hyperbolic part, chains general -> specific",
+    }
     if store.has_chains:
         chains = store.chain_features.float()
         n, length, dim = chains.shape
@@ -192,35 +243,57 @@ def _ordering(recipe: Any, store: Any, image_ids: Tensor, images: Embedding, bat
     return out
 
 
-def _diagnostics(recipe: Any, store: Any, images: Embedding, texts: Embedding, prompts: Embedding | None,
-                 tax: Taxonomy | None) -> dict[str, Any]:
+def _diagnostics(
+    recipe: Any,
+    store: Any,
+    images: Embedding,
+    texts: Embedding,
+    prompts: Embedding | None,
+    tax: Taxonomy | None,
+) -> dict[str, Any]:
     out: dict[str, Any] = {"distance_to_origin": None, "spectrum": {}}
     d_img, d_txt = distance_to_origin(recipe, images), distance_to_origin(recipe, texts)
     if d_img is not None and d_txt is not None:
         out["distance_to_origin"] = {"image": summary(d_img), "text": summary(d_txt)}
     for modality, emb in (("image", images), ("text", texts)):
         spectrum = eigen_spectrum(tangent_features(recipe, emb))
-        out["spectrum"][modality] = {"effective_rank": effective_rank(spectrum),
-                                     "top_eigenvalues": [float(v) for v in spectrum[:10]]}
-    if "gate_logit" in images and "gate_logit" in texts:  # AGR's query gate, per query (seed 000, Sec. 4.2)
-        out["query_gate"] = {m: summary(torch.sigmoid(e["gate_logit"].double().flatten()))
-                             for m, e in (("image", images), ("text", texts))}
+        out["spectrum"][modality] = {
+            "effective_rank": effective_rank(spectrum),
+            "top_eigenvalues": [float(v) for v in spectrum[:10]],
+        }
+    if (
+        "gate_logit" in images and "gate_logit" in texts
+    ):  # AGR's query gate, per query (seed 000, Sec. 4.2)
+        out["query_gate"] = {
+            m: summary(torch.sigmoid(e["gate_logit"].double().flatten()))
+            for m, e in (("image", images), ("text", texts))
+        }
     if prompts is not None and tax is not None and store.class_to_node is not None:
         activation = factor_activation(recipe, prompts)
         if activation is not None:
             families = torch.tensor(_node_families(tax))
-            roots = sorted(set(families[store.class_to_node.long()].tolist()))  # families that have classes
-            family_of_class = torch.tensor([roots.index(int(f)) for f in families[store.class_to_node.long()]])
+            roots = sorted(
+                set(families[store.class_to_node.long()].tolist())
+            )  # families that have classes
+            family_of_class = torch.tensor(
+                [roots.index(int(f)) for f in families[store.class_to_node.long()]]
+            )
             prompt_family = family_of_class[store.prompt_to_class.long()]
             per_family = factor_family_activation(activation, prompt_family, len(roots))
-            out["factors"] = {"family_names": [store.taxonomy_names[r] if store.taxonomy_names else str(r)
-                                               for r in roots],
-                              "activation": per_family.tolist(), **factor_specialisation(per_family)}
+            out["factors"] = {
+                "family_names": [
+                    store.taxonomy_names[r] if store.taxonomy_names else str(r) for r in roots
+                ],
+                "activation": per_family.tolist(),
+                **factor_specialisation(per_family),
+            }
     return out
 
 
 @torch.no_grad()
-def diagnostic_arrays(recipe: Any, store: Any, split: str = "test", batch_size: int = 1024) -> dict[str, Any]:
+def diagnostic_arrays(
+    recipe: Any, store: Any, split: str = "test", batch_size: int = 1024
+) -> dict[str, Any]:
     """Raw arrays behind the diagnostics plots of one recipe on ``split``:
     ``distance`` {"image": [Ni], "text": [Nt]} (None without an origin), ``spectrum``
     {"image": [D], "text": [D]} descending eigenvalues, ``factor_activation`` {"image": [Ni, k],
@@ -234,8 +307,13 @@ def diagnostic_arrays(recipe: Any, store: Any, split: str = "test", batch_size: 
     a_img, a_txt = factor_activation(recipe, images), factor_activation(recipe, texts)
     return {
         "distance": None if d_img is None else {"image": d_img.numpy(), "text": d_txt.numpy()},
-        "spectrum": {m: eigen_spectrum(tangent_features(recipe, e)).numpy() for m, e in (("image", images), ("text", texts))},
-        "factor_activation": None if a_img is None else {"image": a_img.numpy(), "text": a_txt.numpy()},
+        "spectrum": {
+            m: eigen_spectrum(tangent_features(recipe, e)).numpy()
+            for m, e in (("image", images), ("text", texts))
+        },
+        "factor_activation": None
+        if a_img is None
+        else {"image": a_img.numpy(), "text": a_txt.numpy()},
     }
 
 

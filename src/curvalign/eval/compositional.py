@@ -14,8 +14,12 @@ import torch
 from torch import Tensor
 
 
-def hard_negative_accuracy(true_scores: Tensor, negative_scores: Tensor, negative_kind: Tensor | None = None,
-                           kind_names: Sequence[str] | None = None) -> dict[str, float]:
+def hard_negative_accuracy(
+    true_scores: Tensor,
+    negative_scores: Tensor,
+    negative_kind: Tensor | None = None,
+    kind_names: Sequence[str] | None = None,
+) -> dict[str, float]:
     """Share of (true, negative) pairs won by the true caption, overall and per negative kind.
 
     true_scores     [Nn] score of the true caption with its image, repeated for each negative
@@ -24,18 +28,28 @@ def hard_negative_accuracy(true_scores: Tensor, negative_scores: Tensor, negativ
     Returns {"overall": ..., "<kind name>": ...}; kinds without negatives are left out.
     """
     if true_scores.shape != negative_scores.shape or true_scores.ndim != 1:
-        raise ValueError(f"true_scores and negative_scores must both be [Nn]; got {tuple(true_scores.shape)} "
-                         f"and {tuple(negative_scores.shape)}")
+        raise ValueError(
+            f"true_scores and negative_scores must both be [Nn]; got {tuple(true_scores.shape)} "
+            f"and {tuple(negative_scores.shape)}"
+        )
     if len(true_scores) == 0:
         raise ValueError("no hard negatives: compositional accuracy is undefined")
-    if not (bool(torch.isfinite(true_scores).all()) and bool(torch.isfinite(negative_scores).all())):
+    if not (
+        bool(torch.isfinite(true_scores).all()) and bool(torch.isfinite(negative_scores).all())
+    ):
         raise ValueError("hard-negative scores contain NaN or infinite values")
     won = (true_scores > negative_scores).float()
     out = {"overall": float(won.mean())}
     if negative_kind is not None:
         if negative_kind.shape != won.shape:
-            raise ValueError(f"negative_kind must have shape {tuple(won.shape)}, got {tuple(negative_kind.shape)}")
+            raise ValueError(
+                f"negative_kind must have shape {tuple(won.shape)}, got {tuple(negative_kind.shape)}"
+            )
         for kind in sorted(set(negative_kind.tolist())):
-            name = kind_names[kind] if kind_names is not None and 0 <= kind < len(kind_names) else str(kind)
+            name = (
+                kind_names[kind]
+                if kind_names is not None and 0 <= kind < len(kind_names)
+                else str(kind)
+            )
             out[name] = float(won[negative_kind == kind].mean())
     return out

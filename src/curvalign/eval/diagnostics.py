@@ -37,8 +37,14 @@ Embedding = dict[str, Tensor]
 
 #: recipe name -> (embedding key of the hyperbolic part, curvature source); None = no origin notion
 LORENTZ_PART: dict[str, str | None] = {
-    "meru": "point", "hycoclip": "point", "atmg": "point", "phyclip": "point",
-    "proclip": "hyperbolic", "agr": "lorentz", "clip": None, "dualpath": None,
+    "meru": "point",
+    "hycoclip": "point",
+    "atmg": "point",
+    "phyclip": "point",
+    "proclip": "hyperbolic",
+    "agr": "lorentz",
+    "clip": None,
+    "dualpath": None,
 }
 
 
@@ -57,7 +63,9 @@ def logmap0(x: Tensor, c: Tensor | float) -> Tensor:
     norm = x64.norm(dim=-1, keepdim=True)
     scaled = sqrt_c * norm
     # asinh(u)/u -> 1 as u -> 0; evaluate the ratio safely there
-    ratio = torch.where(scaled > 1e-6, torch.asinh(scaled) / scaled.clamp_min(1e-300), 1.0 - scaled**2 / 6)
+    ratio = torch.where(
+        scaled > 1e-6, torch.asinh(scaled) / scaled.clamp_min(1e-300), 1.0 - scaled**2 / 6
+    )
     return ratio * x64
 
 
@@ -69,17 +77,26 @@ def curvature(recipe: Any) -> Tensor:
     if callable(value) and not isinstance(value, Tensor):
         value = value()
     if value is not None:
-        return torch.as_tensor(value.detach() if isinstance(value, Tensor) else value, dtype=torch.float64)
+        return torch.as_tensor(
+            value.detach() if isinstance(value, Tensor) else value, dtype=torch.float64
+        )
     logs = recipe.log_values() if hasattr(recipe, "log_values") else {}
-    keys = [k for k in logs if k.split("/")[-1].startswith("curvature") or k.startswith("curvature")]
+    keys = [
+        k for k in logs if k.split("/")[-1].startswith("curvature") or k.startswith("curvature")
+    ]
     if len(keys) == 1:
         return torch.tensor(float(logs[keys[0]]), dtype=torch.float64)
     if keys:  # per-factor entries such as curvature/0 ... curvature/k-1
-        numbered = sorted((k for k in keys if k.rsplit("/", 1)[-1].isdigit()), key=lambda k: int(k.rsplit("/", 1)[-1]))
+        numbered = sorted(
+            (k for k in keys if k.rsplit("/", 1)[-1].isdigit()),
+            key=lambda k: int(k.rsplit("/", 1)[-1]),
+        )
         if numbered:
             return torch.tensor([float(logs[k]) for k in numbered], dtype=torch.float64)
-    raise ValueError(f"cannot find the curvature of recipe {getattr(recipe, 'name', recipe)!r}: it has no "
-                     "`curvature` attribute and no `curvature` entry in log_values()")
+    raise ValueError(
+        f"cannot find the curvature of recipe {getattr(recipe, 'name', recipe)!r}: it has no "
+        "`curvature` attribute and no `curvature` entry in log_values()"
+    )
 
 
 def has_origin(recipe_name: str) -> bool:
@@ -146,8 +163,13 @@ def summary(values: Tensor) -> dict[str, float]:
     """Mean, std and quantiles of a 1-D sample (for distance distributions)."""
     v = values.double().flatten()
     q = torch.quantile(v, torch.tensor([0.05, 0.5, 0.95], dtype=torch.float64))
-    return {"mean": float(v.mean()), "std": float(v.std()) if len(v) > 1 else 0.0,
-            "p05": float(q[0]), "median": float(q[1]), "p95": float(q[2])}
+    return {
+        "mean": float(v.mean()),
+        "std": float(v.std()) if len(v) > 1 else 0.0,
+        "p05": float(q[0]),
+        "median": float(q[1]),
+        "p95": float(q[2]),
+    }
 
 
 def factor_family_activation(activation: Tensor, family: Tensor, num_families: int) -> Tensor:
@@ -170,13 +192,18 @@ def factor_specialisation(family_activation: Tensor) -> dict[str, Any]:
     top = family_activation.argmax(dim=1)
     contrasts = []
     for f in range(family_activation.shape[0]):
-        others = torch.cat([family_activation[:f, top[f]], family_activation[f + 1:, top[f]]])
+        others = torch.cat([family_activation[:f, top[f]], family_activation[f + 1 :, top[f]]])
         if len(others):
             base = float(others.mean())
             contrasts.append((float(family_activation[f, top[f]]) - base) / max(abs(base), 1e-12))
-    return {"top_factor": top.tolist(), "distinct_top_factors": int(len(set(top.tolist()))),
-            "num_families": int(family_activation.shape[0]),
-            "mean_relative_contrast": float(sum(contrasts) / len(contrasts)) if contrasts else float("nan")}
+    return {
+        "top_factor": top.tolist(),
+        "distinct_top_factors": int(len(set(top.tolist()))),
+        "num_families": int(family_activation.shape[0]),
+        "mean_relative_contrast": float(sum(contrasts) / len(contrasts))
+        if contrasts
+        else float("nan"),
+    }
 
 
 def factorwise_max(a: Tensor, b: Tensor, c: Tensor | float) -> Tensor:
@@ -187,6 +214,7 @@ def factorwise_max(a: Tensor, b: Tensor, c: Tensor | float) -> Tensor:
 
 
 # --- training logs ------------------------------------------------------------------------------
+
 
 def read_log(run_dir: str | Path) -> list[dict[str, Any]]:
     """The rows of ``run_dir/log.jsonl`` (one JSON object per logged step)."""
@@ -229,7 +257,7 @@ def value_at(rows: list[dict[str, Any]], key: str, step: int) -> float | None:
     """The logged value of ``key`` at the last logged step <= ``step`` (None if never logged)."""
     steps, values = series(rows, key)
     best = None
-    for s, v in zip(steps, values):
+    for s, v in zip(steps, values, strict=False):
         if s <= step:
             best = v
     return best if best is not None else (values[0] if values else None)
@@ -247,15 +275,23 @@ def dominance(mean_weight: float | None, low: float = 0.1, high: float = 0.9) ->
     return "balanced"
 
 
-def routing_statistics(rows: list[dict[str, Any]], warmup_end_step: int | None,
-                       weight_key: str | None = None, gate_key: str | None = None) -> dict[str, Any]:
+def routing_statistics(
+    rows: list[dict[str, Any]],
+    warmup_end_step: int | None,
+    weight_key: str | None = None,
+    gate_key: str | None = None,
+) -> dict[str, Any]:
     """AGR routing statistics from a training log: mean routing weight over training, at the end of
     the warm-up (with its dominance verdict) and at the end; the same for the query gate.
 
     ``weight_key``/``gate_key`` default to the first logged key naming a routing weight / gate.
     """
-    weight_key = weight_key or next(iter(find_keys(rows, "routing_weight", "route_w", "mean_w")), None)
-    gate_key = gate_key or next(iter(k for k in find_keys(rows, "gate") if "dualpath" not in k), None)
+    weight_key = weight_key or next(
+        iter(find_keys(rows, "routing_weight", "route_w", "mean_w")), None
+    )
+    gate_key = gate_key or next(
+        iter(k for k in find_keys(rows, "gate") if "dualpath" not in k), None
+    )
     out: dict[str, Any] = {"weight_key": weight_key, "gate_key": gate_key}
     for name, key in (("weight", weight_key), ("gate", gate_key)):
         if key is None:

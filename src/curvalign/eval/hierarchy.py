@@ -27,7 +27,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import torch
 from torch import Tensor
 
 
@@ -38,7 +37,9 @@ class Taxonomy:
     """
 
     def __init__(self, parents: Tensor | Sequence[int]) -> None:
-        parent_list = [int(p) for p in (parents.tolist() if isinstance(parents, Tensor) else parents)]
+        parent_list = [
+            int(p) for p in (parents.tolist() if isinstance(parents, Tensor) else parents)
+        ]
         n = len(parent_list)
         if n == 0:
             raise ValueError("taxonomy is empty (no nodes)")
@@ -83,8 +84,11 @@ def _ratio(num: int, den: int) -> float:
     return 1.0 if den == 0 else num / den
 
 
-def hierarchical_metrics(pred: Tensor | Sequence[int], true: Tensor | Sequence[int],
-                         parents: Tensor | Sequence[int] | Taxonomy) -> dict[str, float]:
+def hierarchical_metrics(
+    pred: Tensor | Sequence[int],
+    true: Tensor | Sequence[int],
+    parents: Tensor | Sequence[int] | Taxonomy,
+) -> dict[str, float]:
     """{"TIE", "LCA", "J", "PH", "RH"} averaged over samples.
 
     pred, true: [n] node ids (not class ids: map classes with ``class_to_node`` first);
@@ -94,13 +98,15 @@ def hierarchical_metrics(pred: Tensor | Sequence[int], true: Tensor | Sequence[i
     pred_list = [int(p) for p in (pred.tolist() if isinstance(pred, Tensor) else pred)]
     true_list = [int(t) for t in (true.tolist() if isinstance(true, Tensor) else true)]
     if len(pred_list) != len(true_list):
-        raise ValueError(f"pred and true must have the same length, got {len(pred_list)} and {len(true_list)}")
+        raise ValueError(
+            f"pred and true must have the same length, got {len(pred_list)} and {len(true_list)}"
+        )
     if not pred_list:
         raise ValueError("no samples: hierarchical metrics are undefined")
     if any(not 0 <= v < tax.num_nodes for v in pred_list + true_list):
         raise ValueError(f"pred/true node ids must lie in [0, {tax.num_nodes})")
     sums = dict.fromkeys(("TIE", "LCA", "J", "PH", "RH"), 0.0)
-    for p, t in zip(pred_list, true_list):
+    for p, t in zip(pred_list, true_list, strict=False):
         ap, at = tax.ancestor_sets[p], tax.ancestor_sets[t]
         inter, union = len(ap & at), len(ap | at)
         sums["TIE"] += tax.path_length(p, t)

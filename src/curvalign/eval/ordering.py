@@ -20,7 +20,9 @@ def ordering_accuracy(distances: Tensor) -> dict[str, float]:
     distances: [n_chains, L] distance to the origin, columns from general to specific, L >= 2.
     """
     if distances.ndim != 2 or distances.shape[1] < 2:
-        raise ValueError(f"distances must be [n_chains, L] with L >= 2, got {tuple(distances.shape)}")
+        raise ValueError(
+            f"distances must be [n_chains, L] with L >= 2, got {tuple(distances.shape)}"
+        )
     if distances.shape[0] == 0:
         raise ValueError("no chains: ordering accuracy is undefined")
     if not bool(torch.isfinite(distances).all()):

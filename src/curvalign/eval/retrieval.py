@@ -21,14 +21,22 @@ _CHUNK = 1024
 
 def _check(scores: Tensor, text_to_image: Tensor, name: str) -> None:
     if scores.ndim != 2:
-        raise ValueError(f"{name} must be a [n_text, n_image] matrix, got shape {tuple(scores.shape)}")
+        raise ValueError(
+            f"{name} must be a [n_text, n_image] matrix, got shape {tuple(scores.shape)}"
+        )
     if text_to_image.ndim != 1 or text_to_image.shape[0] != scores.shape[0]:
-        raise ValueError(f"text_to_image must have shape [{scores.shape[0]}] (one image per caption), "
-                         f"got {tuple(text_to_image.shape)}")
-    if scores.shape[0] and (int(text_to_image.min()) < 0 or int(text_to_image.max()) >= scores.shape[1]):
+        raise ValueError(
+            f"text_to_image must have shape [{scores.shape[0]}] (one image per caption), "
+            f"got {tuple(text_to_image.shape)}"
+        )
+    if scores.shape[0] and (
+        int(text_to_image.min()) < 0 or int(text_to_image.max()) >= scores.shape[1]
+    ):
         raise ValueError(f"text_to_image holds image ids outside [0, {scores.shape[1]})")
     if not bool(torch.isfinite(scores).all()):
-        raise ValueError(f"{name} contains NaN or infinite values; the model's scores are not usable")
+        raise ValueError(
+            f"{name} contains NaN or infinite values; the model's scores are not usable"
+        )
 
 
 def text_to_image_ranks(scores: Tensor, text_to_image: Tensor) -> Tensor:
@@ -39,11 +47,11 @@ def text_to_image_ranks(scores: Tensor, text_to_image: Tensor) -> Tensor:
     _check(scores, text_to_image, "scores")
     ranks = torch.empty(scores.shape[0], dtype=torch.long)
     for start in range(0, scores.shape[0], _CHUNK):
-        rows = scores[start:start + _CHUNK]
-        right = text_to_image[start:start + _CHUNK].to(rows.device)
+        rows = scores[start : start + _CHUNK]
+        right = text_to_image[start : start + _CHUNK].to(rows.device)
         right_score = rows.gather(1, right[:, None])
         # every candidate at least as high, minus the right image itself
-        ranks[start:start + _CHUNK] = ((rows >= right_score).sum(1) - 1).cpu()
+        ranks[start : start + _CHUNK] = ((rows >= right_score).sum(1) - 1).cpu()
     return ranks
 
 
@@ -56,7 +64,9 @@ def image_to_text_ranks(scores: Tensor, text_to_image: Tensor) -> Tensor:
     _check(scores, text_to_image, "i2t scores")
     n_text, n_image = scores.shape
     t2i = text_to_image.to(scores.device)
-    right_score = scores.gather(1, t2i[:, None]).squeeze(1)  # [n_text] score of each caption's own pair
+    right_score = scores.gather(1, t2i[:, None]).squeeze(
+        1
+    )  # [n_text] score of each caption's own pair
     best = torch.full((n_image,), float("-inf"), dtype=scores.dtype, device=scores.device)
     best = best.scatter_reduce(0, t2i, right_score, reduce="amax")
     has_caption = torch.zeros(n_image, dtype=torch.bool, device=scores.device)
@@ -66,14 +76,18 @@ def image_to_text_ranks(scores: Tensor, text_to_image: Tensor) -> Tensor:
     right_at_best.scatter_add_(0, t2i, (right_score >= best[t2i]).long())
     at_least = torch.zeros(n_image, dtype=torch.long, device=scores.device)
     for start in range(0, n_text, _CHUNK):
-        at_least += (scores[start:start + _CHUNK] >= best[None, :]).sum(0)
+        at_least += (scores[start : start + _CHUNK] >= best[None, :]).sum(0)
     ranks = at_least - right_at_best
     ranks[~has_caption] = -1
     return ranks.cpu()
 
 
-def recall_at_k(scores: Tensor, text_to_image: Tensor, ks: Sequence[int] = (1, 5, 10),
-                i2t_scores: Tensor | None = None) -> dict[str, float]:
+def recall_at_k(
+    scores: Tensor,
+    text_to_image: Tensor,
+    ks: Sequence[int] = (1, 5, 10),
+    i2t_scores: Tensor | None = None,
+) -> dict[str, float]:
     """Recall@K in both directions.
 
     scores        [n_text, n_image], higher is better (text as query, for t2i)
@@ -89,7 +103,9 @@ def recall_at_k(scores: Tensor, text_to_image: Tensor, ks: Sequence[int] = (1, 5
     text_to_image = text_to_image.long()
     i2t = scores if i2t_scores is None else i2t_scores
     if i2t.shape != scores.shape:
-        raise ValueError(f"i2t_scores must have the shape of scores {tuple(scores.shape)}, got {tuple(i2t.shape)}")
+        raise ValueError(
+            f"i2t_scores must have the shape of scores {tuple(scores.shape)}, got {tuple(i2t.shape)}"
+        )
     t_ranks = text_to_image_ranks(scores, text_to_image)
     i_ranks = image_to_text_ranks(i2t, text_to_image)
     i_ranks = i_ranks[i_ranks >= 0]
@@ -101,7 +117,9 @@ def recall_at_k(scores: Tensor, text_to_image: Tensor, ks: Sequence[int] = (1, 5
     return out
 
 
-def text_text_recall(scores: Tensor, groups: Tensor, ks: Sequence[int] = (1, 5, 10)) -> dict[str, float]:
+def text_text_recall(
+    scores: Tensor, groups: Tensor, ks: Sequence[int] = (1, 5, 10)
+) -> dict[str, float]:
     """Text->text retrieval among captions (DualPath's text-only capability, seed 004).
 
     scores [N, N] between captions (query rows, candidate columns), groups [N] (e.g. the image
@@ -111,8 +129,10 @@ def text_text_recall(scores: Tensor, groups: Tensor, ks: Sequence[int] = (1, 5, 
     Returns {"t2t@k": ...}.
     """
     if scores.ndim != 2 or scores.shape[0] != scores.shape[1] or groups.shape != scores.shape[:1]:
-        raise ValueError(f"text-text scores must be [N, N] with groups [N]; got {tuple(scores.shape)} and "
-                         f"{tuple(groups.shape)}")
+        raise ValueError(
+            f"text-text scores must be [N, N] with groups [N]; got {tuple(scores.shape)} and "
+            f"{tuple(groups.shape)}"
+        )
     if not bool(torch.isfinite(scores).all()):
         raise ValueError("text-text scores contain NaN or infinite values")
     n = scores.shape[0]

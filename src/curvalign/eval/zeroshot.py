@@ -20,17 +20,23 @@ def class_ranks(class_scores: Tensor, labels: Tensor) -> Tensor:
     class_scores: [n, C], higher is better; labels: [n] in [0, C).
     """
     if class_scores.ndim != 2 or labels.shape != class_scores.shape[:1]:
-        raise ValueError(f"class_scores must be [n, C] and labels [n]; got {tuple(class_scores.shape)} "
-                         f"and {tuple(labels.shape)}")
+        raise ValueError(
+            f"class_scores must be [n, C] and labels [n]; got {tuple(class_scores.shape)} "
+            f"and {tuple(labels.shape)}"
+        )
     if len(labels) and (int(labels.min()) < 0 or int(labels.max()) >= class_scores.shape[1]):
         raise ValueError(f"labels must lie in [0, {class_scores.shape[1]})")
     if not bool(torch.isfinite(class_scores).all()):
-        raise ValueError("class scores contain NaN or infinite values; the model's scores are not usable")
+        raise ValueError(
+            "class scores contain NaN or infinite values; the model's scores are not usable"
+        )
     right = class_scores.gather(1, labels.long()[:, None])
     return (class_scores >= right).sum(1) - 1
 
 
-def topk_accuracy(class_scores: Tensor, labels: Tensor, ks: Sequence[int] = (1, 5)) -> dict[str, float]:
+def topk_accuracy(
+    class_scores: Tensor, labels: Tensor, ks: Sequence[int] = (1, 5)
+) -> dict[str, float]:
     """{"top1": ..., "top5": ...}: share of samples whose class is among the k best, in [0, 1].
 
     Samples with label -1 (no class) are left out. A k >= C gives 1.0 by definition.

@@ -52,7 +52,9 @@ def check_points(x: Tensor, name: str, min_dim: int = 1) -> None:
     if not x.is_floating_point():
         raise TypeError(f"{name}: expected a floating-point tensor, got dtype {x.dtype}")
     if x.dim() < min_dim:
-        raise ValueError(f"{name}: expected at least {min_dim} dimension(s), got shape {tuple(x.shape)}")
+        raise ValueError(
+            f"{name}: expected at least {min_dim} dimension(s), got shape {tuple(x.shape)}"
+        )
 
 
 def as_positive(value: Curvature, name: str, dtype: torch.dtype, device: torch.device) -> Tensor:

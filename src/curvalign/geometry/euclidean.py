@@ -18,7 +18,9 @@ def _check_pair(X: Tensor, Y: Tensor) -> None:
     check_points(X, "X", 2)
     check_points(Y, "Y", 2)
     if X.dim() != 2 or Y.dim() != 2 or X.shape[-1] != Y.shape[-1]:
-        raise ValueError(f"X, Y: expected [N, d] and [M, d], got {tuple(X.shape)} and {tuple(Y.shape)}")
+        raise ValueError(
+            f"X, Y: expected [N, d] and [M, d], got {tuple(X.shape)} and {tuple(Y.shape)}"
+        )
 
 
 @no_autocast

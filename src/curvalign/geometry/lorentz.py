@@ -27,10 +27,10 @@ from torch import Tensor
 from curvalign.geometry._numerics import (
     Curvature,
     as_positive,
+    bounded_atan2,
     check_points,
     eps,
     no_autocast,
-    bounded_atan2,
     safe_norm,
     sqrt_lin,
     tiny_floor,
@@ -239,9 +239,7 @@ def exterior_angle(x: Tensor, y: Tensor, c: Curvature) -> Tensor:
 # ----------------------------------------------------------------------------------------
 
 
-def _pairwise_prep(
-    X: Tensor, Y: Tensor, c: Curvature
-) -> tuple[Tensor, Tensor, Tensor]:
+def _pairwise_prep(X: Tensor, Y: Tensor, c: Curvature) -> tuple[Tensor, Tensor, Tensor]:
     """Bring ``X, Y`` into ``[N, d], [M, d]`` or factor layout ``[k, N, d], [k, M, d]``.
 
     Returns the working-dtype tensors and ``c`` shaped to broadcast against ``[..., N, M]``.
@@ -284,7 +282,9 @@ def pairwise_inner(X: Tensor, Y: Tensor, c: Curvature) -> Tensor:
     ``X: [N, d]``, ``Y: [M, d]`` -> ``[N, M]`` (factor layout ``[N, k, d]`` -> ``[k, N, M]``).
     """
     X, Y, c = _pairwise_prep(X, Y, c)
-    return _gram(X, Y) - _time(X, c.squeeze(-1)).unsqueeze(-1) * _time(Y, c.squeeze(-1)).unsqueeze(-2)
+    return _gram(X, Y) - _time(X, c.squeeze(-1)).unsqueeze(-1) * _time(Y, c.squeeze(-1)).unsqueeze(
+        -2
+    )
 
 
 def _minkowski_operands(X: Tensor, Y: Tensor, c: Tensor) -> tuple[Tensor, Tensor]:

@@ -72,17 +72,23 @@ def l1_dist(x: Tensor, y: Tensor, c: Curvature) -> Tensor:
 
 
 def _check_parts(
-    parts_x: Mapping[str, Tensor], parts_y: Mapping[str, Tensor], weights: Mapping[str, float | Tensor]
+    parts_x: Mapping[str, Tensor],
+    parts_y: Mapping[str, Tensor],
+    weights: Mapping[str, float | Tensor],
 ) -> list[str]:
     for name, parts in (("parts_x", parts_x), ("parts_y", parts_y), ("weights", weights)):
         unknown = set(parts) - set(PARTS)
         if unknown:
-            raise ValueError(f"{name}: unknown factor(s) {sorted(unknown)}; expected keys among {PARTS}")
+            raise ValueError(
+                f"{name}: unknown factor(s) {sorted(unknown)}; expected keys among {PARTS}"
+            )
     keys = [p for p in PARTS if p in parts_x]
     if not keys:
         raise ValueError(f"parts_x: expected at least one of {PARTS}")
     if set(parts_x) != set(parts_y):
-        raise ValueError(f"parts_x, parts_y: factors differ, {sorted(parts_x)} vs {sorted(parts_y)}")
+        raise ValueError(
+            f"parts_x, parts_y: factors differ, {sorted(parts_x)} vs {sorted(parts_y)}"
+        )
     missing = set(keys) - set(weights)
     if missing:
         raise ValueError(f"weights: missing weight(s) for {sorted(missing)}")

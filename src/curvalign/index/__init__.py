@@ -7,6 +7,15 @@ ties by id; ``kind="ann"`` for HNSW / IVF with the same interface; ``load_index(
 rerank with ``pair_scores``); ``rerank_recall`` measures it against the exhaustive ranking.
 """
 
+from curvalign.index.rerank import (
+    EMBEDDING_GEOMETRY,
+    RecipeIndex,
+    default_proxy,
+    exhaustive_topk,
+    rerank_recall,
+    search_images_to_texts,
+    search_texts_to_images,
+)
 from curvalign.index.search import (
     GEOMETRY,
     IndexInfo,
@@ -22,18 +31,24 @@ from curvalign.index.search import (
     query_vectors,
 )
 
-from curvalign.index.rerank import (
-    EMBEDDING_GEOMETRY,
-    RecipeIndex,
-    default_proxy,
-    exhaustive_topk,
-    rerank_recall,
-    search_images_to_texts,
-    search_texts_to_images,
-)
-
-__all__ = ["EMBEDDING_GEOMETRY", "RecipeIndex", "default_proxy", "exhaustive_topk", "rerank_recall",
-           "search_images_to_texts", "search_texts_to_images",
-           "GEOMETRY", "IndexInfo", "IndexMismatchError", "LorentzIndex", "build_index", "database_vectors",
-           "distance_from_excess", "load_index", "lorentz_distance", "lorentz_excess", "lorentz_time",
-           "query_vectors"]
+__all__ = [
+    "EMBEDDING_GEOMETRY",
+    "RecipeIndex",
+    "default_proxy",
+    "exhaustive_topk",
+    "rerank_recall",
+    "search_images_to_texts",
+    "search_texts_to_images",
+    "GEOMETRY",
+    "IndexInfo",
+    "IndexMismatchError",
+    "LorentzIndex",
+    "build_index",
+    "database_vectors",
+    "distance_from_excess",
+    "load_index",
+    "lorentz_distance",
+    "lorentz_excess",
+    "lorentz_time",
+    "query_vectors",
+]

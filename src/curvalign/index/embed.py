@@ -17,16 +17,23 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Literal
+from typing import Any, Literal
 
 import numpy as np
 import torch
 
 from curvalign._io import staged_directory
 from curvalign.index.rerank import EMBEDDING_GEOMETRY, RecipeIndex, as_torch_embedding
-from curvalign.index.search import GEOMETRY, IndexMismatchError, LorentzIndex, build_index, load_index
+from curvalign.index.search import (
+    GEOMETRY,
+    IndexMismatchError,
+    LorentzIndex,
+    build_index,
+    load_index,
+)
 from curvalign.recipes.base import Embedding, Recipe
 
 META_FILE = "embedding.json"
@@ -47,9 +54,16 @@ def _curvature_list(recipe: Recipe) -> list[float] | None:
 
 
 @torch.no_grad()
-def embed_store(recipe: Recipe, store: Any, out: str | os.PathLike, *, batch_size: int = 1024,
-                boxes: bool = False, info: dict[str, Any] | None = None,
-                progress: Callable[[str, int], Any] | None = None) -> Path:
+def embed_store(
+    recipe: Recipe,
+    store: Any,
+    out: str | os.PathLike,
+    *,
+    batch_size: int = 1024,
+    boxes: bool = False,
+    info: dict[str, Any] | None = None,
+    progress: Callable[[str, int], Any] | None = None,
+) -> Path:
     """Embed ``store``'s images and texts (and boxes) with ``recipe`` into the directory ``out``.
 
     ``progress(label, total)`` may return a callable ``advance(n)`` (the CLI passes a rich bar).
@@ -63,13 +77,18 @@ def embed_store(recipe: Recipe, store: Any, out: str | os.PathLike, *, batch_siz
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     if out.exists() and not (out / META_FILE).exists() and any(out.iterdir()):
-        raise FileExistsError(f"{out} exists and is not an embeddings directory; not overwriting it")
+        raise FileExistsError(
+            f"{out} exists and is not an embeddings directory; not overwriting it"
+        )
     parts: list[tuple[str, Any, Callable[[torch.Tensor], Embedding]]] = [
         ("images", store.image_features, recipe.embed_images),
-        ("texts", store.text_features, recipe.embed_texts)]
+        ("texts", store.text_features, recipe.embed_texts),
+    ]
     if boxes:
-        parts += [("box_images", store.box_image_features, recipe.embed_images),
-                  ("box_texts", store.box_text_features, recipe.embed_texts)]
+        parts += [
+            ("box_images", store.box_image_features, recipe.embed_images),
+            ("box_texts", store.box_text_features, recipe.embed_texts),
+        ]
     keys: dict[str, dict[str, Any]] = {}
     counts: dict[str, int] = {}
     files: dict[str, dict[str, str]] = {}
@@ -82,29 +101,47 @@ def embed_store(recipe: Recipe, store: Any, out: str | os.PathLike, *, batch_siz
             maps: dict[str, np.memmap] = {}
             advance = progress(f"embedding {side}", n) if progress else None
             for start in range(0, n, batch_size):
-                batch = torch.as_tensor(np.asarray(features[start:start + batch_size]), dtype=torch.float32)
+                batch = torch.as_tensor(
+                    np.asarray(features[start : start + batch_size]), dtype=torch.float32
+                )
                 emb = embed(batch)
                 for key, value in emb.items():
                     value = value.detach().float().cpu().numpy()
                     if key not in maps:
                         name = f"{side}.{key}.npy"
-                        maps[key] = np.lib.format.open_memmap(tmp / name, mode="w+", dtype=np.float32,
-                                                              shape=(n, *value.shape[1:]))
+                        maps[key] = np.lib.format.open_memmap(
+                            tmp / name, mode="w+", dtype=np.float32, shape=(n, *value.shape[1:])
+                        )
                         files[side][key] = name
-                        keys.setdefault(key, {"shape": list(value.shape[1:]), "dtype": "float32",
-                                              "geometry": geometry.get(key, "unknown")})
+                        keys.setdefault(
+                            key,
+                            {
+                                "shape": list(value.shape[1:]),
+                                "dtype": "float32",
+                                "geometry": geometry.get(key, "unknown"),
+                            },
+                        )
                     if not np.isfinite(value).all():
-                        raise FloatingPointError(f"recipe {recipe.name!r} produced non-finite {side} "
-                                                 f"embeddings ({key!r}) in rows {start}..{start + len(value) - 1}")
-                    maps[key][start:start + len(value)] = value
+                        raise FloatingPointError(
+                            f"recipe {recipe.name!r} produced non-finite {side} "
+                            f"embeddings ({key!r}) in rows {start}..{start + len(value) - 1}"
+                        )
+                    maps[key][start : start + len(value)] = value
                 if advance:
                     advance(len(batch))
             for m in maps.values():
                 m.flush()
             del maps
         np.save(tmp / "text_to_image.npy", np.asarray(store.text_to_image, dtype=np.int64))
-        meta = {"format_version": FORMAT_VERSION, "recipe": recipe.name, "counts": counts, "keys": keys,
-                "files": files, "curvature": _curvature_list(recipe), **(info or {})}
+        meta = {
+            "format_version": FORMAT_VERSION,
+            "recipe": recipe.name,
+            "counts": counts,
+            "keys": keys,
+            "files": files,
+            "curvature": _curvature_list(recipe),
+            **(info or {}),
+        }
         (tmp / META_FILE).write_text(json.dumps(meta, indent=2, default=str))
     return out
 
@@ -127,9 +164,13 @@ class Embeddings:
     def side(self, side: str, mmap: bool = True) -> dict[str, np.ndarray]:
         """``{key: [N, ...]}`` arrays of one side (memory-mapped, read-only)."""
         if side not in self.meta["files"]:
-            raise KeyError(f"{self.path} has no {side} embeddings; it has {sorted(self.meta['files'])}")
-        return {key: np.load(self.path / name, mmap_mode="r" if mmap else None)
-                for key, name in self.meta["files"][side].items()}
+            raise KeyError(
+                f"{self.path} has no {side} embeddings; it has {sorted(self.meta['files'])}"
+            )
+        return {
+            key: np.load(self.path / name, mmap_mode="r" if mmap else None)
+            for key, name in self.meta["files"][side].items()
+        }
 
     def text_to_image(self) -> np.ndarray:
         return np.load(self.path / "text_to_image.npy")
@@ -141,18 +182,30 @@ class Embeddings:
 def load_embeddings(path: str | os.PathLike) -> Embeddings:
     path = Path(path)
     if not (path / META_FILE).exists():
-        raise FileNotFoundError(f"{path} is not an embeddings directory (no {META_FILE}); "
-                                f"write one with `curvalign embed`")
+        raise FileNotFoundError(
+            f"{path} is not an embeddings directory (no {META_FILE}); "
+            f"write one with `curvalign embed`"
+        )
     meta = json.loads((path / META_FILE).read_text())
     if meta.get("format_version") != FORMAT_VERSION:
-        raise IndexMismatchError(f"{path}: embeddings format {meta.get('format_version')} is not supported")
+        raise IndexMismatchError(
+            f"{path}: embeddings format {meta.get('format_version')} is not supported"
+        )
     return Embeddings(path, meta)
 
 
 # --- serving: build and search from an embeddings directory ---------------------------------------
 
-def build_from_embeddings(emb: Embeddings, out: str | os.PathLike, *, side: Side = "images",
-                          kind: str = "exact", method: str = "hnsw", **options: Any) -> Path:
+
+def build_from_embeddings(
+    emb: Embeddings,
+    out: str | os.PathLike,
+    *,
+    side: Side = "images",
+    kind: str = "exact",
+    method: str = "hnsw",
+    **options: Any,
+) -> Path:
     """Index one side of ``emb`` into ``out``.
 
     Lorentz-distance recipes (meru, hycoclip) get a ``LorentzIndex`` (exact or ANN). Every
@@ -162,25 +215,42 @@ def build_from_embeddings(emb: Embeddings, out: str | os.PathLike, *, side: Side
     if side not in ("images", "texts"):
         raise ValueError(f"--side must be images or texts, got {side!r}")
     recipe = emb.recipe_name
-    base_meta = {"recipe": recipe, "side": side, "embeddings": str(Path(emb.path).resolve()),
-                 "run_dir": emb.meta.get("run_dir"), "step": emb.meta.get("step")}
+    base_meta = {
+        "recipe": recipe,
+        "side": side,
+        "embeddings": str(Path(emb.path).resolve()),
+        "run_dir": emb.meta.get("run_dir"),
+        "step": emb.meta.get("step"),
+    }
     if recipe in LORENTZ_DISTANCE_KEY:
         key = LORENTZ_DISTANCE_KEY[recipe]
         points = emb.side(side)[key]
-        index = build_index(points, emb.curvature[0], kind=kind, method=method, **options,
-                            meta={**base_meta, "key": key, "mode": "lorentz"})
+        index = build_index(
+            points,
+            emb.curvature[0],
+            kind=kind,
+            method=method,
+            **options,
+            meta={**base_meta, "key": key, "mode": "lorentz"},
+        )
         return index.save(out)
     if kind != "exact":
-        raise ValueError(f"approximate search (--ann) serves Lorentz-distance recipes (meru, hycoclip); "
-                         f"{recipe!r} is served by exact proxy candidates and a rerank with its own score")
+        raise ValueError(
+            f"approximate search (--ann) serves Lorentz-distance recipes (meru, hycoclip); "
+            f"{recipe!r} is served by exact proxy candidates and a rerank with its own score"
+        )
     if not base_meta["run_dir"]:
-        raise ValueError(f"{emb.path} does not name the run it came from; {recipe!r} needs the recipe to rerank")
+        raise ValueError(
+            f"{emb.path} does not name the run it came from; {recipe!r} needs the recipe to rerank"
+        )
     from curvalign.train.checkpoint import load_run
 
     run = load_run(base_meta["run_dir"])
     if run.config.recipe != recipe:
-        raise ValueError(f"{emb.path} says recipe {recipe!r} but its run {base_meta['run_dir']} holds "
-                         f"{run.config.recipe!r}")
+        raise ValueError(
+            f"{emb.path} says recipe {recipe!r} but its run {base_meta['run_dir']} holds "
+            f"{run.config.recipe!r}"
+        )
     engine = RecipeIndex(run.recipe, emb.side(side), side)
     out = Path(out)
     if out.exists() and not (out / "index.json").exists() and any(out.iterdir()):
@@ -188,24 +258,36 @@ def build_from_embeddings(emb: Embeddings, out: str | os.PathLike, *, side: Side
     with staged_directory(out) as tmp:
         # The proxy vectors depend on the run's learned curvature / weights: computed once, here.
         engine.save_proxy(str(tmp / "proxy.faiss"))
-        (tmp / "index.json").write_text(json.dumps(
-            {"format_version": 1, "geometry": "recipe", "mode": "rerank", "proxy": engine.proxy.name,
-             "count": emb.meta["counts"][side], "meta": base_meta}, indent=2))
+        (tmp / "index.json").write_text(
+            json.dumps(
+                {
+                    "format_version": 1,
+                    "geometry": "recipe",
+                    "mode": "rerank",
+                    "proxy": engine.proxy.name,
+                    "count": emb.meta["counts"][side],
+                    "meta": base_meta,
+                },
+                indent=2,
+            )
+        )
     return out
 
 
 @dataclass
 class SearchResult:
     scores: np.ndarray  # [n, k]: distance (Lorentz index, ascending) or recipe score (descending)
-    ids: np.ndarray     # [n, k] row ids of the indexed side
-    score_name: str     # "distance" or "score"
+    ids: np.ndarray  # [n, k] row ids of the indexed side
+    score_name: str  # "distance" or "score"
 
 
 def open_index(path: str | os.PathLike) -> tuple[dict[str, Any], LorentzIndex | None]:
     """``(index.json contents, LorentzIndex or None for a rerank index)``."""
     path = Path(path)
     if not (path / "index.json").exists():
-        raise FileNotFoundError(f"{path} is not an index (no index.json); build one with `curvalign index build`")
+        raise FileNotFoundError(
+            f"{path} is not an index (no index.json); build one with `curvalign index build`"
+        )
     raw = json.loads((path / "index.json").read_text())
     if raw.get("mode") == "rerank":
         return raw, None
@@ -213,8 +295,15 @@ def open_index(path: str | os.PathLike) -> tuple[dict[str, Any], LorentzIndex | 
     return {**raw, "meta": index.meta}, index
 
 
-def search_index(path: str | os.PathLike, queries: Embedding, *, k: int = 10, candidates: int = 200,
-                 query_recipe: str | None = None, query_curvature: list[float] | None = None) -> SearchResult:
+def search_index(
+    path: str | os.PathLike,
+    queries: Embedding,
+    *,
+    k: int = 10,
+    candidates: int = 200,
+    query_recipe: str | None = None,
+    query_curvature: list[float] | None = None,
+) -> SearchResult:
     """Search the index at ``path`` with ``queries`` (an Embedding of the other side).
 
     ``query_recipe`` / ``query_curvature`` say where the queries came from; a recipe or
@@ -228,33 +317,52 @@ def search_index(path: str | os.PathLike, queries: Embedding, *, k: int = 10, ca
         if index is not None and GEOMETRY not in kinds.values():
             raise IndexMismatchError(
                 f"queries are {'/'.join(sorted(set(kinds.values()))) or 'unknown'} embeddings ({query_recipe!r}) "
-                f"but the index holds Lorentz points ({recipe!r}); embed the queries with the index's run")
+                f"but the index holds Lorentz points ({recipe!r}); embed the queries with the index's run"
+            )
         raise IndexMismatchError(
             f"queries were embedded by {query_recipe!r} but the index holds {recipe!r} embeddings; "
-            f"scores of different runs do not compare: embed the queries with the index's run")
+            f"scores of different runs do not compare: embed the queries with the index's run"
+        )
     if index is not None:
         key = meta["key"]
         if key not in queries:
-            raise IndexMismatchError(f"queries lack the embedding key {key!r} (they have {sorted(queries)}); "
-                                     f"the index holds Lorentz points under {key!r}")
+            raise IndexMismatchError(
+                f"queries lack the embedding key {key!r} (they have {sorted(queries)}); "
+                f"the index holds Lorentz points under {key!r}"
+            )
         c = query_curvature[0] if query_curvature else None
         d, ids = index.search(queries[key], k, geometry=GEOMETRY, curvature=c)
         return SearchResult(d, ids, "distance")
-    from curvalign.train.checkpoint import load_run
-
     import faiss
+
+    from curvalign.train.checkpoint import load_run
 
     run = load_run(meta["run_dir"])
     if meta.get("step") is not None and run.step != meta["step"]:
-        raise IndexMismatchError(f"the run {meta['run_dir']} is at step {run.step} but the index was built from "
-                                 f"its embeddings at step {meta['step']}; embed and build again")
+        raise IndexMismatchError(
+            f"the run {meta['run_dir']} is at step {run.step} but the index was built from "
+            f"its embeddings at step {meta['step']}; embed and build again"
+        )
     database = load_embeddings(meta["embeddings"]).side(meta["side"])
     proxy_file = Path(path) / "proxy.faiss"
-    engine = RecipeIndex(run.recipe, database, meta["side"], proxy=raw.get("proxy"),
-                         proxy_index=faiss.read_index(str(proxy_file)) if proxy_file.exists() else None)
+    engine = RecipeIndex(
+        run.recipe,
+        database,
+        meta["side"],
+        proxy=raw.get("proxy"),
+        proxy_index=faiss.read_index(str(proxy_file)) if proxy_file.exists() else None,
+    )
     scores, ids = engine.search(as_torch_embedding(queries), k, candidates)
     return SearchResult(scores, ids, "score")
 
 
-__all__ = ["Embeddings", "LORENTZ_DISTANCE_KEY", "SearchResult", "build_from_embeddings", "embed_store",
-           "load_embeddings", "open_index", "search_index"]
+__all__ = [
+    "Embeddings",
+    "LORENTZ_DISTANCE_KEY",
+    "SearchResult",
+    "build_from_embeddings",
+    "embed_store",
+    "load_embeddings",
+    "open_index",
+    "search_index",
+]

@@ -94,7 +94,9 @@ class Proxy:
         if self.name == "cosine":
             key = "euclidean" if r.name == "agr" else "point"
             x = _np(emb[key])
-            return np.ascontiguousarray(x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-30))
+            return np.ascontiguousarray(
+                x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-30)
+            )
         if self.name == "lorentz":
             c = float(_curvature(r)[0])
             x = _np(emb[LORENTZ_KEY.get(r.name, "point")])
@@ -124,20 +126,38 @@ class Proxy:
             parts = []
             if "hyperbolic" in emb:
                 h = _np(emb["hyperbolic"])
-                parts.append(database_vectors(h, c) if database else 2 * w["hyperbolic"] * query_vectors(h, c))
+                parts.append(
+                    database_vectors(h, c)
+                    if database
+                    else 2 * w["hyperbolic"] * query_vectors(h, c)
+                )
             if "euclidean" in emb:
                 e = _np(emb["euclidean"])
                 if database:
-                    parts.append(np.hstack([e, (e.astype(np.float64) ** 2).sum(1, keepdims=True).astype(np.float32)]))
+                    parts.append(
+                        np.hstack(
+                            [
+                                e,
+                                (e.astype(np.float64) ** 2)
+                                .sum(1, keepdims=True)
+                                .astype(np.float32),
+                            ]
+                        )
+                    )
                 else:
-                    parts.append(np.hstack([2 * w["euclidean"] * e,
-                                            np.full((len(e), 1), -w["euclidean"], np.float32)]))
+                    parts.append(
+                        np.hstack(
+                            [
+                                2 * w["euclidean"] * e,
+                                np.full((len(e), 1), -w["euclidean"], np.float32),
+                            ]
+                        )
+                    )
             if "sphere" in emb:
                 s = _np(emb["sphere"])
                 parts.append(s if database else 2 * w["sphere"] * s)
             return np.ascontiguousarray(np.hstack(parts), dtype=np.float32)
         raise ValueError(f"unknown proxy {self.name!r}")
-
 
     @staticmethod
     def _angle_functionals(x: np.ndarray, c: float) -> tuple[np.ndarray, np.ndarray]:
@@ -154,17 +174,34 @@ def default_proxy(recipe: Recipe, proxy: str | None = None) -> Proxy:
     """The candidate proxy for ``recipe`` (see the module docstring); ``proxy`` overrides it."""
     name = recipe.name
     if proxy is None:
-        proxy = {"clip": "cosine", "dualpath": "cosine", "meru": "lorentz", "hycoclip": "lorentz",
-                 "atmg": "angle", "phyclip": "product-lorentz", "proclip": "mixed", "agr": "lorentz"}.get(name)
+        proxy = {
+            "clip": "cosine",
+            "dualpath": "cosine",
+            "meru": "lorentz",
+            "hycoclip": "lorentz",
+            "atmg": "angle",
+            "phyclip": "product-lorentz",
+            "proclip": "mixed",
+            "agr": "lorentz",
+        }.get(name)
         if proxy is None:
             raise ValueError(f"no candidate proxy known for recipe {name!r}; pass proxy=...")
     if proxy == "euclidean":
         proxy = "cosine"
-    allowed = {"clip": {"cosine"}, "dualpath": {"cosine"}, "meru": {"lorentz"}, "hycoclip": {"lorentz"},
-               "atmg": {"angle", "lorentz"}, "phyclip": {"product-lorentz"}, "proclip": {"mixed"},
-               "agr": {"lorentz", "cosine"}}.get(name, {proxy})
+    allowed = {
+        "clip": {"cosine"},
+        "dualpath": {"cosine"},
+        "meru": {"lorentz"},
+        "hycoclip": {"lorentz"},
+        "atmg": {"angle", "lorentz"},
+        "phyclip": {"product-lorentz"},
+        "proclip": {"mixed"},
+        "agr": {"lorentz", "cosine"},
+    }.get(name, {proxy})
     if proxy not in allowed:
-        raise ValueError(f"proxy {proxy!r} does not apply to recipe {name!r}; choose from {sorted(allowed)}")
+        raise ValueError(
+            f"proxy {proxy!r} does not apply to recipe {name!r}; choose from {sorted(allowed)}"
+        )
     return Proxy(recipe, proxy)
 
 
@@ -184,12 +221,16 @@ def as_torch_embedding(emb: Embedding) -> Embedding:
 def _check_embedding(emb: Embedding, reference: Embedding, what: str) -> None:
     missing = sorted(set(reference) - set(emb))
     if missing:
-        raise IndexMismatchError(f"{what} lacks embedding keys {missing}; the index was built from keys "
-                                 f"{sorted(reference)} (embed the {what} with the same recipe)")
+        raise IndexMismatchError(
+            f"{what} lacks embedding keys {missing}; the index was built from keys "
+            f"{sorted(reference)} (embed the {what} with the same recipe)"
+        )
     for key in reference:
         if tuple(emb[key].shape[1:]) != tuple(reference[key].shape[1:]):
-            raise IndexMismatchError(f"{what}[{key!r}] has item shape {list(emb[key].shape[1:])} but the index "
-                                     f"holds {list(reference[key].shape[1:])}")
+            raise IndexMismatchError(
+                f"{what}[{key!r}] has item shape {list(emb[key].shape[1:])} but the index "
+                f"holds {list(reference[key].shape[1:])}"
+            )
 
 
 def _first_distinct(hits: np.ndarray, K: int) -> np.ndarray:
@@ -215,9 +256,17 @@ class RecipeIndex:
     numbers of ``database`` unless ``ids`` maps them.
     """
 
-    def __init__(self, recipe: Recipe, database: Embedding, side: Side = "images", *,
-                 proxy: str | None = None, ids: np.ndarray | None = None, score_batch: int = 65536,
-                 proxy_index: faiss.Index | None = None) -> None:
+    def __init__(
+        self,
+        recipe: Recipe,
+        database: Embedding,
+        side: Side = "images",
+        *,
+        proxy: str | None = None,
+        ids: np.ndarray | None = None,
+        score_batch: int = 65536,
+        proxy_index: faiss.Index | None = None,
+    ) -> None:
         if side not in ("images", "texts"):
             raise ValueError(f"side must be 'images' or 'texts', got {side!r}")
         self.recipe = recipe.eval()
@@ -228,8 +277,10 @@ class RecipeIndex:
         n = next(iter(self.database.values())).shape[0]
         if proxy_index is not None:  # saved by save_proxy: the same vectors, not recomputed
             if proxy_index.ntotal != n:
-                raise IndexMismatchError(f"the saved proxy index holds {proxy_index.ntotal} items but the "
-                                         f"database has {n}; rebuild the index")
+                raise IndexMismatchError(
+                    f"the saved proxy index holds {proxy_index.ntotal} items but the "
+                    f"database has {n}; rebuild the index"
+                )
             self._index = proxy_index
         else:
             vectors = self.proxy.database(self.database)
@@ -271,7 +322,9 @@ class RecipeIndex:
             rows = self._index.search(query, K)[1]
             rounds.append(rows)
             uniq, inverse = np.unique(rows, return_inverse=True)
-            vec = self._index.reconstruct_batch(uniq)[inverse.reshape(rows.shape)]  # [n, K, D] float32
+            vec = self._index.reconstruct_batch(uniq)[
+                inverse.reshape(rows.shape)
+            ]  # [n, K, D] float32
             ab = np.matmul(vec, np.stack([q_a, q_b], axis=2).astype(np.float32)).astype(np.float64)
             a, b = ab[..., 0], ab[..., 1]
             # Best exact ratio a / h(b), h(b) = sqrt(b^2 - 1); the next round maximises a minus
@@ -298,42 +351,69 @@ class RecipeIndex:
             s = self.recipe.pair_scores(texts, images, query=self.query_side)
             scores.reshape(-1)[sl] = s.double().cpu().numpy()
         if not np.isfinite(scores).all():
-            raise FloatingPointError("recipe.pair_scores returned non-finite scores for some candidates")
+            raise FloatingPointError(
+                "recipe.pair_scores returned non-finite scores for some candidates"
+            )
         ext = self.ids[rows]
         order = np.lexsort((ext, -scores), axis=-1)[:, :k]
         return np.take_along_axis(scores, order, 1), np.take_along_axis(ext, order, 1)
 
-    def search(self, queries: Embedding, k: int = 10, candidates: int = 200) -> tuple[np.ndarray, np.ndarray]:
+    def search(
+        self, queries: Embedding, k: int = 10, candidates: int = 200
+    ) -> tuple[np.ndarray, np.ndarray]:
         """Top ``k`` database items per query by the recipe's score, from ``candidates`` proxy hits."""
         if k < 1 or candidates < 1:
-            raise ValueError(f"k and candidates must be positive, got k={k}, candidates={candidates}")
+            raise ValueError(
+                f"k and candidates must be positive, got k={k}, candidates={candidates}"
+            )
         rows = self.candidates(queries, max(k, candidates))
         return self.rerank(queries, rows, min(k, rows.shape[1]))
 
 
-def search_texts_to_images(recipe: Recipe, images: Embedding, texts: Embedding, k: int = 10,
-                           candidates: int = 200, proxy: str | None = None) -> tuple[np.ndarray, np.ndarray]:
+def search_texts_to_images(
+    recipe: Recipe,
+    images: Embedding,
+    texts: Embedding,
+    k: int = 10,
+    candidates: int = 200,
+    proxy: str | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
     """Images for each text by ``recipe``'s text->image score: ``(scores [Nt, k], image rows [Nt, k])``."""
     return RecipeIndex(recipe, images, "images", proxy=proxy).search(texts, k, candidates)
 
 
-def search_images_to_texts(recipe: Recipe, texts: Embedding, images: Embedding, k: int = 10,
-                           candidates: int = 200, proxy: str | None = None) -> tuple[np.ndarray, np.ndarray]:
+def search_images_to_texts(
+    recipe: Recipe,
+    texts: Embedding,
+    images: Embedding,
+    k: int = 10,
+    candidates: int = 200,
+    proxy: str | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
     """Texts for each image by ``recipe``'s image->text score: ``(scores [Ni, k], text rows [Ni, k])``."""
     return RecipeIndex(recipe, texts, "texts", proxy=proxy).search(images, k, candidates)
 
 
 @torch.no_grad()
-def exhaustive_topk(recipe: Recipe, queries: Embedding, database: Embedding, side: Side, k: int,
-                    chunk: int = 256) -> tuple[np.ndarray, np.ndarray]:
+def exhaustive_topk(
+    recipe: Recipe, queries: Embedding, database: Embedding, side: Side, k: int, chunk: int = 256
+) -> tuple[np.ndarray, np.ndarray]:
     """Top ``k`` rows of ``database`` per query by the full ``recipe.scores`` matrix, ties by row."""
     queries, database = as_torch_embedding(queries), as_torch_embedding(database)
     out_s, out_i = [], []
     n = next(iter(queries.values())).shape[0]
     for start in range(0, n, chunk):
-        q = {key: v[start:start + chunk] for key, v in queries.items()}
-        s = (recipe.scores(q, database, query="text") if side == "images"
-             else recipe.scores(database, q, query="image").T).double().cpu().numpy()
+        q = {key: v[start : start + chunk] for key, v in queries.items()}
+        s = (
+            (
+                recipe.scores(q, database, query="text")
+                if side == "images"
+                else recipe.scores(database, q, query="image").T
+            )
+            .double()
+            .cpu()
+            .numpy()
+        )
         rows = np.broadcast_to(np.arange(s.shape[1]), s.shape)
         order = np.lexsort((rows, -s), axis=-1)[:, :k]
         out_s.append(np.take_along_axis(s, order, 1))
@@ -341,15 +421,39 @@ def exhaustive_topk(recipe: Recipe, queries: Embedding, database: Embedding, sid
     return np.vstack(out_s), np.vstack(out_i)
 
 
-def rerank_recall(recipe: Recipe, queries: Embedding, database: Embedding, side: Side = "images", *,
-                  k: int = 10, candidates: int = 200, proxy: str | None = None,
-                  engine: RecipeIndex | None = None) -> float:
+def rerank_recall(
+    recipe: Recipe,
+    queries: Embedding,
+    database: Embedding,
+    side: Side = "images",
+    *,
+    k: int = 10,
+    candidates: int = 200,
+    proxy: str | None = None,
+    engine: RecipeIndex | None = None,
+) -> float:
     """Mean |top-k of the two-stage search  ∩  exhaustive top-k by ``recipe.scores``| / k."""
     engine = engine or RecipeIndex(recipe, database, side, proxy=proxy)
     _, got = engine.search(queries, k, candidates)
     _, want = exhaustive_topk(recipe, queries, database, side, k)
-    return float(np.mean([len(set(a.tolist()) & set(b.tolist())) / want.shape[1] for a, b in zip(got, want)]))
+    return float(
+        np.mean(
+            [
+                len(set(a.tolist()) & set(b.tolist())) / want.shape[1]
+                for a, b in zip(got, want, strict=False)
+            ]
+        )
+    )
 
 
-__all__ = ["EMBEDDING_GEOMETRY", "EXACT_PROXY", "Proxy", "RecipeIndex", "default_proxy", "exhaustive_topk",
-           "rerank_recall", "search_images_to_texts", "search_texts_to_images"]
+__all__ = [
+    "EMBEDDING_GEOMETRY",
+    "EXACT_PROXY",
+    "Proxy",
+    "RecipeIndex",
+    "default_proxy",
+    "exhaustive_topk",
+    "rerank_recall",
+    "search_images_to_texts",
+    "search_texts_to_images",
+]

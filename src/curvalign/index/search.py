@@ -71,6 +71,7 @@ class IndexMismatchError(ValueError):
 
 # --- the transform and the exact distance ------------------------------------------------------
 
+
 def lorentz_time(x: np.ndarray, c: float) -> np.ndarray:
     """Time component ``sqrt(1/c + |x|^2)`` in float64, ``[..., d] -> [...]``."""
     x64 = np.asarray(x, dtype=np.float64)
@@ -79,12 +80,16 @@ def lorentz_time(x: np.ndarray, c: float) -> np.ndarray:
 
 def database_vectors(x: np.ndarray, c: float) -> np.ndarray:
     """``[N, d]`` space components -> ``[N, d + 1]`` float32 ``[x, t(x)]``."""
-    return np.ascontiguousarray(np.hstack([x.astype(np.float32), lorentz_time(x, c)[:, None].astype(np.float32)]))
+    return np.ascontiguousarray(
+        np.hstack([x.astype(np.float32), lorentz_time(x, c)[:, None].astype(np.float32)])
+    )
 
 
 def query_vectors(y: np.ndarray, c: float) -> np.ndarray:
     """``[n, d]`` space components -> ``[n, d + 1]`` float32 ``[y, -t(y)]``: ``u(x).v(y) = <x,y>_L``."""
-    return np.ascontiguousarray(np.hstack([y.astype(np.float32), -lorentz_time(y, c)[:, None].astype(np.float32)]))
+    return np.ascontiguousarray(
+        np.hstack([y.astype(np.float32), -lorentz_time(y, c)[:, None].astype(np.float32)])
+    )
 
 
 def lorentz_excess(x: np.ndarray, y: np.ndarray, c: float) -> np.ndarray:
@@ -99,7 +104,9 @@ def lorentz_excess(x: np.ndarray, y: np.ndarray, c: float) -> np.ndarray:
     y64 = np.asarray(y, dtype=np.float64)
     diff = x64 - y64
     sq = np.einsum("...i,...i->...", diff, diff)
-    dt = np.einsum("...i,...i->...", diff, x64 + y64) / (lorentz_time(x64, c) + lorentz_time(y64, c))
+    dt = np.einsum("...i,...i->...", diff, x64 + y64) / (
+        lorentz_time(x64, c) + lorentz_time(y64, c)
+    )
     return np.maximum(0.5 * c * (sq - dt * dt), 0.0)
 
 
@@ -121,12 +128,14 @@ def poincare_ball(x: np.ndarray, c: float) -> np.ndarray:
 
 # --- input checks --------------------------------------------------------------------------------
 
+
 def _as_points(points: Any, name: str, dim: int | None = None) -> np.ndarray:
     """Array-like ``[n, d]`` (a single ``[d]`` row is promoted) -> C-contiguous float32, checked."""
     if isinstance(points, dict):
         raise IndexMismatchError(
             f"{name} is an embedding dict with keys {sorted(points)}; pass the Lorentz points "
-            f"themselves (an array of space components [n, d])")
+            f"themselves (an array of space components [n, d])"
+        )
     if hasattr(points, "detach"):  # torch.Tensor, without importing torch here
         points = points.detach().cpu().numpy()
     arr = np.asarray(points)
@@ -137,11 +146,18 @@ def _as_points(points: Any, name: str, dim: int | None = None) -> np.ndarray:
     if arr.ndim != 2:
         raise IndexMismatchError(
             f"{name} must have shape [n, d] (space components of Lorentz points), got shape "
-            f"{list(arr.shape)}" + ("; product-manifold points [n, k, d] need a per-factor "
-                                    "index (see curvalign.index.RecipeIndex)" if arr.ndim == 3 else ""))
+            f"{list(arr.shape)}"
+            + (
+                "; product-manifold points [n, k, d] need a per-factor "
+                "index (see curvalign.index.RecipeIndex)"
+                if arr.ndim == 3
+                else ""
+            )
+        )
     if dim is not None and arr.shape[1] != dim:
         raise IndexMismatchError(
-            f"{name} has dimension {arr.shape[1]} but the index holds Lorentz points of dimension {dim}")
+            f"{name} has dimension {arr.shape[1]} but the index holds Lorentz points of dimension {dim}"
+        )
     arr = np.ascontiguousarray(arr, dtype=np.float32)
     if not np.isfinite(arr).all():
         bad = int((~np.isfinite(arr)).any(axis=1).sum())
@@ -156,8 +172,10 @@ def _as_ids(ids: Any, n: int, start: int) -> np.ndarray:
         ids = ids.detach().cpu().numpy()
     arr = np.asarray(ids)
     if arr.dtype.kind not in "iu" or arr.shape != (n,):
-        raise IndexMismatchError(f"ids must be {n} integers (one per point), got dtype {arr.dtype} "
-                                 f"and shape {list(arr.shape)}")
+        raise IndexMismatchError(
+            f"ids must be {n} integers (one per point), got dtype {arr.dtype} "
+            f"and shape {list(arr.shape)}"
+        )
     return arr.astype(np.int64)
 
 
@@ -165,11 +183,14 @@ def _check_curvature(c: float) -> float:
     # a recipe's learnable curvature arrives as a tensor that requires grad; the index stores a number
     c = float(c.detach()) if hasattr(c, "detach") else float(c)
     if not (math.isfinite(c) and c > 0):
-        raise IndexMismatchError(f"curvature c must be a positive finite number (sectional curvature -c), got {c}")
+        raise IndexMismatchError(
+            f"curvature c must be a positive finite number (sectional curvature -c), got {c}"
+        )
     return c
 
 
 # --- the index -----------------------------------------------------------------------------------
+
 
 @dataclass
 class IndexInfo:
@@ -228,8 +249,10 @@ class LorentzIndex:
 
     def __repr__(self) -> str:
         method = f", method={self.info.method!r}" if self.info.method else ""
-        return (f"LorentzIndex(kind={self.kind!r}{method}, count={len(self)}, dim={self.dim}, "
-                f"c={self.curvature:g})")
+        return (
+            f"LorentzIndex(kind={self.kind!r}{method}, count={len(self)}, dim={self.dim}, "
+            f"c={self.curvature:g})"
+        )
 
     # -- options --
     def set_options(self, **options: int) -> None:
@@ -240,8 +263,10 @@ class LorentzIndex:
             elif key == "nprobe" and self.info.method == "ivf":
                 faiss.extract_index_ivf(self._index).nprobe = int(value)
             else:
-                raise ValueError(f"option {key!r} does not apply to a {self.kind} index"
-                                 + (f" ({self.info.method})" if self.info.method else ""))
+                raise ValueError(
+                    f"option {key!r} does not apply to a {self.kind} index"
+                    + (f" ({self.info.method})" if self.info.method else "")
+                )
             self.info.options[key] = int(value)
 
     def _faiss_hnsw(self) -> faiss.IndexHNSW:
@@ -262,13 +287,19 @@ class LorentzIndex:
             self._id_set = set(self._ids.tolist())
         clash = [i for i in new_ids.tolist() if i in self._id_set]
         if clash:
-            raise IndexMismatchError(f"ids already in the index: {clash[:5]}{' ...' if len(clash) > 5 else ''}")
+            raise IndexMismatchError(
+                f"ids already in the index: {clash[:5]}{' ...' if len(clash) > 5 else ''}"
+            )
         c = self.curvature
         if self.info.method == "hnsw":
             everything = np.vstack([self._reconstruct(np.arange(len(self))), x])
             hnsw = self._faiss_hnsw()
-            rebuilt = _build_hnsw(everything, c, M=self.info.options["M"],
-                                  ef_construction=self.info.options["ef_construction"])
+            rebuilt = _build_hnsw(
+                everything,
+                c,
+                M=self.info.options["M"],
+                ef_construction=self.info.options["ef_construction"],
+            )
             rebuilt.hnsw.efSearch = hnsw.hnsw.efSearch
             self._index = rebuilt
         elif self.info.method == "ivf":
@@ -281,8 +312,9 @@ class LorentzIndex:
         self.info.max_norm = max(self.info.max_norm, _max_transformed_norm(x, c))
 
     # -- search --
-    def search(self, queries: Any, k: int, *, geometry: str | None = None,
-               curvature: float | None = None) -> tuple[np.ndarray, np.ndarray]:
+    def search(
+        self, queries: Any, k: int, *, geometry: str | None = None, curvature: float | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
         """``k`` nearest stored points of each query ``[n, d]``.
 
         ``geometry`` / ``curvature``, when given, say what the queries are; a mismatch with the
@@ -292,11 +324,15 @@ class LorentzIndex:
         if geometry is not None and geometry != GEOMETRY:
             raise IndexMismatchError(
                 f"queries are {geometry} points but the index holds Lorentz points (curvature "
-                f"-{self.curvature:g}); embed the queries with a Lorentz recipe or use a matching index")
-        if curvature is not None and not math.isclose(float(curvature), self.curvature, rel_tol=1e-5):
+                f"-{self.curvature:g}); embed the queries with a Lorentz recipe or use a matching index"
+            )
+        if curvature is not None and not math.isclose(
+            float(curvature), self.curvature, rel_tol=1e-5
+        ):
             raise IndexMismatchError(
                 f"queries live on the hyperboloid of curvature -{float(curvature):g} but the index "
-                f"holds points of curvature -{self.curvature:g}")
+                f"holds points of curvature -{self.curvature:g}"
+            )
         if int(k) < 1:
             raise ValueError(f"k must be at least 1, got {k}")
         y = _as_points(queries, "query", self.dim)
@@ -304,7 +340,7 @@ class LorentzIndex:
         k = min(int(k), N)
         if N == 0 or n == 0:
             return np.zeros((n, 0)), np.zeros((n, 0), dtype=np.int64)
-        positions, z = (self._search_exact(y, k) if self.kind == "exact" else self._search_ann(y, k))
+        positions, z = self._search_exact(y, k) if self.kind == "exact" else self._search_ann(y, k)
         return distance_from_excess(z, self.curvature), np.asarray(self._ids)[positions]
 
     def _search_exact(self, y: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -342,7 +378,10 @@ class LorentzIndex:
         """Bound on |float32 score - <x,y>_L| for any stored x, per query ``[n]``."""
         n_terms = self.dim + 4
         gamma = n_terms * _U32 / (1 - n_terms * _U32)
-        qnorm = np.sqrt(2 * np.einsum("ij,ij->i", y.astype(np.float64), y.astype(np.float64)) + 1 / self.curvature)
+        qnorm = np.sqrt(
+            2 * np.einsum("ij,ij->i", y.astype(np.float64), y.astype(np.float64))
+            + 1 / self.curvature
+        )
         return 1.01 * gamma * self.info.max_norm * qnorm
 
     def _reconstruct(self, positions: np.ndarray) -> np.ndarray:
@@ -375,8 +414,10 @@ class LorentzIndex:
         pos = np.take_along_axis(cand, order, axis=1)
         zk = np.take_along_axis(z, order, axis=1)
         if (pos < 0).any():
-            raise ValueError(f"the approximate index found fewer than k={k} candidates for some queries; "
-                             f"raise ef_search (HNSW) or nprobe (IVF)")
+            raise ValueError(
+                f"the approximate index found fewer than k={k} candidates for some queries; "
+                f"raise ef_search (HNSW) or nprobe (IVF)"
+            )
         return pos, zk
 
     def _scan(self, y: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -392,7 +433,7 @@ class LorentzIndex:
         inner = np.empty(N)
         for start in range(0, N, chunk):
             x = self._reconstruct(np.arange(start, min(N, start + chunk))).astype(np.float64)
-            inner[start:start + len(x)] = x @ y64 - lorentz_time(x, c) * ty
+            inner[start : start + len(x)] = x @ y64 - lorentz_time(x, c) * ty
         n_terms = self.dim + 4
         err = 2 * n_terms * _U64 * self.info.max_norm * math.sqrt(2 * float(y64 @ y64) + 1 / c)
         kth = np.partition(inner, N - k)[N - k]
@@ -412,7 +453,9 @@ class LorentzIndex:
         with staged_directory(path) as tmp:
             faiss.write_index(self._index, str(tmp / "index.faiss"))
             np.save(tmp / "ids.npy", np.asarray(self._ids))
-            (tmp / "index.json").write_text(json.dumps(self.info.__dict__, indent=2, sort_keys=True))
+            (tmp / "index.json").write_text(
+                json.dumps(self.info.__dict__, indent=2, sort_keys=True)
+            )
             for f in tmp.iterdir():
                 with open(f, "rb") as fh:
                     os.fsync(fh.fileno())
@@ -424,24 +467,31 @@ def load_index(path: str | os.PathLike) -> LorentzIndex:
     path = Path(path)
     meta_file = path / "index.json"
     if not meta_file.exists():
-        raise FileNotFoundError(f"{path} is not a curvalign index (no index.json); build one with "
-                                f"`curvalign index build` or LorentzIndex.save")
+        raise FileNotFoundError(
+            f"{path} is not a curvalign index (no index.json); build one with "
+            f"`curvalign index build` or LorentzIndex.save"
+        )
     raw = json.loads(meta_file.read_text())
     if raw.get("format_version") != FORMAT_VERSION:
-        raise IndexMismatchError(f"{path}: index format version {raw.get('format_version')} is not "
-                                 f"supported (expected {FORMAT_VERSION})")
+        raise IndexMismatchError(
+            f"{path}: index format version {raw.get('format_version')} is not "
+            f"supported (expected {FORMAT_VERSION})"
+        )
     if raw.get("geometry") != GEOMETRY:
         raise IndexMismatchError(f"{path} holds {raw.get('geometry')} points, not Lorentz points")
     info = IndexInfo(**raw)
     faiss_index = faiss.read_index(str(path / "index.faiss"))
     ids = np.load(path / "ids.npy", mmap_mode="r")
     if faiss_index.ntotal != info.count or len(ids) != info.count or faiss_index.d != info.dim + 1:
-        raise IndexMismatchError(f"{path}: index.faiss ({faiss_index.ntotal} x {faiss_index.d}), ids.npy "
-                                 f"({len(ids)}) and index.json ({info.count} x {info.dim} + 1) disagree")
+        raise IndexMismatchError(
+            f"{path}: index.faiss ({faiss_index.ntotal} x {faiss_index.d}), ids.npy "
+            f"({len(ids)}) and index.json ({info.count} x {info.dim} + 1) disagree"
+        )
     return LorentzIndex(faiss_index, info, ids)
 
 
 # --- construction --------------------------------------------------------------------------------
+
 
 def _max_transformed_norm(x: np.ndarray, c: float) -> float:
     """max |[x, t(x)]| = sqrt(2|x|^2 + 1/c) over rows (0 for no rows)."""
@@ -479,10 +529,21 @@ def _ivf_add(index: faiss.Index, x: np.ndarray, c: float) -> None:
     add_preassigned(ivf, database_vectors(x, c), assign.ravel())
 
 
-def build_index(points: Any, c: float, kind: IndexKind = "exact", ids: Any = None, *,
-                method: AnnMethod = "hnsw", M: int = 32, ef_construction: int = 80, ef_search: int = 128,
-                nlist: int | None = None, nprobe: int = 16, seed: int = 0,
-                meta: dict[str, Any] | None = None) -> LorentzIndex:
+def build_index(
+    points: Any,
+    c: float,
+    kind: IndexKind = "exact",
+    ids: Any = None,
+    *,
+    method: AnnMethod = "hnsw",
+    M: int = 32,
+    ef_construction: int = 80,
+    ef_search: int = 128,
+    nlist: int | None = None,
+    nprobe: int = 16,
+    seed: int = 0,
+    meta: dict[str, Any] | None = None,
+) -> LorentzIndex:
     """Index ``points`` ``[N, d]`` (Lorentz space components, curvature ``-c``).
 
     kind="exact"   Faiss flat inner-product search on the transform, certified float64 rerank.
@@ -505,17 +566,25 @@ def build_index(points: Any, c: float, kind: IndexKind = "exact", ids: Any = Non
         method_name = None
     elif kind == "ann":
         if method == "hnsw":
-            options = {"M": int(M), "ef_construction": int(ef_construction), "ef_search": int(ef_search)}
+            options = {
+                "M": int(M),
+                "ef_construction": int(ef_construction),
+                "ef_search": int(ef_search),
+            }
             index = _build_hnsw(x, c, M=M, ef_construction=ef_construction)
             index.hnsw.efSearch = int(ef_search)
         elif method == "ivf":
             # 4 sqrt(N) cells, but at least 39 training points per cell (Faiss's k-means minimum)
             nlist = int(nlist or max(1, min(round(4 * math.sqrt(max(N, 1))), N // 39)))
             if N < nlist:
-                raise IndexMismatchError(f"IVF needs at least nlist={nlist} points to train, got {N}")
+                raise IndexMismatchError(
+                    f"IVF needs at least nlist={nlist} points to train, got {N}"
+                )
             options = {"nlist": nlist, "nprobe": int(nprobe)}
             rng = np.random.default_rng(seed)
-            sample = x[rng.choice(N, size=min(N, 40 * nlist), replace=False)]  # faiss wants >= 39 per cell
+            sample = x[
+                rng.choice(N, size=min(N, 40 * nlist), replace=False)
+            ]  # faiss wants >= 39 per cell
             kmeans = faiss.Kmeans(d, nlist, niter=10, seed=seed, verbose=False)
             kmeans.train(sample)
             quantizer = faiss.IndexFlatIP(d + 1)
@@ -532,11 +601,32 @@ def build_index(points: Any, c: float, kind: IndexKind = "exact", ids: Any = Non
         method_name = method
     else:
         raise ValueError(f"unknown index kind {kind!r}; expected 'exact' or 'ann'")
-    info = IndexInfo(geometry=GEOMETRY, curvature=c, dim=d, count=N, kind=kind, method=method_name,
-                     options=options, max_norm=_max_transformed_norm(x, c), meta=dict(meta or {}))
+    info = IndexInfo(
+        geometry=GEOMETRY,
+        curvature=c,
+        dim=d,
+        count=N,
+        kind=kind,
+        method=method_name,
+        options=options,
+        max_norm=_max_transformed_norm(x, c),
+        meta=dict(meta or {}),
+    )
     return LorentzIndex(index, info, ext_ids)
 
 
-__all__ = ["GEOMETRY", "IndexInfo", "IndexMismatchError", "LorentzIndex", "build_index", "database_vectors",
-           "distance_from_excess", "load_index", "lorentz_distance", "lorentz_excess", "lorentz_time",
-           "poincare_ball", "query_vectors"]
+__all__ = [
+    "GEOMETRY",
+    "IndexInfo",
+    "IndexMismatchError",
+    "LorentzIndex",
+    "build_index",
+    "database_vectors",
+    "distance_from_excess",
+    "load_index",
+    "lorentz_distance",
+    "lorentz_excess",
+    "lorentz_time",
+    "poincare_ball",
+    "query_vectors",
+]

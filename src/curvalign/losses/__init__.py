@@ -19,6 +19,12 @@ from curvalign.losses.angle import (
 from curvalign.losses.contrastive import info_nce, symmetric_info_nce
 from curvalign.losses.entailment import entailment_cone_loss
 
-__all__ = ["angle_contrastive_loss", "centroid_radius_loss", "entailment_cone_loss", "info_nce",
-           "matched_angle_loss",
-           "symmetric_info_nce", "target_radius"]
+__all__ = [
+    "angle_contrastive_loss",
+    "centroid_radius_loss",
+    "entailment_cone_loss",
+    "info_nce",
+    "matched_angle_loss",
+    "symmetric_info_nce",
+    "target_radius",
+]

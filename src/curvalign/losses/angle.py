@@ -41,15 +41,22 @@ from curvalign.scores import (
 )
 
 
-def angle_contrastive_loss(texts: Tensor, images: Tensor, all_texts: Tensor, all_images: Tensor,
-                           c: float | Tensor, temperature: float | Tensor, offset: int = 0) -> Tensor:
+def angle_contrastive_loss(
+    texts: Tensor,
+    images: Tensor,
+    all_texts: Tensor,
+    all_images: Tensor,
+    c: float | Tensor,
+    temperature: float | Tensor,
+    offset: int = 0,
+) -> Tensor:
     """AtMG Eq. 11 (DESIGN.md's reading), local rows against gathered columns.
 
     texts, images          [B, d]         this process's matched pairs (row i with row i)
     all_texts, all_images  [B_global, d]  the gathered batch; local row i is global row i + offset
     """
-    text_to_image = angle_at_text_scores(texts, all_images, c)      # [B, B_global]  -alpha
-    image_to_text = angle_at_image_scores(images, all_texts, c)     # [B, B_global]  +beta
+    text_to_image = angle_at_text_scores(texts, all_images, c)  # [B, B_global]  -alpha
+    image_to_text = angle_at_image_scores(images, all_texts, c)  # [B, B_global]  +beta
     return symmetric_info_nce(text_to_image, image_to_text, temperature, offset)
 
 
@@ -71,8 +78,9 @@ def target_radius(level: float, c: float | Tensor) -> Tensor:
     return torch.acosh((c_t * level).clamp_min(1.0)) / c_t.sqrt()
 
 
-def centroid_radius_loss(texts: Tensor, images: Tensor, c: float | Tensor, text_level: float,
-                         image_level: float) -> Tensor:
+def centroid_radius_loss(
+    texts: Tensor, images: Tensor, c: float | Tensor, text_level: float, image_level: float
+) -> Tensor:
     """AtMG Eq. 12 (DESIGN.md's reading): ``|dist0(mid T) - r_q| + |dist0(mid I) - r_p|``.
 
     texts, images  [N, d]  Lorentz space components (pass the gathered batch, so the centroid is
@@ -80,9 +88,14 @@ def centroid_radius_loss(texts: Tensor, images: Tensor, c: float | Tensor, text_
     text_level q, image_level p with p > q: target radii ``acosh(c q)/sqrt(c)`` and
     ``acosh(c p)/sqrt(c)``.
     """
-    if not (math.isfinite(text_level) and math.isfinite(image_level)) or not image_level > text_level:
-        raise ValueError(f"centroid_radius_loss needs image_level p > text_level q (images further "
-                         f"out), got p={image_level}, q={text_level}")
+    if (
+        not (math.isfinite(text_level) and math.isfinite(image_level))
+        or not image_level > text_level
+    ):
+        raise ValueError(
+            f"centroid_radius_loss needs image_level p > text_level q (images further "
+            f"out), got p={image_level}, q={text_level}"
+        )
     text_mid = lorentz.einstein_midpoint(texts, c)
     image_mid = lorentz.einstein_midpoint(images, c)
     text_gap = lorentz.dist0(text_mid, c) - target_radius(text_level, c)

@@ -25,8 +25,10 @@ def check_logits(scores: Tensor, offset: int, name: str) -> None:
         raise ValueError(f"{name} must be a [B_local, B_global] score matrix, got {shape}")
     rows, cols = scores.shape
     if not 0 <= offset <= cols - rows:
-        raise ValueError(f"{name}: offset {offset} with {rows} local rows does not fit in {cols} "
-                         f"gathered columns (need 0 <= offset <= {cols - rows})")
+        raise ValueError(
+            f"{name}: offset {offset} with {rows} local rows does not fit in {cols} "
+            f"gathered columns (need 0 <= offset <= {cols - rows})"
+        )
 
 
 def info_nce(scores: Tensor, temperature: float | Tensor = 1.0, offset: int = 0) -> Tensor:
@@ -45,8 +47,9 @@ def info_nce(scores: Tensor, temperature: float | Tensor = 1.0, offset: int = 0)
     return F.cross_entropy(logits, targets)
 
 
-def symmetric_info_nce(scores_a_to_b: Tensor, scores_b_to_a: Tensor, temperature: float | Tensor = 1.0,
-                       offset: int = 0) -> Tensor:
+def symmetric_info_nce(
+    scores_a_to_b: Tensor, scores_b_to_a: Tensor, temperature: float | Tensor = 1.0, offset: int = 0
+) -> Tensor:
     """CLIP's symmetric InfoNCE: the mean of the two directions (ProCLIP Eq. 5; AtMG Eq. 11 with
     its two angle scores).
 
@@ -56,7 +59,9 @@ def symmetric_info_nce(scores_a_to_b: Tensor, scores_b_to_a: Tensor, temperature
     The two directions are averaged (factor 1/2, as CLIP's, MERU's and the AtMG authors' code do);
     the papers write the sum, a constant factor 2 that only rescales the learning rate.
     """
-    return 0.5 * (info_nce(scores_a_to_b, temperature, offset) + info_nce(scores_b_to_a, temperature, offset))
+    return 0.5 * (
+        info_nce(scores_a_to_b, temperature, offset) + info_nce(scores_b_to_a, temperature, offset)
+    )
 
 
 __all__ = ["info_nce", "symmetric_info_nce"]

@@ -25,8 +25,14 @@ from torch import Tensor
 from curvalign.geometry import lorentz
 
 
-def entailment_cone_loss(parent: Tensor, child: Tensor, c: float | Tensor, eta: float = 1.0, K: float = 0.1,
-                         reduction: Literal["mean", "none"] = "mean") -> Tensor:
+def entailment_cone_loss(
+    parent: Tensor,
+    child: Tensor,
+    c: float | Tensor,
+    eta: float = 1.0,
+    K: float = 0.1,
+    reduction: Literal["mean", "none"] = "mean",
+) -> Tensor:
     """Cone violation of matched rows.
 
     parent, child  [..., d]  Lorentz space components (``[B, d]`` or ``[B, k, d]``)
@@ -37,8 +43,10 @@ def entailment_cone_loss(parent: Tensor, child: Tensor, c: float | Tensor, eta: 
     per-factor violation ``[...]`` (``"none"``).
     """
     if parent.shape != child.shape:
-        raise ValueError(f"entailment_cone_loss: parent {tuple(parent.shape)} and child "
-                         f"{tuple(child.shape)} must have the same shape")
+        raise ValueError(
+            f"entailment_cone_loss: parent {tuple(parent.shape)} and child "
+            f"{tuple(child.shape)} must have the same shape"
+        )
     if eta < 0:
         raise ValueError(f"entailment_cone_loss: eta must be >= 0, got {eta}")
     angle = lorentz.exterior_angle(parent, child, c)

@@ -29,8 +29,13 @@ from torch import Tensor
 from curvalign.losses.contrastive import check_logits
 
 
-def score_weighted_info_nce(scores: Tensor, pair_scores: Tensor, temperature: float | Tensor,
-                            offset: int = 0, weight_mean: Tensor | None = None) -> Tensor:
+def score_weighted_info_nce(
+    scores: Tensor,
+    pair_scores: Tensor,
+    temperature: float | Tensor,
+    offset: int = 0,
+    weight_mean: Tensor | None = None,
+) -> Tensor:
     """One direction of InfoNCE with rows weighted by ``pair_scores``.
 
     scores       [P, P_global]  cosine of local a's against all gathered b's
@@ -42,8 +47,10 @@ def score_weighted_info_nce(scores: Tensor, pair_scores: Tensor, temperature: fl
     """
     check_logits(scores, offset, "score_weighted_info_nce scores")
     if pair_scores.shape != scores.shape[:1]:
-        raise ValueError(f"score_weighted_info_nce: {scores.shape[0]} rows but pair_scores of shape "
-                         f"{tuple(pair_scores.shape)}")
+        raise ValueError(
+            f"score_weighted_info_nce: {scores.shape[0]} rows but pair_scores of shape "
+            f"{tuple(pair_scores.shape)}"
+        )
     work = torch.promote_types(scores.dtype, torch.float32)
     targets = torch.arange(scores.shape[0], device=scores.device) + offset
     ce = F.cross_entropy(scores.to(work) / temperature, targets, reduction="none")
@@ -55,14 +62,21 @@ def score_weighted_info_nce(scores: Tensor, pair_scores: Tensor, temperature: fl
 def score_mse(pair_cosines: Tensor, pair_scores: Tensor) -> Tensor:
     """``mean (cos_p - s_p)^2`` over pairs. [P], [P] -> scalar."""
     if pair_cosines.shape != pair_scores.shape:
-        raise ValueError(f"score_mse: cosines {tuple(pair_cosines.shape)} and scores "
-                         f"{tuple(pair_scores.shape)} differ in shape")
+        raise ValueError(
+            f"score_mse: cosines {tuple(pair_cosines.shape)} and scores "
+            f"{tuple(pair_scores.shape)} differ in shape"
+        )
     work = torch.promote_types(pair_cosines.dtype, torch.float32)
     return F.mse_loss(pair_cosines.to(work), pair_scores.to(work))
 
 
-def pair_ranking(pair_cosines: Tensor, pair_scores: Tensor, all_cosines: Tensor | None = None,
-                 all_scores: Tensor | None = None, world_size: int = 1) -> Tensor:
+def pair_ranking(
+    pair_cosines: Tensor,
+    pair_scores: Tensor,
+    all_cosines: Tensor | None = None,
+    all_scores: Tensor | None = None,
+    world_size: int = 1,
+) -> Tensor:
     """Margin ranking over ordered pairs of pairs:
     ``mean_{s_p > s_q} max(0, (s_p - s_q) - (cos_p - cos_q))``; 0 when no two scores differ.
 
@@ -75,20 +89,24 @@ def pair_ranking(pair_cosines: Tensor, pair_scores: Tensor, all_cosines: Tensor 
     Memory: a [P, P_global] matrix (a pair batch is small).
     """
     if pair_cosines.shape != pair_scores.shape or pair_cosines.ndim != 1:
-        raise ValueError(f"pair_ranking: expected cosines and scores of one shape [P], got "
-                         f"{tuple(pair_cosines.shape)}, {tuple(pair_scores.shape)}")
+        raise ValueError(
+            f"pair_ranking: expected cosines and scores of one shape [P], got "
+            f"{tuple(pair_cosines.shape)}, {tuple(pair_scores.shape)}"
+        )
     all_cosines = pair_cosines if all_cosines is None else all_cosines
     all_scores = pair_scores if all_scores is None else all_scores
     work = torch.promote_types(pair_cosines.dtype, torch.float32)
     cos, s = pair_cosines.to(work), pair_scores.to(work)
     cos_all, s_all = all_cosines.to(work), all_scores.to(work)
-    score_gap = s.unsqueeze(1) - s_all.unsqueeze(0)        # [P, P_global]: s_p - s_q
+    score_gap = s.unsqueeze(1) - s_all.unsqueeze(0)  # [P, P_global]: s_p - s_q
     cos_gap = cos.unsqueeze(1) - cos_all.unsqueeze(0)
     ordered = score_gap > 0
     count = (s_all.unsqueeze(1) > s_all.unsqueeze(0)).sum()
     if int(count) == 0:
         return cos.sum() * 0.0
-    return F.relu(score_gap - cos_gap).masked_fill(~ordered, 0.0).sum() * (world_size / count.to(work))
+    return F.relu(score_gap - cos_gap).masked_fill(~ordered, 0.0).sum() * (
+        world_size / count.to(work)
+    )
 
 
 def hardest_negative_triplet(scores: Tensor, margin: float = 0.2, offset: int = 0) -> Tensor:
@@ -104,7 +122,9 @@ def hardest_negative_triplet(scores: Tensor, margin: float = 0.2, offset: int = 
     s = scores.to(work)
     rows = torch.arange(s.shape[0], device=s.device)
     positive = s[rows, rows + offset]
-    negatives = s.index_put((rows, rows + offset), torch.tensor(-torch.inf, dtype=work, device=s.device))
+    negatives = s.index_put(
+        (rows, rows + offset), torch.tensor(-torch.inf, dtype=work, device=s.device)
+    )
     return F.relu(margin - positive + negatives.max(dim=1).values).mean()
 
 

@@ -12,5 +12,13 @@ from curvalign.nn.heads import (
 )
 from curvalign.nn.scalars import LearnableScalar, inward_clamp, scalar_parameter_names
 
-__all__ = ["CosineHead", "FactorizedLorentzHead", "LearnableScalar", "LorentzHead", "MixedCurvatureHead",
-           "clip_tangent_norm", "inward_clamp", "scalar_parameter_names"]
+__all__ = [
+    "CosineHead",
+    "FactorizedLorentzHead",
+    "LearnableScalar",
+    "LorentzHead",
+    "MixedCurvatureHead",
+    "clip_tangent_norm",
+    "inward_clamp",
+    "scalar_parameter_names",
+]

@@ -51,27 +51,41 @@ class DualPathHead(nn.Module):
         tasks: task types with a learned prefix; empty for no prefixes.
     """
 
-    def __init__(self, input_dims: Mapping[str, int], model_dim: int, hidden_dim: int, out_dim: int,
-                 dropout: float = 0.1, gate_init: float = -5.0, residual_init: float = 0.5,
-                 tasks: Sequence[str] = TASKS) -> None:
+    def __init__(
+        self,
+        input_dims: Mapping[str, int],
+        model_dim: int,
+        hidden_dim: int,
+        out_dim: int,
+        dropout: float = 0.1,
+        gate_init: float = -5.0,
+        residual_init: float = 0.5,
+        tasks: Sequence[str] = TASKS,
+    ) -> None:
         super().__init__()
         if "text" not in input_dims:
-            raise ValueError(f"DualPathHead needs a 'text' input, got modalities {sorted(input_dims)}")
+            raise ValueError(
+                f"DualPathHead needs a 'text' input, got modalities {sorted(input_dims)}"
+            )
         if min(model_dim, hidden_dim, out_dim, *input_dims.values()) <= 0:
-            raise ValueError(f"DualPathHead dimensions must be positive, got inputs {dict(input_dims)}, "
-                             f"model_dim={model_dim}, hidden_dim={hidden_dim}, out_dim={out_dim}")
+            raise ValueError(
+                f"DualPathHead dimensions must be positive, got inputs {dict(input_dims)}, "
+                f"model_dim={model_dim}, hidden_dim={hidden_dim}, out_dim={out_dim}"
+            )
         self.input_dims = dict(input_dims)
         self.adapters = nn.ModuleDict({m: nn.Linear(d, model_dim) for m, d in input_dims.items()})
         self.tasks = tuple(tasks)
-        self.task_prefix = nn.Parameter(torch.zeros(len(self.tasks), model_dim)) if self.tasks else None
-        self.expand = nn.Linear(model_dim, hidden_dim)               # W_1
+        self.task_prefix = (
+            nn.Parameter(torch.zeros(len(self.tasks), model_dim)) if self.tasks else None
+        )
+        self.expand = nn.Linear(model_dim, hidden_dim)  # W_1
         self.dropout = nn.Dropout(dropout)
-        self.text_path = nn.Linear(hidden_dim, out_dim)              # W_2^text
-        self.multi_path = nn.Linear(hidden_dim, out_dim)             # W_2^multi
-        self.residual = nn.Linear(model_dim, out_dim, bias=False)    # W_r
+        self.text_path = nn.Linear(hidden_dim, out_dim)  # W_2^text
+        self.multi_path = nn.Linear(hidden_dim, out_dim)  # W_2^multi
+        self.residual = nn.Linear(model_dim, out_dim, bias=False)  # W_r
         self.gate_init = float(gate_init)
-        self.gate_logit = nn.Parameter(torch.tensor(float(gate_init)))   # theta
-        self.mix = nn.Parameter(torch.tensor(float(residual_init)))      # a
+        self.gate_logit = nn.Parameter(torch.tensor(float(gate_init)))  # theta
+        self.mix = nn.Parameter(torch.tensor(float(residual_init)))  # a
         # gate warm-up factor r in [0, 1]; set by the recipe from the curriculum, saved with the model
         self.register_buffer("gate_warmup", torch.zeros(()))
 
@@ -83,14 +97,20 @@ class DualPathHead(nn.Module):
     def hidden(self, x: Tensor, modality: str, task: str | None) -> Tensor:
         """``h = A_m x + p_task`` [N, model_dim]."""
         if modality not in self.adapters:
-            raise ValueError(f"DualPathHead: unknown modality {modality!r}; expected one of {sorted(self.adapters)}")
+            raise ValueError(
+                f"DualPathHead: unknown modality {modality!r}; expected one of {sorted(self.adapters)}"
+            )
         d = self.input_dims[modality]
         if x.ndim != 2 or x.shape[1] != d:
-            raise ValueError(f"DualPathHead: {modality} features must have shape [N, {d}], got {tuple(x.shape)}")
+            raise ValueError(
+                f"DualPathHead: {modality} features must have shape [N, {d}], got {tuple(x.shape)}"
+            )
         h = self.adapters[modality](x)
         if task is not None and self.task_prefix is not None:
             if task not in self.tasks:
-                raise ValueError(f"DualPathHead: unknown task {task!r}; expected one of {list(self.tasks)}")
+                raise ValueError(
+                    f"DualPathHead: unknown task {task!r}; expected one of {list(self.tasks)}"
+                )
             h = h + self.task_prefix[self.tasks.index(task)]
         return h
 

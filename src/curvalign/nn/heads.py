@@ -24,9 +24,11 @@ def _clip_style_linear(in_dim: int, out_dim: int, bias: bool = False) -> nn.Line
     """A linear projection initialised as CLIP/MERU do: N(0, in_dim^-1/2), so that unit-scale
     inputs give outputs whose entries have unit scale."""
     if in_dim <= 0 or out_dim <= 0:
-        raise ValueError(f"head dimensions must be positive, got in_dim={in_dim}, out_dim={out_dim}")
+        raise ValueError(
+            f"head dimensions must be positive, got in_dim={in_dim}, out_dim={out_dim}"
+        )
     layer = nn.Linear(in_dim, out_dim, bias=bias)
-    nn.init.normal_(layer.weight, std=in_dim ** -0.5)
+    nn.init.normal_(layer.weight, std=in_dim**-0.5)
     return layer
 
 
@@ -72,15 +74,22 @@ class LorentzHead(nn.Module):
     ``tangent(features)`` -> [N, d] the tangent vector at the origin (before ``expmap0``).
     """
 
-    def __init__(self, in_dim: int, out_dim: int, scale_init: float | None = None,
-                 scale_max: float | None = 1.0, learn_scale: bool = True,
-                 clip_norm: float | None = None, bias: bool = False) -> None:
+    def __init__(
+        self,
+        in_dim: int,
+        out_dim: int,
+        scale_init: float | None = None,
+        scale_max: float | None = 1.0,
+        learn_scale: bool = True,
+        clip_norm: float | None = None,
+        bias: bool = False,
+    ) -> None:
         super().__init__()
         if clip_norm is not None and not clip_norm > 0:
             raise ValueError(f"clip_norm must be positive or None, got {clip_norm}")
         self.in_dim, self.out_dim = in_dim, out_dim
         self.proj = _clip_style_linear(in_dim, out_dim, bias)
-        init = scale_init if scale_init is not None else out_dim ** -0.5
+        init = scale_init if scale_init is not None else out_dim**-0.5
         self.scale = LearnableScalar(init, max=scale_max, learnable=learn_scale)
         self.clip_norm = clip_norm
 
@@ -106,12 +115,21 @@ class FactorizedLorentzHead(nn.Module):
     forward(features [N, D], c [k]) -> [N, k, d] Lorentz space components per factor.
     """
 
-    def __init__(self, in_dim: int, num_factors: int, factor_dim: int,
-                 scale_init: float | None = None, scale_max: float | None = 1.0,
-                 per_factor_scale: bool = False, bias: bool = False) -> None:
+    def __init__(
+        self,
+        in_dim: int,
+        num_factors: int,
+        factor_dim: int,
+        scale_init: float | None = None,
+        scale_max: float | None = 1.0,
+        per_factor_scale: bool = False,
+        bias: bool = False,
+    ) -> None:
         super().__init__()
         if num_factors <= 0 or factor_dim <= 0:
-            raise ValueError(f"num_factors and factor_dim must be positive, got {num_factors}, {factor_dim}")
+            raise ValueError(
+                f"num_factors and factor_dim must be positive, got {num_factors}, {factor_dim}"
+            )
         self.in_dim, self.num_factors, self.factor_dim = in_dim, num_factors, factor_dim
         self.proj = _clip_style_linear(in_dim, num_factors * factor_dim, bias)
         if scale_init is None:
@@ -127,8 +145,10 @@ class FactorizedLorentzHead(nn.Module):
 
     def forward(self, features: Tensor, c: Tensor) -> Tensor:
         if not isinstance(c, Tensor) or c.shape not in ((self.num_factors,), ()):
-            raise ValueError(f"FactorizedLorentzHead expects a curvature of shape [{self.num_factors}] "
-                             f"(one per factor) or a scalar, got {getattr(c, 'shape', c)}")
+            raise ValueError(
+                f"FactorizedLorentzHead expects a curvature of shape [{self.num_factors}] "
+                f"(one per factor) or a scalar, got {getattr(c, 'shape', c)}"
+            )
         return lorentz.expmap0(self.tangent(features), c)
 
 
@@ -152,20 +172,32 @@ class MixedCurvatureHead(nn.Module):
 
     PARTS = ("hyperbolic", "euclidean", "sphere")
 
-    def __init__(self, in_dim: int, hyperbolic_dim: int, euclidean_dim: int, sphere_dim: int,
-                 hidden_dim: int = 512) -> None:
+    def __init__(
+        self,
+        in_dim: int,
+        hyperbolic_dim: int,
+        euclidean_dim: int,
+        sphere_dim: int,
+        hidden_dim: int = 512,
+    ) -> None:
         super().__init__()
         dims = {"hyperbolic": hyperbolic_dim, "euclidean": euclidean_dim, "sphere": sphere_dim}
         if any(d < 0 for d in dims.values()) or not any(d > 0 for d in dims.values()):
-            raise ValueError(f"MixedCurvatureHead needs non-negative part dimensions, at least one "
-                             f"positive, got {dims}")
+            raise ValueError(
+                f"MixedCurvatureHead needs non-negative part dimensions, at least one "
+                f"positive, got {dims}"
+            )
         if sphere_dim == 1:
             raise ValueError("sphere_dim must be 0 (no spherical part) or >= 2 (ambient dimension)")
         self.in_dim = in_dim
         self.dims = dims
-        self.mlps = nn.ModuleDict({part: _mlp(in_dim, hidden_dim, d) for part, d in dims.items() if d > 0})
+        self.mlps = nn.ModuleDict(
+            {part: _mlp(in_dim, hidden_dim, d) for part, d in dims.items() if d > 0}
+        )
 
-    def forward(self, features: Tensor, c: float | Tensor, radius: float | Tensor) -> dict[str, Tensor]:
+    def forward(
+        self, features: Tensor, c: float | Tensor, radius: float | Tensor
+    ) -> dict[str, Tensor]:
         _check_features(features, self.in_dim, type(self).__name__)
         out: dict[str, Tensor] = {}
         if "hyperbolic" in self.mlps:
@@ -177,5 +209,10 @@ class MixedCurvatureHead(nn.Module):
         return out
 
 
-__all__ = ["CosineHead", "FactorizedLorentzHead", "LorentzHead", "MixedCurvatureHead", "clip_tangent_norm"]
-
+__all__ = [
+    "CosineHead",
+    "FactorizedLorentzHead",
+    "LorentzHead",
+    "MixedCurvatureHead",
+    "clip_tangent_norm",
+]

@@ -40,11 +40,21 @@ class LoRALinear(nn.Module):
             (a pretrained projection, when one exists, is passed here).
     """
 
-    def __init__(self, in_features: int, out_features: int, rank: int = 64, alpha: float | None = None,
-                 bias: bool = False, base_weight: Tensor | None = None, base_bias: Tensor | None = None) -> None:
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        rank: int = 64,
+        alpha: float | None = None,
+        bias: bool = False,
+        base_weight: Tensor | None = None,
+        base_bias: Tensor | None = None,
+    ) -> None:
         super().__init__()
         if in_features <= 0 or out_features <= 0:
-            raise ValueError(f"LoRALinear dimensions must be positive, got {in_features} -> {out_features}")
+            raise ValueError(
+                f"LoRALinear dimensions must be positive, got {in_features} -> {out_features}"
+            )
         if rank <= 0:
             raise ValueError(f"LoRALinear rank must be positive, got {rank}")
         self.in_features, self.out_features, self.rank = in_features, out_features, rank
@@ -59,10 +69,14 @@ class LoRALinear(nn.Module):
             if bias and base_bias is None:
                 base_bias = template.bias.detach()
         if tuple(base_weight.shape) != (out_features, in_features):
-            raise ValueError(f"LoRALinear base_weight must have shape [{out_features}, {in_features}], "
-                             f"got {tuple(base_weight.shape)}")
+            raise ValueError(
+                f"LoRALinear base_weight must have shape [{out_features}, {in_features}], "
+                f"got {tuple(base_weight.shape)}"
+            )
         if base_bias is not None and tuple(base_bias.shape) != (out_features,):
-            raise ValueError(f"LoRALinear base_bias must have shape [{out_features}], got {tuple(base_bias.shape)}")
+            raise ValueError(
+                f"LoRALinear base_bias must have shape [{out_features}], got {tuple(base_bias.shape)}"
+            )
         self.register_buffer("base_weight", base_weight.detach().clone())
         self.register_buffer("base_bias", None if base_bias is None else base_bias.detach().clone())
 
@@ -76,15 +90,22 @@ class LoRALinear(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         if x.shape[-1] != self.in_features:
-            raise ValueError(f"LoRALinear expects inputs [..., {self.in_features}], got {tuple(x.shape)}")
+            raise ValueError(
+                f"LoRALinear expects inputs [..., {self.in_features}], got {tuple(x.shape)}"
+            )
         return F.linear(x, self.weight(), self.base_bias)
 
     @torch.no_grad()
     def merge(self) -> nn.Linear:
         """A plain frozen ``nn.Linear`` with the merged weight, for inference: same outputs, bit for bit."""
         weight = self.weight()
-        layer = nn.Linear(self.in_features, self.out_features, bias=self.base_bias is not None,
-                          device=weight.device, dtype=weight.dtype)
+        layer = nn.Linear(
+            self.in_features,
+            self.out_features,
+            bias=self.base_bias is not None,
+            device=weight.device,
+            dtype=weight.dtype,
+        )
         layer.weight.copy_(weight)
         if self.base_bias is not None:
             layer.bias.copy_(self.base_bias)
@@ -92,8 +113,10 @@ class LoRALinear(nn.Module):
         return layer
 
     def extra_repr(self) -> str:
-        return (f"in_features={self.in_features}, out_features={self.out_features}, rank={self.rank}, "
-                f"scaling={self.scaling:g}, bias={self.base_bias is not None}")
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, rank={self.rank}, "
+            f"scaling={self.scaling:g}, bias={self.base_bias is not None}"
+        )
 
 
 __all__ = ["LoRALinear"]

@@ -52,8 +52,9 @@ class _FirstLayer(torch.autograd.Function):
     would otherwise keep the [R, C, H] sum ``t[r] + i[c]`` for the gradient of ``rstd``."""
 
     @staticmethod
-    def forward(ctx, coeffs: Tensor, scalar_map: Tensor, rstd: Tensor, text_part: Tensor,
-                image_part: Tensor) -> Tensor:  # type: ignore[override]
+    def forward(
+        ctx, coeffs: Tensor, scalar_map: Tensor, rstd: Tensor, text_part: Tensor, image_part: Tensor
+    ) -> Tensor:  # type: ignore[override]
         ctx.save_for_backward(coeffs, scalar_map, rstd, text_part, image_part)
         # in the inputs' dtype (float32 at least) also under autocast, so backward sees one dtype
         with torch.autocast(device_type=coeffs.device.type, enabled=False):
@@ -70,7 +71,9 @@ class _FirstLayer(torch.autograd.Function):
         if ctx.needs_input_grad[1]:
             g_map = coeffs.flatten(0, 1).T @ grad.flatten(0, 1)
         if ctx.needs_input_grad[2]:
-            g_rstd = torch.einsum("rch,rh->rc", grad, text_part) + torch.einsum("rch,ch->rc", grad, image_part)
+            g_rstd = torch.einsum("rch,rh->rc", grad, text_part) + torch.einsum(
+                "rch,ch->rc", grad, image_part
+            )
         if ctx.needs_input_grad[3]:
             g_text = torch.einsum("rch,rc->rh", grad, rstd)
         if ctx.needs_input_grad[4]:
@@ -93,15 +96,25 @@ class PairwiseRouter(nn.Module):
         max_chunk_pairs: without gradients, rows are scored in chunks of at most this many pairs.
     """
 
-    def __init__(self, image_dim: int, text_dim: int, context_dim: int = 16,
-                 hidden_dims: tuple[int, int] = (64, 32), dropout: float = 0.1,
-                 gate_temperature: float = 0.5, min_gate_temperature: float = 0.5,
-                 learn_gate_temperature: bool = True, jitter: float = 0.1,
-                 max_chunk_pairs: int = 1 << 20) -> None:
+    def __init__(
+        self,
+        image_dim: int,
+        text_dim: int,
+        context_dim: int = 16,
+        hidden_dims: tuple[int, int] = (64, 32),
+        dropout: float = 0.1,
+        gate_temperature: float = 0.5,
+        min_gate_temperature: float = 0.5,
+        learn_gate_temperature: bool = True,
+        jitter: float = 0.1,
+        max_chunk_pairs: int = 1 << 20,
+    ) -> None:
         super().__init__()
         if min(image_dim, text_dim, context_dim, *hidden_dims) <= 0:
-            raise ValueError(f"PairwiseRouter dimensions must be positive, got image_dim={image_dim}, "
-                             f"text_dim={text_dim}, context_dim={context_dim}, hidden_dims={hidden_dims}")
+            raise ValueError(
+                f"PairwiseRouter dimensions must be positive, got image_dim={image_dim}, "
+                f"text_dim={text_dim}, context_dim={context_dim}, hidden_dims={hidden_dims}"
+            )
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"PairwiseRouter dropout must lie in [0, 1), got {dropout}")
         if jitter < 0:
@@ -111,16 +124,20 @@ class PairwiseRouter(nn.Module):
         self.context_dim = context_dim
         self.in_dim = 2 + 2 * context_dim
         self.context_image = nn.Linear(image_dim, context_dim)  # phi_I
-        self.context_text = nn.Linear(text_dim, context_dim)    # phi_T
+        self.context_text = nn.Linear(text_dim, context_dim)  # phi_T
         self.norm = nn.LayerNorm(self.in_dim)
         self.fc1 = nn.Linear(self.in_dim, hidden_dims[0])
         self.tail = nn.Sequential(
-            nn.GELU(), nn.Dropout(dropout),
-            nn.Linear(hidden_dims[0], hidden_dims[1]), nn.GELU(), nn.Dropout(dropout),
+            nn.GELU(),
+            nn.Dropout(dropout),
+            nn.Linear(hidden_dims[0], hidden_dims[1]),
+            nn.GELU(),
+            nn.Dropout(dropout),
             nn.Linear(hidden_dims[1], 1),
         )
-        self.temperature = LearnableScalar(gate_temperature, min=min_gate_temperature,
-                                           learnable=learn_gate_temperature)
+        self.temperature = LearnableScalar(
+            gate_temperature, min=min_gate_temperature, learnable=learn_gate_temperature
+        )
         self.jitter = jitter
         self.max_chunk_pairs = max_chunk_pairs
 
@@ -144,11 +161,14 @@ class PairwiseRouter(nn.Module):
     def _check_contexts(self, text_context: Tensor, image_context: Tensor) -> None:
         for name, u in (("text_context", text_context), ("image_context", image_context)):
             if u.shape[-1] != self.context_dim:
-                raise ValueError(f"PairwiseRouter {name} must end in {self.context_dim}, got {tuple(u.shape)}")
+                raise ValueError(
+                    f"PairwiseRouter {name} must end in {self.context_dim}, got {tuple(u.shape)}"
+                )
 
     # --- B x B --------------------------------------------------------------------------------
-    def matrix_logits(self, s_e_route: Tensor, s_h: Tensor, text_context: Tensor,
-                      image_context: Tensor) -> Tensor:
+    def matrix_logits(
+        self, s_e_route: Tensor, s_h: Tensor, text_context: Tensor, image_context: Tensor
+    ) -> Tensor:
         """Routing logits ``MLP(LN(x)) / T_gate`` for every (text, image) pair.
 
         s_e_route, s_h   [Nt, Ni]  ``beta(t) S_E`` and ``S_H`` (detached here)
@@ -158,10 +178,16 @@ class PairwiseRouter(nn.Module):
         """
         self._check_contexts(text_context, image_context)
         nt, ni = s_h.shape
-        if s_e_route.shape != s_h.shape or text_context.shape[0] != nt or image_context.shape[0] != ni:
-            raise ValueError(f"PairwiseRouter.matrix_logits: scores {tuple(s_e_route.shape)}, "
-                             f"{tuple(s_h.shape)} do not match contexts {tuple(text_context.shape)}, "
-                             f"{tuple(image_context.shape)}")
+        if (
+            s_e_route.shape != s_h.shape
+            or text_context.shape[0] != nt
+            or image_context.shape[0] != ni
+        ):
+            raise ValueError(
+                f"PairwiseRouter.matrix_logits: scores {tuple(s_e_route.shape)}, "
+                f"{tuple(s_h.shape)} do not match contexts {tuple(text_context.shape)}, "
+                f"{tuple(image_context.shape)}"
+            )
         s_e, s_h = self._scalars(s_e_route, s_h)
         work = torch.promote_types(s_h.dtype, torch.float32)
         s_e, s_h = s_e.to(work), s_h.to(work)
@@ -171,11 +197,15 @@ class PairwiseRouter(nn.Module):
         # the folded first layer in float32 at least, also under autocast (the MLP after it may
         # run in bf16): its per-pair statistics and sums need the range and precision
         with torch.autocast(device_type=s_h.device.type, enabled=False):
-            weight = self.fc1.weight.to(work) * self.norm.weight.to(work)        # W' [H, 34]
-            offset = self.fc1.bias.to(work) + self.fc1.weight.to(work) @ self.norm.bias.to(work)  # [H]
-            scalar_map = torch.stack((weight[:, 0], weight[:, 1], weight.sum(dim=1), offset))  # [4, H]
-            text_part = u_t @ weight[:, 2 + c:].T                                # [Nt, H]
-            image_part = u_i @ weight[:, 2:2 + c].T                              # [Ni, H]
+            weight = self.fc1.weight.to(work) * self.norm.weight.to(work)  # W' [H, 34]
+            offset = self.fc1.bias.to(work) + self.fc1.weight.to(work) @ self.norm.bias.to(
+                work
+            )  # [H]
+            scalar_map = torch.stack(
+                (weight[:, 0], weight[:, 1], weight.sum(dim=1), offset)
+            )  # [4, H]
+            text_part = u_t @ weight[:, 2 + c :].T  # [Nt, H]
+            image_part = u_i @ weight[:, 2 : 2 + c].T  # [Ni, H]
 
         # per-item sums for the LayerNorm statistics, in float64 (one-pass variance)
         stat = torch.float64 if work != torch.float64 else work
@@ -189,7 +219,9 @@ class PairwiseRouter(nn.Module):
             se, sh = s_e[sl], s_h[sl]
             se64, sh64 = se.to(stat), sh.to(stat)
             mean = (se64 + sh64 + sum_t[sl, None] + sum_i[None, :]) / self.in_dim
-            var = (se64.square() + sh64.square() + sq_t[sl, None] + sq_i[None, :]) / self.in_dim - mean.square()
+            var = (
+                se64.square() + sh64.square() + sq_t[sl, None] + sq_i[None, :]
+            ) / self.in_dim - mean.square()
             rstd = (var.clamp_min(0.0) + self.norm.eps).rsqrt().to(work)
             mean = mean.to(work)
             # [R, Ni, 4] @ [4, H]: the scalar inputs, the mean correction and the bias in one product
@@ -200,22 +232,28 @@ class PairwiseRouter(nn.Module):
         return logits / self.temperature().to(work)
 
     # --- given pairs (top-K rerank) ------------------------------------------------------------
-    def pair_logits(self, s_e_route: Tensor, s_h: Tensor, text_context: Tensor,
-                    image_context: Tensor) -> Tensor:
+    def pair_logits(
+        self, s_e_route: Tensor, s_h: Tensor, text_context: Tensor, image_context: Tensor
+    ) -> Tensor:
         """Routing logits for given pairs: ``s_*`` of shape ``S`` (``[n]`` or ``[n, K]``), contexts
         broadcastable to ``S + (16,)`` (e.g. ``[n, 1, 16]`` for a query against K candidates).
         Returns logits of shape ``S``."""
         self._check_contexts(text_context, image_context)
         s_e, s_h = self._scalars(s_e_route, s_h)
         work = torch.promote_types(s_h.dtype, torch.float32)
-        shape = torch.broadcast_shapes(s_e.shape, s_h.shape, text_context.shape[:-1], image_context.shape[:-1])
+        shape = torch.broadcast_shapes(
+            s_e.shape, s_h.shape, text_context.shape[:-1], image_context.shape[:-1]
+        )
         c = self.context_dim
-        x = torch.cat((
-            s_e.to(work).expand(shape).unsqueeze(-1),
-            s_h.to(work).expand(shape).unsqueeze(-1),
-            image_context.to(work).expand(*shape, c),
-            text_context.to(work).expand(*shape, c),
-        ), dim=-1)
+        x = torch.cat(
+            (
+                s_e.to(work).expand(shape).unsqueeze(-1),
+                s_h.to(work).expand(shape).unsqueeze(-1),
+                image_context.to(work).expand(*shape, c),
+                text_context.to(work).expand(*shape, c),
+            ),
+            dim=-1,
+        )
         logits = self.tail(self.fc1(self.norm(x))).squeeze(-1)
         return logits / self.temperature().to(work)
 
@@ -249,8 +287,16 @@ class QueryConditioner(nn.Module):
         return torch.sigmoid(self.gate(h)).squeeze(-1), 2.0 * torch.sigmoid(self.calibration(h))
 
 
-def routed_scores(s_h: Tensor, s_e: Tensor, route_weight: Tensor, gate: Tensor, calibration: Tensor,
-                  alpha: float, beta: float, max_delta: float = 5.0) -> Tensor:
+def routed_scores(
+    s_h: Tensor,
+    s_e: Tensor,
+    route_weight: Tensor,
+    gate: Tensor,
+    calibration: Tensor,
+    alpha: float,
+    beta: float,
+    max_delta: float = 5.0,
+) -> Tensor:
     """AGR's baseline-safe routed score (Algorithm 1, lines 32-34; Eqs. 16-18):
 
         Delta = Dmax tanh((sE beta S_E - S_H) / Dmax)

@@ -69,8 +69,14 @@ class LearnableScalar(nn.Module):
     The stored parameter is ``log_value``.
     """
 
-    def __init__(self, init: float | Sequence[float] | Tensor, min: float | None = None,
-                 max: float | None = None, shape: Sequence[int] = (), learnable: bool = True) -> None:
+    def __init__(
+        self,
+        init: float | Sequence[float] | Tensor,
+        min: float | None = None,
+        max: float | None = None,
+        shape: Sequence[int] = (),
+        learnable: bool = True,
+    ) -> None:
         super().__init__()
         value = torch.as_tensor(init, dtype=torch.float32).clone()
         if value.ndim == 0 and tuple(shape):
@@ -78,7 +84,9 @@ class LearnableScalar(nn.Module):
         if not torch.all(torch.isfinite(value)) or not torch.all(value > 0):
             raise ValueError(f"LearnableScalar init must be finite and positive, got {init!r}")
         if min is not None and max is not None and not 0 < min <= max:
-            raise ValueError(f"LearnableScalar bounds must satisfy 0 < min <= max, got [{min}, {max}]")
+            raise ValueError(
+                f"LearnableScalar bounds must satisfy 0 < min <= max, got [{min}, {max}]"
+            )
         if min is not None and min <= 0:
             raise ValueError(f"LearnableScalar min must be positive, got {min}")
         lo = min if min is not None else 0.0
@@ -108,11 +116,15 @@ class LearnableScalar(nn.Module):
         v = self.value.float()
         if v.numel() == 1:
             return {name: float(v.reshape(()))}
-        return {f"{name}/min": float(v.min()), f"{name}/mean": float(v.mean()), f"{name}/max": float(v.max())}
+        return {
+            f"{name}/min": float(v.min()),
+            f"{name}/mean": float(v.mean()),
+            f"{name}/max": float(v.max()),
+        }
 
     def extra_repr(self) -> str:
         shape = tuple(self.log_value.shape)
-        return (f"shape={shape}, min={self.min}, max={self.max}, learnable={self.learnable}")
+        return f"shape={shape}, min={self.min}, max={self.max}, learnable={self.learnable}"
 
 
 def scalar_parameter_names(module: nn.Module) -> set[str]:

@@ -42,5 +42,14 @@ def get_recipe(name: str) -> type[Recipe]:
     return _REGISTRY[name]
 
 
-__all__ = ["Batch", "Embedding", "Gather", "LossOutput", "Progress", "Recipe", "get_recipe",
-           "recipe_names", "register"]
+__all__ = [
+    "Batch",
+    "Embedding",
+    "Gather",
+    "LossOutput",
+    "Progress",
+    "Recipe",
+    "get_recipe",
+    "recipe_names",
+    "register",
+]

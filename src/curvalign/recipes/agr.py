@@ -80,7 +80,12 @@ from curvalign.schedules import (
     agr_phase_index,
     agr_warmup_end_step,
 )
-from curvalign.scores import cosine_pair_scores, cosine_scores, lorentz_distance_pair_scores, lorentz_distance_scores
+from curvalign.scores import (
+    cosine_pair_scores,
+    cosine_scores,
+    lorentz_distance_pair_scores,
+    lorentz_distance_scores,
+)
 
 KEYS = ("euclidean", "lorentz", "context", "gate_logit", "calibration_logit")
 
@@ -150,20 +155,31 @@ class AGRConfig:
     def __post_init__(self) -> None:
         checks = [
             (self.embed_dim > 0, f"embed_dim must be positive, got {self.embed_dim}"),
-            (self.trunk in ("identity", "residual"), f"trunk must be 'identity' or 'residual', got {self.trunk!r}"),
+            (
+                self.trunk in ("identity", "residual"),
+                f"trunk must be 'identity' or 'residual', got {self.trunk!r}",
+            ),
             (self.lora_rank > 0, f"lora_rank must be positive, got {self.lora_rank}"),
-            (0 < self.curvature_min <= self.curvature_init <= self.curvature_max,
-             "need 0 < curvature_min <= curvature_init <= curvature_max, got "
-             f"{self.curvature_min}, {self.curvature_init}, {self.curvature_max}"),
+            (
+                0 < self.curvature_min <= self.curvature_init <= self.curvature_max,
+                "need 0 < curvature_min <= curvature_init <= curvature_max, got "
+                f"{self.curvature_min}, {self.curvature_init}, {self.curvature_max}",
+            ),
             (self.clip_kappa > 0, f"clip_kappa must be positive, got {self.clip_kappa}"),
-            (0 < self.tau_e_min <= self.tau_e_init,
-             f"need 0 < tau_e_min <= tau_e_init, got {self.tau_e_min}, {self.tau_e_init}"),
-            (0 < self.gate_temperature_min <= self.gate_temperature,
-             "need 0 < gate_temperature_min <= gate_temperature, got "
-             f"{self.gate_temperature_min}, {self.gate_temperature}"),
+            (
+                0 < self.tau_e_min <= self.tau_e_init,
+                f"need 0 < tau_e_min <= tau_e_init, got {self.tau_e_min}, {self.tau_e_init}",
+            ),
+            (
+                0 < self.gate_temperature_min <= self.gate_temperature,
+                "need 0 < gate_temperature_min <= gate_temperature, got "
+                f"{self.gate_temperature_min}, {self.gate_temperature}",
+            ),
             (self.max_delta > 0, f"max_delta must be positive, got {self.max_delta}"),
-            (min(self.load_balance_weight, self.expert_weight, self.score_jitter) >= 0,
-             "load_balance_weight, expert_weight and score_jitter must be >= 0"),
+            (
+                min(self.load_balance_weight, self.expert_weight, self.score_jitter) >= 0,
+                "load_balance_weight, expert_weight and score_jitter must be >= 0",
+            ),
         ]
         for ok, message in checks:
             if not ok:
@@ -172,10 +188,16 @@ class AGRConfig:
 
     @property
     def curriculum(self) -> AGRCurriculum:
-        return AGRCurriculum(alpha_start=self.alpha_start, alpha_end=self.alpha_end,
-                             beta_start=self.beta_start, beta_end=self.beta_end,
-                             entropy_weight=self.entropy_weight, entropy_anneal_end=self.entropy_anneal_end,
-                             unit=self.schedule_unit, single_schedule=self.single_schedule)
+        return AGRCurriculum(
+            alpha_start=self.alpha_start,
+            alpha_end=self.alpha_end,
+            beta_start=self.beta_start,
+            beta_end=self.beta_end,
+            entropy_weight=self.entropy_weight,
+            entropy_anneal_end=self.entropy_anneal_end,
+            unit=self.schedule_unit,
+            single_schedule=self.single_schedule,
+        )
 
 
 @dataclass
@@ -220,8 +242,12 @@ class AGR(Recipe):
             self.text_trunk: nn.Module = ResidualTrunk(text_dim)
         else:
             self.image_trunk, self.text_trunk = nn.Identity(), nn.Identity()
-        self.image_euclidean = LoRALinear(image_dim, cfg.embed_dim, rank=cfg.lora_rank, alpha=cfg.lora_alpha)
-        self.text_euclidean = LoRALinear(text_dim, cfg.embed_dim, rank=cfg.lora_rank, alpha=cfg.lora_alpha)
+        self.image_euclidean = LoRALinear(
+            image_dim, cfg.embed_dim, rank=cfg.lora_rank, alpha=cfg.lora_alpha
+        )
+        self.text_euclidean = LoRALinear(
+            text_dim, cfg.embed_dim, rank=cfg.lora_rank, alpha=cfg.lora_alpha
+        )
         # Eq. 5 has no scale before the exp map: the head's scale is fixed at 1 and the
         # curvature-dependent clip (|v| sqrt(c) <= kappa) is applied in _embed, where c is known.
         # W_H starts with outputs of norm about ``tangent_scale * sqrt(d)`` (1 by default), inside
@@ -231,21 +257,30 @@ class AGR(Recipe):
         lorentz_head = dict(scale_init=1.0, scale_max=None, learn_scale=False, clip_norm=None)
         self.image_lorentz = LorentzHead(image_dim, cfg.embed_dim, **lorentz_head)
         self.text_lorentz = LorentzHead(text_dim, cfg.embed_dim, **lorentz_head)
-        shrink = cfg.tangent_scale if cfg.tangent_scale is not None else cfg.embed_dim ** -0.5
+        shrink = cfg.tangent_scale if cfg.tangent_scale is not None else cfg.embed_dim**-0.5
         with torch.no_grad():
             self.image_lorentz.proj.weight.mul_(shrink)
             self.text_lorentz.proj.weight.mul_(shrink)
-        self.curvature = LearnableScalar(cfg.curvature_init, min=cfg.curvature_min, max=cfg.curvature_max,
-                                         learnable=cfg.learn_curvature)
+        self.curvature = LearnableScalar(
+            cfg.curvature_init,
+            min=cfg.curvature_min,
+            max=cfg.curvature_max,
+            learnable=cfg.learn_curvature,
+        )
         self.tau_e = LearnableScalar(cfg.tau_e_init, min=cfg.tau_e_min, learnable=cfg.learn_tau_e)
-        self.router = PairwiseRouter(image_dim, text_dim, context_dim=cfg.context_dim,
-                                     hidden_dims=tuple(cfg.router_hidden), dropout=cfg.router_dropout,
-                                     gate_temperature=cfg.gate_temperature,
-                                     min_gate_temperature=cfg.gate_temperature_min,
-                                     learn_gate_temperature=cfg.learn_gate_temperature,
-                                     jitter=cfg.score_jitter)
-        self.image_query = QueryConditioner(image_dim)   # G_I, C_I
-        self.text_query = QueryConditioner(text_dim)     # G_T, C_T
+        self.router = PairwiseRouter(
+            image_dim,
+            text_dim,
+            context_dim=cfg.context_dim,
+            hidden_dims=tuple(cfg.router_hidden),
+            dropout=cfg.router_dropout,
+            gate_temperature=cfg.gate_temperature,
+            min_gate_temperature=cfg.gate_temperature_min,
+            learn_gate_temperature=cfg.learn_gate_temperature,
+            jitter=cfg.score_jitter,
+        )
+        self.image_query = QueryConditioner(image_dim)  # G_I, C_I
+        self.text_query = QueryConditioner(text_dim)  # G_T, C_T
         # Curriculum state of the last step, saved with the model so that a checkpoint ranks
         # with the score it was trained with; the warm-up diagnostic is NaN until measured.
         self.register_buffer("alpha", torch.zeros(()))
@@ -253,10 +288,21 @@ class AGR(Recipe):
         self.register_buffer("routing_weight_at_warmup_end", torch.full((), math.nan))
 
     # --- embeddings ---------------------------------------------------------------------------
-    def _embed(self, features: Tensor, trunk: nn.Module, euclidean: LoRALinear, hyperbolic: LorentzHead,
-               query: QueryConditioner, context: nn.Module, dim: int, what: str) -> Embedding:
+    def _embed(
+        self,
+        features: Tensor,
+        trunk: nn.Module,
+        euclidean: LoRALinear,
+        hyperbolic: LorentzHead,
+        query: QueryConditioner,
+        context: nn.Module,
+        dim: int,
+        what: str,
+    ) -> Embedding:
         if not isinstance(features, Tensor) or features.ndim != 2 or features.shape[1] != dim:
-            shape = tuple(features.shape) if isinstance(features, Tensor) else type(features).__name__
+            shape = (
+                tuple(features.shape) if isinstance(features, Tensor) else type(features).__name__
+            )
             raise ValueError(f"agr: {what} features must have shape [N, {dim}], got {shape}")
         h = trunk(features)
         c = self.curvature()
@@ -272,16 +318,38 @@ class AGR(Recipe):
         }
 
     def embed_images(self, features: Tensor) -> Embedding:
-        return self._embed(features, self.image_trunk, self.image_euclidean, self.image_lorentz,
-                           self.image_query, self.router.image_context, self.image_dim, "image")
+        return self._embed(
+            features,
+            self.image_trunk,
+            self.image_euclidean,
+            self.image_lorentz,
+            self.image_query,
+            self.router.image_context,
+            self.image_dim,
+            "image",
+        )
 
     def embed_texts(self, features: Tensor) -> Embedding:
-        return self._embed(features, self.text_trunk, self.text_euclidean, self.text_lorentz,
-                           self.text_query, self.router.text_context, self.text_dim, "text")
+        return self._embed(
+            features,
+            self.text_trunk,
+            self.text_euclidean,
+            self.text_lorentz,
+            self.text_query,
+            self.router.text_context,
+            self.text_dim,
+            "text",
+        )
 
     # --- scores -------------------------------------------------------------------------------
-    def routed(self, texts: Embedding, images: Embedding, query: Query, alpha: float | None = None,
-               beta: float | None = None) -> RoutedParts:
+    def routed(
+        self,
+        texts: Embedding,
+        images: Embedding,
+        query: Query,
+        alpha: float | None = None,
+        beta: float | None = None,
+    ) -> RoutedParts:
         """The routed score matrix [Nt, Ni] and its parts; ``alpha``/``beta`` default to the
         values of the last training step."""
         _check_query(query)
@@ -290,16 +358,36 @@ class AGR(Recipe):
         s_e = cosine_scores(texts["euclidean"], images["euclidean"]) / self.tau_e()
         s_h = lorentz_distance_scores(texts["lorentz"], images["lorentz"], self.curvature())
         logits = self.router.matrix_logits(beta * s_e, s_h, texts["context"], images["context"])
-        return self._combine(s_e, s_h, logits, texts, images, query, alpha, beta,
-                             gate_axis=(slice(None), None) if query == "text" else (None, slice(None)))
+        return self._combine(
+            s_e,
+            s_h,
+            logits,
+            texts,
+            images,
+            query,
+            alpha,
+            beta,
+            gate_axis=(slice(None), None) if query == "text" else (None, slice(None)),
+        )
 
-    def _combine(self, s_e: Tensor, s_h: Tensor, logits: Tensor, texts: Embedding, images: Embedding,
-                 query: Query, alpha: float, beta: float, gate_axis: tuple) -> RoutedParts:
+    def _combine(
+        self,
+        s_e: Tensor,
+        s_h: Tensor,
+        logits: Tensor,
+        texts: Embedding,
+        images: Embedding,
+        query: Query,
+        alpha: float,
+        beta: float,
+        gate_axis: tuple,
+    ) -> RoutedParts:
         side = texts if query == "text" else images
         gate = torch.sigmoid(side["gate_logit"])[gate_axis]
         calibration = 2.0 * torch.sigmoid(side["calibration_logit"])[gate_axis]
-        s_agr = routed_scores(s_h, s_e, torch.sigmoid(logits), gate, calibration, alpha, beta,
-                              self.config.max_delta)
+        s_agr = routed_scores(
+            s_h, s_e, torch.sigmoid(logits), gate, calibration, alpha, beta, self.config.max_delta
+        )
         return RoutedParts(s_e, s_h, logits, gate, calibration, s_agr)
 
     def scores(self, texts: Embedding, images: Embedding, query: Query = "text") -> Tensor:
@@ -317,8 +405,9 @@ class AGR(Recipe):
         side = texts if query == "text" else images
         gate = torch.sigmoid(side["gate_logit"])
         calibration = 2.0 * torch.sigmoid(side["calibration_logit"])
-        return routed_scores(s_h, s_e, torch.sigmoid(logits), gate, calibration, alpha, beta,
-                             self.config.max_delta)
+        return routed_scores(
+            s_h, s_e, torch.sigmoid(logits), gate, calibration, alpha, beta, self.config.max_delta
+        )
 
     def class_embedding(self, prompts: Embedding) -> Embedding:
         """A class from its prompts: mean direction (Euclidean, renormalised), mean tangent vector
@@ -348,8 +437,10 @@ class AGR(Recipe):
         gather = gather or Gather()
         cfg: AGRConfig = self.config
         if batch.image.shape[0] != batch.text.shape[0]:
-            raise ValueError(f"agr: batch has {batch.image.shape[0]} images but {batch.text.shape[0]} "
-                             "texts; rows must be matched pairs")
+            raise ValueError(
+                f"agr: batch has {batch.image.shape[0]} images but {batch.text.shape[0]} "
+                "texts; rows must be matched pairs"
+            )
         alpha, beta = self._set_curriculum(progress)
         local_images, local_texts = self.embed_images(batch.image), self.embed_texts(batch.text)
         all_images, all_texts = gather(local_images), gather(local_texts)
@@ -359,8 +450,17 @@ class AGR(Recipe):
         t2i = self.routed(local_texts, all_images, "text", alpha, beta)
         # image -> text: all texts against local images, with the image side as query
         if gather.world_size == 1:  # the same pairs: reuse scores and router weights
-            i2t = self._combine(t2i.s_e, t2i.s_h, t2i.route_logits, all_texts, local_images, "image",
-                                alpha, beta, gate_axis=(None, slice(None)))
+            i2t = self._combine(
+                t2i.s_e,
+                t2i.s_h,
+                t2i.route_logits,
+                all_texts,
+                local_images,
+                "image",
+                alpha,
+                beta,
+                gate_axis=(None, slice(None)),
+            )
         else:
             i2t = self.routed(all_texts, local_images, "image", alpha, beta)
         contrastive = symmetric_info_nce(t2i.s_agr, i2t.s_agr.T, temperature=1.0, offset=offset)
@@ -383,8 +483,9 @@ class AGR(Recipe):
         total = sum(terms.values())
 
         mean_w_value = float(mean_w.detach())
-        if (math.isnan(float(self.routing_weight_at_warmup_end))
-                and progress.step >= agr_warmup_end_step(progress.total, self.curriculum)):
+        if math.isnan(
+            float(self.routing_weight_at_warmup_end)
+        ) and progress.step >= agr_warmup_end_step(progress.total, self.curriculum):
             self.routing_weight_at_warmup_end.fill_(mean_w_value)
         gate_text = float(torch.sigmoid(local_texts["gate_logit"].detach()).mean())
         gate_image = float(torch.sigmoid(local_images["gate_logit"].detach()).mean())
@@ -406,9 +507,13 @@ class AGR(Recipe):
 
     # --- logging ------------------------------------------------------------------------------
     def log_values(self) -> dict[str, float]:
-        out = {**self.curvature.summary("curvature"), **self.tau_e.summary("tau_e"),
-               **self.router.temperature.summary("router_temperature"),
-               "alpha": float(self.alpha), "beta": float(self.beta)}
+        out = {
+            **self.curvature.summary("curvature"),
+            **self.tau_e.summary("tau_e"),
+            **self.router.temperature.summary("router_temperature"),
+            "alpha": float(self.alpha),
+            "beta": float(self.beta),
+        }
         w = float(self.routing_weight_at_warmup_end)
         if not math.isnan(w):
             out["routing_weight_at_warmup_end"] = w

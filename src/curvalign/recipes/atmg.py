@@ -69,10 +69,14 @@ class AtmgConfig(LorentzConfig):
         if self.centroid_weight < 0:
             raise ValueError(f"centroid_weight must be >= 0, got {self.centroid_weight}")
         if not self.centroid_image_level > self.centroid_text_level:
-            raise ValueError("centroid_image_level p must exceed centroid_text_level q (images further "
-                             f"out), got p={self.centroid_image_level}, q={self.centroid_text_level}")
+            raise ValueError(
+                "centroid_image_level p must exceed centroid_text_level q (images further "
+                f"out), got p={self.centroid_image_level}, q={self.centroid_text_level}"
+            )
         if self.image_query_score not in ("alpha", "beta"):
-            raise ValueError(f"image_query_score must be 'alpha' or 'beta', got {self.image_query_score!r}")
+            raise ValueError(
+                f"image_query_score must be 'alpha' or 'beta', got {self.image_query_score!r}"
+            )
 
 
 @register
@@ -95,18 +99,27 @@ class Atmg(LorentzRecipe):
             return angle_at_image_pair_scores(images["point"], texts["point"], c)
         return angle_at_text_pair_scores(texts["point"], images["point"], c)
 
-    def zero_shot_scores(self, images: Embedding, prompts: Embedding, prompt_to_class: Tensor,
-                         num_classes: int) -> Tensor:
+    def zero_shot_scores(
+        self, images: Embedding, prompts: Embedding, prompt_to_class: Tensor, num_classes: int
+    ) -> Tensor:
         """[Ni, C]: minus the mean over each class's prompts of alpha(prompt, image) (Sec. 6.1)."""
         prompt_to_class = prompt_to_class.long().to(prompts["point"].device)
         counts = torch.bincount(prompt_to_class, minlength=num_classes)
-        if prompt_to_class.numel() and (prompt_to_class.min() < 0 or prompt_to_class.max() >= num_classes):
-            raise ValueError(f"prompt_to_class must lie in [0, {num_classes}), got values "
-                             f"{int(prompt_to_class.min())}..{int(prompt_to_class.max())}")
+        if prompt_to_class.numel() and (
+            prompt_to_class.min() < 0 or prompt_to_class.max() >= num_classes
+        ):
+            raise ValueError(
+                f"prompt_to_class must lie in [0, {num_classes}), got values "
+                f"{int(prompt_to_class.min())}..{int(prompt_to_class.max())}"
+            )
         if (counts == 0).any():
             missing = torch.nonzero(counts == 0).flatten()[:5].tolist()
-            raise ValueError(f"zero-shot classes without prompts: {missing} (every class needs one)")
-        alpha = -angle_at_text_scores(prompts["point"], images["point"], self.curvature())  # [Nq, Ni]
+            raise ValueError(
+                f"zero-shot classes without prompts: {missing} (every class needs one)"
+            )
+        alpha = -angle_at_text_scores(
+            prompts["point"], images["point"], self.curvature()
+        )  # [Nq, Ni]
         total = torch.zeros(num_classes, alpha.shape[1], dtype=alpha.dtype, device=alpha.device)
         total.index_add_(0, prompt_to_class, alpha)
         return -(total / counts.unsqueeze(1).to(alpha.dtype)).T
@@ -119,15 +132,25 @@ class Atmg(LorentzRecipe):
         local = {"image": self.image_head(batch.image, c), "text": self.text_head(batch.text, c)}
         everyone = gather(local)
         offset = gather.offset(batch.image.shape[0])
-        terms = {"angle": angle_contrastive_loss(local["text"], local["image"], everyone["text"],
-                                                 everyone["image"], c, tau, offset)}
+        terms = {
+            "angle": angle_contrastive_loss(
+                local["text"], local["image"], everyone["text"], everyone["image"], c, tau, offset
+            )
+        }
         logs = {"temperature": float(tau.detach()), "curvature": float(c.detach())}
         if cfg.pair_angle_weight > 0:
-            terms["pair_angle"] = cfg.pair_angle_weight * matched_angle_loss(local["text"], local["image"], c)
+            terms["pair_angle"] = cfg.pair_angle_weight * matched_angle_loss(
+                local["text"], local["image"], c
+            )
         if cfg.centroid_weight > 0:
             # Centroids of the gathered batch, so multi-process training matches the global batch.
-            centroid = centroid_radius_loss(everyone["text"], everyone["image"], c,
-                                            cfg.centroid_text_level, cfg.centroid_image_level)
+            centroid = centroid_radius_loss(
+                everyone["text"],
+                everyone["image"],
+                c,
+                cfg.centroid_text_level,
+                cfg.centroid_image_level,
+            )
             terms["centroid"] = cfg.centroid_weight * centroid
             logs["centroid_unweighted"] = float(centroid.detach())
         with torch.no_grad():

@@ -73,8 +73,10 @@ class Batch:
     pair_b: Tensor | None = None
     pair_score: Tensor | None = None
 
-    def to(self, device: torch.device | str) -> "Batch":
-        return Batch(**{k: (v.to(device) if isinstance(v, Tensor) else v) for k, v in self.__dict__.items()})
+    def to(self, device: torch.device | str) -> Batch:
+        return Batch(
+            **{k: (v.to(device) if isinstance(v, Tensor) else v) for k, v in self.__dict__.items()}
+        )
 
 
 @dataclass
@@ -152,15 +154,20 @@ class Recipe(nn.Module):
         """[n] score of matched rows (text i with image i); equals the diagonal of ``scores``."""
         raise NotImplementedError
 
-    def zero_shot_scores(self, images: Embedding, prompts: Embedding, prompt_to_class: Tensor,
-                         num_classes: int) -> Tensor:
+    def zero_shot_scores(
+        self, images: Embedding, prompts: Embedding, prompt_to_class: Tensor, num_classes: int
+    ) -> Tensor:
         """[Ni, C] class scores from prompt embeddings ([Nq] items, class of each in
         ``prompt_to_class``). Default: a class embedding per class (``class_embedding``), then
         ``scores`` with the image as query."""
-        classes = cat_embeddings([
-            self.class_embedding(slice_embedding(prompts, torch.nonzero(prompt_to_class == c).flatten()))
-            for c in range(num_classes)
-        ])
+        classes = cat_embeddings(
+            [
+                self.class_embedding(
+                    slice_embedding(prompts, torch.nonzero(prompt_to_class == c).flatten())
+                )
+                for c in range(num_classes)
+            ]
+        )
         return self.scores(classes, images, query="image").T
 
     def class_embedding(self, prompts: Embedding) -> Embedding:

@@ -35,22 +35,33 @@ class ClipConfig:
         if self.embed_dim <= 0:
             raise ValueError(f"embed_dim must be positive, got {self.embed_dim}")
         if not 0 < self.temperature_min <= self.temperature_init:
-            raise ValueError(f"need 0 < temperature_min <= temperature_init, got "
-                             f"{self.temperature_min}, {self.temperature_init}")
+            raise ValueError(
+                f"need 0 < temperature_min <= temperature_init, got "
+                f"{self.temperature_min}, {self.temperature_init}"
+            )
 
 
 def check_batch(batch: Batch, recipe: str, boxes: bool = False) -> None:
     """One clear error when a batch lacks what the recipe trains on."""
     if batch.image.shape[0] != batch.text.shape[0]:
-        raise ValueError(f"{recipe}: batch has {batch.image.shape[0]} images but {batch.text.shape[0]} "
-                         "texts; rows must be matched pairs")
+        raise ValueError(
+            f"{recipe}: batch has {batch.image.shape[0]} images but {batch.text.shape[0]} "
+            "texts; rows must be matched pairs"
+        )
     if boxes:
         if batch.box_image is None or batch.box_text is None:
-            raise ValueError(f"{recipe} trains on box-level pairs: the batch needs box_image and box_text "
-                             "(a feature store with boxes)")
-        if batch.box_image.shape[0] != batch.image.shape[0] or batch.box_text.shape[0] != batch.image.shape[0]:
-            raise ValueError(f"{recipe}: one box per image expected; got {batch.box_image.shape[0]} box "
-                             f"images and {batch.box_text.shape[0]} box texts for {batch.image.shape[0]} images")
+            raise ValueError(
+                f"{recipe} trains on box-level pairs: the batch needs box_image and box_text "
+                "(a feature store with boxes)"
+            )
+        if (
+            batch.box_image.shape[0] != batch.image.shape[0]
+            or batch.box_text.shape[0] != batch.image.shape[0]
+        ):
+            raise ValueError(
+                f"{recipe}: one box per image expected; got {batch.box_image.shape[0]} box "
+                f"images and {batch.box_text.shape[0]} box texts for {batch.image.shape[0]} images"
+            )
 
 
 @register
@@ -62,8 +73,9 @@ class Clip(Recipe):
         super().__init__(config, image_dim, text_dim)
         self.image_head = CosineHead(image_dim, config.embed_dim)
         self.text_head = CosineHead(text_dim, config.embed_dim)
-        self.temperature = LearnableScalar(config.temperature_init, min=config.temperature_min,
-                                           learnable=config.learn_temperature)
+        self.temperature = LearnableScalar(
+            config.temperature_init, min=config.temperature_min, learnable=config.learn_temperature
+        )
 
     def embed_images(self, features: Tensor) -> Embedding:
         return {"point": self.image_head(features)}
@@ -90,9 +102,14 @@ class Clip(Recipe):
         contrastive = symmetric_info_nce(
             cosine_scores(local["image"], everyone["text"]),
             cosine_scores(local["text"], everyone["image"]),
-            temperature=tau, offset=offset)
-        return LossOutput(total=contrastive, terms={"contrastive": contrastive},
-                          logs={"temperature": float(tau.detach())})
+            temperature=tau,
+            offset=offset,
+        )
+        return LossOutput(
+            total=contrastive,
+            terms={"contrastive": contrastive},
+            logs={"temperature": float(tau.detach())},
+        )
 
     def log_values(self) -> dict[str, float]:
         return self.temperature.summary("temperature")

@@ -32,7 +32,12 @@ from torch import Tensor
 
 from curvalign.geometry import sphere
 from curvalign.losses.contrastive import symmetric_info_nce
-from curvalign.losses.multiloss import hardest_negative_triplet, pair_ranking, score_mse, score_weighted_info_nce
+from curvalign.losses.multiloss import (
+    hardest_negative_triplet,
+    pair_ranking,
+    score_mse,
+    score_weighted_info_nce,
+)
 from curvalign.nn.dualpath import TASKS, DualPathHead
 from curvalign.nn.pooling import AttentionPooling
 from curvalign.recipes import register
@@ -90,8 +95,10 @@ class DualPathConfig:
 
     def __post_init__(self) -> None:
         if min(self.model_dim, self.hidden_dim, self.embed_dim, self.pool_queries) <= 0:
-            raise ValueError("model_dim, hidden_dim, embed_dim and pool_queries must be positive, got "
-                             f"{self.model_dim}, {self.hidden_dim}, {self.embed_dim}, {self.pool_queries}")
+            raise ValueError(
+                "model_dim, hidden_dim, embed_dim and pool_queries must be positive, got "
+                f"{self.model_dim}, {self.hidden_dim}, {self.embed_dim}, {self.pool_queries}"
+            )
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must lie in [0, 1), got {self.dropout}")
         if self.triplet_weight < 0 or self.triplet_margin < 0:
@@ -101,11 +108,17 @@ class DualPathConfig:
     @property
     def curriculum(self) -> DualPathCurriculum:
         return DualPathCurriculum(
-            switch_at=self.switch_at, gate_warmup=self.gate_warmup, loss_warmup=self.loss_warmup,
-            unit=self.schedule_unit, temperature_start=self.temperature_start,
-            temperature_end=self.temperature_end, score_weight_start=self.score_weight_start,
-            score_weight_end=self.score_weight_end, rank_weight_start=self.rank_weight_start,
-            rank_weight_end=self.rank_weight_end)
+            switch_at=self.switch_at,
+            gate_warmup=self.gate_warmup,
+            loss_warmup=self.loss_warmup,
+            unit=self.schedule_unit,
+            temperature_start=self.temperature_start,
+            temperature_end=self.temperature_end,
+            score_weight_start=self.score_weight_start,
+            score_weight_end=self.score_weight_end,
+            rank_weight_start=self.rank_weight_start,
+            rank_weight_end=self.rank_weight_end,
+        )
 
 
 @register
@@ -125,31 +138,50 @@ class DualPath(Recipe):
         else:
             self.image_pool = self.text_pool = None
             dims = {"image": image_dim, "text": text_dim}
-        self.head = DualPathHead(dims, cfg.model_dim, cfg.hidden_dim, cfg.embed_dim, dropout=cfg.dropout,
-                                 gate_init=cfg.gate_init, residual_init=cfg.residual_init,
-                                 tasks=TASKS if cfg.task_prefix else ())
+        self.head = DualPathHead(
+            dims,
+            cfg.model_dim,
+            cfg.hidden_dim,
+            cfg.embed_dim,
+            dropout=cfg.dropout,
+            gate_init=cfg.gate_init,
+            residual_init=cfg.residual_init,
+            tasks=TASKS if cfg.task_prefix else (),
+        )
         # 1 once the multimodal path has been copied from the text path (survives checkpoints)
         self.register_buffer("switched", torch.zeros((), dtype=torch.bool))
 
     # --- embeddings ---------------------------------------------------------------------------
-    def _inputs(self, features: Tensor, mask: Tensor | None, pool: AttentionPooling | None, dim: int,
-                what: str) -> Tensor:
+    def _inputs(
+        self,
+        features: Tensor,
+        mask: Tensor | None,
+        pool: AttentionPooling | None,
+        dim: int,
+        what: str,
+    ) -> Tensor:
         if pool is not None:
             if features.ndim != 3 or features.shape[-1] != dim:
-                raise ValueError(f"dualpath (pool_tokens=True): {what} features must be tokens "
-                                 f"[N, L, {dim}], got {tuple(features.shape)}")
+                raise ValueError(
+                    f"dualpath (pool_tokens=True): {what} features must be tokens "
+                    f"[N, L, {dim}], got {tuple(features.shape)}"
+                )
             return pool(features, mask)
         if features.ndim != 2 or features.shape[-1] != dim:
             hint = " (token sequences need pool_tokens=true)" if features.ndim == 3 else ""
-            raise ValueError(f"dualpath: {what} features must have shape [N, {dim}], got "
-                             f"{tuple(features.shape)}{hint}")
+            raise ValueError(
+                f"dualpath: {what} features must have shape [N, {dim}], got "
+                f"{tuple(features.shape)}{hint}"
+            )
         return features
 
     def embed_images(self, features: Tensor, mask: Tensor | None = None) -> Embedding:
         x = self._inputs(features, mask, self.image_pool, self.image_dim, "image")
         return {"point": sphere.project(self.head(x, "image", "image_text"), 1.0)}
 
-    def embed_texts(self, features: Tensor, mask: Tensor | None = None, task: str = "image_text") -> Embedding:
+    def embed_texts(
+        self, features: Tensor, mask: Tensor | None = None, task: str = "image_text"
+    ) -> Embedding:
         """Texts for image retrieval (``task="image_text"``) or text similarity (``"text_pair"``)."""
         if task not in TASKS:
             raise ValueError(f"dualpath: task must be one of {list(TASKS)}, got {task!r}")
@@ -168,10 +200,14 @@ class DualPath(Recipe):
     # --- curriculum ---------------------------------------------------------------------------
     def on_step_start(self, progress: Progress) -> None:
         """Path copy at the first Phase-2 step (once), gate warm-up factor for this step."""
-        if dualpath_phase(progress.step, progress.total, self.curriculum) == 2 and not bool(self.switched):
+        if dualpath_phase(progress.step, progress.total, self.curriculum) == 2 and not bool(
+            self.switched
+        ):
             self.head.copy_text_to_multimodal()
             self.switched.fill_(True)
-        self.head.gate_warmup.fill_(dualpath_gate_warmup(progress.step, progress.total, self.curriculum))
+        self.head.gate_warmup.fill_(
+            dualpath_gate_warmup(progress.step, progress.total, self.curriculum)
+        )
 
     # --- training -----------------------------------------------------------------------------
     def loss(self, batch: Batch, progress: Progress, gather: Gather | None = None) -> LossOutput:
@@ -183,11 +219,15 @@ class DualPath(Recipe):
         tau = weights.temperature
 
         if batch.pair_a is None or batch.pair_b is None or batch.pair_score is None:
-            raise ValueError("dualpath trains on scored text pairs: the batch needs pair_a, pair_b and "
-                             "pair_score (a feature store with text pairs)")
+            raise ValueError(
+                "dualpath trains on scored text pairs: the batch needs pair_a, pair_b and "
+                "pair_score (a feature store with text pairs)"
+            )
         if not (batch.pair_a.shape[0] == batch.pair_b.shape[0] == batch.pair_score.shape[0]):
-            raise ValueError(f"dualpath: pair_a, pair_b, pair_score have {batch.pair_a.shape[0]}, "
-                             f"{batch.pair_b.shape[0]}, {batch.pair_score.shape[0]} rows; they must match")
+            raise ValueError(
+                f"dualpath: pair_a, pair_b, pair_score have {batch.pair_a.shape[0]}, "
+                f"{batch.pair_b.shape[0]}, {batch.pair_score.shape[0]} rows; they must match"
+            )
         local_a = self.embed_texts(batch.pair_a, task="text_pair")
         local_b = self.embed_texts(batch.pair_b, task="text_pair")
         all_a, all_b = gather(local_a), gather(local_b)
@@ -196,8 +236,13 @@ class DualPath(Recipe):
         # ratios and pairwise terms over the global pair batch (see losses.multiloss)
         s_mean = gather.average(s.float().mean())
         text_nce = 0.5 * (
-            score_weighted_info_nce(cosine_scores(local_a["point"], all_b["point"]), s, tau, pair_offset, s_mean)
-            + score_weighted_info_nce(cosine_scores(local_b["point"], all_a["point"]), s, tau, pair_offset, s_mean))
+            score_weighted_info_nce(
+                cosine_scores(local_a["point"], all_b["point"]), s, tau, pair_offset, s_mean
+            )
+            + score_weighted_info_nce(
+                cosine_scores(local_b["point"], all_a["point"]), s, tau, pair_offset, s_mean
+            )
+        )
         pair_cos = cosine_pair_scores(local_a["point"], local_b["point"])
         mse = score_mse(pair_cos, s)
         everyone = gather({"cos": pair_cos, "score": s})
@@ -207,28 +252,47 @@ class DualPath(Recipe):
             "score_mse": weights.score_weight * mse,
             "rank": weights.rank_weight * rank,
         }
-        logs = {"text_info_nce": float(text_nce.detach()), "score_mse_unweighted": float(mse.detach()),
-                "rank_unweighted": float(rank.detach())}
+        logs = {
+            "text_info_nce": float(text_nce.detach()),
+            "score_mse_unweighted": float(mse.detach()),
+            "rank_unweighted": float(rank.detach()),
+        }
 
         if phase == 2:
             if batch.image.shape[0] != batch.text.shape[0]:
-                raise ValueError(f"dualpath: batch has {batch.image.shape[0]} images but "
-                                 f"{batch.text.shape[0]} texts; rows must be matched pairs")
+                raise ValueError(
+                    f"dualpath: batch has {batch.image.shape[0]} images but "
+                    f"{batch.text.shape[0]} texts; rows must be matched pairs"
+                )
             images, texts = self.embed_images(batch.image), self.embed_texts(batch.text)
             all_images, all_texts = gather(images), gather(texts)
             offset = gather.offset(batch.image.shape[0])
             i2t = cosine_scores(images["point"], all_texts["point"])
             t2i = cosine_scores(texts["point"], all_images["point"])
             visual_nce = symmetric_info_nce(i2t, t2i, temperature=tau, offset=offset)
-            triplet = 0.5 * (hardest_negative_triplet(i2t, cfg.triplet_margin, offset)
-                             + hardest_negative_triplet(t2i, cfg.triplet_margin, offset))
+            triplet = 0.5 * (
+                hardest_negative_triplet(i2t, cfg.triplet_margin, offset)
+                + hardest_negative_triplet(t2i, cfg.triplet_margin, offset)
+            )
             terms["image_info_nce"] = visual_nce
             terms["triplet"] = cfg.triplet_weight * triplet
-            logs.update({"image_info_nce": float(visual_nce.detach()), "triplet_unweighted": float(triplet.detach())})
+            logs.update(
+                {
+                    "image_info_nce": float(visual_nce.detach()),
+                    "triplet_unweighted": float(triplet.detach()),
+                }
+            )
 
         total = sum(terms.values())
-        logs.update({"dualpath_phase": float(phase), "temperature": tau, "score_weight": weights.score_weight,
-                     "rank_weight": weights.rank_weight, **self.log_values()})
+        logs.update(
+            {
+                "dualpath_phase": float(phase),
+                "temperature": tau,
+                "score_weight": weights.score_weight,
+                "rank_weight": weights.rank_weight,
+                **self.log_values(),
+            }
+        )
         return LossOutput(total=total, terms=terms, logs=logs)
 
     def no_decay_parameter_names(self) -> set[str]:
@@ -238,8 +302,11 @@ class DualPath(Recipe):
 
     def log_values(self) -> dict[str, float]:
         with torch.no_grad():
-            return {"dualpath_gate": float(self.head.gate()), "gate_warmup": float(self.head.gate_warmup),
-                    "residual_mix": float(self.head.mix)}
+            return {
+                "dualpath_gate": float(self.head.gate()),
+                "gate_warmup": float(self.head.gate_warmup),
+                "residual_mix": float(self.head.mix),
+            }
 
 
 __all__ = ["DualPath", "DualPathConfig"]

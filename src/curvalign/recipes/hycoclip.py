@@ -67,9 +67,12 @@ class Hycoclip(LorentzRecipe):
         check_batch(batch, self.name, boxes=True)
         cfg: HycoclipConfig = self.config
         c, tau = self.curvature(), self.temperature()
-        local = {"image": self.image_head(batch.image, c), "text": self.text_head(batch.text, c),
-                 "box_image": self.image_head(batch.box_image, c),
-                 "box_text": self.text_head(batch.box_text, c)}
+        local = {
+            "image": self.image_head(batch.image, c),
+            "text": self.text_head(batch.text, c),
+            "box_image": self.image_head(batch.box_image, c),
+            "box_text": self.text_head(batch.box_text, c),
+        }
         everyone = gather({"image": local["image"], "text": local["text"]})
         offset = gather.offset(batch.image.shape[0])
         terms = {}
@@ -78,11 +81,16 @@ class Hycoclip(LorentzRecipe):
             terms[name] = 0.25 * info_nce(scores, temperature=tau, offset=offset)
         eta = {"inter": cfg.eta_inter, "intra": cfg.eta_intra}
         for name, parent, child, kind in ENTAILMENT_PAIRS:
-            cone = entailment_cone_loss(local[parent], local[child], c, eta=eta[kind], K=cfg.aperture_K)
+            cone = entailment_cone_loss(
+                local[parent], local[child], c, eta=eta[kind], K=cfg.aperture_K
+            )
             terms[name] = cfg.entailment_weight * 0.5 * cone
         total = sum(terms.values())
-        return LossOutput(total=total, terms=terms,
-                          logs={"temperature": float(tau.detach()), "curvature": float(c.detach())})
+        return LossOutput(
+            total=total,
+            terms=terms,
+            logs={"temperature": float(tau.detach()), "curvature": float(c.detach())},
+        )
 
 
 __all__ = ["CONTRASTIVE_PAIRS", "ENTAILMENT_PAIRS", "Hycoclip", "HycoclipConfig"]

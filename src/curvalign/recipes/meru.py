@@ -62,11 +62,15 @@ class LorentzConfig:
         if self.embed_dim <= 0:
             raise ValueError(f"embed_dim must be positive, got {self.embed_dim}")
         if not 0 < self.curvature_min <= self.curvature_init <= self.curvature_max:
-            raise ValueError(f"need 0 < curvature_min <= curvature_init <= curvature_max, got "
-                             f"{self.curvature_min}, {self.curvature_init}, {self.curvature_max}")
+            raise ValueError(
+                f"need 0 < curvature_min <= curvature_init <= curvature_max, got "
+                f"{self.curvature_min}, {self.curvature_init}, {self.curvature_max}"
+            )
         if not 0 < self.temperature_min <= self.temperature_init:
-            raise ValueError(f"need 0 < temperature_min <= temperature_init, got "
-                             f"{self.temperature_min}, {self.temperature_init}")
+            raise ValueError(
+                f"need 0 < temperature_min <= temperature_init, got "
+                f"{self.temperature_min}, {self.temperature_init}"
+            )
         if self.aperture_K <= 0:
             raise ValueError(f"aperture_K must be positive, got {self.aperture_K}")
 
@@ -88,13 +92,20 @@ class LorentzRecipe(Recipe):
 
     def __init__(self, config: LorentzConfig, image_dim: int, text_dim: int) -> None:
         super().__init__(config, image_dim, text_dim)
-        head = dict(scale_init=config.scale_init, scale_max=config.scale_max, clip_norm=config.clip_norm)
+        head = dict(
+            scale_init=config.scale_init, scale_max=config.scale_max, clip_norm=config.clip_norm
+        )
         self.image_head = LorentzHead(image_dim, config.embed_dim, **head)
         self.text_head = LorentzHead(text_dim, config.embed_dim, **head)
-        self.curvature = LearnableScalar(config.curvature_init, min=config.curvature_min,
-                                         max=config.curvature_max, learnable=config.learn_curvature)
-        self.temperature = LearnableScalar(config.temperature_init, min=config.temperature_min,
-                                           learnable=config.learn_temperature)
+        self.curvature = LearnableScalar(
+            config.curvature_init,
+            min=config.curvature_min,
+            max=config.curvature_max,
+            learnable=config.learn_curvature,
+        )
+        self.temperature = LearnableScalar(
+            config.temperature_init, min=config.temperature_min, learnable=config.learn_temperature
+        )
 
     def embed_images(self, features: Tensor) -> Embedding:
         return {"point": self.image_head(features, self.curvature())}
@@ -112,18 +123,31 @@ class LorentzRecipe(Recipe):
         return {"point": lorentz.tangent_mean(prompts["point"], self.curvature())}
 
     def log_values(self) -> dict[str, float]:
-        return {**self.temperature.summary("temperature"), **self.curvature.summary("curvature"),
-                **self.image_head.scale.summary("scale/image"), **self.text_head.scale.summary("scale/text")}
+        return {
+            **self.temperature.summary("temperature"),
+            **self.curvature.summary("curvature"),
+            **self.image_head.scale.summary("scale/image"),
+            **self.text_head.scale.summary("scale/text"),
+        }
 
     def no_decay_parameter_names(self) -> set[str]:
         return scalar_parameter_names(self) | super().no_decay_parameter_names()
 
-    def _distance_info_nce(self, local: dict[str, Tensor], everyone: dict[str, Tensor], c: Tensor,
-                           tau: Tensor, offset: int) -> Tensor:
+    def _distance_info_nce(
+        self,
+        local: dict[str, Tensor],
+        everyone: dict[str, Tensor],
+        c: Tensor,
+        tau: Tensor,
+        offset: int,
+    ) -> Tensor:
         """Symmetric InfoNCE on ``-d_L / tau``: local images vs all texts, local texts vs all images."""
-        return symmetric_info_nce(lorentz_distance_scores(local["image"], everyone["text"], c),
-                                  lorentz_distance_scores(local["text"], everyone["image"], c),
-                                  temperature=tau, offset=offset)
+        return symmetric_info_nce(
+            lorentz_distance_scores(local["image"], everyone["text"], c),
+            lorentz_distance_scores(local["text"], everyone["image"], c),
+            temperature=tau,
+            offset=offset,
+        )
 
 
 @register
@@ -138,14 +162,23 @@ class Meru(LorentzRecipe):
         c, tau = self.curvature(), self.temperature()
         local = {"image": self.image_head(batch.image, c), "text": self.text_head(batch.text, c)}
         everyone = gather(local)
-        contrastive = self._distance_info_nce(local, everyone, c, tau, gather.offset(batch.image.shape[0]))
+        contrastive = self._distance_info_nce(
+            local, everyone, c, tau, gather.offset(batch.image.shape[0])
+        )
         # MERU Eq. 7: the text (general) is the apex, the image (specific) should lie in its cone.
-        entail = entailment_cone_loss(local["text"], local["image"], c, eta=cfg.entailment_eta,
-                                      K=cfg.aperture_K)
+        entail = entailment_cone_loss(
+            local["text"], local["image"], c, eta=cfg.entailment_eta, K=cfg.aperture_K
+        )
         terms = {"contrastive": contrastive, "entailment": cfg.entailment_weight * entail}
-        return LossOutput(total=terms["contrastive"] + terms["entailment"], terms=terms,
-                          logs={"temperature": float(tau.detach()), "curvature": float(c.detach()),
-                                "entailment_unweighted": float(entail.detach())})
+        return LossOutput(
+            total=terms["contrastive"] + terms["entailment"],
+            terms=terms,
+            logs={
+                "temperature": float(tau.detach()),
+                "curvature": float(c.detach()),
+                "entailment_unweighted": float(entail.detach()),
+            },
+        )
 
 
 __all__ = ["LorentzConfig", "LorentzRecipe", "Meru", "MeruConfig"]

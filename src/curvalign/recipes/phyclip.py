@@ -88,14 +88,20 @@ class PhyclipConfig:
 
     def __post_init__(self) -> None:
         if self.num_factors <= 0 or self.factor_dim <= 0:
-            raise ValueError(f"num_factors and factor_dim must be positive, got {self.num_factors}, "
-                             f"{self.factor_dim}")
+            raise ValueError(
+                f"num_factors and factor_dim must be positive, got {self.num_factors}, "
+                f"{self.factor_dim}"
+            )
         if not 0 < self.curvature_min <= self.curvature_init <= self.curvature_max:
-            raise ValueError(f"need 0 < curvature_min <= curvature_init <= curvature_max, got "
-                             f"{self.curvature_min}, {self.curvature_init}, {self.curvature_max}")
+            raise ValueError(
+                f"need 0 < curvature_min <= curvature_init <= curvature_max, got "
+                f"{self.curvature_min}, {self.curvature_init}, {self.curvature_max}"
+            )
         if not 0 < self.temperature_min <= self.temperature_init:
-            raise ValueError(f"need 0 < temperature_min <= temperature_init, got "
-                             f"{self.temperature_min}, {self.temperature_init}")
+            raise ValueError(
+                f"need 0 < temperature_min <= temperature_init, got "
+                f"{self.temperature_min}, {self.temperature_init}"
+            )
 
 
 @register
@@ -106,16 +112,25 @@ class Phyclip(Recipe):
 
     def __init__(self, config: PhyclipConfig, image_dim: int, text_dim: int) -> None:
         super().__init__(config, image_dim, text_dim)
-        head = dict(num_factors=config.num_factors, factor_dim=config.factor_dim,
-                    scale_init=config.scale_init, scale_max=config.scale_max,
-                    per_factor_scale=config.per_factor_scale)
+        head = dict(
+            num_factors=config.num_factors,
+            factor_dim=config.factor_dim,
+            scale_init=config.scale_init,
+            scale_max=config.scale_max,
+            per_factor_scale=config.per_factor_scale,
+        )
         self.image_head = FactorizedLorentzHead(image_dim, **head)
         self.text_head = FactorizedLorentzHead(text_dim, **head)
-        self.curvature = LearnableScalar(config.curvature_init, min=config.curvature_min,
-                                         max=config.curvature_max, shape=(config.num_factors,),
-                                         learnable=config.learn_curvature)
-        self.temperature = LearnableScalar(config.temperature_init, min=config.temperature_min,
-                                           learnable=config.learn_temperature)
+        self.curvature = LearnableScalar(
+            config.curvature_init,
+            min=config.curvature_min,
+            max=config.curvature_max,
+            shape=(config.num_factors,),
+            learnable=config.learn_curvature,
+        )
+        self.temperature = LearnableScalar(
+            config.temperature_init, min=config.temperature_min, learnable=config.learn_temperature
+        )
 
     # --- embeddings and ranking ---------------------------------------------------------------
     def embed_images(self, features: Tensor) -> Embedding:
@@ -128,7 +143,9 @@ class Phyclip(Recipe):
         return product_average_distance_scores(texts["point"], images["point"], self.curvature())
 
     def pair_scores(self, texts: Embedding, images: Embedding, query: Query = "text") -> Tensor:
-        return product_average_distance_pair_scores(texts["point"], images["point"], self.curvature())
+        return product_average_distance_pair_scores(
+            texts["point"], images["point"], self.curvature()
+        )
 
     def class_embedding(self, prompts: Embedding) -> Embedding:
         return {"point": lorentz.tangent_mean(prompts["point"], self.curvature())}  # [1, k, d]
@@ -150,9 +167,12 @@ class Phyclip(Recipe):
         check_batch(batch, self.name, boxes=True)
         cfg: PhyclipConfig = self.config
         c, tau = self.curvature(), self.temperature()
-        local = {"image": self.image_head(batch.image, c), "text": self.text_head(batch.text, c),
-                 "box_image": self.image_head(batch.box_image, c),
-                 "box_text": self.text_head(batch.box_text, c)}
+        local = {
+            "image": self.image_head(batch.image, c),
+            "text": self.text_head(batch.text, c),
+            "box_image": self.image_head(batch.box_image, c),
+            "box_text": self.text_head(batch.box_text, c),
+        }
         everyone = gather(local)
         offset = gather.offset(batch.image.shape[0])
         terms = {}
@@ -161,14 +181,20 @@ class Phyclip(Recipe):
             terms[name] = 0.25 * info_nce(scores, temperature=tau, offset=offset)
         eta = {"inter": cfg.eta_inter, "intra": cfg.eta_intra}
         for name, parent, child, kind in ENTAILMENT_PAIRS:
-            cone = entailment_cone_loss(local[parent], local[child], c, eta=eta[kind], K=cfg.aperture_K)
+            cone = entailment_cone_loss(
+                local[parent], local[child], c, eta=eta[kind], K=cfg.aperture_K
+            )
             terms[name] = cfg.entailment_weight * cone
         logs = {"temperature": float(tau.detach()), **self.curvature.summary("curvature")}
         return LossOutput(total=sum(terms.values()), terms=terms, logs=logs)
 
     def log_values(self) -> dict[str, float]:
-        return {**self.temperature.summary("temperature"), **self.curvature.summary("curvature"),
-                **self.image_head.scale.summary("scale/image"), **self.text_head.scale.summary("scale/text")}
+        return {
+            **self.temperature.summary("temperature"),
+            **self.curvature.summary("curvature"),
+            **self.image_head.scale.summary("scale/image"),
+            **self.text_head.scale.summary("scale/text"),
+        }
 
     def no_decay_parameter_names(self) -> set[str]:
         return scalar_parameter_names(self) | super().no_decay_parameter_names()

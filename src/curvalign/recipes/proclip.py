@@ -70,16 +70,24 @@ class ProclipConfig:
         if min(dims) < 0 or max(dims) == 0:
             raise ValueError(f"part dimensions must be >= 0 with at least one positive, got {dims}")
         if self.sphere_dim == 1:
-            raise ValueError("sphere_dim must be 0 or >= 2 (it is the ambient dimension of the sphere's points)")
+            raise ValueError(
+                "sphere_dim must be 0 or >= 2 (it is the ambient dimension of the sphere's points)"
+            )
         if not 0 < self.temperature_min <= self.temperature_init:
-            raise ValueError(f"need 0 < temperature_min <= temperature_init, got "
-                             f"{self.temperature_min}, {self.temperature_init}")
+            raise ValueError(
+                f"need 0 < temperature_min <= temperature_init, got "
+                f"{self.temperature_min}, {self.temperature_init}"
+            )
         if not 0 < self.weight_min <= self.weight_init <= self.weight_max:
-            raise ValueError(f"need 0 < weight_min <= weight_init <= weight_max, got "
-                             f"{self.weight_min}, {self.weight_init}, {self.weight_max}")
+            raise ValueError(
+                f"need 0 < weight_min <= weight_init <= weight_max, got "
+                f"{self.weight_min}, {self.weight_init}, {self.weight_max}"
+            )
         if not 0 < self.curvature_min <= self.curvature_init <= self.curvature_max:
-            raise ValueError(f"need 0 < curvature_min <= curvature_init <= curvature_max, got "
-                             f"{self.curvature_min}, {self.curvature_init}, {self.curvature_max}")
+            raise ValueError(
+                f"need 0 < curvature_min <= curvature_init <= curvature_max, got "
+                f"{self.curvature_min}, {self.curvature_init}, {self.curvature_max}"
+            )
         if self.sphere_radius <= 0:
             raise ValueError(f"sphere_radius must be positive, got {self.sphere_radius}")
 
@@ -91,18 +99,30 @@ class Proclip(Recipe):
 
     def __init__(self, config: ProclipConfig, image_dim: int, text_dim: int) -> None:
         super().__init__(config, image_dim, text_dim)
-        dims = dict(hyperbolic_dim=config.hyperbolic_dim, euclidean_dim=config.euclidean_dim,
-                    sphere_dim=config.sphere_dim, hidden_dim=config.hidden_dim)
+        dims = dict(
+            hyperbolic_dim=config.hyperbolic_dim,
+            euclidean_dim=config.euclidean_dim,
+            sphere_dim=config.sphere_dim,
+            hidden_dim=config.hidden_dim,
+        )
         self.image_head = MixedCurvatureHead(image_dim, **dims)
         self.text_head = MixedCurvatureHead(text_dim, **dims)
         self.parts = tuple(p for p in PARTS if self.image_head.dims[p] > 0)
-        self.weights = torch.nn.ModuleDict({
-            p: LearnableScalar(config.weight_init, min=config.weight_min, max=config.weight_max)
-            for p in self.parts})
-        self.temperature = LearnableScalar(config.temperature_init, min=config.temperature_min,
-                                           learnable=config.learn_temperature)
-        self.curvature = LearnableScalar(config.curvature_init, min=config.curvature_min,
-                                         max=config.curvature_max, learnable=config.learn_curvature)
+        self.weights = torch.nn.ModuleDict(
+            {
+                p: LearnableScalar(config.weight_init, min=config.weight_min, max=config.weight_max)
+                for p in self.parts
+            }
+        )
+        self.temperature = LearnableScalar(
+            config.temperature_init, min=config.temperature_min, learnable=config.learn_temperature
+        )
+        self.curvature = LearnableScalar(
+            config.curvature_init,
+            min=config.curvature_min,
+            max=config.curvature_max,
+            learnable=config.learn_curvature,
+        )
 
     def _weights(self) -> dict[str, Tensor]:
         return {p: w() for p, w in self.weights.items()}
@@ -114,11 +134,14 @@ class Proclip(Recipe):
         return self.text_head(features, self.curvature(), self.config.sphere_radius)
 
     def scores(self, texts: Embedding, images: Embedding, query: Query = "text") -> Tensor:
-        return mixed_sqdist_scores(texts, images, self._weights(), self.curvature(), self.config.sphere_radius)
+        return mixed_sqdist_scores(
+            texts, images, self._weights(), self.curvature(), self.config.sphere_radius
+        )
 
     def pair_scores(self, texts: Embedding, images: Embedding, query: Query = "text") -> Tensor:
-        return mixed_sqdist_pair_scores(texts, images, self._weights(), self.curvature(),
-                                        self.config.sphere_radius)
+        return mixed_sqdist_pair_scores(
+            texts, images, self._weights(), self.curvature(), self.config.sphere_radius
+        )
 
     def class_embedding(self, prompts: Embedding) -> Embedding:
         out: Embedding = {}
@@ -128,24 +151,39 @@ class Proclip(Recipe):
         if "euclidean" in prompts:
             out["euclidean"] = prompts["euclidean"].mean(dim=0, keepdim=True)
         if "sphere" in prompts:
-            out["sphere"] = sphere.project(prompts["sphere"].mean(dim=0, keepdim=True), self.config.sphere_radius)
+            out["sphere"] = sphere.project(
+                prompts["sphere"].mean(dim=0, keepdim=True), self.config.sphere_radius
+            )
         return out
 
     def loss(self, batch: Batch, progress: Progress, gather: Gather | None = None) -> LossOutput:
         gather = gather or Gather()
         check_batch(batch, self.name)
-        c, tau, w, radius = self.curvature(), self.temperature(), self._weights(), self.config.sphere_radius
+        c, tau, w, radius = (
+            self.curvature(),
+            self.temperature(),
+            self._weights(),
+            self.config.sphere_radius,
+        )
         images = self.image_head(batch.image, c, radius)
         texts = self.text_head(batch.text, c, radius)
         # One gather for both modalities: keys "image/<part>" and "text/<part>".
-        packed = {f"image/{p}": v for p, v in images.items()} | {f"text/{p}": v for p, v in texts.items()}
+        packed = {f"image/{p}": v for p, v in images.items()} | {
+            f"text/{p}": v for p, v in texts.items()
+        }
         everyone = gather(packed)
         all_images = {p: everyone[f"image/{p}"] for p in images}
         all_texts = {p: everyone[f"text/{p}"] for p in texts}
-        contrastive = symmetric_info_nce(mixed_sqdist_scores(images, all_texts, w, c, radius),
-                                         mixed_sqdist_scores(texts, all_images, w, c, radius),
-                                         temperature=tau, offset=gather.offset(batch.image.shape[0]))
-        logs = {"temperature": float(tau.detach()), **{f"weight/{p}": float(v.detach()) for p, v in w.items()}}
+        contrastive = symmetric_info_nce(
+            mixed_sqdist_scores(images, all_texts, w, c, radius),
+            mixed_sqdist_scores(texts, all_images, w, c, radius),
+            temperature=tau,
+            offset=gather.offset(batch.image.shape[0]),
+        )
+        logs = {
+            "temperature": float(tau.detach()),
+            **{f"weight/{p}": float(v.detach()) for p, v in w.items()},
+        }
         return LossOutput(total=contrastive, terms={"contrastive": contrastive}, logs=logs)
 
     def log_values(self) -> dict[str, float]:

@@ -24,8 +24,16 @@ DEMO_STEPS = 40
 DEMO_WORLD = "synthetic:images=600,text_pairs=400"
 #: PHyCLIP at its paper size (k=64 factors of d=8) costs about ten times a MERU step on a CPU; the
 #: demo keeps d=8 with k=16 so that all eight recipes fit the one-minute budget
-DEMO_OVERRIDES = ("batch_size=64", "pair_batch_size=32", "tensorboard=false", "log_every=5", "checkpoint_every=0",
-                  "phyclip.num_factors=16")
+DEMO_OVERRIDES = (
+    "batch_size=64",
+    "pair_batch_size=32",
+    "tensorboard=false",
+    "log_every=5",
+    "checkpoint_every=0",
+    "phyclip.num_factors=16",
+)
+
+
 def demo_overrides(recipes: Sequence[str]) -> list[str]:
     """``DEMO_OVERRIDES`` without the per-recipe ones of recipes the demo does not run."""
     out = []
@@ -76,8 +84,10 @@ def split_overrides(overrides: Iterable[str], recipes: Sequence[str]) -> dict[st
         if rest and head in out:
             out[head].append(f"{rest}={value}")
         elif rest and head not in ("train", "recipe"):
-            raise ValueError(f"override {item!r} names recipe {head!r}, which is not in this benchmark "
-                             f"({', '.join(recipes)})")
+            raise ValueError(
+                f"override {item!r} names recipe {head!r}, which is not in this benchmark "
+                f"({', '.join(recipes)})"
+            )
         else:
             for name in recipes:
                 out[name].append(item)
@@ -93,15 +103,35 @@ def log_curve_keys(logs: dict[str, list[dict[str, Any]]]) -> list[str]:
             for k, v in row.items():
                 if isinstance(v, (int, float)) and any(f in k for f in CURVE_KEYS):
                     seen.setdefault(k, None)
-    first = [k for k in ("loss", "curvature", "curvature/mean", "temperature", "routing_weight", "gate", "dualpath_gate") if k in seen
-             or (k == "loss" and any("loss" in r for rows in logs.values() for r in rows))]
+    first = [
+        k
+        for k in (
+            "loss",
+            "curvature",
+            "curvature/mean",
+            "temperature",
+            "routing_weight",
+            "gate",
+            "dualpath_gate",
+        )
+        if k in seen or (k == "loss" and any("loss" in r for rows in logs.values() for r in rows))
+    ]
     return first + [k for k in seen if k not in first]
 
 
-def run_benchmark(recipes: Sequence[str], data: str | FeatureStore, out_dir: str | Path, *,
-                  steps: int | None = None, overrides: Iterable[str] = (), split: str = "test",
-                  show_progress: bool = True, notify: Notify | None = None, plots: bool = True,
-                  title: str = "benchmark") -> BenchmarkResult:
+def run_benchmark(
+    recipes: Sequence[str],
+    data: str | FeatureStore,
+    out_dir: str | Path,
+    *,
+    steps: int | None = None,
+    overrides: Iterable[str] = (),
+    split: str = "test",
+    show_progress: bool = True,
+    notify: Notify | None = None,
+    plots: bool = True,
+    title: str = "benchmark",
+) -> BenchmarkResult:
     """Train each recipe on ``data`` into ``out_dir/runs/NAME`` (replacing an earlier run there),
     evaluate it on ``split``, and write ``results.json``, ``results.md`` and PNG plots to ``out_dir``."""
     from curvalign.eval import diagnostic_arrays, evaluate
@@ -126,8 +156,10 @@ def run_benchmark(recipes: Sequence[str], data: str | FeatureStore, out_dir: str
 
     t0 = time.perf_counter()
     store, spec = load_store(data)
-    notify(f"data {spec}: {store.num_images} images, {store.num_texts} captions "
-           f"({time.perf_counter() - t0:.1f}s)")
+    notify(
+        f"data {spec}: {store.num_images} images, {store.num_texts} captions "
+        f"({time.perf_counter() - t0:.1f}s)"
+    )
 
     result = BenchmarkResult({}, {}, {}, {}, data=spec, steps=steps)
     logs: dict[str, list[dict[str, Any]]] = {}
@@ -135,14 +167,24 @@ def run_benchmark(recipes: Sequence[str], data: str | FeatureStore, out_dir: str
     for i, name in enumerate(recipes, 1):
         notify(f"[{i}/{len(recipes)}] training {name}" + (f" for {steps} steps" if steps else ""))
         t = time.perf_counter()
-        run_dir = train(name, store, out / "runs" / name, steps=steps, overrides=per_recipe[name],
-                        overwrite=True, show_progress=show_progress)
+        run_dir = train(
+            name,
+            store,
+            out / "runs" / name,
+            steps=steps,
+            overrides=per_recipe[name],
+            overwrite=True,
+            show_progress=show_progress,
+        )
         result.train_seconds[name] = time.perf_counter() - t
         t = time.perf_counter()
         loaded = load_run(run_dir)  # evaluate what was saved, not the live object
         evaluation = evaluate(loaded.recipe, store, split=split)
-        evaluation["meta"].update(step=loaded.step, run_dir=str(run_dir),
-                                  train_seconds=round(result.train_seconds[name], 2))
+        evaluation["meta"].update(
+            step=loaded.step,
+            run_dir=str(run_dir),
+            train_seconds=round(result.train_seconds[name], 2),
+        )
         result.results[name] = evaluation
         result.run_dirs[name] = Path(run_dir)
         if plots:
@@ -150,41 +192,67 @@ def run_benchmark(recipes: Sequence[str], data: str | FeatureStore, out_dir: str
             logs[name] = read_log(run_dir)
         result.eval_seconds[name] = time.perf_counter() - t
         r = evaluation["retrieval"]
-        notify(f"    {name}: train {result.train_seconds[name]:.1f}s, eval {result.eval_seconds[name]:.1f}s, "
-               f"T2I R@1 {100 * r['t2i@1']:.1f}, I2T R@1 {100 * r['i2t@1']:.1f}")
+        notify(
+            f"    {name}: train {result.train_seconds[name]:.1f}s, eval {result.eval_seconds[name]:.1f}s, "
+            f"T2I R@1 {100 * r['t2i@1']:.1f}, I2T R@1 {100 * r['i2t@1']:.1f}"
+        )
 
-    result.files = write_benchmark_outputs(result, out, logs if plots else None, arrays if plots else None, title)
+    result.files = write_benchmark_outputs(
+        result, out, logs if plots else None, arrays if plots else None, title
+    )
     return result
 
 
-def write_benchmark_outputs(result: BenchmarkResult, out: Path, logs: dict[str, list[dict[str, Any]]] | None,
-                            arrays: dict[str, dict[str, Any]] | None, title: str = "benchmark") -> dict[str, Path]:
+def write_benchmark_outputs(
+    result: BenchmarkResult,
+    out: Path,
+    logs: dict[str, list[dict[str, Any]]] | None,
+    arrays: dict[str, dict[str, Any]] | None,
+    title: str = "benchmark",
+) -> dict[str, Path]:
     """results.json, results.md and the PNG plots of a benchmark."""
     from curvalign.report import plots
     from curvalign.report.tables import markdown_table, write_json
 
     files: dict[str, Path] = {}
-    payload = {"data": result.data, "steps": result.steps, "recipes": list(result.results),
-               "train_seconds": result.train_seconds, "eval_seconds": result.eval_seconds,
-               "results": result.results}
+    payload = {
+        "data": result.data,
+        "steps": result.steps,
+        "recipes": list(result.results),
+        "train_seconds": result.train_seconds,
+        "eval_seconds": result.eval_seconds,
+        "results": result.results,
+    }
     files["json"] = write_json(out / "results.json", payload)
-    md = [f"# {title}", "", f"data: `{result.data}`; steps: {result.steps or 'recipe default'}; "
-          "recalls and accuracies in %, ties counted against the model; n/a = does not apply.", "",
-          markdown_table(result.results)]
+    md = [
+        f"# {title}",
+        "",
+        f"data: `{result.data}`; steps: {result.steps or 'recipe default'}; "
+        "recalls and accuracies in %, ties counted against the model; n/a = does not apply.",
+        "",
+        markdown_table(result.results),
+    ]
     md += ["", "| recipe | train s | eval s | run dir |", "|---|---:|---:|---|"]
-    md += [f"| {n} | {result.train_seconds[n]:.1f} | {result.eval_seconds[n]:.1f} | `{result.run_dirs[n]}` |"
-           for n in result.results]
+    md += [
+        f"| {n} | {result.train_seconds[n]:.1f} | {result.eval_seconds[n]:.1f} | `{result.run_dirs[n]}` |"
+        for n in result.results
+    ]
     files["markdown"] = out / "results.md"
     files["markdown"].write_text("\n".join(md) + "\n")
     if arrays is not None:
         files["retrieval_png"] = plots.retrieval_bars(result.results, out / "retrieval.png")
         if any("hierarchy" in r or "zeroshot" in r for r in result.results.values()):
             files["hierarchy_png"] = plots.hierarchy_bars(result.results, out / "hierarchy.png")
-        files["distances_png"] = plots.distance_histograms({n: a["distance"] for n, a in arrays.items()},
-                                                           out / "distances.png")
-        files["spectra_png"] = plots.spectra({n: a["spectrum"] for n, a in arrays.items()}, out / "spectra.png")
+        files["distances_png"] = plots.distance_histograms(
+            {n: a["distance"] for n, a in arrays.items()}, out / "distances.png"
+        )
+        files["spectra_png"] = plots.spectra(
+            {n: a["spectrum"] for n, a in arrays.items()}, out / "spectra.png"
+        )
     if logs:
         keys = log_curve_keys(logs)
         if keys:
-            files["curves_png"] = plots.log_curves(logs, keys[:8], out / "curves.png", title="training curves")
+            files["curves_png"] = plots.log_curves(
+                logs, keys[:8], out / "curves.png", title="training curves"
+            )
     return files

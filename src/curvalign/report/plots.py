@@ -35,16 +35,31 @@ def _grouped_bars(ax, names: Sequence[str], groups: Sequence[str], values: np.nd
     for i, name in enumerate(names):
         v = values[i]
         bars = ax.bar(x + (i - (len(names) - 1) / 2) * width, np.nan_to_num(v), width, label=name)
-        for bar, value in zip(bars, v):
+        for bar, value in zip(bars, v, strict=False):
             if np.isnan(value):
-                ax.text(bar.get_x() + bar.get_width() / 2, 0, "n/a", ha="center", va="bottom", fontsize=6, rotation=90)
+                ax.text(
+                    bar.get_x() + bar.get_width() / 2,
+                    0,
+                    "n/a",
+                    ha="center",
+                    va="bottom",
+                    fontsize=6,
+                    rotation=90,
+                )
     ax.set_xticks(x)
     ax.set_xticklabels(groups)
 
 
-def _values(results: Mapping[str, Mapping[str, Any]], paths: Sequence[str], scale: float = 1.0) -> np.ndarray:
-    return np.array([[np.nan if lookup(r, p) is None else scale * float(lookup(r, p)) for p in paths]
-                     for r in results.values()], dtype=float)
+def _values(
+    results: Mapping[str, Mapping[str, Any]], paths: Sequence[str], scale: float = 1.0
+) -> np.ndarray:
+    return np.array(
+        [
+            [np.nan if lookup(r, p) is None else scale * float(lookup(r, p)) for p in paths]
+            for r in results.values()
+        ],
+        dtype=float,
+    )
 
 
 def retrieval_bars(results: Mapping[str, Mapping[str, Any]], path: str | Path) -> Path:
@@ -60,11 +75,17 @@ def retrieval_bars(results: Mapping[str, Mapping[str, Any]], path: str | Path) -
 
 def hierarchy_bars(results: Mapping[str, Mapping[str, Any]], path: str | Path) -> Path:
     """One panel per hierarchical metric (TIE, LCA lower is better; J, PH, RH higher), plus zero-shot."""
-    panels = [("hierarchy/TIE", "TIE (lower better)"), ("hierarchy/LCA", "LCA (lower better)"),
-              ("hierarchy/J", "J"), ("hierarchy/PH", "PH"), ("hierarchy/RH", "RH"), ("zeroshot/top1", "zero-shot top-1")]
+    panels = [
+        ("hierarchy/TIE", "TIE (lower better)"),
+        ("hierarchy/LCA", "LCA (lower better)"),
+        ("hierarchy/J", "J"),
+        ("hierarchy/PH", "PH"),
+        ("hierarchy/RH", "RH"),
+        ("zeroshot/top1", "zero-shot top-1"),
+    ]
     names = list(results)
     fig, axes = plt.subplots(1, len(panels), figsize=(2.4 * len(panels), 3.4))
-    for ax, (p, title) in zip(axes, panels):
+    for ax, (p, title) in zip(axes, panels, strict=False):
         v = _values(results, [p])[:, 0]
         ax.bar(range(len(names)), np.nan_to_num(v), color=[f"C{i}" for i in range(len(names))])
         ax.set_xticks(range(len(names)))
@@ -73,11 +94,15 @@ def hierarchy_bars(results: Mapping[str, Mapping[str, Any]], path: str | Path) -
     return _save(fig, path)
 
 
-def distance_histograms(distances: Mapping[str, Mapping[str, np.ndarray] | None], path: str | Path) -> Path:
+def distance_histograms(
+    distances: Mapping[str, Mapping[str, np.ndarray] | None], path: str | Path
+) -> Path:
     """Distance to the origin per modality, one panel per recipe (recipes without an origin say n/a)."""
     names = list(distances)
-    fig, axes = plt.subplots(1, max(1, len(names)), figsize=(3 * max(1, len(names)), 2.8), squeeze=False)
-    for ax, name in zip(axes[0], names):
+    fig, axes = plt.subplots(
+        1, max(1, len(names)), figsize=(3 * max(1, len(names)), 2.8), squeeze=False
+    )
+    for ax, name in zip(axes[0], names, strict=False):
         d = distances[name]
         if d is None:
             ax.text(0.5, 0.5, "n/a\n(no origin)", ha="center", va="center", transform=ax.transAxes)
@@ -95,7 +120,7 @@ def distance_histograms(distances: Mapping[str, Mapping[str, np.ndarray] | None]
 def spectra(spectra_by_name: Mapping[str, Mapping[str, np.ndarray]], path: str | Path) -> Path:
     """Log eigenvalue curves of each modality's embeddings (seed 001, Fig. 7)."""
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.4))
-    for ax, modality in zip(axes, ("image", "text")):
+    for ax, modality in zip(axes, ("image", "text"), strict=False):
         for i, (name, s) in enumerate(spectra_by_name.items()):
             values = np.asarray(s[modality], dtype=float)
             ax.plot(np.log10(np.maximum(values, 1e-12)), label=name, color=f"C{i}")
@@ -106,20 +131,29 @@ def spectra(spectra_by_name: Mapping[str, Mapping[str, np.ndarray]], path: str |
     return _save(fig, path)
 
 
-def log_curves(logs: Mapping[str, list[dict[str, Any]]], keys: Sequence[str], path: str | Path,
-               title: str | None = None, marks: Mapping[str, float] | None = None) -> Path:
+def log_curves(
+    logs: Mapping[str, list[dict[str, Any]]],
+    keys: Sequence[str],
+    path: str | Path,
+    title: str | None = None,
+    marks: Mapping[str, float] | None = None,
+) -> Path:
     """One panel per logged key (e.g. curvature, routing weight, gate), one line per run.
     ``marks``: vertical lines {label: step} (e.g. the end of AGR's warm-up)."""
     ncols = min(4, max(1, len(keys)))
     nrows = max(1, -(-len(keys) // ncols))
     fig, axes = plt.subplots(nrows, ncols, figsize=(3.6 * ncols, 2.8 * nrows), squeeze=False)
-    for ax in axes.flat[len(keys):]:
+    for ax in axes.flat[len(keys) :]:
         ax.axis("off")
-    for ax, key in zip(axes.flat, keys):
+    for ax, key in zip(axes.flat, keys, strict=False):
         for i, (name, rows) in enumerate(logs.items()):
-            pts = [(r.get("step", j), r[key]) for j, r in enumerate(rows) if isinstance(r.get(key), (int, float))]
+            pts = [
+                (r.get("step", j), r[key])
+                for j, r in enumerate(rows)
+                if isinstance(r.get(key), (int, float))
+            ]
             if pts:
-                ax.plot(*zip(*pts), label=name, color=f"C{i}")
+                ax.plot(*zip(*pts, strict=False), label=name, color=f"C{i}")
         for label, step in (marks or {}).items():
             ax.axvline(step, color="grey", linestyle="--", linewidth=0.8)
             ax.text(step, ax.get_ylim()[1], label, fontsize=6, rotation=90, va="top")
@@ -131,12 +165,25 @@ def log_curves(logs: Mapping[str, list[dict[str, Any]]], keys: Sequence[str], pa
     return _save(fig, path)
 
 
-def line_plot(x: Sequence[float], series: Mapping[str, Sequence[float]], path: str | Path, xlabel: str,
-              ylabel: str, title: str, logx: bool = False) -> Path:
+def line_plot(
+    x: Sequence[float],
+    series: Mapping[str, Sequence[float]],
+    path: str | Path,
+    xlabel: str,
+    ylabel: str,
+    title: str,
+    logx: bool = False,
+) -> Path:
     """Simple lines: {label: values over x} (study sweeps)."""
     fig, ax = plt.subplots(figsize=(5, 3.4))
     for i, (label, ys) in enumerate(series.items()):
-        ax.plot(list(x), [np.nan if y is None else y for y in ys], marker="o", label=label, color=f"C{i}")
+        ax.plot(
+            list(x),
+            [np.nan if y is None else y for y in ys],
+            marker="o",
+            label=label,
+            color=f"C{i}",
+        )
     if logx:
         ax.set_xscale("log")
     ax.set_xlabel(xlabel)
@@ -146,10 +193,14 @@ def line_plot(x: Sequence[float], series: Mapping[str, Sequence[float]], path: s
     return _save(fig, path)
 
 
-def heatmap(matrix: np.ndarray, path: str | Path, row_labels: Sequence[str], xlabel: str, title: str) -> Path:
+def heatmap(
+    matrix: np.ndarray, path: str | Path, row_labels: Sequence[str], xlabel: str, title: str
+) -> Path:
     """A rows x columns heat map (PHyCLIP factor activation per concept family)."""
     matrix = np.asarray(matrix, dtype=float)
-    fig, ax = plt.subplots(figsize=(max(4, 0.25 * matrix.shape[1] + 2), 0.4 * matrix.shape[0] + 1.5))
+    fig, ax = plt.subplots(
+        figsize=(max(4, 0.25 * matrix.shape[1] + 2), 0.4 * matrix.shape[0] + 1.5)
+    )
     im = ax.imshow(matrix, aspect="auto", cmap="viridis")
     ax.set_yticks(range(len(row_labels)))
     ax.set_yticklabels(row_labels, fontsize=7)

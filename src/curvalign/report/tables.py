@@ -50,18 +50,28 @@ def format_cell(value: Any, kind: str = "num") -> str:
     return str(value)
 
 
-def present_columns(results: Mapping[str, Mapping[str, Any]],
-                    columns: Sequence[tuple[str, str, str]] = DEFAULT_COLUMNS) -> list[tuple[str, str, str]]:
+def present_columns(
+    results: Mapping[str, Mapping[str, Any]],
+    columns: Sequence[tuple[str, str, str]] = DEFAULT_COLUMNS,
+) -> list[tuple[str, str, str]]:
     """The columns at least one row has a number for (keeps the table to what the data supports)."""
     return [col for col in columns if any(lookup(r, col[1]) is not None for r in results.values())]
 
 
-def table_rows(results: Mapping[str, Mapping[str, Any]], columns: Sequence[tuple[str, str, str]]) -> list[list[str]]:
-    return [[name] + [format_cell(lookup(r, path), kind) for _, path, kind in columns] for name, r in results.items()]
+def table_rows(
+    results: Mapping[str, Mapping[str, Any]], columns: Sequence[tuple[str, str, str]]
+) -> list[list[str]]:
+    return [
+        [name] + [format_cell(lookup(r, path), kind) for _, path, kind in columns]
+        for name, r in results.items()
+    ]
 
 
-def markdown_table(results: Mapping[str, Mapping[str, Any]],
-                   columns: Sequence[tuple[str, str, str]] | None = None, first: str = "recipe") -> str:
+def markdown_table(
+    results: Mapping[str, Mapping[str, Any]],
+    columns: Sequence[tuple[str, str, str]] | None = None,
+    first: str = "recipe",
+) -> str:
     """A GitHub Markdown table; percentages for recalls/accuracies, 3 decimals otherwise."""
     cols = present_columns(results) if columns is None else list(columns)
     header = [first] + [c[0] for c in cols]
@@ -70,8 +80,12 @@ def markdown_table(results: Mapping[str, Mapping[str, Any]],
     return "\n".join(lines) + "\n"
 
 
-def rich_table(results: Mapping[str, Mapping[str, Any]], title: str | None = None,
-               columns: Sequence[tuple[str, str, str]] | None = None, first: str = "recipe"):
+def rich_table(
+    results: Mapping[str, Mapping[str, Any]],
+    title: str | None = None,
+    columns: Sequence[tuple[str, str, str]] | None = None,
+    first: str = "recipe",
+):
     """A ``rich.table.Table`` of the same content (print it with a rich Console)."""
     from rich.table import Table
 
@@ -95,13 +109,26 @@ def metrics_lines(result: Mapping[str, Any]) -> list[tuple[str, str]]:
     if ordering is not None:
         for side in ("text", "image"):
             for key in ("chain", "pairs"):
-                out.append((f"ordering/{side}/{key}", format_cell(lookup(ordering, f"{side}/{key}"), "num")))
+                out.append(
+                    (
+                        f"ordering/{side}/{key}",
+                        format_cell(lookup(ordering, f"{side}/{key}"), "num"),
+                    )
+                )
     diag = result.get("diagnostics") or {}
     for modality in ("image", "text"):
-        out.append((f"distance_to_origin/{modality}/mean",
-                    format_cell(lookup(diag, f"distance_to_origin/{modality}/mean"), "num")))
-        out.append((f"spectrum/{modality}/effective_rank",
-                    format_cell(lookup(diag, f"spectrum/{modality}/effective_rank"), "num")))
+        out.append(
+            (
+                f"distance_to_origin/{modality}/mean",
+                format_cell(lookup(diag, f"distance_to_origin/{modality}/mean"), "num"),
+            )
+        )
+        out.append(
+            (
+                f"spectrum/{modality}/effective_rank",
+                format_cell(lookup(diag, f"spectrum/{modality}/effective_rank"), "num"),
+            )
+        )
     return out
 
 

@@ -23,9 +23,10 @@ import json
 import os
 import platform
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from safetensors import SafetensorError
@@ -49,6 +50,7 @@ class CheckpointError(TrainError):
 
 
 # --- atomic writes --------------------------------------------------------------------------
+
 
 def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
     """Call ``write(tmp)`` on a temporary file next to ``path``, fsync it, then move it onto
@@ -84,13 +86,18 @@ def atomic_torch_save(path: Path, obj: Any) -> None:
 
 # --- saving ---------------------------------------------------------------------------------
 
+
 def versions() -> dict[str, str]:
     import numpy
 
     from curvalign import __version__
 
-    return {"curvalign": __version__, "torch": torch.__version__, "numpy": numpy.__version__,
-            "python": platform.python_version()}
+    return {
+        "curvalign": __version__,
+        "torch": torch.__version__,
+        "numpy": numpy.__version__,
+        "python": platform.python_version(),
+    }
 
 
 def model_tensors(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -98,19 +105,27 @@ def model_tensors(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor
     return {k: v.detach().to("cpu").contiguous().clone() for k, v in state_dict.items()}
 
 
-def save_checkpoint(run_dir: Path, *, model_state: dict[str, torch.Tensor], train_state: dict[str, Any],
-                    meta: dict[str, Any]) -> None:
+def save_checkpoint(
+    run_dir: Path,
+    *,
+    model_state: dict[str, torch.Tensor],
+    train_state: dict[str, Any],
+    meta: dict[str, Any],
+) -> None:
     """Write one checkpoint: ``state.pt`` (with the weights), then ``model.safetensors``, then
     ``meta.json``. ``train_state`` must hold ``step``; ``meta`` too."""
     run_dir = Path(run_dir)
     tensors = model_tensors(model_state)
     atomic_torch_save(run_dir / STATE_FILE, {**train_state, "model": tensors})
-    atomic_write(run_dir / MODEL_FILE,
-                 lambda tmp: save_file(tensors, str(tmp), metadata={"step": str(meta["step"])}))
+    atomic_write(
+        run_dir / MODEL_FILE,
+        lambda tmp: save_file(tensors, str(tmp), metadata={"step": str(meta["step"])}),
+    )
     atomic_write_text(run_dir / META_FILE, json.dumps(meta, indent=2) + "\n")
 
 
 # --- loading --------------------------------------------------------------------------------
+
 
 @dataclass
 class LoadedRun:
@@ -132,14 +147,18 @@ class LoadedRun:
 
 def is_run_dir(path: Path) -> bool:
     path = Path(path)
-    return path.is_dir() and any((path / name).exists() for name in (CONFIG_FILE, MODEL_FILE, STATE_FILE))
+    return path.is_dir() and any(
+        (path / name).exists() for name in (CONFIG_FILE, MODEL_FILE, STATE_FILE)
+    )
 
 
 def read_meta(run_dir: Path) -> dict[str, Any]:
     path = Path(run_dir) / META_FILE
     if not path.exists():
-        raise CheckpointError(f"{run_dir} has no {META_FILE}: no checkpoint was written yet "
-                              "(the run stopped before its first checkpoint, or this is not a run directory)")
+        raise CheckpointError(
+            f"{run_dir} has no {META_FILE}: no checkpoint was written yet "
+            "(the run stopped before its first checkpoint, or this is not a run directory)"
+        )
     try:
         meta = json.loads(path.read_text())
     except (OSError, ValueError) as err:
@@ -183,7 +202,9 @@ def load_run(run_dir: str | Path, map_location: str | torch.device = "cpu") -> L
     config = read_config(run_dir)
     meta = read_meta(run_dir)
     if meta["recipe"] != config.recipe:
-        raise CheckpointError(f"{run_dir}: meta.json says recipe {meta['recipe']!r}, config.json {config.recipe!r}")
+        raise CheckpointError(
+            f"{run_dir}: meta.json says recipe {meta['recipe']!r}, config.json {config.recipe!r}"
+        )
     model_path = run_dir / MODEL_FILE
     if not model_path.exists():
         raise CheckpointError(f"{run_dir} has no {MODEL_FILE}")
@@ -196,11 +217,15 @@ def load_run(run_dir: str | Path, map_location: str | torch.device = "cpu") -> L
         recipe.load_state_dict(tensors, strict=True)
     except RuntimeError as err:
         first = str(err).strip().splitlines()[0:3]
-        raise CheckpointError(f"{model_path} does not match recipe {config.recipe!r} as configured "
-                              f"({' '.join(first)})") from None
+        raise CheckpointError(
+            f"{model_path} does not match recipe {config.recipe!r} as configured "
+            f"({' '.join(first)})"
+        ) from None
     recipe.to(map_location)
     recipe.eval()
-    return LoadedRun(recipe=recipe, config=config, step=int(meta["step"]), run_dir=run_dir, meta=meta)
+    return LoadedRun(
+        recipe=recipe, config=config, step=int(meta["step"]), run_dir=run_dir, meta=meta
+    )
 
 
 def load_train_state(run_dir: Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:

@@ -22,9 +22,10 @@ import dataclasses
 import json
 import types
 import typing
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Literal, Mapping, Union
+from typing import Any, Literal, Union
 
 import yaml
 
@@ -77,7 +78,10 @@ class TrainConfig:
     def __post_init__(self) -> None:
         checks = [
             (self.steps >= 1, "steps must be >= 1"),
-            (self.batch_size >= 2, "batch_size must be >= 2 (contrastive learning needs negatives)"),
+            (
+                self.batch_size >= 2,
+                "batch_size must be >= 2 (contrastive learning needs negatives)",
+            ),
             (self.lr > 0, "lr must be > 0"),
             (self.weight_decay >= 0, "weight_decay must be >= 0"),
             (self.warmup >= 0, "warmup must be >= 0 (a fraction of steps if < 1, else steps)"),
@@ -118,26 +122,33 @@ class RunConfig:
         }
 
     @classmethod
-    def from_dict(cls, raw: Mapping[str, Any], *, source: str = "config") -> "RunConfig":
+    def from_dict(cls, raw: Mapping[str, Any], *, source: str = "config") -> RunConfig:
         """Inverse of ``to_dict``; validates keys and types (recipe keys against its Config)."""
         if not isinstance(raw, Mapping):
-            raise ConfigError(f"{source}: expected a mapping with keys recipe, data, train, recipe_config")
+            raise ConfigError(
+                f"{source}: expected a mapping with keys recipe, data, train, recipe_config"
+            )
         unknown = set(raw) - {"recipe", "data", "train", "recipe_config"}
         if unknown:
-            raise ConfigError(f"{source}: unknown top-level key(s) {sorted(unknown)}; "
-                              "expected recipe, data, train, recipe_config")
+            raise ConfigError(
+                f"{source}: unknown top-level key(s) {sorted(unknown)}; "
+                "expected recipe, data, train, recipe_config"
+            )
         for key in ("recipe", "data"):
             if not isinstance(raw.get(key), str):
                 raise ConfigError(f"{source}: {key!r} must be a string")
         train = _build_dataclass(TrainConfig, raw.get("train") or {}, f"{source}: train")
         recipe_cls = recipe_class(raw["recipe"])
-        recipe_config = _build_dataclass(recipe_cls.Config, raw.get("recipe_config") or {},
-                                         f"{source}: recipe_config")
+        recipe_config = _build_dataclass(
+            recipe_cls.Config, raw.get("recipe_config") or {}, f"{source}: recipe_config"
+        )
         return cls(raw["recipe"], raw["data"], train, init_values(recipe_config))
 
     def recipe_config_object(self) -> Any:
         """The recipe's ``Config`` dataclass instance."""
-        return _build_dataclass(recipe_class(self.recipe).Config, self.recipe_config, "recipe_config")
+        return _build_dataclass(
+            recipe_class(self.recipe).Config, self.recipe_config, "recipe_config"
+        )
 
     def save(self, run_dir: Path) -> None:
         """Write ``config.json`` (read back by ``load_run``) and ``config.yaml`` (for humans)."""
@@ -148,7 +159,7 @@ class RunConfig:
         atomic_write_text(Path(run_dir) / "config.yaml", yaml.safe_dump(data, sort_keys=False))
 
     @classmethod
-    def load(cls, path: Path) -> "RunConfig":
+    def load(cls, path: Path) -> RunConfig:
         """Read a ``config.json``."""
         path = Path(path)
         try:
@@ -161,6 +172,7 @@ class RunConfig:
 
 
 # --- resolution -----------------------------------------------------------------------------
+
 
 def recipe_class(name: str) -> type:
     """The registered recipe class ``name``; ConfigError listing the known names otherwise."""
@@ -212,7 +224,11 @@ def resolve_config(
     train_values.update(file_train)
     recipe_values.update(file_recipe)
 
-    pairs = list(overrides.items()) if isinstance(overrides, Mapping) else [parse_override(o) for o in overrides]
+    pairs = (
+        list(overrides.items())
+        if isinstance(overrides, Mapping)
+        else [parse_override(o) for o in overrides]
+    )
     pairs = list(loose.items()) + ([("train.steps", steps)] if steps is not None else []) + pairs
     train_fields = _field_names(TrainConfig)
     recipe_fields = _field_names(recipe_cls.Config)
@@ -229,7 +245,9 @@ def parse_override(text: str) -> tuple[str, str]:
     """``"key=value"`` -> ``("key", "value")``."""
     key, sep, value = text.partition("=")
     if not sep or not key.strip():
-        raise ConfigError(f"override {text!r} is not key=value (e.g. lr=1e-3 or recipe.temperature_init=0.05)")
+        raise ConfigError(
+            f"override {text!r} is not key=value (e.g. lr=1e-3 or recipe.temperature_init=0.05)"
+        )
     return key.strip(), value.strip()
 
 
@@ -244,14 +262,18 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     if raw is None:
         return {}
     if not isinstance(raw, dict):
-        raise ConfigError(f"config file {path}: expected a mapping at the top level, got {type(raw).__name__}")
+        raise ConfigError(
+            f"config file {path}: expected a mapping at the top level, got {type(raw).__name__}"
+        )
     for section in ("train", "recipe_config"):
         if section in raw and raw[section] is not None and not isinstance(raw[section], dict):
             raise ConfigError(f"config file {path}: {section!r} must be a mapping")
     return raw
 
 
-def _route_key(key: str, train_fields: list[str], recipe_fields: list[str], recipe: str) -> tuple[str, str]:
+def _route_key(
+    key: str, train_fields: list[str], recipe_fields: list[str], recipe: str
+) -> tuple[str, str]:
     prefix, dot, rest = key.partition(".")
     if dot:
         if prefix == "train" and rest in train_fields:
@@ -259,13 +281,19 @@ def _route_key(key: str, train_fields: list[str], recipe_fields: list[str], reci
         if prefix == "recipe" and rest in recipe_fields:
             return "recipe", rest
         if prefix not in ("train", "recipe"):
-            raise ConfigError(f"unknown key {key!r}: a prefix must be 'train.' or 'recipe.'; "
-                              + _valid_keys(train_fields, recipe_fields, recipe))
-        raise ConfigError(f"unknown key {key!r}; " + _valid_keys(train_fields, recipe_fields, recipe))
+            raise ConfigError(
+                f"unknown key {key!r}: a prefix must be 'train.' or 'recipe.'; "
+                + _valid_keys(train_fields, recipe_fields, recipe)
+            )
+        raise ConfigError(
+            f"unknown key {key!r}; " + _valid_keys(train_fields, recipe_fields, recipe)
+        )
     in_train, in_recipe = key in train_fields, key in recipe_fields
     if in_train and in_recipe:
-        raise ConfigError(f"key {key!r} exists in both the trainer's config and the config of recipe {recipe!r}; "
-                          f"write train.{key}=... or recipe.{key}=...")
+        raise ConfigError(
+            f"key {key!r} exists in both the trainer's config and the config of recipe {recipe!r}; "
+            f"write train.{key}=... or recipe.{key}=..."
+        )
     if in_train:
         return "train", key
     if in_recipe:
@@ -279,6 +307,7 @@ def _valid_keys(train_fields: list[str], recipe_fields: list[str], recipe: str) 
 
 
 # --- typed construction ---------------------------------------------------------------------
+
 
 def init_values(obj: Any) -> dict[str, Any]:
     """The constructor arguments of dataclass instance ``obj`` (fields with ``init=False`` left out)."""
@@ -301,8 +330,9 @@ def _build_dataclass(cls: type, values: Mapping[str, Any], where: str) -> Any:
     kwargs = {}
     for f in dataclasses.fields(cls):
         if f.name in values:
-            kwargs[f.name] = coerce(values[f.name], hints.get(f.name, Any), f"{where}: {f.name}",
-                                    default=_default_of(f))
+            kwargs[f.name] = coerce(
+                values[f.name], hints.get(f.name, Any), f"{where}: {f.name}", default=_default_of(f)
+            )
     try:
         return cls(**kwargs)
     except ConfigError as err:
@@ -344,7 +374,9 @@ def coerce(value: Any, annotation: Any, where: str, default: Any = dataclasses.M
     args = typing.get_args(annotation)
 
     if origin in (Union, types.UnionType):
-        if type(None) in args and (value is None or (isinstance(value, str) and value.strip().lower() in _NONE)):
+        if type(None) in args and (
+            value is None or (isinstance(value, str) and value.strip().lower() in _NONE)
+        ):
             return None
         for arg in (a for a in args if a is not type(None)):
             try:
@@ -364,8 +396,10 @@ def coerce(value: Any, annotation: Any, where: str, default: Any = dataclasses.M
             return container(_yaml_scalar(i) if isinstance(i, str) else i for i in items)
         if container is tuple and not (len(args) == 2 and args[1] is Ellipsis):
             if len(items) != len(args):
-                raise ConfigError(f"{where}: expected {len(args)} values, got {len(items)} ({value!r})")
-            return tuple(coerce(i, a, where) for i, a in zip(items, args))
+                raise ConfigError(
+                    f"{where}: expected {len(args)} values, got {len(items)} ({value!r})"
+                )
+            return tuple(coerce(i, a, where) for i, a in zip(items, args, strict=False))
         return container(coerce(i, args[0], where) for i in items)
     if origin is dict or annotation is dict:
         if isinstance(value, Mapping):

@@ -22,9 +22,10 @@ import functools
 import logging
 import os
 import sys
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -54,7 +55,7 @@ class _AllGatherWithGrad(torch.autograd.Function):
         grad = grad.contiguous()
         dist.all_reduce(grad, op=dist.ReduceOp.SUM)
         start = dist.get_rank() * ctx.rows
-        return grad[start:start + ctx.rows]
+        return grad[start : start + ctx.rows]
 
 
 class _AllReduceSumWithGrad(torch.autograd.Function):
@@ -79,7 +80,9 @@ class DistributedGather(Gather):
 
     def __init__(self) -> None:
         if not dist.is_available() or not dist.is_initialized():
-            raise RuntimeError("DistributedGather needs an initialised torch.distributed process group")
+            raise RuntimeError(
+                "DistributedGather needs an initialised torch.distributed process group"
+            )
         self.rank = dist.get_rank()
         self.world_size = dist.get_world_size()
 
@@ -136,6 +139,7 @@ def shutdown() -> None:
 
 # --- launching training ----------------------------------------------------------------------
 
+
 def _step_seed(seed: int, rank: int, step: int) -> int:
     """A seed of its own for (run seed, rank, step): the stochastic layers (dropout, score jitter)
     draw independent numbers on each rank, and a resumed run draws what an uninterrupted one would."""
@@ -156,7 +160,9 @@ class GlobalLossStep(nn.Module):
     while the process-wide RNG, identical on every rank and saved by rank 0, is left untouched.
     """
 
-    def __init__(self, ddp: DistributedDataParallel, seed: int, rank: int, device: torch.device) -> None:
+    def __init__(
+        self, ddp: DistributedDataParallel, seed: int, rank: int, device: torch.device
+    ) -> None:
         super().__init__()
         self.ddp = ddp
         self.seed = seed
@@ -170,8 +176,13 @@ class GlobalLossStep(nn.Module):
             out = self.ddp(batch, progress, gather)
         names = list(out.terms)
         log_names = list(out.logs)
-        local = torch.stack([out.total.detach().float(), *(out.terms[n].detach().float() for n in names),
-                             *(torch.tensor(float(out.logs[n]), device=out.total.device) for n in log_names)])
+        local = torch.stack(
+            [
+                out.total.detach().float(),
+                *(out.terms[n].detach().float() for n in names),
+                *(torch.tensor(float(out.logs[n]), device=out.total.device) for n in log_names),
+            ]
+        )
         dist.all_reduce(local, op=dist.ReduceOp.SUM)
         means = local / dist.get_world_size()
         total = out.total.float()
@@ -181,8 +192,14 @@ class GlobalLossStep(nn.Module):
         return LossOutput(total=total, terms=terms, logs=logs)
 
 
-def build_distributed_trainer(config: RunConfig, store: FeatureStore, run_dir: str | Path, *,
-                              context: DistributedContext, **kwargs: Any) -> Trainer:
+def build_distributed_trainer(
+    config: RunConfig,
+    store: FeatureStore,
+    run_dir: str | Path,
+    *,
+    context: DistributedContext,
+    **kwargs: Any,
+) -> Trainer:
     """A Trainer for this rank: DistributedGather, main rank = rank 0, recipe wrapped in DDP.
 
     ``find_unused_parameters=True`` because curriculum recipes (AGR, DualPath) leave some
@@ -190,18 +207,31 @@ def build_distributed_trainer(config: RunConfig, store: FeatureStore, run_dir: s
     gather = DistributedGather()
     trainer = Trainer(config, store, run_dir, gather=gather, is_main=context.is_main, **kwargs)
     if "text_pairs" in trainer.recipe.requires and config.train.pair_batch_size % gather.world_size:
-        raise ConfigError(f"pair_batch_size {config.train.pair_batch_size} is not divisible by the "
-                          f"{gather.world_size} processes")
-    device_ids = [trainer.device.index if trainer.device.index is not None else torch.cuda.current_device()] \
-        if trainer.device.type == "cuda" else None
-    ddp = DistributedDataParallel(trainer.recipe, device_ids=device_ids, find_unused_parameters=True)
+        raise ConfigError(
+            f"pair_batch_size {config.train.pair_batch_size} is not divisible by the "
+            f"{gather.world_size} processes"
+        )
+    device_ids = (
+        [trainer.device.index if trainer.device.index is not None else torch.cuda.current_device()]
+        if trainer.device.type == "cuda"
+        else None
+    )
+    ddp = DistributedDataParallel(
+        trainer.recipe, device_ids=device_ids, find_unused_parameters=True
+    )
     trainer.model = GlobalLossStep(ddp, config.train.seed, context.rank, trainer.device)
     return trainer
 
 
-def run_training(recipe: str | None, data: str | None, out_dir: str | Path, *,
-                 notify: Callable[[str], None] | None = None, show_progress: bool = True,
-                 **kwargs: Any) -> Path:
+def run_training(
+    recipe: str | None,
+    data: str | None,
+    out_dir: str | Path,
+    *,
+    notify: Callable[[str], None] | None = None,
+    show_progress: bool = True,
+    **kwargs: Any,
+) -> Path:
     """``curvalign.train.trainer.train`` in a torchrun launch (same arguments); plain ``train``
     when this process was not launched by torchrun (WORLD_SIZE unset or 1).
 
@@ -215,14 +245,26 @@ def run_training(recipe: str | None, data: str | None, out_dir: str | Path, *,
         return train(recipe, data, out_dir, notify=notify, show_progress=show_progress, **kwargs)
     init_process_group(context)
     try:
-        if context.is_main and kwargs.get("overwrite") and not kwargs.get("resume") and Path(out_dir).is_dir():
+        if (
+            context.is_main
+            and kwargs.get("overwrite")
+            and not kwargs.get("resume")
+            and Path(out_dir).is_dir()
+        ):
             # rank 0 clears the old run files before any rank looks at the directory, so that
             # no two ranks delete the same files at once
             _clear_run_files(Path(out_dir))
         dist.barrier()
         factory = functools.partial(build_distributed_trainer, context=context)
-        return train(recipe, data, out_dir, notify=notify if context.is_main else None,
-                     show_progress=show_progress and context.is_main, trainer_factory=factory, **kwargs)
+        return train(
+            recipe,
+            data,
+            out_dir,
+            notify=notify if context.is_main else None,
+            show_progress=show_progress and context.is_main,
+            trainer_factory=factory,
+            **kwargs,
+        )
     finally:
         shutdown()
 
@@ -232,15 +274,33 @@ def is_main_process() -> bool:
     return context_from_env().is_main
 
 
-def train_arguments(*, recipe: str | None, data: str | None, steps: int | None, out: str | Path,
-                    config: str | Path | None, resume: bool, overwrite: bool, quiet: bool,
-                    overrides: Sequence[str]) -> list[str]:
+def train_arguments(
+    *,
+    recipe: str | None,
+    data: str | None,
+    steps: int | None,
+    out: str | Path,
+    config: str | Path | None,
+    resume: bool,
+    overwrite: bool,
+    quiet: bool,
+    overrides: Sequence[str],
+) -> list[str]:
     """The ``curvalign train`` arguments that reproduce these options (for the ranks to parse)."""
     args = ["--out", str(out)]
-    for flag, value in (("--recipe", recipe), ("--data", data), ("--steps", steps), ("--config", config)):
+    for flag, value in (
+        ("--recipe", recipe),
+        ("--data", data),
+        ("--steps", steps),
+        ("--config", config),
+    ):
         if value is not None:
             args += [flag, str(value)]
-    args += [flag for flag, on in (("--resume", resume), ("--overwrite", overwrite), ("--quiet", quiet)) if on]
+    args += [
+        flag
+        for flag, on in (("--resume", resume), ("--overwrite", overwrite), ("--quiet", quiet))
+        if on
+    ]
     if overrides:
         args += ["--", *overrides]
     return args
@@ -256,11 +316,22 @@ def launch_training(nproc: int, arguments: Sequence[str]) -> int:
 
     context = context_from_env()
     if context.enabled:
-        raise ConfigError(f"--nproc cannot be used inside a torchrun launch (it already runs {context.world_size} "
-                          "processes)")
+        raise ConfigError(
+            f"--nproc cannot be used inside a torchrun launch (it already runs {context.world_size} "
+            "processes)"
+        )
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
-    args = get_args_parser().parse_args(["--standalone", f"--nproc_per_node={nproc}", "--local-ranks-filter=0",
-                                         "-m", "curvalign", "train", *arguments])
+    args = get_args_parser().parse_args(
+        [
+            "--standalone",
+            f"--nproc_per_node={nproc}",
+            "--local-ranks-filter=0",
+            "-m",
+            "curvalign",
+            "train",
+            *arguments,
+        ]
+    )
     # the ranks print their own one-line errors; the agent's report of a failed rank would repeat them
     elastic_logger = logging.getLogger("torch.distributed.elastic")
     level = elastic_logger.level
@@ -270,8 +341,11 @@ def launch_training(nproc: int, arguments: Sequence[str]) -> int:
     except ChildFailedError as err:
         rank, failure = err.get_first_failure()
         if 0 not in err.failures:  # rank 0 printed nothing: say which rank failed
-            print(f"error: rank {rank} of {nproc} failed (exit status {failure.exitcode}); its output is not "
-                  "shown: launch with torchrun to see every rank's", file=sys.stderr)
+            print(
+                f"error: rank {rank} of {nproc} failed (exit status {failure.exitcode}); its output is not "
+                "shown: launch with torchrun to see every rank's",
+                file=sys.stderr,
+            )
         return failure.exitcode if failure.exitcode > 0 else 1
     finally:
         elastic_logger.setLevel(level)

@@ -60,7 +60,11 @@ class RunLogger:
         if self._tb is not None:
             step = int(record["step"])
             for key, value in record.items():
-                if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool):
+                if (
+                    key != "step"
+                    and isinstance(value, (int, float))
+                    and not isinstance(value, bool)
+                ):
                     self._tb.add_scalar(key, value, step)
 
     def close(self) -> None:
@@ -69,7 +73,7 @@ class RunLogger:
             self._tb.flush()
             self._tb.close()
 
-    def __enter__(self) -> "RunLogger":
+    def __enter__(self) -> RunLogger:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -81,4 +85,6 @@ def read_log(run_dir: Path) -> list[dict[str, Any]]:
     path = Path(run_dir) / LOG_FILE
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    return [
+        json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()
+    ]

@@ -29,9 +29,10 @@ import shutil
 import signal
 import threading
 import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Mapping
+from typing import Any
 
 import numpy as np
 import torch
@@ -41,9 +42,20 @@ from curvalign.data.features import FeatureStore
 from curvalign.data.sampling import BatchSampler, SamplingError
 from curvalign.recipes.base import Batch, Gather, LossOutput, Progress, Recipe
 from curvalign.schedules import warmup_cosine
-from curvalign.train.checkpoint import (CONFIG_FILE, RUN_FILES, STATE_FILE, TB_DIR, CheckpointError,
-                                        build_recipe, is_run_dir, load_train_state, read_config,
-                                        read_meta, save_checkpoint, versions)
+from curvalign.train.checkpoint import (
+    CONFIG_FILE,
+    RUN_FILES,
+    STATE_FILE,
+    TB_DIR,
+    CheckpointError,
+    build_recipe,
+    is_run_dir,
+    load_train_state,
+    read_config,
+    read_meta,
+    save_checkpoint,
+    versions,
+)
 from curvalign.train.config import ConfigError, RunConfig, TrainConfig, TrainError, resolve_config
 from curvalign.train.logging import RunLogger
 
@@ -57,6 +69,7 @@ class NonFiniteLossError(TrainError):
 
 # --- building blocks (reused by the distributed launcher) -----------------------------------
 
+
 def lr_multiplier(step: int, train: TrainConfig) -> float:
     """Learning-rate factor for 0-based ``step``: linear warm-up, then cosine to ``min_lr_ratio``."""
     return float(warmup_cosine(step, train.steps, train.warmup_steps, min_ratio=train.min_lr_ratio))
@@ -68,7 +81,9 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
 
 
-def build_model(config: RunConfig, image_dim: int, text_dim: int, device: str | torch.device = "cpu") -> Recipe:
+def build_model(
+    config: RunConfig, image_dim: int, text_dim: int, device: str | torch.device = "cpu"
+) -> Recipe:
     """The recipe with its initial parameters: seeded by ``config.train.seed``, so every rank and
     every resume builds the same model before loading any state."""
     seed_everything(config.train.seed)
@@ -82,7 +97,9 @@ def build_optimizer(recipe: Recipe, train: TrainConfig) -> torch.optim.AdamW:
     named = [(n, p) for n, p in recipe.named_parameters() if p.requires_grad]
     unknown = no_decay - {n for n, _ in recipe.named_parameters()}
     if unknown:
-        raise TrainError(f"recipe {recipe.name!r}: no_decay_parameter_names() names unknown parameters {sorted(unknown)}")
+        raise TrainError(
+            f"recipe {recipe.name!r}: no_decay_parameter_names() names unknown parameters {sorted(unknown)}"
+        )
     if not named:
         raise TrainError(f"recipe {recipe.name!r} has no trainable parameters")
     groups = [
@@ -90,11 +107,14 @@ def build_optimizer(recipe: Recipe, train: TrainConfig) -> torch.optim.AdamW:
         {"params": [p for n, p in named if n in no_decay], "weight_decay": 0.0},
     ]
     # foreach=False: one kernel per tensor, the same arithmetic on every run and device count
-    return torch.optim.AdamW([g for g in groups if g["params"]], lr=train.lr, betas=(0.9, 0.98),
-                             eps=1e-6, foreach=False)
+    return torch.optim.AdamW(
+        [g for g in groups if g["params"]], lr=train.lr, betas=(0.9, 0.98), eps=1e-6, foreach=False
+    )
 
 
-def build_scheduler(optimizer: torch.optim.Optimizer, train: TrainConfig) -> torch.optim.lr_scheduler.LambdaLR:
+def build_scheduler(
+    optimizer: torch.optim.Optimizer, train: TrainConfig
+) -> torch.optim.lr_scheduler.LambdaLR:
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_multiplier(step, train))
 
 
@@ -107,13 +127,17 @@ def local_rows(batch: Batch, gather: Gather) -> Batch:
         if t is None:
             return None
         size = t.shape[0] // gather.world_size
-        return t[gather.rank * size:(gather.rank + 1) * size]
+        return t[gather.rank * size : (gather.rank + 1) * size]
 
     return Batch(**{k: part(v) for k, v in batch.__dict__.items()})
 
 
 def rng_state() -> dict[str, Any]:
-    state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+    state = {
+        "torch": torch.get_rng_state(),
+        "numpy": np.random.get_state(),
+        "python": random.getstate(),
+    }
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
@@ -146,7 +170,7 @@ class _StopRequest:
         self.requested = False
         self._previous = None
 
-    def __enter__(self) -> "_StopRequest":
+    def __enter__(self) -> _StopRequest:
         if threading.current_thread() is threading.main_thread():
             self._previous = signal.signal(signal.SIGINT, self._handle)
         return self
@@ -163,6 +187,7 @@ class _StopRequest:
 
 # --- the trainer ----------------------------------------------------------------------------
 
+
 class Trainer:
     """Trains ``config.recipe`` on ``store``, writing into ``run_dir``.
 
@@ -171,9 +196,18 @@ class Trainer:
     one-line notes for the user (images left out, resumed step).
     """
 
-    def __init__(self, config: RunConfig, store: FeatureStore, run_dir: str | Path, *,
-                 resume: bool = False, gather: Gather | None = None, is_main: bool = True,
-                 show_progress: bool = True, notify: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self,
+        config: RunConfig,
+        store: FeatureStore,
+        run_dir: str | Path,
+        *,
+        resume: bool = False,
+        gather: Gather | None = None,
+        is_main: bool = True,
+        show_progress: bool = True,
+        notify: Callable[[str], None] | None = None,
+    ) -> None:
         self.config = config
         self.train_config = config.train
         self.store = store
@@ -185,7 +219,9 @@ class Trainer:
         self.notes: list[str] = []
         cfg = self.train_config
         if cfg.batch_size % self.gather.world_size:
-            raise ConfigError(f"batch_size {cfg.batch_size} is not divisible by the {self.gather.world_size} processes")
+            raise ConfigError(
+                f"batch_size {cfg.batch_size} is not divisible by the {self.gather.world_size} processes"
+            )
         if cfg.num_threads is not None:
             torch.set_num_threads(cfg.num_threads)
         try:
@@ -195,25 +231,39 @@ class Trainer:
                 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
             torch.empty(0, device=self.device)
         except (RuntimeError, AssertionError) as err:
-            raise ConfigError(f"device {cfg.device!r} is not usable here ({str(err).splitlines()[0]})") from None
+            raise ConfigError(
+                f"device {cfg.device!r} is not usable here ({str(err).splitlines()[0]})"
+            ) from None
 
         try:
             self.recipe = build_model(config, store.image_dim, store.text_dim, self.device)
         except (ValueError, TypeError) as err:
-            raise ConfigError(f"recipe {config.recipe!r} cannot be built with this config: {err}") from None
+            raise ConfigError(
+                f"recipe {config.recipe!r} cannot be built with this config: {err}"
+            ) from None
         self.model: nn.Module = self.recipe  # the distributed launcher may wrap it (DDP)
         try:
-            self.sampler = BatchSampler(store, cfg.batch_size, seed=cfg.seed, requires=self.recipe.requires,
-                                        pair_batch_size=cfg.pair_batch_size, recipe=repr(config.recipe),
-                                        data=config.data)
+            self.sampler = BatchSampler(
+                store,
+                cfg.batch_size,
+                seed=cfg.seed,
+                requires=self.recipe.requires,
+                pair_batch_size=cfg.pair_batch_size,
+                recipe=repr(config.recipe),
+                data=config.data,
+            )
         except SamplingError as err:
             raise TrainError(str(err)) from None
         summary = self.sampler.summary()
         if summary["skipped_without_caption"]:
-            self._note(f"{summary['skipped_without_caption']} train images have no caption and are not trained on")
+            self._note(
+                f"{summary['skipped_without_caption']} train images have no caption and are not trained on"
+            )
         if summary["skipped_without_box"]:
-            self._note(f"{summary['skipped_without_box']} train images have no box and are not trained on "
-                       f"(recipe {config.recipe!r} needs a box for every image in a batch)")
+            self._note(
+                f"{summary['skipped_without_box']} train images have no box and are not trained on "
+                f"(recipe {config.recipe!r} needs a box for every image in a batch)"
+            )
         self.optimizer = build_optimizer(self.recipe, cfg)
         self.scheduler = build_scheduler(self.optimizer, cfg)
         self.step = 0
@@ -232,14 +282,21 @@ class Trainer:
         if dims != (self.store.image_dim, self.store.text_dim):
             raise CheckpointError(
                 f"feature dimensions differ from the checkpoint in {self.run_dir}: the data has image/text "
-                f"dims {self.store.image_dim}/{self.store.text_dim}, the run was trained on {dims[0]}/{dims[1]}")
+                f"dims {self.store.image_dim}/{self.store.text_dim}, the run was trained on {dims[0]}/{dims[1]}"
+            )
         if state.get("recipe") != self.config.recipe:
-            raise CheckpointError(f"the checkpoint in {self.run_dir} is of recipe {state.get('recipe')!r}, "
-                                  f"not {self.config.recipe!r}")
+            raise CheckpointError(
+                f"the checkpoint in {self.run_dir} is of recipe {state.get('recipe')!r}, "
+                f"not {self.config.recipe!r}"
+            )
         saved_world = int(state.get("world_size", 1))
-        if saved_world != self.gather.world_size:  # per-rank dropout streams differ: not the same run
-            raise CheckpointError(f"the run in {self.run_dir} was trained with {saved_world} process(es); resume "
-                                  f"it with the same number (--nproc {saved_world}), not {self.gather.world_size}")
+        if (
+            saved_world != self.gather.world_size
+        ):  # per-rank dropout streams differ: not the same run
+            raise CheckpointError(
+                f"the run in {self.run_dir} was trained with {saved_world} process(es); resume "
+                f"it with the same number (--nproc {saved_world}), not {self.gather.world_size}"
+            )
         try:
             self.recipe.load_state_dict(state["model"], strict=True)
             self.optimizer.load_state_dict(state["optimizer"])
@@ -248,30 +305,52 @@ class Trainer:
         except SamplingError as err:
             raise CheckpointError(f"cannot resume {self.run_dir}: {err}") from None
         except (RuntimeError, ValueError, KeyError) as err:
-            raise CheckpointError(f"cannot resume {self.run_dir}: its state does not fit this recipe "
-                                  f"({str(err).splitlines()[0]})") from None
+            raise CheckpointError(
+                f"cannot resume {self.run_dir}: its state does not fit this recipe "
+                f"({str(err).splitlines()[0]})"
+            ) from None
         # the lambda reads train.steps, which may have been extended: recompute the current lr
-        for group, base_lr in zip(self.optimizer.param_groups, self.scheduler.base_lrs):
+        for group, base_lr in zip(
+            self.optimizer.param_groups, self.scheduler.base_lrs, strict=False
+        ):
             group["lr"] = base_lr * lr_multiplier(int(state["step"]), self.train_config)
         set_rng_state(state["rng"])
         self.step = self.checkpoint_step = int(state["step"])
         self._note(f"resuming {self.run_dir} at step {self.step}")
 
     def state_dict(self) -> dict[str, Any]:
-        return {"step": self.step, "recipe": self.config.recipe, "image_dim": self.store.image_dim,
-                "text_dim": self.store.text_dim, "world_size": self.gather.world_size,
-                "optimizer": self.optimizer.state_dict(),
-                "scheduler": self.scheduler.state_dict(), "sampler": self.sampler.state_dict(),
-                "rng": rng_state()}
+        return {
+            "step": self.step,
+            "recipe": self.config.recipe,
+            "image_dim": self.store.image_dim,
+            "text_dim": self.store.text_dim,
+            "world_size": self.gather.world_size,
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "sampler": self.sampler.state_dict(),
+            "rng": rng_state(),
+        }
 
     def save_checkpoint(self) -> None:
         """Write the checkpoint for the current step (main rank only)."""
         if self.is_main:
-            meta = {"step": self.step, "recipe": self.config.recipe, "image_dim": self.store.image_dim,
-                    "text_dim": self.store.text_dim, "data": self.config.data, "epoch": self.sampler.epoch,
-                    "sampler": self.sampler.summary(), "notes": self.notes, "versions": versions()}
-            save_checkpoint(self.run_dir, model_state=self.recipe.state_dict(), train_state=self.state_dict(),
-                            meta=meta)
+            meta = {
+                "step": self.step,
+                "recipe": self.config.recipe,
+                "image_dim": self.store.image_dim,
+                "text_dim": self.store.text_dim,
+                "data": self.config.data,
+                "epoch": self.sampler.epoch,
+                "sampler": self.sampler.summary(),
+                "notes": self.notes,
+                "versions": versions(),
+            }
+            save_checkpoint(
+                self.run_dir,
+                model_state=self.recipe.state_dict(),
+                train_state=self.state_dict(),
+                meta=meta,
+            )
         self.checkpoint_step = self.step
 
     # --- the loop ---------------------------------------------------------------------------
@@ -285,8 +364,11 @@ class Trainer:
             batch = local_rows(self.sampler.next_batch(), self.gather).to(self.device)
         except SamplingError as err:
             raise TrainError(f"step {progress.step + 1}: {err}; " + self._kept_message()) from None
-        autocast = (torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
-                    if cfg.bf16 else nullcontext())
+        autocast = (
+            torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
+            if cfg.bf16
+            else nullcontext()
+        )
         with autocast:
             out = self.model(batch, progress, self.gather)
         if not bool(torch.isfinite(out.total.detach())):
@@ -294,28 +376,43 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         out.total.backward()
         params = [p for g in self.optimizer.param_groups for p in g["params"]]
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip if cfg.grad_clip > 0 else math.inf)
+        grad_norm = torch.nn.utils.clip_grad_norm_(
+            params, cfg.grad_clip if cfg.grad_clip > 0 else math.inf
+        )
         if not bool(torch.isfinite(grad_norm)):
-            bad = [n for n, p in self.recipe.named_parameters()
-                   if p.grad is not None and not bool(torch.isfinite(p.grad).all())]
+            bad = [
+                n
+                for n, p in self.recipe.named_parameters()
+                if p.grad is not None and not bool(torch.isfinite(p.grad).all())
+            ]
             raise NonFiniteLossError(
                 f"the gradient became non-finite at step {progress.step + 1} (loss {float(out.total.detach()):.4g} was "
                 f"finite) in parameter(s) {', '.join(bad[:5]) or '?'}; stopped before the update; "
-                + self._kept_message())
+                + self._kept_message()
+            )
         self.optimizer.step()
         self.scheduler.step()
         return out, grad_norm.detach()
 
     def _kept_message(self) -> str:
         if self.checkpoint_step is None:
-            return "no checkpoint had been written yet (lower checkpoint_every to keep earlier states)"
+            return (
+                "no checkpoint had been written yet (lower checkpoint_every to keep earlier states)"
+            )
         return f"the last good checkpoint (step {self.checkpoint_step}) is kept in {self.run_dir}"
 
     def _nonfinite_message(self, out: LossOutput, step: int) -> str:
         values = {name: float(value.detach().float()) for name, value in out.terms.items()}
         bad = [f"{name} = {value}" for name, value in values.items() if not math.isfinite(value)]
-        what = ("term " + ", ".join(bad)) if bad else f"the total ({float(out.total.detach().float())}; every term was finite)"
-        return (f"the loss became non-finite at step {step}: {what}; training stopped; " + self._kept_message())
+        what = (
+            ("term " + ", ".join(bad))
+            if bad
+            else f"the total ({float(out.total.detach().float())}; every term was finite)"
+        )
+        return (
+            f"the loss became non-finite at step {step}: {what}; training stopped; "
+            + self._kept_message()
+        )
 
     def fit(self, stop_at: int | None = None) -> Path:
         """Train until ``train.steps`` (or until ``stop_at`` steps, leaving a checkpoint there, as a
@@ -328,25 +425,38 @@ class Trainer:
             self.config.save(self.run_dir)
         if self.step >= end:
             if self.step >= total:
-                self._note(f"{self.run_dir} is already trained to step {self.step} of {total}; nothing to do")
+                self._note(
+                    f"{self.run_dir} is already trained to step {self.step} of {total}; nothing to do"
+                )
             return self.run_dir
-        logger = RunLogger(self.run_dir, resume_step=self.step, tensorboard=cfg.tensorboard) if self.is_main else None
+        logger = (
+            RunLogger(self.run_dir, resume_step=self.step, tensorboard=cfg.tensorboard)
+            if self.is_main
+            else None
+        )
         window = _Window()
         try:
             with deterministic_algorithms(), _StopRequest() as stop, self._progress_bar(end) as bar:
                 while self.step < end:
                     if stop.requested:
                         self.save_checkpoint()
-                        raise TrainError(f"interrupted: stopped at step {self.step} with a checkpoint in "
-                                         f"{self.run_dir}; continue with --resume")
+                        raise TrainError(
+                            f"interrupted: stopped at step {self.step} with a checkpoint in "
+                            f"{self.run_dir}; continue with --resume"
+                        )
                     lr = self.optimizer.param_groups[0]["lr"]
                     out, grad_norm = self.train_step(Progress(self.step, total))
                     self.step += 1
                     window.add(out, grad_norm)
                     is_last = self.step == end
                     if self.step % cfg.log_every == 0 or is_last:
-                        record = {"step": self.step, **window.means(), "lr": lr,
-                                  "pairs_per_s": window.rate(cfg.batch_size), "epoch": self.sampler.epoch}
+                        record = {
+                            "step": self.step,
+                            **window.means(),
+                            "lr": lr,
+                            "pairs_per_s": window.rate(cfg.batch_size),
+                            "epoch": self.sampler.epoch,
+                        }
                         extras = {**self.recipe.log_values(), **out.logs}
                         for key, value in extras.items():  # the trainer's own keys win
                             record.setdefault(key, float(value))
@@ -361,7 +471,7 @@ class Trainer:
                 logger.close()
         return self.run_dir
 
-    def _progress_bar(self, end: int) -> "_Bar":
+    def _progress_bar(self, end: int) -> _Bar:
         return _Bar(self.config.recipe, self.step, end, enabled=self.show_progress and self.is_main)
 
 
@@ -377,7 +487,11 @@ class _Window:
 
     def add(self, out: LossOutput, grad_norm: Tensor) -> None:
         self.steps += 1
-        values = {"loss": out.total, **{f"loss/{k}": v for k, v in out.terms.items()}, "grad_norm": grad_norm}
+        values = {
+            "loss": out.total,
+            **{f"loss/{k}": v for k, v in out.terms.items()},
+            "grad_norm": grad_norm,
+        }
         for name, value in values.items():
             value = value.detach().float()
             self.sums[name] = self.sums[name] + value if name in self.sums else value
@@ -399,18 +513,31 @@ class _Bar:
         self.progress = None
         if enabled:
             from rich.console import Console
-            from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
-                                       TimeElapsedColumn, TimeRemainingColumn)
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                Progress,
+                TextColumn,
+                TimeElapsedColumn,
+                TimeRemainingColumn,
+            )
 
             console = Console(stderr=True)
             self.enabled = console.is_terminal
             if self.enabled:
-                self.progress = Progress(TextColumn(f"train {recipe}"), BarColumn(), MofNCompleteColumn(),
-                                         TextColumn("{task.fields[info]}"), TimeElapsedColumn(),
-                                         TimeRemainingColumn(), console=console, transient=False)
+                self.progress = Progress(
+                    TextColumn(f"train {recipe}"),
+                    BarColumn(),
+                    MofNCompleteColumn(),
+                    TextColumn("{task.fields[info]}"),
+                    TimeElapsedColumn(),
+                    TimeRemainingColumn(),
+                    console=console,
+                    transient=False,
+                )
                 self.task = self.progress.add_task("train", total=end, completed=start, info="")
 
-    def __enter__(self) -> "_Bar":
+    def __enter__(self) -> _Bar:
         if self.progress is not None:
             self.progress.start()
         return self
@@ -426,6 +553,7 @@ class _Bar:
 
 
 # --- the entry point ------------------------------------------------------------------------
+
 
 def _clear_run_files(run_dir: Path) -> None:
     for name in RUN_FILES:
@@ -463,29 +591,55 @@ def _load_store(data: str | FeatureStore) -> tuple[FeatureStore, str]:
         raise TrainError(message if data in message else f"data {data!r}: {message}") from None
 
 
-def _resume_config(run_dir: Path, recipe: str | None, data_spec: str | None, steps: int | None,
-                   overrides: Iterable[str] | Mapping[str, Any], config_file: str | Path | None) -> RunConfig:
+def _resume_config(
+    run_dir: Path,
+    recipe: str | None,
+    data_spec: str | None,
+    steps: int | None,
+    overrides: Iterable[str] | Mapping[str, Any],
+    config_file: str | Path | None,
+) -> RunConfig:
     saved = read_config(run_dir)
     if config_file is not None:
-        raise ConfigError("--config cannot be combined with --resume: the run's own config.json is used "
-                          "(pass key=value overrides for steps, log_every, checkpoint_every, device)")
+        raise ConfigError(
+            "--config cannot be combined with --resume: the run's own config.json is used "
+            "(pass key=value overrides for steps, log_every, checkpoint_every, device)"
+        )
     if recipe is not None and recipe != saved.recipe:
         raise ConfigError(f"{run_dir} holds a run of recipe {saved.recipe!r}, not {recipe!r}")
-    config = resolve_config(saved.recipe, data_spec or saved.data, steps=steps, overrides=overrides, base=saved)
+    config = resolve_config(
+        saved.recipe, data_spec or saved.data, steps=steps, overrides=overrides, base=saved
+    )
     old, new = dataclasses.asdict(saved.train), dataclasses.asdict(config.train)
     changed = [k for k in new if new[k] != old[k] and k not in RESUMABLE_KEYS]
-    changed += [f"recipe.{k}" for k in config.recipe_config if config.recipe_config[k] != saved.recipe_config.get(k)]
+    changed += [
+        f"recipe.{k}"
+        for k in config.recipe_config
+        if config.recipe_config[k] != saved.recipe_config.get(k)
+    ]
     if changed:
-        raise ConfigError(f"cannot change {', '.join(changed)} when resuming {run_dir} (that would not continue "
-                          f"the same run); only {', '.join(RESUMABLE_KEYS)} may change")
+        raise ConfigError(
+            f"cannot change {', '.join(changed)} when resuming {run_dir} (that would not continue "
+            f"the same run); only {', '.join(RESUMABLE_KEYS)} may change"
+        )
     return config
 
 
-def train(recipe: str | None, data: str | FeatureStore | None, out_dir: str | Path, *, steps: int | None = None,
-          overrides: Iterable[str] | Mapping[str, Any] = (), config_file: str | Path | None = None,
-          resume: bool = False, overwrite: bool = False, show_progress: bool = True,
-          notify: Callable[[str], None] | None = None, stop_at: int | None = None,
-          trainer_factory: Callable[..., Trainer] = Trainer) -> Path:
+def train(
+    recipe: str | None,
+    data: str | FeatureStore | None,
+    out_dir: str | Path,
+    *,
+    steps: int | None = None,
+    overrides: Iterable[str] | Mapping[str, Any] = (),
+    config_file: str | Path | None = None,
+    resume: bool = False,
+    overwrite: bool = False,
+    show_progress: bool = True,
+    notify: Callable[[str], None] | None = None,
+    stop_at: int | None = None,
+    trainer_factory: Callable[..., Trainer] = Trainer,
+) -> Path:
     """Train ``recipe`` on ``data`` (a spec such as ``"synthetic"``, ``"features:PATH"``, or a
     FeatureStore) into ``out_dir``; returns the run directory.
 
@@ -513,25 +667,40 @@ def train(recipe: str | None, data: str | FeatureStore | None, out_dir: str | Pa
             notify(f"{run_dir} has a config but no checkpoint yet: starting it from step 0")
     else:
         if resume and non_empty:
-            raise ConfigError(f"cannot resume {run_dir}: it holds files but no curvalign run (no {CONFIG_FILE})")
+            raise ConfigError(
+                f"cannot resume {run_dir}: it holds files but no curvalign run (no {CONFIG_FILE})"
+            )
         if resume:
             notify(f"{run_dir} holds no run yet: starting a new one")
         if non_empty and not resume:
             if not overwrite:
                 if has_run:
-                    raise ConfigError(f"{run_dir} already holds {_describe_existing(run_dir)}; pass --resume to "
-                                      "continue it or --overwrite to replace it")
-                raise ConfigError(f"output directory {run_dir} is not empty; choose a new directory or pass --overwrite")
+                    raise ConfigError(
+                        f"{run_dir} already holds {_describe_existing(run_dir)}; pass --resume to "
+                        "continue it or --overwrite to replace it"
+                    )
+                raise ConfigError(
+                    f"output directory {run_dir} is not empty; choose a new directory or pass --overwrite"
+                )
             _clear_run_files(run_dir)
-        config = resolve_config(recipe, data_spec or ("<in-memory FeatureStore>" if data is not None else None),
-                                steps=steps, overrides=overrides, config_file=config_file)
+        config = resolve_config(
+            recipe,
+            data_spec or ("<in-memory FeatureStore>" if data is not None else None),
+            steps=steps,
+            overrides=overrides,
+            config_file=config_file,
+        )
     if data is None:
         if config.data.startswith("<in-memory"):
-            raise ConfigError(f"{run_dir} was trained on an in-memory FeatureStore: pass that store as data to resume")
+            raise ConfigError(
+                f"{run_dir} was trained on an in-memory FeatureStore: pass that store as data to resume"
+            )
         data = config.data
     store, spec = _load_store(data)
     if isinstance(data, FeatureStore) and not resuming:
         config = dataclasses.replace(config, data=spec)
     # trainer_factory: the distributed launcher builds a DDP-wrapped Trainer with the same arguments
-    trainer = trainer_factory(config, store, run_dir, resume=resuming, show_progress=show_progress, notify=notify)
+    trainer = trainer_factory(
+        config, store, run_dir, resume=resuming, show_progress=show_progress, notify=notify
+    )
     return trainer.fit(stop_at=stop_at)
