@@ -197,7 +197,7 @@ def test_existing_run_is_refused_unless_resume_or_overwrite(tmp_path):
 
 
 def test_unknown_recipe_lists_the_known_ones(tmp_path):
-    with pytest.raises(TrainError, match="unknown recipe 'nope'; known recipes: _toy, _toy_boxes"):
+    with pytest.raises(ConfigError, match="unknown recipe 'nope'; known recipes: _toy, _toy_boxes"):
         train("nope", toy_store(), tmp_path / "run", steps=2, show_progress=False)
     assert not (tmp_path / "run").exists()
 

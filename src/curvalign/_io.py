@@ -1,4 +1,6 @@
-"""Atomic replacement of result directories (feature stores, embeddings, indexes)."""
+"""Atomic writes: single files (temp file + fsync + rename) and whole result directories
+(feature stores, embeddings, indexes). A reader sees the old version or the new one, never a
+partial write."""
 
 from __future__ import annotations
 
@@ -6,7 +8,7 @@ import os
 import shutil
 import tempfile
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -44,3 +46,31 @@ def staged_directory(target: Path) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
+    """Call ``write(tmp)`` on a temporary file next to ``path``, fsync it, then move it onto
+    ``path``. On any error the temporary file is removed and ``path`` is left as it was."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    tmp = Path(tmp_name)
+    try:
+        write(tmp)
+        with open(tmp, "rb") as handle:
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """``path.write_text(text)``, atomically (``atomic_write``)."""
+    atomic_write(path, lambda tmp: tmp.write_text(text))
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """``path.write_bytes(data)``, atomically (``atomic_write``)."""
+    atomic_write(path, lambda tmp: tmp.write_bytes(data))

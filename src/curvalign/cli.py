@@ -10,6 +10,8 @@ from pathlib import Path
 
 import typer
 
+from curvalign.errors import CurvalignError
+
 app = typer.Typer(
     name="curvalign",
     help="Geometry-aware contrastive alignment of images and texts.",
@@ -25,7 +27,10 @@ def _root() -> None:
 
 
 def fail(message: str) -> None:
-    """One clear error line on stderr and exit status 2; no traceback."""
+    """One clear error line on stderr and exit status 2; no traceback.
+
+    Commands catch ``CurvalignError`` (bad input, named by its message) and pass its message
+    here; any other exception is a bug and keeps its traceback."""
     typer.secho(f"error: {message}", err=True, fg=typer.colors.RED)
     raise typer.Exit(code=2)
 
@@ -78,14 +83,13 @@ def train_command(
     ),
 ) -> None:
     """Train a recipe on features; writes checkpoint, config and logs into --out."""
-    from curvalign.train.config import TrainError
+    from curvalign.runs import read_log
     from curvalign.train.distributed import (
         is_main_process,
         launch_training,
         run_training,
         train_arguments,
     )
-    from curvalign.train.logging import read_log
 
     def note(message: str) -> None:
         if not quiet:
@@ -122,7 +126,7 @@ def train_command(
             show_progress=not quiet,
             notify=note,
         )
-    except TrainError as err:
+    except CurvalignError as err:
         fail(str(err))
     if not is_main_process():
         return
@@ -133,17 +137,6 @@ def train_command(
 
 
 # --- eval / benchmark / demo / study (issue: evaluation) --------------------------------------
-
-
-def _eval_errors() -> tuple[type[BaseException], ...]:
-    """Exceptions that carry a message for the user (printed by ``fail``, no traceback)."""
-    from curvalign.train.config import TrainError
-
-    return (TrainError, ValueError, KeyError, FileNotFoundError, NotADirectoryError)
-
-
-def _message(err: BaseException) -> str:
-    return str(err.args[0]) if isinstance(err, KeyError) and err.args else str(err)
 
 
 def _stderr_console():
@@ -171,10 +164,10 @@ def eval_command(
     """Evaluate a trained run: every metric the data supports (see docs/evaluation.md)."""
     import json
 
+    from curvalign.data import load_store
     from curvalign.eval import evaluate
-    from curvalign.report.benchmark import load_store
     from curvalign.report.tables import metrics_lines, to_jsonable
-    from curvalign.train.checkpoint import load_run
+    from curvalign.runs import load_run
 
     try:
         run = load_run(run_dir)
@@ -183,8 +176,8 @@ def eval_command(
             fail(f"{run_dir} was trained on an in-memory store ({spec}); pass --data SPEC")
         store, spec = load_store(spec)
         result = evaluate(run.recipe, store, split=split, batch_size=batch_size)
-    except _eval_errors() as err:
-        fail(_message(err))
+    except CurvalignError as err:
+        fail(str(err))
     result["meta"].update(step=run.step, run_dir=str(run_dir), data=spec)
     if json_output:
         typer.echo(json.dumps(to_jsonable(result)))
@@ -250,8 +243,8 @@ def benchmark_command(
             show_progress=not quiet,
             notify=console.print,
         )
-    except _eval_errors() as err:
-        fail(_message(err))
+    except CurvalignError as err:
+        fail(str(err))
     _print_benchmark(result, out, f"benchmark on {result.data}")
 
 
@@ -293,8 +286,8 @@ def demo_command(
             notify=console.print,
             title="curvalign demo",
         )
-    except _eval_errors() as err:
-        fail(_message(err))
+    except CurvalignError as err:
+        fail(str(err))
     _print_benchmark(result, out, f"curvalign demo: {result.data}, {result.steps} steps per recipe")
     typer.echo(f"demo finished in {time.perf_counter() - start:.0f}s")
 
@@ -338,8 +331,8 @@ def study_command(
             notify=console.print,
             **parse_study_options(name, options or []),
         )
-    except _eval_errors() as err:
-        fail(_message(err))
+    except CurvalignError as err:
+        fail(str(err))
     typer.echo(result["markdown"])
     typer.echo(f"verdict: {result['verdict']}")
     typer.echo(
@@ -355,19 +348,6 @@ index_app = typer.Typer(
     no_args_is_help=True,
 )
 app.add_typer(index_app, name="index")
-
-
-def _index_errors() -> tuple[type[BaseException], ...]:
-    from curvalign.train.config import TrainError
-
-    return (
-        TrainError,
-        ValueError,
-        KeyError,
-        FileNotFoundError,
-        FileExistsError,
-        FloatingPointError,
-    )
 
 
 def _ids_option(text: str | None, name: str) -> list[int] | None:
@@ -404,7 +384,7 @@ def embed_command(
 
     from curvalign.data import load_data
     from curvalign.index.embed import embed_store
-    from curvalign.train.checkpoint import load_run
+    from curvalign.runs import load_run
 
     try:
         run = load_run(run_dir)
@@ -435,8 +415,8 @@ def embed_command(
                 info=info,
                 progress=progress,
             )
-    except _index_errors() as err:
-        fail(_message(err))
+    except CurvalignError as err:
+        fail(str(err))
     typer.echo(
         f"embedded {store.num_images} images and {store.num_texts} texts with {run.config.recipe} "
         f"(step {run.step}): {path}"
@@ -483,8 +463,8 @@ def index_build_command(
         path = build_from_embeddings(
             emb, out, side=side, kind="ann" if ann else "exact", method=ann or "hnsw", **options
         )
-    except _index_errors() as err:
-        fail(_message(err))
+    except CurvalignError as err:
+        fail(str(err))
     mode = f"approximate ({ann})" if ann else "exact"
     typer.echo(f"indexed {emb.meta['counts'][side]} {side} of {emb.recipe_name} ({mode}): {path}")
 
@@ -573,8 +553,8 @@ def index_search_command(
                 truth = source.text_to_image()[rows]
             else:  # an image query: its own captions are the hits
                 captions_of = source.text_to_image()
-    except _index_errors() as err:
-        fail(_message(err))
+    except CurvalignError as err:
+        fail(str(err))
     if json_output:
         out = [
             {
@@ -664,9 +644,7 @@ def extract_command(
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
 ) -> None:
     """Encode images and captions with a local encoder into a feature store (resumable)."""
-    from curvalign.data.encoders import EncoderError
-    from curvalign.data.extract import SKIPPED_REPORT, ExtractError, extract_features
-    from curvalign.data.features import FeatureStoreError
+    from curvalign.data.extract import SKIPPED_REPORT, extract_features
 
     try:
         summary = extract_features(
@@ -685,7 +663,7 @@ def extract_command(
             overwrite=overwrite,
             progress=not quiet,
         )
-    except (EncoderError, ExtractError, FeatureStoreError) as err:
+    except CurvalignError as err:
         fail(str(err))
     typer.echo(
         f"wrote {summary.store}: {summary.images} images, {summary.texts} captions, {summary.boxes} boxes, "

@@ -13,22 +13,30 @@ dispatches on the text before the first ``:``.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from curvalign.data.features import FeatureStore, FeatureStoreError
+
+if TYPE_CHECKING:
+    from curvalign.data.synthetic import SyntheticWorld
+from curvalign.errors import CurvalignError
 
 __all__ = [
     "FeatureStore",
     "FeatureStoreError",
     "DataSpecError",
     "load_data",
+    "load_store",
+    "load_synthetic_world",
     "register_data_source",
     "data_spec_forms",
 ]
 
 
-class DataSpecError(ValueError):
+class DataSpecError(CurvalignError, ValueError):
     """A data spec that names no known source or carries a bad argument."""
 
 
@@ -59,26 +67,62 @@ def data_spec_forms() -> list[str]:
     return [form for source in _SOURCES.values() for form in source.usage]
 
 
-def load_data(spec: str) -> FeatureStore:
-    """The feature store that ``spec`` names (see the module docstring); ``meta["spec"]`` records it.
-
-    Raises ``DataSpecError`` for an unknown or malformed spec and ``FeatureStoreError`` for a
-    store on disk that breaks the format.
-    """
+def _parse(spec: str) -> tuple[str, str, _Source]:
+    """``(prefix, argument, source)`` of ``spec``; DataSpecError for an unknown prefix."""
     prefix, _, argument = spec.strip().partition(":")
     source = _SOURCES.get(prefix)
     if source is None:
         raise DataSpecError(
             f"unknown data spec {spec!r}; accepted forms: {', '.join(data_spec_forms())}"
         )
+    return prefix, argument, source
+
+
+@contextmanager
+def _spec_errors(spec: str) -> Iterator[None]:
+    """A loader's plain ValueError becomes a DataSpecError naming the spec."""
     try:
-        store = source.load(argument)
+        yield
     except (DataSpecError, FeatureStoreError):
         raise
     except ValueError as exc:
         raise DataSpecError(f"data spec {spec!r}: {exc}") from None
+
+
+def load_data(spec: str) -> FeatureStore:
+    """The feature store that ``spec`` names (see the module docstring); ``meta["spec"]`` records it.
+
+    Raises ``DataSpecError`` for an unknown or malformed spec and ``FeatureStoreError`` for a
+    store on disk that breaks the format.
+    """
+    _, argument, source = _parse(spec)
+    with _spec_errors(spec):
+        store = source.load(argument)
     store.meta["spec"] = spec
     return store
+
+
+def load_store(data: str | FeatureStore) -> tuple[FeatureStore, str]:
+    """``(store, spec)`` for a data spec or an in-memory store (whose spec is its
+    ``meta["spec"]``, or ``"<in-memory FeatureStore>"``). The one entry point of the trainer,
+    the evaluation commands, the benchmark and the studies."""
+    if isinstance(data, FeatureStore):
+        return data, str(data.meta.get("spec", "<in-memory FeatureStore>"))
+    return load_data(data), data
+
+
+def load_synthetic_world(spec: str) -> SyntheticWorld:
+    """The synthetic world of a ``synthetic[:key=value,...]`` spec with its ground truth (for
+    analyses that need more than the store); errors as ``load_data``'s."""
+    prefix, argument, _ = _parse(spec)
+    if prefix != "synthetic":
+        raise DataSpecError(f"data spec {spec!r} does not name the synthetic world")
+    from curvalign.data.synthetic import build_world, config_from_spec
+
+    with _spec_errors(spec):
+        world = build_world(config_from_spec(argument))
+    world.store.meta["spec"] = spec
+    return world
 
 
 def _load_synthetic(argument: str) -> FeatureStore:

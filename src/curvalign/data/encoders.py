@@ -41,10 +41,12 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from curvalign.errors import CurvalignError
+
 ENCODER_SPEC_HELP = "open_clip:ARCH:CHECKPOINT, hf-clip:DIR, sentence-transformers:DIR, or minilm"
 
 
-class EncoderError(ValueError):
+class EncoderError(CurvalignError, ValueError):
     """A bad encoder spec, a model that is not on disk, or a missing optional extra."""
 
 

@@ -42,13 +42,14 @@ from curvalign.data.readers import (
     read_edge_list,
     taxonomy_with_ancestors,
 )
+from curvalign.errors import CurvalignError
 
 MANIFEST_VERSION = 1
 SKIPPED_REPORT = "skipped_images.tsv"
 _SPLIT_ORDER = ("train", "val", "test")
 
 
-class ExtractError(ValueError):
+class ExtractError(CurvalignError, ValueError):
     """Inputs that cannot make a feature store, or a partial directory that does not match."""
 
 

@@ -68,6 +68,7 @@ import torch
 from torch import Tensor
 
 from curvalign._io import staged_directory
+from curvalign.errors import CurvalignError
 
 FORMAT_NAME = "curvalign.feature_store"
 FORMAT_VERSION = 1
@@ -116,7 +117,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
 _SCAN_ELEMENTS = 1 << 22
 
 
-class FeatureStoreError(ValueError):
+class FeatureStoreError(CurvalignError, ValueError):
     """A feature store (in memory or on disk) that breaks the format; the message names the field or file."""
 
 
@@ -205,7 +206,7 @@ class FeatureStore:
         if self.image_split is None or self.split_names is None:
             return torch.arange(self.num_images)
         if name not in self.split_names:
-            raise ValueError(f"split {name!r} not in this store; it has {self.split_names}")
+            raise FeatureStoreError(f"split {name!r} not in this store; it has {self.split_names}")
         return torch.nonzero(self.image_split == self.split_names.index(name)).flatten()
 
     def texts_of_split(self, name: str) -> Tensor:
@@ -223,7 +224,9 @@ class FeatureStore:
     def prompt_ids_of_class(self, class_id: int) -> Tensor:
         """Rows of ``prompt_features`` that belong to class ``class_id``."""
         if self.prompt_to_class is None:
-            raise ValueError("this store has no zero-shot classes (prompt_features is absent)")
+            raise FeatureStoreError(
+                "this store has no zero-shot classes (prompt_features is absent)"
+            )
         return torch.nonzero(self.prompt_to_class == class_id).flatten()
 
     def subset(self, image_ids: Tensor | Sequence[int]) -> FeatureStore:

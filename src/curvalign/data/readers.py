@@ -47,10 +47,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from curvalign.errors import CurvalignError
+
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff")
 
 
-class ReaderError(ValueError):
+class ReaderError(CurvalignError, ValueError):
     """A data file that does not have the expected layout."""
 
 

@@ -30,11 +30,12 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from curvalign.data.batch import Batch
 from curvalign.data.features import FeatureStore
-from curvalign.recipes.base import Batch
+from curvalign.errors import CurvalignError
 
 
-class SamplingError(ValueError):
+class SamplingError(CurvalignError, ValueError):
     """The store cannot feed the requested batches (missing part, too few items, bad values)."""
 
 

@@ -44,6 +44,7 @@ from typing import Any
 import torch
 
 from curvalign.data.features import FeatureStore
+from curvalign.errors import CurvalignError
 
 CONSTRUCTION_VERSION = 1
 DEFAULT_WORDNET_DIR = "/usr/share/wordnet"
@@ -71,7 +72,7 @@ _LEXNAMES = (
 _CATEGORY = {"noun": 1, "verb": 2, "adj": 3, "adv": 4}
 
 
-class WordNetError(ValueError):
+class WordNetError(CurvalignError, ValueError):
     """WordNet is not installed, or a synset name is not in it."""
 
 

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from curvalign.errors import InputError
 from curvalign.eval.compositional import hard_negative_accuracy
 from curvalign.eval.diagnostics import (
     distance_to_origin,
@@ -45,7 +46,7 @@ def embed(recipe: Any, features: Tensor, modality: str, batch_size: int = 1024) 
     fn = recipe.embed_images if modality == "image" else recipe.embed_texts
     parts = [fn(features[i : i + batch_size]) for i in range(0, features.shape[0], batch_size)]
     if not parts:
-        raise ValueError(f"no {modality} features to embed")
+        raise InputError(f"no {modality} features to embed")
     return {k: torch.cat([p[k] for p in parts], dim=0) for k in parts[0]}
 
 
@@ -100,12 +101,12 @@ def _split_parts(store: Any, split: str) -> tuple[Tensor, Tensor, Tensor]:
     """(image ids, text ids, text -> local image index) of ``split``."""
     image_ids = store.split_image_ids(split)
     if len(image_ids) == 0:
-        raise ValueError(f"split {split!r} has no images")
+        raise InputError(f"split {split!r} has no images")
     local = torch.full((store.num_images,), -1, dtype=torch.long)
     local[image_ids] = torch.arange(len(image_ids))
     text_ids = torch.nonzero(local[store.text_to_image.long()] >= 0).flatten()
     if len(text_ids) == 0:
-        raise ValueError(f"split {split!r} has no captions")
+        raise InputError(f"split {split!r} has no captions")
     return image_ids, text_ids, local[store.text_to_image.long()[text_ids]]
 
 

@@ -13,6 +13,8 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+from curvalign.errors import InputError
+
 
 def hard_negative_accuracy(
     true_scores: Tensor,
@@ -28,21 +30,21 @@ def hard_negative_accuracy(
     Returns {"overall": ..., "<kind name>": ...}; kinds without negatives are left out.
     """
     if true_scores.shape != negative_scores.shape or true_scores.ndim != 1:
-        raise ValueError(
+        raise InputError(
             f"true_scores and negative_scores must both be [Nn]; got {tuple(true_scores.shape)} "
             f"and {tuple(negative_scores.shape)}"
         )
     if len(true_scores) == 0:
-        raise ValueError("no hard negatives: compositional accuracy is undefined")
+        raise InputError("no hard negatives: compositional accuracy is undefined")
     if not (
         bool(torch.isfinite(true_scores).all()) and bool(torch.isfinite(negative_scores).all())
     ):
-        raise ValueError("hard-negative scores contain NaN or infinite values")
+        raise InputError("hard-negative scores contain NaN or infinite values")
     won = (true_scores > negative_scores).float()
     out = {"overall": float(won.mean())}
     if negative_kind is not None:
         if negative_kind.shape != won.shape:
-            raise ValueError(
+            raise InputError(
                 f"negative_kind must have shape {tuple(won.shape)}, got {tuple(negative_kind.shape)}"
             )
         for kind in sorted(set(negative_kind.tolist())):

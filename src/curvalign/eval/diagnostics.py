@@ -24,14 +24,14 @@ conditioned ``asinh(sqrt(c) |x|) / sqrt(c)`` in float64.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Iterable
-from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor
+
+from curvalign.errors import InputError
 
 Embedding = dict[str, Tensor]
 
@@ -93,7 +93,7 @@ def curvature(recipe: Any) -> Tensor:
         )
         if numbered:
             return torch.tensor([float(logs[k]) for k in numbered], dtype=torch.float64)
-    raise ValueError(
+    raise InputError(
         f"cannot find the curvature of recipe {getattr(recipe, 'name', recipe)!r}: it has no "
         "`curvature` attribute and no `curvature` entry in log_values()"
     )
@@ -140,7 +140,7 @@ def tangent_features(recipe: Any, emb: Embedding) -> Tensor:
             v = logmap0(v, curvature(recipe))
         parts.append(v.reshape(v.shape[0], -1))
     if not parts:
-        raise ValueError("embedding has no [N, ...] vectors to take a spectrum of")
+        raise InputError("embedding has no [N, ...] vectors to take a spectrum of")
     return torch.cat(parts, dim=1)
 
 
@@ -214,23 +214,6 @@ def factorwise_max(a: Tensor, b: Tensor, c: Tensor | float) -> Tensor:
 
 
 # --- training logs ------------------------------------------------------------------------------
-
-
-def read_log(run_dir: str | Path) -> list[dict[str, Any]]:
-    """The rows of ``run_dir/log.jsonl`` (one JSON object per logged step)."""
-    path = Path(run_dir) / "log.jsonl"
-    if not path.is_file():
-        raise FileNotFoundError(f"no training log at {path}")
-    rows = []
-    with path.open() as fh:
-        for line_no, line in enumerate(fh, 1):
-            line = line.strip()
-            if line:
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError as err:
-                    raise ValueError(f"{path}:{line_no} is not valid JSON ({err.msg})") from None
-    return rows
 
 
 def series(rows: Iterable[dict[str, Any]], key: str) -> tuple[list[int], list[float]]:

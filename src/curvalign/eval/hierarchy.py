@@ -29,6 +29,8 @@ from collections.abc import Sequence
 
 from torch import Tensor
 
+from curvalign.errors import InputError
+
 
 class Taxonomy:
     """A tree (or forest) given child -> parent; ancestors and depths precomputed.
@@ -42,12 +44,12 @@ class Taxonomy:
         ]
         n = len(parent_list)
         if n == 0:
-            raise ValueError("taxonomy is empty (no nodes)")
+            raise InputError("taxonomy is empty (no nodes)")
         if any(p < -1 or p >= n for p in parent_list):
-            raise ValueError(f"taxonomy parents must lie in [-1, {n}); got values outside")
+            raise InputError(f"taxonomy parents must lie in [-1, {n}); got values outside")
         roots = [i for i, p in enumerate(parent_list) if p == -1]
         if not roots:
-            raise ValueError("taxonomy has no root (no parent of -1): it contains a cycle")
+            raise InputError("taxonomy has no root (no parent of -1): it contains a cycle")
         self.virtual_root = len(roots) > 1
         # ancestors of each node, nearest first; the virtual root (id n) tops every chain of a forest
         self.ancestors: list[list[int]] = []
@@ -55,7 +57,7 @@ class Taxonomy:
             chain, seen, current = [], {node}, parent_list[node]
             while current != -1:
                 if current in seen:
-                    raise ValueError(f"taxonomy contains a cycle through node {current}")
+                    raise InputError(f"taxonomy contains a cycle through node {current}")
                 seen.add(current)
                 chain.append(current)
                 current = parent_list[current]
@@ -98,13 +100,13 @@ def hierarchical_metrics(
     pred_list = [int(p) for p in (pred.tolist() if isinstance(pred, Tensor) else pred)]
     true_list = [int(t) for t in (true.tolist() if isinstance(true, Tensor) else true)]
     if len(pred_list) != len(true_list):
-        raise ValueError(
+        raise InputError(
             f"pred and true must have the same length, got {len(pred_list)} and {len(true_list)}"
         )
     if not pred_list:
-        raise ValueError("no samples: hierarchical metrics are undefined")
+        raise InputError("no samples: hierarchical metrics are undefined")
     if any(not 0 <= v < tax.num_nodes for v in pred_list + true_list):
-        raise ValueError(f"pred/true node ids must lie in [0, {tax.num_nodes})")
+        raise InputError(f"pred/true node ids must lie in [0, {tax.num_nodes})")
     sums = dict.fromkeys(("TIE", "LCA", "J", "PH", "RH"), 0.0)
     for p, t in zip(pred_list, true_list, strict=False):
         ap, at = tax.ancestor_sets[p], tax.ancestor_sets[t]

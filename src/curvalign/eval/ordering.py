@@ -12,6 +12,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from curvalign.errors import InputError
+
 
 def ordering_accuracy(distances: Tensor) -> dict[str, float]:
     """{"chain": share of chains ordered along their whole length, "pairs": share of adjacent
@@ -20,12 +22,12 @@ def ordering_accuracy(distances: Tensor) -> dict[str, float]:
     distances: [n_chains, L] distance to the origin, columns from general to specific, L >= 2.
     """
     if distances.ndim != 2 or distances.shape[1] < 2:
-        raise ValueError(
+        raise InputError(
             f"distances must be [n_chains, L] with L >= 2, got {tuple(distances.shape)}"
         )
     if distances.shape[0] == 0:
-        raise ValueError("no chains: ordering accuracy is undefined")
+        raise InputError("no chains: ordering accuracy is undefined")
     if not bool(torch.isfinite(distances).all()):
-        raise ValueError("distances to the origin contain NaN or infinite values")
+        raise InputError("distances to the origin contain NaN or infinite values")
     steps = distances[:, 1:] > distances[:, :-1]  # [n, L-1]
     return {"chain": float(steps.all(dim=1).float().mean()), "pairs": float(steps.float().mean())}

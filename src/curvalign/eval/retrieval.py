@@ -16,25 +16,27 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+from curvalign.errors import InputError
+
 _CHUNK = 1024
 
 
 def _check(scores: Tensor, text_to_image: Tensor, name: str) -> None:
     if scores.ndim != 2:
-        raise ValueError(
+        raise InputError(
             f"{name} must be a [n_text, n_image] matrix, got shape {tuple(scores.shape)}"
         )
     if text_to_image.ndim != 1 or text_to_image.shape[0] != scores.shape[0]:
-        raise ValueError(
+        raise InputError(
             f"text_to_image must have shape [{scores.shape[0]}] (one image per caption), "
             f"got {tuple(text_to_image.shape)}"
         )
     if scores.shape[0] and (
         int(text_to_image.min()) < 0 or int(text_to_image.max()) >= scores.shape[1]
     ):
-        raise ValueError(f"text_to_image holds image ids outside [0, {scores.shape[1]})")
+        raise InputError(f"text_to_image holds image ids outside [0, {scores.shape[1]})")
     if not bool(torch.isfinite(scores).all()):
-        raise ValueError(
+        raise InputError(
             f"{name} contains NaN or infinite values; the model's scores are not usable"
         )
 
@@ -99,11 +101,11 @@ def recall_at_k(
     are left out of the i2t mean.
     """
     if any(int(k) < 1 for k in ks):
-        raise ValueError(f"ks must be positive integers, got {list(ks)}")
+        raise InputError(f"ks must be positive integers, got {list(ks)}")
     text_to_image = text_to_image.long()
     i2t = scores if i2t_scores is None else i2t_scores
     if i2t.shape != scores.shape:
-        raise ValueError(
+        raise InputError(
             f"i2t_scores must have the shape of scores {tuple(scores.shape)}, got {tuple(i2t.shape)}"
         )
     t_ranks = text_to_image_ranks(scores, text_to_image)
@@ -129,12 +131,12 @@ def text_text_recall(
     Returns {"t2t@k": ...}.
     """
     if scores.ndim != 2 or scores.shape[0] != scores.shape[1] or groups.shape != scores.shape[:1]:
-        raise ValueError(
+        raise InputError(
             f"text-text scores must be [N, N] with groups [N]; got {tuple(scores.shape)} and "
             f"{tuple(groups.shape)}"
         )
     if not bool(torch.isfinite(scores).all()):
-        raise ValueError("text-text scores contain NaN or infinite values")
+        raise InputError("text-text scores contain NaN or infinite values")
     n = scores.shape[0]
     same = groups[:, None] == groups[None, :]
     eye = torch.eye(n, dtype=torch.bool)
@@ -144,5 +146,5 @@ def text_text_recall(
     best = masked.masked_fill(~right, float("-inf")).max(dim=1, keepdim=True).values
     ranks = ((masked >= best) & ~right & ~eye).sum(dim=1)[has]
     if len(ranks) == 0:
-        raise ValueError("no caption has a paraphrase (another caption of its group)")
+        raise InputError("no caption has a paraphrase (another caption of its group)")
     return {f"t2t@{k}": float((ranks < k).float().mean()) for k in ks}

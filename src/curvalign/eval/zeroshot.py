@@ -13,6 +13,8 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+from curvalign.errors import InputError
+
 
 def class_ranks(class_scores: Tensor, labels: Tensor) -> Tensor:
     """[n] rank (0 = first) of each sample's true class, ties pessimistic.
@@ -20,14 +22,14 @@ def class_ranks(class_scores: Tensor, labels: Tensor) -> Tensor:
     class_scores: [n, C], higher is better; labels: [n] in [0, C).
     """
     if class_scores.ndim != 2 or labels.shape != class_scores.shape[:1]:
-        raise ValueError(
+        raise InputError(
             f"class_scores must be [n, C] and labels [n]; got {tuple(class_scores.shape)} "
             f"and {tuple(labels.shape)}"
         )
     if len(labels) and (int(labels.min()) < 0 or int(labels.max()) >= class_scores.shape[1]):
-        raise ValueError(f"labels must lie in [0, {class_scores.shape[1]})")
+        raise InputError(f"labels must lie in [0, {class_scores.shape[1]})")
     if not bool(torch.isfinite(class_scores).all()):
-        raise ValueError(
+        raise InputError(
             "class scores contain NaN or infinite values; the model's scores are not usable"
         )
     right = class_scores.gather(1, labels.long()[:, None])
@@ -44,7 +46,7 @@ def topk_accuracy(
     keep = labels >= 0
     ranks = class_ranks(class_scores[keep], labels[keep].long())
     if len(ranks) == 0:
-        raise ValueError("no labelled samples (every label is -1); zero-shot accuracy is undefined")
+        raise InputError("no labelled samples (every label is -1); zero-shot accuracy is undefined")
     return {f"top{k}": float((ranks < k).float().mean()) for k in ks}
 
 

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from curvalign._io import staged_directory
+from curvalign.errors import InputError, NonFiniteError, NotFoundError, OverwriteError
 from curvalign.index.rerank import EMBEDDING_GEOMETRY, RecipeIndex, as_torch_embedding
 from curvalign.index.search import (
     GEOMETRY,
@@ -70,16 +71,14 @@ def embed_store(
     ``info`` is merged into ``embedding.json`` (run_dir, step, data spec).
     """
     if batch_size < 1:
-        raise ValueError(f"batch_size must be positive, got {batch_size}")
+        raise InputError(f"batch_size must be positive, got {batch_size}")
     if boxes and not store.has_boxes:
-        raise ValueError("--boxes: the feature store has no box-level pairs")
+        raise InputError("--boxes: the feature store has no box-level pairs")
     recipe.eval()
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     if out.exists() and not (out / META_FILE).exists() and any(out.iterdir()):
-        raise FileExistsError(
-            f"{out} exists and is not an embeddings directory; not overwriting it"
-        )
+        raise OverwriteError(f"{out} exists and is not an embeddings directory; not overwriting it")
     parts: list[tuple[str, Any, Callable[[torch.Tensor], Embedding]]] = [
         ("images", store.image_features, recipe.embed_images),
         ("texts", store.text_features, recipe.embed_texts),
@@ -122,7 +121,7 @@ def embed_store(
                             },
                         )
                     if not np.isfinite(value).all():
-                        raise FloatingPointError(
+                        raise NonFiniteError(
                             f"recipe {recipe.name!r} produced non-finite {side} "
                             f"embeddings ({key!r}) in rows {start}..{start + len(value) - 1}"
                         )
@@ -164,7 +163,7 @@ class Embeddings:
     def side(self, side: str, mmap: bool = True) -> dict[str, np.ndarray]:
         """``{key: [N, ...]}`` arrays of one side (memory-mapped, read-only)."""
         if side not in self.meta["files"]:
-            raise KeyError(
+            raise InputError(
                 f"{self.path} has no {side} embeddings; it has {sorted(self.meta['files'])}"
             )
         return {
@@ -182,7 +181,7 @@ class Embeddings:
 def load_embeddings(path: str | os.PathLike) -> Embeddings:
     path = Path(path)
     if not (path / META_FILE).exists():
-        raise FileNotFoundError(
+        raise NotFoundError(
             f"{path} is not an embeddings directory (no {META_FILE}); "
             f"write one with `curvalign embed`"
         )
@@ -213,7 +212,7 @@ def build_from_embeddings(
     reloaded from the run directory at search time): its index directory records what to load.
     """
     if side not in ("images", "texts"):
-        raise ValueError(f"--side must be images or texts, got {side!r}")
+        raise InputError(f"--side must be images or texts, got {side!r}")
     recipe = emb.recipe_name
     base_meta = {
         "recipe": recipe,
@@ -235,26 +234,26 @@ def build_from_embeddings(
         )
         return index.save(out)
     if kind != "exact":
-        raise ValueError(
+        raise InputError(
             f"approximate search (--ann) serves Lorentz-distance recipes (meru, hycoclip); "
             f"{recipe!r} is served by exact proxy candidates and a rerank with its own score"
         )
     if not base_meta["run_dir"]:
-        raise ValueError(
+        raise InputError(
             f"{emb.path} does not name the run it came from; {recipe!r} needs the recipe to rerank"
         )
-    from curvalign.train.checkpoint import load_run
+    from curvalign.runs import load_run
 
     run = load_run(base_meta["run_dir"])
     if run.config.recipe != recipe:
-        raise ValueError(
+        raise InputError(
             f"{emb.path} says recipe {recipe!r} but its run {base_meta['run_dir']} holds "
             f"{run.config.recipe!r}"
         )
     engine = RecipeIndex(run.recipe, emb.side(side), side)
     out = Path(out)
     if out.exists() and not (out / "index.json").exists() and any(out.iterdir()):
-        raise FileExistsError(f"{out} exists and is not a curvalign index; not overwriting it")
+        raise OverwriteError(f"{out} exists and is not a curvalign index; not overwriting it")
     with staged_directory(out) as tmp:
         # The proxy vectors depend on the run's learned curvature / weights: computed once, here.
         engine.save_proxy(str(tmp / "proxy.faiss"))
@@ -285,7 +284,7 @@ def open_index(path: str | os.PathLike) -> tuple[dict[str, Any], LorentzIndex | 
     """``(index.json contents, LorentzIndex or None for a rerank index)``."""
     path = Path(path)
     if not (path / "index.json").exists():
-        raise FileNotFoundError(
+        raise NotFoundError(
             f"{path} is not an index (no index.json); build one with `curvalign index build`"
         )
     raw = json.loads((path / "index.json").read_text())
@@ -335,7 +334,7 @@ def search_index(
         return SearchResult(d, ids, "distance")
     import faiss
 
-    from curvalign.train.checkpoint import load_run
+    from curvalign.runs import load_run
 
     run = load_run(meta["run_dir"])
     if meta.get("step") is not None and run.step != meta["step"]:

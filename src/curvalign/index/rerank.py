@@ -43,6 +43,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from curvalign.errors import InputError, NonFiniteError
 from curvalign.index.search import IndexMismatchError, database_vectors, lorentz_time, query_vectors
 from curvalign.recipes.base import Embedding, Query, Recipe
 
@@ -157,7 +158,7 @@ class Proxy:
                 s = _np(emb["sphere"])
                 parts.append(s if database else 2 * w["sphere"] * s)
             return np.ascontiguousarray(np.hstack(parts), dtype=np.float32)
-        raise ValueError(f"unknown proxy {self.name!r}")
+        raise InputError(f"unknown proxy {self.name!r}")
 
     @staticmethod
     def _angle_functionals(x: np.ndarray, c: float) -> tuple[np.ndarray, np.ndarray]:
@@ -185,7 +186,7 @@ def default_proxy(recipe: Recipe, proxy: str | None = None) -> Proxy:
             "agr": "lorentz",
         }.get(name)
         if proxy is None:
-            raise ValueError(f"no candidate proxy known for recipe {name!r}; pass proxy=...")
+            raise InputError(f"no candidate proxy known for recipe {name!r}; pass proxy=...")
     if proxy == "euclidean":
         proxy = "cosine"
     allowed = {
@@ -199,7 +200,7 @@ def default_proxy(recipe: Recipe, proxy: str | None = None) -> Proxy:
         "agr": {"lorentz", "cosine"},
     }.get(name, {proxy})
     if proxy not in allowed:
-        raise ValueError(
+        raise InputError(
             f"proxy {proxy!r} does not apply to recipe {name!r}; choose from {sorted(allowed)}"
         )
     return Proxy(recipe, proxy)
@@ -268,7 +269,7 @@ class RecipeIndex:
         proxy_index: faiss.Index | None = None,
     ) -> None:
         if side not in ("images", "texts"):
-            raise ValueError(f"side must be 'images' or 'texts', got {side!r}")
+            raise InputError(f"side must be 'images' or 'texts', got {side!r}")
         self.recipe = recipe.eval()
         self.database = as_torch_embedding(database)
         self.side = side
@@ -351,7 +352,7 @@ class RecipeIndex:
             s = self.recipe.pair_scores(texts, images, query=self.query_side)
             scores.reshape(-1)[sl] = s.double().cpu().numpy()
         if not np.isfinite(scores).all():
-            raise FloatingPointError(
+            raise NonFiniteError(
                 "recipe.pair_scores returned non-finite scores for some candidates"
             )
         ext = self.ids[rows]
@@ -363,7 +364,7 @@ class RecipeIndex:
     ) -> tuple[np.ndarray, np.ndarray]:
         """Top ``k`` database items per query by the recipe's score, from ``candidates`` proxy hits."""
         if k < 1 or candidates < 1:
-            raise ValueError(
+            raise InputError(
                 f"k and candidates must be positive, got k={k}, candidates={candidates}"
             )
         rows = self.candidates(queries, max(k, candidates))

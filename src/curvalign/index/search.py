@@ -51,6 +51,7 @@ import faiss
 import numpy as np
 
 from curvalign._io import staged_directory
+from curvalign.errors import CurvalignError, InputError, NotFoundError, OverwriteError
 
 GEOMETRY = "lorentz"
 FORMAT_VERSION = 1
@@ -65,7 +66,7 @@ IndexKind = Literal["exact", "ann"]
 AnnMethod = Literal["hnsw", "ivf"]
 
 
-class IndexMismatchError(ValueError):
+class IndexMismatchError(CurvalignError, ValueError):
     """A query, an added batch or a file does not fit the index (dimension, geometry, curvature)."""
 
 
@@ -263,7 +264,7 @@ class LorentzIndex:
             elif key == "nprobe" and self.info.method == "ivf":
                 faiss.extract_index_ivf(self._index).nprobe = int(value)
             else:
-                raise ValueError(
+                raise InputError(
                     f"option {key!r} does not apply to a {self.kind} index"
                     + (f" ({self.info.method})" if self.info.method else "")
                 )
@@ -334,7 +335,7 @@ class LorentzIndex:
                 f"holds points of curvature -{self.curvature:g}"
             )
         if int(k) < 1:
-            raise ValueError(f"k must be at least 1, got {k}")
+            raise InputError(f"k must be at least 1, got {k}")
         y = _as_points(queries, "query", self.dim)
         n, N = y.shape[0], len(self)
         k = min(int(k), N)
@@ -414,7 +415,7 @@ class LorentzIndex:
         pos = np.take_along_axis(cand, order, axis=1)
         zk = np.take_along_axis(z, order, axis=1)
         if (pos < 0).any():
-            raise ValueError(
+            raise InputError(
                 f"the approximate index found fewer than k={k} candidates for some queries; "
                 f"raise ef_search (HNSW) or nprobe (IVF)"
             )
@@ -449,7 +450,7 @@ class LorentzIndex:
         """
         path = Path(path)
         if path.exists() and not (path / "index.json").exists() and any(path.iterdir()):
-            raise FileExistsError(f"{path} exists and is not a curvalign index; not overwriting it")
+            raise OverwriteError(f"{path} exists and is not a curvalign index; not overwriting it")
         with staged_directory(path) as tmp:
             faiss.write_index(self._index, str(tmp / "index.faiss"))
             np.save(tmp / "ids.npy", np.asarray(self._ids))
@@ -467,7 +468,7 @@ def load_index(path: str | os.PathLike) -> LorentzIndex:
     path = Path(path)
     meta_file = path / "index.json"
     if not meta_file.exists():
-        raise FileNotFoundError(
+        raise NotFoundError(
             f"{path} is not a curvalign index (no index.json); build one with "
             f"`curvalign index build` or LorentzIndex.save"
         )
@@ -597,10 +598,10 @@ def build_index(
             _ivf_add(index, x, c)
             index.nprobe = int(nprobe)
         else:
-            raise ValueError(f"unknown ANN method {method!r}; expected 'hnsw' or 'ivf'")
+            raise InputError(f"unknown ANN method {method!r}; expected 'hnsw' or 'ivf'")
         method_name = method
     else:
-        raise ValueError(f"unknown index kind {kind!r}; expected 'exact' or 'ann'")
+        raise InputError(f"unknown index kind {kind!r}; expected 'exact' or 'ann'")
     info = IndexInfo(
         geometry=GEOMETRY,
         curvature=c,

@@ -7,7 +7,16 @@ from __future__ import annotations
 
 import importlib
 
+from curvalign.errors import ConfigError
 from curvalign.recipes.base import Batch, Embedding, Gather, LossOutput, Progress, Recipe
+
+
+class UnknownRecipeError(ConfigError, KeyError):
+    """A recipe name that is not registered (a KeyError too, for lookups that expect one)."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""
+
 
 _REGISTRY: dict[str, type[Recipe]] = {}
 _MODULES = ("clip", "meru", "hycoclip", "atmg", "phyclip", "proclip", "agr", "dualpath")
@@ -38,7 +47,9 @@ def recipe_names() -> list[str]:
 def get_recipe(name: str) -> type[Recipe]:
     _load_all()
     if name not in _REGISTRY:
-        raise KeyError(f"unknown recipe {name!r}; known recipes: {', '.join(sorted(_REGISTRY))}")
+        raise UnknownRecipeError(
+            f"unknown recipe {name!r}; known recipes: {', '.join(sorted(_REGISTRY))}"
+        )
     return _REGISTRY[name]
 
 
@@ -49,6 +60,7 @@ __all__ = [
     "LossOutput",
     "Progress",
     "Recipe",
+    "UnknownRecipeError",
     "get_recipe",
     "recipe_names",
     "register",

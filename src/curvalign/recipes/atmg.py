@@ -28,8 +28,15 @@ from torch import Tensor
 from curvalign.geometry import lorentz
 from curvalign.losses import angle_contrastive_loss, centroid_radius_loss, matched_angle_loss
 from curvalign.recipes import register
-from curvalign.recipes.base import Batch, Embedding, Gather, LossOutput, Progress, Query
-from curvalign.recipes.clip import check_batch
+from curvalign.recipes.base import (
+    Batch,
+    Embedding,
+    Gather,
+    LossOutput,
+    Progress,
+    Query,
+    check_batch,
+)
 from curvalign.recipes.meru import LorentzConfig, LorentzRecipe
 from curvalign.scores import (
     angle_at_image_pair_scores,

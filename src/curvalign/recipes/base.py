@@ -34,6 +34,8 @@ from typing import ClassVar, Literal
 import torch
 from torch import Tensor, nn
 
+from curvalign.data.batch import Batch
+
 Embedding = dict[str, Tensor]
 Query = Literal["text", "image"]
 
@@ -53,30 +55,6 @@ def cat_embeddings(parts: list[Embedding]) -> Embedding:
 def embedding_size(emb: Embedding) -> int:
     """Number of items in ``emb`` (the shared leading dimension)."""
     return int(next(iter(emb.values())).shape[0])
-
-
-@dataclass
-class Batch:
-    """One training step's inputs (features, not points).
-
-    image, text           [B, Di], [B, Dt]: B images, one of its captions each (row i with row i)
-    box_image, box_text   [B, Di], [B, Dt]: one box per image, matched with its noun phrase;
-                          ``box_image[i]`` is a crop of ``image[i]``
-    pair_a, pair_b        [P, Dt], [P, Dt]: scored text-text pairs; ``pair_score`` [P] in [0, 1]
-    """
-
-    image: Tensor
-    text: Tensor
-    box_image: Tensor | None = None
-    box_text: Tensor | None = None
-    pair_a: Tensor | None = None
-    pair_b: Tensor | None = None
-    pair_score: Tensor | None = None
-
-    def to(self, device: torch.device | str) -> Batch:
-        return Batch(
-            **{k: (v.to(device) if isinstance(v, Tensor) else v) for k, v in self.__dict__.items()}
-        )
 
 
 @dataclass
@@ -120,6 +98,30 @@ class Gather:
         statistic (AGR's load balance ``(mean w - 0.5)^2``) must take the statistic through this,
         or multi-process training would not equal training on the global batch."""
         return value
+
+
+def check_batch(batch: Batch, recipe: str, boxes: bool = False) -> None:
+    """One clear error when a batch lacks what the recipe trains on: matched image/text rows,
+    and (``boxes``) one box image and box text per image."""
+    if batch.image.shape[0] != batch.text.shape[0]:
+        raise ValueError(
+            f"{recipe}: batch has {batch.image.shape[0]} images but {batch.text.shape[0]} "
+            "texts; rows must be matched pairs"
+        )
+    if boxes:
+        if batch.box_image is None or batch.box_text is None:
+            raise ValueError(
+                f"{recipe} trains on box-level pairs: the batch needs box_image and box_text "
+                "(a feature store with boxes)"
+            )
+        if (
+            batch.box_image.shape[0] != batch.image.shape[0]
+            or batch.box_text.shape[0] != batch.image.shape[0]
+        ):
+            raise ValueError(
+                f"{recipe}: one box per image expected; got {batch.box_image.shape[0]} box "
+                f"images and {batch.box_text.shape[0]} box texts for {batch.image.shape[0]} images"
+            )
 
 
 class Recipe(nn.Module):

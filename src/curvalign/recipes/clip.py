@@ -17,7 +17,16 @@ from curvalign.losses import symmetric_info_nce
 from curvalign.nn.heads import CosineHead
 from curvalign.nn.scalars import LearnableScalar, scalar_parameter_names
 from curvalign.recipes import register
-from curvalign.recipes.base import Batch, Embedding, Gather, LossOutput, Progress, Query, Recipe
+from curvalign.recipes.base import (
+    Batch,
+    Embedding,
+    Gather,
+    LossOutput,
+    Progress,
+    Query,
+    Recipe,
+    check_batch,
+)
 from curvalign.scores import cosine_pair_scores, cosine_scores
 
 
@@ -38,29 +47,6 @@ class ClipConfig:
             raise ValueError(
                 f"need 0 < temperature_min <= temperature_init, got "
                 f"{self.temperature_min}, {self.temperature_init}"
-            )
-
-
-def check_batch(batch: Batch, recipe: str, boxes: bool = False) -> None:
-    """One clear error when a batch lacks what the recipe trains on."""
-    if batch.image.shape[0] != batch.text.shape[0]:
-        raise ValueError(
-            f"{recipe}: batch has {batch.image.shape[0]} images but {batch.text.shape[0]} "
-            "texts; rows must be matched pairs"
-        )
-    if boxes:
-        if batch.box_image is None or batch.box_text is None:
-            raise ValueError(
-                f"{recipe} trains on box-level pairs: the batch needs box_image and box_text "
-                "(a feature store with boxes)"
-            )
-        if (
-            batch.box_image.shape[0] != batch.image.shape[0]
-            or batch.box_text.shape[0] != batch.image.shape[0]
-        ):
-            raise ValueError(
-                f"{recipe}: one box per image expected; got {batch.box_image.shape[0]} box "
-                f"images and {batch.box_text.shape[0]} box texts for {batch.image.shape[0]} images"
             )
 
 
@@ -118,4 +104,4 @@ class Clip(Recipe):
         return scalar_parameter_names(self) | super().no_decay_parameter_names()
 
 
-__all__ = ["Clip", "ClipConfig", "check_batch"]
+__all__ = ["Clip", "ClipConfig"]

@@ -19,8 +19,7 @@ from dataclasses import dataclass
 
 from curvalign.losses import entailment_cone_loss, info_nce
 from curvalign.recipes import register
-from curvalign.recipes.base import Batch, Gather, LossOutput, Progress
-from curvalign.recipes.clip import check_batch
+from curvalign.recipes.base import Batch, Gather, LossOutput, Progress, check_batch
 from curvalign.recipes.meru import LorentzConfig, LorentzRecipe
 from curvalign.scores import lorentz_distance_scores
 

@@ -26,8 +26,16 @@ from curvalign.losses import entailment_cone_loss, symmetric_info_nce
 from curvalign.nn.heads import LorentzHead
 from curvalign.nn.scalars import LearnableScalar, scalar_parameter_names
 from curvalign.recipes import register
-from curvalign.recipes.base import Batch, Embedding, Gather, LossOutput, Progress, Query, Recipe
-from curvalign.recipes.clip import check_batch
+from curvalign.recipes.base import (
+    Batch,
+    Embedding,
+    Gather,
+    LossOutput,
+    Progress,
+    Query,
+    Recipe,
+    check_batch,
+)
 from curvalign.scores import lorentz_distance_pair_scores, lorentz_distance_scores
 
 

@@ -33,8 +33,16 @@ from curvalign.losses import entailment_cone_loss, info_nce
 from curvalign.nn.heads import FactorizedLorentzHead
 from curvalign.nn.scalars import LearnableScalar, scalar_parameter_names
 from curvalign.recipes import register
-from curvalign.recipes.base import Batch, Embedding, Gather, LossOutput, Progress, Query, Recipe
-from curvalign.recipes.clip import check_batch
+from curvalign.recipes.base import (
+    Batch,
+    Embedding,
+    Gather,
+    LossOutput,
+    Progress,
+    Query,
+    Recipe,
+    check_batch,
+)
 from curvalign.scores import product_average_distance_pair_scores, product_average_distance_scores
 
 #: (term name, local rows, gathered columns): Eq. 4's four directions.

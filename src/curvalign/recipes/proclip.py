@@ -28,8 +28,16 @@ from curvalign.losses import symmetric_info_nce
 from curvalign.nn.heads import MixedCurvatureHead
 from curvalign.nn.scalars import LearnableScalar, scalar_parameter_names
 from curvalign.recipes import register
-from curvalign.recipes.base import Batch, Embedding, Gather, LossOutput, Progress, Query, Recipe
-from curvalign.recipes.clip import check_batch
+from curvalign.recipes.base import (
+    Batch,
+    Embedding,
+    Gather,
+    LossOutput,
+    Progress,
+    Query,
+    Recipe,
+    check_batch,
+)
 from curvalign.scores import mixed_sqdist_pair_scores, mixed_sqdist_scores
 
 PARTS = ("hyperbolic", "euclidean", "sphere")

@@ -14,7 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from curvalign.data import load_store
 from curvalign.data.features import FeatureStore
+from curvalign.errors import ConfigError
 
 Notify = Callable[[str], None]
 
@@ -62,29 +64,18 @@ class BenchmarkResult:
     steps: int | None = None
 
 
-def load_store(data: str | FeatureStore) -> tuple[FeatureStore, str]:
-    """A FeatureStore and the spec that names it (``synthetic[:k=v,...]``, ``features:PATH``)."""
-    if isinstance(data, FeatureStore):
-        return data, str(data.meta.get("spec", "<in-memory FeatureStore>"))
-    from curvalign.data import load_data
-
-    store = load_data(data)
-    store.meta.setdefault("spec", data)
-    return store, data
-
-
 def split_overrides(overrides: Iterable[str], recipes: Sequence[str]) -> dict[str, list[str]]:
     """{recipe: overrides for it}: plain ``key=value`` for all, ``NAME.key=value`` for NAME only."""
     out: dict[str, list[str]] = {name: [] for name in recipes}
     for item in overrides:
         if "=" not in item:
-            raise ValueError(f"override {item!r} is not key=value")
+            raise ConfigError(f"override {item!r} is not key=value")
         key, value = item.split("=", 1)
         head, _, rest = key.partition(".")
         if rest and head in out:
             out[head].append(f"{rest}={value}")
         elif rest and head not in ("train", "recipe"):
-            raise ValueError(
+            raise ConfigError(
                 f"override {item!r} names recipe {head!r}, which is not in this benchmark "
                 f"({', '.join(recipes)})"
             )
@@ -135,21 +126,20 @@ def run_benchmark(
     """Train each recipe on ``data`` into ``out_dir/runs/NAME`` (replacing an earlier run there),
     evaluate it on ``split``, and write ``results.json``, ``results.md`` and PNG plots to ``out_dir``."""
     from curvalign.eval import diagnostic_arrays, evaluate
-    from curvalign.eval.diagnostics import read_log
     from curvalign.recipes import recipe_names
-    from curvalign.train.checkpoint import load_run
+    from curvalign.runs import load_run, read_log
     from curvalign.train.trainer import train
 
     notify = notify or (lambda message: None)
     recipes = list(recipes)
     if not recipes:
-        raise ValueError("no recipes to benchmark")
+        raise ConfigError("no recipes to benchmark")
     known = recipe_names()
     unknown = [r for r in recipes if r not in known]
     if unknown:
-        raise ValueError(f"unknown recipe(s) {', '.join(unknown)}; known: {', '.join(known)}")
+        raise ConfigError(f"unknown recipe(s) {', '.join(unknown)}; known: {', '.join(known)}")
     if len(set(recipes)) != len(recipes):
-        raise ValueError(f"recipes listed twice: {', '.join(recipes)}")
+        raise ConfigError(f"recipes listed twice: {', '.join(recipes)}")
     per_recipe = split_overrides(overrides, recipes)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

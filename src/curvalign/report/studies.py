@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from curvalign.data.features import FeatureStore
+from curvalign.errors import ConfigError
 from curvalign.report.tables import format_cell, lookup, write_json
 
 Notify = Callable[[str], None]
@@ -80,7 +81,7 @@ class _Context:
 
     def evaluate(self, run_dir: Path) -> tuple[Any, dict[str, Any]]:
         from curvalign.eval import evaluate
-        from curvalign.train.checkpoint import load_run
+        from curvalign.runs import load_run
 
         loaded = load_run(run_dir)
         return loaded, evaluate(loaded.recipe, self.store, split="test")
@@ -88,18 +89,11 @@ class _Context:
 
 def _load(data: str) -> tuple[FeatureStore, str, Any]:
     """(store, spec, SyntheticWorld or None): the world object is kept for ground-truth analyses."""
-    if data == "synthetic" or data.startswith("synthetic:"):
-        from curvalign.data.synthetic import build_world, config_from_overrides
+    from curvalign.data import load_store, load_synthetic_world
 
-        options = data.partition(":")[2]
-        pairs = dict(item.split("=", 1) for item in options.split(",") if item) if options else {}
-        if any("=" not in item for item in options.split(",") if item):
-            raise ValueError(f"data {data!r}: expected synthetic:key=value,...")
-        world = build_world(config_from_overrides(pairs))
-        world.store.meta.setdefault("spec", data)
+    if data.strip().partition(":")[0] == "synthetic":
+        world = load_synthetic_world(data)
         return world.store, data, world
-    from curvalign.report.benchmark import load_store
-
     store, spec = load_store(data)
     return store, spec, None
 
@@ -139,8 +133,9 @@ def study_agr_curriculum(
 ) -> dict[str, Any]:
     """Four-phase curriculum vs single-schedule warm-up: mean routing weight at the end of the
     warm-up and whether one geometry dominates (w > 0.9 Euclidean, w < 0.1 hyperbolic)."""
-    from curvalign.eval.diagnostics import dominance, read_log, routing_statistics
+    from curvalign.eval.diagnostics import dominance, routing_statistics
     from curvalign.report import plots
+    from curvalign.runs import read_log
     from curvalign.schedules import agr_warmup_end_step
 
     ctx = _Context(
@@ -519,7 +514,7 @@ def study_phyclip_factors(
     rows, figures = [], []
     for k in factors:
         if total_dim % k:
-            raise ValueError(f"total_dim {total_dim} is not a multiple of k = {k}")
+            raise ConfigError(f"total_dim {total_dim} is not a multiple of k = {k}")
         run_dir = ctx.train(
             f"k{k}", "phyclip", [f"num_factors={k}", f"factor_dim={total_dim // k}"]
         )
@@ -630,8 +625,8 @@ def study_dualpath_forgetting(
     from curvalign.eval import embed, evaluate, score_matrix
     from curvalign.eval.retrieval import text_text_recall
     from curvalign.report import plots
+    from curvalign.runs import load_run
     from curvalign.schedules import dualpath_switch_step
-    from curvalign.train.checkpoint import load_run
 
     ctx = _Context(
         out,
@@ -664,7 +659,7 @@ def study_dualpath_forgetting(
             "gate": gate,
         }
 
-    from curvalign.train.config import resolve_config
+    from curvalign.config import resolve_config
 
     config = resolve_config("dualpath", ctx.spec, steps=ctx.steps, overrides=ctx.overrides)
     curriculum = getattr(config.recipe_config_object(), "curriculum", None)
@@ -757,15 +752,15 @@ def parse_study_options(name: str, items: Sequence[str]) -> dict[str, Any]:
     for item in items:
         key, sep, raw = item.partition("=")
         if not sep:
-            raise ValueError(f"study option {item!r} is not NAME=VALUE")
+            raise ConfigError(f"study option {item!r} is not NAME=VALUE")
         if key not in allowed:
-            raise ValueError(
+            raise ConfigError(
                 f"study {name} has no option {key!r}; options: {', '.join(sorted(allowed)) or 'none'}"
             )
         try:
             value = ast.literal_eval(raw)
         except (ValueError, SyntaxError):
-            raise ValueError(f"study option {key}={raw!r}: expected a Python literal") from None
+            raise ConfigError(f"study option {key}={raw!r}: expected a Python literal") from None
         out[key] = value
     return out
 
@@ -783,7 +778,7 @@ def run_study(
 ) -> dict[str, Any]:
     """Run study ``name`` and write ``study.json`` and ``study.md`` into ``out``."""
     if name not in STUDIES:
-        raise ValueError(f"unknown study {name!r}; studies: {', '.join(STUDIES)}")
+        raise ConfigError(f"unknown study {name!r}; studies: {', '.join(STUDIES)}")
     out = Path(out)
     result = STUDIES[name](
         out,

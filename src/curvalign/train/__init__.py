@@ -1,7 +1,8 @@
-"""curvalign.train: run any recipe (trainer), its config, checkpoints and logs.
+"""curvalign.train: run any recipe (trainer), write its checkpoints and logs.
 
-``load_run`` (checkpoint.py) is what evaluation and search use; it never imports the trainer.
-Names are imported lazily so that ``import curvalign.train.checkpoint`` stays light.
+The config dataclasses (``curvalign.config``) and reading a run (``curvalign.runs``: ``load_run``,
+``read_log``) live below this package; they are re-exported here for convenience. Names are
+imported lazily so that ``import curvalign.train`` stays light.
 """
 
 from __future__ import annotations
@@ -9,18 +10,18 @@ from __future__ import annotations
 from typing import Any
 
 _EXPORTS = {
-    "TrainConfig": "curvalign.train.config",
-    "RunConfig": "curvalign.train.config",
-    "TrainError": "curvalign.train.config",
-    "ConfigError": "curvalign.train.config",
-    "resolve_config": "curvalign.train.config",
-    "LoadedRun": "curvalign.train.checkpoint",
-    "CheckpointError": "curvalign.train.checkpoint",
-    "load_run": "curvalign.train.checkpoint",
+    "TrainConfig": "curvalign.config",
+    "RunConfig": "curvalign.config",
+    "TrainError": "curvalign.errors",
+    "ConfigError": "curvalign.errors",
+    "resolve_config": "curvalign.config",
+    "LoadedRun": "curvalign.runs",
+    "CheckpointError": "curvalign.runs",
+    "load_run": "curvalign.runs",
     "Trainer": "curvalign.train.trainer",
     "NonFiniteLossError": "curvalign.train.trainer",
     "train": "curvalign.train.trainer",
-    "read_log": "curvalign.train.logging",
+    "read_log": "curvalign.runs",
 }
 
 

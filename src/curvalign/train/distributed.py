@@ -32,9 +32,10 @@ import torch.distributed as dist
 from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
+from curvalign.config import RunConfig
 from curvalign.data.features import FeatureStore
+from curvalign.errors import ConfigError
 from curvalign.recipes.base import Batch, Embedding, Gather, LossOutput, Progress
-from curvalign.train.config import ConfigError, RunConfig
 from curvalign.train.trainer import Trainer, _clear_run_files, train
 
 

@@ -4,7 +4,8 @@ Each record holds ``step`` (optimizer steps done), ``loss``, every loss term as 
 ``lr``, ``grad_norm``, ``pairs_per_s`` (image-text pairs per second since the last record),
 ``epoch``, the recipe's ``log_values()`` and its ``LossOutput.logs``. On resume, records after the
 checkpoint's step (written by the interrupted process after its last checkpoint) are dropped,
-so the log reads like the one of an uninterrupted run.
+so the log reads like the one of an uninterrupted run. Reading a log: ``curvalign.runs.read_log``
+(re-exported here).
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ import math
 from pathlib import Path
 from typing import Any
 
-from curvalign.train.checkpoint import LOG_FILE, TB_DIR, atomic_write_text
+from curvalign._io import atomic_write_text
+from curvalign.runs import LOG_FILE, TB_DIR, read_log
 
 
 def _clean(value: Any) -> Any:
@@ -80,11 +82,4 @@ class RunLogger:
         self.close()
 
 
-def read_log(run_dir: Path) -> list[dict[str, Any]]:
-    """The records of a run's ``log.jsonl``."""
-    path = Path(run_dir) / LOG_FILE
-    if not path.exists():
-        return []
-    return [
-        json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()
-    ]
+__all__ = ["RunLogger", "read_log"]

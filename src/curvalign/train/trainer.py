@@ -38,11 +38,13 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from curvalign.config import RunConfig, TrainConfig, resolve_config
+from curvalign.data import load_store
 from curvalign.data.features import FeatureStore
 from curvalign.data.sampling import BatchSampler, SamplingError
+from curvalign.errors import ConfigError, TrainError
 from curvalign.recipes.base import Batch, Gather, LossOutput, Progress, Recipe
-from curvalign.schedules import warmup_cosine
-from curvalign.train.checkpoint import (
+from curvalign.runs import (
     CONFIG_FILE,
     RUN_FILES,
     STATE_FILE,
@@ -50,13 +52,11 @@ from curvalign.train.checkpoint import (
     CheckpointError,
     build_recipe,
     is_run_dir,
-    load_train_state,
     read_config,
     read_meta,
-    save_checkpoint,
-    versions,
 )
-from curvalign.train.config import ConfigError, RunConfig, TrainConfig, TrainError, resolve_config
+from curvalign.schedules import warmup_cosine
+from curvalign.train.checkpoint import load_train_state, save_checkpoint, versions
 from curvalign.train.logging import RunLogger
 
 #: TrainConfig keys that may change when resuming (they do not change what is computed)
@@ -575,22 +575,6 @@ def _describe_existing(run_dir: Path) -> str:
     return what
 
 
-def _load_store(data: str | FeatureStore) -> tuple[FeatureStore, str]:
-    if isinstance(data, FeatureStore):
-        return data, str(data.meta.get("spec", "<in-memory FeatureStore>"))
-    try:
-        from curvalign.data import load_data
-    except ImportError:
-        raise TrainError("curvalign.data.load_data is not available in this installation") from None
-    try:
-        return load_data(data), data
-    except TrainError:
-        raise
-    except (ValueError, KeyError, OSError) as err:
-        message = str(err.args[0] if isinstance(err, KeyError) and err.args else err)
-        raise TrainError(message if data in message else f"data {data!r}: {message}") from None
-
-
 def _resume_config(
     run_dir: Path,
     recipe: str | None,
@@ -696,7 +680,7 @@ def train(
                 f"{run_dir} was trained on an in-memory FeatureStore: pass that store as data to resume"
             )
         data = config.data
-    store, spec = _load_store(data)
+    store, spec = load_store(data)
     if isinstance(data, FeatureStore) and not resuming:
         config = dataclasses.replace(config, data=spec)
     # trainer_factory: the distributed launcher builds a DDP-wrapped Trainer with the same arguments

@@ -1,0 +1,476 @@
+"""Run configuration: the trainer's settings, the recipe's settings, and how they are resolved.
+
+A run is described by a ``RunConfig``: the recipe name, the data spec, a ``TrainConfig`` and the
+recipe's own ``Config`` dataclass (stored as a plain dict so that ``config.json`` needs no
+pickling). Values come, in increasing precedence, from the dataclass defaults, a YAML file with
+the same structure as ``config.json``, and ``key=value`` overrides::
+
+    recipe: meru
+    data: synthetic
+    train: {steps: 2000, lr: 1e-3}
+    recipe_config: {entailment_weight: 0.2}
+
+An override key is a field of ``TrainConfig`` (``lr=1e-3``) or of the recipe's ``Config``
+(``temperature_init=0.05``); prefix it with ``train.`` or ``recipe.`` to be explicit. Values are
+parsed to the field's declared type (bool, int, float, str, tuples, Optional, Literal), so
+``1e-3`` is a float even where YAML would read a string.
+
+This module sits below ``train/``, ``eval/`` and ``index/``: all of them read run configs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import types
+import typing
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Union
+
+import yaml
+
+from curvalign._io import atomic_write_text
+from curvalign.errors import ConfigError
+
+
+@dataclass
+class TrainConfig:
+    """Trainer settings (the recipe's own settings live in its ``Config``).
+
+    steps            optimizer steps in the run
+    batch_size       images per step (global batch; each with one caption, and a box if needed)
+    lr               peak learning rate of AdamW
+    weight_decay     AdamW decay, not applied to ``recipe.no_decay_parameter_names()``
+    warmup           linear warm-up length: a fraction of ``steps`` if < 1, else a step count
+    min_lr_ratio     the cosine decays to ``lr * min_lr_ratio``
+    grad_clip        max global gradient norm; 0 turns clipping off
+    bf16             run the forward and loss under bfloat16 autocast (parameters stay float32)
+    seed             seeds parameter init, sampling and every RNG
+    log_every        write a log line every this many steps (and at the last step)
+    checkpoint_every write a checkpoint every this many steps; 0 = only at the end
+    pair_batch_size  scored text pairs per step, for recipes that require "text_pairs"
+    device           torch device, e.g. "cpu", "cuda", "cuda:1"
+    num_threads      torch intra-op threads; None leaves torch's default
+    tensorboard      also write TensorBoard scalars under ``tb/``
+    """
+
+    steps: int = 1000
+    batch_size: int = 256
+    lr: float = 1e-3
+    weight_decay: float = 0.2
+    warmup: float = 0.05
+    min_lr_ratio: float = 0.0
+    grad_clip: float = 1.0
+    bf16: bool = False
+    seed: int = 0
+    log_every: int = 10
+    checkpoint_every: int = 500
+    pair_batch_size: int = 64
+    device: str = "cpu"
+    num_threads: int | None = None
+    tensorboard: bool = True
+
+    def __post_init__(self) -> None:
+        checks = [
+            (self.steps >= 1, "steps must be >= 1"),
+            (
+                self.batch_size >= 2,
+                "batch_size must be >= 2 (contrastive learning needs negatives)",
+            ),
+            (self.lr > 0, "lr must be > 0"),
+            (self.weight_decay >= 0, "weight_decay must be >= 0"),
+            (self.warmup >= 0, "warmup must be >= 0 (a fraction of steps if < 1, else steps)"),
+            (0 <= self.min_lr_ratio <= 1, "min_lr_ratio must lie in [0, 1]"),
+            (self.grad_clip >= 0, "grad_clip must be >= 0 (0 = off)"),
+            (self.log_every >= 1, "log_every must be >= 1"),
+            (self.checkpoint_every >= 0, "checkpoint_every must be >= 0 (0 = only at the end)"),
+            (self.pair_batch_size >= 1, "pair_batch_size must be >= 1"),
+            (self.num_threads is None or self.num_threads >= 1, "num_threads must be >= 1"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ConfigError(message)
+
+    @property
+    def warmup_steps(self) -> int:
+        """Warm-up length in steps (``warmup`` read as a fraction of ``steps`` when < 1)."""
+        if self.warmup < 1:
+            return int(round(self.warmup * self.steps))
+        return int(self.warmup)
+
+
+@dataclass
+class RunConfig:
+    """Everything needed to rebuild a run: saved as ``config.json`` in the run directory."""
+
+    recipe: str
+    data: str
+    train: TrainConfig = field(default_factory=TrainConfig)
+    recipe_config: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "recipe": self.recipe,
+            "data": self.data,
+            "train": _jsonable(dataclasses.asdict(self.train)),
+            "recipe_config": _jsonable(dict(self.recipe_config)),
+        }
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any], *, source: str = "config") -> RunConfig:
+        """Inverse of ``to_dict``; validates keys and types (recipe keys against its Config)."""
+        if not isinstance(raw, Mapping):
+            raise ConfigError(
+                f"{source}: expected a mapping with keys recipe, data, train, recipe_config"
+            )
+        unknown = set(raw) - {"recipe", "data", "train", "recipe_config"}
+        if unknown:
+            raise ConfigError(
+                f"{source}: unknown top-level key(s) {sorted(unknown)}; "
+                "expected recipe, data, train, recipe_config"
+            )
+        for key in ("recipe", "data"):
+            if not isinstance(raw.get(key), str):
+                raise ConfigError(f"{source}: {key!r} must be a string")
+        train = _build_dataclass(TrainConfig, raw.get("train") or {}, f"{source}: train")
+        recipe_cls = recipe_class(raw["recipe"])
+        recipe_config = _build_dataclass(
+            recipe_cls.Config, raw.get("recipe_config") or {}, f"{source}: recipe_config"
+        )
+        return cls(raw["recipe"], raw["data"], train, init_values(recipe_config))
+
+    def recipe_config_object(self) -> Any:
+        """The recipe's ``Config`` dataclass instance."""
+        return _build_dataclass(
+            recipe_class(self.recipe).Config, self.recipe_config, "recipe_config"
+        )
+
+    def save(self, run_dir: Path) -> None:
+        """Write ``config.json`` (read back by ``load_run``) and ``config.yaml`` (for humans)."""
+        data = self.to_dict()
+        atomic_write_text(Path(run_dir) / "config.json", json.dumps(data, indent=2) + "\n")
+        atomic_write_text(Path(run_dir) / "config.yaml", yaml.safe_dump(data, sort_keys=False))
+
+    @classmethod
+    def load(cls, path: Path) -> RunConfig:
+        """Read a ``config.json``."""
+        path = Path(path)
+        try:
+            raw = json.loads(path.read_text())
+        except FileNotFoundError:
+            raise ConfigError(f"{path} does not exist") from None
+        except (OSError, ValueError) as err:
+            raise ConfigError(f"{path} is not readable JSON ({err})") from None
+        return cls.from_dict(raw, source=str(path))
+
+
+# --- resolution -----------------------------------------------------------------------------
+
+
+def recipe_class(name: str) -> type:
+    """The registered recipe class ``name``; ConfigError listing the known names otherwise."""
+    from curvalign.recipes import get_recipe, recipe_names
+
+    try:
+        return get_recipe(name)
+    except KeyError:
+        known = ", ".join(recipe_names()) or "(none registered)"
+        raise ConfigError(f"unknown recipe {name!r}; known recipes: {known}") from None
+
+
+def resolve_config(
+    recipe: str | None,
+    data: str | None,
+    *,
+    steps: int | None = None,
+    overrides: Iterable[str] | Mapping[str, Any] = (),
+    config_file: str | Path | None = None,
+    base: RunConfig | None = None,
+) -> RunConfig:
+    """Build the run's config: ``base`` (or defaults) < ``config_file`` < ``steps`` < ``overrides``.
+
+    ``recipe`` / ``data`` given here win over the file's. ``overrides`` are ``"key=value"``
+    strings or a mapping of key to value.
+    """
+    file_values: dict[str, Any] = {}
+    file_train: dict[str, Any] = {}
+    file_recipe: dict[str, Any] = {}
+    loose: dict[str, Any] = {}
+    if config_file is not None:
+        file_values = read_yaml(config_file)
+        file_train = dict(file_values.pop("train", None) or {})
+        file_recipe = dict(file_values.pop("recipe_config", None) or {})
+        for key in list(file_values):
+            if key not in ("recipe", "data"):
+                loose[key] = file_values.pop(key)  # top-level keys read like overrides
+
+    recipe = recipe or file_values.get("recipe") or (base.recipe if base else None)
+    data = data or file_values.get("data") or (base.data if base else None)
+    if not recipe:
+        raise ConfigError("no recipe given: pass --recipe NAME or set 'recipe' in the config file")
+    if not data:
+        raise ConfigError("no data given: pass --data SPEC or set 'data' in the config file")
+    recipe_cls = recipe_class(str(recipe))
+
+    train_values = dataclasses.asdict(base.train) if base else {}
+    recipe_values = dict(base.recipe_config) if base and base.recipe == recipe else {}
+    train_values.update(file_train)
+    recipe_values.update(file_recipe)
+
+    pairs = (
+        list(overrides.items())
+        if isinstance(overrides, Mapping)
+        else [parse_override(o) for o in overrides]
+    )
+    pairs = list(loose.items()) + ([("train.steps", steps)] if steps is not None else []) + pairs
+    train_fields = _field_names(TrainConfig)
+    recipe_fields = _field_names(recipe_cls.Config)
+    for key, value in pairs:
+        section, name = _route_key(key, train_fields, recipe_fields, recipe)
+        (train_values if section == "train" else recipe_values)[name] = value
+
+    train = _build_dataclass(TrainConfig, train_values, "train")
+    recipe_config = _build_dataclass(recipe_cls.Config, recipe_values, f"recipe {recipe!r}")
+    return RunConfig(str(recipe), str(data), train, init_values(recipe_config))
+
+
+def parse_override(text: str) -> tuple[str, str]:
+    """``"key=value"`` -> ``("key", "value")``."""
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(
+            f"override {text!r} is not key=value (e.g. lr=1e-3 or recipe.temperature_init=0.05)"
+        )
+    return key.strip(), value.strip()
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} does not exist") from None
+    except (OSError, yaml.YAMLError) as err:
+        raise ConfigError(f"config file {path} is not readable YAML ({err})") from None
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise ConfigError(
+            f"config file {path}: expected a mapping at the top level, got {type(raw).__name__}"
+        )
+    for section in ("train", "recipe_config"):
+        if section in raw and raw[section] is not None and not isinstance(raw[section], dict):
+            raise ConfigError(f"config file {path}: {section!r} must be a mapping")
+    return raw
+
+
+def _route_key(
+    key: str, train_fields: list[str], recipe_fields: list[str], recipe: str
+) -> tuple[str, str]:
+    prefix, dot, rest = key.partition(".")
+    if dot:
+        if prefix == "train" and rest in train_fields:
+            return "train", rest
+        if prefix == "recipe" and rest in recipe_fields:
+            return "recipe", rest
+        if prefix not in ("train", "recipe"):
+            raise ConfigError(
+                f"unknown key {key!r}: a prefix must be 'train.' or 'recipe.'; "
+                + _valid_keys(train_fields, recipe_fields, recipe)
+            )
+        raise ConfigError(
+            f"unknown key {key!r}; " + _valid_keys(train_fields, recipe_fields, recipe)
+        )
+    in_train, in_recipe = key in train_fields, key in recipe_fields
+    if in_train and in_recipe:
+        raise ConfigError(
+            f"key {key!r} exists in both the trainer's config and the config of recipe {recipe!r}; "
+            f"write train.{key}=... or recipe.{key}=..."
+        )
+    if in_train:
+        return "train", key
+    if in_recipe:
+        return "recipe", key
+    raise ConfigError(f"unknown key {key!r}; " + _valid_keys(train_fields, recipe_fields, recipe))
+
+
+def _valid_keys(train_fields: list[str], recipe_fields: list[str], recipe: str) -> str:
+    recipe_part = ", ".join(recipe_fields) or "(none)"
+    return f"valid keys: trainer: {', '.join(train_fields)}; recipe {recipe!r}: {recipe_part}"
+
+
+# --- typed construction ---------------------------------------------------------------------
+
+
+def init_values(obj: Any) -> dict[str, Any]:
+    """The constructor arguments of dataclass instance ``obj`` (fields with ``init=False`` left out)."""
+    return {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj) if f.init}
+
+
+def _field_names(cls: type) -> list[str]:
+    if not dataclasses.is_dataclass(cls):
+        raise ConfigError(f"{cls!r} is not a dataclass; a recipe's Config must be one")
+    return [f.name for f in dataclasses.fields(cls) if f.init]
+
+
+def _build_dataclass(cls: type, values: Mapping[str, Any], where: str) -> Any:
+    """``cls(**values)`` with every value coerced to its field's type; clear errors."""
+    names = _field_names(cls)
+    unknown = [k for k in values if k not in names]
+    if unknown:
+        raise ConfigError(f"{where}: unknown key(s) {unknown}; valid keys: {', '.join(names)}")
+    hints = _type_hints(cls)
+    kwargs = {}
+    for f in dataclasses.fields(cls):
+        if f.name in values:
+            kwargs[f.name] = coerce(
+                values[f.name], hints.get(f.name, Any), f"{where}: {f.name}", default=_default_of(f)
+            )
+    try:
+        return cls(**kwargs)
+    except ConfigError as err:
+        raise ConfigError(f"{where}: {err}") from None
+    except (TypeError, ValueError) as err:
+        raise ConfigError(f"{where}: {err}") from None
+
+
+def _default_of(f: dataclasses.Field) -> Any:
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    if f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
+        return f.default_factory()  # type: ignore[misc]
+    return dataclasses.MISSING
+
+
+def _type_hints(cls: type) -> dict[str, Any]:
+    try:
+        return typing.get_type_hints(cls)
+    except Exception:  # an annotation that cannot be evaluated: fall back to the defaults' types
+        return {}
+
+
+_TRUE = {"true", "yes", "on", "1"}
+_FALSE = {"false", "no", "off", "0"}
+_NONE = {"none", "null", "~", ""}
+
+
+def coerce(value: Any, annotation: Any, where: str, default: Any = dataclasses.MISSING) -> Any:
+    """Convert ``value`` (a string from the command line, or a YAML/JSON value) to ``annotation``."""
+    if annotation is Any or annotation is None:
+        if default is not dataclasses.MISSING and default is not None:
+            annotation = type(default)
+        elif isinstance(value, str):
+            return _yaml_scalar(value)
+        else:
+            return value
+    origin = typing.get_origin(annotation)
+    args = typing.get_args(annotation)
+
+    if origin in (Union, types.UnionType):
+        if type(None) in args and (
+            value is None or (isinstance(value, str) and value.strip().lower() in _NONE)
+        ):
+            return None
+        for arg in (a for a in args if a is not type(None)):
+            try:
+                return coerce(value, arg, where)
+            except ConfigError:
+                continue
+        raise ConfigError(f"{where}: cannot read {value!r} as {_type_name(annotation)}")
+    if origin is Literal:
+        for choice in args:
+            if value == choice or (isinstance(value, str) and str(choice) == value.strip()):
+                return choice
+        raise ConfigError(f"{where}: {value!r} is not one of {list(args)}")
+    if origin in (tuple, list) or annotation in (tuple, list):
+        items = _sequence_items(value, where)
+        container = tuple if (origin or annotation) is tuple else list
+        if not args:
+            return container(_yaml_scalar(i) if isinstance(i, str) else i for i in items)
+        if container is tuple and not (len(args) == 2 and args[1] is Ellipsis):
+            if len(items) != len(args):
+                raise ConfigError(
+                    f"{where}: expected {len(args)} values, got {len(items)} ({value!r})"
+                )
+            return tuple(coerce(i, a, where) for i, a in zip(items, args, strict=False))
+        return container(coerce(i, args[0], where) for i in items)
+    if origin is dict or annotation is dict:
+        if isinstance(value, Mapping):
+            return dict(value)
+        raise ConfigError(f"{where}: expected a mapping, got {value!r}")
+
+    if annotation is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, int) and value in (0, 1):
+            return bool(value)
+        if isinstance(value, str) and value.strip().lower() in _TRUE | _FALSE:
+            return value.strip().lower() in _TRUE
+        raise ConfigError(f"{where}: expected true or false, got {value!r}")
+    if annotation is int:
+        if isinstance(value, bool):
+            raise ConfigError(f"{where}: expected an integer, got {value!r}")
+        if isinstance(value, int):
+            return value
+        number = _as_float(value, where, "an integer")
+        if not number.is_integer():
+            raise ConfigError(f"{where}: expected an integer, got {value!r}")
+        return int(number)
+    if annotation is float:
+        if isinstance(value, bool):
+            raise ConfigError(f"{where}: expected a number, got {value!r}")
+        return _as_float(value, where, "a number")
+    if annotation is str:
+        if isinstance(value, str):
+            return value
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return str(value)
+        raise ConfigError(f"{where}: expected a string, got {value!r}")
+    if isinstance(annotation, type) and isinstance(value, annotation):
+        return value
+    raise ConfigError(f"{where}: cannot read {value!r} as {_type_name(annotation)}")
+
+
+def _as_float(value: Any, where: str, expected: str) -> float:
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            return float(value.strip())
+        except ValueError:
+            pass
+    raise ConfigError(f"{where}: expected {expected}, got {value!r}")
+
+
+def _sequence_items(value: Any, where: str) -> list[Any]:
+    if isinstance(value, (list, tuple)):
+        return list(value)
+    if isinstance(value, str):
+        text = value.strip()
+        if text[:1] in "([" and text[-1:] in ")]":
+            text = text[1:-1]
+        return [part.strip() for part in text.split(",") if part.strip()]
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return [value]
+    raise ConfigError(f"{where}: expected a list of values, got {value!r}")
+
+
+def _yaml_scalar(text: str) -> Any:
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+
+
+def _type_name(annotation: Any) -> str:
+    return getattr(annotation, "__name__", None) or str(annotation).replace("typing.", "")
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    return value
