@@ -190,21 +190,21 @@ def test_ordering_accuracy_chain_and_pairs():
 
 from curvalign.data.features import FeatureStore  # noqa: E402
 from curvalign.eval import evaluate  # noqa: E402
-from curvalign.eval.diagnostics import (
-    dist0,
-    dominance,
-    eigen_spectrum,  # noqa: E402
-    factorwise_max,
-    logmap0,
-    routing_statistics,
-)
+from curvalign.eval.diagnostics import dominance, eigen_spectrum, routing_statistics  # noqa: E402
+from curvalign.recipes.base import HyperbolicRecipe, Recipe  # noqa: E402
 
 
-class _IdentityLorentz(torch.nn.Module):
-    """Features are the Lorentz points themselves (c = 1); score = -distance."""
+class _IdentityLorentz(HyperbolicRecipe):
+    """Features are the Lorentz points themselves (c = 1); score = -distance. The geometry
+    questions (distance to the origin, tangent features) are answered by HyperbolicRecipe."""
 
-    name = "meru"
-    curvature = 1.0
+    name = "_identity_lorentz"
+
+    def __init__(self):
+        super().__init__(None, 2, 2)
+
+    def curvature_value(self):
+        return torch.tensor(1.0, dtype=torch.float64)
 
     def embed_images(self, f):
         return {"point": f}
@@ -281,26 +281,39 @@ def test_evaluate_runs_every_supported_metric_with_the_recipe_score():
     )
 
 
+class _IdentityNoOrigin(_IdentityLorentz):
+    """The same scores, but a recipe whose geometry has no origin (the Recipe default)."""
+
+    name = "_identity_no_origin"
+    distance_to_origin = Recipe.distance_to_origin
+    tangent_features = Recipe.tangent_features
+
+
 def test_evaluate_reports_ordering_as_not_applicable_without_an_origin():
-    recipe = _IdentityLorentz()
-    recipe.name = "clip"
-    res = evaluate(recipe, _toy_store())
+    res = evaluate(_IdentityNoOrigin(), _toy_store())
     assert res["ordering"]["text"] is None and "n/a" in res["ordering"]["note"]
+    assert res["diagnostics"]["distance_to_origin"] is None
 
 
-def test_dist0_and_logmap0_match_closed_forms():
-    x = torch.tensor([[3.0, 4.0]])
-    assert dist0(x, 1.0).item() == pytest.approx(float(torch.asinh(torch.tensor(5.0))))
-    assert dist0(x, 4.0).item() == pytest.approx(float(torch.asinh(torch.tensor(10.0))) / 2)
-    v = logmap0(x, 1.0)
-    assert v.norm().item() == pytest.approx(dist0(x, 1.0).item())  # |log_o(x)| = d(o, x)
-    assert logmap0(torch.zeros(1, 2), 1.0).abs().max().item() == 0.0
+def test_hyperbolic_recipe_answers_distance_and_tangent_features_in_closed_form():
+    recipe = _IdentityLorentz()
+    emb = {"point": torch.tensor([[3.0, 4.0], [0.0, 0.0]])}
+    d = recipe.distance_to_origin(emb)
+    assert d.dtype == torch.float64
+    assert d.tolist() == pytest.approx([float(torch.asinh(torch.tensor(5.0))), 0.0])
+    v = recipe.tangent_features(emb)
+    assert v.norm(dim=1).tolist() == pytest.approx(d.tolist())  # |log_o(x)| = d(o, x)
 
 
-def test_factorwise_max_keeps_the_farther_factor():
+def test_phyclip_factor_max_compose_keeps_the_farther_factor():
+    from curvalign.recipes import get_recipe
+
+    cls = get_recipe("phyclip")
+    recipe = cls(cls.Config(num_factors=2, factor_dim=2), 4, 4)
     a = torch.tensor([[[1.0, 0.0], [0.1, 0.0]]])
     b = torch.tensor([[[0.2, 0.0], [0.0, 2.0]]])
-    assert factorwise_max(a, b, torch.tensor([1.0, 1.0])).tolist() == [[[1.0, 0.0], [0.0, 2.0]]]
+    out = recipe.factor_max_compose({"point": a}, {"point": b})["point"]
+    assert out.tolist() == [[[1.0, 0.0], [0.0, 2.0]]]
 
 
 def test_spectrum_of_a_line_has_one_direction():
@@ -314,7 +327,7 @@ def test_routing_statistics_reads_the_weight_at_warmup_end():
         {"step": s, "routing_weight": w, "query_gate": 0.5}
         for s, w in [(0, 0.5), (10, 0.95), (20, 0.4)]
     ]
-    stats = routing_statistics(rows, warmup_end_step=15)
+    stats = routing_statistics(rows, warmup_end_step=15, weight_key="routing_weight")
     assert stats["weight_at_warmup_end"] == 0.95 and stats["dominance_at_warmup_end"] == "euclidean"
     assert stats["weight_mean_over_training"] == pytest.approx((0.5 + 0.95 + 0.4) / 3)
     assert dominance(0.05) == "hyperbolic" and dominance(0.5) == "balanced"

@@ -11,6 +11,7 @@ from pathlib import Path
 import typer
 
 from curvalign.errors import CurvalignError
+from curvalign.plugins import available_recipe_names
 
 app = typer.Typer(
     name="curvalign",
@@ -57,7 +58,7 @@ def train_command(
     recipe: str = typer.Option(
         None,
         "--recipe",
-        help="Method to train (clip, meru, hycoclip, atmg, phyclip, proclip, agr, dualpath).",
+        help=f"Method to train ({', '.join(available_recipe_names())}).",
     ),
     data: str = typer.Option(
         None, "--data", help="synthetic, synthetic:k=v,..., or features:PATH."
@@ -547,6 +548,7 @@ def index_search_command(
                 candidates=candidates,
                 query_recipe=source.recipe_name,
                 query_curvature=source.curvature,
+                query_geometries=[source.geometry(key) for key in side],
             )
             labels = rows
             if query_side == "texts":

@@ -8,7 +8,6 @@ rerank with ``pair_scores``); ``rerank_recall`` measures it against the exhausti
 """
 
 from curvalign.index.rerank import (
-    EMBEDDING_GEOMETRY,
     RecipeIndex,
     default_proxy,
     exhaustive_topk,
@@ -32,7 +31,6 @@ from curvalign.index.search import (
 )
 
 __all__ = [
-    "EMBEDDING_GEOMETRY",
     "RecipeIndex",
     "default_proxy",
     "exhaustive_topk",

@@ -3,7 +3,7 @@
 Layout of an embeddings directory (``curvalign embed``)::
 
     embedding.json          run_dir, recipe, step, data, counts, keys (shape, dtype, geometry),
-                            curvature, files
+                            curvature, lorentz_index_key, files
     images.<key>.npy        one file per embedding key and side, written through
     texts.<key>.npy         ``np.lib.format.open_memmap`` batch by batch (never whole in memory)
     box_images.<key>.npy    (with boxes)
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -27,7 +27,7 @@ import torch
 
 from curvalign._io import staged_directory
 from curvalign.errors import InputError, NonFiniteError, NotFoundError, OverwriteError
-from curvalign.index.rerank import EMBEDDING_GEOMETRY, RecipeIndex, as_torch_embedding
+from curvalign.index.rerank import RecipeIndex, as_torch_embedding
 from curvalign.index.search import (
     GEOMETRY,
     IndexMismatchError,
@@ -36,22 +36,31 @@ from curvalign.index.search import (
     load_index,
 )
 from curvalign.recipes.base import Embedding, Recipe
+from curvalign.runs import load_run
 
 META_FILE = "embedding.json"
 FORMAT_VERSION = 1
 SIDES = ("images", "texts", "box_images", "box_texts")
-#: recipes whose score is the Lorentz distance of one key: a LorentzIndex alone answers exactly
-LORENTZ_DISTANCE_KEY = {"meru": "point", "hycoclip": "point"}
 
 Side = Literal["images", "texts"]
 
 
 def _curvature_list(recipe: Recipe) -> list[float] | None:
-    if not hasattr(recipe, "curvature"):
+    c = recipe.curvature_value()
+    if c is None:
         return None
-    with torch.no_grad():
-        c = recipe.curvature()
-    return [float(v) for v in np.atleast_1d(c.detach().double().cpu().numpy())]
+    return [float(v) for v in np.atleast_1d(c.cpu().numpy())]
+
+
+def _lorentz_index_key(recipe: Recipe) -> str | None:
+    """The key whose Lorentz distance *is* the recipe's score (its default index proxy is an exact
+    Lorentz proxy): a ``LorentzIndex`` over that key alone answers exactly, approximate search
+    included. None for every other recipe (served by proxy candidates + rerank)."""
+    proxies = recipe.index_proxies()
+    default = next(iter(proxies.values()), None)
+    if default is not None and default.kind == "lorentz" and default.exact:
+        return default.key
+    return None
 
 
 @torch.no_grad()
@@ -91,7 +100,7 @@ def embed_store(
     keys: dict[str, dict[str, Any]] = {}
     counts: dict[str, int] = {}
     files: dict[str, dict[str, str]] = {}
-    geometry = EMBEDDING_GEOMETRY.get(recipe.name, {})
+    geometry = recipe.embedding_geometry
     with staged_directory(out) as tmp:
         for side, features, embed in parts:
             n = int(features.shape[0])
@@ -139,6 +148,7 @@ def embed_store(
             "keys": keys,
             "files": files,
             "curvature": _curvature_list(recipe),
+            "lorentz_index_key": _lorentz_index_key(recipe),
             **(info or {}),
         }
         (tmp / META_FILE).write_text(json.dumps(meta, indent=2, default=str))
@@ -207,8 +217,9 @@ def build_from_embeddings(
 ) -> Path:
     """Index one side of ``emb`` into ``out``.
 
-    Lorentz-distance recipes (meru, hycoclip) get a ``LorentzIndex`` (exact or ANN). Every
-    other recipe is served by ``RecipeIndex`` (proxy candidates + exact rerank with the recipe,
+    Recipes whose score is the Lorentz distance of one key (``lorentz_index_key`` in
+    ``embedding.json``) get a ``LorentzIndex`` (exact or ANN). Every other recipe is served by
+    ``RecipeIndex`` (proxy candidates + exact rerank with the recipe,
     reloaded from the run directory at search time): its index directory records what to load.
     """
     if side not in ("images", "texts"):
@@ -221,8 +232,8 @@ def build_from_embeddings(
         "run_dir": emb.meta.get("run_dir"),
         "step": emb.meta.get("step"),
     }
-    if recipe in LORENTZ_DISTANCE_KEY:
-        key = LORENTZ_DISTANCE_KEY[recipe]
+    key = emb.meta.get("lorentz_index_key")
+    if key is not None:
         points = emb.side(side)[key]
         index = build_index(
             points,
@@ -235,15 +246,13 @@ def build_from_embeddings(
         return index.save(out)
     if kind != "exact":
         raise InputError(
-            f"approximate search (--ann) serves Lorentz-distance recipes (meru, hycoclip); "
+            f"approximate search (--ann) serves Lorentz-distance recipes (ranked by one Lorentz distance); "
             f"{recipe!r} is served by exact proxy candidates and a rerank with its own score"
         )
     if not base_meta["run_dir"]:
         raise InputError(
             f"{emb.path} does not name the run it came from; {recipe!r} needs the recipe to rerank"
         )
-    from curvalign.runs import load_run
-
     run = load_run(base_meta["run_dir"])
     if run.config.recipe != recipe:
         raise InputError(
@@ -302,20 +311,22 @@ def search_index(
     candidates: int = 200,
     query_recipe: str | None = None,
     query_curvature: list[float] | None = None,
+    query_geometries: Iterable[str] = (),
 ) -> SearchResult:
     """Search the index at ``path`` with ``queries`` (an Embedding of the other side).
 
-    ``query_recipe`` / ``query_curvature`` say where the queries came from; a recipe or
+    ``query_recipe`` / ``query_curvature`` / ``query_geometries`` (the kinds of point the query
+    embeddings hold, from their ``embedding.json``) say where the queries came from; a recipe or
     curvature other than the index's is refused (a clear message, no search).
     """
     raw, index = open_index(path)
     meta = raw["meta"]
     recipe = meta["recipe"]
     if query_recipe is not None and query_recipe != recipe:
-        kinds = EMBEDDING_GEOMETRY.get(query_recipe, {})
-        if index is not None and GEOMETRY not in kinds.values():
+        kinds = set(query_geometries)
+        if index is not None and GEOMETRY not in kinds:
             raise IndexMismatchError(
-                f"queries are {'/'.join(sorted(set(kinds.values()))) or 'unknown'} embeddings ({query_recipe!r}) "
+                f"queries are {'/'.join(sorted(kinds)) or 'unknown'} embeddings ({query_recipe!r}) "
                 f"but the index holds Lorentz points ({recipe!r}); embed the queries with the index's run"
             )
         raise IndexMismatchError(
@@ -333,8 +344,6 @@ def search_index(
         d, ids = index.search(queries[key], k, geometry=GEOMETRY, curvature=c)
         return SearchResult(d, ids, "distance")
     import faiss
-
-    from curvalign.runs import load_run
 
     run = load_run(meta["run_dir"])
     if meta.get("step") is not None and run.step != meta["step"]:
@@ -357,7 +366,6 @@ def search_index(
 
 __all__ = [
     "Embeddings",
-    "LORENTZ_DISTANCE_KEY",
     "SearchResult",
     "build_from_embeddings",
     "embed_store",

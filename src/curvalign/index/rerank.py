@@ -9,26 +9,32 @@ candidates only). With ``candidates >= N`` the result equals an exhaustive ranki
 ``recipe.scores``; ``rerank_recall`` measures how close smaller K gets.
 
 Proxies (database vector ``u``, query vector ``v``, ``u.v`` large = likely a good match)
-    clip, dualpath   unit vectors: ``u.v`` is the cosine itself (exact).
-    meru, hycoclip   Lorentz ``[x, t]`` / ``[y, -t]``: ``u.v = <x,y>_L``, exact for ``-d_L``.
-    atmg             the exterior angle at the query point ``x`` towards ``y`` has
+    A recipe names the proxies that apply to it (``Recipe.index_proxies()``: an ``IndexProxy``
+    with a kind, the embedding key it reads and whether it is exact); this module builds the
+    vectors of each kind:
+
+    cosine           unit vectors of ``key``: ``u.v`` is the cosine itself.
+    lorentz          Lorentz ``[x, t]`` / ``[y, -t]`` of ``key``: ``u.v = <x,y>_L``, exact for
+                     ``-d_L``.
+    angle            the exterior angle at the query point ``x`` towards ``y`` has
                      ``cos(alpha) = sqrt(c) a / sqrt(b^2 - 1)`` with two *linear* functionals of the
                      lifted ``y``: ``a = <y, r>_L`` (``r`` the outward radial unit vector at ``x``)
                      and ``b = -c <x, y>_L``. Candidates come from a Dinkelbach iteration for
                      that ratio: search ``max a - lam b``, set ``lam`` to the best ratio found times
                      the slope of ``sqrt(b^2 - 1)`` at the best item (the tangent of the concave
-                     denominator), repeat (``ANGLE_ROUNDS`` rounds, ``lam = 0`` first); the union of the rounds'
-                     hit lists, last round first, is the candidate list. (The plain distance proxy
-                     fails here: the best angles belong to images far out along the text's axis,
-                     not near it; recall@10 was about 0.01 at K = 200 in our check.)
-    phyclip          per factor ``[x_f, t_f]`` / ``c_f [y_f, -t_f]`` concatenated:
+                     denominator), repeat (``ANGLE_ROUNDS`` rounds, ``lam = 0`` first); the union of
+                     the rounds' hit lists, last round first, is the candidate list. (The plain
+                     distance proxy fails here: the best angles belong to images far out along the
+                     text's axis, not near it; recall@10 was about 0.01 at K = 200 in our check.)
+    product-lorentz  per factor ``[x_f, t_f]`` / ``c_f [y_f, -t_f]`` concatenated:
                      ``u.v = sum_f c_f <x_f, y_f>_L = -sum_f cosh(sqrt(c_f) d_f)``.
-    proclip          ``2 a_H <x,y>_L + a_E (2 e.e' - |e'|^2) + 2 a_S s.s'``: first-order in the
+    mixed            ``2 a_H <x,y>_L + a_E (2 e.e' - |e'|^2) + 2 a_S s.s'``: first-order in the
                      hyperbolic and spherical parts, exact (up to a per-query constant) in the
                      Euclidean one (database ``[x, t, e, |e|^2, s]``, query
-                     ``[2a_H y, -2a_H t, 2a_E e, -a_E, 2a_S s]``).
-    agr              ``proxy="lorentz"`` (default): the Lorentz expert's distance;
-                     ``proxy="euclidean"``: the Euclidean expert's cosine.
+                     ``[2a_H y, -2a_H t, 2a_E e, -a_E, 2a_S s]``) over the keys "hyperbolic",
+                     "euclidean", "sphere" with the proxy's part weights.
+
+    The curvature of the Lorentz kinds is ``recipe.curvature_value()``.
 """
 
 from __future__ import annotations
@@ -45,25 +51,10 @@ from torch import Tensor
 
 from curvalign.errors import InputError, NonFiniteError
 from curvalign.index.search import IndexMismatchError, database_vectors, lorentz_time, query_vectors
-from curvalign.recipes.base import Embedding, Query, Recipe
+from curvalign.recipes.base import Embedding, IndexProxy, Query, Recipe
 
 Side = Literal["images", "texts"]
 
-#: which embedding key of which recipe holds which kind of point (for the CLI and error messages)
-EMBEDDING_GEOMETRY: dict[str, dict[str, str]] = {
-    "clip": {"point": "sphere"},
-    "dualpath": {"point": "sphere"},
-    "meru": {"point": "lorentz"},
-    "hycoclip": {"point": "lorentz"},
-    "atmg": {"point": "lorentz"},
-    "phyclip": {"point": "lorentz-product"},
-    "proclip": {"hyperbolic": "lorentz", "euclidean": "euclidean", "sphere": "sphere"},
-    "agr": {"euclidean": "sphere", "lorentz": "lorentz", "context": "features"},
-}
-#: recipes whose proxy inner product ranks exactly like the recipe's score
-EXACT_PROXY = {"clip", "dualpath", "meru", "hycoclip"}
-#: the Lorentz key each recipe's default proxy uses, where it is a single Lorentz point set
-LORENTZ_KEY = {"meru": "point", "hycoclip": "point", "atmg": "point", "agr": "lorentz"}
 #: Dinkelbach rounds of the AtMG angle proxy (see the module docstring)
 ANGLE_ROUNDS = 4
 
@@ -73,8 +64,10 @@ def _np(t: Tensor) -> np.ndarray:
 
 
 def _curvature(recipe: Recipe) -> np.ndarray:
-    with torch.no_grad():
-        return np.atleast_1d(recipe.curvature().detach().double().cpu().numpy())
+    c = recipe.curvature_value()
+    if c is None:
+        raise InputError(f"recipe {recipe.name!r} has no hyperbolic part: no Lorentz proxy applies")
+    return np.atleast_1d(c.cpu().numpy())
 
 
 @dataclass
@@ -82,7 +75,12 @@ class Proxy:
     """Maps an embedding to float32 vectors whose dot product ranks like the recipe's score."""
 
     recipe: Recipe
-    name: str  # "cosine", "lorentz", "product-lorentz", "mixed", "euclidean"
+    name: str  # the name the recipe gives it in ``index_proxies()``
+    spec: IndexProxy
+
+    @property
+    def exact(self) -> bool:
+        return self.spec.exact
 
     def database(self, emb: Embedding) -> np.ndarray:
         return self._vectors(emb, database=True)
@@ -91,26 +89,25 @@ class Proxy:
         return self._vectors(emb, database=False)
 
     def _vectors(self, emb: Embedding, database: bool) -> np.ndarray:
-        r = self.recipe
-        if self.name == "cosine":
-            key = "euclidean" if r.name == "agr" else "point"
+        kind, key = self.spec.kind, self.spec.key
+        if kind == "cosine":
             x = _np(emb[key])
             return np.ascontiguousarray(
                 x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-30)
             )
-        if self.name == "lorentz":
-            c = float(_curvature(r)[0])
-            x = _np(emb[LORENTZ_KEY.get(r.name, "point")])
+        if kind == "lorentz":
+            c = float(_curvature(self.recipe)[0])
+            x = _np(emb[key])
             return database_vectors(x, c) if database else query_vectors(x, c)
-        if self.name == "angle":
-            c = float(_curvature(r)[0])
-            x = _np(emb["point"])
+        if kind == "angle":
+            c = float(_curvature(self.recipe)[0])
+            x = _np(emb[key])
             if database:
                 return database_vectors(x, c)
             return np.stack(self._angle_functionals(x, c), axis=1)  # [n, 2, d+1]: a and b
-        if self.name == "product-lorentz":
-            x = _np(emb["point"])  # [N, k, d]
-            c = _curvature(r)
+        if kind == "product-lorentz":
+            x = _np(emb[key])  # [N, k, d]
+            c = _curvature(self.recipe)
             n, k, d = x.shape
             c = np.broadcast_to(c, (k,))
             parts = []
@@ -120,10 +117,9 @@ class Proxy:
                 else:
                     parts.append(float(c[f]) * query_vectors(x[:, f], float(c[f])))
             return np.ascontiguousarray(np.hstack(parts), dtype=np.float32)
-        if self.name == "mixed":
-            with torch.no_grad():
-                w = {p: float(s()) for p, s in r.weights.items()}
-            c = float(_curvature(r)[0])
+        if kind == "mixed":
+            w = dict(self.spec.weights or {})
+            c = float(_curvature(self.recipe)[0])
             parts = []
             if "hyperbolic" in emb:
                 h = _np(emb["hyperbolic"])
@@ -158,7 +154,7 @@ class Proxy:
                 s = _np(emb["sphere"])
                 parts.append(s if database else 2 * w["sphere"] * s)
             return np.ascontiguousarray(np.hstack(parts), dtype=np.float32)
-        raise InputError(f"unknown proxy {self.name!r}")
+        raise InputError(f"unknown proxy kind {kind!r} (recipe {self.recipe.name!r})")
 
     @staticmethod
     def _angle_functionals(x: np.ndarray, c: float) -> tuple[np.ndarray, np.ndarray]:
@@ -172,38 +168,23 @@ class Proxy:
 
 
 def default_proxy(recipe: Recipe, proxy: str | None = None) -> Proxy:
-    """The candidate proxy for ``recipe`` (see the module docstring); ``proxy`` overrides it."""
-    name = recipe.name
-    if proxy is None:
-        proxy = {
-            "clip": "cosine",
-            "dualpath": "cosine",
-            "meru": "lorentz",
-            "hycoclip": "lorentz",
-            "atmg": "angle",
-            "phyclip": "product-lorentz",
-            "proclip": "mixed",
-            "agr": "lorentz",
-        }.get(name)
-        if proxy is None:
-            raise InputError(f"no candidate proxy known for recipe {name!r}; pass proxy=...")
-    if proxy == "euclidean":
-        proxy = "cosine"
-    allowed = {
-        "clip": {"cosine"},
-        "dualpath": {"cosine"},
-        "meru": {"lorentz"},
-        "hycoclip": {"lorentz"},
-        "atmg": {"angle", "lorentz"},
-        "phyclip": {"product-lorentz"},
-        "proclip": {"mixed"},
-        "agr": {"lorentz", "cosine"},
-    }.get(name, {proxy})
-    if proxy not in allowed:
+    """The candidate proxy for ``recipe``: the first of ``recipe.index_proxies()``, or the one
+    named ``proxy`` ("euclidean" is read as "cosine")."""
+    proxies = recipe.index_proxies()
+    if not proxies:
         raise InputError(
-            f"proxy {proxy!r} does not apply to recipe {name!r}; choose from {sorted(allowed)}"
+            f"recipe {recipe.name!r} declares no index proxy (Recipe.index_proxies): "
+            "it cannot be served by an index"
         )
-    return Proxy(recipe, proxy)
+    if proxy is None:
+        proxy = next(iter(proxies))
+    if proxy == "euclidean" and "euclidean" not in proxies:
+        proxy = "cosine"
+    if proxy not in proxies:
+        raise InputError(
+            f"proxy {proxy!r} does not apply to recipe {recipe.name!r}; choose from {sorted(proxies)}"
+        )
+    return Proxy(recipe, proxy, proxies[proxy])
 
 
 def as_torch_embedding(emb: Embedding) -> Embedding:
@@ -300,7 +281,7 @@ class RecipeIndex:
     @property
     def exact_proxy(self) -> bool:
         """Whether the proxy alone already ranks exactly like the recipe's score."""
-        return self.recipe.name in EXACT_PROXY
+        return self.proxy.exact
 
     def candidates(self, queries: Embedding, K: int) -> np.ndarray:
         """``[n, K]`` database rows with the largest proxy inner product."""
@@ -448,8 +429,6 @@ def rerank_recall(
 
 
 __all__ = [
-    "EMBEDDING_GEOMETRY",
-    "EXACT_PROXY",
     "Proxy",
     "RecipeIndex",
     "default_proxy",

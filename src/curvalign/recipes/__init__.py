@@ -1,14 +1,30 @@
 """Method registry: ``register`` a Recipe subclass by its ``name``; ``get_recipe`` finds it.
 
-Each method lives in one file of this package; importing the package registers all of them.
+Recipes are found by discovery, not by a list (``curvalign.plugins``): every module of this
+package (except ``base`` and private ``_*`` modules) is imported, and so is every entry point of
+the ``curvalign.recipes`` group, so a user's own package adds a method without forking::
+
+    # the user's pyproject.toml
+    [project.entry-points."curvalign.recipes"]
+    myrecipe = "mypackage.myrecipe"          # a module that applies @register, or the class
+
+A module that fails to import raises ``RecipeImportError`` naming it (with its cause), never
+hides its recipe.
 """
 
 from __future__ import annotations
 
 import importlib
 
+from curvalign.data.batch import Batch
 from curvalign.errors import ConfigError
-from curvalign.recipes.base import Batch, Embedding, Gather, LossOutput, Progress, Recipe
+from curvalign.plugins import (
+    RECIPE_ENTRY_POINT_GROUP,
+    available_recipe_names,
+    recipe_entry_points,
+    recipe_module_names,
+)
+from curvalign.recipes.base import Embedding, Gather, LossOutput, Progress, Recipe
 
 
 class UnknownRecipeError(ConfigError, KeyError):
@@ -18,12 +34,19 @@ class UnknownRecipeError(ConfigError, KeyError):
         return str(self.args[0]) if self.args else ""
 
 
+class RecipeImportError(ImportError):
+    """A recipe module or entry point that failed to import (a bug to fix, so not a one-line
+    CurvalignError: the traceback of the cause is kept)."""
+
+
 _REGISTRY: dict[str, type[Recipe]] = {}
-_MODULES = ("clip", "meru", "hycoclip", "atmg", "phyclip", "proclip", "agr", "dualpath")
+_loaded = False
 
 
 def register(cls: type[Recipe]) -> type[Recipe]:
     """Class decorator: make ``cls`` available as ``get_recipe(cls.name)``."""
+    if not isinstance(cls, type) or not issubclass(cls, Recipe):
+        raise TypeError(f"register expects a Recipe subclass, got {cls!r}")
     if cls.name in _REGISTRY and _REGISTRY[cls.name] is not cls:
         raise ValueError(f"recipe name {cls.name!r} is registered twice")
     _REGISTRY[cls.name] = cls
@@ -31,20 +54,37 @@ def register(cls: type[Recipe]) -> type[Recipe]:
 
 
 def _load_all() -> None:
-    for module in _MODULES:
+    """Import every recipe module of the package and every entry point, once."""
+    global _loaded
+    if _loaded:
+        return
+    for module in recipe_module_names():
+        name = f"{__name__}.{module}"
         try:
-            importlib.import_module(f"curvalign.recipes.{module}")
-        except ModuleNotFoundError as err:  # a method not written yet must not hide the others
-            if err.name != f"curvalign.recipes.{module}":
-                raise
+            importlib.import_module(name)
+        except Exception as err:
+            raise RecipeImportError(f"recipe module {name} failed to import: {err}") from err
+    for point in recipe_entry_points():
+        try:
+            obj = point.load()
+        except Exception as err:
+            raise RecipeImportError(
+                f"entry point {point.name!r} = {point.value!r} of group {RECIPE_ENTRY_POINT_GROUP!r} "
+                f"failed to import: {err}"
+            ) from err
+        if isinstance(obj, type) and issubclass(obj, Recipe) and obj.name not in _REGISTRY:
+            register(obj)
+    _loaded = True
 
 
 def recipe_names() -> list[str]:
+    """Every registered recipe name, sorted (imports the recipe modules)."""
     _load_all()
     return sorted(_REGISTRY)
 
 
 def get_recipe(name: str) -> type[Recipe]:
+    """The Recipe class registered as ``name``; UnknownRecipeError listing the known names."""
     _load_all()
     if name not in _REGISTRY:
         raise UnknownRecipeError(
@@ -54,13 +94,16 @@ def get_recipe(name: str) -> type[Recipe]:
 
 
 __all__ = [
+    "RECIPE_ENTRY_POINT_GROUP",
     "Batch",
     "Embedding",
     "Gather",
     "LossOutput",
     "Progress",
     "Recipe",
+    "RecipeImportError",
     "UnknownRecipeError",
+    "available_recipe_names",
     "get_recipe",
     "recipe_names",
     "register",

@@ -71,7 +71,16 @@ from curvalign.nn.lora import LoRALinear
 from curvalign.nn.router import PairwiseRouter, QueryConditioner, routed_scores
 from curvalign.nn.scalars import LearnableScalar, scalar_parameter_names
 from curvalign.recipes import register
-from curvalign.recipes.base import Batch, Embedding, Gather, LossOutput, Progress, Query, Recipe
+from curvalign.recipes.base import (
+    Batch,
+    Embedding,
+    Gather,
+    HyperbolicRecipe,
+    IndexProxy,
+    LossOutput,
+    Progress,
+    Query,
+)
 from curvalign.schedules import (
     AGRCurriculum,
     agr_alpha,
@@ -229,9 +238,11 @@ class ResidualTrunk(nn.Module):
 
 
 @register
-class AGR(Recipe):
+class AGR(HyperbolicRecipe):
     name = "agr"
     Config = AGRConfig
+    embedding_geometry = {"euclidean": "sphere", "lorentz": "lorentz", "context": "features"}
+    hyperbolic_key = "lorentz"
 
     def __init__(self, config: AGRConfig, image_dim: int, text_dim: int) -> None:
         super().__init__(config, image_dim, text_dim)
@@ -504,6 +515,26 @@ class AGR(Recipe):
             **self.log_values(),
         }
         return LossOutput(total=total, terms=terms, logs=logs)
+
+    # --- geometry questions -------------------------------------------------------------------
+    def index_proxies(self) -> dict[str, IndexProxy]:
+        """Candidates from one expert (default the Lorentz one's distance, or the Euclidean one's
+        cosine), reranked with the routed score: the router runs on the candidates only."""
+        return {
+            "lorentz": IndexProxy("lorentz", "lorentz"),
+            "cosine": IndexProxy("cosine", "euclidean"),
+        }
+
+    def embedding_diagnostics(
+        self, images: Embedding, texts: Embedding
+    ) -> dict[str, dict[str, Tensor]]:
+        """The query gate ``g = sigmoid(Gate(sg h))`` per item (Sec. 4.2)."""
+        return {
+            "query_gate": {
+                "image": torch.sigmoid(images["gate_logit"].double().flatten()),
+                "text": torch.sigmoid(texts["gate_logit"].double().flatten()),
+            }
+        }
 
     # --- logging ------------------------------------------------------------------------------
     def log_values(self) -> dict[str, float]:

@@ -32,6 +32,7 @@ from curvalign.recipes.base import (
     Batch,
     Embedding,
     Gather,
+    IndexProxy,
     LossOutput,
     Progress,
     Query,
@@ -105,6 +106,14 @@ class Atmg(LorentzRecipe):
         if self._use_beta(query):
             return angle_at_image_pair_scores(images["point"], texts["point"], c)
         return angle_at_text_pair_scores(texts["point"], images["point"], c)
+
+    def index_proxies(self) -> dict[str, IndexProxy]:
+        """The angle is no inner product of fixed vectors: candidates by the angle's two linear
+        functionals (Dinkelbach rounds, ``index/rerank.py``) or by distance, reranked exactly."""
+        return {
+            "angle": IndexProxy("angle", "point"),
+            "lorentz": IndexProxy("lorentz", "point"),
+        }
 
     def zero_shot_scores(
         self, images: Embedding, prompts: Embedding, prompt_to_class: Tensor, num_classes: int

@@ -18,6 +18,15 @@ Scores
     (AGR's query gate; AtMG's angle at the text for text->image). ``pair_scores`` is the same
     score for matched rows, ``[n]``, used to rerank candidates.
 
+Geometry questions (evaluation, diagnostics, index)
+    Everything ``eval/`` and ``index/`` need to know about a method they ask the recipe:
+    ``embedding_geometry`` (which key holds which kind of point), ``curvature_value()`` (the one
+    curvature query), ``distance_to_origin`` and ``tangent_features`` (hierarchy ordering,
+    spectra), ``factor_activation`` and ``embedding_diagnostics`` (method-specific diagnostics),
+    and ``index_proxies()`` (what an index holds and whether it ranks exactly; candidates are
+    reranked with ``pair_scores``). ``HyperbolicRecipe`` answers the geometric ones for a recipe
+    with one Lorentz part, ``CosineRecipe`` everything for a unit-sphere cosine recipe.
+
 Distributed training
     ``loss`` receives a ``Gather``. A recipe embeds its local batch, gathers the embeddings of
     all ranks (with gradients flowing to the local part), and scores its local rows against
@@ -28,6 +37,7 @@ Distributed training
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
@@ -35,9 +45,35 @@ import torch
 from torch import Tensor, nn
 
 from curvalign.data.batch import Batch
+from curvalign.geometry import lorentz, sphere
+from curvalign.scores import cosine_pair_scores, cosine_scores
 
 Embedding = dict[str, Tensor]
 Query = Literal["text", "image"]
+#: kinds of points an embedding key can hold (``Recipe.embedding_geometry``)
+Geometry = Literal["sphere", "lorentz", "lorentz-product", "euclidean", "features"]
+#: vector maps an index knows (``index/rerank.py`` builds the vectors of each kind)
+ProxyKind = Literal["cosine", "lorentz", "angle", "product-lorentz", "mixed"]
+
+
+@dataclass(frozen=True)
+class IndexProxy:
+    """What a search index holds for a recipe: vectors whose inner product ranks candidates.
+
+    kind     the vector map (see ``index/rerank.py``): "cosine" (unit vectors of ``key``),
+             "lorentz" (``-d_L`` of the Lorentz points of ``key``), "angle" (the exterior angle
+             at the query, Dinkelbach candidates), "product-lorentz" (sum over factors of
+             ``c_f <x_f, y_f>_L``, points ``[N, k, d]`` of ``key``), "mixed" (a weighted H x E x S
+             product over the keys "hyperbolic", "euclidean", "sphere")
+    key      the embedding key the map reads (None for "mixed")
+    exact    True when the proxy ranks exactly like the recipe's score (no rerank needed)
+    weights  part weights of "mixed" ({"hyperbolic", "euclidean", "sphere"} -> float)
+    """
+
+    kind: ProxyKind
+    key: str | None = "point"
+    exact: bool = False
+    weights: Mapping[str, float] | None = None
 
 
 def slice_embedding(emb: Embedding, index: slice | Tensor) -> Embedding:
@@ -196,3 +232,104 @@ class Recipe(nn.Module):
     def log_values(self) -> dict[str, float]:
         """Scalars worth a curve (temperature, curvature(s), gates), read at logging time."""
         return {}
+
+    # --- geometry questions (eval/ and index/ ask these; see the module docstring) ------------
+    #: kind of point each embedding key holds (for embeddings files, index checks and messages)
+    embedding_geometry: ClassVar[Mapping[str, Geometry]] = {}
+
+    def curvature_value(self) -> Tensor | None:
+        """The positive curvature ``c`` (sectional curvature ``-c``) of the recipe's hyperbolic
+        part, detached float64: a scalar, or ``[k]`` per factor. None without a hyperbolic part."""
+        return None
+
+    def distance_to_origin(self, emb: Embedding) -> Tensor | None:
+        """[N] float64 distance of each item to the origin of the recipe's geometry (hierarchy
+        ordering: more specific items lie further out). None when the geometry has no origin
+        (a sphere has none): ordering then does not apply."""
+        return None
+
+    def tangent_features(self, emb: Embedding) -> Tensor:
+        """[N, D] float64 flat vectors whose covariance spectrum describes the embedding (seed
+        001, Fig. 7). Default: every ``[N, ...]`` tensor of ``emb`` flattened, keys in sorted
+        order, concatenated; ``HyperbolicRecipe`` maps its Lorentz part to the tangent space."""
+        return _flat_parts(emb, {})
+
+    def factor_activation(self, emb: Embedding) -> Tensor | None:
+        """[N, k] float64 activation of each of k factors (PHyCLIP's factor-wise distance to the
+        origin), or None for a recipe without factors."""
+        return None
+
+    def embedding_diagnostics(
+        self, images: Embedding, texts: Embedding
+    ) -> dict[str, dict[str, Tensor]]:
+        """Method-specific per-item quantities worth a distribution summary in the evaluation,
+        by name and modality, e.g. AGR's ``{"query_gate": {"image": [Ni], "text": [Nt]}}``.
+        Default: none."""
+        return {}
+
+    def index_proxies(self) -> dict[str, IndexProxy]:
+        """The proxies an index may hold for this recipe, by name; the first is the default.
+        Default: none (``index`` then refuses the recipe with a message naming it)."""
+        return {}
+
+
+def _flat_parts(emb: Embedding, mapped: Mapping[str, Tensor]) -> Tensor:
+    """Every ``[N, ...]`` tensor of ``emb`` (or its replacement in ``mapped``) flattened to
+    ``[N, -1]`` float64, keys in sorted order, concatenated."""
+    parts = []
+    for key in sorted(emb):
+        v = mapped[key] if key in mapped else emb[key].detach().double()
+        if v.ndim < 2:
+            continue
+        parts.append(v.reshape(v.shape[0], -1))
+    if not parts:
+        raise ValueError("embedding has no [N, ...] vectors to take a spectrum of")
+    return torch.cat(parts, dim=1)
+
+
+class HyperbolicRecipe(Recipe):
+    """A recipe with one Lorentz part: the points under ``hyperbolic_key`` (``[N, d]``, or
+    ``[N, k, d]`` for a product of k factors) with the learnable curvature ``self.curvature``
+    (a ``LearnableScalar``: scalar, or ``[k]`` per factor). Answers the geometry questions."""
+
+    hyperbolic_key: ClassVar[str] = "point"
+
+    def curvature_value(self) -> Tensor:
+        with torch.no_grad():
+            return self.curvature().detach().double()
+
+    def distance_to_origin(self, emb: Embedding) -> Tensor | None:
+        """``dist0`` of the Lorentz part in float64; for k factors the mean over the factors (the
+        same 1/k average as PHyCLIP's training distance)."""
+        points = emb.get(self.hyperbolic_key)
+        if points is None:
+            return None
+        d = lorentz.dist0(points.detach().double(), self.curvature_value())
+        return d.mean(dim=-1) if points.ndim == 3 else d
+
+    def tangent_features(self, emb: Embedding) -> Tensor:
+        mapped = {}
+        if self.hyperbolic_key in emb:
+            points = emb[self.hyperbolic_key].detach().double()
+            mapped[self.hyperbolic_key] = lorentz.logmap0(points, self.curvature_value())
+        return _flat_parts(emb, mapped)
+
+
+class CosineRecipe(Recipe):
+    """A recipe whose embedding is ``{"point": [N, d]}`` unit vectors ranked by cosine (CLIP,
+    DualPath): scores, class embeddings (renormalised mean of the prompts) and an exact cosine
+    index proxy. No origin (the sphere has none), so no hierarchy ordering."""
+
+    embedding_geometry: ClassVar[Mapping[str, Geometry]] = {"point": "sphere"}
+
+    def scores(self, texts: Embedding, images: Embedding, query: Query = "text") -> Tensor:
+        return cosine_scores(texts["point"], images["point"])
+
+    def pair_scores(self, texts: Embedding, images: Embedding, query: Query = "text") -> Tensor:
+        return cosine_pair_scores(texts["point"], images["point"])
+
+    def class_embedding(self, prompts: Embedding) -> Embedding:
+        return {"point": sphere.project(prompts["point"].mean(dim=0, keepdim=True), 1.0)}
+
+    def index_proxies(self) -> dict[str, IndexProxy]:
+        return {"cosine": IndexProxy("cosine", "point", exact=True)}

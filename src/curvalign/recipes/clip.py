@@ -12,22 +12,20 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
-from curvalign.geometry import sphere
 from curvalign.losses import symmetric_info_nce
 from curvalign.nn.heads import CosineHead
 from curvalign.nn.scalars import LearnableScalar, scalar_parameter_names
 from curvalign.recipes import register
 from curvalign.recipes.base import (
     Batch,
+    CosineRecipe,
     Embedding,
     Gather,
     LossOutput,
     Progress,
-    Query,
-    Recipe,
     check_batch,
 )
-from curvalign.scores import cosine_pair_scores, cosine_scores
+from curvalign.scores import cosine_scores
 
 
 @dataclass
@@ -51,7 +49,7 @@ class ClipConfig:
 
 
 @register
-class Clip(Recipe):
+class Clip(CosineRecipe):
     name = "clip"
     Config = ClipConfig
 
@@ -68,15 +66,6 @@ class Clip(Recipe):
 
     def embed_texts(self, features: Tensor) -> Embedding:
         return {"point": self.text_head(features)}
-
-    def scores(self, texts: Embedding, images: Embedding, query: Query = "text") -> Tensor:
-        return cosine_scores(texts["point"], images["point"])
-
-    def pair_scores(self, texts: Embedding, images: Embedding, query: Query = "text") -> Tensor:
-        return cosine_pair_scores(texts["point"], images["point"])
-
-    def class_embedding(self, prompts: Embedding) -> Embedding:
-        return {"point": sphere.project(prompts["point"].mean(dim=0, keepdim=True), 1.0)}
 
     def loss(self, batch: Batch, progress: Progress, gather: Gather | None = None) -> LossOutput:
         gather = gather or Gather()

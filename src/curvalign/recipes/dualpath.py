@@ -41,7 +41,7 @@ from curvalign.losses.multiloss import (
 from curvalign.nn.dualpath import TASKS, DualPathHead
 from curvalign.nn.pooling import AttentionPooling
 from curvalign.recipes import register
-from curvalign.recipes.base import Batch, Embedding, Gather, LossOutput, Progress, Query, Recipe
+from curvalign.recipes.base import Batch, CosineRecipe, Embedding, Gather, LossOutput, Progress
 from curvalign.schedules import (
     DualPathCurriculum,
     dualpath_gate_warmup,
@@ -122,7 +122,7 @@ class DualPathConfig:
 
 
 @register
-class DualPath(Recipe):
+class DualPath(CosineRecipe):
     name = "dualpath"
     Config = DualPathConfig
     requires = frozenset({"text_pairs"})
@@ -187,15 +187,6 @@ class DualPath(Recipe):
             raise ValueError(f"dualpath: task must be one of {list(TASKS)}, got {task!r}")
         x = self._inputs(features, mask, self.text_pool, self.text_dim, "text")
         return {"point": sphere.project(self.head(x, "text", task), 1.0)}
-
-    def scores(self, texts: Embedding, images: Embedding, query: Query = "text") -> Tensor:
-        return cosine_scores(texts["point"], images["point"])
-
-    def pair_scores(self, texts: Embedding, images: Embedding, query: Query = "text") -> Tensor:
-        return cosine_pair_scores(texts["point"], images["point"])
-
-    def class_embedding(self, prompts: Embedding) -> Embedding:
-        return {"point": sphere.project(prompts["point"].mean(dim=0, keepdim=True), 1.0)}
 
     # --- curriculum ---------------------------------------------------------------------------
     def on_step_start(self, progress: Progress) -> None:

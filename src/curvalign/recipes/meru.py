@@ -30,10 +30,11 @@ from curvalign.recipes.base import (
     Batch,
     Embedding,
     Gather,
+    HyperbolicRecipe,
+    IndexProxy,
     LossOutput,
     Progress,
     Query,
-    Recipe,
     check_batch,
 )
 from curvalign.scores import lorentz_distance_pair_scores, lorentz_distance_scores
@@ -95,8 +96,11 @@ class MeruConfig(LorentzConfig):
     entailment_eta: float = 1.0
 
 
-class LorentzRecipe(Recipe):
-    """Image and text ``LorentzHead``s sharing one learnable curvature, and a temperature."""
+class LorentzRecipe(HyperbolicRecipe):
+    """Image and text ``LorentzHead``s sharing one learnable curvature, and a temperature.
+    Ranked by ``-d_L`` of ``point``: a Lorentz index answers exactly."""
+
+    embedding_geometry = {"point": "lorentz"}
 
     def __init__(self, config: LorentzConfig, image_dim: int, text_dim: int) -> None:
         super().__init__(config, image_dim, text_dim)
@@ -129,6 +133,9 @@ class LorentzRecipe(Recipe):
 
     def class_embedding(self, prompts: Embedding) -> Embedding:
         return {"point": lorentz.tangent_mean(prompts["point"], self.curvature())}
+
+    def index_proxies(self) -> dict[str, IndexProxy]:
+        return {"lorentz": IndexProxy("lorentz", "point", exact=True)}
 
     def log_values(self) -> dict[str, float]:
         return {

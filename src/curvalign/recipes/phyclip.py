@@ -37,10 +37,11 @@ from curvalign.recipes.base import (
     Batch,
     Embedding,
     Gather,
+    HyperbolicRecipe,
+    IndexProxy,
     LossOutput,
     Progress,
     Query,
-    Recipe,
     check_batch,
 )
 from curvalign.scores import product_average_distance_pair_scores, product_average_distance_scores
@@ -113,9 +114,10 @@ class PhyclipConfig:
 
 
 @register
-class Phyclip(Recipe):
+class Phyclip(HyperbolicRecipe):
     name = "phyclip"
     Config = PhyclipConfig
+    embedding_geometry = {"point": "lorentz-product"}
     requires = frozenset({"boxes"})
 
     def __init__(self, config: PhyclipConfig, image_dim: int, text_dim: int) -> None:
@@ -158,15 +160,23 @@ class Phyclip(Recipe):
     def class_embedding(self, prompts: Embedding) -> Embedding:
         return {"point": lorentz.tangent_mean(prompts["point"], self.curvature())}  # [1, k, d]
 
-    # --- analysis -----------------------------------------------------------------------------
-    def factor_norms(self, emb: Embedding) -> Tensor:
-        """[N, k] hyperbolic distance of each factor to its origin (Fig. 3-4's factor norms)."""
-        return lorentz.dist0(emb["point"], self.curvature())
+    # --- geometry questions and analysis -------------------------------------------------------
+    def index_proxies(self) -> dict[str, IndexProxy]:
+        """Per factor ``c_f <x_f, y_f>_L = -cosh(sqrt(c_f) d_f)``, summed: ranks like the sum of
+        ``cosh`` of the factor distances, not like their sum, so candidates are reranked."""
+        return {"product-lorentz": IndexProxy("product-lorentz", "point")}
+
+    def factor_activation(self, emb: Embedding) -> Tensor | None:
+        """[N, k] float64 distance of each factor to its origin (Fig. 3-4's factor-wise norms)."""
+        points = emb.get("point")
+        if points is None or points.ndim != 3:
+            return None
+        return lorentz.dist0(points.detach().double(), self.curvature_value())
 
     def factor_max_compose(self, a: Embedding, b: Embedding) -> Embedding:
-        """Fig. 7: per factor, keep whichever of ``a``'s and ``b``'s points lies further from the
-        origin (a Boolean OR when each factor is a bit). Shapes [N, k, d] -> [N, k, d]."""
-        pick_a = self.factor_norms(a) >= self.factor_norms(b)
+        """Fig. 7 / App. D.2: per factor, keep whichever of ``a``'s and ``b``'s points lies further
+        from the origin (a Boolean OR when each factor is a bit). Shapes [N, k, d] -> [N, k, d]."""
+        pick_a = self.factor_activation(a) >= self.factor_activation(b)
         return {"point": torch.where(pick_a.unsqueeze(-1), a["point"], b["point"])}
 
     # --- training -----------------------------------------------------------------------------

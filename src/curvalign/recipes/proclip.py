@@ -32,10 +32,11 @@ from curvalign.recipes.base import (
     Batch,
     Embedding,
     Gather,
+    HyperbolicRecipe,
+    IndexProxy,
     LossOutput,
     Progress,
     Query,
-    Recipe,
     check_batch,
 )
 from curvalign.scores import mixed_sqdist_pair_scores, mixed_sqdist_scores
@@ -101,9 +102,11 @@ class ProclipConfig:
 
 
 @register
-class Proclip(Recipe):
+class Proclip(HyperbolicRecipe):
     name = "proclip"
     Config = ProclipConfig
+    embedding_geometry = {"hyperbolic": "lorentz", "euclidean": "euclidean", "sphere": "sphere"}
+    hyperbolic_key = "hyperbolic"
 
     def __init__(self, config: ProclipConfig, image_dim: int, text_dim: int) -> None:
         super().__init__(config, image_dim, text_dim)
@@ -134,6 +137,13 @@ class Proclip(Recipe):
 
     def _weights(self) -> dict[str, Tensor]:
         return {p: w() for p, w in self.weights.items()}
+
+    def index_proxies(self) -> dict[str, IndexProxy]:
+        """``2 a_H <x,y>_L + a_E (2 e.e' - |e'|^2) + 2 a_S s.s'``: first-order in the hyperbolic and
+        spherical parts, exact in the Euclidean one; candidates are reranked exactly."""
+        with torch.no_grad():
+            weights = {p: float(w) for p, w in self._weights().items()}
+        return {"mixed": IndexProxy("mixed", None, weights=weights)}
 
     def embed_images(self, features: Tensor) -> Embedding:
         return self.image_head(features, self.curvature(), self.config.sphere_radius)

@@ -125,7 +125,7 @@ def run_benchmark(
 ) -> BenchmarkResult:
     """Train each recipe on ``data`` into ``out_dir/runs/NAME`` (replacing an earlier run there),
     evaluate it on ``split``, and write ``results.json``, ``results.md`` and PNG plots to ``out_dir``."""
-    from curvalign.eval import diagnostic_arrays, evaluate
+    from curvalign.eval import run_evaluation
     from curvalign.recipes import recipe_names
     from curvalign.runs import load_run, read_log
     from curvalign.train.trainer import train
@@ -169,7 +169,9 @@ def run_benchmark(
         result.train_seconds[name] = time.perf_counter() - t
         t = time.perf_counter()
         loaded = load_run(run_dir)  # evaluate what was saved, not the live object
-        evaluation = evaluate(loaded.recipe, store, split=split)
+        # one embedding of the split serves the metrics and the plots' arrays
+        evaluated = run_evaluation(loaded.recipe, store, split=split)
+        evaluation = evaluated.metrics
         evaluation["meta"].update(
             step=loaded.step,
             run_dir=str(run_dir),
@@ -178,7 +180,7 @@ def run_benchmark(
         result.results[name] = evaluation
         result.run_dirs[name] = Path(run_dir)
         if plots:
-            arrays[name] = diagnostic_arrays(loaded.recipe, store, split=split)
+            arrays[name] = evaluated.arrays.as_dict()
             logs[name] = read_log(run_dir)
         result.eval_seconds[name] = time.perf_counter() - t
         r = evaluation["retrieval"]

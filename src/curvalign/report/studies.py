@@ -435,9 +435,9 @@ def composition_precision(
     factors or stores without the world's ground truth.
     """
     from curvalign.eval import embed, score_matrix
-    from curvalign.eval.diagnostics import curvature, factorwise_max
 
-    if world is None or getattr(recipe, "name", None) != "phyclip" or not store.has_classes:
+    compose = getattr(recipe, "factor_max_compose", None)  # PHyCLIP's factor-wise max (App. D.2)
+    if world is None or compose is None or not store.has_classes:
         return None
     test_ids = store.split_image_ids("test")
     is_test = torch.zeros(store.num_images, dtype=torch.bool)
@@ -463,12 +463,11 @@ def composition_precision(
             idx = torch.nonzero(p2c == node_to_class[leaf]).flatten()
             return recipe.class_embedding({k: v[idx] for k, v in prompts.items()})
 
-        c = curvature(recipe)
         ea = [class_emb(a) for a, _ in pairs]
         eb = [class_emb(b) for _, b in pairs]
         a_pts = torch.cat([e["point"] for e in ea])
         b_pts = torch.cat([e["point"] for e in eb])
-        composed = {"point": factorwise_max(a_pts, b_pts, c).to(a_pts.dtype)}
+        composed = compose({"point": a_pts}, {"point": b_pts})
         contains = torch.tensor(
             [[a in leaves_of[i] and b in leaves_of[i] for i in test_ids.tolist()] for a, b in pairs]
         )

@@ -1,0 +1,396 @@
+"""Evaluation as one typed pipeline: embed a split once, then run every stage over it.
+
+    embed_split                       images, captions (and class prompts) of the split, once
+      -> retrieval                    recall@k both ways with ``recipe.scores``
+      -> zero-shot -> hierarchy       ``recipe.zero_shot_scores``; taxonomy metrics on its predictions
+      -> compositional                hard negatives vs true captions with ``recipe.pair_scores``
+      -> ordering                     ``recipe.distance_to_origin`` along general -> specific chains
+      -> diagnostics                  distances, spectra (``recipe.tangent_features``), factor
+                                      activation per concept family, ``recipe.embedding_diagnostics``
+
+Each stage reads the ``SplitEmbeddings`` and the store and returns its part of the metrics (or
+None when the store lacks what it needs). ``run_evaluation`` returns the metrics (JSON-ready,
+keys in docs/evaluation.md) and, if asked, the raw arrays the plots draw, from the same
+embeddings. Every question that depends on the method goes to the recipe (its contract in
+``recipes/base.py``); nothing here knows a method by name. This module never imports the trainer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from curvalign.data.features import FeatureStore
+from curvalign.errors import InputError
+from curvalign.eval.compositional import hard_negative_accuracy
+from curvalign.eval.diagnostics import (
+    effective_rank,
+    eigen_spectrum,
+    factor_family_activation,
+    factor_specialisation,
+    summary,
+)
+from curvalign.eval.hierarchy import Taxonomy, hierarchical_metrics
+from curvalign.eval.ordering import ordering_accuracy
+from curvalign.eval.retrieval import recall_at_k
+from curvalign.eval.zeroshot import predict, topk_accuracy
+from curvalign.recipes.base import Embedding, Query, Recipe, embedding_size, slice_embedding
+
+#: pairs scored per call of ``recipe.scores`` (bounds the memory of per-pair routers such as AGR's)
+PAIR_BUDGET = 1 << 20
+
+
+# --- embedding and scoring helpers ------------------------------------------------------------
+
+
+@torch.no_grad()
+def embed(recipe: Recipe, features: Tensor, modality: str, batch_size: int = 1024) -> Embedding:
+    """Embed ``features`` [N, D] (``modality`` "image" or "text") in batches; returns N items."""
+    fn = recipe.embed_images if modality == "image" else recipe.embed_texts
+    parts = [fn(features[i : i + batch_size]) for i in range(0, features.shape[0], batch_size)]
+    if not parts:
+        raise InputError(f"no {modality} features to embed")
+    return {k: torch.cat([p[k] for p in parts], dim=0) for k in parts[0]}
+
+
+@torch.no_grad()
+def score_matrix(
+    recipe: Recipe, texts: Embedding, images: Embedding, query: Query = "text"
+) -> Tensor:
+    """[Nt, Ni] ``recipe.scores`` computed over row chunks of texts (at most ``PAIR_BUDGET`` pairs
+    per call), float32 on the CPU."""
+    n_text, n_image = embedding_size(texts), embedding_size(images)
+    rows = max(1, PAIR_BUDGET // max(1, n_image))
+    out = torch.empty(n_text, n_image, dtype=torch.float32)
+    for start in range(0, n_text, rows):
+        out[start : start + rows] = (
+            recipe.scores(slice_embedding(texts, slice(start, start + rows)), images, query=query)
+            .float()
+            .cpu()
+        )
+    return out
+
+
+@torch.no_grad()
+def matched_scores(
+    recipe: Recipe, texts: Embedding, images: Embedding, query: Query = "image"
+) -> Tensor:
+    """[n] score of text i with image i, via ``recipe.pair_scores`` (the diagonal of ``scores``)."""
+    try:
+        return recipe.pair_scores(texts, images, query=query).float().cpu()
+    except NotImplementedError:  # a recipe without pair_scores: the diagonal, one pair at a time
+        n = embedding_size(texts)
+        return (
+            torch.stack(
+                [
+                    recipe.scores(
+                        slice_embedding(texts, slice(i, i + 1)),
+                        slice_embedding(images, slice(i, i + 1)),
+                        query=query,
+                    )[0, 0]
+                    for i in range(n)
+                ]
+            )
+            .float()
+            .cpu()
+        )
+
+
+# --- the split's embeddings -------------------------------------------------------------------
+
+
+@dataclass
+class SplitEmbeddings:
+    """One split of a store, embedded once.
+
+    image_ids      [Ni] store rows of the split's images
+    text_ids       [Nt] store rows of their captions
+    text_to_image  [Nt] local image index (into ``images``) of each caption
+    images, texts  the recipe's embeddings of those rows (Ni and Nt items)
+    prompts        embeddings of every class prompt (store order), None without classes
+    """
+
+    split: str
+    image_ids: Tensor
+    text_ids: Tensor
+    text_to_image: Tensor
+    images: Embedding
+    texts: Embedding
+    prompts: Embedding | None
+
+
+def split_rows(store: FeatureStore, split: str) -> tuple[Tensor, Tensor, Tensor]:
+    """(image ids, text ids, text -> local image index) of ``split``."""
+    image_ids = store.split_image_ids(split)
+    if len(image_ids) == 0:
+        raise InputError(f"split {split!r} has no images")
+    local = torch.full((store.num_images,), -1, dtype=torch.long)
+    local[image_ids] = torch.arange(len(image_ids))
+    text_ids = torch.nonzero(local[store.text_to_image.long()] >= 0).flatten()
+    if len(text_ids) == 0:
+        raise InputError(f"split {split!r} has no captions")
+    return image_ids, text_ids, local[store.text_to_image.long()[text_ids]]
+
+
+@torch.no_grad()
+def embed_split(
+    recipe: Recipe, store: FeatureStore, split: str, batch_size: int = 1024
+) -> SplitEmbeddings:
+    """Embed the split's images and captions, and the class prompts if the store has classes."""
+    image_ids, text_ids, t2i = split_rows(store, split)
+    images = embed(recipe, store.image_features[image_ids].float(), "image", batch_size)
+    texts = embed(recipe, store.text_features[text_ids].float(), "text", batch_size)
+    prompts = (
+        embed(recipe, store.prompt_features.float(), "text", batch_size)
+        if store.has_classes
+        else None
+    )
+    return SplitEmbeddings(split, image_ids, text_ids, t2i, images, texts, prompts)
+
+
+# --- stages -----------------------------------------------------------------------------------
+
+
+def retrieval_stage(recipe: Recipe, emb: SplitEmbeddings) -> dict[str, float]:
+    """Recall@1/5/10 text->image and image->text, each direction with its own query side."""
+    t_scores = score_matrix(recipe, emb.texts, emb.images, query="text")
+    i_scores = score_matrix(recipe, emb.texts, emb.images, query="image")
+    return recall_at_k(t_scores, emb.text_to_image, ks=(1, 5, 10), i2t_scores=i_scores)
+
+
+def zero_shot_stage(
+    recipe: Recipe, store: FeatureStore, emb: SplitEmbeddings, tax: Taxonomy | None
+) -> tuple[dict[str, float] | None, dict[str, float] | None]:
+    """(zero-shot top-1/5, hierarchical metrics of its predictions); None where not supported."""
+    if emb.prompts is None or store.image_labels is None:
+        return None, None
+    labels = store.image_labels[emb.image_ids].long()
+    if not bool((labels >= 0).any()):
+        return None, None
+    num_classes = (
+        len(store.class_names) if store.class_names else int(store.prompt_to_class.max()) + 1
+    )
+    keep = torch.nonzero(labels >= 0).flatten()
+    class_scores = (
+        recipe.zero_shot_scores(
+            slice_embedding(emb.images, keep),
+            emb.prompts,
+            store.prompt_to_class.long(),
+            num_classes,
+        )
+        .float()
+        .cpu()
+    )
+    zeroshot = topk_accuracy(class_scores, labels[keep], ks=(1, 5))
+    hierarchy = None
+    if tax is not None and store.class_to_node is not None:
+        class_to_node = store.class_to_node.long()
+        hierarchy = hierarchical_metrics(
+            class_to_node[predict(class_scores)], class_to_node[labels[keep]], tax
+        )
+    return zeroshot, hierarchy
+
+
+def compositional_stage(
+    recipe: Recipe, store: FeatureStore, emb: SplitEmbeddings, batch_size: int
+) -> dict[str, Any] | None:
+    """Share of hard negatives scored below their true caption, overall and per kind."""
+    if not store.has_negatives:
+        return None
+    text_local = torch.full((store.num_texts,), -1, dtype=torch.long)
+    text_local[emb.text_ids] = torch.arange(len(emb.text_ids))
+    owner = text_local[store.negative_to_text.long()]
+    keep = torch.nonzero(owner >= 0).flatten()
+    if not len(keep):
+        return None
+    negatives = embed(recipe, store.negative_features[keep].float(), "text", batch_size)
+    paired_images = slice_embedding(emb.images, emb.text_to_image[owner[keep]])
+    true = matched_scores(
+        recipe, slice_embedding(emb.texts, owner[keep]), paired_images, query="image"
+    )
+    negative = matched_scores(recipe, negatives, paired_images, query="image")
+    kinds = store.negative_kind[keep].long() if store.negative_kind is not None else None
+    return hard_negative_accuracy(true, negative, kinds, store.negative_kind_names)
+
+
+def ordering_stage(
+    recipe: Recipe, store: FeatureStore, emb: SplitEmbeddings, batch_size: int
+) -> dict[str, Any] | None:
+    """Hierarchy ordering along text chains and crop -> image pairs, by distance to the origin."""
+    if not (store.has_chains or store.has_boxes):
+        return None
+    if recipe.distance_to_origin(slice_embedding(emb.images, slice(0, 1))) is None:
+        return {
+            "text": None,
+            "image": None,
+            "note": f"{recipe.name} has no origin in its geometry (no hyperbolic part): "
+            "hierarchy ordering does not apply (n/a)",
+        }
+    out: dict[str, Any] = {
+        "text": None,
+        "image": None,
+        "note": "distance to the origin of the hyperbolic part, chains general -> specific",
+    }
+    if store.has_chains:
+        chains = store.chain_features.float()
+        n, length, dim = chains.shape
+        chain_emb = embed(recipe, chains.reshape(n * length, dim), "text", batch_size)
+        out["text"] = ordering_accuracy(recipe.distance_to_origin(chain_emb).reshape(n, length))
+    if store.has_boxes:
+        local = torch.full((store.num_images,), -1, dtype=torch.long)
+        local[emb.image_ids] = torch.arange(len(emb.image_ids))
+        owner = local[store.box_to_image.long()]
+        keep = torch.nonzero(owner >= 0).flatten()
+        if len(keep):
+            crops = embed(recipe, store.box_image_features[keep].float(), "image", batch_size)
+            d_crop = recipe.distance_to_origin(crops)
+            d_full = recipe.distance_to_origin(slice_embedding(emb.images, owner[keep]))
+            out["image"] = ordering_accuracy(torch.stack([d_crop, d_full], dim=1))
+    return out
+
+
+def _node_families(tax: Taxonomy) -> list[int]:
+    """Concept family of every node: the root of its tree in a forest; under a single root (the
+    synthetic world's "entity", WordNet's "entity") the root's child on the node's path."""
+    out = []
+    for node, chain in enumerate(tax.ancestors):
+        line = [node] + [a for a in chain if a < tax.num_nodes]  # node up to its real root
+        out.append(line[-1] if tax.virtual_root or len(line) < 2 else line[-2])
+    return out
+
+
+@dataclass
+class DiagnosticArrays:
+    """Raw arrays behind the diagnostics plots (numpy): ``distance`` {"image": [Ni], "text":
+    [Nt]} or None without an origin; ``spectrum`` {"image": [D], "text": [D]} descending
+    eigenvalues; ``factor_activation`` {"image": [Ni, k], "text": [Nt, k]} or None."""
+
+    distance: dict[str, np.ndarray] | None
+    spectrum: dict[str, np.ndarray]
+    factor_activation: dict[str, np.ndarray] | None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "distance": self.distance,
+            "spectrum": self.spectrum,
+            "factor_activation": self.factor_activation,
+        }
+
+
+def diagnostics_stage(
+    recipe: Recipe, store: FeatureStore, emb: SplitEmbeddings, tax: Taxonomy | None
+) -> tuple[dict[str, Any], DiagnosticArrays]:
+    """Distance-to-origin summaries, spectra, the recipe's own diagnostics and factor activation
+    per concept family; with the raw arrays behind them."""
+    out: dict[str, Any] = {"distance_to_origin": None, "spectrum": {}}
+    d_img = recipe.distance_to_origin(emb.images)
+    d_txt = recipe.distance_to_origin(emb.texts)
+    if d_img is not None and d_txt is not None:
+        out["distance_to_origin"] = {"image": summary(d_img), "text": summary(d_txt)}
+    spectra = {}
+    for modality, e in (("image", emb.images), ("text", emb.texts)):
+        spectrum = eigen_spectrum(recipe.tangent_features(e))
+        spectra[modality] = spectrum.numpy()
+        out["spectrum"][modality] = {
+            "effective_rank": effective_rank(spectrum),
+            "top_eigenvalues": [float(v) for v in spectrum[:10]],
+        }
+    for name, samples in recipe.embedding_diagnostics(emb.images, emb.texts).items():
+        out[name] = {modality: summary(values) for modality, values in samples.items()}
+    if emb.prompts is not None and tax is not None and store.class_to_node is not None:
+        activation = recipe.factor_activation(emb.prompts)
+        if activation is not None:
+            families = torch.tensor(_node_families(tax))
+            class_family = families[store.class_to_node.long()]
+            roots = sorted(set(class_family.tolist()))  # families that have classes
+            family_of_class = torch.tensor([roots.index(int(f)) for f in class_family])
+            prompt_family = family_of_class[store.prompt_to_class.long()]
+            per_family = factor_family_activation(activation, prompt_family, len(roots))
+            out["factors"] = {
+                "family_names": [
+                    store.taxonomy_names[r] if store.taxonomy_names else str(r) for r in roots
+                ],
+                "activation": per_family.tolist(),
+                **factor_specialisation(per_family),
+            }
+    a_img = recipe.factor_activation(emb.images)
+    a_txt = recipe.factor_activation(emb.texts)
+    arrays = DiagnosticArrays(
+        distance=None if d_img is None else {"image": d_img.numpy(), "text": d_txt.numpy()},
+        spectrum=spectra,
+        factor_activation=None
+        if a_img is None
+        else {"image": a_img.numpy(), "text": a_txt.numpy()},
+    )
+    return out, arrays
+
+
+# --- the pipeline -----------------------------------------------------------------------------
+
+
+@dataclass
+class Evaluation:
+    """``metrics``: the JSON-ready result (docs/evaluation.md); ``arrays``: what the plots draw
+    (None unless diagnostics ran); ``embeddings``: the split, embedded once."""
+
+    metrics: dict[str, Any]
+    arrays: DiagnosticArrays | None
+    embeddings: SplitEmbeddings
+
+
+@torch.no_grad()
+def run_evaluation(
+    recipe: Recipe,
+    store: FeatureStore,
+    split: str = "test",
+    batch_size: int = 1024,
+    diagnostics: bool = True,
+) -> Evaluation:
+    """Every metric ``store`` supports on ``split`` (every image when it has no splits), from one
+    embedding of the split. The recipe is put in eval mode and restored afterwards."""
+    was_training = recipe.training
+    recipe.eval()
+    try:
+        emb = embed_split(recipe, store, split, batch_size)
+        metrics: dict[str, Any] = {
+            "meta": {
+                "recipe": recipe.name,
+                "split": split,
+                "num_images": len(emb.image_ids),
+                "num_texts": len(emb.text_ids),
+            },
+            "retrieval": retrieval_stage(recipe, emb),
+        }
+        tax = Taxonomy(store.taxonomy_parents) if store.has_taxonomy else None
+        zeroshot, hierarchy = zero_shot_stage(recipe, store, emb, tax)
+        stages = {
+            "zeroshot": zeroshot,
+            "hierarchy": hierarchy,
+            "compositional": compositional_stage(recipe, store, emb, batch_size),
+            "ordering": ordering_stage(recipe, store, emb, batch_size),
+        }
+        metrics.update({k: v for k, v in stages.items() if v is not None})
+        arrays = None
+        if diagnostics:
+            metrics["diagnostics"], arrays = diagnostics_stage(recipe, store, emb, tax)
+        return Evaluation(metrics, arrays, emb)
+    finally:
+        if was_training:
+            recipe.train()
+
+
+__all__ = [
+    "DiagnosticArrays",
+    "Evaluation",
+    "SplitEmbeddings",
+    "embed",
+    "embed_split",
+    "matched_scores",
+    "run_evaluation",
+    "score_matrix",
+    "split_rows",
+]
