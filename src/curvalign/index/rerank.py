@@ -119,9 +119,9 @@ class Proxy:
             return np.ascontiguousarray(np.hstack(parts), dtype=np.float32)
         if kind == "mixed":
             w = dict(self.spec.weights or {})
-            c = float(_curvature(self.recipe)[0])
             parts = []
             if "hyperbolic" in emb:
+                c = float(_curvature(self.recipe)[0])
                 h = _np(emb["hyperbolic"])
                 parts.append(
                     database_vectors(h, c)
