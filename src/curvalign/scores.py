@@ -22,11 +22,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from curvalign.geometry import euclidean, lorentz, product, sphere
+from curvalign.geometry import euclidean, lorentz, product
 
 Curvature = float | Tensor
 
@@ -114,25 +113,8 @@ def mixed_sqdist_pair_scores(
     c: Curvature,
     radius: Curvature,
 ) -> Tensor:
-    """Matched rows of ``mixed_sqdist_scores``: [n]."""
-    total: Tensor | None = None
-    for part, xp in x.items():
-        yp = y[part]
-        if part == "hyperbolic":
-            sq = lorentz.dist(xp, yp, c).square()
-        elif part == "euclidean":
-            sq = euclidean.sqdist(xp, yp)
-        elif part == "sphere":
-            sq = sphere.dist(xp, yp, radius).square()
-        else:
-            raise ValueError(
-                f"unknown product part {part!r}; expected hyperbolic, euclidean or sphere"
-            )
-        term = weights[part] * sq.to(torch.promote_types(sq.dtype, torch.float32))
-        total = term if total is None else total + term
-    if total is None:
-        raise ValueError("mixed_sqdist_pair_scores got no parts")
-    return -total
+    """Matched rows of ``mixed_sqdist_scores``: [n] (``geometry.product.mixed_sqdist``)."""
+    return -product.mixed_sqdist(dict(x), dict(y), dict(weights), c=c, radius=radius)
 
 
 __all__ = [

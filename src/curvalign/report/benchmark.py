@@ -17,11 +17,21 @@ from typing import Any
 from curvalign.data import load_store
 from curvalign.data.features import FeatureStore
 from curvalign.errors import ConfigError
+from curvalign.recipes.agr import AGR
+from curvalign.recipes.atmg import Atmg
+from curvalign.recipes.clip import Clip
+from curvalign.recipes.dualpath import DualPath
+from curvalign.recipes.hycoclip import Hycoclip
+from curvalign.recipes.meru import Meru
+from curvalign.recipes.phyclip import Phyclip
+from curvalign.recipes.proclip import Proclip
 
 Notify = Callable[[str], None]
 
 #: the demo's defaults: all eight recipes on a small synthetic world, about a minute on 2 CPU cores
-DEMO_RECIPES = ("clip", "meru", "hycoclip", "atmg", "phyclip", "proclip", "agr", "dualpath")
+DEMO_RECIPES = tuple(
+    cls.name for cls in (Clip, Meru, Hycoclip, Atmg, Phyclip, Proclip, AGR, DualPath)
+)
 DEMO_STEPS = 40
 DEMO_WORLD = "synthetic:images=600,text_pairs=400"
 #: PHyCLIP at its paper size (k=64 factors of d=8) costs about ten times a MERU step on a CPU; the

@@ -20,7 +20,16 @@ import torch
 
 from curvalign.data.features import FeatureStore
 from curvalign.errors import ConfigError
+from curvalign.recipes.agr import AGR
+from curvalign.recipes.atmg import Atmg
+from curvalign.recipes.dualpath import DualPath
+from curvalign.recipes.meru import Meru
+from curvalign.recipes.phyclip import Phyclip
+from curvalign.recipes.proclip import Proclip
 from curvalign.report.tables import format_cell, lookup, write_json
+
+#: each study tests a claim about named methods: it names them through their recipe classes
+MERU, ATMG = Meru.name, Atmg.name
 
 Notify = Callable[[str], None]
 
@@ -151,7 +160,7 @@ def study_agr_curriculum(
         ("four-phase", ["single_schedule=false"]),
         ("single-schedule", ["single_schedule=true"]),
     ):
-        run_dir = ctx.train(label, "agr", extra)
+        run_dir = ctx.train(label, AGR.name, extra)
         loaded, ev = ctx.evaluate(run_dir)
         log = read_log(run_dir)
         t_w = agr_warmup_end_step(ctx.steps, loaded.recipe.config.curriculum)
@@ -255,7 +264,7 @@ def study_atmg_curvature(
     )
     rows = []
     for c in curvatures:
-        for recipe in ("meru", "atmg"):
+        for recipe in (MERU, ATMG):
             run_dir = ctx.train(
                 f"{recipe}-c{c:g}",
                 recipe,
@@ -280,9 +289,7 @@ def study_atmg_curvature(
         ("ordering/text/chain", "atmg_text_order.png", "text chain ordering"),
         ("ordering/image/chain", "atmg_image_order.png", "image chain ordering"),
     ):
-        series = {
-            r: [_num(lookup(by[(r, c)], metric)) for c in curvatures] for r in ("meru", "atmg")
-        }
+        series = {r: [_num(lookup(by[(r, c)], metric)) for c in curvatures] for r in (MERU, ATMG)}
         figures.append(
             str(
                 plots.line_plot(
@@ -299,7 +306,7 @@ def study_atmg_curvature(
     wins = {}
     for metric in ("zeroshot/top1", "ordering/text/chain", "ordering/image/chain"):
         wins[metric] = sum(
-            _num(lookup(by[("atmg", c)], metric)) > _num(lookup(by[("meru", c)], metric))
+            _num(lookup(by[(ATMG, c)], metric)) > _num(lookup(by[(MERU, c)], metric))
             for c in curvatures
         )
     n = len(curvatures)
@@ -371,7 +378,7 @@ def study_proclip_product(
     for label, (h, e, s) in settings.items():
         run_dir = ctx.train(
             label.split()[0],
-            "proclip",
+            Proclip.name,
             [f"hyperbolic_dim={h}", f"euclidean_dim={e}", f"sphere_dim={s}"],
         )
         _, ev = ctx.evaluate(run_dir)
@@ -515,7 +522,7 @@ def study_phyclip_factors(
         if total_dim % k:
             raise ConfigError(f"total_dim {total_dim} is not a multiple of k = {k}")
         run_dir = ctx.train(
-            f"k{k}", "phyclip", [f"num_factors={k}", f"factor_dim={total_dim // k}"]
+            f"k{k}", Phyclip.name, [f"num_factors={k}", f"factor_dim={total_dim // k}"]
         )
         loaded, ev = ctx.evaluate(run_dir)
         factors_diag = lookup(ev, "diagnostics/factors") or {}
@@ -660,15 +667,15 @@ def study_dualpath_forgetting(
 
     from curvalign.config import resolve_config
 
-    config = resolve_config("dualpath", ctx.spec, steps=ctx.steps, overrides=ctx.overrides)
+    config = resolve_config(DualPath.name, ctx.spec, steps=ctx.steps, overrides=ctx.overrides)
     curriculum = getattr(config.recipe_config_object(), "curriculum", None)
     switch = (
         dualpath_switch_step(ctx.steps, curriculum) if curriculum is not None else ctx.steps // 2
     )
     switch = max(1, min(switch, ctx.steps - 1))
-    run_dir = ctx.train("dualpath", "dualpath", stop_at=switch)
+    run_dir = ctx.train(DualPath.name, DualPath.name, stop_at=switch)
     phase1 = measure(run_dir, f"end of phase 1 (step {switch})")
-    run_dir = ctx.train("dualpath", "dualpath", resume=True)
+    run_dir = ctx.train(DualPath.name, DualPath.name, resume=True)
     phase2 = measure(run_dir, f"end of phase 2 (step {ctx.steps})")
     rows = [phase1, phase2]
     drop = phase1["text_text"]["t2t@1"] - phase2["text_text"]["t2t@1"]
