@@ -613,7 +613,18 @@ def extract_command(
         help="open_clip:ARCH:CHECKPOINT, hf-clip:DIR, "
         "sentence-transformers:DIR, or minilm (local files only).",
     ),
-    images: Path = typer.Option(..., "--images", help="Folder the image paths are relative to."),
+    images: Path = typer.Option(
+        None, "--images", help="Folder the image paths are relative to (not for --wds)."
+    ),
+    wds: Path = typer.Option(
+        None,
+        "--wds",
+        help="A CLIP_benchmark webdataset root ({split}/nshards.txt, {split}/N.tar, classnames.txt, "
+        "zeroshot_classification_templates.txt, dataset_type.txt).",
+    ),
+    splits: str = typer.Option(
+        None, "--splits", help="--wds: comma-separated split folders (default: every one)."
+    ),
     out: Path = typer.Option(
         ..., "--out", help="Feature store directory to write (use as --data features:OUT)."
     ),
@@ -644,9 +655,39 @@ def extract_command(
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
 ) -> None:
     """Encode images and captions with a local encoder into a feature store (resumable)."""
-    from curvalign.data.extract import SKIPPED_REPORT, extract_features
+    from curvalign.data.extract import SKIPPED_REPORT, extract_features, extract_webdataset
 
     try:
+        if wds is not None:
+            if images is not None or captions is not None or classes is not None:
+                fail(
+                    "--wds reads images, labels and captions from the shards; drop --images, "
+                    "--captions and --classes"
+                )
+            summary = extract_webdataset(
+                encoder,
+                wds,
+                out,
+                splits=[s.strip() for s in splits.split(",") if s.strip()] if splits else None,
+                batch_size=batch_size,
+                device=device,
+                overwrite=overwrite,
+                progress=not quiet,
+            )
+            typer.echo(
+                f"wrote {summary.store}: {summary.images} images, {summary.texts} captions, "
+                f"{summary.classes} classes ({summary.shards_computed} shards computed, "
+                f"{summary.shards_reused} reused)"
+            )
+            if summary.skipped_images:
+                typer.echo(
+                    f"skipped {len(summary.skipped_images)} unusable samples; listed in "
+                    f"{summary.store / SKIPPED_REPORT}"
+                )
+            typer.echo(summary.throughput_line())
+            return
+        if images is None:
+            fail("give --images FOLDER (or --wds ROOT for a CLIP_benchmark webdataset)")
         summary = extract_features(
             encoder,
             images,
@@ -674,6 +715,7 @@ def extract_command(
             f"skipped {len(summary.skipped_images)} unreadable images (dropping their {summary.dropped_captions} "
             f"captions) and {summary.dropped_boxes} boxes; listed in {summary.store / SKIPPED_REPORT}"
         )
+    typer.echo(summary.throughput_line())
 
 
 def main() -> None:

@@ -15,10 +15,12 @@ the reason in ``STORE/skipped_images.tsv``, counted in the summary and in
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import shutil
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -66,6 +68,49 @@ class ExtractSummary:
     dropped_boxes: int = 0
     shards_computed: int = 0
     shards_reused: int = 0
+    items_encoded: int = 0  # images + texts through the encoder in this run (reused shards: 0)
+    encode_seconds: float = 0.0  # wall time spent reading and encoding them
+
+    @property
+    def throughput(self) -> float | None:
+        """Items encoded per second in this run (None when nothing was encoded)."""
+        if self.items_encoded == 0 or self.encode_seconds <= 0:
+            return None
+        return self.items_encoded / self.encode_seconds
+
+    def throughput_line(self) -> str:
+        rate = self.throughput
+        if rate is None:
+            return "throughput: nothing encoded in this run (every shard reused)"
+        return (
+            f"throughput: {rate:.1f} items/s ({self.items_encoded} items encoded in "
+            f"{self.encode_seconds:.1f}s)"
+        )
+
+
+class _Clock:
+    """Wall time and item count of the encoding work (for the throughput line)."""
+
+    def __init__(self) -> None:
+        self.items = 0
+        self.seconds = 0.0
+
+    @contextlib.contextmanager
+    def encoding(self, items: int):
+        start = time.perf_counter()
+        yield
+        self.seconds += time.perf_counter() - start
+        self.items += items
+
+
+def _load(encoder: Encoder | str, device: str, images: bool) -> Encoder:
+    """The encoder (loaded from its spec on ``device``); checks that it encodes images if needed."""
+    enc = load_encoder(encoder, device=device) if isinstance(encoder, str) else encoder
+    if images and not enc.encodes_images:
+        raise ExtractError(
+            f"encoder {enc.spec!r} encodes texts only; extraction needs an image-text encoder"
+        )
+    return enc
 
 
 @dataclass
@@ -217,6 +262,38 @@ class _Shards:
 
     def load(self, key: str) -> np.ndarray:
         return np.load(self.root / f"{key}.npy", mmap_mode="r")
+
+    # A unit of work that yields several arrays at once (one tar shard: images and captions)
+    # is recorded under "parts": done only when every array of it is on disk.
+
+    def parts_done(self, key: str) -> bool:
+        parts = self.manifest.get("parts", {}).get(key)
+        return parts is not None and all(
+            (self.root / f"{key}.{name}.npy").is_file() for name in parts["arrays"]
+        )
+
+    def save_parts(
+        self,
+        key: str,
+        arrays: dict[str, np.ndarray],
+        info: dict[str, Any],
+        skipped: dict[str, str] | None = None,
+    ) -> None:
+        """Write every array of ``key``, then record it (with JSON ``info``) in one manifest write."""
+        for name, rows in arrays.items():
+            tmp = self.root / f"{key}.{name}.tmp.npy"
+            np.save(tmp, rows, allow_pickle=False)
+            os.replace(tmp, self.root / f"{key}.{name}.npy")
+        self.manifest.setdefault("parts", {})[key] = {"arrays": sorted(arrays), "info": info}
+        if skipped:
+            self.manifest["skipped"].update(skipped)
+        self._write()
+
+    def part_info(self, key: str) -> dict[str, Any]:
+        return self.manifest["parts"][key]["info"]
+
+    def load_part(self, key: str, name: str) -> np.ndarray:
+        return np.load(self.root / f"{key}.{name}.npy", mmap_mode="r")
 
 
 def _open_image(path: Path) -> Any:
@@ -378,35 +455,23 @@ def extract_features(
     )
 
     computed = reused = 0
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeRemainingColumn,
-    )
-
-    with Progress(
-        TextColumn("[bold]extract[/] {task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeRemainingColumn(),
-        disable=not progress,
-        transient=False,
-    ) as bar:
+    clock = _Clock()
+    with _progress_bar(progress) as bar:
         task = bar.add_task("rows", total=sum(n for _, n, _ in jobs))
         for key, n, run in jobs:
             bar.update(task, description=key)
             if shards.done(key):
                 reused += 1
             else:
-                rows, skipped = run()
+                with clock.encoding(n):
+                    rows, skipped = run()
                 shards.save(key, rows, skipped)
                 computed += 1
             bar.advance(task, n)
 
     summary = _assemble(plan, prompts, prompt_to_class, shards, jobs, enc, target, overwrite)
     summary.shards_computed, summary.shards_reused = computed, reused
+    summary.items_encoded, summary.encode_seconds = clock.items, clock.seconds
     shutil.rmtree(shards.root, ignore_errors=True)
     return summary
 
@@ -530,4 +595,254 @@ def _assemble(
         skipped_boxes=skipped_boxes,
         dropped_captions=dropped_captions,
         dropped_boxes=dropped_boxes,
+    )
+
+
+# --- shared by every layout -------------------------------------------------------------------
+
+
+def _progress_bar(progress: bool):
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeRemainingColumn,
+    )
+
+    return Progress(
+        TextColumn("[bold]extract[/] {task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeRemainingColumn(),
+        disable=not progress,
+        transient=False,
+    )
+
+
+def _encode_batched(
+    encode: Callable[[list[Any]], Tensor], items: Sequence[Any], dim: int, batch_size: int
+) -> np.ndarray:
+    """[len(items), dim] float32: ``encode`` called on batches of ``batch_size`` items."""
+    feats = np.zeros((len(items), dim), dtype=np.float32)
+    for start in range(0, len(items), batch_size):
+        feats[start : start + batch_size] = encode(list(items[start : start + batch_size])).numpy()
+    return feats
+
+
+def _concat_parts(shards: _Shards, keys: list[str], name: str, dim: int) -> Tensor:
+    """Arrays ``name`` of the parts ``keys``, concatenated into one memory-mapped file."""
+    total = sum(int(shards.load_part(k, name).shape[0]) for k in keys)
+    out = np.lib.format.open_memmap(
+        shards.root / f"assembled-{name}.npy", mode="w+", dtype=np.float32, shape=(total, dim)
+    )
+    row = 0
+    for key in keys:
+        part = shards.load_part(key, name)
+        out[row : row + part.shape[0]] = part
+        row += part.shape[0]
+    out.flush()
+    return torch.from_numpy(out)
+
+
+def _write_skips(target: Path, skipped: list[tuple[str, str]]) -> None:
+    if skipped:
+        lines = ["file\treason"] + [f"{f}\t{reason}" for f, reason in skipped]
+        (target / SKIPPED_REPORT).write_text("\n".join(lines) + "\n")
+
+
+def _reason(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}".replace("\t", " ").replace("\n", " ")
+
+
+def _digest(obj: Any) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
+
+
+# --- CLIP_benchmark webdataset layout ---------------------------------------------------------
+
+
+def extract_webdataset(
+    encoder: Encoder | str,
+    root: str | os.PathLike[str],
+    out: str | os.PathLike[str],
+    splits: Sequence[str] | None = None,
+    batch_size: int = 64,
+    device: str = "cpu",
+    overwrite: bool = False,
+    progress: bool = True,
+) -> ExtractSummary:
+    """Encode a CLIP_benchmark webdataset root (``curvalign.data.webdataset``) into a store.
+
+    One resumable unit per tar shard, streamed. The store has one split per split folder
+    (``split_names``/``image_split``). Classification sets get the classes group (prompts =
+    every template for every class) and each image is captioned by its class's first prompt
+    (``meta.captions_from_class_prompts``); retrieval sets keep every caption of ``.txt``.
+    """
+    from curvalign.data.webdataset import (
+        WebDatasetError,
+        decode_image,
+        iter_wds_shard,
+        parse_sample,
+        read_wds_layout,
+    )
+
+    if batch_size < 1:
+        raise ExtractError(f"batch size must be >= 1, got {batch_size}")
+    target = Path(out)
+    if target.exists() and not overwrite:
+        raise ExtractError(f"{target} already exists; pass --overwrite to replace it")
+    try:
+        layout = read_wds_layout(root, list(splits) if splits else None)
+    except ReaderError as exc:
+        raise ExtractError(str(exc)) from None
+    enc = _load(encoder, device, images=True)
+    prompts, prompt_to_class = [], []
+    if layout.class_names is not None:
+        assert layout.templates is not None
+        prompts = [t.replace("{c}", n) for n in layout.class_names for t in layout.templates]
+        prompt_to_class = [c for c in range(len(layout.class_names)) for _ in layout.templates]
+    fingerprint = _digest(
+        {
+            "encoder": enc.spec,
+            "layout": "wds",
+            "root": str(layout.root.resolve()),
+            "shards": [_fingerprint_file(p) for _, _, p in layout.shards()],
+            "prompts": prompts,
+        }
+    )
+    shards = _Shards(target.parent / f"{target.name}.partial", fingerprint)
+    clock = _Clock()
+
+    def encode_shard(split: str, n: int, path: Path) -> None:
+        images: list[Any] = []
+        labels: list[int] = []
+        captions: list[str] = []
+        owners: list[int] = []
+        skipped: dict[str, str] = {}
+        keys: list[str] = []
+        for sample in iter_wds_shard(path):
+            name = f"{split}/{n}.tar:{sample.key}"
+            try:
+                parsed = parse_sample(sample, layout)
+                image = decode_image(parsed.image)
+            except (OSError, ValueError, SyntaxError) as exc:  # PIL raises all three
+                skipped[name] = _reason(exc)
+                continue
+            for caption in parsed.captions:
+                captions.append(caption)
+                owners.append(len(images))
+            images.append(image)
+            labels.append(parsed.label)
+            keys.append(sample.key)
+        with clock.encoding(len(images) + len(captions)):
+            image_rows = _encode_batched(enc.encode_images, images, enc.image_dim or 0, batch_size)
+            caption_rows = _encode_batched(enc.encode_texts, captions, enc.text_dim, batch_size)
+        shards.save_parts(
+            f"wds-{split}-{n:05d}",
+            {"images": image_rows, "captions": caption_rows},
+            {
+                "labels": labels,
+                "caption_to_image": owners,
+                "keys": keys,
+                "skipped": sorted(skipped),
+            },
+            skipped,
+        )
+
+    computed = reused = 0
+    units = layout.shards()
+    with _progress_bar(progress) as bar:
+        task = bar.add_task("shards", total=len(units) + (1 if prompts else 0))
+        for split, n, path in units:
+            key = f"wds-{split}-{n:05d}"
+            bar.update(task, description=f"{split}/{n}.tar")
+            if shards.parts_done(key):
+                reused += 1
+            else:
+                try:
+                    encode_shard(split, n, path)
+                except WebDatasetError as exc:
+                    raise ExtractError(str(exc)) from None
+                computed += 1
+            bar.advance(task)
+        if prompts:
+            bar.update(task, description="prompts")
+            if shards.parts_done("prompts"):
+                reused += 1
+            else:
+                with clock.encoding(len(prompts)):
+                    rows = _encode_batched(enc.encode_texts, prompts, enc.text_dim, batch_size)
+                shards.save_parts("prompts", {"prompts": rows}, {})
+                computed += 1
+            bar.advance(task)
+
+    keys = [f"wds-{s}-{n:05d}" for s, n, _ in units]
+    infos = [shards.part_info(k) for k in keys]
+    split_names = list(layout.splits)
+    image_split: list[int] = []
+    labels: list[int] = []
+    owners: list[int] = []
+    for (split, _, _), info in zip(units, infos, strict=True):
+        owners.extend(len(labels) + o for o in info["caption_to_image"])
+        labels.extend(info["labels"])
+        image_split.extend([split_names.index(split)] * len(info["labels"]))
+    skipped = [(f, shards.manifest["skipped"][f]) for f in sorted(shards.manifest["skipped"])]
+    if not labels:
+        raise ExtractError(
+            f"webdataset {layout.root}: no usable sample in {len(units)} shards "
+            f"({len(skipped)} skipped, see {shards.root / 'manifest.json'}); nothing to store"
+        )
+    empty = [s for s in split_names if s not in {split_names[i] for i in image_split}]
+    if empty:
+        raise ExtractError(
+            f"webdataset {layout.root}: split {empty[0]!r} has no usable sample (every sample "
+            f"skipped, see {shards.root / 'manifest.json'})"
+        )
+    fields: dict[str, Any] = {
+        "image_features": _concat_parts(shards, keys, "images", enc.image_dim or 0),
+        "split_names": split_names,
+        "image_split": torch.tensor(image_split, dtype=torch.long),
+    }
+    if layout.class_names is not None:
+        prompt_rows = torch.from_numpy(np.array(shards.load_part("prompts", "prompts")))
+        first = torch.tensor(
+            [c * len(layout.templates or []) for c in labels], dtype=torch.long
+        )  # row of each image's class's first prompt
+        fields.update(
+            text_features=prompt_rows[first],
+            text_to_image=torch.arange(len(labels)),
+            class_names=list(layout.class_names),
+            prompt_features=prompt_rows,
+            prompt_to_class=torch.tensor(prompt_to_class, dtype=torch.long),
+            image_labels=torch.tensor(labels, dtype=torch.long),
+        )
+    else:
+        fields.update(
+            text_features=_concat_parts(shards, keys, "captions", enc.text_dim),
+            text_to_image=torch.tensor(owners, dtype=torch.long),
+        )
+    meta = {
+        **enc.describe(),
+        "source": "curvalign extract --wds",
+        "dataset": layout.name,
+        "dataset_type": layout.dataset_type,
+        "captions_from_class_prompts": layout.class_names is not None,
+        "extract": {"skipped_samples": len(skipped), "shards": len(units)},
+    }
+    store = FeatureStore(**fields, meta=meta)
+    store.save(target, overwrite=overwrite)
+    _write_skips(target, skipped)
+    shutil.rmtree(shards.root, ignore_errors=True)
+    return ExtractSummary(
+        store=target,
+        images=store.num_images,
+        texts=store.num_texts,
+        boxes=0,
+        classes=len(layout.class_names or []),
+        skipped_images=skipped,
+        shards_computed=computed,
+        shards_reused=reused,
+        items_encoded=clock.items,
+        encode_seconds=clock.seconds,
     )
