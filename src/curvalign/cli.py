@@ -625,6 +625,11 @@ def extract_command(
     splits: str = typer.Option(
         None, "--splits", help="--wds: comma-separated split folders (default: every one)."
     ),
+    sugarcrepe: Path = typer.Option(
+        None,
+        "--sugarcrepe",
+        help="A folder of SugarCrepe KIND.json files (with --images: the COCO val2017 folder).",
+    ),
     out: Path = typer.Option(
         ..., "--out", help="Feature store directory to write (use as --data features:OUT)."
     ),
@@ -655,7 +660,12 @@ def extract_command(
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
 ) -> None:
     """Encode images and captions with a local encoder into a feature store (resumable)."""
-    from curvalign.data.extract import SKIPPED_REPORT, extract_features, extract_webdataset
+    from curvalign.data.extract import (
+        SKIPPED_REPORT,
+        extract_features,
+        extract_sugarcrepe,
+        extract_webdataset,
+    )
 
     try:
         if wds is not None:
@@ -682,6 +692,33 @@ def extract_command(
             if summary.skipped_images:
                 typer.echo(
                     f"skipped {len(summary.skipped_images)} unusable samples; listed in "
+                    f"{summary.store / SKIPPED_REPORT}"
+                )
+            typer.echo(summary.throughput_line())
+            return
+        if sugarcrepe is not None:
+            if images is None:
+                fail("--sugarcrepe needs --images: the COCO val2017 folder its filenames name")
+            summary = extract_sugarcrepe(
+                encoder,
+                sugarcrepe,
+                images,
+                out,
+                batch_size=batch_size,
+                shard_size=shard_size,
+                device=device,
+                overwrite=overwrite,
+                progress=not quiet,
+            )
+            typer.echo(
+                f"wrote {summary.store}: {summary.images} images, {summary.texts} captions with "
+                f"one hard negative each ({summary.shards_computed} shards computed, "
+                f"{summary.shards_reused} reused)"
+            )
+            if summary.skipped_images:
+                typer.echo(
+                    f"skipped {len(summary.skipped_images)} missing or unreadable images (dropping "
+                    f"their {summary.dropped_captions} entries); listed in "
                     f"{summary.store / SKIPPED_REPORT}"
                 )
             typer.echo(summary.throughput_line())

@@ -846,3 +846,186 @@ def extract_webdataset(
         items_encoded=clock.items,
         encode_seconds=clock.seconds,
     )
+
+
+def _encode_image_files(
+    enc: Encoder, paths: Sequence[Path], names: Sequence[str], batch_size: int
+) -> tuple[np.ndarray, dict[str, str]]:
+    """[len(paths), Di] features; an unreadable image keeps a zero row and is named in the dict."""
+    feats = np.zeros((len(paths), enc.image_dim or 0), dtype=np.float32)
+    skipped: dict[str, str] = {}
+    ok_rows: list[int] = []
+    ok_images: list[Any] = []
+    for k, path in enumerate(paths):
+        try:
+            ok_images.append(_open_image(path))
+            ok_rows.append(k)
+        except (OSError, ValueError, SyntaxError) as exc:  # PIL raises all three for bad files
+            skipped[names[k]] = _reason(exc)
+    for start in range(0, len(ok_images), batch_size):
+        rows = ok_rows[start : start + batch_size]
+        feats[rows] = enc.encode_images(ok_images[start : start + batch_size]).numpy()
+    return feats, skipped
+
+
+# --- SugarCrepe -------------------------------------------------------------------------------
+
+
+def extract_sugarcrepe(
+    encoder: Encoder | str,
+    sugarcrepe: str | os.PathLike[str],
+    images: str | os.PathLike[str],
+    out: str | os.PathLike[str],
+    batch_size: int = 64,
+    shard_size: int = 1024,
+    device: str = "cpu",
+    overwrite: bool = False,
+    progress: bool = True,
+) -> ExtractSummary:
+    """SugarCrepe kind files (``curvalign.data.sugarcrepe``) over COCO val2017 -> a store.
+
+    Images: every file named by an entry, once. Texts: one positive caption per entry.
+    Hard negatives: one per entry, ``negative_to_text`` its entry's caption, ``negative_kind``
+    its file (kind names in ``negative_kind_names``). An entry whose image is missing or
+    unreadable is a listed skip (``skipped_images.tsv``, the summary, ``meta.extract``).
+    """
+    from curvalign.data.sugarcrepe import read_sugarcrepe
+
+    if batch_size < 1 or shard_size < 1:
+        raise ExtractError(
+            f"batch size and shard size must be >= 1, got {batch_size}, {shard_size}"
+        )
+    images_dir = Path(images)
+    if not images_dir.is_dir():
+        raise ExtractError(f"images folder {images_dir}: no such directory (COCO val2017 images)")
+    target = Path(out)
+    if target.exists() and not overwrite:
+        raise ExtractError(f"{target} already exists; pass --overwrite to replace it")
+    try:
+        entries, kinds = read_sugarcrepe(sugarcrepe)
+    except ReaderError as exc:
+        raise ExtractError(str(exc)) from None
+    enc = _load(encoder, device, images=True)
+    files = list(dict.fromkeys(e.image_file for e in entries))
+    fingerprint = _digest(
+        {
+            "encoder": enc.spec,
+            "layout": "sugarcrepe",
+            "images": str(images_dir.resolve()),
+            "entries": _digest(
+                [(e.kind, e.entry_id, e.image_file, e.caption, e.negative) for e in entries]
+            ),
+            "shard_size": shard_size,
+        }
+    )
+    shards = _Shards(target.parent / f"{target.name}.partial", fingerprint)
+    clock = _Clock()
+    jobs: list[tuple[str, int, Callable[[], tuple[np.ndarray, dict[str, str]]]]] = []
+
+    def add(kind: str, total: int, make: Callable[[range], Callable[[], Any]]) -> None:
+        for n, start in enumerate(range(0, total, shard_size)):
+            rows = range(start, min(total, start + shard_size))
+            jobs.append((f"{kind}-{n:05d}", len(rows), make(rows)))
+
+    add(
+        "images",
+        len(files),
+        lambda rows: (
+            lambda: _encode_image_files(
+                enc, [images_dir / files[i] for i in rows], [files[i] for i in rows], batch_size
+            )
+        ),
+    )
+    add(
+        "captions",
+        len(entries),
+        lambda rows: (
+            lambda: (
+                _encode_batched(
+                    enc.encode_texts, [entries[i].caption for i in rows], enc.text_dim, batch_size
+                ),
+                {},
+            )
+        ),
+    )
+    add(
+        "negatives",
+        len(entries),
+        lambda rows: (
+            lambda: (
+                _encode_batched(
+                    enc.encode_texts, [entries[i].negative for i in rows], enc.text_dim, batch_size
+                ),
+                {},
+            )
+        ),
+    )
+    computed = reused = 0
+    with _progress_bar(progress) as bar:
+        task = bar.add_task("rows", total=sum(n for _, n, _ in jobs))
+        for key, n, run in jobs:
+            bar.update(task, description=key)
+            if shards.done(key):
+                reused += 1
+            else:
+                with clock.encoding(n):
+                    rows, skipped = run()
+                shards.save(key, rows, skipped)
+                computed += 1
+            bar.advance(task, n)
+
+    bad = shards.manifest["skipped"]
+    image_ok = np.array([f not in bad for f in files], dtype=bool)
+    if not image_ok.any():
+        raise ExtractError(
+            f"none of the {len(files)} images named by {sugarcrepe} could be read from {images_dir}; "
+            "is --images the COCO val2017 folder?"
+        )
+    new_id = np.cumsum(image_ok) - 1
+    index = {f: i for i, f in enumerate(files)}
+    owner = np.array([index[e.image_file] for e in entries], dtype=np.int64)
+    entry_ok = image_ok[owner]
+    kept = int(entry_ok.sum())
+    fields: dict[str, Any] = {
+        "image_features": _gather(shards, jobs, "images", enc.image_dim or 0, image_ok),
+        "text_features": _gather(shards, jobs, "captions", enc.text_dim, entry_ok),
+        "text_to_image": torch.from_numpy(new_id[owner[entry_ok]]),
+        "negative_features": _gather(shards, jobs, "negatives", enc.text_dim, entry_ok),
+        "negative_to_text": torch.arange(kept),
+        "negative_kind": torch.tensor(
+            [kinds.index(e.kind) for e, ok in zip(entries, entry_ok, strict=True) if ok],
+            dtype=torch.long,
+        ),
+        "negative_kind_names": kinds,
+    }
+    dropped = {k: 0 for k in kinds}
+    for e, ok in zip(entries, entry_ok, strict=True):
+        dropped[e.kind] += int(not ok)
+    skipped = [(f, bad[f]) for f in files if f in bad]
+    meta = {
+        **enc.describe(),
+        "source": "curvalign extract --sugarcrepe",
+        "dataset": "sugar_crepe",
+        "extract": {
+            "skipped_images": len(skipped),
+            "dropped_entries": int((~entry_ok).sum()),
+            "dropped_entries_per_kind": dropped,
+        },
+    }
+    store = FeatureStore(**fields, meta=meta)
+    store.save(target, overwrite=overwrite)
+    _write_skips(target, skipped)
+    shutil.rmtree(shards.root, ignore_errors=True)
+    return ExtractSummary(
+        store=target,
+        images=store.num_images,
+        texts=store.num_texts,
+        boxes=0,
+        classes=0,
+        skipped_images=skipped,
+        dropped_captions=int((~entry_ok).sum()),
+        shards_computed=computed,
+        shards_reused=reused,
+        items_encoded=clock.items,
+        encode_seconds=clock.seconds,
+    )
