@@ -651,6 +651,20 @@ def extract_command(
     taxonomy: Path = typer.Option(
         None, "--taxonomy", help="'parent child' edge list over class folders/names."
     ),
+    pairs: Path = typer.Option(
+        None,
+        "--pairs",
+        help="Scored text pairs (DualPath): JSON Lines {a, b, score} or TSV a<TAB>b<TAB>score; "
+        "with --images they join the image store, without they make a text-only one.",
+    ),
+    score_max: float = typer.Option(
+        1.0, "--score-max", help="--pairs: divide scores by this (5 for STS-B) into [0, 1]."
+    ),
+    tokens: bool = typer.Option(
+        False,
+        "--tokens",
+        help="Also store the texts' token-level features and mask (hf-clip, sentence-transformers).",
+    ),
     batch_size: int = typer.Option(64, "--batch-size", min=1, help="Rows per encoder call."),
     shard_size: int = typer.Option(1024, "--shard-size", min=1, help="Rows per resumable shard."),
     device: str = typer.Option("cpu", "--device", help="cpu or cuda."),
@@ -664,6 +678,7 @@ def extract_command(
         SKIPPED_REPORT,
         extract_features,
         extract_sugarcrepe,
+        extract_texts,
         extract_webdataset,
     )
 
@@ -724,7 +739,33 @@ def extract_command(
             typer.echo(summary.throughput_line())
             return
         if images is None:
-            fail("give --images FOLDER (or --wds ROOT for a CLIP_benchmark webdataset)")
+            if boxes is not None or taxonomy is not None:
+                fail("--boxes and --taxonomy need --images")
+            summary = extract_texts(
+                encoder,
+                out,
+                captions=captions,
+                layout=layout,
+                pairs=pairs,
+                score_max=score_max,
+                classes=classes,
+                templates=templates,
+                tokens=tokens,
+                batch_size=batch_size,
+                shard_size=shard_size,
+                device=device,
+                overwrite=overwrite,
+                progress=not quiet,
+            )
+            typer.echo(
+                f"wrote {summary.store} (text only): {summary.images} anchor texts, "
+                f"{summary.texts} texts, {summary.classes} classes ({summary.shards_computed} "
+                f"shards computed, {summary.shards_reused} reused)"
+            )
+            typer.echo(summary.throughput_line())
+            return
+        if tokens:
+            fail("--tokens is stored by text-only extraction (no --images) in this version")
         summary = extract_features(
             encoder,
             images,
@@ -740,6 +781,8 @@ def extract_command(
             device=device,
             overwrite=overwrite,
             progress=not quiet,
+            pairs=pairs,
+            score_max=score_max,
         )
     except CurvalignError as err:
         fail(str(err))

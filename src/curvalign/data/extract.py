@@ -38,10 +38,12 @@ from curvalign.data.readers import (
     ClassFolder,
     ReaderError,
     Taxonomy,
+    TextPairs,
     read_boxes,
     read_captions,
     read_class_folder,
     read_edge_list,
+    read_text_pairs,
     taxonomy_with_ancestors,
 )
 from curvalign.errors import CurvalignError
@@ -332,8 +334,13 @@ def extract_features(
     device: str = "cpu",
     overwrite: bool = False,
     progress: bool = True,
+    pairs: str | os.PathLike[str] | None = None,
+    score_max: float = 1.0,
 ) -> ExtractSummary:
     """Encode a collection into the feature store ``out``; resumable (see the module docstring).
+
+    ``pairs`` adds scored text pairs (``curvalign.data.readers.read_text_pairs``): DualPath
+    trains on them in its first phase and on the images in its second.
 
     ``encoder`` is an :class:`Encoder` or a spec string for ``load_encoder``. The store holds
     image features [Ni, Di], caption features [Nt, Dt] and ``text_to_image``; plus box pairs,
@@ -349,6 +356,7 @@ def extract_features(
         raise ExtractError(f"{target} already exists; pass --overwrite to replace it")
     try:
         plan = _plan(images_dir, captions, layout, boxes, classes, templates, taxonomy)
+        text_pairs = read_text_pairs(pairs, score_max) if pairs is not None else None
     except ReaderError as exc:
         raise ExtractError(str(exc)) from None
     enc = load_encoder(encoder, device=device) if isinstance(encoder, str) else encoder
@@ -364,8 +372,10 @@ def extract_features(
                 "encoder": enc.spec,
                 "images": str(images_dir.resolve()),
                 "inputs": [
-                    _fingerprint_file(p) for p in (captions, boxes, classes, templates, taxonomy)
+                    _fingerprint_file(p)
+                    for p in (captions, boxes, classes, templates, taxonomy, pairs)
                 ],
+                "score_max": score_max,
                 "layout": layout,
                 "shard_size": shard_size,
                 "counts": [
@@ -453,6 +463,13 @@ def extract_features(
     add(
         "prompts", len(prompts), lambda rows: lambda: encode_texts_shard([prompts[i] for i in rows])
     )
+    if text_pairs is not None:
+        for side, texts in (("pair_a", text_pairs.a), ("pair_b", text_pairs.b)):
+            add(
+                side,
+                len(texts),
+                lambda rows, texts=texts: lambda: encode_texts_shard([texts[i] for i in rows]),
+            )
 
     computed = reused = 0
     clock = _Clock()
@@ -469,7 +486,9 @@ def extract_features(
                 computed += 1
             bar.advance(task, n)
 
-    summary = _assemble(plan, prompts, prompt_to_class, shards, jobs, enc, target, overwrite)
+    summary = _assemble(
+        plan, prompts, prompt_to_class, shards, jobs, enc, target, overwrite, text_pairs
+    )
     summary.shards_computed, summary.shards_reused = computed, reused
     summary.items_encoded, summary.encode_seconds = clock.items, clock.seconds
     shutil.rmtree(shards.root, ignore_errors=True)
@@ -509,6 +528,7 @@ def _assemble(
     enc: Encoder,
     target: Path,
     overwrite: bool,
+    text_pairs: TextPairs | None = None,
 ) -> ExtractSummary:
     skipped_files = shards.manifest["skipped"]
     image_ok = np.array([f not in skipped_files for f in plan.image_files], dtype=bool)
@@ -554,6 +574,11 @@ def _assemble(
         fields["image_labels"] = torch.tensor(plan.image_labels, dtype=torch.long)[
             torch.from_numpy(image_ok)
         ]
+    if text_pairs is not None:
+        every = np.ones(len(text_pairs.scores), dtype=bool)
+        fields["pair_a_features"] = _gather(shards, jobs, "pair_a", enc.text_dim, every)
+        fields["pair_b_features"] = _gather(shards, jobs, "pair_b", enc.text_dim, every)
+        fields["pair_scores"] = torch.tensor(text_pairs.scores, dtype=torch.float32)
     if plan.taxonomy is not None:
         assert plan.class_to_node is not None
         fields["taxonomy_names"] = list(plan.taxonomy.names)
@@ -630,11 +655,17 @@ def _encode_batched(
     return feats
 
 
-def _concat_parts(shards: _Shards, keys: list[str], name: str, dim: int) -> Tensor:
-    """Arrays ``name`` of the parts ``keys``, concatenated into one memory-mapped file."""
+def _concat_parts(
+    shards: _Shards, keys: list[str], name: str, dim: int, label: str | None = None
+) -> Tensor:
+    """Arrays ``name`` of the parts ``keys``, concatenated into one memory-mapped file
+    (``assembled-LABEL.npy``, LABEL defaulting to ``name``)."""
     total = sum(int(shards.load_part(k, name).shape[0]) for k in keys)
     out = np.lib.format.open_memmap(
-        shards.root / f"assembled-{name}.npy", mode="w+", dtype=np.float32, shape=(total, dim)
+        shards.root / f"assembled-{label or name}.npy",
+        mode="w+",
+        dtype=np.float32,
+        shape=(total, dim),
     )
     row = 0
     for key in keys:
@@ -1024,6 +1055,271 @@ def extract_sugarcrepe(
         classes=0,
         skipped_images=skipped,
         dropped_captions=int((~entry_ok).sum()),
+        shards_computed=computed,
+        shards_reused=reused,
+        items_encoded=clock.items,
+        encode_seconds=clock.seconds,
+    )
+
+
+# --- text-only extraction and token-level features --------------------------------------------
+
+
+def _check_tokens(enc: Encoder) -> None:
+    if type(enc).encode_text_tokens is Encoder.encode_text_tokens:
+        raise ExtractError(
+            f"encoder {enc.spec!r} gives no token-level features (--tokens); the hf-clip and "
+            "sentence-transformers adapters do"
+        )
+
+
+def _encode_text_parts(
+    enc: Encoder, texts: Sequence[str], batch_size: int, tokens: bool
+) -> dict[str, np.ndarray]:
+    """{"features": [n, Dt]} and, with ``tokens``, {"tokens": [n, L, Dk], "mask": [n, L]}
+    (L = the longest text of this part; padding rows are zero, mask 0)."""
+    out = {"features": _encode_batched(enc.encode_texts, texts, enc.text_dim, batch_size)}
+    if tokens:
+        parts: list[tuple[np.ndarray, np.ndarray]] = []
+        for start in range(0, len(texts), batch_size):
+            hidden, mask = enc.encode_text_tokens(list(texts[start : start + batch_size]))
+            parts.append((hidden.float().numpy(), mask.numpy().astype(np.int64)))
+        length = max((h.shape[1] for h, _ in parts), default=1)
+        dim = parts[0][0].shape[2] if parts else 1
+        out["tokens"] = np.zeros((len(texts), length, dim), dtype=np.float32)
+        out["mask"] = np.zeros((len(texts), length), dtype=np.int64)
+        row = 0
+        for hidden, mask in parts:
+            n, width = mask.shape
+            out["tokens"][row : row + n, :width] = hidden
+            out["mask"][row : row + n, :width] = mask
+            row += n
+    return out
+
+
+def _concat_tokens(
+    shards: _Shards, keys: list[str], keep: np.ndarray | None = None
+) -> tuple[Tensor, Tensor]:
+    """Token parts of ``keys`` (rows where ``keep``), right-padded to the longest, memory-mapped."""
+    parts = [(shards.load_part(k, "tokens"), shards.load_part(k, "mask")) for k in keys]
+    length = max(int(t.shape[1]) for t, _ in parts)
+    dim = int(parts[0][0].shape[2])
+    total = sum(t.shape[0] for t, _ in parts) if keep is None else int(keep.sum())
+    feats = np.lib.format.open_memmap(
+        shards.root / "assembled-tokens.npy",
+        mode="w+",
+        dtype=np.float32,
+        shape=(total, length, dim),
+    )
+    mask = np.zeros((total, length), dtype=np.int64)
+    row = start = 0
+    for tokens, part_mask in parts:
+        rows = (
+            np.ones(tokens.shape[0], dtype=bool)
+            if keep is None
+            else keep[start : start + tokens.shape[0]]
+        )
+        n, width = int(rows.sum()), tokens.shape[1]
+        feats[row : row + n, :width] = tokens[rows]
+        mask[row : row + n, :width] = part_mask[rows]
+        row, start = row + n, start + tokens.shape[0]
+    feats.flush()
+    return torch.from_numpy(feats), torch.from_numpy(mask)
+
+
+def extract_texts(
+    encoder: Encoder | str,
+    out: str | os.PathLike[str],
+    captions: str | os.PathLike[str] | None = None,
+    layout: str | None = None,
+    pairs: str | os.PathLike[str] | None = None,
+    score_max: float = 1.0,
+    classes: str | os.PathLike[str] | None = None,
+    templates: str | os.PathLike[str] | None = None,
+    tokens: bool = False,
+    batch_size: int = 64,
+    shard_size: int = 1024,
+    device: str = "cpu",
+    overwrite: bool = False,
+    progress: bool = True,
+) -> ExtractSummary:
+    """A store from texts alone (no image files); the store's *image* side holds texts too.
+
+    The two views, as in ``--data wordnet`` (docs/real-data.md):
+
+    * ``captions`` (COCO or Karpathy JSON): each image's first caption is its "image" row, its
+      other captions are the texts (caption -> paraphrase retrieval); Karpathy splits kept.
+    * ``classes`` + ``templates``: each class name is an "image" row labelled with its class,
+      prompts are every template for every class, texts the first prompt of each class.
+    * ``pairs`` (scored text pairs, DualPath): the pair group; alone, ``a`` is the "image" row
+      and ``b`` its text.
+
+    ``tokens`` also stores the texts' token-level features and mask (``text_tokens`` group).
+    ``meta.text_only`` is true and ``meta.image_side`` says what the image rows are.
+    """
+    from curvalign.data.readers import _read_string_list, read_text_pairs
+
+    if batch_size < 1 or shard_size < 1:
+        raise ExtractError(
+            f"batch size and shard size must be >= 1, got {batch_size}, {shard_size}"
+        )
+    if captions is not None and classes is not None:
+        raise ExtractError("text-only extraction takes --captions or --classes, not both")
+    if (classes is None) != (templates is None):
+        raise ExtractError("zero-shot classes need both --classes FILE and --templates FILE")
+    if captions is None and classes is None and pairs is None:
+        raise ExtractError(
+            "nothing to extract: give --captions FILE, --classes FILE --templates FILE, or --pairs FILE"
+        )
+    target = Path(out)
+    if target.exists() and not overwrite:
+        raise ExtractError(f"{target} already exists; pass --overwrite to replace it")
+    anchors: list[str] = []
+    texts: list[str] = []
+    owners: list[int] = []
+    splits: list[str] | None = None
+    names: list[str] | None = None
+    prompt_templates: list[str] = []
+    side = ""
+    dropped = 0
+    try:
+        text_pairs = read_text_pairs(pairs, score_max) if pairs is not None else None
+        if captions is not None:
+            captioned = read_captions(captions, layout)
+            first: dict[int, int] = {}
+            for text, image in zip(captioned.captions, captioned.caption_to_image, strict=True):
+                if image not in first:
+                    first[image] = len(anchors)
+                    anchors.append(text)
+                else:
+                    texts.append(text)
+                    owners.append(first[image])
+            dropped = len(captioned.image_files) - len(first)
+            if captioned.image_splits is not None:
+                by_anchor = sorted(first, key=first.__getitem__)
+                splits = [captioned.image_splits[i] for i in by_anchor]
+            side = "the first caption of each image; its other captions are the texts"
+        elif classes is not None:
+            assert templates is not None
+            names = _read_string_list(classes, "classnames file", None)
+            prompt_templates = _read_string_list(templates, "templates file", None)
+            bad = [t for t in prompt_templates if "{c}" not in t]
+            if bad:
+                raise ExtractError(f"templates file {templates}: {bad[0]!r} has no '{{c}}'")
+            anchors = list(names)
+            texts = [prompt_templates[0].replace("{c}", n) for n in names]
+            owners = list(range(len(names)))
+            side = "the class names; texts are each class's first prompt"
+        elif text_pairs is not None:
+            anchors, texts = list(text_pairs.a), list(text_pairs.b)
+            owners = list(range(len(texts)))
+            side = "text a of each scored pair; texts are text b"
+    except ReaderError as exc:
+        raise ExtractError(str(exc)) from None
+    if not anchors or not texts:
+        raise ExtractError(
+            f"{captions}: no image has two captions; text-only captions need paraphrases"
+            if captions is not None
+            else "no texts to extract"
+        )
+    enc = _load(encoder, device, images=False)
+    if tokens:
+        _check_tokens(enc)
+    prompts = [t.replace("{c}", n) for n in names or [] for t in prompt_templates]
+    pairs_alone = text_pairs is not None and captions is None and classes is None
+    sources: dict[str, list[str]] = {"anchors": anchors, "texts": texts, "prompts": prompts}
+    if text_pairs is not None and not pairs_alone:
+        sources.update(pair_a=text_pairs.a, pair_b=text_pairs.b)
+    fingerprint = _digest(
+        {
+            "encoder": enc.spec,
+            "layout": "texts",
+            "sources": {k: _digest(v) for k, v in sources.items()},
+            "tokens": tokens,
+            "shard_size": shard_size,
+        }
+    )
+    shards = _Shards(target.parent / f"{target.name}.partial", fingerprint)
+    clock = _Clock()
+    keys: dict[str, list[str]] = {k: [] for k in sources}
+    units = [
+        (kind, n, range(start, min(len(rows), start + shard_size)))
+        for kind, rows in sources.items()
+        for n, start in enumerate(range(0, len(rows), shard_size))
+    ]
+    computed = reused = 0
+    with _progress_bar(progress) as bar:
+        task = bar.add_task("texts", total=sum(len(r) for _, _, r in units))
+        for kind, n, rows in units:
+            key = f"{kind}-{n:05d}"
+            keys[kind].append(key)
+            bar.update(task, description=key)
+            if shards.parts_done(key):
+                reused += 1
+            else:
+                with clock.encoding(len(rows)):
+                    arrays = _encode_text_parts(
+                        enc,
+                        [sources[kind][i] for i in rows],
+                        batch_size,
+                        tokens and kind == "texts",
+                    )
+                shards.save_parts(key, arrays, {})
+                computed += 1
+            bar.advance(task, len(rows))
+
+    dim = enc.text_dim
+    fields: dict[str, Any] = {
+        "image_features": _concat_parts(shards, keys["anchors"], "features", dim, "anchors"),
+        "text_features": _concat_parts(shards, keys["texts"], "features", dim, "texts"),
+        "text_to_image": torch.tensor(owners, dtype=torch.long),
+    }
+    if splits is not None:
+        present = sorted(
+            set(splits), key=lambda s: (_SPLIT_ORDER.index(s) if s in _SPLIT_ORDER else 99, s)
+        )
+        fields["split_names"] = present
+        fields["image_split"] = torch.tensor([present.index(s) for s in splits], dtype=torch.long)
+    if names is not None:
+        fields.update(
+            class_names=list(names),
+            prompt_features=_concat_parts(shards, keys["prompts"], "features", dim, "prompts"),
+            prompt_to_class=torch.tensor(
+                [c for c in range(len(names)) for _ in prompt_templates], dtype=torch.long
+            ),
+            image_labels=torch.arange(len(names)),
+        )
+    if text_pairs is not None:
+        if pairs_alone:
+            a, b = fields["image_features"], fields["text_features"]
+        else:
+            a = _concat_parts(shards, keys["pair_a"], "features", dim, "pair_a")
+            b = _concat_parts(shards, keys["pair_b"], "features", dim, "pair_b")
+        fields.update(
+            pair_a_features=a, pair_b_features=b, pair_scores=torch.tensor(text_pairs.scores)
+        )
+    if tokens:
+        fields["text_token_features"], fields["text_token_mask"] = _concat_tokens(
+            shards, keys["texts"]
+        )
+    meta = {
+        **enc.describe(),
+        "image_dim": dim,
+        "source": "curvalign extract (text only)",
+        "text_only": True,
+        "image_side": side,
+        "extract": {"images_without_text": dropped},
+    }
+    store = FeatureStore(**fields, meta=meta)
+    store.save(target, overwrite=overwrite)
+    shutil.rmtree(shards.root, ignore_errors=True)
+    return ExtractSummary(
+        store=target,
+        images=store.num_images,
+        texts=store.num_texts,
+        boxes=0,
+        classes=len(names or []),
+        dropped_captions=0,
         shards_computed=computed,
         shards_reused=reused,
         items_encoded=clock.items,
