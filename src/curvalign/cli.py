@@ -160,21 +160,48 @@ def eval_command(
     batch_size: int = typer.Option(
         1024, "--batch-size", min=1, help="Items embedded per forward pass."
     ),
+    suite: Path = typer.Option(
+        None,
+        "--suite",
+        help="A folder of feature stores (one per dataset): evaluate on each, write one long "
+        "table (CSV + Markdown, CLIP_benchmark's columns).",
+    ),
+    out: Path = typer.Option(
+        None,
+        "--out",
+        help="--suite: folder for suite.csv, suite_wide.csv, suite.md (default: RUN/suite).",
+    ),
+    protocol: str = typer.Option(
+        None,
+        "--protocol",
+        help="Evaluate retrieval under a named protocol: coco-5k or flickr30k-1k "
+        "(5 captions per image; the store's meta.protocol otherwise).",
+    ),
 ) -> None:
     """Evaluate a trained run: every metric the data supports (see docs/evaluation.md)."""
     import json
 
     from curvalign.data import load_store
+    from curvalign.data.protocols import get_protocol, protocol_store
     from curvalign.eval import evaluate
     from curvalign.report.tables import metrics_lines, to_jsonable
     from curvalign.runs import load_run
 
+    if suite is not None:
+        if data is not None or protocol is not None:
+            fail("--suite evaluates every store of the folder; drop --data and --protocol")
+        _run_suite([run_dir], suite, out or Path(run_dir) / "suite", split, batch_size, json_output)
+        return
     try:
         run = load_run(run_dir)
         spec = data or run.config.data
         if not data and spec.startswith("<"):
             fail(f"{run_dir} was trained on an in-memory store ({spec}); pass --data SPEC")
         store, spec = load_store(spec)
+        name = protocol or store.meta.get("protocol")
+        if name is not None:
+            store = protocol_store(store, get_protocol(name), split)
+            split = "test"
         result = evaluate(run.recipe, store, split=split, batch_size=batch_size)
     except CurvalignError as err:
         fail(str(err))
@@ -188,6 +215,41 @@ def eval_command(
     )
     for name, value in metrics_lines(result):
         typer.echo(f"  {name:40s} {value}")
+
+
+def _run_suite(
+    run_dirs: list[Path], suite: Path, out: Path, split: str, batch_size: int, json_output: bool
+) -> None:
+    """Evaluate each run on every store of ``suite``; write and print the long table."""
+    import json
+
+    from curvalign.report.suite import SuiteResult, evaluate_on_suite, suite_markdown, write_suite
+    from curvalign.runs import load_run
+
+    console = _stderr_console()
+    total = SuiteResult(rows=[])
+    try:
+        for run_dir in run_dirs:
+            run = load_run(run_dir)
+            part = evaluate_on_suite(
+                run.recipe,
+                suite,
+                model=run.config.recipe,
+                pretrained=str(run_dir),
+                split=split,
+                batch_size=batch_size,
+                notify=lambda m: None if json_output else console.print(m),
+            )
+            total.rows += part.rows
+            total.skipped += [(f"{d} ({run.config.recipe})", r) for d, r in part.skipped]
+        files = write_suite(total, out)
+    except CurvalignError as err:
+        fail(str(err))
+    if json_output:
+        typer.echo(json.dumps({"rows": total.rows, "skipped": total.skipped}))
+        return
+    typer.echo(suite_markdown(total), nl=False)
+    typer.echo(f"wrote {files['csv']}, {files['wide_csv']}, {files['markdown']}")
 
 
 def _print_benchmark(result, out: Path, title: str) -> None:
@@ -226,6 +288,12 @@ def benchmark_command(
     steps: int = typer.Option(None, "--steps", min=1, help="Optimizer steps for every recipe."),
     split: str = typer.Option("test", "--split", help="Split to evaluate on."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No per-step progress bars."),
+    suite: Path = typer.Option(
+        None,
+        "--suite",
+        help="Also evaluate every trained recipe on each store of this folder (OUT/suite.csv, "
+        "suite_wide.csv, suite.md).",
+    ),
 ) -> None:
     """Train each recipe on the same data with the same budget, evaluate, and compare side by side."""
     from curvalign.report.benchmark import run_benchmark
@@ -246,6 +314,8 @@ def benchmark_command(
     except CurvalignError as err:
         fail(str(err))
     _print_benchmark(result, out, f"benchmark on {result.data}")
+    if suite is not None:
+        _run_suite(list(result.run_dirs.values()), suite, out, split, 1024, False)
 
 
 @app.command("demo")
@@ -660,6 +730,12 @@ def extract_command(
     score_max: float = typer.Option(
         1.0, "--score-max", help="--pairs: divide scores by this (5 for STS-B) into [0, 1]."
     ),
+    protocol: str = typer.Option(
+        None,
+        "--protocol",
+        help="Record the retrieval protocol the store is for (coco-5k, flickr30k-1k): eval then "
+        "keeps 5 captions per image and checks the image count.",
+    ),
     tokens: bool = typer.Option(
         False,
         "--tokens",
@@ -698,6 +774,7 @@ def extract_command(
                 device=device,
                 overwrite=overwrite,
                 progress=not quiet,
+                protocol=protocol,
             )
             typer.echo(
                 f"wrote {summary.store}: {summary.images} images, {summary.texts} captions, "
@@ -783,6 +860,7 @@ def extract_command(
             progress=not quiet,
             pairs=pairs,
             score_max=score_max,
+            protocol=protocol,
         )
     except CurvalignError as err:
         fail(str(err))

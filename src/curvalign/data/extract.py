@@ -105,6 +105,18 @@ class _Clock:
         self.items += items
 
 
+def _check_protocol(protocol: str | None) -> None:
+    """A retrieval protocol name (``curvalign.data.protocols``) recorded in ``meta["protocol"]``."""
+    if protocol is None:
+        return
+    from curvalign.data.protocols import PROTOCOLS
+
+    if protocol not in PROTOCOLS:
+        raise ExtractError(
+            f"unknown retrieval protocol {protocol!r}; known: {', '.join(PROTOCOLS)}"
+        )
+
+
 def _load(encoder: Encoder | str, device: str, images: bool) -> Encoder:
     """The encoder (loaded from its spec on ``device``); checks that it encodes images if needed."""
     enc = load_encoder(encoder, device=device) if isinstance(encoder, str) else encoder
@@ -336,6 +348,7 @@ def extract_features(
     progress: bool = True,
     pairs: str | os.PathLike[str] | None = None,
     score_max: float = 1.0,
+    protocol: str | None = None,
 ) -> ExtractSummary:
     """Encode a collection into the feature store ``out``; resumable (see the module docstring).
 
@@ -350,6 +363,7 @@ def extract_features(
         raise ExtractError(
             f"batch size and shard size must be >= 1, got {batch_size} and {shard_size}"
         )
+    _check_protocol(protocol)
     images_dir = Path(images)
     target = Path(out)
     if target.exists() and not overwrite:
@@ -487,7 +501,7 @@ def extract_features(
             bar.advance(task, n)
 
     summary = _assemble(
-        plan, prompts, prompt_to_class, shards, jobs, enc, target, overwrite, text_pairs
+        plan, prompts, prompt_to_class, shards, jobs, enc, target, overwrite, text_pairs, protocol
     )
     summary.shards_computed, summary.shards_reused = computed, reused
     summary.items_encoded, summary.encode_seconds = clock.items, clock.seconds
@@ -529,6 +543,7 @@ def _assemble(
     target: Path,
     overwrite: bool,
     text_pairs: TextPairs | None = None,
+    protocol: str | None = None,
 ) -> ExtractSummary:
     skipped_files = shards.manifest["skipped"]
     image_ok = np.array([f not in skipped_files for f in plan.image_files], dtype=bool)
@@ -599,6 +614,7 @@ def _assemble(
             "dropped_boxes": dropped_boxes,
             "taxonomy_extra_parent_edges": plan.taxonomy.extra_parent_edges if plan.taxonomy else 0,
         },
+        **({"protocol": protocol} if protocol else {}),
     }
     if int(image_ok.sum()) == 0:
         raise ExtractError(
@@ -702,6 +718,7 @@ def extract_webdataset(
     device: str = "cpu",
     overwrite: bool = False,
     progress: bool = True,
+    protocol: str | None = None,
 ) -> ExtractSummary:
     """Encode a CLIP_benchmark webdataset root (``curvalign.data.webdataset``) into a store.
 
@@ -723,6 +740,7 @@ def extract_webdataset(
     target = Path(out)
     if target.exists() and not overwrite:
         raise ExtractError(f"{target} already exists; pass --overwrite to replace it")
+    _check_protocol(protocol)
     try:
         layout = read_wds_layout(root, list(splits) if splits else None)
     except ReaderError as exc:
@@ -858,8 +876,14 @@ def extract_webdataset(
         "source": "curvalign extract --wds",
         "dataset": layout.name,
         "dataset_type": layout.dataset_type,
+        "tasks": [
+            "zeroshot_classification"
+            if layout.dataset_type == "classification"
+            else "zeroshot_retrieval"
+        ],
         "captions_from_class_prompts": layout.class_names is not None,
         "extract": {"skipped_samples": len(skipped), "shards": len(units)},
+        **({"protocol": protocol} if protocol else {}),
     }
     store = FeatureStore(**fields, meta=meta)
     store.save(target, overwrite=overwrite)
@@ -1037,6 +1061,7 @@ def extract_sugarcrepe(
         **enc.describe(),
         "source": "curvalign extract --sugarcrepe",
         "dataset": "sugar_crepe",
+        "tasks": ["image_caption_selection"],
         "extract": {
             "skipped_images": len(skipped),
             "dropped_entries": int((~entry_ok).sum()),

@@ -231,6 +231,8 @@ class ResidualTrunk(nn.Module):
 @register
 class AGR(Recipe):
     name = "agr"
+    #: seed 000, retrieval table: R@5 and R@10
+    reported_recall_ks = (5, 10)
     Config = AGRConfig
 
     def __init__(self, config: AGRConfig, image_dim: int, text_dim: int) -> None:

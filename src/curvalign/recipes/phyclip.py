@@ -115,6 +115,8 @@ class PhyclipConfig:
 @register
 class Phyclip(Recipe):
     name = "phyclip"
+    #: seed 002: R@5 and R@10, as MERU and HyCoCLIP
+    reported_recall_ks = (5, 10)
     Config = PhyclipConfig
     requires = frozenset({"boxes"})
 

@@ -103,6 +103,8 @@ class ProclipConfig:
 @register
 class Proclip(Recipe):
     name = "proclip"
+    #: seed 003, Table 1: R@1 and R@10 both ways
+    reported_recall_ks = (1, 10)
     Config = ProclipConfig
 
     def __init__(self, config: ProclipConfig, image_dim: int, text_dim: int) -> None:
