@@ -197,3 +197,20 @@ def test_cuda_without_cuda_fails_at_once(tmp_path: Path) -> None:
         load_encoder(f"open_clip:ViT-B-32:{tmp_path / 'x.pt'}", device="cuda")
     with pytest.raises(EncoderError, match="not a torch device"):
         load_encoder("minilm", device="gpu0")
+
+
+def test_missing_model_fails_before_torch_is_imported(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from typer.testing import CliRunner\n"
+        "from curvalign.cli import app\n"
+        f"r = CliRunner().invoke(app, ['extract', '--encoder', 'open_clip:ViT-B-32:{tmp_path}/x.pt',"
+        f" '--pairs', '{tmp_path}/p.jsonl', '--out', '{tmp_path}/s'])\n"
+        "assert r.exit_code == 2 and 'never downloads' in r.output, r.output\n"
+        "assert 'torch' not in sys.modules\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr

@@ -750,6 +750,12 @@ def extract_command(
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
 ) -> None:
     """Encode images and captions with a local encoder into a feature store (resumable)."""
+    from curvalign._encoder_spec import check_encoder_paths
+
+    try:  # before torch is imported: a missing model fails in milliseconds
+        check_encoder_paths(encoder)
+    except CurvalignError as err:
+        fail(str(err))
     from curvalign.data.extract import (
         SKIPPED_REPORT,
         extract_features,

@@ -42,13 +42,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from curvalign.errors import CurvalignError
+from curvalign._encoder_spec import EncoderError, existing_path
 
 ENCODER_SPEC_HELP = "open_clip:ARCH:CHECKPOINT, hf-clip:DIR, sentence-transformers:DIR, or minilm"
-
-
-class EncoderError(CurvalignError, ValueError):
-    """A bad encoder spec, a model that is not on disk, or a missing optional extra."""
 
 
 def _set_offline() -> None:
@@ -108,16 +104,7 @@ _TORCHVISION_SCHEMAS: Any = None  # keeps the schema library alive for the proce
 
 def _existing(path: str | os.PathLike[str], what: str, *, directory: bool) -> Path:
     """The path, or EncoderError at once: nothing is ever fetched in its place."""
-    p = Path(path).expanduser()
-    ok = p.is_dir() if directory else p.is_file()
-    if not ok:
-        kind = "directory" if directory else "file"
-        found = "" if not p.exists() else f" ({p} exists but is not a {kind})"
-        raise EncoderError(
-            f"{what}: expected a local {kind} at {p}{found}; curvalign never downloads models, "
-            "so put the model there first"
-        )
-    return p
+    return existing_path(path, what, directory=directory)
 
 
 def _load_image(image: Any) -> Any:
