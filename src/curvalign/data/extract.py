@@ -608,6 +608,12 @@ def _assemble(
         **enc.describe(),
         "source": "curvalign extract",
         "captions_from_class_prompts": plan.captions_from_prompts,
+        # a class folder captioned by its prompts is a classification set, not a retrieval one
+        **(
+            {"tasks": ["zeroshot_classification", "hierarchical_classification"]}
+            if plan.captions_from_prompts
+            else {}
+        ),
         "extract": {
             "skipped_images": int((~image_ok).sum()),
             "dropped_captions": dropped_captions,
