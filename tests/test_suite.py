@@ -5,6 +5,7 @@ and the named retrieval protocols."""
 from __future__ import annotations
 
 import csv
+import importlib.util
 import json
 from pathlib import Path
 
@@ -183,3 +184,86 @@ def test_benchmark_accepts_a_suite(suite, tmp_path: Path) -> None:
         if r["model"] == "proclip" and r["task"] == "zeroshot_retrieval" and r["reported"] == "True"
     }
     assert reported == {f"{m}_retrieval_recall@{k}" for m in ("image", "text") for k in (1, 10)}
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("open_clip") is None,
+    reason="optional extra not installed: pip install 'curvalign[open_clip]'",
+)
+def test_one_command_per_dataset_then_one_suite_with_a_real_encoder(tmp_path: Path) -> None:
+    """A tiny random open_clip model saved to disk: webdataset roots and a SugarCrepe folder
+    become stores with one `extract` each; a run trained on one of them evaluates on all."""
+    from curvalign.data import encoders
+    from test_encoders import TINY_OPEN_CLIP
+
+    encoders._make_torchvision_importable()
+    import open_clip
+
+    config = tmp_path / "tiny-suite-test.json"
+    config.write_text(json.dumps(TINY_OPEN_CLIP))
+    open_clip.add_model_config(config)
+    checkpoint = tmp_path / "tiny.pt"
+    torch.manual_seed(0)
+    torch.save(open_clip.create_model("tiny-suite-test").state_dict(), checkpoint)
+    spec = f"open_clip:{config}:{checkpoint}"
+    make_classification(tmp_path / "wds_cifar3", bad=True)
+    make_retrieval(tmp_path / "wds_flickr_tiny")
+    c = make_sugarcrepe(tmp_path / "sc")
+    suite_dir = tmp_path / "suite"
+    runner = CliRunner()
+    for args in (
+        ["--wds", str(tmp_path / "wds_cifar3"), "--out", str(suite_dir / "wds_cifar3")],
+        ["--wds", str(tmp_path / "wds_flickr_tiny"), "--out", str(suite_dir / "wds_flickr_tiny")],
+        [
+            "--sugarcrepe",
+            str(c["folder"]),
+            "--images",
+            str(c["images"]),
+            "--out",
+            str(suite_dir / "sugar_crepe"),
+        ],
+    ):
+        result = runner.invoke(app, ["extract", "--encoder", spec, "-q", *args])
+        assert result.exit_code == 0, result.output
+        assert "items/s" in result.output
+    assert (
+        "skipped 3 unusable samples"
+        in runner.invoke(
+            app,
+            [
+                "extract",
+                "--encoder",
+                spec,
+                "-q",
+                "--wds",
+                str(tmp_path / "wds_cifar3"),
+                "--out",
+                str(tmp_path / "again"),
+            ],
+        ).output
+    )
+    run = tmp_path / "run"
+    trained = runner.invoke(
+        app,
+        [
+            "train",
+            "--recipe",
+            "clip",
+            "--data",
+            f"features:{suite_dir / 'wds_cifar3'}",
+            "--steps",
+            "2",
+            "--out",
+            str(run),
+            "--quiet",
+            *TRAIN,
+        ],
+    )
+    assert trained.exit_code == 0, trained.output
+    result = runner.invoke(app, ["eval", str(run), "--suite", str(suite_dir)])
+    assert result.exit_code == 0, result.output
+    with (run / "suite" / "suite.csv").open() as handle:
+        rows = list(csv.DictReader(handle))
+    datasets = {r["dataset"] for r in rows}
+    assert {"wds/cifar3", "wds/flickr_tiny", "sugar_crepe/replace_obj"} <= datasets
+    assert all(0.0 <= float(r["value"]) <= 1.0 for r in rows)
