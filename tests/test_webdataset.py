@@ -194,3 +194,20 @@ def test_layout_errors_are_clear(tmp_path: Path) -> None:
     (root / "test" / "nshards.txt").write_text("1")
     with pytest.raises(ExtractError, match="no usable sample"):
         extract_webdataset(PixelEncoder(), root, tmp_path / "t", progress=False)
+
+
+def test_images_are_encoded_batch_by_batch_and_a_broken_tar_is_named(tmp_path: Path) -> None:
+    make_classification(tmp_path / "ds")
+
+    class Counting(PixelEncoder):
+        largest = 0
+
+        def encode_images(self, images):
+            Counting.largest = max(Counting.largest, len(images))
+            return super().encode_images(images)
+
+    extract_webdataset(Counting(), tmp_path / "ds", tmp_path / "s", batch_size=2, progress=False)
+    assert Counting.largest == 2  # 3 samples per shard: never more than a batch held at once
+    (tmp_path / "ds" / "train" / "0.tar").write_bytes(b"not a tar at all" * 40)
+    with pytest.raises(ExtractError, match=r"train/0.tar: not a readable tar file"):
+        extract_webdataset(PixelEncoder(), tmp_path / "ds", tmp_path / "t", progress=False)

@@ -736,6 +736,7 @@ def extract_webdataset(
     from curvalign.data.webdataset import (
         WebDatasetError,
         decode_image,
+        empty_rows,
         iter_wds_shard,
         parse_sample,
         read_wds_layout,
@@ -770,12 +771,22 @@ def extract_webdataset(
     clock = _Clock()
 
     def encode_shard(split: str, n: int, path: Path) -> None:
-        images: list[Any] = []
+        # Images are encoded as soon as a batch is full: memory holds one batch of decoded
+        # images, not a shard (CLIP_benchmark writes up to 10,000 images per tar).
+        image_parts: list[np.ndarray] = []
+        pending: list[Any] = []
         labels: list[int] = []
         captions: list[str] = []
         owners: list[int] = []
         skipped: dict[str, str] = {}
         keys: list[str] = []
+
+        def flush() -> None:
+            if pending:
+                image_parts.append(enc.encode_images(pending).numpy().astype(np.float32))
+                pending.clear()
+
+        start = time.perf_counter()
         for sample in iter_wds_shard(path):
             name = f"{split}/{n}.tar:{sample.key}"
             try:
@@ -786,13 +797,17 @@ def extract_webdataset(
                 continue
             for caption in parsed.captions:
                 captions.append(caption)
-                owners.append(len(images))
-            images.append(image)
+                owners.append(len(labels))
+            pending.append(image)
             labels.append(parsed.label)
             keys.append(sample.key)
-        with clock.encoding(len(images) + len(captions)):
-            image_rows = _encode_batched(enc.encode_images, images, enc.image_dim or 0, batch_size)
-            caption_rows = _encode_batched(enc.encode_texts, captions, enc.text_dim, batch_size)
+            if len(pending) == batch_size:
+                flush()
+        flush()
+        image_rows = np.concatenate(image_parts) if image_parts else empty_rows(enc.image_dim or 0)
+        caption_rows = _encode_batched(enc.encode_texts, captions, enc.text_dim, batch_size)
+        clock.seconds += time.perf_counter() - start  # reading, decoding and encoding
+        clock.items += len(labels) + len(captions)
         shards.save_parts(
             f"wds-{split}-{n:05d}",
             {"images": image_rows, "captions": caption_rows},
@@ -912,20 +927,30 @@ def extract_webdataset(
 def _encode_image_files(
     enc: Encoder, paths: Sequence[Path], names: Sequence[str], batch_size: int
 ) -> tuple[np.ndarray, dict[str, str]]:
-    """[len(paths), Di] features; an unreadable image keeps a zero row and is named in the dict."""
+    """[len(paths), Di] features; an unreadable image keeps a zero row and is named in the dict.
+
+    Images are decoded one batch at a time, so memory holds one batch, not a shard.
+    """
     feats = np.zeros((len(paths), enc.image_dim or 0), dtype=np.float32)
     skipped: dict[str, str] = {}
-    ok_rows: list[int] = []
-    ok_images: list[Any] = []
+    rows: list[int] = []
+    images: list[Any] = []
+
+    def flush() -> None:
+        if images:
+            feats[rows] = enc.encode_images(images).numpy()
+            rows.clear()
+            images.clear()
+
     for k, path in enumerate(paths):
         try:
-            ok_images.append(_open_image(path))
-            ok_rows.append(k)
+            images.append(_open_image(path))
+            rows.append(k)
         except (OSError, ValueError, SyntaxError) as exc:  # PIL raises all three for bad files
             skipped[names[k]] = _reason(exc)
-    for start in range(0, len(ok_images), batch_size):
-        rows = ok_rows[start : start + batch_size]
-        feats[rows] = enc.encode_images(ok_images[start : start + batch_size]).numpy()
+        if len(images) == batch_size:
+            flush()
+    flush()
     return feats, skipped
 
 
