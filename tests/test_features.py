@@ -50,6 +50,8 @@ def tiny_store(seed: int = 0) -> FeatureStore:
         negative_kind=torch.tensor([0, 1, 0, 1]),
         negative_kind_names=["object_replaced", "attribute_replaced"],
         chain_features=torch.randn(2, 3, dt, generator=g),
+        text_token_features=torch.randn(nt, 3, 2, generator=g),
+        text_token_mask=(torch.arange(3)[None, :] <= torch.arange(nt)[:, None] % 3).long(),
         meta={"source": "test", "sizes": [6, 9]},
     )
 
@@ -253,6 +255,8 @@ def test_images_without_captions_are_legal():
         text_features=torch.randn(2, 4),
         text_to_image=torch.tensor([0, 0]),
         negative_to_text=torch.tensor([0, 1, 1, 0]),
+        text_token_features=None,
+        text_token_mask=None,
     )
     store.validate()
 

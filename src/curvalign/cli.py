@@ -161,21 +161,48 @@ def eval_command(
     batch_size: int = typer.Option(
         1024, "--batch-size", min=1, help="Items embedded per forward pass."
     ),
+    suite: Path = typer.Option(
+        None,
+        "--suite",
+        help="A folder of feature stores (one per dataset): evaluate on each, write one long "
+        "table (CSV + Markdown, CLIP_benchmark's columns).",
+    ),
+    out: Path = typer.Option(
+        None,
+        "--out",
+        help="--suite: folder for suite.csv, suite_wide.csv, suite.md (default: RUN/suite).",
+    ),
+    protocol: str = typer.Option(
+        None,
+        "--protocol",
+        help="Evaluate retrieval under a named protocol: coco-5k or flickr30k-1k "
+        "(5 captions per image; the store's meta.protocol otherwise).",
+    ),
 ) -> None:
     """Evaluate a trained run: every metric the data supports (see docs/evaluation.md)."""
     import json
 
     from curvalign.data import load_store
+    from curvalign.data.protocols import get_protocol, protocol_store
     from curvalign.eval import evaluate
     from curvalign.report.tables import metrics_lines, to_jsonable
     from curvalign.runs import load_run
 
+    if suite is not None:
+        if data is not None or protocol is not None:
+            fail("--suite evaluates every store of the folder; drop --data and --protocol")
+        _run_suite([run_dir], suite, out or Path(run_dir) / "suite", split, batch_size, json_output)
+        return
     try:
         run = load_run(run_dir)
         spec = data or run.config.data
         if not data and spec.startswith("<"):
             fail(f"{run_dir} was trained on an in-memory store ({spec}); pass --data SPEC")
         store, spec = load_store(spec)
+        name = protocol or store.meta.get("protocol")
+        if name is not None:
+            store = protocol_store(store, get_protocol(name), split)
+            split = "test"
         result = evaluate(run.recipe, store, split=split, batch_size=batch_size)
     except CurvalignError as err:
         fail(str(err))
@@ -189,6 +216,41 @@ def eval_command(
     )
     for name, value in metrics_lines(result):
         typer.echo(f"  {name:40s} {value}")
+
+
+def _run_suite(
+    run_dirs: list[Path], suite: Path, out: Path, split: str, batch_size: int, json_output: bool
+) -> None:
+    """Evaluate each run on every store of ``suite``; write and print the long table."""
+    import json
+
+    from curvalign.report.suite import SuiteResult, evaluate_on_suite, suite_markdown, write_suite
+    from curvalign.runs import load_run
+
+    console = _stderr_console()
+    total = SuiteResult(rows=[])
+    try:
+        for run_dir in run_dirs:
+            run = load_run(run_dir)
+            part = evaluate_on_suite(
+                run.recipe,
+                suite,
+                model=run.config.recipe,
+                pretrained=str(run_dir),
+                split=split,
+                batch_size=batch_size,
+                notify=lambda m: None if json_output else console.print(m),
+            )
+            total.rows += part.rows
+            total.skipped += [(f"{d} ({run.config.recipe})", r) for d, r in part.skipped]
+        files = write_suite(total, out)
+    except CurvalignError as err:
+        fail(str(err))
+    if json_output:
+        typer.echo(json.dumps({"rows": total.rows, "skipped": total.skipped}))
+        return
+    typer.echo(suite_markdown(total), nl=False)
+    typer.echo(f"wrote {files['csv']}, {files['wide_csv']}, {files['markdown']}")
 
 
 def _print_benchmark(result, out: Path, title: str) -> None:
@@ -227,6 +289,12 @@ def benchmark_command(
     steps: int = typer.Option(None, "--steps", min=1, help="Optimizer steps for every recipe."),
     split: str = typer.Option("test", "--split", help="Split to evaluate on."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No per-step progress bars."),
+    suite: Path = typer.Option(
+        None,
+        "--suite",
+        help="Also evaluate every trained recipe on each store of this folder (OUT/suite.csv, "
+        "suite_wide.csv, suite.md).",
+    ),
 ) -> None:
     """Train each recipe on the same data with the same budget, evaluate, and compare side by side."""
     from curvalign.report.benchmark import run_benchmark
@@ -247,6 +315,8 @@ def benchmark_command(
     except CurvalignError as err:
         fail(str(err))
     _print_benchmark(result, out, f"benchmark on {result.data}")
+    if suite is not None:
+        _run_suite(list(result.run_dirs.values()), suite, out, split, 1024, False)
 
 
 @app.command("demo")
@@ -615,7 +685,23 @@ def extract_command(
         help="open_clip:ARCH:CHECKPOINT, hf-clip:DIR, "
         "sentence-transformers:DIR, or minilm (local files only).",
     ),
-    images: Path = typer.Option(..., "--images", help="Folder the image paths are relative to."),
+    images: Path = typer.Option(
+        None, "--images", help="Folder the image paths are relative to (not for --wds)."
+    ),
+    wds: Path = typer.Option(
+        None,
+        "--wds",
+        help="A CLIP_benchmark webdataset root ({split}/nshards.txt, {split}/N.tar, classnames.txt, "
+        "zeroshot_classification_templates.txt, dataset_type.txt).",
+    ),
+    splits: str = typer.Option(
+        None, "--splits", help="--wds: comma-separated split folders (default: every one)."
+    ),
+    sugarcrepe: Path = typer.Option(
+        None,
+        "--sugarcrepe",
+        help="A folder of SugarCrepe KIND.json files (with --images: the COCO val2017 folder).",
+    ),
     out: Path = typer.Option(
         ..., "--out", help="Feature store directory to write (use as --data features:OUT)."
     ),
@@ -637,6 +723,26 @@ def extract_command(
     taxonomy: Path = typer.Option(
         None, "--taxonomy", help="'parent child' edge list over class folders/names."
     ),
+    pairs: Path = typer.Option(
+        None,
+        "--pairs",
+        help="Scored text pairs (DualPath): JSON Lines {a, b, score} or TSV a<TAB>b<TAB>score; "
+        "with --images they join the image store, without they make a text-only one.",
+    ),
+    score_max: float = typer.Option(
+        1.0, "--score-max", help="--pairs: divide scores by this (5 for STS-B) into [0, 1]."
+    ),
+    protocol: str = typer.Option(
+        None,
+        "--protocol",
+        help="Record the retrieval protocol the store is for (coco-5k, flickr30k-1k): eval then "
+        "keeps 5 captions per image and checks the image count.",
+    ),
+    tokens: bool = typer.Option(
+        False,
+        "--tokens",
+        help="Also store the texts' token-level features and mask (hf-clip, sentence-transformers).",
+    ),
     batch_size: int = typer.Option(64, "--batch-size", min=1, help="Rows per encoder call."),
     shard_size: int = typer.Option(1024, "--shard-size", min=1, help="Rows per resumable shard."),
     device: str = typer.Option("cpu", "--device", help="cpu or cuda."),
@@ -646,9 +752,105 @@ def extract_command(
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
 ) -> None:
     """Encode images and captions with a local encoder into a feature store (resumable)."""
-    from curvalign.data.extract import SKIPPED_REPORT, extract_features
+    from curvalign._encoder_spec import check_encoder_paths
+
+    try:  # before torch is imported: a missing model fails in milliseconds
+        check_encoder_paths(encoder)
+    except CurvalignError as err:
+        fail(str(err))
+    from curvalign.data.extract import (
+        SKIPPED_REPORT,
+        extract_features,
+        extract_sugarcrepe,
+        extract_texts,
+        extract_webdataset,
+    )
 
     try:
+        if wds is not None:
+            if images is not None or captions is not None or classes is not None:
+                fail(
+                    "--wds reads images, labels and captions from the shards; drop --images, "
+                    "--captions and --classes"
+                )
+            summary = extract_webdataset(
+                encoder,
+                wds,
+                out,
+                splits=[s.strip() for s in splits.split(",") if s.strip()] if splits else None,
+                batch_size=batch_size,
+                device=device,
+                overwrite=overwrite,
+                progress=not quiet,
+                protocol=protocol,
+            )
+            typer.echo(
+                f"wrote {summary.store}: {summary.images} images, {summary.texts} captions, "
+                f"{summary.classes} classes ({summary.shards_computed} shards computed, "
+                f"{summary.shards_reused} reused)"
+            )
+            if summary.skipped_images:
+                typer.echo(
+                    f"skipped {len(summary.skipped_images)} unusable samples; listed in "
+                    f"{summary.store / SKIPPED_REPORT}"
+                )
+            typer.echo(summary.throughput_line())
+            return
+        if sugarcrepe is not None:
+            if images is None:
+                fail("--sugarcrepe needs --images: the COCO val2017 folder its filenames name")
+            summary = extract_sugarcrepe(
+                encoder,
+                sugarcrepe,
+                images,
+                out,
+                batch_size=batch_size,
+                shard_size=shard_size,
+                device=device,
+                overwrite=overwrite,
+                progress=not quiet,
+            )
+            typer.echo(
+                f"wrote {summary.store}: {summary.images} images, {summary.texts} captions with "
+                f"one hard negative each ({summary.shards_computed} shards computed, "
+                f"{summary.shards_reused} reused)"
+            )
+            if summary.skipped_images:
+                typer.echo(
+                    f"skipped {len(summary.skipped_images)} missing or unreadable images (dropping "
+                    f"their {summary.dropped_captions} entries); listed in "
+                    f"{summary.store / SKIPPED_REPORT}"
+                )
+            typer.echo(summary.throughput_line())
+            return
+        if images is None:
+            if boxes is not None or taxonomy is not None:
+                fail("--boxes and --taxonomy need --images")
+            summary = extract_texts(
+                encoder,
+                out,
+                captions=captions,
+                layout=layout,
+                pairs=pairs,
+                score_max=score_max,
+                classes=classes,
+                templates=templates,
+                tokens=tokens,
+                batch_size=batch_size,
+                shard_size=shard_size,
+                device=device,
+                overwrite=overwrite,
+                progress=not quiet,
+            )
+            typer.echo(
+                f"wrote {summary.store} (text only): {summary.images} anchor texts, "
+                f"{summary.texts} texts, {summary.classes} classes ({summary.shards_computed} "
+                f"shards computed, {summary.shards_reused} reused)"
+            )
+            typer.echo(summary.throughput_line())
+            return
+        if tokens:
+            fail("--tokens is stored by text-only extraction (no --images) in this version")
         summary = extract_features(
             encoder,
             images,
@@ -664,6 +866,9 @@ def extract_command(
             device=device,
             overwrite=overwrite,
             progress=not quiet,
+            pairs=pairs,
+            score_max=score_max,
+            protocol=protocol,
         )
     except CurvalignError as err:
         fail(str(err))
@@ -676,6 +881,7 @@ def extract_command(
             f"skipped {len(summary.skipped_images)} unreadable images (dropping their {summary.dropped_captions} "
             f"captions) and {summary.dropped_boxes} boxes; listed in {summary.store / SKIPPED_REPORT}"
         )
+    typer.echo(summary.throughput_line())
 
 
 def main() -> None:

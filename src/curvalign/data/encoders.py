@@ -29,6 +29,7 @@ Heavy libraries are optional extras, imported only when an adapter is built.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import os
@@ -41,13 +42,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from curvalign.errors import CurvalignError
+from curvalign._encoder_spec import EncoderError, existing_path
 
 ENCODER_SPEC_HELP = "open_clip:ARCH:CHECKPOINT, hf-clip:DIR, sentence-transformers:DIR, or minilm"
-
-
-class EncoderError(CurvalignError, ValueError):
-    """A bad encoder spec, a model that is not on disk, or a missing optional extra."""
 
 
 def _set_offline() -> None:
@@ -107,16 +104,7 @@ _TORCHVISION_SCHEMAS: Any = None  # keeps the schema library alive for the proce
 
 def _existing(path: str | os.PathLike[str], what: str, *, directory: bool) -> Path:
     """The path, or EncoderError at once: nothing is ever fetched in its place."""
-    p = Path(path).expanduser()
-    ok = p.is_dir() if directory else p.is_file()
-    if not ok:
-        kind = "directory" if directory else "file"
-        found = "" if not p.exists() else f" ({p} exists but is not a {kind})"
-        raise EncoderError(
-            f"{what}: expected a local {kind} at {p}{found}; curvalign never downloads models, "
-            "so put the model there first"
-        )
-    return p
+    return existing_path(path, what, directory=directory)
 
 
 def _load_image(image: Any) -> Any:
@@ -166,6 +154,13 @@ class Encoder(ABC):
     def encode_text_tokens(self, texts: Sequence[str]) -> tuple[Tensor, Tensor]:
         """Texts -> (token features float32 [N, L, Dtok], mask bool [N, L]), for attention pooling."""
         raise EncoderError(f"encoder {self.spec!r} gives no token-level features")
+
+    def autocast(self) -> contextlib.AbstractContextManager[Any]:
+        """Mixed precision (float16 autocast) on CUDA; nothing on the CPU."""
+        device = getattr(self, "device", torch.device("cpu"))
+        if device.type == "cuda":
+            return torch.autocast(device_type="cuda", dtype=torch.float16)
+        return contextlib.nullcontext()
 
     def describe(self) -> dict[str, Any]:
         """JSON facts for a feature store's ``meta``."""
@@ -217,12 +212,14 @@ class OpenClipEncoder(Encoder):
     @torch.no_grad()
     def encode_images(self, images: Sequence[Any]) -> Tensor:
         pixels = torch.stack([self.preprocess(_load_image(im)) for im in images]).to(self.device)
-        return self.model.encode_image(pixels).float().cpu()
+        with self.autocast():
+            return self.model.encode_image(pixels).float().cpu()
 
     @torch.no_grad()
     def encode_texts(self, texts: Sequence[str]) -> Tensor:
         tokens = self.tokenizer(list(texts)).to(self.device)
-        return self.model.encode_text(tokens).float().cpu()
+        with self.autocast():
+            return self.model.encode_text(tokens).float().cpu()
 
 
 class HFClipEncoder(Encoder):
@@ -271,17 +268,21 @@ class HFClipEncoder(Encoder):
         pixels = self.image_processor(
             images=[_load_image(im) for im in images], return_tensors="pt"
         )
-        out = self.model.get_image_features(pixel_values=pixels["pixel_values"].to(self.device))
-        return self._embedding(out).float().cpu()
+        with self.autocast():
+            out = self.model.get_image_features(pixel_values=pixels["pixel_values"].to(self.device))
+            return self._embedding(out).float().cpu()
 
     @torch.no_grad()
     def encode_texts(self, texts: Sequence[str]) -> Tensor:
-        return self._embedding(self.model.get_text_features(**self._tokens(texts))).float().cpu()
+        with self.autocast():
+            out = self.model.get_text_features(**self._tokens(texts))
+            return self._embedding(out).float().cpu()
 
     @torch.no_grad()
     def encode_text_tokens(self, texts: Sequence[str]) -> tuple[Tensor, Tensor]:
         enc = self._tokens(texts)
-        hidden = self.model.text_model(**enc).last_hidden_state.float().cpu()
+        with self.autocast():
+            hidden = self.model.text_model(**enc).last_hidden_state.float().cpu()
         return hidden, enc["attention_mask"].bool().cpu()
 
 
@@ -338,8 +339,30 @@ def shipped_minilm_path() -> Path:
     )
 
 
+def check_device(device: str | torch.device) -> torch.device:
+    """``device`` as a torch.device; EncoderError at once for CUDA on a machine without it."""
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError) as exc:
+        raise EncoderError(
+            f"device {device!r}: not a torch device ({exc}); use cpu or cuda"
+        ) from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise EncoderError(
+            f"device {device!r}: CUDA is not available here (torch {torch.__version__}, "
+            f"built with CUDA {torch.version.cuda or 'none'}); use --device cpu"
+        )
+    if dev.type not in ("cpu", "cuda"):
+        raise EncoderError(f"device {device!r}: extraction runs on cpu or cuda")
+    return dev
+
+
 def load_encoder(spec: str, device: str | torch.device = "cpu") -> Encoder:
-    """Build an encoder from a spec string (see the module docstring)."""
+    """Build an encoder from a spec string (see the module docstring).
+
+    On ``cuda`` the adapters encode under ``torch.autocast`` (float16) and return float32.
+    """
+    check_device(device)
     kind, _, rest = spec.partition(":")
     if kind == "minilm" and not rest:
         return SentenceTransformerEncoder(shipped_minilm_path(), device=device, spec="minilm")

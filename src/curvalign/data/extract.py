@@ -15,10 +15,12 @@ the reason in ``STORE/skipped_images.tsv``, counted in the summary and in
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import shutil
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,10 +38,12 @@ from curvalign.data.readers import (
     ClassFolder,
     ReaderError,
     Taxonomy,
+    TextPairs,
     read_boxes,
     read_captions,
     read_class_folder,
     read_edge_list,
+    read_text_pairs,
     taxonomy_with_ancestors,
 )
 from curvalign.errors import CurvalignError
@@ -66,6 +70,61 @@ class ExtractSummary:
     dropped_boxes: int = 0
     shards_computed: int = 0
     shards_reused: int = 0
+    items_encoded: int = 0  # images + texts through the encoder in this run (reused shards: 0)
+    encode_seconds: float = 0.0  # wall time spent reading and encoding them
+
+    @property
+    def throughput(self) -> float | None:
+        """Items encoded per second in this run (None when nothing was encoded)."""
+        if self.items_encoded == 0 or self.encode_seconds <= 0:
+            return None
+        return self.items_encoded / self.encode_seconds
+
+    def throughput_line(self) -> str:
+        rate = self.throughput
+        if rate is None:
+            return "throughput: nothing encoded in this run (every shard reused)"
+        return (
+            f"throughput: {rate:.1f} items/s ({self.items_encoded} items encoded in "
+            f"{self.encode_seconds:.1f}s)"
+        )
+
+
+class _Clock:
+    """Wall time and item count of the encoding work (for the throughput line)."""
+
+    def __init__(self) -> None:
+        self.items = 0
+        self.seconds = 0.0
+
+    @contextlib.contextmanager
+    def encoding(self, items: int):
+        start = time.perf_counter()
+        yield
+        self.seconds += time.perf_counter() - start
+        self.items += items
+
+
+def _check_protocol(protocol: str | None) -> None:
+    """A retrieval protocol name (``curvalign.data.protocols``) recorded in ``meta["protocol"]``."""
+    if protocol is None:
+        return
+    from curvalign.data.protocols import PROTOCOLS
+
+    if protocol not in PROTOCOLS:
+        raise ExtractError(
+            f"unknown retrieval protocol {protocol!r}; known: {', '.join(PROTOCOLS)}"
+        )
+
+
+def _load(encoder: Encoder | str, device: str, images: bool) -> Encoder:
+    """The encoder (loaded from its spec on ``device``); checks that it encodes images if needed."""
+    enc = load_encoder(encoder, device=device) if isinstance(encoder, str) else encoder
+    if images and not enc.encodes_images:
+        raise ExtractError(
+            f"encoder {enc.spec!r} encodes texts only; extraction needs an image-text encoder"
+        )
+    return enc
 
 
 @dataclass
@@ -218,6 +277,38 @@ class _Shards:
     def load(self, key: str) -> np.ndarray:
         return np.load(self.root / f"{key}.npy", mmap_mode="r")
 
+    # A unit of work that yields several arrays at once (one tar shard: images and captions)
+    # is recorded under "parts": done only when every array of it is on disk.
+
+    def parts_done(self, key: str) -> bool:
+        parts = self.manifest.get("parts", {}).get(key)
+        return parts is not None and all(
+            (self.root / f"{key}.{name}.npy").is_file() for name in parts["arrays"]
+        )
+
+    def save_parts(
+        self,
+        key: str,
+        arrays: dict[str, np.ndarray],
+        info: dict[str, Any],
+        skipped: dict[str, str] | None = None,
+    ) -> None:
+        """Write every array of ``key``, then record it (with JSON ``info``) in one manifest write."""
+        for name, rows in arrays.items():
+            tmp = self.root / f"{key}.{name}.tmp.npy"
+            np.save(tmp, rows, allow_pickle=False)
+            os.replace(tmp, self.root / f"{key}.{name}.npy")
+        self.manifest.setdefault("parts", {})[key] = {"arrays": sorted(arrays), "info": info}
+        if skipped:
+            self.manifest["skipped"].update(skipped)
+        self._write()
+
+    def part_info(self, key: str) -> dict[str, Any]:
+        return self.manifest["parts"][key]["info"]
+
+    def load_part(self, key: str, name: str) -> np.ndarray:
+        return np.load(self.root / f"{key}.{name}.npy", mmap_mode="r")
+
 
 def _open_image(path: Path) -> Any:
     """Decode fully now, so a truncated file fails here and not inside the encoder."""
@@ -255,8 +346,14 @@ def extract_features(
     device: str = "cpu",
     overwrite: bool = False,
     progress: bool = True,
+    pairs: str | os.PathLike[str] | None = None,
+    score_max: float = 1.0,
+    protocol: str | None = None,
 ) -> ExtractSummary:
     """Encode a collection into the feature store ``out``; resumable (see the module docstring).
+
+    ``pairs`` adds scored text pairs (``curvalign.data.readers.read_text_pairs``): DualPath
+    trains on them in its first phase and on the images in its second.
 
     ``encoder`` is an :class:`Encoder` or a spec string for ``load_encoder``. The store holds
     image features [Ni, Di], caption features [Nt, Dt] and ``text_to_image``; plus box pairs,
@@ -266,12 +363,14 @@ def extract_features(
         raise ExtractError(
             f"batch size and shard size must be >= 1, got {batch_size} and {shard_size}"
         )
+    _check_protocol(protocol)
     images_dir = Path(images)
     target = Path(out)
     if target.exists() and not overwrite:
         raise ExtractError(f"{target} already exists; pass --overwrite to replace it")
     try:
         plan = _plan(images_dir, captions, layout, boxes, classes, templates, taxonomy)
+        text_pairs = read_text_pairs(pairs, score_max) if pairs is not None else None
     except ReaderError as exc:
         raise ExtractError(str(exc)) from None
     enc = load_encoder(encoder, device=device) if isinstance(encoder, str) else encoder
@@ -287,8 +386,10 @@ def extract_features(
                 "encoder": enc.spec,
                 "images": str(images_dir.resolve()),
                 "inputs": [
-                    _fingerprint_file(p) for p in (captions, boxes, classes, templates, taxonomy)
+                    _fingerprint_file(p)
+                    for p in (captions, boxes, classes, templates, taxonomy, pairs)
                 ],
+                "score_max": score_max,
                 "layout": layout,
                 "shard_size": shard_size,
                 "counts": [
@@ -376,37 +477,34 @@ def extract_features(
     add(
         "prompts", len(prompts), lambda rows: lambda: encode_texts_shard([prompts[i] for i in rows])
     )
+    if text_pairs is not None:
+        for side, texts in (("pair_a", text_pairs.a), ("pair_b", text_pairs.b)):
+            add(
+                side,
+                len(texts),
+                lambda rows, texts=texts: lambda: encode_texts_shard([texts[i] for i in rows]),
+            )
 
     computed = reused = 0
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeRemainingColumn,
-    )
-
-    with Progress(
-        TextColumn("[bold]extract[/] {task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeRemainingColumn(),
-        disable=not progress,
-        transient=False,
-    ) as bar:
+    clock = _Clock()
+    with _progress_bar(progress) as bar:
         task = bar.add_task("rows", total=sum(n for _, n, _ in jobs))
         for key, n, run in jobs:
             bar.update(task, description=key)
             if shards.done(key):
                 reused += 1
             else:
-                rows, skipped = run()
+                with clock.encoding(n):
+                    rows, skipped = run()
                 shards.save(key, rows, skipped)
                 computed += 1
             bar.advance(task, n)
 
-    summary = _assemble(plan, prompts, prompt_to_class, shards, jobs, enc, target, overwrite)
+    summary = _assemble(
+        plan, prompts, prompt_to_class, shards, jobs, enc, target, overwrite, text_pairs, protocol
+    )
     summary.shards_computed, summary.shards_reused = computed, reused
+    summary.items_encoded, summary.encode_seconds = clock.items, clock.seconds
     shutil.rmtree(shards.root, ignore_errors=True)
     return summary
 
@@ -444,6 +542,8 @@ def _assemble(
     enc: Encoder,
     target: Path,
     overwrite: bool,
+    text_pairs: TextPairs | None = None,
+    protocol: str | None = None,
 ) -> ExtractSummary:
     skipped_files = shards.manifest["skipped"]
     image_ok = np.array([f not in skipped_files for f in plan.image_files], dtype=bool)
@@ -489,6 +589,11 @@ def _assemble(
         fields["image_labels"] = torch.tensor(plan.image_labels, dtype=torch.long)[
             torch.from_numpy(image_ok)
         ]
+    if text_pairs is not None:
+        every = np.ones(len(text_pairs.scores), dtype=bool)
+        fields["pair_a_features"] = _gather(shards, jobs, "pair_a", enc.text_dim, every)
+        fields["pair_b_features"] = _gather(shards, jobs, "pair_b", enc.text_dim, every)
+        fields["pair_scores"] = torch.tensor(text_pairs.scores, dtype=torch.float32)
     if plan.taxonomy is not None:
         assert plan.class_to_node is not None
         fields["taxonomy_names"] = list(plan.taxonomy.names)
@@ -503,12 +608,19 @@ def _assemble(
         **enc.describe(),
         "source": "curvalign extract",
         "captions_from_class_prompts": plan.captions_from_prompts,
+        # a class folder captioned by its prompts is a classification set, not a retrieval one
+        **(
+            {"tasks": ["zeroshot_classification", "hierarchical_classification"]}
+            if plan.captions_from_prompts
+            else {}
+        ),
         "extract": {
             "skipped_images": int((~image_ok).sum()),
             "dropped_captions": dropped_captions,
             "dropped_boxes": dropped_boxes,
             "taxonomy_extra_parent_edges": plan.taxonomy.extra_parent_edges if plan.taxonomy else 0,
         },
+        **({"protocol": protocol} if protocol else {}),
     }
     if int(image_ok.sum()) == 0:
         raise ExtractError(
@@ -530,4 +642,742 @@ def _assemble(
         skipped_boxes=skipped_boxes,
         dropped_captions=dropped_captions,
         dropped_boxes=dropped_boxes,
+    )
+
+
+# --- shared by every layout -------------------------------------------------------------------
+
+
+def _progress_bar(progress: bool):
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeRemainingColumn,
+    )
+
+    return Progress(
+        TextColumn("[bold]extract[/] {task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeRemainingColumn(),
+        disable=not progress,
+        transient=False,
+    )
+
+
+def _encode_batched(
+    encode: Callable[[list[Any]], Tensor], items: Sequence[Any], dim: int, batch_size: int
+) -> np.ndarray:
+    """[len(items), dim] float32: ``encode`` called on batches of ``batch_size`` items."""
+    feats = np.zeros((len(items), dim), dtype=np.float32)
+    for start in range(0, len(items), batch_size):
+        feats[start : start + batch_size] = encode(list(items[start : start + batch_size])).numpy()
+    return feats
+
+
+def _concat_parts(
+    shards: _Shards, keys: list[str], name: str, dim: int, label: str | None = None
+) -> Tensor:
+    """Arrays ``name`` of the parts ``keys``, concatenated into one memory-mapped file
+    (``assembled-LABEL.npy``, LABEL defaulting to ``name``)."""
+    total = sum(int(shards.load_part(k, name).shape[0]) for k in keys)
+    out = np.lib.format.open_memmap(
+        shards.root / f"assembled-{label or name}.npy",
+        mode="w+",
+        dtype=np.float32,
+        shape=(total, dim),
+    )
+    row = 0
+    for key in keys:
+        part = shards.load_part(key, name)
+        out[row : row + part.shape[0]] = part
+        row += part.shape[0]
+    out.flush()
+    return torch.from_numpy(out)
+
+
+def _write_skips(target: Path, skipped: list[tuple[str, str]]) -> None:
+    if skipped:
+        lines = ["file\treason"] + [f"{f}\t{reason}" for f, reason in skipped]
+        (target / SKIPPED_REPORT).write_text("\n".join(lines) + "\n")
+
+
+def _reason(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}".replace("\t", " ").replace("\n", " ")
+
+
+def _digest(obj: Any) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
+
+
+# --- CLIP_benchmark webdataset layout ---------------------------------------------------------
+
+
+def extract_webdataset(
+    encoder: Encoder | str,
+    root: str | os.PathLike[str],
+    out: str | os.PathLike[str],
+    splits: Sequence[str] | None = None,
+    batch_size: int = 64,
+    device: str = "cpu",
+    overwrite: bool = False,
+    progress: bool = True,
+    protocol: str | None = None,
+) -> ExtractSummary:
+    """Encode a CLIP_benchmark webdataset root (``curvalign.data.webdataset``) into a store.
+
+    One resumable unit per tar shard, streamed. The store has one split per split folder
+    (``split_names``/``image_split``). Classification sets get the classes group (prompts =
+    every template for every class) and each image is captioned by its class's first prompt
+    (``meta.captions_from_class_prompts``); retrieval sets keep every caption of ``.txt``.
+    """
+    from curvalign.data.webdataset import (
+        WebDatasetError,
+        decode_image,
+        empty_rows,
+        iter_wds_shard,
+        parse_sample,
+        read_wds_layout,
+    )
+
+    if batch_size < 1:
+        raise ExtractError(f"batch size must be >= 1, got {batch_size}")
+    target = Path(out)
+    if target.exists() and not overwrite:
+        raise ExtractError(f"{target} already exists; pass --overwrite to replace it")
+    _check_protocol(protocol)
+    try:
+        layout = read_wds_layout(root, list(splits) if splits else None)
+    except ReaderError as exc:
+        raise ExtractError(str(exc)) from None
+    enc = _load(encoder, device, images=True)
+    prompts, prompt_to_class = [], []
+    if layout.class_names is not None:
+        assert layout.templates is not None
+        prompts = [t.replace("{c}", n) for n in layout.class_names for t in layout.templates]
+        prompt_to_class = [c for c in range(len(layout.class_names)) for _ in layout.templates]
+    fingerprint = _digest(
+        {
+            "encoder": enc.spec,
+            "layout": "wds",
+            "root": str(layout.root.resolve()),
+            "shards": [_fingerprint_file(p) for _, _, p in layout.shards()],
+            "prompts": prompts,
+        }
+    )
+    shards = _Shards(target.parent / f"{target.name}.partial", fingerprint)
+    clock = _Clock()
+
+    def encode_shard(split: str, n: int, path: Path) -> None:
+        # Images are encoded as soon as a batch is full: memory holds one batch of decoded
+        # images, not a shard (CLIP_benchmark writes up to 10,000 images per tar).
+        image_parts: list[np.ndarray] = []
+        pending: list[Any] = []
+        labels: list[int] = []
+        captions: list[str] = []
+        owners: list[int] = []
+        skipped: dict[str, str] = {}
+        keys: list[str] = []
+
+        def flush() -> None:
+            if pending:
+                image_parts.append(enc.encode_images(pending).numpy().astype(np.float32))
+                pending.clear()
+
+        start = time.perf_counter()
+        for sample in iter_wds_shard(path):
+            name = f"{split}/{n}.tar:{sample.key}"
+            try:
+                parsed = parse_sample(sample, layout)
+                image = decode_image(parsed.image)
+            except (OSError, ValueError, SyntaxError) as exc:  # PIL raises all three
+                skipped[name] = _reason(exc)
+                continue
+            for caption in parsed.captions:
+                captions.append(caption)
+                owners.append(len(labels))
+            pending.append(image)
+            labels.append(parsed.label)
+            keys.append(sample.key)
+            if len(pending) == batch_size:
+                flush()
+        flush()
+        image_rows = np.concatenate(image_parts) if image_parts else empty_rows(enc.image_dim or 0)
+        caption_rows = _encode_batched(enc.encode_texts, captions, enc.text_dim, batch_size)
+        clock.seconds += time.perf_counter() - start  # reading, decoding and encoding
+        clock.items += len(labels) + len(captions)
+        shards.save_parts(
+            f"wds-{split}-{n:05d}",
+            {"images": image_rows, "captions": caption_rows},
+            {
+                "labels": labels,
+                "caption_to_image": owners,
+                "keys": keys,
+                "skipped": sorted(skipped),
+            },
+            skipped,
+        )
+
+    computed = reused = 0
+    units = layout.shards()
+    with _progress_bar(progress) as bar:
+        task = bar.add_task("shards", total=len(units) + (1 if prompts else 0))
+        for split, n, path in units:
+            key = f"wds-{split}-{n:05d}"
+            bar.update(task, description=f"{split}/{n}.tar")
+            if shards.parts_done(key):
+                reused += 1
+            else:
+                try:
+                    encode_shard(split, n, path)
+                except WebDatasetError as exc:
+                    raise ExtractError(str(exc)) from None
+                computed += 1
+            bar.advance(task)
+        if prompts:
+            bar.update(task, description="prompts")
+            if shards.parts_done("prompts"):
+                reused += 1
+            else:
+                with clock.encoding(len(prompts)):
+                    rows = _encode_batched(enc.encode_texts, prompts, enc.text_dim, batch_size)
+                shards.save_parts("prompts", {"prompts": rows}, {})
+                computed += 1
+            bar.advance(task)
+
+    keys = [f"wds-{s}-{n:05d}" for s, n, _ in units]
+    infos = [shards.part_info(k) for k in keys]
+    split_names = list(layout.splits)
+    image_split: list[int] = []
+    labels: list[int] = []
+    owners: list[int] = []
+    for (split, _, _), info in zip(units, infos, strict=True):
+        owners.extend(len(labels) + o for o in info["caption_to_image"])
+        labels.extend(info["labels"])
+        image_split.extend([split_names.index(split)] * len(info["labels"]))
+    skipped = [(f, shards.manifest["skipped"][f]) for f in sorted(shards.manifest["skipped"])]
+    if not labels:
+        raise ExtractError(
+            f"webdataset {layout.root}: no usable sample in {len(units)} shards "
+            f"({len(skipped)} skipped, see {shards.root / 'manifest.json'}); nothing to store"
+        )
+    empty = [s for s in split_names if s not in {split_names[i] for i in image_split}]
+    if empty:
+        raise ExtractError(
+            f"webdataset {layout.root}: split {empty[0]!r} has no usable sample (every sample "
+            f"skipped, see {shards.root / 'manifest.json'})"
+        )
+    fields: dict[str, Any] = {
+        "image_features": _concat_parts(shards, keys, "images", enc.image_dim or 0),
+        "split_names": split_names,
+        "image_split": torch.tensor(image_split, dtype=torch.long),
+    }
+    if layout.class_names is not None:
+        prompt_rows = torch.from_numpy(np.array(shards.load_part("prompts", "prompts")))
+        first = torch.tensor(
+            [c * len(layout.templates or []) for c in labels], dtype=torch.long
+        )  # row of each image's class's first prompt
+        fields.update(
+            text_features=prompt_rows[first],
+            text_to_image=torch.arange(len(labels)),
+            class_names=list(layout.class_names),
+            prompt_features=prompt_rows,
+            prompt_to_class=torch.tensor(prompt_to_class, dtype=torch.long),
+            image_labels=torch.tensor(labels, dtype=torch.long),
+        )
+    else:
+        fields.update(
+            text_features=_concat_parts(shards, keys, "captions", enc.text_dim),
+            text_to_image=torch.tensor(owners, dtype=torch.long),
+        )
+    meta = {
+        **enc.describe(),
+        "source": "curvalign extract --wds",
+        "dataset": layout.name,
+        "dataset_type": layout.dataset_type,
+        "tasks": [
+            "zeroshot_classification"
+            if layout.dataset_type == "classification"
+            else "zeroshot_retrieval"
+        ],
+        "captions_from_class_prompts": layout.class_names is not None,
+        "extract": {"skipped_samples": len(skipped), "shards": len(units)},
+        **({"protocol": protocol} if protocol else {}),
+    }
+    store = FeatureStore(**fields, meta=meta)
+    store.save(target, overwrite=overwrite)
+    _write_skips(target, skipped)
+    shutil.rmtree(shards.root, ignore_errors=True)
+    return ExtractSummary(
+        store=target,
+        images=store.num_images,
+        texts=store.num_texts,
+        boxes=0,
+        classes=len(layout.class_names or []),
+        skipped_images=skipped,
+        shards_computed=computed,
+        shards_reused=reused,
+        items_encoded=clock.items,
+        encode_seconds=clock.seconds,
+    )
+
+
+def _encode_image_files(
+    enc: Encoder, paths: Sequence[Path], names: Sequence[str], batch_size: int
+) -> tuple[np.ndarray, dict[str, str]]:
+    """[len(paths), Di] features; an unreadable image keeps a zero row and is named in the dict.
+
+    Images are decoded one batch at a time, so memory holds one batch, not a shard.
+    """
+    feats = np.zeros((len(paths), enc.image_dim or 0), dtype=np.float32)
+    skipped: dict[str, str] = {}
+    rows: list[int] = []
+    images: list[Any] = []
+
+    def flush() -> None:
+        if images:
+            feats[rows] = enc.encode_images(images).numpy()
+            rows.clear()
+            images.clear()
+
+    for k, path in enumerate(paths):
+        try:
+            images.append(_open_image(path))
+            rows.append(k)
+        except (OSError, ValueError, SyntaxError) as exc:  # PIL raises all three for bad files
+            skipped[names[k]] = _reason(exc)
+        if len(images) == batch_size:
+            flush()
+    flush()
+    return feats, skipped
+
+
+# --- SugarCrepe -------------------------------------------------------------------------------
+
+
+def extract_sugarcrepe(
+    encoder: Encoder | str,
+    sugarcrepe: str | os.PathLike[str],
+    images: str | os.PathLike[str],
+    out: str | os.PathLike[str],
+    batch_size: int = 64,
+    shard_size: int = 1024,
+    device: str = "cpu",
+    overwrite: bool = False,
+    progress: bool = True,
+) -> ExtractSummary:
+    """SugarCrepe kind files (``curvalign.data.sugarcrepe``) over COCO val2017 -> a store.
+
+    Images: every file named by an entry, once. Texts: one positive caption per entry.
+    Hard negatives: one per entry, ``negative_to_text`` its entry's caption, ``negative_kind``
+    its file (kind names in ``negative_kind_names``). An entry whose image is missing or
+    unreadable is a listed skip (``skipped_images.tsv``, the summary, ``meta.extract``).
+    """
+    from curvalign.data.sugarcrepe import read_sugarcrepe
+
+    if batch_size < 1 or shard_size < 1:
+        raise ExtractError(
+            f"batch size and shard size must be >= 1, got {batch_size}, {shard_size}"
+        )
+    images_dir = Path(images)
+    if not images_dir.is_dir():
+        raise ExtractError(f"images folder {images_dir}: no such directory (COCO val2017 images)")
+    target = Path(out)
+    if target.exists() and not overwrite:
+        raise ExtractError(f"{target} already exists; pass --overwrite to replace it")
+    try:
+        entries, kinds = read_sugarcrepe(sugarcrepe)
+    except ReaderError as exc:
+        raise ExtractError(str(exc)) from None
+    enc = _load(encoder, device, images=True)
+    files = list(dict.fromkeys(e.image_file for e in entries))
+    fingerprint = _digest(
+        {
+            "encoder": enc.spec,
+            "layout": "sugarcrepe",
+            "images": str(images_dir.resolve()),
+            "entries": _digest(
+                [(e.kind, e.entry_id, e.image_file, e.caption, e.negative) for e in entries]
+            ),
+            "shard_size": shard_size,
+        }
+    )
+    shards = _Shards(target.parent / f"{target.name}.partial", fingerprint)
+    clock = _Clock()
+    jobs: list[tuple[str, int, Callable[[], tuple[np.ndarray, dict[str, str]]]]] = []
+
+    def add(kind: str, total: int, make: Callable[[range], Callable[[], Any]]) -> None:
+        for n, start in enumerate(range(0, total, shard_size)):
+            rows = range(start, min(total, start + shard_size))
+            jobs.append((f"{kind}-{n:05d}", len(rows), make(rows)))
+
+    add(
+        "images",
+        len(files),
+        lambda rows: (
+            lambda: _encode_image_files(
+                enc, [images_dir / files[i] for i in rows], [files[i] for i in rows], batch_size
+            )
+        ),
+    )
+    add(
+        "captions",
+        len(entries),
+        lambda rows: (
+            lambda: (
+                _encode_batched(
+                    enc.encode_texts, [entries[i].caption for i in rows], enc.text_dim, batch_size
+                ),
+                {},
+            )
+        ),
+    )
+    add(
+        "negatives",
+        len(entries),
+        lambda rows: (
+            lambda: (
+                _encode_batched(
+                    enc.encode_texts, [entries[i].negative for i in rows], enc.text_dim, batch_size
+                ),
+                {},
+            )
+        ),
+    )
+    computed = reused = 0
+    with _progress_bar(progress) as bar:
+        task = bar.add_task("rows", total=sum(n for _, n, _ in jobs))
+        for key, n, run in jobs:
+            bar.update(task, description=key)
+            if shards.done(key):
+                reused += 1
+            else:
+                with clock.encoding(n):
+                    rows, skipped = run()
+                shards.save(key, rows, skipped)
+                computed += 1
+            bar.advance(task, n)
+
+    bad = shards.manifest["skipped"]
+    image_ok = np.array([f not in bad for f in files], dtype=bool)
+    if not image_ok.any():
+        raise ExtractError(
+            f"none of the {len(files)} images named by {sugarcrepe} could be read from {images_dir}; "
+            "is --images the COCO val2017 folder?"
+        )
+    new_id = np.cumsum(image_ok) - 1
+    index = {f: i for i, f in enumerate(files)}
+    owner = np.array([index[e.image_file] for e in entries], dtype=np.int64)
+    entry_ok = image_ok[owner]
+    kept = int(entry_ok.sum())
+    fields: dict[str, Any] = {
+        "image_features": _gather(shards, jobs, "images", enc.image_dim or 0, image_ok),
+        "text_features": _gather(shards, jobs, "captions", enc.text_dim, entry_ok),
+        "text_to_image": torch.from_numpy(new_id[owner[entry_ok]]),
+        "negative_features": _gather(shards, jobs, "negatives", enc.text_dim, entry_ok),
+        "negative_to_text": torch.arange(kept),
+        "negative_kind": torch.tensor(
+            [kinds.index(e.kind) for e, ok in zip(entries, entry_ok, strict=True) if ok],
+            dtype=torch.long,
+        ),
+        "negative_kind_names": kinds,
+    }
+    dropped = {k: 0 for k in kinds}
+    for e, ok in zip(entries, entry_ok, strict=True):
+        dropped[e.kind] += int(not ok)
+    skipped = [(f, bad[f]) for f in files if f in bad]
+    meta = {
+        **enc.describe(),
+        "source": "curvalign extract --sugarcrepe",
+        "dataset": "sugar_crepe",
+        "tasks": ["image_caption_selection"],
+        "extract": {
+            "skipped_images": len(skipped),
+            "dropped_entries": int((~entry_ok).sum()),
+            "dropped_entries_per_kind": dropped,
+        },
+    }
+    store = FeatureStore(**fields, meta=meta)
+    store.save(target, overwrite=overwrite)
+    _write_skips(target, skipped)
+    shutil.rmtree(shards.root, ignore_errors=True)
+    return ExtractSummary(
+        store=target,
+        images=store.num_images,
+        texts=store.num_texts,
+        boxes=0,
+        classes=0,
+        skipped_images=skipped,
+        dropped_captions=int((~entry_ok).sum()),
+        shards_computed=computed,
+        shards_reused=reused,
+        items_encoded=clock.items,
+        encode_seconds=clock.seconds,
+    )
+
+
+# --- text-only extraction and token-level features --------------------------------------------
+
+
+def _check_tokens(enc: Encoder) -> None:
+    if type(enc).encode_text_tokens is Encoder.encode_text_tokens:
+        raise ExtractError(
+            f"encoder {enc.spec!r} gives no token-level features (--tokens); the hf-clip and "
+            "sentence-transformers adapters do"
+        )
+
+
+def _encode_text_parts(
+    enc: Encoder, texts: Sequence[str], batch_size: int, tokens: bool
+) -> dict[str, np.ndarray]:
+    """{"features": [n, Dt]} and, with ``tokens``, {"tokens": [n, L, Dk], "mask": [n, L]}
+    (L = the longest text of this part; padding rows are zero, mask 0)."""
+    out = {"features": _encode_batched(enc.encode_texts, texts, enc.text_dim, batch_size)}
+    if tokens:
+        parts: list[tuple[np.ndarray, np.ndarray]] = []
+        for start in range(0, len(texts), batch_size):
+            hidden, mask = enc.encode_text_tokens(list(texts[start : start + batch_size]))
+            parts.append((hidden.float().numpy(), mask.numpy().astype(np.int64)))
+        length = max((h.shape[1] for h, _ in parts), default=1)
+        dim = parts[0][0].shape[2] if parts else 1
+        out["tokens"] = np.zeros((len(texts), length, dim), dtype=np.float32)
+        out["mask"] = np.zeros((len(texts), length), dtype=np.int64)
+        row = 0
+        for hidden, mask in parts:
+            n, width = mask.shape
+            out["tokens"][row : row + n, :width] = hidden
+            out["mask"][row : row + n, :width] = mask
+            row += n
+    return out
+
+
+def _concat_tokens(
+    shards: _Shards, keys: list[str], keep: np.ndarray | None = None
+) -> tuple[Tensor, Tensor]:
+    """Token parts of ``keys`` (rows where ``keep``), right-padded to the longest, memory-mapped."""
+    parts = [(shards.load_part(k, "tokens"), shards.load_part(k, "mask")) for k in keys]
+    length = max(int(t.shape[1]) for t, _ in parts)
+    dim = int(parts[0][0].shape[2])
+    total = sum(t.shape[0] for t, _ in parts) if keep is None else int(keep.sum())
+    feats = np.lib.format.open_memmap(
+        shards.root / "assembled-tokens.npy",
+        mode="w+",
+        dtype=np.float32,
+        shape=(total, length, dim),
+    )
+    mask = np.zeros((total, length), dtype=np.int64)
+    row = start = 0
+    for tokens, part_mask in parts:
+        rows = (
+            np.ones(tokens.shape[0], dtype=bool)
+            if keep is None
+            else keep[start : start + tokens.shape[0]]
+        )
+        n, width = int(rows.sum()), tokens.shape[1]
+        feats[row : row + n, :width] = tokens[rows]
+        mask[row : row + n, :width] = part_mask[rows]
+        row, start = row + n, start + tokens.shape[0]
+    feats.flush()
+    return torch.from_numpy(feats), torch.from_numpy(mask)
+
+
+def extract_texts(
+    encoder: Encoder | str,
+    out: str | os.PathLike[str],
+    captions: str | os.PathLike[str] | None = None,
+    layout: str | None = None,
+    pairs: str | os.PathLike[str] | None = None,
+    score_max: float = 1.0,
+    classes: str | os.PathLike[str] | None = None,
+    templates: str | os.PathLike[str] | None = None,
+    tokens: bool = False,
+    batch_size: int = 64,
+    shard_size: int = 1024,
+    device: str = "cpu",
+    overwrite: bool = False,
+    progress: bool = True,
+) -> ExtractSummary:
+    """A store from texts alone (no image files); the store's *image* side holds texts too.
+
+    The two views, as in ``--data wordnet`` (docs/real-data.md):
+
+    * ``captions`` (COCO or Karpathy JSON): each image's first caption is its "image" row, its
+      other captions are the texts (caption -> paraphrase retrieval); Karpathy splits kept.
+    * ``classes`` + ``templates``: each class name is an "image" row labelled with its class,
+      prompts are every template for every class, texts the first prompt of each class.
+    * ``pairs`` (scored text pairs, DualPath): the pair group; alone, ``a`` is the "image" row
+      and ``b`` its text.
+
+    ``tokens`` also stores the texts' token-level features and mask (``text_tokens`` group).
+    ``meta.text_only`` is true and ``meta.image_side`` says what the image rows are.
+    """
+    from curvalign.data.readers import _read_string_list, read_text_pairs
+
+    if batch_size < 1 or shard_size < 1:
+        raise ExtractError(
+            f"batch size and shard size must be >= 1, got {batch_size}, {shard_size}"
+        )
+    if captions is not None and classes is not None:
+        raise ExtractError("text-only extraction takes --captions or --classes, not both")
+    if (classes is None) != (templates is None):
+        raise ExtractError("zero-shot classes need both --classes FILE and --templates FILE")
+    if captions is None and classes is None and pairs is None:
+        raise ExtractError(
+            "nothing to extract: give --captions FILE, --classes FILE --templates FILE, or --pairs FILE"
+        )
+    target = Path(out)
+    if target.exists() and not overwrite:
+        raise ExtractError(f"{target} already exists; pass --overwrite to replace it")
+    anchors: list[str] = []
+    texts: list[str] = []
+    owners: list[int] = []
+    splits: list[str] | None = None
+    names: list[str] | None = None
+    prompt_templates: list[str] = []
+    side = ""
+    dropped = 0
+    try:
+        text_pairs = read_text_pairs(pairs, score_max) if pairs is not None else None
+        if captions is not None:
+            captioned = read_captions(captions, layout)
+            first: dict[int, int] = {}
+            for text, image in zip(captioned.captions, captioned.caption_to_image, strict=True):
+                if image not in first:
+                    first[image] = len(anchors)
+                    anchors.append(text)
+                else:
+                    texts.append(text)
+                    owners.append(first[image])
+            dropped = len(captioned.image_files) - len(first)
+            if captioned.image_splits is not None:
+                by_anchor = sorted(first, key=first.__getitem__)
+                splits = [captioned.image_splits[i] for i in by_anchor]
+            side = "the first caption of each image; its other captions are the texts"
+        elif classes is not None:
+            assert templates is not None
+            names = _read_string_list(classes, "classnames file", None)
+            prompt_templates = _read_string_list(templates, "templates file", None)
+            bad = [t for t in prompt_templates if "{c}" not in t]
+            if bad:
+                raise ExtractError(f"templates file {templates}: {bad[0]!r} has no '{{c}}'")
+            anchors = list(names)
+            texts = [prompt_templates[0].replace("{c}", n) for n in names]
+            owners = list(range(len(names)))
+            side = "the class names; texts are each class's first prompt"
+        elif text_pairs is not None:
+            anchors, texts = list(text_pairs.a), list(text_pairs.b)
+            owners = list(range(len(texts)))
+            side = "text a of each scored pair; texts are text b"
+    except ReaderError as exc:
+        raise ExtractError(str(exc)) from None
+    if not anchors or not texts:
+        raise ExtractError(
+            f"{captions}: no image has two captions; text-only captions need paraphrases"
+            if captions is not None
+            else "no texts to extract"
+        )
+    enc = _load(encoder, device, images=False)
+    if tokens:
+        _check_tokens(enc)
+    prompts = [t.replace("{c}", n) for n in names or [] for t in prompt_templates]
+    pairs_alone = text_pairs is not None and captions is None and classes is None
+    sources: dict[str, list[str]] = {"anchors": anchors, "texts": texts, "prompts": prompts}
+    if text_pairs is not None and not pairs_alone:
+        sources.update(pair_a=text_pairs.a, pair_b=text_pairs.b)
+    fingerprint = _digest(
+        {
+            "encoder": enc.spec,
+            "layout": "texts",
+            "sources": {k: _digest(v) for k, v in sources.items()},
+            "tokens": tokens,
+            "shard_size": shard_size,
+        }
+    )
+    shards = _Shards(target.parent / f"{target.name}.partial", fingerprint)
+    clock = _Clock()
+    keys: dict[str, list[str]] = {k: [] for k in sources}
+    units = [
+        (kind, n, range(start, min(len(rows), start + shard_size)))
+        for kind, rows in sources.items()
+        for n, start in enumerate(range(0, len(rows), shard_size))
+    ]
+    computed = reused = 0
+    with _progress_bar(progress) as bar:
+        task = bar.add_task("texts", total=sum(len(r) for _, _, r in units))
+        for kind, n, rows in units:
+            key = f"{kind}-{n:05d}"
+            keys[kind].append(key)
+            bar.update(task, description=key)
+            if shards.parts_done(key):
+                reused += 1
+            else:
+                with clock.encoding(len(rows)):
+                    arrays = _encode_text_parts(
+                        enc,
+                        [sources[kind][i] for i in rows],
+                        batch_size,
+                        tokens and kind == "texts",
+                    )
+                shards.save_parts(key, arrays, {})
+                computed += 1
+            bar.advance(task, len(rows))
+
+    dim = enc.text_dim
+    fields: dict[str, Any] = {
+        "image_features": _concat_parts(shards, keys["anchors"], "features", dim, "anchors"),
+        "text_features": _concat_parts(shards, keys["texts"], "features", dim, "texts"),
+        "text_to_image": torch.tensor(owners, dtype=torch.long),
+    }
+    if splits is not None:
+        present = sorted(
+            set(splits), key=lambda s: (_SPLIT_ORDER.index(s) if s in _SPLIT_ORDER else 99, s)
+        )
+        fields["split_names"] = present
+        fields["image_split"] = torch.tensor([present.index(s) for s in splits], dtype=torch.long)
+    if names is not None:
+        fields.update(
+            class_names=list(names),
+            prompt_features=_concat_parts(shards, keys["prompts"], "features", dim, "prompts"),
+            prompt_to_class=torch.tensor(
+                [c for c in range(len(names)) for _ in prompt_templates], dtype=torch.long
+            ),
+            image_labels=torch.arange(len(names)),
+        )
+    if text_pairs is not None:
+        if pairs_alone:
+            a, b = fields["image_features"], fields["text_features"]
+        else:
+            a = _concat_parts(shards, keys["pair_a"], "features", dim, "pair_a")
+            b = _concat_parts(shards, keys["pair_b"], "features", dim, "pair_b")
+        fields.update(
+            pair_a_features=a, pair_b_features=b, pair_scores=torch.tensor(text_pairs.scores)
+        )
+    if tokens:
+        fields["text_token_features"], fields["text_token_mask"] = _concat_tokens(
+            shards, keys["texts"]
+        )
+    meta = {
+        **enc.describe(),
+        "image_dim": dim,
+        "source": "curvalign extract (text only)",
+        "text_only": True,
+        "image_side": side,
+        "extract": {"images_without_text": dropped},
+    }
+    store = FeatureStore(**fields, meta=meta)
+    store.save(target, overwrite=overwrite)
+    shutil.rmtree(shards.root, ignore_errors=True)
+    return ExtractSummary(
+        store=target,
+        images=store.num_images,
+        texts=store.num_texts,
+        boxes=0,
+        classes=len(names or []),
+        dropped_captions=0,
+        shards_computed=computed,
+        shards_reused=reused,
+        items_encoded=clock.items,
+        encode_seconds=clock.seconds,
     )

@@ -36,6 +36,11 @@ hard negatives (optional; compositional evaluation)
     negative_to_text   long  [Nn]      the true caption it competes with
     negative_kind      long  [Nn]      index into ``negative_kind_names``
                                        (e.g. ["object_replaced", "attribute_replaced", ...])
+text tokens (optional; token-level features for attention pooling, DualPath seed 004)
+    text_token_features float [Nt, L, Dk]  the encoder's last hidden states of each text,
+                                           right-padded to the longest text (Dk may differ
+                                           from Dt: hidden width, not the projection)
+    text_token_mask     long  [Nt, L]      1 for a real token, 0 for padding; >= 1 per row
 text chains (optional; hierarchy ordering, seed 001)
     chain_features   float [Nc, L, Dt] texts from general to specific (attribute -> noun -> caption)
 image chains use the boxes: crop (general) -> full image (specific).
@@ -86,6 +91,7 @@ FLOAT_FIELDS = (
     "prompt_features",
     "negative_features",
     "chain_features",
+    "text_token_features",
 )
 INDEX_FIELDS = (
     "text_to_image",
@@ -97,6 +103,7 @@ INDEX_FIELDS = (
     "class_to_node",
     "negative_to_text",
     "negative_kind",
+    "text_token_mask",
 )
 TENSOR_FIELDS = FLOAT_FIELDS + INDEX_FIELDS
 LIST_FIELDS = ("split_names", "class_names", "taxonomy_names", "negative_kind_names")
@@ -111,6 +118,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "taxonomy": ("taxonomy_names", "taxonomy_parents", "class_to_node"),
     "negatives": ("negative_features", "negative_to_text", "negative_kind", "negative_kind_names"),
     "chains": ("chain_features",),
+    "tokens": ("text_token_features", "text_token_mask"),
 }
 
 # Rows per chunk when scanning float arrays for NaN/inf: bounded memory on memory-mapped stores.
@@ -154,6 +162,9 @@ class FeatureStore:
 
     chain_features: Tensor | None = None
 
+    text_token_features: Tensor | None = None
+    text_token_mask: Tensor | None = None
+
     meta: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -195,6 +206,10 @@ class FeatureStore:
     @property
     def has_chains(self) -> bool:
         return self.chain_features is not None
+
+    @property
+    def has_tokens(self) -> bool:
+        return self.text_token_features is not None
 
     @property
     def groups(self) -> list[str]:
@@ -264,6 +279,10 @@ class FeatureStore:
             changes["box_image_features"] = self.box_image_features[box_ids]
             changes["box_text_features"] = self.box_text_features[box_ids]
             changes["box_to_image"] = new_image[self.box_to_image[box_ids].long()]
+        if self.text_token_features is not None:
+            assert self.text_token_mask is not None
+            changes["text_token_features"] = self.text_token_features[text_ids]
+            changes["text_token_mask"] = self.text_token_mask[text_ids]
         if self.negative_to_text is not None:
             assert self.negative_features is not None and self.negative_kind is not None
             new_text = torch.full((self.num_texts,), -1, dtype=torch.long)
@@ -294,6 +313,9 @@ class FeatureStore:
         if self.has_chains:
             assert self.chain_features is not None
             parts.append(f"chains={tuple(self.chain_features.shape[:2])}")
+        if self.has_tokens:
+            assert self.text_token_features is not None
+            parts.append(f"text_tokens={tuple(self.text_token_features.shape[1:])}")
         if self.split_names is not None:
             parts.append(f"splits={self.split_names}")
         return f"FeatureStore({', '.join(parts)})"
@@ -447,6 +469,7 @@ class FeatureStore:
                 "taxonomy_nodes": _rows(self.taxonomy_parents),
                 "negatives": _rows(self.negative_to_text),
                 "chains": _rows(self.chain_features),
+                "text_tokens": _rows(self.text_token_features),
             },
             "dims": {"image": self.image_dim, "text": self.text_dim},
             "groups": self.groups,
@@ -563,7 +586,9 @@ def _validate(
     ndim("prompt_features", 2, "[prompts, text_dim]")
     ndim("negative_features", 2, "[negatives, text_dim]")
     ndim("chain_features", 3, "[chains, chain_length, text_dim]")
-    for name in ("pair_scores",) + INDEX_FIELDS:
+    ndim("text_token_features", 3, "[texts, tokens, token_dim]")
+    ndim("text_token_mask", 2, "[texts, tokens]")
+    for name in ("pair_scores",) + tuple(f for f in INDEX_FIELDS if f != "text_token_mask"):
         ndim(name, 1, "one entry per row")
 
     di, dt = store.image_dim, store.text_dim
@@ -597,6 +622,20 @@ def _validate(
     same_rows("image_labels", "image_features", "one label per image")
     same_rows("negative_to_text", "negative_features", "one true text per negative")
     same_rows("negative_kind", "negative_features", "one kind per negative")
+    same_rows("text_token_features", "text_features", "one token sequence per text")
+    if store.text_token_features is not None and store.text_token_mask is not None:
+        if store.text_token_mask.shape != store.text_token_features.shape[:2]:
+            fail(
+                f"{describe('text_token_mask')} has shape {list(store.text_token_mask.shape)} but "
+                f"{describe('text_token_features')} has {list(store.text_token_features.shape[:2])} "
+                "(texts, tokens)"
+            )
+        mask = store.text_token_mask
+        if mask.numel() and bool(((mask != 0) & (mask != 1)).any()):
+            fail(f"{describe('text_token_mask')} must hold 0 (padding) or 1 (token) only")
+        if mask.numel() and bool((mask.sum(dim=1) == 0).any()):
+            first = int(torch.nonzero(mask.sum(dim=1) == 0)[0])
+            fail(f"{describe('text_token_mask')}: text {first} has no token (an all-zero row)")
     if store.taxonomy_parents is not None:
         assert (
             store.taxonomy_names is not None

@@ -400,3 +400,93 @@ def read_boxes(path: str | os.PathLike[str]) -> list[Box]:
             raise ReaderError(f"{where}: 'phrase' is empty")
         boxes.append(Box(image, (x0, y0, x1, y1), phrase))
     return boxes
+
+
+@dataclass
+class TextPairs:
+    """Scored text pairs (DualPath): ``scores[k]`` in [0, 1] says how alike ``a[k]`` and ``b[k]`` are."""
+
+    a: list[str]
+    b: list[str]
+    scores: list[float]
+
+
+def read_text_pairs(path: str | os.PathLike[str], score_max: float = 1.0) -> TextPairs:
+    """Scored text pairs from JSON Lines ``{"a": ..., "b": ..., "score": ...}`` (or a JSON list of
+    them) or a TSV file ``a<TAB>b<TAB>score`` (STS-B style; a header line without a numeric
+    score is skipped). Scores are divided by ``score_max`` (5 for STS-B) and must then lie in
+    [0, 1]."""
+    file = Path(path)
+    if not file.is_file():
+        raise ReaderError(f"text pairs file {file}: no such file")
+    if not score_max > 0:
+        raise ReaderError(f"score_max must be positive, got {score_max}")
+    text = file.read_text(encoding="utf-8")
+    a: list[str] = []
+    b: list[str] = []
+    scores: list[float] = []
+
+    def add(where: _Where, first: Any, second: Any, score: Any) -> None:
+        if not isinstance(first, str) or not isinstance(second, str):
+            raise ReaderError(f"{where}: the two texts must be strings")
+        try:
+            value = float(score) / score_max
+        except (TypeError, ValueError):
+            raise ReaderError(f"{where}: score {score!r} is not a number") from None
+        if not 0.0 <= value <= 1.0:
+            hint = "" if score_max != 1.0 else " (pass a score maximum, e.g. 5 for STS-B)"
+            raise ReaderError(
+                f"{where}: score {score!r} / {score_max:g} = {value:g} lies outside [0, 1]{hint}"
+            )
+        a.append(first.strip())
+        b.append(second.strip())
+        scores.append(value)
+
+    stripped = text.lstrip()
+    if file.suffix.lower() in (".tsv", ".txt"):
+        for number, line in enumerate(text.splitlines(), start=1):
+            if not line.strip():
+                continue
+            parts = line.split("\t")
+            if len(parts) != 3:
+                raise ReaderError(
+                    f"text pairs file {file}: line {number}: expected 'a<TAB>b<TAB>score', "
+                    f"got {len(parts)} fields"
+                )
+            if number == 1 and not _is_number(parts[2]):
+                continue  # a header
+            add(_Where(file, number), parts[0], parts[1], parts[2])
+    else:
+        if stripped.startswith("["):
+            records = [
+                (_Where(file, keys=[str(i)]), r)
+                for i, r in enumerate(_read_json(file, "text pairs file"))
+            ]
+        else:
+            records = []
+            for number, line in enumerate(text.splitlines(), start=1):
+                if line.strip():
+                    try:
+                        records.append((_Where(file, number), json.loads(line)))
+                    except json.JSONDecodeError as exc:
+                        raise ReaderError(
+                            f"text pairs file {file}: line {number}: not JSON ({exc.msg})"
+                        ) from None
+        for where, record in records:
+            add(
+                where,
+                _get(record, "a", str, where),
+                _get(record, "b", str, where),
+                _get(record, "score", (int, float), where),
+            )
+    if not a:
+        raise ReaderError(f"text pairs file {file}: no pairs")
+    return TextPairs(a, b, scores)
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True

@@ -167,6 +167,9 @@ class Recipe(nn.Module):
     Config: ClassVar[type]
     #: optional store parts the method trains on: subset of {"boxes", "text_pairs"}
     requires: ClassVar[frozenset[str]] = frozenset()
+    #: the Recall@K its paper reports on the standard retrieval protocols (COCO 5k, Flickr30k
+    #: 1k); tables of those protocols show these (every K is still computed and kept)
+    reported_recall_ks: ClassVar[tuple[int, ...]] = (1, 5, 10)
 
     def __init__(self, config, image_dim: int, text_dim: int) -> None:
         super().__init__()

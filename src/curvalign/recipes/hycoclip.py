@@ -58,6 +58,8 @@ class HycoclipConfig(LorentzConfig):
 @register
 class Hycoclip(LorentzRecipe):
     name = "hycoclip"
+    #: HyCoCLIP follows MERU's table: R@5 and R@10
+    reported_recall_ks = (5, 10)
     Config = HycoclipConfig
     requires = frozenset({"boxes"})
 

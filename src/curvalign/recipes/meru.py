@@ -168,6 +168,8 @@ class LorentzRecipe(HyperbolicRecipe):
 @register
 class Meru(LorentzRecipe):
     name = "meru"
+    #: MERU (Desai et al., 2023) Table 2: R@5 and R@10 both ways
+    reported_recall_ks = (5, 10)
     Config = MeruConfig
 
     def loss(self, batch: Batch, progress: Progress, gather: Gather | None = None) -> LossOutput:

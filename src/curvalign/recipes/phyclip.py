@@ -116,6 +116,8 @@ class PhyclipConfig:
 @register
 class Phyclip(HyperbolicRecipe):
     name = "phyclip"
+    #: seed 002: R@5 and R@10, as MERU and HyCoCLIP
+    reported_recall_ks = (5, 10)
     Config = PhyclipConfig
     embedding_geometry = {"point": "lorentz-product"}
     requires = frozenset({"boxes"})

@@ -1,0 +1,272 @@
+"""A suite: one run (or several) evaluated on every feature store in a folder, one long table.
+
+``curvalign eval RUN --suite DIR`` evaluates the run on each store directly under ``DIR`` (one
+per dataset: a ``curvalign extract`` output, e.g. from a CLIP_benchmark webdataset root or a
+SugarCrepe folder) and writes ``suite.csv`` and ``suite.md``: one row per (dataset, task,
+metric) with the columns of a ``clip_benchmark build`` CSV, in long form::
+
+    dataset, model, pretrained, task, language, metric, value, protocol, reported
+
+and ``suite_wide.csv``, the same numbers in exactly ``clip_benchmark build``'s wide shape (one
+row per dataset and task, one column per metric, plus ``model_fullname``), so a user can
+concatenate it with their CLIP_benchmark results. Names follow CLIP_benchmark:
+
+* dataset: the store's folder name; ``wds_NAME`` is written ``wds/NAME`` (CLIP_benchmark's
+  spelling of its webdataset sets); SugarCrepe kinds are ``sugar_crepe/KIND``;
+* tasks and metrics: ``zeroshot_retrieval`` (``image_retrieval_recall@K`` = text->image,
+  ``text_retrieval_recall@K`` = image->text), ``zeroshot_classification`` (``acc1``,
+  ``acc5``), ``image_caption_selection`` (``acc``: the true caption beats the negative);
+  curvalign's own tasks keep their names (``hierarchical_classification``: TIE, LCA, J, PH, RH).
+* model: the recipe; pretrained: the run directory; language: ``en``.
+
+Every number is ranked with the recipe's own score (``curvalign.eval.evaluate``), unlike
+CLIP_benchmark, which ranks with cosine. ``reported`` marks the Recall@K the recipe's paper
+shows (``Recipe.reported_recall_ks``); the Markdown table shows only those, the CSVs keep all.
+"""
+
+from __future__ import annotations
+
+import csv
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from curvalign.data.protocols import PROTOCOLS, get_protocol, protocol_store
+from curvalign.errors import CurvalignError
+
+LONG_COLUMNS = (
+    "dataset",
+    "model",
+    "pretrained",
+    "task",
+    "language",
+    "metric",
+    "value",
+    "protocol",
+    "reported",
+)
+
+
+@dataclass
+class SuiteResult:
+    rows: list[dict[str, Any]]
+    skipped: list[tuple[str, str]] = field(default_factory=list)  # (dataset, reason)
+    files: dict[str, Path] = field(default_factory=dict)
+
+
+class SuiteError(CurvalignError, ValueError):
+    """A suite folder without stores, or a store that cannot be evaluated at all."""
+
+
+def suite_stores(folder: str | Path) -> list[tuple[str, Path]]:
+    """(dataset name, store path) of every feature store directly under ``folder``, by name."""
+    root = Path(folder)
+    if not root.is_dir():
+        raise SuiteError(f"suite folder {root}: no such directory")
+    stores = sorted(p for p in root.iterdir() if (p / "meta.json").is_file())
+    if not stores:
+        raise SuiteError(
+            f"suite folder {root}: no feature store in it (expected one sub-folder per dataset, "
+            "each written by `curvalign extract`)"
+        )
+    return [(dataset_name(p.name), p) for p in stores]
+
+
+def dataset_name(folder: str) -> str:
+    """CLIP_benchmark's spelling: ``wds_cifar10`` -> ``wds/cifar10``."""
+    return "wds/" + folder[4:] if folder.startswith("wds_") else folder
+
+
+def _pick_split(store: Any, split: str) -> str:
+    names = store.split_names
+    if names is None or split in names:
+        return split
+    if len(names) == 1:
+        return names[0]
+    raise SuiteError(f"no split {split!r} (it has {', '.join(names)}); pass --split")
+
+
+def result_rows(
+    result: dict[str, Any],
+    dataset: str,
+    model: str,
+    pretrained: str,
+    reported_ks: Sequence[int],
+    tasks: Sequence[str] | None = None,
+    protocol: str = "",
+) -> list[dict[str, Any]]:
+    """Long rows of one ``evaluate`` result; ``tasks`` limits them (None: every task present)."""
+    rows: list[dict[str, Any]] = []
+
+    def add(task: str, metric: str, value: Any, name: str = dataset, reported: bool = True):
+        if tasks is not None and task not in tasks:
+            return
+        rows.append(
+            {
+                "dataset": name,
+                "model": model,
+                "pretrained": pretrained,
+                "task": task,
+                "language": "en",
+                "metric": metric,
+                "value": float(value),
+                "protocol": protocol,
+                "reported": reported,
+            }
+        )
+
+    for key, value in result.get("retrieval", {}).items():
+        direction, k = key.split("@")
+        metric = "image_retrieval_recall" if direction == "t2i" else "text_retrieval_recall"
+        add("zeroshot_retrieval", f"{metric}@{k}", value, reported=int(k) in reported_ks)
+    zeroshot = result.get("zeroshot", {})
+    for ours, theirs in (("top1", "acc1"), ("top5", "acc5")):
+        if ours in zeroshot:
+            add("zeroshot_classification", theirs, zeroshot[ours])
+    for metric, value in result.get("hierarchy", {}).items():
+        add("hierarchical_classification", metric, value)
+    compositional = result.get("compositional", {})
+    for kind, value in compositional.items():
+        name = dataset if kind == "overall" else f"{dataset}/{kind}"
+        add("image_caption_selection", "acc", value, name=name)
+    return rows
+
+
+def _store_protocol(store: Any, wanted: str | None) -> str | None:
+    name = wanted or store.meta.get("protocol")
+    if name is not None and name not in PROTOCOLS:
+        raise SuiteError(f"unknown retrieval protocol {name!r}; known: {', '.join(PROTOCOLS)}")
+    return name
+
+
+def evaluate_on_suite(
+    recipe: Any,
+    folder: str | Path,
+    model: str,
+    pretrained: str,
+    split: str = "test",
+    batch_size: int = 1024,
+    notify: Callable[[str], None] | None = None,
+) -> SuiteResult:
+    """Rows for ``recipe`` on every store of ``folder``; a store that cannot be evaluated
+    (dimensions of another encoder, no such split) is a listed skip, not the end of the suite."""
+    from curvalign.data.features import FeatureStore
+    from curvalign.eval import evaluate
+
+    notify = notify or (lambda message: None)
+    out = SuiteResult(rows=[])
+    for dataset, path in suite_stores(folder):
+        try:
+            store = FeatureStore.load(path, mmap=True)
+            dims = (getattr(recipe, "image_dim", None), getattr(recipe, "text_dim", None))
+            if dims != (store.image_dim, store.text_dim):
+                raise SuiteError(
+                    f"features of dimension {store.image_dim}/{store.text_dim} (image/text) but "
+                    f"the run takes {dims[0]}/{dims[1]}: extracted with another encoder"
+                )
+            name = _store_protocol(store, None)
+            used = _pick_split(store, split)
+            if name is not None:
+                store = protocol_store(store, get_protocol(name), used)
+                used = "test"
+            notify(f"suite: {dataset} ({store.num_images} images, split {used})")
+            result = evaluate(recipe, store, split=used, batch_size=batch_size, diagnostics=False)
+        except CurvalignError as exc:
+            out.skipped.append((dataset, str(exc)))
+            notify(f"suite: skipped {dataset}: {exc}")
+            continue
+        tasks = store.meta.get("tasks")
+        out.rows.extend(
+            result_rows(
+                result,
+                dataset,
+                model,
+                pretrained,
+                getattr(recipe, "reported_recall_ks", (1, 5, 10)),
+                tasks=tasks,
+                protocol=PROTOCOLS[name].title if name else "",
+            )
+        )
+    return out
+
+
+def write_suite(result: SuiteResult, out_dir: str | Path) -> dict[str, Path]:
+    """``suite.csv`` (long), ``suite_wide.csv`` (clip_benchmark build shape), ``suite.md``."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    long_path, wide_path, md_path = out / "suite.csv", out / "suite_wide.csv", out / "suite.md"
+    _write_csv(long_path, list(LONG_COLUMNS), result.rows)
+    wide: dict[tuple[str, str, str, str], dict[str, Any]] = {}
+    metrics: list[str] = []
+    for row in result.rows:
+        key = (row["dataset"], row["model"], row["pretrained"], row["task"])
+        entry = wide.setdefault(
+            key,
+            {
+                "dataset": row["dataset"],
+                "model": row["model"],
+                "pretrained": row["pretrained"],
+                "task": row["task"],
+                "language": row["language"],
+                "model_fullname": f"{row['model']} {row['pretrained']}",
+            },
+        )
+        entry[row["metric"]] = row["value"]
+        if row["metric"] not in metrics:
+            metrics.append(row["metric"])
+    head = ["dataset", "model", "pretrained", "task", "language", "model_fullname"]
+    _write_csv(wide_path, head + metrics, list(wide.values()))
+    md_path.write_text(suite_markdown(result))
+    result.files = {"csv": long_path, "wide_csv": wide_path, "markdown": md_path}
+    return result.files
+
+
+def _write_csv(path: Path, columns: list[str], rows: list[dict[str, Any]]) -> None:
+    tmp = path.with_suffix(".csv.tmp")
+    with tmp.open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=columns, extrasaction="ignore")
+        writer.writeheader()
+        for row in rows:
+            writer.writerow(row)
+    tmp.replace(path)
+
+
+def suite_markdown(result: SuiteResult) -> str:
+    """The reported rows as a Markdown table (values in %), then the skipped stores."""
+    lines = [
+        "| dataset | model | task | metric | value (%) | protocol |",
+        "| --- | --- | --- | --- | ---: | --- |",
+    ]
+    for row in result.rows:
+        if not row["reported"]:
+            continue
+        lines.append(
+            f"| {row['dataset']} | {row['model']} | {row['task']} | {row['metric']} | "
+            f"{100 * row['value']:.1f} | {row['protocol'] or '-'} |"
+            if _is_fraction(row["metric"])
+            else f"| {row['dataset']} | {row['model']} | {row['task']} | {row['metric']} | "
+            f"{row['value']:.3f} | {row['protocol'] or '-'} |"
+        )
+    if result.skipped:
+        lines += ["", "Skipped:", ""] + [f"- {d}: {reason}" for d, reason in result.skipped]
+    return "\n".join(lines) + "\n"
+
+
+def _is_fraction(metric: str) -> bool:
+    # hierarchical TIE/LCA are distances, not fractions
+    return not re.fullmatch(r"TIE|LCA", metric)
+
+
+__all__ = [
+    "LONG_COLUMNS",
+    "SuiteError",
+    "SuiteResult",
+    "dataset_name",
+    "evaluate_on_suite",
+    "result_rows",
+    "suite_markdown",
+    "suite_stores",
+    "write_suite",
+]
