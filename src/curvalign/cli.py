@@ -568,110 +568,36 @@ def index_search_command(
     """Search an index with embedded texts or images (or a .npy of points); prints a table or JSON."""
     import json
 
-    import numpy as np
-
-    from curvalign.index.embed import load_embeddings, open_index, search_index
+    from curvalign.index.queries import search_queries
 
     text_ids = _ids_option(query_text_ids, "--query-text-ids")
     image_ids = _ids_option(query_image_ids, "--query-image-ids")
-    if sum(x is not None for x in (text_ids, image_ids, query_npy)) > 1:
-        fail("give one of --query-text-ids, --query-image-ids, --query-npy")
     try:
-        raw, lorentz = open_index(index)
-        meta = raw["meta"]
-        query_side = "texts" if meta["side"] == "images" else "images"
-        truth = captions_of = None
-        if query_npy is not None:
-            if lorentz is None:
-                fail(
-                    "--query-npy needs a Lorentz index; this one reranks with a recipe: use embedded queries"
-                )
-            points = np.load(query_npy)
-            result = search_index(index, {meta["key"]: points}, k=k)
-            labels = list(range(len(points)))
-        else:
-            source = load_embeddings(queries or meta["embeddings"])
-            rows = text_ids if text_ids is not None else image_ids
-            wanted = (
-                "texts"
-                if text_ids is not None
-                else "images"
-                if image_ids is not None
-                else query_side
-            )
-            if wanted != query_side:
-                fail(
-                    f"the index holds {meta['side']}; query it with {query_side} "
-                    f"(--query-{query_side[:-1]}-ids), not {wanted}"
-                )
-            side = source.side(query_side)
-            n = next(iter(side.values())).shape[0]
-            rows = rows if rows is not None else list(range(n))
-            bad = [r for r in rows if not 0 <= r < n]
-            if bad:
-                fail(f"query row ids {bad[:5]} out of range: {source.path} has {n} {query_side}")
-            q = {key: np.asarray(v[rows]) for key, v in side.items()}
-            result = search_index(
-                index,
-                q,
-                k=k,
-                candidates=candidates,
-                query_recipe=source.recipe_name,
-                query_curvature=source.curvature,
-                query_geometries=[source.geometry(key) for key in side],
-            )
-            labels = rows
-            if query_side == "texts":
-                truth = source.text_to_image()[rows]
-            else:  # an image query: its own captions are the hits
-                captions_of = source.text_to_image()
+        found = search_queries(
+            index,
+            text_ids=text_ids,
+            image_ids=image_ids,
+            queries=queries,
+            query_npy=query_npy,
+            k=k,
+            candidates=candidates,
+        )
     except CurvalignError as err:
         fail(str(err))
     if json_output:
-        out = [
-            {
-                "query": int(q),
-                **({"true_image": int(truth[i])} if truth is not None else {}),
-                "ids": result.ids[i].tolist(),
-                result.score_name + "s": result.scores[i].tolist(),
-            }
-            for i, q in enumerate(labels)
-        ]
-        typer.echo(
-            json.dumps(
-                {
-                    "index": str(index),
-                    "recipe": meta["recipe"],
-                    "side": meta["side"],
-                    "results": out,
-                }
-            )
-        )
+        typer.echo(json.dumps(found.to_json()))
         return
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"{meta['recipe']} {meta['side']} index: {index}")
-    for col in ("query", "rank", "id", result.score_name) + (
-        ("true image",) if truth is not None else ()
-    ):
-        table.add_column(col, justify="right")
-    for i, q in enumerate(labels):
-        for rank, (item, value) in enumerate(
-            zip(result.ids[i], result.scores[i], strict=False), start=1
-        ):
-            row = [str(q) if rank == 1 else "", str(rank), str(int(item)), f"{value:.6g}"]
-            if truth is not None:
-                row[2] += " *" if int(item) == int(truth[i]) else ""
-                row.append(str(int(truth[i])) if rank == 1 else "")
-            elif captions_of is not None and int(captions_of[int(item)]) == int(q):
-                row[2] += " *"
-            table.add_row(*row)
+    table = Table(title=f"{found.meta['recipe']} {found.meta['side']} index: {index}")
+    for column in found.columns():
+        table.add_column(column, justify="right")
+    for row in found.table_rows():
+        table.add_row(*row)
     Console().print(table)
-    if truth is not None:
-        typer.echo("* = the caption's true image")
-    elif captions_of is not None:
-        typer.echo("* = a caption of the query image")
+    if found.truth_note:
+        typer.echo(found.truth_note)
 
 
 # --- extract (issue: real encoders) -----------------------------------------------------------
