@@ -20,6 +20,9 @@ from curvalign.recipes import get_recipe, recipe_names
 from curvalign.train.logging import read_log
 from curvalign.train.trainer import train
 
+# every recipe trains STEPS bf16 steps: slow; CI runs the slow tests too
+pytestmark = pytest.mark.slow
+
 STEPS = 150
 WORLD = "synthetic:images=400,text_pairs=200,latent_dim=16,image_dim=32,text_dim=24,hidden_dim=32"
 TINY = {

@@ -20,6 +20,8 @@ from curvalign.recipes import Batch, Gather, Progress, get_recipe, recipe_names
 from curvalign.recipes.base import LossOutput
 from curvalign.train.distributed import DistributedGather
 
+pytestmark = pytest.mark.slow  # spawns process groups; CI runs it
+
 IMAGE_DIM, TEXT_DIM, GLOBAL_BATCH, WORLD = 24, 16, 8, 2
 PROGRESS = Progress(step=95, total=100)  # late in training: every curriculum term is on
 

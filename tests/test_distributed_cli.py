@@ -21,6 +21,8 @@ from curvalign.train.checkpoint import CheckpointError
 from curvalign.train.logging import read_log
 from curvalign.train.trainer import local_rows, train
 
+pytestmark = pytest.mark.slow  # launches torchrun; CI runs it
+
 DATA = "synthetic:images=120,text_pairs=60,latent_dim=16,image_dim=32,text_dim=24,hidden_dim=32"
 OVERRIDES = [
     "embed_dim=16",
