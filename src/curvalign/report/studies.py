@@ -180,7 +180,7 @@ def study_agr_curriculum(
                 "w_mean": stats.get("weight_mean_over_training"),
                 "w_final": stats.get("weight_final"),
                 "gate_final": stats.get("gate_final"),
-                "curvature_final": loaded.recipe.log_values().get("curvature"),
+                "curvature_final": float(loaded.recipe.curvature_value()),
                 "retrieval": ev["retrieval"],
                 "zeroshot": ev.get("zeroshot"),
                 "hierarchy": ev.get("hierarchy"),
