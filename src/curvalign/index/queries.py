@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from curvalign.errors import InputError
+from curvalign.errors import InputError, NotFoundError
 from curvalign.index.embed import SearchResult, load_embeddings, open_index, search_index
 
 
@@ -88,6 +88,16 @@ class QueryResults:
                 yield row
 
 
+def _load_points(path: Path) -> np.ndarray:
+    """A ``.npy`` of query points; one clear error for a missing or unreadable file."""
+    if not path.is_file():
+        raise NotFoundError(f"--query-npy {path}: no such file (expected a .npy of points [n, d])")
+    try:
+        return np.load(path)
+    except (OSError, ValueError) as err:
+        raise InputError(f"--query-npy {path} is not a readable .npy file ({err})") from None
+
+
 def search_queries(
     index: str | os.PathLike,
     *,
@@ -112,7 +122,7 @@ def search_queries(
                 "--query-npy needs a Lorentz index; this one reranks with a recipe: "
                 "use embedded queries"
             )
-        points = np.load(query_npy)
+        points = _load_points(Path(query_npy))
         result = search_index(index, {meta["key"]: points}, k=k)
         return QueryResults(str(index), meta, list(range(len(points))), result)
 
