@@ -23,9 +23,9 @@ from pathlib import Path
 import torch
 
 from curvalign.data import load_data
+from curvalign.errors import TrainError
 from curvalign.recipes import get_recipe, recipe_names
-from curvalign.train.config import TrainError
-from curvalign.train.logging import read_log
+from curvalign.runs import read_log
 from curvalign.train.trainer import train
 
 WORLD = "synthetic:images=400,text_pairs=200,latent_dim=16,image_dim=32,text_dim=24,hidden_dim=32"

@@ -69,9 +69,9 @@ def _reset_peak() -> bool:
 def run_case(spec: dict) -> dict:
     import torch
 
+    from curvalign.config import resolve_config
     from curvalign.data import load_data
     from curvalign.recipes.base import Progress
-    from curvalign.train.config import resolve_config
     from curvalign.train.distributed import (
         build_distributed_trainer,
         context_from_env,

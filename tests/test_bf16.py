@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 
 from curvalign.data import load_data
 from curvalign.recipes import get_recipe, recipe_names
-from curvalign.train.logging import read_log
+from curvalign.runs import read_log
 from curvalign.train.trainer import train
 
 # every recipe trains STEPS bf16 steps: slow; CI runs the slow tests too

@@ -11,8 +11,7 @@ from typer.testing import CliRunner
 
 from _train_toy import toy_recipes, toy_store  # noqa: F401  (fixture)
 from curvalign.cli import app
-from curvalign.train.checkpoint import load_run
-from curvalign.train.logging import read_log
+from curvalign.runs import load_run, read_log
 
 METHODS = ("clip", "meru", "hycoclip", "atmg", "phyclip", "proclip", "agr", "dualpath")
 TINY_WORLD = (

@@ -17,8 +17,7 @@ from safetensors.torch import load_file
 from curvalign.data.features import FeatureStore
 from curvalign.data.sampling import BatchSampler
 from curvalign.recipes.base import Gather
-from curvalign.train.checkpoint import CheckpointError
-from curvalign.train.logging import read_log
+from curvalign.runs import CheckpointError, read_log
 from curvalign.train.trainer import local_rows, train
 
 pytestmark = pytest.mark.slow  # launches torchrun; CI runs it

@@ -356,7 +356,7 @@ def test_text_text_recall_excludes_the_query_and_counts_ties_against():
 
 
 def test_concept_families_are_the_roots_children_under_a_single_root():
-    from curvalign.eval import _node_families
+    from curvalign.eval.pipeline import _node_families
 
     tax = Taxonomy([-1, 0, 0, 1, 2])  # entity -> {1, 2}; 3 under 1, 4 under 2
     assert _node_families(tax) == [0, 1, 2, 1, 2]

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from curvalign.cli import app
 from curvalign.index import lorentz_distance
 from curvalign.index.embed import load_embeddings
-from curvalign.train.checkpoint import load_run
+from curvalign.runs import load_run
 from curvalign.train.trainer import train
 
 DATA = "synthetic:images=120,text_pairs=20,seed=5"

@@ -7,14 +7,8 @@ import json
 import pytest
 
 from _train_toy import toy_recipes  # noqa: F401  (fixture)
-from curvalign.train.config import (
-    ConfigError,
-    RunConfig,
-    TrainConfig,
-    coerce,
-    parse_override,
-    resolve_config,
-)
+from curvalign.config import RunConfig, TrainConfig, coerce, parse_override, resolve_config
+from curvalign.errors import ConfigError, CurvalignError
 
 pytestmark = pytest.mark.usefixtures("toy_recipes")
 
@@ -183,3 +177,13 @@ def test_coerce(value, annotation, expected):
 
 def test_parse_override_keeps_equals_in_value():
     assert parse_override("data=features:/a=b") == ("data", "features:/a=b")
+
+
+def test_config_lives_below_the_trainer_and_old_imports_still_work():
+    import curvalign.train.checkpoint as old_checkpoint
+    import curvalign.train.config as old_config
+    from curvalign import runs
+
+    assert old_config.RunConfig is RunConfig and old_config.ConfigError is ConfigError
+    assert old_checkpoint.load_run is runs.load_run
+    assert issubclass(ConfigError, CurvalignError) and issubclass(ConfigError, ValueError)

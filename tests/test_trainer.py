@@ -9,10 +9,11 @@ import torch
 from safetensors.torch import load_file
 
 from _train_toy import ToyRecipe, toy_recipes, toy_store  # noqa: F401  (fixture)
+from curvalign._io import atomic_write
+from curvalign.config import TrainConfig
+from curvalign.errors import ConfigError, TrainError
+from curvalign.runs import CheckpointError, load_run, read_log
 from curvalign.train import checkpoint as ckpt
-from curvalign.train.checkpoint import CheckpointError, atomic_write, load_run
-from curvalign.train.config import ConfigError, TrainConfig, TrainError
-from curvalign.train.logging import read_log
 from curvalign.train.trainer import NonFiniteLossError, build_optimizer, lr_multiplier, train
 
 pytestmark = pytest.mark.usefixtures("toy_recipes")
@@ -405,3 +406,12 @@ def test_non_finite_features_stop_training_with_field_and_row(tmp_path):
             overrides=["batch_size=20", "tensorboard=false"],
             show_progress=False,
         )
+
+
+def test_read_log_skips_a_torn_last_line_and_names_a_corrupt_one(tmp_path):
+    assert read_log(tmp_path) == []  # no log yet
+    (tmp_path / "log.jsonl").write_text('{"step": 1}\n{"step": 2}\n{"ste')
+    assert [r["step"] for r in read_log(tmp_path)] == [1, 2]
+    (tmp_path / "log.jsonl").write_text('{"step": 1}\nnot json\n{"step": 3}\n')
+    with pytest.raises(CheckpointError, match="log.jsonl:2 is not valid JSON"):
+        read_log(tmp_path)
