@@ -33,12 +33,13 @@ from curvalign.recipes.base import (
     Embedding,
     Gather,
     IndexProxy,
+    LorentzConfig,
+    LorentzRecipe,
     LossOutput,
     Progress,
     Query,
     check_batch,
 )
-from curvalign.recipes.meru import LorentzConfig, LorentzRecipe
 from curvalign.scores import (
     angle_at_image_pair_scores,
     angle_at_image_scores,

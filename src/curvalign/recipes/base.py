@@ -27,6 +27,12 @@ Geometry questions (evaluation, diagnostics, index)
     reranked with ``pair_scores``). ``HyperbolicRecipe`` answers the geometric ones for a recipe
     with one Lorentz part, ``CosineRecipe`` everything for a unit-sphere cosine recipe.
 
+Shared bases
+    ``CosineRecipe`` (CLIP, DualPath), ``HyperbolicRecipe`` (PHyCLIP, ProCLIP, AGR) and
+    ``LorentzRecipe`` with ``LorentzConfig`` (MERU, HyCoCLIP, AtMG: Lorentz heads, one learnable
+    curvature, a temperature, ``-d_L`` ranking, MERU's class embedding). ``check_batch`` gives
+    every recipe the same clear error for a batch that lacks what it trains on.
+
 Distributed training
     ``loss`` receives a ``Gather``. A recipe embeds its local batch, gathers the embeddings of
     all ranks (with gradients flowing to the local part), and scores its local rows against
@@ -46,7 +52,15 @@ from torch import Tensor, nn
 
 from curvalign.data.batch import Batch
 from curvalign.geometry import lorentz, sphere
-from curvalign.scores import cosine_pair_scores, cosine_scores
+from curvalign.losses import symmetric_info_nce
+from curvalign.nn.heads import LorentzHead
+from curvalign.nn.scalars import LearnableScalar, scalar_parameter_names
+from curvalign.scores import (
+    cosine_pair_scores,
+    cosine_scores,
+    lorentz_distance_pair_scores,
+    lorentz_distance_scores,
+)
 
 Embedding = dict[str, Tensor]
 Query = Literal["text", "image"]
@@ -336,3 +350,116 @@ class CosineRecipe(Recipe):
 
     def index_proxies(self) -> dict[str, IndexProxy]:
         return {"cosine": IndexProxy("cosine", "point", exact=True)}
+
+
+@dataclass
+class LorentzConfig:
+    """Fields shared by the Lorentz recipes (MERU, HyCoCLIP, AtMG); defaults from MERU/HyCoCLIP.
+
+    embed_dim         d, the hyperboloid's space dimension (512)
+    curvature_*       c init 1.0, learnable, clamped to [0.1, 10] (DESIGN.md; MERU's code: init/10,
+                      init*10); ``learn_curvature=False`` fixes it (the curvature study)
+    temperature_*     tau init 0.07, learnable, floored at 0.01
+    scale_init        per-modality scale before ``expmap0``; None = 1/sqrt(embed_dim)
+    scale_max         the scale's upper bound (MERU: 1, it may only shrink features)
+    clip_norm         optional bound kappa on the tangent norm before ``expmap0`` (None = off)
+    aperture_K        the cone constant K of the half-aperture (0.1)
+    """
+
+    embed_dim: int = 512
+    curvature_init: float = 1.0
+    curvature_min: float = 0.1
+    curvature_max: float = 10.0
+    learn_curvature: bool = True
+    temperature_init: float = 0.07
+    temperature_min: float = 0.01
+    learn_temperature: bool = True
+    scale_init: float | None = None
+    scale_max: float | None = 1.0
+    clip_norm: float | None = None
+    aperture_K: float = 0.1
+
+    def __post_init__(self) -> None:
+        if self.embed_dim <= 0:
+            raise ValueError(f"embed_dim must be positive, got {self.embed_dim}")
+        if not 0 < self.curvature_min <= self.curvature_init <= self.curvature_max:
+            raise ValueError(
+                f"need 0 < curvature_min <= curvature_init <= curvature_max, got "
+                f"{self.curvature_min}, {self.curvature_init}, {self.curvature_max}"
+            )
+        if not 0 < self.temperature_min <= self.temperature_init:
+            raise ValueError(
+                f"need 0 < temperature_min <= temperature_init, got "
+                f"{self.temperature_min}, {self.temperature_init}"
+            )
+        if self.aperture_K <= 0:
+            raise ValueError(f"aperture_K must be positive, got {self.aperture_K}")
+
+
+class LorentzRecipe(HyperbolicRecipe):
+    """Image and text ``LorentzHead``s sharing one learnable curvature, and a temperature.
+    Ranked by ``-d_L`` of ``point``: a Lorentz index answers exactly."""
+
+    embedding_geometry = {"point": "lorentz"}
+
+    def __init__(self, config: LorentzConfig, image_dim: int, text_dim: int) -> None:
+        super().__init__(config, image_dim, text_dim)
+        head = dict(
+            scale_init=config.scale_init, scale_max=config.scale_max, clip_norm=config.clip_norm
+        )
+        self.image_head = LorentzHead(image_dim, config.embed_dim, **head)
+        self.text_head = LorentzHead(text_dim, config.embed_dim, **head)
+        self.curvature = LearnableScalar(
+            config.curvature_init,
+            min=config.curvature_min,
+            max=config.curvature_max,
+            learnable=config.learn_curvature,
+        )
+        self.temperature = LearnableScalar(
+            config.temperature_init, min=config.temperature_min, learnable=config.learn_temperature
+        )
+
+    def embed_images(self, features: Tensor) -> Embedding:
+        return {"point": self.image_head(features, self.curvature())}
+
+    def embed_texts(self, features: Tensor) -> Embedding:
+        return {"point": self.text_head(features, self.curvature())}
+
+    def scores(self, texts: Embedding, images: Embedding, query: Query = "text") -> Tensor:
+        return lorentz_distance_scores(texts["point"], images["point"], self.curvature())
+
+    def pair_scores(self, texts: Embedding, images: Embedding, query: Query = "text") -> Tensor:
+        return lorentz_distance_pair_scores(texts["point"], images["point"], self.curvature())
+
+    def class_embedding(self, prompts: Embedding) -> Embedding:
+        return {"point": lorentz.tangent_mean(prompts["point"], self.curvature())}
+
+    def index_proxies(self) -> dict[str, IndexProxy]:
+        return {"lorentz": IndexProxy("lorentz", "point", exact=True)}
+
+    def log_values(self) -> dict[str, float]:
+        return {
+            **self.temperature.summary("temperature"),
+            **self.curvature.summary("curvature"),
+            **self.image_head.scale.summary("scale/image"),
+            **self.text_head.scale.summary("scale/text"),
+        }
+
+    def no_decay_parameter_names(self) -> set[str]:
+        return scalar_parameter_names(self) | super().no_decay_parameter_names()
+
+    def _distance_info_nce(
+        self,
+        local: dict[str, Tensor],
+        everyone: dict[str, Tensor],
+        c: Tensor,
+        tau: Tensor,
+        offset: int,
+    ) -> Tensor:
+        """Symmetric InfoNCE on ``-d_L / tau``: local images vs all texts, local texts vs all images."""
+        return symmetric_info_nce(
+            lorentz_distance_scores(local["image"], everyone["text"], c),
+            lorentz_distance_scores(local["text"], everyone["image"], c),
+            temperature=tau,
+            offset=offset,
+        )

@@ -19,8 +19,15 @@ from dataclasses import dataclass
 
 from curvalign.losses import entailment_cone_loss, info_nce
 from curvalign.recipes import register
-from curvalign.recipes.base import Batch, Gather, LossOutput, Progress, check_batch
-from curvalign.recipes.meru import LorentzConfig, LorentzRecipe
+from curvalign.recipes.base import (
+    Batch,
+    Gather,
+    LorentzConfig,
+    LorentzRecipe,
+    LossOutput,
+    Progress,
+    check_batch,
+)
 from curvalign.scores import lorentz_distance_scores
 
 #: (term name, parent, child, which eta): the four entailment pairs, general side first.
