@@ -51,6 +51,7 @@ import torch
 from torch import Tensor, nn
 
 from curvalign.data.batch import Batch
+from curvalign.errors import InputError
 from curvalign.geometry import lorentz, sphere
 from curvalign.losses import symmetric_info_nce
 from curvalign.nn.heads import LorentzHead
@@ -300,7 +301,7 @@ def _flat_parts(emb: Embedding, mapped: Mapping[str, Tensor]) -> Tensor:
             continue
         parts.append(v.reshape(v.shape[0], -1))
     if not parts:
-        raise ValueError("embedding has no [N, ...] vectors to take a spectrum of")
+        raise InputError("embedding has no [N, ...] vectors to take a spectrum of")
     return torch.cat(parts, dim=1)
 
 
@@ -310,6 +311,7 @@ class HyperbolicRecipe(Recipe):
     (a ``LearnableScalar``: scalar, or ``[k]`` per factor). Answers the geometry questions."""
 
     hyperbolic_key: ClassVar[str] = "point"
+    curvature: LearnableScalar
 
     def curvature_value(self) -> Tensor:
         with torch.no_grad():
