@@ -39,6 +39,7 @@ from curvalign.data.readers import (
     ReaderError,
     Taxonomy,
     TextPairs,
+    open_image,
     read_boxes,
     read_captions,
     read_class_folder,
@@ -310,18 +311,6 @@ class _Shards:
         return np.load(self.root / f"{key}.{name}.npy", mmap_mode="r")
 
 
-def _open_image(path: Path) -> Any:
-    """Decode fully now, so a truncated file fails here and not inside the encoder."""
-    from PIL import Image
-
-    try:
-        with Image.open(path) as image:
-            image.load()
-            return image.convert("RGB")
-    except Image.DecompressionBombError as exc:  # not an OSError; report it like one
-        raise ValueError(str(exc)) from None
-
-
 def _crop(image: Any, box: tuple[float, float, float, float]) -> Any:
     x0, y0, x1, y1 = box
     w, h = image.size
@@ -449,7 +438,7 @@ def extract_features(
         len(plan.image_files),
         lambda rows: (
             lambda: encode_images_shard(
-                rows, lambda i: _open_image(image_path(i)), lambda i: plan.image_files[i]
+                rows, lambda i: open_image(image_path(i)), lambda i: plan.image_files[i]
             )
         ),
     )
@@ -464,7 +453,7 @@ def extract_features(
         lambda rows: (
             lambda: encode_images_shard(
                 rows,
-                lambda i: _crop(_open_image(image_path(plan.box_to_image[i])), plan.boxes[i].box),
+                lambda i: _crop(open_image(image_path(plan.box_to_image[i])), plan.boxes[i].box),
                 lambda i: f"box {i} of {plan.boxes[i].image_file}",
             )
         ),
@@ -944,7 +933,7 @@ def _encode_image_files(
 
     for k, path in enumerate(paths):
         try:
-            images.append(_open_image(path))
+            images.append(open_image(path))
             rows.append(k)
         except (OSError, ValueError, SyntaxError) as exc:  # PIL raises all three for bad files
             skipped[names[k]] = _reason(exc)

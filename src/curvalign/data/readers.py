@@ -490,3 +490,16 @@ def _is_number(text: str) -> bool:
     except ValueError:
         return False
     return True
+
+
+def open_image(source: Any) -> Any:
+    """A PIL RGB image from a path or a binary file object, decoded fully now, so a truncated
+    file fails here and not inside the encoder (extract and the webdataset reader share it)."""
+    from PIL import Image
+
+    try:
+        with Image.open(source) as image:
+            image.load()
+            return image.convert("RGB")
+    except Image.DecompressionBombError as exc:  # not an OSError; report it like one
+        raise ValueError(str(exc)) from None

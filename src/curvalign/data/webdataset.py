@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from curvalign.data.readers import ReaderError
+from curvalign.data.readers import ReaderError, open_image
 
 #: image extensions read from a sample, in CLIP_benchmark's order of preference
 IMAGE_EXTENSIONS = ("webp", "png", "jpg", "jpeg")
@@ -214,9 +214,7 @@ def parse_sample(sample: WdsSample, dataset: WdsDataset) -> ParsedSample:
 
 def decode_image(data: bytes) -> Any:
     """A PIL RGB image, fully decoded now (raises OSError/ValueError for a bad one)."""
-    from curvalign.data.extract import _open_image
-
-    return _open_image(io.BytesIO(data))
+    return open_image(io.BytesIO(data))
 
 
 def empty_rows(dim: int) -> np.ndarray:
