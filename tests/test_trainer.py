@@ -273,7 +273,7 @@ def test_load_run_errors(tmp_path):
         show_progress=False,
     )
     (run / "model.safetensors").write_bytes(b"\x00garbage")
-    with pytest.raises(CheckpointError, match="model.safetensors is corrupt"):
+    with pytest.raises(CheckpointError, match="model.safetensors is damaged"):
         load_run(run)
     (run / "meta.json").write_text("{")
     with pytest.raises(CheckpointError, match="meta.json is corrupt"):
@@ -362,7 +362,7 @@ def test_ctrl_c_stops_between_steps_with_an_exact_checkpoint(tmp_path, monkeypat
         return original(self, batch, progress, gather)
 
     monkeypatch.setattr(ToyRecipe, "loss", ctrl_c_during_step_3)
-    with pytest.raises(TrainError, match="interrupted: stopped at step 3 .*--resume"):
+    with pytest.raises(TrainError, match=r"interrupted \(SIGINT\): stopped at step 3 .*--resume"):
         train("_toy", store, tmp_path / "run", **args)
     monkeypatch.setattr(ToyRecipe, "loss", original)
     assert load_run(tmp_path / "run").step == 3

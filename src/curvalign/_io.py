@@ -1,16 +1,178 @@
-"""Atomic writes: single files (temp file + fsync + rename) and whole result directories
-(feature stores, embeddings, indexes). A reader sees the old version or the new one, never a
-partial write."""
+"""Writing results safely: atomic writes of single files (temp file + fsync + rename) and whole
+result directories (feature stores, embeddings, indexes), so a reader sees the old version or
+the new one, never a partial write; output checks before any work; file modes that follow the
+umask; stale temporary directories of killed writers; SHA-256 checksums of written files."""
 
 from __future__ import annotations
 
+import errno
+import hashlib
 import os
 import shutil
+import signal
 import tempfile
+import threading
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+from curvalign.errors import CurvalignError
+
+
+class OutputError(CurvalignError, ValueError):
+    """An output location that cannot be written, or a write that failed midway."""
+
+
+# --- modes that follow the umask --------------------------------------------------------------
+
+
+def _umask() -> int:
+    # os.umask can only be read by setting it; set it straight back (a few instructions apart)
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def mode_for_new_file() -> int:
+    """The mode ``open()`` gives a new file under the current umask (0644 under umask 022);
+    ``tempfile.mkstemp`` would give 0600 whatever the umask."""
+    return 0o666 & ~_umask()
+
+
+def mode_for_new_dir() -> int:
+    """The mode ``mkdir`` gives a new directory under the current umask (0755 under 022)."""
+    return 0o777 & ~_umask()
+
+
+def temp_file_beside(path: Path) -> Path:
+    """An empty temporary file next to ``path`` (same file system, so ``os.replace`` onto
+    ``path`` is atomic), with the mode an ordinary new file would get."""
+    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        os.fchmod(fd, mode_for_new_file())
+    finally:
+        os.close(fd)
+    return Path(name)
+
+
+# --- checks before any work -------------------------------------------------------------------
+
+
+def check_output_location(path: str | os.PathLike[str], what: str = "output") -> None:
+    """Raise ``OutputError`` (one line naming ``path`` and what is wrong) unless ``path`` could
+    be created or written: it is a directory or does not exist yet, no parent is a file, and the
+    nearest existing parent accepts a new file (probed by creating and removing one).
+
+    Call it before expensive work so that a bad ``--out`` fails in a second, not after the data
+    was built."""
+    target = Path(path).expanduser()
+    if target.exists() and not target.is_dir():
+        raise OutputError(f"{what} {target} exists and is not a directory")
+    probe_dir = target if target.is_dir() else None
+    if probe_dir is None:
+        parent = target.parent
+        while not parent.exists():
+            if parent == parent.parent:
+                break
+            parent = parent.parent
+        if not parent.is_dir():
+            raise OutputError(f"{what} {target} cannot be created: {parent} is not a directory")
+        probe_dir = parent
+    try:
+        fd, name = tempfile.mkstemp(prefix=".curvalign-write-probe-", dir=probe_dir)
+        os.close(fd)
+        os.unlink(name)
+    except OSError as err:
+        raise OutputError(
+            f"{what} {target} is not writable: cannot create a file in {probe_dir} "
+            f"({err.strerror or err})"
+        ) from None
+
+
+#: errno values that mean "this location cannot take the write" (not a bug, not bad input)
+WRITE_FAILURES = frozenset(
+    {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EFBIG}
+)
+
+
+def describe_write_failure(err: OSError, path: Path | str) -> str:
+    """``err`` (raised while writing under ``path``) as words for the user."""
+    reason = {
+        errno.ENOSPC: "no space left on the device",
+        errno.EDQUOT: "disk quota exceeded",
+        errno.EROFS: "the file system is read-only",
+        errno.EACCES: "permission denied",
+        errno.EPERM: "operation not permitted",
+        errno.EFBIG: "file too large for the file system",
+    }.get(err.errno or -1, err.strerror or str(err))
+    where = err.filename or path
+    return f"writing {where} failed: {reason}"
+
+
+# --- stale temporary directories --------------------------------------------------------------
+
+_OWNER_FILE = ".owner-pid"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def remove_stale_temporaries(target: Path) -> list[Path]:
+    """Remove temporary siblings of ``target`` (``.NAME.tmp-*``, ``.NAME.old-*``) left by a
+    process that was killed while writing ``target``; a directory whose writer is still
+    running (its pid file names a live process) is kept. Returns what was removed."""
+    target = Path(target)
+    removed: list[Path] = []
+    if not target.parent.is_dir():
+        return removed
+    for pattern in (f".{target.name}.tmp-*", f".{target.name}.old-*"):
+        for stale in target.parent.glob(pattern):
+            if not stale.is_dir() or stale.is_symlink():
+                continue
+            owner = stale / _OWNER_FILE
+            try:
+                pid = int(owner.read_text().strip())
+            except (OSError, ValueError):
+                pid = None
+            if pid is not None and pid != os.getpid() and _pid_alive(pid):
+                continue
+            shutil.rmtree(stale, ignore_errors=True)
+            removed.append(stale)
+    return removed
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised like Ctrl-C's KeyboardInterrupt (see ``terminate_as_interrupt``)."""
+
+
+@contextmanager
+def terminate_as_interrupt() -> Iterator[None]:
+    """Within the block, SIGTERM raises ``Terminated`` (a KeyboardInterrupt, as Ctrl-C does),
+    so ``finally`` and ``except`` blocks clean up before the process exits (a temporary
+    directory is removed); outside the main thread a no-op."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handle(signum: int, frame: object) -> None:
+        raise Terminated
+
+    previous = signal.signal(signal.SIGTERM, handle)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+# --- atomic directories -----------------------------------------------------------------------
 
 
 def replace_directory(tmp: Path, target: Path) -> None:
@@ -33,31 +195,44 @@ def replace_directory(tmp: Path, target: Path) -> None:
 def staged_directory(target: Path) -> Iterator[Path]:
     """Yield an empty sibling directory of ``target`` to write into; when the block ends normally
     it replaces ``target`` (``replace_directory``), when it raises it is removed and ``target``
-    is left as it was."""
+    is left as it was.
+
+    Temporaries of ``target`` left by a killed earlier writer are removed first; the new one
+    gets the mode of an ordinary new directory (the umask's), and a write that fails for lack of
+    space or permission raises ``OutputError`` saying that ``target`` was left unchanged."""
     target.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_temporaries(target)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
     try:
+        os.chmod(tmp, mode_for_new_dir())
+        (tmp / _OWNER_FILE).write_text(str(os.getpid()))
         yield tmp
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    try:
+        (tmp / _OWNER_FILE).unlink()
         replace_directory(tmp, target)
+    except OSError as err:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if err.errno not in WRITE_FAILURES:
+            raise
+        kept = f"{target} is unchanged" if target.exists() else f"nothing was written at {target}"
+        raise OutputError(f"{describe_write_failure(err, target)}; {kept}") from err
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+# --- atomic files ---------------------------------------------------------------------------
 
 
 def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
     """Call ``write(tmp)`` on a temporary file next to ``path``, fsync it, then move it onto
-    ``path``. On any error the temporary file is removed and ``path`` is left as it was."""
+    ``path`` (with the mode the umask gives a new file). On any error the temporary file is
+    removed and ``path`` is left as it was."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    tmp = Path(tmp_name)
+    tmp = temp_file_beside(path)
     try:
         write(tmp)
+        os.chmod(tmp, mode_for_new_file())  # a writer may have recreated it with its own mode
         with open(tmp, "rb") as handle:
             os.fsync(handle.fileno())
         os.replace(tmp, path)
@@ -74,3 +249,19 @@ def atomic_write_text(path: Path, text: str) -> None:
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     """``path.write_bytes(data)``, atomically (``atomic_write``)."""
     atomic_write(path, lambda tmp: tmp.write_bytes(data))
+
+
+# --- checksums --------------------------------------------------------------------------------
+
+
+def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
+    """Hex SHA-256 of the bytes of ``path`` (read in 1 MiB chunks)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while block := handle.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()

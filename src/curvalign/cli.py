@@ -19,6 +19,15 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    # plain help: rich markup would swallow text in brackets ("[n, d]") and label flags <bool>
+    rich_markup_mode=None,
+)
+
+
+#: the data specs every command that trains accepts (data/__init__.py's load_data)
+DATA_HELP = (
+    "synthetic, synthetic:k=v,..., features:PATH, or wordnet:SYNSET "
+    "(the WordNet noun tree below SYNSET, e.g. wordnet:mammal.n.01)."
 )
 
 
@@ -27,13 +36,39 @@ def _root() -> None:
     """Geometry-aware contrastive alignment of images and texts."""
 
 
-def fail(message: str) -> None:
-    """One clear error line on stderr and exit status 2; no traceback.
+def fail(message: str, code: int = 2) -> None:
+    """One clear error line on stderr and exit status ``code`` (2); no traceback.
 
     Commands catch ``CurvalignError`` (bad input, named by its message) and pass its message
     here; any other exception is a bug and keeps its traceback."""
     typer.secho(f"error: {message}", err=True, fg=typer.colors.RED)
-    raise typer.Exit(code=2)
+    raise typer.Exit(code=code)
+
+
+def check_out(out: Path | None, what: str = "--out") -> None:
+    """Fail at once (before loading data or models) when ``out`` cannot be written."""
+    from curvalign._io import OutputError, check_output_location
+
+    if out is None:
+        return
+    try:
+        check_output_location(out, what)
+    except OutputError as err:
+        fail(str(err))
+
+
+def interrupted(err: KeyboardInterrupt, out: Path) -> None:
+    """Ctrl-C (exit 130) or SIGTERM (exit 143) during a staged write: nothing half-written is
+    left at ``out`` (the temporary directory was removed on the way out)."""
+    from curvalign._io import Terminated
+
+    signal_name, code = ("SIGTERM", 143) if isinstance(err, Terminated) else ("Ctrl-C", 130)
+    fail(f"interrupted ({signal_name}): {out} was left as it was before this command", code)
+
+
+def print_notes(notes) -> None:
+    for message in notes:
+        typer.secho(f"note: {message}", err=True, fg=typer.colors.YELLOW)
 
 
 @app.command()
@@ -60,9 +95,7 @@ def train_command(
         "--recipe",
         help=f"Method to train ({', '.join(available_recipe_names())}).",
     ),
-    data: str = typer.Option(
-        None, "--data", help="synthetic, synthetic:k=v,..., or features:PATH."
-    ),
+    data: str = typer.Option(None, "--data", help=DATA_HELP),
     steps: int = typer.Option(None, "--steps", min=1, help="Optimizer steps (train.steps)."),
     out: Path = typer.Option(..., "--out", help="Run directory to write."),
     config: Path = typer.Option(
@@ -83,7 +116,10 @@ def train_command(
         "DDP with global-batch negatives, see docs/scale.md).",
     ),
 ) -> None:
-    """Train a recipe on features; writes checkpoint, config and logs into --out."""
+    """Train a recipe on features; writes checkpoint, config and logs into --out.
+
+    Ctrl-C or SIGTERM stops at the next step with a checkpoint (exit status 130 or 143);
+    continue with --resume."""
     from curvalign.runs import read_log
     from curvalign.train.distributed import (
         is_main_process,
@@ -96,6 +132,9 @@ def train_command(
         if not quiet:
             typer.secho(f"note: {message}", err=True, fg=typer.colors.YELLOW)
 
+    from curvalign.train.trainer import TrainingInterrupted
+
+    check_out(out)
     try:
         if nproc > 1:  # the ranks run this same command under torchrun (and print their own errors)
             raise typer.Exit(
@@ -127,6 +166,8 @@ def train_command(
             show_progress=not quiet,
             notify=note,
         )
+    except TrainingInterrupted as err:
+        fail(str(err), code=128 + err.signum)
     except CurvalignError as err:
         fail(str(err))
     if not is_main_process():
@@ -195,6 +236,7 @@ def eval_command(
         return
     try:
         run = load_run(run_dir)
+        print_notes(run.notes)
         spec = data or run.config.data
         if not data and spec.startswith("<"):
             fail(f"{run_dir} was trained on an in-memory store ({spec}); pass --data SPEC")
@@ -280,9 +322,7 @@ def benchmark_command(
     recipes: str = typer.Option(
         ..., "--recipes", help="Comma-separated recipe names, e.g. clip,meru,phyclip."
     ),
-    data: str = typer.Option(
-        "synthetic", "--data", help="synthetic, synthetic:k=v,..., or features:PATH."
-    ),
+    data: str = typer.Option("synthetic", "--data", help=DATA_HELP),
     out: Path = typer.Option(
         ..., "--out", help="Output directory (runs/, results.md, results.json, plots)."
     ),
@@ -299,6 +339,7 @@ def benchmark_command(
     """Train each recipe on the same data with the same budget, evaluate, and compare side by side."""
     from curvalign.report.benchmark import run_benchmark
 
+    check_out(out)
     names = [r.strip() for r in recipes.split(",") if r.strip()]
     console = _stderr_console()
     try:
@@ -343,6 +384,7 @@ def demo_command(
         run_benchmark,
     )
 
+    check_out(out)
     names = [r.strip() for r in recipes.split(",") if r.strip()] if recipes else list(DEMO_RECIPES)
     console = _stderr_console()
     start = time.perf_counter()
@@ -391,6 +433,7 @@ def study_command(
         fail(f"unknown study {name!r}; studies: {', '.join(STUDIES)}")
     console = _stderr_console()
     out = out or Path("studies") / name
+    check_out(out)
     try:
         result = run_study(
             name,
@@ -417,6 +460,7 @@ def study_command(
 index_app = typer.Typer(
     help="Build and search retrieval indexes over embeddings (docs/search.md).",
     no_args_is_help=True,
+    rich_markup_mode=None,
 )
 app.add_typer(index_app, name="index")
 
@@ -453,25 +497,36 @@ def embed_command(
         TimeRemainingColumn,
     )
 
+    from curvalign._io import terminate_as_interrupt
     from curvalign.data import load_data
     from curvalign.index.embed import embed_store
     from curvalign.runs import load_run
 
+    check_out(out)
     try:
         run = load_run(run_dir)
+        print_notes(run.notes)
         spec = data or run.config.data
         if not data and spec.startswith("<"):
             fail(f"{run_dir} was trained on an in-memory store ({spec}); pass --data SPEC")
         store = load_data(spec)
-        info = {"run_dir": str(Path(run_dir).resolve()), "step": run.step, "data": spec}
-        with Progress(
-            TextColumn("{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeRemainingColumn(),
-            console=_stderr_console(),
-            disable=quiet,
-        ) as bar:
+        info = {
+            "run_dir": str(Path(run_dir).resolve()),
+            "step": run.step,
+            "data": spec,
+            "weights_sha256": run.weights_sha256,
+        }
+        with (
+            terminate_as_interrupt(),
+            Progress(
+                TextColumn("{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeRemainingColumn(),
+                console=_stderr_console(),
+                disable=quiet,
+            ) as bar,
+        ):
 
             def progress(label: str, total: int):
                 task = bar.add_task(label, total=total)
@@ -486,6 +541,8 @@ def embed_command(
                 info=info,
                 progress=progress,
             )
+    except KeyboardInterrupt as err:
+        interrupted(err, out)
     except CurvalignError as err:
         fail(str(err))
     typer.echo(
@@ -518,6 +575,7 @@ def index_build_command(
     """Build an index over one side of an embeddings directory."""
     from curvalign.index.embed import build_from_embeddings, load_embeddings
 
+    check_out(out)
     if exact and ann:
         fail("--exact and --ann exclude each other")
     if ann is not None and ann not in ("hnsw", "ivf"):
@@ -559,6 +617,11 @@ def index_search_command(
     query_npy: Path = typer.Option(
         None, "--query-npy", help="A .npy of query points [n, d] (Lorentz indexes)."
     ),
+    all_queries: bool = typer.Option(
+        False,
+        "--all-queries",
+        help="Query with every embedded text (or image) of the other side.",
+    ),
     k: int = typer.Option(10, "--k", min=1, help="Results per query."),
     candidates: int = typer.Option(
         200, "--candidates", min=1, help="Rerank indexes: proxy candidates per query."
@@ -579,6 +642,7 @@ def index_search_command(
             image_ids=image_ids,
             queries=queries,
             query_npy=query_npy,
+            all_queries=all_queries,
             k=k,
             candidates=candidates,
         )
@@ -680,6 +744,7 @@ def extract_command(
     """Encode images and captions with a local encoder into a feature store (resumable)."""
     from curvalign._encoder_spec import check_encoder_paths
 
+    check_out(out)
     try:  # before torch is imported: a missing model fails in milliseconds
         check_encoder_paths(encoder)
     except CurvalignError as err:

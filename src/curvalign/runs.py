@@ -6,14 +6,20 @@ A run directory holds::
     config.json        the resolved RunConfig (read back by load_run); config.yaml: the same, for humans
     model.safetensors  the recipe's state dict (what evaluation and search load)
     state.pt           everything resume needs: model, optimizer, scheduler, sampler, RNG states, step
-    meta.json          step, feature dimensions, recipe name, versions, data summary
-    log.jsonl, tb/     training logs (one JSON object per logged step; TensorBoard scalars)
+    meta.json          step, feature dimensions, recipe name, versions, data summary, and the
+                       SHA-256 of every other file of the checkpoint (``sha256``)
+    log.jsonl, tb/     training logs (one JSON object per logged step; TensorBoard scalars;
+                       appended to, so not checksummed)
 
 Writing them is the trainer's business (``train/checkpoint.py``, ``train/logging.py``).
+Loading recomputes the checksums (``verify_checksum``): a file changed or damaged after the run
+wrote it is named in an error instead of being evaluated; a run written before checksums
+existed still loads, with a note (``LoadedRun.notes``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +29,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
+from curvalign._io import sha256_file
 from curvalign.config import RunConfig, recipe_class
 from curvalign.errors import ConfigError, CurvalignError
 from curvalign.recipes.base import Recipe
@@ -36,6 +43,10 @@ LOG_FILE = "log.jsonl"
 TB_DIR = "tb"
 #: files (and the tb/ folder) that make a directory a run directory
 RUN_FILES = (CONFIG_FILE, CONFIG_YAML, MODEL_FILE, STATE_FILE, META_FILE, LOG_FILE)
+#: meta.json key holding ``{file name: hex SHA-256}`` of the checkpoint's other files
+CHECKSUMS_KEY = "sha256"
+#: files of a run directory that change after a checkpoint (appended logs) or hold the checksums
+NOT_CHECKSUMMED = (META_FILE, LOG_FILE)
 
 
 class CheckpointError(CurvalignError):
@@ -50,7 +61,10 @@ class LoadedRun:
     config   the RunConfig it was trained with
     step     optimizer steps behind these weights
     run_dir  where it was loaded from
-    meta     meta.json (dims, versions, data summary)
+    meta     meta.json (dims, versions, data summary, checksums)
+    weights_sha256  SHA-256 of the weights file loaded (what an index records to stay tied to
+             exactly these weights)
+    notes    one-line remarks for the user (a run written before checksums existed)
     """
 
     recipe: Recipe
@@ -58,6 +72,8 @@ class LoadedRun:
     step: int
     run_dir: Path
     meta: dict[str, Any]
+    weights_sha256: str = ""
+    notes: list[str] = dataclasses.field(default_factory=list)
 
 
 def is_run_dir(path: Path) -> bool:
@@ -96,6 +112,41 @@ def read_config(run_dir: Path) -> RunConfig:
         raise CheckpointError(str(err)) from None
 
 
+def verify_checksum(run_dir: Path, name: str, meta: dict[str, Any]) -> tuple[str, str | None]:
+    """Recompute the SHA-256 of ``run_dir/name`` and compare it with the one ``meta.json``
+    recorded. Returns ``(digest, note)``: ``note`` is a remark when nothing was recorded (a run
+    written before checksums existed). Raises ``CheckpointError`` naming the file on a mismatch."""
+    path = Path(run_dir) / name
+    try:
+        digest = sha256_file(path)
+    except OSError as err:
+        raise CheckpointError(f"{path} cannot be read ({err.strerror or err})") from None
+    recorded = meta.get(CHECKSUMS_KEY)
+    if not isinstance(recorded, dict) or name not in recorded:
+        return digest, (
+            f"{run_dir} was written without a checksum for {name} (by an older curvalign): "
+            "its integrity is not verified"
+        )
+    if recorded[name] != digest:
+        raise CheckpointError(
+            f"{path} is damaged or was changed after the run wrote it: its SHA-256 "
+            f"{digest[:12]}... differs from the {recorded[name][:12]}... recorded in "
+            f"{META_FILE} at step {meta.get('step')}; restore the file or retrain"
+        )
+    return digest, None
+
+
+def _weights_step(path: Path) -> int | None:
+    """The step a safetensors file says it holds (its metadata), or None."""
+    try:
+        from safetensors import safe_open
+
+        with safe_open(str(path), framework="pt") as handle:
+            return int((handle.metadata() or {})["step"])
+    except Exception:  # any unreadable header: the checksum check names the file
+        return None
+
+
 def build_recipe(config: RunConfig, image_dim: int, text_dim: int) -> Recipe:
     """The recipe of ``config`` with fresh parameters (seed the RNG first for a reproducible init)."""
     cls = recipe_class(config.recipe)
@@ -121,6 +172,18 @@ def load_run(run_dir: str | Path, map_location: str | torch.device = "cpu") -> L
     model_path = run_dir / MODEL_FILE
     if not model_path.exists():
         raise CheckpointError(f"{run_dir} has no {MODEL_FILE}")
+    _, note = verify_checksum(run_dir, CONFIG_FILE, meta)
+    notes = [note] if note else []
+    weights_step = _weights_step(model_path)
+    if weights_step is not None and weights_step != int(meta["step"]):
+        raise CheckpointError(
+            f"{model_path} holds step {weights_step} but {META_FILE} step {meta['step']}: the "
+            "process stopped while writing that checkpoint; finish it with "
+            f"`curvalign train --out {run_dir} --resume`"
+        )
+    weights_sha256, note = verify_checksum(run_dir, MODEL_FILE, meta)
+    if note and not notes:
+        notes.append(note)
     try:
         tensors = load_file(str(model_path), device=str(map_location))
     except (SafetensorError, OSError, ValueError, RuntimeError) as err:
@@ -137,7 +200,13 @@ def load_run(run_dir: str | Path, map_location: str | torch.device = "cpu") -> L
     recipe.to(map_location)
     recipe.eval()
     return LoadedRun(
-        recipe=recipe, config=config, step=int(meta["step"]), run_dir=run_dir, meta=meta
+        recipe=recipe,
+        config=config,
+        step=int(meta["step"]),
+        run_dir=run_dir,
+        meta=meta,
+        weights_sha256=weights_sha256,
+        notes=notes,
     )
 
 
@@ -165,6 +234,7 @@ def read_log(run_dir: str | Path) -> list[dict[str, Any]]:
 
 
 __all__ = [
+    "CHECKSUMS_KEY",
     "CONFIG_FILE",
     "CONFIG_YAML",
     "CheckpointError",
@@ -172,6 +242,7 @@ __all__ = [
     "LoadedRun",
     "META_FILE",
     "MODEL_FILE",
+    "NOT_CHECKSUMMED",
     "RUN_FILES",
     "STATE_FILE",
     "TB_DIR",
@@ -181,4 +252,5 @@ __all__ = [
     "read_config",
     "read_log",
     "read_meta",
+    "verify_checksum",
 ]

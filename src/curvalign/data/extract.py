@@ -30,6 +30,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from curvalign._encoder_spec import check_encoder_paths
 from curvalign.data.encoders import Encoder, load_encoder
 from curvalign.data.features import FeatureStore
 from curvalign.data.readers import (
@@ -357,6 +358,8 @@ def extract_features(
     target = Path(out)
     if target.exists() and not overwrite:
         raise ExtractError(f"{target} already exists; pass --overwrite to replace it")
+    if isinstance(encoder, str):
+        check_encoder_paths(encoder)  # a mistyped model path fails before the folder is scanned
     try:
         plan = _plan(images_dir, captions, layout, boxes, classes, templates, taxonomy)
         text_pairs = read_text_pairs(pairs, score_max) if pairs is not None else None

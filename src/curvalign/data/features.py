@@ -343,6 +343,12 @@ class FeatureStore:
         which ``.npy`` cannot hold, is written as float32); index fields are written as int64.
         """
         self.validate()  # a store that load() would reject is never written
+        if self.num_images == 0 or self.num_texts == 0:
+            raise FeatureStoreError(
+                f"not saving {path}: the store has {self.num_images} images and "
+                f"{self.num_texts} captions; nothing could be trained or evaluated on it "
+                "(check the inputs it was built from)"
+            )
         target = Path(path).expanduser()
         if target.exists() or target.is_symlink():
             if not overwrite:

@@ -231,6 +231,7 @@ def build_from_embeddings(
         "embeddings": str(Path(emb.path).resolve()),
         "run_dir": emb.meta.get("run_dir"),
         "step": emb.meta.get("step"),
+        "weights_sha256": emb.meta.get("weights_sha256"),
     }
     key = emb.meta.get("lorentz_index_key")
     if key is not None:
@@ -254,11 +255,7 @@ def build_from_embeddings(
             f"{emb.path} does not name the run it came from; {recipe!r} needs the recipe to rerank"
         )
     run = load_run(base_meta["run_dir"])
-    if run.config.recipe != recipe:
-        raise InputError(
-            f"{emb.path} says recipe {recipe!r} but its run {base_meta['run_dir']} holds "
-            f"{run.config.recipe!r}"
-        )
+    check_same_run(base_meta, run, f"the embeddings {emb.path}", "index build")
     engine = RecipeIndex(run.recipe, emb.side(side), side)
     out = Path(out)
     if out.exists() and not (out / "index.json").exists() and any(out.iterdir()):
@@ -280,6 +277,26 @@ def build_from_embeddings(
             )
         )
     return out
+
+
+def check_same_run(recorded: dict[str, Any], run: Any, what: str, redo: str) -> None:
+    """Raise ``IndexMismatchError`` unless the loaded ``run`` (a LoadedRun) is the one
+    ``recorded`` (``recipe``, ``step``, ``weights_sha256`` of the weights embedded) names: a run
+    directory replaced since by another run must not be used to rerank silently. The message
+    lists each thing that differs; ``redo`` says which commands to run again."""
+    differs = []
+    if recorded.get("recipe") is not None and run.config.recipe != recorded["recipe"]:
+        differs.append(f"recipe {recorded['recipe']!r} -> {run.config.recipe!r}")
+    if recorded.get("step") is not None and run.step != recorded["step"]:
+        differs.append(f"step {recorded['step']} -> {run.step}")
+    built = recorded.get("weights_sha256")
+    if built and run.weights_sha256 and run.weights_sha256 != built:
+        differs.append(f"weights SHA-256 {built[:12]}... -> {run.weights_sha256[:12]}...")
+    if differs:
+        raise IndexMismatchError(
+            f"{what} was made from the run {run.run_dir}, which has changed since "
+            f"({'; '.join(differs)}): {redo} again from the run as it is now"
+        )
 
 
 @dataclass
@@ -312,16 +329,25 @@ def search_index(
     query_recipe: str | None = None,
     query_curvature: list[float] | None = None,
     query_geometries: Iterable[str] = (),
+    query_weights: str | None = None,
 ) -> SearchResult:
     """Search the index at ``path`` with ``queries`` (an Embedding of the other side).
 
     ``query_recipe`` / ``query_curvature`` / ``query_geometries`` (the kinds of point the query
-    embeddings hold, from their ``embedding.json``) say where the queries came from; a recipe or
-    curvature other than the index's is refused (a clear message, no search).
+    embeddings hold, from their ``embedding.json``) / ``query_weights`` (SHA-256 of the weights
+    that embedded them) say where the queries came from; a recipe, curvature or weights other
+    than the index's are refused (a clear message, no search).
     """
     raw, index = open_index(path)
     meta = raw["meta"]
     recipe = meta["recipe"]
+    built_from = meta.get("weights_sha256")
+    if query_weights and built_from and query_weights != built_from and query_recipe == recipe:
+        raise IndexMismatchError(
+            f"the queries were embedded with other weights of {recipe!r} (SHA-256 "
+            f"{query_weights[:12]}...) than the index {path} ({built_from[:12]}...); scores of "
+            "different runs do not compare: embed the queries with the index's run"
+        )
     if query_recipe is not None and query_recipe != recipe:
         kinds = set(query_geometries)
         if index is not None and GEOMETRY not in kinds:
@@ -346,11 +372,7 @@ def search_index(
     import faiss
 
     run = load_run(meta["run_dir"])
-    if meta.get("step") is not None and run.step != meta["step"]:
-        raise IndexMismatchError(
-            f"the run {meta['run_dir']} is at step {run.step} but the index was built from "
-            f"its embeddings at step {meta['step']}; embed and build again"
-        )
+    check_same_run(meta, run, f"the index {path}", "embed and index build")
     database = load_embeddings(meta["embeddings"]).side(meta["side"])
     proxy_file = Path(path) / "proxy.faiss"
     engine = RecipeIndex(
@@ -368,6 +390,7 @@ __all__ = [
     "Embeddings",
     "SearchResult",
     "build_from_embeddings",
+    "check_same_run",
     "embed_store",
     "load_embeddings",
     "open_index",

@@ -88,14 +88,28 @@ class QueryResults:
                 yield row
 
 
-def _load_points(path: Path) -> np.ndarray:
-    """A ``.npy`` of query points; one clear error for a missing or unreadable file."""
+def load_query_points(path: str | os.PathLike) -> np.ndarray:
+    """Query points ``[n, d]`` (float) from a ``.npy`` file; an ``InputError`` naming the file and
+    what was expected for anything else (a missing file, other bytes, pickled objects, ints)."""
+    path = Path(path)
+    expected = "a .npy file of float query points [n, d] (np.save of a float array)"
     if not path.is_file():
-        raise NotFoundError(f"--query-npy {path}: no such file (expected a .npy of points [n, d])")
+        raise NotFoundError(f"--query-npy {path}: no such file; expected {expected}")
     try:
-        return np.load(path)
-    except (OSError, ValueError) as err:
-        raise InputError(f"--query-npy {path} is not a readable .npy file ({err})") from None
+        points = np.load(path, allow_pickle=False)
+    except (ValueError, OSError, EOFError) as err:
+        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+        if "allow_pickle" in reason:
+            reason = "it holds pickled Python objects"
+        raise InputError(f"--query-npy {path} is not {expected}: {reason}") from None
+    if not isinstance(points, np.ndarray) or points.dtype.kind != "f" or points.ndim != 2:
+        what = (
+            f"an array of dtype {points.dtype} and shape {list(points.shape)}"
+            if isinstance(points, np.ndarray)
+            else f"a {type(points).__name__}"
+        )
+        raise InputError(f"--query-npy {path} holds {what}; expected {expected}")
+    return points
 
 
 def search_queries(
@@ -105,14 +119,20 @@ def search_queries(
     image_ids: Sequence[int] | None = None,
     queries: str | os.PathLike | None = None,
     query_npy: str | os.PathLike | None = None,
+    all_queries: bool = False,
     k: int = 10,
     candidates: int = 200,
 ) -> QueryResults:
     """Search ``index`` with rows ``text_ids`` / ``image_ids`` of the embeddings directory
-    ``queries`` (default: the one the index was built from; every row of the other side when no
-    ids are given), or with the Lorentz points of ``query_npy`` (Lorentz indexes only)."""
-    if sum(x is not None for x in (text_ids, image_ids, query_npy)) > 1:
-        raise InputError("give one of --query-text-ids, --query-image-ids, --query-npy")
+    ``queries`` (default: the one the index was built from), with every row of the other side
+    (``all_queries``), or with the Lorentz points of ``query_npy`` (Lorentz indexes only).
+    Exactly one of the four must be given: no query is an error, not a search of everything."""
+    given = sum(x is not None for x in (text_ids, image_ids, query_npy)) + int(all_queries)
+    if given != 1:
+        raise InputError(
+            ("give only one" if given else "give a query: one")
+            + " of --query-text-ids, --query-image-ids, --query-npy, --all-queries"
+        )
     raw, lorentz = open_index(index)
     meta = raw["meta"]
     query_side = "texts" if meta["side"] == "images" else "images"
@@ -122,7 +142,7 @@ def search_queries(
                 "--query-npy needs a Lorentz index; this one reranks with a recipe: "
                 "use embedded queries"
             )
-        points = _load_points(Path(query_npy))
+        points = load_query_points(Path(query_npy))
         result = search_index(index, {meta["key"]: points}, k=k)
         return QueryResults(str(index), meta, list(range(len(points))), result)
 
@@ -150,6 +170,7 @@ def search_queries(
         query_recipe=source.recipe_name,
         query_curvature=source.curvature,
         query_geometries=[source.geometry(key) for key in side],
+        query_weights=source.meta.get("weights_sha256"),
     )
     out = QueryResults(str(index), meta, rows, result)
     if query_side == "texts":
@@ -159,4 +180,4 @@ def search_queries(
     return out
 
 
-__all__ = ["QueryResults", "search_queries"]
+__all__ = ["QueryResults", "load_query_points", "search_queries"]

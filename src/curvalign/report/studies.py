@@ -771,6 +771,21 @@ def parse_study_options(name: str, items: Sequence[str]) -> dict[str, Any]:
     return out
 
 
+#: below this many steps per run no study's curriculum or training gets far enough for its
+#: verdict to say anything about the claim (the studies' own defaults are 100-150)
+MIN_STUDY_STEPS = 100
+
+
+def short_run_verdict(verdict: str, steps: int | None) -> str:
+    """``verdict`` as is, or marked inconclusive when ``steps`` is below ``MIN_STUDY_STEPS``."""
+    if steps is None or steps >= MIN_STUDY_STEPS:
+        return verdict
+    return (
+        f"inconclusive: {steps} steps per run are too short to test the claim (use at least "
+        f"{MIN_STUDY_STEPS}, or the study's default); at this length: {verdict}"
+    )
+
+
 def run_study(
     name: str,
     out: str | Path,
@@ -795,6 +810,7 @@ def run_study(
         notify=notify or (lambda m: None),
         **options,
     )
+    result["verdict"] = short_run_verdict(result["verdict"], steps)
     result["command"] = (
         f"curvalign study {name} --out {out}"
         + (f" --steps {steps}" if steps else "")

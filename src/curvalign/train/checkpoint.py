@@ -7,7 +7,8 @@ Every file is written to a temporary name in the same directory and moved into p
 ``os.replace`` (``curvalign._io.atomic_write``), so a reader never sees a partial file.
 ``state.pt`` is written first and carries its own copy of the weights, so resume always finds
 weights, optimizer and sampler from the same step, even if the process dies between two files
-of one checkpoint.
+of one checkpoint. ``meta.json`` is written last and records the SHA-256 of the files written
+before it (``curvalign.runs.verify_checksum`` checks them on load).
 """
 
 from __future__ import annotations
@@ -21,13 +22,21 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
-from curvalign._io import atomic_write, atomic_write_bytes, atomic_write_text
+from curvalign._io import (
+    atomic_write,
+    atomic_write_bytes,
+    atomic_write_text,
+    sha256_bytes,
+    sha256_file,
+)
 from curvalign.runs import (
+    CHECKSUMS_KEY,
     CONFIG_FILE,
     CONFIG_YAML,
     LOG_FILE,
     META_FILE,
     MODEL_FILE,
+    NOT_CHECKSUMMED,
     RUN_FILES,
     STATE_FILE,
     TB_DIR,
@@ -38,6 +47,7 @@ from curvalign.runs import (
     load_run,
     read_config,
     read_meta,
+    verify_checksum,
 )
 
 
@@ -77,31 +87,78 @@ def save_checkpoint(
     meta: dict[str, Any],
 ) -> None:
     """Write one checkpoint: ``state.pt`` (with the weights), then ``model.safetensors``, then
-    ``meta.json``. ``train_state`` must hold ``step``; ``meta`` too."""
+    ``meta.json`` with the SHA-256 of every other file in ``run_dir`` (``meta["sha256"]``).
+    ``train_state`` must hold ``step``; ``meta`` too."""
     run_dir = Path(run_dir)
     tensors = model_tensors(model_state)
-    atomic_torch_save(run_dir / STATE_FILE, {**train_state, "model": tensors})
+    buffer = io.BytesIO()
+    torch.save({**train_state, "model": tensors}, buffer)
+    state_bytes = buffer.getvalue()
+    atomic_write_bytes(run_dir / STATE_FILE, state_bytes)
     atomic_write(
         run_dir / MODEL_FILE,
         lambda tmp: save_file(tensors, str(tmp), metadata={"step": str(meta["step"])}),
     )
-    atomic_write_text(run_dir / META_FILE, json.dumps(meta, indent=2) + "\n")
+    checksums = run_checksums(run_dir, known={STATE_FILE: sha256_bytes(state_bytes)})
+    atomic_write_text(
+        run_dir / META_FILE, json.dumps({**meta, CHECKSUMS_KEY: checksums}, indent=2) + "\n"
+    )
+
+
+def run_checksums(run_dir: Path, known: dict[str, str] | None = None) -> dict[str, str]:
+    """``{name: SHA-256}`` of every plain file of ``run_dir`` but meta.json and the logs (hidden
+    temporaries and folders such as tb/ skipped); ``known`` supplies digests already computed."""
+    known = known or {}
+    return {
+        path.name: known.get(path.name) or sha256_file(path)
+        for path in sorted(Path(run_dir).iterdir())
+        if path.is_file() and not path.name.startswith(".") and path.name not in NOT_CHECKSUMMED
+    }
 
 
 # --- resume ---------------------------------------------------------------------------------
 
 
-def load_train_state(run_dir: Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
-    """``state.pt`` (what resume needs)."""
+def load_train_state(
+    run_dir: Path,
+    map_location: str | torch.device = "cpu",
+    notes: list[str] | None = None,
+) -> dict[str, Any]:
+    """``state.pt`` (what resume needs), checked against the SHA-256 in ``meta.json``.
+
+    A ``state.pt`` newer than ``meta.json`` is the first file of a checkpoint whose writing was
+    interrupted (it is written first and atomically): it is used, and the caller should write the
+    checkpoint again. Remarks for the user are appended to ``notes``."""
     path = Path(run_dir) / STATE_FILE
     if not path.exists():
         raise CheckpointError(f"{run_dir} has no {STATE_FILE}: nothing to resume from")
+    notes = notes if notes is not None else []
+    try:
+        meta = read_meta(run_dir)
+    except CheckpointError:
+        meta = None  # a state.pt without meta.json: the first checkpoint was interrupted
+    mismatch = None
+    if meta is not None:
+        try:
+            _, note = verify_checksum(run_dir, STATE_FILE, meta)
+            notes += [note] if note else []
+        except CheckpointError as err:
+            mismatch = err
     try:
         state = torch.load(path, map_location=map_location, weights_only=False)
     except Exception as err:  # torch.load raises many types for a damaged file
+        if mismatch is not None:
+            raise mismatch from None
         raise CheckpointError(f"{path} is corrupt ({type(err).__name__}: {err})") from None
     if not isinstance(state, dict) or "step" not in state or "model" not in state:
         raise CheckpointError(f"{path} is corrupt: not a curvalign training state")
+    if mismatch is not None:
+        if int(state["step"]) <= int(meta["step"]):
+            raise mismatch
+        notes.append(
+            f"{path} (step {state['step']}) is newer than {META_FILE} (step {meta['step']}): the "
+            "process stopped while writing that checkpoint; resuming from it"
+        )
     return state
 
 
@@ -126,6 +183,7 @@ __all__ = [
     "model_tensors",
     "read_config",
     "read_meta",
+    "run_checksums",
     "save_checkpoint",
     "versions",
 ]

@@ -312,6 +312,7 @@ def launch_training(nproc: int, arguments: Sequence[str]) -> int:
     (``torch.distributed.run --standalone``, its agent in this process); returns the exit status
     (that of the first rank to fail, 0 when all succeed). torchrun stops every rank as soon as
     one fails; only rank 0's output is shown (every rank raises the same configuration errors)."""
+    from torch.distributed.elastic.multiprocessing import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
 
@@ -322,6 +323,10 @@ def launch_training(nproc: int, arguments: Sequence[str]) -> int:
             "processes)"
         )
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
+    # torch's C++ warnings (DDP's "find_unused_parameters=True ... did not find any unused
+    # parameters", needed for curriculum recipes) are addressed to library authors, not users;
+    # a user who wants them sets TORCH_CPP_LOG_LEVEL=WARNING
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
     args = get_args_parser().parse_args(
         [
             "--standalone",
@@ -339,6 +344,10 @@ def launch_training(nproc: int, arguments: Sequence[str]) -> int:
     elastic_logger.setLevel(logging.CRITICAL)
     try:
         run(args)
+    except SignalException as err:
+        # SIGTERM/SIGINT reached the agent: it passed the signal on to the ranks, which stopped
+        # together at a step boundary, rank 0 wrote a checkpoint and said how to resume
+        return 128 + int(err.sigval)
     except ChildFailedError as err:
         rank, failure = err.get_first_failure()
         if 0 not in err.failures:  # rank 0 printed nothing: say which rank failed

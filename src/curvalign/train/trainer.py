@@ -38,6 +38,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from curvalign._io import WRITE_FAILURES, describe_write_failure
 from curvalign.config import RunConfig, TrainConfig, resolve_config
 from curvalign.data import load_store
 from curvalign.data.features import FeatureStore
@@ -162,27 +163,69 @@ def deterministic_algorithms() -> Iterator[None]:
         torch.use_deterministic_algorithms(previous, warn_only=previous_warn)
 
 
+class TrainingInterrupted(TrainError):
+    """Training stopped on request (Ctrl-C or SIGTERM) after writing a checkpoint;
+    ``signum`` is the signal that asked (the CLI exits with 128 + signum, as shells expect)."""
+
+    def __init__(self, message: str, signum: int) -> None:
+        super().__init__(message)
+        self.signum = signum
+
+
 class _StopRequest:
-    """Turns the first Ctrl-C into a request honoured between steps (so the checkpoint written
-    on the way out is exact); a second Ctrl-C interrupts at once."""
+    """Turns the first Ctrl-C or SIGTERM (what schedulers and preemption send) into a request
+    honoured between steps, so the checkpoint written on the way out is exact; a second one
+    interrupts at once."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
     def __init__(self) -> None:
         self.requested = False
-        self._previous = None
+        self.signum = signal.SIGINT
+        self._previous: dict[int, Any] = {}
 
     def __enter__(self) -> _StopRequest:
         if threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGINT, self._handle)
+            for signum in self.SIGNALS:
+                self._previous[signum] = signal.signal(signum, self._handle)
         return self
 
     def _handle(self, signum: int, frame: object) -> None:
         if self.requested:
             raise KeyboardInterrupt
         self.requested = True
+        self.signum = signum
 
     def __exit__(self, *exc: object) -> None:
-        if self._previous is not None:
-            signal.signal(signal.SIGINT, self._previous)
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous)
+
+
+class _ThroughputWatch:
+    """Warns once when training slows to a fraction of its own early pace: the usual cause is
+    another process competing for the CPU cores with torch's default thread count."""
+
+    def __init__(self, reference_windows: int = 3, collapse_ratio: float = 0.2) -> None:
+        self.reference_windows = reference_windows
+        self.collapse_ratio = collapse_ratio
+        self.early: list[float] = []
+        self.warned = False
+
+    def observe(self, rate: float, num_threads: int) -> str | None:
+        """``rate``: pairs/s of one log window; returns the warning the first time the rate
+        falls below ``collapse_ratio`` times the best of the first ``reference_windows``."""
+        if len(self.early) < self.reference_windows:
+            self.early.append(rate)
+            return None
+        reference = max(self.early)
+        if self.warned or rate >= self.collapse_ratio * reference:
+            return None
+        self.warned = True
+        return (
+            f"throughput fell to {rate:.0f} pairs/s from {reference:.0f} in the first steps "
+            f"({num_threads} torch threads): another process is probably competing for the CPU "
+            "cores; set num_threads=1 (or the number of idle cores) as a key=value override"
+        )
 
 
 # --- the trainer ----------------------------------------------------------------------------
@@ -277,7 +320,10 @@ class Trainer:
 
     # --- state ------------------------------------------------------------------------------
     def _load_state(self) -> None:
-        state = load_train_state(self.run_dir)
+        notes: list[str] = []
+        state = load_train_state(self.run_dir, notes=notes)
+        for note in notes:
+            self._note(note)
         dims = (state.get("image_dim"), state.get("text_dim"))
         if dims != (self.store.image_dim, self.store.text_dim):
             raise CheckpointError(
@@ -317,6 +363,14 @@ class Trainer:
         set_rng_state(state["rng"])
         self.step = self.checkpoint_step = int(state["step"])
         self._note(f"resuming {self.run_dir} at step {self.step}")
+        try:
+            checkpoint_complete = read_meta(self.run_dir)["step"] == self.step
+        except CheckpointError:
+            checkpoint_complete = False
+        if not checkpoint_complete:  # state.pt was written, the rest of its checkpoint was not
+            rng = rng_state()
+            self.save_checkpoint()
+            set_rng_state(rng)
 
     def state_dict(self) -> dict[str, Any]:
         return {
@@ -345,12 +399,20 @@ class Trainer:
                 "notes": self.notes,
                 "versions": versions(),
             }
-            save_checkpoint(
-                self.run_dir,
-                model_state=self.recipe.state_dict(),
-                train_state=self.state_dict(),
-                meta=meta,
-            )
+            try:
+                save_checkpoint(
+                    self.run_dir,
+                    model_state=self.recipe.state_dict(),
+                    train_state=self.state_dict(),
+                    meta=meta,
+                )
+            except OSError as err:
+                if err.errno not in WRITE_FAILURES:
+                    raise
+                raise TrainError(
+                    f"the checkpoint of step {self.step} could not be written: "
+                    f"{describe_write_failure(err, self.run_dir)}; " + self._kept_message()
+                ) from None
         self.checkpoint_step = self.step
 
     # --- the loop ---------------------------------------------------------------------------
@@ -435,19 +497,24 @@ class Trainer:
             else None
         )
         window = _Window()
+        throughput = _ThroughputWatch()
         try:
             with deterministic_algorithms(), _StopRequest() as stop, self._progress_bar(end) as bar:
                 while self.step < end:
-                    if stop.requested:
+                    if self._stop_agreed(stop.requested):
                         self.save_checkpoint()
-                        raise TrainError(
-                            f"interrupted: stopped at step {self.step} with a checkpoint in "
-                            f"{self.run_dir}; continue with --resume"
+                        name = signal.Signals(stop.signum).name
+                        raise TrainingInterrupted(
+                            f"interrupted ({name}): stopped at step {self.step} of {total} with a "
+                            f"checkpoint in {self.run_dir}; continue with: curvalign train "
+                            f"--out {self.run_dir} --resume",
+                            int(stop.signum),
                         )
                     lr = self.optimizer.param_groups[0]["lr"]
+                    started = time.perf_counter()
                     out, grad_norm = self.train_step(Progress(self.step, total))
                     self.step += 1
-                    window.add(out, grad_norm)
+                    window.add(out, grad_norm, time.perf_counter() - started)
                     is_last = self.step == end
                     if self.step % cfg.log_every == 0 or is_last:
                         record = {
@@ -463,6 +530,9 @@ class Trainer:
                         if logger is not None:
                             logger.log(record)
                         bar.update(self.step, record)
+                        warning = throughput.observe(record["pairs_per_s"], torch.get_num_threads())
+                        if warning and self.is_main:
+                            self._note(warning)
                         window = _Window()
                     if (cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0) or is_last:
                         self.save_checkpoint()
@@ -470,6 +540,14 @@ class Trainer:
             if logger is not None:
                 logger.close()
         return self.run_dir
+
+    def _stop_agreed(self, requested: bool) -> bool:
+        """Whether to stop now: this process was asked to or, with several processes, any was
+        (all ranks must leave the loop at the same step or the next collective would hang)."""
+        if self.gather.world_size == 1:
+            return requested
+        flag = torch.tensor([1.0 if requested else 0.0], device=self.device)
+        return bool(self.gather.average(flag).item() > 0)
 
     def _progress_bar(self, end: int) -> _Bar:
         return _Bar(self.config.recipe, self.step, end, enabled=self.show_progress and self.is_main)
@@ -483,10 +561,13 @@ class _Window:
         self.sums: dict[str, Tensor] = {}
         self.counts: dict[str, int] = {}
         self.steps = 0
-        self.start = time.perf_counter()
+        self.seconds = 0.0
 
-    def add(self, out: LossOutput, grad_norm: Tensor) -> None:
+    def add(self, out: LossOutput, grad_norm: Tensor, seconds: float) -> None:
+        """One step's output and the seconds it took (checkpoint and log writes excluded, so
+        that throughput measures training alone)."""
         self.steps += 1
+        self.seconds += seconds
         values = {
             "loss": out.total,
             **{f"loss/{k}": v for k, v in out.terms.items()},
@@ -501,8 +582,8 @@ class _Window:
         return {k: float(v) / self.counts[k] for k, v in self.sums.items()}
 
     def rate(self, pairs_per_step: int) -> float:
-        """Image-text pairs per second over the window."""
-        return pairs_per_step * self.steps / max(time.perf_counter() - self.start, 1e-9)
+        """Image-text pairs per second over the window's steps."""
+        return pairs_per_step * self.steps / max(self.seconds, 1e-9)
 
 
 class _Bar:
