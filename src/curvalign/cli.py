@@ -66,6 +66,19 @@ def interrupted(err: KeyboardInterrupt, out: Path) -> None:
     fail(f"interrupted ({signal_name}): {out} was left as it was before this command", code)
 
 
+def write_failed(err: OSError, out: Path) -> None:
+    """A write that failed midway (disk full, read-only, permissions) as one line saying what
+    was kept; any other OSError is a bug or an input problem and is raised as it was."""
+    from curvalign._io import WRITE_FAILURES, describe_write_failure
+
+    if err.errno not in WRITE_FAILURES:
+        raise err
+    fail(
+        f"{describe_write_failure(err, out)}; what was completely written before it is kept in "
+        f"{out} (every file is written whole or not at all)"
+    )
+
+
 def print_notes(notes) -> None:
     for message in notes:
         typer.secho(f"note: {message}", err=True, fg=typer.colors.YELLOW)
@@ -170,6 +183,8 @@ def train_command(
         fail(str(err), code=128 + err.signum)
     except CurvalignError as err:
         fail(str(err))
+    except OSError as err:
+        write_failed(err, out)
     if not is_main_process():
         return
     records = read_log(run_dir)
@@ -355,6 +370,8 @@ def benchmark_command(
         )
     except CurvalignError as err:
         fail(str(err))
+    except OSError as err:  # a write failing midway (disk full, read-only); other errors re-raised
+        write_failed(err, out)
     _print_benchmark(result, out, f"benchmark on {result.data}")
     if suite is not None:
         _run_suite(list(result.run_dirs.values()), suite, out, split, 1024, False)
@@ -401,6 +418,8 @@ def demo_command(
         )
     except CurvalignError as err:
         fail(str(err))
+    except OSError as err:  # a write failing midway (disk full, read-only); other errors re-raised
+        write_failed(err, out)
     _print_benchmark(result, out, f"curvalign demo: {result.data}, {result.steps} steps per recipe")
     typer.echo(f"demo finished in {time.perf_counter() - start:.0f}s")
 
@@ -447,6 +466,8 @@ def study_command(
         )
     except CurvalignError as err:
         fail(str(err))
+    except OSError as err:  # a write failing midway (disk full, read-only); other errors re-raised
+        write_failed(err, out)
     typer.echo(result["markdown"])
     typer.echo(f"verdict: {result['verdict']}")
     typer.echo(
