@@ -18,12 +18,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from curvalign._io import (
-    OutputError,
-    check_output_location,
-    remove_stale_temporaries,
-    staged_directory,
-)
+from curvalign._io import staged_directory
 from curvalign.cli import app
 from curvalign.train.checkpoint import CheckpointError, load_run, read_meta
 from curvalign.train.trainer import train
@@ -101,6 +96,8 @@ def test_an_unwritable_out_fails_first_in_one_line(tmp_path, command):
 
 
 def test_a_location_that_refuses_files_is_named(tmp_path):
+    from curvalign._io import OutputError, check_output_location
+
     # root bypasses chmod; /proc refuses new files for everyone
     with pytest.raises(OutputError, match=r"--out /proc/curvalign-x/run is not writable.*/proc"):
         check_output_location("/proc/curvalign-x/run", "--out")
@@ -144,6 +141,8 @@ def test_disk_full_during_a_checkpoint_says_what_was_kept(tmp_path, monkeypatch)
 
 
 def test_disk_full_in_a_staged_directory_leaves_the_target(tmp_path):
+    from curvalign._io import OutputError
+
     target = tmp_path / "store"
     target.mkdir()
     (target / "old.txt").write_text("old")
@@ -383,6 +382,8 @@ def test_index_search_without_a_query_is_refused(rerank_index):
 
 
 def test_stale_temporaries_of_a_dead_writer_are_removed_live_ones_kept(tmp_path):
+    from curvalign._io import remove_stale_temporaries
+
     target = tmp_path / "emb"
     dead = tmp_path / ".emb.tmp-dead"
     dead.mkdir()
