@@ -286,20 +286,20 @@ def test_a_checkpoint_interrupted_after_its_state_still_resumes(tmp_path, monkey
     import curvalign.train.checkpoint as ckpt
 
     full = _train(tmp_path / "full", steps=6, extra=["checkpoint_every=3"])
-    real = ckpt.atomic_write
+    real = ckpt.atomic_write_text
     calls = {"meta": 0}
 
-    def dies_before_second_meta(path, write):
+    def dies_before_second_meta(path, text):
         if Path(path).name == "meta.json":
             calls["meta"] += 1
             if calls["meta"] == 2:
                 raise KeyboardInterrupt  # the process died here
-        return real(path, write)
+        return real(path, text)
 
-    monkeypatch.setattr(ckpt, "atomic_write", dies_before_second_meta)
+    monkeypatch.setattr(ckpt, "atomic_write_text", dies_before_second_meta)
     with pytest.raises(KeyboardInterrupt):
         _train(tmp_path / "run", steps=6, extra=["checkpoint_every=3"])
-    monkeypatch.setattr(ckpt, "atomic_write", real)
+    monkeypatch.setattr(ckpt, "atomic_write_text", real)
     run = tmp_path / "run"
     assert read_meta(run)["step"] == 3  # model.safetensors and state.pt are at step 6
     with pytest.raises(CheckpointError, match="holds step 6 but meta.json step 3.*--resume"):
