@@ -610,3 +610,19 @@ def test_disk_full_in_a_benchmark_is_one_line(tmp_path, monkeypatch):
         f"error: writing {out / 'results.md'} failed: no space left on the device; what was "
         f"completely written before it is kept in {out} (every file is written whole or not at all)"
     ]
+
+
+def test_disk_full_during_extract_says_the_shards_are_kept(tmp_path, monkeypatch):
+    import curvalign.data.extract as extract
+
+    out = tmp_path / "store"
+
+    def disk_full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device", str(out) + ".partial/s3.npy")
+
+    monkeypatch.setattr(extract, "extract_features", disk_full)
+    code, text = _invoke("extract", "--encoder", "minilm", "--images", tmp_path, "--out", out)
+    assert code == 2, text
+    (line,) = _error_lines(text)
+    assert "no space left on the device" in line
+    assert f"shards finished before are kept in {out}.partial" in line and "resume" in line

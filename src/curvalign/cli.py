@@ -66,17 +66,18 @@ def interrupted(err: KeyboardInterrupt, out: Path) -> None:
     fail(f"interrupted ({signal_name}): {out} was left as it was before this command", code)
 
 
-def write_failed(err: OSError, out: Path) -> None:
+def write_failed(err: OSError, out: Path, kept: str | None = None) -> None:
     """A write that failed midway (disk full, read-only, permissions) as one line saying what
     was kept; any other OSError is a bug or an input problem and is raised as it was."""
     from curvalign._io import WRITE_FAILURES, describe_write_failure
 
     if err.errno not in WRITE_FAILURES:
         raise err
-    fail(
-        f"{describe_write_failure(err, out)}; what was completely written before it is kept in "
-        f"{out} (every file is written whole or not at all)"
+    kept = kept or (
+        f"what was completely written before it is kept in {out} "
+        "(every file is written whole or not at all)"
     )
+    fail(f"{describe_write_failure(err, out)}; {kept}")
 
 
 def print_notes(notes) -> None:
@@ -608,11 +609,16 @@ def index_build_command(
         if ann == "ivf"
         else {}
     )
+    from curvalign._io import terminate_as_interrupt
+
     try:
         emb = load_embeddings(embeddings)
-        path = build_from_embeddings(
-            emb, out, side=side, kind="ann" if ann else "exact", method=ann or "hnsw", **options
-        )
+        with terminate_as_interrupt():  # SIGTERM removes the half-built index like Ctrl-C
+            path = build_from_embeddings(
+                emb, out, side=side, kind="ann" if ann else "exact", method=ann or "hnsw", **options
+            )
+    except KeyboardInterrupt as err:
+        interrupted(err, out)
     except CurvalignError as err:
         fail(str(err))
     mode = f"approximate ({ann})" if ann else "exact"
@@ -884,6 +890,13 @@ def extract_command(
         )
     except CurvalignError as err:
         fail(str(err))
+    except OSError as err:  # e.g. disk full while writing a shard
+        write_failed(
+            err,
+            out,
+            f"the shards finished before are kept in {out}.partial: free space and run the same "
+            "command again to resume from them",
+        )
     typer.echo(
         f"wrote {summary.store}: {summary.images} images, {summary.texts} captions, {summary.boxes} boxes, "
         f"{summary.classes} classes ({summary.shards_computed} shards computed, {summary.shards_reused} reused)"
