@@ -626,3 +626,35 @@ def test_disk_full_during_extract_says_the_shards_are_kept(tmp_path, monkeypatch
     (line,) = _error_lines(text)
     assert "no space left on the device" in line
     assert f"shards finished before are kept in {out}.partial" in line and "resume" in line
+
+
+@pytest.fixture
+def tiny_filesystem(tmp_path):
+    """A real 1 MB tmpfs (needs root and mount permission; skipped elsewhere)."""
+    mount_point = tmp_path / "tiny"
+    mount_point.mkdir()
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount_point)],
+        capture_output=True,
+    )
+    if mounted.returncode != 0:
+        pytest.skip("mount is not permitted here")
+    try:
+        yield mount_point
+    finally:
+        subprocess.run(["umount", str(mount_point)], capture_output=True)
+
+
+def test_training_onto_a_full_disk_is_one_error_line(tiny_filesystem):
+    out = tiny_filesystem / "run"
+    result = _cli(
+        "train", "--recipe", "clip", "--data", "synthetic", "--steps", "30", "--out", out,
+        "-q", "checkpoint_every=10",
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    (line,) = _error_lines(result.stderr)
+    assert "the checkpoint of step 10 could not be written" in line
+    assert "no space left on the device" in line and "Traceback" not in result.stderr
+    assert not list(out.glob(".*.tmp"))  # no half-written temporary left behind

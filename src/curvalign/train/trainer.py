@@ -409,9 +409,14 @@ class Trainer:
             except OSError as err:
                 if err.errno not in WRITE_FAILURES:
                     raise
+                kept = (
+                    "no checkpoint had been written before it, so no training state is kept"
+                    if self.checkpoint_step is None
+                    else self._kept_message()
+                )
                 raise TrainError(
                     f"the checkpoint of step {self.step} could not be written: "
-                    f"{describe_write_failure(err, self.run_dir)}; " + self._kept_message()
+                    f"{describe_write_failure(err, self.run_dir)}; {kept}"
                 ) from None
         self.checkpoint_step = self.step
 
