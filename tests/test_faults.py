@@ -628,15 +628,14 @@ def test_disk_full_during_extract_says_the_shards_are_kept(tmp_path, monkeypatch
     assert f"shards finished before are kept in {out}.partial" in line and "resume" in line
 
 
-@pytest.fixture
-def tiny_filesystem(tmp_path):
-    """A real 1 MB tmpfs (needs root and mount permission; skipped elsewhere)."""
-    mount_point = tmp_path / "tiny"
+def _mount_tmpfs(tmp_path, options: str):
+    """A real tmpfs with ``options`` (needs root and mount permission; skipped elsewhere)."""
+    mount_point = tmp_path / "mnt"
     mount_point.mkdir()
     if os.geteuid() != 0:
         pytest.skip("mounting a tmpfs needs root")
     mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount_point)],
+        ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(mount_point)],
         capture_output=True,
     )
     if mounted.returncode != 0:
@@ -645,6 +644,26 @@ def tiny_filesystem(tmp_path):
         yield mount_point
     finally:
         subprocess.run(["umount", str(mount_point)], capture_output=True)
+
+
+@pytest.fixture
+def tiny_filesystem(tmp_path):
+    yield from _mount_tmpfs(tmp_path, "size=1m")
+
+
+@pytest.fixture
+def read_only_filesystem(tmp_path):
+    yield from _mount_tmpfs(tmp_path, "ro,size=1m")
+
+
+def test_a_read_only_out_is_refused_before_any_work(read_only_filesystem):
+    out = read_only_filesystem / "run"
+    code, text = _invoke("train", "--recipe", "clip", "--data", "features:/no", "--out", out)
+    assert code == 2, text
+    assert _error_lines(text) == [
+        f"error: --out {out} is not writable: cannot create a file in {read_only_filesystem} "
+        "(Read-only file system)"
+    ]
 
 
 def test_training_onto_a_full_disk_is_one_error_line(tiny_filesystem):
