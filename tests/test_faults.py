@@ -677,3 +677,15 @@ def test_training_onto_a_full_disk_is_one_error_line(tiny_filesystem):
     assert "the checkpoint of step 10 could not be written" in line
     assert "no space left on the device" in line and "Traceback" not in result.stderr
     assert not list(out.glob(".*.tmp"))  # no half-written temporary left behind
+
+
+def test_resume_removes_temporaries_of_a_killed_checkpoint_write(trained, tmp_path):
+    run = _copy_run(trained, tmp_path / "run")
+    stale = [run / ".state.pt.k1l2d3.tmp", run / ".model.safetensors.x9y8.tmp"]
+    for path in stale:
+        path.write_bytes(b"\0" * 4096)  # what kill -9 during atomic_write leaves
+    keep = run / ".notes-of-the-user"
+    keep.write_text("mine")
+    code, text = _invoke("train", "--out", run, "--resume", "--steps", "5", "-q")
+    assert code == 0, text
+    assert not any(path.exists() for path in stale) and keep.exists()

@@ -153,6 +153,19 @@ class Terminated(KeyboardInterrupt):
     """SIGTERM, raised like Ctrl-C's KeyboardInterrupt (see ``terminate_as_interrupt``)."""
 
 
+def remove_stale_temp_files(directory: Path, names: tuple[str, ...]) -> list[Path]:
+    """Remove ``.NAME.*.tmp`` files in ``directory`` (what ``atomic_write`` leaves when its
+    process is killed mid-write) for each of ``names``. Call it only where no other process
+    writes those names (a run directory belongs to one trainer). Returns what was removed."""
+    removed = []
+    for name in names:
+        for stale in Path(directory).glob(f".{name}.*.tmp"):
+            if stale.is_file() and not stale.is_symlink():
+                stale.unlink(missing_ok=True)
+                removed.append(stale)
+    return removed
+
+
 @contextmanager
 def terminate_as_interrupt() -> Iterator[None]:
     """Within the block, SIGTERM raises ``Terminated`` (a KeyboardInterrupt, as Ctrl-C does),

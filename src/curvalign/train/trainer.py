@@ -38,7 +38,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from curvalign._io import WRITE_FAILURES, describe_write_failure
+from curvalign._io import WRITE_FAILURES, describe_write_failure, remove_stale_temp_files
 from curvalign.config import RunConfig, TrainConfig, resolve_config
 from curvalign.data import load_store
 from curvalign.data.features import FeatureStore
@@ -489,6 +489,8 @@ class Trainer:
         end = total if stop_at is None else min(total, stop_at)
         if self.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
+            # temporaries of a writer killed mid-checkpoint (kill -9) would otherwise stay forever
+            remove_stale_temp_files(self.run_dir, RUN_FILES)
             self.config.save(self.run_dir)
         if self.step >= end:
             if self.step >= total:
