@@ -689,3 +689,25 @@ def test_resume_removes_temporaries_of_a_killed_checkpoint_write(trained, tmp_pa
     code, text = _invoke("train", "--out", run, "--resume", "--steps", "5", "-q")
     assert code == 0, text
     assert not any(path.exists() for path in stale) and keep.exists()
+
+
+def test_queries_from_other_weights_and_garbage_npy_are_refused_by_a_lorentz_index(tmp_path):
+    for name, seed in (("a", 0), ("b", 7)):
+        run = _train(tmp_path / name, steps=3, recipe="meru", extra=[f"seed={seed}"])
+        code, text = _invoke("embed", run, "--out", tmp_path / f"emb_{name}", "-q")
+        assert code == 0, text
+    code, text = _invoke("index", "build", tmp_path / "emb_a", "--out", tmp_path / "idx")
+    assert code == 0, text
+    search = ["index", "search", tmp_path / "idx", "--query-text-ids", "0"]
+    code, text = _invoke(*search, "--queries", tmp_path / "emb_a")
+    assert code == 0, text
+    code, text = _invoke(*search, "--queries", tmp_path / "emb_b")
+    assert code == 2, text
+    (line,) = _error_lines(text)
+    assert "embedded with other weights of 'meru'" in line
+    garbage = tmp_path / "q.npy"
+    garbage.write_bytes(b"\x93NUMPY" + os.urandom(200))
+    code, text = _invoke("index", "search", tmp_path / "idx", "--query-npy", garbage)
+    assert code == 2, text
+    (line,) = _error_lines(text)
+    assert f"--query-npy {garbage} is not a .npy file of float query points" in line
