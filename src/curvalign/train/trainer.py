@@ -202,29 +202,33 @@ class _StopRequest:
 
 
 class _ThroughputWatch:
-    """Warns once when training slows to a fraction of its own early pace: the usual cause is
-    another process competing for the CPU cores with torch's default thread count."""
+    """Warns once when training slows to a fraction of its own early pace for two log windows
+    in a row (one slow window is a hiccup): the usual cause is another process competing for the
+    CPU cores with torch's default thread count."""
 
     def __init__(self, reference_windows: int = 3, collapse_ratio: float = 0.2) -> None:
         self.reference_windows = reference_windows
         self.collapse_ratio = collapse_ratio
         self.early: list[float] = []
+        self.slow_in_a_row = 0
         self.warned = False
 
     def observe(self, rate: float, num_threads: int) -> str | None:
-        """``rate``: pairs/s of one log window; returns the warning the first time the rate
-        falls below ``collapse_ratio`` times the best of the first ``reference_windows``."""
+        """``rate``: pairs/s of one log window; returns the warning the first time the rate has
+        been below ``collapse_ratio`` times the best of the first ``reference_windows`` windows
+        for two windows in a row."""
         if len(self.early) < self.reference_windows:
             self.early.append(rate)
             return None
         reference = max(self.early)
-        if self.warned or rate >= self.collapse_ratio * reference:
+        self.slow_in_a_row = self.slow_in_a_row + 1 if rate < self.collapse_ratio * reference else 0
+        if self.warned or self.slow_in_a_row < 2:
             return None
         self.warned = True
         return (
             f"throughput fell to {rate:.0f} pairs/s from {reference:.0f} in the first steps "
-            f"({num_threads} torch threads): another process is probably competing for the CPU "
-            "cores; set num_threads=1 (or the number of idle cores) as a key=value override"
+            f"({num_threads} torch threads); if another process is competing for the CPU cores, "
+            "set num_threads=1 (or the number of idle cores) as a key=value override"
         )
 
 
