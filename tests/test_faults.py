@@ -554,7 +554,7 @@ def test_an_empty_store_is_refused_when_saved(tmp_path):
 
 
 def test_a_garbage_query_npy_is_named(tmp_path):
-    from curvalign.index.embed import load_query_points
+    from curvalign.index.queries import load_query_points
 
     garbage = tmp_path / "q.npy"
     garbage.write_bytes(os.urandom(300))
