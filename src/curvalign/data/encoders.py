@@ -204,7 +204,9 @@ class OpenClipEncoder(Encoder):
             ) from None
         self.model = model.eval()
         self.preprocess = preprocess
-        self.spec = f"open_clip:{arch}:{ckpt}"
+        # Absolute paths: the spec is recorded in stores and runs and read from other directories.
+        arch_spec = str(Path(arch).resolve()) if arch.endswith(".json") else arch
+        self.spec = f"open_clip:{arch_spec}:{ckpt.resolve()}"
         with torch.no_grad():
             self.text_dim = int(self.encode_texts(["a"]).shape[-1])
         self.image_dim = self.text_dim
@@ -248,7 +250,7 @@ class HFClipEncoder(Encoder):
                 raise EncoderError(
                     f"model in {root} ({type(self.model).__name__}) is not CLIP-style: it has no {method}()"
                 )
-        self.spec = f"hf-clip:{root}"
+        self.spec = f"hf-clip:{root.resolve()}"
         self.text_dim = int(self.encode_texts(["a"]).shape[-1])
         self.image_dim = self.text_dim
 
@@ -307,7 +309,7 @@ class SentenceTransformerEncoder(Encoder):
                 f"sentence-transformers directory {root}: cannot load it offline ({exc})"
             ) from None
         self.model.eval()
-        self.spec = spec or f"sentence-transformers:{root}"
+        self.spec = spec or f"sentence-transformers:{root.resolve()}"
         self.text_dim = int(self.encode_texts(["a"]).shape[-1])
         self.image_dim = None
 

@@ -493,7 +493,17 @@ def extract_features(
             bar.advance(task, n)
 
     summary = _assemble(
-        plan, prompts, prompt_to_class, shards, jobs, enc, target, overwrite, text_pairs, protocol
+        plan,
+        prompts,
+        prompt_to_class,
+        shards,
+        jobs,
+        enc,
+        target,
+        overwrite,
+        text_pairs,
+        protocol,
+        images_dir.resolve(),
     )
     summary.shards_computed, summary.shards_reused = computed, reused
     summary.items_encoded, summary.encode_seconds = clock.items, clock.seconds
@@ -536,6 +546,7 @@ def _assemble(
     overwrite: bool,
     text_pairs: TextPairs | None = None,
     protocol: str | None = None,
+    images_root: Path | None = None,
 ) -> ExtractSummary:
     skipped_files = shards.manifest["skipped"]
     image_ok = np.array([f not in skipped_files for f in plan.image_files], dtype=bool)
@@ -555,6 +566,9 @@ def _assemble(
         "text_features": _gather(shards, jobs, "captions", enc.text_dim, caption_ok),
         "text_to_image": torch.from_numpy(new_id[caption_owner[caption_ok]]),
     }
+    # What a person recognises each kept row by (curvalign search shows it).
+    fields["image_paths"] = [f for f, ok in zip(plan.image_files, image_ok, strict=True) if ok]
+    fields["texts"] = [t for t, ok in zip(plan.captions, caption_ok, strict=True) if ok]
     if plan.image_splits is not None:
         present = sorted(
             set(plan.image_splits),
@@ -599,6 +613,7 @@ def _assemble(
     meta = {
         **enc.describe(),
         "source": "curvalign extract",
+        **({"images_root": str(images_root)} if images_root is not None else {}),
         "captions_from_class_prompts": plan.captions_from_prompts,
         # a class folder captioned by its prompts is a classification set, not a retrieval one
         **(

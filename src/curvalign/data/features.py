@@ -45,6 +45,17 @@ text chains (optional; hierarchy ordering, seed 001)
     chain_features   float [Nc, L, Dt] texts from general to specific (attribute -> noun -> caption)
 image chains use the boxes: crop (general) -> full image (specific).
 
+items (optional; what a person recognises a row by, shown by ``curvalign search``; each
+list is optional on its own and saved in ``items.json`` so that ``meta.json`` stays small)
+    image_paths      list[str] (Ni)    image file of each image row, relative to
+                                       ``meta["images_root"]`` (an absolute directory)
+    image_texts      list[str] (Ni)    a text standing for an image row whose "image" is itself
+                                       text (WordNet: the synset's lemma names)
+    texts            list[str] (Nt)    the string of each text row (a caption, a gloss)
+The class name and synset of an image row come from ``image_labels``/``class_names`` and
+``class_to_node``/``taxonomy_names``; the local encoder that made the features is
+``meta["encoder"]`` (a spec for ``curvalign.data.encoders.load_encoder``).
+
 Free-form JSON-serialisable facts (encoder name, the synthetic world's seed and sizes, ...)
 go in ``meta``.
 
@@ -107,6 +118,9 @@ INDEX_FIELDS = (
 )
 TENSOR_FIELDS = FLOAT_FIELDS + INDEX_FIELDS
 LIST_FIELDS = ("split_names", "class_names", "taxonomy_names", "negative_kind_names")
+#: per-row strings for people (see the module docstring), each optional on its own
+ITEM_FIELDS = ("image_paths", "image_texts", "texts")
+ITEMS_FILE = "items.json"
 
 REQUIRED_FIELDS = ("image_features", "text_features", "text_to_image")
 # Optional groups: all of a group's fields are present, or none.
@@ -164,6 +178,10 @@ class FeatureStore:
 
     text_token_features: Tensor | None = None
     text_token_mask: Tensor | None = None
+
+    image_paths: list[str] | None = None
+    image_texts: list[str] | None = None
+    texts: list[str] | None = None
 
     meta: dict[str, Any] = field(default_factory=dict)
 
@@ -291,7 +309,16 @@ class FeatureStore:
             changes["negative_features"] = self.negative_features[neg_ids]
             changes["negative_to_text"] = new_text[self.negative_to_text[neg_ids].long()]
             changes["negative_kind"] = self.negative_kind[neg_ids]
-        kept = {f: getattr(self, f) for f in TENSOR_FIELDS + LIST_FIELDS if f not in changes}
+        for name in ("image_paths", "image_texts"):
+            if getattr(self, name) is not None:
+                changes[name] = [getattr(self, name)[i] for i in ids.tolist()]
+        if self.texts is not None:
+            changes["texts"] = [self.texts[i] for i in text_ids.tolist()]
+        kept = {
+            f: getattr(self, f)
+            for f in TENSOR_FIELDS + LIST_FIELDS + ITEM_FIELDS
+            if f not in changes
+        }
         return FeatureStore(**{**kept, **changes})
 
     def __repr__(self) -> str:
@@ -371,6 +398,9 @@ class FeatureStore:
                         _to_numpy(value, index=name in INDEX_FIELDS),
                         allow_pickle=False,
                     )
+            items = {f: list(getattr(self, f)) for f in ITEM_FIELDS if getattr(self, f) is not None}
+            if items:
+                (tmp / ITEMS_FILE).write_text(json.dumps(items))
             # meta.json last: a directory with meta.json is complete.
             (tmp / "meta.json").write_text(json.dumps(header, indent=1) + "\n")
         return target
@@ -452,10 +482,29 @@ class FeatureStore:
         meta = header.get("meta", {})
         if not isinstance(meta, dict):
             raise FeatureStoreError(f"{where}: meta.json 'meta' must be an object")
+        items_path = root / ITEMS_FILE
+        if items_path.is_file():  # optional: stores written before it existed have none
+            try:
+                items = json.loads(items_path.read_text())
+            except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+                raise FeatureStoreError(
+                    f"{where}: {ITEMS_FILE} is not readable JSON ({exc})"
+                ) from None
+            if not isinstance(items, dict) or set(items) - set(ITEM_FIELDS):
+                raise FeatureStoreError(
+                    f"{where}: {ITEMS_FILE} must be an object with keys among {list(ITEM_FIELDS)}"
+                )
+            values.update(items)
         store = cls(**values, meta=meta)
         _validate(
             store,
-            lambda name: f"{name}.npy" if name in TENSOR_FIELDS else f"meta.json {name!r}",
+            lambda name: (
+                f"{name}.npy"
+                if name in TENSOR_FIELDS
+                else f"{ITEMS_FILE} {name!r}"
+                if name in ITEM_FIELDS
+                else f"meta.json {name!r}"
+            ),
             where,
             check_values,
         )
@@ -575,6 +624,20 @@ def _validate(
             not isinstance(value, (list, tuple)) or not all(isinstance(s, str) for s in value)
         ):
             fail(f"{describe(name)} must be a list of strings")
+    for name in ITEM_FIELDS:
+        value = getattr(store, name)
+        if value is not None and (
+            not isinstance(value, (list, tuple)) or not all(isinstance(s, str) for s in value)
+        ):
+            fail(f"{describe(name)} must be a list of strings (one per row)")
+    for name, rows, what in (
+        ("image_paths", store.num_images, "images"),
+        ("image_texts", store.num_images, "images"),
+        ("texts", store.num_texts, "texts"),
+    ):
+        value = getattr(store, name)
+        if value is not None and len(value) != rows:
+            fail(f"{describe(name)} has {len(value)} entries but the store has {rows} {what}")
     if not isinstance(store.meta, dict):
         fail("meta must be a dict")
 

@@ -46,7 +46,7 @@ import torch
 from curvalign.data.features import FeatureStore
 from curvalign.errors import CurvalignError
 
-CONSTRUCTION_VERSION = 1
+CONSTRUCTION_VERSION = 2  # 2: the store keeps the texts of both views (items.json)
 DEFAULT_WORDNET_DIR = "/usr/share/wordnet"
 _REQUIRED_FILES = (
     "data.noun",
@@ -327,6 +327,8 @@ def _build_store(
         taxonomy_parents=parents,
         class_to_node=torch.arange(n),
         chain_features=chains,
+        image_texts=list(tree.names_text),
+        texts=list(tree.texts),
         meta={
             **encoder.describe(),
             "image_dim": encoder.text_dim,  # view A is text too, from the same encoder

@@ -398,6 +398,8 @@ class Trainer:
                 "image_dim": self.store.image_dim,
                 "text_dim": self.store.text_dim,
                 "data": self.config.data,
+                # the local encoder behind the features: `curvalign search` encodes queries with it
+                "encoder": self.store.meta.get("encoder"),
                 "epoch": self.sampler.epoch,
                 "sampler": self.sampler.summary(),
                 "notes": self.notes,
