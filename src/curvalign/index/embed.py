@@ -369,21 +369,27 @@ def search_index(
         c = query_curvature[0] if query_curvature else None
         d, ids = index.search(queries[key], k, geometry=GEOMETRY, curvature=c)
         return SearchResult(d, ids, "distance")
+    engine = open_rerank_engine(path, raw, load_run(meta["run_dir"]))
+    scores, ids = engine.search(as_torch_embedding(queries), k, candidates)
+    return SearchResult(scores, ids, "score")
+
+
+def open_rerank_engine(path: str | os.PathLike, raw: dict[str, Any], run: Any) -> RecipeIndex:
+    """The ``RecipeIndex`` a rerank index directory describes (``raw`` = its index.json), scoring
+    with ``run``'s recipe; refused if the run has trained further since the embeddings."""
     import faiss
 
-    run = load_run(meta["run_dir"])
+    meta = raw["meta"]
     check_same_run(meta, run, f"the index {path}", "embed and index build")
     database = load_embeddings(meta["embeddings"]).side(meta["side"])
     proxy_file = Path(path) / "proxy.faiss"
-    engine = RecipeIndex(
+    return RecipeIndex(
         run.recipe,
         database,
         meta["side"],
         proxy=raw.get("proxy"),
         proxy_index=faiss.read_index(str(proxy_file)) if proxy_file.exists() else None,
     )
-    scores, ids = engine.search(as_torch_embedding(queries), k, candidates)
-    return SearchResult(scores, ids, "score")
 
 
 __all__ = [
