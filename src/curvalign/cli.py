@@ -691,6 +691,88 @@ def index_search_command(
         typer.echo(found.truth_note)
 
 
+# --- search / serve (issue: search a person can use) ------------------------------------------
+
+
+def _open_searcher(run_dir: Path, index: Path, encoder: str | None, candidates: int):
+    from curvalign.index.searcher import Searcher
+
+    return Searcher.open(run_dir, index, encoder=encoder, candidates=candidates)
+
+
+@app.command("search")
+def search_command(
+    run_dir: Path = typer.Argument(..., help="A run directory written by `curvalign train`."),
+    queries: list[str] = typer.Argument(None, metavar="TEXT...", help="Free-text queries."),
+    index: Path = typer.Option(
+        ..., "--index", help="An index of the run's embeddings (`curvalign index build`)."
+    ),
+    queries_file: Path = typer.Option(
+        None, "--queries-file", help="A UTF-8 file of text queries, one per line."
+    ),
+    images: list[Path] = typer.Option(
+        None, "--image", help="An image file as query (repeatable; for an index of texts)."
+    ),
+    encoder: str = typer.Option(
+        None, "--encoder", help="Local encoder spec (default: the one the run records)."
+    ),
+    k: int = typer.Option(10, "--k", min=1, help="Results per query."),
+    candidates: int = typer.Option(
+        200, "--candidates", min=1, help="Rerank indexes: proxy candidates per query."
+    ),
+    json_output: bool = typer.Option(False, "--json", help="Print one JSON object on stdout."),
+) -> None:
+    """Search a run's index with free text or image files; prints rank, score and the items."""
+    import json
+
+    texts = list(queries or [])
+    if queries_file is not None:
+        try:
+            lines = queries_file.read_text(encoding="utf-8").splitlines()
+        except (OSError, UnicodeDecodeError) as err:
+            fail(f"--queries-file {queries_file}: cannot read it ({err})")
+        texts += [line.strip() for line in lines if line.strip()]
+    images = list(images or [])
+    if not texts and not images:
+        fail("give at least one query: TEXT, --queries-file FILE or --image PATH")
+    try:
+        searcher = _open_searcher(run_dir, index, encoder, candidates)
+        results = searcher.search_texts(texts, k=k) if texts else []
+        results += searcher.search_images(images, k=k) if images else []
+    except (*_index_errors(), OSError) as err:
+        fail(_message(err))
+    if json_output:
+        payload = {**searcher.info(), "images_root": searcher.images_root}
+        payload["results"] = [r.to_dict() for r in results]
+        typer.echo(json.dumps(payload))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console() if Console().is_terminal else Console(width=160)
+    for result in results:
+        table = Table(title=f"{result.query}", title_justify="left")
+        table.add_column("rank", justify="right")
+        table.add_column(result.ranked_by, justify="right")
+        for column in ("caption", "image", "class"):
+            table.add_column(column)
+        for hit in result.hits:
+            value = hit.distance if hit.distance is not None else hit.score
+            item = hit.item
+            table.add_row(
+                str(hit.rank),
+                f"{value:.4f}",
+                item.caption or f"(row {item.id})",
+                item.path or "",
+                item.class_name or ""
+                if not item.synset or item.synset == item.class_name
+                else f"{item.class_name} ({item.synset})",
+            )
+        console.print(table)
+    if searcher.images_root:
+        typer.echo(f"image paths are relative to {searcher.images_root}")
+
+
 # --- extract (issue: real encoders) -----------------------------------------------------------
 
 
