@@ -773,6 +773,49 @@ def search_command(
         typer.echo(f"image paths are relative to {searcher.images_root}")
 
 
+@app.command("serve")
+def serve_command(
+    run_dir: Path = typer.Argument(..., help="A run directory written by `curvalign train`."),
+    index: Path = typer.Option(
+        ..., "--index", help="An index of the run's embeddings (`curvalign index build`)."
+    ),
+    host: str = typer.Option(
+        "127.0.0.1", "--host", help="Address to bind (default: this machine only)."
+    ),
+    port: int = typer.Option(8000, "--port", min=0, max=65535, help="TCP port."),
+    encoder: str = typer.Option(
+        None, "--encoder", help="Local encoder spec (default: the one the run records)."
+    ),
+    candidates: int = typer.Option(
+        200, "--candidates", min=1, help="Rerank indexes: proxy candidates per query."
+    ),
+    max_upload_mb: float = typer.Option(
+        8.0, "--max-upload-mb", min=0.001, help="Largest request body accepted (MiB)."
+    ),
+) -> None:
+    """A local HTTP service and page: POST /search, GET /health, GET / (docs/search.md)."""
+    from curvalign.index.serve import serve
+
+    try:
+        searcher = _open_searcher(run_dir, index, encoder, candidates)
+        searcher.encoder()  # load the model now, not on the first request
+    except (*_index_errors(), OSError) as err:
+        fail(_message(err))
+    if host not in ("127.0.0.1", "localhost", "::1"):
+        typer.secho(
+            f"note: binding to {host}: the service is reachable from other machines",
+            err=True,
+            fg=typer.colors.YELLOW,
+        )
+    typer.echo(
+        f"serving {searcher.info()['recipe']} search on http://{host}:{port}/ (Ctrl-C stops)"
+    )
+    try:
+        serve(searcher, host=host, port=port, max_upload_bytes=int(max_upload_mb * 1024 * 1024))
+    except (*_index_errors(), OSError) as err:
+        fail(_message(err))
+
+
 # --- extract (issue: real encoders) -----------------------------------------------------------
 
 
