@@ -277,8 +277,9 @@ class LorentzIndex:
     def add(self, points: Any, ids: Any = None) -> None:
         """Add ``points`` ``[m, d]`` with external ``ids`` ``[m]`` (default: continue from N).
 
-        Ids must be unique across the index. HNSW graphs are rebuilt (their construction needs
-        the ball coordinates of every point): prefer ``exact`` or ``ivf`` for frequent adds.
+        Ids must be unique across the index. No index is rebuilt: a flat index appends, IVF files
+        the points under their nearest hyperbolic Voronoi cell, and HNSW inserts the new points
+        into the existing graph (by L2 on Poincare-ball coordinates, as it was built).
         """
         x = _as_points(points, "points", self.dim)
         new_ids = _as_ids(ids, x.shape[0], int(self._ids.max()) + 1 if len(self._ids) else 0)
@@ -293,16 +294,7 @@ class LorentzIndex:
             )
         c = self.curvature
         if self.info.method == "hnsw":
-            everything = np.vstack([self._reconstruct(np.arange(len(self))), x])
-            hnsw = self._faiss_hnsw()
-            rebuilt = _build_hnsw(
-                everything,
-                c,
-                M=self.info.options["M"],
-                ef_construction=self.info.options["ef_construction"],
-            )
-            rebuilt.hnsw.efSearch = hnsw.hnsw.efSearch
-            self._index = rebuilt
+            self._index = _hnsw_insert(self._index, x, c)
         elif self.info.method == "ivf":
             _ivf_add(self._index, x, c)
         else:
@@ -502,23 +494,73 @@ def _max_transformed_norm(x: np.ndarray, c: float) -> float:
     return float(np.sqrt(2 * np.einsum("ij,ij->i", x64, x64).max() + 1 / c))
 
 
-def _build_hnsw(x: np.ndarray, c: float, *, M: int, ef_construction: int) -> faiss.IndexHNSWFlat:
-    """HNSW whose graph is built by L2 on Poincare-ball coordinates and searched by the transform."""
-    d = x.shape[1]
-    graph = faiss.IndexHNSWFlat(d + 1, M)
-    graph.hnsw.efConstruction = ef_construction
-    ball = np.hstack([poincare_ball(x, c), np.zeros((len(x), 1), np.float32)])
-    graph.add(ball)
-    storage = faiss.IndexFlatIP(d + 1)
-    storage.add(database_vectors(x, c))
+def _hnsw_with_storage(index: faiss.Index, vectors: np.ndarray, metric: int) -> faiss.IndexHNSW:
+    """A copy of ``index``'s HNSW graph over a new flat storage of ``vectors`` with ``metric``.
+
+    Faiss caches per-index state set up at construction; a serialisation round trip gives an
+    index whose graph, storage and metric are consistent (swapping in place does not search).
+    """
+    graph = faiss.deserialize_index(faiss.serialize_index(index))
+    storage = faiss.IndexFlat(vectors.shape[1], metric)
+    storage.add(np.ascontiguousarray(vectors, dtype=np.float32))
     # Ownership: Python now frees both storages; the graph frees none.
     graph.own_fields = False
     graph.storage.this.own(True)
     graph.storage = storage
-    graph.metric_type = faiss.METRIC_INNER_PRODUCT
-    # Faiss caches per-index state set up at construction; a serialisation round trip gives an
-    # index whose graph, storage and metric are consistent (swapping in place does not search).
+    graph.metric_type = metric
     return faiss.deserialize_index(faiss.serialize_index(graph))
+
+
+def _ball_vectors(x: np.ndarray, c: float) -> np.ndarray:
+    """``[N, d + 1]`` Poincare-ball coordinates padded to the transform's width (graph space)."""
+    return np.hstack([poincare_ball(x, c), np.zeros((len(x), 1), np.float32)])
+
+
+def build_hnsw_graph(
+    graph_vectors: np.ndarray, search_vectors: np.ndarray, *, M: int, ef_construction: int
+) -> faiss.IndexHNSW:
+    """HNSW whose graph links neighbours by L2 on ``graph_vectors`` ``[N, D]`` and whose search
+    walks it by the inner product with ``search_vectors`` ``[N, D]`` (same rows)."""
+    graph = faiss.IndexHNSWFlat(graph_vectors.shape[1], M)
+    graph.hnsw.efConstruction = ef_construction
+    graph.add(np.ascontiguousarray(graph_vectors, dtype=np.float32))
+    return _hnsw_with_storage(graph, search_vectors, faiss.METRIC_INNER_PRODUCT)
+
+
+def hnsw_insert_graph(
+    index: faiss.Index, graph_vectors_all: np.ndarray, search_vectors_new: np.ndarray
+) -> faiss.IndexHNSW:
+    """Insert rows into an index of ``build_hnsw_graph`` without rebuilding its graph.
+
+    ``graph_vectors_all`` ``[N + m, D]``: graph coordinates of the stored rows then the new ones;
+    ``search_vectors_new`` ``[m, D]``. The graph is put over L2 storage of the stored rows, the
+    new rows are inserted (Faiss's own HNSW insertion, linking only them), and the storage is
+    swapped back to the inner-product vectors of all rows.
+    """
+    n = int(index.ntotal)
+    ef_search = faiss.downcast_index(index).hnsw.efSearch
+    stored = faiss.downcast_index(index).storage.reconstruct_n(0, n) if n else None
+    graph = _hnsw_with_storage(index, graph_vectors_all[:n], faiss.METRIC_L2)
+    graph.add(np.ascontiguousarray(graph_vectors_all[n:], dtype=np.float32))
+    everything = search_vectors_new if stored is None else np.vstack([stored, search_vectors_new])
+    out = _hnsw_with_storage(graph, everything, faiss.METRIC_INNER_PRODUCT)
+    out.hnsw.efSearch = ef_search
+    return out
+
+
+def _build_hnsw(x: np.ndarray, c: float, *, M: int, ef_construction: int) -> faiss.IndexHNSW:
+    """HNSW whose graph is built by L2 on Poincare-ball coordinates and searched by the transform."""
+    return build_hnsw_graph(
+        _ball_vectors(x, c), database_vectors(x, c), M=M, ef_construction=ef_construction
+    )
+
+
+def _hnsw_insert(index: faiss.Index, x: np.ndarray, c: float) -> faiss.IndexHNSW:
+    n, d = int(index.ntotal), x.shape[1]
+    stored = faiss.downcast_index(index).storage.reconstruct_n(0, n)[:, :d] if n else x[:0]
+    return hnsw_insert_graph(
+        index, _ball_vectors(np.vstack([stored, x]), c), database_vectors(x, c)
+    )
 
 
 def _ivf_add(index: faiss.Index, x: np.ndarray, c: float) -> None:
