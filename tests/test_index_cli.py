@@ -172,7 +172,9 @@ def test_bad_queries_are_refused_with_one_line(embedded, tmp_path):
     assert code == 2 and "query it with texts" in text
     code, text = _run("index", "search", root / "idx_meru", "--query-text-ids", "0,100000")
     assert code == 2 and "out of range" in text
-    code, text = _run("index", "build", paths["atmg"], "--out", tmp_path / "x", "--ann", "hnsw")
-    assert code == 2 and "Lorentz-distance recipes" in text
+    code, text = _run("index", "build", paths["atmg"], "--out", tmp_path / "x", "--ann", "ivf")
+    assert code == 2 and "its approximate candidate index is HNSW" in text
+    code, text = _run("index", "build", paths["atmg"], "--out", tmp_path / "y", "--ann", "hnsw")
+    assert code == 0 and '"candidate_index": "hnsw"' in (tmp_path / "y" / "index.json").read_text()
     code, text = _run("index", "search", tmp_path, "--query-text-ids", "0")
     assert code == 2 and "not an index" in text

@@ -92,3 +92,46 @@ def test_search_errors_are_one_line(world, tmp_path) -> None:
         f"hf-clip:{tmp_path / 'nothing'}",
     )
     assert code == 2 and "expected a local directory" in out and "Traceback" not in out
+
+
+def test_index_add_then_search_names_the_new_items(world, tmp_path) -> None:
+    import shutil
+
+    from curvalign.data.extract import extract_features
+    from test_extract import make_collection
+
+    second = make_collection(tmp_path / "second")  # the same pixels under another root
+    extract_features(
+        world.encoder,
+        second["images"],
+        tmp_path / "store2",
+        captions=second["captions"],
+        batch_size=4,
+        progress=False,
+    )
+    for recipe in ("meru", "atmg"):
+        idx = tmp_path / f"idx-{recipe}"
+        shutil.copytree(world.indexes[recipe], idx)
+        emb2 = tmp_path / f"emb2-{recipe}"
+        code, out = _run(
+            "embed",
+            world.runs[recipe],
+            "--data",
+            f"features:{tmp_path / 'store2'}",
+            "--out",
+            emb2,
+            "-q",
+        )
+        assert code == 0, out
+        code, out = _run("index", "add", idx, emb2)
+        assert code == 0 and "added 6 images" in out and "(now 12)" in out, out
+        result = Searcher.open(world.runs[recipe], idx, candidates=12).search_text("a dog", 12)
+        ids = sorted(h.id for h in result.hits)
+        assert ids == list(range(12))
+        by_id = {h.id: h for h in result.hits}
+        for i in range(6):  # an added copy scores like its original and names its own file
+            assert by_id[i + 6].score == pytest.approx(by_id[i].score, rel=1e-5, abs=1e-6)
+            assert by_id[i + 6].item.path == str(second["images"].resolve() / world.files[i])
+            assert by_id[i].item.path == world.files[i]
+    code, out = _run("index", "add", tmp_path / "idx-meru", tmp_path / "emb2-atmg")
+    assert code == 2 and "holds 'atmg' embeddings but the index holds 'meru'" in out

@@ -691,6 +691,27 @@ def index_search_command(
         typer.echo(found.truth_note)
 
 
+@index_app.command("add")
+def index_add_command(
+    index: Path = typer.Argument(
+        ..., help="An index directory written by `curvalign index build`."
+    ),
+    embeddings: Path = typer.Argument(
+        ..., help="Embeddings of new items by the same run (`curvalign embed --data NEW`)."
+    ),
+) -> None:
+    """Add the new items of an embeddings directory to an index, without rebuilding it."""
+    from curvalign.index.embed import add_embeddings, load_embeddings, open_index
+
+    try:
+        added = add_embeddings(index, load_embeddings(embeddings))
+        raw, lorentz = open_index(index)
+    except _index_errors() as err:
+        fail(_message(err))
+    total = len(lorentz) if lorentz is not None else raw["count"]
+    typer.echo(f"added {added} {raw['meta']['side']} to {index} (now {total})")
+
+
 # --- search / serve (issue: search a person can use) ------------------------------------------
 
 

@@ -245,10 +245,10 @@ def build_from_embeddings(
             meta={**base_meta, "key": key, "mode": "lorentz"},
         )
         return index.save(out)
-    if kind != "exact":
+    if kind != "exact" and method != "hnsw":
         raise InputError(
-            f"approximate search (--ann) serves Lorentz-distance recipes (ranked by one Lorentz distance); "
-            f"{recipe!r} is served by exact proxy candidates and a rerank with its own score"
+            f"{recipe!r} is served by proxy candidates and a rerank with its own score; its "
+            f"approximate candidate index is HNSW (--ann hnsw), not {method!r}"
         )
     if not base_meta["run_dir"]:
         raise InputError(
@@ -256,7 +256,14 @@ def build_from_embeddings(
         )
     run = load_run(base_meta["run_dir"])
     check_same_run(base_meta, run, f"the embeddings {emb.path}", "index build")
-    engine = RecipeIndex(run.recipe, emb.side(side), side)
+    hnsw_options = {k: v for k, v in options.items() if k in ("M", "ef_construction", "ef_search")}
+    engine = RecipeIndex(
+        run.recipe,
+        emb.side(side),
+        side,
+        candidate_index="hnsw" if kind == "ann" else "flat",
+        **hnsw_options,
+    )
     out = Path(out)
     if out.exists() and not (out / "index.json").exists() and any(out.iterdir()):
         raise OverwriteError(f"{out} exists and is not a curvalign index; not overwriting it")
@@ -270,6 +277,7 @@ def build_from_embeddings(
                     "geometry": "recipe",
                     "mode": "rerank",
                     "proxy": engine.proxy.name,
+                    "candidate_index": engine.candidate_index,
                     "count": emb.meta["counts"][side],
                     "meta": base_meta,
                 },
@@ -374,6 +382,67 @@ def search_index(
     return SearchResult(scores, ids, "score")
 
 
+def index_sources(meta: dict[str, Any]) -> list[dict[str, Any]]:
+    """The embeddings directories an index's ids come from, in id order: ``[{"embeddings": DIR,
+    "first_id": i0, "count": n}, ...]`` (one for a freshly built index; ``add_embeddings`` appends)."""
+    if meta.get("sources"):
+        return list(meta["sources"])
+    emb = load_embeddings(meta["embeddings"])
+    return [
+        {"embeddings": meta["embeddings"], "first_id": 0, "count": emb.meta["counts"][meta["side"]]}
+    ]
+
+
+def source_side(sources: list[dict[str, Any]], side: str) -> dict[str, np.ndarray]:
+    """One side of every source, concatenated in id order (memory maps when there is one source)."""
+    parts = [load_embeddings(s["embeddings"]).side(side) for s in sources]
+    if len(parts) == 1:
+        return parts[0]
+    return {key: np.concatenate([p[key] for p in parts]) for key in parts[0]}
+
+
+def add_embeddings(path: str | os.PathLike, emb: Embeddings) -> int:
+    """Append the indexed side of ``emb`` (embeddings of the same run) to the index at ``path``.
+
+    No index is rebuilt (``LorentzIndex.add``, ``RecipeIndex.add``); new ids continue after the
+    last one, and ``index.json`` records the new source so that search can name the new items.
+    Returns the number of items added.
+    """
+    path = Path(path)
+    raw, lorentz = open_index(path)
+    meta = raw["meta"]
+    side = meta["side"]
+    if emb.recipe_name != meta["recipe"]:
+        raise IndexMismatchError(
+            f"{emb.path} holds {emb.recipe_name!r} embeddings but the index holds {meta['recipe']!r}"
+        )
+    if meta.get("step") is not None and emb.meta.get("step") != meta["step"]:
+        raise IndexMismatchError(
+            f"{emb.path} was embedded at step {emb.meta.get('step')} but the index at step "
+            f"{meta['step']}; items embedded by other weights do not compare"
+        )
+    sources = index_sources(meta)
+    new = emb.side(side)
+    m = int(next(iter(new.values())).shape[0])
+    first = sources[-1]["first_id"] + sources[-1]["count"]
+    source = {"embeddings": str(Path(emb.path).resolve()), "first_id": first, "count": m}
+    if lorentz is not None:
+        lorentz.add(new[meta["key"]], ids=np.arange(first, first + m))
+        lorentz.info.meta["sources"] = sources + [source]
+        lorentz.save(path)
+        return m
+    from curvalign.train.checkpoint import load_run
+
+    engine = open_rerank_engine(path, raw, load_run(meta["run_dir"]))
+    engine.add(new, ids=np.arange(first, first + m))
+    with staged_directory(path) as tmp:
+        engine.save_proxy(str(tmp / "proxy.faiss"))
+        updated = {**raw, "count": len(engine), "meta": {**meta, "sources": sources + [source]}}
+        updated["candidate_index"] = engine.candidate_index
+        (tmp / "index.json").write_text(json.dumps(updated, indent=2))
+    return m
+
+
 def open_rerank_engine(path: str | os.PathLike, raw: dict[str, Any], run: Any) -> RecipeIndex:
     """The ``RecipeIndex`` a rerank index directory describes (``raw`` = its index.json), scoring
     with ``run``'s recipe; refused if the run has trained further since the embeddings."""
@@ -381,7 +450,7 @@ def open_rerank_engine(path: str | os.PathLike, raw: dict[str, Any], run: Any) -
 
     meta = raw["meta"]
     check_same_run(meta, run, f"the index {path}", "embed and index build")
-    database = load_embeddings(meta["embeddings"]).side(meta["side"])
+    database = source_side(index_sources(meta), meta["side"])
     proxy_file = Path(path) / "proxy.faiss"
     return RecipeIndex(
         run.recipe,
@@ -401,4 +470,8 @@ __all__ = [
     "load_embeddings",
     "open_index",
     "search_index",
+    "add_embeddings",
+    "index_sources",
+    "open_rerank_engine",
+    "source_side",
 ]

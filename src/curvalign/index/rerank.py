@@ -50,7 +50,15 @@ import torch
 from torch import Tensor
 
 from curvalign.errors import InputError, NonFiniteError
-from curvalign.index.search import IndexMismatchError, database_vectors, lorentz_time, query_vectors
+from curvalign.index.search import (
+    IndexMismatchError,
+    build_hnsw_graph,
+    database_vectors,
+    hnsw_insert_graph,
+    lorentz_time,
+    poincare_ball,
+    query_vectors,
+)
 from curvalign.recipes.base import Embedding, IndexProxy, Query, Recipe
 
 Side = Literal["images", "texts"]
@@ -87,6 +95,36 @@ class Proxy:
 
     def query(self, emb: Embedding) -> np.ndarray:
         return self._vectors(emb, database=False)
+
+    def graph(self, emb: Embedding) -> np.ndarray:
+        """Float32 coordinates whose L2 proximity follows the score's: an ANN candidate graph
+        is built on them (``candidate_index="hnsw"``) and searched with the proxy vectors.
+
+        Lorentz parts go to Poincare-ball coordinates (conformal: near in the ball is near on
+        the hyperboloid); building by the proxy's own inner product would link every point to
+        the far-out ones and lose them near the boundary. Unit vectors stay as they are; the
+        parts of a mixed proxy are scaled by the square roots of its weights.
+        """
+        kind, key = self.spec.kind, self.spec.key
+        if kind == "cosine":
+            return self._vectors(emb, database=True)
+        if kind in ("lorentz", "angle"):
+            return poincare_ball(_np(emb[key]), float(_curvature(self.recipe)[0]))
+        if kind == "product-lorentz":
+            x = _np(emb[key])
+            c = np.broadcast_to(_curvature(self.recipe), (x.shape[1],))
+            return np.hstack([poincare_ball(x[:, f], float(c[f])) for f in range(x.shape[1])])
+        if kind == "mixed":
+            w = dict(self.spec.weights or {})
+            parts = []
+            if "hyperbolic" in emb:
+                ball = poincare_ball(_np(emb["hyperbolic"]), float(_curvature(self.recipe)[0]))
+                parts.append(math.sqrt(w["hyperbolic"]) * ball)
+            for part in ("euclidean", "sphere"):
+                if part in emb:
+                    parts.append(math.sqrt(w[part]) * _np(emb[part]))
+            return np.ascontiguousarray(np.hstack(parts), dtype=np.float32)
+        raise InputError(f"unknown proxy kind {kind!r} (recipe {self.recipe.name!r})")
 
     def _vectors(self, emb: Embedding, database: bool) -> np.ndarray:
         kind, key = self.spec.kind, self.spec.key
@@ -248,6 +286,10 @@ class RecipeIndex:
         ids: np.ndarray | None = None,
         score_batch: int = 65536,
         proxy_index: faiss.Index | None = None,
+        candidate_index: str = "flat",
+        M: int = 32,
+        ef_construction: int = 80,
+        ef_search: int = 256,
     ) -> None:
         if side not in ("images", "texts"):
             raise InputError(f"side must be 'images' or 'texts', got {side!r}")
@@ -266,10 +308,53 @@ class RecipeIndex:
             self._index = proxy_index
         else:
             vectors = self.proxy.database(self.database)
-            self._index = faiss.IndexFlatIP(vectors.shape[1])
-            self._index.add(vectors)
+            if candidate_index == "flat":
+                self._index = faiss.IndexFlatIP(vectors.shape[1])
+                self._index.add(vectors)
+            elif candidate_index == "hnsw":
+                self._index = build_hnsw_graph(
+                    self.proxy.graph(self.database), vectors, M=M, ef_construction=ef_construction
+                )
+                self._index.hnsw.efSearch = int(ef_search)
+            else:
+                raise ValueError(
+                    f"candidate_index must be 'flat' or 'hnsw', got {candidate_index!r}"
+                )
         self.ids = np.arange(n, dtype=np.int64) if ids is None else np.asarray(ids, dtype=np.int64)
         self.score_batch = score_batch
+
+    @property
+    def candidate_index(self) -> str:
+        """``"flat"`` (exhaustive proxy scan) or ``"hnsw"`` (approximate candidate graph)."""
+        return "hnsw" if isinstance(faiss.downcast_index(self._index), faiss.IndexHNSW) else "flat"
+
+    def set_ef_search(self, ef_search: int) -> None:
+        """HNSW candidate index: the search beam (at least the candidates asked for is used)."""
+        if self.candidate_index != "hnsw":
+            raise ValueError("ef_search applies to an HNSW candidate index only")
+        faiss.downcast_index(self._index).hnsw.efSearch = int(ef_search)
+
+    def add(self, database: Embedding, ids: np.ndarray | None = None) -> None:
+        """Append items ``database`` (an Embedding of the indexed side) without a rebuild.
+
+        A flat candidate index appends the proxy vectors; an HNSW one inserts them into its
+        graph. ``ids`` default to continuing after the largest id.
+        """
+        new = as_torch_embedding(database)
+        _check_embedding(new, self.database, "added items")
+        m = next(iter(new.values())).shape[0]
+        start = int(self.ids.max()) + 1 if len(self.ids) else 0
+        new_ids = np.arange(start, start + m) if ids is None else np.asarray(ids, dtype=np.int64)
+        if new_ids.shape != (m,) or np.isin(new_ids, self.ids).any():
+            raise IndexMismatchError(f"ids to add must be {m} ids not already in the index")
+        vectors = self.proxy.database(new)
+        everything = {k: torch.cat([self.database[k], new[k]]) for k in self.database}
+        if self.candidate_index == "hnsw":
+            self._index = hnsw_insert_graph(self._index, self.proxy.graph(everything), vectors)
+        else:
+            self._index.add(vectors)
+        self.database = everything
+        self.ids = np.concatenate([self.ids, new_ids])
 
     def __len__(self) -> int:
         return int(self._index.ntotal)

@@ -511,9 +511,20 @@ def _hnsw_with_storage(index: faiss.Index, vectors: np.ndarray, metric: int) -> 
     return faiss.deserialize_index(faiss.serialize_index(graph))
 
 
+def _pad_to(vectors: np.ndarray, width: int) -> np.ndarray:
+    """Rows padded with zero columns to ``width`` (a graph space narrower than the search space:
+    Faiss keeps one dimension per index); L2 between rows is unchanged."""
+    vectors = np.ascontiguousarray(vectors, dtype=np.float32)
+    if vectors.shape[1] > width:
+        raise ValueError(f"graph coordinates of width {vectors.shape[1]} exceed {width}")
+    if vectors.shape[1] == width:
+        return vectors
+    return np.hstack([vectors, np.zeros((len(vectors), width - vectors.shape[1]), np.float32)])
+
+
 def _ball_vectors(x: np.ndarray, c: float) -> np.ndarray:
     """``[N, d + 1]`` Poincare-ball coordinates padded to the transform's width (graph space)."""
-    return np.hstack([poincare_ball(x, c), np.zeros((len(x), 1), np.float32)])
+    return _pad_to(poincare_ball(x, c), x.shape[1] + 1)
 
 
 def build_hnsw_graph(
@@ -521,9 +532,10 @@ def build_hnsw_graph(
 ) -> faiss.IndexHNSW:
     """HNSW whose graph links neighbours by L2 on ``graph_vectors`` ``[N, D]`` and whose search
     walks it by the inner product with ``search_vectors`` ``[N, D]`` (same rows)."""
+    graph_vectors = _pad_to(graph_vectors, search_vectors.shape[1])
     graph = faiss.IndexHNSWFlat(graph_vectors.shape[1], M)
     graph.hnsw.efConstruction = ef_construction
-    graph.add(np.ascontiguousarray(graph_vectors, dtype=np.float32))
+    graph.add(graph_vectors)
     return _hnsw_with_storage(graph, search_vectors, faiss.METRIC_INNER_PRODUCT)
 
 
@@ -538,6 +550,7 @@ def hnsw_insert_graph(
     swapped back to the inner-product vectors of all rows.
     """
     n = int(index.ntotal)
+    graph_vectors_all = _pad_to(graph_vectors_all, index.d)
     ef_search = faiss.downcast_index(index).hnsw.efSearch
     stored = faiss.downcast_index(index).storage.reconstruct_n(0, n) if n else None
     graph = _hnsw_with_storage(index, graph_vectors_all[:n], faiss.METRIC_L2)

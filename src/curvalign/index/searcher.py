@@ -38,9 +38,11 @@ import numpy as np
 import torch
 
 from curvalign.index.embed import (
+    index_sources,
     load_embeddings,
     open_index,
     open_rerank_engine,
+    source_side,
 )
 from curvalign.index.rerank import as_torch_embedding
 from curvalign.index.search import IndexMismatchError, poincare_ball
@@ -99,8 +101,8 @@ class SearchResults:
         return asdict(self)
 
 
-class _Items:
-    """Row -> Item for one side of a feature store (string lists and labels, no features)."""
+class _StoreItems:
+    """Row -> Item for one side of one feature store (string lists and labels, no features)."""
 
     def __init__(self, store: Any, side: str) -> None:
         self.side = side
@@ -128,9 +130,9 @@ class _Items:
                     facts["synset"] = s.taxonomy_names[int(s.class_to_node[label])]
         return facts
 
-    def __call__(self, row: int) -> Item:
+    def __call__(self, item_id: int, row: int) -> Item:
         if self.store is None:
-            return Item(id=row, side=self.side)
+            return Item(id=item_id, side=self.side)
         s = self.store
         if self.side == "image":
             caption = None
@@ -138,14 +140,38 @@ class _Items:
                 caption = s.image_texts[row]
             elif s.texts is not None and self.first_caption[row] >= 0:
                 caption = s.texts[int(self.first_caption[row])]
-            return Item(id=row, side="image", caption=caption, **self._image_facts(row))
+            return Item(id=item_id, side="image", caption=caption, **self._image_facts(row))
         caption = s.texts[row] if s.texts is not None else None
         return Item(
-            id=row,
+            id=item_id,
             side="text",
             caption=caption,
             **self._image_facts(int(self.text_to_image[row])),
         )
+
+
+class _Items:
+    """Id -> Item over the index's sources (each an embeddings directory of one store)."""
+
+    def __init__(self, parts: list[tuple[int, int, _StoreItems]], side: str) -> None:
+        self.parts = parts
+        self.side = side
+        self.starts = np.array([p[0] for p in parts], dtype=np.int64)
+        # one images root serves the page; items of a source under another root carry their
+        # absolute path (shown, but not served as thumbnails)
+        self.images_root = parts[0][2].images_root if parts else None
+
+    def __call__(self, item_id: int) -> Item:
+        if not self.parts:
+            return Item(id=item_id, side=self.side)
+        at = int(np.searchsorted(self.starts, item_id, side="right")) - 1
+        first, count, items = self.parts[max(at, 0)]
+        if not 0 <= item_id - first < count:
+            return Item(id=item_id, side=self.side)
+        item = items(item_id, item_id - first)
+        if item.path is not None and items.images_root not in (None, self.images_root):
+            item = Item(**{**asdict(item), "path": str(Path(items.images_root) / item.path)})
+        return item
 
 
 def _load_store(spec: str | None) -> Any:
@@ -251,12 +277,13 @@ class Searcher:
             except EncoderError as exc:
                 raise SearchError(str(exc)) from None
         engine = lorentz if lorentz is not None else open_rerank_engine(index_dir, raw, run)
-        store = None
-        if items:
-            emb_meta = load_embeddings(meta["embeddings"]).meta
-            store = _load_store(emb_meta.get("data"))
         side = "image" if meta["side"] == "images" else "text"
-        return cls(run, index_dir, raw, engine, _Items(store, side), spec, candidates, device)
+        parts = []
+        if items:
+            for source in index_sources(meta):
+                store = _load_store(load_embeddings(source["embeddings"]).meta.get("data"))
+                parts.append((source["first_id"], source["count"], _StoreItems(store, side)))
+        return cls(run, index_dir, raw, engine, _Items(parts, side), spec, candidates, device)
 
     # -- facts --
     @property
@@ -444,14 +471,16 @@ class Searcher:
             return self._disk_source
         self._disk_ready = True
         try:
-            emb = load_embeddings(self.meta["embeddings"])
+            sources = index_sources(self.meta)
+            emb = load_embeddings(sources[0]["embeddings"])
         except (OSError, ValueError):
             return None
         curvature = emb.curvature
         for key, facts in emb.meta.get("keys", {}).items():
             if facts.get("geometry") == "lorentz" and len(facts.get("shape", [])) == 1:
                 if curvature:
-                    self._disk_source = (emb.side(self.meta["side"])[key], key, float(curvature[0]))
+                    points = source_side(sources, self.meta["side"])[key]
+                    self._disk_source = (points, key, float(curvature[0]))
                 break
         return self._disk_source
 
