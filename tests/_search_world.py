@@ -47,6 +47,7 @@ def build_world(root: Path) -> World:
     encoders._make_torchvision_importable()
     import open_clip
 
+    root.mkdir(parents=True, exist_ok=True)
     config = root / "tiny-search-test.json"
     config.write_text(json.dumps(TINY))
     open_clip.add_model_config(config)

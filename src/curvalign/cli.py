@@ -712,6 +712,35 @@ def index_add_command(
     typer.echo(f"added {added} {raw['meta']['side']} to {index} (now {total})")
 
 
+@index_app.command("export")
+def index_export_command(
+    index: Path = typer.Argument(
+        ..., help="A Lorentz index (`curvalign index build`, meru/hycoclip)."
+    ),
+    to: str = typer.Option(..., "--to", help="Target database: qdrant."),
+    path: Path = typer.Option(
+        ..., "--path", help="Directory of Qdrant's embedded local mode (no server)."
+    ),
+    collection: str = typer.Option(
+        None, "--collection", help="Collection name (default curvalign-RECIPE-SIDE)."
+    ),
+) -> None:
+    """Write an index's points into a vector database that ranks by Lorentz distance (docs/search.md)."""
+    from curvalign.index.export import export_qdrant
+
+    if to != "qdrant":
+        fail(f"--to must be qdrant, got {to!r}")
+    try:
+        done = export_qdrant(index, path, collection)
+    except _index_errors() as err:
+        fail(_message(err))
+    typer.echo(
+        f"exported {done.count} points to the Qdrant collection {done.collection!r} in {done.path} "
+        f"(DOT on [x, t(x)]; query [y, -t(y)]; distance = acosh(-{done.curvature:g} * score) / "
+        f"sqrt({done.curvature:g}))"
+    )
+
+
 # --- search / serve (issue: search a person can use) ------------------------------------------
 
 

@@ -174,6 +174,16 @@ class _Items:
         return item
 
 
+def index_items(meta: dict[str, Any]) -> _Items:
+    """Id -> Item for an index (its ``index.json`` ``meta``), from the stores of its sources."""
+    side = "image" if meta["side"] == "images" else "text"
+    parts = []
+    for source in index_sources(meta):
+        store = _load_store(load_embeddings(source["embeddings"]).meta.get("data"))
+        parts.append((source["first_id"], source["count"], _StoreItems(store, side)))
+    return _Items(parts, side)
+
+
 def _load_store(spec: str | None) -> Any:
     if not spec or spec.startswith("<"):
         return None  # an in-memory store: nothing to read items from
@@ -278,12 +288,8 @@ class Searcher:
                 raise SearchError(str(exc)) from None
         engine = lorentz if lorentz is not None else open_rerank_engine(index_dir, raw, run)
         side = "image" if meta["side"] == "images" else "text"
-        parts = []
-        if items:
-            for source in index_sources(meta):
-                store = _load_store(load_embeddings(source["embeddings"]).meta.get("data"))
-                parts.append((source["first_id"], source["count"], _StoreItems(store, side)))
-        return cls(run, index_dir, raw, engine, _Items(parts, side), spec, candidates, device)
+        named = index_items(meta) if items else _Items([], side)
+        return cls(run, index_dir, raw, engine, named, spec, candidates, device)
 
     # -- facts --
     @property
@@ -531,5 +537,6 @@ __all__ = [
     "SearchError",
     "SearchResults",
     "Searcher",
+    "index_items",
     "poincare_disk_2d",
 ]
