@@ -41,7 +41,7 @@ def build_world(root: Path) -> World:
     from curvalign.data import encoders, load_data
     from curvalign.data.extract import extract_features
     from curvalign.index.embed import build_from_embeddings, embed_store, load_embeddings
-    from curvalign.train.checkpoint import load_run
+    from curvalign.runs import load_run
     from curvalign.train.trainer import train
 
     encoders._make_torchvision_importable()

@@ -67,7 +67,7 @@ def test_extract_records_paths_captions_and_root(tmp_path: Path) -> None:
 
 
 def test_training_copies_the_encoder_spec_into_the_run(tmp_path: Path, one_thread) -> None:
-    from curvalign.train.checkpoint import read_meta
+    from curvalign.runs import read_meta
     from curvalign.train.trainer import train
 
     store = _store()

@@ -706,8 +706,8 @@ def index_add_command(
     try:
         added = add_embeddings(index, load_embeddings(embeddings))
         raw, lorentz = open_index(index)
-    except _index_errors() as err:
-        fail(_message(err))
+    except CurvalignError as err:
+        fail(str(err))
     total = len(lorentz) if lorentz is not None else raw["count"]
     typer.echo(f"added {added} {raw['meta']['side']} to {index} (now {total})")
 
@@ -732,8 +732,8 @@ def index_export_command(
         fail(f"--to must be qdrant, got {to!r}")
     try:
         done = export_qdrant(index, path, collection)
-    except _index_errors() as err:
-        fail(_message(err))
+    except CurvalignError as err:
+        fail(str(err))
     typer.echo(
         f"exported {done.count} points to the Qdrant collection {done.collection!r} in {done.path} "
         f"(DOT on [x, t(x)]; query [y, -t(y)]; distance = acosh(-{done.curvature:g} * score) / "
@@ -789,8 +789,8 @@ def search_command(
         searcher = _open_searcher(run_dir, index, encoder, candidates)
         results = searcher.search_texts(texts, k=k) if texts else []
         results += searcher.search_images(images, k=k) if images else []
-    except (*_index_errors(), OSError) as err:
-        fail(_message(err))
+    except CurvalignError as err:
+        fail(str(err))
     if json_output:
         payload = {**searcher.info(), "images_root": searcher.images_root}
         payload["results"] = [r.to_dict() for r in results]
@@ -849,8 +849,8 @@ def serve_command(
     try:
         searcher = _open_searcher(run_dir, index, encoder, candidates)
         searcher.encoder()  # load the model now, not on the first request
-    except (*_index_errors(), OSError) as err:
-        fail(_message(err))
+    except CurvalignError as err:
+        fail(str(err))
     if host not in ("127.0.0.1", "localhost", "::1"):
         typer.secho(
             f"note: binding to {host}: the service is reachable from other machines",
@@ -862,8 +862,8 @@ def serve_command(
     )
     try:
         serve(searcher, host=host, port=port, max_upload_bytes=int(max_upload_mb * 1024 * 1024))
-    except (*_index_errors(), OSError) as err:
-        fail(_message(err))
+    except (CurvalignError, OSError) as err:  # OSError: the port is taken
+        fail(str(err))
 
 
 # --- extract (issue: real encoders) -----------------------------------------------------------

@@ -431,7 +431,7 @@ def add_embeddings(path: str | os.PathLike, emb: Embeddings) -> int:
         lorentz.info.meta["sources"] = sources + [source]
         lorentz.save(path)
         return m
-    from curvalign.train.checkpoint import load_run
+    from curvalign.runs import load_run
 
     engine = open_rerank_engine(path, raw, load_run(meta["run_dir"]))
     engine.add(new, ids=np.arange(first, first + m))

@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from curvalign.errors import InputError, OverwriteError
 from curvalign.index.embed import index_sources, open_index, source_side
 from curvalign.index.search import IndexMismatchError, database_vectors, query_vectors
 
@@ -102,7 +103,7 @@ def export_points(
     from qdrant_client import models
 
     if (path is None) == (client is None):
-        raise ValueError("give exactly one of path (embedded local mode) or client")
+        raise InputError("give exactly one of path (embedded local mode) or client")
     points = np.asarray(points)
     if points.ndim != 2:
         raise IndexMismatchError(
@@ -114,7 +115,7 @@ def export_points(
         Path(path).mkdir(parents=True, exist_ok=True)
         client = qc.QdrantClient(path=str(path))
     if client.collection_exists(collection):
-        raise FileExistsError(
+        raise OverwriteError(
             f"the Qdrant collection {collection!r} exists already; not overwriting it"
         )
     client.create_collection(

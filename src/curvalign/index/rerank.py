@@ -317,7 +317,7 @@ class RecipeIndex:
                 )
                 self._index.hnsw.efSearch = int(ef_search)
             else:
-                raise ValueError(
+                raise InputError(
                     f"candidate_index must be 'flat' or 'hnsw', got {candidate_index!r}"
                 )
         self.ids = np.arange(n, dtype=np.int64) if ids is None else np.asarray(ids, dtype=np.int64)
@@ -331,7 +331,7 @@ class RecipeIndex:
     def set_ef_search(self, ef_search: int) -> None:
         """HNSW candidate index: the search beam (at least the candidates asked for is used)."""
         if self.candidate_index != "hnsw":
-            raise ValueError("ef_search applies to an HNSW candidate index only")
+            raise InputError("ef_search applies to an HNSW candidate index only")
         faiss.downcast_index(self._index).hnsw.efSearch = int(ef_search)
 
     def add(self, database: Embedding, ids: np.ndarray | None = None) -> None:

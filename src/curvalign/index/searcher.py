@@ -37,6 +37,7 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
+from curvalign.errors import CurvalignError
 from curvalign.index.embed import (
     index_sources,
     load_embeddings,
@@ -51,7 +52,7 @@ from curvalign.recipes.base import Embedding
 Modality = Literal["text", "image"]
 
 
-class SearchError(ValueError):
+class SearchError(CurvalignError, ValueError):
     """A query, encoder, run or index that cannot answer a search; the message says which."""
 
 
