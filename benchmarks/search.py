@@ -12,6 +12,16 @@ Everything is measured in one run and printed as Markdown tables (see docs/searc
 3. Rerank with the recipes' own scores (AtMG angle, PHyCLIP l1 product, AGR routed score):
    recall@k of proxy candidates + exact rerank against the exhaustive ``recipe.scores`` ranking,
    and latency per query, for K candidates in --rerank-candidates.
+4. Recall vs candidates (``--sections candidates``) on embeddings whose norms spread over two
+   orders of magnitude (points near the boundary): the flat proxy scan, the HNSW candidate graph
+   built on Poincare-ball coordinates (``RecipeIndex(candidate_index="hnsw")``), and a plain
+   inner-product HNSW on the proxy vectors (the reduced-MIPS graph that fails near the boundary),
+   so that ``--candidates`` can be picked from a measurement.
+5. Search a person can use (``--sections service``): queries per second of ``Searcher`` end to
+   end from text, with the encoder step excluded (precomputed features) and included (a tiny
+   local open_clip text tower), and of the HTTP service (``curvalign serve``'s app under uvicorn
+   on the loopback, a bounded loop of ``--concurrency`` clients); exact vs ANN vs rerank. The
+   three modes are measured in interleaved rounds, so their ratios share the machine's load.
 
 Data: synthetic Lorentz points with cluster structure (``expmap0`` of cluster centres plus noise;
 queries nearer the origin along the same directions, like captions vs images). The rerank
@@ -293,6 +303,307 @@ def rerank(args: argparse.Namespace) -> None:
     )
 
 
+# --- 4. recall vs candidates on widely spread norms ---------------------------------------------
+
+
+def spread_features(n: int, dim: int, seed: int, decades: float = 2.0) -> torch.Tensor:
+    """Clustered features whose norms spread over ``decades`` orders of magnitude, so the recipes'
+    points reach from near the origin to near the boundary."""
+    g = torch.Generator().manual_seed(seed)
+    centres = torch.randn(50, dim, generator=g)
+    x = centres[torch.randint(0, 50, (n,), generator=g)] + 0.4 * torch.randn(n, dim, generator=g)
+    return x * 10 ** (decades * torch.rand(n, 1, generator=g) - 0.5)
+
+
+def naive_ip_hnsw(vectors: np.ndarray, M: int, ef_construction: int, ef_search: int):
+    """HNSW built and searched by the inner product of the proxy vectors themselves."""
+    index = faiss.IndexHNSWFlat(vectors.shape[1], M, faiss.METRIC_INNER_PRODUCT)
+    index.hnsw.efConstruction = ef_construction
+    index.add(vectors)
+    index.hnsw.efSearch = ef_search
+    return index
+
+
+def recall_vs_candidates(args: argparse.Namespace) -> None:
+    rows = []
+    image_dim, text_dim = 64, 48
+    image_feats = spread_features(args.candidates_n, image_dim, 1)
+    text_feats = spread_features(args.queries, text_dim, 2) * 0.3
+    for name in args.recipes:
+        torch.manual_seed(0)
+        cls = get_recipe(name)
+        recipe = cls(cls.Config(), image_dim, text_dim).eval()
+        with torch.no_grad():
+            images = {k: v.contiguous() for k, v in recipe.embed_images(image_feats).items()}
+            texts = recipe.embed_texts(text_feats)
+        _, want = exhaustive_topk(recipe, texts, images, "images", args.k)
+        flat = RecipeIndex(recipe, images, "images")
+        t_graph, graph = timed(
+            lambda: RecipeIndex(
+                recipe,
+                images,
+                "images",
+                candidate_index="hnsw",
+                M=args.M,
+                ef_construction=args.ef_construction,
+                ef_search=args.ef_search,
+            )
+        )
+        vectors = flat.proxy.database(flat.database)
+        t_naive, naive_index = timed(
+            lambda: naive_ip_hnsw(vectors, args.M, args.ef_construction, args.ef_search)
+        )
+        naive = RecipeIndex(recipe, images, "images", proxy_index=naive_index)
+        for K in args.candidate_grid:
+            line = [name, flat.proxy.name, args.candidates_n, K]
+            times = []
+            for engine in (flat, graph, naive):
+                t, (_, got) = timed(lambda: engine.search(texts, args.k, K))
+                line.append(recall(got, want))
+                times.append(1e3 * t / args.queries)
+            rows.append(line + times)
+        print(
+            f"{name}: candidate graph built in {t_graph:.1f} s, plain IP HNSW in {t_naive:.1f} s",
+            flush=True,
+        )
+    table(
+        f"Recall@{args.k} vs candidates K on norms spread over two decades (random-init recipes, "
+        f"text -> image; HNSW M={args.M}, ef_construction={args.ef_construction}, "
+        f"ef_search={args.ef_search})",
+        [
+            "recipe",
+            "proxy",
+            "N",
+            "K",
+            "recall flat proxy",
+            "recall HNSW on ball coords",
+            "recall plain IP HNSW",
+            "ms/q flat",
+            "ms/q ball HNSW",
+            "ms/q IP HNSW",
+        ],
+        rows,
+    )
+
+
+# --- 5. queries per second of the search front ---------------------------------------------------
+
+
+def _tiny_text_encoder(root, embed_dim: int) -> str:
+    """A tiny random open_clip model written to ``root`` (never downloaded); its spec."""
+    import json
+
+    from curvalign.data import encoders
+
+    encoders._make_torchvision_importable()
+    import open_clip
+
+    config = root / "bench-tiny-clip.json"
+    config.write_text(
+        json.dumps(
+            {
+                "embed_dim": embed_dim,
+                "vision_cfg": {
+                    "image_size": 32,
+                    "layers": 1,
+                    "width": 32,
+                    "head_width": 16,
+                    "patch_size": 16,
+                },
+                "text_cfg": {
+                    "context_length": 16,
+                    "vocab_size": 49408,
+                    "width": 64,
+                    "heads": 2,
+                    "layers": 2,
+                },
+            }
+        )
+    )
+    open_clip.add_model_config(config)
+    torch.manual_seed(0)
+    checkpoint = root / "bench-tiny-clip.pt"
+    torch.save(open_clip.create_model("bench-tiny-clip").state_dict(), checkpoint)
+    return f"open_clip:{config}:{checkpoint}"
+
+
+def _searchable_run(root, recipe: str, dim: int, n: int, kinds: list[tuple[str, dict]]):
+    """A run of ``recipe`` on ``dim``-dim features, N database items embedded through its head,
+    and one index per ``(name, build options)``."""
+    from curvalign.data.features import FeatureStore
+    from curvalign.index.embed import build_from_embeddings, embed_store, load_embeddings
+    from curvalign.runs import load_run
+    from curvalign.train.trainer import train
+
+    g = torch.Generator().manual_seed(3)
+    small = FeatureStore(
+        image_features=torch.randn(64, dim, generator=g),
+        text_features=torch.randn(64, dim, generator=g),
+        text_to_image=torch.arange(64),
+    )
+    run_dir = train(
+        recipe,
+        small,
+        root / f"run-{recipe}",
+        steps=1,
+        overrides=["batch_size=32", f"embed_dim={dim}"],
+        show_progress=False,
+    )
+    run = load_run(run_dir)
+    database = FeatureStore(
+        image_features=spread_features(n, dim, 4, decades=1.0),
+        text_features=torch.randn(8, dim, generator=g),
+        text_to_image=torch.zeros(8, dtype=torch.long),
+    )
+    emb = embed_store(
+        run.recipe,
+        database,
+        root / f"emb-{recipe}",
+        batch_size=65536,
+        info={"run_dir": str(run_dir), "step": run.step},
+    )
+    out = {}
+    for name, options in kinds:
+        out[name] = build_from_embeddings(
+            load_embeddings(emb), root / f"idx-{recipe}-{name}", **options
+        )
+    return run_dir, out
+
+
+def service_qps(args: argparse.Namespace) -> None:
+    import tempfile
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+    from pathlib import Path
+
+    import httpx
+    import uvicorn
+
+    from curvalign.index.searcher import Searcher
+    from curvalign.index.serve import make_app
+
+    root = Path(tempfile.mkdtemp(prefix="curvalign-bench-"))
+    dim = args.service_dim
+    spec = _tiny_text_encoder(root, dim)
+    hnsw = {
+        "kind": "ann",
+        "method": "hnsw",
+        "M": args.M,
+        "ef_construction": args.ef_construction,
+        "ef_search": args.ef_search,
+    }
+    t0 = time.perf_counter()
+    meru_run, meru = _searchable_run(root, "meru", dim, args.service_n, [("exact", {})])
+    (root / "ann").mkdir()
+    _, meru_ann = _searchable_run(root / "ann", "meru", dim, args.service_ann_n, [("hnsw", hnsw)])
+    atmg_run, atmg = _searchable_run(
+        root, "atmg", dim, args.service_rerank_n, [("flat", {}), ("hnsw", hnsw)]
+    )
+    print(
+        f"service section: data, runs and indexes built in {time.perf_counter() - t0:.0f} s",
+        flush=True,
+    )
+    configs = [
+        ("exact (certified Lorentz)", meru_run, meru["exact"], args.service_n),
+        ("ANN (HNSW, ball graph)", meru_run, meru_ann["hnsw"], args.service_ann_n),
+        ("rerank atmg, flat candidates", atmg_run, atmg["flat"], args.service_rerank_n),
+        ("rerank atmg, HNSW candidates", atmg_run, atmg["hnsw"], args.service_rerank_n),
+    ]
+    searchers = [
+        Searcher.open(run, idx, encoder=spec, candidates=args.service_candidates, items=False)
+        for _, run, idx, _ in configs
+    ]
+    words = ["dog", "cat", "skateboard", "tree"]
+    queries = [f"a photo of a {words[i % 4]} number {i}" for i in range(args.service_queries)]
+    encoder = searchers[0].encoder()
+    with torch.no_grad():
+        features = encoder.encode_texts(queries).numpy()
+    for s in searchers[1:]:
+        s._encoder = encoder  # one model in memory
+    servers, urls = [], []
+    for s in searchers:
+        port = _free_port()
+        server = uvicorn.Server(
+            uvicorn.Config(
+                make_app(s), host="127.0.0.1", port=port, log_level="warning", lifespan="off"
+            )
+        )
+        threading.Thread(target=server.run, daemon=True).start()
+        while not server.started:
+            time.sleep(0.05)
+        servers.append(server)
+        urls.append(f"http://127.0.0.1:{port}/search")
+    totals = np.zeros((len(configs), 3))
+    counts = np.zeros((len(configs), 3))
+    per_round = max(1, args.service_queries // args.rounds)
+    client = httpx.Client(timeout=120, limits=httpx.Limits(max_connections=args.concurrency))
+    for r in range(args.rounds):
+        batch = list(range(r * per_round, min(len(queries), (r + 1) * per_round)))
+        for c, s in enumerate(searchers):
+            t = time.perf_counter()
+            for i in batch:
+                s.search_features(features[i : i + 1], "text", args.k)
+            totals[c, 0] += time.perf_counter() - t
+            t = time.perf_counter()
+            for i in batch:
+                s.search_texts([queries[i]], args.k)
+            totals[c, 1] += time.perf_counter() - t
+            t = time.perf_counter()
+            with ThreadPoolExecutor(args.concurrency) as pool:
+                replies = list(
+                    pool.map(
+                        lambda i: client.post(urls[c], json={"text": queries[i], "k": args.k}),
+                        batch,
+                    )
+                )
+            totals[c, 2] += time.perf_counter() - t
+            assert all(reply.status_code == 200 for reply in replies), replies[0].text
+            counts[c] += len(batch)
+    client.close()
+    for server in servers:
+        server.should_exit = True
+    qps = counts / totals
+    rows = []
+    for c, (name, _, _, n) in enumerate(configs):
+        rows.append(
+            [
+                name,
+                n,
+                qps[c, 0],
+                qps[c, 1],
+                qps[c, 2],
+                qps[c, 1] / qps[c, 0],
+                qps[c, 2] / qps[c, 1],
+                qps[c, 0] / qps[0, 0],
+            ]
+        )
+    table(
+        f"Queries per second of search from text, top-{args.k}, one query per call "
+        f"({int(counts[0, 0])} queries per mode in {args.rounds} interleaved rounds; HTTP: "
+        f"{args.concurrency} concurrent clients on the loopback; tiny {dim}-d open_clip text "
+        f"tower; rerank K = {args.service_candidates})",
+        [
+            "index",
+            "N",
+            "q/s encoder excluded",
+            "q/s encoder included",
+            "q/s HTTP",
+            "included / excluded",
+            "HTTP / in-process",
+            "excluded vs exact",
+        ],
+        rows,
+    )
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def main() -> None:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -330,16 +641,38 @@ def main() -> None:
     )
     p.add_argument("--rerank-candidates", type=int, nargs="+", default=[50, 200])
     p.add_argument("--skip-exact", action="store_true", help="only the rerank section")
+    p.add_argument(
+        "--sections",
+        nargs="+",
+        default=["exact", "rerank", "candidates", "service"],
+        choices=["exact", "rerank", "candidates", "service"],
+    )
+    p.add_argument("--candidates-n", type=int, default=50_000, help="items, section 4")
+    p.add_argument(
+        "--candidate-grid", type=int, nargs="+", default=[10, 20, 50, 100, 200, 500, 1000]
+    )
+    p.add_argument("--service-n", type=int, default=1_000_000, help="exact index size, section 5")
+    p.add_argument("--service-ann-n", type=int, default=100_000, help="HNSW index size, section 5")
+    p.add_argument("--service-rerank-n", type=int, default=100_000, help="rerank size, section 5")
+    p.add_argument("--service-dim", type=int, default=64)
+    p.add_argument("--service-queries", type=int, default=200)
+    p.add_argument("--service-candidates", type=int, default=200)
+    p.add_argument("--rounds", type=int, default=4, help="interleaved rounds, section 5")
+    p.add_argument("--concurrency", type=int, default=8, help="HTTP clients, section 5")
     args = p.parse_args()
     torch.set_num_threads(max(1, torch.get_num_threads()))
     print(
         f"# curvalign search benchmark\n\nfaiss {faiss.__version__}, torch {torch.__version__}, "
         f"{faiss.omp_get_max_threads()} Faiss threads, {torch.get_num_threads()} torch threads"
     )
-    if not args.skip_exact:
+    if not args.skip_exact and "exact" in args.sections:
         exact_and_ann(args)
-    if args.recipes:
+    if args.recipes and "rerank" in args.sections:
         rerank(args)
+    if args.recipes and "candidates" in args.sections:
+        recall_vs_candidates(args)
+    if "service" in args.sections:
+        service_qps(args)
 
 
 if __name__ == "__main__":
