@@ -89,3 +89,35 @@ def test_check_encoder_files_names_the_missing_path(tmp_path: Path) -> None:
     ckpt = tmp_path / "ok.pt"
     ckpt.write_bytes(b"")
     check_encoder_files(f"open_clip:ViT-B-32:{ckpt}")  # present: no error, nothing imported
+
+
+def test_wordnet_store_keeps_both_views_and_items_name_synsets(monkeypatch, tmp_path) -> None:
+    import importlib.util
+
+    from curvalign.data import encoders
+
+    try:
+        from curvalign.data.wordnet import build_tree, wordnet_dir
+
+        wordnet_dir()
+    except ValueError:
+        pytest.skip("needs the WordNet database (apt-get install wordnet-base)")
+    if importlib.util.find_spec("nltk") is None:
+        pytest.skip("needs nltk (pip install 'curvalign[wordnet]')")
+    from curvalign.data import load_data
+    from curvalign.index.searcher import _StoreItems
+    from test_wordnet import LetterEncoder
+
+    monkeypatch.setattr(encoders, "load_encoder", lambda spec, device="cpu": LetterEncoder())
+    monkeypatch.setenv("CURVALIGN_CACHE", str(tmp_path / "cache"))
+    store = load_data("wordnet:big_cat.n.01")
+    tree = build_tree("big_cat.n.01")
+    assert store.image_texts == tree.names_text and store.texts == tree.texts
+    again = load_data("wordnet:big_cat.n.01")  # from the cache: the items travel in items.json
+    assert again.image_texts == tree.names_text and again.texts == tree.texts
+    lion = tree.synsets.index("lion.n.01")
+    item = _StoreItems(store, "image")(lion, lion)
+    assert item.synset == item.class_name == "lion.n.01" and item.caption.startswith("lion")
+    gloss = tree.text_to_node.index(lion)
+    text_item = _StoreItems(store, "text")(gloss, gloss)
+    assert text_item.caption == tree.texts[gloss] and text_item.synset == "lion.n.01"

@@ -54,7 +54,7 @@ def test_batch_forms_and_image_queries_on_a_text_index(world, tmp_path: Path) ->
     batch = searcher.search_texts(["a dog", "two cats"], k=2)
     single = searcher.search_text("two cats", k=2)
     assert [h.id for h in batch[1].hits] == [h.id for h in single.hits]
-    with pytest.raises(SearchError, match="holds images, ranked for text queries; a image query"):
+    with pytest.raises(SearchError, match="holds images, ranked for text queries; an image query"):
         searcher.search_image(world.images / world.files[0])
     texts = build_from_embeddings(
         load_embeddings(world.embeddings["meru"]), tmp_path / "idx-texts", side="texts"

@@ -347,7 +347,8 @@ class Searcher:
         if modality != self.query_modality:
             raise SearchError(
                 f"the index {self.index_dir} holds {self.indexed}s, ranked for {self.query_modality} "
-                f"queries; a {modality} query does not fit it (build an index of the "
+                f"queries; {'an' if modality == 'image' else 'a'} {modality} query does not fit "
+                f"it (build an index of the "
                 f"{'texts' if modality == 'image' else 'images'} side: "
                 f"curvalign index build EMB --side {'texts' if modality == 'image' else 'images'})"
             )
