@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from curvalign.data.encoders import EncoderError, check_encoder_files
 from curvalign.data.extract import extract_features
 from curvalign.data.features import ITEMS_FILE, FeatureStore, FeatureStoreError
 from test_extract import PixelEncoder, make_collection
@@ -76,19 +75,6 @@ def test_training_copies_the_encoder_spec_into_the_run(tmp_path: Path, one_threa
         "clip", store, tmp_path / "run", steps=1, overrides=["batch_size=2"], show_progress=False
     )
     assert read_meta(run_dir)["encoder"] == "open_clip:/models/tiny.json:/models/tiny.pt"
-
-
-def test_check_encoder_files_names_the_missing_path(tmp_path: Path) -> None:
-    missing = tmp_path / "nope.pt"
-    with pytest.raises(EncoderError, match=f"{missing}.*never downloads"):
-        check_encoder_files(f"open_clip:ViT-B-32:{missing}")
-    with pytest.raises(EncoderError, match="expected a local directory"):
-        check_encoder_files(f"hf-clip:{tmp_path / 'model'}")
-    with pytest.raises(EncoderError, match="expected open_clip:ARCH:CHECKPOINT"):
-        check_encoder_files("open_clip:ViT-B-32")
-    ckpt = tmp_path / "ok.pt"
-    ckpt.write_bytes(b"")
-    check_encoder_files(f"open_clip:ViT-B-32:{ckpt}")  # present: no error, nothing imported
 
 
 def test_wordnet_store_keeps_both_views_and_items_name_synsets(monkeypatch, tmp_path) -> None:

@@ -262,7 +262,7 @@ class Searcher:
         are checked now (no model library imported); the model loads on the first query.
         ``items=False`` skips reading the store's captions and paths (results carry ids only).
         """
-        from curvalign.data.encoders import EncoderError, check_encoder_files
+        from curvalign._encoder_spec import EncoderError, check_encoder_paths
         from curvalign.runs import load_run
 
         if candidates < 1:
@@ -284,7 +284,7 @@ class Searcher:
         spec = encoder if encoder is not None else run.meta.get("encoder")
         if isinstance(spec, str):
             try:
-                check_encoder_files(spec)
+                check_encoder_paths(spec)
             except EncoderError as exc:
                 raise SearchError(str(exc)) from None
         engine = lorentz if lorentz is not None else open_rerank_engine(index_dir, raw, run)
