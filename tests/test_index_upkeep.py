@@ -119,3 +119,22 @@ def test_recipe_index_add_equals_building_on_everything(candidate_index, one_thr
     np.testing.assert_allclose(s1, s2)
     with pytest.raises(search_module.IndexMismatchError, match="not already in the index"):
         grown.add(tail, ids=np.arange(100, 250))
+
+
+def test_short_hnsw_answers_are_handled_not_read_out_of_bounds(one_thread) -> None:
+    """Faiss pads an HNSW answer shorter than K with -1; those rows are skipped, never read."""
+    from curvalign.index import RecipeIndex
+
+    for name in ("atmg", "phyclip"):
+        recipe, images, texts = _spread_recipe(name, n=300)
+        engine = RecipeIndex(recipe, images, "images", candidate_index="hnsw", M=4, ef_search=1)
+        rows = engine.candidates(texts, 300)
+        assert rows.shape == (40, 300)
+        scores, ids = engine.search(texts, 5, candidates=300)
+        assert (ids >= 0).all() and (ids < 300).all() and np.isfinite(scores).all()
+        padded = rows.copy()
+        padded[:, 5:] = -1
+        s, i = engine.rerank(texts, padded, 5)
+        assert (i >= 0).all() and set(i[0].tolist()) == set(padded[0, :5].tolist())
+        with pytest.raises(Exception, match="fewer than k=6 candidates"):
+            engine.rerank(texts, padded, 6)

@@ -388,7 +388,9 @@ class RecipeIndex:
             query = np.ascontiguousarray((q_a - lam[:, None] * q_b).astype(np.float32))
             rows = self._index.search(query, K)[1]
             rounds.append(rows)
-            uniq, inverse = np.unique(rows, return_inverse=True)
+            # an approximate (HNSW) candidate index may find fewer than K: Faiss pads with -1
+            valid = rows >= 0
+            uniq, inverse = np.unique(np.where(valid, rows, 0), return_inverse=True)
             vec = self._index.reconstruct_batch(uniq)[
                 inverse.reshape(rows.shape)
             ]  # [n, K, D] float32
@@ -397,7 +399,7 @@ class RecipeIndex:
             # Best exact ratio a / h(b), h(b) = sqrt(b^2 - 1); the next round maximises a minus
             # that ratio times h linearised at the best item's b (h is concave: a tangent line).
             h = np.sqrt(np.maximum(b * b - 1.0, 1e-12))
-            best = np.argmax(a / h, axis=1)
+            best = np.argmax(np.where(valid, a / h, -np.inf), axis=1)
             a0, b0, h0 = (np.take_along_axis(v, best[:, None], 1)[:, 0] for v in (a, b, h))
             lam = (a0 / h0) * (b0 / h0)
         return _first_distinct(np.concatenate(rounds[::-1], axis=1), K)
@@ -407,8 +409,9 @@ class RecipeIndex:
         """Score ``rows`` ``[n, K]`` with ``recipe.pair_scores``; top ``k`` by (score desc, id asc)."""
         queries = as_torch_embedding(queries)
         n, K = rows.shape
+        valid = rows >= 0  # an HNSW candidate index pads a short answer with -1
         scores = np.empty((n, K), dtype=np.float64)
-        flat = torch.from_numpy(rows.reshape(-1))
+        flat = torch.from_numpy(np.where(valid, rows, 0).reshape(-1))
         q_index = torch.arange(n).repeat_interleave(K)
         for start in range(0, n * K, self.score_batch):
             sl = slice(start, start + self.score_batch)
@@ -417,11 +420,17 @@ class RecipeIndex:
             texts, images = (q, d) if self.query_side == "text" else (d, q)
             s = self.recipe.pair_scores(texts, images, query=self.query_side)
             scores.reshape(-1)[sl] = s.double().cpu().numpy()
-        if not np.isfinite(scores).all():
+        if not np.isfinite(scores[valid]).all():
             raise NonFiniteError(
                 "recipe.pair_scores returned non-finite scores for some candidates"
             )
-        ext = self.ids[rows]
+        if (valid.sum(axis=1) < k).any():
+            raise InputError(
+                f"the approximate candidate index found fewer than k={k} candidates for some "
+                "queries; raise its ef_search (RecipeIndex.set_ef_search) or the candidates"
+            )
+        scores[~valid] = -np.inf
+        ext = np.where(valid, self.ids[np.where(valid, rows, 0)], np.iinfo(np.int64).max)
         order = np.lexsort((ext, -scores), axis=-1)[:, :k]
         return np.take_along_axis(scores, order, 1), np.take_along_axis(ext, order, 1)
 
