@@ -416,10 +416,14 @@ def add_embeddings(path: str | os.PathLike, emb: Embeddings) -> int:
         raise IndexMismatchError(
             f"{emb.path} holds {emb.recipe_name!r} embeddings but the index holds {meta['recipe']!r}"
         )
-    if meta.get("step") is not None and emb.meta.get("step") != meta["step"]:
+    built, new_sha = meta.get("weights_sha256"), emb.meta.get("weights_sha256")
+    if (meta.get("step") is not None and emb.meta.get("step") != meta["step"]) or (
+        built and new_sha and built != new_sha
+    ):
         raise IndexMismatchError(
             f"{emb.path} was embedded at step {emb.meta.get('step')} but the index at step "
-            f"{meta['step']}; items embedded by other weights do not compare"
+            f"{meta['step']} (or by other weights of that step); items embedded by other "
+            "weights do not compare"
         )
     sources = index_sources(meta)
     new = emb.side(side)

@@ -39,6 +39,7 @@ import torch
 
 from curvalign.errors import CurvalignError
 from curvalign.index.embed import (
+    check_same_run,
     index_sources,
     load_embeddings,
     open_index,
@@ -276,11 +277,10 @@ class Searcher:
                 f"the index {index_dir} holds {meta.get('recipe')!r} embeddings but the run "
                 f"{run_dir} is a {run.config.recipe!r} run; open the index with its own run"
             )
-        if meta.get("step") is not None and run.step != meta["step"]:
-            raise SearchError(
-                f"the run {run_dir} is at step {run.step} but the index {index_dir} was built "
-                f"from its embeddings at step {meta['step']}; embed and build again"
-            )
+        try:  # step and weights' SHA-256: the index must come from this run as it is now
+            check_same_run(meta, run, f"the index {index_dir}", "embed and index build")
+        except IndexMismatchError as exc:
+            raise SearchError(str(exc)) from None
         spec = encoder if encoder is not None else run.meta.get("encoder")
         if isinstance(spec, str):
             try:
