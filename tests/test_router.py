@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import gc
 import math
+import weakref
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from curvalign.losses.routing import binary_entropy_from_logits, load_balance, routing_entropy
 from curvalign.nn.router import PairwiseRouter, QueryConditioner, routed_scores
@@ -195,18 +198,27 @@ def test_routing_losses():
         routing_entropy(torch.zeros(0))
 
 
-def test_first_layer_gradients():
-    from curvalign.nn.router import _FirstLayer
-
+def test_chunk_first_layer_gradients():
+    """gradcheck of one chunk (folded first layer + MLP) in its float64 inputs."""
+    router = _router()
     g = torch.Generator().manual_seed(5)
+    f64 = torch.float64
     args = [
-        torch.randn(3, 4, 4, generator=g, dtype=torch.float64),
-        torch.randn(4, 5, generator=g, dtype=torch.float64),
-        torch.rand(3, 4, generator=g, dtype=torch.float64),
-        torch.randn(3, 5, generator=g, dtype=torch.float64),
-        torch.randn(4, 5, generator=g, dtype=torch.float64),
+        torch.randn(3, 4, generator=g, dtype=f64),  # se
+        torch.randn(3, 4, generator=g, dtype=f64),  # sh
+        torch.randn(3, 64, generator=g, dtype=f64),  # text part
+        torch.randn(4, 64, generator=g, dtype=f64),  # image part
+        torch.randn(4, 64, generator=g, dtype=f64),  # scalar map
     ]
-    assert torch.autograd.gradcheck(_FirstLayer.apply, [a.requires_grad_() for a in args])
+    stats = (
+        torch.randn(3, dtype=f64),
+        torch.rand(3, dtype=f64) + 2,
+        torch.randn(4, dtype=f64),
+        torch.rand(4, dtype=f64) + 2,
+    )
+    assert torch.autograd.gradcheck(
+        lambda *a: router._chunk_logits(*a, *stats), [a.requires_grad_() for a in args]
+    )
 
 
 def test_matrix_and_pair_mode_train_the_router_alike():
@@ -225,3 +237,114 @@ def test_matrix_and_pair_mode_train_the_router_alike():
     grads_pairs = torch.autograd.grad((weight * pairs).sum(), params)
     for a, b in zip(grads_matrix, grads_pairs, strict=False):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+
+
+def _train_router(**kw) -> PairwiseRouter:
+    router = _router(torch.float32, **kw)
+    return router.train()
+
+
+def _router_grads(router: PairwiseRouter, nt: int, ni: int, seed: int = 3):
+    """Logits and the gradients of an arbitrary loss of them, with dropout and jitter drawn from
+    a fixed seed (so two runs draw the same masks when they consume the RNG alike)."""
+    g = torch.Generator().manual_seed(seed)
+    s_e = 3 * torch.randn(nt, ni, generator=g)
+    s_h = -5 * torch.rand(nt, ni, generator=g)
+    h_t = torch.randn(nt, TEXT_DIM, generator=g)
+    h_i = torch.randn(ni, IMAGE_DIM, generator=g)
+    weight = torch.randn(nt, ni, generator=g)
+    params = [p for p in router.parameters() if p.requires_grad]
+    torch.manual_seed(seed)
+    logits = router.matrix_logits(s_e, s_h, router.text_context(h_t), router.image_context(h_i))
+    grads = torch.autograd.grad((weight * logits).sum(), params)
+    return logits.detach(), grads
+
+
+def test_recomputed_chunks_give_identical_gradients():
+    """Row chunks recomputed in the backward (checkpoint) against the same chunks kept: same
+    dropout masks and jitter (RNG state restored), identical logits and gradients."""
+    kept = _train_router(train_chunk_pairs=20, recompute=False)  # 2 rows of 9 per chunk
+    recomputed = _train_router(train_chunk_pairs=20, recompute=True)
+    recomputed.load_state_dict(kept.state_dict())
+    a_logits, a_grads = _router_grads(kept, 7, 9)
+    b_logits, b_grads = _router_grads(recomputed, 7, 9)
+    torch.testing.assert_close(a_logits, b_logits, rtol=0, atol=0)
+    for a, b in zip(a_grads, b_grads, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    assert any(g.abs().sum() > 0 for g in a_grads)
+
+
+def test_chunked_router_equals_the_plain_path_without_dropout():
+    """Without stochastic layers, chunking the rows changes nothing beyond float rounding."""
+    plain = _train_router(dropout=0.0, jitter=0.0, train_chunk_pairs=1 << 20, recompute=False)
+    chunked = _train_router(dropout=0.0, jitter=0.0, train_chunk_pairs=10, recompute=True)
+    chunked.load_state_dict(plain.state_dict())
+    a_logits, a_grads = _router_grads(plain, 7, 9)
+    b_logits, b_grads = _router_grads(chunked, 7, 9)
+    torch.testing.assert_close(a_logits, b_logits, rtol=1e-6, atol=1e-6)
+    for a, b in zip(a_grads, b_grads, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+class _LiveOutputs(TorchDispatchMode):
+    """Remembers (weakly) the storage of every tensor an aten op produces, so that the bytes
+    still alive after a forward pass (what autograd keeps for backward) can be summed."""
+
+    def __init__(self, existing: list[torch.Tensor]) -> None:
+        super().__init__()
+        self.storages: dict[int, tuple[weakref.ref, int]] = {}
+        self.existing = {t.untyped_storage().data_ptr() for t in existing}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(t, torch.Tensor):
+                st = t.untyped_storage()
+                if st.data_ptr() not in self.existing:  # not a view of an input or parameter
+                    self.storages[id(st)] = (weakref.ref(st), st.nbytes())
+        return out
+
+    def live_bytes(self) -> int:
+        gc.collect()
+        return sum(n for ref, n in self.storages.values() if ref() is not None)
+
+
+def _kept_bytes_per_pair(router: PairwiseRouter, nt: int, ni: int) -> float:
+    g = torch.Generator().manual_seed(4)
+    s_e, s_h = torch.randn(nt, ni, generator=g), -5 * torch.rand(nt, ni, generator=g)
+    h_t, h_i = torch.randn(nt, TEXT_DIM, generator=g), torch.randn(ni, IMAGE_DIM, generator=g)
+    with _LiveOutputs([s_e, s_h, h_t, h_i, *router.parameters()]) as mode:
+        logits = router.matrix_logits(s_e, s_h, router.text_context(h_t), router.image_context(h_i))
+        kept = mode.live_bytes()
+    logits.sum().backward()  # the graph is intact
+    return kept / (nt * ni)
+
+
+def test_chunked_router_keeps_o_chunk_activations():
+    """With recompute, what the forward leaves alive for backward is a few scalars per pair
+    (jittered inputs, the logits), not the ~1.2 KB a pair of the hidden layers; the same
+    chunking without recompute keeps them all (so the check can fail)."""
+    nt, ni = 64, 256  # 16384 pairs, chunks of 1024 (4 rows)
+    recomputed = _kept_bytes_per_pair(_train_router(train_chunk_pairs=1024), nt, ni)
+    kept = _kept_bytes_per_pair(_train_router(train_chunk_pairs=1024, recompute=False), nt, ni)
+    assert kept > 500, kept
+    # jittered s_E and s_H, the chunks' logits and their concatenation (4 x 4 bytes), plus
+    # per-item rows and one chunk's temporaries spread over the pairs
+    assert recomputed < 32, recomputed
+
+
+def test_bit_dropout_rate_scale_and_eval():
+    from curvalign.nn.router import BitDropout
+
+    torch.manual_seed(0)
+    drop = BitDropout(0.1).train()
+    x = torch.ones(200_000)
+    y = drop(x)
+    assert abs(float((y == 0).float().mean()) - 0.1) < 0.005
+    assert abs(float(y.mean()) - 1.0) < 0.01  # inverted dropout keeps the expectation
+    values = torch.unique(y).tolist()
+    assert values[0] == 0.0 and values[1:] == [pytest.approx(1 / (1 - 6554 / 65536))]
+    assert torch.equal(drop.eval()(x), x)
+    assert torch.equal(BitDropout(0.0).train()(x), x)
+    with pytest.raises(ValueError, match="BitDropout p"):
+        BitDropout(1.0)

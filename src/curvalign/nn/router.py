@@ -23,15 +23,18 @@ The B x B computation without a [B, B, 34] tensor
 
     ``W'_T u_t`` is [Nt, 64] and ``W'_I u_i`` [Ni, 64], computed once per item; the statistics are
     [Nt, Ni] scalars (computed in float64, so the one-pass variance cannot cancel). The first
-    tensor with a pair *and* a feature axis is the [R, Ni, 64] hidden layer itself, which the
-    MLP needs anyway; ``_FirstLayer`` builds it and keeps only per-pair scalars for backward.
-    Memory kept for backward, float32, measured with ``saved_tensors_hooks`` (64 x 128 pairs):
-    the naive route (``pair_logits``: [.., 34] features, their normalised copy, then the MLP)
-    keeps about 1.44 KB a pair, this one about 1.2 KB; what remains is the MLP's hidden layers
-    (GELU inputs and outputs, dropout masks), which any pairwise MLP keeps. A 256-row shard
-    against 2048 columns: about 0.6 GB. Without gradients the rows are processed in chunks of
-    at most ``max_chunk_pairs`` pairs, so scoring any number of texts against any number of
-    images holds ``max_chunk_pairs`` x about 1 KB at a time.
+    tensor with a pair *and* a feature axis is the [R, Ni, 64] hidden layer itself, built by
+    one batched product ``[R, Ni, 5] @ [R, 5, 64]`` (the two scalars, the mean correction, the
+    bias and the text row, all times ``rstd``) plus the image row times ``rstd`` in place.
+
+Memory: rows are processed in chunks of at most ``train_chunk_pairs`` pairs (2^16) with
+gradients and ``max_chunk_pairs`` (2^20) without. With gradients each chunk runs under
+``torch.utils.checkpoint``: the forward keeps only the chunk's inputs (the jittered scalars, the
+per-item rows) and the backward recomputes the chunk's hidden layers with the RNG state
+restored (same dropout masks, same gradients). What stays alive for backward is then about
+16 bytes a pair (jittered ``s_E``, ``s_H``, the logits and their concatenation) instead of the
+~1 KB a pair of the MLP's hidden layers (GELU inputs and outputs, dropout masks), so B = 4096
+(16.8 M pairs) trains in one process (tests/test_router.py measures both).
 
 ``pair_logits`` is the same router on given (text, image) pairs, matched rows ``[n]`` or
 candidate lists ``[n, K]`` (top-K reranking); it builds the 34-dim features explicitly, with the
@@ -42,43 +45,41 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 from curvalign.nn.scalars import LearnableScalar
 
 
-class _FirstLayer(torch.autograd.Function):
-    """``hidden[r, c] = coeffs[r, c] @ M + rstd[r, c] (t[r] + i[c])``, [R, C, H], saving only the
-    per-pair scalars and the per-item rows for backward (20 bytes a pair in float32): autograd
-    would otherwise keep the [R, C, H] sum ``t[r] + i[c]`` for the gradient of ``rstd``."""
+class BitDropout(nn.Module):
+    """Inverted dropout whose mask comes from 16-bit slices of 64-bit random words.
 
-    @staticmethod
-    def forward(
-        ctx, coeffs: Tensor, scalar_map: Tensor, rstd: Tensor, text_part: Tensor, image_part: Tensor
-    ) -> Tensor:  # type: ignore[override]
-        ctx.save_for_backward(coeffs, scalar_map, rstd, text_part, image_part)
-        # in the inputs' dtype (float32 at least) also under autocast, so backward sees one dtype
-        with torch.autocast(device_type=coeffs.device.type, enabled=False):
-            hidden = coeffs @ scalar_map
-            hidden += rstd.unsqueeze(-1) * (text_part.unsqueeze(1) + image_part.unsqueeze(0))
-        return hidden
+    Same distribution as ``nn.Dropout(p)`` up to ``p``'s rounding to a multiple of 2^-16 (the
+    kept values are scaled by ``1 / (1 - p_rounded)``, so the expectation is exact). The router
+    draws a mask for every pair and hidden unit (96 a pair, twice with recompute): ``bernoulli_``
+    draws one 32-bit number per element and was a third of an AGR step; four masks per 64-bit
+    draw are about 3x cheaper than ``nn.Dropout``. A different random stream from ``nn.Dropout``, same seeding.
+    """
 
-    @staticmethod
-    def backward(ctx, grad: Tensor):  # type: ignore[override]
-        coeffs, scalar_map, rstd, text_part, image_part = ctx.saved_tensors
-        g_coeffs = g_map = g_rstd = g_text = g_image = None
-        if ctx.needs_input_grad[0]:
-            g_coeffs = grad @ scalar_map.T
-        if ctx.needs_input_grad[1]:
-            g_map = coeffs.flatten(0, 1).T @ grad.flatten(0, 1)
-        if ctx.needs_input_grad[2]:
-            g_rstd = torch.einsum("rch,rh->rc", grad, text_part) + torch.einsum(
-                "rch,ch->rc", grad, image_part
-            )
-        if ctx.needs_input_grad[3]:
-            g_text = torch.einsum("rch,rc->rh", grad, rstd)
-        if ctx.needs_input_grad[4]:
-            g_image = torch.einsum("rch,rc->ch", grad, rstd)
-        return g_coeffs, g_map, g_rstd, g_text, g_image
+    def __init__(self, p: float) -> None:
+        super().__init__()
+        if not 0.0 <= p < 1.0:
+            raise ValueError(f"BitDropout p must lie in [0, 1), got {p}")
+        self.p = p
+        self.threshold = round(p * 65536)  # drop where the 16-bit word (0..65535) is below
+
+    def forward(self, x: Tensor) -> Tensor:
+        if not self.training or self.threshold == 0:
+            return x
+        n = x.numel()
+        # full-range 64-bit words, read as four uniform 16-bit words each
+        words = torch.empty((n + 3) // 4, dtype=torch.int64, device=x.device)
+        words.random_(-(2**63), None)
+        keep = words.view(torch.int16)[:n].view(x.shape) >= self.threshold - 32768
+        mask = keep.to(x.dtype).mul_(1.0 / (1.0 - self.threshold / 65536))  # 0 or 1/(1-p)
+        return x * mask
+
+    def extra_repr(self) -> str:
+        return f"p={self.p}"
 
 
 class PairwiseRouter(nn.Module):
@@ -94,6 +95,12 @@ class PairwiseRouter(nn.Module):
             Table 5 reports a learned value of 2.0) or keep it fixed.
         jitter: std of the Gaussian noise on the two scalar inputs in training (0.1).
         max_chunk_pairs: without gradients, rows are scored in chunks of at most this many pairs.
+        train_chunk_pairs: with gradients, rows are scored in chunks of at most this many pairs
+            (2^16 by default: one chunk up to B = 256).
+        recompute: with gradients, keep only each chunk's inputs and recompute its hidden layers
+            in the backward (``torch.utils.checkpoint``, RNG state restored: the same dropout
+            masks, the same gradients); memory kept for backward is then ``O(B^2)`` scalars plus
+            one chunk's activations at a time, instead of ~1.2 KB for every pair.
     """
 
     def __init__(
@@ -108,6 +115,8 @@ class PairwiseRouter(nn.Module):
         learn_gate_temperature: bool = True,
         jitter: float = 0.1,
         max_chunk_pairs: int = 1 << 20,
+        train_chunk_pairs: int = 1 << 16,
+        recompute: bool = True,
     ) -> None:
         super().__init__()
         if min(image_dim, text_dim, context_dim, *hidden_dims) <= 0:
@@ -119,8 +128,11 @@ class PairwiseRouter(nn.Module):
             raise ValueError(f"PairwiseRouter dropout must lie in [0, 1), got {dropout}")
         if jitter < 0:
             raise ValueError(f"PairwiseRouter jitter must be >= 0, got {jitter}")
-        if max_chunk_pairs < 1:
-            raise ValueError(f"max_chunk_pairs must be >= 1, got {max_chunk_pairs}")
+        if max_chunk_pairs < 1 or train_chunk_pairs < 1:
+            raise ValueError(
+                f"max_chunk_pairs and train_chunk_pairs must be >= 1, got {max_chunk_pairs} "
+                f"and {train_chunk_pairs}"
+            )
         self.context_dim = context_dim
         self.in_dim = 2 + 2 * context_dim
         self.context_image = nn.Linear(image_dim, context_dim)  # phi_I
@@ -129,10 +141,10 @@ class PairwiseRouter(nn.Module):
         self.fc1 = nn.Linear(self.in_dim, hidden_dims[0])
         self.tail = nn.Sequential(
             nn.GELU(),
-            nn.Dropout(dropout),
+            BitDropout(dropout),
             nn.Linear(hidden_dims[0], hidden_dims[1]),
             nn.GELU(),
-            nn.Dropout(dropout),
+            BitDropout(dropout),
             nn.Linear(hidden_dims[1], 1),
         )
         self.temperature = LearnableScalar(
@@ -140,6 +152,8 @@ class PairwiseRouter(nn.Module):
         )
         self.jitter = jitter
         self.max_chunk_pairs = max_chunk_pairs
+        self.train_chunk_pairs = train_chunk_pairs
+        self.recompute = recompute
 
     # --- contexts (per item, stop-gradient) -------------------------------------------------------
     def image_context(self, h: Tensor) -> Tensor:
@@ -212,24 +226,62 @@ class PairwiseRouter(nn.Module):
         sum_t, sq_t = u_t.to(stat).sum(-1), u_t.to(stat).square().sum(-1)
         sum_i, sq_i = u_i.to(stat).sum(-1), u_i.to(stat).square().sum(-1)
 
-        rows = nt if torch.is_grad_enabled() else max(1, self.max_chunk_pairs // max(1, ni))
+        grad = torch.is_grad_enabled()
+        budget = self.train_chunk_pairs if grad else self.max_chunk_pairs
+        rows = max(1, budget // max(1, ni))
+        recompute = grad and self.recompute
         out = []
         for start in range(0, nt, rows):
             sl = slice(start, start + rows)
-            se, sh = s_e[sl], s_h[sl]
-            se64, sh64 = se.to(stat), sh.to(stat)
-            mean = (se64 + sh64 + sum_t[sl, None] + sum_i[None, :]) / self.in_dim
-            var = (
-                se64.square() + sh64.square() + sq_t[sl, None] + sq_i[None, :]
-            ) / self.in_dim - mean.square()
-            rstd = (var.clamp_min(0.0) + self.norm.eps).rsqrt().to(work)
-            mean = mean.to(work)
-            # [R, Ni, 4] @ [4, H]: the scalar inputs, the mean correction and the bias in one product
-            coeffs = torch.stack((se * rstd, sh * rstd, -mean * rstd, torch.ones_like(se)), dim=-1)
-            hidden = _FirstLayer.apply(coeffs, scalar_map, rstd, text_part[sl], image_part)
-            out.append(self.tail(hidden).squeeze(-1))
+            args = (s_e[sl], s_h[sl], text_part[sl], image_part, scalar_map)
+            stats = (sum_t[sl], sq_t[sl], sum_i, sq_i)
+            if recompute:
+                # keep only the chunk's inputs; its hidden layers are recomputed in backward
+                # (the RNG state is restored, so dropout draws the same masks: same gradients)
+                out.append(
+                    checkpoint(
+                        self._chunk_logits,
+                        *args,
+                        *stats,
+                        use_reentrant=False,
+                        preserve_rng_state=True,
+                    )
+                )
+            else:
+                out.append(self._chunk_logits(*args, *stats))
         logits = out[0] if len(out) == 1 else torch.cat(out, dim=0)
         return logits / self.temperature().to(work)
+
+    def _chunk_logits(
+        self,
+        se: Tensor,
+        sh: Tensor,
+        text_part: Tensor,
+        image_part: Tensor,
+        scalar_map: Tensor,
+        sum_t: Tensor,
+        sq_t: Tensor,
+        sum_i: Tensor,
+        sq_i: Tensor,
+    ) -> Tensor:
+        """Logits times ``T_gate`` of one row chunk: se, sh [R, Ni] -> [R, Ni]."""
+        stat, work = sum_t.dtype, sh.dtype
+        se64, sh64 = se.to(stat), sh.to(stat)
+        mean = (se64 + sh64 + sum_t[:, None] + sum_i[None, :]) / self.in_dim
+        var = (
+            se64.square() + sh64.square() + sq_t[:, None] + sq_i[None, :]
+        ) / self.in_dim - mean.square()
+        rstd = (var.clamp_min(0.0) + self.norm.eps).rsqrt().to(work)
+        mean = mean.to(work)
+        # [R, Ni, 5] @ [R, 5, H]: the scalar inputs, the mean correction, the bias and the text
+        # row (all scaled by rstd) in one product; then the image row, scaled by rstd, in place
+        r, h = text_part.shape
+        coeffs = torch.stack((se * rstd, sh * rstd, -mean * rstd, torch.ones_like(se), rstd), -1)
+        maps = torch.cat((scalar_map.expand(r, 4, h), text_part.unsqueeze(1)), dim=1)
+        with torch.autocast(device_type=se.device.type, enabled=False):
+            hidden = torch.bmm(coeffs, maps)
+            hidden.addcmul_(rstd.unsqueeze(-1), image_part.unsqueeze(0))
+        return self.tail(hidden).squeeze(-1)
 
     # --- given pairs (top-K rerank) ------------------------------------------------------------
     def pair_logits(
