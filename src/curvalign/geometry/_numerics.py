@@ -90,7 +90,7 @@ def sqrt_lin(w: Tensor, w0: float) -> Tensor:
 
 def safe_norm(x: Tensor, floor: float) -> Tensor:
     """Euclidean norm over the last axis, kept ``>= floor`` (finite gradient at ``x = 0``)."""
-    return torch.sqrt((x * x).sum(-1).clamp_min(floor * floor))
+    return torch.sqrt(torch.linalg.vecdot(x, x).clamp_min(floor * floor))
 
 
 def acos_safe(u: Tensor, w0: float) -> Tensor:
