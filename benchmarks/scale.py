@@ -114,11 +114,19 @@ def run_case(spec: dict) -> dict:
             times.append(time.perf_counter() - start)
         seconds = min(times)  # the least disturbed step: other processes share the cores
         train_peak = (_status_mib("VmHWM") if exact_peak else _rss_mib()) or 0.0
+        parts = {}
+        if spec.get("parts"):  # one more step, instrumented (after the timed ones)
+            sys.path.insert(0, str(Path(__file__).resolve().parent))
+            from step_parts import part_breakdown
+
+            step = spec["warmup"] + spec["steps"]
+            parts = part_breakdown(trainer, Progress(step, 1000))
     return {
         "step_s": seconds,
         "pairs_per_s": spec["batch"] / seconds,
         "peak_mib": _rss_mib(),
         "train_mib": max(train_peak - loaded, 0.0),
+        "parts": parts,
     }
 
 
@@ -267,6 +275,47 @@ def _predict_skip(
     return None
 
 
+def print_cost_table(
+    recipes: list[str], batches: list[int], by_case: dict[tuple[str, int], dict]
+) -> None:
+    """One table: step time as a ratio to clip's at the same batch, peak memory, and the share of
+    the step each part takes (one instrumented step, see benchmarks/step_parts.py)."""
+    from step_parts import PARTS
+
+    rows = []
+    for recipe in recipes:
+        for batch in batches:
+            r = by_case.get((recipe, batch), {})
+            clip = by_case.get(("clip", batch), {})
+            if "step_s" not in r:
+                rows.append([recipe, str(batch), r.get("skipped") or r.get("error", "?")])
+                rows[-1] += [""] * (5 + len(PARTS))
+                continue
+            ratio = f"{r['step_s'] / clip['step_s']:.1f}" if "step_s" in clip else ""
+            parts = r.get("parts") or {}
+            total = sum(parts.get(p, 0.0) for p in PARTS) or 1.0
+            shares = [f"{100 * parts.get(p, 0.0) / total:.0f}%" for p in PARTS]
+            top = max(PARTS, key=lambda p: parts.get(p, 0.0)) if parts else ""
+            rows.append(
+                [
+                    recipe,
+                    str(batch),
+                    f"{r['step_s']:.3f}",
+                    ratio,
+                    f"{r['peak_mib']:.0f}",
+                    f"{r['train_mib']:.0f}",
+                    *shares,
+                    top,
+                ]
+            )
+    print_table(
+        "Cost per recipe: step time as a ratio to clip's at the same batch, peak memory, and the "
+        "share of one step per part (forward + backward)",
+        ["recipe", "B", "s/step", "x clip", "peak MiB", "train MiB", *PARTS, "largest"],
+        rows,
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -361,9 +410,11 @@ def main(argv: list[str] | None = None) -> int:
                 "warmup": args.warmup,
                 "steps": STEPS_AT.get(batch, 2),
                 "overrides": {**overrides, **(extra or {})},
+                "parts": True,
             }
 
         rows = []
+        by_case: dict[tuple[str, int], dict] = {}
         for recipe in recipes:
             results: list[dict] = []
             for i, batch in enumerate(batches):
@@ -373,6 +424,7 @@ def main(argv: list[str] | None = None) -> int:
                 skip = _predict_skip(prev, prev2, ratio, args) if i else None
                 result = {"skipped": skip} if skip else _case_in_subprocess(spec(recipe, batch))
                 results.append(result)
+                by_case[(recipe, batch)] = result
                 rows.append(
                     [
                         recipe,
@@ -399,6 +451,8 @@ def main(argv: list[str] | None = None) -> int:
             ],
             rows,
         )
+
+        print_cost_table(recipes, batches, by_case)
 
         if not args.no_k:
             rows, prev = [], None
