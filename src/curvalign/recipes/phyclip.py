@@ -196,8 +196,15 @@ class Phyclip(HyperbolicRecipe):
         everyone = gather(local)
         offset = gather.offset(batch.image.shape[0])
         terms = {}
+        matrices: dict[tuple[str, str], torch.Tensor] = {}
         for name, rows, cols in CONTRASTIVE_PAIRS:
-            scores = product_average_distance_scores(local[rows], everyone[cols], c)
+            if gather.world_size == 1 and (cols, rows) in matrices:
+                # one process: the same pairs as the reverse direction, and the distance is
+                # symmetric: reuse its matrix transposed (half the k x B x B work)
+                scores = matrices[(cols, rows)].T
+            else:
+                scores = product_average_distance_scores(local[rows], everyone[cols], c)
+            matrices[(rows, cols)] = scores
             terms[name] = 0.25 * info_nce(scores, temperature=tau, offset=offset)
         eta = {"inter": cfg.eta_inter, "intra": cfg.eta_intra}
         for name, parent, child, kind in ENTAILMENT_PAIRS:
