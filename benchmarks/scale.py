@@ -4,6 +4,7 @@ factor count, and two gloo processes against one, all measured in one run on cac
     python benchmarks/scale.py                                   # the default tables (~10 min, 2 cores)
     python benchmarks/scale.py --recipes clip,phyclip --batches 256,1024 --no-k --no-ddp   # smaller
     python benchmarks/scale.py --l1 8192      # only: PHyCLIP's product distance, memory and time
+    python benchmarks/scale.py --profile agr --batches 1024   # only: the ops of one AGR step
 
 A synthetic feature store (``--world``) is generated once and saved; every case then runs in a
 fresh subprocess that loads it, builds the Trainer (the recipes' paper-default dimensions unless
@@ -114,6 +115,13 @@ def run_case(spec: dict) -> dict:
             times.append(time.perf_counter() - start)
         seconds = min(times)  # the least disturbed step: other processes share the cores
         train_peak = (_status_mib("VmHWM") if exact_peak else _rss_mib()) or 0.0
+        profile_table = ""
+        if spec.get("profile"):  # one more step under torch.profiler: the ops that take the time
+            from torch.profiler import profile
+
+            with profile() as prof:
+                trainer.train_step(Progress(spec["warmup"] + spec["steps"], 1000))
+            profile_table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15)
         parts = {}
         if spec.get("parts"):  # one more step, instrumented (after the timed ones)
             sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -127,6 +135,7 @@ def run_case(spec: dict) -> dict:
         "peak_mib": _rss_mib(),
         "train_mib": max(train_peak - loaded, 0.0),
         "parts": parts,
+        "profile": profile_table,
     }
 
 
@@ -351,6 +360,11 @@ def main(argv: list[str] | None = None) -> int:
         metavar="N",
         help="only measure l1_pairwise_dist forward+backward at N = M (k=64, d=8) and exit",
     )
+    parser.add_argument(
+        "--profile",
+        metavar="RECIPE",
+        help="only profile one training step of RECIPE at the first of --batches (torch.profiler)",
+    )
     parser.add_argument("--case", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.case:  # a measured case, in its own process
@@ -412,6 +426,18 @@ def main(argv: list[str] | None = None) -> int:
                 "overrides": {**overrides, **(extra or {})},
                 "parts": True,
             }
+
+        if args.profile:
+            batch = batches[0]
+            result = _case_in_subprocess({**spec(args.profile, batch), "profile": True})
+            if "error" in result:
+                print(f"error: {result['error']}")
+                return 1
+            print(
+                f"\n{args.profile} at B={batch}: {result['step_s']:.3f} s/step; one step profiled:"
+            )
+            print(result["profile"])
+            return 0
 
         rows = []
         by_case: dict[tuple[str, int], dict] = {}
