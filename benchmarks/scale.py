@@ -5,6 +5,7 @@ factor count, and two gloo processes against one, all measured in one run on cac
     python benchmarks/scale.py --recipes clip,phyclip --batches 256,1024 --no-k --no-ddp   # smaller
     python benchmarks/scale.py --l1 8192      # only: PHyCLIP's product distance, memory and time
     python benchmarks/scale.py --profile agr --batches 1024   # only: the ops of one AGR step
+    python benchmarks/scale.py --interleave meru,agr --batches 1024   # only: ratios, interleaved
 
 A synthetic feature store (``--world``) is generated once and saved; every case then runs in a
 fresh subprocess that loads it, builds the Trainer (the recipes' paper-default dimensions unless
@@ -137,6 +138,50 @@ def run_case(spec: dict) -> dict:
         "parts": parts,
         "profile": profile_table,
     }
+
+
+def run_interleaved_case(spec: dict) -> dict:
+    """Several recipes' Trainers in one process, their steps timed in interleaved rounds (a
+    change of the machine's load hits every recipe alike): median seconds a step per recipe."""
+    import statistics
+
+    import torch
+
+    from curvalign.data import load_data
+    from curvalign.recipes.base import Progress
+    from curvalign.train.config import resolve_config
+    from curvalign.train.trainer import Trainer
+
+    torch.set_num_threads(spec["threads"])
+    data = f"features:{spec['store']}"
+    store = load_data(data)
+    overrides = {
+        "batch_size": spec["batch"],
+        "pair_batch_size": spec["batch"],
+        "tensorboard": False,
+        "checkpoint_every": 0,
+        "steps": 1000,
+        **spec["overrides"],
+    }
+    times: dict[str, list[float]] = {}
+    with tempfile.TemporaryDirectory() as run_dir:
+        trainers = {
+            r: Trainer(
+                resolve_config(r, data, overrides=overrides),
+                store,
+                f"{run_dir}/{r}",
+                show_progress=False,
+            )
+            for r in spec["recipes"]
+        }
+        for trainer in trainers.values():
+            trainer.train_step(Progress(0, 1000))  # warm-up
+        for step in range(1, spec["rounds"] + 1):
+            for r, trainer in trainers.items():
+                start = time.perf_counter()
+                trainer.train_step(Progress(step, 1000))
+                times.setdefault(r, []).append(time.perf_counter() - start)
+    return {r: statistics.median(ts) for r, ts in times.items()}
 
 
 def run_l1_case(spec: dict) -> dict:
@@ -365,11 +410,25 @@ def main(argv: list[str] | None = None) -> int:
         metavar="RECIPE",
         help="only profile one training step of RECIPE at the first of --batches (torch.profiler)",
     )
+    parser.add_argument(
+        "--interleave",
+        metavar="R1,R2,...",
+        help="only time these recipes' steps in one process, interleaved rounds, at each of "
+        "--batches; ratios to the first recipe",
+    )
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of --interleave")
     parser.add_argument("--case", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.case:  # a measured case, in its own process
         case = json.loads(args.case)
-        result = run_l1_case(case) if case.get("kind") == "l1" else run_case(case)
+        kind = case.get("kind")
+        result = (
+            run_l1_case(case)
+            if kind == "l1"
+            else run_interleaved_case(case)
+            if kind == "interleaved"
+            else run_case(case)
+        )
         from curvalign.train.distributed import context_from_env, shutdown
 
         shutdown()
@@ -426,6 +485,29 @@ def main(argv: list[str] | None = None) -> int:
                 "overrides": {**overrides, **(extra or {})},
                 "parts": True,
             }
+
+        if args.interleave:
+            names = [r for r in args.interleave.split(",") if r]
+            for batch in batches:
+                result = _case_in_subprocess(
+                    {
+                        **spec(names[0], batch),
+                        "kind": "interleaved",
+                        "recipes": names,
+                        "rounds": args.rounds,
+                    }
+                )
+                if "error" in result:
+                    print(f"B={batch}: error {result['error']}")
+                    continue
+                print(
+                    f"B={batch}, median of {args.rounds} interleaved rounds: "
+                    + ", ".join(
+                        f"{r} {result[r]:.3f} s ({result[r] / result[names[0]]:.1f}x {names[0]})"
+                        for r in names
+                    )
+                )
+            return 0
 
         if args.profile:
             batch = batches[0]
