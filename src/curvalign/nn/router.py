@@ -56,8 +56,8 @@ class BitDropout(nn.Module):
     Same distribution as ``nn.Dropout(p)`` up to ``p``'s rounding to a multiple of 2^-16 (the
     kept values are scaled by ``1 / (1 - p_rounded)``, so the expectation is exact). The router
     draws a mask for every pair and hidden unit (96 a pair, twice with recompute): ``bernoulli_``
-    draws one 32-bit number per element and was a third of an AGR step; four masks per 64-bit
-    draw are about 3x cheaper than ``nn.Dropout``. A different random stream from ``nn.Dropout``, same seeding.
+    draws one 32-bit number per element and was the largest op of an AGR step; four masks per 64-bit
+    draw are several times cheaper than ``nn.Dropout``. A different random stream from ``nn.Dropout``, same seeding.
     """
 
     def __init__(self, p: float) -> None:
