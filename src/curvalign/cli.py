@@ -111,7 +111,9 @@ def train_command(
     ),
     data: str = typer.Option(None, "--data", help=DATA_HELP),
     steps: int = typer.Option(None, "--steps", min=1, help="Optimizer steps (train.steps)."),
-    out: Path = typer.Option(..., "--out", help="Run directory to write."),
+    out: Path = typer.Option(
+        None, "--out", help="Run directory to write (required unless --print-config)."
+    ),
     config: Path = typer.Option(
         None, "--config", help="YAML file shaped like a run's config.json."
     ),
@@ -122,6 +124,12 @@ def train_command(
         False, "--overwrite", help="Replace the run files already in --out."
     ),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar or notes."),
+    print_config: bool = typer.Option(
+        False,
+        "--print-config",
+        help="Print the resolved config (recipe's paper defaults, --config file, overrides) "
+        "as YAML and exit without training.",
+    ),
     nproc: int = typer.Option(
         1,
         "--nproc",
@@ -146,6 +154,18 @@ def train_command(
         if not quiet:
             typer.secho(f"note: {message}", err=True, fg=typer.colors.YELLOW)
 
+    if print_config:
+        from curvalign.config import describe_config
+
+        try:
+            typer.echo(
+                describe_config(recipe, data, steps=steps, overrides=overrides or (), config=config)
+            )
+        except CurvalignError as err:
+            fail(str(err))
+        return
+    if out is None:
+        fail("missing option --out DIR: the run directory to write")
     from curvalign.train.trainer import TrainingInterrupted
 
     check_out(out)

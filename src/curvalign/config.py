@@ -136,9 +136,10 @@ class RunConfig:
                 raise ConfigError(f"{source}: {key!r} must be a string")
         train = _build_dataclass(TrainConfig, raw.get("train") or {}, f"{source}: train")
         recipe_cls = recipe_class(raw["recipe"])
-        recipe_config = _build_dataclass(
-            recipe_cls.Config, raw.get("recipe_config") or {}, f"{source}: recipe_config"
-        )
+        saved = dict(raw.get("recipe_config") or {})
+        for key, value in (getattr(recipe_cls, "saved_config_defaults", None) or {}).items():
+            saved.setdefault(key, value)  # a config.json from before the key existed
+        recipe_config = _build_dataclass(recipe_cls.Config, saved, f"{source}: recipe_config")
         return cls(raw["recipe"], raw["data"], train, init_values(recipe_config))
 
     def recipe_config_object(self) -> Any:
@@ -214,7 +215,8 @@ def resolve_config(
         raise ConfigError("no data given: pass --data SPEC or set 'data' in the config file")
     recipe_cls = recipe_class(str(recipe))
 
-    train_values = dataclasses.asdict(base.train) if base else {}
+    # the recipe's paper defaults < config file < --steps < key=value (a resumed run keeps its own)
+    train_values = dataclasses.asdict(base.train) if base else recipe_train_defaults(recipe_cls)
     recipe_values = dict(base.recipe_config) if base and base.recipe == recipe else {}
     train_values.update(file_train)
     recipe_values.update(file_recipe)
@@ -234,6 +236,46 @@ def resolve_config(
     train = _build_dataclass(TrainConfig, train_values, "train")
     recipe_config = _build_dataclass(recipe_cls.Config, recipe_values, f"recipe {recipe!r}")
     return RunConfig(str(recipe), str(data), train, init_values(recipe_config))
+
+
+def describe_config(
+    recipe: str | None,
+    data: str | None,
+    *,
+    steps: int | None = None,
+    overrides: Iterable[str] | Mapping[str, Any] = (),
+    config: str | Path | None = None,
+) -> str:
+    """The resolved config as YAML, with a comment naming the trainer keys that come from the
+    recipe's paper (``curvalign train --print-config``). Without data, ``data`` reads "(not given)"."""
+    resolved = resolve_config(
+        recipe,
+        data or (None if config is not None else "(not given)"),
+        steps=steps,
+        overrides=overrides,
+        config_file=config,
+    )
+    paper = recipe_train_defaults(recipe_class(resolved.recipe))
+    kept = [k for k, v in paper.items() if getattr(resolved.train, k) == v]
+    text = yaml.safe_dump(resolved.to_dict(), sort_keys=False)
+    note = (
+        f"# trainer keys at the paper defaults of recipe {resolved.recipe} (docs/methods.md): "
+        + (", ".join(kept) or "none")
+        + "\n"
+    )
+    return note + text
+
+
+def recipe_train_defaults(recipe_cls: type) -> dict[str, Any]:
+    """The ``TrainConfig`` values recipe class ``recipe_cls`` declares (``train_defaults``)."""
+    defaults = dict(getattr(recipe_cls, "train_defaults", None) or {})
+    unknown = sorted(set(defaults) - set(_field_names(TrainConfig)))
+    if unknown:
+        raise ConfigError(
+            f"recipe {getattr(recipe_cls, 'name', recipe_cls)!r} declares train_defaults for "
+            f"unknown trainer key(s) {unknown}; valid keys: {', '.join(_field_names(TrainConfig))}"
+        )
+    return defaults
 
 
 def parse_override(text: str) -> tuple[str, str]:

@@ -242,6 +242,16 @@ class AGR(HyperbolicRecipe):
     name = "agr"
     #: seed 000, retrieval table: R@5 and R@10
     reported_recall_ks = (5, 10)
+    #: AGR Sec. 6 "Training" and Table 7: AdamW lr 1e-4, weight decay 0.1, cosine decay to 1e-6
+    #: (ratio 0.01), gradient clipping at norm 1.0; no learning-rate warm-up is stated (Table 7's
+    #: T_w is the router curriculum, which the recipe runs itself)
+    train_defaults = {
+        "lr": 1e-4,
+        "weight_decay": 0.1,
+        "warmup": 0.0,
+        "min_lr_ratio": 0.01,
+        "grad_clip": 1.0,
+    }
     Config = AGRConfig
     embedding_geometry = {"euclidean": "sphere", "lorentz": "lorentz", "context": "features"}
     hyperbolic_key = "lorentz"

@@ -93,6 +93,15 @@ class Atmg(LorentzRecipe):
     name = "atmg"
     #: seed 001, Sec. 6.2 / Table 2: recall@5 and @10, MERU's splits
     reported_recall_ks = (5, 10)
+    #: AtMG App. B ("our training setups closely resemble those of MERU"): AdamW
+    #: lr 5e-4, weight decay 0.2, linear warm-up over 4000 of 120000 steps, cosine to 0, no clipping
+    train_defaults = {
+        "lr": 5e-4,
+        "weight_decay": 0.2,
+        "warmup": 0.033,
+        "min_lr_ratio": 0.0,
+        "grad_clip": 0.0,
+    }
     Config = AtmgConfig
 
     def _use_beta(self, query: Query) -> bool:

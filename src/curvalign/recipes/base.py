@@ -45,7 +45,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import ClassVar, Literal
+from collections.abc import Mapping
+from typing import Any, ClassVar, Literal
 
 import torch
 from torch import Tensor, nn
@@ -185,6 +186,13 @@ class Recipe(nn.Module):
     #: the Recall@K its paper reports on the standard retrieval protocols (COCO 5k, Flickr30k
     #: 1k); tables of those protocols show these (every K is still computed and kept)
     reported_recall_ks: ClassVar[tuple[int, ...]] = (1, 5, 10)
+    #: the paper's optimiser and schedule as ``TrainConfig`` keys (lr, weight_decay, warmup,
+    #: min_lr_ratio, grad_clip, ...). The trainer starts from these and the user's config file
+    #: and ``key=value`` overrides win; docs/methods.md lists each value with its paper section.
+    train_defaults: ClassVar[Mapping[str, Any]] = {}
+    #: ``Config`` values for keys that a saved ``config.json`` from an earlier version lacks, where
+    #: the current default would change what the saved run computes (ProCLIP's input normalisation)
+    saved_config_defaults: ClassVar[Mapping[str, Any]] = {}
 
     def __init__(self, config, image_dim: int, text_dim: int) -> None:
         super().__init__()

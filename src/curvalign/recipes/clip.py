@@ -52,6 +52,15 @@ class ClipConfig:
 class Clip(CosineRecipe):
     name = "clip"
     Config = ClipConfig
+    #: MERU's CLIP baseline schedule (Desai et al. 2023, as restated by AtMG App. B): AdamW
+    #: lr 5e-4, weight decay 0.2, linear warm-up over 4000 of 120000 steps, cosine to 0, no clipping
+    train_defaults = {
+        "lr": 5e-4,
+        "weight_decay": 0.2,
+        "warmup": 0.033,
+        "min_lr_ratio": 0.0,
+        "grad_clip": 0.0,
+    }
 
     def __init__(self, config: ClipConfig, image_dim: int, text_dim: int) -> None:
         super().__init__(config, image_dim, text_dim)

@@ -126,6 +126,15 @@ class DualPath(CosineRecipe):
     name = "dualpath"
     Config = DualPathConfig
     requires = frozenset({"text_pairs"})
+    #: viPolyQwen Sec. 5.2: projection-layer lr 1.2e-4, clipping "adaptive from 100 to 10" (the
+    #: project clips at the final 10.0); weight decay and warm-up are not stated (project: 0.2, 5%)
+    train_defaults = {
+        "lr": 1.2e-4,
+        "weight_decay": 0.2,
+        "warmup": 0.05,
+        "min_lr_ratio": 0.0,
+        "grad_clip": 10.0,
+    }
 
     def __init__(self, config: DualPathConfig, image_dim: int, text_dim: int) -> None:
         super().__init__(config, image_dim, text_dim)

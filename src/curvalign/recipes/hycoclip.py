@@ -69,6 +69,15 @@ class Hycoclip(LorentzRecipe):
     reported_recall_ks = (5, 10)
     Config = HycoclipConfig
     requires = frozenset({"boxes"})
+    #: the HyCoCLIP schedule PHyCLIP App. C.3 reuses: AdamW lr 5e-4, weight decay 0.2,
+    #: warm-up 4000 of 500000 steps, cosine to 0, no clipping
+    train_defaults = {
+        "lr": 5e-4,
+        "weight_decay": 0.2,
+        "warmup": 0.008,
+        "min_lr_ratio": 0.0,
+        "grad_clip": 0.0,
+    }
 
     def loss(self, batch: Batch, progress: Progress, gather: Gather | None = None) -> LossOutput:
         gather = gather or Gather()

@@ -49,6 +49,15 @@ class Meru(LorentzRecipe):
     name = "meru"
     #: MERU (Desai et al., 2023) Table 2: R@5 and R@10 both ways
     reported_recall_ks = (5, 10)
+    #: MERU's schedule (Desai et al. 2023, as restated by AtMG App. B): AdamW
+    #: lr 5e-4, weight decay 0.2, linear warm-up over 4000 of 120000 steps, cosine to 0, no clipping
+    train_defaults = {
+        "lr": 5e-4,
+        "weight_decay": 0.2,
+        "warmup": 0.033,
+        "min_lr_ratio": 0.0,
+        "grad_clip": 0.0,
+    }
     Config = MeruConfig
 
     def loss(self, batch: Batch, progress: Progress, gather: Gather | None = None) -> LossOutput:

@@ -121,6 +121,15 @@ class Phyclip(HyperbolicRecipe):
     Config = PhyclipConfig
     embedding_geometry = {"point": "lorentz-product"}
     requires = frozenset({"boxes"})
+    #: PHyCLIP App. C.3: AdamW lr 5e-4, weight decay 0.2,
+    #: warm-up 4000 of 500000 steps, cosine to 0, no clipping
+    train_defaults = {
+        "lr": 5e-4,
+        "weight_decay": 0.2,
+        "warmup": 0.008,
+        "min_lr_ratio": 0.0,
+        "grad_clip": 0.0,
+    }
 
     def __init__(self, config: PhyclipConfig, image_dim: int, text_dim: int) -> None:
         super().__init__(config, image_dim, text_dim)

@@ -56,6 +56,8 @@ class ProclipConfig:
     weight_init, weight_min, weight_max        the metric weights a_H, a_E, a_S: init 1, bounds
     curvature_init, learn_curvature, ...       c of the hyperbolic part (1.0, fixed)
     sphere_radius                              R of the spherical part (1.0)
+    normalize_inputs                           L2-normalise both feature sets before the heads
+                                               (Sec. 3.2: "embeddings are L2-normalized")
     """
 
     hyperbolic_dim: int = 64
@@ -73,6 +75,7 @@ class ProclipConfig:
     curvature_max: float = 10.0
     learn_curvature: bool = False
     sphere_radius: float = 1.0
+    normalize_inputs: bool = True
 
     def __post_init__(self) -> None:
         dims = (self.hyperbolic_dim, self.euclidean_dim, self.sphere_dim)
@@ -109,6 +112,17 @@ class Proclip(HyperbolicRecipe):
     Config = ProclipConfig
     embedding_geometry = {"hyperbolic": "lorentz", "euclidean": "euclidean", "sphere": "sphere"}
     hyperbolic_key = "hyperbolic"
+    #: ProCLIP Sec. 3.3: AdamW lr 1e-4, weight decay 1e-4, cosine with linear warm-up (5 epochs;
+    #: the paper gives no epoch count, so the warm-up is 5% of the run), no clipping
+    train_defaults = {
+        "lr": 1e-4,
+        "weight_decay": 1e-4,
+        "warmup": 0.05,
+        "min_lr_ratio": 0.0,
+        "grad_clip": 0.0,
+    }
+    #: runs saved before normalize_inputs existed fed raw features to the heads
+    saved_config_defaults = {"normalize_inputs": False}
 
     def __init__(self, config: ProclipConfig, image_dim: int, text_dim: int) -> None:
         super().__init__(config, image_dim, text_dim)
@@ -147,11 +161,17 @@ class Proclip(HyperbolicRecipe):
             weights = {p: float(w) for p, w in self._weights().items()}
         return {"mixed": IndexProxy("mixed", None, weights=weights)}
 
+    def _inputs(self, features: Tensor) -> Tensor:
+        """[N, D] features as Sec. 3.2 feeds them to the heads: L2-normalised (unless turned off)."""
+        if not self.config.normalize_inputs:
+            return features
+        return torch.nn.functional.normalize(features, dim=-1, eps=torch.finfo(features.dtype).eps)
+
     def embed_images(self, features: Tensor) -> Embedding:
-        return self.image_head(features, self.curvature(), self.config.sphere_radius)
+        return self.image_head(self._inputs(features), self.curvature(), self.config.sphere_radius)
 
     def embed_texts(self, features: Tensor) -> Embedding:
-        return self.text_head(features, self.curvature(), self.config.sphere_radius)
+        return self.text_head(self._inputs(features), self.curvature(), self.config.sphere_radius)
 
     def scores(self, texts: Embedding, images: Embedding, query: Query = "text") -> Tensor:
         return mixed_sqdist_scores(
@@ -185,8 +205,8 @@ class Proclip(HyperbolicRecipe):
             self._weights(),
             self.config.sphere_radius,
         )
-        images = self.image_head(batch.image, c, radius)
-        texts = self.text_head(batch.text, c, radius)
+        images = self.image_head(self._inputs(batch.image), c, radius)
+        texts = self.text_head(self._inputs(batch.text), c, radius)
         # One gather for both modalities: keys "image/<part>" and "text/<part>".
         packed = {f"image/{p}": v for p, v in images.items()} | {
             f"text/{p}": v for p, v in texts.items()
