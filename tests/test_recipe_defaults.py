@@ -6,6 +6,7 @@ import pytest
 
 from curvalign.train.config import resolve_config
 
+
 def _methods_md_defaults() -> dict[tuple[str, str], float]:
     """{(recipe, key): value} from the "Training defaults" table of docs/methods.md."""
     import re
@@ -39,7 +40,9 @@ def test_paper_defaults_differ_between_recipes_and_overrides_win():
     assert resolve_config("proclip", "synthetic").train.lr == pytest.approx(1e-4)
     assert resolve_config("meru", "synthetic").train.lr == pytest.approx(5e-4)
     assert resolve_config("agr", "synthetic").train.min_lr_ratio == pytest.approx(0.01)
-    assert resolve_config("meru", "synthetic", overrides=["lr=2e-3"]).train.lr == pytest.approx(2e-3)
+    assert resolve_config("meru", "synthetic", overrides=["lr=2e-3"]).train.lr == pytest.approx(
+        2e-3
+    )
 
 
 def test_proclip_normalises_inputs_and_old_runs_keep_raw_features():

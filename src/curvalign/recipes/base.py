@@ -45,7 +45,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from collections.abc import Mapping
 from typing import Any, ClassVar, Literal
 
 import torch
