@@ -49,14 +49,19 @@ def test_eval_json_prints_one_object_with_the_documented_keys(meru_run):
     assert {"top1", "top5"} == set(payload["zeroshot"])
     assert "overall" in payload["compositional"]
     assert set(payload["ordering"]["text"]) == {"chain", "pairs"}
-    assert payload["meta"]["recipe"] == "meru" and payload["meta"]["step"] == 4
+    meta = payload["meta"]
+    assert meta["recipe"] == "meru" and meta["last_step"] == 4 and meta["weights"] == "best"
+    assert meta["step"] == meta["best_step"] and meta["step"] in (0, 4)  # validated at 0 and 4
+    assert set(payload["health"]) == {"converged", "warnings"}
     assert all(0.0 <= v <= 1.0 for v in payload["retrieval"].values())
 
 
 def test_eval_text_output_and_split_choice(meru_run):
     result = runner.invoke(app, ["eval", str(meru_run), "--split", "train"])
     assert result.exit_code == 0, result.output
-    assert "retrieval/t2i@1" in result.stdout and "meru at step 4" in result.stdout
+    assert "retrieval/t2i@1" in result.stdout and "meru, best weights (step" in result.stdout
+    last = runner.invoke(app, ["eval", str(meru_run), "--weights", "last"])
+    assert last.exit_code == 0 and "meru, last weights (step 4)" in last.stdout
 
 
 @pytest.mark.parametrize(

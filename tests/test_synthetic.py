@@ -77,7 +77,7 @@ def test_structure_matches_the_config(world: SyntheticWorld):
     assert len(s.class_names) == n_classes and s.prompt_features.shape[0] == n_classes * c.templates
     assert torch.equal(torch.bincount(s.prompt_to_class), torch.full((n_classes,), c.templates))
     assert int((s.image_split == 1).sum()) == round(c.images * c.test_fraction)
-    assert s.split_names == ["train", "test"]
+    assert s.split_names == ["train", "test", "val"]
 
 
 def test_taxonomy_is_one_tree_whose_leaves_are_the_classes(world: SyntheticWorld):

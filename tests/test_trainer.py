@@ -30,6 +30,13 @@ def _assert_same_weights(a, b):
     assert wa.keys() == wb.keys()
     for key in wa:
         assert torch.equal(wa[key], wb[key]), key
+    assert (a / "best.safetensors").exists() == (b / "best.safetensors").exists()
+    if (a / "best.safetensors").exists():  # model selection resumes exactly too
+        ba, bb = load_file(str(a / "best.safetensors")), load_file(str(b / "best.safetensors"))
+        for key in ba:
+            assert torch.equal(ba[key], bb[key]), key
+        ma, mb = (json.loads((d / "meta.json").read_text()) for d in (a, b))
+        assert ma["val_history"] == mb["val_history"] and ma["best_step"] == mb["best_step"]
 
 
 def test_killed_run_resumed_equals_uninterrupted_run_bit_for_bit(tmp_path):
@@ -37,11 +44,13 @@ def test_killed_run_resumed_equals_uninterrupted_run_bit_for_bit(tmp_path):
     and resumed by a fresh Trainer to 12 ends with the same weights as one never stopped."""
     store = toy_store(num_images=40, captions=3, boxes=True, pairs=20)
     args = dict(
-        steps=12, overrides=FAST + ["checkpoint_every=4", "pair_batch_size=4"], show_progress=False
+        steps=12,
+        overrides=FAST + ["checkpoint_every=4", "pair_batch_size=4", "val_every=5"],
+        show_progress=False,
     )
     full = train("_toy_boxes", store, tmp_path / "full", **args)
     part = train("_toy_boxes", store, tmp_path / "part", stop_at=6, **args)
-    assert load_run(part).step == 6
+    assert load_run(part, weights="last").step == 6
     torch.rand(1000)  # disturb every global RNG between the two processes' worth of work
     import random
 
@@ -80,7 +89,7 @@ def test_kill_after_the_last_checkpoint_resumes_from_it_and_trims_the_log(tmp_pa
     with pytest.raises(KeyboardInterrupt):
         train("_toy", store, tmp_path / "killed", **args)
     monkeypatch.setattr(ToyRecipe, "loss", original)
-    assert load_run(tmp_path / "killed").step == 6
+    assert load_run(tmp_path / "killed", weights="last").step == 6
     assert [r["step"] for r in read_log(tmp_path / "killed")] == list(range(1, 8))
 
     train("_toy", store, tmp_path / "killed", resume=True, show_progress=False)
@@ -96,7 +105,7 @@ def test_resume_can_extend_steps_but_not_change_the_run(tmp_path):
     with pytest.raises(ConfigError, match="holds a run of recipe '_toy', not '_toy_boxes'"):
         train("_toy_boxes", store, run, resume=True, show_progress=False)
     train("_toy", store, run, resume=True, steps=5, show_progress=False)
-    assert load_run(run).step == 5 and load_run(run).config.train.steps == 5
+    assert load_run(run, weights="last").step == 5 and load_run(run).config.train.steps == 5
 
 
 def test_resume_with_other_feature_dims_is_refused(tmp_path):
@@ -127,7 +136,7 @@ def test_resume_on_empty_directory_starts_fresh(tmp_path):
         show_progress=False,
         notify=notes.append,
     )
-    assert load_run(run).step == 2 and any("starting a new one" in n for n in notes)
+    assert load_run(run, weights="last").step == 2 and any("starting a new one" in n for n in notes)
 
 
 @pytest.mark.parametrize(
@@ -153,7 +162,7 @@ def test_non_finite_loss_stops_names_the_term_and_keeps_the_last_good_checkpoint
         )
     message = str(info.value)
     assert fragment in message and "last good checkpoint (step 5)" in message
-    loaded = load_run(run_dir)
+    loaded = load_run(run_dir, weights="last")
     assert loaded.step == 5
     assert all(torch.isfinite(p).all() for p in loaded.recipe.parameters())
     assert [r["step"] for r in read_log(run_dir)] == list(range(1, 7))
@@ -193,7 +202,7 @@ def test_existing_run_is_refused_unless_resume_or_overwrite(tmp_path):
         overwrite=True,
         show_progress=False,
     )
-    assert load_run(run).step == 3 and load_run(run).config.train.seed == 1
+    assert load_run(run, weights="last").step == 3 and load_run(run).config.train.seed == 1
     assert [r["step"] for r in read_log(run)] == [1, 2, 3]
 
 
@@ -217,6 +226,7 @@ def test_run_directory_layout_logs_and_tensorboard(tmp_path):
         "config.json",
         "config.yaml",
         "model.safetensors",
+        "best.safetensors",
         "state.pt",
         "meta.json",
         "log.jsonl",
@@ -231,7 +241,9 @@ def test_run_directory_layout_logs_and_tensorboard(tmp_path):
         and meta["text_dim"] == 5
         and meta["recipe"] == "_toy"
     )
-    assert meta["sampler"]["train_images"] == 40 and "torch" in meta["versions"]
+    # 4 of the 40 images are the seeded validation hold-out (the store has no "val" split)
+    assert meta["sampler"]["train_images"] == 36 and "torch" in meta["versions"]
+    assert meta["validation"] == {"source": "holdout", "images": 4, "fraction": 0.1, "seed": 0}
     records = read_log(run)
     assert [r["step"] for r in records] == [2, 4]
     assert {
@@ -274,7 +286,12 @@ def test_load_run_errors(tmp_path):
     )
     (run / "model.safetensors").write_bytes(b"\x00garbage")
     with pytest.raises(CheckpointError, match="model.safetensors is damaged"):
+        load_run(run, weights="last")
+    (run / "best.safetensors").write_bytes(b"\x00garbage")
+    with pytest.raises(CheckpointError, match="best.safetensors is damaged"):
         load_run(run)
+    with pytest.raises(CheckpointError, match="weights must be one of best, last"):
+        load_run(run, weights="newest")
     (run / "meta.json").write_text("{")
     with pytest.raises(CheckpointError, match="meta.json is corrupt"):
         load_run(run)
@@ -313,11 +330,14 @@ def test_checkpoint_failure_keeps_previous_checkpoint_whole(tmp_path, monkeypatc
             store,
             run_dir,
             steps=6,
-            overrides=FAST + ["checkpoint_every=3"],
+            overrides=FAST
+            + ["checkpoint_every=3", "val_every=0"],  # one safetensors per checkpoint
             show_progress=False,
         )
     assert not [p.name for p in run_dir.iterdir() if p.name.endswith(".tmp")]
-    assert load_run(run_dir).step == 3  # model.safetensors and meta.json still from step 3
+    assert (
+        load_run(run_dir, weights="last").step == 3
+    )  # model.safetensors and meta.json still from step 3
 
 
 def test_optimizer_groups_and_schedule():
@@ -365,7 +385,7 @@ def test_ctrl_c_stops_between_steps_with_an_exact_checkpoint(tmp_path, monkeypat
     with pytest.raises(TrainError, match=r"interrupted \(SIGINT\): stopped at step 3 .*--resume"):
         train("_toy", store, tmp_path / "run", **args)
     monkeypatch.setattr(ToyRecipe, "loss", original)
-    assert load_run(tmp_path / "run").step == 3
+    assert load_run(tmp_path / "run", weights="last").step == 3
     train("_toy", store, tmp_path / "run", resume=True, show_progress=False)
     _assert_same_weights(full, tmp_path / "run")
 

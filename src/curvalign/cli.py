@@ -212,6 +212,21 @@ def train_command(
     last = records[-1] if records else {}
     loss = f" (loss {last['loss']:.4f})" if isinstance(last.get("loss"), float) else ""
     typer.echo(f"trained to step {last.get('step', '?')}{loss}: {run_dir}")
+    best_step = getattr(run_dir, "best_step", None)
+    if best_step is not None:
+        typer.echo(
+            f"best validation (mean R@1 {100 * run_dir.best_val:.1f}%) at step {best_step}: "
+            "best.safetensors (what eval, embed and benchmark use by default)"
+        )
+    if not quiet:
+        from curvalign.eval.health import health_of_run
+        from curvalign.runs import load_run
+
+        try:
+            for warning in health_of_run(load_run(run_dir))["warnings"]:
+                typer.secho(f"warning: {warning}", err=True, fg=typer.colors.YELLOW)
+        except CurvalignError as err:
+            fail(str(err))
 
 
 # --- eval / benchmark / demo / study (issue: evaluation) --------------------------------------
@@ -255,6 +270,9 @@ def eval_command(
         help="Evaluate retrieval under a named protocol: coco-5k or flickr30k-1k "
         "(5 captions per image; the store's meta.protocol otherwise).",
     ),
+    weights: str = typer.Option(
+        "best", "--weights", help="best (the best validation step, default) or last."
+    ),
 ) -> None:
     """Evaluate a trained run: every metric the data supports (see docs/evaluation.md)."""
     import json
@@ -262,6 +280,7 @@ def eval_command(
     from curvalign.data import load_store
     from curvalign.data.protocols import get_protocol, protocol_store
     from curvalign.eval import evaluate
+    from curvalign.eval.health import health_of_run
     from curvalign.report.tables import metrics_lines, to_jsonable
     from curvalign.runs import load_run
 
@@ -271,7 +290,7 @@ def eval_command(
         _run_suite([run_dir], suite, out or Path(run_dir) / "suite", split, batch_size, json_output)
         return
     try:
-        run = load_run(run_dir)
+        run = load_run(run_dir, weights=weights)
         print_notes(run.notes)
         spec = data or run.config.data
         if not data and spec.startswith("<"):
@@ -284,13 +303,27 @@ def eval_command(
         result = evaluate(run.recipe, store, split=split, batch_size=batch_size)
     except CurvalignError as err:
         fail(str(err))
-    result["meta"].update(step=run.step, run_dir=str(run_dir), data=spec)
+    result["meta"].update(
+        step=run.step,
+        weights=run.weights,
+        last_step=run.last_step,
+        best_step=run.best_step,
+        run_dir=str(run_dir),
+        data=spec,
+    )
+    result["health"] = health_of_run(run)
+    if run.note:
+        result["meta"]["note"] = run.note
     if json_output:
         typer.echo(json.dumps(to_jsonable(result)))
         return
+    if run.note:
+        typer.secho(f"note: {run.note}", err=True, fg=typer.colors.YELLOW)
+    for warning in result["health"]["warnings"]:
+        typer.secho(f"warning: {warning}", err=True, fg=typer.colors.YELLOW)
     typer.echo(
-        f"{run.config.recipe} at step {run.step} on {spec} ({split}: {result['meta']['num_images']} images, "
-        f"{result['meta']['num_texts']} captions)"
+        f"{run.config.recipe}, {run.describe()}, on {spec} ({split}: "
+        f"{result['meta']['num_images']} images, {result['meta']['num_texts']} captions)"
     )
     for name, value in metrics_lines(result):
         typer.echo(f"  {name:40s} {value}")
@@ -528,6 +561,9 @@ def embed_command(
     ),
     batch_size: int = typer.Option(4096, "--batch-size", min=1, help="Items per forward pass."),
     boxes: bool = typer.Option(False, "--boxes", help="Also embed the store's box-level pairs."),
+    weights: str = typer.Option(
+        "best", "--weights", help="best (the best validation step, default) or last."
+    ),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
 ) -> None:
     """Embed a feature store's images and texts through a trained run, to memory-mapped files."""
@@ -546,16 +582,21 @@ def embed_command(
 
     check_out(out)
     try:
-        run = load_run(run_dir)
+        run = load_run(run_dir, weights=weights)
         print_notes(run.notes)
         spec = data or run.config.data
         if not data and spec.startswith("<"):
             fail(f"{run_dir} was trained on an in-memory store ({spec}); pass --data SPEC")
+        if not quiet:
+            typer.secho(f"note: embedding with the {run.describe()}", err=True)
+            if run.note:
+                typer.secho(f"note: {run.note}", err=True, fg=typer.colors.YELLOW)
         store = load_data(spec)
         info = {
             "run_dir": str(Path(run_dir).resolve()),
             "step": run.step,
             "data": spec,
+            "weights": run.weights,
             "weights_sha256": run.weights_sha256,
         }
         with (

@@ -54,6 +54,12 @@ class TrainConfig:
     device           torch device, e.g. "cpu", "cuda", "cuda:1"
     num_threads      torch intra-op threads; None leaves torch's default
     tensorboard      also write TensorBoard scalars under ``tb/``
+    val_every        validate every this many steps (and at step 0 and the last step): mean of
+                     T2I and I2T recall@1 on the validation split with the recipe's own score;
+                     the best weights are kept in ``best.safetensors``; 0 = no validation
+    patience         stop after this many validations without improvement; 0 = never
+    val_fraction     share of the train images held out (seeded) for validation when the data
+                     has no "val" split of its own; in (0, 1)
     """
 
     steps: int = 1000
@@ -71,6 +77,9 @@ class TrainConfig:
     device: str = "cpu"
     num_threads: int | None = None
     tensorboard: bool = True
+    val_every: int = 50
+    patience: int = 0
+    val_fraction: float = 0.1
 
     def __post_init__(self) -> None:
         checks = [
@@ -88,6 +97,18 @@ class TrainConfig:
             (self.checkpoint_every >= 0, "checkpoint_every must be >= 0 (0 = only at the end)"),
             (self.pair_batch_size >= 1, "pair_batch_size must be >= 1"),
             (self.num_threads is None or self.num_threads >= 1, "num_threads must be >= 1"),
+            (self.val_every >= 0, "val_every must be >= 0 (0 = no validation)"),
+            (self.patience >= 0, "patience must be >= 0 (0 = no early stopping)"),
+            (
+                0.0 < self.val_fraction < 1.0,
+                f"val_fraction must lie in (0, 1) (a share of the train images), got "
+                f"{self.val_fraction}",
+            ),
+            (
+                self.patience == 0 or self.val_every > 0,
+                f"patience={self.patience} needs validation: set val_every > 0 "
+                "(early stopping counts validations without improvement)",
+            ),
         ]
         for ok, message in checks:
             if not ok:
@@ -134,7 +155,9 @@ class RunConfig:
         for key in ("recipe", "data"):
             if not isinstance(raw.get(key), str):
                 raise ConfigError(f"{source}: {key!r} must be a string")
-        train = _build_dataclass(TrainConfig, raw.get("train") or {}, f"{source}: train")
+        saved_train = dict(raw.get("train") or {})
+        saved_train.setdefault("val_every", 0)  # a run from before validation existed had none
+        train = _build_dataclass(TrainConfig, saved_train, f"{source}: train")
         recipe_cls = recipe_class(raw["recipe"])
         saved = dict(raw.get("recipe_config") or {})
         for key, value in (getattr(recipe_cls, "saved_config_defaults", None) or {}).items():

@@ -4,7 +4,9 @@
 A run directory holds::
 
     config.json        the resolved RunConfig (read back by load_run); config.yaml: the same, for humans
-    model.safetensors  the recipe's state dict (what evaluation and search load)
+    model.safetensors  the recipe's state dict at the last step
+    best.safetensors   the state dict at the best validation step (when validation ran); what
+                       evaluation and search load by default (``load_run(weights="best")``)
     state.pt           everything resume needs: model, optimizer, scheduler, sampler, RNG states, step
     meta.json          step, feature dimensions, recipe name, versions, data summary, and the
                        SHA-256 of every other file of the checkpoint (``sha256``)
@@ -37,12 +39,15 @@ from curvalign.recipes.base import Recipe
 CONFIG_FILE = "config.json"
 CONFIG_YAML = "config.yaml"
 MODEL_FILE = "model.safetensors"
+BEST_FILE = "best.safetensors"
 STATE_FILE = "state.pt"
 META_FILE = "meta.json"
 LOG_FILE = "log.jsonl"
 TB_DIR = "tb"
 #: files (and the tb/ folder) that make a directory a run directory
-RUN_FILES = (CONFIG_FILE, CONFIG_YAML, MODEL_FILE, STATE_FILE, META_FILE, LOG_FILE)
+RUN_FILES = (CONFIG_FILE, CONFIG_YAML, MODEL_FILE, BEST_FILE, STATE_FILE, META_FILE, LOG_FILE)
+#: what ``load_run`` may load
+WEIGHTS = ("best", "last")
 #: meta.json key holding ``{file name: hex SHA-256}`` of the checkpoint's other files
 CHECKSUMS_KEY = "sha256"
 #: files of a run directory that change after a checkpoint (appended logs) or hold the checksums
@@ -61,10 +66,16 @@ class LoadedRun:
     config   the RunConfig it was trained with
     step     optimizer steps behind these weights
     run_dir  where it was loaded from
-    meta     meta.json (dims, versions, data summary, checksums)
+    meta     meta.json (dims, versions, data summary, checksums, validation)
     weights_sha256  SHA-256 of the weights file loaded (what an index records to stay tied to
              exactly these weights)
-    notes    one-line remarks for the user (a run written before checksums existed)
+    notes    one-line remarks for the user (a run written before checksums existed, or before
+             best weights were kept)
+    weights  "best" (the best validation step) or "last" (the last step): what was loaded
+    last_step     the run's last step (``step`` is the loaded weights' step)
+    best_step     step of the best validation, None when the run did not validate
+    val_history   [(step, mean R@1 on the validation split)], empty without validation
+    note     the line for the user when "best" was asked for but only the last weights exist
     """
 
     recipe: Recipe
@@ -74,6 +85,17 @@ class LoadedRun:
     meta: dict[str, Any]
     weights_sha256: str = ""
     notes: list[str] = dataclasses.field(default_factory=list)
+    weights: str = "last"
+    last_step: int = 0
+    best_step: int | None = None
+    val_history: list[tuple[int, float]] = dataclasses.field(default_factory=list)
+    note: str | None = None
+
+    def describe(self) -> str:
+        """ "best weights (step 120 of 200)" / "last weights (step 200)"."""
+        if self.weights == "best":
+            return f"best weights (step {self.step} of {self.last_step})"
+        return f"last weights (step {self.step})"
 
 
 def is_run_dir(path: Path) -> bool:
@@ -153,11 +175,18 @@ def build_recipe(config: RunConfig, image_dim: int, text_dim: int) -> Recipe:
     return cls(config.recipe_config_object(), image_dim, text_dim)
 
 
-def load_run(run_dir: str | Path, map_location: str | torch.device = "cpu") -> LoadedRun:
-    """Load the recipe a run directory holds (latest checkpoint), in eval mode.
+def load_run(
+    run_dir: str | Path, map_location: str | torch.device = "cpu", weights: str = "best"
+) -> LoadedRun:
+    """Load the recipe a run directory holds, in eval mode: its best-validation weights
+    (``weights="best"``, the default) or its last ones (``"last"``). A run without
+    ``best.safetensors`` (validation off, or written before validation existed) loads its last
+    weights as the best, and ``LoadedRun.note`` says so.
 
     Raises CheckpointError with one clear message for a missing, incomplete or corrupt run.
     """
+    if weights not in WEIGHTS:
+        raise CheckpointError(f"weights must be one of {', '.join(WEIGHTS)}, got {weights!r}")
     run_dir = Path(run_dir)
     if not run_dir.exists():
         raise CheckpointError(f"run directory {run_dir} does not exist")
@@ -181,9 +210,27 @@ def load_run(run_dir: str | Path, map_location: str | torch.device = "cpu") -> L
             "process stopped while writing that checkpoint; finish it with "
             f"`curvalign train --out {run_dir} --resume`"
         )
-    weights_sha256, note = verify_checksum(run_dir, MODEL_FILE, meta)
+    last_step = int(meta["step"])
+    step, loaded, best_note = last_step, "last", None
+    best_step = meta.get("best_step")
+    if weights == "best":
+        if best_step is not None and (run_dir / BEST_FILE).exists():
+            model_path, step, loaded = run_dir / BEST_FILE, int(best_step), "best"
+        else:
+            why = (
+                "it was trained without validation (val_every=0)"
+                if "val_history" in meta
+                else "it was written before curvalign kept best weights"
+            )
+            best_note = (
+                f"{run_dir} has no {BEST_FILE} ({why}): using its last weights (step "
+                f"{last_step}) as the best"
+            )
+    weights_sha256, note = verify_checksum(run_dir, model_path.name, meta)
     if note and not notes:
         notes.append(note)
+    if best_note:
+        notes.append(best_note)
     try:
         tensors = load_file(str(model_path), device=str(map_location))
     except (SafetensorError, OSError, ValueError, RuntimeError) as err:
@@ -202,11 +249,16 @@ def load_run(run_dir: str | Path, map_location: str | torch.device = "cpu") -> L
     return LoadedRun(
         recipe=recipe,
         config=config,
-        step=int(meta["step"]),
+        step=step,
         run_dir=run_dir,
         meta=meta,
         weights_sha256=weights_sha256,
         notes=notes,
+        weights=loaded,
+        last_step=last_step,
+        best_step=None if best_step is None else int(best_step),
+        val_history=[(int(a), float(b)) for a, b in meta.get("val_history", [])],
+        note=best_note,
     )
 
 
@@ -235,6 +287,7 @@ def read_log(run_dir: str | Path) -> list[dict[str, Any]]:
 
 __all__ = [
     "CHECKSUMS_KEY",
+    "BEST_FILE",
     "CONFIG_FILE",
     "CONFIG_YAML",
     "CheckpointError",
@@ -246,6 +299,7 @@ __all__ = [
     "RUN_FILES",
     "STATE_FILE",
     "TB_DIR",
+    "WEIGHTS",
     "build_recipe",
     "is_run_dir",
     "load_run",

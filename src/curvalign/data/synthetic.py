@@ -90,6 +90,8 @@ class SyntheticConfig:
         text_pairs          scored text-text pairs (DualPath)
         templates           prompt templates per class
         test_fraction       share of images in the "test" split
+        val_fraction        share of images in the "val" split (model selection), drawn from
+                            the non-test images so that the test split does not depend on it
     Structure
         families            concept families (at most 8 named ones, more get generic names)
         depth               levels below each family node; leaves are at this depth
@@ -117,6 +119,7 @@ class SyntheticConfig:
     text_pairs: int = 3000
     templates: int = 4
     test_fraction: float = 0.2
+    val_fraction: float = 0.1
 
     families: int = 4
     depth: int = 3
@@ -216,6 +219,13 @@ class SyntheticConfig:
             raise ValueError(
                 f"synthetic world: {self.images} images with test_fraction {self.test_fraction} "
                 "leave one split empty"
+            )
+        n_test = round(self.images * self.test_fraction)
+        n_val = round(self.images * self.val_fraction)
+        if not 0 <= self.val_fraction < 1 or n_test + n_val >= self.images:
+            raise ValueError(
+                f"synthetic world: val_fraction must lie in [0, 1) and leave train images, got "
+                f"{self.val_fraction} with test_fraction {self.test_fraction} of {self.images} images"
             )
 
 
@@ -616,6 +626,12 @@ def _build_world(config: SyntheticConfig) -> SyntheticWorld:
     gen = _generator(config.seed, "splits")
     image_split = torch.zeros(ni, dtype=torch.long)
     image_split[torch.randperm(ni, generator=gen)[: round(ni * config.test_fraction)]] = 1
+    # validation images from the rest, with their own generator: the test split stays as it was
+    rest = torch.nonzero(image_split == 0).flatten()
+    gen = _generator(config.seed, "validation")
+    image_split[
+        rest[torch.randperm(len(rest), generator=gen)[: round(ni * config.val_fraction)]]
+    ] = 2
 
     # Boxes: each object alone (half the background), and its mention in the image's first caption.
     gen = _generator(config.seed, "boxes")
@@ -686,7 +702,9 @@ def _build_world(config: SyntheticConfig) -> SyntheticWorld:
         text_features=text_features,
         text_to_image=captions.text_to_image,
         image_split=image_split,
-        split_names=["train", "test"],
+        split_names=["train", "test", "val"]
+        if bool((image_split == 2).any())
+        else ["train", "test"],
         box_image_features=model.image_map(crop_latent),
         box_text_features=model.text_map(phrase_latent),
         box_to_image=objects.image.clone(),  # the world keeps its own copy

@@ -14,7 +14,8 @@ Construction (see docs/real-data.md for what it measures):
   and the hierarchical metrics say how far in the tree a wrong answer lands;
 - chains (hierarchy ordering): the glosses of grandparent, parent and synset, general first,
   for every synset at depth two or more;
-- splits: ``test_fraction`` of the synsets (seeded; never the root) form the test split;
+- splits: ``test_fraction`` of the synsets (seeded; never the root) form the test split and
+  ``val_fraction`` more the validation split ("val", for model selection);
 - scored text pairs (DualPath): two gloss pairs per synset, one with a sibling (or its parent)
   and one with a random synset, scored by their Wu-Palmer similarity in the tree
   ``2 depth(lca) / (depth(a) + depth(b))`` (root depth 1), in [0, 1].
@@ -193,12 +194,18 @@ def wordnet_store(
     encoder: str = "minilm",
     seed: int = 0,
     test_fraction: float = 0.2,
+    val_fraction: float = 0.1,
     cache: bool = True,
     device: str = "cpu",
 ) -> FeatureStore:
     """The feature store of ``synset``'s closure (see the module docstring); cached on disk."""
     if not 0.0 < test_fraction < 1.0:
         raise WordNetError(f"test_fraction must lie in (0, 1), got {test_fraction}")
+    if not 0.0 <= val_fraction < 1.0 - test_fraction:
+        raise WordNetError(
+            f"val_fraction must lie in [0, 1 - test_fraction) = [0, {1 - test_fraction:g}), "
+            f"got {val_fraction}"
+        )
     root = wordnet_dir()
     stat = (root / "data.noun").stat()
     key = json.dumps(
@@ -208,6 +215,7 @@ def wordnet_store(
             encoder,
             seed,
             test_fraction,
+            val_fraction,
             str(root),
             stat.st_size,
             stat.st_mtime_ns,
@@ -216,7 +224,7 @@ def wordnet_store(
     path = _cache_root() / f"{synset}-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
     if cache and (path / "meta.json").is_file():
         return _with_text_pairs(FeatureStore.load(path), seed)
-    store = _build_store(synset, encoder, seed, test_fraction, root, device)
+    store = _build_store(synset, encoder, seed, test_fraction, val_fraction, root, device)
     if cache:
         store.save(path, overwrite=True)
     return _with_text_pairs(store, seed)
@@ -269,7 +277,13 @@ def _with_text_pairs(store: FeatureStore, seed: int) -> FeatureStore:
 
 
 def _build_store(
-    synset: str, encoder_spec: str, seed: int, test_fraction: float, root: Path, device: str
+    synset: str,
+    encoder_spec: str,
+    seed: int,
+    test_fraction: float,
+    val_fraction: float,
+    root: Path,
+    device: str,
 ) -> FeatureStore:
     from curvalign.data.encoders import load_encoder
 
@@ -298,8 +312,12 @@ def _build_store(
     rng = random.Random(seed)
     candidates = list(range(1, n))
     rng.shuffle(candidates)
-    test = set(candidates[: max(1, round(test_fraction * n))])
-    image_split = torch.tensor([1 if i in test else 0 for i in range(n)], dtype=torch.long)
+    n_test = max(1, round(test_fraction * n))
+    test = set(candidates[:n_test])
+    val = set(candidates[n_test : n_test + round(val_fraction * n)])  # after test: test unchanged
+    image_split = torch.tensor(
+        [1 if i in test else 2 if i in val else 0 for i in range(n)], dtype=torch.long
+    )
 
     # First text of every node is its gloss (build_tree writes the gloss before the examples).
     gloss_row = torch.zeros(n, dtype=torch.long)
@@ -318,7 +336,9 @@ def _build_store(
         text_features=texts,
         text_to_image=text_to_node,
         image_split=image_split,
-        split_names=["train", "test"],
+        split_names=["train", "test", "val"]
+        if bool((image_split == 2).any())
+        else ["train", "test"],
         class_names=list(tree.synsets),
         prompt_features=texts.clone(),
         prompt_to_class=text_to_node.clone(),
@@ -338,6 +358,7 @@ def _build_store(
             "construction_version": CONSTRUCTION_VERSION,
             "seed": seed,
             "test_fraction": test_fraction,
+            "val_fraction": val_fraction,
             "view_a": "lemma names",
             "view_b": "gloss and usage examples",
             "nodes": n,
@@ -349,22 +370,25 @@ def _build_store(
 
 
 def load_wordnet_spec(argument: str) -> FeatureStore:
-    """``SYNSET[,encoder=SPEC][,seed=N][,test_fraction=F]`` -> the store (the ``wordnet:`` data spec)."""
+    """``SYNSET[,encoder=SPEC][,seed=N][,test_fraction=F][,val_fraction=F]`` -> the store (the
+    ``wordnet:`` data spec)."""
     synset, *items = [part.strip() for part in argument.split(",")]
     if not synset:
         raise WordNetError("wordnet: needs a synset, e.g. wordnet:mammal.n.01")
     options: dict[str, Any] = {}
     for item in items:
         key, sep, value = item.partition("=")
-        if not sep or key not in ("encoder", "seed", "test_fraction", "cache"):
+        if not sep or key not in ("encoder", "seed", "test_fraction", "val_fraction", "cache"):
             raise WordNetError(
-                f"wordnet spec item {item!r}: expected encoder=SPEC, seed=N, test_fraction=F or cache=0/1"
+                f"wordnet spec item {item!r}: expected encoder=SPEC, seed=N, test_fraction=F, "
+                "val_fraction=F or cache=0/1"
             )
         try:
             options[key] = {
                 "encoder": str,
                 "seed": int,
                 "test_fraction": float,
+                "val_fraction": float,
                 "cache": lambda v: v not in ("0", "false"),
             }[key](value)
         except ValueError:

@@ -232,6 +232,7 @@ def build_from_embeddings(
         "run_dir": emb.meta.get("run_dir"),
         "step": emb.meta.get("step"),
         "weights_sha256": emb.meta.get("weights_sha256"),
+        "weights": emb.meta.get("weights"),
     }
     key = emb.meta.get("lorentz_index_key")
     if key is not None:
@@ -254,7 +255,8 @@ def build_from_embeddings(
         raise InputError(
             f"{emb.path} does not name the run it came from; {recipe!r} needs the recipe to rerank"
         )
-    run = load_run(base_meta["run_dir"])
+    # embeddings record which weights they came from; older ones came from the last weights
+    run = load_run(base_meta["run_dir"], weights=base_meta.get("weights") or "last")
     check_same_run(base_meta, run, f"the embeddings {emb.path}", "index build")
     hnsw_options = {k: v for k, v in options.items() if k in ("M", "ef_construction", "ef_search")}
     engine = RecipeIndex(
@@ -377,7 +379,9 @@ def search_index(
         c = query_curvature[0] if query_curvature else None
         d, ids = index.search(queries[key], k, geometry=GEOMETRY, curvature=c)
         return SearchResult(d, ids, "distance")
-    engine = open_rerank_engine(path, raw, load_run(meta["run_dir"]))
+    engine = open_rerank_engine(
+        path, raw, load_run(meta["run_dir"], weights=meta.get("weights") or "last")
+    )
     scores, ids = engine.search(as_torch_embedding(queries), k, candidates)
     return SearchResult(scores, ids, "score")
 
@@ -437,7 +441,9 @@ def add_embeddings(path: str | os.PathLike, emb: Embeddings) -> int:
         return m
     from curvalign.runs import load_run
 
-    engine = open_rerank_engine(path, raw, load_run(meta["run_dir"]))
+    engine = open_rerank_engine(
+        path, raw, load_run(meta["run_dir"], weights=meta.get("weights") or "last")
+    )
     engine.add(new, ids=np.arange(first, first + m))
     with staged_directory(path) as tmp:
         engine.save_proxy(str(tmp / "proxy.faiss"))

@@ -271,7 +271,8 @@ class Searcher:
         index_dir = Path(index_dir)
         raw, lorentz = open_index(index_dir)
         meta = raw["meta"]
-        run = load_run(run_dir)
+        # the weights the index's embeddings came from (best by default; older indexes: last)
+        run = load_run(run_dir, weights=meta.get("weights") or "last")
         if run.config.recipe != meta.get("recipe"):
             raise SearchError(
                 f"the index {index_dir} holds {meta.get('recipe')!r} embeddings but the run "

@@ -31,6 +31,7 @@ from curvalign._io import (
 )
 from curvalign.runs import (
     CHECKSUMS_KEY,
+    BEST_FILE,
     CONFIG_FILE,
     CONFIG_YAML,
     LOG_FILE,
@@ -85,20 +86,28 @@ def save_checkpoint(
     model_state: dict[str, torch.Tensor],
     train_state: dict[str, Any],
     meta: dict[str, Any],
+    best_state: dict[str, torch.Tensor] | None = None,
 ) -> None:
-    """Write one checkpoint: ``state.pt`` (with the weights), then ``model.safetensors``, then
-    ``meta.json`` with the SHA-256 of every other file in ``run_dir`` (``meta["sha256"]``).
-    ``train_state`` must hold ``step``; ``meta`` too."""
+    """Write one checkpoint: ``state.pt`` (with the weights, and the best weights so far), then
+    ``model.safetensors``, ``best.safetensors`` (when ``best_state`` is given; ``meta`` then holds
+    ``best_step``), then ``meta.json`` with the SHA-256 of every other file in ``run_dir``
+    (``meta["sha256"]``). ``train_state`` must hold ``step``; ``meta`` too."""
     run_dir = Path(run_dir)
     tensors = model_tensors(model_state)
+    best = model_tensors(best_state) if best_state is not None else None
     buffer = io.BytesIO()
-    torch.save({**train_state, "model": tensors}, buffer)
+    torch.save({**train_state, "model": tensors, "best_model": best}, buffer)
     state_bytes = buffer.getvalue()
     atomic_write_bytes(run_dir / STATE_FILE, state_bytes)
     atomic_write(
         run_dir / MODEL_FILE,
         lambda tmp: save_file(tensors, str(tmp), metadata={"step": str(meta["step"])}),
     )
+    if best is not None:
+        atomic_write(
+            run_dir / BEST_FILE,
+            lambda tmp: save_file(best, str(tmp), metadata={"step": str(meta["best_step"])}),
+        )
     checksums = run_checksums(run_dir, known={STATE_FILE: sha256_bytes(state_bytes)})
     atomic_write_text(
         run_dir / META_FILE, json.dumps({**meta, CHECKSUMS_KEY: checksums}, indent=2) + "\n"
@@ -163,6 +172,7 @@ def load_train_state(
 
 
 __all__ = [
+    "BEST_FILE",
     "CONFIG_FILE",
     "CONFIG_YAML",
     "CheckpointError",

@@ -59,6 +59,7 @@ from curvalign.runs import (
 from curvalign.schedules import warmup_cosine
 from curvalign.train.checkpoint import load_train_state, save_checkpoint, versions
 from curvalign.train.logging import RunLogger
+from curvalign.train.validation import ValidationSet, validation_store
 
 #: TrainConfig keys that may change when resuming (they do not change what is computed)
 RESUMABLE_KEYS = ("steps", "log_every", "checkpoint_every", "num_threads", "device", "tensorboard")
@@ -289,9 +290,24 @@ class Trainer:
                 f"recipe {config.recipe!r} cannot be built with this config: {err}"
             ) from None
         self.model: nn.Module = self.recipe  # the distributed launcher may wrap it (DDP)
+        # validation: the store's "val" split, or a seeded hold-out that the sampler then skips
+        self.validation: ValidationSet | None = None
+        self.validation_info: dict[str, Any] | None = None
+        train_store = store
+        if cfg.val_every > 0:
+            train_store, self.validation_info = validation_store(
+                store, cfg.val_fraction, cfg.seed, data=f"data {config.data!r}"
+            )
+            self.validation = ValidationSet(train_store)
+        self.val_history: list[tuple[int, float]] = []
+        self.best_step: int | None = None
+        self.best_val: float | None = None
+        self._best_state: dict[str, Tensor] | None = None
+        self._since_best = 0
+        self.stopped_early = False
         try:
             self.sampler = BatchSampler(
-                store,
+                train_store,
                 cfg.batch_size,
                 seed=cfg.seed,
                 requires=self.recipe.requires,
@@ -365,6 +381,13 @@ class Trainer:
         ):
             group["lr"] = base_lr * lr_multiplier(int(state["step"]), self.train_config)
         set_rng_state(state["rng"])
+        validation = state.get("validation") or {}
+        self.val_history = [(int(a), float(b)) for a, b in validation.get("history", [])]
+        self.best_step = validation.get("best_step")
+        self.best_val = validation.get("best_val")
+        self._since_best = int(validation.get("since_best", 0))
+        self.stopped_early = bool(validation.get("stopped_early", False))
+        self._best_state = state.get("best_model")
         self.step = self.checkpoint_step = int(state["step"])
         self._note(f"resuming {self.run_dir} at step {self.step}")
         try:
@@ -387,6 +410,13 @@ class Trainer:
             "scheduler": self.scheduler.state_dict(),
             "sampler": self.sampler.state_dict(),
             "rng": rng_state(),
+            "validation": {
+                "history": [list(item) for item in self.val_history],
+                "best_step": self.best_step,
+                "best_val": self.best_val,
+                "since_best": self._since_best,
+                "stopped_early": self.stopped_early,
+            },
         }
 
     def save_checkpoint(self) -> None:
@@ -404,6 +434,11 @@ class Trainer:
                 "sampler": self.sampler.summary(),
                 "notes": self.notes,
                 "versions": versions(),
+                "validation": self.validation_info,
+                "val_history": [list(item) for item in self.val_history],
+                "best_step": self.best_step,
+                "best_val": self.best_val,
+                "stopped_early": self.stopped_early,
             }
             try:
                 save_checkpoint(
@@ -411,6 +446,7 @@ class Trainer:
                     model_state=self.recipe.state_dict(),
                     train_state=self.state_dict(),
                     meta=meta,
+                    best_state=self._best_state,
                 )
             except OSError as err:
                 if err.errno not in WRITE_FAILURES:
@@ -467,6 +503,21 @@ class Trainer:
         self.scheduler.step()
         return out, grad_norm.detach()
 
+    def validate(self) -> float:
+        """Score the current weights on the validation split; keep them if they are the best.
+        Returns the value (mean R@1 in [0, 1])."""
+        assert self.validation is not None
+        value = self.validation.score(self.recipe)
+        self.val_history.append((self.step, value))
+        if self.best_val is None or value > self.best_val:
+            self.best_val, self.best_step, self._since_best = value, self.step, 0
+            self._best_state = {
+                k: v.detach().to("cpu").clone() for k, v in self.recipe.state_dict().items()
+            }
+        else:
+            self._since_best += 1
+        return value
+
     def _kept_message(self) -> str:
         if self.checkpoint_step is None:
             return (
@@ -487,9 +538,10 @@ class Trainer:
             + self._kept_message()
         )
 
-    def fit(self, stop_at: int | None = None) -> Path:
+    def fit(self, stop_at: int | None = None) -> TrainedRun:
         """Train until ``train.steps`` (or until ``stop_at`` steps, leaving a checkpoint there, as a
-        killed run would have), writing checkpoints and logs. Returns the run directory."""
+        killed run would have), writing checkpoints and logs. Returns the run directory (with
+        ``best_step``, ``best_val`` and ``val_history``)."""
         cfg = self.train_config
         total = cfg.steps
         end = total if stop_at is None else min(total, stop_at)
@@ -498,17 +550,29 @@ class Trainer:
             # temporaries of a writer killed mid-checkpoint (kill -9) would otherwise stay forever
             remove_stale_temp_files(self.run_dir, RUN_FILES)
             self.config.save(self.run_dir)
+        if self.stopped_early:
+            self._note(
+                f"{self.run_dir} stopped early at step {self.step} (no better validation in "
+                f"{cfg.patience} evaluations); nothing to do"
+            )
+            return self.result()
         if self.step >= end:
             if self.step >= total:
                 self._note(
                     f"{self.run_dir} is already trained to step {self.step} of {total}; nothing to do"
                 )
-            return self.run_dir
+            return self.result()
         logger = (
             RunLogger(self.run_dir, resume_step=self.step, tensorboard=cfg.tensorboard)
             if self.is_main
             else None
         )
+
+        def validate() -> None:  # the history lives in meta.json (val_history), not the log
+            self.validate()
+
+        if self.validation is not None and self.step == 0 and not self.val_history:
+            validate()  # the untrained head: the baseline model selection must beat
         window = _Window()
         throughput = _ThroughputWatch()
         try:
@@ -547,12 +611,33 @@ class Trainer:
                         if warning and self.is_main:
                             self._note(warning)
                         window = _Window()
+                    if self.validation is not None and (
+                        self.step % cfg.val_every == 0 or self.step == total
+                    ):
+                        validate()
+                        if cfg.patience and self._since_best >= cfg.patience:
+                            self.stopped_early = True
+                            self._note(
+                                f"stopped early at step {self.step}: validation has not improved "
+                                f"on step {self.best_step} ({100 * (self.best_val or 0):.1f}%) in "
+                                f"{cfg.patience} evaluations"
+                            )
+                            self.save_checkpoint()
+                            break
                     if (cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0) or is_last:
                         self.save_checkpoint()
         finally:
             if logger is not None:
                 logger.close()
-        return self.run_dir
+        return self.result()
+
+    def result(self) -> TrainedRun:
+        """The run directory, carrying the validation outcome."""
+        run = TrainedRun(self.run_dir)
+        run.best_step, run.best_val = self.best_step, self.best_val
+        run.val_history = list(self.val_history)
+        run.last_step, run.stopped_early = self.step, self.stopped_early
+        return run
 
     def _stop_agreed(self, requested: bool) -> bool:
         """Whether to stop now: this process was asked to or, with several processes, any was
@@ -564,6 +649,17 @@ class Trainer:
 
     def _progress_bar(self, end: int) -> _Bar:
         return _Bar(self.config.recipe, self.step, end, enabled=self.show_progress and self.is_main)
+
+
+class TrainedRun(type(Path())):  # a concrete Path (PosixPath/WindowsPath) with the outcome
+    """What ``train`` returns: the run directory, plus ``best_step`` / ``best_val`` (None without
+    validation), ``val_history`` [(step, mean R@1)], ``last_step`` and ``stopped_early``."""
+
+    best_step: int | None = None
+    best_val: float | None = None
+    val_history: list[tuple[int, float]] = []  # noqa: RUF012 (replaced per instance)
+    last_step: int = 0
+    stopped_early: bool = False
 
 
 class _Window:
@@ -717,7 +813,7 @@ def train(
     notify: Callable[[str], None] | None = None,
     stop_at: int | None = None,
     trainer_factory: Callable[..., Trainer] = Trainer,
-) -> Path:
+) -> TrainedRun:
     """Train ``recipe`` on ``data`` (a spec such as ``"synthetic"``, ``"features:PATH"``, or a
     FeatureStore) into ``out_dir``; returns the run directory.
 

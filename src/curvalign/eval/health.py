@@ -1,0 +1,88 @@
+"""Health signals of a trained run: what users ask about after a run, read from its files.
+
+- a learned curvature that sat at its clamp for the last 20% of training (the most reported
+  failure of MERU-style models: the curvature collapses to its lower bound);
+- validation that stopped improving early (best step in the first half of the run);
+- a run that ended still improving (best validation in the last 20%, more than half a point
+  above everything before it): not converged.
+
+``converged`` is True, False (still improving) or None (too few validations to tell).
+Curvature bounds come from the recipe's learnable scalars whose name contains "curvature"
+(``nn.scalars.LearnableScalar``), so no recipe is named here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from curvalign.runs import read_log
+from curvalign.errors import CurvalignError
+from curvalign.nn.scalars import LearnableScalar
+
+#: share of the run at its end that the curvature and "still improving" checks look at
+TAIL = 0.2
+#: a validation gain (mean R@1, in [0, 1]) below this counts as no gain
+MIN_GAIN = 0.005
+
+
+def curvature_bounds(recipe: Any) -> set[float]:
+    """Clamp bounds of the recipe's learnable curvatures (empty when it learns none)."""
+    bounds: set[float] = set()
+    for name, module in recipe.named_modules():
+        if isinstance(module, LearnableScalar) and "curvature" in name and module.learnable:
+            bounds.update(b for b in (module.min, module.max) if b is not None and abs(b) < 1e30)
+    return bounds
+
+
+def health(
+    records: list[dict[str, Any]],
+    val_history: list[tuple[int, float]],
+    last_step: int,
+    bounds: set[float],
+) -> dict[str, Any]:
+    """{"converged": bool | None, "warnings": [str]} from a run's log records, its validation
+    history [(step, value)], its last step and its curvature clamp bounds."""
+    warnings: list[str] = []
+    tail_start = (1 - TAIL) * last_step
+    tail = [
+        r for r in records if isinstance(r.get("step"), (int, float)) and r["step"] > tail_start
+    ]
+    keys = sorted({k for r in records for k in r if k.split("/")[0] == "curvature"})
+    for key in keys:
+        values = [float(r[key]) for r in tail if isinstance(r.get(key), (int, float))]
+        for bound in sorted(bounds):
+            if values and all(abs(v - bound) <= 1e-4 * max(1.0, abs(bound)) for v in values):
+                warnings.append(
+                    f"the learned curvature ({key}) sat at its clamp {bound:g} for the last "
+                    f"{round(100 * TAIL)}% of training: the geometry is pinned by the bound, not "
+                    "learned (MERU-style collapse); consider a fixed curvature"
+                )
+                break
+    converged: bool | None = None
+    if len(val_history) >= 3 and last_step > 0:
+        best_step, best = max(val_history, key=lambda item: (item[1], -item[0]))
+        before_tail = [v for s, v in val_history if s <= tail_start]
+        if best_step > tail_start and before_tail and best - max(before_tail) > MIN_GAIN:
+            converged = False
+            warnings.append(
+                f"validation was still improving at the end (best at step {best_step} of "
+                f"{last_step}, +{100 * (best - max(before_tail)):.1f} points in the last "
+                f"{round(100 * TAIL)}%): not converged, train longer"
+            )
+        else:
+            converged = True
+            if best_step <= 0.5 * last_step:
+                warnings.append(
+                    f"validation stopped improving early (best at step {best_step} of "
+                    f"{last_step}); the best weights are kept, later steps did not help"
+                )
+    return {"converged": converged, "warnings": warnings}
+
+
+def health_of_run(run: Any) -> dict[str, Any]:
+    """``health`` of a ``LoadedRun`` (its log, validation history and recipe)."""
+    try:
+        records = read_log(run.run_dir)
+    except CurvalignError:  # a damaged log: no curvature signal, the rest still applies
+        records = []
+    return health(records, list(run.val_history), int(run.last_step), curvature_bounds(run.recipe))
