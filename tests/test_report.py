@@ -47,7 +47,10 @@ def test_lookup_and_metric_lines():
     assert lookup(RESULTS["meru"], "ordering/text/chain") == 0.75
     assert lookup(RESULTS["clip"], "ordering/text/chain") is None
     lines = dict(metrics_lines(RESULTS["clip"]))
-    assert lines["retrieval/t2i@1"] == "0.500" and lines["ordering/text/chain"] == "n/a"
+    # one unit convention (issue 16, item 9): rates in %, as in the benchmark tables
+    assert lines["retrieval/t2i@1"] == "50.0" and lines["ordering/text/chain"] == "n/a"
+    tie = dict(metrics_lines({"hierarchy": {"TIE": 2.5, "J": 0.25}}))
+    assert tie["hierarchy/TIE"] == "2.500" and tie["hierarchy/J"] == "25.0"
 
 
 def test_json_has_no_nan(tmp_path):

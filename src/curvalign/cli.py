@@ -281,7 +281,7 @@ def eval_command(
     from curvalign.data.protocols import get_protocol, protocol_store
     from curvalign.eval import evaluate
     from curvalign.eval.health import health_of_run
-    from curvalign.report.tables import metrics_lines, to_jsonable
+    from curvalign.report.tables import UNITS, metrics_lines, to_jsonable
     from curvalign.runs import load_run
 
     if suite is not None:
@@ -325,6 +325,7 @@ def eval_command(
         f"{run.config.recipe}, {run.describe()}, on {spec} ({split}: "
         f"{result['meta']['num_images']} images, {result['meta']['num_texts']} captions)"
     )
+    typer.echo(f"  units: {UNITS}")
     for name, value in metrics_lines(result):
         typer.echo(f"  {name:40s} {value}")
 
@@ -364,17 +365,37 @@ def _run_suite(
     typer.echo(f"wrote {files['csv']}, {files['wide_csv']}, {files['markdown']}")
 
 
-def _print_benchmark(result, out: Path, title: str) -> None:
+def _print_benchmark(result, out: Path, title: str, width: int | None = None) -> None:
+    """The benchmark's terminal table, fitted to the terminal's width (metric columns that do not
+    fit are named below it; results.md and results.json have all of them)."""
     from rich.console import Console
 
-    from curvalign.report.tables import rich_table
+    from curvalign.report.benchmark import converged_cells, summary_lines, verdicts_of
+    from curvalign.report.tables import terminal_stats_table
 
-    console = Console()
-    if (
-        not console.is_terminal
-    ):  # a pipe or file: print the whole table rather than squeeze it to 80 columns
-        console = Console(width=200)
-    console.print(rich_table(result.results, title=title))
+    console = Console(width=width) if width else Console()
+    table, _, left_out = terminal_stats_table(
+        result.stats,
+        console.width,
+        verdicts_of(result),
+        {"conv": converged_cells(result)},
+        title=title,
+    )
+    console.print(table)
+    for line in summary_lines(result):
+        console.print(line.replace("`", ""), highlight=False)
+    if left_out:
+        console.print(
+            "not shown (terminal too narrow): " + ", ".join(c[0] for c in left_out) + "; see "
+            "results.md",
+            highlight=False,
+        )
+    console.print("conv = seeds whose validation had stopped improving by the end", highlight=False)
+    for name, why in result.absent.items():
+        console.print(f"{name}: absent ({why})", highlight=False)
+    for name, row in result.rows.items():
+        if row.get("status") == "failed":
+            console.print(f"{name}: FAILED ({row.get('reason')})", highlight=False)
     typer.echo(f"wrote {out / 'results.md'}, {out / 'results.json'}")
     pngs = [str(p) for k, p in result.files.items() if k.endswith("_png")]
     if pngs:
@@ -395,8 +416,17 @@ def benchmark_command(
     out: Path = typer.Option(
         ..., "--out", help="Output directory (runs/, results.md, results.json, plots)."
     ),
-    steps: int = typer.Option(None, "--steps", min=1, help="Optimizer steps for every recipe."),
+    steps: int = typer.Option(None, "--steps", help="Optimizer steps for every recipe."),
     split: str = typer.Option("test", "--split", help="Split to evaluate on."),
+    seeds: int = typer.Option(
+        3,
+        "--seeds",
+        help="Training seeds per recipe, the same for every recipe (paired); cells are mean ± "
+        "95% interval over them.",
+    ),
+    json_output: bool = typer.Option(
+        False, "--json", help="Print results.json's content (one JSON object) on stdout."
+    ),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No per-step progress bars."),
     suite: Path = typer.Option(
         None,
@@ -405,9 +435,14 @@ def benchmark_command(
         "suite_wide.csv, suite.md).",
     ),
 ) -> None:
-    """Train each recipe on the same data with the same budget, evaluate, and compare side by side."""
+    """Train each recipe on the same data with the same budget and seeds, evaluate, and compare
+    side by side with baselines (untrained heads, frozen features, chance)."""
     from curvalign.report.benchmark import run_benchmark
 
+    if seeds < 1:
+        fail(f"--seeds must be >= 1 (training runs per recipe), got {seeds}")
+    if steps is not None and steps < 1:
+        fail(f"--steps must be >= 1, got {steps}")
     check_out(out)
     names = [r.strip() for r in recipes.split(",") if r.strip()]
     console = _stderr_console()
@@ -419,16 +454,21 @@ def benchmark_command(
             steps=steps,
             overrides=overrides or [],
             split=split,
-            show_progress=not quiet,
+            seeds=seeds,
+            show_progress=not quiet and not json_output,
             notify=console.print,
         )
     except CurvalignError as err:
         fail(str(err))
     except OSError as err:  # a write failing midway (disk full, read-only); other errors re-raised
         write_failed(err, out)
+    if json_output:
+        typer.echo((out / "results.json").read_text().strip())
+        return
     _print_benchmark(result, out, f"benchmark on {result.data}")
     if suite is not None:
-        _run_suite(list(result.run_dirs.values()), suite, out, split, 1024, False)
+        runs = [d for dirs in result.run_dirs.values() for d in dirs]  # every seed's run
+        _run_suite(runs, suite, out, split, 1024, False)
 
 
 @app.command("demo")
@@ -441,6 +481,9 @@ def demo_command(
     data: str = typer.Option(None, "--data", help="Data (default: a small synthetic world)."),
     steps: int = typer.Option(
         None, "--steps", min=1, help="Steps per recipe (default: the demo's)."
+    ),
+    seeds: int = typer.Option(
+        1, "--seeds", min=1, help="Seeds per recipe (the demo's 1 gives no intervals)."
     ),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No per-step progress bars."),
 ) -> None:
@@ -466,6 +509,7 @@ def demo_command(
             out,
             steps=steps or DEMO_STEPS,
             overrides=demo_overrides(names) + list(overrides or []),
+            seeds=seeds,
             show_progress=not quiet,
             notify=console.print,
             title="curvalign demo",

@@ -614,6 +614,8 @@ def _assemble(
         **enc.describe(),
         "source": "curvalign extract",
         **({"images_root": str(images_root)} if images_root is not None else {}),
+        # one image-text encoder embeds both sides: a frozen-features cosine baseline applies
+        "shared_space": True,
         "captions_from_class_prompts": plan.captions_from_prompts,
         # a class folder captioned by its prompts is a classification set, not a retrieval one
         **(

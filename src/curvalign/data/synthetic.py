@@ -726,6 +726,8 @@ def _build_world(config: SyntheticConfig) -> SyntheticWorld:
         chain_features=chain_features,
         meta={
             "source": "synthetic",
+            # images and texts come from two different random maps of the latent world
+            "shared_space": False,
             "config": asdict(config),
             "taxonomy_root": ROOT_NAME,
             "families": tax.names[1 : config.families + 1],

@@ -353,6 +353,7 @@ def _build_store(
             **encoder.describe(),
             "image_dim": encoder.text_dim,  # view A is text too, from the same encoder
             "source": "wordnet",
+            "shared_space": True,  # both views come from the one sentence encoder
             "synset": synset,
             "wordnet_dir": str(root),
             "construction_version": CONSTRUCTION_VERSION,

@@ -16,7 +16,7 @@ from typing import Any
 
 from curvalign.data import load_store
 from curvalign.data.features import FeatureStore
-from curvalign.errors import ConfigError
+from curvalign.errors import ConfigError, CurvalignError
 from curvalign.recipes.agr import AGR
 from curvalign.recipes.atmg import Atmg
 from curvalign.recipes.clip import Clip
@@ -63,15 +63,31 @@ CURVE_KEYS = ("curvature", "temperature", "routing", "gate", "alpha", "beta")
 
 @dataclass
 class BenchmarkResult:
-    """What ``run_benchmark`` produced: per-recipe evaluations, run directories, timings and files."""
+    """What ``run_benchmark`` produced.
+
+    results   {row: mean over seeds, shaped like one ``evaluate`` dict} (tables, plots); rows are
+              each trained recipe, each untrained head ("NAME (step 0)"), "frozen features"
+              (where it applies) and "chance"
+    stats     {row: {metric path: {"mean", "low", "high", "n", "values"}}}: 95% interval over
+              seeds and the per-seed values (seed order as ``seeds``)
+    rows      {row: {"kind": trained|untrained|frozen|chance, "recipe", "status": ok|failed,
+              "reason", "best_step": [per seed], "converged": [per seed], "warnings": [...]}}
+    absent    {row: why it is not in the table} (e.g. frozen features on different spaces)
+    seeds     the training seeds, the same for every recipe (paired comparisons)
+    """
 
     results: dict[str, dict[str, Any]]
-    run_dirs: dict[str, Path]
+    run_dirs: dict[str, list[Path]]
     train_seconds: dict[str, float]
     eval_seconds: dict[str, float]
     files: dict[str, Path] = field(default_factory=dict)
     data: str = ""
     steps: int | None = None
+    seeds: list[int] = field(default_factory=list)
+    stats: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
+    rows: dict[str, dict[str, Any]] = field(default_factory=dict)
+    absent: dict[str, str] = field(default_factory=dict)
+    wall_seconds: float = 0.0
 
 
 def split_overrides(overrides: Iterable[str], recipes: Sequence[str]) -> dict[str, list[str]]:
@@ -120,6 +136,100 @@ def log_curve_keys(logs: dict[str, list[dict[str, Any]]]) -> list[str]:
     return first + [k for k in seen if k not in first]
 
 
+def untrained_row(name: str) -> str:
+    return f"{name} (step 0)"
+
+
+def _leaves(result: Any, prefix: str = "") -> dict[str, float | None]:
+    """{"a/b": number or None} of the numeric leaves of a nested result dict (meta left out)."""
+    out: dict[str, float | None] = {}
+    if not isinstance(result, dict):
+        return out
+    for key, value in result.items():
+        if not prefix and key in ("meta", "diagnostics"):
+            continue
+        path = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(_leaves(value, path + "/"))
+        elif value is None:
+            out[path] = None
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            out[path] = float(value)
+    return out
+
+
+def _mean_result(evaluations: list[dict[str, Any]]) -> dict[str, Any]:
+    """The per-seed evaluations averaged leaf by leaf (a leaf None in any seed stays None);
+    meta and diagnostics of the first seed."""
+    first = evaluations[0]
+
+    def merge(nodes: list[Any]) -> Any:
+        if isinstance(nodes[0], dict):
+            return {
+                k: merge([n.get(k) if isinstance(n, dict) else None for n in nodes])
+                for k in nodes[0]
+            }
+        if all(isinstance(n, (int, float)) and not isinstance(n, bool) for n in nodes):
+            return sum(float(n) for n in nodes) / len(nodes)
+        return nodes[0] if all(n == nodes[0] for n in nodes) else None
+
+    out = merge(evaluations)
+    out["meta"] = first.get("meta", {})
+    if "diagnostics" in first:
+        out["diagnostics"] = first["diagnostics"]
+    return out
+
+
+def _stats(evaluations: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """{metric path: mean, 95% interval over seeds and per-seed values} of numeric leaves."""
+    from curvalign.stats import mean_interval
+
+    per_seed = [_leaves(e) for e in evaluations]
+    out: dict[str, dict[str, Any]] = {}
+    for path in per_seed[0]:
+        values = [leaves.get(path) for leaves in per_seed]
+        if any(v is None or v != v for v in values):
+            continue
+        interval = mean_interval(values)
+        out[path] = {**interval.as_dict(), "values": values}
+    return out
+
+
+def check_recipes_against_data(
+    recipes: Sequence[str], store: FeatureStore, spec: str, per_recipe: dict[str, list[str]]
+) -> dict[str, Any]:
+    """Resolve every recipe's config and check what it needs of the data, before any training:
+    one error listing every recipe that cannot run. Returns {recipe: RunConfig}."""
+    from curvalign.config import resolve_config
+
+    needs = {
+        "boxes": (store.has_boxes, "box-level pairs (box_image_features, box_text_features)"),
+        "text_pairs": (store.has_text_pairs, "scored text pairs (pair_a/pair_b_features)"),
+    }
+    configs, problems = {}, []
+    for name in recipes:
+        try:
+            config = resolve_config(name, spec, overrides=per_recipe[name])
+        except CurvalignError as err:
+            problems.append(f"{name}: {err}")
+            continue
+        from curvalign.recipes import get_recipe
+
+        missing = [
+            what
+            for part, (has, what) in needs.items()
+            if part in get_recipe(name).requires and not has
+        ]
+        if missing:
+            problems.append(f"{name} trains on {' and '.join(missing)}, which {spec} has none of")
+        configs[name] = config
+    if problems:
+        raise ConfigError(
+            "cannot benchmark on this data (nothing was trained): " + "; ".join(problems)
+        )
+    return configs
+
+
 def run_benchmark(
     recipes: Sequence[str],
     data: str | FeatureStore,
@@ -128,31 +238,48 @@ def run_benchmark(
     steps: int | None = None,
     overrides: Iterable[str] = (),
     split: str = "test",
+    seeds: int = 3,
     show_progress: bool = True,
     notify: Notify | None = None,
     plots: bool = True,
     title: str = "benchmark",
 ) -> BenchmarkResult:
-    """Train each recipe on ``data`` into ``out_dir/runs/NAME`` (replacing an earlier run there),
-    evaluate it on ``split``, and write ``results.json``, ``results.md`` and PNG plots to ``out_dir``."""
-    from curvalign.eval import run_evaluation
-    from curvalign.recipes import recipe_names
-    from curvalign.runs import load_run, read_log
-    from curvalign.train.trainer import train
+    """Train each recipe with ``seeds`` seeds (the same ones for every recipe: base seed + 0..N-1)
+    on ``data`` into ``out_dir/runs/NAME/seed-S`` (replacing earlier runs there), evaluate its best
+    validation weights on ``split``, add the baselines (untrained heads, frozen features where
+    the two sides share a space, chance), and write ``results.json``, ``results.md`` and PNG plots.
 
+    Every recipe is checked against the data before any training. A recipe that fails while
+    training is reported as failed with its reason; the others' results are still written.
+    """
+    from curvalign.eval import diagnostic_arrays, evaluate
+    from curvalign.eval.chance import chance_evaluation
+    from curvalign.eval.health import health_of_run
+    from curvalign.recipes import recipe_names
+    from curvalign.recipes.frozen import ROW_NAME, FrozenFeatures, shared_space_reason
+    from curvalign.runs import load_run, read_log
+    from curvalign.train.trainer import build_model, train
+
+    started = time.perf_counter()
     notify = notify or (lambda message: None)
     recipes = list(recipes)
     if not recipes:
         raise ConfigError("no recipes to benchmark")
+    if isinstance(seeds, bool) or not isinstance(seeds, int) or seeds < 1:
+        raise ConfigError(
+            f"--seeds must be a whole number >= 1 (training runs per recipe), got {seeds!r}"
+        )
     known = recipe_names()
     unknown = [r for r in recipes if r not in known]
     if unknown:
         raise ConfigError(f"unknown recipe(s) {', '.join(unknown)}; known: {', '.join(known)}")
     if len(set(recipes)) != len(recipes):
         raise ConfigError(f"recipes listed twice: {', '.join(recipes)}")
+    overrides = list(overrides)
+    if steps is not None and not any(o.split("=", 1)[0].endswith("val_every") for o in overrides):
+        overrides = [f"val_every={max(1, steps // 10)}"] + overrides  # ten validations a run
     per_recipe = split_overrides(overrides, recipes)
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
 
     t0 = time.perf_counter()
     store, spec = load_store(data)
@@ -160,49 +287,160 @@ def run_benchmark(
         f"data {spec}: {store.num_images} images, {store.num_texts} captions "
         f"({time.perf_counter() - t0:.1f}s)"
     )
+    configs = check_recipes_against_data(recipes, store, spec, per_recipe)
+    base_seed = {name: configs[name].train.seed for name in recipes}
+    out.mkdir(parents=True, exist_ok=True)
 
     result = BenchmarkResult({}, {}, {}, {}, data=spec, steps=steps)
+    result.seeds = list(range(seeds))  # offsets; each recipe's seed is its base seed + offset
+    evaluations: dict[str, list[dict[str, Any]]] = {}
     logs: dict[str, list[dict[str, Any]]] = {}
     arrays: dict[str, dict[str, Any]] = {}
     for i, name in enumerate(recipes, 1):
-        notify(f"[{i}/{len(recipes)}] training {name}" + (f" for {steps} steps" if steps else ""))
-        t = time.perf_counter()
-        run_dir = train(
-            name,
-            store,
-            out / "runs" / name,
-            steps=steps,
-            overrides=per_recipe[name],
-            overwrite=True,
-            show_progress=show_progress,
-        )
-        result.train_seconds[name] = time.perf_counter() - t
-        t = time.perf_counter()
-        loaded = load_run(run_dir)  # evaluate what was saved, not the live object
-        # one embedding of the split serves the metrics and the plots' arrays
-        evaluated = run_evaluation(loaded.recipe, store, split=split)
-        evaluation = evaluated.metrics
-        evaluation["meta"].update(
-            step=loaded.step,
-            run_dir=str(run_dir),
-            train_seconds=round(result.train_seconds[name], 2),
-        )
-        result.results[name] = evaluation
-        result.run_dirs[name] = Path(run_dir)
-        if plots:
-            arrays[name] = evaluated.arrays.as_dict()
-            logs[name] = read_log(run_dir)
-        result.eval_seconds[name] = time.perf_counter() - t
-        r = evaluation["retrieval"]
-        notify(
-            f"    {name}: train {result.train_seconds[name]:.1f}s, eval {result.eval_seconds[name]:.1f}s, "
-            f"T2I R@1 {100 * r['t2i@1']:.1f}, I2T R@1 {100 * r['i2t@1']:.1f}"
-        )
+        row = {
+            "kind": "trained",
+            "recipe": name,
+            "status": "ok",
+            "reason": None,
+            "seeds": [],
+            "best_step": [],
+            "last_step": [],
+            "converged": [],
+            "warnings": [],
+        }
+        untrained_evals: list[dict[str, Any]] = []
+        result.run_dirs[name] = []
+        result.train_seconds[name] = result.eval_seconds[name] = 0.0
+        trained_evals: list[dict[str, Any]] = []
+        for offset in result.seeds:
+            seed = base_seed[name] + offset
+            notify(
+                f"[{i}/{len(recipes)}] training {name}, seed {seed}"
+                + (f", {steps} steps" if steps else "")
+            )
+            t = time.perf_counter()
+            try:
+                run_dir = train(
+                    name,
+                    store,
+                    out / "runs" / name / f"seed-{seed}",
+                    steps=steps,
+                    overrides=per_recipe[name] + [f"seed={seed}"],
+                    overwrite=True,
+                    show_progress=show_progress,
+                )
+            except (CurvalignError, RuntimeError) as err:
+                if str(err).startswith("interrupted"):
+                    raise  # Ctrl-C stops the benchmark, not just this recipe
+                row.update(status="failed", reason=f"seed {seed}: {err}")
+                notify(f"    {name} failed: {err}")
+                break
+            result.train_seconds[name] += time.perf_counter() - t
+            t = time.perf_counter()
+            loaded = load_run(run_dir)  # its best validation weights, as saved
+            evaluation = evaluate(loaded.recipe, store, split=split)
+            evaluation["meta"].update(
+                step=loaded.step,
+                weights=loaded.weights,
+                last_step=loaded.last_step,
+                seed=seed,
+                run_dir=str(run_dir),
+            )
+            health = health_of_run(loaded)
+            row["seeds"].append(seed)
+            row["best_step"].append(loaded.step)
+            row["last_step"].append(loaded.last_step)
+            row["converged"].append(health["converged"])
+            row["warnings"] += [f"seed {seed}: {w}" for w in health["warnings"]]
+            trained_evals.append(evaluation)
+            result.run_dirs[name].append(Path(run_dir))
+            untrained = build_model(loaded.config, store.image_dim, store.text_dim)
+            untrained_evals.append(
+                evaluate(untrained.eval(), store, split=split, diagnostics=False)
+            )
+            if plots and offset == 0:
+                arrays[name] = diagnostic_arrays(loaded.recipe, store, split=split)
+                logs[name] = read_log(run_dir)
+            result.eval_seconds[name] += time.perf_counter() - t
+            r = evaluation["retrieval"]
+            notify(
+                f"    {name} seed {seed}: {loaded.describe()}, T2I R@1 {100 * r['t2i@1']:.1f}%, "
+                f"I2T R@1 {100 * r['i2t@1']:.1f}%"
+            )
+        result.rows[name] = row
+        if trained_evals and row["status"] == "ok":
+            evaluations[name] = trained_evals
+            evaluations[untrained_row(name)] = untrained_evals
+            result.rows[untrained_row(name)] = {"kind": "untrained", "recipe": name, "status": "ok"}
 
+    reason = shared_space_reason(store)
+    if reason is None:
+        frozen = FrozenFeatures(store.image_dim, store.text_dim)
+        evaluations[ROW_NAME] = [evaluate(frozen, store, split=split, diagnostics=False)]
+        result.rows[ROW_NAME] = {"kind": "frozen", "recipe": None, "status": "ok"}
+    else:
+        result.absent[ROW_NAME] = reason
+    evaluations["chance"] = [chance_evaluation(store, split=split)]
+    result.rows["chance"] = {"kind": "chance", "recipe": None, "status": "ok"}
+
+    # table order: trained recipes, then the baselines
+    order = (
+        [n for n in recipes if n in evaluations]
+        + [untrained_row(n) for n in recipes if untrained_row(n) in evaluations]
+        + [n for n in (ROW_NAME, "chance") if n in evaluations]
+    )
+    for name in order:
+        result.results[name] = _mean_result(evaluations[name])
+        result.stats[name] = _stats(evaluations[name])
+    for name in recipes:
+        if result.rows[name]["status"] == "failed":
+            result.results.setdefault(name, {})
+    result.wall_seconds = time.perf_counter() - started
     result.files = write_benchmark_outputs(
         result, out, logs if plots else None, arrays if plots else None, title
     )
     return result
+
+
+def converged_cells(result: BenchmarkResult) -> list[tuple[str, str]]:
+    """(row, "3/3") converged seeds per trained row; "failed" for a failed recipe."""
+    out = []
+    for name, row in result.rows.items():
+        if row.get("kind") != "trained":
+            continue
+        if row.get("status") == "failed":
+            out.append((name, "failed"))
+            continue
+        flags = row.get("converged", [])
+        known = [f for f in flags if f is not None]
+        out.append((name, f"{sum(bool(f) for f in known)}/{len(flags)}" if known else "?"))
+    return out
+
+
+def verdicts_of(result: BenchmarkResult) -> dict[str, dict[str, Any]]:
+    """Best/tied per column among the trained recipes (baselines are shown, not ranked)."""
+    from curvalign.report.tables import column_verdicts, stats_columns
+
+    trained = [
+        n for n, r in result.rows.items() if r.get("kind") == "trained" and n in result.stats
+    ]
+    return column_verdicts(result.stats, trained, stats_columns(result.stats))
+
+
+def summary_lines(result: BenchmarkResult) -> list[str]:
+    """The header lines every table of a benchmark carries: data, seeds, units, weights."""
+    from curvalign.report.tables import UNITS
+
+    n = len(result.seeds)
+    return [
+        f"data: `{result.data}`; steps: {result.steps or 'recipe default'}; {n} seed(s) per "
+        f"recipe, the same for every recipe (paired); cells: mean ± 95% interval over seeds "
+        "(Student t)" + ("" if n > 1 else "; one seed: no intervals, no verdicts"),
+        f"units: {UNITS}. Ties count against the model; n/a = does not apply.",
+        "Trained rows use each run's best validation weights (mean R@1 on the validation split); "
+        "'(step 0)' rows are the same heads untrained; 'frozen features' ranks the input features "
+        "by cosine; 'chance' is a random ranking.",
+    ]
 
 
 def write_benchmark_outputs(
@@ -214,37 +452,63 @@ def write_benchmark_outputs(
 ) -> dict[str, Path]:
     """results.json, results.md and the PNG plots of a benchmark."""
     from curvalign.report import plots
-    from curvalign.report.tables import markdown_table, write_json
+    from curvalign.report.tables import JSON_UNITS, markdown_stats_table, write_json
 
     files: dict[str, Path] = {}
+    verdicts = verdicts_of(result)
+    failed = {n: r["reason"] for n, r in result.rows.items() if r.get("status") == "failed"}
     payload = {
         "data": result.data,
         "steps": result.steps,
-        "recipes": list(result.results),
+        "seeds": result.seeds,
+        "units": JSON_UNITS,
+        "recipes": [n for n, r in result.rows.items() if r.get("kind") == "trained"],
         "train_seconds": result.train_seconds,
         "eval_seconds": result.eval_seconds,
+        "wall_seconds": result.wall_seconds,
         "results": result.results,
+        "stats": result.stats,
+        "rows": result.rows,
+        "absent": result.absent,
+        "failed": failed,
+        "verdicts": verdicts,
     }
     files["json"] = write_json(out / "results.json", payload)
-    md = [
-        f"# {title}",
-        "",
-        f"data: `{result.data}`; steps: {result.steps or 'recipe default'}; "
-        "recalls and accuracies in %, ties counted against the model; n/a = does not apply.",
-        "",
-        markdown_table(result.results),
-    ]
-    md += ["", "| recipe | train s | eval s | run dir |", "|---|---:|---:|---|"]
+    md = [f"# {title}", "", *summary_lines(result), ""]
+    md.append(markdown_stats_table(result.stats, verdicts, {"converged": converged_cells(result)}))
+    md += ["", "Verdicts (bold = best, only where the paired 95% interval excludes 0):", ""]
+    md += [f"- {v['text']}" for v in verdicts.values()] or ["- (fewer than two trained rows)"]
+    for name, why in result.absent.items():
+        md += ["", f"Row '{name}' is absent: {why}."]
+    for name, why in failed.items():
+        md += ["", f"**{name} failed**: {why}"]
+    warnings = [f"- {n}: {w}" for n, r in result.rows.items() for w in r.get("warnings", []) if w]
+    if warnings:
+        md += ["", "Health warnings:", "", *warnings]
     md += [
-        f"| {n} | {result.train_seconds[n]:.1f} | {result.eval_seconds[n]:.1f} | `{result.run_dirs[n]}` |"
-        for n in result.results
+        "",
+        "| recipe | seeds | best step (per seed) | train s | eval s | run dirs |",
+        "|---|---|---|---:|---:|---|",
     ]
+    md += [
+        f"| {n} | {', '.join(map(str, r.get('seeds', [])))} | "
+        f"{', '.join(map(str, r.get('best_step', [])))} | {result.train_seconds.get(n, 0):.1f} | "
+        f"{result.eval_seconds.get(n, 0):.1f} | "
+        + ", ".join(f"`{d}`" for d in result.run_dirs.get(n, []))
+        + " |"
+        for n, r in result.rows.items()
+        if r.get("kind") == "trained"
+    ]
+    md += ["", f"wall time: {result.wall_seconds:.0f} s"]
     files["markdown"] = out / "results.md"
     files["markdown"].write_text("\n".join(md) + "\n")
+    plotted = {n: r for n, r in result.results.items() if r}
     if arrays is not None:
-        files["retrieval_png"] = plots.retrieval_bars(result.results, out / "retrieval.png")
-        if any("hierarchy" in r or "zeroshot" in r for r in result.results.values()):
-            files["hierarchy_png"] = plots.hierarchy_bars(result.results, out / "hierarchy.png")
+        files["retrieval_png"] = plots.retrieval_bars(plotted, out / "retrieval.png", result.stats)
+        if any("hierarchy" in r or "zeroshot" in r for r in plotted.values()):
+            files["hierarchy_png"] = plots.hierarchy_bars(
+                plotted, out / "hierarchy.png", result.stats
+            )
         files["distances_png"] = plots.distance_histograms(
             {n: a["distance"] for n, a in arrays.items()}, out / "distances.png"
         )
@@ -255,6 +519,6 @@ def write_benchmark_outputs(
         keys = log_curve_keys(logs)
         if keys:
             files["curves_png"] = plots.log_curves(
-                logs, keys[:8], out / "curves.png", title="training curves"
+                logs, keys[:8], out / "curves.png", title="training curves (first seed)"
             )
     return files

@@ -19,22 +19,39 @@ import numpy as np  # noqa: E402
 from curvalign.report.tables import lookup  # noqa: E402
 
 
-def _save(fig, path: str | Path) -> Path:
+def _save(fig, path: str | Path, layout: bool = True) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
+    if layout:
+        fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
 
 
-def _grouped_bars(ax, names: Sequence[str], groups: Sequence[str], values: np.ndarray) -> None:
-    """values [len(names), len(groups)]; NaN bars are left empty and labelled n/a."""
+def _grouped_bars(
+    ax,
+    names: Sequence[str],
+    groups: Sequence[str],
+    values: np.ndarray,
+    errors: np.ndarray | None = None,
+) -> None:
+    """values [len(names), len(groups)] (errors: 95% half-widths, same shape, NaN = none); NaN
+    bars are left empty and labelled n/a."""
     width = 0.8 / max(1, len(names))
     x = np.arange(len(groups))
     for i, name in enumerate(names):
         v = values[i]
-        bars = ax.bar(x + (i - (len(names) - 1) / 2) * width, np.nan_to_num(v), width, label=name)
+        err = None if errors is None else np.nan_to_num(errors[i])
+        bars = ax.bar(
+            x + (i - (len(names) - 1) / 2) * width,
+            np.nan_to_num(v),
+            width,
+            label=name,
+            yerr=err,
+            capsize=1.5 if err is not None else 0,
+            error_kw={"linewidth": 0.7},
+        )
         for bar, value in zip(bars, v, strict=False):
             if np.isnan(value):
                 ax.text(
@@ -50,6 +67,24 @@ def _grouped_bars(ax, names: Sequence[str], groups: Sequence[str], values: np.nd
     ax.set_xticklabels(groups)
 
 
+def _errors(
+    names: Sequence[str],
+    paths: Sequence[str],
+    stats: Mapping[str, Mapping[str, Mapping[str, Any]]] | None,
+    scale: float = 1.0,
+) -> np.ndarray | None:
+    """95% half-widths [len(names), len(paths)] from a benchmark's ``stats`` (NaN where none)."""
+    if not stats:
+        return None
+    out = np.full((len(names), len(paths)), np.nan)
+    for i, name in enumerate(names):
+        for j, path in enumerate(paths):
+            st = (stats.get(name) or {}).get(path)
+            if st and st.get("n", 1) >= 2 and st.get("low") is not None:
+                out[i, j] = scale * (st["high"] - st["low"]) / 2
+    return out
+
+
 def _values(
     results: Mapping[str, Mapping[str, Any]], paths: Sequence[str], scale: float = 1.0
 ) -> np.ndarray:
@@ -62,47 +97,82 @@ def _values(
     )
 
 
-def retrieval_bars(results: Mapping[str, Mapping[str, Any]], path: str | Path) -> Path:
-    """Grouped bars: Recall@{1,5,10} in both directions, one colour per recipe."""
+def retrieval_bars(
+    results: Mapping[str, Mapping[str, Any]],
+    path: str | Path,
+    stats: Mapping[str, Mapping[str, Mapping[str, Any]]] | None = None,
+) -> Path:
+    """Grouped bars: Recall@{1,5,10} in both directions (%), one colour per row (recipes and
+    baselines), 95% intervals over seeds as error bars; the legend sits outside the axes so that
+    it never covers a bar."""
     keys = ["t2i@1", "t2i@5", "t2i@10", "i2t@1", "i2t@5", "i2t@10"]
-    fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(keys)), 3.8))
-    _grouped_bars(ax, list(results), keys, _values(results, [f"retrieval/{k}" for k in keys], 100))
+    paths = [f"retrieval/{k}" for k in keys]
+    names = list(results)
+    fig, ax = plt.subplots(figsize=(max(7, 1.3 * len(keys)) + 2.2, 3.8))
+    _grouped_bars(ax, names, keys, _values(results, paths, 100), _errors(names, paths, stats, 100))
     ax.set_ylabel("recall (%)")
-    ax.set_title("Retrieval")
-    ax.legend(fontsize=7, ncol=4)
+    ax.set_title("Retrieval (mean ± 95% interval over seeds)")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     return _save(fig, path)
 
 
-def hierarchy_bars(results: Mapping[str, Mapping[str, Any]], path: str | Path) -> Path:
-    """One panel per hierarchical metric (TIE, LCA lower is better; J, PH, RH higher), plus zero-shot."""
+#: what the hierarchical metrics mean, printed under hierarchy.png
+HIERARCHY_CAPTION = (
+    "A(n) = ancestors of node n up to the root. TIE: tree edges between prediction and truth; "
+    "LCA: edges from the prediction up to the lowest common ancestor (both lower is better). "
+    "J = |A(pred) ∩ A(true)| / |A(pred) ∪ A(true)| (Jaccard); PH = |∩| / |A(pred)| "
+    "(hierarchical precision); RH = |∩| / |A(true)| (hierarchical recall)."
+)
+
+
+def hierarchy_bars(
+    results: Mapping[str, Mapping[str, Any]],
+    path: str | Path,
+    stats: Mapping[str, Mapping[str, Mapping[str, Any]]] | None = None,
+) -> Path:
+    """One panel per hierarchical metric (TIE, LCA in tree edges, lower is better; J, PH, RH and
+    zero-shot top-1 in %, higher is better), a caption that defines them, error bars over seeds."""
     panels = [
-        ("hierarchy/TIE", "TIE (lower better)"),
-        ("hierarchy/LCA", "LCA (lower better)"),
-        ("hierarchy/J", "J"),
-        ("hierarchy/PH", "PH"),
-        ("hierarchy/RH", "RH"),
-        ("zeroshot/top1", "zero-shot top-1"),
+        ("hierarchy/TIE", "TIE, edges (lower better)", 1.0),
+        ("hierarchy/LCA", "LCA, edges (lower better)", 1.0),
+        ("hierarchy/J", "J: Jaccard (%)", 100.0),
+        ("hierarchy/PH", "PH: hier. precision (%)", 100.0),
+        ("hierarchy/RH", "RH: hier. recall (%)", 100.0),
+        ("zeroshot/top1", "zero-shot top-1 (%)", 100.0),
     ]
     names = list(results)
-    fig, axes = plt.subplots(1, len(panels), figsize=(2.4 * len(panels), 3.4))
-    for ax, (p, title) in zip(axes, panels, strict=False):
-        v = _values(results, [p])[:, 0]
-        ax.bar(range(len(names)), np.nan_to_num(v), color=[f"C{i}" for i in range(len(names))])
+    fig, axes = plt.subplots(1, len(panels), figsize=(2.5 * len(panels), 4.0))
+    for ax, (p, title, scale) in zip(axes, panels, strict=False):
+        v = _values(results, [p], scale)[:, 0]
+        err = _errors(names, [p], stats, scale)
+        ax.bar(
+            range(len(names)),
+            np.nan_to_num(v),
+            color=[f"C{i}" for i in range(len(names))],
+            yerr=None if err is None else np.nan_to_num(err[:, 0]),
+            capsize=2,
+        )
         ax.set_xticks(range(len(names)))
-        ax.set_xticklabels(names, rotation=60, fontsize=7)
+        ax.set_xticklabels(names, rotation=60, ha="right", fontsize=7)
         ax.set_title(title, fontsize=9)
-    return _save(fig, path)
+    fig.text(0.5, 0.01, HIERARCHY_CAPTION, ha="center", va="bottom", fontsize=7, wrap=True)
+    fig.tight_layout(rect=(0, 0.08, 1, 1))
+    return _save(fig, path, layout=False)
 
 
 def distance_histograms(
-    distances: Mapping[str, Mapping[str, np.ndarray] | None], path: str | Path
+    distances: Mapping[str, Mapping[str, np.ndarray] | None], path: str | Path, ncols: int = 4
 ) -> Path:
-    """Distance to the origin per modality, one panel per recipe (recipes without an origin say n/a)."""
+    """Distance to the origin per modality, one panel per recipe in a grid of at most ``ncols``
+    columns (readable when scaled down); recipes without an origin say n/a."""
     names = list(distances)
-    fig, axes = plt.subplots(
-        1, max(1, len(names)), figsize=(3 * max(1, len(names)), 2.8), squeeze=False
-    )
-    for ax, name in zip(axes[0], names, strict=False):
+    n = max(1, len(names))
+    cols = min(ncols, n)
+    rows = -(-n // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 2.9 * rows), squeeze=False)
+    for ax in axes.flat[len(names) :]:
+        ax.axis("off")
+    for ax, name in zip(axes.flat, names, strict=False):
         d = distances[name]
         if d is None:
             ax.text(0.5, 0.5, "n/a\n(no origin)", ha="center", va="center", transform=ax.transAxes)
@@ -156,10 +226,21 @@ def log_curves(
                 ax.plot(*zip(*pts, strict=False), label=name, color=f"C{i}")
         for label, step in (marks or {}).items():
             ax.axvline(step, color="grey", linestyle="--", linewidth=0.8)
-            ax.text(step, ax.get_ylim()[1], label, fontsize=6, rotation=90, va="top")
+            # in axes-height coordinates, left of the line, inside the panel: never clipped
+            ax.text(
+                step,
+                0.97,
+                label,
+                transform=ax.get_xaxis_transform(),
+                fontsize=6,
+                rotation=90,
+                va="top",
+                ha="right",
+            )
         ax.set_title(key, fontsize=9)
         ax.set_xlabel("step", fontsize=8)
-    axes.flat[0].legend(fontsize=7)
+        if ax.get_legend_handles_labels()[0]:  # every panel names its lines
+            ax.legend(fontsize=6)
     if title:
         fig.suptitle(title, fontsize=10)
     return _save(fig, path)

@@ -3,6 +3,10 @@
 Input everywhere: ``results`` = {row name (recipe or setting): ``curvalign.eval.evaluate`` dict}.
 Cells missing from a result (a metric the data does not support, an ordering that does not apply
 to the geometry) print as "n/a", never as a number.
+
+Units, everywhere a person reads them (terminal, Markdown, plots, ``curvalign eval``): every
+quantity in [0, 1] (recalls, accuracies, J, PH, RH, hard negatives, ordering) in percent; TIE
+and LCA in tree edges (lower is better). JSON keeps the fractions and says so ("units").
 """
 
 from __future__ import annotations
@@ -23,12 +27,39 @@ DEFAULT_COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("ZS top5", "zeroshot/top5", "pct"),
     ("TIE↓", "hierarchy/TIE", "num"),
     ("LCA↓", "hierarchy/LCA", "num"),
-    ("J", "hierarchy/J", "num"),
-    ("PH", "hierarchy/PH", "num"),
-    ("RH", "hierarchy/RH", "num"),
+    ("J", "hierarchy/J", "pct"),
+    ("PH", "hierarchy/PH", "pct"),
+    ("RH", "hierarchy/RH", "pct"),
     ("HardNeg", "compositional/overall", "pct"),
     ("Order txt", "ordering/text/chain", "pct"),
     ("Order img", "ordering/image/chain", "pct"),
+)
+
+
+#: the one-line statement of the units, for table headers
+UNITS = (
+    "rates in % (recall, accuracy, J, PH, RH, hard negatives, ordering); TIE and LCA in tree edges"
+)
+#: what results.json says about its numbers
+JSON_UNITS = "fractions in [0, 1] for rates (tables print them in %); TIE and LCA in tree edges"
+#: columns where lower is better
+LOWER_IS_BETTER = ("hierarchy/TIE", "hierarchy/LCA")
+#: the terminal table's columns, most wanted first: it shows as many as the terminal fits
+TERMINAL_PRIORITY = (
+    "retrieval/t2i@1",
+    "retrieval/i2t@1",
+    "zeroshot/top1",
+    "hierarchy/TIE",
+    "retrieval/t2i@5",
+    "retrieval/i2t@5",
+    "hierarchy/J",
+    "compositional/overall",
+    "zeroshot/top5",
+    "hierarchy/LCA",
+    "hierarchy/PH",
+    "hierarchy/RH",
+    "ordering/text/chain",
+    "ordering/image/chain",
 )
 
 
@@ -99,12 +130,24 @@ def rich_table(
     return table
 
 
+def metric_kind(path: str) -> str:
+    """ "pct" for quantities in [0, 1], "num" for TIE/LCA (tree edges) and diagnostics."""
+    if path in LOWER_IS_BETTER or path.startswith(
+        ("diagnostics", "distance_to_origin", "spectrum")
+    ):
+        return "num"
+    return "pct"
+
+
 def metrics_lines(result: Mapping[str, Any]) -> list[tuple[str, str]]:
-    """(name, value) lines of one evaluation, for ``curvalign eval`` without ``--json``."""
+    """(name, value) lines of one evaluation, for ``curvalign eval`` without ``--json``: rates
+    in %, TIE/LCA in tree edges (the module's units)."""
     out = []
     for group in ("retrieval", "zeroshot", "hierarchy", "compositional"):
         for key, value in (result.get(group) or {}).items():
-            out.append((f"{group}/{key}", format_cell(value, "num")))
+            path = f"{group}/{key}"
+            kind = metric_kind(path)
+            out.append((path, format_cell(value, kind)))
     ordering = result.get("ordering")
     if ordering is not None:
         for side in ("text", "image"):
@@ -112,7 +155,7 @@ def metrics_lines(result: Mapping[str, Any]) -> list[tuple[str, str]]:
                 out.append(
                     (
                         f"ordering/{side}/{key}",
-                        format_cell(lookup(ordering, f"{side}/{key}"), "num"),
+                        format_cell(lookup(ordering, f"{side}/{key}"), "pct"),
                     )
                 )
     diag = result.get("diagnostics") or {}
@@ -154,3 +197,176 @@ def write_json(path: str | Path, obj: Any) -> Path:
     tmp.write_text(json.dumps(to_jsonable(obj), indent=2) + "\n")
     tmp.replace(path)
     return path
+
+
+# --- tables of several seeds: mean ± 95% interval, verdicts only where intervals separate -------
+
+
+def stat_cell(stat: Mapping[str, Any] | None, kind: str) -> str:
+    """``"48.2±1.3"`` (percent for "pct"), ``"48.2"`` for one seed, "n/a" when absent."""
+    if not stat:
+        return "n/a"
+    scale = 100.0 if kind == "pct" else 1.0
+    digits = 1 if kind == "pct" else 2
+    mean = f"{scale * stat['mean']:.{digits}f}"
+    low, high = stat.get("low"), stat.get("high")
+    if stat.get("n", 1) < 2 or low is None or high is None or low != low:
+        return mean
+    return f"{mean}±{scale * (high - low) / 2:.{digits}f}"
+
+
+def column_verdicts(
+    stats: Mapping[str, Mapping[str, Mapping[str, Any]]],
+    contenders: Sequence[str],
+    columns: Sequence[tuple[str, str, str]],
+) -> dict[str, dict[str, Any]]:
+    """Per column path: {"best": row or None, "tied": [rows], "text": one line}.
+
+    The leader (by mean; lower is better for TIE/LCA) is "best" only when its paired difference
+    with the runner-up over the shared seeds has a 95% interval that excludes zero (or, without
+    paired seeds, when the two intervals do not overlap); otherwise it and every contender whose
+    interval overlaps it are "tied"."""
+    from curvalign.stats import Interval, mean_interval, paired_difference
+
+    out: dict[str, dict[str, Any]] = {}
+    for header, path, kind in columns:
+        rows = [r for r in contenders if stats.get(r, {}).get(path)]
+        if len(rows) < 2:
+            continue
+        sign = -1.0 if path in LOWER_IS_BETTER else 1.0
+        ranked = sorted(rows, key=lambda r: -sign * stats[r][path]["mean"])
+        leader, runner = ranked[0], ranked[1]
+        a, b = stats[leader][path], stats[runner][path]
+        if len(a["values"]) == len(b["values"]) and len(a["values"]) >= 2:
+            diff = paired_difference(a["values"], b["values"])
+            separated = diff.excludes_zero()
+        else:
+            diff = mean_interval([a["mean"] - b["mean"]])
+            ia, ib = (Interval(s["mean"], s["low"], s["high"], s["n"]) for s in (a, b))
+            separated = len(a["values"]) >= 2 and ia.separates_from(ib)
+        scale = 100.0 if kind == "pct" else 1.0
+        gap = diff.format(scale=scale, digits=1 if kind == "pct" else 2)
+        if separated:
+            out[path] = {
+                "best": leader,
+                "tied": [],
+                "text": f"{header}: {leader} best ({'+' if sign > 0 else '-'}{gap.lstrip('-')} "
+                f"over {runner}, paired over seeds)",
+            }
+        else:
+            tied = [leader] + [
+                r
+                for r in ranked[1:]
+                if not (
+                    stats[r][path].get("n", 1) >= 2
+                    and a.get("n", 1) >= 2
+                    and Interval(a["mean"], a["low"], a["high"], a["n"]).separates_from(
+                        Interval(**{k: stats[r][path][k] for k in ("mean", "low", "high", "n")})
+                    )
+                )
+            ]
+            out[path] = {
+                "best": None,
+                "tied": tied,
+                "text": f"{header}: tied between {', '.join(tied)} (leader minus runner-up "
+                f"{gap}, interval includes 0)",
+            }
+    return out
+
+
+def stats_table_rows(
+    stats: Mapping[str, Mapping[str, Mapping[str, Any]]],
+    columns: Sequence[tuple[str, str, str]],
+    verdicts: Mapping[str, Mapping[str, Any]] | None = None,
+    bold: tuple[str, str] = ("**", "**"),
+) -> list[list[str]]:
+    rows = []
+    for name, row in stats.items():
+        cells = [name]
+        for _, path, kind in columns:
+            cell = stat_cell(row.get(path), kind)
+            if verdicts and verdicts.get(path, {}).get("best") == name:
+                cell = f"{bold[0]}{cell}{bold[1]}"
+            cells.append(cell)
+        rows.append(cells)
+    return rows
+
+
+def stats_columns(
+    stats: Mapping[str, Mapping[str, Mapping[str, Any]]],
+    columns: Sequence[tuple[str, str, str]] = DEFAULT_COLUMNS,
+) -> list[tuple[str, str, str]]:
+    """The columns some row has a number for."""
+    return [c for c in columns if any(c[1] in row for row in stats.values())]
+
+
+def markdown_stats_table(
+    stats: Mapping[str, Mapping[str, Mapping[str, Any]]],
+    verdicts: Mapping[str, Mapping[str, Any]] | None = None,
+    extra: Mapping[str, Sequence[tuple[str, str]]] | None = None,
+    first: str = "row",
+) -> str:
+    """Every column, mean ± 95% interval, best in bold; ``extra`` = {header: [(row, cell)]}."""
+    cols = stats_columns(stats)
+    extra = extra or {}
+    header = [first] + [c[0] for c in cols] + list(extra)
+    lines = [
+        "| " + " | ".join(header) + " |",
+        "|" + "|".join(["---"] + ["---:"] * len(cols) + ["---"] * len(extra)) + "|",
+    ]
+    for cells in stats_table_rows(stats, cols, verdicts):
+        name = cells[0]
+        more = [dict(values).get(name, "") for values in extra.values()]
+        lines.append("| " + " | ".join(cells + more) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _cell_width(text: str) -> int:
+    return len(text)
+
+
+def terminal_stats_table(
+    stats: Mapping[str, Mapping[str, Mapping[str, Any]]],
+    width: int,
+    verdicts: Mapping[str, Mapping[str, Any]] | None = None,
+    extra: Mapping[str, Sequence[tuple[str, str]]] | None = None,
+    title: str | None = None,
+):
+    """A ``rich.table.Table`` that fits ``width`` columns without cutting a cell: the row names,
+    ``extra`` columns (e.g. converged), then as many metric columns as fit, in
+    ``TERMINAL_PRIORITY`` order. Returns (table, shown columns, left-out columns)."""
+    from rich import box
+    from rich.table import Table
+
+    available = {c[1]: c for c in stats_columns(stats)}
+    priority = [available[p] for p in TERMINAL_PRIORITY if p in available]
+    priority += [c for p, c in available.items() if c not in priority]
+    extra = extra or {}
+    name_width = max([len("row")] + [len(n) for n in stats])
+
+    def col_width(col: tuple[str, str, str]) -> int:
+        cells = [stat_cell(row.get(col[1]), col[2]) for row in stats.values()]
+        return max([len(col[0])] + [len(c) for c in cells])
+
+    # SIMPLE_HEAD box: one space of padding each side and one separator column per column
+    used = name_width + 2
+    for header, values in extra.items():
+        used += max([len(header)] + [len(v) for _, v in values]) + 3
+    shown: list[tuple[str, str, str]] = []
+    for col in priority:
+        need = col_width(col) + 3
+        if used + need <= width:
+            shown.append(col)
+            used += need
+    order = [c for c in available.values() if c in shown]
+    table = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=False)
+    table.add_column("row", no_wrap=True, style="bold")
+    for header, _, _ in order:
+        table.add_column(header, justify="right", no_wrap=True)
+    for header in extra:
+        table.add_column(header, no_wrap=True)
+    for cells in stats_table_rows(stats, order, verdicts, bold=("[bold green]", "[/]")):
+        name = cells[0]
+        table.add_row(*cells, *[dict(values).get(name, "") for values in extra.values()])
+    left_out = [c for c in available.values() if c not in shown]
+    return table, order, left_out

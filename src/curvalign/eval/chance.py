@@ -1,0 +1,69 @@
+"""What a ranking by chance scores on a split: the floor every table row is read against.
+
+Retrieval and zero-shot are exact expectations under a uniformly random ranking (ties against
+the model do not arise): text->image R@k = k / Ni; image->text R@k = 1 - C(Nt - m, k) / C(Nt, k)
+for an image with m captions among Nt; zero-shot top-k = k / C. Hard negatives: 0.5 (a random
+score beats the negative half the time). The hierarchical metrics of a random class have no
+closed form: they are averaged over ``draws`` seeded uniform guesses per image (an estimate, with
+the seed fixed so that the row is reproducible). Ordering is left out (n/a).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from curvalign.eval.hierarchy import Taxonomy, hierarchical_metrics
+
+
+def _miss_all(n: int, m: int, k: int) -> float:
+    """C(n - m, k) / C(n, k): probability that k random picks out of n avoid m given items."""
+    if k > n - m:
+        return 0.0
+    p = 1.0
+    for i in range(k):
+        p *= (n - m - i) / (n - i)
+    return p
+
+
+def chance_evaluation(
+    store: Any,
+    split: str = "test",
+    ks: tuple[int, ...] = (1, 5, 10),
+    draws: int = 20,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """An ``evaluate``-shaped dict (retrieval, zeroshot, hierarchy, compositional) of chance."""
+    image_ids = store.split_image_ids(split)
+    in_split = torch.zeros(store.num_images, dtype=torch.bool)
+    in_split[image_ids] = True
+    owners = store.text_to_image.long()
+    owners = owners[in_split[owners]]
+    n_image, n_text = len(image_ids), len(owners)
+    captions = torch.bincount(owners, minlength=store.num_images)[image_ids].tolist()
+    retrieval = {f"t2i@{k}": min(1.0, k / n_image) for k in ks}
+    for k in ks:
+        retrieval[f"i2t@{k}"] = sum(1.0 - _miss_all(n_text, m, k) for m in captions) / n_image
+    result: dict[str, Any] = {
+        "meta": {"recipe": "chance", "split": split, "num_images": n_image, "num_texts": n_text},
+        "retrieval": retrieval,
+    }
+    labels = store.image_labels[image_ids].long() if store.image_labels is not None else None
+    if store.has_classes and labels is not None and bool((labels >= 0).any()):
+        n_class = (
+            len(store.class_names) if store.class_names else int(store.prompt_to_class.max()) + 1
+        )
+        result["zeroshot"] = {"top1": 1 / n_class, "top5": min(1.0, 5 / n_class)}
+        if store.has_taxonomy and store.class_to_node is not None:
+            true = labels[labels >= 0]
+            gen = torch.Generator().manual_seed(seed)
+            guesses = torch.randint(n_class, (draws, len(true)), generator=gen)
+            class_to_node = store.class_to_node.long()
+            tax = Taxonomy(store.taxonomy_parents)
+            result["hierarchy"] = hierarchical_metrics(
+                class_to_node[guesses.flatten()], class_to_node[true.repeat(draws)], tax
+            )
+    if store.has_negatives:
+        result["compositional"] = {"overall": 0.5}
+    return result
