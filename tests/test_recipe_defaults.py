@@ -63,3 +63,25 @@ def test_proclip_normalises_inputs_and_old_runs_keep_raw_features():
     assert old.recipe_config["normalize_inputs"] is False
     new = resolve_config("proclip", "synthetic")
     assert new.recipe_config["normalize_inputs"] is True
+
+
+@pytest.mark.parametrize("recipe", ["clip", "meru", "atmg"])
+def test_input_init_starts_at_the_frozen_features_ranking(recipe):
+    import torch
+
+    from curvalign.recipes import get_recipe
+
+    cls = get_recipe(recipe)
+    torch.manual_seed(0)
+    model = cls(cls.Config(head_init="input", embed_dim=16), 12, 12).eval()
+    gen = torch.Generator().manual_seed(1)
+    images = torch.nn.functional.normalize(torch.randn(9, 12, generator=gen), dim=-1)
+    texts = torch.nn.functional.normalize(torch.randn(7, 12, generator=gen), dim=-1)
+    with torch.no_grad():
+        got = model.scores(model.embed_texts(texts), model.embed_images(images)).argsort(dim=1)
+    frozen = (texts @ images.T).argsort(dim=1)
+    assert torch.equal(got, frozen)  # the same ranking as cosine on the inputs
+    paper = cls(cls.Config(embed_dim=16), 12, 12).eval()
+    with torch.no_grad():
+        other = paper.scores(paper.embed_texts(texts), paper.embed_images(images)).argsort(dim=1)
+    assert not torch.equal(other, frozen)  # the paper's random init does not

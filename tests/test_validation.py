@@ -142,11 +142,14 @@ def test_empty_or_test_overlapping_val_split_is_refused(tmp_path):
     leaky.image_split = leaky.image_split.clone()
     leaky.image_split[:5] = 2
     leaky.image_features = leaky.image_features.clone()
-    leaky.image_features[:2] = leaky.image_features[40:42]  # two val images are test images
-    with pytest.raises(
-        ConfigError, match="2 image\\(s\\) of the 'val' split are identical to test"
-    ):
+    leaky.image_features[:3] = leaky.image_features[40:43]  # 3 of 5 val images are test images
+    with pytest.raises(ConfigError, match="3 of the 5 images of its 'val' split are identical"):
         train("_toy", leaky, tmp_path / "b", steps=2, overrides=FAST, show_progress=False)
+    leaky.image_features[1:3] = torch.randn(2, 6)  # one duplicate: the data's own, a note
+    notes: list[str] = []
+    train("_toy", leaky, tmp_path / "c", steps=2, overrides=FAST, show_progress=False,
+          notify=notes.append)  # fmt: skip
+    assert any("identical to a test image" in n for n in notes)
 
 
 def test_run_from_before_validation_loads_last_weights_as_best_with_a_note(tmp_path):

@@ -209,10 +209,33 @@ class MixedCurvatureHead(nn.Module):
         return out
 
 
+def share_input_preserving_projection(heads: list[nn.Module]) -> bool:
+    """Start every head's linear ``proj`` [d, D] at one shared matrix with orthonormal columns
+    (d >= D; orthonormal rows when d < D), drawn from the global RNG (seed it first).
+
+    Then an image and a text with the same feature get the same projection, and inner products
+    of the input features are preserved exactly (d >= D; approximately otherwise): a cosine head
+    starts at the frozen features' own ranking, and a Lorentz head whose inputs have one norm
+    ranks like them too (its distance is monotone in the angle at a fixed radius). Needs every
+    head to take the same input dimension (the two sides in one space); returns False, changing
+    nothing, when they do not."""
+    weights = [h.proj.weight for h in heads]
+    if len({tuple(w.shape) for w in weights}) != 1:
+        return False
+    out_dim, in_dim = weights[0].shape
+    q, _ = torch.linalg.qr(torch.randn(max(out_dim, in_dim), min(out_dim, in_dim)))
+    matrix = q if out_dim >= in_dim else q.T
+    with torch.no_grad():
+        for w in weights:
+            w.copy_(matrix.to(w.dtype))
+    return True
+
+
 __all__ = [
     "CosineHead",
     "FactorizedLorentzHead",
     "LorentzHead",
     "MixedCurvatureHead",
     "clip_tangent_norm",
+    "share_input_preserving_projection",
 ]

@@ -54,7 +54,7 @@ from curvalign.data.batch import Batch
 from curvalign.errors import InputError
 from curvalign.geometry import lorentz, sphere
 from curvalign.losses import symmetric_info_nce
-from curvalign.nn.heads import LorentzHead
+from curvalign.nn.heads import LorentzHead, share_input_preserving_projection
 from curvalign.nn.scalars import LearnableScalar, scalar_parameter_names
 from curvalign.scores import (
     cosine_pair_scores,
@@ -361,6 +361,11 @@ class CosineRecipe(Recipe):
         return {"cosine": IndexProxy("cosine", "point", exact=True)}
 
 
+#: the head initialisations a recipe may offer: "input" starts the two heads at one shared
+#: orthonormal projection (the frozen features' ranking), "paper" at the paper's random init
+HEAD_INITS = ("paper", "input")
+
+
 @dataclass
 class LorentzConfig:
     """Fields shared by the Lorentz recipes (MERU, HyCoCLIP, AtMG); defaults from MERU/HyCoCLIP.
@@ -373,6 +378,9 @@ class LorentzConfig:
     scale_max         the scale's upper bound (MERU: 1, it may only shrink features)
     clip_norm         optional bound kappa on the tangent norm before ``expmap0`` (None = off)
     aperture_K        the cone constant K of the half-aperture (0.1)
+    head_init         "input" (one shared orthonormal projection for both sides: the frozen
+                      features' ranking where they share a space; ``nn.heads.
+                      share_input_preserving_projection``) or "paper" (MERU's random projections)
     """
 
     embed_dim: int = 512
@@ -387,8 +395,13 @@ class LorentzConfig:
     scale_max: float | None = 1.0
     clip_norm: float | None = None
     aperture_K: float = 0.1
+    head_init: str = "input"
 
     def __post_init__(self) -> None:
+        if self.head_init not in HEAD_INITS:
+            raise ValueError(
+                f"head_init must be one of {', '.join(HEAD_INITS)}, got {self.head_init!r}"
+            )
         if self.embed_dim <= 0:
             raise ValueError(f"embed_dim must be positive, got {self.embed_dim}")
         if not 0 < self.curvature_min <= self.curvature_init <= self.curvature_max:
@@ -418,6 +431,8 @@ class LorentzRecipe(HyperbolicRecipe):
         )
         self.image_head = LorentzHead(image_dim, config.embed_dim, **head)
         self.text_head = LorentzHead(text_dim, config.embed_dim, **head)
+        if config.head_init == "input":
+            share_input_preserving_projection([self.image_head, self.text_head])
         self.curvature = LearnableScalar(
             config.curvature_init,
             min=config.curvature_min,

@@ -13,10 +13,11 @@ from dataclasses import dataclass
 from torch import Tensor
 
 from curvalign.losses import symmetric_info_nce
-from curvalign.nn.heads import CosineHead
+from curvalign.nn.heads import CosineHead, share_input_preserving_projection
 from curvalign.nn.scalars import LearnableScalar, scalar_parameter_names
 from curvalign.recipes import register
 from curvalign.recipes.base import (
+    HEAD_INITS,
     Batch,
     CosineRecipe,
     Embedding,
@@ -27,7 +28,6 @@ from curvalign.recipes.base import (
 )
 from curvalign.scores import cosine_scores
 
-
 @dataclass
 class ClipConfig:
     """CLIP's defaults (MERU's CLIP baseline): 512-d embedding, temperature 0.07 learnable,
@@ -37,8 +37,16 @@ class ClipConfig:
     temperature_init: float = 0.07
     temperature_min: float = 0.01
     learn_temperature: bool = True
+    #: "paper": random projections (CLIP's init); "input": image and text heads start at one
+    #: shared orthonormal projection, i.e. at the frozen features' cosine ranking when the two
+    #: sides share a space (same dimension); docs/methods.md says which is the default and why
+    head_init: str = "paper"
 
     def __post_init__(self) -> None:
+        if self.head_init not in HEAD_INITS:
+            raise ValueError(
+                f"head_init must be one of {', '.join(HEAD_INITS)}, got {self.head_init!r}"
+            )
         if self.embed_dim <= 0:
             raise ValueError(f"embed_dim must be positive, got {self.embed_dim}")
         if not 0 < self.temperature_min <= self.temperature_init:
@@ -66,6 +74,8 @@ class Clip(CosineRecipe):
         super().__init__(config, image_dim, text_dim)
         self.image_head = CosineHead(image_dim, config.embed_dim)
         self.text_head = CosineHead(text_dim, config.embed_dim)
+        if config.head_init == "input":
+            share_input_preserving_projection([self.image_head, self.text_head])
         self.temperature = LearnableScalar(
             config.temperature_init, min=config.temperature_min, learnable=config.learn_temperature
         )

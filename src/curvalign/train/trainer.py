@@ -299,6 +299,11 @@ class Trainer:
                 store, cfg.val_fraction, cfg.seed, data=f"data {config.data!r}"
             )
             self.validation = ValidationSet(train_store)
+            if self.validation_info.get("identical_to_test"):
+                self._note(
+                    f"{self.validation_info['identical_to_test']} validation image(s) have "
+                    "features identical to a test image (duplicates in the data)"
+                )
         self.val_history: list[tuple[int, float]] = []
         self.best_step: int | None = None
         self.best_val: float | None = None
