@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from curvalign.train.config import resolve_config
+from curvalign.config import resolve_config
 
 
 def _methods_md_defaults() -> dict[tuple[str, str], float]:
@@ -48,8 +48,8 @@ def test_paper_defaults_differ_between_recipes_and_overrides_win():
 def test_proclip_normalises_inputs_and_old_runs_keep_raw_features():
     import torch
 
+    from curvalign.config import RunConfig
     from curvalign.recipes import get_recipe
-    from curvalign.train.config import RunConfig
 
     cls = get_recipe("proclip")
     torch.manual_seed(0)

@@ -10,8 +10,9 @@ import torch
 from safetensors.torch import load_file
 
 from _train_toy import toy_recipes, toy_store  # noqa: F401  (fixture)
-from curvalign.train.checkpoint import load_run
-from curvalign.train.config import ConfigError, TrainConfig
+from curvalign.config import TrainConfig
+from curvalign.errors import ConfigError
+from curvalign.runs import load_run
 from curvalign.train.trainer import train
 from curvalign.train.validation import (
     ValidationSet,

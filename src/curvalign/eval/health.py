@@ -15,9 +15,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from curvalign.runs import read_log
 from curvalign.errors import CurvalignError
 from curvalign.nn.scalars import LearnableScalar
+from curvalign.runs import read_log
 
 #: share of the run at its end that the curvature and "still improving" checks look at
 TAIL = 0.2
