@@ -81,7 +81,7 @@ def test_input_init_starts_at_the_frozen_features_ranking(recipe):
         got = model.scores(model.embed_texts(texts), model.embed_images(images)).argsort(dim=1)
     frozen = (texts @ images.T).argsort(dim=1)
     assert torch.equal(got, frozen)  # the same ranking as cosine on the inputs
-    paper = cls(cls.Config(embed_dim=16), 12, 12).eval()
+    paper = cls(cls.Config(embed_dim=16, head_init="paper"), 12, 12).eval()
     with torch.no_grad():
         other = paper.scores(paper.embed_texts(texts), paper.embed_images(images)).argsort(dim=1)
     assert not torch.equal(other, frozen)  # the paper's random init does not

@@ -40,7 +40,7 @@ class ClipConfig:
     #: "paper": random projections (CLIP's init); "input": image and text heads start at one
     #: shared orthonormal projection, i.e. at the frozen features' cosine ranking when the two
     #: sides share a space (same dimension); docs/methods.md says which is the default and why
-    head_init: str = "paper"
+    head_init: str = "input"
 
     def __post_init__(self) -> None:
         if self.head_init not in HEAD_INITS:
