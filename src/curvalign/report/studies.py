@@ -649,7 +649,8 @@ def study_dualpath_forgetting(
     groups = ctx.store.text_to_image.long()[text_ids]
 
     def measure(run_dir: Path, label: str) -> dict[str, Any]:
-        loaded = load_run(run_dir)
+        # the claim is about the state at the end of a phase, not the best validation step
+        loaded = load_run(run_dir, weights="last")
         recipe = loaded.recipe
         with torch.no_grad():
             texts = embed(recipe, ctx.store.text_features[text_ids].float(), "text")
