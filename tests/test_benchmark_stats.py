@@ -55,6 +55,9 @@ def test_best_only_where_the_paired_interval_separates_else_tied():
     assert verdicts["retrieval/t2i@1"]["best"] == "a"
     tie = verdicts["hierarchy/TIE"]  # lower is better; a and b overlap, c is clearly worse
     assert tie["best"] is None and tie["tied"] == ["a", "b"] and "tied" in tie["text"]
+    single = {n: {"retrieval/t2i@1": _stat([v])} for n, v in (("a", 0.9), ("b", 0.1))}
+    one = column_verdicts(single, ["a", "b"], cols[:1])["retrieval/t2i@1"]
+    assert one["best"] is None and "one seed, no verdict" in one["text"]  # no verdict from one seed
 
 
 def _wide_stats():

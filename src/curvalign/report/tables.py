@@ -237,6 +237,13 @@ def column_verdicts(
         ranked = sorted(rows, key=lambda r: -sign * stats[r][path]["mean"])
         leader, runner = ranked[0], ranked[1]
         a, b = stats[leader][path], stats[runner][path]
+        if min(len(a["values"]), len(b["values"])) < 2:
+            out[path] = {
+                "best": None,
+                "tied": [],
+                "text": f"{header}: one seed, no verdict (leader {leader}); run --seeds 3 or more",
+            }
+            continue
         if len(a["values"]) == len(b["values"]) and len(a["values"]) >= 2:
             diff = paired_difference(a["values"], b["values"])
             separated = diff.excludes_zero()
