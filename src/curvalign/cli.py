@@ -317,8 +317,6 @@ def eval_command(
     if json_output:
         typer.echo(json.dumps(to_jsonable(result)))
         return
-    if run.note:
-        typer.secho(f"note: {run.note}", err=True, fg=typer.colors.YELLOW)
     for warning in result["health"]["warnings"]:
         typer.secho(f"warning: {warning}", err=True, fg=typer.colors.YELLOW)
     typer.echo(
@@ -633,8 +631,6 @@ def embed_command(
             fail(f"{run_dir} was trained on an in-memory store ({spec}); pass --data SPEC")
         if not quiet:
             typer.secho(f"note: embedding with the {run.describe()}", err=True)
-            if run.note:
-                typer.secho(f"note: {run.note}", err=True, fg=typer.colors.YELLOW)
         store = load_data(spec)
         info = {
             "run_dir": str(Path(run_dir).resolve()),

@@ -28,6 +28,7 @@ from curvalign.recipes.base import (
 )
 from curvalign.scores import cosine_scores
 
+
 @dataclass
 class ClipConfig:
     """CLIP's defaults (MERU's CLIP baseline): 512-d embedding, temperature 0.07 learnable,

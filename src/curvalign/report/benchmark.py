@@ -254,9 +254,9 @@ def run_benchmark(
     """
     from curvalign.eval import diagnostic_arrays, evaluate
     from curvalign.eval.chance import chance_evaluation
+    from curvalign.eval.frozen import ROW_NAME, FrozenFeatures, shared_space_reason
     from curvalign.eval.health import health_of_run
     from curvalign.recipes import recipe_names
-    from curvalign.recipes.frozen import ROW_NAME, FrozenFeatures, shared_space_reason
     from curvalign.runs import load_run, read_log
     from curvalign.train.trainer import build_model, train
 

@@ -30,8 +30,8 @@ from curvalign._io import (
     sha256_file,
 )
 from curvalign.runs import (
-    CHECKSUMS_KEY,
     BEST_FILE,
+    CHECKSUMS_KEY,
     CONFIG_FILE,
     CONFIG_YAML,
     LOG_FILE,

@@ -1,6 +1,6 @@
 """The frozen-features baseline: the input features themselves, ranked by cosine.
 
-Not a method and not registered: nothing is trained. It answers the first question a comparison
+Not a method and not registered (it lives in eval/, not recipes/): nothing is trained. It answers the first question a comparison
 must answer: does a trained head beat the encoder it starts from? It applies only where image and
 text features share one space (one CLIP, one sentence encoder: a store's ``meta["shared_space"]``);
 ``shared_space_reason`` says why it is absent otherwise.
@@ -17,14 +17,13 @@ from typing import Any
 from torch import Tensor
 
 from curvalign.geometry import sphere
-from curvalign.recipes.base import Embedding, Query, Recipe
-from curvalign.scores import cosine_pair_scores, cosine_scores
+from curvalign.recipes.base import CosineRecipe, Embedding
 
 #: the row name benchmark tables give it
 ROW_NAME = "frozen features"
 
 
-class FrozenFeatures(Recipe):
+class FrozenFeatures(CosineRecipe):
     name = "frozen"
 
     def __init__(self, image_dim: int, text_dim: int) -> None:
@@ -40,15 +39,6 @@ class FrozenFeatures(Recipe):
 
     def embed_texts(self, features: Tensor) -> Embedding:
         return {"point": sphere.project(features.float(), 1.0)}
-
-    def scores(self, texts: Embedding, images: Embedding, query: Query = "text") -> Tensor:
-        return cosine_scores(texts["point"], images["point"])
-
-    def pair_scores(self, texts: Embedding, images: Embedding, query: Query = "text") -> Tensor:
-        return cosine_pair_scores(texts["point"], images["point"])
-
-    def class_embedding(self, prompts: Embedding) -> Embedding:
-        return {"point": sphere.project(prompts["point"].mean(dim=0, keepdim=True), 1.0)}
 
 
 def shared_space_reason(store: Any) -> str | None:
