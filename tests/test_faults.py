@@ -132,7 +132,9 @@ def test_disk_full_during_a_checkpoint_says_what_was_kept(tmp_path, monkeypatch)
 
     monkeypatch.setattr(ckpt, "save_file", disk_full_on_second)
     with pytest.raises(TrainError) as info:
-        _train(tmp_path / "run", steps=4, extra=["checkpoint_every=2"])
+        # val_every=0: one safetensors file per checkpoint (no best.safetensors), so the second
+        # save_file call is the second checkpoint's
+        _train(tmp_path / "run", steps=4, extra=["checkpoint_every=2", "val_every=0"])
     message = str(info.value)
     assert "checkpoint of step 4 could not be written" in message
     assert "no space left on the device" in message
@@ -217,7 +219,7 @@ def test_sigterm_to_a_multi_process_run_checkpoints(tmp_path):
     # item 13: DDP's warning about find_unused_parameters is not shown to the user
     assert "find_unused_parameters" not in stderr
     meta = read_meta(run_dir)
-    assert meta["step"] >= 3 and load_run(run_dir).step == meta["step"]
+    assert meta["step"] >= 3 and load_run(run_dir, weights="last").step == meta["step"]
 
 
 # --- item 4: checksums of the files a run writes -------------------------------------------------
@@ -240,7 +242,13 @@ def test_meta_records_a_checksum_of_every_file_of_the_checkpoint(trained):
     from curvalign._io import sha256_file
 
     sums = read_meta(trained)["sha256"]
-    assert set(sums) == {"config.json", "config.yaml", "model.safetensors", "state.pt"}
+    assert set(sums) == {
+        "config.json",
+        "config.yaml",
+        "model.safetensors",
+        "best.safetensors",
+        "state.pt",
+    }
     for name, digest in sums.items():
         assert sha256_file(trained / name) == digest
 
@@ -254,15 +262,16 @@ def _overwrite_tail(path: Path, pattern: bytes) -> None:
 
 def test_garbage_in_the_weights_is_named_by_eval_and_embed(trained, tmp_path):
     run = _copy_run(trained, tmp_path / "run")
-    _overwrite_tail(run / "model.safetensors", b"\x01\x3f")  # finite floats
+    # eval and embed load the best validation weights by default: damage those
+    _overwrite_tail(run / "best.safetensors", b"\x01\x3f")  # finite floats
     for args in (["eval", run], ["embed", run, "--out", tmp_path / "emb", "-q"]):
         code, text = _invoke(*args)
         assert code == 2, text
         (line,) = _error_lines(text)
-        assert f"{run / 'model.safetensors'} is damaged or was changed" in line
+        assert f"{run / 'best.safetensors'} is damaged or was changed" in line
     _overwrite_tail(run / "model.safetensors", b"\xff")  # NaN bytes: still the file's fault
     with pytest.raises(CheckpointError, match="model.safetensors is damaged"):
-        load_run(run)
+        load_run(run, weights="last")
 
 
 def test_a_damaged_state_is_named_on_resume(trained, tmp_path):
@@ -311,7 +320,7 @@ def test_a_checkpoint_interrupted_after_its_state_still_resumes(tmp_path, monkey
     notes: list[str] = []
     train(None, None, run, resume=True, show_progress=False, notify=notes.append)
     assert any("newer than meta.json" in n for n in notes), notes
-    assert load_run(run).step == 6
+    assert load_run(run, weights="last").step == 6
     assert (run / "model.safetensors").read_bytes() == (full / "model.safetensors").read_bytes()
 
 
