@@ -176,3 +176,16 @@ def test_run_from_before_validation_loads_last_weights_as_best_with_a_note(tmp_p
     assert loaded.weights == "last" and loaded.step == 3 and loaded.config.train.val_every == 0
     assert "written before curvalign kept best weights" in loaded.note
     assert loaded.note in loaded.notes  # the CLI prints every note
+
+
+def test_a_store_too_small_for_a_holdout_trains_without_validation_with_a_note(tmp_path):
+    store = toy_store(num_images=6)
+    same, info = validation_store(store, 0.1, seed=0)
+    assert same is store and info["source"] == "none" and "too few" in info["reason"]
+    notes: list[str] = []
+    run = train(
+        "_toy", store, tmp_path / "run", steps=2, overrides=["batch_size=4", "tensorboard=false"],
+        show_progress=False, notify=notes.append,
+    )  # fmt: skip
+    assert run.best_step is None and any("no validation" in n for n in notes)
+    assert load_run(run).weights == "last"

@@ -298,7 +298,10 @@ class Trainer:
             train_store, self.validation_info = validation_store(
                 store, cfg.val_fraction, cfg.seed, data=f"data {config.data!r}"
             )
-            self.validation = ValidationSet(train_store)
+            if self.validation_info["source"] == "none":
+                self._note(f"no validation: {self.validation_info['reason']}")
+            else:
+                self.validation = ValidationSet(train_store)
             if self.validation_info.get("identical_to_test"):
                 self._note(
                     f"{self.validation_info['identical_to_test']} validation image(s) have "

@@ -29,6 +29,8 @@ VAL_SPLIT = "val"
 #: share of validation images identical to test images above which the split counts as overlapping
 #: test (below it they are the data's own duplicates, e.g. WordNet synsets with the same names)
 MAX_SHARED = 0.05
+#: a seeded hold-out must leave at least this many train images (else no validation, with a note)
+MIN_TRAIN_IMAGES = 8
 #: pairs scored per ``recipe.scores`` call (bounds per-pair routers such as AGR's)
 PAIR_BUDGET = 1 << 20
 
@@ -38,9 +40,11 @@ def validation_store(
 ) -> tuple[FeatureStore, dict[str, Any]]:
     """``store`` with a non-empty "val" split, and a record of where it came from.
 
-    Returns (store, {"source": "store" | "holdout", "images": n, "fraction"?, "seed"?}). A store
-    without a "val" split gets a seeded hold-out of ``fraction`` of its "train" images (every
-    image when it has no splits); the returned store labels them "val" so the sampler skips them.
+    Returns (store, {"source": "store" | "holdout" | "none", "images": n, ...}). A store without
+    a "val" split gets a seeded hold-out of ``fraction`` of its "train" images (at least one;
+    every image counts when it has no splits); the returned store labels them "val" so the
+    sampler skips them. A store too small to spare them (fewer than ``MIN_TRAIN_IMAGES`` would
+    be left) is returned as it is with source "none": the run trains without validation.
     """
     names = list(store.split_names or [])
     if VAL_SPLIT in names:
@@ -71,12 +75,14 @@ def validation_store(
     else:
         train_ids = store.split_image_ids("train") if "train" in names else torch.arange(0)
         image_split = store.image_split.clone()
-    count = round(fraction * len(train_ids))
-    if count < 1 or count >= len(train_ids):
-        raise ConfigError(
-            f"{data}: val_fraction {fraction} of its {len(train_ids)} train images leaves the "
-            "validation or the training set empty"
-        )
+    count = max(1, round(fraction * len(train_ids)))
+    if len(train_ids) - count < MIN_TRAIN_IMAGES:
+        # too small to hold anything out: train on everything, without model selection
+        return store, {
+            "source": "none",
+            "images": 0,
+            "reason": f"{len(train_ids)} train images are too few to hold out a validation split",
+        }
     gen = torch.Generator().manual_seed(int(seed))
     held = train_ids[torch.randperm(len(train_ids), generator=gen)[:count]]
     image_split[held] = len(names)
