@@ -72,7 +72,8 @@ class PhyclipConfig:
     temperature_*            tau init 0.07, floor 0.01, learnable
     scale_init               per-modality scale; None = 1/sqrt(k d) (App. C.3)
     scale_max                its upper bound (1, as MERU)
-    per_factor_scale         one scale per factor (the authors' code) instead of per modality
+    per_factor_scale         one scale per factor (the authors' code, default: measured better at
+                             k=16, docs/methods.md) instead of App. C.3's one per modality
     entailment_weight        gamma (0.2)
     eta_inter, eta_intra     0.7 (I <= T, I_box <= T_box), 1.2 (I <= I_box, T <= T_box)
     aperture_K               the cone constant K (0.1)
@@ -89,7 +90,7 @@ class PhyclipConfig:
     learn_temperature: bool = True
     scale_init: float | None = None
     scale_max: float | None = 1.0
-    per_factor_scale: bool = False
+    per_factor_scale: bool = True
     entailment_weight: float = 0.2
     eta_inter: float = 0.7
     eta_intra: float = 1.2
