@@ -52,6 +52,14 @@ def tiny_store(seed: int = 0) -> FeatureStore:
         chain_features=torch.randn(2, 3, dt, generator=g),
         text_token_features=torch.randn(nt, 3, 2, generator=g),
         text_token_mask=(torch.arange(3)[None, :] <= torch.arange(nt)[:, None] % 3).long(),
+        pair_a_token_features=torch.randn(3, 2, 2, generator=g),
+        pair_a_token_mask=torch.tensor([[1, 1], [1, 0], [1, 1]]),
+        pair_b_token_features=torch.randn(3, 4, 2, generator=g),
+        pair_b_token_mask=torch.tensor([[1, 0, 0, 0], [1, 1, 1, 1], [1, 1, 0, 0]]),
+        prompt_token_features=torch.randn(6, 2, 2, generator=g),
+        prompt_token_mask=torch.ones(6, 2, dtype=torch.long),
+        negative_token_features=torch.randn(4, 3, 2, generator=g),
+        negative_token_mask=torch.tensor([[1, 1, 1], [1, 0, 0], [1, 1, 0], [1, 1, 1]]),
         meta={"source": "test", "sizes": [6, 9]},
     )
 
@@ -126,7 +134,7 @@ def test_meta_json_describes_counts_and_groups(tmp_path: Path):
         and header["counts"]["texts"] == 9
         and header["counts"]["boxes"] == 7
     )
-    assert header["dims"] == {"image": 5, "text": 4}
+    assert header["dims"] == {"image": 5, "text": 4, "token": 2}
     assert header["groups"] == list(GROUPS)
     assert header["negative_kind_names"] == ["object_replaced", "attribute_replaced"]
     assert header["arrays"]["chain_features"] == {"shape": [2, 3, 4], "dtype": "float32"}
@@ -449,6 +457,10 @@ def test_round_trip_with_empty_groups(tmp_path: Path, mmap: bool):
         pair_a_features=torch.zeros(0, 4),
         pair_b_features=torch.zeros(0, 4),
         pair_scores=torch.zeros(0),
+        pair_a_token_features=torch.zeros(0, 2, 2),
+        pair_a_token_mask=torch.zeros(0, 2, dtype=torch.long),
+        pair_b_token_features=torch.zeros(0, 4, 2),
+        pair_b_token_mask=torch.zeros(0, 4, dtype=torch.long),
         chain_features=torch.zeros(0, 3, 4),
     )
     store.save(tmp_path / "s")

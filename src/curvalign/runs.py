@@ -169,6 +169,19 @@ def _weights_step(path: Path) -> int | None:
         return None
 
 
+def reads_text_tokens(config: RunConfig) -> bool:
+    """Whether the recipe of ``config``, so configured, embeds texts from token features
+    (``Recipe.reads_text_tokens``), asked before it is built."""
+    return bool(recipe_class(config.recipe).reads_text_tokens(config.recipe_config_object()))
+
+
+def recipe_input_dims(config: RunConfig, store: Any) -> tuple[int, int]:
+    """(image, text) input widths of ``config``'s recipe on ``store`` (a FeatureStore): the
+    pooled feature widths, or the token width ``Dk`` as the text width when the recipe reads
+    text tokens (a store without tokens is one clear error, ``FeatureStoreError``)."""
+    return store.input_dims(text_tokens=reads_text_tokens(config))
+
+
 def build_recipe(config: RunConfig, image_dim: int, text_dim: int) -> Recipe:
     """The recipe of ``config`` with fresh parameters (seed the RNG first for a reproducible init)."""
     cls = recipe_class(config.recipe)
@@ -306,5 +319,7 @@ __all__ = [
     "read_config",
     "read_log",
     "read_meta",
+    "reads_text_tokens",
+    "recipe_input_dims",
     "verify_checksum",
 ]

@@ -20,6 +20,11 @@ class Batch:
     box_image, box_text   [B, Di], [B, Dt]: one box per image, matched with its noun phrase;
                           ``box_image[i]`` is a crop of ``image[i]``
     pair_a, pair_b        [P, Dt], [P, Dt]: scored text-text pairs; ``pair_score`` [P] in [0, 1]
+    text_mask, pair_a_mask, pair_b_mask
+                          None, unless the recipe reads text tokens (``Recipe.reads_text_tokens``):
+                          then ``text``, ``pair_a``, ``pair_b`` are token features [B, L, Dk]
+                          ([P, L, Dk]) and these their masks [B, L] (1 = token, 0 = padding);
+                          images (and boxes) stay pooled vectors
     """
 
     image: Tensor
@@ -29,6 +34,9 @@ class Batch:
     pair_a: Tensor | None = None
     pair_b: Tensor | None = None
     pair_score: Tensor | None = None
+    text_mask: Tensor | None = None
+    pair_a_mask: Tensor | None = None
+    pair_b_mask: Tensor | None = None
 
     def to(self, device: torch.device | str) -> Batch:
         return Batch(

@@ -1163,15 +1163,16 @@ def _encode_text_parts(
 
 
 def _concat_tokens(
-    shards: _Shards, keys: list[str], keep: np.ndarray | None = None
+    shards: _Shards, keys: list[str], keep: np.ndarray | None = None, name: str = "texts"
 ) -> tuple[Tensor, Tensor]:
-    """Token parts of ``keys`` (rows where ``keep``), right-padded to the longest, memory-mapped."""
+    """Token parts of ``keys`` (rows where ``keep``), right-padded to the longest, memory-mapped
+    (``assembled-{name}-tokens.npy`` in the shard folder; ``FeatureStore.save`` copies it)."""
     parts = [(shards.load_part(k, "tokens"), shards.load_part(k, "mask")) for k in keys]
     length = max(int(t.shape[1]) for t, _ in parts)
     dim = int(parts[0][0].shape[2])
     total = sum(t.shape[0] for t, _ in parts) if keep is None else int(keep.sum())
     feats = np.lib.format.open_memmap(
-        shards.root / "assembled-tokens.npy",
+        shards.root / f"assembled-{name}-tokens.npy",
         mode="w+",
         dtype=np.float32,
         shape=(total, length, dim),
@@ -1219,7 +1220,9 @@ def extract_texts(
     * ``pairs`` (scored text pairs, DualPath): the pair group; alone, ``a`` is the "image" row
       and ``b`` its text.
 
-    ``tokens`` also stores the texts' token-level features and mask (``text_tokens`` group).
+    ``tokens`` also stores token-level features and masks of every text part it writes (groups
+    ``tokens`` for the texts, ``prompt_tokens``, ``pair_tokens``; a recipe that pools tokens,
+    DualPath with ``pool_tokens=true``, embeds all of them). The image side stays pooled.
     ``meta.text_only`` is true and ``meta.image_side`` says what the image rows are.
     """
     from curvalign.data.readers import _read_string_list, read_text_pairs
@@ -1295,12 +1298,18 @@ def extract_texts(
     sources: dict[str, list[str]] = {"anchors": anchors, "texts": texts, "prompts": prompts}
     if text_pairs is not None and not pairs_alone:
         sources.update(pair_a=text_pairs.a, pair_b=text_pairs.b)
+    # every text part the store holds gets tokens; the anchors only when they are pair text a
+    token_kinds = (
+        {"texts", "prompts", "pair_a", "pair_b"} | ({"anchors"} if pairs_alone else set())
+        if tokens
+        else set()
+    )
     fingerprint = _digest(
         {
             "encoder": enc.spec,
             "layout": "texts",
             "sources": {k: _digest(v) for k, v in sources.items()},
-            "tokens": tokens,
+            "tokens": sorted(token_kinds),
             "shard_size": shard_size,
         }
     )
@@ -1327,7 +1336,7 @@ def extract_texts(
                         enc,
                         [sources[kind][i] for i in rows],
                         batch_size,
-                        tokens and kind == "texts",
+                        kind in token_kinds,
                     )
                 shards.save_parts(key, arrays, {})
                 computed += 1
@@ -1365,8 +1374,22 @@ def extract_texts(
         )
     if tokens:
         fields["text_token_features"], fields["text_token_mask"] = _concat_tokens(
-            shards, keys["texts"]
+            shards, keys["texts"], name="texts"
         )
+        if names is not None:
+            fields["prompt_token_features"], fields["prompt_token_mask"] = _concat_tokens(
+                shards, keys["prompts"], name="prompts"
+            )
+        if text_pairs is not None:
+            a_key, b_key = ("anchors", "texts") if pairs_alone else ("pair_a", "pair_b")
+            fields["pair_a_token_features"], fields["pair_a_token_mask"] = _concat_tokens(
+                shards, keys[a_key], name="pair_a"
+            )
+            if b_key == "texts":
+                b_tokens = (fields["text_token_features"], fields["text_token_mask"])
+            else:
+                b_tokens = _concat_tokens(shards, keys[b_key], name="pair_b")
+            fields["pair_b_token_features"], fields["pair_b_token_mask"] = b_tokens
     meta = {
         **enc.describe(),
         "image_dim": dim,

@@ -41,6 +41,13 @@ text tokens (optional; token-level features for attention pooling, DualPath seed
                                            right-padded to the longest text (Dk may differ
                                            from Dt: hidden width, not the projection)
     text_token_mask     long  [Nt, L]      1 for a real token, 0 for padding; >= 1 per row
+  the other text parts may carry tokens the same way, each part its own optional group with its
+  own L (a recipe that reads tokens, ``Recipe.reads_text_tokens``, embeds every text from them):
+    pair_tokens      pair_a_token_features [Np, La, Dk], pair_a_token_mask [Np, La],
+                     pair_b_token_features [Np, Lb, Dk], pair_b_token_mask [Np, Lb]
+    prompt_tokens    prompt_token_features [Nq, Lq, Dk], prompt_token_mask [Nq, Lq]
+    negative_tokens  negative_token_features [Nn, Ln, Dk], negative_token_mask [Nn, Ln]
+  every token part has the same Dk; image rows stay pooled vectors (there are no image tokens).
 text chains (optional; hierarchy ordering, seed 001)
     chain_features   float [Nc, L, Dt] texts from general to specific (attribute -> noun -> caption)
 image chains use the boxes: crop (general) -> full image (specific).
@@ -103,6 +110,10 @@ FLOAT_FIELDS = (
     "negative_features",
     "chain_features",
     "text_token_features",
+    "pair_a_token_features",
+    "pair_b_token_features",
+    "prompt_token_features",
+    "negative_token_features",
 )
 INDEX_FIELDS = (
     "text_to_image",
@@ -115,6 +126,10 @@ INDEX_FIELDS = (
     "negative_to_text",
     "negative_kind",
     "text_token_mask",
+    "pair_a_token_mask",
+    "pair_b_token_mask",
+    "prompt_token_mask",
+    "negative_token_mask",
 )
 TENSOR_FIELDS = FLOAT_FIELDS + INDEX_FIELDS
 LIST_FIELDS = ("split_names", "class_names", "taxonomy_names", "negative_kind_names")
@@ -133,6 +148,33 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "negatives": ("negative_features", "negative_to_text", "negative_kind", "negative_kind_names"),
     "chains": ("chain_features",),
     "tokens": ("text_token_features", "text_token_mask"),
+    "pair_tokens": (
+        "pair_a_token_features",
+        "pair_a_token_mask",
+        "pair_b_token_features",
+        "pair_b_token_mask",
+    ),
+    "prompt_tokens": ("prompt_token_features", "prompt_token_mask"),
+    "negative_tokens": ("negative_token_features", "negative_token_mask"),
+}
+#: the text parts of a store: part -> (pooled features, token features, token mask, its group)
+TEXT_PARTS: dict[str, tuple[str, str, str, str]] = {
+    "text": ("text_features", "text_token_features", "text_token_mask", "tokens"),
+    "pair_a": ("pair_a_features", "pair_a_token_features", "pair_a_token_mask", "pair_tokens"),
+    "pair_b": ("pair_b_features", "pair_b_token_features", "pair_b_token_mask", "pair_tokens"),
+    "prompt": ("prompt_features", "prompt_token_features", "prompt_token_mask", "prompt_tokens"),
+    "negative": (
+        "negative_features",
+        "negative_token_features",
+        "negative_token_mask",
+        "negative_tokens",
+    ),
+}
+#: the group a token group needs (its text part's own group)
+_TOKEN_GROUP_NEEDS = {
+    "pair_tokens": "text_pairs",
+    "prompt_tokens": "classes",
+    "negative_tokens": "negatives",
 }
 
 # Rows per chunk when scanning float arrays for NaN/inf: bounded memory on memory-mapped stores.
@@ -178,6 +220,14 @@ class FeatureStore:
 
     text_token_features: Tensor | None = None
     text_token_mask: Tensor | None = None
+    pair_a_token_features: Tensor | None = None
+    pair_a_token_mask: Tensor | None = None
+    pair_b_token_features: Tensor | None = None
+    pair_b_token_mask: Tensor | None = None
+    prompt_token_features: Tensor | None = None
+    prompt_token_mask: Tensor | None = None
+    negative_token_features: Tensor | None = None
+    negative_token_mask: Tensor | None = None
 
     image_paths: list[str] | None = None
     image_texts: list[str] | None = None
@@ -228,6 +278,57 @@ class FeatureStore:
     @property
     def has_tokens(self) -> bool:
         return self.text_token_features is not None
+
+    @property
+    def token_dim(self) -> int | None:
+        """Dk, the width of the token features (the same for every token part), or None."""
+        for _, tokens, _, _ in TEXT_PARTS.values():
+            value = getattr(self, tokens)
+            if value is not None:
+                return int(value.shape[-1])
+        return None
+
+    def has_text_tokens(self, part: str) -> bool:
+        """True when text part ``part`` (a key of ``TEXT_PARTS``) carries token features."""
+        return getattr(self, TEXT_PARTS[part][1]) is not None
+
+    def input_dims(self, text_tokens: bool = False) -> tuple[int, int]:
+        """(image, text) input widths of a recipe trained here: ``(Di, Dt)``, or ``(Di, Dk)`` when
+        it reads text tokens (``text_tokens``); a store without caption tokens is then an error."""
+        if not text_tokens:
+            return self.image_dim, self.text_dim
+        if not self.has_tokens:
+            raise FeatureStoreError(
+                "the recipe reads token-level text features but this store has none "
+                "(text_token_features is absent); extract the texts with `curvalign extract "
+                "--tokens` (an encoder that gives tokens: hf-clip, sentence-transformers), or "
+                "configure the recipe for pooled features"
+            )
+        assert self.token_dim is not None
+        return self.image_dim, self.token_dim
+
+    def text_rows(
+        self, part: str, index: Tensor | slice, tokens: bool = False
+    ) -> tuple[Tensor, Tensor | None]:
+        """Rows ``index`` of text part ``part`` (a key of ``TEXT_PARTS``) as float32.
+
+        ``tokens=False``: ``([n, Dt] pooled features, None)``. ``tokens=True``: ``([n, L', Dk]
+        token features, [n, L'] mask)``, cut to the longest sequence among these rows (L' <= L:
+        columns that are padding in every row change nothing under a mask and cost time).
+        """
+        features, token_field, mask_field, group = TEXT_PARTS[part]
+        if not tokens:
+            return torch.as_tensor(getattr(self, features)[index]).float(), None
+        values, mask = getattr(self, token_field), getattr(self, mask_field)
+        if values is None or mask is None:
+            raise FeatureStoreError(
+                f"the recipe reads token-level text features but this store's {part} texts have "
+                f"none ({token_field} is absent, group {group!r}); extract them with "
+                "`curvalign extract --tokens`"
+            )
+        m = torch.as_tensor(mask[index]).long()
+        width = int((m != 0).long().cumsum(1).argmax(1).max()) + 1 if m.numel() else 1
+        return torch.as_tensor(values[index][:, :width]).float(), m[:, :width]
 
     @property
     def groups(self) -> list[str]:
@@ -309,6 +410,10 @@ class FeatureStore:
             changes["negative_features"] = self.negative_features[neg_ids]
             changes["negative_to_text"] = new_text[self.negative_to_text[neg_ids].long()]
             changes["negative_kind"] = self.negative_kind[neg_ids]
+            if self.negative_token_features is not None:
+                assert self.negative_token_mask is not None
+                changes["negative_token_features"] = self.negative_token_features[neg_ids]
+                changes["negative_token_mask"] = self.negative_token_mask[neg_ids]
         for name in ("image_paths", "image_texts"):
             if getattr(self, name) is not None:
                 changes[name] = [getattr(self, name)[i] for i in ids.tolist()]
@@ -343,6 +448,9 @@ class FeatureStore:
         if self.has_tokens:
             assert self.text_token_features is not None
             parts.append(f"text_tokens={tuple(self.text_token_features.shape[1:])}")
+        token_parts = [p for p in TEXT_PARTS if p != "text" and self.has_text_tokens(p)]
+        if token_parts:
+            parts.append(f"tokens_of={token_parts}")
         if self.split_names is not None:
             parts.append(f"splits={self.split_names}")
         return f"FeatureStore({', '.join(parts)})"
@@ -526,7 +634,11 @@ class FeatureStore:
                 "chains": _rows(self.chain_features),
                 "text_tokens": _rows(self.text_token_features),
             },
-            "dims": {"image": self.image_dim, "text": self.text_dim},
+            "dims": {
+                "image": self.image_dim,
+                "text": self.text_dim,
+                **({"token": self.token_dim} if self.token_dim is not None else {}),
+            },
             "groups": self.groups,
             "arrays": {
                 name: {
@@ -605,6 +717,10 @@ def _validate(
             )
     if store.taxonomy_parents is not None and store.class_names is None:
         fail("the taxonomy group needs the classes group (class_to_node maps classes to nodes)")
+    present_groups = store.groups
+    for group, needs in _TOKEN_GROUP_NEEDS.items():
+        if group in present_groups and needs not in present_groups:
+            fail(f"the {group} group needs the {needs} group (tokens of texts it holds)")
 
     for name in TENSOR_FIELDS:
         value = getattr(store, name)
@@ -655,9 +771,11 @@ def _validate(
     ndim("prompt_features", 2, "[prompts, text_dim]")
     ndim("negative_features", 2, "[negatives, text_dim]")
     ndim("chain_features", 3, "[chains, chain_length, text_dim]")
-    ndim("text_token_features", 3, "[texts, tokens, token_dim]")
-    ndim("text_token_mask", 2, "[texts, tokens]")
-    for name in ("pair_scores",) + tuple(f for f in INDEX_FIELDS if f != "text_token_mask"):
+    for _, token_field, mask_field, _ in TEXT_PARTS.values():
+        ndim(token_field, 3, "[rows, tokens, token_dim]")
+        ndim(mask_field, 2, "[rows, tokens]")
+    masks = {m for _, _, m, _ in TEXT_PARTS.values()}
+    for name in ("pair_scores",) + tuple(f for f in INDEX_FIELDS if f not in masks):
         ndim(name, 1, "one entry per row")
 
     di, dt = store.image_dim, store.text_dim
@@ -691,20 +809,30 @@ def _validate(
     same_rows("image_labels", "image_features", "one label per image")
     same_rows("negative_to_text", "negative_features", "one true text per negative")
     same_rows("negative_kind", "negative_features", "one kind per negative")
-    same_rows("text_token_features", "text_features", "one token sequence per text")
-    if store.text_token_features is not None and store.text_token_mask is not None:
-        if store.text_token_mask.shape != store.text_token_features.shape[:2]:
+    token_dim: tuple[str, int] | None = None
+    for part, (features, token_field, mask_field, _) in TEXT_PARTS.items():
+        tokens, mask = getattr(store, token_field), getattr(store, mask_field)
+        if tokens is None or mask is None:
+            continue
+        same_rows(token_field, features, f"one token sequence per {part} text")
+        if token_dim is None:
+            token_dim = (token_field, int(tokens.shape[-1]))
+        elif tokens.shape[-1] != token_dim[1]:
             fail(
-                f"{describe('text_token_mask')} has shape {list(store.text_token_mask.shape)} but "
-                f"{describe('text_token_features')} has {list(store.text_token_features.shape[:2])} "
-                "(texts, tokens)"
+                f"{describe(token_field)} has token dimension {tokens.shape[-1]} but "
+                f"{describe(token_dim[0])} has {token_dim[1]} (one encoder makes every token part)"
             )
-        mask = store.text_token_mask
+        if mask.shape != tokens.shape[:2]:
+            fail(
+                f"{describe(mask_field)} has shape {list(mask.shape)} but "
+                f"{describe(token_field)} has {list(tokens.shape[:2])} (rows, tokens)"
+            )
         if mask.numel() and bool(((mask != 0) & (mask != 1)).any()):
-            fail(f"{describe('text_token_mask')} must hold 0 (padding) or 1 (token) only")
+            fail(f"{describe(mask_field)} must hold 0 (padding) or 1 (token) only")
         if mask.numel() and bool((mask.sum(dim=1) == 0).any()):
             first = int(torch.nonzero(mask.sum(dim=1) == 0)[0])
-            fail(f"{describe('text_token_mask')}: text {first} has no token (an all-zero row)")
+            what = "text" if part == "text" else f"{part} text"
+            fail(f"{describe(mask_field)}: {what} {first} has no token (an all-zero row)")
     if store.taxonomy_parents is not None:
         assert (
             store.taxonomy_names is not None

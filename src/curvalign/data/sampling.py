@@ -14,6 +14,11 @@ in one batch would be its own negative). Text pairs are visited the same way, in
 Values. Every drawn row is checked for NaN/inf (cheap: O(batch)); a bad one stops training with
 the field and row named. (Stores loaded from disk are validated in full when loaded.)
 
+Text tokens. For a recipe that reads token-level text features (``text_tokens=True``), the
+captions and the text pairs of a batch are token features with their masks (``Batch.text_mask``,
+``pair_a_mask``, ``pair_b_mask``), cut to the batch's longest sequence; the same rows are drawn
+as with pooled features, so the draws do not depend on it. Images and boxes stay pooled vectors.
+
 Boxes. When the recipe requires boxes, only images with at least one box are trained on (the
 box terms need a crop of every image in the batch); how many were left out is reported in
 ``summary``. Images without any caption cannot form a pair and are left out likewise.
@@ -31,7 +36,7 @@ import torch
 from torch import Tensor
 
 from curvalign.data.batch import Batch
-from curvalign.data.features import FeatureStore
+from curvalign.data.features import TEXT_PARTS, FeatureStore
 from curvalign.errors import CurvalignError
 
 
@@ -105,7 +110,8 @@ def _check_rows(name: str, rows: Tensor, index: Tensor) -> None:
 class BatchSampler:
     """Draws training batches from a FeatureStore (see the module docstring).
 
-    ``requires`` is the recipe's ``requires`` (subset of {"boxes", "text_pairs"}); ``recipe``
+    ``requires`` is the recipe's ``requires`` (subset of {"boxes", "text_pairs"});
+    ``text_tokens`` is the recipe's ``text_tokens`` (texts as token features + masks); ``recipe``
     and ``data`` only name things in error messages.
     """
 
@@ -120,8 +126,10 @@ class BatchSampler:
         split: str = "train",
         recipe: str = "this recipe",
         data: str = "this data",
+        text_tokens: bool = False,
     ) -> None:
         self.store = store
+        self.text_tokens = bool(text_tokens)
         self.batch_size = int(batch_size)
         self.requires = frozenset(requires)
         self.pair_batch_size = int(pair_batch_size)
@@ -138,6 +146,15 @@ class BatchSampler:
                 f"recipe {recipe} trains on scored text pairs; data {data!r} has none "
                 "(a feature store with pair_a_features, pair_b_features, pair_scores)"
             )
+        if self.text_tokens:
+            parts = ["text"] + (["pair_a"] if "text_pairs" in self.requires else [])
+            for part in parts:
+                if not store.has_text_tokens(part):
+                    raise SamplingError(
+                        f"recipe {recipe} reads token-level text features; the {part} texts of "
+                        f"data {data!r} have none (extract them with `curvalign extract "
+                        "--tokens`, or configure the recipe for pooled features)"
+                    )
         if split == "train" and (store.split_names is None or store.image_split is None):
             split_ids = torch.arange(store.num_images)
         elif store.split_names is not None and split not in store.split_names:
@@ -232,15 +249,19 @@ class BatchSampler:
             _check_rows(name, out, index)  # O(batch): a bad row is caught when it is first drawn
             return out
 
-        batch = Batch(
-            image=rows("image_features", idx["image"]), text=rows("text_features", idx["text"])
-        )
+        def text_rows(part: str, index: Tensor) -> tuple[Tensor, Tensor | None]:
+            out, mask = s.text_rows(part, index, tokens=self.text_tokens)
+            _check_rows(TEXT_PARTS[part][1 if self.text_tokens else 0], out, index)
+            return out, mask
+
+        text, text_mask = text_rows("text", idx["text"])
+        batch = Batch(image=rows("image_features", idx["image"]), text=text, text_mask=text_mask)
         if "box" in idx:
             batch.box_image = rows("box_image_features", idx["box"])
             batch.box_text = rows("box_text_features", idx["box"])
         if "pair" in idx:
-            batch.pair_a = rows("pair_a_features", idx["pair"])
-            batch.pair_b = rows("pair_b_features", idx["pair"])
+            batch.pair_a, batch.pair_a_mask = text_rows("pair_a", idx["pair"])
+            batch.pair_b, batch.pair_b_mask = text_rows("pair_b", idx["pair"])
             batch.pair_score = rows("pair_scores", idx["pair"])
         return batch
 

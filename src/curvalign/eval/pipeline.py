@@ -58,6 +58,37 @@ def embed(recipe: Recipe, features: Tensor, modality: str, batch_size: int = 102
 
 
 @torch.no_grad()
+def embed_text_part(
+    recipe: Recipe, store: FeatureStore, part: str, ids: Tensor, batch_size: int = 1024
+) -> Embedding:
+    """Embed rows ``ids`` of the store's text part ``part`` (a key of ``TEXT_PARTS``: "text",
+    "prompt", "negative", ...) as the recipe reads texts: pooled features [n, Dt], or token
+    features [n, L, Dk] with their masks when ``recipe.text_tokens`` (each batch cut to its
+    longest sequence, so a memory-mapped token array is read one batch at a time)."""
+    if not recipe.text_tokens:
+        return embed(recipe, store.text_rows(part, ids)[0], "text", batch_size)
+    parts = []
+    for start in range(0, len(ids), batch_size):
+        tokens, mask = store.text_rows(part, ids[start : start + batch_size], tokens=True)
+        parts.append(recipe.embed_texts(tokens, mask))
+    if not parts:
+        raise InputError(f"no {part} texts to embed")
+    return {k: torch.cat([p[k] for p in parts], dim=0) for k in parts[0]}
+
+
+def check_inputs(recipe: Recipe, store: FeatureStore) -> None:
+    """One clear error when ``store``'s features do not fit ``recipe``'s input widths (pooled
+    features, or the token width when the recipe reads text tokens)."""
+    dims = store.input_dims(text_tokens=recipe.text_tokens)
+    if dims != (recipe.image_dim, recipe.text_dim):
+        text = "text token" if recipe.text_tokens else "text"
+        raise InputError(
+            f"the store has image/{text} features of dimension {dims[0]}/{dims[1]} but the "
+            f"run takes {recipe.image_dim}/{recipe.text_dim}: extracted with another encoder"
+        )
+
+
+@torch.no_grad()
 def score_matrix(
     recipe: Recipe, texts: Embedding, images: Embedding, query: Query = "text"
 ) -> Tensor:
@@ -141,15 +172,36 @@ def embed_split(
     recipe: Recipe, store: FeatureStore, split: str, batch_size: int = 1024
 ) -> SplitEmbeddings:
     """Embed the split's images and captions, and the class prompts if the store has classes."""
+    check_inputs(recipe, store)
     image_ids, text_ids, t2i = split_rows(store, split)
     images = embed(recipe, store.image_features[image_ids].float(), "image", batch_size)
-    texts = embed(recipe, store.text_features[text_ids].float(), "text", batch_size)
+    texts = embed_text_part(recipe, store, "text", text_ids, batch_size)
     prompts = (
-        embed(recipe, store.prompt_features.float(), "text", batch_size)
-        if store.has_classes
+        embed_text_part(
+            recipe, store, "prompt", torch.arange(store.prompt_features.shape[0]), batch_size
+        )
+        if store.has_classes and (not recipe.text_tokens or store.has_text_tokens("prompt"))
         else None
     )
     return SplitEmbeddings(split, image_ids, text_ids, t2i, images, texts, prompts)
+
+
+def token_skips(recipe: Recipe, store: FeatureStore) -> list[str]:
+    """Stages left out because the recipe reads text tokens and a text part the store has
+    carries none (its pooled features cannot stand in)."""
+    if not recipe.text_tokens:
+        return []
+    parts = (
+        ("zeroshot", "prompt", store.has_classes),
+        ("compositional", "negative", store.has_negatives),
+        ("ordering (text chains)", "chain", store.has_chains),
+    )
+    return [
+        f"{stage}: the store's {part} texts have no token features and {recipe.name} reads "
+        "text tokens (extract with --tokens)"
+        for stage, part, present in parts
+        if present and (part == "chain" or not store.has_text_tokens(part))
+    ]
 
 
 # --- stages -----------------------------------------------------------------------------------
@@ -207,7 +259,9 @@ def compositional_stage(
     keep = torch.nonzero(owner >= 0).flatten()
     if not len(keep):
         return None
-    negatives = embed(recipe, store.negative_features[keep].float(), "text", batch_size)
+    if recipe.text_tokens and not store.has_text_tokens("negative"):
+        return None  # listed in meta.skipped (token_skips)
+    negatives = embed_text_part(recipe, store, "negative", keep, batch_size)
     paired_images = slice_embedding(emb.images, emb.text_to_image[owner[keep]])
     true = matched_scores(
         recipe, slice_embedding(emb.texts, owner[keep]), paired_images, query="image"
@@ -235,7 +289,7 @@ def ordering_stage(
         "image": None,
         "note": "distance to the origin of the hyperbolic part, chains general -> specific",
     }
-    if store.has_chains:
+    if store.has_chains and not recipe.text_tokens:  # chains hold pooled features only
         chains = store.chain_features.float()
         n, length, dim = chains.shape
         chain_emb = embed(recipe, chains.reshape(n * length, dim), "text", batch_size)
@@ -362,6 +416,7 @@ def run_evaluation(
                 "split": split,
                 "num_images": len(emb.image_ids),
                 "num_texts": len(emb.text_ids),
+                **({"skipped": skips} if (skips := token_skips(recipe, store)) else {}),
             },
             "retrieval": retrieval_stage(recipe, emb),
         }
@@ -389,6 +444,8 @@ __all__ = [
     "SplitEmbeddings",
     "embed",
     "embed_split",
+    "embed_text_part",
+    "check_inputs",
     "matched_scores",
     "run_evaluation",
     "score_matrix",

@@ -88,31 +88,44 @@ def embed_store(
     out.parent.mkdir(parents=True, exist_ok=True)
     if out.exists() and not (out / META_FILE).exists() and any(out.iterdir()):
         raise OverwriteError(f"{out} exists and is not an embeddings directory; not overwriting it")
-    parts: list[tuple[str, Any, Callable[[torch.Tensor], Embedding]]] = [
-        ("images", store.image_features, recipe.embed_images),
-        ("texts", store.text_features, recipe.embed_texts),
+    if boxes and recipe.text_tokens:
+        raise InputError(
+            f"--boxes: {recipe.name} reads text tokens and box texts have no token features"
+        )
+
+    def pooled(features: Any, fn: Callable[[torch.Tensor], Embedding]) -> Callable:
+        return lambda rows: fn(torch.as_tensor(np.asarray(features[rows]), dtype=torch.float32))
+
+    def texts(rows: slice) -> Embedding:
+        # a recipe that reads text tokens gets tokens + masks (Recipe.reads_text_tokens)
+        return recipe.embed_texts(*store.text_rows("text", rows, tokens=True))
+
+    parts: list[tuple[str, int, Callable[[slice], Embedding]]] = [
+        ("images", store.num_images, pooled(store.image_features, recipe.embed_images)),
+        (
+            "texts",
+            store.num_texts,
+            texts if recipe.text_tokens else pooled(store.text_features, recipe.embed_texts),
+        ),
     ]
     if boxes:
+        n_boxes = int(store.box_image_features.shape[0])
         parts += [
-            ("box_images", store.box_image_features, recipe.embed_images),
-            ("box_texts", store.box_text_features, recipe.embed_texts),
+            ("box_images", n_boxes, pooled(store.box_image_features, recipe.embed_images)),
+            ("box_texts", n_boxes, pooled(store.box_text_features, recipe.embed_texts)),
         ]
     keys: dict[str, dict[str, Any]] = {}
     counts: dict[str, int] = {}
     files: dict[str, dict[str, str]] = {}
     geometry = recipe.embedding_geometry
     with staged_directory(out) as tmp:
-        for side, features, embed in parts:
-            n = int(features.shape[0])
+        for side, n, embed_rows in parts:
             counts[side] = n
             files[side] = {}
             maps: dict[str, np.memmap] = {}
             advance = progress(f"embedding {side}", n) if progress else None
             for start in range(0, n, batch_size):
-                batch = torch.as_tensor(
-                    np.asarray(features[start : start + batch_size]), dtype=torch.float32
-                )
-                emb = embed(batch)
+                emb = embed_rows(slice(start, min(n, start + batch_size)))
                 for key, value in emb.items():
                     value = value.detach().float().cpu().numpy()
                     if key not in maps:
@@ -136,7 +149,7 @@ def embed_store(
                         )
                     maps[key][start : start + len(value)] = value
                 if advance:
-                    advance(len(batch))
+                    advance(min(n, start + batch_size) - start)
             for m in maps.values():
                 m.flush()
             del maps

@@ -414,6 +414,11 @@ class Searcher:
     ) -> list[SearchResults]:
         """Search with precomputed encoder features ``[n, D]`` (the encoder step excluded)."""
         self._check_modality(modality)
+        if modality == "text" and self.run.recipe.text_tokens:
+            raise SearchError(
+                f"the run {self.run.run_dir} reads text tokens [n, L, D] with a mask; search it "
+                "from text (the encoder gives the tokens), not with pooled text features"
+            )
         feats = torch.as_tensor(np.asarray(features), dtype=torch.float32)
         want = int(self.run.meta["image_dim" if modality == "image" else "text_dim"])
         if feats.ndim != 2 or feats.shape[1] != want:
@@ -433,8 +438,24 @@ class Searcher:
         if not queries:
             return []
         with self._lock:
+            if modality == "text" and self.run.recipe.text_tokens:
+                return self._search_embedding(self._embed_text_tokens(queries), labels, "text", k)
             feats = self._features(queries, modality)
             return self._search_embedding(self.embed(feats, modality), labels, modality, k)
+
+    def _embed_text_tokens(self, queries: Sequence[str]) -> Embedding:
+        """Text queries of a run that reads text tokens: the encoder's token features + mask."""
+        enc = self.encoder()
+        tokens, mask = enc.encode_text_tokens(list(queries))
+        want = int(self.run.meta["text_dim"])
+        if tokens.shape[-1] != want:
+            raise SearchError(
+                f"encoder {enc.spec!r} gives token features of dimension {tokens.shape[-1]} but "
+                f"the run {self.run.run_dir} was trained on {want}-dimensional text tokens"
+            )
+        with torch.no_grad():
+            emb = self.run.recipe.embed_texts(tokens.float(), mask.long())
+        return {k: v.detach().cpu() for k, v in emb.items()}
 
     def _search_embedding(
         self, emb: Embedding, labels: list[str], modality: Modality, k: int

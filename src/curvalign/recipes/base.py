@@ -199,13 +199,29 @@ class Recipe(nn.Module):
         self.image_dim = image_dim
         self.text_dim = text_dim
 
+    # --- inputs -------------------------------------------------------------------------------
+    @classmethod
+    def reads_text_tokens(cls, config) -> bool:
+        """True when the recipe, so configured, embeds texts from token-level features: then
+        ``embed_texts(tokens [N, L, Dk], mask [N, L])`` instead of ``embed_texts([N, Dt])``, and
+        ``text_dim`` is ``Dk``. The trainer, the sampler, eval and index ask this (before the
+        recipe is built, hence a class method) and feed every text part as tokens + mask from
+        the store's token groups; images stay pooled vectors. Default: pooled features."""
+        return False
+
+    @property
+    def text_tokens(self) -> bool:
+        """``reads_text_tokens`` of this recipe's config."""
+        return self.reads_text_tokens(self.config)
+
     # --- embeddings -------------------------------------------------------------------------
     def embed_images(self, features: Tensor) -> Embedding:
         """[N, Di] image features -> Embedding with N items."""
         raise NotImplementedError
 
     def embed_texts(self, features: Tensor) -> Embedding:
-        """[N, Dt] text features -> Embedding with N items."""
+        """[N, Dt] text features -> Embedding with N items (a recipe that ``reads_text_tokens``
+        takes ``(tokens [N, L, Dk], mask [N, L])``)."""
         raise NotImplementedError
 
     # --- ranking ----------------------------------------------------------------------------

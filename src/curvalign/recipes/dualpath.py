@@ -3,8 +3,11 @@
 Head       ``curvalign.nn.dualpath.DualPathHead``: per-modality input adapters into a common
            width, learned task prefixes, shared ``Dropout(GELU(W_1 h))``, text path and
            multimodal path mixed by ``g = sigmoid(theta)`` (theta init -5) for image inputs only,
-           residual ``a z + (1 - a) W_r h`` (a init 0.5); optional attention pooling
-           (``curvalign.nn.pooling``, K = 4) when the inputs are token sequences.
+           residual ``a z + (1 - a) W_r h`` (a init 0.5); with ``pool_tokens`` the texts are
+           token sequences attention-pooled (``curvalign.nn.pooling``, K = 4 queries) before
+           the head: the recipe ``reads_text_tokens``, so training and evaluation feed every
+           text (captions, pairs, prompts, negatives) as tokens + mask from the store's token
+           groups. Images stay pooled vectors (stores hold no image tokens).
 Embedding  {"point": [N, d]} unit vectors; the score is the cosine.
 Curriculum ``curvalign.schedules.DualPathCurriculum``. Phase 1 (up to ``switch_at``, the paper's
            1M of 7.5M samples): scored text pairs only. At the first Phase-2 step
@@ -63,8 +66,9 @@ class DualPathConfig:
     gate_init                         theta_0 (-5.0: g = 0.0067)
     residual_init                     a at initialisation (0.5)
     task_prefix                       learned per-task prefix vectors ("text_pair", "image_text")
-    pool_tokens, pool_queries         inputs are token sequences [N, L, D], attention-pooled with
-                                      K queries (4); off for pooled feature stores
+    pool_tokens, pool_queries         texts are token sequences [N, L, Dk] (+ mask), attention-
+                                      pooled with K queries (4); needs a store extracted with
+                                      --tokens; off for pooled feature stores
     switch_at, gate_warmup, loss_warmup, schedule_unit   the curriculum (fractions of the run by
                                       default: 1/7.5, 1000 x 512 / 7.5M, 1/7.5)
     temperature_*, score_weight_*, rank_weight_*         Sec. 4.4's ramps
@@ -140,13 +144,14 @@ class DualPath(CosineRecipe):
         super().__init__(config, image_dim, text_dim)
         cfg = config
         self.curriculum = cfg.curriculum
-        if cfg.pool_tokens:
-            self.image_pool: AttentionPooling | None = AttentionPooling(image_dim, cfg.pool_queries)
-            self.text_pool: AttentionPooling | None = AttentionPooling(text_dim, cfg.pool_queries)
-            dims = {"image": self.image_pool.out_dim, "text": self.text_pool.out_dim}
-        else:
-            self.image_pool = self.text_pool = None
-            dims = {"image": image_dim, "text": text_dim}
+        # texts only: a store holds token features for texts, images are pooled vectors
+        self.text_pool: AttentionPooling | None = (
+            AttentionPooling(text_dim, cfg.pool_queries) if cfg.pool_tokens else None
+        )
+        dims = {
+            "image": image_dim,
+            "text": self.text_pool.out_dim if self.text_pool is not None else text_dim,
+        }
         self.head = DualPathHead(
             dims,
             cfg.model_dim,
@@ -159,6 +164,10 @@ class DualPath(CosineRecipe):
         )
         # 1 once the multimodal path has been copied from the text path (survives checkpoints)
         self.register_buffer("switched", torch.zeros((), dtype=torch.bool))
+
+    @classmethod
+    def reads_text_tokens(cls, config: DualPathConfig) -> bool:
+        return bool(config.pool_tokens)
 
     # --- embeddings ---------------------------------------------------------------------------
     def _inputs(
@@ -184,8 +193,8 @@ class DualPath(CosineRecipe):
             )
         return features
 
-    def embed_images(self, features: Tensor, mask: Tensor | None = None) -> Embedding:
-        x = self._inputs(features, mask, self.image_pool, self.image_dim, "image")
+    def embed_images(self, features: Tensor) -> Embedding:
+        x = self._inputs(features, None, None, self.image_dim, "image")
         return {"point": sphere.project(self.head(x, "image", "image_text"), 1.0)}
 
     def embed_texts(
@@ -228,8 +237,8 @@ class DualPath(CosineRecipe):
                 f"dualpath: pair_a, pair_b, pair_score have {batch.pair_a.shape[0]}, "
                 f"{batch.pair_b.shape[0]}, {batch.pair_score.shape[0]} rows; they must match"
             )
-        local_a = self.embed_texts(batch.pair_a, task="text_pair")
-        local_b = self.embed_texts(batch.pair_b, task="text_pair")
+        local_a = self.embed_texts(batch.pair_a, batch.pair_a_mask, task="text_pair")
+        local_b = self.embed_texts(batch.pair_b, batch.pair_b_mask, task="text_pair")
         all_a, all_b = gather(local_a), gather(local_b)
         pair_offset = gather.offset(batch.pair_a.shape[0])
         s = batch.pair_score
@@ -264,7 +273,8 @@ class DualPath(CosineRecipe):
                     f"dualpath: batch has {batch.image.shape[0]} images but "
                     f"{batch.text.shape[0]} texts; rows must be matched pairs"
                 )
-            images, texts = self.embed_images(batch.image), self.embed_texts(batch.text)
+            images = self.embed_images(batch.image)
+            texts = self.embed_texts(batch.text, batch.text_mask)
             all_images, all_texts = gather(images), gather(texts)
             offset = gather.offset(batch.image.shape[0])
             i2t = cosine_scores(images["point"], all_texts["point"])

@@ -154,18 +154,14 @@ def evaluate_on_suite(
     (dimensions of another encoder, no such split) is a listed skip, not the end of the suite."""
     from curvalign.data.features import FeatureStore
     from curvalign.eval import evaluate
+    from curvalign.eval.pipeline import check_inputs
 
     notify = notify or (lambda message: None)
     out = SuiteResult(rows=[])
     for dataset, path in suite_stores(folder):
         try:
             store = FeatureStore.load(path, mmap=True)
-            dims = (getattr(recipe, "image_dim", None), getattr(recipe, "text_dim", None))
-            if dims != (store.image_dim, store.text_dim):
-                raise SuiteError(
-                    f"features of dimension {store.image_dim}/{store.text_dim} (image/text) but "
-                    f"the run takes {dims[0]}/{dims[1]}: extracted with another encoder"
-                )
+            check_inputs(recipe, store)  # another encoder's features (or no tokens): a skip
             name = _store_protocol(store, None)
             used = _pick_split(store, split)
             if name is not None:

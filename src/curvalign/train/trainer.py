@@ -41,7 +41,7 @@ from torch import Tensor, nn
 from curvalign._io import WRITE_FAILURES, describe_write_failure, remove_stale_temp_files
 from curvalign.config import RunConfig, TrainConfig, resolve_config
 from curvalign.data import load_store
-from curvalign.data.features import FeatureStore
+from curvalign.data.features import FeatureStore, FeatureStoreError
 from curvalign.data.sampling import BatchSampler, SamplingError
 from curvalign.errors import ConfigError, TrainError
 from curvalign.recipes.base import Batch, Gather, LossOutput, Progress, Recipe
@@ -55,6 +55,7 @@ from curvalign.runs import (
     is_run_dir,
     read_config,
     read_meta,
+    recipe_input_dims,
 )
 from curvalign.schedules import warmup_cosine
 from curvalign.train.checkpoint import load_train_state, save_checkpoint, versions
@@ -284,7 +285,12 @@ class Trainer:
             ) from None
 
         try:
-            self.recipe = build_model(config, store.image_dim, store.text_dim, self.device)
+            # the text width is the token width Dk when the recipe pools text tokens
+            self.input_dims = recipe_input_dims(config, store)
+        except FeatureStoreError as err:
+            raise TrainError(f"recipe {config.recipe!r} on data {config.data!r}: {err}") from None
+        try:
+            self.recipe = build_model(config, *self.input_dims, self.device)
         except (ValueError, TypeError) as err:
             raise ConfigError(
                 f"recipe {config.recipe!r} cannot be built with this config: {err}"
@@ -322,6 +328,7 @@ class Trainer:
                 pair_batch_size=cfg.pair_batch_size,
                 recipe=repr(config.recipe),
                 data=config.data,
+                text_tokens=self.recipe.text_tokens,
             )
         except SamplingError as err:
             raise TrainError(str(err)) from None
@@ -353,10 +360,10 @@ class Trainer:
         for note in notes:
             self._note(note)
         dims = (state.get("image_dim"), state.get("text_dim"))
-        if dims != (self.store.image_dim, self.store.text_dim):
+        if dims != self.input_dims:
             raise CheckpointError(
                 f"feature dimensions differ from the checkpoint in {self.run_dir}: the data has image/text "
-                f"dims {self.store.image_dim}/{self.store.text_dim}, the run was trained on {dims[0]}/{dims[1]}"
+                f"dims {self.input_dims[0]}/{self.input_dims[1]}, the run was trained on {dims[0]}/{dims[1]}"
             )
         if state.get("recipe") != self.config.recipe:
             raise CheckpointError(
@@ -411,8 +418,8 @@ class Trainer:
         return {
             "step": self.step,
             "recipe": self.config.recipe,
-            "image_dim": self.store.image_dim,
-            "text_dim": self.store.text_dim,
+            "image_dim": self.input_dims[0],
+            "text_dim": self.input_dims[1],
             "world_size": self.gather.world_size,
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
@@ -433,8 +440,10 @@ class Trainer:
             meta = {
                 "step": self.step,
                 "recipe": self.config.recipe,
-                "image_dim": self.store.image_dim,
-                "text_dim": self.store.text_dim,
+                "image_dim": self.input_dims[0],
+                "text_dim": self.input_dims[1],
+                # "tokens": text_dim is the token width Dk, eval/index feed tokens + masks
+                "text_input": "tokens" if self.recipe.text_tokens else "features",
                 "data": self.config.data,
                 # the local encoder behind the features: `curvalign search` encodes queries with it
                 "encoder": self.store.meta.get("encoder"),
