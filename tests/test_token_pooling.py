@@ -257,7 +257,8 @@ def test_clear_errors_without_tokens_or_with_other_widths(tmp_path: Path) -> Non
         negative_token_features=torch.randn(8, 6, DK + 1),
     )
     with pytest.raises(
-        CurvalignError, match=f"image/text token features of dimension {DI}/{DK + 1}"
+        CurvalignError,
+        match=rf"dimension {DI}/{DK + 1} \(image/text tokens\) but the run takes {DI}/{DK}",
     ):
         evaluate(run.recipe, wider, split="test")
 
@@ -333,3 +334,46 @@ def test_cli_minilm_tokens_train_and_eval(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     metrics = json.loads(result.output.strip().splitlines()[-1])
     assert metrics["meta"]["num_texts"] == 4 and "t2i@1" in metrics["retrieval"]
+
+
+def test_image_folder_extraction_stores_tokens_of_every_text_part(tmp_path: Path) -> None:
+    """extract --images ... --tokens: captions (dropped with their broken images), prompts and
+    pairs get tokens; a DualPath run pooling them trains through both phases and evaluates."""
+    from test_extract import PixelEncoder, make_collection, run
+
+    class WordPixelEncoder(PixelEncoder):
+        """Images as PixelEncoder; a text's tokens are its words, each its letter counts."""
+
+        def encode_text_tokens(self, texts):
+            rows = [PixelEncoder.encode_texts(self, t.split()) for t in texts]
+            out = torch.zeros(len(texts), max(r.shape[0] for r in rows), 26)
+            mask = torch.zeros(out.shape[:2], dtype=torch.bool)
+            for i, r in enumerate(rows):
+                out[i, : r.shape[0]], mask[i, : r.shape[0]] = r, True
+            return out, mask
+
+    c = make_collection(tmp_path)
+    pairs = tmp_path / "p.jsonl"
+    pairs.write_text(
+        "\n".join(
+            json.dumps({"a": a, "b": b, "score": s})
+            for a, b, s in [("a dog", "a small puppy", 0.9), ("a cat", "the red car", 0.1)] * 2
+        )
+    )
+    run(c, tmp_path / "s", WordPixelEncoder(), pairs=pairs, tokens=True)
+    store = FeatureStore.load(tmp_path / "s", mmap=True)
+    assert {"tokens", "prompt_tokens", "pair_tokens"} <= set(store.groups)
+    enc = WordPixelEncoder()
+    assert store.text_token_features.shape[0] == store.num_texts == len(store.texts)
+    for i in (0, store.num_texts - 1):  # the kept captions, in the store's order
+        words = store.texts[i].split()
+        assert int(store.text_token_mask[i].sum()) == len(words)
+        torch.testing.assert_close(
+            store.text_token_features[i, : len(words)], enc.encode_texts(words)
+        )
+    assert store.pair_b_token_mask.sum(1).tolist() == [3, 3, 3, 3]
+    assert store.prompt_token_features.shape[0] == store.prompt_features.shape[0]
+    overrides = [o for o in SMALL if not o.startswith("batch_size")] + ["batch_size=2"]
+    run_dir = train("dualpath", store, tmp_path / "run", steps=4, overrides=overrides)
+    metrics = evaluate(load_run(run_dir).recipe, store)
+    assert "t2i@1" in metrics["retrieval"] and "zeroshot" in metrics

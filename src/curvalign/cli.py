@@ -1034,7 +1034,7 @@ def extract_command(
     tokens: bool = typer.Option(
         False,
         "--tokens",
-        help="Also store the texts' token-level features and mask (hf-clip, sentence-transformers).",
+        help="Also store every text part's token-level features and masks (captions, prompts, pairs; hf-clip, sentence-transformers), for DualPath pool_tokens=true.",
     ),
     batch_size: int = typer.Option(64, "--batch-size", min=1, help="Rows per encoder call."),
     shard_size: int = typer.Option(1024, "--shard-size", min=1, help="Rows per resumable shard."),
@@ -1061,6 +1061,11 @@ def extract_command(
     )
 
     try:
+        if tokens and (wds is not None or sugarcrepe is not None):
+            fail(
+                "--tokens is stored for image folders and text-only extraction; not with "
+                "--wds or --sugarcrepe in this version"
+            )
         if wds is not None:
             if images is not None or captions is not None or classes is not None:
                 fail(
@@ -1143,8 +1148,6 @@ def extract_command(
             )
             typer.echo(summary.throughput_line())
             return
-        if tokens:
-            fail("--tokens is stored by text-only extraction (no --images) in this version")
         summary = extract_features(
             encoder,
             images,
@@ -1163,6 +1166,7 @@ def extract_command(
             pairs=pairs,
             score_max=score_max,
             protocol=protocol,
+            tokens=tokens,
         )
     except CurvalignError as err:
         fail(str(err))

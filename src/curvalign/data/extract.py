@@ -339,8 +339,13 @@ def extract_features(
     pairs: str | os.PathLike[str] | None = None,
     score_max: float = 1.0,
     protocol: str | None = None,
+    tokens: bool = False,
 ) -> ExtractSummary:
     """Encode a collection into the feature store ``out``; resumable (see the module docstring).
+
+    ``tokens`` also stores token-level features and masks of the captions, class prompts and
+    text pairs (groups ``tokens``, ``prompt_tokens``, ``pair_tokens``), for a recipe that pools
+    tokens (DualPath with ``pool_tokens=true``); images and box phrases stay pooled vectors.
 
     ``pairs`` adds scored text pairs (``curvalign.data.readers.read_text_pairs``): DualPath
     trains on them in its first phase and on the images in its second.
@@ -370,6 +375,8 @@ def extract_features(
         raise ExtractError(
             f"encoder {enc.spec!r} encodes texts only; extraction needs an image-text encoder"
         )
+    if tokens:
+        _check_tokens(enc)
 
     prompts, prompt_to_class = plan.classes.prompts() if plan.classes is not None else ([], [])
     fingerprint = hashlib.sha256(
@@ -384,6 +391,8 @@ def extract_features(
                 "score_max": score_max,
                 "layout": layout,
                 "shard_size": shard_size,
+                # only when asked: partial folders of earlier versions stay resumable
+                **({"tokens": True} if tokens else {}),
                 "counts": [
                     len(plan.image_files),
                     len(plan.captions),
@@ -477,10 +486,24 @@ def extract_features(
                 lambda rows, texts=texts: lambda: encode_texts_shard([texts[i] for i in rows]),
             )
 
+    # token-level features of every text part but the box phrases (parts: tokens + mask)
+    token_sources: dict[str, Sequence[str]] = {}
+    if tokens:
+        token_sources = {"caption": plan.captions, "prompt": prompts}
+        if text_pairs is not None:
+            token_sources.update(pair_a=text_pairs.a, pair_b=text_pairs.b)
+    token_jobs = [
+        (f"{kind}_tokens-{n:05d}", kind, range(start, min(len(texts), start + shard_size)))
+        for kind, texts in token_sources.items()
+        for n, start in enumerate(range(0, len(texts), shard_size))
+    ]
+
     computed = reused = 0
     clock = _Clock()
     with _progress_bar(progress) as bar:
-        task = bar.add_task("rows", total=sum(n for _, n, _ in jobs))
+        task = bar.add_task(
+            "rows", total=sum(n for _, n, _ in jobs) + sum(len(r) for _, _, r in token_jobs)
+        )
         for key, n, run in jobs:
             bar.update(task, description=key)
             if shards.done(key):
@@ -491,6 +514,16 @@ def extract_features(
                 shards.save(key, rows, skipped)
                 computed += 1
             bar.advance(task, n)
+        for key, kind, rows in token_jobs:
+            bar.update(task, description=key)
+            if shards.parts_done(key):
+                reused += 1
+            else:
+                with clock.encoding(len(rows)):
+                    arrays = _encode_tokens(enc, [token_sources[kind][i] for i in rows], batch_size)
+                shards.save_parts(key, arrays, {})
+                computed += 1
+            bar.advance(task, len(rows))
 
     summary = _assemble(
         plan,
@@ -504,6 +537,7 @@ def extract_features(
         text_pairs,
         protocol,
         images_dir.resolve(),
+        token_keys={kind: [key for key, k, _ in token_jobs if k == kind] for kind in token_sources},
     )
     summary.shards_computed, summary.shards_reused = computed, reused
     summary.items_encoded, summary.encode_seconds = clock.items, clock.seconds
@@ -547,6 +581,7 @@ def _assemble(
     text_pairs: TextPairs | None = None,
     protocol: str | None = None,
     images_root: Path | None = None,
+    token_keys: dict[str, list[str]] | None = None,
 ) -> ExtractSummary:
     skipped_files = shards.manifest["skipped"]
     image_ok = np.array([f not in skipped_files for f in plan.image_files], dtype=bool)
@@ -600,6 +635,18 @@ def _assemble(
         fields["pair_a_features"] = _gather(shards, jobs, "pair_a", enc.text_dim, every)
         fields["pair_b_features"] = _gather(shards, jobs, "pair_b", enc.text_dim, every)
         fields["pair_scores"] = torch.tensor(text_pairs.scores, dtype=torch.float32)
+    # token groups: captions follow their image (caption_ok); prompts and pairs are kept whole
+    for kind, (group_fields, keep) in {
+        "caption": (("text_token_features", "text_token_mask"), caption_ok),
+        "prompt": (("prompt_token_features", "prompt_token_mask"), None),
+        "pair_a": (("pair_a_token_features", "pair_a_token_mask"), None),
+        "pair_b": (("pair_b_token_features", "pair_b_token_mask"), None),
+    }.items():
+        keys = (token_keys or {}).get(kind)
+        if keys and (kind != "prompt" or plan.classes is not None):
+            fields[group_fields[0]], fields[group_fields[1]] = _concat_tokens(
+                shards, keys, keep, name=kind
+            )
     if plan.taxonomy is not None:
         assert plan.class_to_node is not None
         fields["taxonomy_names"] = list(plan.taxonomy.names)
@@ -1145,20 +1192,27 @@ def _encode_text_parts(
     (L = the longest text of this part; padding rows are zero, mask 0)."""
     out = {"features": _encode_batched(enc.encode_texts, texts, enc.text_dim, batch_size)}
     if tokens:
-        parts: list[tuple[np.ndarray, np.ndarray]] = []
-        for start in range(0, len(texts), batch_size):
-            hidden, mask = enc.encode_text_tokens(list(texts[start : start + batch_size]))
-            parts.append((hidden.float().numpy(), mask.numpy().astype(np.int64)))
-        length = max((h.shape[1] for h, _ in parts), default=1)
-        dim = parts[0][0].shape[2] if parts else 1
-        out["tokens"] = np.zeros((len(texts), length, dim), dtype=np.float32)
-        out["mask"] = np.zeros((len(texts), length), dtype=np.int64)
-        row = 0
-        for hidden, mask in parts:
-            n, width = mask.shape
-            out["tokens"][row : row + n, :width] = hidden
-            out["mask"][row : row + n, :width] = mask
-            row += n
+        out.update(_encode_tokens(enc, texts, batch_size))
+    return out
+
+
+def _encode_tokens(enc: Encoder, texts: Sequence[str], batch_size: int) -> dict[str, np.ndarray]:
+    """{"tokens": [n, L, Dk], "mask": [n, L]} (L = the longest text here; padding zero, mask 0)."""
+    out: dict[str, np.ndarray] = {}
+    parts: list[tuple[np.ndarray, np.ndarray]] = []
+    for start in range(0, len(texts), batch_size):
+        hidden, mask = enc.encode_text_tokens(list(texts[start : start + batch_size]))
+        parts.append((hidden.float().numpy(), mask.numpy().astype(np.int64)))
+    length = max((h.shape[1] for h, _ in parts), default=1)
+    dim = parts[0][0].shape[2] if parts else 1
+    out["tokens"] = np.zeros((len(texts), length, dim), dtype=np.float32)
+    out["mask"] = np.zeros((len(texts), length), dtype=np.int64)
+    row = 0
+    for hidden, mask in parts:
+        n, width = mask.shape
+        out["tokens"][row : row + n, :width] = hidden
+        out["mask"][row : row + n, :width] = mask
+        row += n
     return out
 
 

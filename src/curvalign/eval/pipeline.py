@@ -81,10 +81,10 @@ def check_inputs(recipe: Recipe, store: FeatureStore) -> None:
     features, or the token width when the recipe reads text tokens)."""
     dims = store.input_dims(text_tokens=recipe.text_tokens)
     if dims != (recipe.image_dim, recipe.text_dim):
-        text = "text token" if recipe.text_tokens else "text"
+        text = "text tokens" if recipe.text_tokens else "text"
         raise InputError(
-            f"the store has image/{text} features of dimension {dims[0]}/{dims[1]} but the "
-            f"run takes {recipe.image_dim}/{recipe.text_dim}: extracted with another encoder"
+            f"features of dimension {dims[0]}/{dims[1]} (image/{text}) but the run takes "
+            f"{recipe.image_dim}/{recipe.text_dim}: extracted with another encoder"
         )
 
 
