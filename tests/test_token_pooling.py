@@ -377,3 +377,26 @@ def test_image_folder_extraction_stores_tokens_of_every_text_part(tmp_path: Path
     run_dir = train("dualpath", store, tmp_path / "run", steps=4, overrides=overrides)
     metrics = evaluate(load_run(run_dir).recipe, store)
     assert "t2i@1" in metrics["retrieval"] and "zeroshot" in metrics
+
+
+def test_embed_store_feeds_tokens(tmp_path: Path) -> None:
+    """`curvalign embed` / index build: a token run embeds the store's texts from their tokens."""
+    import numpy as np
+
+    from curvalign.index.embed import embed_store
+
+    store = token_store()
+    run = load_run(
+        train("dualpath", store, tmp_path / "run", steps=2, overrides=SMALL, show_progress=False)
+    )
+    out = embed_store(run.recipe, store, tmp_path / "emb", batch_size=5)
+    texts = np.load(out / "texts.point.npy")
+    expected = embed_text_part(run.recipe, store, "text", torch.arange(store.num_texts))
+    torch.testing.assert_close(torch.from_numpy(texts), expected["point"])
+    assert np.load(out / "images.point.npy").shape == (store.num_images, 8)
+    with pytest.raises(CurvalignError, match="has none"):
+        embed_store(
+            run.recipe,
+            replace(store, text_token_features=None, text_token_mask=None),
+            tmp_path / "e2",
+        )

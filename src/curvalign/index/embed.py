@@ -88,6 +88,14 @@ def embed_store(
     out.parent.mkdir(parents=True, exist_ok=True)
     if out.exists() and not (out / META_FILE).exists() and any(out.iterdir()):
         raise OverwriteError(f"{out} exists and is not an embeddings directory; not overwriting it")
+    if hasattr(store, "input_dims"):  # a FeatureStore: its widths must be the run's
+        dims = store.input_dims(text_tokens=recipe.text_tokens)
+        if dims != (recipe.image_dim, recipe.text_dim):
+            text = "text tokens" if recipe.text_tokens else "text"
+            raise InputError(
+                f"features of dimension {dims[0]}/{dims[1]} (image/{text}) but the run takes "
+                f"{recipe.image_dim}/{recipe.text_dim}: extracted with another encoder"
+            )
     if boxes and recipe.text_tokens:
         raise InputError(
             f"--boxes: {recipe.name} reads text tokens and box texts have no token features"

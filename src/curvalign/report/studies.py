@@ -441,7 +441,7 @@ def composition_precision(
     for the composed query and for the better single-concept query. None for recipes without
     factors or stores without the world's ground truth.
     """
-    from curvalign.eval import embed, score_matrix
+    from curvalign.eval import embed, embed_text_part, score_matrix
 
     compose = getattr(recipe, "factor_max_compose", None)  # PHyCLIP's factor-wise max (App. D.2)
     if world is None or compose is None or not store.has_classes:
@@ -463,7 +463,9 @@ def composition_precision(
         return None
     with torch.no_grad():
         images = embed(recipe, store.image_features[test_ids].float(), "image")
-        prompts = embed(recipe, store.prompt_features.float(), "text")
+        prompts = embed_text_part(
+            recipe, store, "prompt", torch.arange(store.prompt_features.shape[0])
+        )
         p2c = store.prompt_to_class.long()
 
         def class_emb(leaf: int) -> dict[str, torch.Tensor]:
@@ -628,7 +630,7 @@ def study_dualpath_forgetting(
     """Text-text retrieval at the end of phase 1 (text pairs only) vs the end of phase 2 (mixed),
     and the image-text retrieval gained in phase 2. The claim holds when the text-text R@1 drops by
     at most ``margin`` (absolute)."""
-    from curvalign.eval import embed, evaluate, score_matrix
+    from curvalign.eval import embed_text_part, evaluate, score_matrix
     from curvalign.eval.retrieval import text_text_recall
     from curvalign.report import plots
     from curvalign.runs import load_run
@@ -653,7 +655,7 @@ def study_dualpath_forgetting(
         loaded = load_run(run_dir, weights="last")
         recipe = loaded.recipe
         with torch.no_grad():
-            texts = embed(recipe, ctx.store.text_features[text_ids].float(), "text")
+            texts = embed_text_part(recipe, ctx.store, "text", text_ids)
             tt = text_text_recall(score_matrix(recipe, texts, texts, query="text"), groups)
         ev = evaluate(recipe, ctx.store, diagnostics=False)
         logged = recipe.log_values()
