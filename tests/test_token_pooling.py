@@ -334,6 +334,25 @@ def test_cli_minilm_tokens_train_and_eval(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     metrics = json.loads(result.output.strip().splitlines()[-1])
     assert metrics["meta"]["num_texts"] == 4 and "t2i@1" in metrics["retrieval"]
+    # index + search from free text: the run's encoder gives the query's tokens
+    from curvalign.data import load_data
+    from curvalign.index.embed import build_from_embeddings, embed_store, load_embeddings
+    from curvalign.index.searcher import Searcher, SearchError
+
+    run = load_run(run_dir)
+    data = f"features:{store}"
+    emb = embed_store(
+        run.recipe,
+        load_data(data),
+        tmp_path / "emb",
+        info={"run_dir": str(run_dir.resolve()), "step": run.step, "data": data},
+    )
+    index = build_from_embeddings(load_embeddings(emb), tmp_path / "idx")
+    searcher = Searcher.open(run_dir, index)
+    hits = searcher.search_text("a photo of a dog", 3).hits
+    assert len(hits) == 3
+    with pytest.raises(SearchError, match="reads text tokens"):
+        searcher.search_features(torch.zeros(1, 384), "text")
 
 
 def test_image_folder_extraction_stores_tokens_of_every_text_part(tmp_path: Path) -> None:
