@@ -419,3 +419,23 @@ def test_embed_store_feeds_tokens(tmp_path: Path) -> None:
             replace(store, text_token_features=None, text_token_mask=None),
             tmp_path / "e2",
         )
+
+
+def test_validation_embeds_tokens(tmp_path: Path) -> None:
+    """Model selection during training (val_every) scores the val captions from their tokens."""
+    store = token_store()
+    split = store.image_split.clone()
+    split[torch.tensor([10, 11])] = 2
+    store = replace(store, image_split=split, split_names=["train", "test", "val"])
+    run_dir = train(
+        "dualpath",
+        store,
+        tmp_path / "run",
+        steps=4,
+        overrides=[*SMALL, "val_every=2"],
+        show_progress=False,
+    )
+    meta = json.loads((run_dir / "meta.json").read_text())
+    assert [step for step, _ in meta["val_history"]] == [0, 2, 4]
+    assert all(0.0 <= value <= 1.0 for _, value in meta["val_history"])
+    assert (run_dir / "best.safetensors").is_file()

@@ -307,7 +307,7 @@ class Trainer:
             if self.validation_info["source"] == "none":
                 self._note(f"no validation: {self.validation_info['reason']}")
             else:
-                self.validation = ValidationSet(train_store)
+                self.validation = ValidationSet(train_store, text_tokens=self.recipe.text_tokens)
             if self.validation_info.get("identical_to_test"):
                 self._note(
                     f"{self.validation_info['identical_to_test']} validation image(s) have "

@@ -104,7 +104,9 @@ def _shared_rows(features: Tensor, a: Tensor, b: Tensor) -> int:
 class ValidationSet:
     """The validation images and captions of a store: ``score(recipe)`` -> mean R@1 in [0, 1]."""
 
-    def __init__(self, store: FeatureStore, batch_size: int = 1024) -> None:
+    def __init__(
+        self, store: FeatureStore, batch_size: int = 1024, text_tokens: bool = False
+    ) -> None:
         image_ids = store.split_image_ids(VAL_SPLIT)
         local = torch.full((store.num_images,), -1, dtype=torch.long)
         local[image_ids] = torch.arange(len(image_ids))
@@ -116,6 +118,11 @@ class ValidationSet:
         self.texts = store.text_features[text_ids]
         self.text_to_image = owner[text_ids]  # [Nt] local image index
         self.batch_size = batch_size
+        # a recipe that reads text tokens (Recipe.reads_text_tokens) gets tokens + masks
+        self.text_tokens: tuple[Tensor, Tensor] | None = None
+        if text_tokens:
+            tokens, mask = store.text_rows("text", text_ids, tokens=True)
+            self.text_tokens = (tokens, mask)
 
     @property
     def num_images(self) -> int:
@@ -145,7 +152,18 @@ class ValidationSet:
         try:
             device = next((p.device for p in recipe.parameters()), torch.device("cpu"))
             images = self._embed(recipe.embed_images, self.images, device)
-            texts = self._embed(recipe.embed_texts, self.texts, device)
+            if self.text_tokens is None:
+                texts = self._embed(recipe.embed_texts, self.texts, device)
+            else:
+                tokens, mask = self.text_tokens
+                parts = [
+                    recipe.embed_texts(
+                        tokens[i : i + self.batch_size].to(device),
+                        mask[i : i + self.batch_size].to(device),
+                    )
+                    for i in range(0, tokens.shape[0], self.batch_size)
+                ]
+                texts = {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
             t2i = recall_at_1_text_query(
                 self._scores(recipe, texts, images, "text"), self.text_to_image
             )
