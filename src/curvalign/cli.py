@@ -524,52 +524,68 @@ def demo_command(
 def study_command(
     name: str = typer.Argument(
         ...,
-        help="agr-curriculum, atmg-curvature, proclip-product, phyclip-factors, "
-        "dualpath-forgetting",
+        help="all, agr-curriculum, dualpath-forgetting, atmg-curvature, phyclip-factors, "
+        "proclip-product, wordnet-dimensions",
     ),
     overrides: list[str] = typer.Argument(
         None, metavar="KEY=VALUE", help="Overrides for every run of the study."
     ),
     out: Path = typer.Option(None, "--out", help="Output directory (default: studies/NAME)."),
     steps: int = typer.Option(None, "--steps", min=1, help="Steps per run (default: the study's)."),
-    data: str = typer.Option(None, "--data", help="Data (default: the study's synthetic world)."),
+    seeds: int = typer.Option(3, "--seeds", min=1, help="Seeds per arm (paired across arms)."),
+    data: str = typer.Option(None, "--data", help="Data (default: the study's own world)."),
     options: list[str] = typer.Option(
         None,
         "--set",
         help="Study option NAME=VALUE (a Python literal), e.g. "
-        "curvatures=0.1,1,3 or factors=1,4,16 (see docs/results.md).",
+        "curvatures=0.1,1,3 or factors=1,4,16 (see docs/evaluation.md).",
     ),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No per-step progress bars."),
 ) -> None:
-    """Test one paper claim on the synthetic world and print the verdict with its figures."""
-    from curvalign.report.studies import STUDIES, parse_study_options, run_study
+    """Test paper claims (one study, or `all` into OUT/NAME) and print each verdict.
 
-    if name not in STUDIES:
-        fail(f"unknown study {name!r}; studies: {', '.join(STUDIES)}")
+    Regenerate docs/results.md from the outputs with `python -m curvalign.report.results OUT`."""
+    from curvalign.report.studies import STUDIES, parse_study_options, run_all, run_study
+
+    if name != "all" and name not in STUDIES:
+        fail(f"unknown study {name!r}; studies: all, {', '.join(STUDIES)}")
     console = _stderr_console()
     out = out or Path("studies") / name
     check_out(out)
     try:
-        result = run_study(
-            name,
-            out,
-            steps=steps,
-            data=data,
-            overrides=overrides or [],
-            show_progress=not quiet,
-            notify=console.print,
-            **parse_study_options(name, options or []),
-        )
+        if name == "all":
+            if data or options:
+                fail("study all runs every study with its own data and options (no --data/--set)")
+            results = run_all(
+                out,
+                steps=steps,
+                seeds=seeds,
+                overrides=overrides or [],
+                show_progress=not quiet,
+                notify=console.print,
+            )
+        else:
+            results = {
+                name: run_study(
+                    name,
+                    out,
+                    steps=steps,
+                    data=data,
+                    seeds=seeds,
+                    overrides=overrides or [],
+                    show_progress=not quiet,
+                    notify=console.print,
+                    **parse_study_options(name, options or []),
+                )
+            }
     except CurvalignError as err:
         fail(str(err))
     except OSError as err:  # a write failing midway (disk full, read-only); other errors re-raised
         write_failed(err, out)
-    typer.echo(result["markdown"])
-    typer.echo(f"verdict: {result['verdict']}")
-    typer.echo(
-        f"wrote {out / 'study.json'}, {out / 'study.md'}"
-        + (", " + ", ".join(result["figures"]) if result.get("figures") else "")
-    )
+    for key, result in results.items():
+        typer.echo(result["markdown"])
+        typer.echo(f"{key}: {result['verdict']} ({result['wall_s']:.0f} s)")
+    typer.echo(f"wrote {out}")
 
 
 # --- embed / index (issue: retrieval serving) -------------------------------------------------

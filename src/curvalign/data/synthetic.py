@@ -76,6 +76,7 @@ ATTRIBUTE_FAMILIES: dict[str, tuple[str, ...]] = {
 NEGATIVE_KINDS = ("object_replaced", "attribute_replaced", "object_added", "swapped")
 CHAIN_LEVELS = ("attributes", "noun phrase", "caption")
 PAIR_KINDS = ("same_image", "related", "random")
+PARAPHRASE_KINDS = ("same_topic", "same_group", "random")
 ROOT_NAME = "entity"
 
 
@@ -109,6 +110,13 @@ class SyntheticConfig:
         attribute_mention   probability that a caption mentions a given attribute of an object
         template_scale      norm of a prompt template's context vector
         gain                pre-activation gain of the maps (higher: more nonlinear)
+    Study options (0 = off; see "Study options" at the end of the module)
+        paraphrase_topics   > 0: the text pairs are paraphrases from their own distribution
+                            (topics no image carries) instead of caption pairs
+        paraphrase_scale    norm of a paraphrase topic vector
+        heldout_pairs       held-out paraphrase pairs kept on the world (not in the store)
+        leaf_pairs          > 0: images hold one or two objects, and every two-object image
+                            takes its (main, second) leaves from this many fixed leaf pairs
     seed                    seeds every random draw
     """
 
@@ -141,6 +149,13 @@ class SyntheticConfig:
     attribute_mention: float = 0.6
     template_scale: float = 0.3
     gain: float = 3.0
+
+    # Study options (off by default: the world is unchanged unless one is set; see the section
+    # "Study options" at the end of this module)
+    paraphrase_topics: int = 0
+    paraphrase_scale: float = 1.5
+    heldout_pairs: int = 600
+    leaf_pairs: int = 0
 
     seed: int = 0
 
@@ -181,6 +196,13 @@ class SyntheticConfig:
             )
         if self.text_pairs < 0:
             raise ValueError("synthetic world: text_pairs must be >= 0")
+        for name in ("paraphrase_topics", "heldout_pairs", "leaf_pairs"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"synthetic world: {name} must be >= 0, got {getattr(self, name)}")
+        if 0 < self.paraphrase_topics < 2:
+            raise ValueError("synthetic world: paraphrase_topics must be 0 (off) or >= 2")
+        if self.leaf_pairs and self.families < 2:
+            raise ValueError("synthetic world: leaf_pairs needs at least 2 families")
         if not 0.0 < self.test_fraction < 1.0:
             raise ValueError(
                 f"synthetic world: test_fraction must be in (0, 1), got {self.test_fraction}"
@@ -446,6 +468,7 @@ class SyntheticWorld:
     leaf_level: int
     _model: _Model
     _taxonomy: _Taxonomy
+    heldout_pairs: HeldoutPairs | None = None
 
     @property
     def main_objects(self) -> Tensor:
@@ -606,6 +629,8 @@ def _build_world(config: SyntheticConfig) -> SyntheticWorld:
     # Images: weighted objects + background + noise, through the image map.
     gen = _generator(config.seed, "images")
     objects = _sample_objects(config, tax, model, gen)
+    if config.leaf_pairs:
+        objects = _pin_leaf_pairs(config, tax, objects)
     n_objects = int(objects.image.numel())
     weight = torch.where(objects.slot == 0, 1.0, config.secondary_weight)
     image_latent = model.compose(_Mentions(objects.image, objects.leaf, objects.attrs, weight), ni)
@@ -697,6 +722,19 @@ def _build_world(config: SyntheticConfig) -> SyntheticWorld:
         _Draws(_generator(config.seed, "pairs")),
     )
 
+    heldout = None
+    if config.paraphrase_topics:
+        paraphrases = _Paraphrases(config, tax, model)
+        train_pairs = paraphrases.pairs(config.text_pairs, "paraphrase_pairs")
+        heldout = paraphrases.pairs(config.heldout_pairs, "paraphrase_heldout")
+        pair_a_features, pair_b_features, pair_scores = (
+            train_pairs.a_features,
+            train_pairs.b_features,
+            train_pairs.scores,
+        )
+    else:
+        pair_a_features, pair_b_features = text_features[pairs_a], text_features[pairs_b]
+
     store = FeatureStore(
         image_features=image_features,
         text_features=text_features,
@@ -708,8 +746,8 @@ def _build_world(config: SyntheticConfig) -> SyntheticWorld:
         box_image_features=model.image_map(crop_latent),
         box_text_features=model.text_map(phrase_latent),
         box_to_image=objects.image.clone(),  # the world keeps its own copy
-        pair_a_features=text_features[pairs_a],
-        pair_b_features=text_features[pairs_b],
+        pair_a_features=pair_a_features,
+        pair_b_features=pair_b_features,
         pair_scores=pair_scores,
         class_names=[tax.names[n] for n in tax.leaves],
         prompt_features=model.text_map(prompt_latent),
@@ -734,8 +772,10 @@ def _build_world(config: SyntheticConfig) -> SyntheticWorld:
             "leaf_level": tax.leaf_level,
             "attributes": {a: list(ATTRIBUTE_FAMILIES[a]) for a in model.attribute_names},
             "chain_levels": list(CHAIN_LEVELS),
-            "text_pairs_from": "train",
-            "text_pair_kinds": list(PAIR_KINDS),  # pair p is of kind p % 3
+            "text_pairs_from": "paraphrases" if config.paraphrase_topics else "train",
+            "text_pair_kinds": list(
+                PARAPHRASE_KINDS if config.paraphrase_topics else PAIR_KINDS
+            ),  # pair p is of kind p % 3
         },
     )
     return SyntheticWorld(
@@ -748,6 +788,7 @@ def _build_world(config: SyntheticConfig) -> SyntheticWorld:
         tax.leaf_level,
         model,
         tax,
+        heldout,
     )
 
 
@@ -983,3 +1024,87 @@ def _text_pairs(
         torch.tensor(b_ids, dtype=torch.long),
         torch.tensor(scores, dtype=torch.float32),
     )
+
+
+# --- Study options (deterministic, off by default) ----------------------------------------------
+#
+# Each option draws from its own generator part, so switching one on leaves every other part of
+# the world as it was (the images' noise, the captions, the splits).
+
+
+@dataclass
+class HeldoutPairs:
+    """Scored text pairs with their topics: a_features, b_features [n, Dt], scores [n],
+    topic_a, topic_b [n]."""
+
+    a_features: Tensor
+    b_features: Tensor
+    scores: Tensor
+    topic_a: Tensor
+    topic_b: Tensor
+
+
+class _Paraphrases:
+    """Texts about *topics* that no image carries (DualPath's text-pair skill, seed 004).
+
+    ``paraphrase_topics`` topics in groups of 4; topic vector = group vector + member vector (each
+    of norm ``paraphrase_scale / sqrt(2)``), so two topics of one group have cosine about 0.5. A
+    paraphrase text's latent = its topic vector + the path vector of a random leaf (a distractor
+    concept, drawn independently for the two texts of a pair) + text noise, through the text map.
+    Pair p is of kind p % 3: same topic, same group, random topic; its score is the cosine of the
+    two topic vectors clipped to [0, 1]. The similarity of a pair is therefore not implied by any
+    image: image-caption training can only preserve or erase it.
+    """
+
+    def __init__(self, config: SyntheticConfig, tax: _Taxonomy, model: _Model) -> None:
+        gen = _generator(config.seed, "paraphrase_topics")
+        n, latent = config.paraphrase_topics, config.latent_dim
+        groups = (n + 3) // 4
+        part = config.paraphrase_scale / math.sqrt(2.0)
+        group_vectors = _gaussian((groups, latent), part, gen)
+        self.group_of = torch.arange(n) // 4
+        self.topics = group_vectors[self.group_of] + _gaussian((n, latent), part, gen)
+        self.config, self.tax, self.model = config, tax, model
+
+    def pairs(self, n: int, part: str) -> HeldoutPairs:
+        gen = _generator(self.config.seed, part)
+        t = self.config.paraphrase_topics
+        topic_a = torch.randint(0, t, (n,), generator=gen)
+        other = torch.randint(0, t, (n,), generator=gen)
+        in_group = self.group_of[topic_a] * 4 + torch.randint(0, 4, (n,), generator=gen)
+        in_group = torch.where(in_group < t, in_group, topic_a)
+        kind = torch.arange(n) % 3
+        topic_b = torch.where(kind == 0, topic_a, torch.where(kind == 1, in_group, other))
+        unit = self.topics / self.topics.norm(dim=1, keepdim=True)
+        scores = (unit[topic_a] * unit[topic_b]).sum(1).clamp(0.0, 1.0)
+        scores = torch.where(topic_a == topic_b, 1.0, scores)  # exact, not 1 - ulp
+        leaves = torch.tensor(self.tax.leaves, dtype=torch.long)
+
+        def render(topic: Tensor) -> Tensor:
+            leaf = leaves[torch.randint(0, len(leaves), (n,), generator=gen)]
+            noise = _gaussian((n, self.config.latent_dim), self.config.text_noise, gen)
+            return self.model.text_map(self.topics[topic] + self.model.path[leaf] + noise)
+
+        return HeldoutPairs(render(topic_a), render(topic_b), scores, topic_a, topic_b)
+
+
+def _pin_leaf_pairs(config: SyntheticConfig, tax: _Taxonomy, objects: _Objects) -> _Objects:
+    """Images keep at most two objects; every two-object image takes its (main, second) leaves
+    from one of ``leaf_pairs`` fixed pairs of leaves from two different families (so each leaf
+    pair has about images / (2 leaf_pairs) images: enough for precision@5 of a composed query,
+    seed 002 App. D.2). Attributes are kept."""
+    gen = _generator(config.seed, "leaf_pairs")
+    keep = objects.slot < 2
+    image, slot = objects.image[keep], objects.slot[keep]
+    leaf, attrs = objects.leaf[keep].clone(), objects.attrs[keep]
+    count = torch.bincount(image, minlength=config.images)
+    start = torch.cumsum(count, 0) - count
+    fam = torch.argsort(torch.rand(config.leaf_pairs, config.families, generator=gen), dim=1)[:, :2]
+    within = torch.randint(0, tax.leaves_per_family, (config.leaf_pairs, 2), generator=gen)
+    leaves = torch.tensor(tax.leaves, dtype=torch.long)
+    pair_leaves = leaves[fam * tax.leaves_per_family + within]  # [P, 2]
+    two = torch.nonzero(count == 2).flatten()
+    choice = torch.randint(0, config.leaf_pairs, (len(two),), generator=gen)
+    leaf[start[two]] = pair_leaves[choice, 0]
+    leaf[start[two] + 1] = pair_leaves[choice, 1]
+    return _Objects(image=image, slot=slot, leaf=leaf, attrs=attrs, count=count, start=start)

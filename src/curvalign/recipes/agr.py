@@ -13,7 +13,8 @@ Heads      Euclidean: ``normalize((W_0 + scaling B A) sg(h))`` with ``W_0`` froz
            curvature ``c = exp(gamma)`` clamped to ``[1e-4, 2]``, init 0.1. ``W_H`` is
            initialised small (outputs of norm ~1), so the clip is a safety bound and not a
            projection of every point onto one sphere (the paper does not give the init).
-Scores     ``S_E = cos / tau_E`` (tau_E learnable, init 0.07, floor 0.01), ``S_H = -d_L``;
+Scores     ``S_E = cos / tau_E`` (tau_E learnable, init 0.07, floor 0.01), ``S_H = -d_L``
+           (``-d_L / tau_H`` with the ``learn_tau_h`` option);
            router, query gate, calibration and the routed score ``S_AGR`` as in
            ``curvalign.nn.router`` (Algorithm 1, lines 22-34).
 Loss       ``CE`` both directions on ``S_AGR`` (averaged, like every recipe here)
@@ -127,6 +128,13 @@ class AGRConfig:
     entropy_weight          lambda_ent at step 0 (0.01), annealed to 0 at ``entropy_anneal_end``
     schedule_unit           "fraction" of the run (default; the paper's steps / 120K) or "steps"
     single_schedule         the ablation ramping alpha and beta together from step 0
+    delta_form              "algorithm1" (default): ``Delta = Dmax tanh((sE beta S_E - S_H)/Dmax)``,
+                            beta inside the correction as Algorithm 1 line 32 writes it;
+                            "equation": Eqs. 16/21, ``Delta`` from the raw ``S_E`` (beta only
+                            throttles what the router sees)
+    tau_h_init, learn_tau_h hyperbolic temperature: ``S_H = -d_L / tau_H`` (Algorithm 1 lists
+                            tau_H among the learnable scalars; Eq. 9 has none). Default 1.0,
+                            fixed: ``S_H = -d_L`` as in Eq. 9; floor ``tau_h_min`` (0.01)
     """
 
     embed_dim: int = 512
@@ -160,9 +168,21 @@ class AGRConfig:
     entropy_anneal_end: float = AGRCurriculum.entropy_anneal_end
     schedule_unit: Literal["fraction", "steps"] = "fraction"
     single_schedule: bool = False
+    delta_form: Literal["algorithm1", "equation"] = "algorithm1"
+    tau_h_init: float = 1.0
+    tau_h_min: float = 0.01
+    learn_tau_h: bool = False
 
     def __post_init__(self) -> None:
         checks = [
+            (
+                self.delta_form in ("algorithm1", "equation"),
+                f"delta_form must be 'algorithm1' or 'equation', got {self.delta_form!r}",
+            ),
+            (
+                0 < self.tau_h_min <= self.tau_h_init,
+                f"need 0 < tau_h_min <= tau_h_init, got {self.tau_h_min}, {self.tau_h_init}",
+            ),
             (self.embed_dim > 0, f"embed_dim must be positive, got {self.embed_dim}"),
             (
                 self.trunk in ("identity", "residual"),
@@ -291,6 +311,12 @@ class AGR(HyperbolicRecipe):
             learnable=cfg.learn_curvature,
         )
         self.tau_e = LearnableScalar(cfg.tau_e_init, min=cfg.tau_e_min, learnable=cfg.learn_tau_e)
+        # only built when used, so runs saved before the option load unchanged
+        self.tau_h = (
+            LearnableScalar(cfg.tau_h_init, min=cfg.tau_h_min, learnable=cfg.learn_tau_h)
+            if cfg.learn_tau_h or cfg.tau_h_init != 1.0
+            else None
+        )
         self.router = PairwiseRouter(
             image_dim,
             text_dim,
@@ -380,6 +406,7 @@ class AGR(HyperbolicRecipe):
         beta = float(self.beta) if beta is None else beta
         s_e = cosine_scores(texts["euclidean"], images["euclidean"]) / self.tau_e()
         s_h = lorentz_distance_scores(texts["lorentz"], images["lorentz"], self.curvature())
+        s_h = s_h if self.tau_h is None else s_h / self.tau_h()
         logits = self.router.matrix_logits(beta * s_e, s_h, texts["context"], images["context"])
         return self._combine(
             s_e,
@@ -409,7 +436,14 @@ class AGR(HyperbolicRecipe):
         gate = torch.sigmoid(side["gate_logit"])[gate_axis]
         calibration = 2.0 * torch.sigmoid(side["calibration_logit"])[gate_axis]
         s_agr = routed_scores(
-            s_h, s_e, torch.sigmoid(logits), gate, calibration, alpha, beta, self.config.max_delta
+            s_h,
+            s_e,
+            torch.sigmoid(logits),
+            gate,
+            calibration,
+            alpha,
+            self._delta_beta(beta),
+            self.config.max_delta,
         )
         return RoutedParts(s_e, s_h, logits, gate, calibration, s_agr)
 
@@ -424,13 +458,52 @@ class AGR(HyperbolicRecipe):
         alpha, beta = float(self.alpha), float(self.beta)
         s_e = cosine_pair_scores(texts["euclidean"], images["euclidean"]) / self.tau_e()
         s_h = lorentz_distance_pair_scores(texts["lorentz"], images["lorentz"], self.curvature())
+        s_h = s_h if self.tau_h is None else s_h / self.tau_h()
         logits = self.router.pair_logits(beta * s_e, s_h, texts["context"], images["context"])
         side = texts if query == "text" else images
         gate = torch.sigmoid(side["gate_logit"])
         calibration = 2.0 * torch.sigmoid(side["calibration_logit"])
         return routed_scores(
-            s_h, s_e, torch.sigmoid(logits), gate, calibration, alpha, beta, self.config.max_delta
+            s_h,
+            s_e,
+            torch.sigmoid(logits),
+            gate,
+            calibration,
+            alpha,
+            self._delta_beta(beta),
+            self.config.max_delta,
         )
+
+    def _delta_beta(self, beta: float) -> float:
+        """The beta inside the correction: Algorithm 1 throttles ``S_E`` there too; Eqs. 16/21
+        use the raw ``S_E`` (beta only on the router's input)."""
+        return beta if self.config.delta_form == "algorithm1" else 1.0
+
+    def routing_summary(self, texts: Embedding, images: Embedding) -> dict[str, float]:
+        """Router statistics over matched rows (text i belongs with image i), text queries:
+        w_mean (mean w over all pairs, Definition 5.2's w-bar), w_pos (the diagonal), w_neg (off
+        the diagonal), gate (mean query gate g), euclidean_share (m-bar = mean of
+        alpha g w w_E over all pairs: how much of the Euclidean correction reaches S_AGR),
+        euclidean_share_pos (the same on the diagonal), e_above_h (share of pairs with
+        beta S_E > S_H, the score offset Prop. 5.1 says w follows), alpha, beta."""
+        with torch.no_grad():
+            parts = self.routed(texts, images, "text")
+            w = torch.sigmoid(parts.route_logits.float())
+            n = w.shape[0]
+            diag = torch.eye(n, dtype=torch.bool)
+            alpha = float(self.alpha)
+            share = alpha * parts.gate * w * parts.calibration[..., 0]
+            return {
+                "w_mean": float(w.mean()),
+                "w_pos": float(w[diag].mean()),
+                "w_neg": float(w[~diag].mean()) if n > 1 else float("nan"),
+                "gate": float(parts.gate.mean()),
+                "euclidean_share": float(share.mean()),
+                "euclidean_share_pos": float(share[diag].mean()),
+                "e_above_h": float((float(self.beta) * parts.s_e > parts.s_h).float().mean()),
+                "alpha": alpha,
+                "beta": float(self.beta),
+            }
 
     def class_embedding(self, prompts: Embedding) -> Embedding:
         """A class from its prompts: mean direction (Euclidean, renormalised), mean tangent vector
@@ -553,6 +626,7 @@ class AGR(HyperbolicRecipe):
         out = {
             **self.curvature.summary("curvature"),
             **self.tau_e.summary("tau_e"),
+            **(self.tau_h.summary("tau_h") if self.tau_h is not None else {}),
             **self.router.temperature.summary("router_temperature"),
             "alpha": float(self.alpha),
             "beta": float(self.beta),

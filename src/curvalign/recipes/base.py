@@ -224,6 +224,11 @@ class Recipe(nn.Module):
         takes ``(tokens [N, L, Dk], mask [N, L])``)."""
         raise NotImplementedError
 
+    def embed_text_pairs(self, features: Tensor) -> Embedding:
+        """[N, Dt] texts embedded for text-text similarity (a method with task prefixes uses its
+        text-pair prefix). Default: ``embed_texts``."""
+        return self.embed_texts(features)
+
     # --- ranking ----------------------------------------------------------------------------
     def scores(self, texts: Embedding, images: Embedding, query: Query = "text") -> Tensor:
         """[Nt, Ni] ranking score, higher is better."""

@@ -64,6 +64,10 @@ class DualPathConfig:
                                       1024; the defaults keep its ratios at a quarter size)
     dropout                           dropout on the shared expansion (0.1; not given)
     gate_init                         theta_0 (-5.0: g = 0.0067)
+    gate_speed                        learning-rate multiplier of theta (1.0; see
+                                      ``curvalign.nn.dualpath``: lets a short run open the gate)
+    phase2_text_pairs                 keep L_text in Phase 2 (True, the paper); False trains
+                                      Phase 2 on image-caption pairs only (a study arm)
     residual_init                     a at initialisation (0.5)
     task_prefix                       learned per-task prefix vectors ("text_pair", "image_text")
     pool_tokens, pool_queries         texts are token sequences [N, L, Dk] (+ mask), attention-
@@ -80,6 +84,8 @@ class DualPathConfig:
     embed_dim: int = 256
     dropout: float = 0.1
     gate_init: float = -5.0
+    gate_speed: float = 1.0
+    phase2_text_pairs: bool = True
     residual_init: float = 0.5
     task_prefix: bool = True
     pool_tokens: bool = False
@@ -161,6 +167,7 @@ class DualPath(CosineRecipe):
             gate_init=cfg.gate_init,
             residual_init=cfg.residual_init,
             tasks=TASKS if cfg.task_prefix else (),
+            gate_speed=cfg.gate_speed,
         )
         # 1 once the multimodal path has been copied from the text path (survives checkpoints)
         self.register_buffer("switched", torch.zeros((), dtype=torch.bool))
@@ -205,6 +212,10 @@ class DualPath(CosineRecipe):
             raise ValueError(f"dualpath: task must be one of {list(TASKS)}, got {task!r}")
         x = self._inputs(features, mask, self.text_pool, self.text_dim, "text")
         return {"point": sphere.project(self.head(x, "text", task), 1.0)}
+
+    def embed_text_pairs(self, features: Tensor, mask: Tensor | None = None) -> Embedding:
+        """Texts for text-text similarity: the "text_pair" prefix Phase 1 trained."""
+        return self.embed_texts(features, mask, task="text_pair")
 
     # --- curriculum ---------------------------------------------------------------------------
     def on_step_start(self, progress: Progress) -> None:
@@ -266,6 +277,9 @@ class DualPath(CosineRecipe):
             "score_mse_unweighted": float(mse.detach()),
             "rank_unweighted": float(rank.detach()),
         }
+
+        if phase == 2 and not cfg.phase2_text_pairs:
+            terms = {}  # the ablation: Phase 2 on image-caption pairs only (text parts still logged)
 
         if phase == 2:
             if batch.image.shape[0] != batch.text.shape[0]:

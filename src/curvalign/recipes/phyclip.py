@@ -24,6 +24,7 @@ Analysis   ``factor_norms`` (factor-wise distance to the origin) and ``factor_ma
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 from torch import Tensor
@@ -77,6 +78,9 @@ class PhyclipConfig:
     entailment_weight        gamma (0.2)
     eta_inter, eta_intra     0.7 (I <= T, I_box <= T_box), 1.2 (I <= I_box, T <= T_box)
     aperture_K               the cone constant K (0.1)
+    product_metric           "l1" (the method: ``d_avg``, mean of the factor distances) or "l2"
+                             (Table 4's ablation: ``sqrt(mean_i d_{H_i}^2)``, the root mean
+                             square, so the logit scale stays independent of k as for "l1")
     """
 
     num_factors: int = 64
@@ -95,8 +99,11 @@ class PhyclipConfig:
     eta_inter: float = 0.7
     eta_intra: float = 1.2
     aperture_K: float = 0.1
+    product_metric: Literal["l1", "l2"] = "l1"
 
     def __post_init__(self) -> None:
+        if self.product_metric not in ("l1", "l2"):
+            raise ValueError(f"product_metric must be 'l1' or 'l2', got {self.product_metric!r}")
         if self.num_factors <= 0 or self.factor_dim <= 0:
             raise ValueError(
                 f"num_factors and factor_dim must be positive, got {self.num_factors}, "
@@ -162,12 +169,27 @@ class Phyclip(HyperbolicRecipe):
         return {"point": self.text_head(features, self.curvature())}
 
     def scores(self, texts: Embedding, images: Embedding, query: Query = "text") -> Tensor:
-        return product_average_distance_scores(texts["point"], images["point"], self.curvature())
+        return self._score_matrix(texts["point"], images["point"], self.curvature())
 
     def pair_scores(self, texts: Embedding, images: Embedding, query: Query = "text") -> Tensor:
+        if self.config.product_metric == "l2":
+            d = lorentz.dist(texts["point"], images["point"], self.curvature())  # [n, k]
+            return -_rms(d.square().mean(-1))
         return product_average_distance_pair_scores(
             texts["point"], images["point"], self.curvature()
         )
+
+    def _score_matrix(self, x: Tensor, y: Tensor, c: Tensor) -> Tensor:
+        """[N, k, d], [M, k, d] -> [N, M]: ``-d_avg`` (l1) or ``-sqrt(mean_i d_i^2)`` (l2, summed
+        one factor at a time: no [k, N, M] tensor)."""
+        if self.config.product_metric == "l1":
+            return product_average_distance_scores(x, y, c)
+        k = x.shape[-2]
+        cc = c.reshape(-1).expand(k) if c.numel() == 1 else c.reshape(-1)
+        total = x.new_zeros(x.shape[0], y.shape[0])
+        for i in range(k):
+            total = total + lorentz.pairwise_dist(x[:, i], y[:, i], cc[i]).square()
+        return -_rms(total / k)
 
     def class_embedding(self, prompts: Embedding) -> Embedding:
         return {"point": lorentz.tangent_mean(prompts["point"], self.curvature())}  # [1, k, d]
@@ -213,7 +235,7 @@ class Phyclip(HyperbolicRecipe):
                 # symmetric: reuse its matrix transposed (half the k x B x B work)
                 scores = matrices[(cols, rows)].T
             else:
-                scores = product_average_distance_scores(local[rows], everyone[cols], c)
+                scores = self._score_matrix(local[rows], everyone[cols], c)
             matrices[(rows, cols)] = scores
             terms[name] = 0.25 * info_nce(scores, temperature=tau, offset=offset)
         eta = {"inter": cfg.eta_inter, "intra": cfg.eta_intra}
@@ -235,6 +257,11 @@ class Phyclip(HyperbolicRecipe):
 
     def no_decay_parameter_names(self) -> set[str]:
         return scalar_parameter_names(self) | super().no_decay_parameter_names()
+
+
+def _rms(mean_square: Tensor) -> Tensor:
+    """sqrt with a floor, so a zero distance (x = y) has a finite gradient."""
+    return mean_square.clamp_min(torch.finfo(mean_square.dtype).eps).sqrt()
 
 
 __all__ = ["CONTRASTIVE_PAIRS", "ENTAILMENT_PAIRS", "Phyclip", "PhyclipConfig"]

@@ -1,0 +1,343 @@
+"""The machinery every study shares: the verdict rule, seeded arms, validation and convergence.
+
+A study (``curvalign.report.studies``) states one claim of a paper, trains *arms* (the method, the
+comparison the paper makes, and a *control* arm where the claimed mechanism is removed or the
+claim is made false on purpose) with the same seeds, and decides with ``decide``.
+
+The verdict rule (``decide``; written out again in every study's output)
+    effect   paired per-seed difference of the claim's metric, oriented so that the paper's
+             claim says ``effect > threshold`` (``threshold`` 0 for "better than"; ``-margin`` for
+             a non-inferiority claim such as "stays within a small margin")
+    control  paired per-seed difference showing that the metric registers the failure the claim
+             is about: the control arm (mechanism removed, or the claim made false on purpose)
+             against the arm it perturbs; "the control moved the metric" means its 95% interval
+             excludes 0
+    1. the study's budget is below what it needs       -> "too short to test the claim"
+    2. the control's 95% interval contains 0           -> "inconclusive: the metric cannot
+                                                          detect it" (never "holds")
+    3. the effect's 95% interval lies above threshold  -> "holds"
+    4. the effect's 95% interval lies below threshold  -> "does not hold"
+    5. otherwise (the interval contains the threshold) -> "inconclusive: the interval contains
+                                                          the threshold"
+    With one seed there is no interval (``curvalign.stats``): the verdict is inconclusive.
+
+Validation and convergence (the minimum the studies need; the trainer's own ``val_every`` /
+``best.safetensors`` API replaces it when it lands): every arm trains in segments of
+``val_every`` steps (``train(..., stop_at=...)`` then resume); after each segment the mean of
+t2i@1 and i2t@1 on a seeded validation hold-out of the training images (a "val" split carved out
+of "train", never trained on) is recorded and the best weights are kept. An arm *converged* when
+the best validation value of its last third of segments is within ``plateau_tol`` of its best
+before (the curve is flat at the end); the study then evaluates the best weights on "test".
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import shutil
+import time
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from curvalign.data.features import FeatureStore
+from curvalign.stats import Interval, mean_interval, paired_difference
+
+Notify = Callable[[str], None]
+
+#: the study's own best-validation weights (not the trainer's checksummed best.safetensors)
+STUDY_BEST = "study_best.safetensors"
+
+HOLDS = "holds"
+DOES_NOT_HOLD = "does not hold"
+INCONCLUSIVE = "inconclusive: the interval contains the threshold"
+UNDETECTABLE = "inconclusive: the metric cannot detect it"
+TOO_SHORT = "too short to test the claim"
+OUTCOMES = (HOLDS, DOES_NOT_HOLD, INCONCLUSIVE, UNDETECTABLE, TOO_SHORT)
+
+RULE = (
+    "too short to test the claim if the budget is below the study's need; else inconclusive "
+    "(the metric cannot detect it) unless the control's 95% interval excludes 0; else holds "
+    "if the effect's 95% interval lies above the threshold, does not hold if it lies below, "
+    "inconclusive otherwise"
+)
+
+#: every study run: batch 64 and no TensorBoard, so a study finishes in minutes on two CPU cores
+COMMON_OVERRIDES = (
+    "batch_size=64",
+    "pair_batch_size=32",
+    "tensorboard=false",
+    "checkpoint_every=0",
+    "log_every=5",
+    "val_every=0",  # the study validates itself (Bench.train), on its own segments
+)
+
+
+def decide(
+    effect: Interval,
+    control: Interval | None,
+    *,
+    threshold: float = 0.0,
+    budget_ok: bool = True,
+) -> str:
+    """The verdict of one claim (rule in the module docstring). ``effect`` and ``control`` are
+    oriented so that the claim says ``effect > threshold``; ``control=None`` means the study has
+    no control for this claim, which makes the verdict inconclusive."""
+    if not budget_ok:
+        return TOO_SHORT
+    if control is None or not control.excludes_zero():
+        return UNDETECTABLE
+    if effect.low > threshold:
+        return HOLDS
+    if effect.high < threshold:
+        return DOES_NOT_HOLD
+    return INCONCLUSIVE
+
+
+def claim_record(
+    what: str,
+    effect: Interval,
+    control: Interval | None,
+    control_what: str,
+    *,
+    threshold: float = 0.0,
+    budget_ok: bool = True,
+    scale: float = 100.0,
+    unit: str = "points",
+) -> dict[str, Any]:
+    """One decided claim, JSON-ready: the outcome and both intervals."""
+    outcome = decide(effect, control, threshold=threshold, budget_ok=budget_ok)
+    return {
+        "claim": what,
+        "outcome": outcome,
+        "effect": effect.as_dict(),
+        "effect_text": f"{effect.format(scale, 2)} {unit} (95% [{effect.low * scale:.2f}, "
+        f"{effect.high * scale:.2f}], n={effect.n})",
+        "threshold": threshold,
+        "control": control.as_dict() if control is not None else None,
+        "control_what": control_what,
+        "control_text": (
+            f"{control.format(scale, 2)} {unit} (95% [{control.low * scale:.2f}, "
+            f"{control.high * scale:.2f}], n={control.n})"
+            if control is not None
+            else "no control"
+        ),
+    }
+
+
+def per_seed(values: dict[int, float]) -> list[float]:
+    return [values[s] for s in sorted(values)]
+
+
+def difference(a: dict[int, float], b: dict[int, float], sign: float = 1.0) -> Interval:
+    """Paired interval of ``sign * (a - b)`` over the seeds both have."""
+    seeds = sorted(set(a) & set(b))
+    return paired_difference([sign * a[s] for s in seeds], [sign * b[s] for s in seeds])
+
+
+def summary(values: dict[int, float]) -> dict[str, Any]:
+    finite = [v for v in per_seed(values) if v is not None and math.isfinite(v)]
+    if not finite:
+        return {"per_seed": per_seed(values), "mean": None}
+    iv = mean_interval(finite)
+    return {"per_seed": per_seed(values), **iv.as_dict(), "text": iv.format(100.0, 1)}
+
+
+def with_val_split(store: FeatureStore, fraction: float = 0.1, seed: int = 0) -> FeatureStore:
+    """A copy of ``store`` whose "train" images lose a seeded ``fraction`` to a new "val" split."""
+    if store.image_split is None or store.split_names is None or "val" in store.split_names:
+        return store
+    train_ids = store.split_image_ids("train")
+    gen = torch.Generator().manual_seed(1_000_003 + seed)
+    n_val = max(8, int(round(fraction * len(train_ids))))
+    chosen = train_ids[torch.randperm(len(train_ids), generator=gen)[:n_val]]
+    split = store.image_split.clone()
+    split[chosen] = len(store.split_names)
+    return dataclasses.replace(store, image_split=split, split_names=[*store.split_names, "val"])
+
+
+def val_score(recipe: Any, store: FeatureStore, split: str = "val") -> float:
+    """mean(t2i@1, i2t@1) on ``split`` with the recipe's own score."""
+    from curvalign.eval import evaluate
+
+    r = evaluate(recipe, store, split=split, diagnostics=False)["retrieval"]
+    return 0.5 * (r["t2i@1"] + r["i2t@1"])
+
+
+def converged(history: Sequence[tuple[int, float]], tol: float) -> bool | None:
+    """Whether a validation curve has plateaued: the best of its last third is within ``tol`` of
+    the best before it. None with fewer than three points."""
+    if len(history) < 3:
+        return None
+    cut = len(history) - max(1, len(history) // 3)
+    before = max(v for _, v in history[:cut])
+    after = max(v for _, v in history[cut:])
+    return after - before <= tol
+
+
+class Bench:
+    """Trains and evaluates a study's arms on one store (with its "val" split) in ``out/runs``."""
+
+    def __init__(
+        self,
+        out: Path,
+        store: FeatureStore,
+        spec: str,
+        steps: int,
+        overrides: Sequence[str],
+        *,
+        val_every: int,
+        plateau_tol: float = 0.01,
+        show_progress: bool = False,
+        notify: Notify = lambda m: None,
+    ) -> None:
+        self.out, self.steps, self.spec = out, steps, spec
+        self.store = with_val_split(store)
+        self.overrides = list(COMMON_OVERRIDES) + list(overrides)
+        self.val_every = max(1, val_every)
+        self.plateau_tol = plateau_tol
+        self.show_progress, self.notify = show_progress, notify
+        out.mkdir(parents=True, exist_ok=True)
+
+    def run_dir(self, label: str, seed: int) -> Path:
+        slug = "".join(ch if ch.isalnum() or ch in ".-" else "-" for ch in label)
+        return self.out / "runs" / f"{slug}-s{seed}"
+
+    def train_segment(
+        self,
+        label: str,
+        recipe: str,
+        extra: Iterable[str],
+        seed: int,
+        stop_at: int | None,
+        resume: bool,
+        steps: int,
+        store: FeatureStore | None = None,
+    ) -> Path:
+        from curvalign.train.trainer import train
+
+        return train(
+            recipe,
+            store if store is not None else self.store,
+            self.run_dir(label, seed),
+            steps=steps,
+            overrides=[*self.overrides, *extra, f"seed={seed}"],
+            overwrite=not resume,
+            resume=resume,
+            show_progress=self.show_progress,
+            stop_at=stop_at,
+        )
+
+    def train(
+        self,
+        label: str,
+        recipe: str,
+        extra: Iterable[str],
+        seed: int,
+        *,
+        steps: int | None = None,
+        select_best: bool = True,
+        marks: Sequence[int] = (),
+        on_mark: Callable[[int, Any], None] | None = None,
+        val_fn: Callable[[Any], float] | None = None,
+        store_from: Callable[[int], FeatureStore | None] | None = None,
+    ) -> dict[str, Any]:
+        """Train one arm with one seed, validating every ``val_every`` steps.
+
+        ``marks``: extra steps where training pauses and ``on_mark(step, recipe)`` measures the
+        model there (e.g. the end of a warm-up). ``val_fn(recipe)``: the validation value
+        (default: mean R@1 on the "val" split). ``store_from(step)``: the store the segment that
+        starts at ``step`` trains on (a control arm that changes its data mid-run).
+        Returns {run_dir, recipe (best weights when ``select_best``), last_step, best_step,
+        best_val, val_history, converged}."""
+        from curvalign.runs import load_run
+
+        steps = steps or self.steps
+        extra = list(extra)
+        val_fn = val_fn or (lambda r: val_score(r, self.store))
+        stops = sorted(
+            {*range(self.val_every, steps, self.val_every), *(m for m in marks if 0 < m < steps)}
+            | {steps}
+        )
+        self.notify(f"{label} seed {seed}: {recipe}, {steps} steps")
+        run_dir, history, best, previous = None, [], (-math.inf, 0), 0
+        for step in stops:
+            run_dir = self.train_segment(
+                label,
+                recipe,
+                extra,
+                seed,
+                stop_at=step if step < steps else None,
+                resume=previous > 0,
+                steps=steps,
+                store=store_from(previous) if store_from else None,
+            )
+            previous = step
+            loaded = load_run(run_dir, weights="last")
+            if step in marks and on_mark is not None:
+                on_mark(step, loaded.recipe)
+            value = val_fn(loaded.recipe)
+            history.append((step, value))
+            if value > best[0]:
+                best = (value, step)
+                shutil.copyfile(run_dir / "model.safetensors", run_dir / STUDY_BEST)
+        loaded = load_run(run_dir, weights="last")
+        if select_best:
+            from safetensors.torch import load_file
+
+            loaded.recipe.load_state_dict(load_file(str(run_dir / STUDY_BEST)))
+        return {
+            "run_dir": run_dir,
+            "recipe": loaded.recipe,
+            "last_step": loaded.step,
+            "best_step": best[1],
+            "best_val": best[0],
+            "val_history": history,
+            "converged": converged(history, self.plateau_tol),
+        }
+
+    def untrained(self, recipe: str, extra: Iterable[str], seed: int) -> Any:
+        """The recipe as initialised with ``seed`` (the untrained-head baseline), in eval mode."""
+        from curvalign.config import resolve_config
+        from curvalign.runs import build_recipe
+
+        config = resolve_config(
+            recipe, self.spec, steps=self.steps, overrides=[*self.overrides, *extra, f"seed={seed}"]
+        )
+        torch.manual_seed(seed)
+        model = build_recipe(
+            config, self.store.image_features.shape[-1], self.store.text_features.shape[-1]
+        )
+        model.eval()
+        return model
+
+    def evaluate(self, recipe: Any, diagnostics: bool = False) -> dict[str, Any]:
+        from curvalign.eval import evaluate
+
+        return evaluate(recipe, self.store, split="test", diagnostics=diagnostics)
+
+
+def convergence_record(runs: dict[int, dict[str, Any]]) -> dict[str, Any]:
+    """Per arm: how many seeds converged, best steps and the validation curves."""
+    flags = [r["converged"] for r in runs.values()]
+    return {
+        "converged": sum(bool(f) for f in flags),
+        "seeds": len(flags),
+        "best_steps": [r["best_step"] for r in runs.values()],
+        "val_history": {str(s): r["val_history"] for s, r in runs.items()},
+    }
+
+
+class Timer:
+    def __init__(self) -> None:
+        self.start = time.perf_counter()
+
+    def seconds(self) -> float:
+        return round(time.perf_counter() - self.start, 1)
+
+
+def mean_r1(ev: dict[str, Any]) -> float:
+    r = ev["retrieval"]
+    return 0.5 * (r["t2i@1"] + r["i2t@1"])

@@ -1,0 +1,343 @@
+"""Studies: the verdict rule on hand-made numbers, the machinery, each study tiny, the generator."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from curvalign.report import studykit as kit
+from curvalign.stats import Interval, mean_interval, paired_difference
+
+# --- the verdict rule, every outcome ----------------------------------------------------------
+
+MOVED = paired_difference([0.30, 0.32, 0.35], [0.10, 0.12, 0.11])  # control clearly moved
+STILL = paired_difference([0.30, 0.12, 0.35], [0.31, 0.30, 0.20])  # contains 0
+
+
+def test_holds_when_the_interval_is_above_zero_and_the_control_moved():
+    effect = paired_difference([0.50, 0.52, 0.55], [0.40, 0.41, 0.43])
+    assert effect.low > 0 and MOVED.excludes_zero()
+    assert kit.decide(effect, MOVED) == kit.HOLDS
+
+
+def test_does_not_hold_when_the_interval_is_below_zero():
+    effect = paired_difference([0.40, 0.41, 0.43], [0.50, 0.52, 0.55])
+    assert kit.decide(effect, MOVED) == kit.DOES_NOT_HOLD
+
+
+def test_inconclusive_when_the_interval_contains_the_threshold():
+    effect = paired_difference([0.50, 0.40, 0.55], [0.45, 0.47, 0.50])
+    assert effect.low < 0 < effect.high
+    assert kit.decide(effect, MOVED) == kit.INCONCLUSIVE
+
+
+def test_control_that_did_not_move_makes_it_undetectable_never_holds():
+    effect = paired_difference([0.50, 0.52, 0.55], [0.40, 0.41, 0.43])  # would hold
+    assert not STILL.excludes_zero()
+    assert kit.decide(effect, STILL) == kit.UNDETECTABLE
+    assert kit.decide(effect, None) == kit.UNDETECTABLE
+    # a control that moved the metric the other way still moved it
+    assert kit.decide(effect, paired_difference([0.1, 0.12, 0.11], [0.3, 0.32, 0.35])) == kit.HOLDS
+
+
+def test_too_short_wins_over_everything():
+    effect = paired_difference([0.50, 0.52, 0.55], [0.40, 0.41, 0.43])
+    assert kit.decide(effect, MOVED, budget_ok=False) == kit.TOO_SHORT
+    assert kit.decide(effect, STILL, budget_ok=False) == kit.TOO_SHORT
+
+
+def test_non_inferiority_threshold():
+    small_drop = mean_interval([-0.005, -0.010, -0.008])  # within a 0.02 margin
+    big_drop = mean_interval([-0.10, -0.12, -0.09])
+    assert kit.decide(small_drop, MOVED, threshold=-0.02) == kit.HOLDS
+    assert kit.decide(big_drop, MOVED, threshold=-0.02) == kit.DOES_NOT_HOLD
+    assert kit.decide(small_drop, MOVED, threshold=0.0) == kit.DOES_NOT_HOLD
+
+
+def test_one_seed_is_inconclusive():
+    one = mean_interval([0.5])
+    assert kit.decide(one, MOVED) == kit.INCONCLUSIVE
+    assert kit.decide(mean_interval([0.5, 0.6]), mean_interval([0.3])) == kit.UNDETECTABLE
+
+
+def test_claim_record_carries_both_intervals():
+    effect = Interval(0.05, 0.01, 0.09, 3)
+    rec = kit.claim_record("x beats y", effect, MOVED, "control - x")
+    assert rec["outcome"] == kit.HOLDS
+    assert rec["effect"] == effect.as_dict() and "[1.00, 9.00]" in rec["effect_text"]
+    assert rec["control"]["n"] == 3 and rec["control_what"] == "control - x"
+    json.dumps(rec)
+
+
+# --- machinery ---------------------------------------------------------------------------------
+
+
+def test_convergence_plateau():
+    assert kit.converged([(1, 0.1), (2, 0.3), (3, 0.305)], tol=0.01) is True
+    assert kit.converged([(1, 0.1), (2, 0.2), (3, 0.4)], tol=0.01) is False
+    assert kit.converged([(1, 0.1), (2, 0.2)], tol=0.01) is None
+
+
+def test_spearman_with_ties():
+    from curvalign.report.studies import spearman
+
+    x = torch.tensor([1.0, 2.0, 3.0, 4.0])
+    assert spearman(x, x * 10) == pytest.approx(1.0)
+    assert spearman(x, -x) == pytest.approx(-1.0)
+    # ties get average ranks: y ranks (1.5, 1.5, 3, 4) against 1..4
+    y = torch.tensor([0.0, 0.0, 1.0, 2.0])
+    rx = torch.tensor([1.0, 2, 3, 4]) - 2.5
+    ry = torch.tensor([1.5, 1.5, 3, 4]) - 2.5
+    expected = float((rx * ry).sum() / (rx.square().sum() * ry.square().sum()).sqrt())
+    assert spearman(x, y) == pytest.approx(expected)
+
+
+def test_val_split_is_carved_from_train_only():
+    from curvalign.data.synthetic import config_from_spec, make_world
+
+    store = make_world(config_from_spec("images=200,text_pairs=0"))
+    split = kit.with_val_split(store, 0.1, seed=0)
+    again = kit.with_val_split(store, 0.1, seed=0)
+    assert split.split_names == ["train", "test", "val"]
+    assert torch.equal(split.image_split, again.image_split)
+    val = split.split_image_ids("val")
+    assert len(val) >= 8
+    assert set(val.tolist()) <= set(store.split_image_ids("train").tolist())
+    assert torch.equal(split.split_image_ids("test"), store.split_image_ids("test"))
+    assert kit.with_val_split(split) is split
+
+
+# --- each study tiny -----------------------------------------------------------------------------
+
+TINY = "synthetic:images=160,text_pairs=60,captions_max=3"
+TINY_TRAIN = ["batch_size=16", "pair_batch_size=16"]
+TINY_STUDIES = {
+    "agr-curriculum": ({}, TINY),
+    "dualpath-forgetting": (
+        {},
+        "synthetic:images=160,text_pairs=60,captions_max=3,paraphrase_topics=8,heldout_pairs=40",
+    ),
+    "atmg-curvature": ({"curvatures": (0.1, 1.0)}, TINY),
+    "phyclip-factors": ({"total_dim": 8, "factors": (1, 4)}, TINY + ",leaf_pairs=4"),
+    "proclip-product": ({"part_dim": 4}, TINY),
+    # the real-data study's machinery on a synthetic store (WordNet needs the MiniLM and nltk)
+    "wordnet-dimensions": ({"dims": (2, 4)}, TINY),
+}
+
+
+@pytest.mark.parametrize("name", list(TINY_STUDIES))
+def test_each_study_runs_tiny_and_is_too_short(tmp_path, name, one_thread):
+    from curvalign.report.studies import run_study
+
+    options, data = TINY_STUDIES[name]
+    result = run_study(
+        name, tmp_path / name, steps=4, seeds=2, data=data, overrides=TINY_TRAIN, **options
+    )
+    assert result["claims"]
+    for claim in result["claims"]:
+        assert claim["outcome"] == kit.TOO_SHORT  # 4 steps is below every study's need
+        assert claim["effect"]["n"] in (0, 2)
+    assert result["seeds"] == [0, 1] and result["wall_s"] > 0
+    assert all(Path(f).exists() for f in result["figures"])
+    assert set(result["convergence"]) and all(
+        c["seeds"] == 2 for c in result["convergence"].values()
+    )
+    saved = json.loads((tmp_path / name / "study.json").read_text())
+    assert saved["verdict"] == result["verdict"] and saved["command"].startswith("curvalign study")
+    assert "Verdict rule" in (tmp_path / name / "study.md").read_text()
+
+
+def test_results_page_is_generated_from_the_json(tmp_path, one_thread):
+    from curvalign.report import results
+    from curvalign.report.studies import run_study
+
+    run_study(
+        "proclip-product",
+        tmp_path / "proclip-product",
+        steps=2,
+        seeds=2,
+        data=TINY,
+        overrides=TINY_TRAIN,
+        part_dim=4,
+    )
+    text = results.render(tmp_path)
+    assert "## Verdicts" in text and "## proclip-product" in text
+    assert kit.TOO_SHORT in text and "wall time" in text
+    assert results.main([str(tmp_path / "nothing-here")]) == 2
+    copy = tmp_path / "docs"
+    assert results.main([str(tmp_path), "--copy-to", str(copy)]) == 0
+    assert (copy / "proclip-product" / "study.json").exists() and list(copy.glob("*.png"))
+    assert results.render(copy) == text  # the committed JSON regenerates the same page
+
+
+def test_study_all_rejects_data_and_options():
+    from typer.testing import CliRunner
+
+    from curvalign.cli import app
+
+    result = CliRunner().invoke(app, ["study", "all", "--data", TINY, "--out", "x"])
+    assert result.exit_code != 0 and "own data" in result.output
+
+
+# --- the world's study options -------------------------------------------------------------------
+
+
+def test_paraphrase_pairs_come_from_their_own_distribution():
+    from curvalign.data.synthetic import build_world, config_from_spec
+
+    plain = build_world(config_from_spec("images=150,text_pairs=30"))
+    para = build_world(config_from_spec("images=150,text_pairs=30,paraphrase_topics=8"))
+    # everything but the pairs is unchanged
+    assert torch.equal(plain.store.image_features, para.store.image_features)
+    assert torch.equal(plain.store.text_features, para.store.text_features)
+    assert not torch.equal(plain.store.pair_a_features, para.store.pair_a_features)
+    assert plain.heldout_pairs is None
+    held = para.heldout_pairs
+    assert held is not None and len(held.scores) == 600
+    scores = para.store.pair_scores
+    assert scores.min() >= 0 and scores.max() <= 1
+    assert torch.all(scores[0::3] == 1.0)  # kind 0: same topic
+    same = held.topic_a == held.topic_b
+    assert torch.all(held.scores[same] == 1.0) and torch.all(held.scores[~same] < 1.0)
+    # the pair texts are not captions
+    caption_rows = {tuple(r) for r in para.store.text_features[:50].tolist()}
+    assert not any(tuple(r) in caption_rows for r in para.store.pair_a_features.tolist())
+
+
+def test_leaf_pairs_give_several_images_per_pair():
+    from curvalign.data.synthetic import build_world, config_from_spec
+
+    world = build_world(config_from_spec("images=300,text_pairs=0,leaf_pairs=5"))
+    counts = torch.bincount(world.object_image, minlength=300)
+    assert counts.max() <= 2
+    pairs = set()
+    for img in torch.nonzero(counts == 2).flatten().tolist():
+        leaves = world.object_leaf[world.object_image == img].tolist()
+        pairs.add(tuple(leaves))
+    assert 1 < len(pairs) <= 5
+    assert len(torch.nonzero(counts == 2)) / len(pairs) >= 10
+    with pytest.raises(ValueError, match="leaf_pairs"):
+        config_from_spec("leaf_pairs=-1")
+
+
+# --- the recipe options the studies use ------------------------------------------------------------
+
+
+def _agr(**kw):
+    from curvalign.recipes.agr import AGR, AGRConfig
+
+    torch.manual_seed(0)
+    return AGR(AGRConfig(embed_dim=16, lora_rank=4, **kw), 12, 10)
+
+
+def test_agr_delta_form_and_hyperbolic_temperature():
+    torch.manual_seed(1)
+    img, txt = torch.randn(6, 12), torch.randn(6, 10)
+    algo, eq = _agr(), _agr(delta_form="equation")
+    for r in (algo, eq):
+        r.alpha.fill_(1.0)
+        r.beta.fill_(0.3)
+        r.eval()
+    sa = algo.scores(algo.embed_texts(txt), algo.embed_images(img))
+    se = eq.scores(eq.embed_texts(txt), eq.embed_images(img))
+    assert not torch.allclose(sa, se)  # beta < 1: the two readings differ
+    for r in (algo, eq):
+        r.beta.fill_(1.0)
+    sa = algo.scores(algo.embed_texts(txt), algo.embed_images(img))
+    se = eq.scores(eq.embed_texts(txt), eq.embed_images(img))
+    torch.testing.assert_close(sa, se)  # ... and agree at beta = 1
+    assert _agr().tau_h is None  # default: S_H = -d, checkpoints unchanged
+    hot = _agr(learn_tau_h=True, tau_h_init=0.5)
+    assert any("tau_h" in n for n, p in hot.named_parameters() if p.requires_grad)
+    t, i = hot.embed_texts(txt), hot.embed_images(img)
+    parts = hot.routed(t, i, "text", 0.0, 0.0)
+    from curvalign.scores import lorentz_distance_scores
+
+    expected = lorentz_distance_scores(t["lorentz"], i["lorentz"], hot.curvature()) / 0.5
+    torch.testing.assert_close(parts.s_h, expected)
+    with pytest.raises(ValueError, match="delta_form"):
+        _agr(delta_form="other")
+
+
+def test_agr_routing_summary():
+    torch.manual_seed(2)
+    r = _agr()
+    r.alpha.fill_(1.0)
+    r.beta.fill_(1.0)
+    r.eval()
+    s = r.routing_summary(r.embed_texts(torch.randn(5, 10)), r.embed_images(torch.randn(5, 12)))
+    for key in ("w_mean", "w_pos", "w_neg", "gate", "euclidean_share", "e_above_h"):
+        assert 0.0 <= s[key] <= 2.0, key
+    assert s["w_mean"] == pytest.approx((s["w_pos"] + 4 * s["w_neg"]) / 5, rel=1e-5)
+
+
+def test_dualpath_gate_speed_and_phase2_without_text_pairs():
+    from curvalign.recipes.base import Batch, Progress
+    from curvalign.recipes.dualpath import DualPath, DualPathConfig
+
+    def make(**kw):
+        torch.manual_seed(0)
+        return DualPath(
+            DualPathConfig(model_dim=8, hidden_dim=16, embed_dim=8, dropout=0.0, **kw), 6, 5
+        )
+
+    slow, fast = make(), make(gate_speed=10.0)
+    for r in (slow, fast):
+        r.head.gate_warmup.fill_(1.0)
+        with torch.no_grad():
+            r.head.gate_logit.add_(0.2)
+    assert float(slow.head.gate()) == pytest.approx(
+        torch.sigmoid(torch.tensor(-4.8)).item(), rel=1e-5
+    )
+    assert float(fast.head.gate()) == pytest.approx(
+        torch.sigmoid(torch.tensor(-3.0)).item(), rel=1e-5
+    )
+
+    torch.manual_seed(3)
+    batch = Batch(
+        image=torch.randn(4, 6),
+        text=torch.randn(4, 5),
+        pair_a=torch.randn(4, 5),
+        pair_b=torch.randn(4, 5),
+        pair_score=torch.rand(4),
+    )
+    phase2 = Progress(step=90, total=100)
+    with_pairs = make(schedule_unit="steps", switch_at=10).loss(batch, phase2)
+    without = make(schedule_unit="steps", switch_at=10, phase2_text_pairs=False).loss(batch, phase2)
+    assert "text_info_nce" in with_pairs.terms and "text_info_nce" not in without.terms
+    assert "image_info_nce" in without.terms
+    phase1 = Progress(step=1, total=100)
+    assert (
+        "text_info_nce"
+        in make(schedule_unit="steps", switch_at=10, phase2_text_pairs=False)
+        .loss(batch, phase1)
+        .terms
+    )
+
+
+def test_phyclip_l2_product_metric():
+    from curvalign.geometry import lorentz
+    from curvalign.recipes.phyclip import Phyclip, PhyclipConfig
+
+    torch.manual_seed(4)
+    r = Phyclip(PhyclipConfig(num_factors=3, factor_dim=4, product_metric="l2"), 10, 8)
+    t, i = r.embed_texts(torch.randn(5, 8)), r.embed_images(torch.randn(6, 10))
+    c = r.curvature()
+    brute = torch.stack(
+        [lorentz.pairwise_dist(t["point"][:, f], i["point"][:, f], c[f]) for f in range(3)]
+    )
+    expected = -brute.square().mean(0).sqrt()
+    s = r.scores(t, i)
+    torch.testing.assert_close(s, expected)
+    pairs = r.pair_scores({"point": t["point"][:5]}, {"point": i["point"][:5]})
+    torch.testing.assert_close(pairs, s.diagonal()[:5] if s.shape[1] >= 5 else pairs)
+    assert torch.isfinite(
+        torch.autograd.grad(r.scores(t, t).sum(), r.text_head.proj.weight)[0]
+    ).all()
+    with pytest.raises(ValueError, match="product_metric"):
+        PhyclipConfig(product_metric="l3")
+    assert math.isfinite(float(s.sum()))
