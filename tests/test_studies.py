@@ -99,7 +99,17 @@ def test_spearman_with_ties():
 def test_val_split_is_carved_from_train_only():
     from curvalign.data.synthetic import config_from_spec, make_world
 
-    store = make_world(config_from_spec("images=200,text_pairs=0"))
+    world = make_world(config_from_spec("images=200,text_pairs=0"))
+    assert kit.with_val_split(world) is world  # the world's own val split is used as it is
+    # a store with only train/test (e.g. a feature store) gets a seeded hold-out
+    import dataclasses
+
+    is_val = world.image_split == world.split_names.index("val")
+    store = dataclasses.replace(
+        world,
+        image_split=torch.where(is_val, 0, world.image_split),
+        split_names=["train", "test"],
+    )
     split = kit.with_val_split(store, 0.1, seed=0)
     again = kit.with_val_split(store, 0.1, seed=0)
     assert split.split_names == ["train", "test", "val"]
