@@ -182,6 +182,14 @@ def test_results_page_is_generated_from_the_json(tmp_path, one_thread):
     assert results.main([str(tmp_path), "--copy-to", str(copy)]) == 0
     assert (copy / "proclip-product" / "study.json").exists() and list(copy.glob("*.png"))
     assert results.render(copy) == text  # the committed JSON regenerates the same page
+    page = tmp_path / "results.md"
+    page.write_text("# old\nstale study\n## Demo\nbenchmark table\n")
+    args = [str(copy), "--keep-from", str(page), "## Demo", "-o", str(page)]
+    assert results.main(args) == 0
+    new = page.read_text()
+    assert new.startswith(text.rstrip("\n")) and new.endswith("## Demo\nbenchmark table\n")
+    assert "stale study" not in new
+    assert results.main([str(copy), "--keep-from", str(page), "## Nope"]) == 2
 
 
 def test_study_all_rejects_data_and_options():

@@ -1,6 +1,7 @@
 """docs/results.md from the JSON outputs of ``curvalign study all --out DIR``.
 
-    python -m curvalign.report.results DIR [--figures PREFIX] > docs/results.md
+    python -m curvalign.report.results DIR [--figures PREFIX] [--copy-to docs/results]
+        [--keep-from docs/results.md "## Demo"] [-o docs/results.md]
 
 Every number in the page comes from ``DIR/*/study.json``; nothing is typed by hand. Figures are
 linked as ``PREFIX + file name`` (default ``results/``). ``--copy-to docs/results`` copies every
@@ -25,11 +26,13 @@ HEADER = """# Results: the papers' claims as studies that can fail
 Generated from the studies' JSON outputs; do not edit by hand. To reproduce everything:
 
     curvalign study all --out studies{seeds}
-    python -m curvalign.report.results studies --copy-to docs/results > docs/results.md
+    python -m curvalign.report.results studies --copy-to docs/results \
+        --keep-from docs/results.md "## Demo" -o docs/results.md
 
-or, from the committed JSON (`docs/results/NAME/study.json`) alone:
-`python -m curvalign.report.results docs/results > docs/results.md`. Each section below gives
-the exact command of its run (its `--out` was `{out}/NAME`).
+or, from the committed JSON (`docs/results/NAME/study.json`) alone, the same second command with
+`docs/results` in place of `studies` and no `--copy-to`. Each section gives the exact command of
+its run (its `--out` was `{out}/NAME`). The sections from "Demo" on are kept verbatim from the
+previous page (`--keep-from`): they come from the benchmark commands they show.
 
 Each study quotes its paper's claim, trains every arm with the same seeds, compares arms by
 paired per-seed differences with 95% Student-t intervals (`curvalign.stats`), and decides each
@@ -115,6 +118,9 @@ def main(argv: list[str] | None = None) -> int:
         "--copy-to", type=Path, help="copy the study.json files and PNGs into this directory"
     )
     parser.add_argument(
+        "-o", "--output", type=Path, help="write the page here (default: standard output)"
+    )
+    parser.add_argument(
         "--keep-from",
         nargs=2,
         metavar=("FILE", "HEADING"),
@@ -137,7 +143,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {path} has no line {heading!r}", file=sys.stderr)
             return 2
         text = text.rstrip("\n") + "\n\n" + "".join(lines[starts[0] :])
-    sys.stdout.write(text)
+    if args.output:
+        args.output.write_text(text)  # after reading --keep-from, which may be the same file
+    else:
+        sys.stdout.write(text)
     return 0
 
 
