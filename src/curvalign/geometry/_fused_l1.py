@@ -75,7 +75,18 @@ def _build() -> Path:
     compiler = os.environ.get("CXX") or "g++"
     if shutil.which(compiler) is None:
         raise RuntimeError(f"no C++ compiler {compiler!r} on PATH")
-    flags = ["-O3", "-fno-math-errno", "-fopenmp", "-fPIC", "-shared", *_isa_flags()]
+    # -fno-math-errno and -fno-trapping-math let gcc vectorise sqrt and the selects (no
+    # -ffast-math: inf and NaN must keep their meaning).
+    flags = [
+        "-std=c++17",
+        "-O3",
+        "-fno-math-errno",
+        "-fno-trapping-math",
+        "-fopenmp",
+        "-fPIC",
+        "-shared",
+    ]
+    flags += _isa_flags()
     source = _SOURCE.read_bytes()
     key = hashlib.sha256(source + " ".join([compiler, *flags]).encode()).hexdigest()[:16]
     tag = "avx2" if "-mavx2" in flags else "generic"

@@ -47,6 +47,16 @@ struct Bits<double> {
   static constexpr int TERMS = 11;  // to s^21: error < 1e-18
 };
 
+// sum_{n < TERMS} z^n / (2n + 1), straight-line (Horner) so that the lane loop vectorises.
+template <typename T, int n, int TERMS>
+static inline T atanh_series(T z) {
+  if constexpr (n == TERMS - 1) {
+    return T(1) / T(2 * n + 1);
+  } else {
+    return T(1) / T(2 * n + 1) + z * atanh_series<T, n + 1, TERMS>(z);
+  }
+}
+
 // acosh(1 + 2u) = log1p(v), v = 2 (u + r), for 8 lanes with u >= 0; returns r too.
 template <typename T>
 static inline void acosh_lanes(const T* __restrict u, T* __restrict out, T* __restrict r) {
@@ -76,8 +86,7 @@ static inline void acosh_lanes(const T* __restrict u, T* __restrict out, T* __re
     T f = m[l] - T(1);
     T s = f / (T(2) + f);
     T z = s * s;
-    T p = T(1) / T(2 * Bits<T>::TERMS - 1);
-    for (int n = Bits<T>::TERMS - 2; n >= 0; --n) p = p * z + T(1) / T(2 * n + 1);
+    T p = atanh_series<T, 0, Bits<T>::TERMS>(z);
     T loga = e[l] * LN2 + T(2) * s * p;
     // log1p(v) = log(a) + (v - (a - 1)) / a: the rounding of 1 + v corrected to first order
     T res = loga + (v[l] - (a[l] - T(1))) / a[l];
