@@ -52,13 +52,14 @@ def test_l1_matches_per_factor_reference() -> None:
     )
 
 
+@pytest.mark.parametrize("fused", [False, None], ids=["reference", "default"])
 @pytest.mark.parametrize("block", [1, 7, 40, 10**9])
-def test_l1_blocked_equals_naive_sum_values_and_gradients(block: int) -> None:
+def test_l1_blocked_equals_naive_sum_values_and_gradients(block: int, fused: bool | None) -> None:
     Xn, Yn = rand(2, 6, 4, 3), rand(3, 5, 4, 3)
     cn = torch.tensor([0.3, 1.0, 2.0, 7.0], dtype=f64)
     X, Y, c = (t.clone().requires_grad_() for t in (Xn, Yn, cn))
     X2, Y2, c2 = (t.clone().requires_grad_() for t in (Xn, Yn, cn))
-    got = P.l1_pairwise_dist(X, Y, c, block=block)
+    got = P.l1_pairwise_dist(X, Y, c, block=block, fused=fused)
     naive = sum(L.pairwise_dist(X2[:, j], Y2[:, j], c2[j]) for j in range(4))
     assert torch.allclose(got, naive, rtol=1e-12, atol=1e-12)
     weights = rand(4, 6, 5)
@@ -72,23 +73,27 @@ def test_l1_gradcheck_including_curvature() -> None:
     X, Y = rand(5, 4, 3, 2).requires_grad_(), rand(6, 3, 3, 2).requires_grad_()
     c = torch.tensor([0.4, 1.0, 3.0], dtype=f64, requires_grad=True)
     assert torch.autograd.gradcheck(
-        lambda a, b, cc: P.l1_pairwise_dist(a, b, cc, block=5), (X, Y, c)
+        lambda a, b, cc: P.l1_pairwise_dist(a, b, cc, block=5, fused=False), (X, Y, c)
     )
     assert torch.autograd.gradcheck(lambda a, b, cc: P.l1_pairwise_dist(a, b, cc), (X, Y, c))
 
 
-def test_l1_never_materialises_k_n_m() -> None:
+@pytest.mark.parametrize("fused", [False, None], ids=["reference", "default"])
+def test_l1_never_materialises_k_n_m(fused: bool | None) -> None:
     """No op in the forward or backward produces a tensor as large as ``k * N * M``; with a
-    small block nothing beyond the ``[N, M]`` output and its gradient is even close."""
+    small block nothing beyond the ``[N, M]`` output and its gradient is even close. (The fused
+    kernel's own buffers, one ``[M, k, d+1]`` column gradient per thread, are checked by size
+    in the kernel; the operands it gets are padded to a multiple of 8 columns.)"""
     k, N, M, d = 16, 48, 40, 4
     X = rand(7, N, k, d, scale=0.5).float().requires_grad_()
     Y = rand(8, M, k, d, scale=0.5).float().requires_grad_()
     c = torch.ones(k, requires_grad=True)
     with LargestOutput() as mode:
-        out = P.l1_pairwise_dist(X, Y, c, block=256)
+        out = P.l1_pairwise_dist(X, Y, c, block=256, fused=fused)
         out.sum().backward()
     assert mode.largest < k * N * M
-    assert mode.largest <= max(N * M, N * k * (d + 1), M * k * (d + 1), 2 * 256 + M)
+    padded_m = -(-M // 8) * 8
+    assert mode.largest <= max(N * M, N * k * (d + 1), padded_m * k * (d + 1), 2 * 256 + M)
     assert X.grad is not None and torch.isfinite(X.grad).all() and torch.isfinite(c.grad).all()
 
 

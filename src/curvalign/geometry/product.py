@@ -12,7 +12,7 @@ from collections.abc import Mapping
 import torch
 from torch import Tensor
 
-from curvalign.geometry import euclidean, lorentz, sphere
+from curvalign.geometry import _fused_l1, euclidean, lorentz, sphere
 from curvalign.geometry._numerics import (
     Curvature,
     as_positive,
@@ -37,11 +37,19 @@ def _check_factor_points(X: Tensor, Y: Tensor, row_wise: bool) -> None:
 
 
 @no_autocast
-def l1_pairwise_dist(X: Tensor, Y: Tensor, c: Curvature, block: int = 1 << 18) -> Tensor:
+def l1_pairwise_dist(
+    X: Tensor, Y: Tensor, c: Curvature, block: int = 1 << 18, fused: bool | None = None
+) -> Tensor:
     """PHyCLIP's l1-product distance: ``sum_k d_k(x_i^(k), y_j^(k))`` for all pairs.
 
     ``X: [N, k, d]``, ``Y: [M, k, d]``, ``c``: scalar or ``[k]`` (per-factor curvature) ->
-    ``[N, M]``. The sum is built in blocks of ``[k_b, n_b, M]`` pair-factor elements (about
+    ``[N, M]``.
+
+    On CPU (float32/float64 working dtype, ``d < 64``) the default path is the fused C++ kernel
+    of :mod:`curvalign.geometry._fused_l1` (forward and backward in one loop each, compiled once
+    on first use and cached; ``CURVALIGN_FUSED=0`` or ``fused=False`` turns it off, a failed
+    build warns once and falls back). Otherwise, and as the reference it is tested against, the
+    sum is built in blocks of ``[k_b, n_b, M]`` pair-factor elements (about
     ``block`` of them, default 2^18 = 1 MiB in float32, small enough to stay in cache) by a
     custom autograd function that saves only its (small) inputs and recomputes each block in
     the backward: no ``[k, N, M]`` tensor is held in either pass; the peak beyond the
@@ -58,6 +66,12 @@ def l1_pairwise_dist(X: Tensor, Y: Tensor, c: Curvature, block: int = 1 << 18) -
         raise ValueError(f"block: expected a positive number of elements, got {block}")
     Xk = X.to(dtype).transpose(0, 1)
     Yk = Y.to(dtype).transpose(0, 1)
+    if (
+        fused is not False
+        and X.shape[-1] + 1 <= _fused_l1._MAX_WIDTH
+        and _fused_l1.available(Xk, Yk, cc)
+    ):
+        return _fused_l1.l1_pairwise_dist_fused(Xk, Yk, cc.reshape(-1))
     return lorentz.factor_pairwise_dist(Xk, Yk, cc.reshape(-1), reduce_sum=True, block=block)
 
 

@@ -1,0 +1,198 @@
+"""The fused CPU kernel of the l1-product distance against the eager reference it replaces.
+
+``product.l1_pairwise_dist(..., fused=False)`` is the reference (lorentz._PairwiseAcosh with
+``reduce_sum``); the default path on CPU is ``geometry._fused_l1``. Values and gradients (X, Y
+and the per-factor curvature c) must agree to the dtype's rounding, on the edge matrix too.
+The kernel is compiled once per test session (a few seconds; cached across sessions).
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+from curvalign.geometry import _fused_l1 as FL
+from curvalign.geometry import lorentz as L
+from curvalign.geometry import product as P
+
+f64 = torch.float64
+
+# The comparisons need the kernel (built once per session, cached); the fallback tests do not.
+needs_kernel = pytest.mark.skipif(
+    not FL.available(torch.zeros(1)), reason="fused l1 kernel disabled or not buildable here"
+)
+
+
+def points(seed: int, n: int, k: int, d: int, dtype: torch.dtype, scale: float = 1.0):
+    g = torch.Generator().manual_seed(seed)
+    v = torch.randn(n, k, d, generator=g, dtype=f64) * (scale / d**0.5)
+    return L.expmap0(v, 1.0).to(dtype)
+
+
+def value_and_grads(X, Y, c, weights, fused: bool):  # noqa: ANN001, ANN201
+    X, Y, c = (t.detach().clone().requires_grad_() for t in (X, Y, c))
+    out = P.l1_pairwise_dist(X, Y, c, fused=fused)
+    gx, gy, gc = torch.autograd.grad((out * weights).sum(), (X, Y, c))
+    return out, gx, gy, gc
+
+
+def assert_close(got, ref, dtype, what: str) -> None:  # noqa: ANN001
+    # Relative to the largest entry: the kernel and the reference sum in different orders.
+    scale = ref.abs().max().clamp_min(1.0)
+    tol = 1e-11 if dtype == f64 else 2e-5
+    err = (got - ref).abs().max() / scale
+    assert err < tol, f"{what}: max error {err:.3g} (relative to {scale:.3g}) above {tol}"
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, f64])
+@pytest.mark.parametrize(("N", "M"), [(1, 1), (5, 3), (13, 8), (16, 17), (37, 21)])
+def test_fused_matches_reference_values_and_gradients(dtype: torch.dtype, N: int, M: int) -> None:
+    k, d = 5, 4
+    X, Y = points(N, N, k, d, dtype), points(100 + M, M, k, d, dtype, scale=2.0)
+    c = torch.tensor([0.1, 0.5, 1.0, 3.0, 10.0], dtype=dtype)
+    w = torch.randn(N, M, generator=torch.Generator().manual_seed(1), dtype=f64).to(dtype)
+    fused = value_and_grads(X, Y, c, w, fused=True)
+    ref = value_and_grads(X, Y, c, w, fused=False)
+    assert fused[0].dtype == dtype and fused[0].shape == (N, M)
+    for name, a, b in zip(("value", "dX", "dY", "dc"), fused, ref, strict=True):
+        assert_close(a, b, dtype, name)
+
+
+@needs_kernel
+def test_fused_is_the_default_on_cpu() -> None:
+    X, Y = points(0, 6, 3, 2, f64), points(1, 5, 3, 2, f64)
+    out = P.l1_pairwise_dist(X.requires_grad_(), Y, 1.0)
+    assert out.grad_fn is not None and "_FusedL1" in type(out.grad_fn).__name__
+
+
+@needs_kernel
+def test_fused_gradcheck_float64() -> None:
+    X = points(5, 4, 3, 2, f64).requires_grad_()
+    Y = points(6, 3, 3, 2, f64).requires_grad_()
+    c = torch.tensor([0.4, 1.0, 3.0], dtype=f64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda a, b, cc: P.l1_pairwise_dist(a, b, cc), (X, Y, c))
+
+
+@needs_kernel
+def test_fused_accepts_non_contiguous_inputs_and_scalar_curvature() -> None:
+    base = points(7, 9, 6, 3, f64)
+    X = base[::2].transpose(0, 1).contiguous().transpose(0, 1)  # [5, 6, 3], non-contiguous
+    Y = points(8, 6, 12, 3, f64)[:, ::2]  # [6, 6, 3], strided factors
+    assert not X.is_contiguous() and not Y.is_contiguous()
+    w = torch.ones(5, 6, dtype=f64)
+    for c in (torch.tensor(0.7, dtype=f64), torch.full((6,), 0.7, dtype=f64)):
+        fused, ref = value_and_grads(X, Y, c, w, True), value_and_grads(X, Y, c, w, False)
+        for a, b in zip(fused, ref, strict=True):
+            assert_close(a, b, f64, "non-contiguous")
+
+
+EDGE_SCALES = [0.0, 1e-6, 1.0, 1e2, 1e4]
+
+
+@needs_kernel
+@pytest.mark.parametrize("c", [0.1, 1.0, 10.0])
+@pytest.mark.parametrize("scale", EDGE_SCALES)
+def test_fused_edge_matrix(scale: float, c: float) -> None:
+    """x = y, x = 0, huge norms, c at 0.1 and 10: finite, and equal to the reference."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(6, 4, 3, generator=g)
+    x = x / x.norm(dim=-1, keepdim=True) * scale
+    other = torch.randn(6, 4, 3, generator=g) * max(scale, 1.0)
+    cc = torch.tensor([c, c, 1.0, c])
+    w = torch.linspace(0.5, 1.5, 36).view(6, 6)
+    for name, (a, b) in {"x=y": (x, x.clone()), "x=0": (torch.zeros_like(x), other)}.items():
+        fused = value_and_grads(a, b, cc, w, True)
+        ref = value_and_grads(a, b, cc, w, False)
+        for what, u, v in zip(("value", "dX", "dY", "dc"), fused, ref, strict=True):
+            assert torch.isfinite(u).all(), f"{name}, |x|={scale}, c={c}: non-finite {what}"
+            atol = 0.0
+            if name == "x=y" and what == "value":
+                # Near the diagonal w is the Gram matrix's rounding noise (about eps c t^2 per
+                # factor): bounded alike on both paths, equal on neither; the noise is the
+                # absolute tolerance (at scale 0 every pair is such a pair).
+                t2 = 1.0 / c + scale**2
+                noise = 4 * float(torch.acosh(torch.tensor(1.0 + 16 * 1.2e-7 * max(c, 1) * t2)))
+                atol = 2 * noise * max(1.0, c**-0.5)
+                assert u.diagonal().abs().max() <= atol and v.diagonal().abs().max() <= atol
+            elif name == "x=y":
+                # On the diagonal w is rounding noise around 0 and dacosh/dw = 1/r is cut at
+                # its floor 1/sqrt(eps) where w > 0 and is 0 where w <= 0: which of the two a
+                # pair gets depends on the summation order, so the paths agree in bound only.
+                bound = 2e4 * (1.0 + scale) ** 2 * max(c, 1.0 / c)
+                assert u.abs().max() <= bound, f"{name}, |x|={scale}, c={c}: {what} unbounded"
+                continue
+            # dc sums N M k terms that largely cancel (t depends on c on both sides).
+            tol = 2e-5 if what == "value" else 1e-4
+            err = ((u - v).abs() - atol).clamp_min(0.0).max() / v.abs().max().clamp_min(1.0)
+            assert err < tol, f"{name}, |x|={scale}, c={c}: {what} differs by {err:.3g}"
+
+
+@needs_kernel
+def test_fused_bf16_autocast_computes_in_float32() -> None:
+    X, Y = points(3, 7, 4, 3, torch.float32), points(4, 9, 4, 3, torch.float32)
+    c = torch.tensor([0.5, 1.0, 2.0, 4.0])
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = P.l1_pairwise_dist(X.bfloat16(), Y.bfloat16(), c)
+    assert got.dtype == torch.float32
+    ref = P.l1_pairwise_dist(X.bfloat16().float(), Y.bfloat16().float(), c, fused=False)
+    assert_close(got, ref, torch.float32, "bf16 autocast")
+
+
+@needs_kernel
+def test_env_switch_turns_the_kernel_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CURVALIGN_FUSED", "0")
+    X = points(0, 6, 3, 2, f64).requires_grad_()
+    out = P.l1_pairwise_dist(X, X, 1.0)
+    assert "_FusedL1" not in type(out.grad_fn).__name__
+    monkeypatch.setenv("CURVALIGN_FUSED", "1")
+    assert "_FusedL1" in type(P.l1_pairwise_dist(X, X, 1.0).grad_fn).__name__
+
+
+def test_failed_build_warns_once_and_falls_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken() -> None:
+        raise RuntimeError("simulated compiler failure")
+
+    monkeypatch.setattr(FL, "_build", broken)
+    monkeypatch.setattr(FL, "_library", None)
+    monkeypatch.setattr(FL, "_failed", None)
+    X, Y = points(0, 6, 3, 2, f64), points(1, 5, 3, 2, f64)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        first = P.l1_pairwise_dist(X, Y, 1.0)
+        second = P.l1_pairwise_dist(X, Y, 1.0)
+    messages = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
+    assert len(messages) == 1 and "simulated compiler failure" in messages[0]
+    ref = P.l1_pairwise_dist(X, Y, 1.0, fused=False)
+    assert torch.equal(first, ref) and torch.equal(second, ref)
+
+
+def test_compile_error_is_reported_not_raised(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:  # noqa: ANN001
+    """A real compiler invocation that fails (no such compiler) is a warning, not an error."""
+    monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    monkeypatch.setattr(FL, "_library", None)
+    monkeypatch.setattr(FL, "_failed", None)
+    with pytest.warns(RuntimeWarning, match="could not be built"):
+        assert FL.load_kernel() is None
+    assert not FL.available(torch.zeros(1))
+
+
+@needs_kernel
+def test_fused_with_several_threads_equals_one() -> None:
+    """The backward sums per-thread column gradients: the split must not change the result."""
+    X, Y = points(11, 29, 3, 4, f64), points(12, 19, 3, 4, f64)
+    c = torch.tensor([0.3, 1.0, 4.0], dtype=f64)
+    w = torch.randn(29, 19, generator=torch.Generator().manual_seed(2), dtype=f64)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = value_and_grads(X, Y, c, w, True)
+        torch.set_num_threads(3)
+        three = value_and_grads(X, Y, c, w, True)
+    finally:
+        torch.set_num_threads(before)
+    for a, b in zip(one, three, strict=True):
+        assert_close(a, b, f64, "threads")
