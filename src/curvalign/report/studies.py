@@ -131,10 +131,11 @@ def _claims_table(claims: list[dict[str, Any]]) -> str:
 
 
 def _convergence_table(conv: dict[str, dict[str, Any]]) -> str:
-    lines = ["| arm | seeds converged | best steps |", "|---|---:|---|"]
+    lines = ["| arm | seeds converged | best steps | stopped at |", "|---|---:|---|---|"]
     for arm, c in conv.items():
         lines.append(
-            f"| {arm} | {c['converged']}/{c['seeds']} | {', '.join(map(str, c['best_steps']))} |"
+            f"| {arm} | {c['converged']}/{c['seeds']} | {', '.join(map(str, c['best_steps']))} | "
+            f"{', '.join(map(str, c.get('last_steps', [])))} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -180,6 +181,9 @@ def _result(
         + f"{bench.val_every} steps; converged = the last third of the curve improves the best by "
         + f"at most {bench.plateau_tol:g}):\n\n"
         + _convergence_table(convergence)
+        + f"\nTraining: {bench.lr_text()}; an arm not flat at its {bench.steps}-step budget trains "
+        + f"on in segments of {bench.val_every} steps up to {bench.max_steps} steps (the "
+        + "'stopped at' column).\n"
     )
     return {
         "name": name,
@@ -194,6 +198,11 @@ def _result(
         "steps": bench.steps,
         "data": data,
         "convergence": convergence,
+        "learning_rates": {
+            k: {"paper": p, "study": v} for k, (p, v) in bench.learning_rates.items()
+        },
+        "lr_scale": bench.lr_scale,
+        "max_steps": bench.max_steps,
         "markdown": markdown,
         "figures": [str(f) for f in figures],
         "wall_s": timer.seconds(),

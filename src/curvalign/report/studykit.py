@@ -21,13 +21,19 @@ The verdict rule (``decide``; written out again in every study's output)
                                                           the threshold"
     With one seed there is no interval (``curvalign.stats``): the verdict is inconclusive.
 
-Validation and convergence (the minimum the studies need; the trainer's own ``val_every`` /
-``best.safetensors`` API replaces it when it lands): every arm trains in segments of
-``val_every`` steps (``train(..., stop_at=...)`` then resume); after each segment the mean of
-t2i@1 and i2t@1 on a seeded validation hold-out of the training images (a "val" split carved out
-of "train", never trained on) is recorded and the best weights are kept. An arm *converged* when
-the best validation value of its last third of segments is within ``plateau_tol`` of its best
-before (the curve is flat at the end); the study then evaluates the best weights on "test".
+Validation and convergence: every arm trains in segments of ``val_every`` steps
+(``train(..., stop_at=...)`` then resume); after each segment the mean of t2i@1 and i2t@1 on a
+seeded validation hold-out of the training images (a "val" split carved out of "train", never
+trained on) is recorded and the best weights are kept. An arm *converged* when the best
+validation value of its last third of segments is within ``plateau_tol`` of its best before (the
+curve is flat at the end). An arm that has not converged at its budget trains on, one segment at
+a time (the run extended: its cosine stretched over the new total), until it converges or reaches
+``max_steps`` (``MAX_STEPS_FACTOR`` times the budget); the output says which arms converged and
+at which step each stopped. The study then evaluates the best weights on "test".
+
+The study learning rate (``STUDY_LR_SCALE``): every arm trains at ``STUDY_LR_SCALE`` times its
+recipe's paper learning rate (``train_defaults["lr"]``), a stated departure from the papers
+(``STUDY_LR_REASON``), unless the study's overrides set ``lr=`` themselves.
 """
 
 from __future__ import annotations
@@ -63,6 +69,18 @@ RULE = (
     "if the effect's 95% interval lies above the threshold, does not hold if it lies below, "
     "inconclusive otherwise"
 )
+
+#: the studies' learning rate as a multiple of each recipe's paper default (``train_defaults``)
+STUDY_LR_SCALE = 10.0
+STUDY_LR_REASON = (
+    "the papers' learning rates (1e-4 to 5e-4) were set for runs of 100K-500K steps at batch "
+    "sizes in the thousands; at a study's few hundred steps of batch 64 they leave most arms "
+    "still climbing at the end of the budget (at the paper rates 27 of 81 (arm, seed) runs of "
+    "the synthetic studies had plateaued), so a verdict would compare unfinished runs. Every arm "
+    "of a study gets the same multiple of its own paper rate, so the comparisons stay paired"
+)
+#: an arm that has not plateaued at its budget trains on up to this multiple of the budget
+MAX_STEPS_FACTOR = 1.5
 
 #: every study run: batch 64 and no TensorBoard, so a study finishes in minutes on two CPU cores
 COMMON_OVERRIDES = (
@@ -190,10 +208,16 @@ class Bench:
         *,
         val_every: int,
         plateau_tol: float = 0.01,
+        lr_scale: float = STUDY_LR_SCALE,
+        max_steps: int | None = None,
         show_progress: bool = False,
         notify: Notify = lambda m: None,
     ) -> None:
         self.out, self.steps, self.spec = out, steps, spec
+        self.lr_scale = lr_scale
+        self.max_steps = max(steps, max_steps or int(round(steps * MAX_STEPS_FACTOR)))
+        #: recipe -> (paper lr, study lr), filled as arms train (for the study's output)
+        self.learning_rates: dict[str, tuple[float, float]] = {}
         self.store = with_val_split(store)
         self.overrides = list(COMMON_OVERRIDES) + list(overrides)
         self.val_every = max(1, val_every)
@@ -204,6 +228,29 @@ class Bench:
     def run_dir(self, label: str, seed: int) -> Path:
         slug = "".join(ch if ch.isalnum() or ch in ".-" else "-" for ch in label)
         return self.out / "runs" / f"{slug}-s{seed}"
+
+    def lr_override(self, recipe: str, extra: Sequence[str]) -> list[str]:
+        """``["lr=..."]``: ``lr_scale`` times the recipe's paper rate, unless an override sets it."""
+        from curvalign.config import recipe_class, recipe_train_defaults
+
+        if any(o.split("=", 1)[0].strip() == "lr" for o in [*self.overrides, *extra]):
+            return []
+        paper = float(recipe_train_defaults(recipe_class(recipe)).get("lr", 0.0) or 0.0)
+        if not paper or self.lr_scale == 1.0:
+            return []
+        study = paper * self.lr_scale
+        self.learning_rates[recipe] = (paper, study)
+        return [f"lr={study:g}"]
+
+    def lr_text(self) -> str:
+        """One line for the study's output: each recipe's paper and study learning rate."""
+        if not self.learning_rates:
+            return "learning rates: the recipes' paper defaults"
+        rates = ", ".join(
+            f"{name} {study:g} (paper {paper:g})"
+            for name, (paper, study) in sorted(self.learning_rates.items())
+        )
+        return f"learning rate {self.lr_scale:g}x the paper's: {rates}, because {STUDY_LR_REASON}"
 
     def train_segment(
         self,
@@ -255,34 +302,44 @@ class Bench:
         from curvalign.runs import load_run
 
         steps = steps or self.steps
-        extra = list(extra)
+        max_steps = max(steps, int(round(steps * self.max_steps / self.steps)))
+        extra = [*self.lr_override(recipe, list(extra)), *extra]
         val_fn = val_fn or (lambda r: val_score(r, self.store))
+        # a mark at the budget's end means "the end of training", wherever that ends up
+        end_marks = {m for m in marks if m >= steps}
         stops = sorted(
             {*range(self.val_every, steps, self.val_every), *(m for m in marks if 0 < m < steps)}
             | {steps}
         )
-        self.notify(f"{label} seed {seed}: {recipe}, {steps} steps")
-        run_dir, history, best, previous = None, [], (-math.inf, 0), 0
-        for step in stops:
+        self.notify(f"{label} seed {seed}: {recipe}, {steps} steps (up to {max_steps})")
+        run_dir, history, best, previous, target = None, [], (-math.inf, 0), 0, steps
+        loaded = None
+        while stops:
+            step = stops.pop(0)
             run_dir = self.train_segment(
                 label,
                 recipe,
                 extra,
                 seed,
-                stop_at=step if step < steps else None,
+                stop_at=step if step < target else None,
                 resume=previous > 0,
-                steps=steps,
+                steps=target,
                 store=store_from(previous) if store_from else None,
             )
             previous = step
             loaded = load_run(run_dir, weights="last")
-            if step in marks and on_mark is not None:
-                on_mark(step, loaded.recipe)
             value = val_fn(loaded.recipe)
             history.append((step, value))
             if value > best[0]:
                 best = (value, step)
                 shutil.copyfile(run_dir / "model.safetensors", run_dir / STUDY_BEST)
+            if step == target and not converged(history, self.plateau_tol) and target < max_steps:
+                target = min(max_steps, target + self.val_every)  # not flat yet: train on
+                stops.append(target)
+            if on_mark is not None and step in marks and step not in end_marks:
+                on_mark(step, loaded.recipe)
+        if on_mark is not None and end_marks and loaded is not None:
+            on_mark(max(end_marks), loaded.recipe)
         loaded = load_run(run_dir, weights="last")
         if select_best:
             from safetensors.torch import load_file
@@ -296,6 +353,8 @@ class Bench:
             "best_val": best[0],
             "val_history": history,
             "converged": converged(history, self.plateau_tol),
+            "budget": steps,
+            "max_steps": max_steps,
         }
 
     def untrained(self, recipe: str, extra: Iterable[str], seed: int) -> Any:
@@ -326,6 +385,7 @@ def convergence_record(runs: dict[int, dict[str, Any]]) -> dict[str, Any]:
         "converged": sum(bool(f) for f in flags),
         "seeds": len(flags),
         "best_steps": [r["best_step"] for r in runs.values()],
+        "last_steps": [r["last_step"] for r in runs.values()],
         "val_history": {str(s): r["val_history"] for s, r in runs.items()},
     }
 
