@@ -61,6 +61,7 @@ def test_gate_starts_at_sigmoid_minus_five():
     assert g == pytest.approx(1 / (1 + math.exp(5)), rel=1e-6)
     assert round(g, 4) == 0.0067
     assert model.log_values()["dualpath_gate"] == pytest.approx(g)
+    assert model.gate_value() == pytest.approx(g)  # the contract the study reads
     assert model.head.mix.item() == 0.5
 
 

@@ -300,6 +300,11 @@ class Recipe(nn.Module):
         order, concatenated; ``HyperbolicRecipe`` maps its Lorentz part to the tangent space."""
         return _flat_parts(emb, {})
 
+    def gate_value(self) -> float | None:
+        """The scalar gate the method learns, as it acts now (DualPath's effective g, warm-up
+        factor times sigmoid(theta)), or None for a recipe without one."""
+        return None
+
     def factor_activation(self, emb: Embedding) -> Tensor | None:
         """[N, k] float64 activation of each of k factors (PHyCLIP's factor-wise distance to the
         origin), or None for a recipe without factors."""

@@ -324,10 +324,14 @@ class DualPath(CosineRecipe):
         extra = {"head.task_prefix"} if self.head.task_prefix is not None else set()
         return super().no_decay_parameter_names() | extra
 
+    def gate_value(self) -> float:
+        with torch.no_grad():
+            return float(self.head.gate())
+
     def log_values(self) -> dict[str, float]:
         with torch.no_grad():
             return {
-                "dualpath_gate": float(self.head.gate()),
+                "dualpath_gate": self.gate_value(),
                 "gate_warmup": float(self.head.gate_warmup),
                 "residual_mix": float(self.head.mix),
             }

@@ -533,7 +533,7 @@ def study_dualpath_forgetting(
                     measured.setdefault(f"{arm}|{where}|{key}", {})[seed] = value
                 ev = bench.evaluate(recipe)
                 measured.setdefault(f"{arm}|{where}|image R@1", {})[seed] = kit.mean_r1(ev)
-                gate = recipe.log_values().get("dualpath_gate")
+                gate = recipe.gate_value()
                 measured.setdefault(f"{arm}|{where}|gate", {})[seed] = gate
 
             runs[seed] = bench.train(
