@@ -121,6 +121,53 @@ def test_val_split_is_carved_from_train_only():
     assert kit.with_val_split(split) is split
 
 
+def test_arms_train_on_until_the_plateau_up_to_the_max(tmp_path, one_thread):
+    world = _tiny_world()
+
+    def arm(tol: float, name: str) -> dict:
+        bench = kit.Bench(
+            tmp_path / name, world, "synthetic", 4, ["batch_size=16"], val_every=1, plateau_tol=tol
+        )
+        assert bench.max_steps == 6  # MAX_STEPS_FACTOR 1.5 of the 4-step budget
+        return bench.train("clip", "clip", [], 0)
+
+    flat = arm(1.0, "flat")  # any curve is flat within 1.0: stops at the budget
+    assert flat["last_step"] == 4 and [s for s, _ in flat["val_history"]] == [1, 2, 3, 4]
+    climbing = arm(-1.0, "climbing")  # never flat: trains on, one segment at a time, to the max
+    assert climbing["last_step"] == 6 and [s for s, _ in climbing["val_history"]] == [
+        1,
+        2,
+        3,
+        4,
+        5,
+        6,
+    ]
+    assert climbing["converged"] is False and climbing["budget"] == 4
+
+
+def test_study_learning_rate_is_a_stated_multiple_of_the_paper_rate(tmp_path):
+    from curvalign.config import recipe_class, recipe_train_defaults
+
+    bench = kit.Bench(tmp_path, _tiny_world(), "synthetic", 10, [], val_every=5)
+    paper = recipe_train_defaults(recipe_class("proclip"))["lr"]
+    assert bench.lr_override("proclip", []) == [f"lr={paper * kit.STUDY_LR_SCALE:g}"]
+    assert bench.lr_override("proclip", ["lr=3e-3"]) == []  # a study's own lr wins
+    assert f"{kit.STUDY_LR_SCALE:g}x the paper's" in bench.lr_text()
+    assert f"paper {paper:g}" in bench.lr_text()
+    assert (
+        kit.Bench(tmp_path, _tiny_world(), "s", 10, [], val_every=5, lr_scale=1.0).lr_override(
+            "proclip", []
+        )
+        == []
+    )
+
+
+def _tiny_world():
+    from curvalign.data.synthetic import config_from_spec, make_world
+
+    return make_world(config_from_spec("images=160,text_pairs=0,captions_max=3"))
+
+
 # --- each study tiny -----------------------------------------------------------------------------
 
 TINY = "synthetic:images=160,text_pairs=60,captions_max=3"

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from curvalign.report.studies import STUDIES, study_markdown
+from curvalign.report.studykit import MAX_STEPS_FACTOR, STUDY_LR_REASON, STUDY_LR_SCALE
 
 HEADER = """# Results: the papers' claims as studies that can fail
 
@@ -43,7 +44,14 @@ excludes 0); otherwise *holds* / *does not hold* when the effect's interval lies
 below the claim's threshold, *inconclusive* when it contains it. "Inconclusive" and "does not
 hold" are results, not failures of the pipeline. *converged* counts the (arm, seed) runs of the
 study whose validation curve had plateaued (its last third improved the best by at most 0.01):
-a verdict over arms that had not converged is a verdict at this budget, not at the plateau.
+an arm not flat at its study's step budget trains on, one validation segment at a time, until it
+is flat or reaches {max_factor:g}x the budget (each study's convergence table gives the step each
+run stopped at); a verdict over arms that had not converged is a verdict at that budget, not at
+the plateau.
+
+**Learning rate: a departure from the papers.** Every arm trains at {lr_scale:g}x its recipe's
+paper learning rate (`curvalign.report.studykit.STUDY_LR_SCALE`; each study's "Training" line
+lists the rates): {lr_reason}. The papers' schedule shape (warm-up, cosine) is kept.
 
 The synthetic world is not the papers' data: a verdict here is evidence about the mechanism at
 this scale (and, for the WordNet study, on one real taxonomy), not a reproduction of the papers'
@@ -70,6 +78,9 @@ def render(out: Path, figures: str = "results/") -> str:
     seeds = sorted({len(r["seeds"]) for r in results})
     lines = [
         HEADER.format(
+            max_factor=MAX_STEPS_FACTOR,
+            lr_scale=STUDY_LR_SCALE,
+            lr_reason=STUDY_LR_REASON,
             out=Path(results[0]["command"].split("--out ")[1].split()[0]).parent,
             seeds=f" --seeds {seeds[0]}" if len(seeds) == 1 and seeds[0] != 3 else "",
         ),

@@ -296,9 +296,12 @@ class Bench:
         ``marks``: extra steps where training pauses and ``on_mark(step, recipe)`` measures the
         model there (e.g. the end of a warm-up). ``val_fn(recipe)``: the validation value
         (default: mean R@1 on the "val" split). ``store_from(step)``: the store the segment that
-        starts at ``step`` trains on (a control arm that changes its data mid-run).
+        starts at ``step`` trains on (a control arm that changes its data mid-run). At the
+        budget ``steps``, a curve that is not flat (``converged`` False, or None with fewer than
+        three validations) trains on in segments of ``val_every`` steps up to ``max_steps``
+        (scaled with ``steps``); a mark at or past the budget is measured at the last step.
         Returns {run_dir, recipe (best weights when ``select_best``), last_step, best_step,
-        best_val, val_history, converged}."""
+        best_val, val_history, converged, budget, max_steps}."""
         from curvalign.runs import load_run
 
         steps = steps or self.steps
