@@ -75,8 +75,8 @@ STUDY_LR_SCALE = 10.0
 STUDY_LR_REASON = (
     "the papers' learning rates (1e-4 to 5e-4) were set for runs of 100K-500K steps at batch "
     "sizes in the thousands; at a study's few hundred steps of batch 64 they leave most arms "
-    "still climbing at the end of the budget (at the paper rates 27 of 81 (arm, seed) runs of "
-    "the synthetic studies had plateaued), so a verdict would compare unfinished runs. Every arm "
+    "still climbing at the end of the budget (at the paper rates 25 of the 69 (arm, seed) runs of "
+    "the five synthetic studies had plateaued), so a verdict would compare unfinished runs. Every arm "
     "of a study gets the same multiple of its own paper rate, so the comparisons stay paired"
 )
 #: an arm that has not plateaued at its budget trains on up to this multiple of the budget
@@ -238,7 +238,7 @@ class Bench:
         paper = float(recipe_train_defaults(recipe_class(recipe)).get("lr", 0.0) or 0.0)
         if not paper or self.lr_scale == 1.0:
             return []
-        study = paper * self.lr_scale
+        study = float(f"{paper * self.lr_scale:.4g}")  # 1.2e-3, not 1.2000000000000001e-3
         self.learning_rates[recipe] = (paper, study)
         return [f"lr={study:g}"]
 
