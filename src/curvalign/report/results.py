@@ -27,7 +27,7 @@ HEADER = """# Results: the papers' claims as studies that can fail
 Generated from the studies' JSON outputs; do not edit by hand. To reproduce everything:
 
     curvalign study all --out studies{seeds}
-    python -m curvalign.report.results studies --copy-to docs/results \
+    python -m curvalign.report.results studies --copy-to docs/results \\
         --keep-from docs/results.md "## Demo" -o docs/results.md
 
 or, from the committed JSON (`docs/results/NAME/study.json`) alone, the same second command with
