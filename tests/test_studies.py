@@ -206,6 +206,27 @@ def test_each_study_runs_tiny_and_is_too_short(tmp_path, name, one_thread):
     saved = json.loads((tmp_path / name / "study.json").read_text())
     assert saved["verdict"] == result["verdict"] and saved["command"].startswith("curvalign study")
     assert "Verdict rule" in (tmp_path / name / "study.md").read_text()
+    if name == "wordnet-dimensions":
+        # the frozen-features row is in the JSON; on this synthetic store (image dim 128, text
+        # dim 96) it is absent, with the reason (on wordnet: data both sides share MiniLM)
+        assert saved["frozen"]["row"] == "frozen features"
+        assert "different dimensions" in saved["frozen"]["absent"]
+        assert "Baseline 'frozen features': absent" in saved["markdown"]
+
+
+def test_wordnet_frozen_baseline_on_a_shared_space(tmp_path, one_thread):
+    import dataclasses
+
+    from curvalign.report.studies import _frozen_baseline, _frozen_text, load_study_data
+
+    store, _ = load_study_data(TINY + ",image_dim=96")
+    store = dataclasses.replace(store, meta={**store.meta, "shared_space": True})
+    frozen = _frozen_baseline(kit.Bench(tmp_path, store, "synthetic", 10, [], val_every=5))
+    assert frozen["row"] == "frozen features" and "absent" not in frozen
+    for key in ("val mean R@1", "test mean R@1"):
+        assert 0.0 <= frozen[key] <= 1.0
+    assert "test hierarchy J" in frozen
+    assert f"test mean R@1 {100 * frozen['test mean R@1']:.1f}" in _frozen_text(frozen)
 
 
 def test_results_page_is_generated_from_the_json(tmp_path, one_thread):

@@ -1201,7 +1201,9 @@ def study_wordnet_dimensions(
     d) on WordNet mammals, per d: mean R@1 (name <-> gloss) and hierarchical J of zero-shot.
 
     Claims: at d in ``low_dims`` (mean), hyperbolic beats Euclidean and beats spherical on mean
-    R@1. Control: hyperbolic at the smallest d, trained - untrained.
+    R@1. Control: hyperbolic at the smallest d, trained - untrained. Baselines: that untrained
+    head, and the frozen features ranked by cosine (``curvalign.eval.frozen``; names and glosses
+    share one sentence encoder on ``wordnet:`` data), key ``frozen`` of the output.
     """
     from curvalign.report import plots
 
@@ -1267,6 +1269,7 @@ def study_wordnet_dimensions(
     rows = {f"{g} d={d}: mean R@1": r1[(g, d)] for d in dims for g in geometries}
     rows |= {f"{g} d={d}: hierarchy J": hier[(g, d)] for d in dims for g in geometries}
     rows["hyperbolic untrained (smallest d): mean R@1"] = untrained
+    frozen = _frozen_baseline(bench)
     figures = [
         plots.line_plot(
             list(dims),
@@ -1290,10 +1293,42 @@ def study_wordnet_dimensions(
         bench=bench,
         seeds=range(seeds),
         timer=timer,
-        tables=_metric_table("head (x100)", rows),
+        tables=_metric_table("head (x100)", rows) + "\n" + _frozen_text(frozen),
         convergence=conv,
         figures=figures,
         data=data,
+        frozen=frozen,
+    )
+
+
+def _frozen_baseline(bench: kit.Bench) -> dict[str, Any]:
+    """The frozen-features baseline (``curvalign.eval.frozen``) on the study's store: the input
+    features ranked by cosine, nothing trained, so one value (no seeds). Its validation and test
+    mean R@1 and test hierarchy J, the metrics the arms report; ``absent`` (why) where the two
+    sides do not share one space."""
+    from curvalign.eval.frozen import ROW_NAME, FrozenFeatures, shared_space_reason
+
+    reason = shared_space_reason(bench.store)
+    if reason is not None:
+        return {"row": ROW_NAME, "absent": reason}
+    model = FrozenFeatures(bench.store.image_dim, bench.store.text_dim)
+    ev = bench.evaluate(model)
+    return {
+        "row": ROW_NAME,
+        "val mean R@1": kit.val_score(model, bench.store),
+        "test mean R@1": kit.mean_r1(ev),
+        "test hierarchy J": (ev.get("hierarchy") or {}).get("J", math.nan),
+    }
+
+
+def _frozen_text(frozen: dict[str, Any]) -> str:
+    if "absent" in frozen:
+        return f"Baseline '{frozen['row']}': absent ({frozen['absent']}).\n"
+    return (
+        f"Baseline '{frozen['row']}' (the input features ranked by cosine; nothing trained, one "
+        f"value, no seeds; x100): test mean R@1 {100 * frozen['test mean R@1']:.1f}, "
+        f"hierarchy J {100 * frozen['test hierarchy J']:.1f}; validation mean R@1 "
+        f"{100 * frozen['val mean R@1']:.1f}.\n"
     )
 
 
