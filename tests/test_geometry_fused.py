@@ -155,9 +155,9 @@ def test_failed_build_warns_once_and_falls_back(monkeypatch: pytest.MonkeyPatch)
     def broken() -> None:
         raise RuntimeError("simulated compiler failure")
 
-    monkeypatch.setattr(FL, "_build", broken)
-    monkeypatch.setattr(FL, "_library", None)
-    monkeypatch.setattr(FL, "_failed", None)
+    monkeypatch.setattr(FL.KERNEL, "build", broken)
+    monkeypatch.setattr(FL.KERNEL, "library", None)
+    monkeypatch.setattr(FL.KERNEL, "failed", None)
     X, Y = points(0, 6, 3, 2, f64), points(1, 5, 3, 2, f64)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -173,8 +173,8 @@ def test_compile_error_is_reported_not_raised(monkeypatch: pytest.MonkeyPatch, t
     """A real compiler invocation that fails (no such compiler) is a warning, not an error."""
     monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
-    monkeypatch.setattr(FL, "_library", None)
-    monkeypatch.setattr(FL, "_failed", None)
+    monkeypatch.setattr(FL.KERNEL, "library", None)
+    monkeypatch.setattr(FL.KERNEL, "failed", None)
     with pytest.warns(RuntimeWarning, match="could not be built"):
         assert FL.load_kernel() is None
     assert not FL.available(torch.zeros(1))
