@@ -10,8 +10,10 @@ Everything is measured in one run and printed as Markdown tables (see docs/searc
 2. Approximate search (HNSW on the ball-coordinate graph, Lorentz-Voronoi IVF): recall@k against
    exact, speed-up, build time.
 3. Rerank with the recipes' own scores (AtMG angle, PHyCLIP l1 product, AGR routed score):
-   recall@k of proxy candidates + exact rerank against the exhaustive ``recipe.scores`` ranking,
-   and latency per query, for K candidates in --rerank-candidates.
+   recall@k of proxy candidates + exact rerank against the exhaustive ``recipe.scores`` ranking
+   (``exhaustive_topk``), and latency per query of the search and of its two stages, for K
+   candidates in --rerank-candidates; the search and the exhaustive ranking are timed in
+   ``--rounds`` interleaved rounds after a warm-up (medians; the speed-up's range over rounds).
 4. Recall vs candidates (``--sections candidates``) on embeddings whose norms spread over two
    orders of magnitude (points near the boundary): the flat proxy scan, the HNSW candidate graph
    built on Poincare-ball coordinates (``RecipeIndex(candidate_index="hnsw")``), and a plain
@@ -250,6 +252,14 @@ def clustered_features(
     return torch.from_numpy((latent @ projection).astype(np.float32))
 
 
+@torch.no_grad()
+def score_matrix(recipe, texts, images, chunk: int = 256) -> None:
+    """The exhaustive ranking's floor: ``recipe.scores`` of every query block, no selection."""
+    n = next(iter(texts.values())).shape[0]
+    for start in range(0, n, chunk):
+        recipe.scores({k: v[start : start + chunk] for k, v in texts.items()}, images, query="text")
+
+
 def rerank(args: argparse.Namespace) -> None:
     rows = []
     rng = np.random.default_rng(0)
@@ -270,34 +280,63 @@ def rerank(args: argparse.Namespace) -> None:
         with torch.no_grad():
             images = {k: v.contiguous() for k, v in recipe.embed_images(image_feats).items()}
             texts = recipe.embed_texts(text_feats)
-        t_full, (_, want) = timed(lambda: exhaustive_topk(recipe, texts, images, "images", args.k))
-        build, engine = timed(lambda: RecipeIndex(recipe, images, "images"))
+        _, want = exhaustive_topk(recipe, texts, images, "images", args.k)  # also a warm-up
+        engine = RecipeIndex(recipe, images, "images")
+        got = {K: engine.search(texts, args.k, K)[1] for K in args.rerank_candidates}  # warm-up
+        # Interleaved rounds: each round times the exhaustive ranking, then per K the search and
+        # its two stages, so that every ratio shares the machine's load of that round.
+        times: dict[str, list[float]] = {}
+        for _ in range(args.rounds):
+            times.setdefault("full", []).append(
+                timed(lambda: exhaustive_topk(recipe, texts, images, "images", args.k))[0]
+            )
+            times.setdefault("matrix", []).append(
+                timed(lambda: score_matrix(recipe, texts, images))[0]
+            )
+            for K in args.rerank_candidates:
+                times.setdefault(f"search{K}", []).append(
+                    timed(lambda: engine.search(texts, args.k, K))[0]
+                )
+                t_cand, cand = timed(lambda: engine.candidates(texts, K))
+                t_rerank, _ = timed(lambda: engine.rerank(texts, cand, args.k))
+                times.setdefault(f"cand{K}", []).append(t_cand)
+                times.setdefault(f"rerank{K}", []).append(t_rerank)
+        full = np.array(times["full"])
         for K in args.rerank_candidates:
-            t, (_, got) = timed(lambda: engine.search(texts, args.k, K))
+            t = np.array(times[f"search{K}"])
             rows.append(
                 [
                     name,
                     engine.proxy.name,
                     args.rerank_n,
                     K,
-                    recall(got, want),
-                    1e3 * t / args.queries,
-                    1e3 * t_full / args.queries,
-                    t_full / t,
+                    recall(got[K], want),
+                    1e3 * float(np.median(times[f"cand{K}"])) / args.queries,
+                    1e3 * float(np.median(times[f"rerank{K}"])) / args.queries,
+                    1e3 * float(np.median(t)) / args.queries,
+                    1e3 * float(np.median(full)) / args.queries,
+                    1e3 * float(np.median(times["matrix"])) / args.queries,
+                    float(np.median(full / t)),
+                    f"{(full / t).min():.3g}-{(full / t).max():.3g}",
                 ]
             )
     table(
         f"Rerank with the recipe's own score (text -> image), recall@{args.k} against exhaustive "
-        f"recipe.scores; random-init recipes on clustered features",
+        f"recipe.scores; random-init recipes on clustered features; {args.queries} queries, "
+        f"medians of {args.rounds} interleaved rounds",
         [
             "recipe",
             "proxy",
             "N images",
             "K",
             f"recall@{args.k}",
-            "ms/q (proxy + rerank)",
+            "ms/q candidates",
+            "ms/q rerank",
+            "ms/q search",
             "ms/q exhaustive",
-            "speed-up",
+            "ms/q score matrix alone",
+            "speed-up (median)",
+            "speed-up (range over rounds)",
         ],
         rows,
     )
@@ -640,12 +679,17 @@ def main() -> None:
         "--rerank-n", type=int, default=20_000, help="database items for the rerank section"
     )
     p.add_argument("--rerank-candidates", type=int, nargs="+", default=[50, 200])
-    p.add_argument("--skip-exact", action="store_true", help="only the rerank section")
+    p.add_argument(
+        "--skip-exact",
+        action="store_true",
+        help="only the rerank section (the same as --sections rerank; ignored with --sections)",
+    )
     p.add_argument(
         "--sections",
         nargs="+",
-        default=["exact", "rerank", "candidates", "service"],
+        default=None,
         choices=["exact", "rerank", "candidates", "service"],
+        help="default: all four (--skip-exact: rerank only)",
     )
     p.add_argument("--candidates-n", type=int, default=50_000, help="items, section 4")
     p.add_argument(
@@ -657,15 +701,19 @@ def main() -> None:
     p.add_argument("--service-dim", type=int, default=64)
     p.add_argument("--service-queries", type=int, default=200)
     p.add_argument("--service-candidates", type=int, default=200)
-    p.add_argument("--rounds", type=int, default=4, help="interleaved rounds, section 5")
+    p.add_argument("--rounds", type=int, default=4, help="interleaved rounds, sections 3 and 5")
     p.add_argument("--concurrency", type=int, default=8, help="HTTP clients, section 5")
     args = p.parse_args()
+    if args.sections is None:
+        args.sections = (
+            ["rerank"] if args.skip_exact else ["exact", "rerank", "candidates", "service"]
+        )
     torch.set_num_threads(max(1, torch.get_num_threads()))
     print(
         f"# curvalign search benchmark\n\nfaiss {faiss.__version__}, torch {torch.__version__}, "
         f"{faiss.omp_get_max_threads()} Faiss threads, {torch.get_num_threads()} torch threads"
     )
-    if not args.skip_exact and "exact" in args.sections:
+    if "exact" in args.sections:
         exact_and_ann(args)
     if args.recipes and "rerank" in args.sections:
         rerank(args)

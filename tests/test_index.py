@@ -311,6 +311,22 @@ def test_rerank_recall_with_a_third_of_the_collection(name):
     assert recall >= 0.8, f"{name}: recall@10 {recall} with K=50 of 150"
 
 
+@pytest.mark.parametrize("name", ["atmg", "phyclip", "proclip", "agr"])
+def test_rerank_does_not_depend_on_how_pairs_are_batched(name):
+    """The rerank scores ``score_batch`` pairs per ``pair_scores`` call: any batching, down to one
+    pair, gives the same ids and scores as one call over every pair."""
+    recipe, images, texts = _random_recipe(name, seed=2)
+    engine = RecipeIndex(recipe, images, "images")
+    rows = engine.candidates(texts, 40)
+    engine.score_batch = rows.size
+    want_scores, want_ids = engine.rerank(texts, rows, 10)
+    for batch in (1, 7, 1024):
+        engine.score_batch = batch
+        scores, ids = engine.rerank(texts, rows, 10)
+        np.testing.assert_array_equal(ids, want_ids)
+        np.testing.assert_allclose(scores, want_scores, rtol=1e-6, atol=1e-7)
+
+
 def test_recipe_index_refuses_queries_from_another_geometry():
     recipe, images, _ = _random_recipe("meru")
     _, _, clip_texts = _random_recipe("proclip")

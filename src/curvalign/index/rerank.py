@@ -19,9 +19,15 @@ Proxies (database vector ``u``, query vector ``v``, ``u.v`` large = likely a goo
     angle            the exterior angle at the query point ``x`` towards ``y`` has
                      ``cos(alpha) = sqrt(c) a / sqrt(b^2 - 1)`` with two *linear* functionals of the
                      lifted ``y``: ``a = <y, r>_L`` (``r`` the outward radial unit vector at ``x``)
-                     and ``b = -c <x, y>_L``. Candidates come from a Dinkelbach iteration for
-                     that ratio: search ``max a - lam b``, set ``lam`` to the best ratio found times
-                     the slope of ``sqrt(b^2 - 1)`` at the best item (the tangent of the concave
+                     and ``b = -c <x, y>_L``. A flat candidate index scans every item anyway, so
+                     it ranks by the ratio itself: with ``c t_x^2 = 1 + c |x|^2``,
+                     ``a = (t_y - t_x b) / (sqrt(c) |x|)``, hence
+                     ``cos(alpha) |x| = (t_y - t_x b) / sqrt(b^2 - 1)``, one matrix product (``b``)
+                     and the stored ``t_y`` (``RecipeIndex._angle_scan``): the ranking is the
+                     angle's own, up to float32 rounding of ``b``. An HNSW candidate index can only
+                     answer inner products: candidates come from a Dinkelbach iteration for the
+                     ratio: search ``max a - lam b``, set ``lam`` to the best ratio found times the
+                     slope of ``sqrt(b^2 - 1)`` at the best item (the tangent of the concave
                      denominator), repeat (``ANGLE_ROUNDS`` rounds, ``lam = 0`` first); the union of
                      the rounds' hit lists, last round first, is the candidate list. (The plain
                      distance proxy fails here: the best angles belong to images far out along the
@@ -63,8 +69,11 @@ from curvalign.recipes.base import Embedding, IndexProxy, Query, Recipe
 
 Side = Literal["images", "texts"]
 
-#: Dinkelbach rounds of the AtMG angle proxy (see the module docstring)
+#: Dinkelbach rounds of the AtMG angle proxy over an HNSW candidate index (module docstring)
 ANGLE_ROUNDS = 4
+
+#: float32 elements of one block of proxy scores ``[queries, N]`` in a flat candidate scan
+SCAN_BLOCK = 1 << 24
 
 
 def _np(t: Tensor) -> np.ndarray:
@@ -273,7 +282,9 @@ class RecipeIndex:
     ``side`` says what the database holds: ``"images"`` (queries are texts, ``query="text"``)
     or ``"texts"`` (queries are images). ``search(queries, k, candidates=K)`` returns
     ``(scores [n, k], ids [n, k])``, scores higher-is-better, ties by id. ``ids`` are row
-    numbers of ``database`` unless ``ids`` maps them.
+    numbers of ``database`` unless ``ids`` maps them. ``score_batch``: candidate pairs per
+    ``recipe.pair_scores`` call in the rerank (the result does not depend on it; about a
+    thousand pairs keeps the row-wise temporaries in cache, 65536 was 2-4x slower at K = 200).
     """
 
     def __init__(
@@ -284,7 +295,7 @@ class RecipeIndex:
         *,
         proxy: str | None = None,
         ids: np.ndarray | None = None,
-        score_batch: int = 65536,
+        score_batch: int = 1024,
         proxy_index: faiss.Index | None = None,
         candidate_index: str = "flat",
         M: int = 32,
@@ -324,20 +335,56 @@ class RecipeIndex:
         self.score_batch = score_batch
         self._vectors: Tensor | None = None  # the proxy vectors as a tensor, read on first search
 
-    def _top_rows(self, vectors: np.ndarray, K: int, chunk: int = 256) -> np.ndarray:
-        """``[n, K]`` rows of the largest proxy inner products, best first.
-
-        An exact scan like the flat index's, as one matrix product and ``torch.topk`` per chunk
-        of queries: Faiss's flat search keeps a heap per query and was ~10x slower at K = 200,
-        which made the AtMG rerank (several rounds) slower than exhaustive scoring.
-        """
+    def _stored(self) -> Tensor:
+        """The proxy vectors ``[N, D]`` of a flat candidate index as a tensor (read once)."""
         if self._vectors is None:
             self._vectors = torch.from_numpy(self._index.reconstruct_n(0, len(self)))
-        queries = torch.from_numpy(np.ascontiguousarray(vectors, dtype=np.float32))
+        return self._vectors
+
+    @property
+    def _block(self) -> int:
+        """Queries per block of a flat scan: its ``[block, N]`` scores hold ``SCAN_BLOCK`` floats."""
+        return max(1, min(256, SCAN_BLOCK // max(1, len(self))))
+
+    def _top_rows(self, vectors: np.ndarray, K: int) -> np.ndarray:
+        """``[n, K]`` rows of the largest proxy inner products, best first (HNSW: approximate,
+        a short answer padded with -1).
+
+        A flat index is scanned as one matrix product and ``torch.topk`` per block of queries:
+        Faiss's flat search keeps a heap per query and was ~10x slower at K = 200.
+        """
+        vectors = np.ascontiguousarray(vectors, dtype=np.float32)
+        if self.candidate_index == "hnsw":
+            return self._index.search(vectors, K)[1]
+        stored, queries = self._stored(), torch.from_numpy(vectors)
         rows = [
-            torch.topk(queries[i : i + chunk] @ self._vectors.T, K, dim=1).indices
-            for i in range(0, len(queries), chunk)
+            torch.topk(queries[i : i + self._block] @ stored.T, K, dim=1).indices
+            for i in range(0, len(queries), self._block)
         ]
+        return torch.cat(rows).numpy()
+
+    def _angle_scan(self, functionals: np.ndarray, K: int) -> np.ndarray:
+        """``[n, K]`` rows of a flat index with the smallest exterior angle at each query, best
+        first (``functionals`` ``[n, 2, d+1]`` = ``q_a, q_b`` of ``Proxy._angle_functionals``).
+
+        Ranks by ``(t_y - t_x b) / sqrt(b^2 - 1) = cos(alpha) |x|`` (module docstring) with
+        ``b = u.q_b`` (float32 matrix product over the stored ``u = [y, t_y]``) and
+        ``t_x = q_b[-1] / c``: one scan instead of ``ANGLE_ROUNDS`` Dinkelbach scans, and the
+        angle's own order rather than a linearisation of it.
+        """
+        c = float(_curvature(self.recipe)[0])
+        stored = self._stored()
+        t_y = stored[:, -1]
+        q_b = torch.from_numpy(np.ascontiguousarray(functionals[:, 1], dtype=np.float32))
+        t_x = torch.from_numpy((functionals[:, 1, -1] / c).astype(np.float32))[:, None]
+        rows = []
+        for i in range(0, len(q_b), self._block):
+            b = q_b[i : i + self._block] @ stored.T
+            # b < 1 only by rounding (y at x, where the angle is undetermined): kept finite
+            ratio = (t_y - t_x[i : i + self._block] * b) / torch.sqrt(
+                torch.clamp(b * b - 1.0, min=1e-12)
+            )
+            rows.append(torch.topk(ratio, K, dim=1).indices)
         return torch.cat(rows).numpy()
 
     @property
@@ -372,6 +419,7 @@ class RecipeIndex:
             self._index.add(vectors)
         self.database = everything
         self.ids = np.concatenate([self.ids, new_ids])
+        self._vectors = None  # the flat scan reads the grown index again
 
     def __len__(self) -> int:
         return int(self._index.ntotal)
@@ -393,6 +441,8 @@ class RecipeIndex:
         vectors = self.proxy.query(queries)
         if vectors.ndim == 2:
             return self._top_rows(vectors, K)
+        if self.candidate_index == "flat":
+            return self._angle_scan(vectors, K)
         return self._dinkelbach_candidates(vectors.astype(np.float64), K)
 
     def _dinkelbach_candidates(self, functionals: np.ndarray, K: int) -> np.ndarray:
@@ -432,8 +482,8 @@ class RecipeIndex:
         q_index = torch.arange(n).repeat_interleave(K)
         for start in range(0, n * K, self.score_batch):
             sl = slice(start, start + self.score_batch)
-            q = {key: v[q_index[sl]] for key, v in queries.items()}
-            d = {key: v[flat[sl]] for key, v in self.database.items()}
+            q = {key: v.index_select(0, q_index[sl]) for key, v in queries.items()}
+            d = {key: v.index_select(0, flat[sl]) for key, v in self.database.items()}
             texts, images = (q, d) if self.query_side == "text" else (d, q)
             s = self.recipe.pair_scores(texts, images, query=self.query_side)
             scores.reshape(-1)[sl] = s.double().cpu().numpy()
