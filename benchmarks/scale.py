@@ -14,8 +14,11 @@ other processes on the machine). Peak memory
 is the subprocess's ``ru_maxrss`` (the high-water mark of its resident set, the reliable figure on
 CPU, store loading included); "train MiB" is the high-water mark of the training steps alone
 (the kernel's VmHWM, reset after loading) minus the resident set before them.
-Cases whose step time or memory, extrapolated from the previous batch size with the measured
-growth, would exceed ``--max-step-seconds`` or ``--max-gib`` are skipped and reported as such.
+Cases whose step time or memory, extrapolated from the smaller batch sizes (``_predict_skip``),
+would exceed ``--max-step-seconds`` or ``--max-gib`` are skipped and reported as such. The
+defaults (600 s a step, 12 GiB) let every recipe run at B = 256, 1024 and 4096, the slowest
+(AGR at 4096) in minutes and about 6-7 GiB; lower them on a smaller or busier machine. A case
+that runs past its time budget (``_case_timeout``) is stopped and reported, not waited for.
 Timings on a shared machine are noisy: compare ratios measured in the same run.
 """
 
@@ -214,8 +217,16 @@ def run_l1_case(spec: dict) -> dict:
     }
 
 
+def _case_timeout(spec: dict, max_step_seconds: float) -> float:
+    """Seconds a case may take: its steps (warm-up, timed, the instrumented one) at the step-time
+    limit, plus start-up (imports, loading the store, building the Trainer)."""
+    steps = spec.get("warmup", 0) + spec.get("steps", 1) + (1 if spec.get("parts") else 0)
+    return max(900.0, 300.0 + 1.5 * steps * max_step_seconds)
+
+
 def _case_in_subprocess(spec: dict, nproc: int = 1, timeout: float = 900) -> dict:
-    """Run ``spec`` in ``nproc`` fresh processes (gloo when 2+); the result of rank 0."""
+    """Run ``spec`` in ``nproc`` fresh processes (gloo when 2+); the result of rank 0. A case
+    still running after ``timeout`` seconds is killed and reported as an error."""
     command = [sys.executable, __file__, "--case", json.dumps(spec)]
     env = {**os.environ, "OMP_NUM_THREADS": str(spec["threads"])}
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
@@ -247,7 +258,14 @@ def _case_in_subprocess(spec: dict, nproc: int = 1, timeout: float = 900) -> dic
             )
             for r in range(nproc)
         ]
-    outputs = [run.communicate(timeout=timeout) for run in runs]
+    deadline = time.monotonic() + timeout
+    try:
+        outputs = [run.communicate(timeout=max(deadline - time.monotonic(), 1)) for run in runs]
+    except subprocess.TimeoutExpired:
+        for run in runs:
+            run.kill()
+            run.communicate()
+        return {"error": f"timed out after {timeout:.0f} s (raise --max-step-seconds)"}
     if any(run.returncode for run in runs):
         err = next(o[1] for o, run in zip(outputs, runs, strict=False) if run.returncode)
         return {"error": (err.strip().splitlines() or ["?"])[-1][:160]}
@@ -310,22 +328,55 @@ def _fmt(result: dict) -> tuple[str, str, str, str]:
     )
 
 
-def _predict_skip(
-    prev: dict | None, prev2: dict | None, ratio: float, args: argparse.Namespace
-) -> str | None:
-    """Skip when the extrapolated step time or memory exceeds the limits (growth as measured
-    between the two previous sizes, at least quadratic for time and linear for memory)."""
-    if not prev or "step_s" not in prev:
-        return None if not prev else "skipped (smaller batch failed or was skipped)"
+def predict_case(
+    batch: int, prev: tuple[int, dict], prev2: tuple[int, dict] | None = None
+) -> tuple[float, float]:
+    """(seconds a step, peak GiB) at ``batch`` from the measured ``(batch, result)`` of the
+    previous one or two sizes.
+
+    Time: at least quadratic in B (the B x B score matrices), or the growth measured between the
+    two previous sizes if faster. Memory: the training memory as an affine function of B^2
+    through the two previous sizes (fixed and O(B) parts plus the B x B matrices and their
+    gradients; with one size, all of it quadratic). On the docs/scale.md cost table the former
+    linear extrapolation predicted 2.2 GiB for AGR at B = 4096, which then peaked at 6.6 GiB
+    (5.1 GiB of it training memory); this fit gives 5.0 GiB of training memory, 5.3 GiB peak,
+    and over-predicts the recipes whose memory grows slower than B^2 (up to 2x). Read the
+    prediction to within about 1.3x.
+    """
+    b1, r1 = prev
+    ratio = batch / b1
     time_growth = ratio**2
-    mem_growth = ratio
-    if prev2 and "step_s" in prev2:
-        time_growth = max(time_growth, prev["step_s"] / prev2["step_s"])
-        mem_growth = max(mem_growth, prev["train_mib"] / max(prev2["train_mib"], 1.0))
-    step_s = prev["step_s"] * time_growth
-    gib = (prev["peak_mib"] + prev["train_mib"] * (mem_growth - 1)) / 1024
+    if prev2 is not None:
+        b0, r0 = prev2
+        time_growth = max(
+            time_growth, (r1["step_s"] / r0["step_s"]) ** (math.log(ratio) / math.log(b1 / b0))
+        )
+        per_pair2 = max(r1["train_mib"] - r0["train_mib"], 0.0) / (b1**2 - b0**2)
+    else:
+        per_pair2 = r1["train_mib"] / b1**2
+    train = r1["train_mib"] + per_pair2 * (batch**2 - b1**2)
+    return r1["step_s"] * time_growth, (r1["peak_mib"] + train - r1["train_mib"]) / 1024
+
+
+def _predict_skip(
+    batch: int,
+    prev: tuple[int, dict] | None,
+    prev2: tuple[int, dict] | None,
+    args: argparse.Namespace,
+) -> str | None:
+    """Why the case at ``batch`` is skipped (the prediction of ``predict_case`` exceeds
+    ``--max-step-seconds`` or ``--max-gib``), or None to run it."""
+    if prev is None:
+        return None
+    if "step_s" not in prev[1]:
+        return "skipped (smaller batch failed or was skipped)"
+    usable = prev2 if prev2 is not None and "step_s" in prev2[1] else None
+    step_s, gib = predict_case(batch, prev, usable)
     if step_s > args.max_step_seconds or gib > args.max_gib:
-        return f"skipped (predicted {step_s:.0f} s/step, {gib:.1f} GiB)"
+        return (
+            f"skipped (predicted {step_s:.0f} s/step, {gib:.1f} GiB; limits "
+            f"{args.max_step_seconds:.0f} s, {args.max_gib:.0f} GiB)"
+        )
     return None
 
 
@@ -388,8 +439,18 @@ def main(argv: list[str] | None = None) -> int:
         "--threads", type=int, default=1, help="torch threads of a one-process case"
     )
     parser.add_argument("--warmup", type=int, default=1)
-    parser.add_argument("--max-step-seconds", type=float, default=15.0)
-    parser.add_argument("--max-gib", type=float, default=6.0)
+    parser.add_argument(
+        "--max-step-seconds",
+        type=float,
+        default=600.0,
+        help="skip a case whose predicted step exceeds this (the default runs every case)",
+    )
+    parser.add_argument(
+        "--max-gib",
+        type=float,
+        default=12.0,
+        help="skip a case whose predicted peak memory exceeds this (AGR at B=4096 needs ~7)",
+    )
     parser.add_argument("--factors", default="8,32,64", help="PHyCLIP k values (d = 8)")
     parser.add_argument(
         "--k-batch", type=int, default=512, help="batch size of the PHyCLIP k sweep"
@@ -529,8 +590,20 @@ def main(argv: list[str] | None = None) -> int:
                 prev = results[-1] if results else None
                 prev2 = results[-2] if len(results) > 1 else None
                 ratio = batch / batches[i - 1] if i else 1.0
-                skip = _predict_skip(prev, prev2, ratio, args) if i else None
-                result = {"skipped": skip} if skip else _case_in_subprocess(spec(recipe, batch))
+                skip = _predict_skip(
+                    batch,
+                    (batches[i - 1], prev) if prev is not None else None,
+                    (batches[i - 2], prev2) if prev2 is not None else None,
+                    args,
+                )
+                case = spec(recipe, batch)
+                result = (
+                    {"skipped": skip}
+                    if skip
+                    else _case_in_subprocess(
+                        case, timeout=_case_timeout(case, args.max_step_seconds)
+                    )
+                )
                 results.append(result)
                 by_case[(recipe, batch)] = result
                 rows.append(
