@@ -432,8 +432,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batches", default="256,1024,4096")
     parser.add_argument(
         "--world",
-        default="synthetic:images=5200,text_pairs=4096",
-        help="synthetic spec of the store (enough train images for the largest batch)",
+        default="synthetic:images=6000,text_pairs=4096",
+        help="synthetic spec of the store: enough train images for the largest batch (the "
+        "synthetic world keeps 20%% for test and 10%% for val: 6000 images leave 4200)",
     )
     parser.add_argument(
         "--threads", type=int, default=1, help="torch threads of a one-process case"
@@ -525,7 +526,25 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         store_path = Path(tmp) / "store"
-        load_data(args.world).save(store_path)
+        world = load_data(args.world)
+        train_images = (
+            len(world.split_image_ids("train"))
+            if "train" in (world.split_names or [])
+            else world.num_images
+        )
+        largest = max(
+            batches
+            + ([args.k_batch] if not args.no_k else [])
+            + ([args.ddp_batch] if not args.no_ddp else [])
+        )
+        if largest > train_images:  # every case at that batch would fail after minutes of others
+            print(
+                f"error: --world {args.world!r} has {train_images} train images, fewer than the "
+                f"largest batch {largest}: give it more images (--world synthetic:images=N,...)",
+                file=sys.stderr,
+            )
+            return 2
+        world.save(store_path)
         print(
             f"store: {args.world}, saved once to features:PATH; torch {torch.__version__}, "
             f"{os.cpu_count()} cores; one-process cases use {args.threads} thread(s); "
