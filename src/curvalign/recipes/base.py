@@ -77,7 +77,8 @@ class IndexProxy:
 
     kind     the vector map (see ``index/rerank.py``): "cosine" (unit vectors of ``key``),
              "lorentz" (``-d_L`` of the Lorentz points of ``key``), "angle" (the exterior angle
-             at the query, Dinkelbach candidates), "product-lorentz" (sum over factors of
+             at the query: its own ratio over a flat index, Dinkelbach candidates over an HNSW
+             graph), "product-lorentz" (sum over factors of
              ``c_f <x_f, y_f>_L``, points ``[N, k, d]`` of ``key``), "mixed" (a weighted H x E x S
              product over the keys "hyperbolic", "euclidean", "sphere")
     key      the embedding key the map reads (None for "mixed")
