@@ -7,7 +7,13 @@ at least float32 with autocast disabled, pairwise results without ``[N, M, d]`` 
 
 from __future__ import annotations
 
+import functools
+import importlib
+import importlib.util
+import warnings
 from collections.abc import Mapping
+from types import ModuleType
+from typing import Literal
 
 import torch
 from torch import Tensor
@@ -36,6 +42,53 @@ def _check_factor_points(X: Tensor, Y: Tensor, row_wise: bool) -> None:
         )
 
 
+#: Widest factor ``d + 1`` the Triton kernels take (``_triton_l1.MAX_WIDTH``; not imported from
+#: there because importing that module imports triton).
+_TRITON_MAX_WIDTH = 64
+
+
+@functools.cache
+def _triton_installed() -> bool:
+    """Whether ``triton`` can be found (without importing it: a CPU run never pays for it)."""
+    return importlib.util.find_spec("triton") is not None
+
+
+@functools.cache
+def _triton_kernels() -> ModuleType | None:
+    """:mod:`curvalign.geometry._triton_l1`, imported on first use; None (one warning) if it fails."""
+    try:
+        return importlib.import_module("curvalign.geometry._triton_l1")
+    except Exception as exc:  # noqa: BLE001 - a broken triton install means: use the reference
+        reason = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+        warnings.warn(
+            f"curvalign: triton is installed but does not import ({reason}); "
+            "using the eager reference for the l1-product distance on GPU",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        return None
+
+
+def _l1_path(
+    device: torch.device, dtype: torch.dtype, width: int
+) -> Literal["cpu", "triton", "reference"]:
+    """Which implementation :func:`l1_pairwise_dist` takes for points on ``device``.
+
+    ``dtype``: the working dtype; ``width``: ``d + 1``. ``"cpu"``: the fused C++ kernel
+    (:mod:`._fused_l1`); ``"triton"``: the Triton kernels (:mod:`._triton_l1`) for CUDA tensors
+    where ``triton`` is installed; ``"reference"``: the eager blocked implementation (other
+    devices, wider factors, ``CURVALIGN_FUSED=0``). A kernel that fails to build or compile
+    still falls back to the reference, with one warning.
+    """
+    if not _fused_l1.enabled() or dtype not in (torch.float32, torch.float64):
+        return "reference"
+    if device.type == "cpu" and width <= _fused_l1._MAX_WIDTH:
+        return "cpu"
+    if device.type == "cuda" and width <= _TRITON_MAX_WIDTH and _triton_installed():
+        return "triton"
+    return "reference"
+
+
 @no_autocast
 def l1_pairwise_dist(
     X: Tensor, Y: Tensor, c: Curvature, block: int = 1 << 18, fused: bool | None = None
@@ -47,8 +100,11 @@ def l1_pairwise_dist(
 
     On CPU (float32/float64 working dtype, ``d < 64``) the default path is the fused C++ kernel
     of :mod:`curvalign.geometry._fused_l1` (forward and backward in one loop each, compiled once
-    on first use and cached; ``CURVALIGN_FUSED=0`` or ``fused=False`` turns it off, a failed
-    build warns once and falls back). Otherwise, and as the reference it is tested against, the
+    on first use and cached); on CUDA, where ``triton`` is installed (the ``triton`` extra), the
+    Triton kernels of :mod:`curvalign.geometry._triton_l1` (compiled on first use per dtype,
+    cached by Triton). ``CURVALIGN_FUSED=0`` or ``fused=False`` turns both off; a failed build
+    warns once and falls back (:func:`_l1_path` makes the choice). Otherwise, and as the
+    reference they are tested against, the
     sum is built in blocks of ``[k_b, n_b, M]`` pair-factor elements (about
     ``block`` of them, default 2^18 = 1 MiB in float32, small enough to stay in cache) by a
     custom autograd function that saves only its (small) inputs and recomputes each block in
@@ -66,12 +122,14 @@ def l1_pairwise_dist(
         raise ValueError(f"block: expected a positive number of elements, got {block}")
     Xk = X.to(dtype).transpose(0, 1)
     Yk = Y.to(dtype).transpose(0, 1)
-    if (
-        fused is not False
-        and X.shape[-1] + 1 <= _fused_l1._MAX_WIDTH
-        and _fused_l1.available(Xk, Yk, cc)
-    ):
+    width = X.shape[-1] + 1
+    path = "reference" if fused is False else _l1_path(X.device, dtype, width)
+    if path == "cpu" and _fused_l1.available(Xk, Yk, cc):
         return _fused_l1.l1_pairwise_dist_fused(Xk, Yk, cc.reshape(-1))
+    if path == "triton":
+        kernels = _triton_kernels()
+        if kernels is not None and kernels.ready(X.device, dtype, width):
+            return kernels.l1_pairwise_dist_triton(Xk, Yk, cc.reshape(-1))
     return lorentz.factor_pairwise_dist(Xk, Yk, cc.reshape(-1), reduce_sum=True, block=block)
 
 

@@ -1,0 +1,84 @@
+"""Runs the Triton l1-product kernels under Triton's CPU interpreter, in a process of its own.
+
+``tests/test_geometry_triton.py`` starts it with ``TRITON_INTERPRET=1`` in its environment.
+Triton reads that variable when a function is decorated with ``@triton.jit``, and its standard
+library (``tl.zeros``, ``tl.cdiv``, ...) is decorated when ``triton`` is first imported: the
+interpreter has to be on before the first ``import triton`` of a process, and switching it on
+inside the pytest process would change every later user of triton there. So the kernels run
+here, on CPU tensors, through ``product.l1_pairwise_dist`` with its choice of path forced to
+``"triton"``; the test process compares the results with the eager reference.
+
+Usage: ``python _triton_interpret_worker.py CASES.pt RESULTS.pt`` (``torch.save``'d dicts:
+case name -> inputs, case name -> outputs or an error message).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import torch
+
+
+def _grads(case: dict) -> dict:
+    """Value, gradients (``None`` where an input needs none) and the autograd node's name."""
+    from curvalign.geometry import product
+
+    inputs = {
+        name: case[name].detach().clone().requires_grad_(name in case["grad"])
+        for name in ("X", "Y", "c")
+    }
+    out = product.l1_pairwise_dist(inputs["X"], inputs["Y"], inputs["c"])
+    node = type(out.grad_fn).__name__ if out.grad_fn is not None else ""
+    wanted = [inputs[name] for name in case["grad"]]
+    grads = dict(
+        zip(case["grad"], torch.autograd.grad((out * case["w"]).sum(), wanted), strict=True)
+    )
+    return {"value": out.detach(), "node": node, **{f"d{k}": grads.get(k) for k in "XYc"}}
+
+
+def _autocast(case: dict) -> dict:
+    from curvalign.geometry import product
+
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = product.l1_pairwise_dist(case["X"].bfloat16(), case["Y"].bfloat16(), case["c"])
+    return {"value": out}
+
+
+def _gradcheck(case: dict) -> dict:
+    from curvalign.geometry import product
+
+    args = tuple(case[n].detach().clone().requires_grad_() for n in ("X", "Y", "c"))
+    ok = torch.autograd.gradcheck(lambda a, b, c: product.l1_pairwise_dist(a, b, c), args)
+    return {"ok": bool(ok)}
+
+
+def _ready(case: dict) -> dict:
+    from curvalign.geometry import _triton_l1
+
+    return {"ok": _triton_l1.ready(torch.device("cpu"), case["dtype"], case["width"])}
+
+
+RUN = {"grads": _grads, "autocast": _autocast, "gradcheck": _gradcheck, "ready": _ready}
+
+
+def main(src: str, dst: str) -> None:
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        raise SystemExit("run with TRITON_INTERPRET=1 (see the module docstring)")
+    torch.set_num_threads(1)
+    from curvalign.geometry import _triton_l1, product
+
+    # Small tiles, so that small inputs span several (and the masks of partial tiles run).
+    _triton_l1.BLOCKS = (16, 16)
+    product._l1_path = lambda device, dtype, width: "triton"  # CPU tensors take the Triton path
+    results = {}
+    for name, case in torch.load(src).items():
+        try:
+            results[name] = RUN[case["kind"]](case)
+        except Exception as exc:  # noqa: BLE001 - reported per case by the test process
+            results[name] = f"{type(exc).__name__}: {exc}"
+    torch.save(results, dst)
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:3])
