@@ -18,10 +18,11 @@ rows are contiguous):
   ``dQ_f = -s_f G^T P_f`` over all rows. Each output element is written by one program (no
   atomics): the gradients do not depend on scheduling.
 
-``log1p`` is written as ``log(a) + (v - (a - 1)) / a`` with ``a = 1 + v`` (the rounding of
-``1 + v`` corrected to first order, as in the CPU kernel; +inf and NaN pass through): Triton's
-CUDA ``log1p`` is a libdevice call, which the CPU interpreter cannot run, and the same code must
-run in both. The tests run these kernels under ``TRITON_INTERPRET=1`` on CPU tensors
+``log1p`` is the CPU kernel's: ``log(a)``, ``a = 1 + v``, from the exponent split and an atanh
+series, plus ``(v - (a - 1)) / a`` (the rounding of ``1 + v`` corrected to first order); +inf and
+NaN pass through. Triton's CUDA ``log1p`` is a libdevice call, which the CPU interpreter cannot
+run, and the same code must run in both. The tests run these kernels under ``TRITON_INTERPRET=1``
+on CPU tensors and compile them for sm_90 with Triton's compiler
 (``tests/test_geometry_triton.py``); no GPU was available where they were written.
 
 Importing this module imports ``triton``; :mod:`curvalign.geometry.product` imports it only for
