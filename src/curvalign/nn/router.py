@@ -47,6 +47,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
+from curvalign.nn import _fused_router
 from curvalign.nn.scalars import LearnableScalar
 
 
@@ -117,6 +118,7 @@ class PairwiseRouter(nn.Module):
         max_chunk_pairs: int = 1 << 20,
         train_chunk_pairs: int = 1 << 16,
         recompute: bool = True,
+        fused: bool = True,
     ) -> None:
         super().__init__()
         if min(image_dim, text_dim, context_dim, *hidden_dims) <= 0:
@@ -154,6 +156,7 @@ class PairwiseRouter(nn.Module):
         self.max_chunk_pairs = max_chunk_pairs
         self.train_chunk_pairs = train_chunk_pairs
         self.recompute = recompute
+        self.fused = fused
 
     # --- contexts (per item, stop-gradient) -------------------------------------------------------
     def image_context(self, h: Tensor) -> Tensor:
@@ -226,6 +229,12 @@ class PairwiseRouter(nn.Module):
         sum_t, sq_t = u_t.to(stat).sum(-1), u_t.to(stat).square().sum(-1)
         sum_i, sq_i = u_i.to(stat).sum(-1), u_i.to(stat).square().sum(-1)
 
+        if self.fused and _fused_router.available(s_h, text_part, image_part):
+            logits = self._fused_logits(
+                s_e, s_h, text_part, image_part, scalar_map, sum_t, sq_t, sum_i, sq_i
+            )
+            return logits / self.temperature().to(work)
+
         grad = torch.is_grad_enabled()
         budget = self.train_chunk_pairs if grad else self.max_chunk_pairs
         rows = max(1, budget // max(1, ni))
@@ -251,6 +260,33 @@ class PairwiseRouter(nn.Module):
                 out.append(self._chunk_logits(*args, *stats))
         logits = out[0] if len(out) == 1 else torch.cat(out, dim=0)
         return logits / self.temperature().to(work)
+
+    def _fused_logits(
+        self,
+        se: Tensor,
+        sh: Tensor,
+        text_part: Tensor,
+        image_part: Tensor,
+        scalar_map: Tensor,
+        sum_t: Tensor,
+        sq_t: Tensor,
+        sum_i: Tensor,
+        sq_i: Tensor,
+    ) -> Tensor:
+        """All rows at once in the fused kernel (``_fused_router``): the same function as
+        ``_chunk_logits``, its hidden layers never stored (recomputed per tile in backward)."""
+        work = sh.dtype
+        fc2, fc3 = self.tail[2], self.tail[5]
+        drops = (self.tail[1], self.tail[4])
+        thresholds = tuple(d.threshold if d.training else 0 for d in drops)
+        # the masks' seed from torch's generator: torch.manual_seed reproduces them
+        seed = int(torch.randint(0, 2**62, (), dtype=torch.int64)) if any(thresholds) else 0
+        with torch.autocast(device_type=sh.device.type, enabled=False):
+            return _fused_router.router_logits_fused(
+                se, sh, text_part, image_part, scalar_map, sum_t, sq_t, sum_i, sq_i,
+                fc2.weight.to(work), fc2.bias.to(work), fc3.weight.to(work), fc3.bias.to(work),
+                self.in_dim, self.norm.eps, thresholds, seed,
+            )  # fmt: skip
 
     def _chunk_logits(
         self,

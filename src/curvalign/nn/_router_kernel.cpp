@@ -1,0 +1,552 @@
+// Fused CPU kernel for AGR's pairwise router MLP (curvalign.nn._fused_router).
+//
+// Per pair (row t, column i) of an [Nt, Ni] score matrix, with the LayerNorm folded into the
+// first layer (curvalign.nn.router, module docstring):
+//   mean = (se + sh + st_t + si_i) / D,  var = (se^2 + sh^2 + qt_t + qi_i) / D - mean^2   (double)
+//   rstd = (max(var, 0) + eps)^-1/2
+//   u_k  = se wE_k + sh wH_k - mean k_k + TP_tk + IP_ik,   h1_k = u_k rstd + c_k       (k < H1)
+//   d1_k = m1_k gelu(h1_k);  h2_j = b2_j + sum_k W2_jk d1_k;  d2_j = m2_j gelu(h2_j)   (j < H2)
+//   out  = b3 + sum_j w3_j d2_j
+// gelu is the exact erf form (nn.GELU()); m are inverted-dropout masks in {0, scale}.
+//
+// Nothing per pair is stored between the passes: the backward recomputes the hidden units of a
+// tile of 8 pairs (one row, 8 consecutive columns: the SIMD lanes) in L1, then back-propagates
+// through them, accumulating the parameter gradients per thread (per row in T, then in double).
+// The dropout masks are a hash of (seed, row, column, unit), so the backward replays exactly
+// the forward's masks, whatever the threads or the order of the tiles. Each 32-bit hash gives
+// two 16-bit words; a unit is dropped where its word is below thr (p rounded to 2^-16, the
+// scale 1 / (1 - thr / 2^16) exact: the distribution of curvalign.nn.router.BitDropout).
+//
+// float: erf by Abramowitz-Stegun 7.1.26 and exp by a Cody-Waite reduction and a degree-6
+// polynomial, written so that gcc vectorises them (the formulas torch's own vectorised float
+// GELU and its backward use: gelu = x Phi(x), gelu' = Phi(x) + x phi(x), one exp for both).
+// double: libm's erf and exp (the float64 path is for tests; it is exact, not fast).
+//
+// Layouts (C-contiguous): se, sh, out, gout [Nt, Ni]; st, qt [Nt], si, qi [Nip] (double);
+// TP [Nt, H1]; IP [Nip / 8, H1, 8] (image rows interleaved by 8: one tile's rows are 2 KB of
+// contiguous memory); SM [4, H1] = (wE, wH, k, c); W2 [H2, H1], W2T [H1, H2]; b2, w3 [H2].
+// H1 and H2 are multiples of 8 (zero-padded by the caller), Nip = Ni rounded up to 8.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+namespace {
+
+constexpr int64_t L = 8;   // pairs per tile: SIMD lanes
+constexpr int64_t JB = 8;  // units per register block of the layer-2 products
+
+// ---- hash-based dropout masks ------------------------------------------------------------
+inline uint32_t mix32(uint32_t x) {  // a bijective 32-bit mixer ("lowbias32")
+  x ^= x >> 16;
+  x *= 0x7feb352dU;
+  x ^= x >> 15;
+  x *= 0x846ca68bU;
+  x ^= x >> 16;
+  return x;
+}
+inline uint32_t row_key(int64_t t, uint32_t seed_lo) {
+  return mix32(uint32_t(t) * 0x9E3779B9U ^ seed_lo);
+}
+inline uint32_t pair_key(uint32_t rk, int64_t i, uint32_t seed_hi) {
+  return mix32(rk ^ mix32(uint32_t(i) * 0x85EBCA6BU ^ seed_hi));
+}
+// group g holds units 2g and 2g + 1 (layer 1: k; layer 2: H1 + j)
+inline uint32_t group_key(int64_t g) { return mix32(uint32_t(g) * 0xC2B2AE35U + 0x165667B1U); }
+
+// The inverted-dropout multipliers of units 2g, 2g + 1 for the tile's 8 pairs: 0 or scale.
+template <typename T>
+inline void group_masks(const uint32_t* __restrict pk, int64_t g, int32_t thr, T scale,
+                        T* __restrict m0, T* __restrict m1) {
+  const uint32_t gk = group_key(g);
+#pragma omp simd
+  for (int64_t l = 0; l < L; ++l) {
+    const uint32_t w = mix32(pk[l] ^ gk);
+    m0[l] = int32_t(w & 0xFFFFU) >= thr ? scale : T(0);
+    m1[l] = int32_t(w >> 16) >= thr ? scale : T(0);
+  }
+}
+
+// ---- GELU (value and derivative) over L lanes --------------------------------------------
+inline void exp_lanes(const float* __restrict x, float* __restrict out) {
+  constexpr float LOG2E = 1.44269504088896341f, C1 = 0.693359375f, C2 = -2.12194440e-4f;
+  float n[L], p[L], s[L];
+  uint32_t b[L];
+#pragma omp simd
+  for (int64_t l = 0; l < L; ++l) {
+    float v = x[l] < -87.3f ? -87.3f : x[l];  // NaN passes through both selects
+    v = v > 88.3f ? 88.3f : v;
+    const float k = (v * LOG2E + 12582912.0f) - 12582912.0f;  // round to nearest
+    float r = v - k * C1;
+    r = r - k * C2;
+    float q = 1.9875691500e-4f;
+    q = q * r + 1.3981999507e-3f;
+    q = q * r + 8.3334519073e-3f;
+    q = q * r + 4.1665795894e-2f;
+    q = q * r + 1.6666665459e-1f;
+    q = q * r + 5.0000001201e-1f;
+    p[l] = q * r * r + r + 1.0f;
+    n[l] = k;
+  }
+#pragma omp simd
+  for (int64_t l = 0; l < L; ++l) b[l] = uint32_t(int32_t(n[l]) + 127) << 23;
+  std::memcpy(s, b, sizeof(s));
+#pragma omp simd
+  for (int64_t l = 0; l < L; ++l) out[l] = p[l] * s[l];
+}
+
+template <bool GRAD>
+inline void gelu_lanes(const float* __restrict x, float* __restrict y, float* __restrict dy) {
+  constexpr float SQRT1_2 = 0.70710678118654752440f, BETA = 0.39894228040143267794f;
+  constexpr float P = 0.3275911f, P1 = 0.254829592f, P2 = -0.284496736f, P3 = 1.421413741f,
+                  P4 = -1.453152027f, P5 = 1.061405429f;
+  float z2[L], e[L];
+#pragma omp simd
+  for (int64_t l = 0; l < L; ++l) {
+    const float z = x[l] * SQRT1_2;
+    z2[l] = -(z * z);
+  }
+  exp_lanes(z2, e);  // exp(-x^2 / 2), shared by erf and the density
+#pragma omp simd
+  for (int64_t l = 0; l < L; ++l) {
+    const float z = x[l] * SQRT1_2;
+    const float t = 1.0f / (1.0f + P * std::fabs(z));
+    const float r = ((((P5 * t + P4) * t + P3) * t + P2) * t + P1) * t;
+    const float erfa = 1.0f - r * e[l];
+    const float cdf = 0.5f * (1.0f + (z < 0.0f ? -erfa : erfa));
+    y[l] = x[l] * cdf;
+    if (GRAD) dy[l] = cdf + x[l] * (BETA * e[l]);
+  }
+}
+
+template <bool GRAD>
+inline void gelu_lanes(const double* __restrict x, double* __restrict y, double* __restrict dy) {
+  constexpr double SQRT1_2 = 0.70710678118654752440, BETA = 0.39894228040143267794;
+  for (int64_t l = 0; l < L; ++l) {
+    const double cdf = 0.5 * (1.0 + std::erf(x[l] * SQRT1_2));
+    y[l] = x[l] * cdf;
+    if (GRAD) dy[l] = cdf + x[l] * (BETA * std::exp(-0.5 * x[l] * x[l]));
+  }
+}
+
+// ---- the problem ----------------------------------------------------------------------------
+template <typename T>
+struct Router {
+  const T *se, *sh;
+  const double *st, *qt, *si, *qi;
+  const T *TP, *IP, *SM, *W2, *W2T, *b2, *w3;
+  T b3;
+  int64_t Nt, Ni, Nip, H1, H2;
+  double D, eps;
+  int32_t thr1, thr2;
+  uint32_t seed_lo, seed_hi;
+  T scale1, scale2;
+};
+
+// Per-tile state: the lanes' inputs, statistics and the hidden layers.
+template <typename T>
+struct Tile {
+  T se[L], sh[L], mean[L], rstd[L];
+  double mean_d[L], rstd_d[L];
+  bool var_ok[L];
+  uint32_t pk[L];
+  std::vector<T> u, d1, g1, h2;  // [H1, L], [H1, L], [H1, L], [H2, L]
+  Tile(int64_t H1, int64_t H2) : u(H1 * L), d1(H1 * L), g1(H1 * L), h2(H2 * L) {}
+};
+
+template <typename T>
+inline void load_tile(const Router<T>& R, Tile<T>& tl, int64_t t, int64_t i0, int64_t nl,
+                      uint32_t rk) {
+  for (int64_t l = 0; l < L; ++l) {
+    const bool ok = l < nl;
+    const T se = ok ? R.se[t * R.Ni + i0 + l] : T(0);
+    const T sh = ok ? R.sh[t * R.Ni + i0 + l] : T(0);
+    const double se64 = double(se), sh64 = double(sh);
+    const double mean = (se64 + sh64 + R.st[t] + R.si[i0 + l]) / R.D;
+    const double var = (se64 * se64 + sh64 * sh64 + R.qt[t] + R.qi[i0 + l]) / R.D - mean * mean;
+    const double rstd = 1.0 / std::sqrt((var < 0.0 ? 0.0 : var) + R.eps);
+    tl.se[l] = se;
+    tl.sh[l] = sh;
+    tl.mean_d[l] = mean;
+    tl.rstd_d[l] = rstd;
+    tl.var_ok[l] = var >= 0.0;  // clamp_min's gradient mask
+    tl.mean[l] = T(mean);
+    tl.rstd[l] = T(rstd);
+    tl.pk[l] = pair_key(rk, i0 + l, R.seed_hi);
+  }
+}
+
+// Layer 1 (folded LayerNorm + fc1), GELU and dropout: tl.d1 (and tl.u, tl.g1 = m gelu'(h1)).
+template <typename T, bool GRAD, bool DROP>
+inline void layer1(const Router<T>& R, Tile<T>& tl, int64_t t, int64_t ib) {
+  const int64_t H1 = R.H1;
+  const T* tp = R.TP + t * H1;
+  const T* ip = R.IP + ib * H1 * L;
+  T h[L], a[L], da[L], m[2][L];
+  for (int64_t k = 0; k < H1; k += 2) {
+    if (DROP) group_masks(tl.pk, k >> 1, R.thr1, R.scale1, m[0], m[1]);
+    for (int64_t kk = 0; kk < 2; ++kk) {
+      const int64_t q = k + kk;
+      const T wE = R.SM[q], wH = R.SM[H1 + q], kq = R.SM[2 * H1 + q], c = R.SM[3 * H1 + q];
+      const T tq = tp[q];
+      const T* ipq = ip + q * L;
+      T* uq = tl.u.data() + q * L;
+#pragma omp simd
+      for (int64_t l = 0; l < L; ++l) {
+        const T uu = tl.se[l] * wE + tl.sh[l] * wH - tl.mean[l] * kq + tq + ipq[l];
+        if (GRAD) uq[l] = uu;
+        h[l] = uu * tl.rstd[l] + c;
+      }
+      gelu_lanes<GRAD>(h, a, da);
+      T* d1q = tl.d1.data() + q * L;
+      T* g1q = tl.g1.data() + q * L;
+#pragma omp simd
+      for (int64_t l = 0; l < L; ++l) {
+        const T mq = DROP ? m[kk][l] : T(1);
+        d1q[l] = a[l] * mq;
+        if (GRAD) g1q[l] = da[l] * mq;
+      }
+    }
+  }
+}
+
+// h2 = b2 + W2 d1 on one tile: [H2, L]
+template <typename T>
+inline void layer2(const Router<T>& R, Tile<T>& tl) {
+  const int64_t H1 = R.H1, H2 = R.H2;
+  const T* d1 = tl.d1.data();
+  for (int64_t j0 = 0; j0 < H2; j0 += JB) {
+    T acc[JB][L];
+    for (int64_t jj = 0; jj < JB; ++jj)
+      for (int64_t l = 0; l < L; ++l) acc[jj][l] = R.b2[j0 + jj];
+    for (int64_t k = 0; k < H1; ++k) {
+      const T* wr = R.W2T + k * H2 + j0;
+      const T* dk = d1 + k * L;
+#pragma GCC unroll 8
+      for (int64_t jj = 0; jj < JB; ++jj) {
+        const T wv = wr[jj];
+#pragma omp simd
+        for (int64_t l = 0; l < L; ++l) acc[jj][l] += wv * dk[l];
+      }
+    }
+    for (int64_t jj = 0; jj < JB; ++jj)
+      for (int64_t l = 0; l < L; ++l) tl.h2[(j0 + jj) * L + l] = acc[jj][l];
+  }
+}
+
+template <typename T, bool DROP>
+void forward_rows(const Router<T>& R, T* out, int nthreads) {
+  const int64_t Nib = R.Nip / L;
+#pragma omp parallel num_threads(nthreads)
+  {
+    Tile<T> tl(R.H1, R.H2);
+    T a[L], da[L], o[L], m[2][L];
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < R.Nt; ++t) {
+      const uint32_t rk = row_key(t, R.seed_lo);
+      for (int64_t ib = 0; ib < Nib; ++ib) {
+        const int64_t i0 = ib * L, nl = std::min(L, R.Ni - i0);
+        load_tile(R, tl, t, i0, nl, rk);
+        layer1<T, false, DROP>(R, tl, t, ib);
+        layer2(R, tl);
+        for (int64_t l = 0; l < L; ++l) o[l] = R.b3;
+        for (int64_t j = 0; j < R.H2; j += 2) {
+          if (DROP) group_masks(tl.pk, (R.H1 + j) >> 1, R.thr2, R.scale2, m[0], m[1]);
+          for (int64_t jj = 0; jj < 2; ++jj) {
+            gelu_lanes<false>(tl.h2.data() + (j + jj) * L, a, da);
+            const T w3 = R.w3[j + jj];
+#pragma omp simd
+            for (int64_t l = 0; l < L; ++l) {
+              const T mq = DROP ? m[jj][l] : T(1);
+              o[l] += w3 * (a[l] * mq);
+            }
+          }
+        }
+        for (int64_t l = 0; l < nl; ++l) out[t * R.Ni + i0 + l] = o[l];
+      }
+    }
+  }
+}
+
+// Gradients. Per thread: row accumulators in T (lanes kept apart), flushed per row into double
+// totals; the image-side gradients in double. Threads own contiguous row ranges; the totals are
+// summed in thread order (deterministic for a given thread count).
+template <typename T>
+struct Grads {
+  T *gse, *gsh;  // may be null
+  double *gst, *gqt, *gsi, *gqi;
+  T *gTP, *gIP, *gSM, *gW2, *gb2, *gw3, *gb3;
+};
+
+template <typename T, bool DROP>
+void backward_rows(const Router<T>& R, const T* gout, const Grads<T>& G, int nthreads) {
+  const int64_t H1 = R.H1, H2 = R.H2, Nib = R.Nip / L;
+  const int64_t nth = std::max<int64_t>(1, std::min<int64_t>(nthreads, R.Nt));
+  // per-thread double totals: W2 [H2 H1], SM [4 H1], b2 [H2], w3 [H2], b3, IP [Nip H1], si, qi
+  const int64_t nW = H2 * H1, nS = 4 * H1, nIP = R.Nip * H1;
+  std::vector<std::vector<double>> tot(nth);
+#pragma omp parallel num_threads(int(nth))
+  {
+#pragma omp for schedule(static, 1)
+    for (int64_t th = 0; th < nth; ++th) {
+      std::vector<double>& acc = tot[th];
+      acc.assign(nW + nS + 2 * H2 + 1 + nIP + 2 * R.Nip, 0.0);
+      double* aW2 = acc.data();
+      double* aSM = aW2 + nW;
+      double* ab2 = aSM + nS;
+      double* aw3 = ab2 + H2;
+      double* ab3 = aw3 + H2;
+      double* aIP = ab3 + 1;
+      double* asi = aIP + nIP;
+      double* aqi = asi + R.Nip;
+      Tile<T> tl(H1, H2);
+      std::vector<T> rW2(nW * L), rSM(nS * L), rb2(H2 * L), rw3(H2 * L), rTP(H1 * L);
+      std::vector<T> gh2(H2 * L), gd1(H1 * L);
+      T rb3[L], a[L], da[L], g[L], m[2][L];
+      const int64_t tb = R.Nt * th / nth, te = R.Nt * (th + 1) / nth;
+      for (int64_t t = tb; t < te; ++t) {
+        std::fill(rW2.begin(), rW2.end(), T(0));
+        std::fill(rSM.begin(), rSM.end(), T(0));
+        std::fill(rb2.begin(), rb2.end(), T(0));
+        std::fill(rw3.begin(), rw3.end(), T(0));
+        std::fill(rTP.begin(), rTP.end(), T(0));
+        for (int64_t l = 0; l < L; ++l) rb3[l] = T(0);
+        double gst = 0.0, gqt = 0.0;
+        const uint32_t rk = row_key(t, R.seed_lo);
+        for (int64_t ib = 0; ib < Nib; ++ib) {
+          const int64_t i0 = ib * L, nl = std::min(L, R.Ni - i0);
+          for (int64_t l = 0; l < L; ++l) g[l] = l < nl ? gout[t * R.Ni + i0 + l] : T(0);
+          load_tile(R, tl, t, i0, nl, rk);
+          layer1<T, true, DROP>(R, tl, t, ib);
+          layer2(R, tl);
+          // layer 2 activation and output layer: gh2 = g w3 m2 gelu'(h2)
+          for (int64_t l = 0; l < L; ++l) rb3[l] += g[l];
+          for (int64_t j = 0; j < H2; j += 2) {
+            if (DROP) group_masks(tl.pk, (H1 + j) >> 1, R.thr2, R.scale2, m[0], m[1]);
+            for (int64_t jj = 0; jj < 2; ++jj) {
+              const int64_t q = j + jj;
+              gelu_lanes<true>(tl.h2.data() + q * L, a, da);
+              const T w3 = R.w3[q];
+              T* gq = gh2.data() + q * L;
+              T* rw3q = rw3.data() + q * L;
+              T* rb2q = rb2.data() + q * L;
+#pragma omp simd
+              for (int64_t l = 0; l < L; ++l) {
+                const T mq = DROP ? m[jj][l] : T(1);
+                rw3q[l] += g[l] * (a[l] * mq);
+                gq[l] = g[l] * w3 * (da[l] * mq);
+                rb2q[l] += gq[l];
+              }
+            }
+          }
+          // dW2 += gh2 d1^T (lanes kept apart)
+          for (int64_t j = 0; j < H2; ++j) {
+            const T* gj = gh2.data() + j * L;
+            T* rj = rW2.data() + j * H1 * L;
+            for (int64_t k = 0; k < H1; ++k) {
+              const T* dk = tl.d1.data() + k * L;
+              T* rk_ = rj + k * L;
+#pragma omp simd
+              for (int64_t l = 0; l < L; ++l) rk_[l] += gj[l] * dk[l];
+            }
+          }
+          // gd1 = W2^T gh2
+          for (int64_t k0 = 0; k0 < H1; k0 += JB) {
+            T accb[JB][L];
+            for (int64_t kk = 0; kk < JB; ++kk)
+              for (int64_t l = 0; l < L; ++l) accb[kk][l] = T(0);
+            for (int64_t j = 0; j < H2; ++j) {
+              const T* wr = R.W2 + j * H1 + k0;
+              const T* gj = gh2.data() + j * L;
+#pragma GCC unroll 8
+              for (int64_t kk = 0; kk < JB; ++kk) {
+                const T wv = wr[kk];
+#pragma omp simd
+                for (int64_t l = 0; l < L; ++l) accb[kk][l] += wv * gj[l];
+              }
+            }
+            for (int64_t kk = 0; kk < JB; ++kk)
+              for (int64_t l = 0; l < L; ++l) gd1[(k0 + kk) * L + l] = accb[kk][l];
+          }
+          // layer 1: z = gd1 m1 gelu'(h1); the folded first layer's and the statistics' gradients
+          T drstd[L], dmean[L], dse[L], dsh[L];
+          for (int64_t l = 0; l < L; ++l) drstd[l] = dmean[l] = dse[l] = dsh[l] = T(0);
+          double* aIPb = aIP + ib * H1 * L;
+          for (int64_t q = 0; q < H1; ++q) {
+            const T wE = R.SM[q], wH = R.SM[H1 + q], kq = R.SM[2 * H1 + q];
+            const T* gdq = gd1.data() + q * L;
+            const T* g1q = tl.g1.data() + q * L;
+            const T* uq = tl.u.data() + q * L;
+            T* sE = rSM.data() + q * L;
+            T* sH = rSM.data() + (H1 + q) * L;
+            T* sK = rSM.data() + (2 * H1 + q) * L;
+            T* sC = rSM.data() + (3 * H1 + q) * L;
+            T* tq = rTP.data() + q * L;
+            double* iq = aIPb + q * L;
+#pragma omp simd
+            for (int64_t l = 0; l < L; ++l) {
+              const T z = gdq[l] * g1q[l];
+              const T zr = z * tl.rstd[l];
+              sC[l] += z;
+              sE[l] += tl.se[l] * zr;
+              sH[l] += tl.sh[l] * zr;
+              sK[l] -= tl.mean[l] * zr;
+              tq[l] += zr;
+              iq[l] += double(zr);
+              drstd[l] += z * uq[l];
+              dmean[l] += z * kq;
+              dse[l] += z * wE;
+              dsh[l] += z * wH;
+            }
+          }
+          // the statistics (double), as autograd differentiates the reference
+          for (int64_t l = 0; l < nl; ++l) {
+            const double r = tl.rstd_d[l];
+            const double dvar = tl.var_ok[l] ? double(drstd[l]) * (-0.5) * r * r * r : 0.0;
+            const double dmean_w = -double(tl.rstd[l]) * double(dmean[l]);
+            const double dm = dmean_w - 2.0 * tl.mean_d[l] * dvar;
+            gst += dm / R.D;
+            gqt += dvar / R.D;
+            asi[i0 + l] += dm / R.D;
+            aqi[i0 + l] += dvar / R.D;
+            const int64_t at = t * R.Ni + i0 + l;
+            if (G.gse)
+              G.gse[at] = T(double(tl.rstd[l] * dse[l]) +
+                            (dm + 2.0 * double(tl.se[l]) * dvar) / R.D);
+            if (G.gsh)
+              G.gsh[at] = T(double(tl.rstd[l] * dsh[l]) +
+                            (dm + 2.0 * double(tl.sh[l]) * dvar) / R.D);
+          }
+        }
+        // flush the row
+        G.gst[t] = gst;
+        G.gqt[t] = gqt;
+        for (int64_t q = 0; q < H1; ++q) {
+          double s = 0.0;
+          for (int64_t l = 0; l < L; ++l) s += double(rTP[q * L + l]);
+          G.gTP[t * H1 + q] = T(s);
+        }
+        for (int64_t x = 0; x < nW; ++x) {
+          double s = 0.0;
+          for (int64_t l = 0; l < L; ++l) s += double(rW2[x * L + l]);
+          aW2[x] += s;
+        }
+        for (int64_t x = 0; x < nS; ++x) {
+          double s = 0.0;
+          for (int64_t l = 0; l < L; ++l) s += double(rSM[x * L + l]);
+          aSM[x] += s;
+        }
+        for (int64_t x = 0; x < H2; ++x) {
+          double s2 = 0.0, s3 = 0.0;
+          for (int64_t l = 0; l < L; ++l) {
+            s2 += double(rb2[x * L + l]);
+            s3 += double(rw3[x * L + l]);
+          }
+          ab2[x] += s2;
+          aw3[x] += s3;
+        }
+        double s = 0.0;
+        for (int64_t l = 0; l < L; ++l) s += double(rb3[l]);
+        ab3[0] += s;
+      }
+    }
+  }
+  // sum the threads in order
+  std::vector<double> sum(tot[0].size(), 0.0);
+  for (int64_t th = 0; th < nth; ++th)
+    for (size_t x = 0; x < sum.size(); ++x) sum[x] += tot[th][x];
+  const double* sW2 = sum.data();
+  const double* sSM = sW2 + nW;
+  const double* sb2 = sSM + nS;
+  const double* sw3 = sb2 + H2;
+  const double* sb3 = sw3 + H2;
+  const double* sIP = sb3 + 1;
+  const double* ssi = sIP + nIP;
+  const double* sqi = ssi + R.Nip;
+  for (int64_t x = 0; x < nW; ++x) G.gW2[x] = T(sW2[x]);
+  for (int64_t x = 0; x < nS; ++x) G.gSM[x] = T(sSM[x]);
+  for (int64_t x = 0; x < H2; ++x) {
+    G.gb2[x] = T(sb2[x]);
+    G.gw3[x] = T(sw3[x]);
+  }
+  G.gb3[0] = T(sb3[0]);
+  for (int64_t x = 0; x < nIP; ++x) G.gIP[x] = T(sIP[x]);
+  for (int64_t x = 0; x < R.Nip; ++x) {
+    G.gsi[x] = ssi[x];
+    G.gqi[x] = sqi[x];
+  }
+}
+
+template <typename T>
+Router<T> make_router(const T* se, const T* sh, const double* st, const double* qt,
+                      const double* si, const double* qi, const T* TP, const T* IP, const T* SM,
+                      const T* W2, const T* W2T, const T* b2, const T* w3, double b3, int64_t Nt,
+                      int64_t Ni, int64_t H1, int64_t H2, double D, double eps, int64_t thr1,
+                      int64_t thr2, double scale1, double scale2, uint64_t seed) {
+  Router<T> R;
+  R.se = se, R.sh = sh, R.st = st, R.qt = qt, R.si = si, R.qi = qi;
+  R.TP = TP, R.IP = IP, R.SM = SM, R.W2 = W2, R.W2T = W2T, R.b2 = b2, R.w3 = w3, R.b3 = T(b3);
+  R.Nt = Nt, R.Ni = Ni, R.Nip = (Ni + L - 1) / L * L, R.H1 = H1, R.H2 = H2;
+  R.D = D, R.eps = eps;
+  R.thr1 = int32_t(thr1), R.thr2 = int32_t(thr2);
+  R.seed_lo = uint32_t(seed), R.seed_hi = uint32_t(seed >> 32);
+  R.scale1 = T(scale1), R.scale2 = T(scale2);
+  return R;
+}
+
+}  // namespace
+
+// The ctypes interface; see the header comment for the layouts.
+#define CURVALIGN_ROUTER_EXPORT(T, SUF)                                                        \
+  extern "C" void curvalign_router_forward_##SUF(                                              \
+      const T* se, const T* sh, const double* st, const double* qt, const double* si,          \
+      const double* qi, const T* TP, const T* IP, const T* SM, const T* W2T, const T* b2,      \
+      const T* w3, double b3, T* out, int64_t Nt, int64_t Ni, int64_t H1, int64_t H2,          \
+      double D, double eps, int64_t thr1, int64_t thr2, double scale1, double scale2,          \
+      uint64_t seed, int nthreads) {                                                           \
+    const auto R = make_router<T>(se, sh, st, qt, si, qi, TP, IP, SM, nullptr, W2T, b2, w3,   \
+                                  b3, Nt, Ni, H1, H2, D, eps, thr1, thr2, scale1, scale2,     \
+                                  seed);                                                       \
+    if (thr1 > 0 || thr2 > 0)                                                                  \
+      forward_rows<T, true>(R, out, nthreads);                                                 \
+    else                                                                                       \
+      forward_rows<T, false>(R, out, nthreads);                                                \
+  }                                                                                            \
+  extern "C" void curvalign_router_backward_##SUF(                                             \
+      const T* se, const T* sh, const double* st, const double* qt, const double* si,          \
+      const double* qi, const T* TP, const T* IP, const T* SM, const T* W2, const T* W2T,      \
+      const T* b2, const T* w3, double b3, const T* gout, T* gse, T* gsh, double* gst,         \
+      double* gqt, double* gsi, double* gqi, T* gTP, T* gIP, T* gSM, T* gW2, T* gb2, T* gw3,   \
+      T* gb3, int64_t Nt, int64_t Ni, int64_t H1, int64_t H2, double D, double eps,            \
+      int64_t thr1, int64_t thr2, double scale1, double scale2, uint64_t seed, int nthreads) { \
+    const auto R = make_router<T>(se, sh, st, qt, si, qi, TP, IP, SM, W2, W2T, b2, w3, b3, Nt, \
+                                  Ni, H1, H2, D, eps, thr1, thr2, scale1, scale2, seed);       \
+    const Grads<T> G{gse, gsh, gst, gqt, gsi, gqi, gTP, gIP, gSM, gW2, gb2, gw3, gb3};         \
+    if (thr1 > 0 || thr2 > 0)                                                                  \
+      backward_rows<T, true>(R, gout, G, nthreads);                                            \
+    else                                                                                       \
+      backward_rows<T, false>(R, gout, G, nthreads);                                           \
+  }
+
+CURVALIGN_ROUTER_EXPORT(float, f32)
+CURVALIGN_ROUTER_EXPORT(double, f64)
+
+// The keep masks themselves (tests): keep[t, i, q] for q < H1 + H2 (layer 1 then layer 2).
+extern "C" void curvalign_router_keep_masks(uint8_t* keep, int64_t Nt, int64_t Ni, int64_t H1,
+                                            int64_t H2, int64_t thr1, int64_t thr2,
+                                            uint64_t seed) {
+  const uint32_t seed_lo = uint32_t(seed), seed_hi = uint32_t(seed >> 32);
+  const int64_t H = H1 + H2;
+  for (int64_t t = 0; t < Nt; ++t) {
+    const uint32_t rk = row_key(t, seed_lo);
+    for (int64_t i = 0; i < Ni; ++i) {
+      const uint32_t pk = pair_key(rk, i, seed_hi);
+      for (int64_t q = 0; q < H; ++q) {
+        const uint32_t word = mix32(pk ^ group_key(q >> 1));
+        const uint32_t half = (word >> (16 * (q & 1))) & 0xFFFFU;
+        keep[(t * Ni + i) * H + q] = half >= uint32_t(q < H1 ? thr1 : thr2) ? 1 : 0;
+      }
+    }
+  }
+}
