@@ -261,10 +261,11 @@ def _router_grads(router: PairwiseRouter, nt: int, ni: int, seed: int = 3):
 
 
 def test_recomputed_chunks_give_identical_gradients():
-    """Row chunks recomputed in the backward (checkpoint) against the same chunks kept: same
-    dropout masks and jitter (RNG state restored), identical logits and gradients."""
-    kept = _train_router(train_chunk_pairs=20, recompute=False)  # 2 rows of 9 per chunk
-    recomputed = _train_router(train_chunk_pairs=20, recompute=True)
+    """The eager path's row chunks recomputed in the backward (checkpoint) against the same
+    chunks kept: same dropout masks and jitter (RNG state restored), identical logits and
+    gradients."""
+    kept = _train_router(train_chunk_pairs=20, recompute=False, fused=False)  # 2 rows of 9
+    recomputed = _train_router(train_chunk_pairs=20, recompute=True, fused=False)
     recomputed.load_state_dict(kept.state_dict())
     a_logits, a_grads = _router_grads(kept, 7, 9)
     b_logits, b_grads = _router_grads(recomputed, 7, 9)
@@ -275,15 +276,20 @@ def test_recomputed_chunks_give_identical_gradients():
 
 
 def test_chunked_router_equals_the_plain_path_without_dropout():
-    """Without stochastic layers, chunking the rows changes nothing beyond float rounding."""
-    plain = _train_router(dropout=0.0, jitter=0.0, train_chunk_pairs=1 << 20, recompute=False)
-    chunked = _train_router(dropout=0.0, jitter=0.0, train_chunk_pairs=10, recompute=True)
+    """Without stochastic layers, chunking the rows changes nothing beyond float rounding, and
+    the fused kernel (all rows at once, recomputed per tile) agrees with both."""
+    kw = dict(dropout=0.0, jitter=0.0)
+    plain = _train_router(train_chunk_pairs=1 << 20, recompute=False, fused=False, **kw)
+    chunked = _train_router(train_chunk_pairs=10, recompute=True, fused=False, **kw)
+    fused = _train_router(**kw)
     chunked.load_state_dict(plain.state_dict())
+    fused.load_state_dict(plain.state_dict())
     a_logits, a_grads = _router_grads(plain, 7, 9)
-    b_logits, b_grads = _router_grads(chunked, 7, 9)
-    torch.testing.assert_close(a_logits, b_logits, rtol=1e-6, atol=1e-6)
-    for a, b in zip(a_grads, b_grads, strict=True):
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    for other in (chunked, fused):
+        b_logits, b_grads = _router_grads(other, 7, 9)
+        torch.testing.assert_close(a_logits, b_logits, rtol=1e-6, atol=1e-6)
+        for a, b in zip(a_grads, b_grads, strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
 
 
 class _LiveOutputs(TorchDispatchMode):
@@ -322,15 +328,21 @@ def _kept_bytes_per_pair(router: PairwiseRouter, nt: int, ni: int) -> float:
 
 def test_chunked_router_keeps_o_chunk_activations():
     """With recompute, what the forward leaves alive for backward is a few scalars per pair
-    (jittered inputs, the logits), not the ~1.2 KB a pair of the hidden layers; the same
-    chunking without recompute keeps them all (so the check can fail)."""
+    (jittered inputs, the logits), not the ~1.2 KB a pair of the hidden layers: on the eager
+    path (chunks under checkpoint) and on the fused kernel (which stores nothing per pair and
+    recomputes per tile); the eager chunking without recompute keeps them all (so the check
+    can fail)."""
     nt, ni = 64, 256  # 16384 pairs, chunks of 1024 (4 rows)
-    recomputed = _kept_bytes_per_pair(_train_router(train_chunk_pairs=1024), nt, ni)
-    kept = _kept_bytes_per_pair(_train_router(train_chunk_pairs=1024, recompute=False), nt, ni)
+    recomputed = _kept_bytes_per_pair(_train_router(train_chunk_pairs=1024, fused=False), nt, ni)
+    fused = _kept_bytes_per_pair(_train_router(), nt, ni)
+    kept = _kept_bytes_per_pair(
+        _train_router(train_chunk_pairs=1024, recompute=False, fused=False), nt, ni
+    )
     assert kept > 500, kept
     # jittered s_E and s_H, the chunks' logits and their concatenation (4 x 4 bytes), plus
     # per-item rows and one chunk's temporaries spread over the pairs
     assert recomputed < 32, recomputed
+    assert fused < 32, fused
 
 
 def test_bit_dropout_rate_scale_and_eval():
