@@ -89,7 +89,9 @@ def test_fused_matches_reference_values_and_gradients(dtype, nt: int, ni: int) -
     for name, a, b in zip(names, got_grads, ref_grads, strict=True):
         _assert_close(a, b, dtype, name)
     # every parameter is reached (T_gate starts at its floor, where its clamp passes none)
-    assert all(g.abs().sum() > 0 for n, g in zip(names, got_grads) if "temperature" not in n)
+    assert all(
+        g.abs().sum() > 0 for n, g in zip(names, got_grads, strict=True) if "temperature" not in n
+    )
 
 
 @needs_kernel
@@ -331,9 +333,7 @@ def test_failed_build_warns_once_and_falls_back(monkeypatch: pytest.MonkeyPatch)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         first = router.matrix_logits(s_e, s_h, router.text_context(h_t), router.image_context(h_i))
-        second = router.matrix_logits(
-            s_e, s_h, router.text_context(h_t), router.image_context(h_i)
-        )
+        second = router.matrix_logits(s_e, s_h, router.text_context(h_t), router.image_context(h_i))
     messages = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
     assert len(messages) == 1 and "simulated compiler failure" in messages[0]
     ref = reference.matrix_logits(
