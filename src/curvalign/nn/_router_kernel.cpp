@@ -36,6 +36,7 @@ namespace {
 
 constexpr int64_t L = 8;   // pairs per tile: SIMD lanes
 constexpr int64_t JB = 8;  // units per register block of the layer-2 products
+constexpr int64_t S = 8;   // tiles whose d1 and gh2 are buffered for one dW2 update (backward)
 
 // ---- hash-based dropout masks ------------------------------------------------------------
 inline uint32_t mix32(uint32_t x) {  // a bijective 32-bit mixer ("lowbias32")
@@ -151,8 +152,11 @@ struct Tile {
   double mean_d[L], rstd_d[L];
   bool var_ok[L];
   uint32_t pk[L];
-  std::vector<T> u, d1, g1, h2;  // [H1, L], [H1, L], [H1, L], [H2, L]
-  Tile(int64_t H1, int64_t H2) : u(H1 * L), d1(H1 * L), g1(H1 * L), h2(H2 * L) {}
+  std::vector<T> u, d1s, g1, h2;  // [H1, L], [S, H1, L], [H1, L], [H2, L]
+  T* d1;                          // this tile's slot of d1s
+  Tile(int64_t H1, int64_t H2) : u(H1 * L), d1s(S * H1 * L), g1(H1 * L), h2(H2 * L) {
+    d1 = d1s.data();
+  }
 };
 
 template <typename T>
@@ -199,7 +203,7 @@ inline void layer1(const Router<T>& R, Tile<T>& tl, int64_t t, int64_t ib) {
         h[l] = uu * tl.rstd[l] + c;
       }
       gelu_lanes<GRAD>(h, a, da);
-      T* d1q = tl.d1.data() + q * L;
+      T* d1q = tl.d1 + q * L;
       T* g1q = tl.g1.data() + q * L;
 #pragma omp simd
       for (int64_t l = 0; l < L; ++l) {
@@ -215,7 +219,7 @@ inline void layer1(const Router<T>& R, Tile<T>& tl, int64_t t, int64_t ib) {
 template <typename T>
 inline void layer2(const Router<T>& R, Tile<T>& tl) {
   const int64_t H1 = R.H1, H2 = R.H2;
-  const T* d1 = tl.d1.data();
+  const T* d1 = tl.d1;
   for (int64_t j0 = 0; j0 < H2; j0 += JB) {
     T acc[JB][L];
     for (int64_t jj = 0; jj < JB; ++jj)
@@ -233,6 +237,34 @@ inline void layer2(const Router<T>& R, Tile<T>& tl) {
     for (int64_t jj = 0; jj < JB; ++jj)
       for (int64_t l = 0; l < L; ++l) tl.h2[(j0 + jj) * L + l] = acc[jj][l];
   }
+}
+
+// acc[j, k, :] += sum_s gh2[s, j, :] d1[s, k, :] for ns buffered tiles: 2 x 4 blocks of
+// (j, k) held in registers over the tiles (the accumulator is loaded and stored once per block).
+template <typename T>
+inline void dW2_update(T* __restrict acc, const T* __restrict gh2, const T* __restrict d1,
+                       int64_t ns, int64_t H1, int64_t H2) {
+  constexpr int64_t JR = 2, KR = 4;
+  for (int64_t j0 = 0; j0 < H2; j0 += JR)
+    for (int64_t k0 = 0; k0 < H1; k0 += KR) {
+      T a[JR][KR][L];
+      for (int64_t jj = 0; jj < JR; ++jj)
+        for (int64_t kk = 0; kk < KR; ++kk)
+          for (int64_t l = 0; l < L; ++l) a[jj][kk][l] = acc[((j0 + jj) * H1 + k0 + kk) * L + l];
+      for (int64_t s = 0; s < ns; ++s) {
+        const T* g = gh2 + (s * H2 + j0) * L;
+        const T* d = d1 + (s * H1 + k0) * L;
+#pragma GCC unroll 2
+        for (int64_t jj = 0; jj < JR; ++jj)
+#pragma GCC unroll 4
+          for (int64_t kk = 0; kk < KR; ++kk)
+#pragma omp simd
+            for (int64_t l = 0; l < L; ++l) a[jj][kk][l] += g[jj * L + l] * d[kk * L + l];
+      }
+      for (int64_t jj = 0; jj < JR; ++jj)
+        for (int64_t kk = 0; kk < KR; ++kk)
+          for (int64_t l = 0; l < L; ++l) acc[((j0 + jj) * H1 + k0 + kk) * L + l] = a[jj][kk][l];
+    }
 }
 
 template <typename T, bool DROP>
@@ -302,7 +334,8 @@ void backward_rows(const Router<T>& R, const T* gout, const Grads<T>& G, int nth
       double* aqi = asi + R.Nip;
       Tile<T> tl(H1, H2);
       std::vector<T> rW2(nW * L), rSM(nS * L), rb2(H2 * L), rw3(H2 * L), rTP(H1 * L);
-      std::vector<T> gh2(H2 * L), gd1(H1 * L);
+      std::vector<T> gh2s(S * H2 * L), gd1(H1 * L);
+      int64_t ns = 0;  // tiles buffered for the next dW2 update
       T rb3[L], a[L], da[L], g[L], m[2][L];
       const int64_t tb = R.Nt * th / nth, te = R.Nt * (th + 1) / nth;
       for (int64_t t = tb; t < te; ++t) {
@@ -317,6 +350,8 @@ void backward_rows(const Router<T>& R, const T* gout, const Grads<T>& G, int nth
         for (int64_t ib = 0; ib < Nib; ++ib) {
           const int64_t i0 = ib * L, nl = std::min(L, R.Ni - i0);
           for (int64_t l = 0; l < L; ++l) g[l] = l < nl ? gout[t * R.Ni + i0 + l] : T(0);
+          tl.d1 = tl.d1s.data() + ns * H1 * L;
+          T* gh2 = gh2s.data() + ns * H2 * L;
           load_tile(R, tl, t, i0, nl, rk);
           layer1<T, true, DROP>(R, tl, t, ib);
           layer2(R, tl);
@@ -328,7 +363,7 @@ void backward_rows(const Router<T>& R, const T* gout, const Grads<T>& G, int nth
               const int64_t q = j + jj;
               gelu_lanes<true>(tl.h2.data() + q * L, a, da);
               const T w3 = R.w3[q];
-              T* gq = gh2.data() + q * L;
+              T* gq = gh2 + q * L;
               T* rw3q = rw3.data() + q * L;
               T* rb2q = rb2.data() + q * L;
 #pragma omp simd
@@ -340,16 +375,10 @@ void backward_rows(const Router<T>& R, const T* gout, const Grads<T>& G, int nth
               }
             }
           }
-          // dW2 += gh2 d1^T (lanes kept apart)
-          for (int64_t j = 0; j < H2; ++j) {
-            const T* gj = gh2.data() + j * L;
-            T* rj = rW2.data() + j * H1 * L;
-            for (int64_t k = 0; k < H1; ++k) {
-              const T* dk = tl.d1.data() + k * L;
-              T* rk_ = rj + k * L;
-#pragma omp simd
-              for (int64_t l = 0; l < L; ++l) rk_[l] += gj[l] * dk[l];
-            }
+          // dW2 += gh2 d1^T (lanes kept apart), every S tiles and at the end of the row
+          if (++ns == S || ib == Nib - 1) {
+            dW2_update(rW2.data(), gh2s.data(), tl.d1s.data(), ns, H1, H2);
+            ns = 0;
           }
           // gd1 = W2^T gh2
           for (int64_t k0 = 0; k0 < H1; k0 += JB) {
@@ -358,7 +387,7 @@ void backward_rows(const Router<T>& R, const T* gout, const Grads<T>& G, int nth
               for (int64_t l = 0; l < L; ++l) accb[kk][l] = T(0);
             for (int64_t j = 0; j < H2; ++j) {
               const T* wr = R.W2 + j * H1 + k0;
-              const T* gj = gh2.data() + j * L;
+              const T* gj = gh2 + j * L;
 #pragma GCC unroll 8
               for (int64_t kk = 0; kk < JB; ++kk) {
                 const T wv = wr[kk];
