@@ -6,6 +6,7 @@ factor count, and two gloo processes against one, all measured in one run on cac
     python benchmarks/scale.py --l1 8192      # only: PHyCLIP's product distance, memory and time
     python benchmarks/scale.py --profile agr --batches 1024   # only: the ops of one AGR step
     python benchmarks/scale.py --interleave meru,agr --batches 1024   # only: ratios, interleaved
+    python benchmarks/scale.py --interleave meru,agr,router-floor --batches 1024   # + AGR's floor
 
 A synthetic feature store (``--world``) is generated once and saved; every case then runs in a
 fresh subprocess that loads it, builds the Trainer (the recipes' paper-default dimensions unless
@@ -143,6 +144,36 @@ def run_case(spec: dict) -> dict:
     }
 
 
+def router_floor_step(batch: int):  # noqa: ANN201
+    """The arithmetic AGR's router cannot avoid in one training step at this batch, as fast as
+    this CPU does it (MKL products and torch's vectorised erf/exp on cache-sized chunks): per
+    pair, the ``64 x 32`` layer's product in the forward, again in the backward's recompute, and
+    its two backward products (4 x 2048 multiply-adds), and the two GELUs' erf and exp over the
+    96 hidden units in the forward and in the recompute (the backward's GELU derivative shares
+    the recompute's exp). The first layer (folded LayerNorm, ~5 multiply-adds a unit), the
+    output layer and the dropout masks are left out: a floor, not an estimate."""
+    import torch
+
+    chunk = 8192
+    g = torch.Generator().manual_seed(0)
+    d1, gh2 = torch.randn(chunk, 64, generator=g), torch.randn(chunk, 32, generator=g)
+    w2 = torch.randn(32, 64, generator=g)
+    hidden, out = 0.5 * torch.randn(chunk, 96, generator=g), torch.empty(chunk, 96)
+    chunks = -(-batch * batch // chunk)
+
+    def step(_: int) -> None:
+        for _ in range(chunks):
+            torch.mm(d1, w2.T)  # forward
+            torch.mm(d1, w2.T)  # recomputed in backward
+            torch.mm(gh2, w2)  # gradient of the first hidden layer
+            torch.mm(gh2.T, d1)  # gradient of the weight
+            for _ in range(2):  # forward, recompute (+ derivative)
+                torch.special.erf(hidden, out=out)
+                torch.exp(hidden, out=out)
+
+    return step
+
+
 def run_interleaved_case(spec: dict) -> dict:
     """Several recipes' Trainers in one process, their steps timed in interleaved rounds (a
     change of the machine's load hits every recipe alike): median seconds a step per recipe."""
@@ -168,21 +199,24 @@ def run_interleaved_case(spec: dict) -> dict:
     }
     times: dict[str, list[float]] = {}
     with tempfile.TemporaryDirectory() as run_dir:
-        trainers = {
-            r: Trainer(
+        steps = {}
+        for r in spec["recipes"]:
+            if r == "router-floor":
+                steps[r] = router_floor_step(spec["batch"])
+                continue
+            trainer = Trainer(
                 resolve_config(r, data, overrides=overrides),
                 store,
                 f"{run_dir}/{r}",
                 show_progress=False,
             )
-            for r in spec["recipes"]
-        }
-        for trainer in trainers.values():
-            trainer.train_step(Progress(0, 1000))  # warm-up
+            steps[r] = lambda step, trainer=trainer: trainer.train_step(Progress(step, 1000))
+        for run in steps.values():
+            run(0)  # warm-up
         for step in range(1, spec["rounds"] + 1):
-            for r, trainer in trainers.items():
+            for r, run in steps.items():
                 start = time.perf_counter()
-                trainer.train_step(Progress(step, 1000))
+                run(step)
                 times.setdefault(r, []).append(time.perf_counter() - start)
     return {r: statistics.median(ts) for r, ts in times.items()}
 
@@ -476,7 +510,8 @@ def main(argv: list[str] | None = None) -> int:
         "--interleave",
         metavar="R1,R2,...",
         help="only time these recipes' steps in one process, interleaved rounds, at each of "
-        "--batches; ratios to the first recipe",
+        "--batches; ratios to the first recipe ('router-floor': the arithmetic AGR's router "
+        "cannot avoid in one step, see router_floor_step)",
     )
     parser.add_argument("--rounds", type=int, default=3, help="rounds of --interleave")
     parser.add_argument("--case", help=argparse.SUPPRESS)

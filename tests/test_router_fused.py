@@ -340,3 +340,99 @@ def test_failed_build_warns_once_and_falls_back(monkeypatch: pytest.MonkeyPatch)
         s_e, s_h, reference.text_context(h_t), reference.image_context(h_i)
     )
     assert torch.equal(first, ref) and torch.equal(second, ref)
+
+
+# --- the routed score in both directions ------------------------------------------------------
+
+
+def _routed_inputs(nt: int, ni: int, dtype, scale: float = 1.0, seed: int = 8):
+    g = torch.Generator().manual_seed(seed)
+    rand = lambda *s: torch.randn(*s, generator=g, dtype=f64)  # noqa: E731
+    return [
+        (-20 * scale * torch.rand(nt, ni, generator=g, dtype=f64)).to(dtype),  # s_h
+        (14 * scale * rand(nt, ni)).to(dtype),  # s_e
+        torch.rand(nt, ni, generator=g, dtype=f64).to(dtype),  # w
+        torch.rand(nt, generator=g, dtype=f64).to(dtype),  # row gate
+        (2 * torch.rand(nt, 3, generator=g, dtype=f64)).to(dtype),  # row calibration
+        torch.rand(ni, generator=g, dtype=f64).to(dtype),  # column gate
+        (2 * torch.rand(ni, 3, generator=g, dtype=f64)).to(dtype),  # column calibration
+    ]
+
+
+def _routed_both(inputs, fused: bool, alpha=0.7, beta=0.4, weights=None):  # noqa: ANN001, ANN202
+    from curvalign.nn.router import routed_scores_both
+
+    leaves = [t.detach().clone().requires_grad_() for t in inputs]
+    rows, cols = routed_scores_both(*leaves, alpha, beta, 5.0, fused=fused)
+    w1, w2 = weights
+    grads = torch.autograd.grad((w1 * rows).sum() + (w2 * cols).sum(), leaves)
+    return rows.detach(), cols.detach(), grads
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [f32, f64])
+@pytest.mark.parametrize("nt,ni", [(7, 9), (1, 1), (16, 8), (33, 21)])
+@pytest.mark.parametrize("scale", [0.01, 1.0, 30.0])  # tanh's series, its middle, saturation
+def test_routed_both_matches_two_reference_calls(dtype, nt: int, ni: int, scale: float) -> None:
+    inputs = _routed_inputs(nt, ni, dtype, scale)
+    g = torch.Generator().manual_seed(9)
+    weights = (
+        torch.randn(nt, ni, generator=g).to(dtype),
+        torch.randn(nt, ni, generator=g).to(dtype),
+    )
+    a_rows, a_cols, a_grads = _routed_both(inputs, True, weights=weights)
+    b_rows, b_cols, b_grads = _routed_both(inputs, False, weights=weights)
+    _assert_close(a_rows, b_rows, dtype, "row-query scores")
+    _assert_close(a_cols, b_cols, dtype, "column-query scores")
+    names = ["s_h", "s_e", "w", "row gate", "row calibration", "column gate", "column calibration"]
+    for name, x, y in zip(names, a_grads, b_grads, strict=True):
+        _assert_close(x, y, dtype, name)
+
+
+@needs_kernel
+def test_routed_both_gradcheck_float64() -> None:
+    inputs = [t.requires_grad_() for t in _routed_inputs(3, 9, f64, 0.3)]
+    assert torch.autograd.gradcheck(
+        lambda *t: FR.routed_scores_both_fused(*t, 0.6, 0.8, 5.0), inputs
+    )
+
+
+@needs_kernel
+def test_routed_both_with_alpha_zero_is_the_hyperbolic_score() -> None:
+    inputs = _routed_inputs(5, 6, f32)
+    rows, cols = FR.routed_scores_both_fused(*inputs, 0.0, 1.0, 5.0)
+    assert torch.equal(rows, inputs[0]) and torch.equal(cols, inputs[0])
+
+
+@needs_kernel
+def test_agr_loss_fused_equals_eager_without_dropout(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The whole AGR loss (router kernel + routed-score kernel) against CURVALIGN_FUSED=0, with
+    dropout and jitter off: the same loss terms and gradients to float rounding."""
+    from curvalign.recipes.agr import AGR, AGRConfig
+    from curvalign.recipes.base import Batch, Progress
+
+    torch.manual_seed(0)
+    model = AGR(AGRConfig(embed_dim=16, lora_rank=8, router_dropout=0.0, score_jitter=0.0), 20, 24)
+    with torch.no_grad():
+        for name, p in model.named_parameters():  # move the zero-initialised parts
+            if "lora_B" in name or "calibration" in name:
+                p.add_(0.1 * torch.randn(p.shape))
+    g = torch.Generator().manual_seed(1)
+    batch = Batch(image=torch.randn(13, 20, generator=g), text=torch.randn(13, 24, generator=g))
+    params = [p for p in model.parameters() if p.requires_grad]
+    results = []
+    for flag in ("1", "0"):
+        monkeypatch.setenv("CURVALIGN_FUSED", flag)
+        out = model.loss(batch, Progress(800, 1000))  # alpha = beta = 1: every path active
+        grads = torch.autograd.grad(out.total, params, allow_unused=True)
+        results.append((out, grads))
+    (a, ga), (b, gb) = results
+    for key in a.terms:
+        _assert_close(a.terms[key].detach(), b.terms[key].detach(), f32, key)
+    names = [n for n, p in model.named_parameters() if p.requires_grad]
+    largest = max(float(y.abs().max()) for y in gb if y is not None)
+    for name, x, y in zip(names, ga, gb, strict=True):
+        assert (x is None) == (y is None), name
+        if x is not None:  # float32 rounding, relative to the parameter's or the largest gradient
+            err = float((x - y).abs().max())
+            assert err < 3e-5 * max(float(y.abs().max()), 1e-2 * largest), (name, err)

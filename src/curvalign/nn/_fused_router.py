@@ -28,7 +28,7 @@ from torch import Tensor
 
 from curvalign._native import NativeKernel
 
-__all__ = ["KERNEL", "available", "keep_masks", "router_logits_fused"]
+__all__ = ["KERNEL", "available", "keep_masks", "routed_scores_both_fused", "router_logits_fused"]
 
 _SOURCE = Path(__file__).with_name("_router_kernel.cpp")
 _LANES = 8  # pairs per tile (L in the C++ source)
@@ -49,6 +49,13 @@ def _bind(lib: ctypes.CDLL) -> None:
         fwd.restype = None
         bwd = getattr(lib, f"curvalign_router_backward_{suffix}")
         bwd.argtypes = [p] * 13 + [f64] + [p] * 14 + consts
+        bwd.restype = None
+    for suffix in ("f32", "f64"):
+        fwd = getattr(lib, f"curvalign_routed_forward_{suffix}")
+        fwd.argtypes = [p] * 9 + [i64, i64, f64, f64, f64, i32]
+        fwd.restype = None
+        bwd = getattr(lib, f"curvalign_routed_backward_{suffix}")
+        bwd.argtypes = [p] * 16 + [i64, i64, f64, f64, f64, i32]
         bwd.restype = None
     masks = lib.curvalign_router_keep_masks
     masks.argtypes = [p, i64, i64, i64, i64, i64, i64, u64]
@@ -176,6 +183,66 @@ def router_logits_fused(
     return _FusedRouter.apply(
         se.contiguous(), sh.contiguous(), sum_t.contiguous(), sq_t.contiguous(), si, qi,
         tp, ip, sm, w2p, b2p, w3p, b3.reshape(1).to(work), consts,
+    )  # fmt: skip
+
+
+class _RoutedBoth(torch.autograd.Function):
+    """See :func:`routed_scores_both_fused`."""
+
+    @staticmethod
+    def forward(ctx, s_h, s_e, w, gt, ct, gi, ci, consts):  # type: ignore[override]
+        lib = KERNEL.library
+        assert lib is not None
+        s1, s2 = torch.empty_like(s_h), torch.empty_like(s_h)
+        getattr(lib, f"curvalign_routed_forward_{_suffix(s_h.dtype)}")(
+            s_h.data_ptr(), s_e.data_ptr(), w.data_ptr(), gt.data_ptr(), ct.data_ptr(),
+            gi.data_ptr(), ci.data_ptr(), s1.data_ptr(), s2.data_ptr(), *consts,
+        )  # fmt: skip
+        ctx.save_for_backward(s_h, s_e, w, gt, ct, gi, ci)
+        ctx.consts = consts
+        return s1, s2
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, g1, g2):  # type: ignore[override]
+        s_h, s_e, w, gt, ct, gi, ci = ctx.saved_tensors
+        lib = KERNEL.library
+        assert lib is not None
+        zero = torch.zeros((), dtype=s_h.dtype)
+        g1 = (zero if g1 is None else g1.to(s_h.dtype)).expand_as(s_h).contiguous()
+        g2 = (zero if g2 is None else g2.to(s_h.dtype)).expand_as(s_h).contiguous()
+        grads = [torch.empty_like(x) for x in (s_h, s_e, w, gt, ct, gi, ci)]
+        getattr(lib, f"curvalign_routed_backward_{_suffix(s_h.dtype)}")(
+            s_h.data_ptr(), s_e.data_ptr(), w.data_ptr(), gt.data_ptr(), ct.data_ptr(),
+            gi.data_ptr(), ci.data_ptr(), g1.data_ptr(), g2.data_ptr(),
+            *(g.data_ptr() for g in grads), *ctx.consts,
+        )  # fmt: skip
+        return (*grads, None)
+
+
+def routed_scores_both_fused(
+    s_h: Tensor,
+    s_e: Tensor,
+    route_weight: Tensor,
+    row_gate: Tensor,
+    row_calibration: Tensor,
+    column_gate: Tensor,
+    column_calibration: Tensor,
+    alpha: float,
+    beta: float,
+    max_delta: float,
+) -> tuple[Tensor, Tensor]:
+    """AGR's routed score of one ``[Nt, Ni]`` matrix with the row side as the queries and with
+    the column side as the queries, in one pass each way (``routed_scores`` twice, same values
+    to float rounding). ``s_h``, ``s_e``, ``route_weight`` [Nt, Ni]; ``row_gate`` [Nt],
+    ``row_calibration`` [Nt, 3]; ``column_gate`` [Ni], ``column_calibration`` [Ni, 3]; one
+    float dtype. Returns (row-query scores, column-query scores), both [Nt, Ni]."""
+    nt, ni = s_h.shape
+    consts = (nt, ni, float(alpha), float(beta), float(max_delta), torch.get_num_threads())
+    return _RoutedBoth.apply(
+        s_h.contiguous(), s_e.contiguous(), route_weight.contiguous(), row_gate.contiguous(),
+        row_calibration.contiguous(), column_gate.contiguous(),
+        column_calibration.t().contiguous(), consts,
     )  # fmt: skip
 
 

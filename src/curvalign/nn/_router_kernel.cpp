@@ -579,3 +579,190 @@ extern "C" void curvalign_router_keep_masks(uint8_t* keep, int64_t Nt, int64_t N
     }
   }
 }
+
+// ---- AGR's routed score, both directions of one [Nt, Ni] score matrix ----------------------
+// (curvalign.nn.router.routed_scores; Algorithm 1, lines 32-34), with the query side's gate g
+// and calibration (wE, sH, sE) per row (text queries, t2i) and per column (image queries, i2t):
+//   Delta = D tanh((sE beta s_e - s_h) / D),  S = s_h + alpha g w wE Delta + alpha g (sH - 1) s_h
+// One pass forward (both outputs), one pass backward (the gradients of s_h, s_e, w summed over
+// both directions; the row vectors' per row, the column vectors' per thread in double).
+namespace {
+
+inline void tanh_lanes(const float* __restrict u, float* __restrict out) {
+  float e2[L], e[L];
+#pragma omp simd
+  for (int64_t l = 0; l < L; ++l) e2[l] = 2.0f * std::fabs(u[l]);
+  exp_lanes(e2, e);
+#pragma omp simd
+  for (int64_t l = 0; l < L; ++l) {
+    const float x = u[l], a = std::fabs(x), x2 = x * x;
+    // |x| < 0.55: the Taylor series to x^17 (relative error < 1e-8); else 1 - 2 / (e^2|x| + 1)
+    float p = 6404582.0f / 10854718875.0f;
+    p = p * x2 - 929569.0f / 638512875.0f;
+    p = p * x2 + 21844.0f / 6081075.0f;
+    p = p * x2 - 1382.0f / 155925.0f;
+    p = p * x2 + 62.0f / 2835.0f;
+    p = p * x2 - 17.0f / 315.0f;
+    p = p * x2 + 2.0f / 15.0f;
+    p = p * x2 - 1.0f / 3.0f;
+    const float small = x + x * x2 * p;
+    const float big = 1.0f - 2.0f / (e[l] + 1.0f);
+    out[l] = a < 0.55f ? small : (x < 0.0f ? -big : big);
+  }
+}
+inline void tanh_lanes(const double* __restrict u, double* __restrict out) {
+  for (int64_t l = 0; l < L; ++l) out[l] = std::tanh(u[l]);
+}
+
+template <typename T>
+struct Routed {
+  const T *sh, *se, *w;
+  const T *gt, *ct;  // rows: gate [Nt], calibration [Nt, 3] = (wE, sH, sE)
+  const T *gi, *ci;  // columns: gate [Ni], calibration [3, Ni] (transposed)
+  int64_t Nt, Ni;
+  T alpha, beta, D;
+};
+
+template <typename T>
+void routed_forward(const Routed<T>& R, T* S1, T* S2, int nthreads) {
+  const T inv_d = T(1) / R.D;
+#pragma omp parallel for num_threads(nthreads) schedule(static)
+  for (int64_t t = 0; t < R.Nt; ++t) {
+    const T at = R.alpha * R.gt[t], wEt = R.ct[3 * t], sHt = R.ct[3 * t + 1];
+    const T sEt = R.ct[3 * t + 2];
+    for (int64_t i0 = 0; i0 < R.Ni; i0 += L) {
+      const int64_t nl = std::min(L, R.Ni - i0);
+      T sh[L], se[L], w[L], ai[L], wEi[L], sHi[L], sEi[L], u1[L], u2[L], th1[L], th2[L];
+      for (int64_t l = 0; l < L; ++l) {
+        const bool ok = l < nl;
+        const int64_t x = t * R.Ni + i0 + l, i = i0 + l;
+        sh[l] = ok ? R.sh[x] : T(0), se[l] = ok ? R.se[x] : T(0), w[l] = ok ? R.w[x] : T(0);
+        ai[l] = ok ? R.alpha * R.gi[i] : T(0);
+        wEi[l] = ok ? R.ci[i] : T(0), sHi[l] = ok ? R.ci[R.Ni + i] : T(0);
+        sEi[l] = ok ? R.ci[2 * R.Ni + i] : T(0);
+      }
+#pragma omp simd
+      for (int64_t l = 0; l < L; ++l) {
+        u1[l] = (sEt * (R.beta * se[l]) - sh[l]) * inv_d;
+        u2[l] = (sEi[l] * (R.beta * se[l]) - sh[l]) * inv_d;
+      }
+      tanh_lanes(u1, th1);
+      tanh_lanes(u2, th2);
+      T o1[L], o2[L];
+#pragma omp simd
+      for (int64_t l = 0; l < L; ++l) {
+        o1[l] = sh[l] + at * w[l] * wEt * (R.D * th1[l]) + at * (sHt - T(1)) * sh[l];
+        o2[l] = sh[l] + ai[l] * w[l] * wEi[l] * (R.D * th2[l]) + ai[l] * (sHi[l] - T(1)) * sh[l];
+      }
+      for (int64_t l = 0; l < nl; ++l) {
+        S1[t * R.Ni + i0 + l] = o1[l];
+        S2[t * R.Ni + i0 + l] = o2[l];
+      }
+    }
+  }
+}
+
+template <typename T>
+void routed_backward(const Routed<T>& R, const T* G1, const T* G2, T* gsh, T* gse, T* gw,
+                     T* ggt, T* gct, T* ggi, T* gci, int nthreads) {
+  const T inv_d = T(1) / R.D;
+  const int64_t nth = std::max<int64_t>(1, std::min<int64_t>(nthreads, R.Nt));
+  std::vector<std::vector<double>> cols(nth);  // per thread: d gate_i, d wE_i, d sH_i, d sE_i
+#pragma omp parallel num_threads(int(nth))
+  {
+#pragma omp for schedule(static, 1)
+    for (int64_t th = 0; th < nth; ++th) {
+      std::vector<double>& col = cols[th];
+      col.assign(4 * R.Ni, 0.0);
+      const int64_t tb = R.Nt * th / nth, te = R.Nt * (th + 1) / nth;
+      for (int64_t t = tb; t < te; ++t) {
+        const T gt = R.gt[t], at = R.alpha * gt, wEt = R.ct[3 * t], sHt = R.ct[3 * t + 1];
+        const T sEt = R.ct[3 * t + 2];
+        double rg = 0.0, rwE = 0.0, rsH = 0.0, rsE = 0.0;
+        for (int64_t i0 = 0; i0 < R.Ni; i0 += L) {
+          const int64_t nl = std::min(L, R.Ni - i0);
+          T sh[L], se[L], w[L], g1[L], g2[L], gi[L], wEi[L], sHi[L], sEi[L], u1[L], u2[L];
+          T th1[L], th2[L];
+          for (int64_t l = 0; l < L; ++l) {
+            const bool ok = l < nl;
+            const int64_t x = t * R.Ni + i0 + l, i = i0 + l;
+            sh[l] = ok ? R.sh[x] : T(0), se[l] = ok ? R.se[x] : T(0), w[l] = ok ? R.w[x] : T(0);
+            g1[l] = ok ? G1[x] : T(0), g2[l] = ok ? G2[x] : T(0);
+            gi[l] = ok ? R.gi[i] : T(0);
+            wEi[l] = ok ? R.ci[i] : T(0), sHi[l] = ok ? R.ci[R.Ni + i] : T(0);
+            sEi[l] = ok ? R.ci[2 * R.Ni + i] : T(0);
+          }
+#pragma omp simd
+          for (int64_t l = 0; l < L; ++l) {
+            u1[l] = (sEt * (R.beta * se[l]) - sh[l]) * inv_d;
+            u2[l] = (sEi[l] * (R.beta * se[l]) - sh[l]) * inv_d;
+          }
+          tanh_lanes(u1, th1);
+          tanh_lanes(u2, th2);
+          T dsh[L], dse[L], dw[L], cg[L], cwE[L], csH[L], csE[L], rgl[L], rwEl[L], rsHl[L];
+          T rsEl[L];
+#pragma omp simd
+          for (int64_t l = 0; l < L; ++l) {
+            // rows (t2i)
+            const T d1 = R.D * th1[l], q1 = T(1) - th1[l] * th1[l];
+            const T c1 = g1[l] * at * w[l] * wEt;  // G dS/dDelta
+            rgl[l] = g1[l] * R.alpha * (w[l] * wEt * d1 + (sHt - T(1)) * sh[l]);
+            rwEl[l] = g1[l] * at * w[l] * d1;
+            rsHl[l] = g1[l] * at * sh[l];
+            rsEl[l] = c1 * q1 * R.beta * se[l];
+            // columns (i2t)
+            const T ai = R.alpha * gi[l];
+            const T d2 = R.D * th2[l], q2 = T(1) - th2[l] * th2[l];
+            const T c2 = g2[l] * ai * w[l] * wEi[l];
+            cg[l] = g2[l] * R.alpha * (w[l] * wEi[l] * d2 + (sHi[l] - T(1)) * sh[l]);
+            cwE[l] = g2[l] * ai * w[l] * d2;
+            csH[l] = g2[l] * ai * sh[l];
+            csE[l] = c2 * q2 * R.beta * se[l];
+            // the matrices, both directions summed
+            dsh[l] = g1[l] * (T(1) + at * (sHt - T(1))) - c1 * q1 +
+                     g2[l] * (T(1) + ai * (sHi[l] - T(1))) - c2 * q2;
+            dse[l] = c1 * q1 * sEt * R.beta + c2 * q2 * sEi[l] * R.beta;
+            dw[l] = g1[l] * at * wEt * d1 + g2[l] * ai * wEi[l] * d2;
+          }
+          for (int64_t l = 0; l < nl; ++l) {
+            const int64_t x = t * R.Ni + i0 + l, i = i0 + l;
+            gsh[x] = dsh[l], gse[x] = dse[l], gw[x] = dw[l];
+            rg += double(rgl[l]), rwE += double(rwEl[l]), rsH += double(rsHl[l]);
+            rsE += double(rsEl[l]);
+            col[i] += double(cg[l]), col[R.Ni + i] += double(cwE[l]);
+            col[2 * R.Ni + i] += double(csH[l]), col[3 * R.Ni + i] += double(csE[l]);
+          }
+        }
+        ggt[t] = T(rg), gct[3 * t] = T(rwE), gct[3 * t + 1] = T(rsH), gct[3 * t + 2] = T(rsE);
+      }
+    }
+  }
+  for (int64_t x = 0; x < R.Ni; ++x) {
+    double s[4] = {0.0, 0.0, 0.0, 0.0};
+    for (int64_t th = 0; th < nth; ++th)
+      for (int k = 0; k < 4; ++k) s[k] += cols[th][k * R.Ni + x];
+    ggi[x] = T(s[0]);
+    for (int k = 0; k < 3; ++k) gci[k * R.Ni + x] = T(s[k + 1]);
+  }
+}
+
+}  // namespace
+
+#define CURVALIGN_ROUTED_EXPORT(T, SUF)                                                         \
+  extern "C" void curvalign_routed_forward_##SUF(                                               \
+      const T* sh, const T* se, const T* w, const T* gt, const T* ct, const T* gi,              \
+      const T* ci, T* S1, T* S2, int64_t Nt, int64_t Ni, double alpha, double beta, double D,   \
+      int nthreads) {                                                                           \
+    const Routed<T> R{sh, se, w, gt, ct, gi, ci, Nt, Ni, T(alpha), T(beta), T(D)};              \
+    routed_forward<T>(R, S1, S2, nthreads);                                                     \
+  }                                                                                             \
+  extern "C" void curvalign_routed_backward_##SUF(                                              \
+      const T* sh, const T* se, const T* w, const T* gt, const T* ct, const T* gi,              \
+      const T* ci, const T* G1, const T* G2, T* gsh, T* gse, T* gw, T* ggt, T* gct, T* ggi,     \
+      T* gci, int64_t Nt, int64_t Ni, double alpha, double beta, double D, int nthreads) {      \
+    const Routed<T> R{sh, se, w, gt, ct, gi, ci, Nt, Ni, T(alpha), T(beta), T(D)};              \
+    routed_backward<T>(R, G1, G2, gsh, gse, gw, ggt, gct, ggi, gci, nthreads);                  \
+  }
+
+CURVALIGN_ROUTED_EXPORT(float, f32)
+CURVALIGN_ROUTED_EXPORT(double, f64)

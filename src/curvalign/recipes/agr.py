@@ -69,7 +69,12 @@ from curvalign.losses.contrastive import symmetric_info_nce
 from curvalign.losses.routing import load_balance, routing_entropy
 from curvalign.nn.heads import LorentzHead, clip_tangent_norm
 from curvalign.nn.lora import LoRALinear
-from curvalign.nn.router import PairwiseRouter, QueryConditioner, routed_scores
+from curvalign.nn.router import (
+    PairwiseRouter,
+    QueryConditioner,
+    routed_scores,
+    routed_scores_both,
+)
 from curvalign.nn.scalars import LearnableScalar, scalar_parameter_names
 from curvalign.recipes import register
 from curvalign.recipes.base import (
@@ -404,10 +409,7 @@ class AGR(HyperbolicRecipe):
         _check_query(query)
         alpha = float(self.alpha) if alpha is None else alpha
         beta = float(self.beta) if beta is None else beta
-        s_e = cosine_scores(texts["euclidean"], images["euclidean"]) / self.tau_e()
-        s_h = lorentz_distance_scores(texts["lorentz"], images["lorentz"], self.curvature())
-        s_h = s_h if self.tau_h is None else s_h / self.tau_h()
-        logits = self.router.matrix_logits(beta * s_e, s_h, texts["context"], images["context"])
+        s_e, s_h, logits = self._pair_scores(texts, images, beta)
         return self._combine(
             s_e,
             s_h,
@@ -419,6 +421,16 @@ class AGR(HyperbolicRecipe):
             beta,
             gate_axis=(slice(None), None) if query == "text" else (None, slice(None)),
         )
+
+    def _pair_scores(
+        self, texts: Embedding, images: Embedding, beta: float
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """``S_E``, ``S_H`` and the router's logits of every (text, image) pair, ``[Nt, Ni]``."""
+        s_e = cosine_scores(texts["euclidean"], images["euclidean"]) / self.tau_e()
+        s_h = lorentz_distance_scores(texts["lorentz"], images["lorentz"], self.curvature())
+        s_h = s_h if self.tau_h is None else s_h / self.tau_h()
+        logits = self.router.matrix_logits(beta * s_e, s_h, texts["context"], images["context"])
+        return s_e, s_h, logits
 
     def _combine(
         self,
@@ -542,31 +554,38 @@ class AGR(HyperbolicRecipe):
         all_images, all_texts = gather(local_images), gather(local_texts)
         offset = gather.offset(batch.image.shape[0])
 
-        # text -> image: local text rows against all images
-        t2i = self.routed(local_texts, all_images, "text", alpha, beta)
-        # image -> text: all texts against local images, with the image side as query
-        if gather.world_size == 1:  # the same pairs: reuse scores and router weights
-            i2t = self._combine(
-                t2i.s_e,
-                t2i.s_h,
-                t2i.route_logits,
-                all_texts,
-                local_images,
-                "image",
+        if gather.world_size == 1:
+            # one process: both directions score the same pairs, so the scores and the router
+            # weights are shared and both routed scores come from one (fused) pass
+            s_e, s_h, logits = self._pair_scores(local_texts, all_images, beta)
+            s_t2i, s_i2t = routed_scores_both(
+                s_h,
+                s_e,
+                torch.sigmoid(logits),
+                torch.sigmoid(local_texts["gate_logit"]),
+                2.0 * torch.sigmoid(local_texts["calibration_logit"]),
+                torch.sigmoid(local_images["gate_logit"]),
+                2.0 * torch.sigmoid(local_images["calibration_logit"]),
                 alpha,
-                beta,
-                gate_axis=(None, slice(None)),
+                self._delta_beta(beta),
+                cfg.max_delta,
             )
+            s_e_i2t, s_h_i2t = s_e, s_h
         else:
+            # text -> image: local text rows against all images; image -> text: all texts
+            # against local images, with the image side as query
+            t2i = self.routed(local_texts, all_images, "text", alpha, beta)
             i2t = self.routed(all_texts, local_images, "image", alpha, beta)
-        contrastive = symmetric_info_nce(t2i.s_agr, i2t.s_agr.T, temperature=1.0, offset=offset)
+            s_e, s_h, logits, s_t2i = t2i.s_e, t2i.s_h, t2i.route_logits, t2i.s_agr
+            s_e_i2t, s_h_i2t, s_i2t = i2t.s_e, i2t.s_h, i2t.s_agr
+        contrastive = symmetric_info_nce(s_t2i, s_i2t.T, temperature=1.0, offset=offset)
 
         with torch.no_grad() if cfg.expert_weight == 0 else torch.enable_grad():
-            loss_e = symmetric_info_nce(t2i.s_e, i2t.s_e.T, temperature=1.0, offset=offset)
-            loss_h = symmetric_info_nce(t2i.s_h, i2t.s_h.T, temperature=1.0, offset=offset)
+            loss_e = symmetric_info_nce(s_e, s_e_i2t.T, temperature=1.0, offset=offset)
+            loss_h = symmetric_info_nce(s_h, s_h_i2t.T, temperature=1.0, offset=offset)
 
-        entropy = routing_entropy(t2i.route_logits)
-        mean_w = gather.average(torch.sigmoid(t2i.route_logits.float()).mean())
+        entropy = routing_entropy(logits)
+        mean_w = gather.average(torch.sigmoid(logits.float()).mean())
         lam_ent = agr_entropy_weight(progress.step, progress.total, self.curriculum)
         terms = {
             "contrastive": contrastive,
