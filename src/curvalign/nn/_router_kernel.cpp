@@ -38,6 +38,17 @@ constexpr int64_t L = 8;   // pairs per tile: SIMD lanes
 constexpr int64_t JB = 8;  // units per register block of the layer-2 products
 constexpr int64_t S = 8;   // tiles whose d1 and gh2 are buffered for one dW2 update (backward)
 
+// a * b + c as one fused multiply-add where the build targets FMA (the kernels are compiled
+// with -std=c++17, under which gcc does not contract a * b + c on its own)
+template <typename T>
+inline T fmadd(T a, T b, T c) {
+#ifdef __FMA__
+  return std::fma(a, b, c);
+#else
+  return a * b + c;
+#endif
+}
+
 // ---- hash-based dropout masks ------------------------------------------------------------
 inline uint32_t mix32(uint32_t x) {  // a bijective 32-bit mixer ("lowbias32")
   x ^= x >> 16;
@@ -79,15 +90,15 @@ inline void exp_lanes(const float* __restrict x, float* __restrict out) {
     float v = x[l] < -87.3f ? -87.3f : x[l];  // NaN passes through both selects
     v = v > 88.3f ? 88.3f : v;
     const float k = (v * LOG2E + 12582912.0f) - 12582912.0f;  // round to nearest
-    float r = v - k * C1;
-    r = r - k * C2;
+    float r = fmadd(-k, C1, v);
+    r = fmadd(-k, C2, r);
     float q = 1.9875691500e-4f;
-    q = q * r + 1.3981999507e-3f;
-    q = q * r + 8.3334519073e-3f;
-    q = q * r + 4.1665795894e-2f;
-    q = q * r + 1.6666665459e-1f;
-    q = q * r + 5.0000001201e-1f;
-    p[l] = q * r * r + r + 1.0f;
+    q = fmadd(q, r, 1.3981999507e-3f);
+    q = fmadd(q, r, 8.3334519073e-3f);
+    q = fmadd(q, r, 4.1665795894e-2f);
+    q = fmadd(q, r, 1.6666665459e-1f);
+    q = fmadd(q, r, 5.0000001201e-1f);
+    p[l] = fmadd(q * r, r, r + 1.0f);
     n[l] = k;
   }
 #pragma omp simd
@@ -112,12 +123,12 @@ inline void gelu_lanes(const float* __restrict x, float* __restrict y, float* __
 #pragma omp simd
   for (int64_t l = 0; l < L; ++l) {
     const float z = x[l] * SQRT1_2;
-    const float t = 1.0f / (1.0f + P * std::fabs(z));
-    const float r = ((((P5 * t + P4) * t + P3) * t + P2) * t + P1) * t;
-    const float erfa = 1.0f - r * e[l];
+    const float t = 1.0f / fmadd(P, std::fabs(z), 1.0f);
+    const float r = fmadd(fmadd(fmadd(fmadd(P5, t, P4), t, P3), t, P2), t, P1) * t;
+    const float erfa = fmadd(-r, e[l], 1.0f);
     const float cdf = 0.5f * (1.0f + (z < 0.0f ? -erfa : erfa));
     y[l] = x[l] * cdf;
-    if (GRAD) dy[l] = cdf + x[l] * (BETA * e[l]);
+    if (GRAD) dy[l] = fmadd(x[l], BETA * e[l], cdf);
   }
 }
 
@@ -198,9 +209,9 @@ inline void layer1(const Router<T>& R, Tile<T>& tl, int64_t t, int64_t ib) {
       T* uq = tl.u.data() + q * L;
 #pragma omp simd
       for (int64_t l = 0; l < L; ++l) {
-        const T uu = tl.se[l] * wE + tl.sh[l] * wH - tl.mean[l] * kq + tq + ipq[l];
+        const T uu = fmadd(tl.se[l], wE, fmadd(tl.sh[l], wH, fmadd(-tl.mean[l], kq, tq + ipq[l])));
         if (GRAD) uq[l] = uu;
-        h[l] = uu * tl.rstd[l] + c;
+        h[l] = fmadd(uu, tl.rstd[l], c);
       }
       gelu_lanes<GRAD>(h, a, da);
       T* d1q = tl.d1 + q * L;
@@ -231,7 +242,7 @@ inline void layer2(const Router<T>& R, Tile<T>& tl) {
       for (int64_t jj = 0; jj < JB; ++jj) {
         const T wv = wr[jj];
 #pragma omp simd
-        for (int64_t l = 0; l < L; ++l) acc[jj][l] += wv * dk[l];
+        for (int64_t l = 0; l < L; ++l) acc[jj][l] = fmadd(wv, dk[l], acc[jj][l]);
       }
     }
     for (int64_t jj = 0; jj < JB; ++jj)
@@ -259,7 +270,8 @@ inline void dW2_update(T* __restrict acc, const T* __restrict gh2, const T* __re
 #pragma GCC unroll 4
           for (int64_t kk = 0; kk < KR; ++kk)
 #pragma omp simd
-            for (int64_t l = 0; l < L; ++l) a[jj][kk][l] += g[jj * L + l] * d[kk * L + l];
+            for (int64_t l = 0; l < L; ++l)
+              a[jj][kk][l] = fmadd(g[jj * L + l], d[kk * L + l], a[jj][kk][l]);
       }
       for (int64_t jj = 0; jj < JR; ++jj)
         for (int64_t kk = 0; kk < KR; ++kk)
@@ -291,7 +303,7 @@ void forward_rows(const Router<T>& R, T* out, int nthreads) {
 #pragma omp simd
             for (int64_t l = 0; l < L; ++l) {
               const T mq = DROP ? m[jj][l] : T(1);
-              o[l] += w3 * (a[l] * mq);
+              o[l] = fmadd(w3, a[l] * mq, o[l]);
             }
           }
         }
@@ -392,7 +404,7 @@ void backward_rows(const Router<T>& R, const T* gout, const Grads<T>& G, int nth
               for (int64_t kk = 0; kk < JB; ++kk) {
                 const T wv = wr[kk];
 #pragma omp simd
-                for (int64_t l = 0; l < L; ++l) accb[kk][l] += wv * gj[l];
+                for (int64_t l = 0; l < L; ++l) accb[kk][l] = fmadd(wv, gj[l], accb[kk][l]);
               }
             }
             for (int64_t kk = 0; kk < JB; ++kk)
@@ -598,14 +610,14 @@ inline void tanh_lanes(const float* __restrict u, float* __restrict out) {
     const float x = u[l], a = std::fabs(x), x2 = x * x;
     // |x| < 0.55: the Taylor series to x^17 (relative error < 1e-8); else 1 - 2 / (e^2|x| + 1)
     float p = 6404582.0f / 10854718875.0f;
-    p = p * x2 - 929569.0f / 638512875.0f;
-    p = p * x2 + 21844.0f / 6081075.0f;
-    p = p * x2 - 1382.0f / 155925.0f;
-    p = p * x2 + 62.0f / 2835.0f;
-    p = p * x2 - 17.0f / 315.0f;
-    p = p * x2 + 2.0f / 15.0f;
-    p = p * x2 - 1.0f / 3.0f;
-    const float small = x + x * x2 * p;
+    p = fmadd(p, x2, -929569.0f / 638512875.0f);
+    p = fmadd(p, x2, 21844.0f / 6081075.0f);
+    p = fmadd(p, x2, -1382.0f / 155925.0f);
+    p = fmadd(p, x2, 62.0f / 2835.0f);
+    p = fmadd(p, x2, -17.0f / 315.0f);
+    p = fmadd(p, x2, 2.0f / 15.0f);
+    p = fmadd(p, x2, -1.0f / 3.0f);
+    const float small = fmadd(x * x2, p, x);
     const float big = 1.0f - 2.0f / (e[l] + 1.0f);
     out[l] = a < 0.55f ? small : (x < 0.0f ? -big : big);
   }
