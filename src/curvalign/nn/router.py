@@ -36,6 +36,17 @@ restored (same dropout masks, same gradients). What stays alive for backward is 
 ~1 KB a pair of the MLP's hidden layers (GELU inputs and outputs, dropout masks), so B = 4096
 (16.8 M pairs) trains in one process (tests/test_router.py measures both).
 
+The fused CPU kernel (default on CPU, ``_fused_router``; ``fused=False`` or
+``CURVALIGN_FUSED=0`` gives the eager path above, which stays the reference it is tested
+against) computes the same function over all rows at once, tile by tile of 8 pairs in L1: the
+folded first layer, GELU, dropout, the second layer, GELU, dropout, the output layer, and in the
+backward the same tile recomputed and differentiated by hand. Nothing per pair is stored for
+backward except the two jittered scalars. Its dropout masks are a hash of (seed, row, column,
+unit), the seed drawn from torch's generator: the backward replays the forward's masks exactly,
+with ``BitDropout``'s rate and exact scale (a different random stream from the eager path).
+Float32 GELU uses the same erf approximation as torch's vectorised CPU GELU. Under autocast the
+kernel computes in float32 (the eager path runs the two hidden layers in the autocast dtype).
+
 ``pair_logits`` is the same router on given (text, image) pairs, matched rows ``[n]`` or
 candidate lists ``[n, K]`` (top-K reranking); it builds the 34-dim features explicitly, with the
 standard modules, and is the reference the B x B path is tested against.
@@ -102,6 +113,9 @@ class PairwiseRouter(nn.Module):
             in the backward (``torch.utils.checkpoint``, RNG state restored: the same dropout
             masks, the same gradients); memory kept for backward is then ``O(B^2)`` scalars plus
             one chunk's activations at a time, instead of ~1.2 KB for every pair.
+        fused: use the fused CPU kernel for the B x B logits where it applies (CPU tensors in
+            float32/64, kernel built, ``CURVALIGN_FUSED`` not 0); it always recomputes per tile,
+            so ``recompute`` and the chunk sizes only concern the eager path.
     """
 
     def __init__(
