@@ -24,6 +24,7 @@ import math
 import torch
 from torch import Tensor
 
+from curvalign.geometry import _fused_lorentz
 from curvalign.geometry._numerics import (
     Curvature,
     as_positive,
@@ -455,21 +456,31 @@ def factor_pairwise_dist(
 
 
 @no_autocast
-def pairwise_dist(X: Tensor, Y: Tensor, c: Curvature) -> Tensor:
+def pairwise_dist(X: Tensor, Y: Tensor, c: Curvature, fused: bool | None = None) -> Tensor:
     """All geodesic distances ``acosh(-c<x_i,y_j>_L) / sqrt(c)`` (AtMG Eq. 4).
 
     ``X: [N, d]``, ``Y: [M, d]`` -> ``[N, M]`` (factor layout ``[N, k, d]`` -> ``[k, N, M]``).
-    One matrix product of the time-augmented points, vectorised elementwise maps and a
-    hand-written backward (two matrix products). Exactly 0 where ``-c<x,y>_L <= 1`` (x = y up
-    to rounding); the gradient is bounded by flooring ``(z - 1)/2`` at ``eps`` inside the
-    derivative. Accuracy floor: the Gram matrix carries an absolute error of about
-    ``eps c t_x t_y`` in ``z``, so for nearby points with large norms use the row-wise
-    :func:`dist`, which forms ``y - x`` directly.
+    One matrix product, vectorised elementwise maps and a hand-written backward (two matrix
+    products). Exactly 0 where ``-c<x,y>_L <= 1`` (x = y up to rounding); the gradient is
+    bounded by flooring ``(z - 1)/2`` at ``eps`` inside the derivative. Accuracy floor: the
+    Gram matrix carries an absolute error of about ``eps c t_x t_y`` in ``z``, so for nearby
+    points with large norms use the row-wise :func:`dist`, which forms ``y - x`` directly.
+
+    On CPU (float32/float64 working dtype) the default path is the fused C++ kernel of
+    :mod:`curvalign.geometry._fused_lorentz` (the space Gram matrix in torch, every elementwise
+    map one pass forward and one backward; compiled once on first use and cached).
+    ``fused=False`` or ``CURVALIGN_FUSED=0`` selects the eager reference it is tested against
+    (also used for CUDA tensors and, after one warning, when the kernel cannot be built).
     """
     X, Y, c = _pairwise_prep(X, Y, c)
-    if X.dim() == 2:
-        return factor_pairwise_dist(X.unsqueeze(0), Y.unsqueeze(0), c.reshape(1))[0]
-    return factor_pairwise_dist(X, Y, c.reshape(-1))
+    squeeze = X.dim() == 2
+    if squeeze:
+        X, Y = X.unsqueeze(0), Y.unsqueeze(0)
+    if fused is not False and _fused_lorentz.available(X, Y, c):
+        out = _fused_lorentz.pairwise_dist_fused(X, Y, c.reshape(-1))
+    else:
+        out = factor_pairwise_dist(X, Y, c.reshape(-1))
+    return out[0] if squeeze else out
 
 
 class _PairwiseExteriorAngle(torch.autograd.Function):
@@ -525,7 +536,9 @@ class _PairwiseExteriorAngle(torch.autograd.Function):
 
 
 @no_autocast
-def pairwise_exterior_angle(X: Tensor, Y: Tensor, c: Curvature) -> Tensor:
+def pairwise_exterior_angle(
+    X: Tensor, Y: Tensor, c: Curvature, fused: bool | None = None
+) -> Tensor:
     """Exterior angle at every ``x_i`` towards every ``y_j`` (AtMG Eq. 9), in ``[0, pi]``.
 
     ``X: [N, d]``, ``Y: [M, d]`` -> ``[N, M]`` (factor layout ``[N, k, d]`` -> ``[k, N, M]``).
@@ -533,6 +546,11 @@ def pairwise_exterior_angle(X: Tensor, Y: Tensor, c: Curvature) -> Tensor:
     cosine is clamped into ``[-1 + eps, 1 - eps]`` (so the angle has a ``sqrt(2 eps)`` floor:
     the Gram matrix's rounding puts the same floor on its accuracy anyway); use the row-wise
     :func:`exterior_angle` where small angles must be exact.
+
+    On CPU (float32/float64) the elementwise maps run as one fused C++ pass forward and one
+    backward (:mod:`curvalign.geometry._fused_lorentz`, same operands and formulas);
+    ``fused=False`` or ``CURVALIGN_FUSED=0`` selects the eager reference (also used for CUDA
+    tensors and, after one warning, when the kernel cannot be built).
     """
     X, Y, c = _pairwise_prep(X, Y, c)
     squeeze = X.dim() == 2
@@ -545,9 +563,11 @@ def pairwise_exterior_angle(X: Tensor, Y: Tensor, c: Curvature) -> Tensor:
     ty = torch.sqrt(cv.reciprocal() + _sqnorm(Y))
     nx = safe_norm(X, e)
     half_c = 0.5 * cv
-    out = _PairwiseExteriorAngle.apply(
-        X * half_c.unsqueeze(-1), Y, half_c * tx, tx / nx, half_c * nx * nx / tx, ty
-    )
+    operands = (X * half_c.unsqueeze(-1), Y, half_c * tx, tx / nx, half_c * nx * nx / tx, ty)
+    if fused is not False and _fused_lorentz.available(X, Y, c):
+        out = _fused_lorentz.pairwise_angle_fused(*operands)
+    else:
+        out = _PairwiseExteriorAngle.apply(*operands)
     return out[0] if squeeze else out
 
 

@@ -1,0 +1,360 @@
+// Fused CPU elementwise passes of the pairwise Lorentz distance and exterior angle
+// (curvalign.geometry._fused_lorentz). The Gram matrices stay in torch (MKL); everything the
+// eager reference (lorentz._PairwiseAcosh, lorentz._PairwiseExteriorAngle) does to the [k, N, M]
+// matrix between the forward GEMM and the backward GEMMs is one OpenMP pass here, reading the
+// Gram block (and the incoming gradient) and writing one result, with the row, column and total
+// sums the small gradients need computed in the same pass.
+//
+// Distance (per factor f with a = c/2, s = 1/sqrt(c); G = X Y^T, the space Gram matrix):
+//   v = t_x t_y - G,  w = a v - 1/2 = (-c<x,y>_L - 1)/2,  u = max(w, 0)
+//   forward:  out = s acosh(1 + 2u) = s log1p(2 (u + r)),  r = sqrt(u + u^2)
+//   backward: H = s grad [w > 0] / max(r, r_floor)   (written over G: -dL/dG = a H)
+//             row_i = sum_j H t_yj,  col_j = sum_i H t_xi,  ga = sum H v,  gs = sum grad acosh
+// Exterior angle (inputs as in lorentz._PairwiseExteriorAngle; Gs = (c/2) X Y^T):
+//   h = txs ty - Gs,  q = h^2 - 1/4,  den = 1/sqrt(max(q, q_min)),
+//   cos = clamp((Gs - a ty) den u, -(1 - e), 1 - e),  forward: out = acos(cos)
+//   backward: r = grad / sqrt(1 - cos^2),  p = r den,  rc = r cos,
+//             g_h = [q > q_min] rc h den^2,  mG = p u + g_h   (written over Gs: -dL/dGs)
+//             row sums of rc, g_h ty, p ty; column sum of g_h txs + p u a
+// The backward recomputes the elementwise values from the saved Gram matrix (a few flops) in
+// the same order as the forward, so no [k, N, M] tensor beyond the Gram matrix is kept.
+//
+// log1p and acos are written out (exponent split + atanh series; fdlibm's rational asin
+// kernel) so that gcc vectorises them: libm's are scalar. No -ffast-math: inf and NaN pass
+// through as in the reference. Plain C++ behind extern "C" (loaded with ctypes), OpenMP through
+// the libgomp torch has loaded. The log1p is the one of _l1_kernel.cpp (copied: the build cache
+// is keyed on this file's content alone, so a shared header could go stale).
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+namespace {
+
+template <typename T>
+struct Bits;
+template <>
+struct Bits<float> {
+  using I = int32_t;
+  static constexpr int MANT = 23;
+  static constexpr I SQRT_HALF = 0x3f3504f3;  // bits of sqrt(1/2)
+  static constexpr int TERMS = 5;             // atanh series to s^9: error < 1e-9
+};
+template <>
+struct Bits<double> {
+  using I = int64_t;
+  static constexpr int MANT = 52;
+  static constexpr I SQRT_HALF = 0x3fe6a09e667f3bcdLL;
+  static constexpr int TERMS = 11;  // to s^21: error < 1e-18
+};
+
+// sum_{n < TERMS} z^n / (2n + 1), straight-line (Horner) so that the loops vectorise.
+template <typename T, int n, int TERMS>
+static inline T atanh_series(T z) {
+  if constexpr (n == TERMS - 1) {
+    return T(1) / T(2 * n + 1);
+  } else {
+    return T(1) / T(2 * n + 1) + z * atanh_series<T, n + 1, TERMS>(z);
+  }
+}
+
+template <typename T, typename I>
+static inline I to_bits(T x) {
+  I i;
+  std::memcpy(&i, &x, sizeof(T));
+  return i;
+}
+template <typename T, typename I>
+static inline T from_bits(I i) {
+  T x;
+  std::memcpy(&x, &i, sizeof(T));
+  return x;
+}
+
+// log1p(v) for v >= 0 (or +inf / NaN, passed through).
+template <typename T>
+static inline T log1p_pos(T v) {
+  using I = typename Bits<T>::I;
+  constexpr T LN2 = T(0.693147180559945309417232121458176568);
+  const T a = T(1) + v;
+  // a = 2^e * m with m in [sqrt(1/2), sqrt(2))
+  const I bits = to_bits<T, I>(a);
+  const I k = (bits - Bits<T>::SQRT_HALF) >> Bits<T>::MANT;
+  const T m = from_bits<T, I>(bits - (k << Bits<T>::MANT));
+  const T f = m - T(1);
+  const T s = f / (T(2) + f);
+  const T z = s * s;
+  const T loga = T(k) * LN2 + T(2) * s * atanh_series<T, 0, Bits<T>::TERMS>(z);
+  // the rounding of 1 + v corrected to first order
+  const T res = loga + (v - (a - T(1))) / a;
+  return a <= std::numeric_limits<T>::max() ? res : a;  // +inf and NaN pass through
+}
+
+// fdlibm's rational approximation R(z) of (asin(sqrt z) - sqrt z) / sqrt z^3 on [0, 1/4]
+// (musl's acosf coefficients for float, fdlibm's e_acos.c for double).
+template <typename T>
+struct AsinR;
+template <>
+struct AsinR<float> {
+  static constexpr float PIO2_HI = 1.5707962513e+00f, PIO2_LO = 7.5497894159e-08f;
+  static inline float R(float z) {
+    const float p = z * (1.6666586697e-01f + z * (-4.2743422091e-02f + z * -8.6563630030e-03f));
+    const float q = 1.0f + z * -7.0662963390e-01f;
+    return p / q;
+  }
+};
+template <>
+struct AsinR<double> {
+  static constexpr double PIO2_HI = 1.57079632679489655800e+00,
+                          PIO2_LO = 6.12323399573676603587e-17;
+  static inline double R(double z) {
+    const double p =
+        z * (1.66666666666666657415e-01 +
+             z * (-3.25565818622400915405e-01 +
+                  z * (2.01212532134862925881e-01 +
+                       z * (-4.00555345006794114027e-02 +
+                            z * (7.91534994289814532176e-04 + z * 3.47933107596021167570e-05)))));
+    const double q =
+        1.0 + z * (-2.40339491173441421878e+00 +
+                   z * (2.02094576023350569471e+00 +
+                        z * (-6.88283971605453293030e-01 + z * 7.70381505559019352791e-02)));
+    return p / q;
+  }
+};
+
+// acos(x) for x in [-1, 1] (NaN passes through), branch-free so that it vectorises:
+// |x| <= 1/2: pi/2 - (x + x R(x^2));  otherwise with z = (1 - |x|)/2, s = sqrt(z):
+// acos(|x|) = 2 (s + s R(z)), acos(-|x|) = pi - 2 (s + s R(z)).
+template <typename T>
+static inline T acos_vec(T x) {
+  const T ax = std::fabs(x);
+  const bool big = ax > T(0.5);
+  const T z = big ? (T(1) - ax) * T(0.5) : x * x;
+  const T s = std::sqrt(z);
+  const T R = AsinR<T>::R(z);
+  const T small_res = AsinR<T>::PIO2_HI - (x - (AsinR<T>::PIO2_LO - x * R));
+  const T pos = T(2) * (s + s * R);
+  const T neg = T(2) * (AsinR<T>::PIO2_HI - (s + (s * R - AsinR<T>::PIO2_LO)));
+  return big ? (x > T(0) ? pos : neg) : small_res;
+}
+
+// Rows [k * N] in nchunks contiguous chunks (a fixed split per thread count).
+struct Split {
+  int64_t rows, nchunks;
+  int64_t begin(int64_t c) const { return rows * c / nchunks; }
+  int64_t end(int64_t c) const { return rows * (c + 1) / nchunks; }
+};
+
+static inline int64_t chunks_for(int64_t rows, int nthreads) {
+  return std::max<int64_t>(1, std::min<int64_t>(nthreads, rows));
+}
+
+// ----------------------------------------------------------------------------------------
+// Distance
+// ----------------------------------------------------------------------------------------
+
+template <typename T>
+void dist_forward(const T* G, T* out, const T* tx, const T* ty, const T* a, const T* s,
+                  int64_t k, int64_t N, int64_t M, int nthreads) {
+  const int64_t rows = k * N;
+#pragma omp parallel for num_threads(int(chunks_for(rows, nthreads))) schedule(static)
+  for (int64_t row = 0; row < rows; ++row) {
+    const int64_t f = row / N;
+    const T af = a[f], sf = s[f], txi = tx[row];
+    const T* __restrict g = G + row * M;
+    const T* __restrict tyf = ty + f * M;
+    T* __restrict o = out + row * M;
+#pragma omp simd
+    for (int64_t j = 0; j < M; ++j) {
+      const T w = af * (txi * tyf[j] - g[j]) - T(0.5);
+      const T u = w < T(0) ? T(0) : w;  // NaN passes
+      const T r = std::sqrt(u + u * u);
+      o[j] = sf * log1p_pos<T>(T(2) * (u + r));
+    }
+  }
+}
+
+template <typename T>
+void dist_backward(T* GH, const T* grad, const T* tx, const T* ty, const T* a, const T* s,
+                   int64_t k, int64_t N, int64_t M, T r_floor, T* row_out, T* col_out, T* ga,
+                   T* gs, bool need_c, int nthreads) {
+  const Split sp{k * N, chunks_for(k * N, nthreads)};
+  std::vector<std::vector<T>> cols(sp.nchunks);
+  std::vector<std::vector<double>> ga_parts(sp.nchunks, std::vector<double>(k, 0.0));
+  std::vector<std::vector<double>> gs_parts(sp.nchunks, std::vector<double>(k, 0.0));
+#pragma omp parallel for num_threads(int(sp.nchunks)) schedule(static, 1)
+  for (int64_t ch = 0; ch < sp.nchunks; ++ch) {
+    std::vector<T>& col = cols[ch];
+    col.assign(k * M, T(0));
+    for (int64_t row = sp.begin(ch); row < sp.end(ch); ++row) {
+      const int64_t f = row / N;
+      const T af = a[f], sf = s[f], txi = tx[row];
+      T* __restrict gh = GH + row * M;
+      const T* __restrict gr = grad + row * M;
+      const T* __restrict tyf = ty + f * M;
+      T* __restrict cf = col.data() + f * M;
+      T rsum = T(0), vsum = T(0), asum = T(0);
+      if (need_c) {
+#pragma omp simd reduction(+ : rsum, vsum, asum)
+        for (int64_t j = 0; j < M; ++j) {
+          const T v = txi * tyf[j] - gh[j];
+          const T w = af * v - T(0.5);
+          const T u = w < T(0) ? T(0) : w;
+          const T r = std::sqrt(u + u * u);
+          const T rr = r > r_floor ? r : r_floor;
+          const T H = w <= T(0) ? T(0) : sf * gr[j] / rr;
+          gh[j] = H;
+          rsum += H * tyf[j];
+          cf[j] += H * txi;
+          vsum += H * v;
+          asum += gr[j] * log1p_pos<T>(T(2) * (u + r));
+        }
+      } else {
+#pragma omp simd reduction(+ : rsum)
+        for (int64_t j = 0; j < M; ++j) {
+          const T v = txi * tyf[j] - gh[j];
+          const T w = af * v - T(0.5);
+          const T u = w < T(0) ? T(0) : w;
+          const T r = std::sqrt(u + u * u);
+          const T rr = r > r_floor ? r : r_floor;
+          const T H = w <= T(0) ? T(0) : sf * gr[j] / rr;
+          gh[j] = H;
+          rsum += H * tyf[j];
+          cf[j] += H * txi;
+        }
+      }
+      row_out[row] = rsum;
+      ga_parts[ch][f] += double(vsum);
+      gs_parts[ch][f] += double(asum);
+    }
+  }
+#pragma omp parallel for num_threads(nthreads) schedule(static)
+  for (int64_t j = 0; j < k * M; ++j) {
+    T sum = T(0);
+    for (int64_t ch = 0; ch < sp.nchunks; ++ch) sum += cols[ch][j];
+    col_out[j] = sum;
+  }
+  for (int64_t f = 0; f < k; ++f) {
+    double sa = 0.0, ss = 0.0;
+    for (int64_t ch = 0; ch < sp.nchunks; ++ch) {
+      sa += ga_parts[ch][f];
+      ss += gs_parts[ch][f];
+    }
+    ga[f] = T(sa);
+    gs[f] = T(ss);
+  }
+}
+
+// ----------------------------------------------------------------------------------------
+// Exterior angle
+// ----------------------------------------------------------------------------------------
+
+template <typename T>
+void angle_forward(const T* Gs, T* out, const T* txs, const T* u, const T* a, const T* ty,
+                   int64_t k, int64_t N, int64_t M, T e, int nthreads) {
+  const int64_t rows = k * N;
+  const T q_min = e * (T(1) + e), bound = T(1) - e;
+#pragma omp parallel for num_threads(int(chunks_for(rows, nthreads))) schedule(static)
+  for (int64_t row = 0; row < rows; ++row) {
+    const int64_t f = row / N;
+    const T txsi = txs[row], ui = u[row], ai = a[row];
+    const T* __restrict g = Gs + row * M;
+    const T* __restrict tyf = ty + f * M;
+    T* __restrict o = out + row * M;
+#pragma omp simd
+    for (int64_t j = 0; j < M; ++j) {
+      const T h = txsi * tyf[j] - g[j];
+      const T q = h * h - T(0.25);
+      const T den = T(1) / std::sqrt(q > q_min ? q : q_min);
+      T cs = (g[j] - ai * tyf[j]) * den * ui;
+      cs = cs > bound ? bound : (cs < -bound ? -bound : cs);  // NaN passes
+      o[j] = acos_vec<T>(cs);
+    }
+  }
+}
+
+template <typename T>
+void angle_backward(T* GM, const T* grad, const T* txs, const T* u, const T* a, const T* ty,
+                    int64_t k, int64_t N, int64_t M, T e, T* row_rc, T* row_txs, T* row_a,
+                    T* col_ty, int nthreads) {
+  const Split sp{k * N, chunks_for(k * N, nthreads)};
+  const T q_min = e * (T(1) + e), bound = T(1) - e;
+  std::vector<std::vector<T>> cols(sp.nchunks);
+#pragma omp parallel for num_threads(int(sp.nchunks)) schedule(static, 1)
+  for (int64_t ch = 0; ch < sp.nchunks; ++ch) {
+    std::vector<T>& col = cols[ch];
+    col.assign(k * M, T(0));
+    for (int64_t row = sp.begin(ch); row < sp.end(ch); ++row) {
+      const int64_t f = row / N;
+      const T txsi = txs[row], ui = u[row], ai = a[row], uai = ui * ai;
+      T* __restrict gm = GM + row * M;
+      const T* __restrict gr = grad + row * M;
+      const T* __restrict tyf = ty + f * M;
+      T* __restrict cf = col.data() + f * M;
+      T s_rc = T(0), s_txs = T(0), s_a = T(0);
+#pragma omp simd reduction(+ : s_rc, s_txs, s_a)
+      for (int64_t j = 0; j < M; ++j) {
+        const T g = gm[j];
+        const T h = txsi * tyf[j] - g;
+        const T q = h * h - T(0.25);
+        const T den = T(1) / std::sqrt(q > q_min ? q : q_min);
+        T cs = (g - ai * tyf[j]) * den * ui;
+        cs = cs > bound ? bound : (cs < -bound ? -bound : cs);
+        const T r = gr[j] / std::sqrt(T(1) - cs * cs);
+        const T p = r * den;
+        const T rc = r * cs;
+        const T g_h = q <= q_min ? T(0) : rc * h * den * den;
+        gm[j] = p * ui + g_h;
+        s_rc += rc;
+        s_txs += g_h * tyf[j];
+        s_a += p * tyf[j];
+        cf[j] += g_h * txsi + p * uai;
+      }
+      row_rc[row] = s_rc;
+      row_txs[row] = s_txs;
+      row_a[row] = s_a;
+    }
+  }
+#pragma omp parallel for num_threads(nthreads) schedule(static)
+  for (int64_t j = 0; j < k * M; ++j) {
+    T sum = T(0);
+    for (int64_t ch = 0; ch < sp.nchunks; ++ch) sum += cols[ch][j];
+    col_ty[j] = sum;
+  }
+}
+
+}  // namespace
+
+// The ctypes interface: every array C-contiguous, of the suffix's dtype; shapes G, out, grad
+// [k, N, M]; tx, txs, u, a (angle) [k, N]; ty [k, M]; a, s (distance) [k].
+#define CURVALIGN_LORENTZ_EXPORT(T, SUF)                                                       \
+  extern "C" void curvalign_dist_forward_##SUF(const T* G, T* out, const T* tx, const T* ty,  \
+                                               const T* a, const T* s, int64_t k, int64_t N,  \
+                                               int64_t M, int nthreads) {                     \
+    dist_forward<T>(G, out, tx, ty, a, s, k, N, M, nthreads);                                 \
+  }                                                                                           \
+  extern "C" void curvalign_dist_backward_##SUF(                                              \
+      T* GH, const T* grad, const T* tx, const T* ty, const T* a, const T* s, int64_t k,      \
+      int64_t N, int64_t M, double r_floor, T* row, T* col, T* ga, T* gs, int need_c,         \
+      int nthreads) {                                                                         \
+    dist_backward<T>(GH, grad, tx, ty, a, s, k, N, M, T(r_floor), row, col, ga, gs,           \
+                     need_c != 0, nthreads);                                                  \
+  }                                                                                           \
+  extern "C" void curvalign_angle_forward_##SUF(const T* Gs, T* out, const T* txs,            \
+                                                const T* u, const T* a, const T* ty,          \
+                                                int64_t k, int64_t N, int64_t M, double e,    \
+                                                int nthreads) {                               \
+    angle_forward<T>(Gs, out, txs, u, a, ty, k, N, M, T(e), nthreads);                        \
+  }                                                                                           \
+  extern "C" void curvalign_angle_backward_##SUF(                                             \
+      T* GM, const T* grad, const T* txs, const T* u, const T* a, const T* ty, int64_t k,     \
+      int64_t N, int64_t M, double e, T* row_rc, T* row_txs, T* row_a, T* col_ty,             \
+      int nthreads) {                                                                         \
+    angle_backward<T>(GM, grad, txs, u, a, ty, k, N, M, T(e), row_rc, row_txs, row_a, col_ty, \
+                      nthreads);                                                              \
+  }
+
+CURVALIGN_LORENTZ_EXPORT(float, f32)
+CURVALIGN_LORENTZ_EXPORT(double, f64)
