@@ -98,18 +98,18 @@ class _FusedDist(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, X, Y, tx, ty, a, s):  # type: ignore[no-untyped-def, override]
+    def forward(ctx, X, Y, tx, ty, a, s, squeeze):  # type: ignore[no-untyped-def, override]
         k, N, _ = X.shape
         M = Y.shape[1]
         G = _gram(X, Y)
-        out = torch.empty_like(G)
+        out = G.new_empty((N, M) if squeeze else (k, N, M))
         _fn("dist_forward", X.dtype)(
             G.data_ptr(), out.data_ptr(), tx.data_ptr(), ty.data_ptr(), a.data_ptr(),
             s.data_ptr(), k, N, M, torch.get_num_threads(),
         )  # fmt: skip
         ctx.save_for_backward(X, Y, tx, ty, a, s)
         ctx.gram = G  # consumed (overwritten) by the first backward
-        return out
+        return out  # [N, M] made here for k = 1: a select outside would cost a copy backward
 
     @staticmethod
     @torch.autograd.function.once_differentiable
@@ -122,7 +122,7 @@ class _FusedDist(torch.autograd.Function):
         w0 = eps(X.dtype)
         r_floor = math.sqrt(w0 * (1.0 + w0))  # the reference's floor of dacosh/dw
         need_c = ctx.needs_input_grad[4] or ctx.needs_input_grad[5]
-        grad = grad.to(X.dtype).contiguous()
+        grad = grad.to(X.dtype).contiguous()  # [k, N, M] or [N, M], read as flat memory
         row, col = tx.new_empty(k, N), ty.new_empty(k, M)
         ga, gs = a.new_empty(k), s.new_empty(k)
         _fn("dist_backward", X.dtype)(
@@ -134,11 +134,13 @@ class _FusedDist(torch.autograd.Function):
         gX = _bmm(H, Y).mul_(minus_a) if ctx.needs_input_grad[0] else None
         gY = _bmm(H.transpose(1, 2), X).mul_(minus_a) if ctx.needs_input_grad[1] else None
         a2 = a.view(-1, 1)
-        return gX, gY, row.mul_(a2), col.mul_(a2), ga if need_c else None, gs if need_c else None
+        ga, gs = (ga, gs) if need_c else (None, None)
+        return gX, gY, row.mul_(a2), col.mul_(a2), ga, gs, None
 
 
-def pairwise_dist_fused(X: Tensor, Y: Tensor, c: Tensor) -> Tensor:
-    """``X: [k, N, d]``, ``Y: [k, M, d]`` (working dtype, any strides), ``c: [k]`` -> ``[k, N, M]``.
+def pairwise_dist_fused(X: Tensor, Y: Tensor, c: Tensor, squeeze: bool = False) -> Tensor:
+    """``X: [k, N, d]``, ``Y: [k, M, d]`` (working dtype, any strides), ``c: [k]`` -> ``[k, N, M]``
+    (``[N, M]`` with ``squeeze`` and ``k = 1``).
 
     The per-factor Lorentz distances, as the reference ``lorentz.factor_pairwise_dist(X, Y, c)``.
     Call :func:`available` first.
@@ -147,7 +149,8 @@ def pairwise_dist_fused(X: Tensor, Y: Tensor, c: Tensor) -> Tensor:
     cv = c.reshape(-1).expand(k).contiguous()
     tx = torch.sqrt(cv.view(-1, 1).reciprocal() + torch.linalg.vecdot(X, X))
     ty = torch.sqrt(cv.view(-1, 1).reciprocal() + torch.linalg.vecdot(Y, Y))
-    return _FusedDist.apply(_c(X), _c(Y), _c(tx), _c(ty), 0.5 * cv, torch.rsqrt(cv))
+    squeeze = squeeze and k == 1
+    return _FusedDist.apply(_c(X), _c(Y), _c(tx), _c(ty), 0.5 * cv, torch.rsqrt(cv), squeeze)
 
 
 class _FusedExteriorAngle(torch.autograd.Function):
@@ -155,11 +158,11 @@ class _FusedExteriorAngle(torch.autograd.Function):
     with its elementwise maps fused into one pass forward and one backward."""
 
     @staticmethod
-    def forward(ctx, Xs, Y, txs, u, a, ty):  # type: ignore[no-untyped-def, override]
+    def forward(ctx, Xs, Y, txs, u, a, ty, squeeze):  # type: ignore[no-untyped-def, override]
         k, N, _ = Xs.shape
         M = Y.shape[1]
         Gs = _gram(Xs, Y)
-        out = torch.empty_like(Gs)
+        out = Gs.new_empty((N, M) if squeeze else (k, N, M))
         _fn("angle_forward", Xs.dtype)(
             Gs.data_ptr(), out.data_ptr(), txs.data_ptr(), u.data_ptr(), a.data_ptr(),
             ty.data_ptr(), k, N, M, eps(Xs.dtype), torch.get_num_threads(),
@@ -187,12 +190,14 @@ class _FusedExteriorAngle(torch.autograd.Function):
         # mG = -dL/dGs
         gXs = _bmm(mG, Y).neg_() if ctx.needs_input_grad[0] else None
         gY = _bmm(mG.transpose(1, 2), Xs).neg_() if ctx.needs_input_grad[1] else None
-        return gXs, gY, row_txs, row_rc.neg_().div_(u), row_a.mul_(u), col_ty
+        return gXs, gY, row_txs, row_rc.neg_().div_(u), row_a.mul_(u), col_ty, None
 
 
 def pairwise_angle_fused(
-    Xs: Tensor, Y: Tensor, txs: Tensor, u: Tensor, a: Tensor, ty: Tensor
+    Xs: Tensor, Y: Tensor, txs: Tensor, u: Tensor, a: Tensor, ty: Tensor, squeeze: bool = False
 ) -> Tensor:
-    """The exterior angles ``[k, N, M]`` from the reference's operands (see
-    ``lorentz._PairwiseExteriorAngle``). Call :func:`available` first."""
-    return _FusedExteriorAngle.apply(_c(Xs), _c(Y), _c(txs), _c(u), _c(a), _c(ty))
+    """The exterior angles ``[k, N, M]`` (``[N, M]`` with ``squeeze`` and ``k = 1``) from the
+    reference's operands (see ``lorentz._PairwiseExteriorAngle``). Call :func:`available` first.
+    """
+    squeeze = squeeze and Xs.shape[0] == 1
+    return _FusedExteriorAngle.apply(_c(Xs), _c(Y), _c(txs), _c(u), _c(a), _c(ty), squeeze)

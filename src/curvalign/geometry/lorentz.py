@@ -477,9 +477,8 @@ def pairwise_dist(X: Tensor, Y: Tensor, c: Curvature, fused: bool | None = None)
     if squeeze:
         X, Y = X.unsqueeze(0), Y.unsqueeze(0)
     if fused is not False and _fused_lorentz.available(X, Y, c):
-        out = _fused_lorentz.pairwise_dist_fused(X, Y, c.reshape(-1))
-    else:
-        out = factor_pairwise_dist(X, Y, c.reshape(-1))
+        return _fused_lorentz.pairwise_dist_fused(X, Y, c.reshape(-1), squeeze)
+    out = factor_pairwise_dist(X, Y, c.reshape(-1))
     return out[0] if squeeze else out
 
 
@@ -565,9 +564,8 @@ def pairwise_exterior_angle(
     half_c = 0.5 * cv
     operands = (X * half_c.unsqueeze(-1), Y, half_c * tx, tx / nx, half_c * nx * nx / tx, ty)
     if fused is not False and _fused_lorentz.available(X, Y, c):
-        out = _fused_lorentz.pairwise_angle_fused(*operands)
-    else:
-        out = _PairwiseExteriorAngle.apply(*operands)
+        return _fused_lorentz.pairwise_angle_fused(*operands, squeeze=squeeze)
+    out = _PairwiseExteriorAngle.apply(*operands)
     return out[0] if squeeze else out
 
 
