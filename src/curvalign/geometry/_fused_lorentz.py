@@ -45,9 +45,9 @@ def _bind(lib: ctypes.CDLL) -> None:
         fn = getattr(lib, f"curvalign_dist_backward_{suffix}")
         fn.argtypes = [p, p, p, p, p, p, i64, i64, i64, f64, p, p, p, p, i32, i32]
         fn = getattr(lib, f"curvalign_angle_forward_{suffix}")
-        fn.argtypes = [p, p, p, p, p, p, i64, i64, i64, f64, i32]
+        fn.argtypes = [p, p, p, p, p, p, p, i64, i64, i64, f64, i32]
         fn = getattr(lib, f"curvalign_angle_backward_{suffix}")
-        fn.argtypes = [p, p, p, p, p, p, i64, i64, i64, f64, p, p, p, p, i32]
+        fn.argtypes = [p, p, p, p, p, p, p, i64, i64, i64, f64, p, p, p, p, i32]
         for name in ("dist_forward", "dist_backward", "angle_forward", "angle_backward"):
             getattr(lib, f"curvalign_{name}_{suffix}").restype = None
 
@@ -87,55 +87,76 @@ def _bmm(A: Tensor, B: Tensor) -> Tensor:
 
 
 class _FusedDist(torch.autograd.Function):
-    """``d = s acosh(1 + 2 max(w, 0))``, ``w = a (t_x t_y - X Y^T) - 1/2`` per factor.
+    """``d = s acosh(1 + 2 max(w, 0))``, ``w = a (t_x t_y - X Y^T) - 1/2`` per factor, with
+    ``a = c/2``, ``s = 1/sqrt(c)``, ``t = sqrt(1/c + |x|^2)``.
 
-    ``X: [k, N, d]``, ``Y: [k, M, d]``, ``tx: [k, N]``, ``ty: [k, M]``, ``a = c/2``, ``s = 1/sqrt(c)``
-    (``[k]``; all contiguous, built with autograd outside, so the dependence of the times, ``a``
-    and ``s`` on ``X``, ``Y`` and ``c`` is differentiated by torch) -> ``[k, N, M]``.
-    Backward with ``H = s grad dacosh/dw`` (computed over the saved Gram matrix):
-    ``dX = -a H Y``, ``dY = -a H^T X``, ``dt_x = a H t_y``, ``dt_y = a H^T t_x``,
-    ``da = sum H (t_x t_y - G)``, ``ds = sum grad acosh``.
+    ``X: [k, N, d]``, ``Y: [k, M, d]``, ``c: [k]`` (contiguous) -> ``[k, N, M]`` (``[N, M]``
+    with ``squeeze``). The times, ``a`` and ``s`` are made here and differentiated by hand:
+    with ``H = s grad dacosh/dw`` (computed over the saved Gram matrix) and the kernel's sums
+    ``row_i = sum_j H t_yj``, ``col_j = sum_i H t_xi``,
+    ``dX = a (row / t_x * X - H Y)``, ``dY = a (col / t_y * Y - H^T X)`` (the time's
+    ``dt_x/dx = x / t_x`` folded in) and
+    ``dc = sum H (t_x t_y - G) / 2 - s^3 / 2 sum grad acosh - a / (2 c^2) (sum row / t_x +
+    sum col / t_y)``.
     """
 
     @staticmethod
-    def forward(ctx, X, Y, tx, ty, a, s, squeeze):  # type: ignore[no-untyped-def, override]
+    def forward(ctx, X, Y, c, squeeze):  # type: ignore[no-untyped-def, override]
         k, N, _ = X.shape
         M = Y.shape[1]
+        cv = c.view(-1, 1)
+        tx = torch.sqrt(cv.reciprocal() + torch.linalg.vecdot(X, X))
+        ty = torch.sqrt(cv.reciprocal() + torch.linalg.vecdot(Y, Y))
+        a, s = 0.5 * c, torch.rsqrt(c)
         G = _gram(X, Y)
         out = G.new_empty((N, M) if squeeze else (k, N, M))
         _fn("dist_forward", X.dtype)(
             G.data_ptr(), out.data_ptr(), tx.data_ptr(), ty.data_ptr(), a.data_ptr(),
             s.data_ptr(), k, N, M, torch.get_num_threads(),
         )  # fmt: skip
-        ctx.save_for_backward(X, Y, tx, ty, a, s)
+        ctx.save_for_backward(X, Y, c, tx, ty)
         ctx.gram = G  # consumed (overwritten) by the first backward
         return out  # [N, M] made here for k = 1: a select outside would cost a copy backward
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad):  # type: ignore[no-untyped-def, override]
-        X, Y, tx, ty, a, s = ctx.saved_tensors
+        X, Y, c, tx, ty = ctx.saved_tensors
+        need_x, need_y, need_c = ctx.needs_input_grad[:3]
         k, N, _ = X.shape
         M = Y.shape[1]
         H = ctx.gram if ctx.gram is not None else _gram(X, Y)
         ctx.gram = None
+        a, s = 0.5 * c, torch.rsqrt(c)
         w0 = eps(X.dtype)
         r_floor = math.sqrt(w0 * (1.0 + w0))  # the reference's floor of dacosh/dw
-        need_c = ctx.needs_input_grad[4] or ctx.needs_input_grad[5]
         grad = grad.to(X.dtype).contiguous()  # [k, N, M] or [N, M], read as flat memory
         row, col = tx.new_empty(k, N), ty.new_empty(k, M)
-        ga, gs = a.new_empty(k), s.new_empty(k)
+        ga, gs = c.new_empty(k), c.new_empty(k)
         _fn("dist_backward", X.dtype)(
             H.data_ptr(), grad.data_ptr(), tx.data_ptr(), ty.data_ptr(), a.data_ptr(),
             s.data_ptr(), k, N, M, r_floor, row.data_ptr(), col.data_ptr(), ga.data_ptr(),
             gs.data_ptr(), int(need_c), torch.get_num_threads(),
         )  # fmt: skip
-        minus_a = -a.view(-1, 1, 1)  # applied to the small [k, n, d] products
-        gX = _bmm(H, Y).mul_(minus_a) if ctx.needs_input_grad[0] else None
-        gY = _bmm(H.transpose(1, 2), X).mul_(minus_a) if ctx.needs_input_grad[1] else None
-        a2 = a.view(-1, 1)
-        ga, gs = (ga, gs) if need_c else (None, None)
-        return gX, gY, row.mul_(a2), col.mul_(a2), ga, gs, None
+        row_t, col_t = row.div_(tx), col.div_(ty)
+        a3 = a.view(-1, 1, 1)
+        gX = _addbmm_neg(X * row_t.unsqueeze(-1), H, Y).mul_(a3) if need_x else None
+        gY = _addbmm_neg(Y * col_t.unsqueeze(-1), H.transpose(1, 2), X).mul_(a3) if need_y else None
+        gc = None
+        if need_c:
+            times = row_t.sum(-1) + col_t.sum(-1)
+            gc = 0.5 * ga - 0.5 * s**3 * gs - a / (2.0 * c * c) * times
+        return gX, gY, gc, None
+
+
+def _addbmm_neg(C: Tensor, A: Tensor, B: Tensor) -> Tensor:
+    """``C - A B`` for ``[k, n, d]``, ``[k, n, m]``, ``[k, m, d]`` (one GEMM call; ``C`` is
+    a temporary and is overwritten)."""
+    if A.shape[0] == 1:
+        C[0].addmm_(A[0], B[0], alpha=-1.0)
+    else:
+        C.baddbmm_(A, B, alpha=-1.0)
+    return C
 
 
 def pairwise_dist_fused(X: Tensor, Y: Tensor, c: Tensor, squeeze: bool = False) -> Tensor:
@@ -147,57 +168,92 @@ def pairwise_dist_fused(X: Tensor, Y: Tensor, c: Tensor, squeeze: bool = False) 
     """
     k = X.shape[0]
     cv = c.reshape(-1).expand(k).contiguous()
-    tx = torch.sqrt(cv.view(-1, 1).reciprocal() + torch.linalg.vecdot(X, X))
-    ty = torch.sqrt(cv.view(-1, 1).reciprocal() + torch.linalg.vecdot(Y, Y))
-    squeeze = squeeze and k == 1
-    return _FusedDist.apply(_c(X), _c(Y), _c(tx), _c(ty), 0.5 * cv, torch.rsqrt(cv), squeeze)
+    return _FusedDist.apply(_c(X), _c(Y), cv, squeeze and k == 1)
 
 
 class _FusedExteriorAngle(torch.autograd.Function):
-    """The reference ``lorentz._PairwiseExteriorAngle`` (same inputs, same formulas; see there)
-    with its elementwise maps fused into one pass forward and one backward."""
+    """The reference ``lorentz._PairwiseExteriorAngle`` with its elementwise maps fused into one
+    pass forward and one backward, and its operands made (and differentiated) here.
+
+    ``X: [k, N, d]``, ``Y: [k, M, d]``, ``c: [k]`` (contiguous) -> ``[k, N, M]`` (``[N, M]``
+    with ``squeeze``). Operands as the reference's, per factor with ``hc = c/2``:
+    ``Gs = hc X Y^T`` (the kernel scales the plain Gram matrix), ``txs = hc t_x``,
+    ``u = t_x / |x|``, ``a = hc |x|^2 / t_x`` (``|x|`` floored at eps) and ``t_y``.
+    Backward: the kernel writes ``mG = -dL/dGs`` and the row and column sums of the
+    reference's ``g_txs, g_u, g_a, g_ty``; the chain through ``t_x = sqrt(1/c + |x|^2)``,
+    ``|x|``, ``t_y`` and ``hc`` is applied here on ``[k, N]`` vectors, and the Gram matrix's
+    own share of ``dL/dhc``, ``sum dL/dGs * G = -sum_i x_i . (mG Y)_i``, from the backward GEMM.
+    """
 
     @staticmethod
-    def forward(ctx, Xs, Y, txs, u, a, ty, squeeze):  # type: ignore[no-untyped-def, override]
-        k, N, _ = Xs.shape
+    def forward(ctx, X, Y, c, squeeze):  # type: ignore[no-untyped-def, override]
+        k, N, _ = X.shape
         M = Y.shape[1]
-        Gs = _gram(Xs, Y)
-        out = Gs.new_empty((N, M) if squeeze else (k, N, M))
-        _fn("angle_forward", Xs.dtype)(
-            Gs.data_ptr(), out.data_ptr(), txs.data_ptr(), u.data_ptr(), a.data_ptr(),
-            ty.data_ptr(), k, N, M, eps(Xs.dtype), torch.get_num_threads(),
+        e = eps(X.dtype)
+        cv, hc = c.view(-1, 1), 0.5 * c
+        sqx = torch.linalg.vecdot(X, X)
+        tx = torch.sqrt(cv.reciprocal() + sqx)
+        ty = torch.sqrt(cv.reciprocal() + torch.linalg.vecdot(Y, Y))
+        nx = torch.sqrt(sqx.clamp_min(e * e))  # safe_norm(X, eps)
+        hcv = hc.view(-1, 1)
+        txs, u, a = hcv * tx, tx / nx, hcv * nx * nx / tx
+        G = _gram(X, Y)
+        out = G.new_empty((N, M) if squeeze else (k, N, M))
+        _fn("angle_forward", X.dtype)(
+            G.data_ptr(), out.data_ptr(), hc.data_ptr(), txs.data_ptr(), u.data_ptr(),
+            a.data_ptr(), ty.data_ptr(), k, N, M, e, torch.get_num_threads(),
         )  # fmt: skip
-        ctx.save_for_backward(Xs, Y, txs, u, a, ty)
-        ctx.gram = Gs  # consumed (overwritten) by the first backward
+        ctx.save_for_backward(X, Y, c, sqx, tx, ty, nx, txs, u, a)
+        ctx.gram = G  # consumed (overwritten) by the first backward
         return out
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad):  # type: ignore[no-untyped-def, override]
-        Xs, Y, txs, u, a, ty = ctx.saved_tensors
-        k, N, _ = Xs.shape
+        X, Y, c, sqx, tx, ty, nx, txs, u, a = ctx.saved_tensors
+        need_x, need_y, need_c = ctx.needs_input_grad[:3]
+        k, N, _ = X.shape
         M = Y.shape[1]
-        mG = ctx.gram if ctx.gram is not None else _gram(Xs, Y)
+        e = eps(X.dtype)
+        mG = ctx.gram if ctx.gram is not None else _gram(X, Y)
         ctx.gram = None
-        grad = grad.to(Xs.dtype).contiguous()
-        row_rc, row_txs, row_a = (txs.new_empty(k, N) for _ in range(3))
-        col_ty = ty.new_empty(k, M)
-        _fn("angle_backward", Xs.dtype)(
-            mG.data_ptr(), grad.data_ptr(), txs.data_ptr(), u.data_ptr(), a.data_ptr(),
-            ty.data_ptr(), k, N, M, eps(Xs.dtype), row_rc.data_ptr(), row_txs.data_ptr(),
-            row_a.data_ptr(), col_ty.data_ptr(), torch.get_num_threads(),
+        hc = 0.5 * c
+        grad = grad.to(X.dtype).contiguous()
+        row_rc, g_txs, row_a = (tx.new_empty(k, N) for _ in range(3))
+        g_ty = ty.new_empty(k, M)
+        _fn("angle_backward", X.dtype)(
+            mG.data_ptr(), grad.data_ptr(), hc.data_ptr(), txs.data_ptr(), u.data_ptr(),
+            a.data_ptr(), ty.data_ptr(), k, N, M, e, row_rc.data_ptr(), g_txs.data_ptr(),
+            row_a.data_ptr(), g_ty.data_ptr(), torch.get_num_threads(),
         )  # fmt: skip
-        # mG = -dL/dGs
-        gXs = _bmm(mG, Y).neg_() if ctx.needs_input_grad[0] else None
-        gY = _bmm(mG.transpose(1, 2), Xs).neg_() if ctx.needs_input_grad[1] else None
-        return gXs, gY, row_txs, row_rc.neg_().div_(u), row_a.mul_(u), col_ty, None
+        # The reference's operand gradients, then the chain to X, Y and c by hand.
+        hcv = hc.view(-1, 1)
+        g_u = row_rc.neg_().div_(u)
+        g_a = row_a.mul_(u)
+        d_tx = g_txs * hcv + g_u / nx - g_a * hcv * nx * nx / (tx * tx)
+        d_nx = (g_a * 2.0 * hcv * nx / tx - g_u * tx / (nx * nx)) * (sqx >= e * e)
+        coef_x = d_tx / tx + d_nx / nx  # 2 dL/d|x|^2
+        hc3 = hc.view(-1, 1, 1)
+        gX = gY = gc = None
+        if need_x or need_c:
+            P = _bmm(mG, Y)  # -dL/dGs Y
+            if need_c:
+                d_hc = (g_txs * tx + g_a * nx * nx / tx).sum(-1) - torch.linalg.vecdot(X, P).sum(-1)
+            if need_x:
+                gX = P.mul_(-hc3).addcmul_(X, coef_x.unsqueeze(-1))
+        if need_y:
+            gY = _bmm(mG.transpose(1, 2), X).mul_(-hc3).addcmul_(Y, (g_ty / ty).unsqueeze(-1))
+        if need_c:
+            times = (d_tx / tx).sum(-1) + (g_ty / ty).sum(-1)
+            gc = 0.5 * d_hc - times / (2.0 * c * c)
+        return gX, gY, gc, None
 
 
-def pairwise_angle_fused(
-    Xs: Tensor, Y: Tensor, txs: Tensor, u: Tensor, a: Tensor, ty: Tensor, squeeze: bool = False
-) -> Tensor:
-    """The exterior angles ``[k, N, M]`` (``[N, M]`` with ``squeeze`` and ``k = 1``) from the
-    reference's operands (see ``lorentz._PairwiseExteriorAngle``). Call :func:`available` first.
+def pairwise_angle_fused(X: Tensor, Y: Tensor, c: Tensor, squeeze: bool = False) -> Tensor:
+    """``X: [k, N, d]``, ``Y: [k, M, d]`` (working dtype, any strides), ``c: [k]`` -> the
+    exterior angles ``[k, N, M]`` (``[N, M]`` with ``squeeze`` and ``k = 1``), as the reference
+    ``lorentz._PairwiseExteriorAngle``. Call :func:`available` first.
     """
-    squeeze = squeeze and Xs.shape[0] == 1
-    return _FusedExteriorAngle.apply(_c(Xs), _c(Y), _c(txs), _c(u), _c(a), _c(ty), squeeze)
+    k = X.shape[0]
+    cv = c.reshape(-1).expand(k).contiguous()
+    return _FusedExteriorAngle.apply(_c(X), _c(Y), cv, squeeze and k == 1)

@@ -10,11 +10,11 @@
 //   forward:  out = s acosh(1 + 2u) = s log1p(2 (u + r)),  r = sqrt(u + u^2)
 //   backward: H = s grad [w > 0] / max(r, r_floor)   (written over G: -dL/dG = a H)
 //             row_i = sum_j H t_yj,  col_j = sum_i H t_xi,  ga = sum H v,  gs = sum grad acosh
-// Exterior angle (inputs as in lorentz._PairwiseExteriorAngle; Gs = (c/2) X Y^T):
+// Exterior angle (operands as in lorentz._PairwiseExteriorAngle; Gs = (c/2) G, G = X Y^T):
 //   h = txs ty - Gs,  q = h^2 - 1/4,  den = 1/sqrt(max(q, q_min)),
 //   cos = clamp((Gs - a ty) den u, -(1 - e), 1 - e),  forward: out = acos(cos)
 //   backward: r = grad / sqrt(1 - cos^2),  p = r den,  rc = r cos,
-//             g_h = [q > q_min] rc h den^2,  mG = p u + g_h   (written over Gs: -dL/dGs)
+//             g_h = [q > q_min] rc h den^2,  mG = p u + g_h   (written over G: -dL/dGs)
 //             row sums of rc, g_h ty, p ty; column sum of g_h txs + p u a
 // The backward recomputes the elementwise values from the saved Gram matrix (a few flops) in
 // the same order as the forward, so no [k, N, M] tensor beyond the Gram matrix is kept.
@@ -252,23 +252,24 @@ void dist_backward(T* GH, const T* grad, const T* tx, const T* ty, const T* a, c
 // ----------------------------------------------------------------------------------------
 
 template <typename T>
-void angle_forward(const T* Gs, T* out, const T* txs, const T* u, const T* a, const T* ty,
-                   int64_t k, int64_t N, int64_t M, T e, int nthreads) {
+void angle_forward(const T* G, T* out, const T* hc, const T* txs, const T* u, const T* a,
+                   const T* ty, int64_t k, int64_t N, int64_t M, T e, int nthreads) {
   const int64_t rows = k * N;
   const T q_min = e * (T(1) + e), bound = T(1) - e;
 #pragma omp parallel for num_threads(int(chunks_for(rows, nthreads))) schedule(static)
   for (int64_t row = 0; row < rows; ++row) {
     const int64_t f = row / N;
-    const T txsi = txs[row], ui = u[row], ai = a[row];
-    const T* __restrict g = Gs + row * M;
+    const T hcf = hc[f], txsi = txs[row], ui = u[row], ai = a[row];
+    const T* __restrict gr = G + row * M;
     const T* __restrict tyf = ty + f * M;
     T* __restrict o = out + row * M;
 #pragma omp simd
     for (int64_t j = 0; j < M; ++j) {
-      const T h = txsi * tyf[j] - g[j];
+      const T g = hcf * gr[j];
+      const T h = txsi * tyf[j] - g;
       const T q = h * h - T(0.25);
       const T den = T(1) / std::sqrt(q > q_min ? q : q_min);
-      T cs = (g[j] - ai * tyf[j]) * den * ui;
+      T cs = (g - ai * tyf[j]) * den * ui;
       cs = cs > bound ? bound : (cs < -bound ? -bound : cs);  // NaN passes
       o[j] = acos_vec<T>(cs);
     }
@@ -276,9 +277,9 @@ void angle_forward(const T* Gs, T* out, const T* txs, const T* u, const T* a, co
 }
 
 template <typename T>
-void angle_backward(T* GM, const T* grad, const T* txs, const T* u, const T* a, const T* ty,
-                    int64_t k, int64_t N, int64_t M, T e, T* row_rc, T* row_txs, T* row_a,
-                    T* col_ty, int nthreads) {
+void angle_backward(T* GM, const T* grad, const T* hc, const T* txs, const T* u, const T* a,
+                    const T* ty, int64_t k, int64_t N, int64_t M, T e, T* row_rc, T* row_txs,
+                    T* row_a, T* col_ty, int nthreads) {
   const Split sp{k * N, chunks_for(k * N, nthreads)};
   const T q_min = e * (T(1) + e), bound = T(1) - e;
   std::vector<std::vector<T>> cols(sp.nchunks);
@@ -288,7 +289,7 @@ void angle_backward(T* GM, const T* grad, const T* txs, const T* u, const T* a, 
     col.assign(k * M, T(0));
     for (int64_t row = sp.begin(ch); row < sp.end(ch); ++row) {
       const int64_t f = row / N;
-      const T txsi = txs[row], ui = u[row], ai = a[row], uai = ui * ai;
+      const T hcf = hc[f], txsi = txs[row], ui = u[row], ai = a[row], uai = ui * ai;
       T* __restrict gm = GM + row * M;
       const T* __restrict gr = grad + row * M;
       const T* __restrict tyf = ty + f * M;
@@ -296,7 +297,7 @@ void angle_backward(T* GM, const T* grad, const T* txs, const T* u, const T* a, 
       T s_rc = T(0), s_txs = T(0), s_a = T(0);
 #pragma omp simd reduction(+ : s_rc, s_txs, s_a)
       for (int64_t j = 0; j < M; ++j) {
-        const T g = gm[j];
+        const T g = hcf * gm[j];
         const T h = txsi * tyf[j] - g;
         const T q = h * h - T(0.25);
         const T den = T(1) / std::sqrt(q > q_min ? q : q_min);
@@ -328,7 +329,7 @@ void angle_backward(T* GM, const T* grad, const T* txs, const T* u, const T* a, 
 }  // namespace
 
 // The ctypes interface: every array C-contiguous, of the suffix's dtype; shapes G, out, grad
-// [k, N, M]; tx, txs, u, a (angle) [k, N]; ty [k, M]; a, s (distance) [k].
+// [k, N, M]; tx, txs, u, a (angle) [k, N]; ty [k, M]; a, s (distance), hc (angle) [k].
 #define CURVALIGN_LORENTZ_EXPORT(T, SUF)                                                       \
   extern "C" void curvalign_dist_forward_##SUF(const T* G, T* out, const T* tx, const T* ty,  \
                                                const T* a, const T* s, int64_t k, int64_t N,  \
@@ -342,18 +343,17 @@ void angle_backward(T* GM, const T* grad, const T* txs, const T* u, const T* a, 
     dist_backward<T>(GH, grad, tx, ty, a, s, k, N, M, T(r_floor), row, col, ga, gs,           \
                      need_c != 0, nthreads);                                                  \
   }                                                                                           \
-  extern "C" void curvalign_angle_forward_##SUF(const T* Gs, T* out, const T* txs,            \
-                                                const T* u, const T* a, const T* ty,          \
-                                                int64_t k, int64_t N, int64_t M, double e,    \
-                                                int nthreads) {                               \
-    angle_forward<T>(Gs, out, txs, u, a, ty, k, N, M, T(e), nthreads);                        \
+  extern "C" void curvalign_angle_forward_##SUF(                                              \
+      const T* G, T* out, const T* hc, const T* txs, const T* u, const T* a, const T* ty,     \
+      int64_t k, int64_t N, int64_t M, double e, int nthreads) {                              \
+    angle_forward<T>(G, out, hc, txs, u, a, ty, k, N, M, T(e), nthreads);                     \
   }                                                                                           \
   extern "C" void curvalign_angle_backward_##SUF(                                             \
-      T* GM, const T* grad, const T* txs, const T* u, const T* a, const T* ty, int64_t k,     \
-      int64_t N, int64_t M, double e, T* row_rc, T* row_txs, T* row_a, T* col_ty,             \
+      T* GM, const T* grad, const T* hc, const T* txs, const T* u, const T* a, const T* ty,   \
+      int64_t k, int64_t N, int64_t M, double e, T* row_rc, T* row_txs, T* row_a, T* col_ty,  \
       int nthreads) {                                                                         \
-    angle_backward<T>(GM, grad, txs, u, a, ty, k, N, M, T(e), row_rc, row_txs, row_a, col_ty, \
-                      nthreads);                                                              \
+    angle_backward<T>(GM, grad, hc, txs, u, a, ty, k, N, M, T(e), row_rc, row_txs, row_a,     \
+                      col_ty, nthreads);                                                      \
   }
 
 CURVALIGN_LORENTZ_EXPORT(float, f32)

@@ -555,6 +555,8 @@ def pairwise_exterior_angle(
     squeeze = X.dim() == 2
     if squeeze:
         X, Y = X.unsqueeze(0), Y.unsqueeze(0)
+    if fused is not False and _fused_lorentz.available(X, Y, c):
+        return _fused_lorentz.pairwise_angle_fused(X, Y, c.reshape(-1), squeeze)
     k = X.shape[0]
     cv = c.reshape(-1).expand(k).view(-1, 1)
     e = eps(X.dtype)
@@ -562,10 +564,9 @@ def pairwise_exterior_angle(
     ty = torch.sqrt(cv.reciprocal() + _sqnorm(Y))
     nx = safe_norm(X, e)
     half_c = 0.5 * cv
-    operands = (X * half_c.unsqueeze(-1), Y, half_c * tx, tx / nx, half_c * nx * nx / tx, ty)
-    if fused is not False and _fused_lorentz.available(X, Y, c):
-        return _fused_lorentz.pairwise_angle_fused(*operands, squeeze=squeeze)
-    out = _PairwiseExteriorAngle.apply(*operands)
+    out = _PairwiseExteriorAngle.apply(
+        X * half_c.unsqueeze(-1), Y, half_c * tx, tx / nx, half_c * nx * nx / tx, ty
+    )
     return out[0] if squeeze else out
 
 
