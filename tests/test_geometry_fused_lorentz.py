@@ -269,3 +269,37 @@ def test_fused_with_several_threads_equals_one(name: str) -> None:
         torch.set_num_threads(before)
     for a, b in zip(one, three, strict=True):
         assert_close(a, b, f64, f"{name} threads")
+
+
+@needs_kernel
+@pytest.mark.parametrize("name", ["dist", "angle"])
+@pytest.mark.parametrize("factors", [None, 3])
+def test_fused_reads_a_transposed_incoming_gradient(name: str, factors: int | None) -> None:
+    """A symmetric InfoNCE hands the backward a transposed gradient, read in tiles of 16 rows x
+    256 columns: sizes across both tile edges, one and several threads, equal to the reference."""
+    fn = FUNCTIONS[name]
+    N, M = 37, 300
+    shape = (N, 4) if factors is None else (N, factors, 4)
+    X, Y = points(20, shape, f64), points(21, (M, *shape[1:]), f64, scale=2.0)
+    c = (
+        torch.tensor(0.8, dtype=f64)
+        if factors is None
+        else torch.tensor([0.5, 1.0, 2.0], dtype=f64)
+    )
+    W = torch.randn(*(() if factors is None else (factors,)), M, N, dtype=f64)
+
+    def run(fused: bool):  # noqa: ANN202
+        Xg, Yg, cg = (t.clone().requires_grad_() for t in (X, Y, c))
+        out = fn(Xg, Yg, cg, fused=fused)
+        (out.transpose(-1, -2) * W).sum().backward()  # d loss / d out = W^T: not contiguous
+        return out.detach(), Xg.grad, Yg.grad, cg.grad
+
+    ref = run(False)
+    before = torch.get_num_threads()
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            for what, a, b in zip(("value", "dX", "dY", "dc"), run(True), ref, strict=True):
+                assert_close(a, b, f64, f"{name} transposed grad, {threads} thread(s): {what}")
+    finally:
+        torch.set_num_threads(before)

@@ -43,11 +43,11 @@ def _bind(lib: ctypes.CDLL) -> None:
         fn = getattr(lib, f"curvalign_dist_forward_{suffix}")
         fn.argtypes = [p, p, p, p, p, p, i64, i64, i64, i32]
         fn = getattr(lib, f"curvalign_dist_backward_{suffix}")
-        fn.argtypes = [p, p, p, p, p, p, i64, i64, i64, f64, p, p, p, p, i32, i32]
+        fn.argtypes = [p, p, i64, i64, i64, p, p, p, p, i64, i64, i64, f64, p, p, p, p, i32, i32]
         fn = getattr(lib, f"curvalign_angle_forward_{suffix}")
         fn.argtypes = [p, p, p, p, p, p, p, i64, i64, i64, f64, i32]
         fn = getattr(lib, f"curvalign_angle_backward_{suffix}")
-        fn.argtypes = [p, p, p, p, p, p, p, i64, i64, i64, f64, p, p, p, p, i32]
+        fn.argtypes = [p, p, i64, i64, i64, p, p, p, p, p, i64, i64, i64, f64, p, p, p, p, i32]
         for name in ("dist_forward", "dist_backward", "angle_forward", "angle_backward"):
             getattr(lib, f"curvalign_{name}_{suffix}").restype = None
 
@@ -80,6 +80,15 @@ def _gram(A: Tensor, B: Tensor) -> Tensor:
     if A.shape[0] == 1:
         return torch.mm(A[0], B[0].t()).unsqueeze(0)
     return torch.bmm(A, B.transpose(1, 2))
+
+
+def _grad_view(grad: Tensor, dtype: torch.dtype) -> tuple[Tensor, int, int, int]:
+    """The incoming gradient and its element strides as a ``[k, N, M]`` view, not copied: a
+    symmetric InfoNCE hands in a transposed matrix, which the kernel reads tile by tile."""
+    grad = grad.to(dtype)
+    if grad.dim() == 2:
+        return grad, 0, grad.stride(0), grad.stride(1)
+    return grad, grad.stride(0), grad.stride(1), grad.stride(2)
 
 
 def _bmm(A: Tensor, B: Tensor) -> Tensor:
@@ -130,11 +139,11 @@ class _FusedDist(torch.autograd.Function):
         a, s = 0.5 * c, torch.rsqrt(c)
         w0 = eps(X.dtype)
         r_floor = math.sqrt(w0 * (1.0 + w0))  # the reference's floor of dacosh/dw
-        grad = grad.to(X.dtype).contiguous()  # [k, N, M] or [N, M], read as flat memory
+        grad, *strides = _grad_view(grad, X.dtype)  # [k, N, M] or [N, M], any strides
         row, col = tx.new_empty(k, N), ty.new_empty(k, M)
         ga, gs = c.new_empty(k), c.new_empty(k)
         _fn("dist_backward", X.dtype)(
-            H.data_ptr(), grad.data_ptr(), tx.data_ptr(), ty.data_ptr(), a.data_ptr(),
+            H.data_ptr(), grad.data_ptr(), *strides, tx.data_ptr(), ty.data_ptr(), a.data_ptr(),
             s.data_ptr(), k, N, M, r_floor, row.data_ptr(), col.data_ptr(), ga.data_ptr(),
             gs.data_ptr(), int(need_c), torch.get_num_threads(),
         )  # fmt: skip
@@ -218,11 +227,11 @@ class _FusedExteriorAngle(torch.autograd.Function):
         mG = ctx.gram if ctx.gram is not None else _gram(X, Y)
         ctx.gram = None
         hc = 0.5 * c
-        grad = grad.to(X.dtype).contiguous()
+        grad, *strides = _grad_view(grad, X.dtype)
         row_rc, g_txs, row_a = (tx.new_empty(k, N) for _ in range(3))
         g_ty = ty.new_empty(k, M)
         _fn("angle_backward", X.dtype)(
-            mG.data_ptr(), grad.data_ptr(), hc.data_ptr(), txs.data_ptr(), u.data_ptr(),
+            mG.data_ptr(), grad.data_ptr(), *strides, hc.data_ptr(), txs.data_ptr(), u.data_ptr(),
             a.data_ptr(), ty.data_ptr(), k, N, M, e, row_rc.data_ptr(), g_txs.data_ptr(),
             row_a.data_ptr(), g_ty.data_ptr(), torch.get_num_threads(),
         )  # fmt: skip

@@ -151,6 +151,45 @@ static inline int64_t chunks_for(int64_t rows, int nthreads) {
   return std::max<int64_t>(1, std::min<int64_t>(nthreads, rows));
 }
 
+// The incoming gradient as a strided [k, N, M] view (element strides). A symmetric InfoNCE
+// hands the backward a transposed matrix (the sum of the gradients through S and S^T takes
+// the layout of the latter): it is read here tile by tile instead of being copied first.
+template <typename T>
+struct GradView {
+  const T* p;
+  int64_t sK, sN, sM, N;
+  int64_t offset(int64_t row) const { return (row / N) * sK + (row % N) * sN; }
+};
+
+constexpr int64_t TILE_ROWS = 16;   // a transposed tile column of floats is one cache line
+constexpr int64_t TILE_COLS = 256;
+
+// Calls fn(row, g, j0, n) for rows [rb, re) over column segments [j0, j0 + n), with g the
+// gradient of that segment, contiguous (g[0] is column j0): whole rows when the gradient's
+// rows are contiguous, otherwise TILE_ROWS x TILE_COLS tiles gathered into `tile`.
+template <typename T, typename F>
+static inline void for_segments(int64_t rb, int64_t re, int64_t M, const GradView<T>& gv,
+                                std::vector<T>& tile, F&& fn) {
+  if (gv.sM == 1) {
+    for (int64_t row = rb; row < re; ++row) fn(row, gv.p + gv.offset(row), int64_t(0), M);
+    return;
+  }
+  tile.resize(TILE_ROWS * TILE_COLS);
+  int64_t base[TILE_ROWS];
+  for (int64_t r0 = rb; r0 < re; r0 += TILE_ROWS) {
+    const int64_t nr = std::min(TILE_ROWS, re - r0);
+    for (int64_t r = 0; r < nr; ++r) base[r] = gv.offset(r0 + r);
+    for (int64_t j0 = 0; j0 < M; j0 += TILE_COLS) {
+      const int64_t nc = std::min(TILE_COLS, M - j0);
+      for (int64_t j = 0; j < nc; ++j) {
+        const T* src = gv.p + (j0 + j) * gv.sM;
+        for (int64_t r = 0; r < nr; ++r) tile[r * TILE_COLS + j] = src[base[r]];
+      }
+      for (int64_t r = 0; r < nr; ++r) fn(r0 + r, tile.data() + r * TILE_COLS, j0, nc);
+    }
+  }
+}
+
 // ----------------------------------------------------------------------------------------
 // Distance
 // ----------------------------------------------------------------------------------------
@@ -177,28 +216,31 @@ void dist_forward(const T* G, T* out, const T* tx, const T* ty, const T* a, cons
 }
 
 template <typename T>
-void dist_backward(T* GH, const T* grad, const T* tx, const T* ty, const T* a, const T* s,
-                   int64_t k, int64_t N, int64_t M, T r_floor, T* row_out, T* col_out, T* ga,
-                   T* gs, bool need_c, int nthreads) {
+void dist_backward(T* GH, const GradView<T>& gv, const T* tx, const T* ty, const T* a,
+                   const T* s, int64_t k, int64_t N, int64_t M, T r_floor, T* row_out,
+                   T* col_out, T* ga, T* gs, bool need_c, int nthreads) {
   const Split sp{k * N, chunks_for(k * N, nthreads)};
   std::vector<std::vector<T>> cols(sp.nchunks);
   std::vector<std::vector<double>> ga_parts(sp.nchunks, std::vector<double>(k, 0.0));
   std::vector<std::vector<double>> gs_parts(sp.nchunks, std::vector<double>(k, 0.0));
+  std::fill(row_out, row_out + k * N, T(0));
 #pragma omp parallel for num_threads(int(sp.nchunks)) schedule(static, 1)
   for (int64_t ch = 0; ch < sp.nchunks; ++ch) {
     std::vector<T>& col = cols[ch];
     col.assign(k * M, T(0));
-    for (int64_t row = sp.begin(ch); row < sp.end(ch); ++row) {
+    std::vector<T> tile;
+    for_segments<T>(sp.begin(ch), sp.end(ch), M, gv, tile,
+                    [&](int64_t row, const T* g, int64_t j0, int64_t n) {
       const int64_t f = row / N;
       const T af = a[f], sf = s[f], txi = tx[row];
-      T* __restrict gh = GH + row * M;
-      const T* __restrict gr = grad + row * M;
-      const T* __restrict tyf = ty + f * M;
-      T* __restrict cf = col.data() + f * M;
+      T* __restrict gh = GH + row * M + j0;
+      const T* __restrict gr = g;
+      const T* __restrict tyf = ty + f * M + j0;
+      T* __restrict cf = col.data() + f * M + j0;
       T rsum = T(0), vsum = T(0), asum = T(0);
       if (need_c) {
 #pragma omp simd reduction(+ : rsum, vsum, asum)
-        for (int64_t j = 0; j < M; ++j) {
+        for (int64_t j = 0; j < n; ++j) {
           const T v = txi * tyf[j] - gh[j];
           const T w = af * v - T(0.5);
           const T u = w < T(0) ? T(0) : w;
@@ -213,7 +255,7 @@ void dist_backward(T* GH, const T* grad, const T* tx, const T* ty, const T* a, c
         }
       } else {
 #pragma omp simd reduction(+ : rsum)
-        for (int64_t j = 0; j < M; ++j) {
+        for (int64_t j = 0; j < n; ++j) {
           const T v = txi * tyf[j] - gh[j];
           const T w = af * v - T(0.5);
           const T u = w < T(0) ? T(0) : w;
@@ -225,10 +267,10 @@ void dist_backward(T* GH, const T* grad, const T* tx, const T* ty, const T* a, c
           cf[j] += H * txi;
         }
       }
-      row_out[row] = rsum;
+      row_out[row] += rsum;
       ga_parts[ch][f] += double(vsum);
       gs_parts[ch][f] += double(asum);
-    }
+    });
   }
 #pragma omp parallel for num_threads(nthreads) schedule(static)
   for (int64_t j = 0; j < k * M; ++j) {
@@ -277,26 +319,31 @@ void angle_forward(const T* G, T* out, const T* hc, const T* txs, const T* u, co
 }
 
 template <typename T>
-void angle_backward(T* GM, const T* grad, const T* hc, const T* txs, const T* u, const T* a,
-                    const T* ty, int64_t k, int64_t N, int64_t M, T e, T* row_rc, T* row_txs,
-                    T* row_a, T* col_ty, int nthreads) {
+void angle_backward(T* GM, const GradView<T>& gv, const T* hc, const T* txs, const T* u,
+                    const T* a, const T* ty, int64_t k, int64_t N, int64_t M, T e, T* row_rc,
+                    T* row_txs, T* row_a, T* col_ty, int nthreads) {
   const Split sp{k * N, chunks_for(k * N, nthreads)};
   const T q_min = e * (T(1) + e), bound = T(1) - e;
   std::vector<std::vector<T>> cols(sp.nchunks);
+  std::fill(row_rc, row_rc + k * N, T(0));
+  std::fill(row_txs, row_txs + k * N, T(0));
+  std::fill(row_a, row_a + k * N, T(0));
 #pragma omp parallel for num_threads(int(sp.nchunks)) schedule(static, 1)
   for (int64_t ch = 0; ch < sp.nchunks; ++ch) {
     std::vector<T>& col = cols[ch];
     col.assign(k * M, T(0));
-    for (int64_t row = sp.begin(ch); row < sp.end(ch); ++row) {
+    std::vector<T> tile;
+    for_segments<T>(sp.begin(ch), sp.end(ch), M, gv, tile,
+                    [&](int64_t row, const T* g_in, int64_t j0, int64_t n) {
       const int64_t f = row / N;
       const T hcf = hc[f], txsi = txs[row], ui = u[row], ai = a[row], uai = ui * ai;
-      T* __restrict gm = GM + row * M;
-      const T* __restrict gr = grad + row * M;
-      const T* __restrict tyf = ty + f * M;
-      T* __restrict cf = col.data() + f * M;
+      T* __restrict gm = GM + row * M + j0;
+      const T* __restrict gr = g_in;
+      const T* __restrict tyf = ty + f * M + j0;
+      T* __restrict cf = col.data() + f * M + j0;
       T s_rc = T(0), s_txs = T(0), s_a = T(0);
 #pragma omp simd reduction(+ : s_rc, s_txs, s_a)
-      for (int64_t j = 0; j < M; ++j) {
+      for (int64_t j = 0; j < n; ++j) {
         const T g = hcf * gm[j];
         const T h = txsi * tyf[j] - g;
         const T q = h * h - T(0.25);
@@ -313,10 +360,10 @@ void angle_backward(T* GM, const T* grad, const T* hc, const T* txs, const T* u,
         s_a += p * tyf[j];
         cf[j] += g_h * txsi + p * uai;
       }
-      row_rc[row] = s_rc;
-      row_txs[row] = s_txs;
-      row_a[row] = s_a;
-    }
+      row_rc[row] += s_rc;
+      row_txs[row] += s_txs;
+      row_a[row] += s_a;
+    });
   }
 #pragma omp parallel for num_threads(nthreads) schedule(static)
   for (int64_t j = 0; j < k * M; ++j) {
@@ -328,7 +375,8 @@ void angle_backward(T* GM, const T* grad, const T* hc, const T* txs, const T* u,
 
 }  // namespace
 
-// The ctypes interface: every array C-contiguous, of the suffix's dtype; shapes G, out, grad
+// The ctypes interface: every array C-contiguous, of the suffix's dtype, except the incoming
+// gradient grad [k, N, M], given with its element strides (gsK, gsN, gsM); shapes G, out
 // [k, N, M]; tx, txs, u, a (angle) [k, N]; ty [k, M]; a, s (distance), hc (angle) [k].
 #define CURVALIGN_LORENTZ_EXPORT(T, SUF)                                                       \
   extern "C" void curvalign_dist_forward_##SUF(const T* G, T* out, const T* tx, const T* ty,  \
@@ -337,11 +385,11 @@ void angle_backward(T* GM, const T* grad, const T* hc, const T* txs, const T* u,
     dist_forward<T>(G, out, tx, ty, a, s, k, N, M, nthreads);                                 \
   }                                                                                           \
   extern "C" void curvalign_dist_backward_##SUF(                                              \
-      T* GH, const T* grad, const T* tx, const T* ty, const T* a, const T* s, int64_t k,      \
-      int64_t N, int64_t M, double r_floor, T* row, T* col, T* ga, T* gs, int need_c,         \
-      int nthreads) {                                                                         \
-    dist_backward<T>(GH, grad, tx, ty, a, s, k, N, M, T(r_floor), row, col, ga, gs,           \
-                     need_c != 0, nthreads);                                                  \
+      T* GH, const T* grad, int64_t gsK, int64_t gsN, int64_t gsM, const T* tx, const T* ty,  \
+      const T* a, const T* s, int64_t k, int64_t N, int64_t M, double r_floor, T* row,        \
+      T* col, T* ga, T* gs, int need_c, int nthreads) {                                       \
+    dist_backward<T>(GH, GradView<T>{grad, gsK, gsN, gsM, N}, tx, ty, a, s, k, N, M,          \
+                     T(r_floor), row, col, ga, gs, need_c != 0, nthreads);                    \
   }                                                                                           \
   extern "C" void curvalign_angle_forward_##SUF(                                              \
       const T* G, T* out, const T* hc, const T* txs, const T* u, const T* a, const T* ty,     \
@@ -349,11 +397,11 @@ void angle_backward(T* GM, const T* grad, const T* hc, const T* txs, const T* u,
     angle_forward<T>(G, out, hc, txs, u, a, ty, k, N, M, T(e), nthreads);                     \
   }                                                                                           \
   extern "C" void curvalign_angle_backward_##SUF(                                             \
-      T* GM, const T* grad, const T* hc, const T* txs, const T* u, const T* a, const T* ty,   \
-      int64_t k, int64_t N, int64_t M, double e, T* row_rc, T* row_txs, T* row_a, T* col_ty,  \
-      int nthreads) {                                                                         \
-    angle_backward<T>(GM, grad, hc, txs, u, a, ty, k, N, M, T(e), row_rc, row_txs, row_a,     \
-                      col_ty, nthreads);                                                      \
+      T* GM, const T* grad, int64_t gsK, int64_t gsN, int64_t gsM, const T* hc, const T* txs, \
+      const T* u, const T* a, const T* ty, int64_t k, int64_t N, int64_t M, double e,         \
+      T* row_rc, T* row_txs, T* row_a, T* col_ty, int nthreads) {                             \
+    angle_backward<T>(GM, GradView<T>{grad, gsK, gsN, gsM, N}, hc, txs, u, a, ty, k, N, M,    \
+                      T(e), row_rc, row_txs, row_a, col_ty, nthreads);                        \
   }
 
 CURVALIGN_LORENTZ_EXPORT(float, f32)
