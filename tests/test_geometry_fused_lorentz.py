@@ -15,6 +15,7 @@ import warnings
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from curvalign.geometry import _fused_lorentz as FL
 from curvalign.geometry import lorentz as L
@@ -303,3 +304,40 @@ def test_fused_reads_a_transposed_incoming_gradient(name: str, factors: int | No
                 assert_close(a, b, f64, f"{name} transposed grad, {threads} thread(s): {what}")
     finally:
         torch.set_num_threads(before)
+
+
+class _NewStorages(TorchDispatchMode):
+    """Counts the distinct new storages of at least ``numel`` elements that ops return."""
+
+    def __init__(self, numel: int) -> None:
+        super().__init__()
+        self.numel, self.seen = numel, set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(t, torch.Tensor) and t.numel() >= self.numel:
+                self.seen.add(t.untyped_storage().data_ptr())
+        return out
+
+
+@needs_kernel
+@pytest.mark.parametrize("name", ["dist", "angle"])
+def test_fused_allocates_two_pair_matrices_in_all(name: str) -> None:
+    """The point of the kernel: forward and backward together allocate the Gram matrix and the
+    output, nothing else of size N x M (the reference allocates several more)."""
+    fn = FUNCTIONS[name]
+    N, M = 48, 40
+    X = points(30, (N, 8), f64).requires_grad_()
+    Y = points(31, (M, 8), f64).requires_grad_()
+    c = torch.tensor(0.9, dtype=f64, requires_grad=True)
+    W = torch.randn(M, N, dtype=f64).t()  # a transposed incoming gradient, as in InfoNCE
+
+    def count(fused: bool) -> int:
+        with _NewStorages(N * M) as mode:
+            out = fn(X, Y, c, fused=fused)
+            torch.autograd.backward(out, W)
+        return len(mode.seen - {W.untyped_storage().data_ptr()})
+
+    assert count(True) == 2
+    assert count(False) > 3  # the test can fail: the eager reference makes more

@@ -6,7 +6,7 @@ elementwise map over the ``[k, N, M]`` matrix between them is one OpenMP pass of
 gradients (times, curvature) need. The eager reference (``lorentz._PairwiseAcosh``,
 ``lorentz._PairwiseExteriorAngle``) spends most of its excess over a cosine score on separate
 passes, each of which writes a fresh ``[N, M]`` tensor (at B = 4096 a fresh 64 MiB buffer costs
-about five times a pass over an existing one: the page faults), and on ``torch.acos``, which is
+five to ten times a pass over an existing one: the page faults), and on ``torch.acos``, which is
 not vectorised on CPU.
 
 Memory: the forward keeps the Gram matrix (the reference keeps two to four ``[k, N, M]``
