@@ -15,7 +15,8 @@ the reason in ``STORE/skipped_images.tsv``, counted in the summary and in
 
 from __future__ import annotations
 
-import contextlib
+import dataclasses
+import functools
 import hashlib
 import json
 import os
@@ -92,19 +93,76 @@ class ExtractSummary:
         )
 
 
-class _Clock:
-    """Wall time and item count of the encoding work (for the throughput line)."""
+@dataclass
+class _Encoded:
+    """What encoding one shard gave: one [rows, dim] array, or named arrays for a parts shard."""
 
-    def __init__(self) -> None:
-        self.items = 0
-        self.seconds = 0.0
+    arrays: np.ndarray | dict[str, np.ndarray]
+    items: int  # images + texts through the encoder (for the throughput line)
+    skipped: dict[str, str] = field(default_factory=dict)  # input name -> reason
+    info: dict[str, Any] = field(default_factory=dict)  # JSON kept in the manifest (parts only)
 
-    @contextlib.contextmanager
-    def encoding(self, items: int):
-        start = time.perf_counter()
-        yield
-        self.seconds += time.perf_counter() - start
-        self.items += items
+
+@dataclass
+class _Job:
+    """One shard of resumable work, saved in the partial directory under ``key``."""
+
+    key: str
+    size: int  # how far the progress bar advances past it
+    encode: Callable[[], _Encoded]
+    label: str = ""  # progress bar description; the key when empty
+    parts: bool = False  # several named arrays (``_Shards.save_parts``), not one (``save``)
+
+
+def _shard_jobs(
+    kind: str,
+    total: int,
+    shard_size: int,
+    encode: Callable[[range], _Encoded],
+    parts: bool = False,
+) -> list[_Job]:
+    """Jobs ``KIND-00000``, ``KIND-00001``, ...: rows ``0..total`` cut into consecutive shards of
+    at most ``shard_size`` rows, shard ``rows`` encoded by ``encode(rows)``."""
+    return [
+        _Job(f"{kind}-{n:05d}", len(rows), functools.partial(encode, rows), parts=parts)
+        for n, rows in enumerate(
+            range(start, min(total, start + shard_size)) for start in range(0, total, shard_size)
+        )
+    ]
+
+
+def _run_jobs(shards: _Shards, jobs: Sequence[_Job], title: str, progress: bool) -> dict[str, Any]:
+    """Encode and save every job in order under one progress bar titled ``title``.
+
+    A job whose shard an earlier, interrupted run already saved is reused, never recomputed.
+    Returns the run's counts as ``ExtractSummary`` fields: shards computed and reused, items
+    encoded and the wall time of encoding them (saving the shard is not counted).
+    """
+    computed = reused = items = 0
+    seconds = 0.0
+    with _progress_bar(progress) as bar:
+        task = bar.add_task(title, total=sum(job.size for job in jobs))
+        for job in jobs:
+            bar.update(task, description=job.label or job.key)
+            if shards.parts_done(job.key) if job.parts else shards.done(job.key):
+                reused += 1
+            else:
+                start = time.perf_counter()
+                out = job.encode()
+                seconds += time.perf_counter() - start
+                items += out.items
+                if job.parts:
+                    shards.save_parts(job.key, out.arrays, out.info, out.skipped)
+                else:
+                    shards.save(job.key, out.arrays, out.skipped)
+                computed += 1
+            bar.advance(task, job.size)
+    return {
+        "shards_computed": computed,
+        "shards_reused": reused,
+        "items_encoded": items,
+        "encode_seconds": seconds,
+    }
 
 
 def _check_protocol(protocol: str | None) -> None:
@@ -423,67 +481,51 @@ def extract_features(
         for start in range(0, len(ok_images), batch_size):
             out_rows = ok_rows[start : start + batch_size]
             feats[out_rows] = enc.encode_images(ok_images[start : start + batch_size]).numpy()
-        return feats, skipped
+        return _Encoded(feats, len(rows), skipped)
 
-    def encode_texts_shard(texts: Sequence[str]):
-        feats = np.zeros((len(texts), enc.text_dim), dtype=np.float32)
-        for start in range(0, len(texts), batch_size):
-            feats[start : start + batch_size] = enc.encode_texts(
-                texts[start : start + batch_size]
-            ).numpy()
-        return feats, {}
+    def encode_texts_shard(texts: Sequence[str]) -> _Encoded:
+        return _Encoded(
+            _encode_batched(enc.encode_texts, texts, enc.text_dim, batch_size), len(texts)
+        )
 
-    jobs: list[tuple[str, int, Callable[[], tuple[np.ndarray, dict[str, str]]]]] = []
+    def add(kind: str, total: int, encode: Callable[[range], _Encoded], parts: bool = False):
+        jobs.extend(_shard_jobs(kind, total, shard_size, encode, parts))
 
-    def add(
-        kind: str,
-        total: int,
-        make: Callable[[range], Callable[[], tuple[np.ndarray, dict[str, str]]]],
-    ):
-        for n, start in enumerate(range(0, total, shard_size)):
-            rows = range(start, min(total, start + shard_size))
-            jobs.append((f"{kind}-{n:05d}", len(rows), make(rows)))
-
+    jobs: list[_Job] = []
     image_path = lambda i: images_dir / plan.image_files[i]  # noqa: E731
     add(
         "images",
         len(plan.image_files),
-        lambda rows: (
-            lambda: encode_images_shard(
-                rows, lambda i: open_image(image_path(i)), lambda i: plan.image_files[i]
-            )
+        lambda rows: encode_images_shard(
+            rows, lambda i: open_image(image_path(i)), lambda i: plan.image_files[i]
         ),
     )
     add(
         "captions",
         len(plan.captions),
-        lambda rows: lambda: encode_texts_shard([plan.captions[i] for i in rows]),
+        lambda rows: encode_texts_shard([plan.captions[i] for i in rows]),
     )
     add(
         "box_images",
         len(plan.boxes),
-        lambda rows: (
-            lambda: encode_images_shard(
-                rows,
-                lambda i: _crop(open_image(image_path(plan.box_to_image[i])), plan.boxes[i].box),
-                lambda i: f"box {i} of {plan.boxes[i].image_file}",
-            )
+        lambda rows: encode_images_shard(
+            rows,
+            lambda i: _crop(open_image(image_path(plan.box_to_image[i])), plan.boxes[i].box),
+            lambda i: f"box {i} of {plan.boxes[i].image_file}",
         ),
     )
     add(
         "box_phrases",
         len(plan.boxes),
-        lambda rows: lambda: encode_texts_shard([plan.boxes[i].phrase for i in rows]),
+        lambda rows: encode_texts_shard([plan.boxes[i].phrase for i in rows]),
     )
-    add(
-        "prompts", len(prompts), lambda rows: lambda: encode_texts_shard([prompts[i] for i in rows])
-    )
+    add("prompts", len(prompts), lambda rows: encode_texts_shard([prompts[i] for i in rows]))
     if text_pairs is not None:
         for side, texts in (("pair_a", text_pairs.a), ("pair_b", text_pairs.b)):
             add(
                 side,
                 len(texts),
-                lambda rows, texts=texts: lambda: encode_texts_shard([texts[i] for i in rows]),
+                lambda rows, texts=texts: encode_texts_shard([texts[i] for i in rows]),
             )
 
     # token-level features of every text part but the box phrases (parts: tokens + mask)
@@ -492,38 +534,16 @@ def extract_features(
         token_sources = {"caption": plan.captions, "prompt": prompts}
         if text_pairs is not None:
             token_sources.update(pair_a=text_pairs.a, pair_b=text_pairs.b)
-    token_jobs = [
-        (f"{kind}_tokens-{n:05d}", kind, range(start, min(len(texts), start + shard_size)))
-        for kind, texts in token_sources.items()
-        for n, start in enumerate(range(0, len(texts), shard_size))
-    ]
-
-    computed = reused = 0
-    clock = _Clock()
-    with _progress_bar(progress) as bar:
-        task = bar.add_task(
-            "rows", total=sum(n for _, n, _ in jobs) + sum(len(r) for _, _, r in token_jobs)
+    for kind, texts in token_sources.items():
+        add(
+            f"{kind}_tokens",
+            len(texts),
+            lambda rows, texts=texts: _Encoded(
+                _encode_tokens(enc, [texts[i] for i in rows], batch_size), len(rows)
+            ),
+            parts=True,
         )
-        for key, n, run in jobs:
-            bar.update(task, description=key)
-            if shards.done(key):
-                reused += 1
-            else:
-                with clock.encoding(n):
-                    rows, skipped = run()
-                shards.save(key, rows, skipped)
-                computed += 1
-            bar.advance(task, n)
-        for key, kind, rows in token_jobs:
-            bar.update(task, description=key)
-            if shards.parts_done(key):
-                reused += 1
-            else:
-                with clock.encoding(len(rows)):
-                    arrays = _encode_tokens(enc, [token_sources[kind][i] for i in rows], batch_size)
-                shards.save_parts(key, arrays, {})
-                computed += 1
-            bar.advance(task, len(rows))
+    counts = _run_jobs(shards, jobs, "rows", progress)
 
     summary = _assemble(
         plan,
@@ -537,21 +557,22 @@ def extract_features(
         text_pairs,
         protocol,
         images_dir.resolve(),
-        token_keys={kind: [key for key, k, _ in token_jobs if k == kind] for kind in token_sources},
+        token_keys={
+            kind: [job.key for job in jobs if job.key.startswith(f"{kind}_tokens-")]
+            for kind in token_sources
+        },
     )
-    summary.shards_computed, summary.shards_reused = computed, reused
-    summary.items_encoded, summary.encode_seconds = clock.items, clock.seconds
     shutil.rmtree(shards.root, ignore_errors=True)
-    return summary
+    return dataclasses.replace(summary, **counts)
 
 
-def _gather(shards: _Shards, jobs: list, kind: str, dim: int, keep: np.ndarray) -> Tensor:
+def _gather(shards: _Shards, jobs: list[_Job], kind: str, dim: int, keep: np.ndarray) -> Tensor:
     """The kept rows of every ``kind`` shard, copied shard by shard into one memory-mapped file.
 
     Peak memory is one shard, not the collection: the result is backed by
     ``STORE.partial/assembled-KIND.npy``, which ``FeatureStore.save`` streams into the store.
     """
-    keys = [key for key, _, _ in jobs if key.startswith(kind + "-")]
+    keys = [job.key for job in jobs if job.key.startswith(kind + "-")]
     out = np.lib.format.open_memmap(
         shards.root / f"assembled-{kind}.npy",
         mode="w+",
@@ -574,7 +595,7 @@ def _assemble(
     prompts: list[str],
     prompt_to_class: list[int],
     shards: _Shards,
-    jobs: list,
+    jobs: list[_Job],
     enc: Encoder,
     target: Path,
     overwrite: bool,
@@ -824,9 +845,8 @@ def extract_webdataset(
         }
     )
     shards = _Shards(target.parent / f"{target.name}.partial", fingerprint)
-    clock = _Clock()
 
-    def encode_shard(split: str, n: int, path: Path) -> None:
+    def encode_shard(split: str, n: int, path: Path) -> _Encoded:
         # Images are encoded as soon as a batch is full: memory holds one batch of decoded
         # images, not a shard (CLIP_benchmark writes up to 10,000 images per tar).
         image_parts: list[np.ndarray] = []
@@ -842,7 +862,6 @@ def extract_webdataset(
                 image_parts.append(enc.encode_images(pending).numpy().astype(np.float32))
                 pending.clear()
 
-        start = time.perf_counter()
         for sample in iter_wds_shard(path):
             name = f"{split}/{n}.tar:{sample.key}"
             try:
@@ -862,46 +881,39 @@ def extract_webdataset(
         flush()
         image_rows = np.concatenate(image_parts) if image_parts else empty_rows(enc.image_dim or 0)
         caption_rows = _encode_batched(enc.encode_texts, captions, enc.text_dim, batch_size)
-        clock.seconds += time.perf_counter() - start  # reading, decoding and encoding
-        clock.items += len(labels) + len(captions)
-        shards.save_parts(
-            f"wds-{split}-{n:05d}",
+        return _Encoded(  # _run_jobs times the whole call: reading, decoding and encoding
             {"images": image_rows, "captions": caption_rows},
+            len(labels) + len(captions),
+            skipped,
             {
                 "labels": labels,
                 "caption_to_image": owners,
                 "keys": keys,
                 "skipped": sorted(skipped),
             },
-            skipped,
         )
 
-    computed = reused = 0
+    def shard_job(split: str, n: int, path: Path) -> Callable[[], _Encoded]:
+        def encode() -> _Encoded:
+            try:
+                return encode_shard(split, n, path)
+            except WebDatasetError as exc:
+                raise ExtractError(str(exc)) from None
+
+        return encode
+
     units = layout.shards()
-    with _progress_bar(progress) as bar:
-        task = bar.add_task("shards", total=len(units) + (1 if prompts else 0))
-        for split, n, path in units:
-            key = f"wds-{split}-{n:05d}"
-            bar.update(task, description=f"{split}/{n}.tar")
-            if shards.parts_done(key):
-                reused += 1
-            else:
-                try:
-                    encode_shard(split, n, path)
-                except WebDatasetError as exc:
-                    raise ExtractError(str(exc)) from None
-                computed += 1
-            bar.advance(task)
-        if prompts:
-            bar.update(task, description="prompts")
-            if shards.parts_done("prompts"):
-                reused += 1
-            else:
-                with clock.encoding(len(prompts)):
-                    rows = _encode_batched(enc.encode_texts, prompts, enc.text_dim, batch_size)
-                shards.save_parts("prompts", {"prompts": rows}, {})
-                computed += 1
-            bar.advance(task)
+    jobs = [
+        _Job(f"wds-{split}-{n:05d}", 1, shard_job(split, n, path), f"{split}/{n}.tar", parts=True)
+        for split, n, path in units
+    ]
+    if prompts:
+        encode_prompts = lambda: _Encoded(  # noqa: E731
+            {"prompts": _encode_batched(enc.encode_texts, prompts, enc.text_dim, batch_size)},
+            len(prompts),
+        )
+        jobs.append(_Job("prompts", 1, encode_prompts, parts=True))
+    counts = _run_jobs(shards, jobs, "shards", progress)
 
     keys = [f"wds-{s}-{n:05d}" for s, n, _ in units]
     infos = [shards.part_info(k) for k in keys]
@@ -973,17 +985,14 @@ def extract_webdataset(
         boxes=0,
         classes=len(layout.class_names or []),
         skipped_images=skipped,
-        shards_computed=computed,
-        shards_reused=reused,
-        items_encoded=clock.items,
-        encode_seconds=clock.seconds,
+        **counts,
     )
 
 
 def _encode_image_files(
     enc: Encoder, paths: Sequence[Path], names: Sequence[str], batch_size: int
-) -> tuple[np.ndarray, dict[str, str]]:
-    """[len(paths), Di] features; an unreadable image keeps a zero row and is named in the dict.
+) -> _Encoded:
+    """[len(paths), Di] features; an unreadable image keeps a zero row and is named in skipped.
 
     Images are decoded one batch at a time, so memory holds one batch, not a shard.
     """
@@ -1007,7 +1016,7 @@ def _encode_image_files(
         if len(images) == batch_size:
             flush()
     flush()
-    return feats, skipped
+    return _Encoded(feats, len(paths), skipped)
 
 
 # --- SugarCrepe -------------------------------------------------------------------------------
@@ -1061,60 +1070,35 @@ def extract_sugarcrepe(
         }
     )
     shards = _Shards(target.parent / f"{target.name}.partial", fingerprint)
-    clock = _Clock()
-    jobs: list[tuple[str, int, Callable[[], tuple[np.ndarray, dict[str, str]]]]] = []
 
-    def add(kind: str, total: int, make: Callable[[range], Callable[[], Any]]) -> None:
-        for n, start in enumerate(range(0, total, shard_size)):
-            rows = range(start, min(total, start + shard_size))
-            jobs.append((f"{kind}-{n:05d}", len(rows), make(rows)))
+    def encode_texts(texts: Sequence[str]) -> _Encoded:
+        return _Encoded(
+            _encode_batched(enc.encode_texts, texts, enc.text_dim, batch_size), len(texts)
+        )
 
-    add(
-        "images",
-        len(files),
-        lambda rows: (
-            lambda: _encode_image_files(
+    jobs = [
+        *_shard_jobs(
+            "images",
+            len(files),
+            shard_size,
+            lambda rows: _encode_image_files(
                 enc, [images_dir / files[i] for i in rows], [files[i] for i in rows], batch_size
-            )
+            ),
         ),
-    )
-    add(
-        "captions",
-        len(entries),
-        lambda rows: (
-            lambda: (
-                _encode_batched(
-                    enc.encode_texts, [entries[i].caption for i in rows], enc.text_dim, batch_size
-                ),
-                {},
-            )
+        *_shard_jobs(
+            "captions",
+            len(entries),
+            shard_size,
+            lambda rows: encode_texts([entries[i].caption for i in rows]),
         ),
-    )
-    add(
-        "negatives",
-        len(entries),
-        lambda rows: (
-            lambda: (
-                _encode_batched(
-                    enc.encode_texts, [entries[i].negative for i in rows], enc.text_dim, batch_size
-                ),
-                {},
-            )
+        *_shard_jobs(
+            "negatives",
+            len(entries),
+            shard_size,
+            lambda rows: encode_texts([entries[i].negative for i in rows]),
         ),
-    )
-    computed = reused = 0
-    with _progress_bar(progress) as bar:
-        task = bar.add_task("rows", total=sum(n for _, n, _ in jobs))
-        for key, n, run in jobs:
-            bar.update(task, description=key)
-            if shards.done(key):
-                reused += 1
-            else:
-                with clock.encoding(n):
-                    rows, skipped = run()
-                shards.save(key, rows, skipped)
-                computed += 1
-            bar.advance(task, n)
+    ]
+    counts = _run_jobs(shards, jobs, "rows", progress)
 
     bad = shards.manifest["skipped"]
     image_ok = np.array([f not in bad for f in files], dtype=bool)
@@ -1167,10 +1151,7 @@ def extract_sugarcrepe(
         classes=0,
         skipped_images=skipped,
         dropped_captions=int((~entry_ok).sum()),
-        shards_computed=computed,
-        shards_reused=reused,
-        items_encoded=clock.items,
-        encode_seconds=clock.seconds,
+        **counts,
     )
 
 
@@ -1368,33 +1349,20 @@ def extract_texts(
         }
     )
     shards = _Shards(target.parent / f"{target.name}.partial", fingerprint)
-    clock = _Clock()
-    keys: dict[str, list[str]] = {k: [] for k in sources}
-    units = [
-        (kind, n, range(start, min(len(rows), start + shard_size)))
-        for kind, rows in sources.items()
-        for n, start in enumerate(range(0, len(rows), shard_size))
-    ]
-    computed = reused = 0
-    with _progress_bar(progress) as bar:
-        task = bar.add_task("texts", total=sum(len(r) for _, _, r in units))
-        for kind, n, rows in units:
-            key = f"{kind}-{n:05d}"
-            keys[kind].append(key)
-            bar.update(task, description=key)
-            if shards.parts_done(key):
-                reused += 1
-            else:
-                with clock.encoding(len(rows)):
-                    arrays = _encode_text_parts(
-                        enc,
-                        [sources[kind][i] for i in rows],
-                        batch_size,
-                        kind in token_kinds,
-                    )
-                shards.save_parts(key, arrays, {})
-                computed += 1
-            bar.advance(task, len(rows))
+
+    def encode_part(kind: str, rows: range) -> _Encoded:
+        part = [sources[kind][i] for i in rows]
+        return _Encoded(_encode_text_parts(enc, part, batch_size, kind in token_kinds), len(rows))
+
+    keys: dict[str, list[str]] = {}
+    jobs: list[_Job] = []
+    for kind, source in sources.items():
+        kind_jobs = _shard_jobs(
+            kind, len(source), shard_size, functools.partial(encode_part, kind), parts=True
+        )
+        keys[kind] = [job.key for job in kind_jobs]
+        jobs.extend(kind_jobs)
+    counts = _run_jobs(shards, jobs, "texts", progress)
 
     dim = enc.text_dim
     fields: dict[str, Any] = {
@@ -1462,8 +1430,5 @@ def extract_texts(
         boxes=0,
         classes=len(names or []),
         dropped_captions=0,
-        shards_computed=computed,
-        shards_reused=reused,
-        items_encoded=clock.items,
-        encode_seconds=clock.seconds,
+        **counts,
     )
