@@ -706,9 +706,7 @@ def _assemble(
     store = FeatureStore(**fields, meta=meta)
     store.validate()  # names a non-finite feature (an encoder that overflowed) before anything is written
     store.save(target, overwrite=overwrite)
-    if skipped or skipped_boxes:
-        lines = ["file\treason"] + [f"{f}\t{reason}" for f, reason in skipped + skipped_boxes]
-        (target / SKIPPED_REPORT).write_text("\n".join(lines) + "\n")
+    _write_skips(target, skipped + skipped_boxes)
     return ExtractSummary(
         store=target,
         images=store.num_images,
@@ -773,6 +771,23 @@ def _concat_parts(
         row += part.shape[0]
     out.flush()
     return torch.from_numpy(out)
+
+
+def _save_store(
+    shards: _Shards,
+    fields: dict[str, Any],
+    meta: dict[str, Any],
+    target: Path,
+    overwrite: bool,
+    skipped: list[tuple[str, str]] | None = None,
+) -> FeatureStore:
+    """Save the assembled store at ``target`` (atomic), list ``skipped`` (file, reason) beside
+    it, then remove the partial directory: its shards are in the store now."""
+    store = FeatureStore(**fields, meta=meta)
+    store.save(target, overwrite=overwrite)
+    _write_skips(target, skipped or [])
+    shutil.rmtree(shards.root, ignore_errors=True)
+    return store
 
 
 def _write_skips(target: Path, skipped: list[tuple[str, str]]) -> None:
@@ -974,10 +989,7 @@ def extract_webdataset(
         "extract": {"skipped_samples": len(skipped), "shards": len(units)},
         **({"protocol": protocol} if protocol else {}),
     }
-    store = FeatureStore(**fields, meta=meta)
-    store.save(target, overwrite=overwrite)
-    _write_skips(target, skipped)
-    shutil.rmtree(shards.root, ignore_errors=True)
+    store = _save_store(shards, fields, meta, target, overwrite, skipped)
     return ExtractSummary(
         store=target,
         images=store.num_images,
@@ -1139,10 +1151,7 @@ def extract_sugarcrepe(
             "dropped_entries_per_kind": dropped,
         },
     }
-    store = FeatureStore(**fields, meta=meta)
-    store.save(target, overwrite=overwrite)
-    _write_skips(target, skipped)
-    shutil.rmtree(shards.root, ignore_errors=True)
+    store = _save_store(shards, fields, meta, target, overwrite, skipped)
     return ExtractSummary(
         store=target,
         images=store.num_images,
@@ -1420,9 +1429,7 @@ def extract_texts(
         "image_side": side,
         "extract": {"images_without_text": dropped},
     }
-    store = FeatureStore(**fields, meta=meta)
-    store.save(target, overwrite=overwrite)
-    shutil.rmtree(shards.root, ignore_errors=True)
+    store = _save_store(shards, fields, meta, target, overwrite)
     return ExtractSummary(
         store=target,
         images=store.num_images,
