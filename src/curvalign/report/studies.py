@@ -28,6 +28,7 @@ not a reproduction of the papers' tables.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -156,6 +157,30 @@ def _normalised(store: FeatureStore) -> FeatureStore:
     return dataclasses.replace(store, **changes)
 
 
+def _bench(
+    out: Path,
+    store: FeatureStore,
+    data: str,
+    steps: int,
+    overrides: Sequence[str],
+    notify: Notify,
+    show_progress: bool,
+    validations: int = 3,
+) -> kit.Bench:
+    """The study's bench on ``store`` (``data`` is its spec): a ``steps`` budget with
+    ``validations`` validation evaluations over it."""
+    return kit.Bench(
+        out,
+        store,
+        data,
+        steps,
+        overrides,
+        val_every=max(1, steps // validations),
+        notify=notify,
+        show_progress=show_progress,
+    )
+
+
 def _result(
     name: str,
     paper: str,
@@ -168,7 +193,6 @@ def _result(
     tables: str,
     convergence: dict[str, dict[str, Any]],
     figures: Sequence[Path],
-    data: str,
     notes: str = "",
     val_what: str = "validation mean R@1",
     **extra: Any,
@@ -196,7 +220,7 @@ def _result(
         "holds": all(c["outcome"] == kit.HOLDS for c in claims),
         "seeds": list(seeds),
         "steps": bench.steps,
-        "data": data,
+        "data": bench.spec,
         "convergence": convergence,
         "learning_rates": {
             k: {"paper": p, "study": v} for k, (p, v) in bench.learning_rates.items()
@@ -280,16 +304,7 @@ def study_agr_curriculum(
         f"embed_dim={embed_dim}",
         f"lora_rank={min(64, embed_dim // 4)}",
     ]
-    bench = kit.Bench(
-        out,
-        store,
-        data,
-        steps,
-        overrides,
-        val_every=max(1, steps // 3),
-        notify=notify,
-        show_progress=show_progress,
-    )
+    bench = _bench(out, store, data, steps, overrides, notify, show_progress)
     arms = {
         "four-phase": [],
         "single": ["single_schedule=true"],
@@ -398,7 +413,6 @@ def study_agr_curriculum(
         tables=_metric_table("routing statistic (x100)", rows),
         convergence=conv,
         figures=figures,
-        data=data,
         notes=AGR_NOTES,
         router_steps_before_warmup_end=router_steps,
         warmup_end_step=t_w,
@@ -482,16 +496,7 @@ def study_dualpath_forgetting(
     ]
     n = len(heldout.scores)
     val_idx, test_idx = torch.arange(0, n, 2), torch.arange(1, n, 2)
-    bench = kit.Bench(
-        out,
-        store,
-        data,
-        steps,
-        overrides,
-        val_every=max(1, steps // 4),
-        notify=notify,
-        show_progress=show_progress,
-    )
+    bench = _bench(out, store, data, steps, overrides, notify, show_progress, validations=4)
     conflicting = dataclasses.replace(
         bench.store,
         pair_b_features=bench.store.pair_b_features[
@@ -558,28 +563,22 @@ def study_dualpath_forgetting(
     control = "control (no gate, conflicting pairs)"
     ctrl = _scalar(change(control))
     budget_ok = switch >= 100
+    claim = functools.partial(
+        kit.claim_record, control=ctrl, control_what="control's own change", budget_ok=budget_ok
+    )
     claims = [
-        kit.claim_record(
+        claim(
             f"full method: Spearman after Phase 2 - after Phase 1 > -{margin:g}",
             _scalar(change("full")),
-            ctrl,
-            "control's own change",
             threshold=-margin,
-            budget_ok=budget_ok,
         ),
-        kit.claim_record(
+        claim(
             "the gate protects the skill: change(full) - change(no gate) > 0",
             kit.difference(change("full"), change("no gate")),
-            ctrl,
-            "control's own change",
-            budget_ok=budget_ok,
         ),
-        kit.claim_record(
+        claim(
             "Phase-2 text pairs protect it: change(full) - change(no text pairs) > 0",
             kit.difference(change("full"), change("no phase-2 text pairs")),
-            ctrl,
-            "control's own change",
-            budget_ok=budget_ok,
         ),
     ]
     rows = {}
@@ -617,7 +616,6 @@ def study_dualpath_forgetting(
         tables=_metric_table("measure (x100)", rows),
         convergence=conv,
         figures=figures,
-        data=data,
         notes=DUALPATH_NOTES,
         val_what="validation mean of (held-out Spearman, image-text mean R@1)",
         switch_step=switch,
@@ -674,16 +672,7 @@ def study_atmg_curvature(
     steps = steps or 150
     data = data or "synthetic:images=800,text_pairs=0"
     store, _ = load_study_data(data)
-    bench = kit.Bench(
-        out,
-        store,
-        data,
-        steps,
-        overrides,
-        val_every=max(1, steps // 3),
-        notify=notify,
-        show_progress=show_progress,
-    )
+    bench = _bench(out, store, data, steps, overrides, notify, show_progress)
     zs: dict[tuple[str, float, str], dict[int, float]] = {}
     order: dict[tuple[str, float, str, str], dict[int, float]] = {}
     conv = {}
@@ -721,32 +710,29 @@ def study_atmg_curvature(
 
     budget_ok = bool(high) and steps >= 50
     ctrl = kit.difference(zs[(ATMG, low, "trained")], zs[(ATMG, low, "untrained")])
+    claim = functools.partial(
+        kit.claim_record,
+        control=ctrl,
+        control_what=f"AtMG c={low:g} trained - untrained",
+        budget_ok=budget_ok,
+    )
     claims = [
-        kit.claim_record(
+        claim(
             "zero-shot top-1 at c ≥ 0.5: AtMG > MERU",
             kit.difference(avg(ATMG, high), avg(MERU, high)) if high else _nan_interval(),
-            ctrl,
-            f"AtMG c={low:g} trained - untrained",
-            budget_ok=budget_ok,
         ),
-        kit.claim_record(
+        claim(
             f"MERU drops: MERU(c={low:g}) - MERU(c ≥ 0.5) > 0",
             kit.difference(zs[(MERU, low, "trained")], avg(MERU, high))
             if high
             else _nan_interval(),
-            ctrl,
-            f"AtMG c={low:g} trained - untrained",
-            budget_ok=budget_ok,
         ),
-        kit.claim_record(
+        claim(
             f"AtMG almost constant: AtMG(c ≥ 0.5) - AtMG(c={low:g}) > -{stable_margin:g}",
             kit.difference(avg(ATMG, high), zs[(ATMG, low, "trained")])
             if high
             else _nan_interval(),
-            ctrl,
-            f"AtMG c={low:g} trained - untrained",
             threshold=-stable_margin,
-            budget_ok=budget_ok,
         ),
     ]
     rows = {
@@ -808,7 +794,6 @@ def study_atmg_curvature(
         + "\n",
         convergence=conv,
         figures=figures,
-        data=data,
         notes=ATMG_NOTES,
     )
 
@@ -931,16 +916,7 @@ def study_phyclip_factors(
     steps = steps or 150
     data = data or "synthetic:images=800,text_pairs=0,leaf_pairs=12"
     store, world = load_study_data(data)
-    bench = kit.Bench(
-        out,
-        store,
-        data,
-        steps,
-        overrides,
-        val_every=max(1, steps // 3),
-        notify=notify,
-        show_progress=show_progress,
-    )
+    bench = _bench(out, store, data, steps, overrides, notify, show_progress)
     big = max(factors)
     arms: dict[str, list[str]] = {}
     for k in factors:
@@ -986,20 +962,20 @@ def study_phyclip_factors(
         conv[arm] = kit.convergence_record(runs)
     ctrl = kit.difference(r1[f"k={big}"], r1[f"k={big} untrained"])
     comp_ok = all(math.isfinite(v) for v in extra_rows["composition P@5: composed"].values())
+    retrieval_claim = functools.partial(
+        kit.claim_record,
+        control=ctrl,
+        control_what=f"k={big} trained - untrained",
+        budget_ok=steps >= 50,
+    )
     claims = [
-        kit.claim_record(
+        retrieval_claim(
             f"k={big} beats k=1 at k·d={total_dim} (mean R@1)",
             kit.difference(r1[f"k={big}"], r1["k=1"]),
-            ctrl,
-            f"k={big} trained - untrained",
-            budget_ok=steps >= 50,
         ),
-        kit.claim_record(
+        retrieval_claim(
             f"ℓ1-product beats ℓ2-product at k={big} (mean R@1)",
             kit.difference(r1[f"k={big}"], r1[f"k={big} l2"]),
-            ctrl,
-            f"k={big} trained - untrained",
-            budget_ok=steps >= 50,
         ),
         kit.claim_record(
             f"factor-wise max composition beats the best single concept (P@5, k={big})",
@@ -1055,7 +1031,6 @@ def study_phyclip_factors(
         tables=_metric_table("measure (x100)", rows),
         convergence=conv,
         figures=figures,
-        data=data,
         notes=PHYCLIP_NOTES,
     )
 
@@ -1099,16 +1074,7 @@ def study_proclip_product(
     steps = steps or 150
     data = data or "synthetic:images=800,text_pairs=0"
     store, _ = load_study_data(data)
-    bench = kit.Bench(
-        out,
-        _normalised(store),
-        data,
-        steps,
-        overrides,
-        val_every=max(1, steps // 3),
-        notify=notify,
-        show_progress=show_progress,
-    )
+    bench = _bench(out, _normalised(store), data, steps, overrides, notify, show_progress)
     total = 3 * part_dim
     arms = {
         "product H x E x S": (part_dim, part_dim, part_dim),
@@ -1170,7 +1136,6 @@ def study_proclip_product(
         tables=_metric_table("arm: mean R@1 (x100)", r1) + "\n" + "\n".join(diffs) + "\n",
         convergence=conv,
         figures=figures,
-        data=data,
         notes=PROCLIP_NOTES,
     )
 
@@ -1211,16 +1176,7 @@ def study_wordnet_dimensions(
     steps = steps or 150
     data = data or "wordnet:mammal.n.01"
     store, _ = load_study_data(data)
-    bench = kit.Bench(
-        out,
-        _normalised(store),
-        data,
-        steps,
-        overrides,
-        val_every=max(1, steps // 3),
-        notify=notify,
-        show_progress=show_progress,
-    )
+    bench = _bench(out, _normalised(store), data, steps, overrides, notify, show_progress)
     geometries = {
         "hyperbolic": "hyperbolic_dim",
         "euclidean": "euclidean_dim",
@@ -1252,19 +1208,13 @@ def study_wordnet_dimensions(
     ctrl = kit.difference(r1[("hyperbolic", min(dims))], untrained)
     claims = [
         kit.claim_record(
-            f"hyperbolic beats Euclidean at d in {lows} (mean R@1)",
-            kit.difference(low_avg("hyperbolic"), low_avg("euclidean")),
+            f"hyperbolic beats {name} at d in {lows} (mean R@1)",
+            kit.difference(low_avg("hyperbolic"), low_avg(other)),
             ctrl,
             f"hyperbolic d={min(dims)} trained - untrained",
             budget_ok=steps >= 50,
-        ),
-        kit.claim_record(
-            f"hyperbolic beats spherical at d in {lows} (mean R@1)",
-            kit.difference(low_avg("hyperbolic"), low_avg("sphere")),
-            ctrl,
-            f"hyperbolic d={min(dims)} trained - untrained",
-            budget_ok=steps >= 50,
-        ),
+        )
+        for name, other in (("Euclidean", "euclidean"), ("spherical", "sphere"))
     ]
     rows = {f"{g} d={d}: mean R@1": r1[(g, d)] for d in dims for g in geometries}
     rows |= {f"{g} d={d}: hierarchy J": hier[(g, d)] for d in dims for g in geometries}
@@ -1296,7 +1246,6 @@ def study_wordnet_dimensions(
         tables=_metric_table("head (x100)", rows) + "\n" + _frozen_text(frozen),
         convergence=conv,
         figures=figures,
-        data=data,
         frozen=frozen,
     )
 
