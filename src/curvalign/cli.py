@@ -7,11 +7,15 @@ missing optional extra only affects the command that needs it.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
 from curvalign.errors import CurvalignError
 from curvalign.plugins import available_recipe_names
+
+if TYPE_CHECKING:
+    from curvalign.data.extract import ExtractSummary
 
 app = typer.Typer(
     name="curvalign",
@@ -29,6 +33,9 @@ DATA_HELP = (
     "synthetic, synthetic:k=v,..., features:PATH, or wordnet:SYNSET "
     "(the WordNet noun tree below SYNSET, e.g. wordnet:mammal.n.01)."
 )
+#: the run argument and --weights option of every command that reads a trained run
+RUN_DIR_HELP = "A run directory written by `curvalign train`."
+WEIGHTS_HELP = "best (the best validation step, default) or last."
 
 
 @app.callback()
@@ -240,7 +247,7 @@ def _stderr_console():
 
 @app.command("eval")
 def eval_command(
-    run_dir: Path = typer.Argument(..., help="A run directory written by `curvalign train`."),
+    run_dir: Path = typer.Argument(..., help=RUN_DIR_HELP),
     data: str = typer.Option(
         None, "--data", help="Data to evaluate on (default: the run's own data spec)."
     ),
@@ -270,9 +277,7 @@ def eval_command(
         help="Evaluate retrieval under a named protocol: coco-5k or flickr30k-1k "
         "(5 captions per image; the store's meta.protocol otherwise).",
     ),
-    weights: str = typer.Option(
-        "best", "--weights", help="best (the best validation step, default) or last."
-    ),
+    weights: str = typer.Option("best", "--weights", help=WEIGHTS_HELP),
 ) -> None:
     """Evaluate a trained run: every metric the data supports (see docs/evaluation.md)."""
     import json
@@ -610,7 +615,7 @@ def _ids_option(text: str | None, name: str) -> list[int] | None:
 
 @app.command("embed")
 def embed_command(
-    run_dir: Path = typer.Argument(..., help="A run directory written by `curvalign train`."),
+    run_dir: Path = typer.Argument(..., help=RUN_DIR_HELP),
     data: str = typer.Option(
         None, "--data", help="Store to embed (default: the run's own data spec)."
     ),
@@ -619,9 +624,7 @@ def embed_command(
     ),
     batch_size: int = typer.Option(4096, "--batch-size", min=1, help="Items per forward pass."),
     boxes: bool = typer.Option(False, "--boxes", help="Also embed the store's box-level pairs."),
-    weights: str = typer.Option(
-        "best", "--weights", help="best (the best validation step, default) or last."
-    ),
+    weights: str = typer.Option("best", "--weights", help=WEIGHTS_HELP),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
 ) -> None:
     """Embed a feature store's images and texts through a trained run, to memory-mapped files."""
@@ -869,7 +872,7 @@ def _open_searcher(run_dir: Path, index: Path, encoder: str | None, candidates: 
 
 @app.command("search")
 def search_command(
-    run_dir: Path = typer.Argument(..., help="A run directory written by `curvalign train`."),
+    run_dir: Path = typer.Argument(..., help=RUN_DIR_HELP),
     queries: list[str] = typer.Argument(None, metavar="TEXT...", help="Free-text queries."),
     index: Path = typer.Option(
         ..., "--index", help="An index of the run's embeddings (`curvalign index build`)."
@@ -942,7 +945,7 @@ def search_command(
 
 @app.command("serve")
 def serve_command(
-    run_dir: Path = typer.Argument(..., help="A run directory written by `curvalign train`."),
+    run_dir: Path = typer.Argument(..., help=RUN_DIR_HELP),
     index: Path = typer.Option(
         ..., "--index", help="An index of the run's embeddings (`curvalign index build`)."
     ),
@@ -1069,7 +1072,6 @@ def extract_command(
     except CurvalignError as err:
         fail(str(err))
     from curvalign.data.extract import (
-        SKIPPED_REPORT,
         extract_features,
         extract_sugarcrepe,
         extract_texts,
@@ -1099,17 +1101,11 @@ def extract_command(
                 progress=not quiet,
                 protocol=protocol,
             )
-            typer.echo(
-                f"wrote {summary.store}: {summary.images} images, {summary.texts} captions, "
-                f"{summary.classes} classes ({summary.shards_computed} shards computed, "
-                f"{summary.shards_reused} reused)"
+            _echo_extracted(
+                summary,
+                f": {summary.images} images, {summary.texts} captions, {summary.classes} classes",
+                f"{len(summary.skipped_images)} unusable samples" if summary.skipped_images else "",
             )
-            if summary.skipped_images:
-                typer.echo(
-                    f"skipped {len(summary.skipped_images)} unusable samples; listed in "
-                    f"{summary.store / SKIPPED_REPORT}"
-                )
-            typer.echo(summary.throughput_line())
             return
         if sugarcrepe is not None:
             if images is None:
@@ -1125,18 +1121,14 @@ def extract_command(
                 overwrite=overwrite,
                 progress=not quiet,
             )
-            typer.echo(
-                f"wrote {summary.store}: {summary.images} images, {summary.texts} captions with "
-                f"one hard negative each ({summary.shards_computed} shards computed, "
-                f"{summary.shards_reused} reused)"
+            _echo_extracted(
+                summary,
+                f": {summary.images} images, {summary.texts} captions with one hard negative each",
+                f"{len(summary.skipped_images)} missing or unreadable images (dropping their "
+                f"{summary.dropped_captions} entries)"
+                if summary.skipped_images
+                else "",
             )
-            if summary.skipped_images:
-                typer.echo(
-                    f"skipped {len(summary.skipped_images)} missing or unreadable images (dropping "
-                    f"their {summary.dropped_captions} entries); listed in "
-                    f"{summary.store / SKIPPED_REPORT}"
-                )
-            typer.echo(summary.throughput_line())
             return
         if images is None:
             if boxes is not None or taxonomy is not None:
@@ -1157,12 +1149,11 @@ def extract_command(
                 overwrite=overwrite,
                 progress=not quiet,
             )
-            typer.echo(
-                f"wrote {summary.store} (text only): {summary.images} anchor texts, "
-                f"{summary.texts} texts, {summary.classes} classes ({summary.shards_computed} "
-                f"shards computed, {summary.shards_reused} reused)"
+            _echo_extracted(
+                summary,
+                f" (text only): {summary.images} anchor texts, {summary.texts} texts, "
+                f"{summary.classes} classes",
             )
-            typer.echo(summary.throughput_line())
             return
         summary = extract_features(
             encoder,
@@ -1193,15 +1184,28 @@ def extract_command(
             f"the shards finished before are kept in {out}.partial: free space and run the same "
             "command again to resume from them",
         )
-    typer.echo(
-        f"wrote {summary.store}: {summary.images} images, {summary.texts} captions, {summary.boxes} boxes, "
-        f"{summary.classes} classes ({summary.shards_computed} shards computed, {summary.shards_reused} reused)"
+    _echo_extracted(
+        summary,
+        f": {summary.images} images, {summary.texts} captions, {summary.boxes} boxes, "
+        f"{summary.classes} classes",
+        f"{len(summary.skipped_images)} unreadable images (dropping their "
+        f"{summary.dropped_captions} captions) and {summary.dropped_boxes} boxes"
+        if summary.skipped_images or summary.skipped_boxes
+        else "",
     )
-    if summary.skipped_images or summary.skipped_boxes:
-        typer.echo(
-            f"skipped {len(summary.skipped_images)} unreadable images (dropping their {summary.dropped_captions} "
-            f"captions) and {summary.dropped_boxes} boxes; listed in {summary.store / SKIPPED_REPORT}"
-        )
+
+
+def _echo_extracted(summary: ExtractSummary, contents: str, skipped: str = "") -> None:
+    """The summary lines of ``curvalign extract``: ``wrote STORE<contents> (shard counts)``, the
+    ``skipped`` items (when any) with where they are listed, and the throughput."""
+    from curvalign.data.extract import SKIPPED_REPORT
+
+    typer.echo(
+        f"wrote {summary.store}{contents} ({summary.shards_computed} shards computed, "
+        f"{summary.shards_reused} reused)"
+    )
+    if skipped:
+        typer.echo(f"skipped {skipped}; listed in {summary.store / SKIPPED_REPORT}")
     typer.echo(summary.throughput_line())
 
 
