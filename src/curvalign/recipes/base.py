@@ -393,6 +393,47 @@ class CosineRecipe(Recipe):
 HEAD_INITS = ("paper", "input")
 
 
+def check_scalar_range(name: str, init: float, low: float, high: float | None = None) -> None:
+    """A learnable scalar's config range, one clear error otherwise: ``0 < NAME_min <= NAME_init``
+    and, where the scalar has an upper bound, ``NAME_init <= NAME_max``."""
+    if high is None:
+        if not 0 < low <= init:
+            raise ValueError(f"need 0 < {name}_min <= {name}_init, got {low}, {init}")
+    elif not 0 < low <= init <= high:
+        raise ValueError(
+            f"need 0 < {name}_min <= {name}_init <= {name}_max, got {low}, {init}, {high}"
+        )
+
+
+def check_head_init(head_init: str, embed_dim: int) -> None:
+    """The config of a recipe whose two heads may start at the input-preserving projection:
+    ``head_init`` one of ``HEAD_INITS`` and a positive ``embed_dim``."""
+    if head_init not in HEAD_INITS:
+        raise ValueError(f"head_init must be one of {', '.join(HEAD_INITS)}, got {head_init!r}")
+    if embed_dim <= 0:
+        raise ValueError(f"embed_dim must be positive, got {embed_dim}")
+
+
+def learnable_temperature(config: Any) -> LearnableScalar:
+    """The contrastive temperature tau of a config with ``temperature_init``, ``temperature_min``
+    and ``learn_temperature`` (no upper bound)."""
+    return LearnableScalar(
+        config.temperature_init, min=config.temperature_min, learnable=config.learn_temperature
+    )
+
+
+def learnable_curvature(config: Any, shape: tuple[int, ...] = ()) -> LearnableScalar:
+    """The curvature c of a config with ``curvature_init``, ``_min``, ``_max`` and
+    ``learn_curvature``: a scalar, or one per factor with ``shape=(k,)``."""
+    return LearnableScalar(
+        config.curvature_init,
+        min=config.curvature_min,
+        max=config.curvature_max,
+        shape=shape,
+        learnable=config.learn_curvature,
+    )
+
+
 @dataclass
 class LorentzConfig:
     """Fields shared by the Lorentz recipes (MERU, HyCoCLIP, AtMG); defaults from MERU/HyCoCLIP.
@@ -425,22 +466,9 @@ class LorentzConfig:
     head_init: str = "input"
 
     def __post_init__(self) -> None:
-        if self.head_init not in HEAD_INITS:
-            raise ValueError(
-                f"head_init must be one of {', '.join(HEAD_INITS)}, got {self.head_init!r}"
-            )
-        if self.embed_dim <= 0:
-            raise ValueError(f"embed_dim must be positive, got {self.embed_dim}")
-        if not 0 < self.curvature_min <= self.curvature_init <= self.curvature_max:
-            raise ValueError(
-                f"need 0 < curvature_min <= curvature_init <= curvature_max, got "
-                f"{self.curvature_min}, {self.curvature_init}, {self.curvature_max}"
-            )
-        if not 0 < self.temperature_min <= self.temperature_init:
-            raise ValueError(
-                f"need 0 < temperature_min <= temperature_init, got "
-                f"{self.temperature_min}, {self.temperature_init}"
-            )
+        check_head_init(self.head_init, self.embed_dim)
+        check_scalar_range("curvature", self.curvature_init, self.curvature_min, self.curvature_max)
+        check_scalar_range("temperature", self.temperature_init, self.temperature_min)
         if self.aperture_K <= 0:
             raise ValueError(f"aperture_K must be positive, got {self.aperture_K}")
 
@@ -460,15 +488,8 @@ class LorentzRecipe(HyperbolicRecipe):
         self.text_head = LorentzHead(text_dim, config.embed_dim, **head)
         if config.head_init == "input":
             share_input_preserving_projection([self.image_head, self.text_head])
-        self.curvature = LearnableScalar(
-            config.curvature_init,
-            min=config.curvature_min,
-            max=config.curvature_max,
-            learnable=config.learn_curvature,
-        )
-        self.temperature = LearnableScalar(
-            config.temperature_init, min=config.temperature_min, learnable=config.learn_temperature
-        )
+        self.curvature = learnable_curvature(config)
+        self.temperature = learnable_temperature(config)
 
     def embed_images(self, features: Tensor) -> Embedding:
         return {"point": self.image_head(features, self.curvature())}

@@ -14,10 +14,9 @@ from torch import Tensor
 
 from curvalign.losses import symmetric_info_nce
 from curvalign.nn.heads import CosineHead, share_input_preserving_projection
-from curvalign.nn.scalars import LearnableScalar, scalar_parameter_names
+from curvalign.nn.scalars import scalar_parameter_names
 from curvalign.recipes import register
 from curvalign.recipes.base import (
-    HEAD_INITS,
     Batch,
     CosineRecipe,
     Embedding,
@@ -25,6 +24,9 @@ from curvalign.recipes.base import (
     LossOutput,
     Progress,
     check_batch,
+    check_head_init,
+    check_scalar_range,
+    learnable_temperature,
 )
 from curvalign.scores import cosine_scores
 
@@ -44,17 +46,8 @@ class ClipConfig:
     head_init: str = "input"
 
     def __post_init__(self) -> None:
-        if self.head_init not in HEAD_INITS:
-            raise ValueError(
-                f"head_init must be one of {', '.join(HEAD_INITS)}, got {self.head_init!r}"
-            )
-        if self.embed_dim <= 0:
-            raise ValueError(f"embed_dim must be positive, got {self.embed_dim}")
-        if not 0 < self.temperature_min <= self.temperature_init:
-            raise ValueError(
-                f"need 0 < temperature_min <= temperature_init, got "
-                f"{self.temperature_min}, {self.temperature_init}"
-            )
+        check_head_init(self.head_init, self.embed_dim)
+        check_scalar_range("temperature", self.temperature_init, self.temperature_min)
 
 
 @register
@@ -77,9 +70,7 @@ class Clip(CosineRecipe):
         self.text_head = CosineHead(text_dim, config.embed_dim)
         if config.head_init == "input":
             share_input_preserving_projection([self.image_head, self.text_head])
-        self.temperature = LearnableScalar(
-            config.temperature_init, min=config.temperature_min, learnable=config.learn_temperature
-        )
+        self.temperature = learnable_temperature(config)
 
     def embed_images(self, features: Tensor) -> Embedding:
         return {"point": self.image_head(features)}

@@ -32,7 +32,7 @@ from torch import Tensor
 from curvalign.geometry import lorentz
 from curvalign.losses import entailment_cone_loss, info_nce
 from curvalign.nn.heads import FactorizedLorentzHead
-from curvalign.nn.scalars import LearnableScalar, scalar_parameter_names
+from curvalign.nn.scalars import scalar_parameter_names
 from curvalign.recipes import register
 from curvalign.recipes.base import (
     Batch,
@@ -44,6 +44,9 @@ from curvalign.recipes.base import (
     Progress,
     Query,
     check_batch,
+    check_scalar_range,
+    learnable_curvature,
+    learnable_temperature,
 )
 from curvalign.scores import product_average_distance_pair_scores, product_average_distance_scores
 
@@ -109,16 +112,8 @@ class PhyclipConfig:
                 f"num_factors and factor_dim must be positive, got {self.num_factors}, "
                 f"{self.factor_dim}"
             )
-        if not 0 < self.curvature_min <= self.curvature_init <= self.curvature_max:
-            raise ValueError(
-                f"need 0 < curvature_min <= curvature_init <= curvature_max, got "
-                f"{self.curvature_min}, {self.curvature_init}, {self.curvature_max}"
-            )
-        if not 0 < self.temperature_min <= self.temperature_init:
-            raise ValueError(
-                f"need 0 < temperature_min <= temperature_init, got "
-                f"{self.temperature_min}, {self.temperature_init}"
-            )
+        check_scalar_range("curvature", self.curvature_init, self.curvature_min, self.curvature_max)
+        check_scalar_range("temperature", self.temperature_init, self.temperature_min)
 
 
 @register
@@ -150,16 +145,8 @@ class Phyclip(HyperbolicRecipe):
         )
         self.image_head = FactorizedLorentzHead(image_dim, **head)
         self.text_head = FactorizedLorentzHead(text_dim, **head)
-        self.curvature = LearnableScalar(
-            config.curvature_init,
-            min=config.curvature_min,
-            max=config.curvature_max,
-            shape=(config.num_factors,),
-            learnable=config.learn_curvature,
-        )
-        self.temperature = LearnableScalar(
-            config.temperature_init, min=config.temperature_min, learnable=config.learn_temperature
-        )
+        self.curvature = learnable_curvature(config, shape=(config.num_factors,))
+        self.temperature = learnable_temperature(config)
 
     # --- embeddings and ranking ---------------------------------------------------------------
     def embed_images(self, features: Tensor) -> Embedding:

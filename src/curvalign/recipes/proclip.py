@@ -38,6 +38,9 @@ from curvalign.recipes.base import (
     Progress,
     Query,
     check_batch,
+    check_scalar_range,
+    learnable_curvature,
+    learnable_temperature,
 )
 from curvalign.scores import mixed_sqdist_pair_scores, mixed_sqdist_scores
 
@@ -85,21 +88,9 @@ class ProclipConfig:
             raise ValueError(
                 "sphere_dim must be 0 or >= 2 (it is the ambient dimension of the sphere's points)"
             )
-        if not 0 < self.temperature_min <= self.temperature_init:
-            raise ValueError(
-                f"need 0 < temperature_min <= temperature_init, got "
-                f"{self.temperature_min}, {self.temperature_init}"
-            )
-        if not 0 < self.weight_min <= self.weight_init <= self.weight_max:
-            raise ValueError(
-                f"need 0 < weight_min <= weight_init <= weight_max, got "
-                f"{self.weight_min}, {self.weight_init}, {self.weight_max}"
-            )
-        if not 0 < self.curvature_min <= self.curvature_init <= self.curvature_max:
-            raise ValueError(
-                f"need 0 < curvature_min <= curvature_init <= curvature_max, got "
-                f"{self.curvature_min}, {self.curvature_init}, {self.curvature_max}"
-            )
+        check_scalar_range("temperature", self.temperature_init, self.temperature_min)
+        check_scalar_range("weight", self.weight_init, self.weight_min, self.weight_max)
+        check_scalar_range("curvature", self.curvature_init, self.curvature_min, self.curvature_max)
         if self.sphere_radius <= 0:
             raise ValueError(f"sphere_radius must be positive, got {self.sphere_radius}")
 
@@ -141,15 +132,8 @@ class Proclip(HyperbolicRecipe):
                 for p in self.parts
             }
         )
-        self.temperature = LearnableScalar(
-            config.temperature_init, min=config.temperature_min, learnable=config.learn_temperature
-        )
-        self.curvature = LearnableScalar(
-            config.curvature_init,
-            min=config.curvature_min,
-            max=config.curvature_max,
-            learnable=config.learn_curvature,
-        )
+        self.temperature = learnable_temperature(config)
+        self.curvature = learnable_curvature(config)
 
     def _weights(self) -> dict[str, Tensor]:
         return {p: w() for p, w in self.weights.items()}
