@@ -393,6 +393,20 @@ class CosineRecipe(Recipe):
 HEAD_INITS = ("paper", "input")
 
 
+def box_batch_points(
+    image_head: nn.Module, text_head: nn.Module, batch: Batch, c: Tensor
+) -> dict[str, Tensor]:
+    """The points of a batch with boxes (``check_batch(..., boxes=True)`` first) for the recipes
+    that embed box crops and box phrases through the same heads as whole images and captions
+    (HyCoCLIP, PHyCLIP): "image", "text", "box_image", "box_text", each [B, ...] at curvature c."""
+    return {
+        "image": image_head(batch.image, c),
+        "text": text_head(batch.text, c),
+        "box_image": image_head(batch.box_image, c),
+        "box_text": text_head(batch.box_text, c),
+    }
+
+
 def check_scalar_range(name: str, init: float, low: float, high: float | None = None) -> None:
     """A learnable scalar's config range, one clear error otherwise: ``0 < NAME_min <= NAME_init``
     and, where the scalar has an upper bound, ``NAME_init <= NAME_max``."""

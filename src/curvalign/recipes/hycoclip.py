@@ -26,6 +26,7 @@ from curvalign.recipes.base import (
     LorentzRecipe,
     LossOutput,
     Progress,
+    box_batch_points,
     check_batch,
 )
 from curvalign.scores import lorentz_distance_scores
@@ -84,12 +85,7 @@ class Hycoclip(LorentzRecipe):
         check_batch(batch, self.name, boxes=True)
         cfg: HycoclipConfig = self.config
         c, tau = self.curvature(), self.temperature()
-        local = {
-            "image": self.image_head(batch.image, c),
-            "text": self.text_head(batch.text, c),
-            "box_image": self.image_head(batch.box_image, c),
-            "box_text": self.text_head(batch.box_text, c),
-        }
+        local = box_batch_points(self.image_head, self.text_head, batch, c)
         everyone = gather({"image": local["image"], "text": local["text"]})
         offset = gather.offset(batch.image.shape[0])
         terms = {}

@@ -43,6 +43,7 @@ from curvalign.recipes.base import (
     LossOutput,
     Progress,
     Query,
+    box_batch_points,
     check_batch,
     check_scalar_range,
     learnable_curvature,
@@ -206,12 +207,7 @@ class Phyclip(HyperbolicRecipe):
         check_batch(batch, self.name, boxes=True)
         cfg: PhyclipConfig = self.config
         c, tau = self.curvature(), self.temperature()
-        local = {
-            "image": self.image_head(batch.image, c),
-            "text": self.text_head(batch.text, c),
-            "box_image": self.image_head(batch.box_image, c),
-            "box_text": self.text_head(batch.box_text, c),
-        }
+        local = box_batch_points(self.image_head, self.text_head, batch, c)
         everyone = gather(local)
         offset = gather.offset(batch.image.shape[0])
         terms = {}
