@@ -6,6 +6,8 @@ missing optional extra only affects the command that needs it.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -85,6 +87,20 @@ def write_failed(err: OSError, out: Path, kept: str | None = None) -> None:
         "(every file is written whole or not at all)"
     )
     fail(f"{describe_write_failure(err, out)}; {kept}")
+
+
+@contextlib.contextmanager
+def _command_errors(out: Path, kept: str | None = None) -> Iterator[None]:
+    """Around a command's library call that writes ``out``: bad input (a ``CurvalignError``)
+    ends as its one line (``fail``), a write failing midway (disk full, read-only) as one line
+    saying what was ``kept`` (``write_failed``); any other error is a bug and keeps its
+    traceback."""
+    try:
+        yield
+    except CurvalignError as err:
+        fail(str(err))
+    except OSError as err:
+        write_failed(err, out, kept)
 
 
 def print_notes(notes) -> None:
@@ -449,7 +465,7 @@ def benchmark_command(
     check_out(out)
     names = [r.strip() for r in recipes.split(",") if r.strip()]
     console = _stderr_console()
-    try:
+    with _command_errors(out):
         result = run_benchmark(
             names,
             data,
@@ -461,10 +477,6 @@ def benchmark_command(
             show_progress=not quiet and not json_output,
             notify=console.print,
         )
-    except CurvalignError as err:
-        fail(str(err))
-    except OSError as err:  # a write failing midway (disk full, read-only); other errors re-raised
-        write_failed(err, out)
     if json_output:
         typer.echo((out / "results.json").read_text().strip())
         return
@@ -505,7 +517,7 @@ def demo_command(
     names = [r.strip() for r in recipes.split(",") if r.strip()] if recipes else list(DEMO_RECIPES)
     console = _stderr_console()
     start = time.perf_counter()
-    try:
+    with _command_errors(out):
         result = run_benchmark(
             names,
             data or DEMO_WORLD,
@@ -517,10 +529,6 @@ def demo_command(
             notify=console.print,
             title="curvalign demo",
         )
-    except CurvalignError as err:
-        fail(str(err))
-    except OSError as err:  # a write failing midway (disk full, read-only); other errors re-raised
-        write_failed(err, out)
     _print_benchmark(result, out, f"curvalign demo: {result.data}, {result.steps} steps per recipe")
     typer.echo(f"demo finished in {time.perf_counter() - start:.0f}s")
 
@@ -557,7 +565,7 @@ def study_command(
     console = _stderr_console()
     out = out or Path("studies") / name
     check_out(out)
-    try:
+    with _command_errors(out):
         if name == "all":
             if data or options:
                 fail("study all runs every study with its own data and options (no --data/--set)")
@@ -583,10 +591,6 @@ def study_command(
                     **parse_study_options(name, options or []),
                 )
             }
-    except CurvalignError as err:
-        fail(str(err))
-    except OSError as err:  # a write failing midway (disk full, read-only); other errors re-raised
-        write_failed(err, out)
     for key, result in results.items():
         typer.echo(result["markdown"])
         typer.echo(f"{key}: {result['verdict']} ({result['wall_s']:.0f} s)")
@@ -1078,7 +1082,12 @@ def extract_command(
         extract_webdataset,
     )
 
-    try:
+    # a write failing midway (disk full while writing a shard) keeps the finished shards
+    with _command_errors(
+        out,
+        kept=f"the shards finished before are kept in {out}.partial: free space and run the same "
+        "command again to resume from them",
+    ):
         if tokens and (wds is not None or sugarcrepe is not None):
             fail(
                 "--tokens is stored for image folders and text-only extraction; not with "
@@ -1174,15 +1183,6 @@ def extract_command(
             score_max=score_max,
             protocol=protocol,
             tokens=tokens,
-        )
-    except CurvalignError as err:
-        fail(str(err))
-    except OSError as err:  # e.g. disk full while writing a shard
-        write_failed(
-            err,
-            out,
-            f"the shards finished before are kept in {out}.partial: free space and run the same "
-            "command again to resume from them",
         )
     _echo_extracted(
         summary,
