@@ -463,26 +463,6 @@ def extract_features(
     ).hexdigest()
     shards = _Shards(target.parent / f"{target.name}.partial", fingerprint)
 
-    def encode_images_shard(
-        rows: Sequence[int], loader: Callable[[int], Any], names: Callable[[int], str]
-    ):
-        feats = np.zeros((len(rows), enc.image_dim), dtype=np.float32)
-        skipped: dict[str, str] = {}
-        ok_rows: list[int] = []
-        ok_images: list[Any] = []
-        for k, i in enumerate(rows):
-            try:
-                ok_images.append(loader(i))
-                ok_rows.append(k)
-            except (OSError, ValueError, SyntaxError) as exc:  # PIL raises all three for bad files
-                skipped[names(i)] = f"{type(exc).__name__}: {exc}".replace("\t", " ").replace(
-                    "\n", " "
-                )
-        for start in range(0, len(ok_images), batch_size):
-            out_rows = ok_rows[start : start + batch_size]
-            feats[out_rows] = enc.encode_images(ok_images[start : start + batch_size]).numpy()
-        return _Encoded(feats, len(rows), skipped)
-
     def encode_texts_shard(texts: Sequence[str]) -> _Encoded:
         return _Encoded(
             _encode_batched(enc.encode_texts, texts, enc.text_dim, batch_size), len(texts)
@@ -496,8 +476,12 @@ def extract_features(
     add(
         "images",
         len(plan.image_files),
-        lambda rows: encode_images_shard(
-            rows, lambda i: open_image(image_path(i)), lambda i: plan.image_files[i]
+        lambda rows: _encode_images(
+            enc,
+            rows,
+            lambda i: open_image(image_path(i)),
+            lambda i: plan.image_files[i],
+            batch_size,
         ),
     )
     add(
@@ -508,10 +492,12 @@ def extract_features(
     add(
         "box_images",
         len(plan.boxes),
-        lambda rows: encode_images_shard(
+        lambda rows: _encode_images(
+            enc,
             rows,
             lambda i: _crop(open_image(image_path(plan.box_to_image[i])), plan.boxes[i].box),
             lambda i: f"box {i} of {plan.boxes[i].image_file}",
+            batch_size,
         ),
     )
     add(
@@ -1001,34 +987,39 @@ def extract_webdataset(
     )
 
 
-def _encode_image_files(
-    enc: Encoder, paths: Sequence[Path], names: Sequence[str], batch_size: int
+def _encode_images(
+    enc: Encoder,
+    rows: Sequence[int],
+    load: Callable[[int], Any],
+    name: Callable[[int], str],
+    batch_size: int,
 ) -> _Encoded:
-    """[len(paths), Di] features; an unreadable image keeps a zero row and is named in skipped.
+    """[len(rows), Di] features of the images ``load(i)`` for i in ``rows``; one that cannot be
+    read keeps a zero row and is listed in ``skipped`` under ``name(i)``.
 
     Images are decoded one batch at a time, so memory holds one batch, not a shard.
     """
-    feats = np.zeros((len(paths), enc.image_dim or 0), dtype=np.float32)
+    feats = np.zeros((len(rows), enc.image_dim or 0), dtype=np.float32)
     skipped: dict[str, str] = {}
-    rows: list[int] = []
+    ok_rows: list[int] = []
     images: list[Any] = []
 
     def flush() -> None:
         if images:
-            feats[rows] = enc.encode_images(images).numpy()
-            rows.clear()
+            feats[ok_rows] = enc.encode_images(images).numpy()
+            ok_rows.clear()
             images.clear()
 
-    for k, path in enumerate(paths):
+    for k, i in enumerate(rows):
         try:
-            images.append(open_image(path))
-            rows.append(k)
+            images.append(load(i))
+            ok_rows.append(k)
         except (OSError, ValueError, SyntaxError) as exc:  # PIL raises all three for bad files
-            skipped[names[k]] = _reason(exc)
+            skipped[name(i)] = _reason(exc)
         if len(images) == batch_size:
             flush()
     flush()
-    return _Encoded(feats, len(paths), skipped)
+    return _Encoded(feats, len(rows), skipped)
 
 
 # --- SugarCrepe -------------------------------------------------------------------------------
@@ -1093,8 +1084,12 @@ def extract_sugarcrepe(
             "images",
             len(files),
             shard_size,
-            lambda rows: _encode_image_files(
-                enc, [images_dir / files[i] for i in rows], [files[i] for i in rows], batch_size
+            lambda rows: _encode_images(
+                enc,
+                rows,
+                lambda i: open_image(images_dir / files[i]),
+                lambda i: files[i],
+                batch_size,
             ),
         ),
         *_shard_jobs(
