@@ -127,6 +127,82 @@ def test_atmg_flat_scan_ranks_by_the_angle_itself(one_thread) -> None:
     assert _recall(rounds_ids, want_ids) < 0.9  # why the flat index no longer uses the rounds
 
 
+def _spread_atmg_both_sides(image_query_score: str, n: int = 1500):
+    """A float64 AtMG with ``image_query_score`` and, per query side, (queries, database) whose
+    norms spread over two decades (image queries reach the boundary's clamp)."""
+    import torch
+
+    recipe, images, texts = _spread_recipe("atmg", n=n)
+    recipe.config.image_query_score = image_query_score
+    g = torch.Generator().manual_seed(5)
+    feats = torch.randn(n, 10, generator=g) * 10 ** (2 * torch.rand(n, 1, generator=g) - 0.5)
+    with torch.no_grad():
+        text_db = recipe.embed_texts(feats)
+    f64 = lambda emb: {k: v.double() for k, v in emb.items()}  # noqa: E731
+    return recipe.double(), {
+        "images": (f64(texts), f64(images)),
+        "texts": (f64({k: v[:40] for k, v in images.items()}), f64(text_db)),
+    }
+
+
+@pytest.mark.parametrize("image_query_score", ["alpha", "beta"])
+@pytest.mark.parametrize("side", ["images", "texts"])
+def test_atmg_flat_scan_ranks_by_the_angle_at_either_vertex(
+    image_query_score, side, one_thread
+) -> None:
+    """Text queries (side "images") rank by minus the angle at the query; image queries by minus
+    the angle at the text, the database item ("alpha"), or plus the angle at the image, the
+    query ("beta"). The flat scan ranks by that angle itself, so K = 20 candidates hold the
+    exhaustive top 10 and the search equals the exhaustive ranking; the Dinkelbach rounds of the
+    angle at the query (the old candidates, whatever the score) miss most of it."""
+    from curvalign.index import RecipeIndex
+
+    recipe, sides = _spread_atmg_both_sides(image_query_score)
+    queries, database = sides[side]
+    flat = RecipeIndex(recipe, database, side)
+    expected = ("database", False) if (side, image_query_score) == ("texts", "alpha") else None
+    expected = expected or ("query", side == "texts" and image_query_score == "beta")
+    assert (flat.angle_score.vertex, flat.angle_score.larger_is_better) == expected
+    want_scores, want_ids = exhaustive_topk(recipe, queries, database, side, 10)
+    rows = flat.candidates(queries, 20)
+    assert all(set(w) <= set(r) for w, r in zip(want_ids.tolist(), rows.tolist(), strict=True))
+    for k in (1, 10, 20):
+        scores, ids = flat.search(queries, k, candidates=20)
+        np.testing.assert_array_equal(ids, exhaustive_topk(recipe, queries, database, side, k)[1])
+    # the rerank scores row-wise (exterior_angle), the exhaustive pairwise (a clamped cosine)
+    np.testing.assert_allclose(flat.search(queries, 10, 20)[0], want_scores, rtol=1e-9)
+    # control: the old candidates (rounds for the smallest angle at the query) miss the top 10
+    old = flat._dinkelbach_candidates(flat.proxy.query(queries).astype(np.float64), 20)
+    _, old_ids = flat.rerank(queries, old, 10)
+    assert _recall(old_ids, want_ids) < 0.5
+
+
+def test_atmg_hnsw_rounds_follow_the_angle_score(one_thread) -> None:
+    """Over an HNSW graph the Dinkelbach rounds maximise the cosine of the angle at the query,
+    negated where the best items have a large angle there: exact for "beta" image queries (+the
+    angle at the query), a heuristic for "alpha" ones (the angle at the database item); both
+    find more of the top 10 at K = 200 than unsigned rounds."""
+    from curvalign.index import RecipeIndex
+
+    for score in ("alpha", "beta"):
+        recipe, sides = _spread_atmg_both_sides(score)
+        queries, database = sides["texts"]
+        flat = RecipeIndex(recipe, database, "texts")
+        _, want = exhaustive_topk(recipe, queries, database, "texts", 10)
+        functionals = flat.proxy.query(queries)
+        signed = flat._dinkelbach_candidates(flat._rounds_functionals(functionals), 200)
+        unsigned = flat._dinkelbach_candidates(functionals.astype(np.float64), 200)
+        r_signed = _recall(flat.rerank(queries, signed, 10)[1], want)
+        r_unsigned = _recall(flat.rerank(queries, unsigned, 10)[1], want)
+        assert r_signed >= 0.9 and r_signed > r_unsigned + 0.2, (score, r_signed, r_unsigned)
+        ann = RecipeIndex(recipe, database, "texts", candidate_index="hnsw", ef_search=256)
+        assert rerank_recall_of(ann, queries, want) >= r_signed - 0.1
+
+
+def rerank_recall_of(engine, queries, want) -> float:
+    return _recall(engine.search(queries, 10, candidates=200)[1], want)
+
+
 @pytest.mark.parametrize("name", ["atmg", "phyclip"])
 def test_hnsw_candidates_come_from_the_graph_not_a_flat_scan(name, one_thread) -> None:
     from curvalign.index import RecipeIndex

@@ -309,6 +309,8 @@ class RecipeIndex:
         self.side = side
         self.query_side: Query = "text" if side == "images" else "image"
         self.proxy = default_proxy(recipe, proxy)
+        #: "angle" proxies: where the ranked angle has its vertex, and its sign, for this side
+        self.angle_score = self.proxy.spec.angle_score(self.query_side)
         n = next(iter(self.database.values())).shape[0]
         if proxy_index is not None:  # saved by save_proxy: the same vectors, not recomputed
             if proxy_index.ntotal != n:
@@ -334,12 +336,27 @@ class RecipeIndex:
         self.ids = np.arange(n, dtype=np.int64) if ids is None else np.asarray(ids, dtype=np.int64)
         self.score_batch = score_batch
         self._vectors: Tensor | None = None  # the proxy vectors as a tensor, read on first search
+        self._angle_row_cache: tuple[Tensor, Tensor, Tensor] | None = None  # y, t_y, |y|
 
     def _stored(self) -> Tensor:
         """The proxy vectors ``[N, D]`` of a flat candidate index as a tensor (read once)."""
         if self._vectors is None:
             self._vectors = torch.from_numpy(self._index.reconstruct_n(0, len(self)))
         return self._vectors
+
+    def _angle_rows(self) -> tuple[Tensor, Tensor, Tensor]:
+        """The database points ``y`` ``[N, d]`` of an "angle" proxy and, per row, ``t_y`` and
+        ``|y|`` ``[N]`` (computed once per add), in the embedding's precision: float64 for a
+        float64 database (whose far-out points float32 cannot separate), else float32."""
+        if self._angle_row_cache is None:
+            y = self.database[self.proxy.spec.key]
+            dtype = torch.float64 if y.dtype == torch.float64 else torch.float32
+            y64 = y.double()
+            c = float(_curvature(self.recipe)[0])
+            t_y = torch.sqrt(1.0 / c + (y64 * y64).sum(1))
+            norm_y = torch.linalg.vector_norm(y64, dim=1)
+            self._angle_row_cache = (y.to(dtype), t_y.to(dtype), norm_y.to(dtype))
+        return self._angle_row_cache
 
     @property
     def _block(self) -> int:
@@ -363,28 +380,44 @@ class RecipeIndex:
         ]
         return torch.cat(rows).numpy()
 
-    def _angle_scan(self, functionals: np.ndarray, K: int) -> np.ndarray:
-        """``[n, K]`` rows of a flat index with the smallest exterior angle at each query, best
-        first (``functionals`` ``[n, 2, d+1]`` = ``q_a, q_b`` of ``Proxy._angle_functionals``).
+    def _angle_scan(self, queries: Embedding, K: int) -> np.ndarray:
+        """``[n, K]`` rows of a flat index by the exterior angle itself, best first.
 
-        Ranks by ``(t_y - t_x b) / sqrt(b^2 - 1) = cos(alpha) |x|`` (module docstring) with
-        ``b = u.q_b`` (float32 matrix product over the stored ``u = [y, t_y]``) and
-        ``t_x = q_b[-1] / c``: one scan instead of ``ANGLE_ROUNDS`` Dinkelbach scans, and the
-        angle's own order rather than a linearisation of it.
+        With ``b = -c <x, y>_L = c (t_x t_y - x.y)`` (one matrix product per block of queries
+        over the stored ``y``; ``t_y``, ``|y|`` stored per row, ``_angle_rows``), AtMG Eq. 9 gives
+        the cosine of the angle at either end:
+
+        - at the query ``x`` towards ``y``: ``cos = (t_y - t_x b) / (|x| sqrt(b^2 - 1))``, ranked
+          as ``cos |x|`` (``|x|`` is constant per query);
+        - at the database item ``y`` towards ``x`` (``self.angle_score.vertex == "database"``):
+          ``cos = (t_x - t_y b) / (|y| sqrt(b^2 - 1))``.
+
+        Smallest angle first (largest cosine), or largest first when the score is ``+angle``
+        (``self.angle_score.larger_is_better``). One scan instead of ``ANGLE_ROUNDS``
+        Dinkelbach scans, and the angle's own order rather than a linearisation of it; in the
+        database's precision (``_angle_rows``).
         """
         c = float(_curvature(self.recipe)[0])
-        stored = self._stored()
-        t_y = stored[:, -1]
-        q_b = torch.from_numpy(np.ascontiguousarray(functionals[:, 1], dtype=np.float32))
-        t_x = torch.from_numpy((functionals[:, 1, -1] / c).astype(np.float32))[:, None]
+        y, t_y, norm_y = self._angle_rows()
+        x = queries[self.proxy.spec.key].to(y.dtype)
+        t_x = torch.sqrt(1.0 / c + (x.double() ** 2).sum(1)).to(y.dtype)[:, None]
+        at_item = self.angle_score.vertex == "database"
+        sign = -1.0 if self.angle_score.larger_is_better else 1.0
+        # |y| = 0 has no ray: the angle there is pi/2 (cos 0), as in geometry.lorentz
+        inv_norm_y = 1.0 / torch.clamp(norm_y, min=torch.finfo(y.dtype).tiny)
         rows = []
-        for i in range(0, len(q_b), self._block):
-            b = q_b[i : i + self._block] @ stored.T
+        for i in range(0, len(x), self._block):
+            block = slice(i, i + self._block)
+            b = c * (t_x[block] * t_y - x[block] @ y.T)
             # b < 1 only by rounding (y at x, where the angle is undetermined): kept finite
-            ratio = (t_y - t_x[i : i + self._block] * b) / torch.sqrt(
-                torch.clamp(b * b - 1.0, min=1e-12)
-            )
-            rows.append(torch.topk(ratio, K, dim=1).indices)
+            inv_sinh = torch.rsqrt(torch.clamp(b * b - 1.0, min=1e-12))
+            if at_item:
+                # clamped like the exhaustive score's cosine: rounding past +-1 ranks no item
+                # above one at angle 0 (or pi)
+                ratio = torch.clamp((t_x[block] - t_y * b) * inv_sinh * inv_norm_y, -1.0, 1.0)
+            else:
+                ratio = (t_y - t_x[block] * b) * inv_sinh
+            rows.append(torch.topk(sign * ratio, K, dim=1).indices)
         return torch.cat(rows).numpy()
 
     @property
@@ -419,7 +452,7 @@ class RecipeIndex:
             self._index.add(vectors)
         self.database = everything
         self.ids = np.concatenate([self.ids, new_ids])
-        self._vectors = None  # the flat scan reads the grown index again
+        self._vectors = self._angle_row_cache = None  # the flat scan reads the grown index again
 
     def __len__(self) -> int:
         return int(self._index.ntotal)
@@ -438,12 +471,27 @@ class RecipeIndex:
         queries = as_torch_embedding(queries)
         _check_embedding(queries, self.database, "queries")
         K = min(int(K), len(self))
+        if self.proxy.spec.kind == "angle" and self.candidate_index == "flat":
+            return self._angle_scan(queries, K)
         vectors = self.proxy.query(queries)
         if vectors.ndim == 2:
             return self._top_rows(vectors, K)
-        if self.candidate_index == "flat":
-            return self._angle_scan(vectors, K)
-        return self._dinkelbach_candidates(vectors.astype(np.float64), K)
+        return self._dinkelbach_candidates(self._rounds_functionals(vectors), K)
+
+    def _rounds_functionals(self, functionals: np.ndarray) -> np.ndarray:
+        """``q_a, q_b`` ``[n, 2, D]`` float64 for the Dinkelbach rounds, which maximise
+        ``a / sqrt(b^2 - 1)``, the cosine of the angle at the query: ``q_a`` negated where the
+        best items have a large angle at the query. That is exact for a score of ``+angle`` at
+        the query. For an angle at the database item it is a heuristic: a small angle at ``y``
+        towards ``x`` puts ``x`` beyond ``y`` along ``y``'s ray, where the angle at ``x`` towards
+        ``y`` is near pi (and the reverse for ``+angle``); the rounds rank by that angle at ``x``,
+        and the rerank by the exact one (``benchmarks/search.py --sections candidates``
+        measures the recall)."""
+        spec = self.angle_score
+        out = functionals.astype(np.float64)
+        if spec.larger_is_better != (spec.vertex == "database"):
+            out[:, 0] *= -1.0
+        return out
 
     def _dinkelbach_candidates(self, functionals: np.ndarray, K: int) -> np.ndarray:
         """Candidates for ``max a / sqrt(b^2 - 1)`` (``functionals`` ``[n, 2, D]`` = ``q_a, q_b``)."""

@@ -29,6 +29,7 @@ from curvalign.geometry import lorentz
 from curvalign.losses import angle_contrastive_loss, centroid_radius_loss, matched_angle_loss
 from curvalign.recipes import register
 from curvalign.recipes.base import (
+    AngleScore,
     Batch,
     Embedding,
     Gather,
@@ -120,10 +121,18 @@ class Atmg(LorentzRecipe):
         return angle_at_text_pair_scores(texts["point"], images["point"], c)
 
     def index_proxies(self) -> dict[str, IndexProxy]:
-        """The angle is no inner product of fixed vectors: candidates by the angle's two linear
-        functionals (Dinkelbach rounds, ``index/rerank.py``) or by distance, reranked exactly."""
+        """The angle is no inner product of fixed vectors: candidates by the angle itself (flat
+        scan) or its two linear functionals (Dinkelbach rounds, ``index/rerank.py``), or by
+        distance, reranked exactly. Text queries: minus the angle at the text, the query. Image
+        queries: minus the angle at the text, now the database item, or with
+        ``image_query_score="beta"`` plus the angle at the image, the query."""
+        beta = self.config.image_query_score == "beta"
+        angle = {
+            "text": AngleScore("query"),
+            "image": AngleScore("query", larger_is_better=True) if beta else AngleScore("database"),
+        }
         return {
-            "angle": IndexProxy("angle", "point"),
+            "angle": IndexProxy("angle", "point", angle=angle),
             "lorentz": IndexProxy("lorentz", "point"),
         }
 

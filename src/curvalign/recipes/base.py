@@ -69,6 +69,22 @@ Query = Literal["text", "image"]
 Geometry = Literal["sphere", "lorentz", "lorentz-product", "euclidean", "features"]
 #: vector maps an index knows (``index/rerank.py`` builds the vectors of each kind)
 ProxyKind = Literal["cosine", "lorentz", "angle", "product-lorentz", "mixed"]
+#: where an "angle" proxy's angle has its vertex: at the query point or at the database item
+AngleVertex = Literal["query", "database"]
+
+
+@dataclass(frozen=True)
+class AngleScore:
+    """How a score reads the exterior angle (AtMG Eq. 9) for one query side of an index.
+
+    vertex            "query": the angle at the query point towards the database item;
+                      "database": the angle at the database item towards the query
+    larger_is_better  False: the score is minus the angle (smallest angle first); True: the
+                      angle itself (largest first)
+    """
+
+    vertex: AngleVertex = "query"
+    larger_is_better: bool = False
 
 
 @dataclass(frozen=True)
@@ -77,19 +93,28 @@ class IndexProxy:
 
     kind     the vector map (see ``index/rerank.py``): "cosine" (unit vectors of ``key``),
              "lorentz" (``-d_L`` of the Lorentz points of ``key``), "angle" (the exterior angle
-             at the query: its own ratio over a flat index, Dinkelbach candidates over an HNSW
-             graph), "product-lorentz" (sum over factors of
+             with the vertex and sign ``angle`` names: its own value over a flat index, Dinkelbach
+             candidates over an HNSW graph), "product-lorentz" (sum over factors of
              ``c_f <x_f, y_f>_L``, points ``[N, k, d]`` of ``key``), "mixed" (a weighted H x E x S
              product over the keys "hyperbolic", "euclidean", "sphere")
     key      the embedding key the map reads (None for "mixed")
     exact    True when the proxy ranks exactly like the recipe's score (no rerank needed)
     weights  part weights of "mixed" ({"hyperbolic", "euclidean", "sphere"} -> float)
+    angle    "angle": how the score reads the angle for each query side ("text": texts query
+             an image database, "image": the reverse), an ``AngleScore`` (where the angle's
+             vertex is, and its sign); a side left out means ``AngleScore()`` (minus the angle
+             at the query)
     """
 
     kind: ProxyKind
     key: str | None = "point"
     exact: bool = False
     weights: Mapping[str, float] | None = None
+    angle: Mapping[Query, AngleScore] | None = None
+
+    def angle_score(self, query: Query) -> AngleScore:
+        """How the score of an "angle" proxy reads the angle when ``query`` is the query side."""
+        return (self.angle or {}).get(query, AngleScore())
 
 
 def slice_embedding(emb: Embedding, index: slice | Tensor) -> Embedding:
