@@ -18,7 +18,11 @@ Everything is measured in one run and printed as Markdown tables (see docs/searc
    orders of magnitude (points near the boundary): the flat proxy scan, the HNSW candidate graph
    built on Poincare-ball coordinates (``RecipeIndex(candidate_index="hnsw")``), and a plain
    inner-product HNSW on the proxy vectors (the reduced-MIPS graph that fails near the boundary),
-   so that ``--candidates`` can be picked from a measurement.
+   so that ``--candidates`` can be picked from a measurement. Text queries over an image database
+   for ``--recipes``, image queries over a text database for ``--image-queries`` (default AtMG
+   with either ``image_query_score``: the angle at the database item, or at the query). Recall is
+   against the float32 exhaustive ranking; two more columns compare the flat search and that
+   reference with a float64 exhaustive ranking (float32 cannot separate far-out points).
 5. Search a person can use (``--sections service``): queries per second of ``Searcher`` end to
    end from text, with the encoder step excluded (precomputed features) and included (a tiny
    local open_clip text tower), and of the HTTP service (``curvalign serve``'s app under uvicorn
@@ -37,6 +41,7 @@ randomly initialised recipes, so the embeddings keep the clusters.
 from __future__ import annotations
 
 import argparse
+import copy
 import math
 import time
 
@@ -363,25 +368,49 @@ def naive_ip_hnsw(vectors: np.ndarray, M: int, ef_construction: int, ef_search: 
     return index
 
 
+def _recipe_spec(spec: str) -> tuple[str, dict]:
+    """``NAME[:FIELD=VALUE,...]``: a recipe name and config overrides (strings)."""
+    name, _, rest = spec.partition(":")
+    return name, dict(item.split("=", 1) for item in rest.split(",") if item)
+
+
 def recall_vs_candidates(args: argparse.Namespace) -> None:
     rows = []
     image_dim, text_dim = 64, 48
     image_feats = spread_features(args.candidates_n, image_dim, 1)
     text_feats = spread_features(args.queries, text_dim, 2) * 0.3
-    for name in args.recipes:
+    # image queries: a text database spread like the text queries, images as queries
+    text_db_feats = spread_features(args.candidates_n, text_dim, 3) * 0.3
+    image_query_feats = spread_features(args.queries, image_dim, 4)
+    runs = [(spec, "text") for spec in args.recipes]
+    runs += [(spec, "image") for spec in args.image_queries]
+    for spec, query in runs:
+        name, overrides = _recipe_spec(spec)
         torch.manual_seed(0)
         cls = get_recipe(name)
-        recipe = cls(cls.Config(), image_dim, text_dim).eval()
+        recipe = cls(cls.Config(**overrides), image_dim, text_dim).eval()
         with torch.no_grad():
-            images = {k: v.contiguous() for k, v in recipe.embed_images(image_feats).items()}
-            texts = recipe.embed_texts(text_feats)
-        _, want = exhaustive_topk(recipe, texts, images, "images", args.k)
-        flat = RecipeIndex(recipe, images, "images")
+            if query == "text":
+                side = "images"
+                database = {k: v.contiguous() for k, v in recipe.embed_images(image_feats).items()}
+                queries = recipe.embed_texts(text_feats)
+            else:
+                side = "texts"
+                database = {k: v.contiguous() for k, v in recipe.embed_texts(text_db_feats).items()}
+                queries = recipe.embed_images(image_query_feats)
+        _, want = exhaustive_topk(recipe, queries, database, side, args.k)
+        # the same ranking in float64: float32 cannot separate the far-out points (ties at the
+        # clamps of the exhaustive score), so the float32 reference can be wrong itself
+        f64 = lambda emb: {k: v.double() for k, v in emb.items()}  # noqa: E731
+        _, want64 = exhaustive_topk(
+            copy.deepcopy(recipe).double(), f64(queries), f64(database), side, args.k
+        )
+        flat = RecipeIndex(recipe, database, side)
         t_graph, graph = timed(
             lambda: RecipeIndex(
                 recipe,
-                images,
-                "images",
+                database,
+                side,
                 candidate_index="hnsw",
                 M=args.M,
                 ef_construction=args.ef_construction,
@@ -392,31 +421,36 @@ def recall_vs_candidates(args: argparse.Namespace) -> None:
         t_naive, naive_index = timed(
             lambda: naive_ip_hnsw(vectors, args.M, args.ef_construction, args.ef_search)
         )
-        naive = RecipeIndex(recipe, images, "images", proxy_index=naive_index)
+        naive = RecipeIndex(recipe, database, side, proxy_index=naive_index)
         for K in args.candidate_grid:
-            line = [name, flat.proxy.name, args.candidates_n, K]
+            line = [spec, f"{query} -> {side[:-1]}", flat.proxy.name, args.candidates_n, K]
             times = []
             for engine in (flat, graph, naive):
-                t, (_, got) = timed(lambda: engine.search(texts, args.k, K))
+                t, (_, got) = timed(lambda: engine.search(queries, args.k, K))
                 line.append(recall(got, want))
                 times.append(1e3 * t / args.queries)
-            rows.append(line + times)
+                if engine is flat:
+                    flat_vs_f64 = recall(got, want64)
+            rows.append(line + [flat_vs_f64, recall(want, want64)] + times)
         print(
-            f"{name}: candidate graph built in {t_graph:.1f} s, plain IP HNSW in {t_naive:.1f} s",
+            f"{spec} ({query} queries): candidate graph built in {t_graph:.1f} s, "
+            f"plain IP HNSW in {t_naive:.1f} s",
             flush=True,
         )
     table(
-        f"Recall@{args.k} vs candidates K on norms spread over two decades (random-init recipes, "
-        f"text -> image; HNSW M={args.M}, ef_construction={args.ef_construction}, "
-        f"ef_search={args.ef_search})",
+        f"Recall@{args.k} vs candidates K on norms spread over two decades (random-init recipes; "
+        f"HNSW M={args.M}, ef_construction={args.ef_construction}, ef_search={args.ef_search})",
         [
             "recipe",
+            "query",
             "proxy",
             "N",
             "K",
             "recall flat proxy",
             "recall HNSW on ball coords",
             "recall plain IP HNSW",
+            "recall flat vs float64",
+            "float32 reference vs float64",
             "ms/q flat",
             "ms/q ball HNSW",
             "ms/q IP HNSW",
@@ -692,6 +726,13 @@ def main() -> None:
         help="default: all four (--skip-exact: rerank only)",
     )
     p.add_argument("--candidates-n", type=int, default=50_000, help="items, section 4")
+    p.add_argument(
+        "--image-queries",
+        nargs="*",
+        default=["atmg", "atmg:image_query_score=beta"],
+        help="section 4: recipes also measured with image queries over a text database "
+        "(NAME[:FIELD=VALUE,...] sets config fields)",
+    )
     p.add_argument(
         "--candidate-grid", type=int, nargs="+", default=[10, 20, 50, 100, 200, 500, 1000]
     )

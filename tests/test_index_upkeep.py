@@ -177,6 +177,21 @@ def test_atmg_flat_scan_ranks_by_the_angle_at_either_vertex(
     assert _recall(old_ids, want_ids) < 0.5
 
 
+def test_atmg_angle_scan_after_add_equals_building_on_everything(one_thread) -> None:
+    """The per-row t_y, |y| of the angle scan are renewed by add (a stale copy would miss the
+    added texts, which hold some of the top 10 for image queries)."""
+    from curvalign.index import RecipeIndex
+
+    recipe, sides = _spread_atmg_both_sides("alpha", n=600)
+    queries, database = sides["texts"]
+    grown = RecipeIndex(recipe, {k: v[:450] for k, v in database.items()}, "texts")
+    grown.search(queries, 10, candidates=20)  # fills the per-row cache
+    grown.add({k: v[450:] for k, v in database.items()})
+    _, want = exhaustive_topk(recipe, queries, database, "texts", 10)
+    assert (want >= 450).any()
+    np.testing.assert_array_equal(grown.search(queries, 10, candidates=20)[1], want)
+
+
 def test_atmg_hnsw_rounds_follow_the_angle_score(one_thread) -> None:
     """Over an HNSW graph the Dinkelbach rounds maximise the cosine of the angle at the query,
     negated where the best items have a large angle there: exact for "beta" image queries (+the

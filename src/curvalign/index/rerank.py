@@ -16,20 +16,27 @@ Proxies (database vector ``u``, query vector ``v``, ``u.v`` large = likely a goo
     cosine           unit vectors of ``key``: ``u.v`` is the cosine itself.
     lorentz          Lorentz ``[x, t]`` / ``[y, -t]`` of ``key``: ``u.v = <x,y>_L``, exact for
                      ``-d_L``.
-    angle            the exterior angle at the query point ``x`` towards ``y`` has
-                     ``cos(alpha) = sqrt(c) a / sqrt(b^2 - 1)`` with two *linear* functionals of the
-                     lifted ``y``: ``a = <y, r>_L`` (``r`` the outward radial unit vector at ``x``)
-                     and ``b = -c <x, y>_L``. A flat candidate index scans every item anyway, so
-                     it ranks by the ratio itself: with ``c t_x^2 = 1 + c |x|^2``,
-                     ``a = (t_y - t_x b) / (sqrt(c) |x|)``, hence
-                     ``cos(alpha) |x| = (t_y - t_x b) / sqrt(b^2 - 1)``, one matrix product (``b``)
-                     and the stored ``t_y`` (``RecipeIndex._angle_scan``): the ranking is the
-                     angle's own, up to float32 rounding of ``b``. An HNSW candidate index can only
-                     answer inner products: candidates come from a Dinkelbach iteration for the
+    angle            the exterior angle (AtMG Eq. 9); the recipe says per query side where its
+                     vertex is and its sign (``IndexProxy.angle``, an ``AngleScore``). With
+                     ``b = -c <x, y>_L`` (``x`` the query, ``y`` the database item; one matrix
+                     product) and ``c t^2 = 1 + c |.|^2``, the cosine of the angle at ``x``
+                     towards ``y`` is ``(t_y - t_x b) / (|x| sqrt(b^2 - 1))`` and at ``y``
+                     towards ``x`` ``(t_x - t_y b) / (|y| sqrt(b^2 - 1))``. A flat candidate
+                     index scans every item anyway, so it ranks by that cosine itself
+                     (``RecipeIndex._angle_scan``; ``t_y`` and ``|y|`` stored per row, in the
+                     database's precision): the ranking is the angle's own. An HNSW candidate
+                     index can only answer inner products: the angle at ``x`` is
+                     ``cos = sqrt(c) a / sqrt(b^2 - 1)`` with two *linear* functionals of the
+                     lifted ``y``, ``a = <y, r>_L`` (``r`` the outward radial unit vector at
+                     ``x``) and ``b``, and candidates come from a Dinkelbach iteration for the
                      ratio: search ``max a - lam b``, set ``lam`` to the best ratio found times the
                      slope of ``sqrt(b^2 - 1)`` at the best item (the tangent of the concave
                      denominator), repeat (``ANGLE_ROUNDS`` rounds, ``lam = 0`` first); the union of
-                     the rounds' hit lists, last round first, is the candidate list. (The plain
+                     the rounds' hit lists, last round first, is the candidate list. ``a`` is
+                     negated where the best items have a large angle at the query: a score of
+                     ``+angle`` at the query (exact), or ``-angle`` at the database item, where
+                     the rounds are a heuristic (a small angle at ``y`` towards ``x`` puts ``x``
+                     beyond ``y`` on ``y``'s ray, where the angle at ``x`` is near pi). (The plain
                      distance proxy fails here: the best angles belong to images far out along the
                      text's axis, not near it; recall@10 was about 0.01 at K = 200 in our check.)
     product-lorentz  per factor ``[x_f, t_f]`` / ``c_f [y_f, -t_f]`` concatenated:
