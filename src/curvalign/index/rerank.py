@@ -352,9 +352,10 @@ class RecipeIndex:
         return self._vectors
 
     def _angle_rows(self) -> tuple[Tensor, Tensor, Tensor]:
-        """The database points ``y`` ``[N, d]`` of an "angle" proxy and, per row, ``t_y`` and
-        ``|y|`` ``[N]`` (computed once per add), in the embedding's precision: float64 for a
-        float64 database (whose far-out points float32 cannot separate), else float32."""
+        """The lifted database points ``u = [y, t_y]`` ``[N, d+1]`` of an "angle" proxy and, per
+        row, ``t_y`` and ``|y|`` ``[N]`` (computed once per add), in the embedding's precision:
+        float64 for a float64 database (whose far-out points float32 cannot separate), else
+        float32 (then ``u`` replaces the copy of the Faiss vectors a flat scan reads)."""
         if self._angle_row_cache is None:
             y = self.database[self.proxy.spec.key]
             dtype = torch.float64 if y.dtype == torch.float64 else torch.float32
@@ -362,7 +363,8 @@ class RecipeIndex:
             c = float(_curvature(self.recipe)[0])
             t_y = torch.sqrt(1.0 / c + (y64 * y64).sum(1))
             norm_y = torch.linalg.vector_norm(y64, dim=1)
-            self._angle_row_cache = (y.to(dtype), t_y.to(dtype), norm_y.to(dtype))
+            u = torch.cat([y64, t_y[:, None]], dim=1).to(dtype)
+            self._angle_row_cache = (u, t_y.to(dtype), norm_y.to(dtype))
         return self._angle_row_cache
 
     @property
@@ -390,8 +392,9 @@ class RecipeIndex:
     def _angle_scan(self, queries: Embedding, K: int) -> np.ndarray:
         """``[n, K]`` rows of a flat index by the exterior angle itself, best first.
 
-        With ``b = -c <x, y>_L = c (t_x t_y - x.y)`` (one matrix product per block of queries
-        over the stored ``y``; ``t_y``, ``|y|`` stored per row, ``_angle_rows``), AtMG Eq. 9 gives
+        With ``b = -c <x, y>_L = c [-x, t_x] . [y, t_y]`` (one matrix product per block of
+        queries over the stored ``[y, t_y]``; ``t_y``, ``|y|`` stored per row, ``_angle_rows``),
+        AtMG Eq. 9 gives
         the cosine of the angle at either end:
 
         - at the query ``x`` towards ``y``: ``cos = (t_y - t_x b) / (|x| sqrt(b^2 - 1))``, ranked
@@ -405,17 +408,19 @@ class RecipeIndex:
         database's precision (``_angle_rows``).
         """
         c = float(_curvature(self.recipe)[0])
-        y, t_y, norm_y = self._angle_rows()
-        x = queries[self.proxy.spec.key].to(y.dtype)
-        t_x = torch.sqrt(1.0 / c + (x.double() ** 2).sum(1)).to(y.dtype)[:, None]
+        u, t_y, norm_y = self._angle_rows()
+        x = queries[self.proxy.spec.key].double()
+        t_x = torch.sqrt(1.0 / c + (x * x).sum(1))[:, None]
+        q_b = (c * torch.cat([-x, t_x], dim=1)).to(u.dtype)
+        t_x = t_x.to(u.dtype)
         at_item = self.angle_score.vertex == "database"
         sign = -1.0 if self.angle_score.larger_is_better else 1.0
         # |y| = 0 has no ray: the angle there is pi/2 (cos 0), as in geometry.lorentz
-        inv_norm_y = 1.0 / torch.clamp(norm_y, min=torch.finfo(y.dtype).tiny)
+        inv_norm_y = 1.0 / torch.clamp(norm_y, min=torch.finfo(u.dtype).tiny)
         rows = []
         for i in range(0, len(x), self._block):
             block = slice(i, i + self._block)
-            b = c * (t_x[block] * t_y - x[block] @ y.T)
+            b = q_b[block] @ u.T
             # b < 1 only by rounding (y at x, where the angle is undetermined): kept finite
             inv_sinh = torch.rsqrt(torch.clamp(b * b - 1.0, min=1e-12))
             if at_item:
