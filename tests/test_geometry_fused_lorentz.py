@@ -27,7 +27,7 @@ needs_kernel = pytest.mark.skipif(
 )
 
 FUNCTIONS = {"dist": L.pairwise_dist, "angle": L.pairwise_exterior_angle}
-FUSED_NODES = {"dist": "_FusedDist", "angle": "_FusedExteriorAngle"}
+FUSED_NODES = {"dist": "curvalign_lorentz_dist_", "angle": "curvalign_lorentz_exterior_angle_"}
 
 
 def points(seed: int, shape: tuple[int, ...], dtype: torch.dtype, scale: float = 1.0):

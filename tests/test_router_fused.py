@@ -104,7 +104,7 @@ def test_fused_is_the_default_on_cpu() -> None:
     while node is not None and node.next_functions:
         names.append(type(node).__name__)
         node = node.next_functions[0][0]
-    assert any("_FusedRouter" in n for n in names), names
+    assert any("router_logits" in n for n in names), names
 
 
 @needs_kernel
@@ -313,10 +313,10 @@ def test_env_switch_turns_the_kernel_off(monkeypatch: pytest.MonkeyPatch) -> Non
 
     monkeypatch.setenv("CURVALIGN_FUSED", "0")
     off = router.matrix_logits(s_e, s_h, router.text_context(h_t), router.image_context(h_i))
-    assert "_FusedRouter" not in graph(off)
+    assert "router_logits" not in graph(off)
     monkeypatch.setenv("CURVALIGN_FUSED", "1")
     on = router.matrix_logits(s_e, s_h, router.text_context(h_t), router.image_context(h_i))
-    assert "_FusedRouter" in graph(on)
+    assert "router_logits" in graph(on)
     _assert_close(on.detach(), off.detach(), f64, "env switch")
 
 

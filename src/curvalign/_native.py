@@ -82,6 +82,14 @@ class NativeKernel:
         self.library: ctypes.CDLL | None = None
         self.failed: str | None = None
 
+        def ready() -> bool:
+            return enabled() and self.load() is not None
+
+        # Under torch.compile the answer is taken once, when the graph is traced (Dynamo cannot
+        # trace the build's lock, and the kernel's ops are opaque to it anyway): the switch and
+        # a first build happen at compile time, not as a graph break.
+        self._ready = torch.compiler.assume_constant_result(ready)
+
     def build(self) -> Path:
         """Compile the source into the cache (once per source, flags and compiler); its path."""
         compiler = os.environ.get("CXX") or "g++"
@@ -140,10 +148,11 @@ class NativeKernel:
         self.library, self.failed = None, None
 
     def available(self, *tensors: Tensor) -> bool:
-        """Whether the kernel applies: enabled, every tensor on CPU in float32/64, built."""
-        if not enabled():
-            return False
+        """Whether the kernel applies: every tensor on CPU in float32/64, enabled, built.
+
+        Under ``torch.compile``, ``CURVALIGN_FUSED`` is read when the graph is traced.
+        """
         for t in tensors:
             if t.device.type != "cpu" or t.dtype not in (torch.float32, torch.float64):
                 return False
-        return self.load() is not None
+        return self._ready()

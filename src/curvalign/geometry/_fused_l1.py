@@ -61,39 +61,65 @@ def _suffix(dtype: torch.dtype) -> str:
     return "f32" if dtype == torch.float32 else "f64"
 
 
-class _FusedL1(torch.autograd.Function):
-    """``[N, k, D1]``, ``[Mb, k, D1, 8]``, ``[k]`` -> ``[N, M]``; see the module docstring."""
+# The kernel as two ``torch.library`` custom ops with their autograd formula: eager calls run the
+# C++ loop directly, and ``torch.compile`` sees opaque ops with known output shapes (the fake
+# implementations) instead of tracing into a ctypes call it cannot see, which left the compiled
+# graph returning the uninitialised output buffer.
 
-    @staticmethod
-    def forward(ctx, P: Tensor, Qi: Tensor, s: Tensor, M: int) -> Tensor:  # type: ignore[override]
-        ctx.save_for_backward(P, Qi, s)
-        lib = KERNEL.library
-        assert lib is not None
-        N, k, width = P.shape
-        out = P.new_empty(N, M)
-        getattr(lib, f"curvalign_l1_forward_{_suffix(P.dtype)}")(
-            P.data_ptr(), Qi.data_ptr(), s.data_ptr(), out.data_ptr(),
-            N, M, k, width, torch.get_num_threads(),
-        )  # fmt: skip
-        return out
 
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, grad: Tensor):  # type: ignore[override]
-        P, Qi, s = ctx.saved_tensors
-        w0 = eps(P.dtype)
-        r_floor = math.sqrt(w0 * (1.0 + w0))  # as the reference's _PairwiseAcosh.backward
-        lib = KERNEL.library
-        assert lib is not None
-        N, k, width = P.shape
-        grad = grad.to(P.dtype).contiguous()
-        gP, gQ, gs = torch.empty_like(P), torch.empty_like(Qi), torch.empty_like(s)
-        getattr(lib, f"curvalign_l1_backward_{_suffix(P.dtype)}")(
-            P.data_ptr(), Qi.data_ptr(), s.data_ptr(), grad.data_ptr(),
-            gP.data_ptr(), gQ.data_ptr(), gs.data_ptr(),
-            N, grad.shape[1], k, width, r_floor, torch.get_num_threads(),
-        )  # fmt: skip
-        return gP, gQ, gs, None
+@torch.library.custom_op("curvalign::l1_forward", mutates_args=())
+def _l1_forward(P: Tensor, Qi: Tensor, s: Tensor, M: int) -> Tensor:
+    """``P [N, k, D1]``, ``Qi [Mb, k, D1, 8]``, ``s [k]`` (contiguous) -> ``[N, M]``."""
+    lib = KERNEL.library
+    assert lib is not None, "call available() first"
+    N, k, width = P.shape
+    out = P.new_empty(N, M)
+    getattr(lib, f"curvalign_l1_forward_{_suffix(P.dtype)}")(
+        P.data_ptr(), Qi.data_ptr(), s.data_ptr(), out.data_ptr(),
+        N, M, k, width, torch.get_num_threads(),
+    )  # fmt: skip
+    return out
+
+
+@_l1_forward.register_fake
+def _(P: Tensor, Qi: Tensor, s: Tensor, M: int) -> Tensor:
+    return P.new_empty(P.shape[0], M)
+
+
+@torch.library.custom_op("curvalign::l1_backward", mutates_args=())
+def _l1_backward(P: Tensor, Qi: Tensor, s: Tensor, grad: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """``dL/dP``, ``dL/dQi``, ``dL/ds`` for an incoming ``grad [N, M]``."""
+    w0 = eps(P.dtype)
+    r_floor = math.sqrt(w0 * (1.0 + w0))  # as the reference's _PairwiseAcosh.backward
+    lib = KERNEL.library
+    assert lib is not None, "call available() first"
+    N, k, width = P.shape
+    grad = grad.to(P.dtype).contiguous()
+    gP, gQ, gs = torch.empty_like(P), torch.empty_like(Qi), torch.empty_like(s)
+    getattr(lib, f"curvalign_l1_backward_{_suffix(P.dtype)}")(
+        P.data_ptr(), Qi.data_ptr(), s.data_ptr(), grad.data_ptr(),
+        gP.data_ptr(), gQ.data_ptr(), gs.data_ptr(),
+        N, grad.shape[1], k, width, r_floor, torch.get_num_threads(),
+    )  # fmt: skip
+    return gP, gQ, gs
+
+
+@_l1_backward.register_fake
+def _(P: Tensor, Qi: Tensor, s: Tensor, grad: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    return torch.empty_like(P), torch.empty_like(Qi), torch.empty_like(s)
+
+
+def _l1_setup(ctx, inputs, output) -> None:  # type: ignore[no-untyped-def]  # noqa: ANN001
+    P, Qi, s, _ = inputs
+    ctx.save_for_backward(P, Qi, s)
+
+
+def _l1_grad(ctx, grad: Tensor):  # type: ignore[no-untyped-def]  # noqa: ANN001, ANN202
+    P, Qi, s = ctx.saved_tensors
+    return (*_l1_backward(P, Qi, s, grad), None)
+
+
+_l1_forward.register_autograd(_l1_grad, setup_context=_l1_setup)
 
 
 def l1_pairwise_dist_fused(X: Tensor, Y: Tensor, c: Tensor) -> Tensor:
@@ -119,4 +145,4 @@ def l1_pairwise_dist_fused(X: Tensor, Y: Tensor, c: Tensor) -> Tensor:
         Q = torch.cat([Q, Q.new_zeros(k, Mb * _LANES - M, width)], 1)
     Qi = Q.reshape(k, Mb, _LANES, width).permute(1, 0, 3, 2).contiguous()  # [Mb, k, d+1, 8]
     s = torch.rsqrt(c).contiguous()
-    return _FusedL1.apply(P, Qi, s, M)
+    return _l1_forward(P, Qi, s, M)

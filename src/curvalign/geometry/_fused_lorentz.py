@@ -95,67 +95,158 @@ def _bmm(A: Tensor, B: Tensor) -> Tensor:
     return torch.mm(A[0], B[0]).unsqueeze(0) if A.shape[0] == 1 else torch.bmm(A, B)
 
 
-class _FusedDist(torch.autograd.Function):
+# Each kernel is a pair of ``torch.library`` custom ops (forward, backward) with their autograd
+# formula: eager calls run the C++ passes directly, and ``torch.compile`` sees opaque ops with
+# known output shapes (the fake implementations) instead of tracing into a ctypes call it cannot
+# see, which left the compiled graph returning the uninitialised output buffer.
+#
+# The forward also returns the Gram matrix (kept for backward) and a one-byte state, 0 while the
+# Gram matrix is intact. The backward op writes over the Gram matrix (declared: ``mutates_args``)
+# and sets the state to 1; a second backward through the same graph (``retain_graph=True``) sees
+# it and recomputes the Gram matrix into the same buffer first (same values, one GEMM more).
+
+
+def _pair_outputs(X: Tensor, Y: Tensor, squeeze: bool) -> tuple[Tensor, Tensor, Tensor]:
+    """Fresh ``out`` (``[N, M]`` with squeeze, else ``[k, N, M]``), Gram ``[k, N, M]``, state."""
+    k, N, M = X.shape[0], X.shape[1], Y.shape[1]
+    out = X.new_empty((N, M) if squeeze else (k, N, M))
+    return out, X.new_empty(k, N, M), torch.zeros((), dtype=torch.uint8)
+
+
+def _restore_gram(X: Tensor, Y: Tensor, G: Tensor, state: Tensor) -> None:
+    """Recompute the Gram matrix into ``G`` if an earlier backward consumed it; mark it used."""
+    if int(state.item()) != 0:
+        if X.shape[0] == 1:
+            torch.mm(X[0], Y[0].t(), out=G[0])
+        else:
+            torch.bmm(X, Y.transpose(1, 2), out=G)
+    state.fill_(1)
+
+
+def _unused(t: Tensor) -> Tensor:
+    """The placeholder an op returns for a gradient nobody asked for (mapped to ``None``)."""
+    return t.new_empty(0)
+
+
+def _grads_or_none(grads: tuple[Tensor, ...], needs: tuple[bool, ...]) -> list[Tensor | None]:
+    return [g if need else None for g, need in zip(grads, needs, strict=True)]
+
+
+def _dist_operands(X: Tensor, Y: Tensor, c: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``t_x [k, N]``, ``t_y [k, M]``, ``a = c/2``, ``s = 1/sqrt(c)`` (``[k]``)."""
+    cv = c.view(-1, 1)
+    tx = torch.sqrt(cv.reciprocal() + torch.linalg.vecdot(X, X))
+    ty = torch.sqrt(cv.reciprocal() + torch.linalg.vecdot(Y, Y))
+    return tx, ty, 0.5 * c, torch.rsqrt(c)
+
+
+@torch.library.custom_op("curvalign::lorentz_dist", mutates_args=())
+def _dist_forward(X: Tensor, Y: Tensor, c: Tensor, squeeze: bool) -> tuple[Tensor, Tensor, Tensor]:
     """``d = s acosh(1 + 2 max(w, 0))``, ``w = a (t_x t_y - X Y^T) - 1/2`` per factor, with
     ``a = c/2``, ``s = 1/sqrt(c)``, ``t = sqrt(1/c + |x|^2)``.
 
-    ``X: [k, N, d]``, ``Y: [k, M, d]``, ``c: [k]`` (contiguous) -> ``[k, N, M]`` (``[N, M]``
-    with ``squeeze``). The times, ``a`` and ``s`` are made here and differentiated by hand:
-    with ``H = s grad dacosh/dw`` (computed over the saved Gram matrix) and the kernel's sums
-    ``row_i = sum_j H t_yj``, ``col_j = sum_i H t_xi``,
+    ``X: [k, N, d]``, ``Y: [k, M, d]``, ``c: [k]`` (contiguous) -> (``[k, N, M]``, or
+    ``[N, M]`` with ``squeeze``; the Gram matrix ``[k, N, M]``; its state).
+    """
+    k, N, _ = X.shape
+    M = Y.shape[1]
+    tx, ty, a, s = _dist_operands(X, Y, c)
+    G = _gram(X, Y)
+    out = G.new_empty((N, M) if squeeze else (k, N, M))
+    _fn("dist_forward", X.dtype)(
+        G.data_ptr(), out.data_ptr(), tx.data_ptr(), ty.data_ptr(), a.data_ptr(),
+        s.data_ptr(), k, N, M, torch.get_num_threads(),
+    )  # fmt: skip
+    # [N, M] made here for k = 1: a select outside would cost a copy backward
+    return out, G, torch.zeros((), dtype=torch.uint8)
+
+
+@_dist_forward.register_fake
+def _(X: Tensor, Y: Tensor, c: Tensor, squeeze: bool) -> tuple[Tensor, Tensor, Tensor]:
+    return _pair_outputs(X, Y, squeeze)
+
+
+@torch.library.custom_op("curvalign::lorentz_dist_backward", mutates_args=("G", "state"))
+def _dist_backward(
+    grad: Tensor,
+    X: Tensor,
+    Y: Tensor,
+    c: Tensor,
+    G: Tensor,
+    state: Tensor,
+    need_x: bool,
+    need_y: bool,
+    need_c: bool,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """With ``H = s grad dacosh/dw`` (computed over the Gram matrix ``G``, in place) and the
+    kernel's sums ``row_i = sum_j H t_yj``, ``col_j = sum_i H t_xi``,
     ``dX = a (row / t_x * X - H Y)``, ``dY = a (col / t_y * Y - H^T X)`` (the time's
     ``dt_x/dx = x / t_x`` folded in) and
     ``dc = sum H (t_x t_y - G) / 2 - s^3 / 2 sum grad acosh - a / (2 c^2) (sum row / t_x +
-    sum col / t_y)``.
+    sum col / t_y)``. A gradient not needed comes back empty.
     """
+    k, N, _ = X.shape
+    M = Y.shape[1]
+    _restore_gram(X, Y, G, state)
+    H = G
+    tx, ty, a, s = _dist_operands(X, Y, c)
+    w0 = eps(X.dtype)
+    r_floor = math.sqrt(w0 * (1.0 + w0))  # the reference's floor of dacosh/dw
+    grad, *strides = _grad_view(grad, X.dtype)  # [k, N, M] or [N, M], any strides
+    row, col = tx.new_empty(k, N), ty.new_empty(k, M)
+    ga, gs = c.new_empty(k), c.new_empty(k)
+    _fn("dist_backward", X.dtype)(
+        H.data_ptr(), grad.data_ptr(), *strides, tx.data_ptr(), ty.data_ptr(), a.data_ptr(),
+        s.data_ptr(), k, N, M, r_floor, row.data_ptr(), col.data_ptr(), ga.data_ptr(),
+        gs.data_ptr(), int(need_c), torch.get_num_threads(),
+    )  # fmt: skip
+    row_t, col_t = row.div_(tx), col.div_(ty)
+    a3 = a.view(-1, 1, 1)
+    gX = _addbmm_neg(X * row_t.unsqueeze(-1), H, Y).mul_(a3) if need_x else _unused(X)
+    gY = (
+        _addbmm_neg(Y * col_t.unsqueeze(-1), H.transpose(1, 2), X).mul_(a3)
+        if need_y
+        else _unused(Y)
+    )
+    gc = _unused(c)
+    if need_c:
+        times = row_t.sum(-1) + col_t.sum(-1)
+        gc = 0.5 * ga - 0.5 * s**3 * gs - a / (2.0 * c * c) * times
+    return gX, gY, gc
 
-    @staticmethod
-    def forward(ctx, X, Y, c, squeeze):  # type: ignore[no-untyped-def, override]
-        k, N, _ = X.shape
-        M = Y.shape[1]
-        cv = c.view(-1, 1)
-        tx = torch.sqrt(cv.reciprocal() + torch.linalg.vecdot(X, X))
-        ty = torch.sqrt(cv.reciprocal() + torch.linalg.vecdot(Y, Y))
-        a, s = 0.5 * c, torch.rsqrt(c)
-        G = _gram(X, Y)
-        out = G.new_empty((N, M) if squeeze else (k, N, M))
-        _fn("dist_forward", X.dtype)(
-            G.data_ptr(), out.data_ptr(), tx.data_ptr(), ty.data_ptr(), a.data_ptr(),
-            s.data_ptr(), k, N, M, torch.get_num_threads(),
-        )  # fmt: skip
-        ctx.save_for_backward(X, Y, c, tx, ty)
-        ctx.gram = G  # consumed (overwritten) by the first backward
-        return out  # [N, M] made here for k = 1: a select outside would cost a copy backward
 
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, grad):  # type: ignore[no-untyped-def, override]
-        X, Y, c, tx, ty = ctx.saved_tensors
-        need_x, need_y, need_c = ctx.needs_input_grad[:3]
-        k, N, _ = X.shape
-        M = Y.shape[1]
-        H = ctx.gram if ctx.gram is not None else _gram(X, Y)
-        ctx.gram = None
-        a, s = 0.5 * c, torch.rsqrt(c)
-        w0 = eps(X.dtype)
-        r_floor = math.sqrt(w0 * (1.0 + w0))  # the reference's floor of dacosh/dw
-        grad, *strides = _grad_view(grad, X.dtype)  # [k, N, M] or [N, M], any strides
-        row, col = tx.new_empty(k, N), ty.new_empty(k, M)
-        ga, gs = c.new_empty(k), c.new_empty(k)
-        _fn("dist_backward", X.dtype)(
-            H.data_ptr(), grad.data_ptr(), *strides, tx.data_ptr(), ty.data_ptr(), a.data_ptr(),
-            s.data_ptr(), k, N, M, r_floor, row.data_ptr(), col.data_ptr(), ga.data_ptr(),
-            gs.data_ptr(), int(need_c), torch.get_num_threads(),
-        )  # fmt: skip
-        row_t, col_t = row.div_(tx), col.div_(ty)
-        a3 = a.view(-1, 1, 1)
-        gX = _addbmm_neg(X * row_t.unsqueeze(-1), H, Y).mul_(a3) if need_x else None
-        gY = _addbmm_neg(Y * col_t.unsqueeze(-1), H.transpose(1, 2), X).mul_(a3) if need_y else None
-        gc = None
-        if need_c:
-            times = row_t.sum(-1) + col_t.sum(-1)
-            gc = 0.5 * ga - 0.5 * s**3 * gs - a / (2.0 * c * c) * times
-        return gX, gY, gc, None
+def _backward_fake(grad, X, Y, c, G, state, need_x, need_y, need_c):  # type: ignore[no-untyped-def]
+    """Shapes of either backward op's gradients (empty where not needed)."""
+    return tuple(
+        torch.empty_like(t) if need else _unused(t)
+        for t, need in ((X, need_x), (Y, need_y), (c, need_c))
+    )
+
+
+_dist_backward.register_fake(_backward_fake)
+
+
+def _save_with_gram(ctx, inputs, output) -> None:  # type: ignore[no-untyped-def]
+    X, Y, c, _ = inputs
+    _, G, state = output
+    ctx.mark_non_differentiable(G, state)
+    ctx.set_materialize_grads(False)  # no zero [k, N, M] "gradient" for the Gram matrix
+    ctx.save_for_backward(X, Y, c)
+    # not saved tensors: the backward writes over them, which the saved-tensor version check
+    # would reject on a second backward (that case recomputes the Gram matrix, see above)
+    ctx.gram, ctx.gram_state = G, state
+
+
+def _dist_grad(ctx, grad, _grad_gram, _grad_state):  # type: ignore[no-untyped-def]
+    X, Y, c = ctx.saved_tensors
+    G, state = ctx.gram, ctx.gram_state
+    if grad is None:  # the output unused (grads are not materialised): no gradient
+        return None, None, None, None
+    needs = tuple(ctx.needs_input_grad[:3])
+    return (*_grads_or_none(_dist_backward(grad, X, Y, c, G, state, *needs), needs), None)
+
+
+_dist_forward.register_autograd(_dist_grad, setup_context=_save_with_gram)
 
 
 def _addbmm_neg(C: Tensor, A: Tensor, B: Tensor) -> Tensor:
@@ -177,85 +268,118 @@ def pairwise_dist_fused(X: Tensor, Y: Tensor, c: Tensor, squeeze: bool = False) 
     """
     k = X.shape[0]
     cv = c.reshape(-1).expand(k).contiguous()
-    return _FusedDist.apply(_c(X), _c(Y), cv, squeeze and k == 1)
+    return _dist_forward(_c(X), _c(Y), cv, squeeze and k == 1)[0]
 
 
-class _FusedExteriorAngle(torch.autograd.Function):
+def _angle_operands(X: Tensor, Y: Tensor, c: Tensor) -> tuple[Tensor, ...]:
+    """``hc = c/2`` and, per factor, ``|x|^2``, ``t_x``, ``t_y``, ``|x|`` (floored at eps),
+    ``txs = hc t_x``, ``u = t_x / |x|``, ``a = hc |x|^2 / t_x``."""
+    e = eps(X.dtype)
+    cv, hc = c.view(-1, 1), 0.5 * c
+    sqx = torch.linalg.vecdot(X, X)
+    tx = torch.sqrt(cv.reciprocal() + sqx)
+    ty = torch.sqrt(cv.reciprocal() + torch.linalg.vecdot(Y, Y))
+    nx = torch.sqrt(sqx.clamp_min(e * e))  # safe_norm(X, eps)
+    hcv = hc.view(-1, 1)
+    return hc, sqx, tx, ty, nx, hcv * tx, tx / nx, hcv * nx * nx / tx
+
+
+@torch.library.custom_op("curvalign::lorentz_exterior_angle", mutates_args=())
+def _angle_forward(X: Tensor, Y: Tensor, c: Tensor, squeeze: bool) -> tuple[Tensor, Tensor, Tensor]:
     """The reference ``lorentz._PairwiseExteriorAngle`` with its elementwise maps fused into one
     pass forward and one backward, and its operands made (and differentiated) here.
 
-    ``X: [k, N, d]``, ``Y: [k, M, d]``, ``c: [k]`` (contiguous) -> ``[k, N, M]`` (``[N, M]``
-    with ``squeeze``). Operands as the reference's, per factor with ``hc = c/2``:
-    ``Gs = hc X Y^T`` (the kernel scales the plain Gram matrix), ``txs = hc t_x``,
-    ``u = t_x / |x|``, ``a = hc |x|^2 / t_x`` (``|x|`` floored at eps) and ``t_y``.
-    Backward: the kernel writes ``mG = -dL/dGs`` and the row and column sums of the
-    reference's ``g_txs, g_u, g_a, g_ty``; the chain through ``t_x = sqrt(1/c + |x|^2)``,
+    ``X: [k, N, d]``, ``Y: [k, M, d]``, ``c: [k]`` (contiguous) -> (``[k, N, M]``, or
+    ``[N, M]`` with ``squeeze``; the Gram matrix; its state). Operands as the reference's, per
+    factor with ``hc = c/2``: ``Gs = hc X Y^T`` (the kernel scales the plain Gram matrix),
+    ``txs = hc t_x``, ``u = t_x / |x|``, ``a = hc |x|^2 / t_x`` (``|x|`` floored at eps), ``t_y``.
+    """
+    k, N, _ = X.shape
+    M = Y.shape[1]
+    e = eps(X.dtype)
+    hc, _, _, ty, _, txs, u, a = _angle_operands(X, Y, c)
+    G = _gram(X, Y)
+    out = G.new_empty((N, M) if squeeze else (k, N, M))
+    _fn("angle_forward", X.dtype)(
+        G.data_ptr(), out.data_ptr(), hc.data_ptr(), txs.data_ptr(), u.data_ptr(),
+        a.data_ptr(), ty.data_ptr(), k, N, M, e, torch.get_num_threads(),
+    )  # fmt: skip
+    return out, G, torch.zeros((), dtype=torch.uint8)
+
+
+@_angle_forward.register_fake
+def _(X: Tensor, Y: Tensor, c: Tensor, squeeze: bool) -> tuple[Tensor, Tensor, Tensor]:
+    return _pair_outputs(X, Y, squeeze)
+
+
+@torch.library.custom_op("curvalign::lorentz_exterior_angle_backward", mutates_args=("G", "state"))
+def _angle_backward(
+    grad: Tensor,
+    X: Tensor,
+    Y: Tensor,
+    c: Tensor,
+    G: Tensor,
+    state: Tensor,
+    need_x: bool,
+    need_y: bool,
+    need_c: bool,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """The kernel writes ``mG = -dL/dGs`` over the Gram matrix and the row and column sums of
+    the reference's ``g_txs, g_u, g_a, g_ty``; the chain through ``t_x = sqrt(1/c + |x|^2)``,
     ``|x|``, ``t_y`` and ``hc`` is applied here on ``[k, N]`` vectors, and the Gram matrix's
     own share of ``dL/dhc``, ``sum dL/dGs * G = -sum_i x_i . (mG Y)_i``, from the backward GEMM.
+    A gradient not needed comes back empty.
     """
-
-    @staticmethod
-    def forward(ctx, X, Y, c, squeeze):  # type: ignore[no-untyped-def, override]
-        k, N, _ = X.shape
-        M = Y.shape[1]
-        e = eps(X.dtype)
-        cv, hc = c.view(-1, 1), 0.5 * c
-        sqx = torch.linalg.vecdot(X, X)
-        tx = torch.sqrt(cv.reciprocal() + sqx)
-        ty = torch.sqrt(cv.reciprocal() + torch.linalg.vecdot(Y, Y))
-        nx = torch.sqrt(sqx.clamp_min(e * e))  # safe_norm(X, eps)
-        hcv = hc.view(-1, 1)
-        txs, u, a = hcv * tx, tx / nx, hcv * nx * nx / tx
-        G = _gram(X, Y)
-        out = G.new_empty((N, M) if squeeze else (k, N, M))
-        _fn("angle_forward", X.dtype)(
-            G.data_ptr(), out.data_ptr(), hc.data_ptr(), txs.data_ptr(), u.data_ptr(),
-            a.data_ptr(), ty.data_ptr(), k, N, M, e, torch.get_num_threads(),
-        )  # fmt: skip
-        ctx.save_for_backward(X, Y, c, sqx, tx, ty, nx, txs, u, a)
-        ctx.gram = G  # consumed (overwritten) by the first backward
-        return out
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, grad):  # type: ignore[no-untyped-def, override]
-        X, Y, c, sqx, tx, ty, nx, txs, u, a = ctx.saved_tensors
-        need_x, need_y, need_c = ctx.needs_input_grad[:3]
-        k, N, _ = X.shape
-        M = Y.shape[1]
-        e = eps(X.dtype)
-        mG = ctx.gram if ctx.gram is not None else _gram(X, Y)
-        ctx.gram = None
-        hc = 0.5 * c
-        grad, *strides = _grad_view(grad, X.dtype)
-        row_rc, g_txs, row_a = (tx.new_empty(k, N) for _ in range(3))
-        g_ty = ty.new_empty(k, M)
-        _fn("angle_backward", X.dtype)(
-            mG.data_ptr(), grad.data_ptr(), *strides, hc.data_ptr(), txs.data_ptr(), u.data_ptr(),
-            a.data_ptr(), ty.data_ptr(), k, N, M, e, row_rc.data_ptr(), g_txs.data_ptr(),
-            row_a.data_ptr(), g_ty.data_ptr(), torch.get_num_threads(),
-        )  # fmt: skip
-        # The reference's operand gradients, then the chain to X, Y and c by hand.
-        hcv = hc.view(-1, 1)
-        g_u = row_rc.neg_().div_(u)
-        g_a = row_a.mul_(u)
-        d_tx = g_txs * hcv + g_u / nx - g_a * hcv * nx * nx / (tx * tx)
-        d_nx = (g_a * 2.0 * hcv * nx / tx - g_u * tx / (nx * nx)) * (sqx >= e * e)
-        coef_x = d_tx / tx + d_nx / nx  # 2 dL/d|x|^2
-        hc3 = hc.view(-1, 1, 1)
-        gX = gY = gc = None
-        if need_x or need_c:
-            P = _bmm(mG, Y)  # -dL/dGs Y
-            if need_c:
-                d_hc = (g_txs * tx + g_a * nx * nx / tx).sum(-1) - torch.linalg.vecdot(X, P).sum(-1)
-            if need_x:
-                gX = P.mul_(-hc3).addcmul_(X, coef_x.unsqueeze(-1))
-        if need_y:
-            gY = _bmm(mG.transpose(1, 2), X).mul_(-hc3).addcmul_(Y, (g_ty / ty).unsqueeze(-1))
+    k, N, _ = X.shape
+    M = Y.shape[1]
+    e = eps(X.dtype)
+    _restore_gram(X, Y, G, state)
+    mG = G
+    hc, sqx, tx, ty, nx, txs, u, a = _angle_operands(X, Y, c)
+    grad, *strides = _grad_view(grad, X.dtype)
+    row_rc, g_txs, row_a = (tx.new_empty(k, N) for _ in range(3))
+    g_ty = ty.new_empty(k, M)
+    _fn("angle_backward", X.dtype)(
+        mG.data_ptr(), grad.data_ptr(), *strides, hc.data_ptr(), txs.data_ptr(), u.data_ptr(),
+        a.data_ptr(), ty.data_ptr(), k, N, M, e, row_rc.data_ptr(), g_txs.data_ptr(),
+        row_a.data_ptr(), g_ty.data_ptr(), torch.get_num_threads(),
+    )  # fmt: skip
+    # The reference's operand gradients, then the chain to X, Y and c by hand.
+    hcv = hc.view(-1, 1)
+    g_u = row_rc.neg_().div_(u)
+    g_a = row_a.mul_(u)
+    d_tx = g_txs * hcv + g_u / nx - g_a * hcv * nx * nx / (tx * tx)
+    d_nx = (g_a * 2.0 * hcv * nx / tx - g_u * tx / (nx * nx)) * (sqx >= e * e)
+    coef_x = d_tx / tx + d_nx / nx  # 2 dL/d|x|^2
+    hc3 = hc.view(-1, 1, 1)
+    gX, gY, gc = _unused(X), _unused(Y), _unused(c)
+    if need_x or need_c:
+        P = _bmm(mG, Y)  # -dL/dGs Y
         if need_c:
-            times = (d_tx / tx).sum(-1) + (g_ty / ty).sum(-1)
-            gc = 0.5 * d_hc - times / (2.0 * c * c)
-        return gX, gY, gc, None
+            d_hc = (g_txs * tx + g_a * nx * nx / tx).sum(-1) - torch.linalg.vecdot(X, P).sum(-1)
+        if need_x:
+            gX = P.mul_(-hc3).addcmul_(X, coef_x.unsqueeze(-1))
+    if need_y:
+        gY = _bmm(mG.transpose(1, 2), X).mul_(-hc3).addcmul_(Y, (g_ty / ty).unsqueeze(-1))
+    if need_c:
+        times = (d_tx / tx).sum(-1) + (g_ty / ty).sum(-1)
+        gc = 0.5 * d_hc - times / (2.0 * c * c)
+    return gX, gY, gc
+
+
+_angle_backward.register_fake(_backward_fake)
+
+
+def _angle_grad(ctx, grad, _grad_gram, _grad_state):  # type: ignore[no-untyped-def]
+    X, Y, c = ctx.saved_tensors
+    G, state = ctx.gram, ctx.gram_state
+    if grad is None:  # the output unused (grads are not materialised): no gradient
+        return None, None, None, None
+    needs = tuple(ctx.needs_input_grad[:3])
+    return (*_grads_or_none(_angle_backward(grad, X, Y, c, G, state, *needs), needs), None)
+
+
+_angle_forward.register_autograd(_angle_grad, setup_context=_save_with_gram)
 
 
 def pairwise_angle_fused(X: Tensor, Y: Tensor, c: Tensor, squeeze: bool = False) -> Tensor:
@@ -265,4 +389,4 @@ def pairwise_angle_fused(X: Tensor, Y: Tensor, c: Tensor, squeeze: bool = False)
     """
     k = X.shape[0]
     cv = c.reshape(-1).expand(k).contiguous()
-    return _FusedExteriorAngle.apply(_c(X), _c(Y), cv, squeeze and k == 1)
+    return _angle_forward(_c(X), _c(Y), cv, squeeze and k == 1)[0]

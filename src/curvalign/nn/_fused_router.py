@@ -82,51 +82,142 @@ def _ptr(t: Tensor | None) -> int | None:
     return None if t is None else t.data_ptr()
 
 
-class _FusedRouter(torch.autograd.Function):
+# Each kernel is a pair of ``torch.library`` custom ops (forward, backward) with their autograd
+# formula: eager calls run the C++ loops directly, and ``torch.compile`` sees opaque ops with
+# known output shapes (the fake implementations) instead of tracing into a ctypes call it cannot
+# see, which left the compiled graph returning the uninitialised output buffer. The dropout seed
+# is a 0-dim int64 tensor so that a compiled graph draws a fresh one each call.
+
+
+def _router_consts(
+    se: Tensor,
+    tp: Tensor,
+    w2: Tensor,
+    seed: Tensor,
+    in_dim: float,
+    eps: float,
+    thr1: int,
+    thr2: int,
+) -> tuple:
+    nt, ni = se.shape
+    return (
+        nt, ni, tp.shape[1], w2.shape[0], float(in_dim), float(eps), thr1, thr2,
+        65536.0 / (65536 - thr1), 65536.0 / (65536 - thr2), int(seed.item()) & (2**64 - 1),
+        torch.get_num_threads(),
+    )  # fmt: skip
+
+
+@torch.library.custom_op("curvalign::router_logits", mutates_args=())
+def _router_forward(
+    se: Tensor,
+    sh: Tensor,
+    st: Tensor,
+    qt: Tensor,
+    si: Tensor,
+    qi: Tensor,
+    tp: Tensor,
+    ip: Tensor,
+    sm: Tensor,
+    w2: Tensor,
+    b2: Tensor,
+    w3: Tensor,
+    b3: Tensor,
+    seed: Tensor,
+    in_dim: float,
+    eps: float,
+    thr1: int,
+    thr2: int,
+) -> Tensor:
     """See :func:`router_logits_fused`; every tensor argument already in the kernel's layout."""
+    lib = KERNEL.library
+    assert lib is not None, "call available() first"
+    w2t = w2.t().contiguous()
+    out = se.new_empty(se.shape)
+    getattr(lib, f"curvalign_router_forward_{_suffix(se.dtype)}")(
+        se.data_ptr(), sh.data_ptr(), st.data_ptr(), qt.data_ptr(), si.data_ptr(),
+        qi.data_ptr(), tp.data_ptr(), ip.data_ptr(), sm.data_ptr(), w2t.data_ptr(),
+        b2.data_ptr(), w3.data_ptr(), float(b3), out.data_ptr(),
+        *_router_consts(se, tp, w2, seed, in_dim, eps, thr1, thr2),
+    )  # fmt: skip
+    return out
 
-    @staticmethod
-    def forward(  # type: ignore[override]
-        ctx, se, sh, st, qt, si, qi, tp, ip, sm, w2, b2, w3, b3, consts
-    ) -> Tensor:
-        lib = KERNEL.library
-        assert lib is not None
-        w2t = w2.t().contiguous()
-        nt, ni = se.shape
-        out = se.new_empty(nt, ni)
-        getattr(lib, f"curvalign_router_forward_{_suffix(se.dtype)}")(
-            se.data_ptr(), sh.data_ptr(), st.data_ptr(), qt.data_ptr(), si.data_ptr(),
-            qi.data_ptr(), tp.data_ptr(), ip.data_ptr(), sm.data_ptr(), w2t.data_ptr(),
-            b2.data_ptr(), w3.data_ptr(), float(b3), out.data_ptr(), *consts,
-        )  # fmt: skip
-        ctx.save_for_backward(se, sh, st, qt, si, qi, tp, ip, sm, w2, b2, w3, b3)
-        ctx.consts = consts
-        return out
 
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, grad: Tensor):  # type: ignore[override]
-        se, sh, st, qt, si, qi, tp, ip, sm, w2, b2, w3, b3 = ctx.saved_tensors
-        lib = KERNEL.library
-        assert lib is not None
-        grad = grad.to(se.dtype).contiguous()
-        need = ctx.needs_input_grad
-        gse = torch.empty_like(se) if need[0] else None
-        gsh = torch.empty_like(sh) if need[1] else None
-        gst, gqt, gsi, gqi = (torch.empty_like(x) for x in (st, qt, si, qi))
-        gtp, gip, gsm, gw2, gb2, gw3, gb3 = (
-            torch.empty_like(x) for x in (tp, ip, sm, w2, b2, w3, b3)
-        )
-        w2t = w2.t().contiguous()
-        getattr(lib, f"curvalign_router_backward_{_suffix(se.dtype)}")(
-            se.data_ptr(), sh.data_ptr(), st.data_ptr(), qt.data_ptr(), si.data_ptr(),
-            qi.data_ptr(), tp.data_ptr(), ip.data_ptr(), sm.data_ptr(), w2.data_ptr(),
-            w2t.data_ptr(), b2.data_ptr(), w3.data_ptr(), float(b3), grad.data_ptr(),
-            _ptr(gse), _ptr(gsh), gst.data_ptr(), gqt.data_ptr(), gsi.data_ptr(), gqi.data_ptr(),
-            gtp.data_ptr(), gip.data_ptr(), gsm.data_ptr(), gw2.data_ptr(), gb2.data_ptr(),
-            gw3.data_ptr(), gb3.data_ptr(), *ctx.consts,
-        )  # fmt: skip
-        return gse, gsh, gst, gqt, gsi, gqi, gtp, gip, gsm, gw2, gb2, gw3, gb3, None
+@_router_forward.register_fake
+def _(se, sh, st, qt, si, qi, tp, ip, sm, w2, b2, w3, b3, seed, in_dim, eps, thr1, thr2):  # type: ignore[no-untyped-def]
+    return se.new_empty(se.shape)
+
+
+@torch.library.custom_op("curvalign::router_logits_backward", mutates_args=())
+def _router_backward(
+    grad: Tensor,
+    se: Tensor,
+    sh: Tensor,
+    st: Tensor,
+    qt: Tensor,
+    si: Tensor,
+    qi: Tensor,
+    tp: Tensor,
+    ip: Tensor,
+    sm: Tensor,
+    w2: Tensor,
+    b2: Tensor,
+    w3: Tensor,
+    b3: Tensor,
+    seed: Tensor,
+    in_dim: float,
+    eps: float,
+    thr1: int,
+    thr2: int,
+    need_se: bool,
+    need_sh: bool,
+) -> list[Tensor]:
+    """The 13 tensor arguments' gradients (``se``'s and ``sh``'s empty where not needed); the
+    forward's tiles and dropout masks recomputed from the same seed."""
+    lib = KERNEL.library
+    assert lib is not None, "call available() first"
+    grad = grad.to(se.dtype).contiguous()
+    gse = torch.empty_like(se) if need_se else None
+    gsh = torch.empty_like(sh) if need_sh else None
+    rest = [torch.empty_like(x) for x in (st, qt, si, qi, tp, ip, sm, w2, b2, w3, b3)]
+    w2t = w2.t().contiguous()
+    getattr(lib, f"curvalign_router_backward_{_suffix(se.dtype)}")(
+        se.data_ptr(), sh.data_ptr(), st.data_ptr(), qt.data_ptr(), si.data_ptr(),
+        qi.data_ptr(), tp.data_ptr(), ip.data_ptr(), sm.data_ptr(), w2.data_ptr(),
+        w2t.data_ptr(), b2.data_ptr(), w3.data_ptr(), float(b3), grad.data_ptr(),
+        _ptr(gse), _ptr(gsh), *(g.data_ptr() for g in rest),
+        *_router_consts(se, tp, w2, seed, in_dim, eps, thr1, thr2),
+    )  # fmt: skip
+    # placeholders where not needed (two tensors: a custom op's outputs may not alias)
+    gse = se.new_empty(0) if gse is None else gse
+    gsh = sh.new_empty(0) if gsh is None else gsh
+    return [gse, gsh, *rest]
+
+
+@_router_backward.register_fake
+def _(grad, se, sh, st, qt, si, qi, tp, ip, sm, w2, b2, w3, b3, seed, *consts):  # type: ignore[no-untyped-def]
+    need_se, need_sh = consts[-2:]
+    return [
+        torch.empty_like(se) if need_se else se.new_empty(0),
+        torch.empty_like(sh) if need_sh else sh.new_empty(0),
+        *(torch.empty_like(x) for x in (st, qt, si, qi, tp, ip, sm, w2, b2, w3, b3)),
+    ]
+
+
+def _router_setup(ctx, inputs, output) -> None:  # type: ignore[no-untyped-def]
+    ctx.save_for_backward(*inputs[:14])
+    ctx.consts = inputs[14:]
+
+
+def _router_grad(ctx, grad):  # type: ignore[no-untyped-def]
+    saved = ctx.saved_tensors
+    need_se, need_sh = ctx.needs_input_grad[:2]
+    grads = _router_backward(grad, *saved, *ctx.consts, need_se, need_sh)
+    gse = grads[0] if need_se else None
+    gsh = grads[1] if need_sh else None
+    return (gse, gsh, *grads[2:], None, None, None, None, None)
+
+
+_router_forward.register_autograd(_router_grad, setup_context=_router_setup)
 
 
 def router_logits_fused(
@@ -146,7 +237,7 @@ def router_logits_fused(
     in_dim: int,
     eps: float,
     thresholds: tuple[int, int],
-    seed: int,
+    seed: int | Tensor,
 ) -> Tensor:
     """The router's logits times ``T_gate`` for every pair: ``[Nt, Ni]``.
 
@@ -157,6 +248,8 @@ def router_logits_fused(
     sum_i, sq_i       [Ni]
     w2, b2            [H2, H1], [H2];  w3 [1, H2] or [H2];  b3 [1]
     thresholds        the two dropout layers' 16-bit thresholds (0: no dropout)
+    seed              the dropout masks' seed: an int or a 0-dim int64 tensor (a tensor drawn
+                      inside a compiled region stays random from call to call)
     Every tensor but the statistics is in the working dtype (float32 or float64); gradients flow
     to all of them (through the padding below) as autograd would through the reference.
     """
@@ -175,49 +268,96 @@ def router_logits_fused(
     b2p = F.pad(b2, (0, h2p - h2)).contiguous()
     w3p = F.pad(w3.reshape(-1), (0, h2p - h2)).contiguous()
     thr1, thr2 = thresholds
-    consts = (
-        nt, ni, h1p, h2p, float(in_dim), float(eps), thr1, thr2,
-        65536.0 / (65536 - thr1), 65536.0 / (65536 - thr2), seed & (2**64 - 1),
-        torch.get_num_threads(),
-    )  # fmt: skip
-    return _FusedRouter.apply(
+    if not isinstance(seed, Tensor):
+        # the same 64 bits as a signed int64 (the kernel reads them back as uint64)
+        seed = torch.tensor((seed + 2**63) % 2**64 - 2**63, dtype=torch.int64)
+    return _router_forward(
         se.contiguous(), sh.contiguous(), sum_t.contiguous(), sq_t.contiguous(), si, qi,
-        tp, ip, sm, w2p, b2p, w3p, b3.reshape(1).to(work), consts,
+        tp, ip, sm, w2p, b2p, w3p, b3.reshape(1).to(work), seed, float(in_dim), float(eps),
+        thr1, thr2,
     )  # fmt: skip
 
 
-class _RoutedBoth(torch.autograd.Function):
-    """See :func:`routed_scores_both_fused`."""
+@torch.library.custom_op("curvalign::routed_scores_both", mutates_args=())
+def _routed_forward(
+    s_h: Tensor,
+    s_e: Tensor,
+    w: Tensor,
+    gt: Tensor,
+    ct: Tensor,
+    gi: Tensor,
+    ci: Tensor,
+    alpha: float,
+    beta: float,
+    max_delta: float,
+) -> tuple[Tensor, Tensor]:
+    """See :func:`routed_scores_both_fused` (``ci`` transposed to ``[3, Ni]``)."""
+    lib = KERNEL.library
+    assert lib is not None, "call available() first"
+    nt, ni = s_h.shape
+    s1, s2 = torch.empty_like(s_h), torch.empty_like(s_h)
+    getattr(lib, f"curvalign_routed_forward_{_suffix(s_h.dtype)}")(
+        s_h.data_ptr(), s_e.data_ptr(), w.data_ptr(), gt.data_ptr(), ct.data_ptr(),
+        gi.data_ptr(), ci.data_ptr(), s1.data_ptr(), s2.data_ptr(),
+        nt, ni, alpha, beta, max_delta, torch.get_num_threads(),
+    )  # fmt: skip
+    return s1, s2
 
-    @staticmethod
-    def forward(ctx, s_h, s_e, w, gt, ct, gi, ci, consts):  # type: ignore[override]
-        lib = KERNEL.library
-        assert lib is not None
-        s1, s2 = torch.empty_like(s_h), torch.empty_like(s_h)
-        getattr(lib, f"curvalign_routed_forward_{_suffix(s_h.dtype)}")(
-            s_h.data_ptr(), s_e.data_ptr(), w.data_ptr(), gt.data_ptr(), ct.data_ptr(),
-            gi.data_ptr(), ci.data_ptr(), s1.data_ptr(), s2.data_ptr(), *consts,
-        )  # fmt: skip
-        ctx.save_for_backward(s_h, s_e, w, gt, ct, gi, ci)
-        ctx.consts = consts
-        return s1, s2
 
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, g1, g2):  # type: ignore[override]
-        s_h, s_e, w, gt, ct, gi, ci = ctx.saved_tensors
-        lib = KERNEL.library
-        assert lib is not None
-        zero = torch.zeros((), dtype=s_h.dtype)
-        g1 = (zero if g1 is None else g1.to(s_h.dtype)).expand_as(s_h).contiguous()
-        g2 = (zero if g2 is None else g2.to(s_h.dtype)).expand_as(s_h).contiguous()
-        grads = [torch.empty_like(x) for x in (s_h, s_e, w, gt, ct, gi, ci)]
-        getattr(lib, f"curvalign_routed_backward_{_suffix(s_h.dtype)}")(
-            s_h.data_ptr(), s_e.data_ptr(), w.data_ptr(), gt.data_ptr(), ct.data_ptr(),
-            gi.data_ptr(), ci.data_ptr(), g1.data_ptr(), g2.data_ptr(),
-            *(g.data_ptr() for g in grads), *ctx.consts,
-        )  # fmt: skip
-        return (*grads, None)
+@_routed_forward.register_fake
+def _(s_h, s_e, w, gt, ct, gi, ci, alpha, beta, max_delta):  # type: ignore[no-untyped-def]
+    return torch.empty_like(s_h), torch.empty_like(s_h)
+
+
+@torch.library.custom_op("curvalign::routed_scores_both_backward", mutates_args=())
+def _routed_backward(
+    g1: Tensor,
+    g2: Tensor,
+    s_h: Tensor,
+    s_e: Tensor,
+    w: Tensor,
+    gt: Tensor,
+    ct: Tensor,
+    gi: Tensor,
+    ci: Tensor,
+    alpha: float,
+    beta: float,
+    max_delta: float,
+) -> list[Tensor]:
+    """The seven tensor arguments' gradients from both outputs' gradients ``g1``, ``g2``."""
+    lib = KERNEL.library
+    assert lib is not None, "call available() first"
+    nt, ni = s_h.shape
+    g1 = g1.to(s_h.dtype).expand_as(s_h).contiguous()
+    g2 = g2.to(s_h.dtype).expand_as(s_h).contiguous()
+    grads = [torch.empty_like(x) for x in (s_h, s_e, w, gt, ct, gi, ci)]
+    getattr(lib, f"curvalign_routed_backward_{_suffix(s_h.dtype)}")(
+        s_h.data_ptr(), s_e.data_ptr(), w.data_ptr(), gt.data_ptr(), ct.data_ptr(),
+        gi.data_ptr(), ci.data_ptr(), g1.data_ptr(), g2.data_ptr(),
+        *(g.data_ptr() for g in grads), nt, ni, alpha, beta, max_delta, torch.get_num_threads(),
+    )  # fmt: skip
+    return grads
+
+
+@_routed_backward.register_fake
+def _(g1, g2, s_h, s_e, w, gt, ct, gi, ci, alpha, beta, max_delta):  # type: ignore[no-untyped-def]
+    return [torch.empty_like(x) for x in (s_h, s_e, w, gt, ct, gi, ci)]
+
+
+def _routed_setup(ctx, inputs, output) -> None:  # type: ignore[no-untyped-def]
+    ctx.save_for_backward(*inputs[:7])
+    ctx.consts = inputs[7:]
+
+
+def _routed_grad(ctx, g1, g2):  # type: ignore[no-untyped-def]
+    saved = ctx.saved_tensors
+    zero = saved[0].new_zeros(())
+    g1 = zero if g1 is None else g1
+    g2 = zero if g2 is None else g2
+    return (*_routed_backward(g1, g2, *saved, *ctx.consts), None, None, None)
+
+
+_routed_forward.register_autograd(_routed_grad, setup_context=_routed_setup)
 
 
 def routed_scores_both_fused(
@@ -237,12 +377,10 @@ def routed_scores_both_fused(
     to float rounding). ``s_h``, ``s_e``, ``route_weight`` [Nt, Ni]; ``row_gate`` [Nt],
     ``row_calibration`` [Nt, 3]; ``column_gate`` [Ni], ``column_calibration`` [Ni, 3]; one
     float dtype. Returns (row-query scores, column-query scores), both [Nt, Ni]."""
-    nt, ni = s_h.shape
-    consts = (nt, ni, float(alpha), float(beta), float(max_delta), torch.get_num_threads())
-    return _RoutedBoth.apply(
+    return _routed_forward(
         s_h.contiguous(), s_e.contiguous(), route_weight.contiguous(), row_gate.contiguous(),
         row_calibration.contiguous(), column_gate.contiguous(),
-        column_calibration.t().contiguous(), consts,
+        column_calibration.t().contiguous(), float(alpha), float(beta), float(max_delta),
     )  # fmt: skip
 
 

@@ -294,7 +294,8 @@ class PairwiseRouter(nn.Module):
         drops = (self.tail[1], self.tail[4])
         thresholds = tuple(d.threshold if d.training else 0 for d in drops)
         # the masks' seed from torch's generator: torch.manual_seed reproduces them
-        seed = int(torch.randint(0, 2**62, (), dtype=torch.int64)) if any(thresholds) else 0
+        # (a tensor, not an int: under torch.compile a Python int would be baked into the graph)
+        seed = torch.randint(0, 2**62, (), dtype=torch.int64) if any(thresholds) else 0
         with torch.autocast(device_type=sh.device.type, enabled=False):
             return _fused_router.router_logits_fused(
                 se, sh, text_part, image_part, scalar_map, sum_t, sq_t, sum_i, sq_i,
