@@ -59,7 +59,30 @@ def _ready(case: dict) -> dict:
     return {"ok": _triton_l1.ready(torch.device("cpu"), case["dtype"], case["width"])}
 
 
-RUN = {"grads": _grads, "autocast": _autocast, "gradcheck": _gradcheck, "ready": _ready}
+def _compiled(case: dict) -> dict:
+    """The Triton path under ``torch.compile(fullgraph=True)`` (``aot_eager``: Dynamo and
+    AOTAutograd around the opaque custom ops; the kernels run in the interpreter), at two row
+    counts: values and gradients, to compare with the eager reference."""
+    from curvalign.geometry import product
+
+    compiled = torch.compile(product.l1_pairwise_dist, backend="aot_eager", fullgraph=True)
+    out = {}
+    for rows in case["rows"]:
+        X = case["X"][:rows].detach().clone().requires_grad_()
+        Y, c = (case[n].detach().clone().requires_grad_() for n in ("Y", "c"))
+        value = compiled(X, Y, c)
+        grads = torch.autograd.grad((value * case["w"][:rows]).sum(), (X, Y, c))
+        out[rows] = {"value": value.detach(), "dX": grads[0], "dY": grads[1], "dc": grads[2]}
+    return out
+
+
+RUN = {
+    "grads": _grads,
+    "autocast": _autocast,
+    "gradcheck": _gradcheck,
+    "ready": _ready,
+    "compiled": _compiled,
+}
 
 
 def main(src: str, dst: str) -> None:

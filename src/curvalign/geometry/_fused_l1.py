@@ -11,7 +11,9 @@ storing ``[k, N, M]``.
 
 Built and cached by :class:`curvalign._native.NativeKernel` (compiled on first use, about 2 s;
 ``CURVALIGN_FUSED=0`` turns it off; a failed build warns once and the caller falls back to the
-eager reference). The kernel uses ``torch.get_num_threads()`` OpenMP threads.
+eager reference). The kernel uses ``torch.get_num_threads()`` OpenMP threads. Forward and
+backward are ``torch.library`` custom ops (``curvalign::l1_forward``, ``curvalign::l1_backward``):
+opaque to ``torch.compile``, which traces the layout code around them.
 """
 
 from __future__ import annotations

@@ -14,6 +14,10 @@ tensors); the backward recomputes the elementwise values from it and writes the 
 backward GEMMs need over it. A second backward through the same graph (``retain_graph=True``)
 finds it consumed and recomputes the Gram matrix (same values, one GEMM more).
 
+Each kernel is a pair of ``torch.library`` custom ops (``curvalign::lorentz_dist``,
+``curvalign::lorentz_exterior_angle`` and their ``_backward``): opaque to ``torch.compile``,
+which traces the torch code around them (``tests/test_kernels_compile.py``).
+
 Built and cached by :class:`curvalign._native.NativeKernel` (compiled on first use, a few
 seconds; ``CURVALIGN_FUSED=0`` turns it off; a failed build warns once and the callers in
 :mod:`curvalign.geometry.lorentz` fall back to the eager reference). Uses

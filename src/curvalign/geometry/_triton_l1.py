@@ -242,62 +242,100 @@ def _dot_width(width: int) -> int:
     return max(16, triton.next_power_of_2(width))
 
 
-class _TritonL1(torch.autograd.Function):
-    """``Pt: [k, D1, N]``, ``Qt: [k, D1, M]``, ``s: [k]`` -> ``[N, M]``; see the module docstring."""
+# The launches as two ``torch.library`` custom ops with their autograd formula, as the CPU
+# kernels: under ``torch.compile`` they are opaque ops with known output shapes (Dynamo neither
+# traces the launch nor has to infer which pointers the kernels write through).
 
-    @staticmethod
-    def forward(ctx, Pt: Tensor, Qt: Tensor, s: Tensor, blocks: tuple[int, int]) -> Tensor:  # type: ignore[override]
-        ctx.save_for_backward(Pt, Qt, s)
-        ctx.blocks = blocks
-        k, width, N = Pt.shape
-        M = Qt.shape[2]
-        out = Pt.new_zeros(N, M)
-        if N and M:
-            bn, bm = blocks
-            grid = (triton.cdiv(N, bn) * triton.cdiv(M, bm),)
-            with _on(Pt.device):
-                _l1_forward_kernel[grid](
-                    Pt, Qt, s, out, N, M, k, D1=width, BLOCK_N=bn, BLOCK_M=bm,
-                    **_launch(Pt.dtype, "forward"),
-                )  # fmt: skip
-        return out
 
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, grad: Tensor):  # type: ignore[override]
-        Pt, Qt, s = ctx.saved_tensors
-        need_p, need_q, need_s = ctx.needs_input_grad[:3]
-        k, width, N = Pt.shape
-        M = Qt.shape[2]
-        bn, bm = ctx.blocks
-        w0 = eps(Pt.dtype)
-        # the reference's floor of dacosh/dw (lorentz._PairwiseAcosh.backward), in the dtype
-        r_floor = Pt.new_full((1,), math.sqrt(w0 * (1.0 + w0)))
-        grad = grad.to(Pt.dtype).contiguous()
-        gPt = torch.zeros_like(Pt) if need_p else None
-        gQt = torch.zeros_like(Qt) if need_q else None
-        gs = torch.zeros_like(s) if need_s else None
-        if not (N and M):
-            return gPt, gQt, gs, None
-        bd = _dot_width(width)
+@torch.library.custom_op("curvalign::l1_triton_forward", mutates_args=())
+def _triton_forward(Pt: Tensor, Qt: Tensor, s: Tensor, block_n: int, block_m: int) -> Tensor:
+    """``Pt: [k, D1, N]``, ``Qt: [k, D1, M]``, ``s: [k]`` -> ``[N, M]``; see the module
+    docstring."""
+    k, width, N = Pt.shape
+    M = Qt.shape[2]
+    out = Pt.new_zeros(N, M)
+    if N and M:
+        grid = (triton.cdiv(N, block_n) * triton.cdiv(M, block_m),)
         with _on(Pt.device):
-            if need_p or need_s:
-                row_tiles = triton.cdiv(N, bn)
-                gs_part = Pt.new_empty(k, row_tiles)
-                _l1_backward_rows_kernel[(row_tiles, k)](
-                    Pt, Qt, s, r_floor, grad, gPt if gPt is not None else torch.empty_like(Pt),
-                    gs_part, N, M, D1=width, BD=bd, BLOCK_N=bn, BLOCK_M=bm,
-                    **_launch(Pt.dtype, "rows"),
-                )  # fmt: skip
-                if need_s:
-                    # the partial sums added in float64, as the CPU kernel does
-                    gs = gs_part.to(torch.float64).sum(1).to(Pt.dtype)
-            if need_q:
-                _l1_backward_cols_kernel[(triton.cdiv(M, bm), k)](
-                    Pt, Qt, s, r_floor, grad, gQt, N, M, D1=width, BD=bd, BLOCK_N=bn, BLOCK_M=bm,
-                    **_launch(Pt.dtype, "cols"),
-                )  # fmt: skip
-        return gPt, gQt, gs, None
+            _l1_forward_kernel[grid](
+                Pt, Qt, s, out, N, M, k, D1=width, BLOCK_N=block_n, BLOCK_M=block_m,
+                **_launch(Pt.dtype, "forward"),
+            )  # fmt: skip
+    return out
+
+
+@_triton_forward.register_fake
+def _(Pt: Tensor, Qt: Tensor, s: Tensor, block_n: int, block_m: int) -> Tensor:
+    return Pt.new_empty(Pt.shape[2], Qt.shape[2])
+
+
+@torch.library.custom_op("curvalign::l1_triton_backward", mutates_args=())
+def _triton_backward(
+    grad: Tensor,
+    Pt: Tensor,
+    Qt: Tensor,
+    s: Tensor,
+    block_n: int,
+    block_m: int,
+    need_p: bool,
+    need_q: bool,
+    need_s: bool,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """``dL/dPt``, ``dL/dQt``, ``dL/ds`` (each empty where not needed)."""
+    k, width, N = Pt.shape
+    M = Qt.shape[2]
+    w0 = eps(Pt.dtype)
+    # the reference's floor of dacosh/dw (lorentz._PairwiseAcosh.backward), in the dtype
+    r_floor = Pt.new_full((1,), math.sqrt(w0 * (1.0 + w0)))
+    grad = grad.to(Pt.dtype).contiguous()
+    gPt = torch.zeros_like(Pt) if need_p else Pt.new_empty(0)
+    gQt = torch.zeros_like(Qt) if need_q else Qt.new_empty(0)
+    gs = torch.zeros_like(s) if need_s else s.new_empty(0)
+    if not (N and M):
+        return gPt, gQt, gs
+    bd = _dot_width(width)
+    with _on(Pt.device):
+        if need_p or need_s:
+            row_tiles = triton.cdiv(N, block_n)
+            gs_part = Pt.new_empty(k, row_tiles)
+            _l1_backward_rows_kernel[(row_tiles, k)](
+                Pt, Qt, s, r_floor, grad, gPt if need_p else torch.empty_like(Pt),
+                gs_part, N, M, D1=width, BD=bd, BLOCK_N=block_n, BLOCK_M=block_m,
+                **_launch(Pt.dtype, "rows"),
+            )  # fmt: skip
+            if need_s:
+                # the partial sums added in float64, as the CPU kernel does
+                gs = gs_part.to(torch.float64).sum(1).to(Pt.dtype)
+        if need_q:
+            _l1_backward_cols_kernel[(triton.cdiv(M, block_m), k)](
+                Pt, Qt, s, r_floor, grad, gQt, N, M, D1=width, BD=bd, BLOCK_N=block_n,
+                BLOCK_M=block_m, **_launch(Pt.dtype, "cols"),
+            )  # fmt: skip
+    return gPt, gQt, gs
+
+
+@_triton_backward.register_fake
+def _(grad, Pt, Qt, s, block_n, block_m, need_p, need_q, need_s):  # type: ignore[no-untyped-def]
+    return tuple(
+        torch.empty_like(t) if need else t.new_empty(0)
+        for t, need in ((Pt, need_p), (Qt, need_q), (s, need_s))
+    )
+
+
+def _triton_setup(ctx, inputs, output) -> None:  # type: ignore[no-untyped-def]
+    Pt, Qt, s, block_n, block_m = inputs
+    ctx.save_for_backward(Pt, Qt, s)
+    ctx.blocks = (block_n, block_m)
+
+
+def _triton_grad(ctx, grad):  # type: ignore[no-untyped-def]
+    Pt, Qt, s = ctx.saved_tensors
+    needs = tuple(ctx.needs_input_grad[:3])
+    grads = _triton_backward(grad, Pt, Qt, s, *ctx.blocks, *needs)
+    return (*(g if need else None for g, need in zip(grads, needs, strict=True)), None, None)
+
+
+_triton_forward.register_autograd(_triton_grad, setup_context=_triton_setup)
 
 
 def l1_pairwise_dist_triton(
@@ -326,7 +364,7 @@ def l1_pairwise_dist_triton(
     Pt = P[..., :width].transpose(1, 2).contiguous()  # [k, d+1, N]
     Qt = Q[..., :width].transpose(1, 2).contiguous()  # [k, d+1, M]
     s = torch.rsqrt(c).contiguous()
-    return _TritonL1.apply(Pt, Qt, s, tuple(blocks))
+    return _triton_forward(Pt, Qt, s, *blocks)
 
 
 _READY: dict[tuple[str, torch.dtype, int], bool] = {}

@@ -69,6 +69,16 @@ def _triton_kernels() -> ModuleType | None:
         return None
 
 
+@torch.compiler.assume_constant_result
+def _triton_ready(device: torch.device, dtype: torch.dtype, width: int) -> bool:
+    """Whether the Triton kernels import and run on ``device`` (compiled once, cached).
+
+    Under ``torch.compile`` taken once, when the graph is traced (the import and the probe
+    compile are not traceable); the kernels themselves are opaque custom ops there."""
+    kernels = _triton_kernels()
+    return kernels is not None and kernels.ready(device, dtype, width)
+
+
 def _l1_path(
     device: torch.device, dtype: torch.dtype, width: int
 ) -> Literal["cpu", "triton", "reference"]:
@@ -126,10 +136,10 @@ def l1_pairwise_dist(
     path = "reference" if fused is False else _l1_path(X.device, dtype, width)
     if path == "cpu" and _fused_l1.available(Xk, Yk, cc):
         return _fused_l1.l1_pairwise_dist_fused(Xk, Yk, cc.reshape(-1))
-    if path == "triton":
-        kernels = _triton_kernels()
-        if kernels is not None and kernels.ready(X.device, dtype, width):
-            return kernels.l1_pairwise_dist_triton(Xk, Yk, cc.reshape(-1))
+    if path == "triton" and _triton_ready(X.device, dtype, width):
+        from curvalign.geometry import _triton_l1  # imported by _triton_ready
+
+        return _triton_l1.l1_pairwise_dist_triton(Xk, Yk, cc.reshape(-1))
     return lorentz.factor_pairwise_dist(Xk, Yk, cc.reshape(-1), reduce_sum=True, block=block)
 
 

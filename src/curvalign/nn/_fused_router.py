@@ -14,7 +14,9 @@ backward replays the forward's masks exactly, the rate is ``BitDropout``'s (``p`
 
 Built and cached by :class:`curvalign._native.NativeKernel` (compiled on first use, about 3 s;
 ``CURVALIGN_FUSED=0`` turns it off; a failed build warns once and the router falls back to its
-eager reference). The kernel uses ``torch.get_num_threads()`` OpenMP threads.
+eager reference). The kernel uses ``torch.get_num_threads()`` OpenMP threads. Both kernels are
+``torch.library`` custom ops (``curvalign::router_logits``, ``curvalign::routed_scores_both``
+and their ``_backward``): opaque to ``torch.compile``, which traces the code around them.
 """
 
 from __future__ import annotations
