@@ -213,6 +213,18 @@ def test_fused_second_backward_recomputes_the_gram_matrix(name: str) -> None:
 
 @needs_kernel
 @pytest.mark.parametrize("name", ["dist", "angle"])
+def test_fused_backward_releases_the_gram_matrix(name: str) -> None:
+    """The kept Gram matrix is let go by the backward that consumes it, not when the output
+    (which holds the graph) is freed: a training loop's next forward must not find it alive."""
+    X = points(11, (8, 4), f64).requires_grad_()
+    out = FUNCTIONS[name](X, points(12, (6, 4), f64), 0.9)
+    assert out.grad_fn.gram is not None  # the autograd node is the ops' context
+    out.sum().backward()
+    assert out.grad_fn.gram is None
+
+
+@needs_kernel
+@pytest.mark.parametrize("name", ["dist", "angle"])
 def test_env_switch_turns_the_kernel_off(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     fn = FUNCTIONS[name]
     X = points(0, (6, 3), f64).requires_grad_()

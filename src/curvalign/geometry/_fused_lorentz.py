@@ -106,8 +106,11 @@ def _bmm(A: Tensor, B: Tensor) -> Tensor:
 #
 # The forward also returns the Gram matrix (kept for backward) and a one-byte state, 0 while the
 # Gram matrix is intact. The backward op writes over the Gram matrix (declared: ``mutates_args``)
-# and sets the state to 1; a second backward through the same graph (``retain_graph=True``) sees
-# it and recomputes the Gram matrix into the same buffer first (same values, one GEMM more).
+# and sets the state to 1; a backward that finds the state set recomputes the Gram matrix into
+# the buffer first (same values, one GEMM more). Eager, the first backward releases the buffer
+# (it would otherwise live as long as the output) and a second one through the same graph
+# (``retain_graph=True``) hands the op a fresh buffer marked consumed; a compiled graph keeps
+# its saved buffer, and the state tells its second backward to recompute.
 
 
 def _pair_outputs(X: Tensor, Y: Tensor, squeeze: bool) -> tuple[Tensor, Tensor, Tensor]:
@@ -241,9 +244,21 @@ def _save_with_gram(ctx, inputs, output) -> None:  # type: ignore[no-untyped-def
     ctx.gram, ctx.gram_state = G, state
 
 
+def _take_gram(ctx, X: Tensor, Y: Tensor) -> tuple[Tensor, Tensor]:  # type: ignore[no-untyped-def]
+    """The kept Gram matrix and its state for the backward op, released from ``ctx`` so that it
+    does not outlive the backward while the output lives on; a second backward
+    (``retain_graph=True``) gets a fresh buffer marked consumed, which the op fills first."""
+    G, state = ctx.gram, ctx.gram_state
+    ctx.gram = ctx.gram_state = None
+    if G is None:
+        G = X.new_empty(X.shape[0], X.shape[1], Y.shape[1])
+        state = torch.ones((), dtype=torch.uint8)
+    return G, state
+
+
 def _dist_grad(ctx, grad, _grad_gram, _grad_state):  # type: ignore[no-untyped-def]
     X, Y, c = ctx.saved_tensors
-    G, state = ctx.gram, ctx.gram_state
+    G, state = _take_gram(ctx, X, Y)
     if grad is None:  # the output unused (grads are not materialised): no gradient
         return None, None, None, None
     needs = tuple(ctx.needs_input_grad[:3])
@@ -376,7 +391,7 @@ _angle_backward.register_fake(_backward_fake)
 
 def _angle_grad(ctx, grad, _grad_gram, _grad_state):  # type: ignore[no-untyped-def]
     X, Y, c = ctx.saved_tensors
-    G, state = ctx.gram, ctx.gram_state
+    G, state = _take_gram(ctx, X, Y)
     if grad is None:  # the output unused (grads are not materialised): no gradient
         return None, None, None, None
     needs = tuple(ctx.needs_input_grad[:3])
