@@ -34,7 +34,12 @@ needs_kernels = pytest.mark.skipif(
     reason="fused kernels disabled or not buildable here",
 )
 
-pytestmark = [needs_kernels, pytest.mark.usefixtures("one_thread")]
+pytestmark = [
+    needs_kernels,
+    pytest.mark.usefixtures("one_thread"),
+    # torch's own compile machinery touches torch.jit.script_method and warns about it; not ours
+    pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning"),
+]
 
 
 @pytest.fixture(autouse=True)
