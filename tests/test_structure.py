@@ -47,3 +47,28 @@ def test_the_check_can_fail():
     assert _names_method('key = {"meru": "point"}[name]', names)
     assert _names_method("if r.name == 'anything':", names)
     assert not _names_method('geometry = {"point": "lorentz"}', names)
+
+
+def _shipped_non_python_files() -> set[Path]:
+    """The files the ``[tool.setuptools.package-data]`` globs of pyproject.toml put in a wheel."""
+    import tomllib
+
+    src = Path(curvalign.__file__).parent.parent
+    config = tomllib.loads((src.parent / "pyproject.toml").read_text())
+    shipped: set[Path] = set()
+    for package, globs in config["tool"]["setuptools"]["package-data"].items():
+        folder = src.joinpath(*package.split("."))
+        for pattern in globs:
+            shipped.update(folder.glob(pattern))
+    return shipped
+
+
+def test_every_native_kernel_source_ships_in_the_wheel():
+    """A kernel source (or a header it includes) missing from package-data builds in an
+    editable checkout but not in an installed wheel, where the kernel would silently fall back
+    to its eager reference."""
+    root = Path(curvalign.__file__).parent
+    sources = {p for pattern in ("*.cpp", "*.h") for p in root.rglob(pattern)}
+    assert sources, "no kernel sources found: the check would pass vacuously"
+    missing = sorted(str(p.relative_to(root)) for p in sources - _shipped_non_python_files())
+    assert not missing, f"not in pyproject.toml's package-data: {missing}"

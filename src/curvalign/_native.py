@@ -22,7 +22,7 @@ import subprocess
 import tempfile
 import threading
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
@@ -71,13 +71,21 @@ class NativeKernel:
     """One C++ source, built on first use and bound by ``bind`` (which sets ``argtypes``).
 
     ``name`` prefixes the cached file; ``what`` names the kernel in the one-time log message
-    and in the warning of a failed build (e.g. ``"fused l1-product kernel"``).
+    and in the warning of a failed build (e.g. ``"fused l1-product kernel"``); ``headers`` are
+    the files the source includes (next to it): they enter the cache key with the source, so
+    an edited header never serves a stale build.
     """
 
     def __init__(
-        self, source: Path, name: str, what: str, bind: Callable[[ctypes.CDLL], None]
+        self,
+        source: Path,
+        name: str,
+        what: str,
+        bind: Callable[[ctypes.CDLL], None],
+        headers: Sequence[Path] = (),
     ) -> None:
         self.source, self.name, self.what, self._bind = source, name, what, bind
+        self.headers = tuple(headers)
         self._lock = threading.Lock()
         self.library: ctypes.CDLL | None = None
         self.failed: str | None = None
@@ -96,7 +104,7 @@ class NativeKernel:
         if shutil.which(compiler) is None:
             raise RuntimeError(f"no C++ compiler {compiler!r} on PATH")
         flags = compile_flags()
-        source = self.source.read_bytes()
+        source = b"".join(path.read_bytes() for path in (self.source, *self.headers))
         key = hashlib.sha256(source + " ".join([compiler, *flags]).encode()).hexdigest()[:16]
         tag = "avx2" if "-mavx2" in flags else "generic"
         target = cache_dir() / f"{self.name}_{tag}_{key}.so"

@@ -46,7 +46,9 @@ def _bind(lib: ctypes.CDLL) -> None:
         bwd.restype = None
 
 
-KERNEL = NativeKernel(_SOURCE, "l1", "fused l1-product kernel", _bind)
+KERNEL = NativeKernel(
+    _SOURCE, "l1", "fused l1-product kernel", _bind, headers=[_SOURCE.with_name("_vecmath.h")]
+)
 
 
 def load_kernel() -> ctypes.CDLL | None:

@@ -56,7 +56,13 @@ def _bind(lib: ctypes.CDLL) -> None:
             getattr(lib, f"curvalign_{name}_{suffix}").restype = None
 
 
-KERNEL = NativeKernel(_SOURCE, "lorentz", "fused Lorentz/exterior-angle kernel", _bind)
+KERNEL = NativeKernel(
+    _SOURCE,
+    "lorentz",
+    "fused Lorentz/exterior-angle kernel",
+    _bind,
+    headers=[_SOURCE.with_name("_vecmath.h")],
+)
 
 
 def load_kernel() -> ctypes.CDLL | None:

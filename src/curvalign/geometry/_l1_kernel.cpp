@@ -25,72 +25,22 @@
 #include <limits>
 #include <vector>
 
+#include "_vecmath.h"
+
 namespace {
+
+using curvalign_vecmath::log1p_pos;
 
 constexpr int64_t L = 8;   // columns per interleaved block
 constexpr int64_t IB = 4;  // rows per tile
 
-template <typename T>
-struct Bits;
-template <>
-struct Bits<float> {
-  using I = int32_t;
-  static constexpr int MANT = 23;
-  static constexpr I SQRT_HALF = 0x3f3504f3;  // bits of sqrt(1/2)
-  static constexpr int TERMS = 5;             // atanh series to s^9: error < 1e-9
-};
-template <>
-struct Bits<double> {
-  using I = int64_t;
-  static constexpr int MANT = 52;
-  static constexpr I SQRT_HALF = 0x3fe6a09e667f3bcdLL;
-  static constexpr int TERMS = 11;  // to s^21: error < 1e-18
-};
-
-// sum_{n < TERMS} z^n / (2n + 1), straight-line (Horner) so that the lane loop vectorises.
-template <typename T, int n, int TERMS>
-static inline T atanh_series(T z) {
-  if constexpr (n == TERMS - 1) {
-    return T(1) / T(2 * n + 1);
-  } else {
-    return T(1) / T(2 * n + 1) + z * atanh_series<T, n + 1, TERMS>(z);
-  }
-}
-
 // acosh(1 + 2u) = log1p(v), v = 2 (u + r), for 8 lanes with u >= 0; returns r too.
 template <typename T>
 static inline void acosh_lanes(const T* __restrict u, T* __restrict out, T* __restrict r) {
-  using I = typename Bits<T>::I;
-  constexpr T LN2 = T(0.693147180559945309417232121458176568);
-  constexpr T MAXV = std::numeric_limits<T>::max();
-  T v[L], a[L], m[L], e[L];
-  I bits[L];
 #pragma omp simd
   for (int64_t l = 0; l < L; ++l) {
     r[l] = std::sqrt(u[l] + u[l] * u[l]);
-    v[l] = T(2) * (u[l] + r[l]);
-    a[l] = T(1) + v[l];
-  }
-  std::memcpy(bits, a, sizeof(bits));
-#pragma omp simd
-  for (int64_t l = 0; l < L; ++l) {
-    // a = 2^e * m with m in [sqrt(1/2), sqrt(2))
-    I ix = bits[l] - Bits<T>::SQRT_HALF;
-    I k = ix >> Bits<T>::MANT;
-    bits[l] = bits[l] - (k << Bits<T>::MANT);
-    e[l] = T(k);
-  }
-  std::memcpy(m, bits, sizeof(bits));
-#pragma omp simd
-  for (int64_t l = 0; l < L; ++l) {
-    T f = m[l] - T(1);
-    T s = f / (T(2) + f);
-    T z = s * s;
-    T p = atanh_series<T, 0, Bits<T>::TERMS>(z);
-    T loga = e[l] * LN2 + T(2) * s * p;
-    // log1p(v) = log(a) + (v - (a - 1)) / a: the rounding of 1 + v corrected to first order
-    T res = loga + (v[l] - (a[l] - T(1))) / a[l];
-    out[l] = a[l] <= MAXV ? res : a[l];  // +inf and NaN pass through
+    out[l] = log1p_pos<T>(T(2) * (u[l] + r[l]));
   }
 }
 

@@ -22,8 +22,7 @@
 // log1p and acos are written out (exponent split + atanh series; fdlibm's rational asin
 // kernel) so that gcc vectorises them: libm's are scalar. No -ffast-math: inf and NaN pass
 // through as in the reference. Plain C++ behind extern "C" (loaded with ctypes), OpenMP through
-// the libgomp torch has loaded. The log1p is the one of _l1_kernel.cpp (copied: the build cache
-// is keyed on this file's content alone, so a shared header could go stale).
+// the libgomp torch has loaded. The log1p is _vecmath.h's, shared with _l1_kernel.cpp.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -31,66 +30,11 @@
 #include <limits>
 #include <vector>
 
+#include "_vecmath.h"
+
 namespace {
 
-template <typename T>
-struct Bits;
-template <>
-struct Bits<float> {
-  using I = int32_t;
-  static constexpr int MANT = 23;
-  static constexpr I SQRT_HALF = 0x3f3504f3;  // bits of sqrt(1/2)
-  static constexpr int TERMS = 5;             // atanh series to s^9: error < 1e-9
-};
-template <>
-struct Bits<double> {
-  using I = int64_t;
-  static constexpr int MANT = 52;
-  static constexpr I SQRT_HALF = 0x3fe6a09e667f3bcdLL;
-  static constexpr int TERMS = 11;  // to s^21: error < 1e-18
-};
-
-// sum_{n < TERMS} z^n / (2n + 1), straight-line (Horner) so that the loops vectorise.
-template <typename T, int n, int TERMS>
-static inline T atanh_series(T z) {
-  if constexpr (n == TERMS - 1) {
-    return T(1) / T(2 * n + 1);
-  } else {
-    return T(1) / T(2 * n + 1) + z * atanh_series<T, n + 1, TERMS>(z);
-  }
-}
-
-template <typename T, typename I>
-static inline I to_bits(T x) {
-  I i;
-  std::memcpy(&i, &x, sizeof(T));
-  return i;
-}
-template <typename T, typename I>
-static inline T from_bits(I i) {
-  T x;
-  std::memcpy(&x, &i, sizeof(T));
-  return x;
-}
-
-// log1p(v) for v >= 0 (or +inf / NaN, passed through).
-template <typename T>
-static inline T log1p_pos(T v) {
-  using I = typename Bits<T>::I;
-  constexpr T LN2 = T(0.693147180559945309417232121458176568);
-  const T a = T(1) + v;
-  // a = 2^e * m with m in [sqrt(1/2), sqrt(2))
-  const I bits = to_bits<T, I>(a);
-  const I k = (bits - Bits<T>::SQRT_HALF) >> Bits<T>::MANT;
-  const T m = from_bits<T, I>(bits - (k << Bits<T>::MANT));
-  const T f = m - T(1);
-  const T s = f / (T(2) + f);
-  const T z = s * s;
-  const T loga = T(k) * LN2 + T(2) * s * atanh_series<T, 0, Bits<T>::TERMS>(z);
-  // the rounding of 1 + v corrected to first order
-  const T res = loga + (v - (a - T(1))) / a;
-  return a <= std::numeric_limits<T>::max() ? res : a;  // +inf and NaN pass through
-}
+using curvalign_vecmath::log1p_pos;
 
 // fdlibm's rational approximation R(z) of (asin(sqrt z) - sqrt z) / sqrt z^3 on [0, 1/4]
 // (musl's acosf coefficients for float, fdlibm's e_acos.c for double).
