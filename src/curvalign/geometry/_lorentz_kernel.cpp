@@ -163,6 +163,36 @@ void dist_forward(const T* G, T* out, const T* tx, const T* ty, const T* a, cons
   }
 }
 
+// One row segment of the distance's backward: H over the Gram block (in place), the row sum
+// of H t_y, the column sums of H t_x; with NEED_C also the sums of H v and grad acosh that the
+// curvature's gradient needs (the log1p is skipped when c needs no gradient).
+template <typename T, bool NEED_C>
+static inline void dist_backward_segment(T* __restrict gh, const T* __restrict gr,
+                                         const T* __restrict tyf, T* __restrict cf, int64_t n,
+                                         T af, T sf, T txi, T r_floor, T& rsum, T& vsum,
+                                         T& asum) {
+  T rs = T(0), vs = T(0), as = T(0);
+#pragma omp simd reduction(+ : rs, vs, as)
+  for (int64_t j = 0; j < n; ++j) {
+    const T v = txi * tyf[j] - gh[j];
+    const T w = af * v - T(0.5);
+    const T u = w < T(0) ? T(0) : w;
+    const T r = std::sqrt(u + u * u);
+    const T rr = r > r_floor ? r : r_floor;
+    const T H = w <= T(0) ? T(0) : sf * gr[j] / rr;
+    gh[j] = H;
+    rs += H * tyf[j];
+    cf[j] += H * txi;
+    if constexpr (NEED_C) {
+      vs += H * v;
+      as += gr[j] * log1p_pos<T>(T(2) * (u + r));
+    }
+  }
+  rsum = rs;
+  vsum = vs;
+  asum = as;
+}
+
 template <typename T>
 void dist_backward(T* GH, const GradView<T>& gv, const T* tx, const T* ty, const T* a,
                    const T* s, int64_t k, int64_t N, int64_t M, T r_floor, T* row_out,
@@ -185,35 +215,12 @@ void dist_backward(T* GH, const GradView<T>& gv, const T* tx, const T* ty, const
       const T* __restrict gr = g;
       const T* __restrict tyf = ty + f * M + j0;
       T* __restrict cf = col.data() + f * M + j0;
-      T rsum = T(0), vsum = T(0), asum = T(0);
+      T rsum, vsum, asum;
       if (need_c) {
-#pragma omp simd reduction(+ : rsum, vsum, asum)
-        for (int64_t j = 0; j < n; ++j) {
-          const T v = txi * tyf[j] - gh[j];
-          const T w = af * v - T(0.5);
-          const T u = w < T(0) ? T(0) : w;
-          const T r = std::sqrt(u + u * u);
-          const T rr = r > r_floor ? r : r_floor;
-          const T H = w <= T(0) ? T(0) : sf * gr[j] / rr;
-          gh[j] = H;
-          rsum += H * tyf[j];
-          cf[j] += H * txi;
-          vsum += H * v;
-          asum += gr[j] * log1p_pos<T>(T(2) * (u + r));
-        }
+        dist_backward_segment<T, true>(gh, gr, tyf, cf, n, af, sf, txi, r_floor, rsum, vsum, asum);
       } else {
-#pragma omp simd reduction(+ : rsum)
-        for (int64_t j = 0; j < n; ++j) {
-          const T v = txi * tyf[j] - gh[j];
-          const T w = af * v - T(0.5);
-          const T u = w < T(0) ? T(0) : w;
-          const T r = std::sqrt(u + u * u);
-          const T rr = r > r_floor ? r : r_floor;
-          const T H = w <= T(0) ? T(0) : sf * gr[j] / rr;
-          gh[j] = H;
-          rsum += H * tyf[j];
-          cf[j] += H * txi;
-        }
+        dist_backward_segment<T, false>(gh, gr, tyf, cf, n, af, sf, txi, r_floor, rsum, vsum,
+                                        asum);
       }
       row_out[row] += rsum;
       ga_parts[ch][f] += double(vsum);
