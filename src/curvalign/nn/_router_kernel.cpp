@@ -226,28 +226,34 @@ inline void layer1(const Router<T>& R, Tile<T>& tl, int64_t t, int64_t ib) {
   }
 }
 
+// out = init + W^T x on one tile of L lanes: W [In, Out] row-major (row i holds the weights
+// from input unit i), x [In, L], out [Out, L]; init [Out] or null for zeros. Register blocks
+// of JB output units (Out must be a multiple of JB, as the padded hidden widths are).
+template <typename T>
+inline void lanes_matvec(const T* W, const T* x, const T* init, T* out, int64_t In, int64_t Out) {
+  for (int64_t o0 = 0; o0 < Out; o0 += JB) {
+    T acc[JB][L];
+    for (int64_t oo = 0; oo < JB; ++oo)
+      for (int64_t l = 0; l < L; ++l) acc[oo][l] = init ? init[o0 + oo] : T(0);
+    for (int64_t i = 0; i < In; ++i) {
+      const T* wr = W + i * Out + o0;
+      const T* xi = x + i * L;
+#pragma GCC unroll 8
+      for (int64_t oo = 0; oo < JB; ++oo) {
+        const T wv = wr[oo];
+#pragma omp simd
+        for (int64_t l = 0; l < L; ++l) acc[oo][l] = fmadd(wv, xi[l], acc[oo][l]);
+      }
+    }
+    for (int64_t oo = 0; oo < JB; ++oo)
+      for (int64_t l = 0; l < L; ++l) out[(o0 + oo) * L + l] = acc[oo][l];
+  }
+}
+
 // h2 = b2 + W2 d1 on one tile: [H2, L]
 template <typename T>
 inline void layer2(const Router<T>& R, Tile<T>& tl) {
-  const int64_t H1 = R.H1, H2 = R.H2;
-  const T* d1 = tl.d1;
-  for (int64_t j0 = 0; j0 < H2; j0 += JB) {
-    T acc[JB][L];
-    for (int64_t jj = 0; jj < JB; ++jj)
-      for (int64_t l = 0; l < L; ++l) acc[jj][l] = R.b2[j0 + jj];
-    for (int64_t k = 0; k < H1; ++k) {
-      const T* wr = R.W2T + k * H2 + j0;
-      const T* dk = d1 + k * L;
-#pragma GCC unroll 8
-      for (int64_t jj = 0; jj < JB; ++jj) {
-        const T wv = wr[jj];
-#pragma omp simd
-        for (int64_t l = 0; l < L; ++l) acc[jj][l] = fmadd(wv, dk[l], acc[jj][l]);
-      }
-    }
-    for (int64_t jj = 0; jj < JB; ++jj)
-      for (int64_t l = 0; l < L; ++l) tl.h2[(j0 + jj) * L + l] = acc[jj][l];
-  }
+  lanes_matvec<T>(R.W2T, tl.d1, R.b2, tl.h2.data(), R.H1, R.H2);
 }
 
 // acc[j, k, :] += sum_s gh2[s, j, :] d1[s, k, :] for ns buffered tiles: 2 x 4 blocks of
@@ -393,23 +399,7 @@ void backward_rows(const Router<T>& R, const T* gout, const Grads<T>& G, int nth
             ns = 0;
           }
           // gd1 = W2^T gh2
-          for (int64_t k0 = 0; k0 < H1; k0 += JB) {
-            T accb[JB][L];
-            for (int64_t kk = 0; kk < JB; ++kk)
-              for (int64_t l = 0; l < L; ++l) accb[kk][l] = T(0);
-            for (int64_t j = 0; j < H2; ++j) {
-              const T* wr = R.W2 + j * H1 + k0;
-              const T* gj = gh2 + j * L;
-#pragma GCC unroll 8
-              for (int64_t kk = 0; kk < JB; ++kk) {
-                const T wv = wr[kk];
-#pragma omp simd
-                for (int64_t l = 0; l < L; ++l) accb[kk][l] = fmadd(wv, gj[l], accb[kk][l]);
-              }
-            }
-            for (int64_t kk = 0; kk < JB; ++kk)
-              for (int64_t l = 0; l < L; ++l) gd1[(k0 + kk) * L + l] = accb[kk][l];
-          }
+          lanes_matvec<T>(R.W2, gh2, nullptr, gd1.data(), H2, H1);
           // layer 1: z = gd1 m1 gelu'(h1); the folded first layer's and the statistics' gradients
           T drstd[L], dmean[L], dse[L], dsh[L];
           for (int64_t l = 0; l < L; ++l) drstd[l] = dmean[l] = dse[l] = dsh[l] = T(0);
