@@ -13,6 +13,7 @@ import warnings
 import pytest
 import torch
 
+from _l1_edge import assert_edge_agrees
 from curvalign.geometry import _fused_l1 as FL
 from curvalign.geometry import lorentz as L
 from curvalign.geometry import product as P
@@ -107,27 +108,7 @@ def test_fused_edge_matrix(scale: float, c: float) -> None:
         fused = value_and_grads(a, b, cc, w, True)
         ref = value_and_grads(a, b, cc, w, False)
         for what, u, v in zip(("value", "dX", "dY", "dc"), fused, ref, strict=True):
-            assert torch.isfinite(u).all(), f"{name}, |x|={scale}, c={c}: non-finite {what}"
-            atol = 0.0
-            if name == "x=y" and what == "value":
-                # Near the diagonal w is the Gram matrix's rounding noise (about eps c t^2 per
-                # factor): bounded alike on both paths, equal on neither; the noise is the
-                # absolute tolerance (at scale 0 every pair is such a pair).
-                t2 = 1.0 / c + scale**2
-                noise = 4 * float(torch.acosh(torch.tensor(1.0 + 16 * 1.2e-7 * max(c, 1) * t2)))
-                atol = 2 * noise * max(1.0, c**-0.5)
-                assert u.diagonal().abs().max() <= atol and v.diagonal().abs().max() <= atol
-            elif name == "x=y":
-                # On the diagonal w is rounding noise around 0 and dacosh/dw = 1/r is cut at
-                # its floor 1/sqrt(eps) where w > 0 and is 0 where w <= 0: which of the two a
-                # pair gets depends on the summation order, so the paths agree in bound only.
-                bound = 2e4 * (1.0 + scale) ** 2 * max(c, 1.0 / c)
-                assert u.abs().max() <= bound, f"{name}, |x|={scale}, c={c}: {what} unbounded"
-                continue
-            # dc sums N M k terms that largely cancel (t depends on c on both sides).
-            tol = 2e-5 if what == "value" else 1e-4
-            err = ((u - v).abs() - atol).clamp_min(0.0).max() / v.abs().max().clamp_min(1.0)
-            assert err < tol, f"{name}, |x|={scale}, c={c}: {what} differs by {err:.3g}"
+            assert_edge_agrees(name, scale, c, what, u, v)
 
 
 @needs_kernel
