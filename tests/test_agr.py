@@ -40,6 +40,13 @@ def _perturb_(model: AGR) -> None:
                 p.add_(0.1 * torch.randn(p.shape, generator=g))
 
 
+def _step(model: AGR, batch: Batch, progress: Progress, gather: Gather | None = None):
+    """One training step's recipe calls, as the trainer makes them: the curriculum hook, then
+    the loss."""
+    model.on_step_start(progress)
+    return model.loss(batch, progress, gather)
+
+
 def _grads(
     output: torch.Tensor, params: dict[str, torch.nn.Parameter]
 ) -> dict[str, torch.Tensor | None]:
@@ -107,18 +114,17 @@ def test_gradient_flow_table():
     trunk_from_agr = torch.cat([s_agr[n].flatten() for n in sorted(trunk)])
     # compare with the trunk gradient of S_AGR where only S_H's own graph reaches the trunk:
     # the same score with every router-side tensor detached
-    detached = model._combine(
+    gate, calibration = model._query_conditioning({k: v.detach() for k, v in texts.items()})
+    detached = model._routed_score(
         parts.s_e,
         parts.s_h,
         parts.route_logits.detach(),
-        {k: v.detach() for k, v in texts.items()},
-        images,
-        "text",
+        gate[:, None],
+        calibration[:, None, :],
         1.0,
         1.0,
-        gate_axis=(slice(None), None),
     )
-    ref = _grads(detached.s_agr.sum(), params)
+    ref = _grads(detached.sum(), params)
     torch.testing.assert_close(trunk_from_agr, torch.cat([ref[n].flatten() for n in sorted(trunk)]))
 
 
@@ -149,7 +155,7 @@ def test_isolation_scores_are_exactly_hyperbolic():
     # the contrastive term is then the hyperbolic expert's own InfoNCE
     assert out.terms["contrastive"].item() == pytest.approx(out.logs["loss_hyperbolic"], rel=1e-6)
     # once alpha > 0 the routed score departs from S_H
-    model.loss(b, Progress(400, TOTAL))
+    _step(model, b, Progress(400, TOTAL))
     assert not torch.equal(model.scores(texts, images), s_h)
 
 
@@ -165,7 +171,7 @@ def test_curriculum_logged_through_the_phases():
     b = _batch()
     seen = {}
     for step in (0, 25, 26, 40, 50, 51, 75, 100, 101, 1199):
-        logs = model.loss(b, Progress(step, TOTAL)).logs
+        logs = _step(model, b, Progress(step, TOTAL)).logs
         seen[step] = (logs["alpha"], logs["beta"], logs["phase"])
     assert seen[25] == (0.0, 0.0, 1.0)
     assert seen[40] == (pytest.approx(0.6), 0.0, 2.0)
@@ -211,7 +217,7 @@ def test_single_schedule_shows_euclidean_from_the_start():
 def test_matrix_scores_equal_pair_scores(query):
     model = _model()
     _perturb_(model)
-    model.loss(_batch(), Progress(500, TOTAL))
+    _step(model, _batch(), Progress(500, TOTAL))
     model.eval()
     b = _batch(seed=1)
     texts, images = model.embed_texts(b.text[:5]), model.embed_images(b.image[:7])
@@ -233,7 +239,7 @@ def test_matrix_scores_equal_pair_scores(query):
 def test_fresh_checkpoint_keeps_the_ranking_state():
     model = _model()
     _perturb_(model)
-    model.loss(_batch(), Progress(500, TOTAL))
+    _step(model, _batch(), Progress(500, TOTAL))
     model.eval()
     clone = _model()
     clone.load_state_dict(model.state_dict())
@@ -306,3 +312,56 @@ def test_loss_under_bf16_autocast_is_finite():
     out.total.backward()
     grads = [p.grad for p in model.parameters() if p.grad is not None]
     assert grads and all(torch.isfinite(g).all() for g in grads)
+
+
+def test_curriculum_buffers_are_set_by_the_step_hook_only():
+    model = _model()
+    model.loss(_batch(), Progress(75, TOTAL))  # the loss reads the curriculum, sets nothing
+    assert float(model.alpha) == 0.0 and float(model.beta) == 0.0
+    model.on_step_start(Progress(75, TOTAL))
+    assert float(model.alpha) == 1.0 and float(model.beta) == pytest.approx(0.5)
+
+
+class _EagerPathGather(Gather):
+    """One process that takes the multi-process code path (each direction routed on its own):
+    the gather is the identity, so both paths score the same global batch."""
+
+    world_size = 2
+
+    def offset(self, local_batch: int) -> int:
+        return 0
+
+
+@pytest.mark.parametrize("seed", [7, 11, 23])
+def test_single_pass_and_per_direction_paths_give_the_same_gradients(seed):
+    """The fused single-process path (one router pass shared by both directions) and the
+    per-direction path taken under DDP must agree on every parameter's gradient, the gate
+    temperature at its floor included. These seeds put the temperature at its floor with
+    opposite gradients from the two directions: deciding its bound per use (once per
+    direction) let an inward part through although the total points out of the range."""
+    torch.manual_seed(seed)
+    model = AGR(
+        AGRConfig(embed_dim=16, lora_rank=8, router_dropout=0.0, score_jitter=0.0), DI, DT
+    ).double()
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "temperature" not in name:  # T_gate stays at its floor (init = floor = 0.5)
+                p.add_(0.1 * torch.randn(p.shape, generator=g, dtype=p.dtype))
+    b = Batch(
+        image=torch.randn(12, DI, generator=g, dtype=torch.float64),
+        text=torch.randn(12, DT, generator=g, dtype=torch.float64),
+    )
+    progress = Progress(1100, TOTAL)  # every correction on: alpha = beta = 1
+    grads = []
+    for gather in (Gather(), _EagerPathGather()):
+        model.zero_grad()
+        out = _step(model, b, progress, gather)
+        out.total.backward()
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
+    single, per_direction = grads
+    assert float(model.router.temperature()) == pytest.approx(0.5)
+    for name in single:
+        torch.testing.assert_close(
+            per_direction[name], single[name], rtol=1e-9, atol=1e-12, msg=name
+        )

@@ -130,6 +130,31 @@ def test_scalar_clamps_each_entry_and_passes_only_inward_gradients():
     assert s.log_value.grad[0] == 0 and s.log_value.grad[1] < 0
 
 
+def test_scalar_decides_the_bound_on_the_summed_gradient_of_every_use():
+    # two uses whose gradients point opposite ways at the floor: the parameter must move as
+    # their sum says (per use, the outward part was blocked and the inward part kept)
+    for weights, expected_sign in (((2.0, -1.0), 0), ((-2.0, 1.0), -1)):
+        s = LearnableScalar(0.5, min=0.5)
+        (weights[0] * s() + weights[1] * s()).backward()
+        grad = float(s.log_value.grad)
+        if expected_sign == 0:
+            assert grad == 0.0  # total pushes the value below its floor: blocked
+        else:
+            assert grad == pytest.approx(-0.5)  # total (-1 x value 0.5) points inwards: all of it
+    # inside the range the sum passes untouched
+    s = LearnableScalar(1.0, min=0.5)
+    (2.0 * s() - 1.0 * s()).backward()
+    assert float(s.log_value.grad) == pytest.approx(1.0)
+
+
+def test_scalar_copy_keeps_the_bound_rule():
+    import copy
+
+    s = copy.deepcopy(LearnableScalar(0.5, min=0.5))
+    (2.0 * s() - 1.0 * s()).backward()
+    assert float(s.log_value.grad) == 0.0
+
+
 def test_scalar_frozen_is_a_buffer_and_validates_its_range():
     s = LearnableScalar(0.5, min=0.1, max=2.0, learnable=False)
     assert list(s.parameters()) == [] and "log_value" in dict(s.named_buffers())

@@ -17,6 +17,18 @@ How the clamp treats gradients
     parameter in place: the raw log can overshoot a bound only by what momentum carries, and
     any inward gradient brings it back at once. A learned curvature that collapses to its lower
     bound (MERU) therefore sits exactly on the bound, visibly, and can leave it.
+
+    The inward/outward decision is taken on the *total* gradient of the parameter in one
+    backward pass, not on each use: a scalar used twice in a loss (MERU's curvature in the
+    contrastive and the entailment term; AGR's gate temperature when both directions are
+    routed separately) must move as the sum of its gradients says. Deciding per use blocked the
+    outward part of one use and kept the inward part of the other, so at a bound the parameter
+    moved inwards even when the loss as a whole pushed it out (and two implementations of one
+    loss that used the scalar once or twice gave different gradients). ``LearnableScalar``
+    therefore clamps straight-through in the forward and projects in a gradient hook on its
+    parameter, which autograd calls once with the summed gradient. Under DDP the hook sees this
+    rank's gradient before the all-reduce. :func:`inward_clamp` keeps the per-use rule for a
+    tensor that is used once.
 """
 
 from __future__ import annotations
@@ -42,8 +54,25 @@ class _InwardClamp(torch.autograd.Function):
         (x,) = ctx.saved_tensors
         # Gradient descent moves x by -grad: at the lower bound that is inwards when grad < 0,
         # at the upper bound when grad > 0.
-        blocked = ((x <= ctx.lo) & (grad > 0)) | ((x >= ctx.hi) & (grad < 0))
-        return grad.masked_fill(blocked, 0.0), None, None
+        return grad.masked_fill(_outward_blocked(x, grad, ctx.lo, ctx.hi), 0.0), None, None
+
+
+class _StraightThroughClamp(torch.autograd.Function):
+    """clamp(x, lo, hi) whose gradient is the identity: the bound is enforced on the summed
+    gradient by :func:`_outward_blocked` in the parameter's hook, not here."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, lo: float, hi: float) -> Tensor:  # type: ignore[override]
+        return x.clamp(lo, hi)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):  # type: ignore[override]
+        return grad, None, None
+
+
+def _outward_blocked(x: Tensor, grad: Tensor, lo: float, hi: float) -> Tensor:
+    """Where a descent step along ``-grad`` would push ``x`` (at or beyond a bound) further out."""
+    return ((x <= lo) & (grad > 0)) | ((x >= hi) & (grad < 0))
 
 
 def inward_clamp(x: Tensor, lo: float = -math.inf, hi: float = math.inf) -> Tensor:
@@ -99,11 +128,35 @@ class LearnableScalar(nn.Module):
         self.learnable = learnable
         if learnable:
             self.log_value = nn.Parameter(value.log())
+            self._guard_bounds()
         else:
             self.register_buffer("log_value", value.log())
 
+    @property
+    def _bounded(self) -> bool:
+        return self._log_lo > -math.inf or self._log_hi < math.inf
+
+    def _guard_bounds(self) -> None:
+        """Install the one-sided projection as a hook on the parameter (once per parameter
+        object: ``copy.deepcopy`` makes a new parameter without hooks, which ``forward``
+        notices by the missing mark and guards again)."""
+        param = self.log_value
+        if not self._bounded or getattr(param, "_curvalign_bound_guard", False):
+            return
+        lo, hi = self._log_lo, self._log_hi
+
+        def project(grad: Tensor) -> Tensor:  # the summed gradient of this backward pass
+            return grad.masked_fill(_outward_blocked(param.detach(), grad, lo, hi), 0.0)
+
+        param.register_hook(project)
+        param._curvalign_bound_guard = True  # type: ignore[attr-defined]
+
     def forward(self) -> Tensor:
-        return inward_clamp(self.log_value, self._log_lo, self._log_hi).exp()
+        if not self._bounded:
+            return self.log_value.exp()
+        if self.learnable and not torch.compiler.is_compiling():
+            self._guard_bounds()
+        return _StraightThroughClamp.apply(self.log_value, self._log_lo, self._log_hi).exp()
 
     @property
     def value(self) -> Tensor:

@@ -409,72 +409,46 @@ class AGR(HyperbolicRecipe):
         _check_query(query)
         alpha = float(self.alpha) if alpha is None else alpha
         beta = float(self.beta) if beta is None else beta
-        s_e, s_h, logits = self._pair_scores(texts, images, beta)
-        return self._combine(
-            s_e,
-            s_h,
-            logits,
-            texts,
-            images,
-            query,
-            alpha,
-            beta,
-            gate_axis=(slice(None), None) if query == "text" else (None, slice(None)),
-        )
+        s_e, s_h, logits = self._expert_scores_and_logits(texts, images, beta, pairs=False)
+        gate, calibration = self._query_conditioning(texts if query == "text" else images)
+        if query == "text":  # one gate per row of the [Nt, Ni] matrix
+            gate, calibration = gate[:, None], calibration[:, None, :]
+        else:  # one per column
+            gate, calibration = gate[None, :], calibration[None, :, :]
+        s_agr = self._routed_score(s_e, s_h, logits, gate, calibration, alpha, beta)
+        return RoutedParts(s_e, s_h, logits, gate, calibration, s_agr)
 
-    def _pair_scores(
-        self, texts: Embedding, images: Embedding, beta: float
+    def _expert_scores_and_logits(
+        self, texts: Embedding, images: Embedding, beta: float, pairs: bool
     ) -> tuple[Tensor, Tensor, Tensor]:
-        """``S_E``, ``S_H`` and the router's logits of every (text, image) pair, ``[Nt, Ni]``."""
-        s_e = cosine_scores(texts["euclidean"], images["euclidean"]) / self.tau_e()
-        s_h = lorentz_distance_scores(texts["lorentz"], images["lorentz"], self.curvature())
+        """``S_E``, ``S_H`` and the router's logits: of every (text, image) pair, ``[Nt, Ni]``
+        (``pairs=False``), or of given pairs (``pairs=True``: shapes broadcast as in
+        :meth:`pair_scores`)."""
+        cosine = cosine_pair_scores if pairs else cosine_scores
+        distance = lorentz_distance_pair_scores if pairs else lorentz_distance_scores
+        router = self.router.pair_logits if pairs else self.router.matrix_logits
+        s_e = cosine(texts["euclidean"], images["euclidean"]) / self.tau_e()
+        s_h = distance(texts["lorentz"], images["lorentz"], self.curvature())
         s_h = s_h if self.tau_h is None else s_h / self.tau_h()
-        logits = self.router.matrix_logits(beta * s_e, s_h, texts["context"], images["context"])
+        logits = router(beta * s_e, s_h, texts["context"], images["context"])
         return s_e, s_h, logits
 
-    def _combine(
+    @staticmethod
+    def _query_conditioning(side: Embedding) -> tuple[Tensor, Tensor]:
+        """The query side's gate ``g`` [N] and calibration ``(wE, sH, sE)`` [N, 3] (Eq. 15),
+        decoded from the logits its embedding carries."""
+        return torch.sigmoid(side["gate_logit"]), 2.0 * torch.sigmoid(side["calibration_logit"])
+
+    def _routed_score(
         self,
         s_e: Tensor,
         s_h: Tensor,
         logits: Tensor,
-        texts: Embedding,
-        images: Embedding,
-        query: Query,
+        gate: Tensor,
+        calibration: Tensor,
         alpha: float,
         beta: float,
-        gate_axis: tuple,
-    ) -> RoutedParts:
-        side = texts if query == "text" else images
-        gate = torch.sigmoid(side["gate_logit"])[gate_axis]
-        calibration = 2.0 * torch.sigmoid(side["calibration_logit"])[gate_axis]
-        s_agr = routed_scores(
-            s_h,
-            s_e,
-            torch.sigmoid(logits),
-            gate,
-            calibration,
-            alpha,
-            self._delta_beta(beta),
-            self.config.max_delta,
-        )
-        return RoutedParts(s_e, s_h, logits, gate, calibration, s_agr)
-
-    def scores(self, texts: Embedding, images: Embedding, query: Query = "text") -> Tensor:
-        return self.routed(texts, images, query).s_agr
-
-    def pair_scores(self, texts: Embedding, images: Embedding, query: Query = "text") -> Tensor:
-        """Routed score of given pairs. Matched rows: every tensor ``[n, ...]`` -> ``[n]``.
-        Top-K rerank: texts ``[n, 1, ...]`` against images ``[n, K, ...]`` (or the other way
-        round) -> ``[n, K]``; the query side's gate and calibration are used."""
-        _check_query(query)
-        alpha, beta = float(self.alpha), float(self.beta)
-        s_e = cosine_pair_scores(texts["euclidean"], images["euclidean"]) / self.tau_e()
-        s_h = lorentz_distance_pair_scores(texts["lorentz"], images["lorentz"], self.curvature())
-        s_h = s_h if self.tau_h is None else s_h / self.tau_h()
-        logits = self.router.pair_logits(beta * s_e, s_h, texts["context"], images["context"])
-        side = texts if query == "text" else images
-        gate = torch.sigmoid(side["gate_logit"])
-        calibration = 2.0 * torch.sigmoid(side["calibration_logit"])
+    ) -> Tensor:
         return routed_scores(
             s_h,
             s_e,
@@ -485,6 +459,19 @@ class AGR(HyperbolicRecipe):
             self._delta_beta(beta),
             self.config.max_delta,
         )
+
+    def scores(self, texts: Embedding, images: Embedding, query: Query = "text") -> Tensor:
+        return self.routed(texts, images, query).s_agr
+
+    def pair_scores(self, texts: Embedding, images: Embedding, query: Query = "text") -> Tensor:
+        """Routed score of given pairs. Matched rows: every tensor ``[n, ...]`` -> ``[n]``.
+        Top-K rerank: texts ``[n, 1, ...]`` against images ``[n, K, ...]`` (or the other way
+        round) -> ``[n, K]``; the query side's gate and calibration are used."""
+        _check_query(query)
+        alpha, beta = float(self.alpha), float(self.beta)
+        s_e, s_h, logits = self._expert_scores_and_logits(texts, images, beta, pairs=True)
+        gate, calibration = self._query_conditioning(texts if query == "text" else images)
+        return self._routed_score(s_e, s_h, logits, gate, calibration, alpha, beta)
 
     def _delta_beta(self, beta: float) -> float:
         """The beta inside the correction: Algorithm 1 throttles ``S_E`` there too; Eqs. 16/21
@@ -531,15 +518,20 @@ class AGR(HyperbolicRecipe):
         }
 
     # --- training -----------------------------------------------------------------------------
-    def _set_curriculum(self, progress: Progress) -> tuple[float, float]:
-        alpha = agr_alpha(progress.step, progress.total, self.curriculum)
-        beta = agr_beta(progress.step, progress.total, self.curriculum)
-        self.alpha.fill_(alpha)
-        self.beta.fill_(beta)
-        return alpha, beta
+    def _curriculum_at(self, progress: Progress) -> tuple[float, float]:
+        """``(alpha(t), beta(t))`` of the four-phase curriculum at this step."""
+        return (
+            agr_alpha(progress.step, progress.total, self.curriculum),
+            agr_beta(progress.step, progress.total, self.curriculum),
+        )
 
     def on_step_start(self, progress: Progress) -> None:
-        self._set_curriculum(progress)
+        """Record this step's curriculum in the buffers that scoring outside training reads
+        (the loss takes its values from ``progress`` itself, so a loop that calls ``loss``
+        without this hook still trains with the right curriculum)."""
+        alpha, beta = self._curriculum_at(progress)
+        self.alpha.fill_(alpha)
+        self.beta.fill_(beta)
 
     def loss(self, batch: Batch, progress: Progress, gather: Gather | None = None) -> LossOutput:
         gather = gather or Gather()
@@ -549,7 +541,7 @@ class AGR(HyperbolicRecipe):
                 f"agr: batch has {batch.image.shape[0]} images but {batch.text.shape[0]} "
                 "texts; rows must be matched pairs"
             )
-        alpha, beta = self._set_curriculum(progress)
+        alpha, beta = self._curriculum_at(progress)
         local_images, local_texts = self.embed_images(batch.image), self.embed_texts(batch.text)
         all_images, all_texts = gather(local_images), gather(local_texts)
         offset = gather.offset(batch.image.shape[0])
@@ -557,15 +549,15 @@ class AGR(HyperbolicRecipe):
         if gather.world_size == 1:
             # one process: both directions score the same pairs, so the scores and the router
             # weights are shared and both routed scores come from one (fused) pass
-            s_e, s_h, logits = self._pair_scores(local_texts, all_images, beta)
+            s_e, s_h, logits = self._expert_scores_and_logits(
+                local_texts, all_images, beta, pairs=False
+            )
             s_t2i, s_i2t = routed_scores_both(
                 s_h,
                 s_e,
                 torch.sigmoid(logits),
-                torch.sigmoid(local_texts["gate_logit"]),
-                2.0 * torch.sigmoid(local_texts["calibration_logit"]),
-                torch.sigmoid(local_images["gate_logit"]),
-                2.0 * torch.sigmoid(local_images["calibration_logit"]),
+                *self._query_conditioning(local_texts),
+                *self._query_conditioning(local_images),
                 alpha,
                 self._delta_beta(beta),
                 cfg.max_delta,
@@ -605,6 +597,7 @@ class AGR(HyperbolicRecipe):
         gate_text = float(torch.sigmoid(local_texts["gate_logit"].detach()).mean())
         gate_image = float(torch.sigmoid(local_images["gate_logit"].detach()).mean())
         logs = {
+            **self.log_values(),  # first: this step's curriculum below overrides the buffers'
             "routing_weight": mean_w_value,
             "gate": 0.5 * (gate_text + gate_image),
             "gate/text": gate_text,
@@ -616,7 +609,6 @@ class AGR(HyperbolicRecipe):
             "routing_entropy": float(entropy.detach()),
             "loss_euclidean": float(loss_e.detach()),
             "loss_hyperbolic": float(loss_h.detach()),
-            **self.log_values(),
         }
         return LossOutput(total=total, terms=terms, logs=logs)
 
