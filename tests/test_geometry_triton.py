@@ -268,8 +268,22 @@ def test_env_switch_turns_the_triton_path_off(monkeypatch: pytest.MonkeyPatch) -
     assert P._l1_path(torch.device("cpu"), f32, 9) == "reference"
 
 
-def test_triton_installed_matches_the_import_system() -> None:
-    assert P._triton_installed() is HAVE_TRITON
+@pytest.mark.parametrize("findable", [False, True])
+def test_cuda_points_take_triton_only_where_triton_can_be_found(
+    monkeypatch: pytest.MonkeyPatch, findable: bool
+) -> None:
+    """The CUDA path is chosen from whether ``triton`` can be found, without importing it."""
+    spec = object() if findable else None
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: spec if name == "triton" else None)
+    P._triton_installed.cache_clear()
+    try:
+        cuda = torch.device("cuda")
+        assert P._l1_path(cuda, f32, 9) == ("triton" if findable else "reference")
+        # wider factors than the kernels take, and other devices, never take Triton
+        assert P._l1_path(cuda, f32, P._TRITON_MAX_WIDTH + 1) == "reference"
+        assert P._l1_path(torch.device("meta"), f32, 9) == "reference"
+    finally:
+        P._triton_installed.cache_clear()
 
 
 def test_triton_that_fails_to_import_warns_and_falls_back(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -276,3 +276,17 @@ def test_short_hnsw_answers_are_handled_not_read_out_of_bounds(one_thread) -> No
         assert (i >= 0).all() and set(i[0].tolist()) == set(padded[0, :5].tolist())
         with pytest.raises(Exception, match="fewer than k=6 candidates"):
             engine.rerank(texts, padded, 6)
+
+
+def test_set_ef_search_is_the_remedy_the_short_answer_error_names(one_thread) -> None:
+    """The "fewer than k candidates" error tells the user to raise ef_search through
+    RecipeIndex.set_ef_search: it must reach the HNSW graph, and refuse a flat index."""
+    from curvalign.index import RecipeIndex
+
+    recipe, images, _ = _spread_recipe("atmg", n=300)
+    engine = RecipeIndex(recipe, images, "images", candidate_index="hnsw", M=4, ef_search=1)
+    engine.set_ef_search(77)
+    assert search_module.faiss.downcast_index(engine._index).hnsw.efSearch == 77
+    flat = RecipeIndex(recipe, images, "images")
+    with pytest.raises(search_module.InputError, match="HNSW candidate index only"):
+        flat.set_ef_search(10)

@@ -326,7 +326,6 @@ class _Taxonomy:
             parents.append(0)
             levels.append(1)
             frontier.append(len(names) - 1)
-        self.family_nodes = list(frontier)
         for level in range(2, config.depth + 2):
             next_frontier = []
             for node in frontier:

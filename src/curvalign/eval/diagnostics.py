@@ -92,16 +92,6 @@ def series(rows: Iterable[dict[str, Any]], key: str) -> tuple[list[int], list[fl
     return steps, values
 
 
-def find_keys(rows: list[dict[str, Any]], *fragments: str) -> list[str]:
-    """Logged keys containing any of ``fragments`` (e.g. "curvature"), in first-seen order."""
-    seen: dict[str, None] = {}
-    for row in rows:
-        for k, v in row.items():
-            if isinstance(v, (int, float)) and any(f in k for f in fragments):
-                seen.setdefault(k, None)
-    return list(seen)
-
-
 def value_at(rows: list[dict[str, Any]], key: str, step: int) -> float | None:
     """The logged value of ``key`` at the last logged step <= ``step`` (None if never logged)."""
     steps, values = series(rows, key)

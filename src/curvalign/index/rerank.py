@@ -473,11 +473,6 @@ class RecipeIndex:
         """Write the proxy vectors' Faiss index (``RecipeIndex(..., proxy_index=faiss.read_index(path))``)."""
         faiss.write_index(self._index, str(path))
 
-    @property
-    def exact_proxy(self) -> bool:
-        """Whether the proxy alone already ranks exactly like the recipe's score."""
-        return self.proxy.exact
-
     def candidates(self, queries: Embedding, K: int) -> np.ndarray:
         """``[n, K]`` database rows with the largest proxy inner product."""
         queries = as_torch_embedding(queries)
