@@ -274,7 +274,9 @@ def test_cuda_points_take_triton_only_where_triton_can_be_found(
 ) -> None:
     """The CUDA path is chosen from whether ``triton`` can be found, without importing it."""
     spec = object() if findable else None
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name: spec if name == "triton" else None)
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name: spec if name == "triton" else None
+    )
     P._triton_installed.cache_clear()
     try:
         cuda = torch.device("cuda")
