@@ -160,95 +160,81 @@ class SyntheticConfig:
     seed: int = 0
 
     def check(self) -> None:
-        """Raise ValueError naming the first knob out of its range."""
-        positive = (
-            "images",
-            "captions_min",
-            "max_objects",
-            "templates",
-            "families",
-            "depth",
-            "branching",
-            "latent_dim",
-            "image_dim",
-            "text_dim",
-            "hidden_dim",
+        """Raise ValueError naming the first knob out of its range (the rules of
+        :func:`_config_rules`, in order)."""
+        for broken, message in _config_rules(self):
+            if broken:
+                raise ValueError(f"synthetic world: {message}")
+
+
+_POSITIVE_KNOBS = (
+    "images", "captions_min", "max_objects", "templates", "families", "depth", "branching",
+    "latent_dim", "image_dim", "text_dim", "hidden_dim",
+)  # fmt: skip
+_COUNT_KNOBS = ("text_pairs", "paraphrase_topics", "heldout_pairs", "leaf_pairs")
+_SCALE_KNOBS = (
+    "image_noise", "text_noise", "background", "secondary_weight", "attribute_scale", "binding",
+    "template_scale", "gain",
+)  # fmt: skip
+
+
+def _config_rules(cfg: SyntheticConfig) -> Iterator[tuple[bool, str]]:
+    """``(broken, message)`` for every rule a world's config must satisfy, in the order they
+    are checked; lazily, so a later rule may assume the earlier ones hold."""
+    for name in _POSITIVE_KNOBS:
+        yield getattr(cfg, name) < 1, f"{name} must be >= 1, got {getattr(cfg, name)}"
+    yield (
+        cfg.captions_max < cfg.captions_min,
+        f"captions_max ({cfg.captions_max}) < captions_min ({cfg.captions_min})",
+    )
+    yield (
+        cfg.max_objects > cfg.families,
+        f"max_objects ({cfg.max_objects}) > families ({cfg.families}); "
+        "objects of one image come from distinct families",
+    )
+    yield cfg.branching < 2, "branching must be >= 2 (replaced-object negatives need siblings)"
+    yield (
+        not 0 <= cfg.attribute_families <= len(ATTRIBUTE_FAMILIES),
+        f"attribute_families must be in [0, {len(ATTRIBUTE_FAMILIES)}]",
+    )
+    for name in _COUNT_KNOBS:
+        yield getattr(cfg, name) < 0, f"{name} must be >= 0, got {getattr(cfg, name)}"
+    yield 0 < cfg.paraphrase_topics < 2, "paraphrase_topics must be 0 (off) or >= 2"
+    yield bool(cfg.leaf_pairs) and cfg.families < 2, "leaf_pairs needs at least 2 families"
+    yield (
+        not 0.0 < cfg.test_fraction < 1.0,
+        f"test_fraction must be in (0, 1), got {cfg.test_fraction}",
+    )
+    yield (
+        not 0.0 <= cfg.generality < 1.0,
+        f"generality must be in [0, 1), got {cfg.generality}",
+    )
+    yield (
+        not 0.0 <= cfg.attribute_mention <= 1.0,
+        f"attribute_mention must be in [0, 1], got {cfg.attribute_mention}",
+    )
+    classes = cfg.families * cfg.branching**cfg.depth
+    yield (
+        cfg.depth > 12 or classes > 100_000,
+        f"families * branching**depth = {classes} classes; at most 100000",
+    )
+    for name in _SCALE_KNOBS:
+        value = getattr(cfg, name)
+        yield (
+            not value >= 0.0 or math.isinf(value),
+            f"{name} must be finite and >= 0, got {value}",
         )
-        for name in positive:
-            if getattr(self, name) < 1:
-                raise ValueError(f"synthetic world: {name} must be >= 1, got {getattr(self, name)}")
-        if self.captions_max < self.captions_min:
-            raise ValueError(
-                f"synthetic world: captions_max ({self.captions_max}) < captions_min ({self.captions_min})"
-            )
-        if self.max_objects > self.families:
-            raise ValueError(
-                f"synthetic world: max_objects ({self.max_objects}) > families ({self.families}); "
-                "objects of one image come from distinct families"
-            )
-        if self.branching < 2:
-            raise ValueError(
-                "synthetic world: branching must be >= 2 (replaced-object negatives need siblings)"
-            )
-        if not 0 <= self.attribute_families <= len(ATTRIBUTE_FAMILIES):
-            raise ValueError(
-                f"synthetic world: attribute_families must be in [0, {len(ATTRIBUTE_FAMILIES)}]"
-            )
-        if self.text_pairs < 0:
-            raise ValueError("synthetic world: text_pairs must be >= 0")
-        for name in ("paraphrase_topics", "heldout_pairs", "leaf_pairs"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"synthetic world: {name} must be >= 0, got {getattr(self, name)}")
-        if 0 < self.paraphrase_topics < 2:
-            raise ValueError("synthetic world: paraphrase_topics must be 0 (off) or >= 2")
-        if self.leaf_pairs and self.families < 2:
-            raise ValueError("synthetic world: leaf_pairs needs at least 2 families")
-        if not 0.0 < self.test_fraction < 1.0:
-            raise ValueError(
-                f"synthetic world: test_fraction must be in (0, 1), got {self.test_fraction}"
-            )
-        if not 0.0 <= self.generality < 1.0:
-            raise ValueError(
-                f"synthetic world: generality must be in [0, 1), got {self.generality}"
-            )
-        if not 0.0 <= self.attribute_mention <= 1.0:
-            raise ValueError(
-                f"synthetic world: attribute_mention must be in [0, 1], got {self.attribute_mention}"
-            )
-        if self.depth > 12 or self.families * self.branching**self.depth > 100_000:
-            raise ValueError(
-                f"synthetic world: families * branching**depth = "
-                f"{self.families * self.branching**self.depth} classes; at most 100000"
-            )
-        for name in (
-            "image_noise",
-            "text_noise",
-            "background",
-            "secondary_weight",
-            "attribute_scale",
-            "binding",
-            "template_scale",
-            "gain",
-        ):
-            if not getattr(self, name) >= 0.0 or math.isinf(getattr(self, name)):
-                raise ValueError(
-                    f"synthetic world: {name} must be finite and >= 0, got {getattr(self, name)}"
-                )
-        if (
-            round(self.images * self.test_fraction) < 1
-            or round(self.images * self.test_fraction) >= self.images
-        ):
-            raise ValueError(
-                f"synthetic world: {self.images} images with test_fraction {self.test_fraction} "
-                "leave one split empty"
-            )
-        n_test = round(self.images * self.test_fraction)
-        n_val = round(self.images * self.val_fraction)
-        if not 0 <= self.val_fraction < 1 or n_test + n_val >= self.images:
-            raise ValueError(
-                f"synthetic world: val_fraction must lie in [0, 1) and leave train images, got "
-                f"{self.val_fraction} with test_fraction {self.test_fraction} of {self.images} images"
-            )
+    n_test = round(cfg.images * cfg.test_fraction)
+    yield (
+        n_test < 1 or n_test >= cfg.images,
+        f"{cfg.images} images with test_fraction {cfg.test_fraction} leave one split empty",
+    )
+    n_val = round(cfg.images * cfg.val_fraction)
+    yield (
+        not 0 <= cfg.val_fraction < 1 or n_test + n_val >= cfg.images,
+        f"val_fraction must lie in [0, 1) and leave train images, got {cfg.val_fraction} with "
+        f"test_fraction {cfg.test_fraction} of {cfg.images} images",
+    )
 
 
 def config_from_spec(argument: str) -> SyntheticConfig:
