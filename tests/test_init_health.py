@@ -15,6 +15,7 @@ from curvalign.config import describe_config, resolve_config, resolve_data_init
 from curvalign.data.features import FeatureStore
 from curvalign.data.sampling import BatchSampler
 from curvalign.data.statistics import feature_norms
+from curvalign.errors import ConfigError
 from curvalign.eval.health import curvature_bounds, health_of_run
 from curvalign.nn.heads import resolve_tangent_scale
 from curvalign.recipes.health import (
@@ -127,6 +128,13 @@ def test_the_old_default_on_unit_norm_features_is_tiny_and_the_new_one_is_not() 
     assert _radii(old, UNIT)[0] == pytest.approx(512**-0.5, rel=0.05)
     assert _radii(new, UNIT)[0] == pytest.approx(1.0, rel=0.05)
     assert config.recipe_config["image_scale_init"] == pytest.approx(1.0, rel=1e-3)
+
+
+def test_features_that_give_no_scale_are_one_config_error() -> None:
+    zero = _store()
+    zero.image_features.zero_()
+    with pytest.raises(ConfigError, match="mean feature norm of 0.0"):
+        _built("meru", zero)
 
 
 def test_user_values_win_and_resolution_is_recorded_in_config() -> None:

@@ -313,7 +313,14 @@ def resolve_data_init(config: RunConfig, store: Any) -> RunConfig:
     from curvalign.data.statistics import feature_norms
 
     recipe_cls = recipe_class(config.recipe)
-    resolved = recipe_cls.resolve_init(config.recipe_config_object(), feature_norms(store))
+    norms = feature_norms(store)
+    try:
+        resolved = recipe_cls.resolve_init(config.recipe_config_object(), norms)
+    except ValueError as err:
+        raise ConfigError(
+            f"recipe {config.recipe!r} on data {config.data!r}: {err}; set its scale explicitly "
+            "(see docs/methods.md, 'Initialisation that fits the data')"
+        ) from None
     if not resolved:
         return config
     values = {**config.recipe_config, **resolved}
