@@ -65,8 +65,9 @@ class CosineHead(nn.Module):
 class LorentzHead(nn.Module):
     """MERU's head: ``x = expmap0(s * W f, c)`` with a learnable positive scalar ``s`` per modality.
 
-    ``s`` starts at ``1/sqrt(out_dim)`` so that the tangent vectors have about unit norm at
-    initialisation (MERU Sec. 3), and is bounded above by ``scale_max`` (MERU clamps it at 1:
+    ``s`` starts at ``scale_init``: the recipes pass the value ``resolve_tangent_scale`` gives
+    for their features (tangent norm about 1 at initialisation); None is MERU's
+    ``1/sqrt(out_dim)``, the same rule for MERU's features (norm sqrt(D)). It is bounded above by ``scale_max`` (MERU clamps it at 1:
     the scale may shrink the features, never enlarge them). With ``clip_norm`` (AGR's kappa) the
     tangent vector is rescaled to norm <= kappa before the exponential map.
 
