@@ -52,7 +52,8 @@ def test_eval_json_prints_one_object_with_the_documented_keys(meru_run):
     meta = payload["meta"]
     assert meta["recipe"] == "meru" and meta["last_step"] == 4 and meta["weights"] == "best"
     assert meta["step"] == meta["best_step"] and meta["step"] in (0, 4)  # validated at 0 and 4
-    assert set(payload["health"]) == {"converged", "warnings"}
+    assert set(payload["health"]) == {"converged", "warnings", "step0"}
+    assert payload["health"]["step0"]["batch_size"] >= 2  # the step-0 check's report
     assert all(0.0 <= v <= 1.0 for v in payload["retrieval"].values())
 
 

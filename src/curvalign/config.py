@@ -280,13 +280,52 @@ def describe_config(
     )
     paper = recipe_train_defaults(recipe_class(resolved.recipe))
     kept = [k for k, v in paper.items() if getattr(resolved.train, k) == v]
+    # values resolved from the data's feature norms (the run's config.json holds the same)
+    from_data = ""
+    if resolved.data != "(not given)":
+        from curvalign.data import load_store
+
+        with_data = resolve_data_init(resolved, load_store(resolved.data)[0])
+        changed = [
+            k for k, v in with_data.recipe_config.items() if resolved.recipe_config.get(k) != v
+        ]
+        resolved = with_data
+        from_data = (
+            "# recipe keys resolved from the train features' norms (docs/methods.md): "
+            + (", ".join(changed) or "none")
+            + "\n"
+        )
     text = yaml.safe_dump(resolved.to_dict(), sort_keys=False)
     note = (
         f"# trainer keys at the paper defaults of recipe {resolved.recipe} (docs/methods.md): "
         + (", ".join(kept) or "none")
         + "\n"
     )
-    return note + text
+    return note + from_data + text
+
+
+def resolve_data_init(config: RunConfig, store: Any) -> RunConfig:
+    """``config`` with the recipe's data-dependent initial values filled in (the keys the
+    recipe's ``resolve_init`` resolves from ``store``'s train feature norms, e.g. MERU's
+    per-modality scale before ``expmap0``); values the user set are kept. The result is what
+    the run saves in ``config.json`` and ``--print-config`` shows (docs/methods.md,
+    "Initialisation that fits the data")."""
+    from curvalign.data.statistics import feature_norms
+
+    recipe_cls = recipe_class(config.recipe)
+    norms = feature_norms(store)
+    try:
+        resolved = recipe_cls.resolve_init(config.recipe_config_object(), norms)
+    except ValueError as err:
+        raise ConfigError(
+            f"recipe {config.recipe!r} on data {config.data!r}: {err}; set its scale explicitly "
+            "(see docs/methods.md, 'Initialisation that fits the data')"
+        ) from None
+    if not resolved:
+        return config
+    values = {**config.recipe_config, **resolved}
+    recipe_config = _build_dataclass(recipe_cls.Config, values, f"recipe {config.recipe!r}")
+    return dataclasses.replace(config, recipe_config=init_values(recipe_config))
 
 
 def recipe_train_defaults(recipe_cls: type) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 RECIPE_ENTRY_POINT_GROUP = "curvalign.recipes"
 _RECIPES_DIR = Path(__file__).parent / "recipes"
-_NOT_RECIPES = {"base"}
+_NOT_RECIPES = {"base", "health"}
 
 
 def recipe_module_names() -> list[str]:

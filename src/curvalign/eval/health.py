@@ -7,16 +7,20 @@
   above everything before it): not converged.
 
 ``converged`` is True, False (still improving) or None (too few validations to tell).
-Curvature bounds come from the recipe's learnable scalars whose name contains "curvature"
-(``nn.scalars.LearnableScalar``), so no recipe is named here.
+Curvature bounds come from the recipe contract (``Recipe.curvature_bounds()``), so no recipe
+and no parameter is named here. The step-0 check's report, recorded in ``meta.json`` by the
+trainer (``recipes/health.py``), is passed on: its warnings join the run's (``step0`` holds
+the report).
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from curvalign.errors import CurvalignError
-from curvalign.nn.scalars import LearnableScalar
+from curvalign.recipes.health import META_KEY as STEP0_META_KEY
+from curvalign.recipes.health import Step0Health, warning_line
 from curvalign.runs import read_log
 
 #: share of the run at its end that the curvature and "still improving" checks look at
@@ -26,12 +30,12 @@ MIN_GAIN = 0.005
 
 
 def curvature_bounds(recipe: Any) -> set[float]:
-    """Clamp bounds of the recipe's learnable curvatures (empty when it learns none)."""
-    bounds: set[float] = set()
-    for name, module in recipe.named_modules():
-        if isinstance(module, LearnableScalar) and "curvature" in name and module.learnable:
-            bounds.update(b for b in (module.min, module.max) if b is not None and abs(b) < 1e30)
-    return bounds
+    """Clamp bounds of the recipe's learned curvature (``Recipe.curvature_bounds()``; empty
+    when it learns none)."""
+    bounds = recipe.curvature_bounds()
+    if bounds is None:
+        return set()
+    return {float(b) for b in bounds if 0 < b < math.inf}
 
 
 def health(
@@ -80,9 +84,17 @@ def health(
 
 
 def health_of_run(run: Any) -> dict[str, Any]:
-    """``health`` of a ``LoadedRun`` (its log, validation history and recipe)."""
+    """``health`` of a ``LoadedRun`` (its log, validation history and recipe), with the
+    step-0 check's report under "step0" (None for a run written before the check) and its
+    warnings first among "warnings"."""
     try:
         records = read_log(run.run_dir)
     except CurvalignError:  # a damaged log: no curvature signal, the rest still applies
         records = []
-    return health(records, list(run.val_history), int(run.last_step), curvature_bounds(run.recipe))
+    out = health(records, list(run.val_history), int(run.last_step), curvature_bounds(run.recipe))
+    report = (getattr(run, "meta", None) or {}).get(STEP0_META_KEY)
+    out["step0"] = report
+    if isinstance(report, dict):
+        step0 = Step0Health.from_json(report)
+        out["warnings"] = [warning_line(w) for w in step0.warnings] + out["warnings"]
+    return out

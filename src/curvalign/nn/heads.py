@@ -65,8 +65,9 @@ class CosineHead(nn.Module):
 class LorentzHead(nn.Module):
     """MERU's head: ``x = expmap0(s * W f, c)`` with a learnable positive scalar ``s`` per modality.
 
-    ``s`` starts at ``1/sqrt(out_dim)`` so that the tangent vectors have about unit norm at
-    initialisation (MERU Sec. 3), and is bounded above by ``scale_max`` (MERU clamps it at 1:
+    ``s`` starts at ``scale_init``: the recipes pass the value ``resolve_tangent_scale`` gives
+    for their features (tangent norm about 1 at initialisation); None is MERU's
+    ``1/sqrt(out_dim)``, the same rule for MERU's features (norm sqrt(D)). It is bounded above by ``scale_max`` (MERU clamps it at 1:
     the scale may shrink the features, never enlarge them). With ``clip_norm`` (AGR's kappa) the
     tangent vector is rescaled to norm <= kappa before the exponential map.
 
@@ -209,6 +210,42 @@ class MixedCurvatureHead(nn.Module):
         return out
 
 
+def projection_gain(in_dim: int, out_dim: int, input_preserving: bool = False) -> float:
+    """Expected ``|W f| / |f|`` of a head's initial projection ``W`` [out_dim, in_dim]: the
+    CLIP/MERU init N(0, 1/in_dim) gives ``sqrt(out_dim / in_dim)``; the shared orthonormal
+    projection (``share_input_preserving_projection``) keeps norms exactly when
+    ``out_dim >= in_dim`` (gain 1) and keeps ``out_dim / in_dim`` of the squared norm otherwise."""
+    if input_preserving and out_dim >= in_dim:
+        return 1.0
+    return (out_dim / in_dim) ** 0.5
+
+
+def resolve_tangent_scale(
+    target_norm: float,
+    feature_norm: float | None,
+    in_dim: int,
+    out_dim: int,
+    input_preserving: bool = False,
+) -> float:
+    """The scale ``s`` that puts the step-0 tangent vectors ``s W f`` at mean norm
+    ``target_norm``: ``s = target_norm / (feature_norm * projection_gain)``.
+
+    ``feature_norm`` is the mean ``|f|`` of the features the head will receive
+    (``data.statistics.FeatureNorms``); None stands for the papers' features, encoder outputs
+    after a LayerNorm, of norm about ``sqrt(in_dim)``. For those, with the paper's random
+    projection and ``target_norm = 1``, the rule gives MERU's ``1/sqrt(out_dim)``."""
+    if not target_norm > 0:
+        raise ValueError(f"the target tangent norm must be positive, got {target_norm}")
+    if feature_norm is None:
+        feature_norm = in_dim**0.5
+    if not (feature_norm > 0 and feature_norm < float("inf")):
+        raise ValueError(
+            f"cannot resolve a head scale from a mean feature norm of {feature_norm} "
+            "(the features are all zero or not finite)"
+        )
+    return target_norm / (feature_norm * projection_gain(in_dim, out_dim, input_preserving))
+
+
 def share_input_preserving_projection(heads: list[nn.Module]) -> bool:
     """Start every head's linear ``proj`` [d, D] at one shared matrix with orthonormal columns
     (d >= D; orthonormal rows when d < D), drawn from the global RNG (seed it first).
@@ -237,5 +274,7 @@ __all__ = [
     "LorentzHead",
     "MixedCurvatureHead",
     "clip_tangent_norm",
+    "projection_gain",
+    "resolve_tangent_scale",
     "share_input_preserving_projection",
 ]

@@ -59,15 +59,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
 
+from curvalign.data.statistics import FeatureNorms
 from curvalign.geometry import lorentz, sphere
 from curvalign.losses.contrastive import symmetric_info_nce
 from curvalign.losses.routing import load_balance, routing_entropy
-from curvalign.nn.heads import LorentzHead, clip_tangent_norm
+from curvalign.nn.heads import LorentzHead, clip_tangent_norm, resolve_tangent_scale
 from curvalign.nn.lora import LoRALinear
 from curvalign.nn.router import (
     PairwiseRouter,
@@ -86,6 +87,7 @@ from curvalign.recipes.base import (
     LossOutput,
     Progress,
     Query,
+    round_resolved,
 )
 from curvalign.schedules import (
     AGRCurriculum,
@@ -116,9 +118,12 @@ class AGRConfig:
     lora_rank, lora_alpha   Euclidean LoRA rank (64) and alpha (None: alpha = rank, scaling 1)
     curvature_*             c init 0.1, clamped to [1e-4, 2], learnable (Sec. 3.1, Eq. 23)
     clip_kappa              kappa of clip_norm (1.0)
-    tangent_scale           W_H's initialisation is scaled so its outputs start with norm about
-                            ``tangent_scale * sqrt(embed_dim)``; None = 1/sqrt(embed_dim) (norm ~1,
-                            inside the clip radius; not given in the paper)
+    tangent_scale           W_H's initialisation is scaled by this factor (both sides) when set;
+                            None (default): each side's factor (``image_tangent_scale``,
+                            ``text_tangent_scale``) is resolved from the train features' mean
+                            norm so the step-0 tangent vectors have mean norm 1, inside the clip
+                            radius (``nn.heads.resolve_tangent_scale``; for the papers'
+                            features, norm sqrt(D), it gives 1/sqrt(embed_dim); not in the paper)
     tau_e_*                 Euclidean temperature, init 0.07, floor 0.01, learnable
     context_dim             per-item router context size (16; 2 + 2 x 16 = 34 inputs)
     router_hidden           router MLP hidden widths (64, 32)
@@ -177,6 +182,8 @@ class AGRConfig:
     tau_h_init: float = 1.0
     tau_h_min: float = 0.01
     learn_tau_h: bool = False
+    image_tangent_scale: float | None = None
+    text_tangent_scale: float | None = None
 
     def __post_init__(self) -> None:
         checks = [
@@ -280,6 +287,33 @@ class AGR(HyperbolicRecipe):
     Config = AGRConfig
     embedding_geometry = {"euclidean": "sphere", "lorentz": "lorentz", "context": "features"}
     hyperbolic_key = "lorentz"
+    scale_knobs = ("tangent_scale", "image_tangent_scale", "text_tangent_scale")
+    temperature_knob = "tau_h_init"
+
+    @staticmethod
+    def tangent_shrink(
+        config: AGRConfig, side: str, in_dim: int, feature_norm: float | None = None
+    ) -> float:
+        """The factor on ``W_H`` of ``side``: given (``{side}_tangent_scale``, then
+        ``tangent_scale``), or the one that puts the step-0 tangent norm at 1 for features of
+        mean norm ``feature_norm`` (None: the papers' features, norm sqrt(D))."""
+        given = getattr(config, f"{side}_tangent_scale")
+        if given is not None:
+            return given
+        if config.tangent_scale is not None:
+            return config.tangent_scale
+        return resolve_tangent_scale(1.0, feature_norm, in_dim, config.embed_dim)
+
+    @classmethod
+    def resolve_init(cls, config: AGRConfig, norms: FeatureNorms) -> dict[str, Any]:
+        return {
+            "image_tangent_scale": round_resolved(
+                cls.tangent_shrink(config, "image", norms.image_dim, norms.image_norm)
+            ),
+            "text_tangent_scale": round_resolved(
+                cls.tangent_shrink(config, "text", norms.text_dim, norms.text_norm)
+            ),
+        }
 
     def __init__(self, config: AGRConfig, image_dim: int, text_dim: int) -> None:
         super().__init__(config, image_dim, text_dim)
@@ -305,10 +339,9 @@ class AGR(HyperbolicRecipe):
         lorentz_head = dict(scale_init=1.0, scale_max=None, learn_scale=False, clip_norm=None)
         self.image_lorentz = LorentzHead(image_dim, cfg.embed_dim, **lorentz_head)
         self.text_lorentz = LorentzHead(text_dim, cfg.embed_dim, **lorentz_head)
-        shrink = cfg.tangent_scale if cfg.tangent_scale is not None else cfg.embed_dim**-0.5
         with torch.no_grad():
-            self.image_lorentz.proj.weight.mul_(shrink)
-            self.text_lorentz.proj.weight.mul_(shrink)
+            self.image_lorentz.proj.weight.mul_(self.tangent_shrink(cfg, "image", image_dim))
+            self.text_lorentz.proj.weight.mul_(self.tangent_shrink(cfg, "text", text_dim))
         self.curvature = LearnableScalar(
             cfg.curvature_init,
             min=cfg.curvature_min,

@@ -64,7 +64,16 @@ class AtmgConfig(LorentzConfig):
                           (commented-out) code; the paper gives none.
     image_query_score     "alpha" (rank by the angle at the text, DESIGN.md) or "beta" (rank texts
                           for an image query by the angle at the image)
+    text_radius_ratio     texts' step-0 radius over the images' (0.25, not LorentzConfig's 1): at
+                          equal radii the angle at the text equals the angle at the image, so
+                          the two directions of the loss cancel and it sits at log B. 0.25 is
+                          the ratio of the authors' centroid targets (texts at radius 0.5,
+                          images at 2, their code) and Sec. 4's picture of texts nearer the
+                          origin than their images; each side keeps one radius, so the step-0
+                          ranking is still the frozen features' for unit-norm features
     """
+
+    text_radius_ratio: float = 0.25
 
     pair_angle_weight: float = 0.2
     centroid_weight: float = 0.0
@@ -104,6 +113,7 @@ class Atmg(LorentzRecipe):
         "grad_clip": 0.0,
     }
     Config = AtmgConfig
+    radius_gap_knob = "text_radius_ratio"
 
     def _use_beta(self, query: Query) -> bool:
         return query == "image" and self.config.image_query_score == "beta"

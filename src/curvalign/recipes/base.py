@@ -51,10 +51,15 @@ import torch
 from torch import Tensor, nn
 
 from curvalign.data.batch import Batch
+from curvalign.data.statistics import FeatureNorms
 from curvalign.errors import InputError
 from curvalign.geometry import lorentz, sphere
 from curvalign.losses import symmetric_info_nce
-from curvalign.nn.heads import LorentzHead, share_input_preserving_projection
+from curvalign.nn.heads import (
+    LorentzHead,
+    resolve_tangent_scale,
+    share_input_preserving_projection,
+)
 from curvalign.nn.scalars import LearnableScalar, scalar_parameter_names
 from curvalign.scores import (
     cosine_pair_scores,
@@ -349,6 +354,41 @@ class Recipe(nn.Module):
         Default: none (``index`` then refuses the recipe with a message naming it)."""
         return {}
 
+    # --- initialisation and the step-0 health check (recipes/health.py asks these) -----------
+    #: config keys that set the step-0 radius of the points (the scale before ``expmap0``):
+    #: the step-0 check names them when the points start too near the origin
+    scale_knobs: ClassVar[tuple[str, ...]] = ()
+    #: a config key that separates the text and image radii at step 0, for a loss that reads
+    #: angles at both ends of a pair (AtMG): at equal radii its two directions cancel
+    radius_gap_knob: ClassVar[str | None] = None
+    #: the config key of the temperature that divides the logits at step 0
+    temperature_knob: ClassVar[str | None] = None
+
+    @classmethod
+    def resolve_init(cls, config: Any, norms: FeatureNorms) -> dict[str, Any]:
+        """The ``Config`` values this recipe resolves from the train features' statistics,
+        for the keys the user left unset (e.g. MERU's per-modality scale): ``{key: value}``.
+        ``config.resolve_data_init`` writes them into the run's config, so that they are shown
+        by ``--print-config``, saved in ``config.json`` and rebuilt by ``load_run``. Default:
+        nothing to resolve."""
+        return {}
+
+    def curvature_bounds(self) -> tuple[float, float] | None:
+        """``(min, max)`` clamp of the learned curvature, or None when the recipe learns none
+        (a fixed curvature, or no hyperbolic part). Health checks read it (a curvature sitting
+        on its bound), never a parameter name."""
+        return None
+
+    def logit_temperature(self, progress: Progress) -> float:
+        """The temperature that divides ``scores`` (text queries) in the contrastive loss's
+        logits at ``progress``; 1.0 when the score is itself the logit (AGR's routed score)."""
+        return 1.0
+
+    def step0_scalars(self) -> dict[str, tuple[LearnableScalar, str]]:
+        """Learned scalars whose effect on the loss the step-0 check measures, by role
+        ("curvature", "temperature"): ``{role: (scalar, config key of its start value)}``."""
+        return {}
+
 
 def _flat_parts(emb: Embedding, mapped: Mapping[str, Tensor]) -> Tensor:
     """Every ``[N, ...]`` tensor of ``emb`` (or its replacement in ``mapped``) flattened to
@@ -384,6 +424,19 @@ class HyperbolicRecipe(Recipe):
             return None
         d = lorentz.dist0(points.detach().double(), self.curvature_value())
         return d.mean(dim=-1) if points.ndim == 3 else d
+
+    def curvature_bounds(self) -> tuple[float, float] | None:
+        c = self.curvature
+        if not c.learnable:
+            return None
+        return (c.min or 0.0, c.max if c.max is not None else float("inf"))
+
+    def step0_scalars(self) -> dict[str, tuple[LearnableScalar, str]]:
+        out = {"curvature": (self.curvature, "curvature_init")}
+        temperature = getattr(self, "temperature", None)
+        if isinstance(temperature, LearnableScalar):
+            out["temperature"] = (temperature, "temperature_init")
+        return out
 
     def tangent_features(self, emb: Embedding) -> Tensor:
         mapped = {}
@@ -481,8 +534,20 @@ class LorentzConfig:
     curvature_*       c init 1.0, learnable, clamped to [0.1, 10] (DESIGN.md; MERU's code: init/10,
                       init*10); ``learn_curvature=False`` fixes it (the curvature study)
     temperature_*     tau init 0.07, learnable, floored at 0.01
-    scale_init        per-modality scale before ``expmap0``; None = 1/sqrt(embed_dim)
-    scale_max         the scale's upper bound (MERU: 1, it may only shrink features)
+    scale_init        one scale before ``expmap0`` for both sides when set (the text side's
+                      times ``text_radius_ratio``); None (default): each side's scale is resolved
+                      from the features (``image_scale_init``, ``text_scale_init``)
+    image_scale_init, text_scale_init
+                      each side's scale; None: resolved from the train rows' mean feature norm
+                      so that the step-0 tangent vectors have mean norm ``tangent_norm_init``
+                      (texts: times ``text_radius_ratio``); ``nn.heads.resolve_tangent_scale``,
+                      docs/methods.md. Without feature statistics (a recipe built by hand) the
+                      rule reads the papers' features, norm sqrt(D): MERU's 1/sqrt(embed_dim)
+    tangent_norm_init the target mean tangent norm (= distance to the origin) of the images at
+                      step 0 (1.0: MERU's init on MERU's features)
+    text_radius_ratio texts' step-0 radius over the images' (1.0; AtMG: a gap, see atmg.py)
+    scale_max         the scale's upper bound (MERU: 1, it may only shrink features); raised to
+                      the resolved scale where that lies above it (features of norm < 1)
     clip_norm         optional bound kappa on the tangent norm before ``expmap0`` (None = off)
     aperture_K        the cone constant K of the half-aperture (0.1)
     head_init         "input" (one shared orthonormal projection for both sides: the frozen
@@ -503,13 +568,61 @@ class LorentzConfig:
     clip_norm: float | None = None
     aperture_K: float = 0.1
     head_init: str = "input"
+    image_scale_init: float | None = None
+    text_scale_init: float | None = None
+    tangent_norm_init: float = 1.0
+    text_radius_ratio: float = 1.0
 
     def __post_init__(self) -> None:
         check_head_init(self.head_init, self.embed_dim)
+        for name in ("scale_init", "image_scale_init", "text_scale_init"):
+            value = getattr(self, name)
+            if value is not None and not 0 < value < float("inf"):
+                raise ValueError(f"{name} must be positive or None, got {value}")
+        if not 0 < self.tangent_norm_init < float("inf"):
+            raise ValueError(f"tangent_norm_init must be positive, got {self.tangent_norm_init}")
+        if not 0 < self.text_radius_ratio < float("inf"):
+            raise ValueError(f"text_radius_ratio must be positive, got {self.text_radius_ratio}")
         check_scalar_range("curvature", self.curvature_init, self.curvature_min, self.curvature_max)
         check_scalar_range("temperature", self.temperature_init, self.temperature_min)
         if self.aperture_K <= 0:
             raise ValueError(f"aperture_K must be positive, got {self.aperture_K}")
+
+
+def round_resolved(value: float) -> float:
+    """A value resolved from feature statistics, kept to 4 significant digits: what
+    ``--print-config`` shows and ``config.json`` saves is what the run is built with."""
+    return float(f"{value:.4g}")
+
+
+def lorentz_head_scales(
+    config: LorentzConfig,
+    image_dim: int,
+    text_dim: int,
+    image_norm: float | None = None,
+    text_norm: float | None = None,
+) -> tuple[float, float]:
+    """(image, text) scale of the Lorentz heads of ``config`` for features of widths
+    ``image_dim``/``text_dim`` and mean norms ``image_norm``/``text_norm`` (None: the papers'
+    features, norm sqrt(D)). Given values win: ``image_scale_init``/``text_scale_init``, then
+    ``scale_init`` (the text side's times ``text_radius_ratio``); otherwise the rule of
+    ``nn.heads.resolve_tangent_scale``: images at mean tangent norm ``tangent_norm_init``,
+    texts at ``text_radius_ratio`` times it."""
+    preserving = config.head_init == "input" and image_dim == text_dim
+    target = config.tangent_norm_init
+    if config.scale_init is not None:
+        image = config.scale_init
+        text = config.scale_init * config.text_radius_ratio
+    else:
+        image = resolve_tangent_scale(target, image_norm, image_dim, config.embed_dim, preserving)
+        text = resolve_tangent_scale(
+            target * config.text_radius_ratio, text_norm, text_dim, config.embed_dim, preserving
+        )
+    if config.image_scale_init is not None:
+        image = config.image_scale_init
+    if config.text_scale_init is not None:
+        text = config.text_scale_init
+    return float(image), float(text)
 
 
 class LorentzRecipe(HyperbolicRecipe):
@@ -517,14 +630,34 @@ class LorentzRecipe(HyperbolicRecipe):
     Ranked by ``-d_L`` of ``point``: a Lorentz index answers exactly."""
 
     embedding_geometry = {"point": "lorentz"}
+    scale_knobs = ("scale_init", "image_scale_init", "text_scale_init")
+    temperature_knob = "temperature_init"
+
+    @classmethod
+    def resolve_init(cls, config: LorentzConfig, norms: FeatureNorms) -> dict[str, Any]:
+        """Each side's scale from its mean feature norm (``lorentz_head_scales``), and
+        ``scale_max`` where the resolved scale lies above it."""
+        image, text = lorentz_head_scales(
+            config, norms.image_dim, norms.text_dim, norms.image_norm, norms.text_norm
+        )
+        image, text = round_resolved(image), round_resolved(text)
+        out: dict[str, Any] = {"image_scale_init": image, "text_scale_init": text}
+        if config.scale_max is not None and max(image, text) > config.scale_max:
+            out["scale_max"] = max(image, text)
+        return out
+
+    def logit_temperature(self, progress: Progress) -> float:
+        return float(self.temperature.value)
 
     def __init__(self, config: LorentzConfig, image_dim: int, text_dim: int) -> None:
         super().__init__(config, image_dim, text_dim)
-        head = dict(
-            scale_init=config.scale_init, scale_max=config.scale_max, clip_norm=config.clip_norm
-        )
-        self.image_head = LorentzHead(image_dim, config.embed_dim, **head)
-        self.text_head = LorentzHead(text_dim, config.embed_dim, **head)
+        image_scale, text_scale = lorentz_head_scales(config, image_dim, text_dim)
+        scale_max = config.scale_max
+        if scale_max is not None:
+            scale_max = max(scale_max, image_scale, text_scale)
+        head = dict(scale_max=scale_max, clip_norm=config.clip_norm)
+        self.image_head = LorentzHead(image_dim, config.embed_dim, scale_init=image_scale, **head)
+        self.text_head = LorentzHead(text_dim, config.embed_dim, scale_init=text_scale, **head)
         if config.head_init == "input":
             share_input_preserving_projection([self.image_head, self.text_head])
         self.curvature = learnable_curvature(config)

@@ -14,7 +14,7 @@ from torch import Tensor
 
 from curvalign.losses import symmetric_info_nce
 from curvalign.nn.heads import CosineHead, share_input_preserving_projection
-from curvalign.nn.scalars import scalar_parameter_names
+from curvalign.nn.scalars import LearnableScalar, scalar_parameter_names
 from curvalign.recipes import register
 from curvalign.recipes.base import (
     Batch,
@@ -54,6 +54,7 @@ class ClipConfig:
 class Clip(CosineRecipe):
     name = "clip"
     Config = ClipConfig
+    temperature_knob = "temperature_init"
     #: MERU's CLIP baseline schedule (Desai et al. 2023, as restated by AtMG App. B): AdamW
     #: lr 5e-4, weight decay 0.2, linear warm-up over 4000 of 120000 steps, cosine to 0, no clipping
     train_defaults = {
@@ -71,6 +72,12 @@ class Clip(CosineRecipe):
         if config.head_init == "input":
             share_input_preserving_projection([self.image_head, self.text_head])
         self.temperature = learnable_temperature(config)
+
+    def logit_temperature(self, progress: Progress) -> float:
+        return float(self.temperature.value)
+
+    def step0_scalars(self) -> dict[str, tuple[LearnableScalar, str]]:
+        return {"temperature": (self.temperature, "temperature_init")}
 
     def embed_images(self, features: Tensor) -> Embedding:
         return {"point": self.image_head(features)}

@@ -135,6 +135,7 @@ class DualPathConfig:
 class DualPath(CosineRecipe):
     name = "dualpath"
     Config = DualPathConfig
+    temperature_knob = "temperature_start"
     requires = frozenset({"text_pairs"})
     #: viPolyQwen Sec. 5.2: projection-layer lr 1.2e-4, clipping "adaptive from 100 to 10" (the
     #: project clips at the final 10.0); weight decay and warm-up are not stated (project: 0.2, 5%)
@@ -199,6 +200,10 @@ class DualPath(CosineRecipe):
                 f"{tuple(features.shape)}{hint}"
             )
         return features
+
+    def logit_temperature(self, progress: Progress) -> float:
+        """Sec. 4.4's temperature curriculum at ``progress``."""
+        return dualpath_loss_weights(progress.step, progress.total, self.curriculum).temperature
 
     def embed_images(self, features: Tensor) -> Embedding:
         x = self._inputs(features, None, None, self.image_dim, "image")

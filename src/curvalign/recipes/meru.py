@@ -1,8 +1,10 @@
 """MERU (Desai et al. 2023): Lorentz embeddings, distance InfoNCE, text-entails-image cones.
 
 Embedding  {"point": [N, d]} Lorentz space components (time component derived).
-Head       linear projection, learnable per-modality scale (init 1/sqrt(d), at most 1),
-           ``expmap0`` with the learnable curvature c (init 1, clamped to [0.1, 10]).
+Head       linear projection, learnable per-modality scale (at most 1), ``expmap0`` with the
+           learnable curvature c (init 1, clamped to [0.1, 10]). The scale starts where the
+           step-0 tangent norm is 1 for the features at hand (resolved from their mean norm;
+           MERU's 1/sqrt(d) for MERU's own features, docs/methods.md).
 Score      ``-d_L(t, y)``; the logit is ``-d_L / tau``.
 Loss       symmetric InfoNCE on ``-d_L / tau`` + 0.2 * mean ``max(0, ext(t, y) - aper(t))``:
            the text is the general side (the cone's apex), the image the specific one.

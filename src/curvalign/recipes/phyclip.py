@@ -24,14 +24,15 @@ Analysis   ``factor_norms`` (factor-wise distance to the origin) and ``factor_ma
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from torch import Tensor
 
+from curvalign.data.statistics import FeatureNorms
 from curvalign.geometry import lorentz
 from curvalign.losses import entailment_cone_loss, info_nce
-from curvalign.nn.heads import FactorizedLorentzHead
+from curvalign.nn.heads import FactorizedLorentzHead, resolve_tangent_scale
 from curvalign.nn.scalars import scalar_parameter_names
 from curvalign.recipes import register
 from curvalign.recipes.base import (
@@ -48,6 +49,7 @@ from curvalign.recipes.base import (
     check_scalar_range,
     learnable_curvature,
     learnable_temperature,
+    round_resolved,
 )
 from curvalign.scores import product_average_distance_pair_scores, product_average_distance_scores
 
@@ -75,7 +77,14 @@ class PhyclipConfig:
     num_factors, factor_dim  k = 64 factors of d = 8 dimensions (total 512)
     curvature_*              per-factor curvature init 1.0, clamped to [0.1, 10], learnable
     temperature_*            tau init 0.07, floor 0.01, learnable
-    scale_init               per-modality scale; None = 1/sqrt(k d) (App. C.3)
+    scale_init               one scale for both sides when set (App. C.3's 1/sqrt(k d); the
+                             authors' code 1/sqrt(d) per factor); None (default): each side's
+                             scale is resolved from the train features' mean norm so that
+                             every factor's step-0 tangent norm is about 1 (``per_factor_scale``,
+                             the authors' code) or the whole k*d vector's is 1 (one scale, App.
+                             C.3): for the papers' features (norm sqrt(D)) the rule gives the
+                             papers' values (``nn.heads.resolve_tangent_scale``)
+    image_scale_init, text_scale_init   each side's scale (None: ``scale_init`` or resolved)
     scale_max                its upper bound (1, as MERU)
     per_factor_scale         one scale per factor (the authors' code, default: measured better at
                              k=16, docs/methods.md) instead of App. C.3's one per modality
@@ -104,6 +113,8 @@ class PhyclipConfig:
     eta_intra: float = 1.2
     aperture_K: float = 0.1
     product_metric: Literal["l1", "l2"] = "l1"
+    image_scale_init: float | None = None
+    text_scale_init: float | None = None
 
     def __post_init__(self) -> None:
         if self.product_metric not in ("l1", "l2"):
@@ -135,17 +146,51 @@ class Phyclip(HyperbolicRecipe):
         "grad_clip": 0.0,
     }
 
+    scale_knobs = ("scale_init", "image_scale_init", "text_scale_init")
+    temperature_knob = "temperature_init"
+
+    @staticmethod
+    def head_scale(config: PhyclipConfig, in_dim: int, feature_norm: float | None) -> float:
+        """A head's scale: ``scale_init`` when set, else the target tangent norm 1 per factor
+        (``per_factor_scale``) or for the whole k*d vector, through the random k*d projection
+        (``resolve_tangent_scale``; None = the papers' features)."""
+        if config.scale_init is not None:
+            return config.scale_init
+        width = (
+            config.factor_dim if config.per_factor_scale else config.num_factors * config.factor_dim
+        )
+        return resolve_tangent_scale(1.0, feature_norm, in_dim, width)
+
+    @classmethod
+    def resolve_init(cls, config: PhyclipConfig, norms: FeatureNorms) -> dict[str, Any]:
+        image = config.image_scale_init or cls.head_scale(config, norms.image_dim, norms.image_norm)
+        text = config.text_scale_init or cls.head_scale(config, norms.text_dim, norms.text_norm)
+        out: dict[str, Any] = {
+            "image_scale_init": round_resolved(image),
+            "text_scale_init": round_resolved(text),
+        }
+        if config.scale_max is not None and max(out.values()) > config.scale_max:
+            out["scale_max"] = max(out.values())
+        return out
+
+    def logit_temperature(self, progress: Progress) -> float:
+        return float(self.temperature.value)
+
     def __init__(self, config: PhyclipConfig, image_dim: int, text_dim: int) -> None:
         super().__init__(config, image_dim, text_dim)
+        image_scale = config.image_scale_init or self.head_scale(config, image_dim, None)
+        text_scale = config.text_scale_init or self.head_scale(config, text_dim, None)
+        scale_max = config.scale_max
+        if scale_max is not None:
+            scale_max = max(scale_max, image_scale, text_scale)
         head = dict(
             num_factors=config.num_factors,
             factor_dim=config.factor_dim,
-            scale_init=config.scale_init,
-            scale_max=config.scale_max,
+            scale_max=scale_max,
             per_factor_scale=config.per_factor_scale,
         )
-        self.image_head = FactorizedLorentzHead(image_dim, **head)
-        self.text_head = FactorizedLorentzHead(text_dim, **head)
+        self.image_head = FactorizedLorentzHead(image_dim, scale_init=image_scale, **head)
+        self.text_head = FactorizedLorentzHead(text_dim, scale_init=text_scale, **head)
         self.curvature = learnable_curvature(config, shape=(config.num_factors,))
         self.temperature = learnable_temperature(config)
 

@@ -101,6 +101,7 @@ class Proclip(HyperbolicRecipe):
     #: seed 003, Table 1: R@1 and R@10 both ways
     reported_recall_ks = (1, 10)
     Config = ProclipConfig
+    temperature_knob = "temperature_init"
     embedding_geometry = {"hyperbolic": "lorentz", "euclidean": "euclidean", "sphere": "sphere"}
     hyperbolic_key = "hyperbolic"
     #: ProCLIP Sec. 3.3: AdamW lr 1e-4, weight decay 1e-4, cosine with linear warm-up (5 epochs;
@@ -134,6 +135,9 @@ class Proclip(HyperbolicRecipe):
         )
         self.temperature = learnable_temperature(config)
         self.curvature = learnable_curvature(config)
+
+    def logit_temperature(self, progress: Progress) -> float:
+        return float(self.temperature.value)
 
     def _weights(self) -> dict[str, Tensor]:
         return {p: w() for p, w in self.weights.items()}

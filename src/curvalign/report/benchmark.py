@@ -452,7 +452,7 @@ def write_benchmark_outputs(
 ) -> dict[str, Path]:
     """results.json, results.md and the PNG plots of a benchmark."""
     from curvalign.report import plots
-    from curvalign.report.tables import JSON_UNITS, markdown_stats_table, write_json
+    from curvalign.report.tables import JSON_UNITS, markdown_stats_table, step0_cells, write_json
 
     files: dict[str, Path] = {}
     verdicts = verdicts_of(result)
@@ -475,7 +475,8 @@ def write_benchmark_outputs(
     }
     files["json"] = write_json(out / "results.json", payload)
     md = [f"# {title}", "", *summary_lines(result), ""]
-    md.append(markdown_stats_table(result.stats, verdicts, {"converged": converged_cells(result)}))
+    extra = {"converged": converged_cells(result), "step 0": step0_cells(result.rows)}
+    md.append(markdown_stats_table(result.stats, verdicts, extra))
     md += ["", "Verdicts (bold = best, only where the paired 95% interval excludes 0):", ""]
     md += [f"- {v['text']}" for v in verdicts.values()] or ["- (fewer than two trained rows)"]
     for name, why in result.absent.items():

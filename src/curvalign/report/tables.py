@@ -377,3 +377,23 @@ def terminal_stats_table(
         table.add_row(*cells, *[dict(values).get(name, "") for values in extra.values()])
     left_out = [c for c in available.values() if c not in shown]
     return table, order, left_out
+
+
+def step0_cells(rows: Mapping[str, Mapping[str, Any]]) -> list[tuple[str, str]]:
+    """(row, marker) for the "step 0" column: the codes of the step-0 health check's
+    warnings (``recipes/health.py``) among a trained row's "warnings" and on how many of its
+    seeds they fired, e.g. "! flat_logits (3/3)"; "ok" where the check was silent."""
+    from curvalign.recipes.health import step0_codes
+
+    out = []
+    for name, row in rows.items():
+        if row.get("kind") != "trained" or row.get("status") == "failed":
+            continue
+        lines = [str(w) for w in row.get("warnings", [])]
+        codes = step0_codes(lines)
+        if not codes:
+            out.append((name, "ok"))
+            continue
+        seeds = {line.split(":", 1)[0] for line in lines if step0_codes([line])}
+        out.append((name, f"! {', '.join(codes)} ({len(seeds)}/{len(row.get('seeds', []))})"))
+    return out

@@ -39,12 +39,14 @@ import torch
 from torch import Tensor, nn
 
 from curvalign._io import WRITE_FAILURES, describe_write_failure, remove_stale_temp_files
-from curvalign.config import RunConfig, TrainConfig, resolve_config
+from curvalign.config import RunConfig, TrainConfig, resolve_config, resolve_data_init
 from curvalign.data import load_store
 from curvalign.data.features import FeatureStore, FeatureStoreError
 from curvalign.data.sampling import BatchSampler, SamplingError
 from curvalign.errors import ConfigError, TrainError
 from curvalign.recipes.base import Batch, Gather, LossOutput, Progress, Recipe
+from curvalign.recipes.health import META_KEY as STEP0_META_KEY
+from curvalign.recipes.health import check_step0
 from curvalign.runs import (
     CONFIG_FILE,
     RUN_FILES,
@@ -289,6 +291,8 @@ class Trainer:
             self.input_dims = recipe_input_dims(config, store)
         except FeatureStoreError as err:
             raise TrainError(f"recipe {config.recipe!r} on data {config.data!r}: {err}") from None
+        if not resume:  # scales resolved from the train features' norms, saved in config.json
+            self.config = config = resolve_data_init(config, store)
         try:
             self.recipe = build_model(config, *self.input_dims, self.device)
         except (ValueError, TypeError) as err:
@@ -456,6 +460,7 @@ class Trainer:
                 "best_step": self.best_step,
                 "best_val": self.best_val,
                 "stopped_early": self.stopped_early,
+                STEP0_META_KEY: getattr(self, "step0_health", None),
             }
             try:
                 save_checkpoint(
@@ -588,6 +593,8 @@ class Trainer:
         def validate() -> None:  # the history lives in meta.json (val_history), not the log
             self.validate()
 
+        if self.step == 0 and self.is_main:  # loss vs log B, logit spread, radii (step-0 check)
+            self.step0_health = check_step0(self.recipe, self.sampler, total, self._note).to_json()
         if self.validation is not None and self.step == 0 and not self.val_history:
             validate()  # the untrained head: the baseline model selection must beat
         window = _Window()
