@@ -781,8 +781,9 @@ class Trainer:
             if logger is not None:
                 logger.close()
         run = self.result()
-        for hook in self.hooks:
-            hook.on_fit_end(self, run)
+        with self._in_hook():
+            for hook in self.hooks:
+                hook.on_fit_end(self, run)
         return run
 
     def result(self) -> TrainedRun:
