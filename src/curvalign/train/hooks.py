@@ -33,12 +33,14 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any
 
 from curvalign.errors import ConfigError, TrainError
 
-if TYPE_CHECKING:  # pragma: no cover
-    from curvalign.train.trainer import TrainedRun, Trainer
+#: the ``trainer`` every hook method receives is a ``curvalign.train.trainer.Trainer`` (typed Any
+#: here: the trainer imports this module) and ``run`` a ``TrainedRun``
+Trainer = Any
+TrainedRun = Any
 
 
 class Decision(enum.Enum):
