@@ -132,9 +132,9 @@ def test_arms_train_on_until_the_plateau_up_to_the_max(tmp_path, one_thread):
         return bench.train("clip", "clip", [], 0)
 
     flat = arm(1.0, "flat")  # any curve is flat within 1.0: stops at the budget
-    assert flat["last_step"] == 4 and [s for s, _ in flat["val_history"]] == [1, 2, 3, 4]
+    assert flat.last_step == 4 and [s for s, _ in flat.val_history] == [1, 2, 3, 4]
     climbing = arm(-1.0, "climbing")  # never flat: trains on, one segment at a time, to the max
-    assert climbing["last_step"] == 6 and [s for s, _ in climbing["val_history"]] == [
+    assert climbing.last_step == 6 and [s for s, _ in climbing.val_history] == [
         1,
         2,
         3,
@@ -142,7 +142,7 @@ def test_arms_train_on_until_the_plateau_up_to_the_max(tmp_path, one_thread):
         5,
         6,
     ]
-    assert climbing["converged"] is False and climbing["budget"] == 4
+    assert climbing.converged is False and climbing.budget == 4
 
 
 def _segmented_arm(bench, recipe, seed, marks, on_mark, store_from, steps, max_steps):
@@ -215,14 +215,14 @@ def test_an_arm_in_one_fit_equals_the_old_stop_and_resume_cycle(tmp_path, one_th
     )
     history, last = _segmented_arm(bench, "clip", 0, (3,), mark("old"), store_from, 6, 9)
     assert [s for s, _ in history] == [2, 3, 4, 6, 8, 9]  # never flat: extended to the max
-    assert arm["val_history"] == history and arm["last_step"] == 9
+    assert list(arm.val_history) == history and arm.last_step == 9
     assert marked["new"] == marked["old"] and list(marked["new"]) == [3]
-    new_weights = load_file(str(arm["run_dir"] / "model.safetensors"))
+    new_weights = load_file(str(arm.run_dir / "model.safetensors"))
     old_weights = load_file(str(last.run_dir / "model.safetensors"))
     assert all(torch.equal(new_weights[k], old_weights[k]) for k in new_weights)
     best = max(history, key=lambda item: item[1])
-    assert arm["best_step"] == best[0] and arm["best_val"] == best[1]
-    assert not (arm["run_dir"] / "study_best.safetensors").exists()  # one best-weights file
+    assert arm.best_step == best[0] and arm.best_val == best[1]
+    assert not (arm.run_dir / "study_best.safetensors").exists()  # one best-weights file
 
 
 def test_study_learning_rate_is_a_stated_multiple_of_the_paper_rate(tmp_path):

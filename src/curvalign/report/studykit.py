@@ -43,12 +43,14 @@ import dataclasses
 import math
 import time
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from curvalign.data.features import FeatureStore
+from curvalign.recipes.base import Recipe
 from curvalign.stats import Interval, mean_interval, paired_difference
 from curvalign.train.hooks import Decision, TrainerHook, ValidationEvent
 
@@ -193,6 +195,37 @@ def converged(history: Sequence[tuple[int, float]], tol: float) -> bool | None:
     return after - before <= tol
 
 
+@dataclass(frozen=True)
+class ArmResult:
+    """One arm trained with one seed (``Bench.train``): its run directory and model (the best
+    validation weights, or the last ones), the last step it reached, the best validation step
+    and value, every (step, value) validation, whether the curve was flat at the end (None:
+    fewer than three validations), its step budget and the most it could train on to."""
+
+    run_dir: Path
+    recipe: Recipe
+    last_step: int
+    best_step: int | None
+    best_val: float | None
+    val_history: tuple[tuple[int, float], ...]
+    converged: bool | None
+    budget: int
+    max_steps: int
+
+    def to_json(self) -> dict[str, Any]:
+        """Everything but the model, JSON-ready."""
+        return {
+            "run_dir": str(self.run_dir),
+            "last_step": self.last_step,
+            "best_step": self.best_step,
+            "best_val": self.best_val,
+            "val_history": [list(item) for item in self.val_history],
+            "converged": self.converged,
+            "budget": self.budget,
+            "max_steps": self.max_steps,
+        }
+
+
 class ArmHooks(TrainerHook):
     """A study arm's trainer hooks: its own validation value (``score``), validated at every
     multiple of ``val_every`` below the budget, at the marks and at the last step; the plateau
@@ -323,7 +356,7 @@ class Bench:
         on_mark: Callable[[int, Any], None] | None = None,
         val_fn: Callable[[Any], float] | None = None,
         store_from: Callable[[int], FeatureStore | None] | None = None,
-    ) -> dict[str, Any]:
+    ) -> ArmResult:
         """Train one arm with one seed in one ``Trainer.fit``, validating every ``val_every``
         steps (``ArmHooks``: the study's validation, plateau extension, marks and data swap).
 
@@ -335,9 +368,8 @@ class Bench:
         None with fewer than three validations) trains on in steps of ``val_every`` up to
         ``max_steps`` (scaled with ``steps``); a mark at or past the budget is measured at the
         last step. The trainer's built-in hook keeps the best validation weights
-        (``best.safetensors``). Returns {run_dir, recipe (best weights when ``select_best``,
-        else the last), last_step, best_step, best_val, val_history, converged, budget,
-        max_steps}."""
+        (``best.safetensors``). The result's model holds the best weights when ``select_best``,
+        else the last ones."""
         from curvalign.runs import load_run
         from curvalign.train.trainer import train
 
@@ -367,18 +399,18 @@ class Bench:
             hooks=[hooks],
         )
         loaded = load_run(run, weights="best" if select_best else "last")
-        history = list(run.val_history)
-        return {
-            "run_dir": run,
-            "recipe": loaded.recipe,
-            "last_step": run.last_step,
-            "best_step": run.best_step,
-            "best_val": run.best_val,
-            "val_history": history,
-            "converged": converged(history, self.plateau_tol),
-            "budget": steps,
-            "max_steps": max_steps,
-        }
+        history = tuple((int(step), float(value)) for step, value in run.val_history)
+        return ArmResult(
+            run_dir=Path(run),
+            recipe=loaded.recipe,
+            last_step=run.last_step,
+            best_step=run.best_step,
+            best_val=run.best_val,
+            val_history=history,
+            converged=converged(history, self.plateau_tol),
+            budget=steps,
+            max_steps=max_steps,
+        )
 
     def untrained(self, recipe: str, extra: Iterable[str], seed: int) -> Any:
         """The recipe as initialised with ``seed`` (the untrained-head baseline), in eval mode,
@@ -401,15 +433,15 @@ class Bench:
         return evaluate(recipe, self.store, split="test", diagnostics=diagnostics)
 
 
-def convergence_record(runs: dict[int, dict[str, Any]]) -> dict[str, Any]:
+def convergence_record(runs: dict[int, ArmResult]) -> dict[str, Any]:
     """Per arm: how many seeds converged, best steps and the validation curves."""
-    flags = [r["converged"] for r in runs.values()]
+    flags = [r.converged for r in runs.values()]
     return {
         "converged": sum(bool(f) for f in flags),
         "seeds": len(flags),
-        "best_steps": [r["best_step"] for r in runs.values()],
-        "last_steps": [r["last_step"] for r in runs.values()],
-        "val_history": {str(s): r["val_history"] for s, r in runs.items()},
+        "best_steps": [r.best_step for r in runs.values()],
+        "last_steps": [r.last_step for r in runs.values()],
+        "val_history": {str(s): r.to_json()["val_history"] for s, r in runs.items()},
     }
 
 
