@@ -620,10 +620,6 @@ class Trainer:
                     )
                 value = self.validation.score(self.recipe)
             value = float(value)
-            if not math.isfinite(value):
-                raise TrainError(
-                    f"the validation value at step {self.step} is {value}, not a number"
-                )
             self.val_history.append((self.step, value))
             event = ValidationEvent(self.step, value, tuple(self.val_history))
             decision, steps = combine(hook.on_validation(self, event) for hook in self.hooks)
