@@ -32,8 +32,9 @@ app = typer.Typer(
 
 #: the data specs every command that trains accepts (data/__init__.py's load_data)
 DATA_HELP = (
-    "synthetic, synthetic:k=v,..., features:PATH, or wordnet:SYNSET "
-    "(the WordNet noun tree below SYNSET, e.g. wordnet:mammal.n.01)."
+    "synthetic, synthetic:k=v,..., features:PATH, wordnet:SYNSET "
+    "(the WordNet noun tree below SYNSET, e.g. wordnet:mammal.n.01), or clip-retrieval:DIR "
+    "(img_emb/, text_emb/, metadata/ shards, memory-mapped in place)."
 )
 #: the run argument and --weights option of every command that reads a trained run
 RUN_DIR_HELP = "A run directory written by `curvalign train`."
@@ -41,8 +42,21 @@ WEIGHTS_HELP = "best (the best validation step, default) or last."
 
 
 @app.callback()
-def _root() -> None:
+def _root(
+    check: bool = typer.Option(
+        False,
+        "--check",
+        help="Scan every float of the data for NaN/inf when it is opened, even where the "
+        "store records that scan (stores written by curvalign open without it).",
+    ),
+) -> None:
     """Geometry-aware contrastive alignment of images and texts."""
+    if check:
+        import os
+
+        from curvalign.data.features import CHECK_ENV
+
+        os.environ[CHECK_ENV] = "1"  # inherited by the processes of --nproc
 
 
 def fail(message: str, code: int = 2) -> None:
