@@ -477,7 +477,7 @@ def add_embeddings(path: str | os.PathLike, emb: Embeddings) -> int:
 def open_rerank_engine(path: str | os.PathLike, raw: dict[str, Any], run: Any) -> RecipeIndex:
     """The ``RecipeIndex`` a rerank index directory describes (``raw`` = its index.json), scoring
     with ``run``'s recipe; refused if the run has trained further since the embeddings."""
-    import faiss
+    from curvalign.index.search import read_flat_or_faiss
 
     meta = raw["meta"]
     check_same_run(meta, run, f"the index {path}", "embed and index build")
@@ -488,7 +488,8 @@ def open_rerank_engine(path: str | os.PathLike, raw: dict[str, Any], run: Any) -
         database,
         meta["side"],
         proxy=raw.get("proxy"),
-        proxy_index=faiss.read_index(str(proxy_file)) if proxy_file.exists() else None,
+        # a flat proxy is scanned from the file in chunks, never loaded whole (FlatFile)
+        proxy_index=read_flat_or_faiss(proxy_file) if proxy_file.exists() else None,
     )
 
 

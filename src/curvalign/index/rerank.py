@@ -64,10 +64,12 @@ from torch import Tensor
 
 from curvalign.errors import InputError, NonFiniteError
 from curvalign.index.search import (
+    FlatFile,
     IndexMismatchError,
     build_hnsw_graph,
     database_vectors,
     hnsw_insert_graph,
+    in_memory,
     lorentz_time,
     poincare_ball,
     query_vectors,
@@ -380,7 +382,8 @@ class RecipeIndex:
         Faiss's flat search keeps a heap per query and was ~10x slower at K = 200.
         """
         vectors = np.ascontiguousarray(vectors, dtype=np.float32)
-        if self.candidate_index == "hnsw":
+        if self.candidate_index == "hnsw" or isinstance(self._index, FlatFile):
+            # a flat index file is scanned in chunks with a running top-k (bounded memory)
             return self._index.search(vectors, K)[1]
         stored, queries = self._stored(), torch.from_numpy(vectors)
         rows = [
@@ -435,6 +438,8 @@ class RecipeIndex:
     @property
     def candidate_index(self) -> str:
         """``"flat"`` (exhaustive proxy scan) or ``"hnsw"`` (approximate candidate graph)."""
+        if isinstance(self._index, FlatFile):
+            return "flat"
         return "hnsw" if isinstance(faiss.downcast_index(self._index), faiss.IndexHNSW) else "flat"
 
     def set_ef_search(self, ef_search: int) -> None:
@@ -458,6 +463,7 @@ class RecipeIndex:
             raise IndexMismatchError(f"ids to add must be {m} ids not already in the index")
         vectors = self.proxy.database(new)
         everything = {k: torch.cat([self.database[k], new[k]]) for k in self.database}
+        self._index = in_memory(self._index)  # a flat index file is read whole to grow it
         if self.candidate_index == "hnsw":
             self._index = hnsw_insert_graph(self._index, self.proxy.graph(everything), vectors)
         else:
@@ -471,7 +477,7 @@ class RecipeIndex:
 
     def save_proxy(self, path: str) -> None:
         """Write the proxy vectors' Faiss index (``RecipeIndex(..., proxy_index=faiss.read_index(path))``)."""
-        faiss.write_index(self._index, str(path))
+        faiss.write_index(in_memory(self._index), str(path))
 
     @property
     def exact_proxy(self) -> bool:
