@@ -170,3 +170,70 @@ def test_a_saved_flat_proxy_is_scanned_from_its_file(tmp_path: Path, monkeypatch
     got = from_file.search(texts, 10, 40)
     np.testing.assert_array_equal(got[1], want[1])
     np.testing.assert_allclose(got[0], want[0], rtol=1e-6, atol=1e-6)
+
+
+def test_write_flat_index_in_chunks_reads_back_with_faiss(tmp_path: Path):
+    from curvalign.index.search import write_flat_index
+
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(1000, 9)).astype(np.float32)
+    flat = write_flat_index(tmp_path / "f.faiss", 9, (x[a : a + 300] for a in range(0, 1000, 300)))
+    assert (flat.ntotal, flat.d) == (1000, 9)
+    whole = faiss.read_index(str(tmp_path / "f.faiss"))  # Faiss itself reads the file
+    assert whole.ntotal == 1000
+    np.testing.assert_array_equal(whole.reconstruct_n(0, 1000), x)
+    q = rng.normal(size=(4, 9)).astype(np.float32)
+    np.testing.assert_array_equal(flat.search(q, 5)[1], whole.search(q, 5)[1])
+
+
+@pytest.mark.parametrize("name", ["clip", "meru"])
+def test_ivfpq_candidates_rerank_to_the_exact_answer(tmp_path: Path, name):
+    import torch
+
+    from curvalign.index import RecipeIndex, exhaustive_topk
+    from curvalign.recipes import get_recipe
+
+    torch.manual_seed(1)
+    cls = get_recipe(name)
+    config = cls.Config()
+    if hasattr(config, "embed_dim"):
+        config.embed_dim = 16
+    recipe = cls(config, 12, 10).eval()
+    with torch.no_grad():
+        images = recipe.embed_images(torch.randn(4000, 12) * 3)
+        texts = recipe.embed_texts(torch.randn(25, 10) * 3)
+    # every cell probed: only the PQ codes approximate, and 300 candidates reranked exactly
+    engine = RecipeIndex(recipe, images, "images", candidate_index="ivfpq", nlist=20, nprobe=20)
+    assert engine.candidate_index == "ivfpq"
+    _, want = exhaustive_topk(recipe, texts, images, "images", 10)
+    _, got = engine.search(texts, 10, 300)
+    recall = np.mean([len(set(a) & set(b)) / 10 for a, b in zip(got, want, strict=True)])
+    assert recall >= 0.95, recall
+    # one cell probed of 20: fewer true neighbours reach the rerank
+    few = RecipeIndex(recipe, images, "images", candidate_index="ivfpq", nlist=20, nprobe=1)
+    _, got_few = few.search(texts, 10, 300)
+    assert np.mean([len(set(a) & set(b)) / 10 for a, b in zip(got_few, want, strict=True)]) < recall
+    # saved and opened again, as `index build --ann ivfpq` / `index search` do
+    engine.save_proxy(str(tmp_path / "proxy.faiss"))
+    again = RecipeIndex(
+        recipe, images, "images", proxy_index=read_flat_or_faiss(tmp_path / "proxy.faiss")
+    )
+    assert again.candidate_index == "ivfpq"
+    np.testing.assert_array_equal(again.search(texts, 10, 300)[1], got)
+
+
+def test_ivfpq_refuses_an_angle_proxy():
+    import torch
+
+    from curvalign.errors import InputError
+    from curvalign.index import RecipeIndex
+    from curvalign.recipes import get_recipe
+
+    cls = get_recipe("atmg")
+    config = cls.Config()
+    config.embed_dim = 8
+    recipe = cls(config, 12, 10).eval()
+    with torch.no_grad():
+        images = recipe.embed_images(torch.randn(500, 12))
+    with pytest.raises(InputError, match="ranks by an angle"):
+        RecipeIndex(recipe, images, "images", candidate_index="ivfpq")

@@ -719,7 +719,10 @@ def index_build_command(
     out: Path = typer.Option(..., "--out", help="Index directory to write."),
     exact: bool = typer.Option(False, "--exact", help="Exact search (the default)."),
     ann: str = typer.Option(
-        None, "--ann", help="Approximate search: hnsw or ivf (Lorentz-distance recipes)."
+        None,
+        "--ann",
+        help="Approximate search: hnsw or ivf (Lorentz-distance recipes); hnsw or ivfpq "
+        "(every other recipe: candidates for the rerank; ivfpq for 10M+ items).",
     ),
     side: str = typer.Option("images", "--side", help="What to index: images or texts."),
     M: int = typer.Option(32, "--M", min=2, help="HNSW: links per node."),
@@ -730,7 +733,9 @@ def index_build_command(
     nlist: int = typer.Option(
         None, "--nlist", min=1, help="IVF: number of cells (default 4 sqrt(N))."
     ),
-    nprobe: int = typer.Option(16, "--nprobe", min=1, help="IVF: cells visited per query."),
+    nprobe: int = typer.Option(
+        16, "--nprobe", min=1, help="IVF, IVF-PQ: cells visited per query."
+    ),
 ) -> None:
     """Build an index over one side of an embeddings directory."""
     from curvalign.index.embed import build_from_embeddings, load_embeddings
@@ -738,13 +743,13 @@ def index_build_command(
     check_out(out)
     if exact and ann:
         fail("--exact and --ann exclude each other")
-    if ann is not None and ann not in ("hnsw", "ivf"):
-        fail(f"--ann must be hnsw or ivf, got {ann!r}")
+    if ann is not None and ann not in ("hnsw", "ivf", "ivfpq"):
+        fail(f"--ann must be hnsw, ivf or ivfpq, got {ann!r}")
     options = (
         {"M": M, "ef_construction": ef_construction, "ef_search": ef_search}
         if ann == "hnsw"
         else {"nlist": nlist, "nprobe": nprobe}
-        if ann == "ivf"
+        if ann in ("ivf", "ivfpq")
         else {}
     )
     from curvalign._io import terminate_as_interrupt

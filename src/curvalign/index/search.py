@@ -613,6 +613,54 @@ class FlatFile:
         return faiss.read_index(str(self.path))
 
 
+def _flat_header(d: int, n: int) -> bytes:
+    """The bytes ``faiss.write_index`` puts before the vectors of an ``IndexFlatIP`` of ``n``
+    rows of width ``d``: Faiss's own header of an empty index with its two counts (rows, and
+    floats of the vector block) set, located by comparing it with a one-row index."""
+    empty = faiss.serialize_index(faiss.IndexFlatIP(d)).tobytes()
+    one_index = faiss.IndexFlatIP(d)
+    one_index.add(np.zeros((1, d), dtype=np.float32))
+    one = faiss.serialize_index(one_index).tobytes()[: len(empty)]
+
+    def at(data: bytes, i: int) -> int:
+        return int(np.frombuffer(data[i : i + 8], dtype=np.uint64)[0])
+
+    rows_at = next(i for i in range(len(empty) - 7) if at(empty, i) == 0 and at(one, i) == 1)
+    floats_at = len(empty) - 8
+    if at(one, floats_at) != d:
+        raise IndexMismatchError("unexpected Faiss flat index layout; write the index with Faiss")
+    header = bytearray(empty)
+    header[rows_at : rows_at + 8] = np.uint64(n).tobytes()
+    header[floats_at:] = np.uint64(n * d).tobytes()
+    return bytes(header)
+
+
+def write_flat_index(path: str | os.PathLike, d: int, chunks: Any) -> FlatFile:
+    """Write a Faiss ``IndexFlatIP`` file from ``chunks`` (an iterable of ``[m, d]`` float32
+    arrays) without holding more than one chunk: the index of any size that ``FlatFile``
+    searches (and ``faiss.read_index`` reads). Written to a temporary name, then renamed."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".partial")
+    n = 0
+    with open(tmp, "wb") as fh:
+        fh.write(_flat_header(d, 0))
+        for chunk in chunks:
+            rows = np.ascontiguousarray(chunk, dtype=np.float32)
+            if rows.ndim != 2 or rows.shape[1] != d:
+                raise IndexMismatchError(f"chunk of shape {list(rows.shape)}; [m, {d}] expected")
+            fh.write(rows.tobytes())
+            n += rows.shape[0]
+        fh.seek(0)
+        fh.write(_flat_header(d, n))  # the counts, now known (same length)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    flat = FlatFile.open(path)
+    if flat is None or flat.ntotal != n:
+        raise IndexMismatchError(f"{path}: the written flat index does not read back")
+    return flat
+
+
 def read_flat_or_faiss(path: str | os.PathLike) -> faiss.Index | FlatFile:
     """A Faiss index file for searching: a flat one as a ``FlatFile`` (memory bounded by a
     chunk), any other read by Faiss."""
@@ -829,4 +877,5 @@ __all__ = [
     "poincare_ball",
     "query_vectors",
     "read_flat_or_faiss",
+    "write_flat_index",
 ]
