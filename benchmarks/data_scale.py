@@ -50,11 +50,16 @@ MARK = "DATA_SCALE_RESULT "
 # --- the layout ---------------------------------------------------------------------------------
 
 
-def write_layout(root: Path, n: int, dim: int, shard_rows: int, seed: int = 0) -> float:
+def write_layout(
+    root: Path, n: int, dim: int, shard_rows: int, seed: int = 0, replicate: int = 1
+) -> float:
     """N unit-norm float16 pairs in clip-retrieval's layout under ``root``; returns seconds.
 
     Texts are their image plus noise (renormalised), so that training has something to learn.
-    Each shard is written through a memory map in chunks of 65,536 rows.
+    Each shard is written through a memory map in chunks of 65,536 rows: the writer's memory
+    does not grow with N. ``replicate=R`` writes the first ``N / R`` pairs and hard-links
+    those shards R times (shard numbers continue): N rows for the reader, a 1/R of the disk,
+    and a page cache that holds all of it (so reads are warm: say so with the figures).
     """
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -63,8 +68,12 @@ def write_layout(root: Path, n: int, dim: int, shard_rows: int, seed: int = 0) -
     for folder in ("img_emb", "text_emb", "metadata"):
         (root / folder).mkdir(parents=True, exist_ok=True)
     chunk = 1 << 16
-    for k, start in enumerate(range(0, n, shard_rows)):
-        rows = min(shard_rows, n - start)
+    unique = n // replicate
+    if unique * replicate != n or unique % shard_rows:
+        raise SystemExit(f"--replicate {replicate}: N / R must be a multiple of --shard-rows")
+    shards = 0
+    for k, start in enumerate(range(0, unique, shard_rows)):
+        rows = min(shard_rows, unique - start)
         rng = np.random.default_rng([seed, k])
         img = np.lib.format.open_memmap(
             root / "img_emb" / f"img_emb_{k}.npy", "w+", np.float16, (rows, dim)
@@ -93,6 +102,18 @@ def write_layout(root: Path, n: int, dim: int, shard_rows: int, seed: int = 0) -
             ),
             root / "metadata" / f"metadata_{k}.parquet",
         )
+        shards += 1
+    for copy in range(1, replicate):
+        for k in range(shards):
+            for folder, suffix in (
+                ("img_emb", ".npy"),
+                ("text_emb", ".npy"),
+                ("metadata", ".parquet"),
+            ):
+                os.link(
+                    root / folder / f"{folder}_{k}{suffix}",
+                    root / folder / f"{folder}_{copy * shards + k}{suffix}",
+                )
     return time.perf_counter() - started
 
 
@@ -194,12 +215,15 @@ def _child(argv: list[str]) -> None:
     elif mode == "train":
         recipe, spec, run_dir, steps, *overrides = rest
         first: list[float] = []
+        step_cpu: list[float] = []  # process CPU seconds (all threads) of each step
         validations: list[float] = []
         original_step = trainer_module.Trainer.train_step
         original_validate = trainer_module.Trainer.validate
 
         def train_step(self, *args, **kwargs):
+            cpu = time.process_time()
             result = original_step(self, *args, **kwargs)
+            step_cpu.append(time.process_time() - cpu)
             if not first:
                 first.append(time.perf_counter() - started)
             return result
@@ -220,6 +244,7 @@ def _child(argv: list[str]) -> None:
         out.update(
             first_step_s=first[0] if first else None,
             s_per_step=float(np.median([batch / r for r in rates])) if rates else None,
+            cpu_s_per_step=float(np.median(step_cpu)) if step_cpu else None,
             validation_s=validations,
             validation_images=(meta.get("validation") or {}).get("images"),
         )
@@ -282,6 +307,52 @@ def _row(n: int, stage: str, r: dict, note: str = "") -> list[str]:
     ]
 
 
+def _ann_rows(n: int, emb: Path, exact: Path, ann: Path, args: argparse.Namespace) -> list:
+    """Build an IVF-PQ candidate index and measure recall@10 of ``--ann-queries`` text queries
+    (seeded sample) against the exact index: the share of the exact top 10 it returns."""
+    rng = np.random.default_rng(0)
+    queries = np.sort(rng.choice(n, size=min(n, args.ann_queries), replace=False))
+    ids = ",".join(str(i) for i in queries.tolist())
+    r = measure(
+        "cli",
+        "index",
+        "build",
+        str(emb),
+        "--out",
+        str(ann),
+        "--ann",
+        "ivfpq",
+        "--nprobe",
+        str(args.nprobe),
+        threads=args.threads,
+    )
+    size = sum(f.stat().st_size for f in ann.rglob("*") if f.is_file()) / 2**30
+    out = [_row(n, f"index build --ann ivfpq (nprobe {args.nprobe})", r, f"index {size:.2f} GB")]
+    found = {}
+    for name, path in (("exact", exact), ("ivfpq", ann)):
+        r = measure(
+            "cli",
+            "index",
+            "search",
+            str(path),
+            "--query-text-ids",
+            ids,
+            "--k",
+            "10",
+            "--json",
+            threads=args.threads,
+        )
+        found[name] = [res["ids"] for res in json.loads(r["stdout"])["results"]]
+        out.append(_row(n, f"index search {name} ({len(queries)} texts)", r))
+    recall = np.mean(
+        [len(set(a) & set(b)) / len(b) for a, b in zip(found["ivfpq"], found["exact"], strict=True)]
+    )
+    out[-1][-1] = f"recall@10 vs exact {recall:.3f}"
+    print(" | ".join(out[-1]), flush=True)
+    shutil.rmtree(ann, ignore_errors=True)
+    return out
+
+
 def run(args: argparse.Namespace) -> list[list[str]]:
     rows: list[list[str]] = []
     base = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="data_scale_"))
@@ -293,10 +364,15 @@ def run(args: argparse.Namespace) -> list[list[str]]:
             shutil.rmtree(root)
         try:
             data = root / "clip-retrieval"
-            seconds = write_layout(data, n, args.dim, args.shard_rows)
+            seconds = write_layout(data, n, args.dim, args.shard_rows, replicate=args.replicate)
             gb = sum(f.stat().st_size for f in data.rglob("*") if f.is_file()) / 2**30
-            print(f"N={n:,}: wrote {gb:.1f} GB in {seconds:.0f} s", flush=True)
-            rows.append([f"{n:,}", "write layout", f"{seconds:.1f}", "", "", "", f"{gb:.1f} GB"])
+            what = f"{gb:.1f} GB" + (
+                f" ({n // args.replicate:,} pairs written, linked {args.replicate}x)"
+                if args.replicate > 1
+                else ""
+            )
+            print(f"N={n:,}: wrote {what} in {seconds:.0f} s", flush=True)
+            rows.append([f"{n:,}", "write layout", f"{seconds:.1f}", "", "", "", what])
             spec = f"clip-retrieval:{data}"
             r = measure("open", spec, threads=args.threads)
             rows.append(_row(n, "open clip-retrieval:DIR", r))
@@ -322,7 +398,10 @@ def run(args: argparse.Namespace) -> list[list[str]]:
                     threads=args.threads,
                 )
                 vals = r["validation_s"]
-                note = f"first step {r['first_step_s']:.1f} s; {r['s_per_step']:.3f} s/step; " + (
+                note = (
+                    f"first step {r['first_step_s']:.1f} s; {r['s_per_step']:.3f} s/step "
+                    f"({r.get('cpu_s_per_step') or 0:.3f} CPU s); "
+                ) + (
                     f"{len(vals)} validations of {r['validation_images']} images, "
                     f"{np.mean(vals):.1f} s each"
                     if vals
@@ -355,6 +434,8 @@ def run(args: argparse.Namespace) -> list[list[str]]:
                 )
                 rows.append(_row(n, "index search (10 texts)", r, f"index {size:.2f} GB"))
                 print(" | ".join(rows[-1]), flush=True)
+                if args.ann_queries:
+                    rows += _ann_rows(n, emb, idx, root / "index_ivfpq", args)
                 shutil.rmtree(emb, ignore_errors=True)
                 shutil.rmtree(idx, ignore_errors=True)
             if args.flat_dim:
@@ -419,6 +500,19 @@ def main() -> None:
         type=int,
         default=256,
         help="point width of the synthetic flat index searched at every N (0: skip)",
+    )
+    parser.add_argument(
+        "--ann-queries",
+        type=int,
+        default=100,
+        help="text queries for the IVF-PQ recall against exact search (0: skip the ANN stage)",
+    )
+    parser.add_argument("--nprobe", type=int, default=32, help="IVF-PQ cells probed per query")
+    parser.add_argument(
+        "--replicate",
+        type=int,
+        default=1,
+        help="write N/R pairs and hard-link their shards R times (disk and time for 10M)",
     )
     parser.add_argument("--keep", action="store_true", help="keep the data written")
     parser.add_argument("override", nargs="*", help="key=value training overrides")
