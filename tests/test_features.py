@@ -357,7 +357,46 @@ def test_load_finds_nan_in_files(saved: Path, mmap: bool):
         FeatureStoreError,
         match=r"negative_features.npy has 1 row with NaN or inf values \(first: row 3\)",
     ):
-        FeatureStore.load(saved, mmap=mmap)
+        FeatureStore.load(saved, mmap=mmap, check_values=True)
+
+
+def _nan_in_place(saved: Path) -> None:
+    """A NaN written into image_features.npy without changing the file's size."""
+    feats = np.load(saved / "image_features.npy")
+    feats[2, 1] = np.nan
+    np.save(saved / "image_features.npy", feats)
+
+
+def test_load_trusts_the_recorded_value_scan(saved: Path, monkeypatch):
+    # save() scanned every float and recorded it: a plain open reads no float again, so a file
+    # edited in place after the save (same size) is only caught when the scan is forced
+    header = json.loads((saved / "meta.json").read_text())
+    record = header["values_checked"]
+    assert record["nonfinite_rows"] == 0
+    assert set(record["file_bytes"]) == {f"{n}.npy" for n in FLOAT_FIELDS}
+    _nan_in_place(saved)
+    FeatureStore.load(saved, mmap=True)  # O(1): no scan
+    with pytest.raises(FeatureStoreError, match=r"image_features.npy has 1 row with NaN"):
+        FeatureStore.load(saved, mmap=True, check_values=True)
+    monkeypatch.setenv("CURVALIGN_CHECK_VALUES", "1")  # what `curvalign --check` sets
+    with pytest.raises(FeatureStoreError, match=r"image_features.npy has 1 row with NaN"):
+        FeatureStore.load(saved, mmap=True)
+
+
+def test_load_scans_when_the_record_is_stale_or_absent(saved: Path):
+    _nan_in_place(saved)
+    header = json.loads((saved / "meta.json").read_text())
+    # a file of another size than recorded: the record no longer covers it
+    header["values_checked"]["file_bytes"]["image_features.npy"] += 8
+    (saved / "meta.json").write_text(json.dumps(header))
+    with pytest.raises(FeatureStoreError, match=r"image_features.npy has 1 row with NaN"):
+        FeatureStore.load(saved, mmap=True)
+    # a store written before the record existed is scanned on every open, as before
+    del header["values_checked"]
+    (saved / "meta.json").write_text(json.dumps(header))
+    with pytest.raises(FeatureStoreError, match=r"image_features.npy has 1 row with NaN"):
+        FeatureStore.load(saved, mmap=True)
+    FeatureStore.load(saved, mmap=True, check_values=False)  # unless told to skip it
 
 
 def test_load_rejects_float_indices(saved: Path):

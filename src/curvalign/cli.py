@@ -32,8 +32,9 @@ app = typer.Typer(
 
 #: the data specs every command that trains accepts (data/__init__.py's load_data)
 DATA_HELP = (
-    "synthetic, synthetic:k=v,..., features:PATH, or wordnet:SYNSET "
-    "(the WordNet noun tree below SYNSET, e.g. wordnet:mammal.n.01)."
+    "synthetic, synthetic:k=v,..., features:PATH, wordnet:SYNSET "
+    "(the WordNet noun tree below SYNSET, e.g. wordnet:mammal.n.01), or clip-retrieval:DIR "
+    "(img_emb/, text_emb/, metadata/ shards, memory-mapped in place)."
 )
 #: the run argument and --weights option of every command that reads a trained run
 RUN_DIR_HELP = "A run directory written by `curvalign train`."
@@ -41,8 +42,21 @@ WEIGHTS_HELP = "best (the best validation step, default) or last."
 
 
 @app.callback()
-def _root() -> None:
+def _root(
+    check: bool = typer.Option(
+        False,
+        "--check",
+        help="Scan every float of the data for NaN/inf when it is opened, even where the "
+        "store records that scan (stores written by curvalign open without it).",
+    ),
+) -> None:
     """Geometry-aware contrastive alignment of images and texts."""
+    if check:
+        import os
+
+        from curvalign.data.features import CHECK_ENV
+
+        os.environ[CHECK_ENV] = "1"  # inherited by the processes of --nproc
 
 
 def fail(message: str, code: int = 2) -> None:
@@ -705,7 +719,10 @@ def index_build_command(
     out: Path = typer.Option(..., "--out", help="Index directory to write."),
     exact: bool = typer.Option(False, "--exact", help="Exact search (the default)."),
     ann: str = typer.Option(
-        None, "--ann", help="Approximate search: hnsw or ivf (Lorentz-distance recipes)."
+        None,
+        "--ann",
+        help="Approximate search: hnsw or ivf (Lorentz-distance recipes); hnsw or ivfpq "
+        "(every other recipe: candidates for the rerank; ivfpq for 10M+ items).",
     ),
     side: str = typer.Option("images", "--side", help="What to index: images or texts."),
     M: int = typer.Option(32, "--M", min=2, help="HNSW: links per node."),
@@ -716,7 +733,9 @@ def index_build_command(
     nlist: int = typer.Option(
         None, "--nlist", min=1, help="IVF: number of cells (default 4 sqrt(N))."
     ),
-    nprobe: int = typer.Option(16, "--nprobe", min=1, help="IVF: cells visited per query."),
+    nprobe: int = typer.Option(
+        16, "--nprobe", min=1, help="IVF, IVF-PQ: cells visited per query."
+    ),
 ) -> None:
     """Build an index over one side of an embeddings directory."""
     from curvalign.index.embed import build_from_embeddings, load_embeddings
@@ -724,13 +743,13 @@ def index_build_command(
     check_out(out)
     if exact and ann:
         fail("--exact and --ann exclude each other")
-    if ann is not None and ann not in ("hnsw", "ivf"):
-        fail(f"--ann must be hnsw or ivf, got {ann!r}")
+    if ann is not None and ann not in ("hnsw", "ivf", "ivfpq"):
+        fail(f"--ann must be hnsw, ivf or ivfpq, got {ann!r}")
     options = (
         {"M": M, "ef_construction": ef_construction, "ef_search": ef_search}
         if ann == "hnsw"
         else {"nlist": nlist, "nprobe": nprobe}
-        if ann == "ivf"
+        if ann in ("ivf", "ivfpq")
         else {}
     )
     from curvalign._io import terminate_as_interrupt

@@ -6,6 +6,8 @@ A data spec is ``PREFIX`` or ``PREFIX:ARGUMENT``:
     synthetic:images=500,seed=3     the same with ``SyntheticConfig`` overrides
     features:PATH                   a feature store directory written by ``FeatureStore.save``
     wordnet:SYNSET                  a WordNet sub-tree (``curvalign.data.wordnet``)
+    clip-retrieval:DIR[,val=N,...]  clip-retrieval's sharded embeddings, memory-mapped in place
+                                    (``curvalign.data.clip_retrieval``)
 
 New sources register a loader under a new prefix (``register_data_source``); ``load_data``
 dispatches on the text before the first ``:``.
@@ -13,12 +15,13 @@ dispatches on the text before the first ``:``.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from curvalign.data.features import FeatureStore, FeatureStoreError
+from curvalign.data.features import FORCE_VALUE_CHECK, FeatureStore, FeatureStoreError
 
 if TYPE_CHECKING:
     from curvalign.data.synthetic import SyntheticWorld
@@ -57,8 +60,10 @@ def register_data_source(
     ``usage`` lists the accepted forms, e.g. ``("wordnet:SYNSET",)``. A loader raises
     ``DataSpecError`` (or ``ValueError``) with a clear message for a bad argument.
     """
-    if not prefix.isidentifier():
-        raise ValueError(f"data source prefix must be an identifier, got {prefix!r}")
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_-]*", prefix):
+        raise ValueError(
+            f"data source prefix must be an identifier (hyphens allowed), got {prefix!r}"
+        )
     _SOURCES[prefix] = _Source(load, tuple(usage))
 
 
@@ -89,15 +94,22 @@ def _spec_errors(spec: str) -> Iterator[None]:
         raise DataSpecError(f"data spec {spec!r}: {exc}") from None
 
 
-def load_data(spec: str) -> FeatureStore:
+def load_data(spec: str, check: bool = False) -> FeatureStore:
     """The feature store that ``spec`` names (see the module docstring); ``meta["spec"]`` records it.
 
+    ``check=True`` forces the NaN/inf scan of every float, which stores on disk otherwise skip
+    when their scan is on record (docs/data.md, "The value scan").
     Raises ``DataSpecError`` for an unknown or malformed spec and ``FeatureStoreError`` for a
     store on disk that breaks the format.
     """
     _, argument, source = _parse(spec)
-    with _spec_errors(spec):
-        store = source.load(argument)
+    token = FORCE_VALUE_CHECK.set(True) if check else None
+    try:
+        with _spec_errors(spec):
+            store = source.load(argument)
+    finally:
+        if token is not None:
+            FORCE_VALUE_CHECK.reset(token)
     store.meta["spec"] = spec
     return store
 
@@ -150,4 +162,17 @@ def _load_wordnet(argument: str) -> FeatureStore:
 
 register_data_source(
     "wordnet", _load_wordnet, ("wordnet:SYNSET", "wordnet:SYNSET,encoder=SPEC,seed=N")
+)
+
+
+def _load_clip_retrieval(argument: str) -> FeatureStore:
+    from curvalign.data.clip_retrieval import clip_retrieval_from_spec
+
+    return clip_retrieval_from_spec(argument)
+
+
+register_data_source(
+    "clip-retrieval",
+    _load_clip_retrieval,
+    ("clip-retrieval:DIR", "clip-retrieval:DIR,val=N,test=N,seed=N,check=1"),
 )

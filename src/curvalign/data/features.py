@@ -78,6 +78,7 @@ large feature arrays can be memory-mapped (``FeatureStore.load(path, mmap=True)`
 
 from __future__ import annotations
 
+import contextvars
 import json
 import math
 import os
@@ -91,6 +92,7 @@ import torch
 from torch import Tensor
 
 from curvalign._io import staged_directory
+from curvalign.data.sharded import ParquetColumn, ShardedRows, is_row_source
 from curvalign.errors import CurvalignError
 
 FORMAT_NAME = "curvalign.feature_store"
@@ -179,6 +181,11 @@ _TOKEN_GROUP_NEEDS = {
 
 # Rows per chunk when scanning float arrays for NaN/inf: bounded memory on memory-mapped stores.
 _SCAN_ELEMENTS = 1 << 22
+#: meta.json's record that ``save`` found every float finite (and the sizes of the files it
+#: checked), so that ``load`` need not read every float again (docs/data.md, "The value scan")
+VALUES_CHECKED_KEY = "values_checked"
+#: set to 1 to force the NaN/inf scan on every store opened (``curvalign --check``)
+CHECK_ENV = "CURVALIGN_CHECK_VALUES"
 
 
 class FeatureStoreError(CurvalignError, ValueError):
@@ -416,9 +423,9 @@ class FeatureStore:
                 changes["negative_token_mask"] = self.negative_token_mask[neg_ids]
         for name in ("image_paths", "image_texts"):
             if getattr(self, name) is not None:
-                changes[name] = [getattr(self, name)[i] for i in ids.tolist()]
+                changes[name] = _take_items(getattr(self, name), ids)
         if self.texts is not None:
-            changes["texts"] = [self.texts[i] for i in text_ids.tolist()]
+            changes["texts"] = _take_items(self.texts, text_ids)
         kept = {
             f: getattr(self, f)
             for f in TENSOR_FIELDS + LIST_FIELDS + ITEM_FIELDS
@@ -500,7 +507,9 @@ class FeatureStore:
         with staged_directory(target) as tmp:
             for name in TENSOR_FIELDS:
                 value = getattr(self, name)
-                if value is not None:
+                if isinstance(value, ShardedRows):
+                    _save_rows(tmp / f"{name}.npy", value)  # chunk by chunk, never whole
+                elif value is not None:
                     np.save(
                         tmp / f"{name}.npy",
                         _to_numpy(value, index=name in INDEX_FIELDS),
@@ -509,19 +518,34 @@ class FeatureStore:
             items = {f: list(getattr(self, f)) for f in ITEM_FIELDS if getattr(self, f) is not None}
             if items:
                 (tmp / ITEMS_FILE).write_text(json.dumps(items))
+            # validate() above scanned every float: record it with the sizes of the files it
+            # covers, so that load() opens the store without reading them again
+            header[VALUES_CHECKED_KEY] = {
+                "nonfinite_rows": 0,
+                "file_bytes": {
+                    f"{name}.npy": (tmp / f"{name}.npy").stat().st_size
+                    for name in FLOAT_FIELDS
+                    if getattr(self, name) is not None
+                },
+            }
             # meta.json last: a directory with meta.json is complete.
             (tmp / "meta.json").write_text(json.dumps(header, indent=1) + "\n")
         return target
 
     @classmethod
     def load(
-        cls, path: str | os.PathLike[str], mmap: bool = False, check_values: bool = True
+        cls, path: str | os.PathLike[str], mmap: bool = False, check_values: bool | None = None
     ) -> FeatureStore:
         """Read a store written by ``save`` and validate it.
 
         ``mmap=True`` memory-maps the float arrays (copy-on-write: the files are never modified),
-        so stores larger than memory can be read in chunks. ``check_values=False`` skips the
-        NaN/inf scan, which reads every float once.
+        so stores larger than memory can be read in chunks. The NaN/inf scan reads every float
+        once; ``save`` records in meta.json that it ran (``values_checked``), and with
+        ``check_values=None`` (the default) a store whose float files still have the recorded
+        sizes is opened without it: O(1) in the size of the store. ``True`` forces the scan (as
+        does the environment variable ``CURVALIGN_CHECK_VALUES=1``, ``curvalign --check``);
+        ``False`` skips it. A store without the record (written before it existed) is scanned
+        on every open, as before; saving it again records the scan.
         """
         root = Path(path).expanduser()
         where = f"feature store {root}"
@@ -604,6 +628,8 @@ class FeatureStore:
                 )
             values.update(items)
         store = cls(**values, meta=meta)
+        if check_values is None:
+            check_values = forced_value_check() or not _values_recorded(root, header)
         _validate(
             store,
             lambda name: (
@@ -663,6 +689,57 @@ class FeatureStore:
 
 
 # --- helpers ----------------------------------------------------------------------------------
+
+
+#: ``load_data(spec, check=True)`` sets this while its loader runs
+FORCE_VALUE_CHECK: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "curvalign_force_value_check", default=False
+)
+
+
+def forced_value_check() -> bool:
+    """True when the NaN/inf scan is asked for on every store opened: ``load_data(...,
+    check=True)`` or the environment variable ``CURVALIGN_CHECK_VALUES=1``
+    (``curvalign --check``, inherited by the processes of ``--nproc``)."""
+    if FORCE_VALUE_CHECK.get():
+        return True
+    return os.environ.get(CHECK_ENV, "").strip().lower() in ("1", "true", "yes")
+
+
+def _values_recorded(root: Path, header: dict[str, Any]) -> bool:
+    """True when meta.json records a clean NaN/inf scan of float files that still have the
+    recorded sizes (one ``stat`` per file; a file rewritten to another size is scanned again)."""
+    record = header.get(VALUES_CHECKED_KEY)
+    if not isinstance(record, dict) or record.get("nonfinite_rows") != 0:
+        return False
+    sizes = record.get("file_bytes")
+    if not isinstance(sizes, dict):
+        return False
+    present = {f"{name}.npy" for name in FLOAT_FIELDS if name in header.get("arrays", {})}
+    if set(sizes) != present:
+        return False
+    try:
+        return all((root / name).stat().st_size == size for name, size in sizes.items())
+    except OSError:
+        return False
+
+
+def _save_rows(path: Path, rows: ShardedRows) -> None:
+    """Write ``rows`` as one ``.npy`` file in chunks of about ``_SCAN_ELEMENTS`` values."""
+    n, width = int(rows.shape[0]), int(rows.shape[1])
+    out = np.lib.format.open_memmap(path, mode="w+", dtype=rows.shards[0].dtype, shape=(n, width))
+    step = max(1, _SCAN_ELEMENTS // max(1, width))
+    for start in range(0, n, step):
+        out[start : start + step] = rows[start : start + step].numpy()
+    out.flush()
+    del out
+
+
+def _take_items(values: Sequence[str], ids: Tensor) -> list[str]:
+    """``[values[i] for i in ids]``; a lazy parquet column reads each of its shards once."""
+    if isinstance(values, ParquetColumn):
+        return values.take(ids.numpy())
+    return [values[i] for i in ids.tolist()]
 
 
 def _rows(t: Tensor | None) -> int:
@@ -726,7 +803,7 @@ def _validate(
         value = getattr(store, name)
         if value is None:
             continue
-        if not isinstance(value, Tensor):
+        if not (is_row_source(value) if name in FLOAT_FIELDS else isinstance(value, Tensor)):
             fail(f"{describe(name)} must be a torch.Tensor, got {type(value).__name__}")
         if name in FLOAT_FIELDS and not value.is_floating_point():
             fail(f"{describe(name)} has dtype {value.dtype}; floating-point features expected")
@@ -742,8 +819,10 @@ def _validate(
             fail(f"{describe(name)} must be a list of strings")
     for name in ITEM_FIELDS:
         value = getattr(store, name)
-        if value is not None and (
-            not isinstance(value, (list, tuple)) or not all(isinstance(s, str) for s in value)
+        if (
+            value is not None
+            and not isinstance(value, ParquetColumn)
+            and (not isinstance(value, (list, tuple)) or not all(isinstance(s, str) for s in value))
         ):
             fail(f"{describe(name)} must be a list of strings (one per row)")
     for name, rows, what in (
@@ -948,11 +1027,12 @@ def _count_nonfinite_rows(values: Tensor) -> tuple[int, int]:
     if values.numel() == 0:
         return 0, -1
     rows = values.shape[0]
-    flat = values.reshape(rows, -1)
-    step = max(1, _SCAN_ELEMENTS // max(1, flat.shape[1]))
+    width = max(1, values.numel() // max(1, rows))
+    step = max(1, _SCAN_ELEMENTS // width)
     count, first = 0, -1
     for start in range(0, rows, step):
-        bad = ~torch.isfinite(flat[start : start + step]).all(dim=1)
+        chunk = values[start : start + step]  # a copy of one chunk for sharded rows, else a view
+        bad = ~torch.isfinite(chunk.reshape(chunk.shape[0], -1)).all(dim=1)
         n_bad = int(bad.sum())
         if n_bad and first < 0:
             first = start + int(torch.nonzero(bad)[0])

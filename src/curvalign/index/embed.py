@@ -267,10 +267,11 @@ def build_from_embeddings(
             meta={**base_meta, "key": key, "mode": "lorentz"},
         )
         return index.save(out)
-    if kind != "exact" and method != "hnsw":
+    if kind != "exact" and method not in ("hnsw", "ivfpq"):
         raise InputError(
             f"{recipe!r} is served by proxy candidates and a rerank with its own score; its "
-            f"approximate candidate index is HNSW (--ann hnsw), not {method!r}"
+            f"approximate candidate index is HNSW (--ann hnsw) or IVF-PQ (--ann ivfpq), "
+            f"not {method!r}"
         )
     if not base_meta["run_dir"]:
         raise InputError(
@@ -279,13 +280,13 @@ def build_from_embeddings(
     # embeddings record which weights they came from; older ones came from the last weights
     run = load_run(base_meta["run_dir"], weights=base_meta.get("weights") or "last")
     check_same_run(base_meta, run, f"the embeddings {emb.path}", "index build")
-    hnsw_options = {k: v for k, v in options.items() if k in ("M", "ef_construction", "ef_search")}
+    known = ("M", "ef_construction", "ef_search") if method == "hnsw" else ("nlist", "nprobe")
     engine = RecipeIndex(
         run.recipe,
         emb.side(side),
         side,
-        candidate_index="hnsw" if kind == "ann" else "flat",
-        **hnsw_options,
+        candidate_index=method if kind == "ann" else "flat",
+        **{k: v for k, v in options.items() if k in known and v is not None},
     )
     out = Path(out)
     if out.exists() and not (out / "index.json").exists() and any(out.iterdir()):
@@ -477,7 +478,7 @@ def add_embeddings(path: str | os.PathLike, emb: Embeddings) -> int:
 def open_rerank_engine(path: str | os.PathLike, raw: dict[str, Any], run: Any) -> RecipeIndex:
     """The ``RecipeIndex`` a rerank index directory describes (``raw`` = its index.json), scoring
     with ``run``'s recipe; refused if the run has trained further since the embeddings."""
-    import faiss
+    from curvalign.index.search import read_flat_or_faiss
 
     meta = raw["meta"]
     check_same_run(meta, run, f"the index {path}", "embed and index build")
@@ -488,7 +489,8 @@ def open_rerank_engine(path: str | os.PathLike, raw: dict[str, Any], run: Any) -
         database,
         meta["side"],
         proxy=raw.get("proxy"),
-        proxy_index=faiss.read_index(str(proxy_file)) if proxy_file.exists() else None,
+        # a flat proxy is scanned from the file in chunks, never loaded whole (FlatFile)
+        proxy_index=read_flat_or_faiss(proxy_file) if proxy_file.exists() else None,
     )
 
 

@@ -64,10 +64,12 @@ from torch import Tensor
 
 from curvalign.errors import InputError, NonFiniteError
 from curvalign.index.search import (
+    FlatFile,
     IndexMismatchError,
     build_hnsw_graph,
     database_vectors,
     hnsw_insert_graph,
+    in_memory,
     lorentz_time,
     poincare_ball,
     query_vectors,
@@ -81,6 +83,8 @@ ANGLE_ROUNDS = 4
 
 #: float32 elements of one block of proxy scores ``[queries, N]`` in a flat candidate scan
 SCAN_BLOCK = 1 << 24
+#: items whose proxy vectors are computed and added at a time to an IVF-PQ candidate index
+IVFPQ_CHUNK = 1 << 16
 
 
 def _np(t: Tensor) -> np.ndarray:
@@ -308,6 +312,9 @@ class RecipeIndex:
         M: int = 32,
         ef_construction: int = 80,
         ef_search: int = 256,
+        nlist: int | None = None,
+        nprobe: int = 32,
+        seed: int = 0,
     ) -> None:
         if side not in ("images", "texts"):
             raise InputError(f"side must be 'images' or 'texts', got {side!r}")
@@ -326,6 +333,8 @@ class RecipeIndex:
                     f"database has {n}; rebuild the index"
                 )
             self._index = proxy_index
+        elif candidate_index == "ivfpq":  # built chunk by chunk: no [N, D] copy of the proxy
+            self._index = self._build_ivfpq(n, nlist, nprobe, seed)
         else:
             vectors = self.proxy.database(self.database)
             if candidate_index == "flat":
@@ -338,12 +347,47 @@ class RecipeIndex:
                 self._index.hnsw.efSearch = int(ef_search)
             else:
                 raise InputError(
-                    f"candidate_index must be 'flat' or 'hnsw', got {candidate_index!r}"
+                    f"candidate_index must be 'flat', 'hnsw' or 'ivfpq', got {candidate_index!r}"
                 )
         self.ids = np.arange(n, dtype=np.int64) if ids is None else np.asarray(ids, dtype=np.int64)
         self.score_batch = score_batch
         self._vectors: Tensor | None = None  # the proxy vectors as a tensor, read on first search
         self._angle_row_cache: tuple[Tensor, Tensor, Tensor] | None = None  # y, t_y, |y|
+
+    def _rows(self, start: int, stop: int) -> Embedding:
+        return {key: v[start:stop] for key, v in self.database.items()}
+
+    def _build_ivfpq(self, n: int, nlist: int | None, nprobe: int, seed: int) -> faiss.Index:
+        """An IVF-PQ candidate index over the proxy vectors (approximate, for 10M+ items whose
+        flat proxy would not fit in memory): ``nlist`` cells (default ``sqrt(N)``) by k-means on
+        a seeded sample, each vector stored as ``D'/8`` one-byte PQ codes (the proxy padded with
+        zero columns to ``D'``, a multiple of 8; padding changes no inner product), ``nprobe``
+        cells visited per query. Vectors are computed and added ``IVFPQ_CHUNK`` rows at a time.
+        The candidates are reranked with the recipe's exact score like any others; only recall
+        is approximate (``benchmarks/data_scale.py`` measures it against the exact search)."""
+        if self.proxy.spec.kind == "angle":
+            raise InputError(
+                f"recipe {self.recipe.name!r} ranks by an angle, whose candidates come from a "
+                "flat scan or an HNSW graph; an IVF-PQ candidate index needs a dot-product proxy"
+            )
+        nlist = int(nlist or max(1, min(round(math.sqrt(n)), n // 39)))
+        rng = np.random.default_rng(seed)
+        sample_rows = np.sort(rng.choice(n, size=min(n, max(64 * nlist, 10_000)), replace=False))
+        sample = self.proxy.database(
+            {key: v[torch.from_numpy(sample_rows)] for key, v in self.database.items()}
+        )
+        d = sample.shape[1]
+        padded = -(-d // 8) * 8
+        remap = faiss.RemapDimensionsTransform(d, padded, False)
+        quantizer = faiss.IndexFlatIP(padded)
+        ivf = faiss.IndexIVFPQ(quantizer, padded, nlist, padded // 8, 8, faiss.METRIC_INNER_PRODUCT)
+        index = faiss.IndexPreTransform(remap, ivf)
+        index.train(np.ascontiguousarray(sample, dtype=np.float32))
+        for start in range(0, n, IVFPQ_CHUNK):
+            index.add(self.proxy.database(self._rows(start, min(n, start + IVFPQ_CHUNK))))
+        ivf.nprobe = int(nprobe)
+        # one self-contained object (it owns its quantizer and transform)
+        return faiss.deserialize_index(faiss.serialize_index(index))
 
     def _stored(self) -> Tensor:
         """The proxy vectors ``[N, D]`` of a flat candidate index as a tensor (read once)."""
@@ -380,7 +424,8 @@ class RecipeIndex:
         Faiss's flat search keeps a heap per query and was ~10x slower at K = 200.
         """
         vectors = np.ascontiguousarray(vectors, dtype=np.float32)
-        if self.candidate_index == "hnsw":
+        if self.candidate_index in ("hnsw", "ivfpq") or isinstance(self._index, FlatFile):
+            # a flat index file is scanned in chunks with a running top-k (bounded memory)
             return self._index.search(vectors, K)[1]
         stored, queries = self._stored(), torch.from_numpy(vectors)
         rows = [
@@ -435,7 +480,12 @@ class RecipeIndex:
     @property
     def candidate_index(self) -> str:
         """``"flat"`` (exhaustive proxy scan) or ``"hnsw"`` (approximate candidate graph)."""
-        return "hnsw" if isinstance(faiss.downcast_index(self._index), faiss.IndexHNSW) else "flat"
+        if isinstance(self._index, FlatFile):
+            return "flat"
+        index = faiss.downcast_index(self._index)
+        if isinstance(index, faiss.IndexPreTransform):
+            return "ivfpq"
+        return "hnsw" if isinstance(index, faiss.IndexHNSW) else "flat"
 
     def set_ef_search(self, ef_search: int) -> None:
         """HNSW candidate index: the search beam (at least the candidates asked for is used)."""
@@ -458,6 +508,7 @@ class RecipeIndex:
             raise IndexMismatchError(f"ids to add must be {m} ids not already in the index")
         vectors = self.proxy.database(new)
         everything = {k: torch.cat([self.database[k], new[k]]) for k in self.database}
+        self._index = in_memory(self._index)  # a flat index file is read whole to grow it
         if self.candidate_index == "hnsw":
             self._index = hnsw_insert_graph(self._index, self.proxy.graph(everything), vectors)
         else:
@@ -471,7 +522,7 @@ class RecipeIndex:
 
     def save_proxy(self, path: str) -> None:
         """Write the proxy vectors' Faiss index (``RecipeIndex(..., proxy_index=faiss.read_index(path))``)."""
-        faiss.write_index(self._index, str(path))
+        faiss.write_index(in_memory(self._index), str(path))
 
     def candidates(self, queries: Embedding, K: int) -> np.ndarray:
         """``[n, K]`` database rows with the largest proxy inner product."""

@@ -293,6 +293,7 @@ class LorentzIndex:
                 f"ids already in the index: {clash[:5]}{' ...' if len(clash) > 5 else ''}"
             )
         c = self.curvature
+        self._index = in_memory(self._index)  # a flat file is read whole to grow it
         if self.info.method == "hnsw":
             self._index = _hnsw_insert(self._index, x, c)
         elif self.info.method == "ivf":
@@ -444,7 +445,7 @@ class LorentzIndex:
         if path.exists() and not (path / "index.json").exists() and any(path.iterdir()):
             raise OverwriteError(f"{path} exists and is not a curvalign index; not overwriting it")
         with staged_directory(path) as tmp:
-            faiss.write_index(self._index, str(tmp / "index.faiss"))
+            faiss.write_index(in_memory(self._index), str(tmp / "index.faiss"))
             np.save(tmp / "ids.npy", np.asarray(self._ids))
             (tmp / "index.json").write_text(
                 json.dumps(self.info.__dict__, indent=2, sort_keys=True)
@@ -473,7 +474,8 @@ def load_index(path: str | os.PathLike) -> LorentzIndex:
     if raw.get("geometry") != GEOMETRY:
         raise IndexMismatchError(f"{path} holds {raw.get('geometry')} points, not Lorentz points")
     info = IndexInfo(**raw)
-    faiss_index = faiss.read_index(str(path / "index.faiss"))
+    # a flat (exact) index is scanned from the file in chunks, never loaded whole
+    faiss_index = read_flat_or_faiss(path / "index.faiss")
     ids = np.load(path / "ids.npy", mmap_mode="r")
     if faiss_index.ntotal != info.count or len(ids) != info.count or faiss_index.d != info.dim + 1:
         raise IndexMismatchError(
@@ -481,6 +483,194 @@ def load_index(path: str | os.PathLike) -> LorentzIndex:
             f"({len(ids)}) and index.json ({info.count} x {info.dim} + 1) disagree"
         )
     return LorentzIndex(faiss_index, info, ids)
+
+
+# --- flat index files scanned in chunks ----------------------------------------------------------
+
+#: bytes of stored vectors read per chunk of a flat scan (plus its [queries, rows] scores)
+FLAT_CHUNK_BYTES = 1 << 25
+#: float32 scores per chunk of a flat scan ([queries, rows])
+FLAT_SCORE_ELEMENTS = 1 << 24
+
+
+class FlatFile:
+    """A Faiss flat inner-product index file (``IndexFlatIP``) searched without loading it.
+
+    ``faiss.read_index`` reads the whole file into memory (2 GB for 1M x 512 float32), and
+    memory-mapping it (``IO_FLAG_MMAP_IFC``) does not help a search: a flat scan touches every
+    page, and the mapped pages then count in the process's resident memory until it exits
+    (measured: the same peak RSS either way). This reads the stored vectors with plain file
+    reads into one reused buffer of ``FLAT_CHUNK_BYTES`` (the page cache holds the file, not
+    the process) and keeps a running top-k, so resident memory is one chunk plus the
+    ``[n, k]`` answer, whatever N.
+    The file is the one ``faiss.write_index`` wrote (its vectors are its last ``N * d`` floats,
+    checked against the header's count and against Faiss's own reading of the first and last
+    rows), so indexes built before this existed are searched the same way.
+
+    It offers what ``LorentzIndex`` and ``RecipeIndex`` ask of a flat Faiss index: ``ntotal``,
+    ``d``, ``search(queries, k) -> (scores [n, k] float32, rows [n, k] int64)`` best first, and
+    ``reconstruct_batch``/``reconstruct_n``. Changing it (``add``) goes through ``to_faiss()``,
+    which reads it whole.
+    """
+
+    def __init__(self, path: Path, ntotal: int, d: int, offset: int) -> None:
+        self.path, self.ntotal, self.d, self.offset = path, int(ntotal), int(d), int(offset)
+
+    @classmethod
+    def open(cls, path: str | os.PathLike) -> FlatFile | None:
+        """The flat index in ``path``, or None when the file holds another kind of Faiss index."""
+        path = Path(path)
+        # IO_FLAG_MMAP_IFC maps the vectors instead of reading them: only the header is read
+        header = faiss.read_index(str(path), faiss.IO_FLAG_MMAP_IFC)
+        flat = faiss.downcast_index(header)
+        if type(flat) is not faiss.IndexFlatIP:
+            return None
+        n, d = int(flat.ntotal), int(flat.d)
+        offset = path.stat().st_size - 4 * n * d
+        with open(path, "rb") as fh:
+            fh.seek(offset - 8)
+            recorded = int(np.frombuffer(fh.read(8), dtype=np.uint64)[0])
+        out = cls(path, n, d, offset)
+        if recorded != n * d or (
+            n
+            and not (
+                np.array_equal(out.reconstruct_batch(np.array([0]))[0], flat.reconstruct(0))
+                and np.array_equal(
+                    out.reconstruct_batch(np.array([n - 1]))[0], flat.reconstruct(n - 1)
+                )
+            )
+        ):
+            return None  # a layout this reader does not know: let Faiss read it
+        return out
+
+    def _rows(self, start: int, stop: int, out: np.ndarray | None = None) -> np.ndarray:
+        """Stored rows ``start:stop`` ``[m, d]`` float32, read from the file (into ``out``'s
+        first rows when given, a buffer of at least ``m`` rows)."""
+        m = max(0, stop - start)
+        rows = np.empty((m, self.d), dtype=np.float32) if out is None else out[:m]
+        view = memoryview(rows.reshape(-1)).cast("B")
+        with open(self.path, "rb", buffering=0) as fh:
+            fh.seek(self.offset + 4 * self.d * start)
+            done = 0
+            while done < len(view):
+                got = fh.readinto(view[done:])
+                if not got:
+                    raise IndexMismatchError(f"{self.path}: the file ends inside its vectors")
+                done += got
+        return rows
+
+    def reconstruct_batch(self, rows: np.ndarray) -> np.ndarray:
+        """Stored vectors of ``rows`` ``[m]`` -> ``[m, d]`` float32, one read per distinct row
+        (not a memory map: the kernel maps the neighbours of every touched page as well, which
+        for scattered rows grew the resident memory by hundreds of MB)."""
+        rows = np.asarray(rows, dtype=np.int64).reshape(-1)
+        uniq, inverse = np.unique(rows, return_inverse=True)
+        out = np.empty((len(uniq), self.d), dtype=np.float32)
+        width = 4 * self.d
+        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            for j, row in enumerate(uniq.tolist()):
+                data = os.pread(fd, width, self.offset + width * row)
+                if len(data) != width:
+                    raise IndexMismatchError(f"{self.path}: the file ends inside its vectors")
+                out[j] = np.frombuffer(data, dtype=np.float32)
+        finally:
+            os.close(fd)
+        return out[inverse]
+
+    def reconstruct_n(self, start: int, count: int) -> np.ndarray:
+        return self._rows(int(start), int(start) + int(count))
+
+    def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Largest inner products: ``(scores [n, k] float32, rows [n, k] int64)``, best first
+        (``k`` is at most ``ntotal``). Chunk by chunk with a running top-k."""
+        import torch
+
+        q = torch.from_numpy(np.ascontiguousarray(queries, dtype=np.float32))
+        n, k = q.shape[0], min(int(k), self.ntotal)
+        best = torch.full((n, k), -torch.inf)
+        best_rows = torch.full((n, k), -1, dtype=torch.long)
+        if n == 0 or k == 0:
+            return best.numpy(), best_rows.numpy()
+        step = max(
+            1,
+            min(FLAT_CHUNK_BYTES // (4 * self.d), FLAT_SCORE_ELEMENTS // max(1, n)),
+        )
+        buffer = np.empty((min(step, self.ntotal), self.d), dtype=np.float32)  # reused
+        for start in range(0, self.ntotal, step):
+            chunk = torch.from_numpy(self._rows(start, min(self.ntotal, start + step), buffer))
+            scores = q @ chunk.T
+            top = torch.topk(scores, min(k, scores.shape[1]), dim=1)
+            merged = torch.cat([best, top.values], dim=1)
+            merged_rows = torch.cat([best_rows, top.indices + start], dim=1)
+            keep = torch.topk(merged, k, dim=1).indices
+            best = torch.gather(merged, 1, keep)
+            best_rows = torch.gather(merged_rows, 1, keep)
+        return best.numpy(), best_rows.numpy()
+
+    def to_faiss(self) -> faiss.Index:
+        """The index read whole into memory (to change it)."""
+        return faiss.read_index(str(self.path))
+
+
+def _flat_header(d: int, n: int) -> bytes:
+    """The bytes ``faiss.write_index`` puts before the vectors of an ``IndexFlatIP`` of ``n``
+    rows of width ``d``: Faiss's own header of an empty index with its two counts (rows, and
+    floats of the vector block) set, located by comparing it with a one-row index."""
+    empty = faiss.serialize_index(faiss.IndexFlatIP(d)).tobytes()
+    one_index = faiss.IndexFlatIP(d)
+    one_index.add(np.zeros((1, d), dtype=np.float32))
+    one = faiss.serialize_index(one_index).tobytes()[: len(empty)]
+
+    def at(data: bytes, i: int) -> int:
+        return int(np.frombuffer(data[i : i + 8], dtype=np.uint64)[0])
+
+    rows_at = next(i for i in range(len(empty) - 7) if at(empty, i) == 0 and at(one, i) == 1)
+    floats_at = len(empty) - 8
+    if at(one, floats_at) != d:
+        raise IndexMismatchError("unexpected Faiss flat index layout; write the index with Faiss")
+    header = bytearray(empty)
+    header[rows_at : rows_at + 8] = np.uint64(n).tobytes()
+    header[floats_at:] = np.uint64(n * d).tobytes()
+    return bytes(header)
+
+
+def write_flat_index(path: str | os.PathLike, d: int, chunks: Any) -> FlatFile:
+    """Write a Faiss ``IndexFlatIP`` file from ``chunks`` (an iterable of ``[m, d]`` float32
+    arrays) without holding more than one chunk: the index of any size that ``FlatFile``
+    searches (and ``faiss.read_index`` reads). Written to a temporary name, then renamed."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".partial")
+    n = 0
+    with open(tmp, "wb") as fh:
+        fh.write(_flat_header(d, 0))
+        for chunk in chunks:
+            rows = np.ascontiguousarray(chunk, dtype=np.float32)
+            if rows.ndim != 2 or rows.shape[1] != d:
+                raise IndexMismatchError(f"chunk of shape {list(rows.shape)}; [m, {d}] expected")
+            fh.write(rows.tobytes())
+            n += rows.shape[0]
+        fh.seek(0)
+        fh.write(_flat_header(d, n))  # the counts, now known (same length)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    flat = FlatFile.open(path)
+    if flat is None or flat.ntotal != n:
+        raise IndexMismatchError(f"{path}: the written flat index does not read back")
+    return flat
+
+
+def read_flat_or_faiss(path: str | os.PathLike) -> faiss.Index | FlatFile:
+    """A Faiss index file for searching: a flat one as a ``FlatFile`` (memory bounded by a
+    chunk), any other read by Faiss."""
+    flat = FlatFile.open(path)
+    return flat if flat is not None else faiss.read_index(str(path))
+
+
+def in_memory(index: faiss.Index | FlatFile) -> faiss.Index:
+    """``index`` as a Faiss index in memory (a ``FlatFile`` is read whole), to add to or save."""
+    return index.to_faiss() if isinstance(index, FlatFile) else index
 
 
 # --- construction --------------------------------------------------------------------------------
@@ -676,6 +866,7 @@ __all__ = [
     "IndexInfo",
     "IndexMismatchError",
     "LorentzIndex",
+    "FlatFile",
     "build_index",
     "database_vectors",
     "distance_from_excess",
@@ -685,4 +876,6 @@ __all__ = [
     "lorentz_time",
     "poincare_ball",
     "query_vectors",
+    "read_flat_or_faiss",
+    "write_flat_index",
 ]

@@ -1,0 +1,239 @@
+"""Sharded arrays read as one: embeddings split over many ``.npy`` files, memory-mapped in place.
+
+clip-retrieval, img2dataset and most embedding dumps write ``[n_k, D]`` arrays shard by shard
+(``img_emb_0.npy``, ``img_emb_1.npy``, ...). ``ShardedRows`` presents them as one ``[N, D]``
+array without concatenating them: every shard stays a read-only memory map, a global row ``i``
+lives in shard ``k = searchsorted(offsets, i, "right") - 1`` at local row ``i - offsets[k]``,
+and only the rows asked for are read and copied. It has what the rest of curvalign asks of a
+store's feature field: ``shape``, ``dtype``, ``dim()``, ``numel()``, ``is_floating_point()``,
+``len()`` and ``rows[index]`` for an int, a slice, or a 1-D index tensor / array / list (a
+boolean mask too), which returns a new ``torch.Tensor`` in the shards' dtype (float16 stays
+float16). Operations on the whole array (``.float()``, arithmetic) are deliberately absent:
+they would copy it all.
+
+``ParquetColumn`` does the same for one string column of sharded parquet files (captions,
+URLs), read a shard at a time with pyarrow (an optional dependency: ``pip install
+'curvalign[parquet]'``); only the row counts are read when it is opened.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from curvalign.errors import CurvalignError
+
+
+class ShardError(CurvalignError, ValueError):
+    """Shards that cannot be read as one array (missing, unreadable, mismatched widths)."""
+
+
+_TORCH_DTYPES = {
+    np.dtype(np.float16): torch.float16,
+    np.dtype(np.float32): torch.float32,
+    np.dtype(np.float64): torch.float64,
+}
+
+
+class ShardedRows:
+    """``[N, D]`` rows spread over memory-mapped ``[n_k, D]`` shards (see the module docstring)."""
+
+    def __init__(self, shards: Sequence[np.ndarray], names: Sequence[str] | None = None) -> None:
+        if not shards:
+            raise ShardError("no shards given")
+        names = list(names) if names is not None else [f"shard {k}" for k in range(len(shards))]
+        if len(names) != len(shards):
+            raise ShardError(f"{len(names)} names for {len(shards)} shards")
+        first = shards[0]
+        for name, shard in zip(names, shards, strict=True):
+            if shard.ndim != 2:
+                raise ShardError(
+                    f"{name}: shape {list(shard.shape)}, a 2-D [rows, dim] array expected"
+                )
+            if shard.shape[1] != first.shape[1] or shard.dtype != first.dtype:
+                raise ShardError(
+                    f"{name}: {shard.dtype} [., {shard.shape[1]}] but {names[0]} is "
+                    f"{first.dtype} [., {first.shape[1]}]; every shard must have one dtype and width"
+                )
+            if shard.dtype not in _TORCH_DTYPES:
+                raise ShardError(
+                    f"{name}: {shard.dtype} values; float16, float32 or float64 expected"
+                )
+        self.shards = list(shards)
+        self.names = names
+        #: [S + 1] first global row of each shard, then N
+        self.offsets = np.concatenate([[0], np.cumsum([len(s) for s in shards])]).astype(np.int64)
+
+    @classmethod
+    def open(cls, paths: Sequence[str | os.PathLike[str]]) -> ShardedRows:
+        """Memory-map each ``.npy`` file of ``paths`` read-only (nothing is read but headers)."""
+        arrays = []
+        for path in paths:
+            try:
+                arrays.append(np.load(path, mmap_mode="r", allow_pickle=False))
+            except (OSError, ValueError, EOFError) as exc:
+                raise ShardError(f"{path}: not a readable .npy array ({exc})") from None
+        return cls(arrays, [str(p) for p in paths])
+
+    # --- what a store's feature field offers --------------------------------------------------
+
+    @property
+    def shape(self) -> torch.Size:
+        return torch.Size((int(self.offsets[-1]), int(self.shards[0].shape[1])))
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return _TORCH_DTYPES[self.shards[0].dtype]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(int(s.nbytes) for s in self.shards)
+
+    def dim(self) -> int:
+        return 2
+
+    def numel(self) -> int:
+        return int(self.shape[0]) * int(self.shape[1])
+
+    def is_floating_point(self) -> bool:
+        return True
+
+    def __len__(self) -> int:
+        return int(self.offsets[-1])
+
+    def __repr__(self) -> str:
+        return f"ShardedRows({len(self)}x{self.shape[1]} {self.dtype}, {len(self.shards)} shards)"
+
+    def __getitem__(self, index: Any) -> Tensor:
+        """Rows ``index`` as a new tensor: ``[D]`` for an int, ``[n, D]`` otherwise. A tuple
+        ``(rows, cols)`` selects rows first, then indexes the result with ``cols``."""
+        if isinstance(index, tuple):
+            rows, *rest = index
+            return self[rows][(slice(None), *rest)]
+        n = len(self)
+        if isinstance(index, (int, np.integer)) or (isinstance(index, Tensor) and index.dim() == 0):
+            i = int(index)
+            if not -n <= i < n:
+                raise IndexError(f"row {i} out of range for {n} rows")
+            return self._gather(np.array([i % n]))[0]
+        if isinstance(index, slice):
+            start, stop, step = index.indices(n)
+            if step == 1:
+                return self._contiguous(start, max(start, stop))
+            return self._gather(np.arange(start, stop, step))
+        ids = index.cpu().numpy() if isinstance(index, Tensor) else np.asarray(index)
+        if ids.dtype == np.bool_:
+            if ids.shape != (n,):
+                raise IndexError(f"boolean mask of shape {list(ids.shape)} for {n} rows")
+            ids = np.flatnonzero(ids)
+        if ids.ndim != 1 or (ids.size and ids.dtype.kind not in "iu"):
+            raise IndexError(
+                f"rows must be an int, a slice or a 1-D integer index; got {ids.dtype} {list(ids.shape)}"
+            )
+        ids = ids.astype(np.int64, copy=False)
+        if ids.size and (ids.min() < -n or ids.max() >= n):
+            raise IndexError(f"row index out of range for {n} rows (got {ids.min()}..{ids.max()})")
+        return self._gather(np.where(ids < 0, ids + n, ids))
+
+    def _contiguous(self, start: int, stop: int) -> Tensor:
+        """Rows ``start:stop``: one copy of those rows, read shard by shard."""
+        out = np.empty((stop - start, self.shape[1]), dtype=self.shards[0].dtype)
+        first = int(np.searchsorted(self.offsets, start, side="right")) - 1
+        k, row = max(first, 0), start
+        while row < stop:
+            lo, hi = int(self.offsets[k]), int(self.offsets[k + 1])
+            end = min(stop, hi)
+            out[row - start : end - start] = self.shards[k][row - lo : end - lo]
+            row, k = end, k + 1
+        return torch.from_numpy(out)
+
+    def _gather(self, ids: np.ndarray) -> Tensor:
+        """Rows ``ids`` (in range, non-negative) in that order; each shard is read once, in
+        ascending row order (sequential pages on disk)."""
+        out = np.empty((ids.size, self.shape[1]), dtype=self.shards[0].dtype)
+        if ids.size == 0:
+            return torch.from_numpy(out)
+        shard = np.searchsorted(self.offsets, ids, side="right") - 1
+        order = np.lexsort((ids, shard))
+        bounds = np.flatnonzero(np.diff(shard[order])) + 1
+        for part in np.split(order, bounds):
+            k = int(shard[part[0]])
+            out[part] = self.shards[k][ids[part] - self.offsets[k]]
+        return torch.from_numpy(out)
+
+
+def is_row_source(value: Any) -> bool:
+    """True for what a store's feature field may hold: a tensor or ``ShardedRows``."""
+    return isinstance(value, (Tensor, ShardedRows))
+
+
+def require_pyarrow(what: str) -> Any:
+    """The ``pyarrow.parquet`` module, or a ShardError saying how to install it."""
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise ShardError(
+            f"{what} needs pyarrow to read parquet metadata: pip install 'curvalign[parquet]'"
+        ) from None
+    return pq
+
+
+class ParquetColumn(Sequence[str]):
+    """One string column over sharded parquet files, ``len()`` from their footers, rows read a
+    shard at a time on demand (the last shard read is kept). ``take(ids)`` reads each shard it
+    needs once. A null value reads as ``""``."""
+
+    def __init__(self, paths: Sequence[str | os.PathLike[str]], column: str) -> None:
+        pq = require_pyarrow("a parquet column")
+        self.paths = [Path(p) for p in paths]
+        self.column = column
+        counts = []
+        for path in self.paths:
+            try:
+                file = pq.ParquetFile(path)
+            except Exception as exc:  # pyarrow raises its own error types for a bad file
+                raise ShardError(f"{path}: not a readable parquet file ({exc})") from None
+            if column not in file.schema_arrow.names:
+                raise ShardError(f"{path}: no column {column!r} (it has {file.schema_arrow.names})")
+            counts.append(file.metadata.num_rows)
+        self.offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        self._cached: tuple[int, list[str]] | None = None
+
+    def __len__(self) -> int:
+        return int(self.offsets[-1])
+
+    def _shard(self, k: int) -> list[str]:
+        if self._cached is None or self._cached[0] != k:
+            pq = require_pyarrow("a parquet column")
+            values = pq.read_table(self.paths[k], columns=[self.column]).column(0).to_pylist()
+            self._cached = (k, ["" if v is None else str(v) for v in values])
+        return self._cached[1]
+
+    def __getitem__(self, index: Any) -> Any:  # int -> str, slice -> list[str]
+        if isinstance(index, slice):
+            return self.take(range(*index.indices(len(self))))
+        i = int(index)
+        n = len(self)
+        if not -n <= i < n:
+            raise IndexError(f"row {i} out of range for {n} rows")
+        i %= n
+        k = int(np.searchsorted(self.offsets, i, side="right")) - 1
+        return self._shard(k)[i - int(self.offsets[k])]
+
+    def take(self, ids: Sequence[int] | np.ndarray) -> list[str]:
+        """``[self[i] for i in ids]``, reading each shard once."""
+        ids = np.asarray(ids, dtype=np.int64)
+        out: list[str] = [""] * ids.size
+        shard = np.searchsorted(self.offsets, ids, side="right") - 1
+        for k in np.unique(shard):
+            rows = self._shard(int(k))
+            where = np.flatnonzero(shard == k)
+            for j, i in zip(where.tolist(), (ids[where] - self.offsets[k]).tolist(), strict=True):
+                out[j] = rows[i]
+        return out
