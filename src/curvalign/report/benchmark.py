@@ -257,7 +257,7 @@ def run_benchmark(
     from curvalign.eval.frozen import ROW_NAME, FrozenFeatures, shared_space_reason
     from curvalign.eval.health import health_of_run
     from curvalign.recipes import recipe_names
-    from curvalign.runs import load_run, read_log
+    from curvalign.runs import load_run, read_log, recipe_input_dims
     from curvalign.train.trainer import build_model, train
 
     started = time.perf_counter()
@@ -354,7 +354,8 @@ def run_benchmark(
             row["warnings"] += [f"seed {seed}: {w}" for w in health["warnings"]]
             trained_evals.append(evaluation)
             result.run_dirs[name].append(Path(run_dir))
-            untrained = build_model(loaded.config, store.image_dim, store.text_dim)
+            # the widths the recipe takes on this store (the token width for a token reader)
+            untrained = build_model(loaded.config, *recipe_input_dims(loaded.config, store))
             untrained_evals.append(
                 evaluate(untrained.eval(), store, split=split, diagnostics=False)
             )

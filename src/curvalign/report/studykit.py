@@ -363,15 +363,13 @@ class Bench:
     def untrained(self, recipe: str, extra: Iterable[str], seed: int) -> Any:
         """The recipe as initialised with ``seed`` (the untrained-head baseline), in eval mode."""
         from curvalign.config import resolve_config
-        from curvalign.runs import build_recipe
+        from curvalign.runs import build_recipe, recipe_input_dims
 
         config = resolve_config(
             recipe, self.spec, steps=self.steps, overrides=[*self.overrides, *extra, f"seed={seed}"]
         )
         torch.manual_seed(seed)
-        model = build_recipe(
-            config, self.store.image_features.shape[-1], self.store.text_features.shape[-1]
-        )
+        model = build_recipe(config, *recipe_input_dims(config, self.store))
         model.eval()
         return model
 
