@@ -343,3 +343,44 @@ def test_token_pooling_dualpath_benchmark_runs_end_to_end(tmp_path: Path):
     )
     assert result.rows["dualpath"]["status"] == "ok", result.rows["dualpath"]
     assert any(row.get("kind") == "untrained" for row in result.rows.values())
+
+
+_CAPPED = """
+import gc, resource, sys
+import torch
+sys.path.insert(0, {tests!r})
+import test_readout as T
+from curvalign.train.validation import ValidationSet
+n = {n}
+store = T._val_store(n)
+recipe = T._recipe("clip")
+validation = ValidationSet(store, max_images=0)
+validation.score(recipe)  # warm: every lazy allocation of the path made before the cap
+gc.collect()
+pages = int(open("/proc/self/statm").read().split()[5])  # data + stack, in pages
+cap = pages * resource.getpagesize() + {headroom}
+resource.setrlimit(resource.RLIMIT_DATA, (cap, cap))
+try:
+    torch.empty(n, n)  # what the dense path allocated first
+    print("dense fits")
+except RuntimeError:
+    print("dense refused")
+print("score", validation.score(recipe))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/statm").exists(), reason="needs Linux /proc")
+def test_validation_split_larger_than_a_dense_matrix_could_hold(tmp_path: Path):
+    """Under a data-segment cap of 24 MiB above what the process holds, a 4000 x 4000 float32
+    matrix (61 MiB) cannot be allocated, and validation over those 4000 images still runs."""
+    import subprocess
+    import sys
+
+    script = _CAPPED.format(tests=str(Path(__file__).parent), n=4000, headroom=24 * 2**20)
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=600
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "dense refused" in out.stdout
+    assert "score " in out.stdout
