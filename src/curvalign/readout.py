@@ -125,7 +125,7 @@ def _concat(parts: list[Embedding], what: str) -> Embedding:
     try:
         return {k: torch.cat([p[k] for p in parts], dim=0) for k in parts[0]}
     except (RuntimeError, MemoryError) as err:
-        raise _memory_error(err, f"the {what} embeddings") from None
+        raise _memory_error(err, f"the embeddings of the {what} (use a smaller split)") from None
 
 
 @torch.no_grad()
@@ -225,10 +225,8 @@ def _memory_error(err: BaseException, what: str) -> BaseException:
     ``err`` itself (a bug shows its own traceback)."""
     text = str(err).lower()
     if isinstance(err, MemoryError) or "alloc" in text or "out of memory" in text:
-        return MemoryBudgetError(
-            f"{what} do not fit in memory ({str(err).splitlines()[0] if str(err) else err!r}); "
-            "use a smaller split or batch"
-        )
+        first = str(err).splitlines()[0] if str(err) else repr(err)
+        return MemoryBudgetError(f"{what}: more than this machine's memory holds ({first})")
     return err
 
 
@@ -260,7 +258,9 @@ def score_matrix(
     except (RuntimeError, MemoryError) as err:
         gb = 4 * n_text * n_image / 2**30
         raise _memory_error(
-            err, f"the dense {n_text} x {n_image} score matrix ({gb:.1f} GiB float32)"
+            err,
+            f"the dense {n_text} x {n_image} score matrix ({gb:.1f} GiB float32; retrieval "
+            "ranks need none: readout.retrieval_ranks)",
         ) from None
     for start in range(0, n_text, rows):
         out[start : start + rows] = (
