@@ -47,6 +47,7 @@ from curvalign.errors import ConfigError, TrainError
 from curvalign.recipes.base import Batch, Gather, LossOutput, Progress, Recipe
 from curvalign.runs import (
     CONFIG_FILE,
+    META_FILE,
     RUN_FILES,
     STATE_FILE,
     TB_DIR,
@@ -136,9 +137,12 @@ def local_rows(batch: Batch, gather: Gather) -> Batch:
 
 
 def rng_state() -> dict[str, Any]:
+    """Every RNG's state, in types ``torch.load(weights_only=True)`` reads (numpy's key array
+    as a tensor: no pickled numpy object in ``state.pt``)."""
+    kind, keys, pos, has_gauss, gauss = np.random.get_state()
     state = {
         "torch": torch.get_rng_state(),
-        "numpy": np.random.get_state(),
+        "numpy": (kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, gauss),
         "python": random.getstate(),
     }
     if torch.cuda.is_available() and torch.cuda.is_initialized():
@@ -148,7 +152,9 @@ def rng_state() -> dict[str, Any]:
 
 def set_rng_state(state: Mapping[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
-    np.random.set_state(state["numpy"])
+    kind, keys, *rest = state["numpy"]
+    keys = keys.numpy() if isinstance(keys, Tensor) else np.asarray(keys)
+    np.random.set_state((kind, keys.astype(np.uint32), *rest))
     random.setstate(state["python"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
@@ -782,6 +788,22 @@ def _describe_existing(run_dir: Path) -> str:
     return what
 
 
+def _refuse_restart_over_progress(run_dir: Path) -> None:
+    """Raise ``CheckpointError`` when ``meta.json`` records trained steps but ``state.pt`` (what
+    resume reads) is gone: starting again from step 0 would overwrite the trained weights."""
+    try:
+        meta = read_meta(run_dir)
+    except CheckpointError:
+        return  # no meta.json: the first checkpoint was never completed
+    recorded = int(meta.get("step") or 0)
+    if recorded > 0:
+        raise CheckpointError(
+            f"cannot resume {run_dir}: {META_FILE} records step {recorded} but "
+            f"{run_dir / STATE_FILE} is missing; nothing was overwritten (restore {STATE_FILE}, "
+            "or train into a new directory, or pass --overwrite to start again from step 0)"
+        )
+
+
 def _resume_config(
     run_dir: Path,
     recipe: str | None,
@@ -855,6 +877,7 @@ def train(
         config = _resume_config(run_dir, recipe, data_spec, steps, overrides, config_file)
         resuming = (run_dir / STATE_FILE).exists()
         if not resuming:
+            _refuse_restart_over_progress(run_dir)
             notify(f"{run_dir} has a config but no checkpoint yet: starting it from step 0")
     else:
         if resume and non_empty:
