@@ -71,3 +71,74 @@ def test_a_planted_pickle_in_state_pt_is_never_executed(trained, tmp_path, check
     (line,) = _error_lines(result.stderr)
     assert str(run / "state.pt") in line, line
     assert not marker.exists()
+
+
+# --- item 5: the kernel cache loads only what it built -------------------------------------------
+
+_PLANT = r"""
+#include <stdio.h>
+__attribute__((constructor)) static void planted(void) {
+    FILE *f = fopen(MARKER, "w"); if (f) fclose(f);
+}
+"""
+
+_LOAD = """
+import sys, warnings
+from curvalign.geometry import _fused_l1 as m
+if sys.argv[1] == "target":
+    print(m.KERNEL.target())
+else:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        lib = m.KERNEL.load()
+    print("loaded" if lib is not None else "refused", *[str(w.message) for w in caught])
+"""
+
+
+def _kernel(cache: Path, what: str) -> str:
+    result = _run_python(_LOAD, what, env={"TORCH_EXTENSIONS_DIR": str(cache)})
+    assert result.returncode == 0, result.stderr
+    return result.stdout.strip()
+
+
+def _run_python(code: str, *args: str, env: dict[str, str]):
+    import subprocess
+    import sys
+
+    from test_faults import _env
+
+    return subprocess.run(
+        [sys.executable, "-c", code, *args],
+        env={**_env(), **env},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+@pytest.mark.parametrize("how", ["unrecorded", "open-directory"])
+def test_a_planted_kernel_library_is_never_loaded(tmp_path, how):
+    if shutil.which("gcc") is None:
+        pytest.skip("no C compiler to build the planted library")
+    import subprocess
+
+    cache = tmp_path / "cache"
+    marker = tmp_path / "planted-ran"
+    target = Path(_kernel(cache, "target"))
+    target.parent.mkdir(parents=True)
+    source = tmp_path / "plant.c"
+    source.write_text(_PLANT.replace("MARKER", json.dumps(str(marker))))
+    built = subprocess.run(
+        ["gcc", "-shared", "-fPIC", "-o", str(target), str(source)], capture_output=True
+    )
+    assert built.returncode == 0, built.stderr
+    if how == "open-directory":  # a shared cache: the planter also wrote a matching record
+        target.with_name(target.name + ".sha256").write_text(sha256_file(target) + "\n")
+        target.parent.chmod(0o777)
+    outcome = _kernel(cache, "load")
+    assert not marker.exists(), outcome
+    if how == "open-directory":
+        assert outcome.startswith("refused") and "writable by others" in outcome, outcome
+    else:  # rebuilt from the source in place of the planted file
+        assert outcome.startswith("loaded"), outcome
+        assert sha256_file(target) == target.with_name(target.name + ".sha256").read_text().strip()
