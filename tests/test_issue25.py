@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from curvalign._io import sha256_file
-from test_faults import _cli, _error_lines, _invoke, _train, tiny_filesystem  # noqa: F401
+from test_faults import _cli, _error_lines, _invoke, _mount_tmpfs, _train
 
 
 @pytest.fixture(scope="module")
@@ -142,3 +142,108 @@ def test_a_planted_kernel_library_is_never_loaded(tmp_path, how):
     else:  # rebuilt from the source in place of the planted file
         assert outcome.startswith("loaded"), outcome
         assert sha256_file(target) == target.with_name(target.name + ".sha256").read_text().strip()
+
+
+# --- item 2: a full disk under embed -------------------------------------------------------------
+
+
+@pytest.fixture
+def tiny_filesystem(tmp_path):
+    yield from _mount_tmpfs(tmp_path, "size=1m")
+
+
+def test_embed_onto_a_full_disk_is_one_line_and_leaves_no_temporary(tmp_path, tiny_filesystem):
+    from curvalign.train.trainer import train
+
+    run = train("clip", "synthetic", tmp_path / "run", steps=1, show_progress=False)  # ~6 MiB
+    out = tiny_filesystem / "emb"
+    result = _cli("embed", run, "--out", out, "-q")
+    assert result.returncode == 2, result.stderr  # not -7 (SIGBUS from a memory map)
+    (line,) = _error_lines(result.stderr)
+    assert "no space left on the device" in line and "MiB free" in line, line
+    assert f"nothing was written at {out}" in line and "Traceback" not in result.stderr
+    assert list(tiny_filesystem.iterdir()) == []  # the .emb.tmp-* directory is gone
+
+
+# --- item 4: damaged embeddings and indexes are named --------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def meru_embedded(tmp_path_factory):
+    root = tmp_path_factory.mktemp("issue25-meru")
+    run = _train(root / "run", steps=3, recipe="meru")
+    code, text = _invoke("embed", run, "--out", root / "emb", "-q")
+    assert code == 0, text
+    code, text = _invoke("index", "build", root / "emb", "--out", root / "idx")
+    assert code == 0, text
+    return root
+
+
+@pytest.mark.parametrize("recorded", [True, False])
+def test_a_truncated_embedding_file_is_named_in_one_line(meru_embedded, tmp_path, recorded):
+    emb = shutil.copytree(meru_embedded / "emb", tmp_path / "emb")
+    damaged = emb / "images.point.npy"
+    with open(damaged, "r+b") as handle:
+        handle.truncate(damaged.stat().st_size // 2)
+    if not recorded:  # embeddings written before checksums: the read itself is checked
+        meta = json.loads((emb / "embedding.json").read_text())
+        del meta["sha256"]
+        (emb / "embedding.json").write_text(json.dumps(meta))
+    code, text = _invoke("index", "build", emb, "--out", tmp_path / "idx")
+    assert code == 2, text
+    (line,) = _error_lines(text)
+    assert str(damaged) in line and "curvalign embed" in line, line
+    assert ("SHA-256" in line) == recorded and "Traceback" not in text
+
+
+def test_a_damaged_index_file_is_named_before_it_is_read(meru_embedded, tmp_path):
+    idx = shutil.copytree(meru_embedded / "idx", tmp_path / "idx")
+    with open(idx / "index.faiss", "ab") as handle:
+        handle.write(b"\0\0")
+    code, text = _invoke("index", "search", idx, "--query-text-ids", "0")
+    assert code == 2, text
+    (line,) = _error_lines(text)
+    assert str(idx / "index.faiss") in line and "SHA-256" in line, line
+
+
+# --- item 3: serve on a busy port ----------------------------------------------------------------
+
+
+def test_serve_on_a_busy_port_fails_first_without_serving(tmp_path) -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        # neither run nor index exists: the port must be refused before either is looked at
+        result = _cli(
+            "serve", tmp_path / "no-run", "--index", tmp_path / "no-index", "--port", port
+        )
+    assert result.returncode == 2, result.stderr
+    assert "serving" not in result.stdout
+    assert result.stderr.strip().splitlines() == [
+        f"error: cannot serve on 127.0.0.1:{port}: the port is already in use (choose another "
+        "--port or stop what listens there)"
+    ]
+
+
+# --- item 6: a benchmark over recipes some of which cannot run -----------------------------------
+
+
+def test_a_refused_benchmark_says_which_recipes_to_type(tmp_path):
+    from _train_toy import toy_store
+    from curvalign.errors import ConfigError
+    from curvalign.report.benchmark import run_benchmark
+
+    store = toy_store(num_images=40, test_images=10)  # no boxes, no text pairs
+    asked = ["clip", "hycoclip", "meru", "dualpath"]
+    with pytest.raises(ConfigError) as info:
+        run_benchmark(asked, store, tmp_path / "b", steps=2, show_progress=False)
+    message = str(info.value)
+    assert message.endswith("to benchmark the 2 that can run, pass --recipes clip,meru"), message
+    typed = message.rsplit("--recipes ", 1)[1].split(",")
+    result = run_benchmark(
+        typed, store, tmp_path / "b", steps=2, seeds=1, show_progress=False, plots=False
+    )  # what the message says to type does run
+    assert set(result.run_dirs) == {"clip", "meru"}

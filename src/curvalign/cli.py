@@ -968,6 +968,12 @@ def serve_command(
     ),
 ) -> None:
     """A local HTTP service and page: POST /search, GET /health, GET / (docs/search.md)."""
+    from curvalign._net import bind_port
+
+    try:  # the port first: a busy one fails at once, before seconds of loading
+        sock = bind_port(host, port)
+    except CurvalignError as err:
+        fail(str(err))
     from curvalign.index.serve import serve
 
     try:
@@ -981,12 +987,20 @@ def serve_command(
             err=True,
             fg=typer.colors.YELLOW,
         )
-    typer.echo(
-        f"serving {searcher.info()['recipe']} search on http://{host}:{port}/ (Ctrl-C stops)"
-    )
+    bound = sock.getsockname()[1]  # --port 0: the port the system chose
+
+    def ready() -> None:  # printed once the server listens, not before
+        recipe = searcher.info()["recipe"]
+        typer.echo(f"serving {recipe} search on http://{host}:{bound}/ (Ctrl-C stops)")
+
     try:
-        serve(searcher, host=host, port=port, max_upload_bytes=int(max_upload_mb * 1024 * 1024))
-    except (CurvalignError, OSError) as err:  # OSError: the port is taken
+        serve(
+            searcher,
+            max_upload_bytes=int(max_upload_mb * 1024 * 1024),
+            sock=sock,
+            on_ready=ready,
+        )
+    except (CurvalignError, OSError) as err:
         fail(str(err))
 
 
