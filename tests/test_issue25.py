@@ -247,3 +247,56 @@ def test_a_refused_benchmark_says_which_recipes_to_type(tmp_path):
         typed, store, tmp_path / "b", steps=2, seeds=1, show_progress=False, plots=False
     )  # what the message says to type does run
     assert set(result.run_dirs) == {"clip", "meru"}
+
+
+# --- item 7: silent skips, units, a best step of 0 -----------------------------------------------
+
+
+def test_suite_names_the_sub_folders_it_skipped_and_labels_units(tmp_path):
+    from _train_toy import toy_store
+    from curvalign.train.trainer import train
+
+    suite = tmp_path / "suite"
+    toy_store(num_images=40, test_images=10).save(suite / "toy")
+    (suite / "empty").mkdir()
+    (suite / "notes").mkdir()
+    (suite / "notes" / "README.txt").write_text("not a store")
+    run = train(
+        "clip", f"features:{suite / 'toy'}", tmp_path / "run", steps=2,
+        overrides=["batch_size=8", "val_every=0"], show_progress=False,
+    )  # fmt: skip
+    code, text = _invoke("eval", run, "--suite", suite, "--out", tmp_path / "out")
+    assert code == 0, text
+    assert "- empty (clip): not a feature store (it is empty;" in text, text
+    assert "- notes (clip): not a feature store (it holds no meta.json;" in text, text
+    assert "| value | unit |" in text and "| % |" in text
+
+
+def test_tree_distances_are_labelled_as_tree_edges_not_percent():
+    from curvalign.report.suite import SuiteResult, suite_markdown
+
+    row = dict(dataset="d", model="m", task="hierarchical_classification", protocol="")
+    rows = [
+        {**row, "metric": "TIE", "value": 2.5, "reported": True},
+        {**row, "metric": "J", "value": 0.25, "reported": True},
+    ]
+    table = suite_markdown(SuiteResult(rows=rows))
+    assert "| TIE | 2.500 | tree edges |" in table and "| J | 25.0 | % |" in table, table
+    assert "value (%)" not in table
+
+
+def test_a_best_validation_step_of_0_is_a_warning_with_the_split_size(tmp_path):
+    pytest.importorskip("nltk")
+    from curvalign.data.wordnet import wordnet_dir
+
+    try:
+        wordnet_dir()
+    except ValueError:
+        pytest.skip("needs the WordNet database (apt-get install wordnet-base)")
+    result = _cli(
+        "train", "--recipe", "clip", "--data", "wordnet:feline.n.01", "--steps", "20",
+        "--out", tmp_path / "run", "-q", "batch_size=16",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    (line,) = [x for x in result.stderr.splitlines() if x.startswith("warning:")]
+    assert "the best validation step is 0" in line and "6 images and 6 captions" in line, line

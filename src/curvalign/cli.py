@@ -174,7 +174,9 @@ def train_command(
     )
 
     def note(message: str) -> None:
-        if not quiet:
+        if message.startswith("warning: "):  # shown under -q too
+            typer.secho(message, err=True, fg=typer.colors.YELLOW)
+        elif not quiet:
             typer.secho(f"note: {message}", err=True, fg=typer.colors.YELLOW)
 
     if print_config:

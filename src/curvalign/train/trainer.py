@@ -46,6 +46,7 @@ from curvalign.data.sampling import BatchSampler, SamplingError
 from curvalign.errors import ConfigError, TrainError
 from curvalign.recipes.base import Batch, Gather, LossOutput, Progress, Recipe
 from curvalign.runs import (
+    BEST_FILE,
     CONFIG_FILE,
     META_FILE,
     RUN_FILES,
@@ -652,7 +653,22 @@ class Trainer:
         finally:
             if logger is not None:
                 logger.close()
+        self._warn_if_best_is_untrained()
         return self.result()
+
+    def _warn_if_best_is_untrained(self) -> None:
+        """A note when no validation after step 0 beat the untrained head: best.safetensors then
+        holds untrained weights, most often because the validation split is too small to rank."""
+        if self.best_step != 0 or self.step == 0 or self.validation is None:
+            return
+        images = self.validation.num_images
+        texts = int(self.validation.texts.shape[0])
+        self._note(
+            f"warning: the best validation step is 0 (the untrained head): {BEST_FILE} of "
+            f"{self.run_dir} holds untrained weights; the validation split has {images} images "
+            f"and {texts} captions, too few for recall@1 to tell the steps apart (raise "
+            "val_fraction, train longer, or use --weights last)"
+        )
 
     def result(self) -> TrainedRun:
         """The run directory, carrying the validation outcome."""
