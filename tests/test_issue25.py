@@ -11,6 +11,7 @@ import os
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -300,3 +301,107 @@ def test_a_best_validation_step_of_0_is_a_warning_with_the_split_size(tmp_path):
     assert result.returncode == 0, result.stderr
     (line,) = [x for x in result.stderr.splitlines() if x.startswith("warning:")]
     assert "the best validation step is 0" in line and "6 images and 6 captions" in line, line
+
+
+# --- item 9: the four plots ----------------------------------------------------------------------
+
+_NAMES = [f"{r}{tag}" for r in ("clip", "meru", "hycoclip", "atmg", "phyclip", "proclip", "agr",
+          "dualpath") for tag in ("", " (step 0)")] + ["chance"]  # fmt: skip
+
+
+def _seventeen_rows():
+    rng = np.random.default_rng(0)
+    return {
+        name: {
+            "retrieval": {f"{d}@{k}": rng.uniform(0, 0.5) for d in ("t2i", "i2t") for k in (1, 5, 10)},
+            "hierarchy": {"TIE": rng.uniform(2, 8), "LCA": rng.uniform(1, 4), "J": 0.3,
+                          "PH": 0.4, "RH": 0.4},
+            "zeroshot": {"top1": 0.2},
+        }
+        for name in _NAMES
+    }  # fmt: skip
+
+
+@pytest.fixture
+def drawn(monkeypatch):
+    """The figures the plot functions save (kept open), with their PNG files."""
+    from curvalign.report import plots
+
+    figures = []
+    real = plots._save
+
+    def keep(fig, path, layout=True):
+        out = real(fig, path, layout)
+        figures.append(fig)
+        return out
+
+    monkeypatch.setattr(plots, "_save", keep)
+    monkeypatch.setattr(plots.plt, "close", lambda fig=None: None)
+    return plots, figures
+
+
+def test_seventeen_retrieval_rows_get_seventeen_colours(drawn, tmp_path):
+    plots, figures = drawn
+    plots.retrieval_bars(_seventeen_rows(), tmp_path / "retrieval.png")
+    (ax,) = figures[0].axes
+    colours = {container.get_label(): container.patches[0].get_facecolor()
+               for container in ax.containers if hasattr(container, "patches")}  # fmt: skip
+    assert len(colours) == 17 and len(set(colours.values())) == 17
+
+
+def _overlaps(labels) -> int:
+    boxes = [t.get_window_extent() for t in labels if t.get_text()]
+    return sum(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1 :])
+
+
+def test_hierarchy_labels_do_not_overlap(drawn, tmp_path):
+    plots, figures = drawn
+    plots.hierarchy_bars(_seventeen_rows(), tmp_path / "hierarchy.png")
+    fig = figures[0]
+    fig.canvas.draw()
+    for ax in fig.axes:
+        assert _overlaps(ax.get_xticklabels()) == 0 and _overlaps(ax.get_yticklabels()) == 0
+    named = [ax for ax in fig.axes if any(t.get_text() == "chance" for t in ax.get_yticklabels())]
+    assert named, "the row names are shown"
+
+
+def test_spectra_axis_ends_where_the_spectrum_does(drawn, tmp_path):
+    plots, figures = drawn
+    decaying = np.concatenate([np.logspace(0, -3, 12), np.full(500, 1e-15)])
+    plots.spectra({"meru": {"image": decaying, "text": decaying}}, tmp_path / "spectra.png")
+    for ax in figures[0].axes:
+        low, high = ax.get_xlim()
+        assert high <= 13, (low, high)  # 12 eigenvalues above the floor, not 512
+
+
+def test_the_image_histogram_is_not_hidden_under_the_text_one(drawn, tmp_path):
+    plots, figures = drawn
+    rng = np.random.default_rng(0)
+    distances = {"meru": {"image": rng.normal(3, 0.2, 300), "text": rng.normal(3, 0.5, 3000)}}
+    plots.distance_histograms(distances, tmp_path / "distances.png")
+    ax = figures[0].axes[0]
+    text_fill = max(p.get_zorder() for p in ax.patches if p.get_fill())
+    image_outline = [p for p in ax.patches if not p.get_fill() and p.get_label() == "image"]
+    assert image_outline and image_outline[0].get_zorder() > text_fill
+
+
+# --- item 9: output off a terminal, a clean stop, an unknown recipe ------------------------------
+
+
+def test_a_benchmark_table_off_a_terminal_has_every_column(tmp_path):
+    import subprocess
+    import sys
+
+    from test_faults import DATA, SMALL, _env
+
+    env = {k: v for k, v in _env().items() if k != "COLUMNS"}  # as `curvalign demo > log`
+    result = subprocess.run(
+        [sys.executable, "-m", "curvalign", "benchmark", "--recipes", "clip,meru", "--data", DATA,
+         "--steps", "2", "--seeds", "1", "--out", str(tmp_path / "b"), "-q", *SMALL],
+        env=env, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "not shown (terminal too narrow)" not in result.stdout, result.stdout
+    header = next(line for line in result.stdout.splitlines() if "T2I R@1" in line)
+    for column in ("ZS top1", "TIE", "HardNeg", "Order img", "conv"):
+        assert column in header, header

@@ -225,8 +225,9 @@ def train_command(
             show_progress=not quiet,
             notify=note,
         )
-    except TrainingInterrupted as err:
-        fail(str(err), code=128 + err.signum)
+    except TrainingInterrupted as err:  # a clean stop with a checkpoint: not an error
+        typer.secho(f"stopped: {err}", err=True, fg=typer.colors.YELLOW)
+        raise typer.Exit(code=128 + err.signum) from None
     except CurvalignError as err:
         fail(str(err))
     except OSError as err:
@@ -255,6 +256,22 @@ def train_command(
 
 
 # --- eval / benchmark / demo / study (issue: evaluation) --------------------------------------
+
+
+#: the width tables get off a terminal (a pipe, a log file): wide enough for every column
+#: (rich would otherwise assume 80 and drop or squeeze them); a table is only as wide as it needs
+OFF_TERMINAL_WIDTH = 2000
+
+
+def _table_console(width: int | None = None):
+    """A rich console for tables: ``width`` if given, the terminal's on a terminal, else
+    ``OFF_TERMINAL_WIDTH`` (``curvalign demo > log`` gets the whole table)."""
+    from rich.console import Console
+
+    if width:
+        return Console(width=width)
+    console = Console()
+    return console if console.is_terminal else Console(width=OFF_TERMINAL_WIDTH)
 
 
 def _stderr_console():
@@ -389,12 +406,11 @@ def _run_suite(
 def _print_benchmark(result, out: Path, title: str, width: int | None = None) -> None:
     """The benchmark's terminal table, fitted to the terminal's width (metric columns that do not
     fit are named below it; results.md and results.json have all of them)."""
-    from rich.console import Console
 
     from curvalign.report.benchmark import converged_cells, summary_lines, verdicts_of
     from curvalign.report.tables import terminal_stats_table
 
-    console = Console(width=width) if width else Console()
+    console = _table_console(width)
     table, _, left_out = terminal_stats_table(
         result.stats,
         console.width,
@@ -804,7 +820,6 @@ def index_search_command(
     if json_output:
         typer.echo(json.dumps(found.to_json()))
         return
-    from rich.console import Console
     from rich.table import Table
 
     table = Table(title=f"{found.meta['recipe']} {found.meta['side']} index: {index}")
@@ -812,7 +827,7 @@ def index_search_command(
         table.add_column(column, justify="right")
     for row in found.table_rows():
         table.add_row(*row)
-    Console().print(table)
+    _table_console().print(table)
     if found.truth_note:
         typer.echo(found.truth_note)
 
@@ -922,10 +937,9 @@ def search_command(
         payload["results"] = [r.to_dict() for r in results]
         typer.echo(json.dumps(payload))
         return
-    from rich.console import Console
     from rich.table import Table
 
-    console = Console() if Console().is_terminal else Console(width=160)
+    console = _table_console()
     for result in results:
         table = Table(title=f"{result.query}", title_justify="left")
         table.add_column("rank", justify="right")
