@@ -405,3 +405,27 @@ def test_a_benchmark_table_off_a_terminal_has_every_column(tmp_path):
     header = next(line for line in result.stdout.splitlines() if "T2I R@1" in line)
     for column in ("ZS top1", "TIE", "HardNeg", "Order img", "conv"):
         assert column in header, header
+
+
+_REFUSE = """
+import sys
+from curvalign.cli import main
+sys.argv = ["curvalign", *sys.argv[1:]]
+try:
+    main()
+except SystemExit as exit:
+    print("exit", exit.code, "torch imported:", "torch" in sys.modules)
+"""
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["train", "--recipe", "nosuch", "--data", "synthetic", "--out", "x"],
+        ["benchmark", "--recipes", "clip,nosuch", "--data", "synthetic", "--out", "x"],
+    ],
+)
+def test_an_unknown_recipe_is_refused_before_torch_is_imported(tmp_path, args):
+    result = _run_python(_REFUSE, *args, env={})
+    assert result.stdout.strip() == "exit 2 torch imported: False", result.stdout + result.stderr
+    assert result.stderr.startswith("error: unknown recipe 'nosuch'; known recipes: agr,")

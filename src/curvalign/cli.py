@@ -54,6 +54,16 @@ def fail(message: str, code: int = 2) -> None:
     raise typer.Exit(code=code)
 
 
+def refuse_unknown_recipes(names: list[str]) -> None:
+    """Fail at once on a recipe name no module or entry point provides (the names are known
+    without importing torch: ``curvalign.plugins``)."""
+    known = available_recipe_names()
+    unknown = [name for name in names if name not in known]
+    if unknown:
+        listed = ", ".join(repr(name) for name in unknown)
+        fail(f"unknown recipe {listed}; known recipes: {', '.join(known)}")
+
+
 def check_out(out: Path | None, what: str = "--out") -> None:
     """Fail at once (before loading data or models) when ``out`` cannot be written."""
     from curvalign._io import OutputError, check_output_location
@@ -165,6 +175,7 @@ def train_command(
 
     Ctrl-C or SIGTERM stops at the next step with a checkpoint (exit status 130 or 143);
     continue with --resume."""
+    refuse_unknown_recipes([recipe] if recipe else [])  # before seconds of importing torch
     from curvalign.runs import read_log
     from curvalign.train.distributed import (
         is_main_process,
@@ -474,6 +485,7 @@ def benchmark_command(
 ) -> None:
     """Train each recipe on the same data with the same budget and seeds, evaluate, and compare
     side by side with baselines (untrained heads, frozen features, chance)."""
+    refuse_unknown_recipes([r.strip() for r in recipes.split(",") if r.strip()])
     from curvalign.report.benchmark import run_benchmark
 
     if seeds < 1:
