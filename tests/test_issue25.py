@@ -429,3 +429,21 @@ def test_an_unknown_recipe_is_refused_before_torch_is_imported(tmp_path, args):
     result = _run_python(_REFUSE, *args, env={})
     assert result.stdout.strip() == "exit 2 torch imported: False", result.stdout + result.stderr
     assert result.stderr.startswith("error: unknown recipe 'nosuch'; known recipes: agr,")
+
+
+def test_text_only_search_hits_show_the_matched_text(tmp_path):
+    from curvalign.data.extract import extract_texts
+    from curvalign.data.features import FeatureStore
+    from curvalign.index.searcher import _StoreItems
+    from test_extract_texts import WordEncoder
+
+    pairs = tmp_path / "pairs.jsonl"
+    rows = [("a dog runs", "a puppy running", 0.9), ("a red car", "a bowl of soup", 0.05)]
+    pairs.write_text("\n".join(json.dumps({"a": a, "b": b, "score": s}) for a, b, s in rows))
+    extract_texts(WordEncoder(), tmp_path / "s", pairs=pairs, progress=False)
+    store = FeatureStore.load(tmp_path / "s")
+    assert [_StoreItems(store, "text")(i, i).caption for i in (0, 1)] == [
+        "a puppy running",
+        "a bowl of soup",
+    ]
+    assert _StoreItems(store, "image")(1, 1).caption == "a red car"
