@@ -6,6 +6,7 @@ tmpfs, a bound socket, a planted file)."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -447,3 +448,23 @@ def test_text_only_search_hits_show_the_matched_text(tmp_path):
         "a bowl of soup",
     ]
     assert _StoreItems(store, "image")(1, 1).caption == "a red car"
+
+
+# --- item 8: what a user's own `import open_clip` needs beside a CPU torch -----------------------
+
+
+def test_a_users_own_open_clip_import_works_after_the_documented_call(tmp_path):
+    if importlib.util.find_spec("open_clip") is None:
+        pytest.skip("open_clip not installed (pip install -e '.[encoders]')")
+    plain = _run_python("import open_clip", env={})
+    if plain.returncode == 0:
+        pytest.skip("torchvision imports cleanly here (a build that matches torch)")
+    assert "torchvision::nms" in plain.stderr  # what docs/real-data.md says a plain import does
+    documented = (
+        "from curvalign.data.encoders import make_torchvision_importable\n"
+        "make_torchvision_importable()\n"
+        "import open_clip\n"
+        "print(open_clip.__name__)\n"
+    )
+    result = _run_python(documented, env={})
+    assert result.returncode == 0 and result.stdout.strip() == "open_clip", result.stderr[-2000:]
