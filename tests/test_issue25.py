@@ -254,10 +254,12 @@ def test_a_refused_benchmark_says_which_recipes_to_type(tmp_path):
 # --- item 7: silent skips, units, a best step of 0 -----------------------------------------------
 
 
-def test_suite_names_the_sub_folders_it_skipped_and_labels_units(tmp_path):
+@pytest.fixture(scope="module")
+def toy_suite(tmp_path_factory):
     from _train_toy import toy_store
     from curvalign.train.trainer import train
 
+    tmp_path = tmp_path_factory.mktemp("issue25-suite")
     suite = tmp_path / "suite"
     toy_store(num_images=40, test_images=10).save(suite / "toy")
     (suite / "empty").mkdir()
@@ -267,11 +269,31 @@ def test_suite_names_the_sub_folders_it_skipped_and_labels_units(tmp_path):
         "clip", f"features:{suite / 'toy'}", tmp_path / "run", steps=2,
         overrides=["batch_size=8", "val_every=0"], show_progress=False,
     )  # fmt: skip
+    return suite, run
+
+
+def test_suite_names_the_sub_folders_it_skipped_and_labels_units(toy_suite, tmp_path):
+    suite, run = toy_suite
     code, text = _invoke("eval", run, "--suite", suite, "--out", tmp_path / "out")
     assert code == 0, text
     assert "- empty (clip): not a feature store (it is empty;" in text, text
     assert "- notes (clip): not a feature store (it holds no meta.json;" in text, text
     assert "| value | unit |" in text and "| % |" in text
+
+
+def test_suite_tables_onto_a_full_disk_are_one_line(toy_suite, tiny_filesystem):
+    suite, run = toy_suite
+    with open(tiny_filesystem / "filler", "wb") as handle:  # fill it to the last block
+        try:
+            while True:
+                handle.write(b"\0" * 65536)
+                handle.flush()
+        except OSError:
+            pass
+    code, text = _invoke("eval", run, "--suite", suite, "--out", tiny_filesystem / "out")
+    assert code == 2, text
+    (line,) = _error_lines(text)
+    assert "no space left on the device" in line and "Traceback" not in text, line
 
 
 def test_tree_distances_are_labelled_as_tree_edges_not_percent():

@@ -407,6 +407,8 @@ def _run_suite(
         files = write_suite(total, out)
     except CurvalignError as err:
         fail(str(err))
+    except OSError as err:  # a full disk while writing the tables: one line
+        write_failed(err, out)
     if json_output:
         typer.echo(json.dumps({"rows": total.rows, "skipped": total.skipped}))
         return
