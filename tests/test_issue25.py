@@ -490,3 +490,12 @@ def test_a_users_own_open_clip_import_works_after_the_documented_call(tmp_path):
     )
     result = _run_python(documented, env={})
     assert result.returncode == 0 and result.stdout.strip() == "open_clip", result.stderr[-2000:]
+
+
+def test_a_damaged_embedding_json_is_named(meru_embedded, tmp_path):
+    emb = shutil.copytree(meru_embedded / "emb", tmp_path / "emb")
+    (emb / "embedding.json").write_text('{"format_version": 1, "files": ')  # cut short
+    code, text = _invoke("index", "build", emb, "--out", tmp_path / "idx")
+    assert code == 2, text
+    (line,) = _error_lines(text)
+    assert str(emb / "embedding.json") in line and "not valid JSON" in line, line

@@ -383,3 +383,14 @@ def verify_file(path: Path, recorded: dict[str, str] | None, where: str, redo: s
             f"{digest[:12]}... differs from the {recorded[path.name][:12]}... recorded in "
             f"{where}; {redo}"
         )
+
+
+def read_json_file(path: Path, redo: str) -> object:
+    """``json.loads`` of ``path``; a file that is not valid JSON (damaged, truncated) is one
+    ``DamagedFileError`` naming it and ``redo`` (what writes it again)."""
+    import json
+
+    try:
+        return json.loads(Path(path).read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise DamagedFileError(f"{path} is not valid JSON ({err}): damaged; {redo}") from None

@@ -26,7 +26,13 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from curvalign._io import NpyRowWriter, file_checksums, staged_directory, verify_file
+from curvalign._io import (
+    NpyRowWriter,
+    file_checksums,
+    read_json_file,
+    staged_directory,
+    verify_file,
+)
 from curvalign.errors import (
     DamagedFileError,
     InputError,
@@ -242,7 +248,8 @@ def load_embeddings(path: str | os.PathLike) -> Embeddings:
             f"{path} is not an embeddings directory (no {META_FILE}); "
             f"write one with `curvalign embed`"
         )
-    meta = json.loads((path / META_FILE).read_text())
+    meta = read_json_file(path / META_FILE, "write the embeddings again with `curvalign embed`")
+    meta = meta if isinstance(meta, dict) else {}
     if meta.get("format_version") != FORMAT_VERSION:
         raise IndexMismatchError(
             f"{path}: embeddings format {meta.get('format_version')} is not supported"
@@ -371,8 +378,8 @@ def open_index(path: str | os.PathLike) -> tuple[dict[str, Any], LorentzIndex | 
         raise NotFoundError(
             f"{path} is not an index (no index.json); build one with `curvalign index build`"
         )
-    raw = json.loads((path / "index.json").read_text())
-    if raw.get("mode") == "rerank":
+    raw = read_json_file(path / "index.json", "build the index again with `curvalign index build`")
+    if isinstance(raw, dict) and raw.get("mode") == "rerank":
         return raw, None
     index = load_index(path)
     return {**raw, "meta": index.meta}, index

@@ -50,7 +50,7 @@ from typing import Any, Literal
 import faiss
 import numpy as np
 
-from curvalign._io import file_checksums, staged_directory, verify_file
+from curvalign._io import file_checksums, read_json_file, staged_directory, verify_file
 from curvalign.errors import (
     CurvalignError,
     DamagedFileError,
@@ -473,7 +473,8 @@ def load_index(path: str | os.PathLike) -> LorentzIndex:
             f"{path} is not a curvalign index (no index.json); build one with "
             f"`curvalign index build` or LorentzIndex.save"
         )
-    raw = json.loads(meta_file.read_text())
+    raw = read_json_file(meta_file, "build the index again with `curvalign index build`")
+    raw = raw if isinstance(raw, dict) else {}
     if raw.get("format_version") != FORMAT_VERSION:
         raise IndexMismatchError(
             f"{path}: index format version {raw.get('format_version')} is not "
