@@ -805,7 +805,7 @@ class Trainer:
         if self.best_step != 0 or self.step == 0 or self.validation is None:
             return
         images = self.validation.num_images
-        texts = int(self.validation.texts.shape[0])
+        texts = int(self.validation.text_ids.shape[0])
         self._note(
             f"warning: the best validation step is 0 (the untrained head): {BEST_FILE} of "
             f"{self.run_dir} holds untrained weights; the validation split has {images} images "
