@@ -44,6 +44,9 @@ __all__ = [
     "logmap0",
     "inner",
     "dist",
+    "excess",
+    "dist_from_excess",
+    "poincare",
     "pairwise_inner",
     "pairwise_dist",
     "dist0",
@@ -173,6 +176,36 @@ def dist(x: Tensor, y: Tensor, c: Curvature) -> Tensor:
     w = _rowwise_w(x, y, c)[0]
     # w carries relative (not absolute) error here, so the chord below sqrt(tiny) is harmless.
     return _asinh_dist(w, c, tiny_floor(x.dtype))
+
+
+@no_autocast
+def excess(x: Tensor, y: Tensor, c: Curvature) -> Tensor:
+    """Row-wise ``z = -c<x,y>_L - 1 >= 0`` without cancellation (see :func:`_rowwise_w`; ``z = 2w``),
+    over broadcast ``[..., d]`` inputs -> ``[...]``. ``dist(x, y) = acosh(1 + z) / sqrt(c)``
+    (:func:`dist_from_excess`); an index certifies its float32 candidates in float64 with it."""
+    check_points(x, "x")
+    check_points(y, "y")
+    x, c, (y,) = _prep(x, c, y)
+    return (2.0 * _rowwise_w(x, y, c)[0]).clamp_min(0.0)
+
+
+@no_autocast
+def dist_from_excess(z: Tensor, c: Curvature) -> Tensor:
+    """``acosh(1 + z) / sqrt(c)`` from the excess ``z`` of :func:`excess` (``[...]``), as
+    ``log1p(z + sqrt(z (z + 2)))``: exact near ``z = 0``, exactly 0 there."""
+    check_points(z, "z", min_dim=0)
+    z, c, _ = _prep(z, c)
+    return _acosh_1p2w(0.5 * z) * torch.rsqrt(c)
+
+
+@no_autocast
+def poincare(x: Tensor, c: Curvature) -> Tensor:
+    """Poincare-ball coordinates ``x / (1 + sqrt(c) time(x))`` of Lorentz points ``[..., d]``
+    (the ball of radius ``1/sqrt(c)``; conformal, so Euclidean neighbours there are hyperbolic
+    neighbours to first order: an approximate index builds its graph on them)."""
+    check_points(x, "x")
+    x, c, _ = _prep(x, c)
+    return x / (1.0 + torch.sqrt(c) * _time(x, c)).unsqueeze(-1)
 
 
 @no_autocast

@@ -128,7 +128,7 @@ def embed_store(
     keys: dict[str, dict[str, Any]] = {}
     counts: dict[str, int] = {}
     files: dict[str, dict[str, str]] = {}
-    geometry = recipe.embedding_geometry
+    geometry = {key: g.kind for key, g in recipe.geometries().items()}
     with staged_directory(out) as tmp:
         for side, n, embed_rows in parts:
             counts[side] = n

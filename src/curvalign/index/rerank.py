@@ -63,16 +63,13 @@ import torch
 from torch import Tensor
 
 from curvalign.errors import InputError, NonFiniteError
+from curvalign.geometries import BUILTIN_LIFTS, Lift
 from curvalign.index.search import (
     FlatFile,
     IndexMismatchError,
     build_hnsw_graph,
-    database_vectors,
     hnsw_insert_graph,
     in_memory,
-    lorentz_time,
-    poincare_ball,
-    query_vectors,
 )
 from curvalign.recipes.base import Embedding, IndexProxy, Query, Recipe
 
@@ -100,7 +97,12 @@ def _curvature(recipe: Recipe) -> np.ndarray:
 
 @dataclass
 class Proxy:
-    """Maps an embedding to float32 vectors whose dot product ranks like the recipe's score."""
+    """Maps an embedding to float32 vectors whose dot product ranks like the recipe's score.
+
+    The vectors come from the proxy's ``Lift`` (``curvalign.geometries``): the one the recipe
+    gives (``IndexProxy.lift``, a method in a geometry of its own), else the built-in lift its
+    ``kind`` names (``BUILTIN_LIFTS``) at ``recipe.curvature_value()``.
+    """
 
     recipe: Recipe
     name: str  # the name the recipe gives it in ``index_proxies()``
@@ -110,11 +112,27 @@ class Proxy:
     def exact(self) -> bool:
         return self.spec.exact
 
+    @property
+    def lift(self) -> Lift:
+        if self.spec.lift is not None:
+            return self.spec.lift
+        make = BUILTIN_LIFTS.get(self.spec.kind)
+        if make is None:
+            raise InputError(
+                f"unknown proxy kind {self.spec.kind!r} (recipe {self.recipe.name!r}): a proxy "
+                f"of a kind other than {sorted(BUILTIN_LIFTS)} gives its vectors "
+                "(IndexProxy(..., lift=...))"
+            )
+        c = self.recipe.curvature_value()
+        curvature = None if c is None else np.atleast_1d(c.cpu().numpy())
+        spec = self.spec
+        return make(spec.key, curvature, spec.weights, spec.exact, self.recipe.name)
+
     def database(self, emb: Embedding) -> np.ndarray:
-        return self._vectors(emb, database=True)
+        return self.lift.database(emb)
 
     def query(self, emb: Embedding) -> np.ndarray:
-        return self._vectors(emb, database=False)
+        return self.lift.query(emb)
 
     def graph(self, emb: Embedding) -> np.ndarray:
         """Float32 coordinates whose L2 proximity follows the score's: an ANN candidate graph
@@ -125,104 +143,7 @@ class Proxy:
         the far-out ones and lose them near the boundary. Unit vectors stay as they are; the
         parts of a mixed proxy are scaled by the square roots of its weights.
         """
-        kind, key = self.spec.kind, self.spec.key
-        if kind == "cosine":
-            return self._vectors(emb, database=True)
-        if kind in ("lorentz", "angle"):
-            return poincare_ball(_np(emb[key]), float(_curvature(self.recipe)[0]))
-        if kind == "product-lorentz":
-            x = _np(emb[key])
-            c = np.broadcast_to(_curvature(self.recipe), (x.shape[1],))
-            return np.hstack([poincare_ball(x[:, f], float(c[f])) for f in range(x.shape[1])])
-        if kind == "mixed":
-            w = dict(self.spec.weights or {})
-            parts = []
-            if "hyperbolic" in emb:
-                ball = poincare_ball(_np(emb["hyperbolic"]), float(_curvature(self.recipe)[0]))
-                parts.append(math.sqrt(w["hyperbolic"]) * ball)
-            for part in ("euclidean", "sphere"):
-                if part in emb:
-                    parts.append(math.sqrt(w[part]) * _np(emb[part]))
-            return np.ascontiguousarray(np.hstack(parts), dtype=np.float32)
-        raise InputError(f"unknown proxy kind {kind!r} (recipe {self.recipe.name!r})")
-
-    def _vectors(self, emb: Embedding, database: bool) -> np.ndarray:
-        kind, key = self.spec.kind, self.spec.key
-        if kind == "cosine":
-            x = _np(emb[key])
-            return np.ascontiguousarray(
-                x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-30)
-            )
-        if kind == "lorentz":
-            c = float(_curvature(self.recipe)[0])
-            x = _np(emb[key])
-            return database_vectors(x, c) if database else query_vectors(x, c)
-        if kind == "angle":
-            c = float(_curvature(self.recipe)[0])
-            x = _np(emb[key])
-            if database:
-                return database_vectors(x, c)
-            return np.stack(self._angle_functionals(x, c), axis=1)  # [n, 2, d+1]: a and b
-        if kind == "product-lorentz":
-            x = _np(emb[key])  # [N, k, d]
-            c = _curvature(self.recipe)
-            n, k, d = x.shape
-            c = np.broadcast_to(c, (k,))
-            parts = []
-            for f in range(k):
-                if database:
-                    parts.append(database_vectors(x[:, f], float(c[f])))
-                else:
-                    parts.append(float(c[f]) * query_vectors(x[:, f], float(c[f])))
-            return np.ascontiguousarray(np.hstack(parts), dtype=np.float32)
-        if kind == "mixed":
-            w = dict(self.spec.weights or {})
-            parts = []
-            if "hyperbolic" in emb:
-                c = float(_curvature(self.recipe)[0])
-                h = _np(emb["hyperbolic"])
-                parts.append(
-                    database_vectors(h, c)
-                    if database
-                    else 2 * w["hyperbolic"] * query_vectors(h, c)
-                )
-            if "euclidean" in emb:
-                e = _np(emb["euclidean"])
-                if database:
-                    parts.append(
-                        np.hstack(
-                            [
-                                e,
-                                (e.astype(np.float64) ** 2)
-                                .sum(1, keepdims=True)
-                                .astype(np.float32),
-                            ]
-                        )
-                    )
-                else:
-                    parts.append(
-                        np.hstack(
-                            [
-                                2 * w["euclidean"] * e,
-                                np.full((len(e), 1), -w["euclidean"], np.float32),
-                            ]
-                        )
-                    )
-            if "sphere" in emb:
-                s = _np(emb["sphere"])
-                parts.append(s if database else 2 * w["sphere"] * s)
-            return np.ascontiguousarray(np.hstack(parts), dtype=np.float32)
-        raise InputError(f"unknown proxy kind {kind!r} (recipe {self.recipe.name!r})")
-
-    @staticmethod
-    def _angle_functionals(x: np.ndarray, c: float) -> tuple[np.ndarray, np.ndarray]:
-        """``q_a, q_b`` ``[n, d+1]`` with ``[y, t(y)].q_a = a = sqrt(c) (t(x) xhat.y - |x| t(y))`` and
-        ``[y, t(y)].q_b = b = c (t(x) t(y) - x.y)``, for the AtMG angle at ``x``."""
-        x64 = x.astype(np.float64)
-        norm = np.linalg.norm(x64, axis=1, keepdims=True)
-        t = lorentz_time(x64, c)[:, None]
-        xhat = x64 / np.maximum(norm, np.finfo(np.float32).tiny)
-        return math.sqrt(c) * np.hstack([t * xhat, -norm]), c * np.hstack([-x64, t])
+        return self.lift.graph(emb)
 
 
 def default_proxy(recipe: Recipe, proxy: str | None = None) -> Proxy:

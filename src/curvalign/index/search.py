@@ -58,6 +58,15 @@ from curvalign.errors import (
     NotFoundError,
     OverwriteError,
 )
+from curvalign.geometries import (
+    database_vectors,
+    distance_from_excess,
+    lorentz_distance,
+    lorentz_excess,
+    lorentz_time,
+    poincare_ball,
+    query_vectors,
+)
 
 GEOMETRY = "lorentz"
 FORMAT_VERSION = 1
@@ -77,60 +86,9 @@ class IndexMismatchError(CurvalignError, ValueError):
 
 
 # --- the transform and the exact distance ------------------------------------------------------
-
-
-def lorentz_time(x: np.ndarray, c: float) -> np.ndarray:
-    """Time component ``sqrt(1/c + |x|^2)`` in float64, ``[..., d] -> [...]``."""
-    x64 = np.asarray(x, dtype=np.float64)
-    return np.sqrt(1.0 / c + np.einsum("...i,...i->...", x64, x64))
-
-
-def database_vectors(x: np.ndarray, c: float) -> np.ndarray:
-    """``[N, d]`` space components -> ``[N, d + 1]`` float32 ``[x, t(x)]``."""
-    return np.ascontiguousarray(
-        np.hstack([x.astype(np.float32), lorentz_time(x, c)[:, None].astype(np.float32)])
-    )
-
-
-def query_vectors(y: np.ndarray, c: float) -> np.ndarray:
-    """``[n, d]`` space components -> ``[n, d + 1]`` float32 ``[y, -t(y)]``: ``u(x).v(y) = <x,y>_L``."""
-    return np.ascontiguousarray(
-        np.hstack([y.astype(np.float32), -lorentz_time(y, c)[:, None].astype(np.float32)])
-    )
-
-
-def lorentz_excess(x: np.ndarray, y: np.ndarray, c: float) -> np.ndarray:
-    """``z = -c <x,y>_L - 1 >= 0`` in float64, row-wise over broadcast ``[..., d]`` inputs.
-
-    Written as ``z = (c/2) (|x - y|^2 - (t(x) - t(y))^2)`` with
-    ``t(x) - t(y) = (x - y).(x + y) / (t(x) + t(y))``: no cancellation between two large
-    products, so near-duplicates far from the origin keep their relative precision (the naive
-    ``c (t(x) t(y) - x.y) - 1`` loses all digits there). ``d(x, y) = acosh(1 + z) / sqrt(c)``.
-    """
-    x64 = np.asarray(x, dtype=np.float64)
-    y64 = np.asarray(y, dtype=np.float64)
-    diff = x64 - y64
-    sq = np.einsum("...i,...i->...", diff, diff)
-    dt = np.einsum("...i,...i->...", diff, x64 + y64) / (
-        lorentz_time(x64, c) + lorentz_time(y64, c)
-    )
-    return np.maximum(0.5 * c * (sq - dt * dt), 0.0)
-
-
-def distance_from_excess(z: np.ndarray, c: float) -> np.ndarray:
-    """``acosh(1 + z) / sqrt(c)`` computed as ``log1p(z + sqrt(z (z + 2)))``: exact near ``z = 0``."""
-    z = np.asarray(z, dtype=np.float64)
-    return np.log1p(z + np.sqrt(z * (z + 2.0))) / math.sqrt(c)
-
-
-def lorentz_distance(x: np.ndarray, y: np.ndarray, c: float) -> np.ndarray:
-    """Row-wise hyperbolic distance in float64, ``[..., d] x [..., d] -> [...]``."""
-    return distance_from_excess(lorentz_excess(x, y, c), c)
-
-
-def poincare_ball(x: np.ndarray, c: float) -> np.ndarray:
-    """Space components -> Poincare-ball coordinates ``x / (1 + sqrt(c) t(x))`` (float32)."""
-    return (x / (1.0 + math.sqrt(c) * lorentz_time(x, c))[:, None]).astype(np.float32)
+# ``lorentz_time``, ``database_vectors``, ``query_vectors``, ``lorentz_excess``,
+# ``distance_from_excess``, ``lorentz_distance`` and ``poincare_ball`` are ``geometry.lorentz``
+# in float64 returned as numpy (``curvalign.geometries``, imported above): one copy of the math.
 
 
 # --- input checks --------------------------------------------------------------------------------

@@ -53,6 +53,7 @@ from torch import Tensor, nn
 from curvalign.data.batch import Batch
 from curvalign.data.statistics import FeatureNorms
 from curvalign.errors import InputError
+from curvalign.geometries import Geometry, Lift, named_geometry
 from curvalign.geometry import lorentz, sphere
 from curvalign.losses import symmetric_info_nce
 from curvalign.nn.heads import (
@@ -70,10 +71,13 @@ from curvalign.scores import (
 
 Embedding = dict[str, Tensor]
 Query = Literal["text", "image"]
-#: kinds of points an embedding key can hold (``Recipe.embedding_geometry``)
-Geometry = Literal["sphere", "lorentz", "lorentz-product", "euclidean", "features"]
-#: vector maps an index knows (``index/rerank.py`` builds the vectors of each kind)
-ProxyKind = Literal["cosine", "lorentz", "angle", "product-lorentz", "mixed"]
+#: the name of the space an embedding key's points live in (``Recipe.embedding_geometry``; a
+#: ``Geometry``'s ``kind``): the built-ins' "sphere", "lorentz", "lorentz-product", "euclidean",
+#: "features", or a plug-in's own (an open set: ``curvalign.geometries``)
+GeometryKind = str
+#: the name of an index proxy: a built-in lift's (``geometries.BUILTIN_LIFTS``: "cosine",
+#: "lorentz", "angle", "product-lorentz", "mixed") or any name with ``IndexProxy.lift`` given
+ProxyKind = str
 #: where an "angle" proxy's angle has its vertex: at the query point or at the database item
 AngleVertex = Literal["query", "database"]
 
@@ -96,7 +100,7 @@ class AngleScore:
 class IndexProxy:
     """What a search index holds for a recipe: vectors whose inner product ranks candidates.
 
-    kind     the vector map (see ``index/rerank.py``): "cosine" (unit vectors of ``key``),
+    kind     the vector map (a built-in lift, ``curvalign.geometries``): "cosine" (unit vectors of ``key``),
              "lorentz" (``-d_L`` of the Lorentz points of ``key``), "angle" (the exterior angle
              with the vertex and sign ``angle`` names: its own value over a flat index, Dinkelbach
              candidates over an HNSW graph), "product-lorentz" (sum over factors of
@@ -109,6 +113,8 @@ class IndexProxy:
              an image database, "image": the reverse), an ``AngleScore`` (where the angle's
              vertex is, and its sign); a side left out means ``AngleScore()`` (minus the angle
              at the query)
+    lift     the vectors themselves (a ``geometries.Lift``), for a method whose geometry the
+             built-in kinds do not cover; ``kind`` is then only its name
     """
 
     kind: ProxyKind
@@ -116,6 +122,7 @@ class IndexProxy:
     exact: bool = False
     weights: Mapping[str, float] | None = None
     angle: Mapping[Query, AngleScore] | None = None
+    lift: Lift | None = None
 
     def angle_score(self, query: Query) -> AngleScore:
         """How the score of an "angle" proxy reads the angle when ``query`` is the query side."""
@@ -312,7 +319,18 @@ class Recipe(nn.Module):
 
     # --- geometry questions (eval/ and index/ ask these; see the module docstring) ------------
     #: kind of point each embedding key holds (for embeddings files, index checks and messages)
-    embedding_geometry: ClassVar[Mapping[str, Geometry]] = {}
+    embedding_geometry: ClassVar[Mapping[str, GeometryKind]] = {}
+
+    def geometries(self) -> dict[str, Geometry]:
+        """The ``Geometry`` of each embedding key (``curvalign.geometries``): its kind, curvature
+        and bounds, scores, distance to the origin, tangent features and index lift. Default:
+        the built-in geometry each ``embedding_geometry`` name calls for, at this recipe's
+        ``curvature_value()`` and ``curvature_bounds()``. A method in a geometry of its own
+        returns its own objects here."""
+        c, bounds = self.curvature_value(), self.curvature_bounds()
+        return {
+            key: named_geometry(kind, c, bounds) for key, kind in self.embedding_geometry.items()
+        }
 
     def curvature_value(self) -> Tensor | None:
         """The positive curvature ``c`` (sectional curvature ``-c``) of the recipe's hyperbolic
@@ -322,13 +340,15 @@ class Recipe(nn.Module):
     def distance_to_origin(self, emb: Embedding) -> Tensor | None:
         """[N] float64 distance of each item to the origin of the recipe's geometry (hierarchy
         ordering: more specific items lie further out). None when the geometry has no origin
-        (a sphere has none): ordering then does not apply."""
+        (a sphere has none): ordering then does not apply. Default: None; a recipe answers
+        from its ``geometries()`` (``Geometry.distance_to_origin``)."""
         return None
 
     def tangent_features(self, emb: Embedding) -> Tensor:
         """[N, D] float64 flat vectors whose covariance spectrum describes the embedding (seed
         001, Fig. 7). Default: every ``[N, ...]`` tensor of ``emb`` flattened, keys in sorted
-        order, concatenated; ``HyperbolicRecipe`` maps its Lorentz part to the tangent space."""
+        order, concatenated; ``HyperbolicRecipe`` maps its Lorentz part to the tangent space
+        (``Geometry.tangent`` does the same per key)."""
         return _flat_parts(emb, {})
 
     def gate_value(self) -> float | None:
@@ -451,7 +471,7 @@ class CosineRecipe(Recipe):
     DualPath): scores, class embeddings (renormalised mean of the prompts) and an exact cosine
     index proxy. No origin (the sphere has none), so no hierarchy ordering."""
 
-    embedding_geometry: ClassVar[Mapping[str, Geometry]] = {"point": "sphere"}
+    embedding_geometry: ClassVar[Mapping[str, GeometryKind]] = {"point": "sphere"}
 
     def scores(self, texts: Embedding, images: Embedding, query: Query = "text") -> Tensor:
         return cosine_scores(texts["point"], images["point"])
