@@ -10,8 +10,11 @@ candidates only). With ``candidates >= N`` the result equals an exhaustive ranki
 
 Proxies (database vector ``u``, query vector ``v``, ``u.v`` large = likely a good match)
     A recipe names the proxies that apply to it (``Recipe.index_proxies()``: an ``IndexProxy``
-    with a kind, the embedding key it reads and whether it is exact); this module builds the
-    vectors of each kind:
+    with a kind, the embedding key it reads and whether it is exact). The vectors come from a
+    ``Lift`` (``curvalign.geometries``): the one the proxy carries (``IndexProxy.lift``, for a
+    method in a geometry of its own, e.g. tests/plugin_poincare.py's Poincare ball), else the
+    built-in lift its kind names (``BUILTIN_LIFTS``); this module ranks with them and never
+    switches on the kind. The built-in kinds:
 
     cosine           unit vectors of ``key``: ``u.v`` is the cosine itself.
     lorentz          Lorentz ``[x, t]`` / ``[y, -t]`` of ``key``: ``u.v = <x,y>_L``, exact for
@@ -63,7 +66,7 @@ import torch
 from torch import Tensor
 
 from curvalign.errors import InputError, NonFiniteError
-from curvalign.geometries import BUILTIN_LIFTS, Lift
+from curvalign.geometries import BUILTIN_LIFTS, AngleLift, Lift
 from curvalign.index.search import (
     FlatFile,
     IndexMismatchError,
@@ -286,7 +289,7 @@ class RecipeIndex:
         cells visited per query. Vectors are computed and added ``IVFPQ_CHUNK`` rows at a time.
         The candidates are reranked with the recipe's exact score like any others; only recall
         is approximate (``benchmarks/data_scale.py`` measures it against the exact search)."""
-        if self.proxy.spec.kind == "angle":
+        if isinstance(self.proxy.lift, AngleLift):
             raise InputError(
                 f"recipe {self.recipe.name!r} ranks by an angle, whose candidates come from a "
                 "flat scan or an HNSW graph; an IVF-PQ candidate index needs a dot-product proxy"
@@ -450,7 +453,7 @@ class RecipeIndex:
         queries = as_torch_embedding(queries)
         _check_embedding(queries, self.database, "queries")
         K = min(int(K), len(self))
-        if self.proxy.spec.kind == "angle" and self.candidate_index == "flat":
+        if isinstance(self.proxy.lift, AngleLift) and self.candidate_index == "flat":
             return self._angle_scan(queries, K)
         vectors = self.proxy.query(queries)
         if vectors.ndim == 2:
