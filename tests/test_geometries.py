@@ -150,3 +150,30 @@ def test_poincare_coordinates_keep_the_distance(c):
     sq = lambda a: (a * a).sum(1)  # noqa: E731
     ball = torch.acosh(1 + 2 * c * sq(p - q) / ((1 - c * sq(p)) * (1 - c * sq(q)))) / math.sqrt(c)
     torch.testing.assert_close(ball, lorentz.dist(x, y, c), rtol=1e-9, atol=1e-12)
+
+
+def test_the_numpy_adapters_do_not_depend_on_their_block_size(monkeypatch):
+    """The index's float64 numpy adapters call geometry.lorentz in row blocks (and over broadcast
+    leading dimensions, as the exact search's ``[queries, candidates]`` excess does): the result
+    is the one of a single call over the whole arrays, bit for bit."""
+    import curvalign.geometries as geometries
+
+    rng = np.random.default_rng(4)
+    x = (rng.normal(size=(37, 5)) * 3).astype(np.float32)
+    y = (rng.normal(size=(6, 1, 5)) * 3).astype(np.float32)
+    whole = {
+        "time": lorentz.time(torch.from_numpy(x).double(), 0.5).numpy(),
+        "excess": lorentz.excess(torch.from_numpy(x).double(), torch.from_numpy(y).double(), 0.5),
+        "ball": lorentz.poincare(torch.from_numpy(x).double(), 0.5).numpy().astype(np.float32),
+    }
+    monkeypatch.setattr(geometries, "BLOCK_ELEMENTS", 7)  # one row per call, many calls
+    got_excess = geometries.lorentz_excess(x, y, 0.5)
+    assert got_excess.shape == (6, 37)
+    np.testing.assert_array_equal(got_excess, whole["excess"].numpy())
+    np.testing.assert_array_equal(geometries.lorentz_time(x, 0.5), whole["time"])
+    np.testing.assert_array_equal(geometries.poincare_ball(x, 0.5), whole["ball"])
+    z = whole["excess"].numpy()
+    np.testing.assert_array_equal(
+        geometries.distance_from_excess(z, 0.5),
+        lorentz.dist_from_excess(torch.from_numpy(z), 0.5).numpy(),
+    )
