@@ -16,6 +16,8 @@ from curvalign.eval.ranking import average_precision, roc_auc, tie_diagnostics
 from curvalign.eval.zeroshot import mean_per_class_recall, template_positions
 from curvalign.geometry import lorentz
 from curvalign.recipes import get_recipe
+from curvalign.recipes.base import cone_margin
+from test_eval_metrics import _IdentityLorentz, _toy_store
 
 # --- ranking: AP, AUROC, ties -------------------------------------------------------------------
 
@@ -309,3 +311,61 @@ def test_subset_keeps_the_multilabels_of_kept_images():
     sub = _multilabel_store().subset([2, 0])
     assert sub.multilabel_to_image.tolist() == [1, 0, 0]
     assert sub.multilabel_class.tolist() == [0, 0, 1]
+
+
+def test_chance_relative_recall_is_the_mean_over_every_class_ordering():
+    import itertools
+
+    from curvalign.eval.chance import relative_recall_chance
+
+    tax = Taxonomy(PARENTS)
+    class_to_node = torch.tensor([3, 4, 5])  # dog, cat, car
+    labels = torch.tensor([0, 2])  # a dog, a car
+    # by hand at k=1: the dog finds its sibling cat with probability 1/2 and its cousin car with
+    # 1/2; the car's two cousins fill its one slot surely
+    chance = relative_recall_chance(labels, class_to_node, tax, 3, k=1)
+    assert chance == pytest.approx({"sibling@1": 0.5, "cousin@1": (0.5 + 1.0) / 2})
+    orders = list(itertools.permutations([0.0, 1.0, 2.0]))
+    mean = {"sibling@1": 0.0, "cousin@1": 0.0}
+    for a, b in itertools.product(orders, orders):
+        got = relative_recall_at_k(torch.tensor([a, b]), labels, class_to_node, tax, ks=(1,))
+        for key in mean:
+            mean[key] += got[key] / len(orders) ** 2
+    assert mean == pytest.approx(chance)
+
+
+class _ClassPointLorentz(_IdentityLorentz):
+    """The identity Lorentz stand-in with a class point (the mean of the prompt points)."""
+
+    def class_embedding(self, prompts):
+        return {"point": prompts["point"].mean(0, keepdim=True)}
+
+
+class _ConeLorentz(_ClassPointLorentz):
+    """The same points, entailment read by MERU's cone margin at c = 1 (eta 1, K 0.1)."""
+
+    def entailment_scores(self, general, specific, specific_modality="image"):
+        one = torch.tensor(1.0, dtype=torch.float64)
+        return cone_margin(general["point"], specific["point"], one, 1.0, 0.1)
+
+
+def test_taxonomy_entailment_through_evaluate_depth_matched_negatives_tie_a_radius_order():
+    # classes a, b are the root's children with prompts (1, 0), (0, 1); images 0 (a) at (2, 0),
+    # 1 (b) at (0, 2). Pairs: (a, img0)+, (b, img0)-, (b, img1)+, (a, img1)-. Every class lies
+    # at radius 1 and every image at radius 2, so dist0(image) - dist0(class) is one value for
+    # all four pairs: AP = 1/2 (the share of positives), AUROC = 1/2, one distinct score
+    res = evaluate(_ClassPointLorentz(), _toy_store(), diagnostics=False)["entailment"]
+    assert res["taxonomy"] == pytest.approx(
+        {
+            "AP": 0.5,
+            "AUROC": 0.5,
+            "positives": 2,
+            "negatives": 2,
+            "distinct_scores": 1,
+            "modal_fraction": 1.0,
+        }
+    )
+    # the cone sees the relation: each image lies on its own class's ray (exterior angle 0) and
+    # at a right angle to the other class's, so the positives come first
+    cone = evaluate(_ConeLorentz(), _toy_store(), diagnostics=False)["entailment"]["taxonomy"]
+    assert cone["AP"] == 1.0 and cone["AUROC"] == 1.0 and cone["distinct_scores"] == 2
