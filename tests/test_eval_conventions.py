@@ -369,3 +369,42 @@ def test_taxonomy_entailment_through_evaluate_depth_matched_negatives_tie_a_radi
     # at a right angle to the other class's, so the positives come first
     cone = evaluate(_ConeLorentz(), _toy_store(), diagnostics=False)["entailment"]["taxonomy"]
     assert cone["AP"] == 1.0 and cone["AUROC"] == 1.0 and cone["distinct_scores"] == 2
+
+
+def test_relative_recall_is_the_same_in_row_chunks(monkeypatch):
+    from curvalign.eval import hierarchy
+
+    gen = torch.Generator().manual_seed(0)
+    tax = Taxonomy(PARENTS)
+    class_to_node = torch.tensor([3, 4, 5, 6, 1])
+    scores = torch.randint(0, 3, (50, 5), generator=gen).float()  # many ties
+    labels = torch.randint(0, 5, (50,), generator=gen)
+    whole = relative_recall_at_k(scores, labels, class_to_node, tax, ks=(1, 2))
+    monkeypatch.setattr(hierarchy, "ROW_CHUNK", 7)
+    assert relative_recall_at_k(scores, labels, class_to_node, tax, ks=(1, 2)) == pytest.approx(
+        whole
+    )
+
+
+def test_synthetic_world_is_multi_label_and_evaluate_ranks_it_with_the_recipe_score():
+    from curvalign.data import load_data
+
+    store = load_data("synthetic:images=60,text_pairs=10,captions_max=3")
+    labels = label_matrix(
+        store.multilabel_to_image, store.multilabel_class, store.num_images, len(store.class_names)
+    )
+    assert bool(labels[torch.arange(store.num_images), store.image_labels].all())  # main object
+    assert int(labels.sum(1).max()) > 1  # some image holds several classes
+    torch.manual_seed(0)
+    meru = get_recipe("meru")
+    recipe = meru(meru.Config(), store.image_dim, store.text_dim).eval()
+    res = evaluate(recipe, store, split="test", diagnostics=False)
+    test = store.split_image_ids("test")
+    with torch.no_grad():
+        scores = recipe.zero_shot_scores(
+            recipe.embed_images(store.image_features[test]),
+            recipe.embed_texts(store.prompt_features),
+            store.prompt_to_class,
+            len(store.class_names),
+        )
+    assert res["multilabel"] == pytest.approx(multilabel_map(scores, labels[test]))

@@ -65,19 +65,36 @@ def taxonomy_pairs(
     if len(positives) > max_positives:
         keep = torch.randperm(len(positives), generator=gen)[:max_positives].sort().values
         positives = [positives[k] for k in keep.tolist()]
+
+    def draw(pool: list[int], entailing: set[int]) -> int:
+        """A uniform member of ``pool`` whose node is not in ``entailing`` (rejection: the
+        entailing nodes are few, one chain of ancestors, so a draw takes few tries)."""
+        while True:
+            b = pool[int(torch.randint(len(pool), (1,), generator=gen))]
+            if nodes[b] not in entailing:
+                return b
+
+    everything = list(range(len(nodes)))
     for i, a in positives:
         y_node = nodes[int(labels[i])]
         entailing = {y_node, *tax.ancestors[y_node]}
         general.append(a)
         specific.append(i)
         positive.append(True)
-        pool = [b for b in by_depth[tax.real_depth(nodes[a])] if nodes[b] not in entailing]
-        if not pool:
-            pool = [b for b in range(len(nodes)) if nodes[b] not in entailing]
-        if pool:
-            general.append(pool[int(torch.randint(len(pool), (1,), generator=gen))])
-            specific.append(i)
-            positive.append(False)
+        depth = tax.real_depth(nodes[a])
+        blocked = [n for n in entailing if n < tax.num_nodes]
+        same_depth_blocked = sum(
+            len(classes_of_node.get(n, [])) for n in blocked if tax.real_depth(n) == depth
+        )
+        if len(by_depth[depth]) > same_depth_blocked:
+            pool = by_depth[depth]
+        elif len(nodes) > sum(len(classes_of_node.get(n, [])) for n in blocked):
+            pool = everything
+        else:
+            continue  # every class entails this image: no negative
+        general.append(draw(pool, entailing))
+        specific.append(i)
+        positive.append(False)
     return (
         torch.tensor(general, dtype=torch.long),
         torch.tensor(specific, dtype=torch.long),

@@ -142,6 +142,10 @@ def hierarchical_metrics(
     return {k: v / n for k, v in sums.items()}
 
 
+#: image rows ranked at once by ``relative_recall_at_k``
+ROW_CHUNK = 1024
+
+
 def _node_list(values: Tensor | Sequence[int]) -> list[int]:
     return [int(v) for v in (values.tolist() if isinstance(values, Tensor) else values)]
 
@@ -251,22 +255,28 @@ def relative_recall_at_k(
         member = torch.zeros(num_classes, num_classes, dtype=torch.bool)
         for c, others in enumerate(rel):
             member[c, others] = True
-        is_rel = member[labels]  # [n, C]
-        size = is_rel.sum(1)
-        has = size > 0
-        if not bool(has.any()):
-            continue
-        # the true class leaves the ranking; ties against the model: relatives last among equals
-        masked = scores.clone()
-        masked[torch.arange(n), labels] = -torch.inf
-        secondary = torch.sort(is_rel.double(), dim=1, stable=True).indices  # relatives last
-        primary = torch.sort(
-            masked.gather(1, secondary), dim=1, descending=True, stable=True
-        ).indices
-        order = secondary.gather(1, primary)
-        ranked_rel = is_rel.gather(1, order)
-        for k in ks:
-            found = ranked_rel[:, :k].sum(1).double()
-            recall = found / size.clamp_min(1).clamp_max(k).double()
-            out[f"{relation}@{k}"] = float(recall[has].mean())
+        sums = dict.fromkeys(ks, 0.0)
+        counted = 0
+        for start in range(0, n, ROW_CHUNK):  # bounded memory: a few [chunk, C] tensors
+            rows = slice(start, start + ROW_CHUNK)
+            is_rel = member[labels[rows]]  # [m, C]
+            size = is_rel.sum(1)
+            has = size > 0
+            if not bool(has.any()):
+                continue
+            # the true class leaves the ranking; ties against the model: relatives last
+            masked = scores[rows].clone()
+            masked[torch.arange(len(size)), labels[rows]] = -torch.inf
+            secondary = torch.sort(is_rel.double(), dim=1, stable=True).indices
+            primary = torch.sort(
+                masked.gather(1, secondary), dim=1, descending=True, stable=True
+            ).indices
+            ranked_rel = is_rel.gather(1, secondary.gather(1, primary))
+            for k in ks:
+                found = ranked_rel[:, :k].sum(1).double()
+                recall = found / size.clamp_min(1).clamp_max(k).double()
+                sums[k] += float(recall[has].sum())
+            counted += int(has.sum())
+        if counted:
+            out.update({f"{relation}@{k}": sums[k] / counted for k in ks})
     return out
