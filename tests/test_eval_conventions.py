@@ -408,3 +408,24 @@ def test_synthetic_world_is_multi_label_and_evaluate_ranks_it_with_the_recipe_sc
             len(store.class_names),
         )
     assert res["multilabel"] == pytest.approx(multilabel_map(scores, labels[test]))
+
+
+def test_depths_print_in_edges_and_get_no_best_verdict():
+    from curvalign.report.tables import column_verdicts, metric_kind
+
+    assert metric_kind("hierarchy/pred_depth") == "num"
+    assert metric_kind("hierarchy/leaf_rate") == "pct"
+    assert metric_kind("hierarchy/sibling@5") == "pct"
+    stat = {"mean": 1.0, "low": 0.9, "high": 1.1, "n": 3, "values": [0.9, 1.0, 1.1]}
+    far = {"mean": 5.0, "low": 4.9, "high": 5.1, "n": 3, "values": [4.9, 5.0, 5.1]}
+    stats = {
+        "a": {p: stat for p in ("hierarchy/pred_depth", "hierarchy/leaf_rate", "hierarchy/J")},
+        "b": {p: far for p in ("hierarchy/pred_depth", "hierarchy/leaf_rate", "hierarchy/J")},
+    }
+    cols = [
+        ("PredDepth", "hierarchy/pred_depth", "num"),
+        ("Leaf", "hierarchy/leaf_rate", "pct"),
+        ("J", "hierarchy/J", "pct"),
+    ]
+    verdicts = column_verdicts(stats, ["a", "b"], cols)
+    assert set(verdicts) == {"hierarchy/J"} and verdicts["hierarchy/J"]["best"] == "b"

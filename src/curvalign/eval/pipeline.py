@@ -244,8 +244,14 @@ def _num_classes(store: FeatureStore) -> int:
 def class_scores_stage(recipe: Recipe, store: FeatureStore, emb: SplitEmbeddings) -> Tensor | None:
     """[Ni, C] ``recipe.zero_shot_scores`` of every image of the split (its class protocol and
     prompt ensemble), float32 on the CPU; None without classes. Zero-shot, the hierarchy-local
-    recalls and multi-label mAP all read these."""
+    recalls and multi-label mAP all read these; None as well when no image of the split has a
+    label or a multi-label (nothing would read them)."""
     if emb.prompts is None:
+        return None
+    labelled = store.image_labels is not None and bool(
+        (store.image_labels[emb.image_ids] >= 0).any()
+    )
+    if not (labelled or store.has_multilabels):
         return None
     return (
         recipe.zero_shot_scores(

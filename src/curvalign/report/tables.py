@@ -55,9 +55,10 @@ UNITS = (
 JSON_UNITS = "fractions in [0, 1] for rates (tables print them in %); TIE and LCA in tree edges"
 #: columns where lower is better
 LOWER_IS_BETTER = ("hierarchy/TIE", "hierarchy/LCA")
-#: numbers that are no rate and have no better direction (depths in tree edges, counts): printed
-#: with decimals, never given a "best" verdict
+#: numbers with no better direction, never given a "best" verdict (depths in tree edges and
+#: counts print with decimals; the leaf rate, a share, in %)
 UNRANKED = (
+    "hierarchy/leaf_rate",  # right only as far as the truths are leaves
     "hierarchy/pred_depth",
     "hierarchy/true_depth",
     "entailment/taxonomy/positives",
@@ -158,7 +159,7 @@ def metric_kind(path: str) -> str:
     """ "pct" for quantities in [0, 1], "num" for TIE/LCA (tree edges) and diagnostics."""
     if (
         path in LOWER_IS_BETTER
-        or path in UNRANKED
+        or (path in UNRANKED and not path.endswith("leaf_rate"))
         or path.startswith(("diagnostics", "distance_to_origin", "spectrum"))
     ):
         return "num"
