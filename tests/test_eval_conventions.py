@@ -429,3 +429,20 @@ def test_depths_print_in_edges_and_get_no_best_verdict():
     ]
     verdicts = column_verdicts(stats, ["a", "b"], cols)
     assert set(verdicts) == {"hierarchy/J"} and verdicts["hierarchy/J"]["best"] == "b"
+
+
+def test_hycoclip_and_phyclip_cone_margins_use_their_loss_etas():
+    g, s = torch.tensor([[1.0, 0.0]]), torch.tensor([[1.0, 1.0]])
+    aperture = math.asin(0.2)  # K = 0.1, |g| = 1, c = 1
+    angle = float(lorentz.exterior_angle(g.double(), s.double(), 1.0)[0])
+    hyco = _recipe("hycoclip", embed_dim=2)
+    image = float(hyco.entailment_scores({"point": g}, {"point": s}, "image")[0])
+    text = float(hyco.entailment_scores({"point": g}, {"point": s}, "text")[0])
+    assert image == pytest.approx(0.7 * aperture - angle)  # eta_inter, T -> I
+    assert text == pytest.approx(1.2 * aperture - angle)  # eta_intra, T_box -> T
+    phy = _recipe("phyclip", num_factors=2, factor_dim=2)
+    # factor 0 as above, factor 1: the specific point on the general point's ray (angle 0)
+    gk = torch.stack([g, g], dim=1)  # [1, 2, 2]
+    sk = torch.stack([s, 2 * g], dim=1)
+    got = float(phy.entailment_scores({"point": gk}, {"point": sk}, "image")[0])
+    assert got == pytest.approx(((0.7 * aperture - angle) + (0.7 * aperture - 0.0)) / 2, abs=1e-6)

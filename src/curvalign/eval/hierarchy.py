@@ -21,6 +21,10 @@ classes to their LCA", but the formula above (the code behind the tables) is the
 *pred* to the LCA when pred and true lie on different branches, and that distance + 1 when one is
 an ancestor of the other (so a correct prediction scores 1, not 0). The project reports the
 formula, so numbers compare with the papers' tables.
+
+Beside them (docs/evaluation.md, "Which hierarchy metric to trust"): ``depth_metrics`` (how deep
+the predictions are: LCA and PH reward general ones) and ``relative_recall_at_k`` (sibling and
+cousin recall@k of the classes the recipe ranks for an image: hierarchy-local structure).
 """
 
 from __future__ import annotations
