@@ -115,6 +115,14 @@ class Atmg(LorentzRecipe):
     Config = AtmgConfig
     radius_gap_knob = "text_radius_ratio"
 
+    entailment_measure = "minus the exterior angle at the text towards the item (alpha, Eq. 9)"
+
+    def entailment_scores(
+        self, general: Embedding, specific: Embedding, specific_modality: Query = "image"
+    ) -> Tensor:
+        g, s = general["point"].detach().double(), specific["point"].detach().double()
+        return -lorentz.exterior_angle(g, s, self.curvature_value())
+
     def _use_beta(self, query: Query) -> bool:
         return query == "image" and self.config.image_query_score == "beta"
 

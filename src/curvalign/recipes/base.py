@@ -389,6 +389,20 @@ class Recipe(nn.Module):
         ("curvature", "temperature"): ``{role: (scalar, config key of its start value)}``."""
         return {}
 
+    # --- entailment (eval/entailment.py asks this) ---------------------------------------------
+    #: one line naming what ``entailment_scores`` measures, for reports (None: nothing)
+    entailment_measure: ClassVar[str | None] = None
+
+    def entailment_scores(
+        self, general: Embedding, specific: Embedding, specific_modality: Query = "image"
+    ) -> Tensor | None:
+        """[n] float64: how strongly text row i of ``general`` entails row i of ``specific``
+        (an image, or a more specific text: ``specific_modality``), higher = more; the recipe's
+        own entailment-capable quantity (a cone margin, an exterior angle, an order of distances
+        to the origin). None when the geometry has none (a sphere has no origin and no cones):
+        the evaluation then marks entailment n/a. Default: None."""
+        return None
+
 
 def _flat_parts(emb: Embedding, mapped: Mapping[str, Tensor]) -> Tensor:
     """Every ``[N, ...]`` tensor of ``emb`` (or its replacement in ``mapped``) flattened to
@@ -438,12 +452,39 @@ class HyperbolicRecipe(Recipe):
             out["temperature"] = (temperature, "temperature_init")
         return out
 
+    entailment_measure: ClassVar[str | None] = (
+        "distance-to-origin order: dist0(specific) - dist0(general)"
+    )
+
+    def entailment_scores(
+        self, general: Embedding, specific: Embedding, specific_modality: Query = "image"
+    ) -> Tensor | None:
+        """The more specific item lies further from the origin: ``dist0(specific) -
+        dist0(general)`` (the order hierarchy ordering tests), for a recipe whose training has
+        no cone or angle of its own. None without a hyperbolic part."""
+        d_general = self.distance_to_origin(general)
+        d_specific = self.distance_to_origin(specific)
+        if d_general is None or d_specific is None:
+            return None
+        return d_specific - d_general
+
     def tangent_features(self, emb: Embedding) -> Tensor:
         mapped = {}
         if self.hyperbolic_key in emb:
             points = emb[self.hyperbolic_key].detach().double()
             mapped[self.hyperbolic_key] = lorentz.logmap0(points, self.curvature_value())
         return _flat_parts(emb, mapped)
+
+
+def cone_margin(general: Tensor, specific: Tensor, c: Tensor, eta: float, K: float) -> Tensor:
+    """[n] float64 ``eta * half_aperture(g) - exterior_angle(g, s)``: how far the specific
+    point lies inside the general point's entailment cone (negative outside). Minus MERU's cone
+    violation (Eq. 7) without its hinge, so points inside the cone keep their order instead of
+    all scoring 0. Points ``[n, d]``, or ``[n, k, d]`` with ``c: [k]`` (the mean over the k
+    factors, as PHyCLIP's entailment loss averages them)."""
+    g, s = general.detach().double(), specific.detach().double()
+    margin = eta * lorentz.half_aperture(g, c, K=K) - lorentz.exterior_angle(g, s, c)
+    return margin.mean(dim=-1) if g.ndim == 3 else margin
 
 
 class CosineRecipe(Recipe):

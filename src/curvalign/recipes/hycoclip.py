@@ -17,17 +17,22 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from torch import Tensor
+
 from curvalign.losses import entailment_cone_loss, info_nce
 from curvalign.recipes import register
 from curvalign.recipes.base import (
     Batch,
+    Embedding,
     Gather,
     LorentzConfig,
     LorentzRecipe,
     LossOutput,
     Progress,
+    Query,
     box_batch_points,
     check_batch,
+    cone_margin,
 )
 from curvalign.scores import lorentz_distance_scores
 
@@ -79,6 +84,19 @@ class Hycoclip(LorentzRecipe):
         "min_lr_ratio": 0.0,
         "grad_clip": 0.0,
     }
+    entailment_measure = (
+        "cone margin eta aper(text) - ext(text, item), eta_inter for an image, eta_intra for "
+        "a text (the loss's cones without the hinge)"
+    )
+
+    def entailment_scores(
+        self, general: Embedding, specific: Embedding, specific_modality: Query = "image"
+    ) -> Tensor:
+        cfg: HycoclipConfig = self.config
+        eta = cfg.eta_inter if specific_modality == "image" else cfg.eta_intra
+        return cone_margin(
+            general["point"], specific["point"], self.curvature_value(), eta, cfg.aperture_K
+        )
 
     def loss(self, batch: Batch, progress: Progress, gather: Gather | None = None) -> LossOutput:
         gather = gather or Gather()

@@ -504,7 +504,13 @@ def write_benchmark_outputs(
 ) -> dict[str, Path]:
     """results.json, results.md and the PNG plots of a benchmark."""
     from curvalign.report import plots
-    from curvalign.report.tables import JSON_UNITS, markdown_stats_table, step0_cells, write_json
+    from curvalign.report.tables import (
+        JSON_UNITS,
+        markdown_stats_table,
+        prompt_sensitivity_markdown,
+        step0_cells,
+        write_json,
+    )
 
     files: dict[str, Path] = {}
     verdicts = verdicts_of(result)
@@ -531,6 +537,14 @@ def write_benchmark_outputs(
     md.append(markdown_stats_table(result.stats, verdicts, extra))
     md += ["", "Verdicts (bold = best, only where the paired 95% interval excludes 0):", ""]
     md += [f"- {v['text']}" for v in verdicts.values()] or ["- (fewer than two trained rows)"]
+    sensitivity = prompt_sensitivity_markdown(result.stats)
+    if sensitivity:
+        md += [
+            "",
+            "Prompt sensitivity (zero-shot top-1 in %, each template alone):",
+            "",
+            sensitivity,
+        ]
     for name, why in result.absent.items():
         md += ["", f"Row '{name}' is absent: {why}."]
     for name, why in failed.items():

@@ -25,11 +25,22 @@ DEFAULT_COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("I2T R@5", "retrieval/i2t@5", "pct"),
     ("ZS top1", "zeroshot/top1", "pct"),
     ("ZS top5", "zeroshot/top5", "pct"),
+    ("ZS mpc", "zeroshot/mean_per_class", "pct"),
     ("TIE↓", "hierarchy/TIE", "num"),
     ("LCA↓", "hierarchy/LCA", "num"),
     ("J", "hierarchy/J", "pct"),
     ("PH", "hierarchy/PH", "pct"),
     ("RH", "hierarchy/RH", "pct"),
+    ("Depth=", "hierarchy/depth_match", "pct"),
+    ("Leaf", "hierarchy/leaf_rate", "pct"),
+    ("PredDepth", "hierarchy/pred_depth", "num"),
+    ("Sib@5", "hierarchy/sibling@5", "pct"),
+    ("Cous@5", "hierarchy/cousin@5", "pct"),
+    ("Ent AP", "entailment/taxonomy/AP", "pct"),
+    ("Ent AUC", "entailment/taxonomy/AUROC", "pct"),
+    ("Chain AP", "entailment/chains/AP", "pct"),
+    ("Chain AUC", "entailment/chains/AUROC", "pct"),
+    ("mAP", "multilabel/mAP", "pct"),
     ("HardNeg", "compositional/overall", "pct"),
     ("Order txt", "ordering/text/chain", "pct"),
     ("Order img", "ordering/image/chain", "pct"),
@@ -44,6 +55,20 @@ UNITS = (
 JSON_UNITS = "fractions in [0, 1] for rates (tables print them in %); TIE and LCA in tree edges"
 #: columns where lower is better
 LOWER_IS_BETTER = ("hierarchy/TIE", "hierarchy/LCA")
+#: numbers with no better direction, never given a "best" verdict (depths in tree edges and
+#: counts print with decimals; the leaf rate, a share, in %)
+UNRANKED = (
+    "hierarchy/leaf_rate",  # right only as far as the truths are leaves
+    "hierarchy/pred_depth",
+    "hierarchy/true_depth",
+    "entailment/taxonomy/positives",
+    "entailment/taxonomy/negatives",
+    "entailment/taxonomy/distinct_scores",
+    "entailment/chains/positives",
+    "entailment/chains/negatives",
+    "entailment/chains/distinct_scores",
+    "multilabel/classes",
+)
 #: the terminal table's columns, most wanted first: it shows as many as the terminal fits
 TERMINAL_PRIORITY = (
     "retrieval/t2i@1",
@@ -132,8 +157,10 @@ def rich_table(
 
 def metric_kind(path: str) -> str:
     """ "pct" for quantities in [0, 1], "num" for TIE/LCA (tree edges) and diagnostics."""
-    if path in LOWER_IS_BETTER or path.startswith(
-        ("diagnostics", "distance_to_origin", "spectrum")
+    if (
+        path in LOWER_IS_BETTER
+        or (path in UNRANKED and not path.endswith("leaf_rate"))
+        or path.startswith(("diagnostics", "distance_to_origin", "spectrum"))
     ):
         return "num"
     return "pct"
@@ -143,11 +170,26 @@ def metrics_lines(result: Mapping[str, Any]) -> list[tuple[str, str]]:
     """(name, value) lines of one evaluation, for ``curvalign eval`` without ``--json``: rates
     in %, TIE/LCA in tree edges (the module's units)."""
     out = []
-    for group in ("retrieval", "zeroshot", "hierarchy", "compositional"):
+    for group in ("retrieval", "zeroshot", "hierarchy", "multilabel", "compositional"):
         for key, value in (result.get(group) or {}).items():
             path = f"{group}/{key}"
             kind = metric_kind(path)
             out.append((path, format_cell(value, kind)))
+    entailment = result.get("entailment") or {}
+    for source in ("taxonomy", "chains"):
+        for key in ("AP", "AUROC", "distinct_scores", "modal_fraction"):
+            value = lookup(entailment, f"{source}/{key}")
+            if value is not None:
+                path = f"entailment/{source}/{key}"
+                out.append((path, format_cell(value, metric_kind(path))))
+    sensitivity = result.get("prompt_sensitivity") or {}
+    for name, values in {
+        **(sensitivity.get("templates") or {}),
+        "ensemble": sensitivity.get("ensemble") or {},
+    }.items():
+        for key in ("top1", "mean_per_class"):
+            if key in values:
+                out.append((f"prompt_sensitivity/{name}/{key}", format_cell(values[key], "pct")))
     ordering = result.get("ordering")
     if ordering is not None:
         for side in ("text", "image"):
@@ -230,6 +272,8 @@ def column_verdicts(
 
     out: dict[str, dict[str, Any]] = {}
     for header, path, kind in columns:
+        if path in UNRANKED:
+            continue
         rows = [r for r in contenders if stats.get(r, {}).get(path)]
         if len(rows) < 2:
             continue
@@ -397,3 +441,34 @@ def step0_cells(rows: Mapping[str, Mapping[str, Any]]) -> list[tuple[str, str]]:
         seeds = {line.split(":", 1)[0] for line in lines if step0_codes([line])}
         out.append((name, f"! {', '.join(codes)} ({len(seeds)}/{len(row.get('seeds', []))})"))
     return out
+
+
+#: where a benchmark's stats keep the per-template zero-shot numbers (``evaluate``'s
+#: ``prompt_sensitivity``)
+PROMPT_PREFIX = "prompt_sensitivity/templates/"
+
+
+def prompt_sensitivity_markdown(
+    stats: Mapping[str, Mapping[str, Mapping[str, Any]]], metric: str = "top1"
+) -> str:
+    """The prompt-sensitivity table: one row per benchmark row, one column per template (zero-shot
+    ``metric`` with that template alone) and the ensemble, mean ± 95% interval in %; "" when no
+    row has per-template numbers (the store has one template)."""
+    names: list[str] = []
+    for row in stats.values():
+        for path in row:
+            if path.startswith(PROMPT_PREFIX) and path.endswith(f"/{metric}"):
+                name = path[len(PROMPT_PREFIX) : -len(metric) - 1]
+                if name not in names:
+                    names.append(name)
+    if not names:
+        return ""
+    cols = [(name, f"{PROMPT_PREFIX}{name}/{metric}", "pct") for name in names]
+    cols.append(("ensemble", f"prompt_sensitivity/ensemble/{metric}", "pct"))
+    shown = {r: v for r, v in stats.items() if any(c[1] in v for c in cols)}
+    lines = [
+        "| row | " + " | ".join(c[0] for c in cols) + " |",
+        "|" + "|".join(["---"] + ["---:"] * len(cols)) + "|",
+    ]
+    lines += ["| " + " | ".join(cells) + " |" for cells in stats_table_rows(shown, cols)]
+    return "\n".join(lines) + "\n"
