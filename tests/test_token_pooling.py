@@ -258,7 +258,7 @@ def test_clear_errors_without_tokens_or_with_other_widths(tmp_path: Path) -> Non
     )
     with pytest.raises(
         CurvalignError,
-        match=rf"dimension {DI}/{DK + 1} \(image/text tokens\) but the run takes {DI}/{DK}",
+        match=rf"text tokens are {DK + 1}-wide but dualpath takes {DK}: .*another text encoder",
     ):
         evaluate(run.recipe, wider, split="test")
 

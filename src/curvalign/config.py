@@ -60,6 +60,9 @@ class TrainConfig:
     patience         stop after this many validations without improvement; 0 = never
     val_fraction     share of the train images held out (seeded) for validation when the data
                      has no "val" split of its own; in (0, 1)
+    val_max_images   most validation images scored per validation: a larger split is scored on
+                     a subsample of this size (seeded by ``seed``, recorded in meta.json), so a
+                     validation costs the same at any store size; 0 = every image
     """
 
     steps: int = 1000
@@ -80,6 +83,7 @@ class TrainConfig:
     val_every: int = 50
     patience: int = 0
     val_fraction: float = 0.1
+    val_max_images: int = 5000
 
     def __post_init__(self) -> None:
         checks = [
@@ -104,6 +108,7 @@ class TrainConfig:
                 f"val_fraction must lie in (0, 1) (a share of the train images), got "
                 f"{self.val_fraction}",
             ),
+            (self.val_max_images >= 0, "val_max_images must be >= 0 (0 = every image)"),
             (
                 self.patience == 0 or self.val_every > 0,
                 f"patience={self.patience} needs validation: set val_every > 0 "
@@ -157,6 +162,7 @@ class RunConfig:
                 raise ConfigError(f"{source}: {key!r} must be a string")
         saved_train = dict(raw.get("train") or {})
         saved_train.setdefault("val_every", 0)  # a run from before validation existed had none
+        saved_train.setdefault("val_max_images", 0)  # ... and before subsampling: every image
         train = _build_dataclass(TrainConfig, saved_train, f"{source}: train")
         recipe_cls = recipe_class(raw["recipe"])
         saved = dict(raw.get("recipe_config") or {})

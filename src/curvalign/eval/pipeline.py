@@ -47,12 +47,20 @@ from curvalign.eval.hierarchy import (
 )
 from curvalign.eval.multilabel import label_matrix, multilabel_map
 from curvalign.eval.ordering import ordering_accuracy
-from curvalign.eval.retrieval import recall_at_k
 from curvalign.eval.zeroshot import (
     mean_per_class_recall,
     predict,
     template_positions,
     topk_accuracy,
+)
+from curvalign.readout import (
+    PAIR_BUDGET,
+    check_input_widths,
+    embed_features,
+    embed_store_part,
+    recall_from_ranks,
+    retrieval_ranks,
+    score_matrix,
 )
 from curvalign.recipes.base import (
     Embedding,
@@ -63,24 +71,15 @@ from curvalign.recipes.base import (
     slice_embedding,
 )
 
-#: pairs scored per call of ``recipe.scores`` (bounds the memory of per-pair routers such as AGR's)
-PAIR_BUDGET = 1 << 20
+# --- embedding and scoring helpers (one floor down, in curvalign.readout; names kept here) ------
 
 
-# --- embedding and scoring helpers ------------------------------------------------------------
-
-
-@torch.no_grad()
 def embed(recipe: Recipe, features: Tensor, modality: str, batch_size: int = 1024) -> Embedding:
-    """Embed ``features`` [N, D] (``modality`` "image" or "text") in batches; returns N items."""
-    fn = recipe.embed_images if modality == "image" else recipe.embed_texts
-    parts = [fn(features[i : i + batch_size]) for i in range(0, features.shape[0], batch_size)]
-    if not parts:
-        raise InputError(f"no {modality} features to embed")
-    return {k: torch.cat([p[k] for p in parts], dim=0) for k in parts[0]}
+    """Embed ``features`` [N, D] (``modality`` "image" or "text") in batches; returns N items
+    (``readout.embed_features``: each batch float32 on the recipe's device)."""
+    return embed_features(recipe, features, modality, batch_size)
 
 
-@torch.no_grad()
 def embed_text_part(
     recipe: Recipe, store: FeatureStore, part: str, ids: Tensor, batch_size: int = 1024
 ) -> Embedding:
@@ -88,45 +87,12 @@ def embed_text_part(
     "prompt", "negative", ...) as the recipe reads texts: pooled features [n, Dt], or token
     features [n, L, Dk] with their masks when ``recipe.text_tokens`` (each batch cut to its
     longest sequence, so a memory-mapped token array is read one batch at a time)."""
-    if not recipe.text_tokens:
-        return embed(recipe, store.text_rows(part, ids)[0], "text", batch_size)
-    parts = []
-    for start in range(0, len(ids), batch_size):
-        tokens, mask = store.text_rows(part, ids[start : start + batch_size], tokens=True)
-        parts.append(recipe.embed_texts(tokens, mask))
-    if not parts:
-        raise InputError(f"no {part} texts to embed")
-    return {k: torch.cat([p[k] for p in parts], dim=0) for k in parts[0]}
+    return embed_store_part(recipe, store, part, ids, batch_size)
 
 
-def check_inputs(recipe: Recipe, store: FeatureStore) -> None:
-    """One clear error when ``store``'s features do not fit ``recipe``'s input widths (pooled
-    features, or the token width when the recipe reads text tokens)."""
-    dims = store.input_dims(text_tokens=recipe.text_tokens)
-    if dims != (recipe.image_dim, recipe.text_dim):
-        text = "text tokens" if recipe.text_tokens else "text"
-        raise InputError(
-            f"features of dimension {dims[0]}/{dims[1]} (image/{text}) but the run takes "
-            f"{recipe.image_dim}/{recipe.text_dim}: extracted with another encoder"
-        )
-
-
-@torch.no_grad()
-def score_matrix(
-    recipe: Recipe, texts: Embedding, images: Embedding, query: Query = "text"
-) -> Tensor:
-    """[Nt, Ni] ``recipe.scores`` computed over row chunks of texts (at most ``PAIR_BUDGET`` pairs
-    per call), float32 on the CPU."""
-    n_text, n_image = embedding_size(texts), embedding_size(images)
-    rows = max(1, PAIR_BUDGET // max(1, n_image))
-    out = torch.empty(n_text, n_image, dtype=torch.float32)
-    for start in range(0, n_text, rows):
-        out[start : start + rows] = (
-            recipe.scores(slice_embedding(texts, slice(start, start + rows)), images, query=query)
-            .float()
-            .cpu()
-        )
-    return out
+#: one clear error when ``store``'s features do not fit ``recipe``'s input widths, naming the
+#: cause (``readout.check_input_widths``)
+check_inputs = check_input_widths
 
 
 @torch.no_grad()
@@ -197,7 +163,7 @@ def embed_split(
     """Embed the split's images and captions, and the class prompts if the store has classes."""
     check_inputs(recipe, store)
     image_ids, text_ids, t2i = split_rows(store, split)
-    images = embed(recipe, store.image_features[image_ids].float(), "image", batch_size)
+    images = embed_store_part(recipe, store, "image", image_ids, batch_size)
     texts = embed_text_part(recipe, store, "text", text_ids, batch_size)
     prompts = (
         embed_text_part(
@@ -231,10 +197,10 @@ def token_skips(recipe: Recipe, store: FeatureStore) -> list[str]:
 
 
 def retrieval_stage(recipe: Recipe, emb: SplitEmbeddings) -> dict[str, float]:
-    """Recall@1/5/10 text->image and image->text, each direction with its own query side."""
-    t_scores = score_matrix(recipe, emb.texts, emb.images, query="text")
-    i_scores = score_matrix(recipe, emb.texts, emb.images, query="image")
-    return recall_at_k(t_scores, emb.text_to_image, ks=(1, 5, 10), i2t_scores=i_scores)
+    """Recall@1/5/10 text->image and image->text, each direction with its own query side; the
+    ranks come in tiles of at most ``PAIR_BUDGET`` pairs (no dense matrix at any split size)."""
+    t_ranks, i_ranks = retrieval_ranks(recipe, emb.texts, emb.images, emb.text_to_image)
+    return recall_from_ranks(t_ranks, i_ranks, ks=(1, 5, 10))
 
 
 def _num_classes(store: FeatureStore) -> int:
@@ -470,7 +436,7 @@ def ordering_stage(
         "note": "distance to the origin of the hyperbolic part, chains general -> specific",
     }
     if store.has_chains and not recipe.text_tokens:  # chains hold pooled features only
-        chains = store.chain_features.float()
+        chains = store.chain_features
         n, length, dim = chains.shape
         chain_emb = embed(recipe, chains.reshape(n * length, dim), "text", batch_size)
         out["text"] = ordering_accuracy(recipe.distance_to_origin(chain_emb).reshape(n, length))
@@ -480,7 +446,7 @@ def ordering_stage(
         owner = local[store.box_to_image.long()]
         keep = torch.nonzero(owner >= 0).flatten()
         if len(keep):
-            crops = embed(recipe, store.box_image_features[keep].float(), "image", batch_size)
+            crops = embed_store_part(recipe, store, "box_image", keep, batch_size)
             d_crop = recipe.distance_to_origin(crops)
             d_full = recipe.distance_to_origin(slice_embedding(emb.images, owner[keep]))
             out["image"] = ordering_accuracy(torch.stack([d_crop, d_full], dim=1))
@@ -623,6 +589,7 @@ def run_evaluation(
 
 
 __all__ = [
+    "PAIR_BUDGET",
     "DiagnosticArrays",
     "Evaluation",
     "SplitEmbeddings",

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from curvalign._io import staged_directory
+from curvalign.data.features import FeatureStore
 from curvalign.errors import InputError, NonFiniteError, NotFoundError, OverwriteError
 from curvalign.index.rerank import RecipeIndex, as_torch_embedding
 from curvalign.index.search import (
@@ -35,6 +36,7 @@ from curvalign.index.search import (
     build_index,
     load_index,
 )
+from curvalign.readout import check_input_widths, embed_store_rows
 from curvalign.recipes.base import Embedding, Recipe
 from curvalign.runs import load_run
 
@@ -66,7 +68,7 @@ def _lorentz_index_key(recipe: Recipe) -> str | None:
 @torch.no_grad()
 def embed_store(
     recipe: Recipe,
-    store: Any,
+    store: FeatureStore,
     out: str | os.PathLike,
     *,
     batch_size: int = 1024,
@@ -88,39 +90,25 @@ def embed_store(
     out.parent.mkdir(parents=True, exist_ok=True)
     if out.exists() and not (out / META_FILE).exists() and any(out.iterdir()):
         raise OverwriteError(f"{out} exists and is not an embeddings directory; not overwriting it")
-    if hasattr(store, "input_dims"):  # a FeatureStore: its widths must be the run's
-        dims = store.input_dims(text_tokens=recipe.text_tokens)
-        if dims != (recipe.image_dim, recipe.text_dim):
-            text = "text tokens" if recipe.text_tokens else "text"
-            raise InputError(
-                f"features of dimension {dims[0]}/{dims[1]} (image/{text}) but the run takes "
-                f"{recipe.image_dim}/{recipe.text_dim}: extracted with another encoder"
-            )
+    check_input_widths(recipe, store)
     if boxes and recipe.text_tokens:
         raise InputError(
             f"--boxes: {recipe.name} reads text tokens and box texts have no token features"
         )
 
-    def pooled(features: Any, fn: Callable[[torch.Tensor], Embedding]) -> Callable:
-        return lambda rows: fn(torch.as_tensor(np.asarray(features[rows]), dtype=torch.float32))
-
-    def texts(rows: slice) -> Embedding:
-        # a recipe that reads text tokens gets tokens + masks (Recipe.reads_text_tokens)
-        return recipe.embed_texts(*store.text_rows("text", rows, tokens=True))
+    def rows_of(part: str) -> Callable[[slice], Embedding]:
+        # pooled features or tokens + masks, each batch float32 (float16 stores): readout's
+        return lambda rows: embed_store_rows(recipe, store, part, rows)
 
     parts: list[tuple[str, int, Callable[[slice], Embedding]]] = [
-        ("images", store.num_images, pooled(store.image_features, recipe.embed_images)),
-        (
-            "texts",
-            store.num_texts,
-            texts if recipe.text_tokens else pooled(store.text_features, recipe.embed_texts),
-        ),
+        ("images", store.num_images, rows_of("image")),
+        ("texts", store.num_texts, rows_of("text")),
     ]
     if boxes:
         n_boxes = int(store.box_image_features.shape[0])
         parts += [
-            ("box_images", n_boxes, pooled(store.box_image_features, recipe.embed_images)),
-            ("box_texts", n_boxes, pooled(store.box_text_features, recipe.embed_texts)),
+            ("box_images", n_boxes, rows_of("box_image")),
+            ("box_texts", n_boxes, rows_of("box_text")),
         ]
     keys: dict[str, dict[str, Any]] = {}
     counts: dict[str, int] = {}

@@ -48,6 +48,7 @@ from curvalign.index.embed import (
 )
 from curvalign.index.rerank import as_torch_embedding
 from curvalign.index.search import IndexMismatchError, poincare_ball
+from curvalign.readout import embed_rows
 from curvalign.recipes.base import Embedding
 
 Modality = Literal["text", "image"]
@@ -376,13 +377,7 @@ class Searcher:
 
     def embed(self, features: torch.Tensor, modality: Modality) -> Embedding:
         """Feature rows ``[n, D]`` of ``modality`` -> the run's Embedding (its head's output)."""
-        with torch.no_grad():
-            recipe = self.run.recipe
-            emb = (
-                recipe.embed_texts(features)
-                if modality == "text"
-                else recipe.embed_images(features)
-            )
+        emb = embed_rows(self.run.recipe, modality, features)
         return {k: v.detach().cpu() for k, v in emb.items()}
 
     # -- searching --
@@ -453,8 +448,7 @@ class Searcher:
                 f"encoder {enc.spec!r} gives token features of dimension {tokens.shape[-1]} but "
                 f"the run {self.run.run_dir} was trained on {want}-dimensional text tokens"
             )
-        with torch.no_grad():
-            emb = self.run.recipe.embed_texts(tokens.float(), mask.long())
+        emb = embed_rows(self.run.recipe, "text", tokens, mask)
         return {k: v.detach().cpu() for k, v in emb.items()}
 
     def _search_embedding(

@@ -399,7 +399,7 @@ def run_benchmark(
             row["warnings"] += [f"seed {seed}: {w}" for w in health["warnings"]]
             trained_evals.append(evaluation)
             result.run_dirs[name].append(Path(run_dir))
-            # the input widths the trainer used (the token width for a recipe reading tokens)
+            # the widths the recipe takes on this store (the token width for a token reader)
             untrained = build_model(loaded.config, *recipe_input_dims(loaded.config, store))
             untrained_evals.append(
                 evaluate(untrained.eval(), store, split=split, diagnostics=False)

@@ -318,12 +318,14 @@ class Trainer:
         train_store = store
         if cfg.val_every > 0:
             train_store, self.validation_info = validation_store(
-                store, cfg.val_fraction, cfg.seed, data=f"data {config.data!r}"
+                store, cfg.val_fraction, cfg.seed, f"data {config.data!r}", cfg.val_max_images
             )
             if self.validation_info["source"] == "none":
                 self._note(f"no validation: {self.validation_info['reason']}")
             else:
-                self.validation = ValidationSet(train_store, text_tokens=self.recipe.text_tokens)
+                self.validation = ValidationSet(
+                    train_store, max_images=cfg.val_max_images, seed=cfg.seed
+                )
             if self.validation_info.get("identical_to_test"):
                 self._note(
                     f"{self.validation_info['identical_to_test']} validation image(s) have "

@@ -2,15 +2,17 @@
 
 The metric is the one ProCLIP selects models with (Sec. 3.3): mean of text->image and
 image->text recall@1 on the validation split, ranked with the recipe's own ``scores`` (distance,
-angle, routed score), never a cosine stand-in. Ties count against the model, as in
-``curvalign.eval.retrieval``.
+angle, routed score), never a cosine stand-in. Ties count against the model and images without
+captions take no part in image->text recall, as in ``curvalign.eval.retrieval`` (one rank
+definition, ``curvalign.readout``).
 
 The split: a store's own "val" split when it has one (the synthetic world and ``wordnet:`` make
 one), checked to be non-empty and to share no image with "test"; otherwise a seeded hold-out of
 ``val_fraction`` of the store's train images, which the trainer then does not train on. Which of
 the two was used, and how many images, is recorded in the run's meta.json.
 
-This module reads recipes and stores only (``train/`` must not import ``eval/``).
+The metric's rank definition, the embedding of the split and the tiled scoring are
+``curvalign.readout``'s (shared with ``eval/``, which ``train/`` must not import).
 """
 
 from __future__ import annotations
@@ -22,8 +24,16 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from curvalign.config import TrainConfig
 from curvalign.data.features import FeatureStore
 from curvalign.errors import ConfigError
+from curvalign.readout import (
+    embed_store_part,
+    image_to_text_ranks,
+    recall_from_ranks,
+    retrieval_ranks,
+    text_to_image_ranks,
+)
 
 VAL_SPLIT = "val"
 #: share of validation images identical to test images above which the split counts as overlapping
@@ -31,12 +41,17 @@ VAL_SPLIT = "val"
 MAX_SHARED = 0.05
 #: a seeded hold-out must leave at least this many train images (else no validation, with a note)
 MIN_TRAIN_IMAGES = 8
-#: pairs scored per ``recipe.scores`` call (bounds per-pair routers such as AGR's)
-PAIR_BUDGET = 1 << 20
+#: most validation images scored per validation (a seeded subsample of a larger split): the cost
+#: of a validation does not grow with the store
+VAL_MAX_IMAGES = TrainConfig.val_max_images
 
 
 def validation_store(
-    store: FeatureStore, fraction: float, seed: int, data: str = "the data"
+    store: FeatureStore,
+    fraction: float,
+    seed: int,
+    data: str = "the data",
+    max_images: int = VAL_MAX_IMAGES,
 ) -> tuple[FeatureStore, dict[str, Any]]:
     """``store`` with a non-empty "val" split, and a record of where it came from.
 
@@ -45,7 +60,19 @@ def validation_store(
     every image counts when it has no splits); the returned store labels them "val" so the
     sampler skips them. A store too small to spare them (fewer than ``MIN_TRAIN_IMAGES`` would
     be left) is returned as it is with source "none": the run trains without validation.
+    A split of more than ``max_images`` images is scored on a seeded subsample of that size
+    (``ValidationSet`` with the same ``max_images`` and ``seed``), recorded as
+    ``{"scored_images": max_images, "subsample_seed": seed}``.
     """
+    store, info = _validation_split(store, fraction, seed, data)
+    if max_images and info["images"] > max_images:
+        info.update(scored_images=int(max_images), subsample_seed=int(seed))
+    return store, info
+
+
+def _validation_split(
+    store: FeatureStore, fraction: float, seed: int, data: str
+) -> tuple[FeatureStore, dict[str, Any]]:
     names = list(store.split_names or [])
     if VAL_SPLIT in names:
         val_ids = store.split_image_ids(VAL_SPLIT)
@@ -94,55 +121,60 @@ def _shared_rows(features: Tensor, a: Tensor, b: Tensor) -> int:
     """How many rows ``features[a]`` are byte-identical to some row ``features[b]``."""
 
     def digests(ids: Tensor) -> list[bytes]:
-        rows = features[ids].detach().cpu().contiguous().numpy()
-        return [hashlib.blake2b(row.tobytes(), digest_size=16).digest() for row in rows]
+        out = []
+        for start in range(0, len(ids), 4096):  # a batch at a time: memory bounded, not by N
+            rows = features[ids[start : start + 4096]].detach().cpu().contiguous().numpy()
+            out += [hashlib.blake2b(row.tobytes(), digest_size=16).digest() for row in rows]
+        return out
 
     seen = set(digests(b))
     return sum(d in seen for d in digests(a))
 
 
 class ValidationSet:
-    """The validation images and captions of a store: ``score(recipe)`` -> mean R@1 in [0, 1]."""
+    """The validation images and captions of a store: ``score(recipe)`` -> mean R@1 in [0, 1].
+
+    Bounded by a budget, not by the store: at most ``max_images`` images are scored (a seeded
+    subsample of a larger split, the same one at every validation, ``subsample`` says which),
+    their features are read from the store batch by batch at each validation (float16 and
+    memory-mapped stores included), and the ranks come in tiles of at most
+    ``readout.PAIR_BUDGET`` pairs: never a dense N x N matrix.
+    """
 
     def __init__(
-        self, store: FeatureStore, batch_size: int = 1024, text_tokens: bool = False
+        self,
+        store: FeatureStore,
+        batch_size: int = 1024,
+        text_tokens: bool = False,
+        max_images: int = VAL_MAX_IMAGES,
+        seed: int = 0,
     ) -> None:
         image_ids = store.split_image_ids(VAL_SPLIT)
+        self.subsample: dict[str, Any] | None = None
+        if max_images and len(image_ids) > max_images:
+            image_ids = scored_subsample(image_ids, max_images, seed)
+            self.subsample = {
+                "images": len(image_ids),
+                "of": store.split_image_ids(VAL_SPLIT).numel(),
+                "seed": int(seed),
+            }
         local = torch.full((store.num_images,), -1, dtype=torch.long)
         local[image_ids] = torch.arange(len(image_ids))
         owner = local[store.text_to_image.long()]
         text_ids = torch.nonzero(owner >= 0).flatten()
         if len(text_ids) == 0:
             raise ConfigError("the validation split has no captions: nothing to validate on")
-        self.images = store.image_features[image_ids]
-        self.texts = store.text_features[text_ids]
+        self.store = store
+        self.image_ids = image_ids
+        self.text_ids = text_ids
         self.text_to_image = owner[text_ids]  # [Nt] local image index
         self.batch_size = batch_size
-        # a recipe that reads text tokens (Recipe.reads_text_tokens) gets tokens + masks
-        self.text_tokens: tuple[Tensor, Tensor] | None = None
-        if text_tokens:
-            tokens, mask = store.text_rows("text", text_ids, tokens=True)
-            self.text_tokens = (tokens, mask)
+        # kept for callers that ask; the recipe itself says whether it reads tokens + masks
+        self.text_tokens = text_tokens
 
     @property
     def num_images(self) -> int:
-        return int(self.images.shape[0])
-
-    def _embed(self, fn: Any, features: Tensor, device: torch.device) -> dict[str, Tensor]:
-        parts = [
-            fn(features[i : i + self.batch_size].to(device))
-            for i in range(0, features.shape[0], self.batch_size)
-        ]
-        return {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
-
-    def _scores(self, recipe: Any, texts: dict, images: dict, query: str) -> Tensor:
-        n_text, n_image = self.texts.shape[0], self.images.shape[0]
-        rows = max(1, PAIR_BUDGET // max(1, n_image))
-        out = torch.empty(n_text, n_image, dtype=torch.float32)
-        for start in range(0, n_text, rows):
-            part = {k: v[start : start + rows] for k, v in texts.items()}
-            out[start : start + rows] = recipe.scores(part, images, query=query).float().cpu()
-        return out
+        return int(self.image_ids.shape[0])
 
     @torch.no_grad()
     def score(self, recipe: Any) -> float:
@@ -150,46 +182,30 @@ class ValidationSet:
         was_training = recipe.training
         recipe.eval()
         try:
-            device = next((p.device for p in recipe.parameters()), torch.device("cpu"))
-            images = self._embed(recipe.embed_images, self.images, device)
-            if self.text_tokens is None:
-                texts = self._embed(recipe.embed_texts, self.texts, device)
-            else:
-                tokens, mask = self.text_tokens
-                parts = [
-                    recipe.embed_texts(
-                        tokens[i : i + self.batch_size].to(device),
-                        mask[i : i + self.batch_size].to(device),
-                    )
-                    for i in range(0, tokens.shape[0], self.batch_size)
-                ]
-                texts = {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
-            t2i = recall_at_1_text_query(
-                self._scores(recipe, texts, images, "text"), self.text_to_image
-            )
-            i2t = recall_at_1_image_query(
-                self._scores(recipe, texts, images, "image"), self.text_to_image
-            )
+            images = embed_store_part(recipe, self.store, "image", self.image_ids, self.batch_size)
+            texts = embed_store_part(recipe, self.store, "text", self.text_ids, self.batch_size)
+            t_ranks, i_ranks = retrieval_ranks(recipe, texts, images, self.text_to_image)
+            recall = recall_from_ranks(t_ranks, i_ranks, ks=(1,))
         finally:
             recipe.train(was_training)
-        return (t2i + i2t) / 2
+        return (recall["t2i@1"] + recall["i2t@1"]) / 2
+
+
+def scored_subsample(image_ids: Tensor, count: int, seed: int) -> Tensor:
+    """``count`` of ``image_ids``, drawn with ``seed`` (the same draw for the same seed), sorted."""
+    gen = torch.Generator().manual_seed(int(seed))
+    return image_ids[torch.randperm(len(image_ids), generator=gen)[:count]].sort().values
 
 
 def recall_at_1_text_query(scores: Tensor, text_to_image: Tensor) -> float:
-    """Share of texts whose own image scores strictly above every other image. [Nt, Ni] scores."""
-    rows = torch.arange(scores.shape[0])
-    true = scores[rows, text_to_image]
-    others = scores.clone()
-    others[rows, text_to_image] = -torch.inf
-    hit = true > others.max(dim=1).values
-    return float(hit.float().mean())
+    """Share of texts whose own image scores strictly above every other image. [Nt, Ni] scores.
+    (``readout``'s rank definition, the one ``eval.retrieval`` uses.)"""
+    return float((text_to_image_ranks(scores, text_to_image.long()) < 1).float().mean())
 
 
 def recall_at_1_image_query(scores: Tensor, text_to_image: Tensor) -> float:
     """Share of images one of whose captions scores strictly above every caption of another
-    image. ``scores`` [Nt, Ni] with the image as the query."""
-    n_image = scores.shape[1]
-    own = text_to_image[:, None] == torch.arange(n_image)[None, :]  # [Nt, Ni]
-    best_own = scores.masked_fill(~own, -torch.inf).max(dim=0).values
-    best_other = scores.masked_fill(own, -torch.inf).max(dim=0).values
-    return float((best_own > best_other).float().mean())
+    image. ``scores`` [Nt, Ni] with the image as the query; images without captions are left
+    out (``readout``'s rank definition, the one ``eval.retrieval`` uses)."""
+    ranks = image_to_text_ranks(scores, text_to_image.long())
+    return float((ranks[ranks >= 0] < 1).float().mean())
