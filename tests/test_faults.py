@@ -180,7 +180,8 @@ def test_sigterm_checkpoints_exactly_and_the_run_resumes(tmp_path):
     process.send_signal(signal.SIGTERM)
     _, stderr = process.communicate(timeout=120)
     assert process.returncode == 128 + signal.SIGTERM, stderr
-    errors = _error_lines(stderr)
+    assert _error_lines(stderr) == [], stderr  # a clean stop with a checkpoint (issue 25)
+    errors = [line for line in stderr.splitlines() if line.startswith("stopped:")]
     assert len(errors) == 1 and "interrupted (SIGTERM)" in errors[0], stderr
     assert f"curvalign train --out {run_dir} --resume" in errors[0]
     stopped = read_meta(run_dir)["step"]

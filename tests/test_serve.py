@@ -203,22 +203,17 @@ def test_page_renders_results_in_headless_chromium(server, tmp_path) -> None:
     assert red > 20
 
 
-def test_cli_serve_answers_on_the_loopback(world) -> None:
+def _serve(world, port: int, run=None) -> subprocess.Popen:
     import sys
-    import time
 
-    import httpx
-
-    from _live_server import free_port
-
-    port = free_port()
-    proc = subprocess.Popen(
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
+    return subprocess.Popen(
         [
             sys.executable,
             "-m",
             "curvalign",
             "serve",
-            str(world.runs["meru"]),
+            str(run or world.runs["meru"]),
             "--index",
             str(world.indexes["meru"]),
             "--port",
@@ -227,19 +222,44 @@ def test_cli_serve_answers_on_the_loopback(world) -> None:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        env=env,
     )
+
+
+#: only a hang reaches this: readiness is the process's own "serving" line, not a clock
+HANG = 900
+
+
+def _await_serving(proc: subprocess.Popen) -> str:
+    """The "serving ..." line the process prints once it listens (or its failure)."""
+    from concurrent.futures import ThreadPoolExecutor, TimeoutError
+
+    with ThreadPoolExecutor(1) as pool:
+        try:
+            line = pool.submit(proc.stdout.readline).result(timeout=HANG)
+        except TimeoutError:
+            proc.kill()
+            raise AssertionError(
+                f"curvalign serve neither listened nor failed in {HANG} s"
+            ) from None
+    assert line.startswith("serving "), (line, proc.communicate()[1][-2000:])
+    return line
+
+
+def test_cli_serve_answers_on_the_loopback(world) -> None:
+    import httpx
+
+    from _live_server import free_port
+
+    port = free_port()
+    proc = _serve(world, port)
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                health = httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).json()
-                break
-            except httpx.TransportError:
-                assert proc.poll() is None, proc.communicate()[1][-2000:]
-                assert time.monotonic() < deadline, "curvalign serve did not come up"
-                time.sleep(0.3)
+        line = _await_serving(proc)
+        assert f"http://127.0.0.1:{port}/" in line
+        # "serving" is printed once the server listens: the first request is answered
+        health = httpx.get(f"http://127.0.0.1:{port}/health", timeout=HANG).json()
         assert health["status"] == "ok" and health["encoder"] == world.encoder
-        page = httpx.get(f"http://127.0.0.1:{port}/")
+        page = httpx.get(f"http://127.0.0.1:{port}/", timeout=HANG)
         assert page.status_code == 200 and "curvalign search" in page.text
     finally:
         proc.terminate()

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from curvalign.errors import CurvalignError
+from curvalign.errors import CurvalignError, DamagedFileError
 
 
 class OutputError(CurvalignError, ValueError):
@@ -106,8 +106,82 @@ def describe_write_failure(err: OSError, path: Path | str) -> str:
         errno.EPERM: "operation not permitted",
         errno.EFBIG: "file too large for the file system",
     }.get(err.errno or -1, err.strerror or str(err))
+    if isinstance(err, NoSpaceError):
+        reason += f" ({err.detail})"
     where = err.filename or path
     return f"writing {where} failed: {reason}"
+
+
+class NoSpaceError(OSError):
+    """ENOSPC found before writing: ``detail`` says how much was needed and how much is free."""
+
+    def __init__(self, path: Path | str, needed: int, free: int) -> None:
+        super().__init__(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+        self.detail = f"{_mib(needed)} needed, {_mib(free)} free"
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB"
+
+
+def check_free_space(path: Path, needed: int) -> None:
+    """Raise ``NoSpaceError`` when the file system holding ``path`` (a file to be written, or a
+    directory) has fewer than ``needed`` bytes free: a full disk is said before the write, not
+    found by a signal from a memory map midway."""
+    where = path if path.is_dir() else path.parent
+    free = shutil.disk_usage(where).free
+    if free < needed:
+        raise NoSpaceError(path, needed, free)
+
+
+class NpyRowWriter:
+    """A ``.npy`` file of ``shape`` (float32 by default) written in row blocks, in order, with
+    plain ``write`` calls: a full disk is an ``OSError`` (ENOSPC), where a memory map
+    (``np.lib.format.open_memmap``) takes SIGBUS and kills the process. The file's size is
+    checked against the free space first (``check_free_space``).
+
+    ``writer[start:stop] = rows`` appends ``rows`` (``start`` must be the number of rows written
+    so far), as a memory map would be assigned; ``flush()`` closes the file."""
+
+    def __init__(self, path: Path, shape: tuple[int, ...], dtype: str = "float32") -> None:
+        import numpy as np
+
+        self.path, self.shape, self.dtype = Path(path), tuple(shape), np.dtype(dtype)
+        self.rows = 0
+        header = {"descr": np.lib.format.dtype_to_descr(self.dtype), "fortran_order": False}
+        header["shape"] = self.shape
+        row_items = int(np.prod(self.shape[1:], dtype=np.int64))
+        check_free_space(self.path, self.shape[0] * row_items * self.dtype.itemsize + 4096)
+        self._handle = open(self.path, "wb")  # noqa: SIM115 - closed by flush()
+        np.lib.format.write_array_header_1_0(self._handle, header)
+
+    def __setitem__(self, rows: slice, value: object) -> None:
+        import numpy as np
+
+        if rows.start != self.rows:
+            raise ValueError(f"{self.path}: rows must be written in order (at {self.rows})")
+        block = np.ascontiguousarray(value, dtype=self.dtype)
+        if block.shape[1:] != self.shape[1:] or self.rows + len(block) > self.shape[0]:
+            raise ValueError(
+                f"{self.path}: a block of shape {block.shape} does not fit {self.shape}"
+            )
+        self._handle.write(block.tobytes())
+        self.rows += len(block)
+
+    def flush(self) -> None:
+        """Close the file (every row must have been written)."""
+        if self._handle.closed:
+            return
+        self._handle.flush()
+        os.fsync(self._handle.fileno())
+        self._handle.close()
+        if self.rows != self.shape[0]:
+            raise ValueError(f"{self.path}: {self.rows} of {self.shape[0]} rows written")
+
+    def __del__(self) -> None:
+        handle = getattr(self, "_handle", None)
+        if handle is not None and not handle.closed:
+            handle.close()
 
 
 # --- stale temporary directories --------------------------------------------------------------
@@ -278,3 +352,45 @@ def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
 
 def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
+
+
+def file_checksums(directory: Path, names: list[str] | None = None) -> dict[str, str]:
+    """``{name: SHA-256}`` of ``names`` in ``directory`` (default: every plain, non-hidden
+    file), to be recorded in the directory's description (``embedding.json``, ``index.json``)."""
+    directory = Path(directory)
+    if names is None:
+        names = sorted(
+            p.name for p in directory.iterdir() if p.is_file() and not p.name.startswith(".")
+        )
+    return {name: sha256_file(directory / name) for name in names}
+
+
+def verify_file(path: Path, recorded: dict[str, str] | None, where: str, redo: str) -> None:
+    """Raise ``DamagedFileError`` naming ``path`` when its SHA-256 differs from ``recorded[name]``
+    (``where`` names the file that recorded it, ``redo`` says what writes it again). A file with
+    no recorded digest (written by an older curvalign) is not checked. Call it before the file
+    is deserialised."""
+    path = Path(path)
+    if not recorded or path.name not in recorded:
+        return
+    try:
+        digest = sha256_file(path)
+    except OSError as err:
+        raise DamagedFileError(f"{path} cannot be read ({err.strerror or err}); {redo}") from None
+    if digest != recorded[path.name]:
+        raise DamagedFileError(
+            f"{path} is damaged or was changed after it was written: its SHA-256 "
+            f"{digest[:12]}... differs from the {recorded[path.name][:12]}... recorded in "
+            f"{where}; {redo}"
+        )
+
+
+def read_json_file(path: Path, redo: str) -> object:
+    """``json.loads`` of ``path``; a file that is not valid JSON (damaged, truncated) is one
+    ``DamagedFileError`` naming it and ``redo`` (what writes it again)."""
+    import json
+
+    try:
+        return json.loads(Path(path).read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise DamagedFileError(f"{path} is not valid JSON ({err}): damaged; {redo}") from None

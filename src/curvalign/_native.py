@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-__all__ = ["NativeKernel", "cache_dir", "enabled"]
+__all__ = ["NativeKernel", "UnsafeCacheError", "cache_dir", "check_cache_dir", "enabled"]
 
 _log = logging.getLogger(__name__)
 
@@ -67,6 +67,59 @@ def compile_flags() -> list[str]:
     ]
 
 
+class UnsafeCacheError(RuntimeError):
+    """A kernel cache directory that others could write into (a library there is not loaded)."""
+
+
+def check_cache_dir(directory: Path) -> None:
+    """Raise ``UnsafeCacheError`` unless ``directory`` belongs to this user and no one else may
+    write into it: a library another user can plant there would run as this user when loaded."""
+    info = directory.stat()
+    if hasattr(os, "getuid") and info.st_uid != os.getuid():
+        raise UnsafeCacheError(
+            f"the kernel cache {directory} belongs to another user (uid {info.st_uid}); set "
+            "TORCH_EXTENSIONS_DIR to a directory of your own"
+        )
+    if info.st_mode & 0o022:
+        raise UnsafeCacheError(
+            f"the kernel cache {directory} is writable by others (mode "
+            f"{info.st_mode & 0o777:o}); run `chmod go-w {directory}` or set TORCH_EXTENSIONS_DIR "
+            "to a private directory"
+        )
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _digest_file(library: Path) -> Path:
+    return library.with_name(library.name + ".sha256")
+
+
+def _write_digest(library: Path, digest: str) -> None:
+    fd, tmp = tempfile.mkstemp(suffix=".sha256", dir=library.parent)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(digest + "\n")
+    os.replace(tmp, _digest_file(library))
+
+
+def foreign_library(library: Path) -> str | None:
+    """Why the cached ``library`` must not be loaded (None when it may): it is writable by
+    others, belongs to someone else, or its SHA-256 is not the one this user's build recorded."""
+    info = library.stat()
+    if hasattr(os, "getuid") and info.st_uid != os.getuid():
+        return f"it belongs to another user (uid {info.st_uid})"
+    if info.st_mode & 0o022:
+        return f"it is writable by others (mode {info.st_mode & 0o777:o})"
+    try:
+        recorded = _digest_file(library).read_text().strip()
+    except OSError:
+        return "no build record: curvalign did not build it"
+    if recorded != _sha256(library):
+        return "its SHA-256 differs from the one recorded when it was built"
+    return None
+
+
 class NativeKernel:
     """One C++ source, built on first use and bound by ``bind`` (which sets ``argtypes``).
 
@@ -98,19 +151,39 @@ class NativeKernel:
         # a first build happen at compile time, not as a graph break.
         self._ready = torch.compiler.assume_constant_result(ready)
 
-    def build(self) -> Path:
-        """Compile the source into the cache (once per source, flags and compiler); its path."""
+    def target(self) -> Path:
+        """The cached library's path: named by the hash of source, headers, compiler and flags."""
         compiler = os.environ.get("CXX") or "g++"
-        if shutil.which(compiler) is None:
-            raise RuntimeError(f"no C++ compiler {compiler!r} on PATH")
         flags = compile_flags()
         source = b"".join(path.read_bytes() for path in (self.source, *self.headers))
         key = hashlib.sha256(source + " ".join([compiler, *flags]).encode()).hexdigest()[:16]
         tag = "avx2" if "-mavx2" in flags else "generic"
-        target = cache_dir() / f"{self.name}_{tag}_{key}.so"
+        return cache_dir() / f"{self.name}_{tag}_{key}.so"
+
+    def build(self) -> Path:
+        """Compile the source into the cache (once per source, flags and compiler); its path.
+
+        A cached library is used only when the cache directory and the file are safe (see
+        ``check_cache_dir``) and the file's SHA-256 is the one recorded beside it when this
+        user's build wrote it (``NAME.so.sha256``); anything else is rebuilt, never loaded."""
+        compiler = os.environ.get("CXX") or "g++"
+        target = self.target()
         if target.exists():
-            return target
-        target.parent.mkdir(parents=True, exist_ok=True)
+            check_cache_dir(target.parent)
+            refused = foreign_library(target)
+            if refused is None:
+                return target
+            if _digest_file(target).exists() or "no build record" not in refused:
+                warnings.warn(
+                    f"curvalign: not loading {target} ({refused}); rebuilding the {self.what}",
+                    RuntimeWarning,
+                    stacklevel=4,
+                )
+        if shutil.which(compiler) is None:
+            raise RuntimeError(f"no C++ compiler {compiler!r} on PATH")
+        flags = compile_flags()
+        target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        check_cache_dir(target.parent)
         _log.warning(
             "curvalign: compiling the %s once (a few seconds), cached in %s",
             self.what,
@@ -125,6 +198,8 @@ class NativeKernel:
             )
             if run.returncode != 0:
                 raise RuntimeError(f"{compiler} failed: {run.stderr.strip()[:500]}")
+            digest = _sha256(Path(tmp))
+            _write_digest(target, digest)
             os.replace(tmp, target)
         finally:
             if os.path.exists(tmp):

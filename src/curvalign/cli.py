@@ -54,6 +54,16 @@ def fail(message: str, code: int = 2) -> None:
     raise typer.Exit(code=code)
 
 
+def refuse_unknown_recipes(names: list[str]) -> None:
+    """Fail at once on a recipe name no module or entry point provides (the names are known
+    without importing torch: ``curvalign.plugins``)."""
+    known = available_recipe_names()
+    unknown = [name for name in names if name not in known]
+    if unknown:
+        listed = ", ".join(repr(name) for name in unknown)
+        fail(f"unknown recipe {listed}; known recipes: {', '.join(known)}")
+
+
 def check_out(out: Path | None, what: str = "--out") -> None:
     """Fail at once (before loading data or models) when ``out`` cannot be written."""
     from curvalign._io import OutputError, check_output_location
@@ -165,6 +175,7 @@ def train_command(
 
     Ctrl-C or SIGTERM stops at the next step with a checkpoint (exit status 130 or 143);
     continue with --resume."""
+    refuse_unknown_recipes([recipe] if recipe else [])  # before seconds of importing torch
     from curvalign.runs import read_log
     from curvalign.train.distributed import (
         is_main_process,
@@ -174,7 +185,9 @@ def train_command(
     )
 
     def note(message: str) -> None:
-        if not quiet:
+        if message.startswith("warning: "):  # shown under -q too
+            typer.secho(message, err=True, fg=typer.colors.YELLOW)
+        elif not quiet:
             typer.secho(f"note: {message}", err=True, fg=typer.colors.YELLOW)
 
     if print_config:
@@ -223,8 +236,9 @@ def train_command(
             show_progress=not quiet,
             notify=note,
         )
-    except TrainingInterrupted as err:
-        fail(str(err), code=128 + err.signum)
+    except TrainingInterrupted as err:  # a clean stop with a checkpoint: not an error
+        typer.secho(f"stopped: {err}", err=True, fg=typer.colors.YELLOW)
+        raise typer.Exit(code=128 + err.signum) from None
     except CurvalignError as err:
         fail(str(err))
     except OSError as err:
@@ -253,6 +267,22 @@ def train_command(
 
 
 # --- eval / benchmark / demo / study (issue: evaluation) --------------------------------------
+
+
+#: the width tables get off a terminal (a pipe, a log file): wide enough for every column
+#: (rich would otherwise assume 80 and drop or squeeze them); a table is only as wide as it needs
+OFF_TERMINAL_WIDTH = 2000
+
+
+def _table_console(width: int | None = None):
+    """A rich console for tables: ``width`` if given, the terminal's on a terminal, else
+    ``OFF_TERMINAL_WIDTH`` (``curvalign demo > log`` gets the whole table)."""
+    from rich.console import Console
+
+    if width:
+        return Console(width=width)
+    console = Console()
+    return console if console.is_terminal else Console(width=OFF_TERMINAL_WIDTH)
 
 
 def _stderr_console():
@@ -377,6 +407,8 @@ def _run_suite(
         files = write_suite(total, out)
     except CurvalignError as err:
         fail(str(err))
+    except OSError as err:  # a full disk while writing the tables: one line
+        write_failed(err, out)
     if json_output:
         typer.echo(json.dumps({"rows": total.rows, "skipped": total.skipped}))
         return
@@ -387,12 +419,11 @@ def _run_suite(
 def _print_benchmark(result, out: Path, title: str, width: int | None = None) -> None:
     """The benchmark's terminal table, fitted to the terminal's width (metric columns that do not
     fit are named below it; results.md and results.json have all of them)."""
-    from rich.console import Console
 
     from curvalign.report.benchmark import converged_cells, summary_lines, verdicts_of
     from curvalign.report.tables import terminal_stats_table
 
-    console = Console(width=width) if width else Console()
+    console = _table_console(width)
     table, _, left_out = terminal_stats_table(
         result.stats,
         console.width,
@@ -456,6 +487,7 @@ def benchmark_command(
 ) -> None:
     """Train each recipe on the same data with the same budget and seeds, evaluate, and compare
     side by side with baselines (untrained heads, frozen features, chance)."""
+    refuse_unknown_recipes([r.strip() for r in recipes.split(",") if r.strip()])
     from curvalign.report.benchmark import run_benchmark
 
     if seeds < 1:
@@ -802,7 +834,6 @@ def index_search_command(
     if json_output:
         typer.echo(json.dumps(found.to_json()))
         return
-    from rich.console import Console
     from rich.table import Table
 
     table = Table(title=f"{found.meta['recipe']} {found.meta['side']} index: {index}")
@@ -810,7 +841,7 @@ def index_search_command(
         table.add_column(column, justify="right")
     for row in found.table_rows():
         table.add_row(*row)
-    Console().print(table)
+    _table_console().print(table)
     if found.truth_note:
         typer.echo(found.truth_note)
 
@@ -920,10 +951,9 @@ def search_command(
         payload["results"] = [r.to_dict() for r in results]
         typer.echo(json.dumps(payload))
         return
-    from rich.console import Console
     from rich.table import Table
 
-    console = Console() if Console().is_terminal else Console(width=160)
+    console = _table_console()
     for result in results:
         table = Table(title=f"{result.query}", title_justify="left")
         table.add_column("rank", justify="right")
@@ -968,6 +998,12 @@ def serve_command(
     ),
 ) -> None:
     """A local HTTP service and page: POST /search, GET /health, GET / (docs/search.md)."""
+    from curvalign._net import bind_port
+
+    try:  # the port first: a busy one fails at once, before seconds of loading
+        sock = bind_port(host, port)
+    except CurvalignError as err:
+        fail(str(err))
     from curvalign.index.serve import serve
 
     try:
@@ -981,12 +1017,20 @@ def serve_command(
             err=True,
             fg=typer.colors.YELLOW,
         )
-    typer.echo(
-        f"serving {searcher.info()['recipe']} search on http://{host}:{port}/ (Ctrl-C stops)"
-    )
+    bound = sock.getsockname()[1]  # --port 0: the port the system chose
+
+    def ready() -> None:  # printed once the server listens, not before
+        recipe = searcher.info()["recipe"]
+        typer.echo(f"serving {recipe} search on http://{host}:{bound}/ (Ctrl-C stops)")
+
     try:
-        serve(searcher, host=host, port=port, max_upload_bytes=int(max_upload_mb * 1024 * 1024))
-    except (CurvalignError, OSError) as err:  # OSError: the port is taken
+        serve(
+            searcher,
+            max_upload_bytes=int(max_upload_mb * 1024 * 1024),
+            sock=sock,
+            on_ready=ready,
+        )
+    except (CurvalignError, OSError) as err:
         fail(str(err))
 
 

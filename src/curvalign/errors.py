@@ -43,9 +43,15 @@ class NonFiniteError(CurvalignError, FloatingPointError):
     """A model produced NaN or infinite values (embeddings, scores)."""
 
 
+class DamagedFileError(CurvalignError, ValueError):
+    """A file curvalign wrote whose bytes are not what it wrote (its SHA-256 differs from the
+    one recorded next to it) or that cannot be read as what it should hold (truncated)."""
+
+
 __all__ = [
     "ConfigError",
     "CurvalignError",
+    "DamagedFileError",
     "InputError",
     "NonFiniteError",
     "NotFoundError",

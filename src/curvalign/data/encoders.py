@@ -69,6 +69,14 @@ def _require(module: str, extra: str) -> Any:
     return imported
 
 
+def make_torchvision_importable() -> None:
+    """Call before your own ``import open_clip`` / ``import transformers`` / ``import
+    torchvision`` in a venv whose torch is the CPU build: PyPI's torchvision is built against
+    CUDA torch and fails at import there (``operator torchvision::nms does not exist``). A no-op
+    where torchvision imports cleanly or is absent. See ``_make_torchvision_importable``."""
+    _make_torchvision_importable()
+
+
 def _make_torchvision_importable() -> None:
     """Import torchvision so that open_clip and transformers can, also on CPU-only torch.
 

@@ -1373,6 +1373,9 @@ def extract_texts(
         "image_features": _concat_parts(shards, keys["anchors"], "features", dim, "anchors"),
         "text_features": _concat_parts(shards, keys["texts"], "features", dim, "texts"),
         "text_to_image": torch.tensor(owners, dtype=torch.long),
+        # the strings themselves: search results show the matched text, not "(row N)"
+        "texts": list(texts),
+        "image_texts": list(anchors),
     }
     if splits is not None:
         present = sorted(

@@ -5,7 +5,8 @@ Layout of an embeddings directory (``curvalign embed``)::
     embedding.json          run_dir, recipe, step, data, counts, keys (shape, dtype, geometry),
                             curvature, lorentz_index_key, files
     images.<key>.npy        one file per embedding key and side, written through
-    texts.<key>.npy         ``np.lib.format.open_memmap`` batch by batch (never whole in memory)
+    texts.<key>.npy         ``curvalign._io.NpyRowWriter`` batch by batch (never whole in memory;
+                            plain writes, so a full disk is one error, not SIGBUS)
     box_images.<key>.npy    (with boxes)
     box_texts.<key>.npy
     text_to_image.npy       the store's caption -> image map (row ids are the store's row ids)
@@ -18,16 +19,28 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
 import torch
 
-from curvalign._io import staged_directory
+from curvalign._io import (
+    NpyRowWriter,
+    file_checksums,
+    read_json_file,
+    staged_directory,
+    verify_file,
+)
 from curvalign.data.features import FeatureStore
-from curvalign.errors import InputError, NonFiniteError, NotFoundError, OverwriteError
+from curvalign.errors import (
+    DamagedFileError,
+    InputError,
+    NonFiniteError,
+    NotFoundError,
+    OverwriteError,
+)
 from curvalign.index.rerank import RecipeIndex, as_torch_embedding
 from curvalign.index.search import (
     GEOMETRY,
@@ -41,6 +54,8 @@ from curvalign.recipes.base import Embedding, Recipe
 from curvalign.runs import load_run
 
 META_FILE = "embedding.json"
+#: key of embedding.json / index.json that records the SHA-256 of each file written beside it
+CHECKSUMS_KEY = "sha256"
 FORMAT_VERSION = 1
 SIDES = ("images", "texts", "box_images", "box_texts")
 
@@ -118,7 +133,7 @@ def embed_store(
         for side, n, embed_rows in parts:
             counts[side] = n
             files[side] = {}
-            maps: dict[str, np.memmap] = {}
+            maps: dict[str, NpyRowWriter] = {}
             advance = progress(f"embedding {side}", n) if progress else None
             for start in range(0, n, batch_size):
                 emb = embed_rows(slice(start, min(n, start + batch_size)))
@@ -126,9 +141,7 @@ def embed_store(
                     value = value.detach().float().cpu().numpy()
                     if key not in maps:
                         name = f"{side}.{key}.npy"
-                        maps[key] = np.lib.format.open_memmap(
-                            tmp / name, mode="w+", dtype=np.float32, shape=(n, *value.shape[1:])
-                        )
+                        maps[key] = NpyRowWriter(tmp / name, (n, *value.shape[1:]))
                         files[side][key] = name
                         keys.setdefault(
                             key,
@@ -150,7 +163,9 @@ def embed_store(
                 m.flush()
             del maps
         np.save(tmp / "text_to_image.npy", np.asarray(store.text_to_image, dtype=np.int64))
+        written = [name for side_files in files.values() for name in side_files.values()]
         meta = {
+            CHECKSUMS_KEY: file_checksums(tmp, [*written, "text_to_image.npy"]),
             "format_version": FORMAT_VERSION,
             "recipe": recipe.name,
             "counts": counts,
@@ -170,6 +185,7 @@ class Embeddings:
 
     path: Path
     meta: dict[str, Any]
+    _verified: set[str] = field(default_factory=set, repr=False)
 
     @property
     def recipe_name(self) -> str:
@@ -186,12 +202,28 @@ class Embeddings:
                 f"{self.path} has no {side} embeddings; it has {sorted(self.meta['files'])}"
             )
         return {
-            key: np.load(self.path / name, mmap_mode="r" if mmap else None)
+            key: self._load(name, mmap_mode="r" if mmap else None)
             for key, name in self.meta["files"][side].items()
         }
 
     def text_to_image(self) -> np.ndarray:
-        return np.load(self.path / "text_to_image.npy")
+        return self._load("text_to_image.npy")
+
+    def _load(self, name: str, mmap_mode: str | None = None) -> np.ndarray:
+        """``np.load`` of one file, after its SHA-256 was checked against ``embedding.json``
+        (once per file and object); a damaged or truncated file is named in one line."""
+        path = self.path / name
+        redo = "write the embeddings again with `curvalign embed`"
+        if name not in self._verified:
+            verify_file(path, self.meta.get(CHECKSUMS_KEY), str(self.path / META_FILE), redo)
+            self._verified.add(name)
+        try:
+            return np.load(path, mmap_mode=mmap_mode)
+        except (OSError, ValueError, EOFError) as err:
+            raise DamagedFileError(
+                f"{path} cannot be read as an array ({str(err).splitlines()[0]}): damaged or "
+                f"truncated; {redo}"
+            ) from None
 
     def geometry(self, key: str) -> str:
         return self.meta["keys"].get(key, {}).get("geometry", "unknown")
@@ -204,7 +236,8 @@ def load_embeddings(path: str | os.PathLike) -> Embeddings:
             f"{path} is not an embeddings directory (no {META_FILE}); "
             f"write one with `curvalign embed`"
         )
-    meta = json.loads((path / META_FILE).read_text())
+    meta = read_json_file(path / META_FILE, "write the embeddings again with `curvalign embed`")
+    meta = meta if isinstance(meta, dict) else {}
     if meta.get("format_version") != FORMAT_VERSION:
         raise IndexMismatchError(
             f"{path}: embeddings format {meta.get('format_version')} is not supported"
@@ -284,6 +317,7 @@ def build_from_embeddings(
         (tmp / "index.json").write_text(
             json.dumps(
                 {
+                    CHECKSUMS_KEY: file_checksums(tmp, ["proxy.faiss"]),
                     "format_version": 1,
                     "geometry": "recipe",
                     "mode": "rerank",
@@ -332,8 +366,8 @@ def open_index(path: str | os.PathLike) -> tuple[dict[str, Any], LorentzIndex | 
         raise NotFoundError(
             f"{path} is not an index (no index.json); build one with `curvalign index build`"
         )
-    raw = json.loads((path / "index.json").read_text())
-    if raw.get("mode") == "rerank":
+    raw = read_json_file(path / "index.json", "build the index again with `curvalign index build`")
+    if isinstance(raw, dict) and raw.get("mode") == "rerank":
         return raw, None
     index = load_index(path)
     return {**raw, "meta": index.meta}, index
@@ -457,6 +491,7 @@ def add_embeddings(path: str | os.PathLike, emb: Embeddings) -> int:
     with staged_directory(path) as tmp:
         engine.save_proxy(str(tmp / "proxy.faiss"))
         updated = {**raw, "count": len(engine), "meta": {**meta, "sources": sources + [source]}}
+        updated[CHECKSUMS_KEY] = file_checksums(tmp, ["proxy.faiss"])
         updated["candidate_index"] = engine.candidate_index
         (tmp / "index.json").write_text(json.dumps(updated, indent=2))
     return m
@@ -471,6 +506,13 @@ def open_rerank_engine(path: str | os.PathLike, raw: dict[str, Any], run: Any) -
     check_same_run(meta, run, f"the index {path}", "embed and index build")
     database = source_side(index_sources(meta), meta["side"])
     proxy_file = Path(path) / "proxy.faiss"
+    if proxy_file.exists():  # checked before faiss reads a byte of it
+        verify_file(
+            proxy_file,
+            raw.get(CHECKSUMS_KEY),
+            str(Path(path) / "index.json"),
+            "build the index again with `curvalign index build`",
+        )
     return RecipeIndex(
         run.recipe,
         database,

@@ -50,8 +50,14 @@ from typing import Any, Literal
 import faiss
 import numpy as np
 
-from curvalign._io import staged_directory
-from curvalign.errors import CurvalignError, InputError, NotFoundError, OverwriteError
+from curvalign._io import file_checksums, read_json_file, staged_directory, verify_file
+from curvalign.errors import (
+    CurvalignError,
+    DamagedFileError,
+    InputError,
+    NotFoundError,
+    OverwriteError,
+)
 
 GEOMETRY = "lorentz"
 FORMAT_VERSION = 1
@@ -207,6 +213,8 @@ class IndexInfo:
     max_norm: float
     meta: dict[str, Any] = field(default_factory=dict)
     format_version: int = FORMAT_VERSION
+    #: SHA-256 of index.faiss and ids.npy, checked before they are read (empty: older index)
+    sha256: dict[str, str] = field(default_factory=dict)
 
 
 class LorentzIndex:
@@ -446,6 +454,7 @@ class LorentzIndex:
         with staged_directory(path) as tmp:
             faiss.write_index(self._index, str(tmp / "index.faiss"))
             np.save(tmp / "ids.npy", np.asarray(self._ids))
+            self.info.sha256 = file_checksums(tmp, ["index.faiss", "ids.npy"])
             (tmp / "index.json").write_text(
                 json.dumps(self.info.__dict__, indent=2, sort_keys=True)
             )
@@ -464,7 +473,8 @@ def load_index(path: str | os.PathLike) -> LorentzIndex:
             f"{path} is not a curvalign index (no index.json); build one with "
             f"`curvalign index build` or LorentzIndex.save"
         )
-    raw = json.loads(meta_file.read_text())
+    raw = read_json_file(meta_file, "build the index again with `curvalign index build`")
+    raw = raw if isinstance(raw, dict) else {}
     if raw.get("format_version") != FORMAT_VERSION:
         raise IndexMismatchError(
             f"{path}: index format version {raw.get('format_version')} is not "
@@ -473,8 +483,16 @@ def load_index(path: str | os.PathLike) -> LorentzIndex:
     if raw.get("geometry") != GEOMETRY:
         raise IndexMismatchError(f"{path} holds {raw.get('geometry')} points, not Lorentz points")
     info = IndexInfo(**raw)
-    faiss_index = faiss.read_index(str(path / "index.faiss"))
-    ids = np.load(path / "ids.npy", mmap_mode="r")
+    redo = "build the index again with `curvalign index build`"
+    for name in ("index.faiss", "ids.npy"):  # before faiss or numpy reads a byte of them
+        verify_file(path / name, info.sha256, str(meta_file), redo)
+    try:
+        faiss_index = faiss.read_index(str(path / "index.faiss"))
+        ids = np.load(path / "ids.npy", mmap_mode="r")
+    except (RuntimeError, OSError, ValueError) as err:
+        raise DamagedFileError(
+            f"{path}: index.faiss or ids.npy cannot be read ({str(err).splitlines()[0]}); {redo}"
+        ) from None
     if faiss_index.ntotal != info.count or len(ids) != info.count or faiss_index.d != info.dim + 1:
         raise IndexMismatchError(
             f"{path}: index.faiss ({faiss_index.ntotal} x {faiss_index.d}), ids.npy "

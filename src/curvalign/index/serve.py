@@ -19,11 +19,14 @@ so concurrent requests are safe.
 # No ``from __future__ import annotations`` here: FastAPI reads the route signatures' types at
 # definition time, and ``Request`` is imported inside ``make_app`` (FastAPI is an optional extra).
 import json
+import socket
+from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+from curvalign._net import bind_port
 from curvalign.index.searcher import Searcher, SearchError
 
 DEFAULT_MAX_UPLOAD = 8 * 1024 * 1024
@@ -157,16 +160,31 @@ def serve(
     port: int = 8000,
     max_upload_bytes: int = DEFAULT_MAX_UPLOAD,
     log_level: str = "warning",
+    sock: socket.socket | None = None,
+    on_ready: Callable[[], None] | None = None,
 ) -> None:
-    """Run the service until interrupted (uvicorn, one process, worker threads)."""
+    """Run the service until interrupted (uvicorn, one process, worker threads).
+
+    ``sock``: a socket already bound (``curvalign._net.bind_port``, so that a busy port fails
+    before the searcher is loaded); default: ``host:port`` is bound here. ``on_ready()`` is
+    called once the server listens (the CLI prints its "serving" line there)."""
     try:
         import uvicorn
     except ImportError:
         raise SearchError(
             "curvalign serve needs FastAPI and uvicorn: pip install 'curvalign[serve]'"
         ) from None
+    sock = sock if sock is not None else bind_port(host, port)
     app = make_app(searcher, max_upload_bytes=max_upload_bytes)
-    uvicorn.run(app, host=host, port=port, log_level=log_level)
+
+    class _Server(uvicorn.Server):
+        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+            await super().startup(sockets=sockets)
+            if self.started and on_ready is not None:
+                on_ready()
+
+    server = _Server(uvicorn.Config(app, log_level=log_level))
+    server.run(sockets=[sock])
 
 
 __all__ = ["DEFAULT_MAX_K", "DEFAULT_MAX_UPLOAD", "make_app", "serve"]

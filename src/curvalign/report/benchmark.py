@@ -251,7 +251,7 @@ def check_recipes_against_data(
         "boxes": (store.has_boxes, "box-level pairs (box_image_features, box_text_features)"),
         "text_pairs": (store.has_text_pairs, "scored text pairs (pair_a/pair_b_features)"),
     }
-    configs, problems = {}, []
+    configs, problems, refused = {}, [], set()
     for name in recipes:
         try:
             config = resolve_config(name, spec, overrides=per_recipe[name])
@@ -267,10 +267,17 @@ def check_recipes_against_data(
         ]
         if missing:
             problems.append(f"{name} trains on {' and '.join(missing)}, which {spec} has none of")
+            refused.add(name)
         configs[name] = config
     if problems:
+        runnable = [name for name in recipes if name in configs and name not in refused]
+        hint = (
+            f"; to benchmark the {len(runnable)} that can run, pass --recipes {','.join(runnable)}"
+            if runnable and len(runnable) + len(problems) == len(recipes)
+            else ""
+        )
         raise ConfigError(
-            "cannot benchmark on this data (nothing was trained): " + "; ".join(problems)
+            "cannot benchmark on this data (nothing was trained): " + "; ".join(problems) + hint
         )
     return configs
 

@@ -29,6 +29,21 @@ def _save(fig, path: str | Path, layout: bool = True) -> Path:
     return path
 
 
+def row_colors(n: int) -> list[Any]:
+    """``n`` colours, all different: matplotlib's ten-colour cycle repeats from the 11th row
+    (17 rows of a benchmark gave seven pairs of look-alike bars); tab20 up to 20, then evenly
+    spaced hues."""
+    if n <= 10:
+        return [f"C{i}" for i in range(n)]
+    if n <= 20:
+        cmap = plt.get_cmap("tab20")
+        # dark shades first, then their light partners: neighbours stay far apart
+        order = list(range(0, 20, 2)) + list(range(1, 20, 2))
+        return [cmap(order[i]) for i in range(n)]
+    cmap = plt.get_cmap("hsv")
+    return [cmap(i / n) for i in range(n)]
+
+
 def _grouped_bars(
     ax,
     names: Sequence[str],
@@ -40,6 +55,7 @@ def _grouped_bars(
     bars are left empty and labelled n/a."""
     width = 0.8 / max(1, len(names))
     x = np.arange(len(groups))
+    colors = row_colors(len(names))
     for i, name in enumerate(names):
         v = values[i]
         err = None if errors is None else np.nan_to_num(errors[i])
@@ -48,6 +64,7 @@ def _grouped_bars(
             np.nan_to_num(v),
             width,
             label=name,
+            color=colors[i],
             yerr=err,
             capsize=1.5 if err is not None else 0,
             error_kw={"linewidth": 0.7},
@@ -141,22 +158,31 @@ def hierarchy_bars(
         ("zeroshot/top1", "zero-shot top-1 (%)", 100.0),
     ]
     names = list(results)
-    fig, axes = plt.subplots(1, len(panels), figsize=(2.5 * len(panels), 4.0))
+    # horizontal bars, one row per name on a shared y axis: names are written once, level, one
+    # per row (rotated x labels under six narrow panels overlapped with many rows)
+    height = max(2.6, 0.24 * len(names) + 1.4)
+    fig, axes = plt.subplots(
+        1, len(panels), figsize=(2.3 * len(panels) + 1.2, height + 0.9), sharey=True
+    )
+    colors = row_colors(len(names))
+    rows = np.arange(len(names))
     for ax, (p, title, scale) in zip(axes, panels, strict=False):
         v = _values(results, [p], scale)[:, 0]
         err = _errors(names, [p], stats, scale)
-        ax.bar(
-            range(len(names)),
+        ax.barh(
+            rows,
             np.nan_to_num(v),
-            color=[f"C{i}" for i in range(len(names))],
-            yerr=None if err is None else np.nan_to_num(err[:, 0]),
+            color=colors,
+            xerr=None if err is None else np.nan_to_num(err[:, 0]),
             capsize=2,
         )
-        ax.set_xticks(range(len(names)))
-        ax.set_xticklabels(names, rotation=60, ha="right", fontsize=7)
         ax.set_title(title, fontsize=9)
+        ax.tick_params(axis="x", labelsize=7)
+    axes[0].set_yticks(rows)
+    axes[0].set_yticklabels(names, fontsize=7)
+    axes[0].invert_yaxis()  # first row on top, as in the table
     fig.text(0.5, 0.01, HIERARCHY_CAPTION, ha="center", va="bottom", fontsize=7, wrap=True)
-    fig.tight_layout(rect=(0, 0.08, 1, 1))
+    fig.tight_layout(rect=(0, 0.9 / (height + 0.9), 1, 1))
     return _save(fig, path, layout=False)
 
 
@@ -179,8 +205,15 @@ def distance_histograms(
             ax.set_xticks([])
             ax.set_yticks([])
         else:
+            # shared bins, light fills under full outlines: neither modality hides the other
+            # (filled bars drawn text-last covered the image histogram wherever they overlapped)
+            both = np.concatenate([np.asarray(d["image"]), np.asarray(d["text"])])
+            bins = np.histogram_bin_edges(both[np.isfinite(both)], bins=30)
             for modality, color in (("image", "C0"), ("text", "C1")):
-                ax.hist(np.asarray(d[modality]), bins=30, alpha=0.6, color=color, label=modality)
+                values = np.asarray(d[modality])
+                ax.hist(values, bins=bins, color=color, alpha=0.2, histtype="stepfilled")
+                ax.hist(values, bins=bins, color=color, histtype="step", linewidth=1.4,
+                        label=modality, zorder=3)  # fmt: skip
             ax.legend(fontsize=7)
         ax.set_title(name, fontsize=9)
         ax.set_xlabel("distance to origin", fontsize=8)
@@ -188,17 +221,33 @@ def distance_histograms(
 
 
 def spectra(spectra_by_name: Mapping[str, Mapping[str, np.ndarray]], path: str | Path) -> Path:
-    """Log eigenvalue curves of each modality's embeddings (seed 001, Fig. 7)."""
+    """Log eigenvalue curves of each modality's embeddings (seed 001, Fig. 7).
+
+    Eigenvalues below ``SPECTRUM_FLOOR`` times a curve's largest are numerical zeros (an
+    embedding of rank r in d > r dimensions): they are not drawn and the x axis ends at the
+    last eigenvalue above the floor, so the axis shows the spectrum, not a flat line of zeros."""
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.4))
+    colors = row_colors(len(spectra_by_name))
     for ax, modality in zip(axes, ("image", "text"), strict=False):
+        last, dims = 1, 0
         for i, (name, s) in enumerate(spectra_by_name.items()):
-            values = np.asarray(s[modality], dtype=float)
-            ax.plot(np.log10(np.maximum(values, 1e-12)), label=name, color=f"C{i}")
-        ax.set_title(f"{modality} embedding spectrum")
-        ax.set_xlabel("eigenvalue index")
+            values = np.sort(np.asarray(s[modality], dtype=float))[::-1]
+            dims = max(dims, len(values))
+            top = values.max(initial=0.0)
+            kept = values[values > SPECTRUM_FLOOR * top] if top > 0 else values[:0]
+            last = max(last, len(kept))
+            ax.plot(np.arange(1, len(kept) + 1), np.log10(kept), label=name, color=colors[i])
+        ax.set_xlim(0.5, last + 0.5)
+        cut = f" ({dims - last} of {dims} below the floor)" if dims > last else ""
+        ax.set_title(f"{modality} embedding spectrum{cut}", fontsize=9)
+        ax.set_xlabel("eigenvalue rank")
         ax.set_ylabel("log10 eigenvalue")
     axes[1].legend(fontsize=7)
     return _save(fig, path)
+
+
+#: eigenvalues below this fraction of a spectrum's largest are numerical zeros (not drawn)
+SPECTRUM_FLOOR = 1e-7
 
 
 def log_curves(
@@ -216,14 +265,14 @@ def log_curves(
     for ax in axes.flat[len(keys) :]:
         ax.axis("off")
     for ax, key in zip(axes.flat, keys, strict=False):
-        for i, (name, rows) in enumerate(logs.items()):
+        for (name, rows), color in zip(logs.items(), row_colors(len(logs)), strict=True):
             pts = [
                 (r.get("step", j), r[key])
                 for j, r in enumerate(rows)
                 if isinstance(r.get(key), (int, float))
             ]
             if pts:
-                ax.plot(*zip(*pts, strict=False), label=name, color=f"C{i}")
+                ax.plot(*zip(*pts, strict=False), label=name, color=color)
         for label, step in (marks or {}).items():
             ax.axvline(step, color="grey", linestyle="--", linewidth=0.8)
             # in axes-height coordinates, left of the line, inside the panel: never clipped

@@ -77,6 +77,21 @@ def suite_stores(folder: str | Path) -> list[tuple[str, Path]]:
     return [(dataset_name(p.name), p) for p in stores]
 
 
+def suite_skipped_folders(folder: str | Path) -> list[tuple[str, str]]:
+    """(sub-folder name, reason) of every sub-folder of ``folder`` that holds no feature store
+    (``suite_stores`` passes them by): said in the suite's output, never skipped in silence."""
+    root = Path(folder)
+    skipped = []
+    for path in sorted(root.iterdir()) if root.is_dir() else []:
+        if path.name.startswith(".") or not path.is_dir() or (path / "meta.json").is_file():
+            continue
+        inside = "it is empty" if not any(path.iterdir()) else "it holds no meta.json"
+        skipped.append(
+            (path.name, f"not a feature store ({inside}; write one with `curvalign extract`)")
+        )
+    return skipped
+
+
 def dataset_name(folder: str) -> str:
     """CLIP_benchmark's spelling: ``wds_cifar10`` -> ``wds/cifar10``."""
     return "wds/" + folder[4:] if folder.startswith("wds_") else folder
@@ -171,7 +186,11 @@ def evaluate_on_suite(
 
     notify = notify or (lambda message: None)
     out = SuiteResult(rows=[])
-    for dataset, path in suite_stores(folder):
+    stores = suite_stores(folder)
+    for name, reason in suite_skipped_folders(folder):
+        out.skipped.append((name, reason))
+        notify(f"suite: skipped {name}: {reason}")
+    for dataset, path in stores:
         try:
             store = FeatureStore.load(path, mmap=True)
             check_inputs(recipe, store)  # another encoder's features (or no tokens): a skip
@@ -243,24 +262,30 @@ def _write_csv(path: Path, columns: list[str], rows: list[dict[str, Any]]) -> No
 
 
 def suite_markdown(result: SuiteResult) -> str:
-    """The reported rows as a Markdown table (values in %), then the skipped stores."""
+    """The reported rows as a Markdown table (each value with its unit: % for fractions, tree
+    edges for TIE/LCA), then the skipped stores and sub-folders with their reasons."""
     lines = [
-        "| dataset | model | task | metric | value (%) | protocol |",
-        "| --- | --- | --- | --- | ---: | --- |",
+        "| dataset | model | task | metric | value | unit | protocol |",
+        "| --- | --- | --- | --- | ---: | --- | --- |",
     ]
     for row in result.rows:
         if not row["reported"]:
             continue
+        value, unit = metric_value_and_unit(row["metric"], row["value"])
         lines.append(
             f"| {row['dataset']} | {row['model']} | {row['task']} | {row['metric']} | "
-            f"{100 * row['value']:.1f} | {row['protocol'] or '-'} |"
-            if _is_fraction(row["metric"])
-            else f"| {row['dataset']} | {row['model']} | {row['task']} | {row['metric']} | "
-            f"{row['value']:.3f} | {row['protocol'] or '-'} |"
+            f"{value} | {unit} | {row['protocol'] or '-'} |"
         )
     if result.skipped:
         lines += ["", "Skipped:", ""] + [f"- {d}: {reason}" for d, reason in result.skipped]
     return "\n".join(lines) + "\n"
+
+
+def metric_value_and_unit(metric: str, value: float) -> tuple[str, str]:
+    """A suite value as printed and its unit: fractions in %, TIE/LCA in tree edges."""
+    if _is_fraction(metric):
+        return f"{100 * value:.1f}", "%"
+    return f"{value:.3f}", "tree edges"
 
 
 def _is_fraction(metric: str) -> bool:
@@ -275,7 +300,9 @@ __all__ = [
     "dataset_name",
     "evaluate_on_suite",
     "result_rows",
+    "metric_value_and_unit",
     "suite_markdown",
+    "suite_skipped_folders",
     "suite_stores",
     "write_suite",
 ]

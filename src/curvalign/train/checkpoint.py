@@ -128,6 +128,28 @@ def run_checksums(run_dir: Path, known: dict[str, str] | None = None) -> dict[st
 # --- resume ---------------------------------------------------------------------------------
 
 
+def _numpy_array_globals() -> list[Any]:
+    """What a ``state.pt`` written before the RNG state was stored as tensors needs to unpickle
+    numpy's RNG key array: numpy's array reconstruction and its uint32 dtype, nothing that runs
+    code of the file's choosing."""
+    import numpy
+
+    core = getattr(numpy, "_core", None) or numpy.core
+    return [
+        core.multiarray._reconstruct,
+        numpy.ndarray,
+        numpy.dtype,
+        type(numpy.dtype(numpy.uint32)),
+    ]
+
+
+def read_state_file(path: Path, map_location: str | torch.device = "cpu") -> Any:
+    """``torch.load(path, weights_only=True)``: tensors, numbers, strings and containers only (an
+    arbitrary pickle in a run folder from someone else is refused, never executed)."""
+    with torch.serialization.safe_globals(_numpy_array_globals()):
+        return torch.load(path, map_location=map_location, weights_only=True)
+
+
 def load_train_state(
     run_dir: Path,
     map_location: str | torch.device = "cpu",
@@ -153,8 +175,12 @@ def load_train_state(
             notes += [note] if note else []
         except CheckpointError as err:
             mismatch = err
+            # only a state.pt written after meta.json (an interrupted checkpoint) may differ
+            # from it; anything else is refused before a byte of it is deserialised
+            if path.stat().st_mtime_ns <= (Path(run_dir) / META_FILE).stat().st_mtime_ns:
+                raise
     try:
-        state = torch.load(path, map_location=map_location, weights_only=False)
+        state = read_state_file(path, map_location)
     except Exception as err:  # torch.load raises many types for a damaged file
         if mismatch is not None:
             raise mismatch from None
@@ -191,6 +217,7 @@ __all__ = [
     "load_run",
     "load_train_state",
     "model_tensors",
+    "read_state_file",
     "read_config",
     "read_meta",
     "run_checksums",

@@ -48,7 +48,9 @@ from curvalign.recipes.base import Batch, Gather, LossOutput, Progress, Recipe
 from curvalign.recipes.health import META_KEY as STEP0_META_KEY
 from curvalign.recipes.health import check_step0
 from curvalign.runs import (
+    BEST_FILE,
     CONFIG_FILE,
+    META_FILE,
     RUN_FILES,
     STATE_FILE,
     TB_DIR,
@@ -146,9 +148,12 @@ def local_rows(batch: Batch, gather: Gather) -> Batch:
 
 
 def rng_state() -> dict[str, Any]:
+    """Every RNG's state, in types ``torch.load(weights_only=True)`` reads (numpy's key array
+    as a tensor: no pickled numpy object in ``state.pt``)."""
+    kind, keys, pos, has_gauss, gauss = np.random.get_state()
     state = {
         "torch": torch.get_rng_state(),
-        "numpy": np.random.get_state(),
+        "numpy": (kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, gauss),
         "python": random.getstate(),
     }
     if torch.cuda.is_available() and torch.cuda.is_initialized():
@@ -158,7 +163,9 @@ def rng_state() -> dict[str, Any]:
 
 def set_rng_state(state: Mapping[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
-    np.random.set_state(state["numpy"])
+    kind, keys, *rest = state["numpy"]
+    keys = keys.numpy() if isinstance(keys, Tensor) else np.asarray(keys)
+    np.random.set_state((kind, keys.astype(np.uint32), *rest))
     random.setstate(state["python"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
@@ -785,11 +792,26 @@ class Trainer:
         finally:
             if logger is not None:
                 logger.close()
+        self._warn_if_best_is_untrained()
         run = self.result()
         with self._in_hook():
             for hook in self.hooks:
                 hook.on_fit_end(self, run)
         return run
+
+    def _warn_if_best_is_untrained(self) -> None:
+        """A note when no validation after step 0 beat the untrained head: best.safetensors then
+        holds untrained weights, most often because the validation split is too small to rank."""
+        if self.best_step != 0 or self.step == 0 or self.validation is None:
+            return
+        images = self.validation.num_images
+        texts = int(self.validation.text_ids.shape[0])
+        self._note(
+            f"warning: the best validation step is 0 (the untrained head): {BEST_FILE} of "
+            f"{self.run_dir} holds untrained weights; the validation split has {images} images "
+            f"and {texts} captions, too few for recall@1 to tell the steps apart (raise "
+            "val_fraction, train longer, or use --weights last)"
+        )
 
     def result(self) -> TrainedRun:
         """The run directory, carrying the validation outcome."""
@@ -929,6 +951,22 @@ def _describe_existing(run_dir: Path) -> str:
     return what
 
 
+def _refuse_restart_over_progress(run_dir: Path) -> None:
+    """Raise ``CheckpointError`` when ``meta.json`` records trained steps but ``state.pt`` (what
+    resume reads) is gone: starting again from step 0 would overwrite the trained weights."""
+    try:
+        meta = read_meta(run_dir)
+    except CheckpointError:
+        return  # no meta.json: the first checkpoint was never completed
+    recorded = int(meta.get("step") or 0)
+    if recorded > 0:
+        raise CheckpointError(
+            f"cannot resume {run_dir}: {META_FILE} records step {recorded} but "
+            f"{run_dir / STATE_FILE} is missing; nothing was overwritten (restore {STATE_FILE}, "
+            "or train into a new directory, or pass --overwrite to start again from step 0)"
+        )
+
+
 def _resume_config(
     run_dir: Path,
     recipe: str | None,
@@ -1004,6 +1042,7 @@ def train(
         config = _resume_config(run_dir, recipe, data_spec, steps, overrides, config_file)
         resuming = (run_dir / STATE_FILE).exists()
         if not resuming:
+            _refuse_restart_over_progress(run_dir)
             notify(f"{run_dir} has a config but no checkpoint yet: starting it from step 0")
     else:
         if resume and non_empty:
