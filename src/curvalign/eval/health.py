@@ -3,8 +3,9 @@
 - a learned curvature that sat at its clamp for the last 20% of training (the most reported
   failure of MERU-style models: the curvature collapses to its lower bound);
 - validation that stopped improving early (best step in the first half of the run);
-- a run that ended still improving (best validation in the last 20%, more than half a point
-  above everything before it): not converged.
+- a run that ended still improving: not converged, by the one rule the benchmark, tuning and
+  studies share (``curvalign.stats.curve_converged``: best at the last validation, or a rise at
+  the end of the curve beyond the curve's own noise).
 
 ``converged`` is True, False (still improving) or None (too few validations to tell).
 Curvature bounds come from the recipe's learnable scalars whose name contains "curvature"
@@ -18,6 +19,7 @@ from typing import Any
 from curvalign.errors import CurvalignError
 from curvalign.nn.scalars import LearnableScalar
 from curvalign.runs import read_log
+from curvalign.stats import curve_converged
 
 #: share of the run at its end that the curvature and "still improving" checks look at
 TAIL = 0.2
@@ -58,24 +60,23 @@ def health(
                     "learned (MERU-style collapse); consider a fixed curvature"
                 )
                 break
-    converged: bool | None = None
-    if len(val_history) >= 3 and last_step > 0:
+    # the one convergence rule (curvalign.stats.curve_converged), as in tuning and studies
+    converged = curve_converged(val_history, MIN_GAIN) if last_step > 0 else None
+    if converged is not None:
         best_step, best = max(val_history, key=lambda item: (item[1], -item[0]))
-        before_tail = [v for s, v in val_history if s <= tail_start]
-        if best_step > tail_start and before_tail and best - max(before_tail) > MIN_GAIN:
-            converged = False
+        if not converged:
+            before_tail = [v for s, v in val_history if s <= tail_start]
+            gain = best - max(before_tail) if before_tail else 0.0
             warnings.append(
                 f"validation was still improving at the end (best at step {best_step} of "
-                f"{last_step}, +{100 * (best - max(before_tail)):.1f} points in the last "
-                f"{round(100 * TAIL)}%): not converged, train longer"
+                f"{last_step}, +{100 * gain:.1f} points in the last {round(100 * TAIL)}%; the "
+                "curve's rise exceeds its own noise): not converged, train longer"
             )
-        else:
-            converged = True
-            if best_step <= 0.5 * last_step:
-                warnings.append(
-                    f"validation stopped improving early (best at step {best_step} of "
-                    f"{last_step}); the best weights are kept, later steps did not help"
-                )
+        elif best_step <= 0.5 * last_step:
+            warnings.append(
+                f"validation stopped improving early (best at step {best_step} of "
+                f"{last_step}); the best weights are kept, later steps did not help"
+            )
     return {"converged": converged, "warnings": warnings}
 
 
