@@ -5,11 +5,13 @@ the model do not arise): text->image R@k = k / Ni; image->text R@k = 1 - C(Nt - 
 for an image with m captions among Nt; zero-shot top-k = k / C. Hard negatives: 0.5 (a random
 score beats the negative half the time). The hierarchical metrics of a random class have no
 closed form: they are averaged over ``draws`` seeded uniform guesses per image (an estimate, with
-the seed fixed so that the row is reproducible). Ordering is left out (n/a).
+the seed fixed so that the row is reproducible). Ordering: random distances order a chain of L
+items with probability 1/L! (16.7% for a 3-item text chain), an adjacent pair with 1/2.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -66,4 +68,13 @@ def chance_evaluation(
             )
     if store.has_negatives:
         result["compositional"] = {"overall": 0.5}
+    ordering: dict[str, Any] = {}
+    if store.has_chains and store.chain_features is not None:
+        # random distances order a chain of L items strictly increasing with probability 1/L!
+        length = int(store.chain_features.shape[1])
+        ordering["text"] = {"chain": 1.0 / math.factorial(length), "pairs": 0.5}
+    if store.has_boxes:
+        ordering["image"] = {"chain": 0.5, "pairs": 0.5}  # crop -> full image: one pair
+    if ordering:
+        result["ordering"] = ordering
     return result

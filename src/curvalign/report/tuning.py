@@ -153,6 +153,17 @@ def describe_params(params: Mapping[str, Any]) -> str:
     return ", ".join(parts)
 
 
+def require_optuna() -> Any:
+    """The ``optuna`` module, or one clear error naming the extra that installs it."""
+    try:
+        import optuna
+    except ImportError:
+        raise ConfigError(
+            "tuning needs Optuna: pip install 'curvalign[tune]' (or pip install optuna)"
+        ) from None
+    return optuna
+
+
 # --- the tuning loop ------------------------------------------------------------------------
 
 
@@ -244,8 +255,6 @@ def run_tuning(
     docstring), writing into ``out_dir``. A second call on the same ``out_dir`` continues each
     study until it holds ``trials`` counted trials (``max_trials_this_call`` stops this call
     after that many new trials, for tests)."""
-    import optuna
-
     from curvalign.report.benchmark import check_recipes_against_data, split_overrides
     from curvalign.report.tables import lookup
     from curvalign.stats import curve_converged
@@ -254,6 +263,7 @@ def run_tuning(
     started = time.perf_counter()
     notify = notify or (lambda message: None)
     recipes = list(recipes)
+    require_optuna()
     if isinstance(trials, bool) or not isinstance(trials, int) or trials < 1:
         raise ConfigError(f"--tune needs a number of trials >= 1, got {trials!r}")
     overrides = list(overrides)
@@ -269,6 +279,7 @@ def run_tuning(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     storage = f"sqlite:///{(out / STUDY_DB).resolve()}"
+    optuna = require_optuna()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     result = TuningResult(metric, direction, trials, steps, seed, spec)
     settings = {
@@ -586,3 +597,154 @@ def _write_tuning_json(result: TuningResult, path: Path) -> Path:
             "wall_seconds": result.wall_seconds,
         },
     )
+
+
+# --- the benchmark of tuned configurations ----------------------------------------------------
+
+
+def _renamed(result: Any, arm: str, recipes: Sequence[str]) -> tuple[dict, dict, dict]:
+    """(stats, results, rows) of one sub-benchmark with its recipe rows renamed by ``arm``:
+    "NAME (paper)", "NAME (paper, step 0)"; baselines keep their names."""
+    from curvalign.report.benchmark import untrained_row
+
+    names: dict[str, str] = {}
+    for name in recipes:
+        names[name] = f"{name} ({arm})"
+        names[untrained_row(name)] = f"{name} ({arm}, step 0)"
+    stats = {names.get(k, k): v for k, v in result.stats.items()}
+    results = {names.get(k, k): v for k, v in result.results.items()}
+    rows = {}
+    for key, row in result.rows.items():
+        row = dict(row)
+        if "untrained" in row:
+            row["untrained"] = names.get(row["untrained"], row["untrained"])
+        row["arm"] = arm if row.get("recipe") else None
+        rows[names.get(key, key)] = row
+    return stats, results, rows
+
+
+def run_tuned_benchmark(
+    recipes: Sequence[str],
+    data: str | FeatureStore,
+    out_dir: str | Path,
+    *,
+    trials: int,
+    steps: int | None = None,
+    overrides: Iterable[str] = (),
+    metric: str = DEFAULT_METRIC,
+    seeds: int = DEFAULT_TUNED_SEEDS,
+    split: str = "test",
+    seed: int = 0,
+    lr_range_steps: int = DEFAULT_LR_RANGE_STEPS,
+    show_progress: bool = False,
+    notify: Notify | None = None,
+) -> Any:
+    """``run_tuning`` into ``out/tuning``, then a benchmark of the paper defaults (``out/paper``)
+    and of each recipe's best configuration (``out/tuned``) over the same ``seeds`` seeds
+    (paired), both evaluated once on ``split``; writes ``out/results.md`` / ``results.json``
+    with, per recipe, the paper-default row and the tuned row (its configuration beside it), the
+    step-0, frozen (or ridge) and chance rows, and the tuning budget in the header. Returns the
+    merged ``BenchmarkResult``."""
+    from curvalign.report.benchmark import BenchmarkResult, run_benchmark, write_benchmark_outputs
+
+    started = time.perf_counter()
+    notify = notify or (lambda message: None)
+    recipes = list(recipes)
+    overrides = list(overrides)
+    out = Path(out_dir)
+    store, spec = load_store(data)
+    store.meta.setdefault("spec", spec)  # the sub-runs and best/NAME.yaml name the data by it
+    notify(f"tuning {', '.join(recipes)}: {trials} trials each on {spec} (test split left out)")
+    tuning = run_tuning(
+        recipes,
+        store,
+        out / "tuning",
+        trials=trials,
+        steps=steps,
+        overrides=overrides,
+        metric=metric,
+        seed=seed,
+        lr_range_steps=lr_range_steps,
+        show_progress=show_progress,
+        notify=notify,
+    )
+    notify(f"paper defaults: {seeds} seed(s) per recipe")
+    paper = run_benchmark(
+        recipes,
+        store,
+        out / "paper",
+        steps=steps,
+        overrides=overrides,
+        split=split,
+        seeds=seeds,
+        show_progress=show_progress,
+        notify=notify,
+        plots=False,
+        title="paper defaults",
+    )
+    tuned_names = [n for n in recipes if tuning.best.get(n)]
+    merged = BenchmarkResult({}, {}, {}, {}, data=spec, steps=steps, seeds=list(paper.seeds))
+    stats, results, rows = _renamed(paper, "paper", recipes)
+    tuned = None
+    if tuned_names:
+        notify(f"tuned configurations: {seeds} seed(s) per recipe")
+        extra = [
+            o
+            for n in tuned_names
+            for o in override_strings(tuning.best[n]["overrides"], prefix=f"{n}.")  # type: ignore[index]
+        ]
+        tuned = run_benchmark(
+            tuned_names,
+            store,
+            out / "tuned",
+            steps=steps,
+            overrides=overrides + extra,
+            split=split,
+            seeds=seeds,
+            show_progress=show_progress,
+            notify=notify,
+            plots=False,
+            title="tuned configurations",
+        )
+        t_stats, t_results, t_rows = _renamed(tuned, "tuned", tuned_names)
+        baselines = {k for k, r in t_rows.items() if not r.get("recipe")}
+        stats.update({k: v for k, v in t_stats.items() if k not in baselines})
+        results.update({k: v for k, v in t_results.items() if k not in baselines})
+        rows.update({k: v for k, v in t_rows.items() if k not in baselines})
+    # table order: per recipe paper then tuned, then their step-0 rows, then the baselines
+    order = [f"{n} ({arm})" for n in recipes for arm in ("paper", "tuned")]
+    order += [f"{n} ({arm}, step 0)" for n in recipes for arm in ("paper", "tuned")]
+    order += [k for k in rows if k not in order]
+    merged.stats = {k: stats[k] for k in order if k in stats}
+    merged.results = {k: results[k] for k in order if k in results}
+    merged.rows = {k: rows[k] for k in order if k in rows}
+    merged.absent = dict(paper.absent)
+    for name in recipes:
+        if name not in tuned_names:
+            merged.absent[f"{name} (tuned)"] = "no tuning trial finished (see trials.csv)"
+    for sub, arm in ((paper, "paper"), (tuned, "tuned")):
+        if sub is None:
+            continue
+        for name, dirs in sub.run_dirs.items():
+            merged.run_dirs[f"{name} ({arm})"] = dirs
+            merged.train_seconds[f"{name} ({arm})"] = sub.train_seconds.get(name, 0.0)
+            merged.eval_seconds[f"{name} ({arm})"] = sub.eval_seconds.get(name, 0.0)
+    merged.notes = [
+        tuning.budget_line() + ".",
+        f"Each tuned configuration (best trial per recipe, `{out / 'tuning' / 'best'}/NAME.yaml`) "
+        f"and each paper default re-trained over the same {seeds} seeds, evaluated once on "
+        f"'{split}'.",
+    ]
+    merged.extra_columns = {
+        "configuration": [(f"{n} (paper)", "paper defaults") for n in recipes]
+        + [
+            (f"{n} (tuned)", describe_params(tuning.best[n]["params"]))  # type: ignore[index]
+            for n in tuned_names
+        ]
+    }
+    merged.wall_seconds = time.perf_counter() - started
+    merged.files = write_benchmark_outputs(
+        merged, out, None, None, f"tuned benchmark ({trials} trials per recipe)"
+    )
+    merged.files.update({f"tuning_{k}": v for k, v in tuning.files.items()})
+    return merged

@@ -2,13 +2,14 @@
 head for a few steps while the learning rate grows exponentially, and read the loss against it.
 
 The loss first barely moves (rate too small), then falls fastest, reaches a minimum, then rises
-or diverges (rate too large). ``suggest_range`` reads the exponentially smoothed curve:
+or diverges (rate too large). ``suggest_range`` reads the smoothed curve (a centred moving
+average, which does not lag):
 
     at_minimum   the rate at the smoothed loss's minimum (past it the loss rises)
     steepest     the rate where the smoothed loss falls fastest per decade, before the minimum
     suggested    [high / ``SPAN``, high] with high = at_minimum / ``BELOW_MINIMUM`` (the usual
-                 reading: a rate a few times below the minimum's, which a short ramp reaches
-                 late because the smoothed loss lags): the tuner's learning-rate range
+                 reading, Smith 2017 and fastai: the rate at the minimum is already at the edge
+                 of stability over a long run): the tuner's learning-rate range
 
 A ramp whose loss never rose (the minimum at its last step) did not find the divergence point:
 its ``reached_divergence`` is False and the suggested upper end is only a lower bound on it.
@@ -23,6 +24,7 @@ import math
 import tempfile
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 from curvalign.config import resolve_config
@@ -35,8 +37,8 @@ from curvalign.recipes.base import Progress
 BELOW_MINIMUM = 10.0
 #: the suggested range spans this factor below its upper end
 SPAN = 30.0
-#: smoothing of the loss curve (exponential moving average, bias-corrected)
-SMOOTHING = 0.9
+#: the smoothing window as a share of the ramp's points (centred moving average)
+WINDOW_FRACTION = 0.1
 #: the ramp stops once the smoothed loss exceeds this multiple of its minimum (diverged)
 DIVERGENCE_FACTOR = 4.0
 
@@ -73,12 +75,16 @@ class LRRangeResult:
         )
 
 
-def smooth(losses: Sequence[float], beta: float = SMOOTHING) -> list[float]:
-    """Bias-corrected exponential moving average of ``losses``."""
-    out, avg = [], 0.0
-    for i, loss in enumerate(losses, 1):
-        avg = beta * avg + (1 - beta) * float(loss)
-        out.append(avg / (1 - beta**i))
+def smooth(losses: Sequence[float], fraction: float = WINDOW_FRACTION) -> list[float]:
+    """Centred moving average of ``losses`` over an odd window of about ``fraction`` of the
+    points (at least 3; shorter at the two ends). Centred, so the minimum is not shifted towards
+    larger rates the way a trailing average shifts it."""
+    n = len(losses)
+    half = max(1, round(fraction * n) // 2)
+    out = []
+    for i in range(n):
+        window = losses[max(0, i - half) : i + half + 1]
+        out.append(math.fsum(float(v) for v in window) / len(window))
     return out
 
 
@@ -109,16 +115,17 @@ def suggest_range(lrs: Sequence[float], losses: Sequence[float]) -> dict[str, An
 
 
 def lr_range_test(
-    recipe: str,
-    data: str | FeatureStore,
+    recipe: str | None,
+    data: str | FeatureStore | None,
     *,
+    config_file: str | Path | None = None,
     steps: int = 100,
     lr_start: float = 1e-6,
     lr_end: float = 1.0,
     overrides: Iterable[str] = (),
     notify: Callable[[str], None] | None = None,
 ) -> LRRangeResult:
-    """Ramp the learning rate of a fresh ``recipe`` head from ``lr_start`` to ``lr_end``
+    """Ramp the learning rate of a fresh ``recipe`` head (or the one ``config_file`` names) from ``lr_start`` to ``lr_end``
     (exponentially, one rate per step, ``steps`` steps) on ``data``'s train split; stop early
     when the loss becomes non-finite or its smoothed value exceeds ``DIVERGENCE_FACTOR`` times its
     minimum. The recipe's config (``overrides``) applies, except that validation is off and the
@@ -132,13 +139,16 @@ def lr_range_test(
             f"the lr range test needs 0 < lr_start < lr_end, got {lr_start}, {lr_end}"
         )
     notify = notify or (lambda message: None)
-    store, spec = load_store(data)
+    spec = data if isinstance(data, str) or data is None else load_store(data)[1]
     config = resolve_config(
         recipe,
         spec,
         steps=steps,
         overrides=[*overrides, "val_every=0", "tensorboard=false", "checkpoint_every=0"],
+        config_file=config_file,
     )
+    recipe = config.recipe
+    store, _ = load_store(data if isinstance(data, FeatureStore) else config.data)
     with tempfile.TemporaryDirectory(prefix="curvalign-lr-range-") as tmp:
         trainer = Trainer(config, store, tmp, show_progress=False, notify=notify)
         groups = trainer.optimizer.param_groups
