@@ -299,8 +299,8 @@ def column_verdicts(
         tied = [leader] + [r for r in ranked[1:] if not _gap(a, stats[r][path])[1]]
         if separated:  # the leader is a step-0 row: it leads, but nothing was learned
             text = (
-                f"{header}: no best: the leader {leader} is its untrained head (best step 0); "
-                f"{runner} follows ({gap} behind)"
+                f"{header}: no best: the leader {leader} is an untrained head (its best step "
+                f"is 0 in at least one seed); {runner} follows ({gap} behind)"
             )
             tied = []
         else:
