@@ -179,7 +179,6 @@ def test_ridge_map_recovers_a_linear_relation_and_picks_its_strength_on_validati
 
 def test_benchmark_adds_the_ridge_row_where_the_sides_share_no_space(tmp_path):
     from _train_toy import toy_store
-
     from curvalign.eval.ridge import ROW_NAME
     from curvalign.report.benchmark import run_benchmark
 
