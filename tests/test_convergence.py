@@ -74,3 +74,17 @@ def test_mde_shrinks_with_seeds_and_grows_with_sd():
     # (t_.975,4 + t_.80,4) * sd / sqrt(5)
     assert m5 == pytest.approx((2.776445 + 0.940965) * 0.02 / math.sqrt(5))
     assert math.isnan(minimal_detectable_effect(0.02, 1))
+
+
+def test_benchmark_health_uses_the_same_rule():
+    from curvalign.eval.health import health
+    from curvalign.report.studykit import converged as study_converged
+
+    rising = curve([0.10, 0.20, 0.30, 0.40, 0.50, 0.60], every=20)
+    plateau = curve([0.10, 0.30, 0.40, 0.42, 0.38, 0.43, 0.39, 0.42, 0.40, 0.41], every=10)
+    out = health([], rising, last_step=100, bounds=set())
+    assert out["converged"] is False and any("still improving" in w for w in out["warnings"])
+    assert health([], plateau, last_step=90, bounds=set())["converged"] is True
+    for history in (rising, plateau):
+        assert study_converged(history, tol=0.005) == curve_converged(history)
+        assert health([], history, history[-1][0], set())["converged"] == curve_converged(history)
