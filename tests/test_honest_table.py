@@ -15,6 +15,7 @@ from curvalign.eval.chance import chance_evaluation
 from curvalign.eval.ridge import RidgeMap, fit_ridge
 from curvalign.report.benchmark import (
     BenchmarkResult,
+    BenchmarkRow,
     baseline_comparisons,
     baseline_table,
     best_step_cells,
@@ -37,21 +38,21 @@ def _result(rows: dict, stats: dict) -> BenchmarkResult:
 
 
 def _trained(name, best_steps):
-    return {
-        "kind": "trained",
-        "recipe": name,
-        "status": "ok",
-        "best_step": best_steps,
-        "converged": [True] * len(best_steps),
-        "untrained": f"{name} (step 0)",
-    }
+    return BenchmarkRow(
+        kind="trained",
+        recipe=name,
+        seeds=tuple(range(len(best_steps))),
+        best_step=tuple(best_steps),
+        converged=(True,) * len(best_steps),
+        untrained=f"{name} (step 0)",
+    )
 
 
 def _untrained(name):
-    return {"kind": "untrained", "recipe": name, "status": "ok"}
+    return BenchmarkRow(kind="untrained", recipe=name)
 
 
-FROZEN = {"kind": "frozen", "recipe": None, "status": "ok"}
+FROZEN = BenchmarkRow(kind="frozen", recipe=None)
 
 
 def test_frozen_row_that_beats_every_head_is_the_best_and_heads_are_not():
@@ -193,7 +194,8 @@ def test_benchmark_adds_the_ridge_row_where_the_sides_share_no_space(tmp_path):
         show_progress=False,
         plots=False,
     )
-    assert ROW_NAME in result.stats and result.rows[ROW_NAME]["kind"] == "frozen"
+    assert ROW_NAME in result.stats and result.rows[ROW_NAME].kind == "frozen"
+    assert "alpha" in result.rows[ROW_NAME].note
     assert "frozen features" in result.absent
     md = (tmp_path / "results.md").read_text()
     assert f"| clip − {ROW_NAME} |" in md and "| clip − clip (step 0) |" in md

@@ -134,9 +134,9 @@ def test_arms_train_on_until_the_plateau_up_to_the_max(tmp_path, one_thread):
         return bench.train("clip", "clip", [], 0)
 
     flat = arm(1.0, "flat")  # any curve is flat within 1.0: stops at the budget
-    assert flat["last_step"] == 4 and [s for s, _ in flat["val_history"]] == [1, 2, 3, 4]
+    assert flat.last_step == 4 and [s for s, _ in flat.val_history] == [1, 2, 3, 4]
     climbing = arm(-1.0, "climbing")  # never flat: trains on, one segment at a time, to the max
-    assert climbing["last_step"] == 6 and [s for s, _ in climbing["val_history"]] == [
+    assert climbing.last_step == 6 and [s for s, _ in climbing.val_history] == [
         1,
         2,
         3,
@@ -144,7 +144,87 @@ def test_arms_train_on_until_the_plateau_up_to_the_max(tmp_path, one_thread):
         5,
         6,
     ]
-    assert climbing["converged"] is False and climbing["budget"] == 4
+    assert climbing.converged is False and climbing.budget == 4
+
+
+def _segmented_arm(bench, recipe, seed, marks, on_mark, store_from, steps, max_steps):
+    """The pre-hooks Bench.train, written out as a reference: train to each stop with
+    ``stop_at``, read the run back, validate it, resume with a new Trainer (more ``steps`` when
+    the curve is not flat at the budget)."""
+    from curvalign.runs import load_run
+    from curvalign.train.trainer import train
+
+    overrides = [*bench.overrides, *bench.lr_override(recipe, []), f"seed={seed}"]
+    run_dir = bench.out / "reference"
+    stops = sorted({*range(bench.val_every, steps, bench.val_every), *marks} | {steps})
+    history, previous, target = [], 0, steps
+    while stops:
+        step = stops.pop(0)
+        train(
+            recipe,
+            store_from(previous) or bench.store,
+            run_dir,
+            steps=target,
+            overrides=overrides,
+            overwrite=previous == 0,
+            resume=previous > 0,
+            show_progress=False,
+            stop_at=step if step < target else None,
+        )
+        previous = step
+        loaded = load_run(run_dir, weights="last")
+        history.append((step, kit.val_score(loaded.recipe, bench.store)))
+        if step == target and not kit.converged(history, bench.plateau_tol) and target < max_steps:
+            target = min(max_steps, target + bench.val_every)
+            stops.append(target)
+        if step in marks:
+            on_mark(step, loaded.recipe)
+    return history, load_run(run_dir, weights="last")
+
+
+def test_an_arm_in_one_fit_equals_the_old_stop_and_resume_cycle(tmp_path, one_thread):
+    """Same validation values, extension, marks, data swap and weights as the segments through
+    the disk that Bench.train ran before the trainer had hooks."""
+    import dataclasses
+
+    from safetensors.torch import load_file
+
+    world = _tiny_world()
+    bench = kit.Bench(
+        tmp_path, world, "synthetic", 6, ["batch_size=16"], val_every=2, plateau_tol=-1.0
+    )
+    swapped = dataclasses.replace(bench.store, text_features=bench.store.text_features.flip(0))
+
+    def store_from(step):
+        return swapped if step >= 3 else None
+
+    marked: dict[str, dict[int, float]] = {"new": {}, "old": {}}
+
+    def mark(which):
+        return lambda step, recipe: marked[which].__setitem__(
+            step, kit.val_score(recipe, bench.store)
+        )
+
+    arm = bench.train(
+        "clip",
+        "clip",
+        [],
+        0,
+        marks=(3,),
+        on_mark=mark("new"),
+        store_from=store_from,
+        select_best=False,
+    )
+    history, last = _segmented_arm(bench, "clip", 0, (3,), mark("old"), store_from, 6, 9)
+    assert [s for s, _ in history] == [2, 3, 4, 6, 8, 9]  # never flat: extended to the max
+    assert list(arm.val_history) == history and arm.last_step == 9
+    assert marked["new"] == marked["old"] and list(marked["new"]) == [3]
+    new_weights = load_file(str(arm.run_dir / "model.safetensors"))
+    old_weights = load_file(str(last.run_dir / "model.safetensors"))
+    assert all(torch.equal(new_weights[k], old_weights[k]) for k in new_weights)
+    best = max(history, key=lambda item: item[1])
+    assert arm.best_step == best[0] and arm.best_val == best[1]
+    assert not (arm.run_dir / "study_best.safetensors").exists()  # one best-weights file
 
 
 def test_study_learning_rate_is_a_stated_multiple_of_the_paper_rate(tmp_path):

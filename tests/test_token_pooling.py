@@ -439,3 +439,23 @@ def test_validation_embeds_tokens(tmp_path: Path) -> None:
     assert [step for step, _ in meta["val_history"]] == [0, 2, 4]
     assert all(0.0 <= value <= 1.0 for _, value in meta["val_history"])
     assert (run_dir / "best.safetensors").is_file()
+
+
+def test_benchmark_of_token_pooling_dualpath_runs_end_to_end(tmp_path: Path) -> None:
+    """The untrained baseline is built for the width the run trains on (the token width Dk,
+    through runs.recipe_input_dims): it used to abort the whole benchmark after training with
+    'features of dimension 6/7 ... but the run takes 6/5'."""
+    from curvalign.report.benchmark import run_benchmark, untrained_row
+
+    small = [f"dualpath.{item}" for item in SMALL]
+    result = run_benchmark(
+        ["dualpath"], token_store(), tmp_path, steps=4, overrides=small, seeds=1,
+        show_progress=False, plots=False,
+    )  # fmt: skip
+    assert result.rows["dualpath"].status == "ok", result.rows["dualpath"].reason
+    for row in ("dualpath", untrained_row("dualpath")):
+        assert "retrieval/t2i@1" in result.stats[row], row
+    meta = json.loads((tmp_path / "runs" / "dualpath" / "seed-0" / "meta.json").read_text())
+    assert meta["text_dim"] == DK and meta["text_input"] == "tokens"
+    payload = json.loads((tmp_path / "results.json").read_text())
+    assert payload["rows"]["dualpath"]["seeds"] == [0] and not payload["failed"]

@@ -62,6 +62,58 @@ def demo_overrides(recipes: Sequence[str]) -> list[str]:
 CURVE_KEYS = ("curvature", "temperature", "routing", "gate", "alpha", "beta")
 
 
+@dataclass(frozen=True)
+class BenchmarkRow:
+    """One row of a benchmark table: what it is and how its training went.
+
+    kind       "trained", "untrained" (the same head at step 0), "frozen" or "chance"
+    recipe     the recipe's name (None for the frozen-features and chance rows)
+    status     "ok" or "failed"; ``reason`` says why a trained row failed
+    seeds, best_step, last_step, converged, warnings
+               per seed of a trained row (``converged`` None where the curve was too short to
+               tell; ``warnings`` prefixed "seed S: ")
+    """
+
+    kind: str
+    recipe: str | None
+    status: str = "ok"
+    reason: str | None = None
+    seeds: tuple[int, ...] = ()
+    best_step: tuple[int, ...] = ()
+    last_step: tuple[int, ...] = ()
+    converged: tuple[bool | None, ...] = ()
+    warnings: tuple[str, ...] = ()
+    #: a trained row's own step-0 row (the table compares the two); a baseline's description;
+    #: the arm of a tuned benchmark ("paper" or "tuned")
+    untrained: str | None = None
+    note: str | None = None
+    arm: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """The row as results.json holds it (the per-seed fields only for a trained row)."""
+        out: dict[str, Any] = {"kind": self.kind, "recipe": self.recipe, "status": self.status}
+        out.update({k: v for k, v in (("note", self.note), ("arm", self.arm)) if v is not None})
+        if self.kind != "trained":
+            return out
+        return {
+            **out,
+            "untrained": self.untrained,
+            "reason": self.reason,
+            "seeds": list(self.seeds),
+            "best_step": list(self.best_step),
+            "last_step": list(self.last_step),
+            "converged": list(self.converged),
+            "warnings": list(self.warnings),
+        }
+
+    # dict-style reads, for callers written against the former {field: value} rows
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.to_json().get(key, default)
+
+    def __getitem__(self, key: str) -> Any:
+        return self.to_json()[key]
+
+
 @dataclass
 class BenchmarkResult:
     """What ``run_benchmark`` produced.
@@ -71,8 +123,8 @@ class BenchmarkResult:
               (where it applies) and "chance"
     stats     {row: {metric path: {"mean", "low", "high", "n", "values"}}}: 95% interval over
               seeds and the per-seed values (seed order as ``seeds``)
-    rows      {row: {"kind": trained|untrained|frozen|chance, "recipe", "status": ok|failed,
-              "reason", "best_step": [per seed], "converged": [per seed], "warnings": [...]}}
+    rows      {row: BenchmarkRow} (kind trained|untrained|frozen|chance, status, per-seed
+              best/last steps, convergence and health warnings of a trained row)
     absent    {row: why it is not in the table} (e.g. frozen features on different spaces)
     seeds     the training seeds, the same for every recipe (paired comparisons)
     """
@@ -86,7 +138,7 @@ class BenchmarkResult:
     steps: int | None = None
     seeds: list[int] = field(default_factory=list)
     stats: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
-    rows: dict[str, dict[str, Any]] = field(default_factory=dict)
+    rows: dict[str, BenchmarkRow] = field(default_factory=dict)
     absent: dict[str, str] = field(default_factory=dict)
     wall_seconds: float = 0.0
     #: extra header lines (a tuned benchmark's budget and selection metric)
@@ -273,12 +325,12 @@ def run_benchmark(
     Every recipe is checked against the data before any training. A recipe that fails while
     training is reported as failed with its reason; the others' results are still written.
     """
-    from curvalign.eval import diagnostic_arrays, evaluate
+    from curvalign.eval import evaluate, run_evaluation
     from curvalign.eval.chance import chance_evaluation
     from curvalign.eval.frozen import ROW_NAME, FrozenFeatures, shared_space_reason
     from curvalign.eval.health import health_of_run
     from curvalign.recipes import recipe_names
-    from curvalign.runs import load_run, read_log
+    from curvalign.runs import load_run, read_log, recipe_input_dims
     from curvalign.train.trainer import build_model, train
 
     started = time.perf_counter()
@@ -318,9 +370,7 @@ def run_benchmark(
     logs: dict[str, list[dict[str, Any]]] = {}
     arrays: dict[str, dict[str, Any]] = {}
     for i, name in enumerate(recipes, 1):
-        row = {
-            "kind": "trained",
-            "recipe": name,
+        row: dict[str, Any] = {
             "status": "ok",
             "reason": None,
             "seeds": [],
@@ -328,7 +378,6 @@ def run_benchmark(
             "last_step": [],
             "converged": [],
             "warnings": [],
-            "untrained": untrained_row(name),
         }
         untrained_evals: list[dict[str, Any]] = []
         result.run_dirs[name] = []
@@ -360,7 +409,9 @@ def run_benchmark(
             result.train_seconds[name] += time.perf_counter() - t
             t = time.perf_counter()
             loaded = load_run(run_dir)  # its best validation weights, as saved
-            evaluation = evaluate(loaded.recipe, store, split=split)
+            # one embedding of the split gives the metrics and the plots' arrays
+            full = run_evaluation(loaded.recipe, store, split=split)
+            evaluation = full.metrics
             evaluation["meta"].update(
                 step=loaded.step,
                 weights=loaded.weights,
@@ -376,12 +427,14 @@ def run_benchmark(
             row["warnings"] += [f"seed {seed}: {w}" for w in health["warnings"]]
             trained_evals.append(evaluation)
             result.run_dirs[name].append(Path(run_dir))
-            untrained = build_model(loaded.config, store.image_dim, store.text_dim)
+            # the input widths the trainer used (the token width for a recipe reading tokens)
+            untrained = build_model(loaded.config, *recipe_input_dims(loaded.config, store))
             untrained_evals.append(
                 evaluate(untrained.eval(), store, split=split, diagnostics=False)
             )
             if plots and offset == 0:
-                arrays[name] = diagnostic_arrays(loaded.recipe, store, split=split)
+                assert full.arrays is not None
+                arrays[name] = full.arrays.as_dict()
                 logs[name] = read_log(run_dir)
             result.eval_seconds[name] += time.perf_counter() - t
             r = evaluation["retrieval"]
@@ -389,17 +442,25 @@ def run_benchmark(
                 f"    {name} seed {seed}: {loaded.describe()}, T2I R@1 {100 * r['t2i@1']:.1f}%, "
                 f"I2T R@1 {100 * r['i2t@1']:.1f}%"
             )
-        result.rows[name] = row
+        result.rows[name] = BenchmarkRow(
+            kind="trained",
+            recipe=name,
+            status=row["status"],
+            reason=row["reason"],
+            **{k: tuple(row[k]) for k in ("seeds", "best_step", "last_step", "converged")},
+            warnings=tuple(row["warnings"]),
+            untrained=untrained_row(name),
+        )
         if trained_evals and row["status"] == "ok":
             evaluations[name] = trained_evals
             evaluations[untrained_row(name)] = untrained_evals
-            result.rows[untrained_row(name)] = {"kind": "untrained", "recipe": name, "status": "ok"}
+            result.rows[untrained_row(name)] = BenchmarkRow(kind="untrained", recipe=name)
 
     reason = shared_space_reason(store)
     if reason is None:
         frozen = FrozenFeatures(store.image_dim, store.text_dim)
         evaluations[ROW_NAME] = [evaluate(frozen, store, split=split, diagnostics=False)]
-        result.rows[ROW_NAME] = {"kind": "frozen", "recipe": None, "status": "ok"}
+        result.rows[ROW_NAME] = BenchmarkRow(kind="frozen", recipe=None)
     else:
         result.absent[ROW_NAME] = reason
         ridge = ridge_baseline(store, min(base_seed.values()))
@@ -407,15 +468,14 @@ def run_benchmark(
             result.absent[RIDGE_ROW] = ridge
         else:
             evaluations[RIDGE_ROW] = [evaluate(ridge, store, split=split, diagnostics=False)]
-            result.rows[RIDGE_ROW] = {
-                "kind": "frozen",
-                "recipe": None,
-                "status": "ok",
-                "baseline": f"ridge map image->text fit on train, alpha {ridge.alpha:g} "
-                "chosen on validation",
-            }
+            result.rows[RIDGE_ROW] = BenchmarkRow(
+                kind="frozen",
+                recipe=None,
+                note=f"ridge map image->text fit on train, alpha {ridge.alpha:g} chosen on "
+                "validation",
+            )
     evaluations["chance"] = [chance_evaluation(store, split=split)]
-    result.rows["chance"] = {"kind": "chance", "recipe": None, "status": "ok"}
+    result.rows["chance"] = BenchmarkRow(kind="chance", recipe=None)
 
     # table order: trained recipes, then the baselines
     order = (
@@ -427,7 +487,7 @@ def run_benchmark(
         result.results[name] = _mean_result(evaluations[name])
         result.stats[name] = _stats(evaluations[name])
     for name in recipes:
-        if result.rows[name]["status"] == "failed":
+        if result.rows[name].status == "failed":
             result.results.setdefault(name, {})
     result.wall_seconds = time.perf_counter() - started
     result.files = write_benchmark_outputs(
@@ -440,20 +500,20 @@ def converged_cells(result: BenchmarkResult) -> list[tuple[str, str]]:
     """(row, "3/3") converged seeds per trained row; "failed" for a failed recipe."""
     out = []
     for name, row in result.rows.items():
-        if row.get("kind") != "trained":
+        if row.kind != "trained":
             continue
-        if row.get("status") == "failed":
+        if row.status == "failed":
             out.append((name, "failed"))
             continue
-        flags = row.get("converged", [])
+        flags = row.converged
         known = [f for f in flags if f is not None]
         out.append((name, f"{sum(bool(f) for f in known)}/{len(flags)}" if known else "?"))
     return out
 
 
-def untrained_seeds(row: dict[str, Any]) -> int:
+def untrained_seeds(row: BenchmarkRow) -> int:
     """How many seeds of a trained row kept their step-0 weights (best validation at step 0)."""
-    return sum(1 for s in row.get("best_step", []) if s == 0)
+    return sum(1 for s in row.best_step if s == 0)
 
 
 def verdicts_of(result: BenchmarkResult) -> dict[str, dict[str, Any]]:
@@ -465,12 +525,12 @@ def verdicts_of(result: BenchmarkResult) -> dict[str, dict[str, Any]]:
     contenders = [
         n
         for n, r in result.rows.items()
-        if r.get("kind") in ("trained", "untrained", "frozen") and n in result.stats
+        if r.kind in ("trained", "untrained", "frozen") and n in result.stats
     ]
     never = [
         n
         for n, r in result.rows.items()
-        if r.get("kind") == "untrained" or (r.get("kind") == "trained" and untrained_seeds(r))
+        if r.kind == "untrained" or (r.kind == "trained" and untrained_seeds(r))
     ]
     return column_verdicts(result.stats, contenders, stats_columns(result.stats), never)
 
@@ -480,9 +540,9 @@ def best_step_cells(result: BenchmarkResult) -> list[tuple[str, str]]:
     seed; "= untrained" when every seed kept its step-0 weights."""
     out = []
     for name, row in result.rows.items():
-        if row.get("kind") != "trained" or row.get("status") == "failed":
+        if row.kind != "trained" or row.status == "failed":
             continue
-        steps = row.get("best_step", [])
+        steps = row.best_step
         zero = untrained_seeds(row)
         cell = ", ".join(map(str, steps))
         if steps and zero == len(steps):
@@ -501,12 +561,12 @@ def baseline_comparisons(result: BenchmarkResult) -> dict[str, dict[str, dict[st
     interval excludes 0 in the row's favour / against it, None when it does not."""
     from curvalign.report.tables import LOWER_IS_BETTER, _gap
 
-    frozen = [n for n, r in result.rows.items() if r.get("kind") == "frozen" and n in result.stats]
+    frozen = [n for n, r in result.rows.items() if r.kind == "frozen" and n in result.stats]
     out: dict[str, dict[str, dict[str, Any]]] = {}
     for name, row in result.rows.items():
-        if row.get("kind") != "trained" or name not in result.stats:
+        if row.kind != "trained" or name not in result.stats:
             continue
-        against = frozen + [row["untrained"]] if row.get("untrained") in result.stats else frozen
+        against = frozen + ([row.untrained] if row.untrained in result.stats else [])
         out[name] = {}
         for base in against:
             cells: dict[str, Any] = {}
@@ -582,19 +642,19 @@ def write_benchmark_outputs(
     files: dict[str, Path] = {}
     verdicts = verdicts_of(result)
     comparisons = baseline_comparisons(result)
-    failed = {n: r["reason"] for n, r in result.rows.items() if r.get("status") == "failed"}
+    failed = {n: r.reason for n, r in result.rows.items() if r.status == "failed"}
     payload = {
         "data": result.data,
         "steps": result.steps,
         "seeds": result.seeds,
         "units": JSON_UNITS,
-        "recipes": [n for n, r in result.rows.items() if r.get("kind") == "trained"],
+        "recipes": [n for n, r in result.rows.items() if r.kind == "trained"],
         "train_seconds": result.train_seconds,
         "eval_seconds": result.eval_seconds,
         "wall_seconds": result.wall_seconds,
         "results": result.results,
         "stats": result.stats,
-        "rows": result.rows,
+        "rows": {n: r.to_json() for n, r in result.rows.items()},
         "absent": result.absent,
         "failed": failed,
         "verdicts": verdicts,
@@ -629,7 +689,7 @@ def write_benchmark_outputs(
             "",
             baseline_table(result, comparisons),
         ]
-    warnings = [f"- {n}: {w}" for n, r in result.rows.items() for w in r.get("warnings", []) if w]
+    warnings = [f"- {n}: {w}" for n, r in result.rows.items() for w in r.warnings if w]
     if warnings:
         md += ["", "Health warnings:", "", *warnings]
     md += [
@@ -638,13 +698,13 @@ def write_benchmark_outputs(
         "|---|---|---|---:|---:|---|",
     ]
     md += [
-        f"| {n} | {', '.join(map(str, r.get('seeds', [])))} | "
-        f"{', '.join(map(str, r.get('best_step', [])))} | {result.train_seconds.get(n, 0):.1f} | "
+        f"| {n} | {', '.join(map(str, r.seeds))} | "
+        f"{', '.join(map(str, r.best_step))} | {result.train_seconds.get(n, 0):.1f} | "
         f"{result.eval_seconds.get(n, 0):.1f} | "
         + ", ".join(f"`{d}`" for d in result.run_dirs.get(n, []))
         + " |"
         for n, r in result.rows.items()
-        if r.get("kind") == "trained"
+        if r.kind == "trained"
     ]
     md += ["", f"wall time: {result.wall_seconds:.0f} s"]
     files["markdown"] = out / "results.md"

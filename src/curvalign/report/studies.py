@@ -335,7 +335,7 @@ def study_agr_curriculum(
                 select_best=False,
             )
             if seed == 0:
-                logs[arm] = read_log(runs[seed]["run_dir"])
+                logs[arm] = read_log(runs[seed].run_dir)
         conv[arm] = kit.convergence_record(runs)
 
     def values(arm: str, where: str, key: str) -> dict[int, float]:
@@ -554,7 +554,7 @@ def study_dualpath_forgetting(
                 store_from=(lambda s: conflicting if s >= switch else None) if is_control else None,
             )
             if seed == 0:
-                logs[arm] = read_log(runs[seed]["run_dir"])
+                logs[arm] = read_log(runs[seed].run_dir)
         conv[arm] = kit.convergence_record(runs)
 
     def change(arm: str, key: str = "spearman") -> dict[int, float]:
@@ -684,7 +684,7 @@ def study_atmg_curvature(
             for seed in range(seeds):
                 runs[seed] = bench.train(f"{recipe}-c{c:g}", recipe, extra, seed)
                 for kind, model in (
-                    ("trained", runs[seed]["recipe"]),
+                    ("trained", runs[seed].recipe),
                     ("untrained", bench.untrained(recipe, extra, seed)),
                 ):
                     ev = bench.evaluate(model)
@@ -933,7 +933,7 @@ def study_phyclip_factors(
         runs = {}
         for seed in range(seeds):
             runs[seed] = bench.train(arm, Phyclip.name, extra, seed)
-            recipe = runs[seed]["recipe"]
+            recipe = runs[seed].recipe
             ev = bench.evaluate(recipe, diagnostics=arm == f"k={big}")
             r1.setdefault(arm, {})[seed] = kit.mean_r1(ev)
             extra_rows.setdefault(f"{arm}: zero-shot top-1", {})[seed] = (
@@ -1090,7 +1090,7 @@ def study_proclip_product(
         runs = {}
         for seed in range(seeds):
             runs[seed] = bench.train(arm, Proclip.name, extra, seed)
-            r1.setdefault(arm, {})[seed] = kit.mean_r1(bench.evaluate(runs[seed]["recipe"]))
+            r1.setdefault(arm, {})[seed] = kit.mean_r1(bench.evaluate(runs[seed].recipe))
             if arm.startswith("product"):
                 r1.setdefault("product untrained", {})[seed] = kit.mean_r1(
                     bench.evaluate(bench.untrained(Proclip.name, extra, seed))
@@ -1193,7 +1193,7 @@ def study_wordnet_dimensions(
             runs = {}
             for seed in range(seeds):
                 runs[seed] = bench.train(f"{g}-d{d}", Proclip.name, extra, seed)
-                ev = bench.evaluate(runs[seed]["recipe"])
+                ev = bench.evaluate(runs[seed].recipe)
                 r1.setdefault((g, d), {})[seed] = kit.mean_r1(ev)
                 hier.setdefault((g, d), {})[seed] = (ev.get("hierarchy") or {}).get("J", math.nan)
                 if g == "hyperbolic" and d == min(dims):

@@ -21,16 +21,17 @@ The verdict rule (``decide``; written out again in every study's output)
                                                           the threshold"
     With one seed there is no interval (``curvalign.stats``): the verdict is inconclusive.
 
-Validation and convergence: every arm trains in segments of ``val_every`` steps
-(``train(..., stop_at=...)`` then resume); after each segment the mean of t2i@1 and i2t@1 on a
-seeded validation hold-out of the training images (a "val" split carved out of "train", never
-trained on) is recorded and the best weights are kept. An arm *converged* by the rule the
-benchmark and tuning share (``curvalign.stats.curve_converged``): its best validation is not its
-last, and the last third of its curve rises by no more than the curve's own noise (or
-``plateau_tol``). An arm that has not converged at its budget trains on, one segment at
-a time (the run extended: its cosine stretched over the new total), until it converges or reaches
-``max_steps`` (``MAX_STEPS_FACTOR`` times the budget); the output says which arms converged and
-at which step each stopped. The study then evaluates the best weights on "test".
+Validation and convergence: every arm trains in one ``Trainer.fit`` with the study's trainer
+hooks (``ArmHooks``); every ``val_every`` steps the mean of t2i@1 and i2t@1 on a seeded
+validation hold-out of the training images (a "val" split carved out of "train", never trained
+on) is recorded and the trainer's built-in hook keeps the best weights (``best.safetensors``).
+An arm *converged* by the rule the benchmark and tuning share (``curvalign.stats.curve_converged``):
+its best validation is not its last, and the last third of its curve rises by no more than the
+curve's own noise (or ``plateau_tol``). An arm that has not converged
+at its budget trains on, ``val_every`` steps at a time (the run extended: its cosine stretched
+over the new total), until it converges or reaches ``max_steps`` (``MAX_STEPS_FACTOR`` times the
+budget); the output says which arms converged and at which step each stopped. The study then
+evaluates the best weights on "test".
 
 The study learning rate (``STUDY_LR_SCALE``): every arm trains at ``STUDY_LR_SCALE`` times its
 recipe's paper learning rate (``train_defaults["lr"]``), a stated departure from the papers
@@ -41,21 +42,20 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import shutil
 import time
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from curvalign.data.features import FeatureStore
+from curvalign.recipes.base import Recipe
 from curvalign.stats import Interval, mean_interval, paired_difference
+from curvalign.train.hooks import Decision, TrainerHook, ValidationEvent
 
 Notify = Callable[[str], None]
-
-#: the study's own best-validation weights (not the trainer's checksummed best.safetensors)
-STUDY_BEST = "study_best.safetensors"
 
 HOLDS = "holds"
 DOES_NOT_HOLD = "does not hold"
@@ -90,7 +90,7 @@ COMMON_OVERRIDES = (
     "tensorboard=false",
     "checkpoint_every=0",
     "log_every=5",
-    "val_every=0",  # the study validates itself (Bench.train), on its own segments
+    "val_every=0",  # the study validates with its own value and steps (ArmHooks)
 )
 
 
@@ -194,6 +194,97 @@ def converged(history: Sequence[tuple[int, float]], tol: float) -> bool | None:
     return curve_converged(history, min_gain=tol)
 
 
+@dataclass(frozen=True)
+class ArmResult:
+    """One arm trained with one seed (``Bench.train``): its run directory and model (the best
+    validation weights, or the last ones), the last step it reached, the best validation step
+    and value, every (step, value) validation, whether the curve was flat at the end (None:
+    fewer than three validations), its step budget and the most it could train on to."""
+
+    run_dir: Path
+    recipe: Recipe
+    last_step: int
+    best_step: int | None
+    best_val: float | None
+    val_history: tuple[tuple[int, float], ...]
+    converged: bool | None
+    budget: int
+    max_steps: int
+
+    def to_json(self) -> dict[str, Any]:
+        """Everything but the model, JSON-ready."""
+        return {
+            "run_dir": str(self.run_dir),
+            "last_step": self.last_step,
+            "best_step": self.best_step,
+            "best_val": self.best_val,
+            "val_history": [list(item) for item in self.val_history],
+            "converged": self.converged,
+            "budget": self.budget,
+            "max_steps": self.max_steps,
+        }
+
+
+class ArmHooks(TrainerHook):
+    """A study arm's trainer hooks: its own validation value (``score``), validated at every
+    multiple of ``val_every`` below the budget, at the marks and at the last step; the plateau
+    extension (at the last step, a curve that has not ``converged`` asks for ``val_every`` more
+    steps, up to ``max_steps``); the marks (``on_mark(step, recipe)``, a mark at or past the
+    budget measured on the last weights); and the data swap (``store_from(step)``: the store
+    training continues on after each validation)."""
+
+    def __init__(
+        self,
+        *,
+        val_fn: Callable[[Any], float],
+        val_every: int,
+        budget: int,
+        max_steps: int,
+        plateau_tol: float,
+        marks: Sequence[int] = (),
+        on_mark: Callable[[int, Any], None] | None = None,
+        store_from: Callable[[int], FeatureStore] | None = None,
+    ) -> None:
+        self.val_fn, self.val_every, self.budget = val_fn, max(1, val_every), budget
+        self.max_steps, self.plateau_tol = max_steps, plateau_tol
+        self.mark_steps = sorted({int(m) for m in marks})
+        self.on_mark_fn, self.store_from = on_mark, store_from
+        # a mark at the budget's end means "the end of training", wherever that ends up
+        self.end_marks = [m for m in self.mark_steps if m >= budget]
+
+    def validation_steps(self) -> Iterable[int]:
+        inside = [m for m in self.mark_steps if 0 < m < self.budget]
+        return sorted({*range(self.val_every, self.budget, self.val_every), *inside})
+
+    def marks(self) -> Iterable[int]:
+        return [m for m in self.mark_steps if 0 < m < self.budget] if self.on_mark_fn else []
+
+    def score(self, trainer: Any) -> float:
+        return float(self.val_fn(trainer.recipe))
+
+    def on_validation(self, trainer: Any, event: ValidationEvent) -> tuple[Decision, int] | None:
+        if self.store_from is not None:
+            store = self.store_from(event.step)
+            if store is not trainer.store:
+                trainer.use_store(store)
+        total = trainer.train_config.steps
+        if (
+            event.step == total
+            and not converged(event.history, self.plateau_tol)
+            and total < self.max_steps
+        ):
+            return Decision.EXTEND, min(self.max_steps, total + self.val_every) - total
+        return None
+
+    def on_mark(self, trainer: Any, step: int) -> None:
+        assert self.on_mark_fn is not None
+        self.on_mark_fn(step, trainer.recipe)
+
+    def on_fit_end(self, trainer: Any, run: Any) -> None:
+        if self.on_mark_fn is not None and self.end_marks:
+            self.on_mark_fn(max(self.end_marks), trainer.recipe)
+
+
 class Bench:
     """Trains and evaluates a study's arms on one store (with its "val" split) in ``out/runs``."""
 
@@ -251,31 +342,6 @@ class Bench:
         )
         return f"learning rate {self.lr_scale:g}x the paper's: {rates}, because {STUDY_LR_REASON}"
 
-    def train_segment(
-        self,
-        label: str,
-        recipe: str,
-        extra: Iterable[str],
-        seed: int,
-        stop_at: int | None,
-        resume: bool,
-        steps: int,
-        store: FeatureStore | None = None,
-    ) -> Path:
-        from curvalign.train.trainer import train
-
-        return train(
-            recipe,
-            store if store is not None else self.store,
-            self.run_dir(label, seed),
-            steps=steps,
-            overrides=[*self.overrides, *extra, f"seed={seed}"],
-            overwrite=not resume,
-            resume=resume,
-            show_progress=self.show_progress,
-            stop_at=stop_at,
-        )
-
     def train(
         self,
         label: str,
@@ -289,88 +355,74 @@ class Bench:
         on_mark: Callable[[int, Any], None] | None = None,
         val_fn: Callable[[Any], float] | None = None,
         store_from: Callable[[int], FeatureStore | None] | None = None,
-    ) -> dict[str, Any]:
-        """Train one arm with one seed, validating every ``val_every`` steps.
+    ) -> ArmResult:
+        """Train one arm with one seed in one ``Trainer.fit``, validating every ``val_every``
+        steps (``ArmHooks``: the study's validation, plateau extension, marks and data swap).
 
-        ``marks``: extra steps where training pauses and ``on_mark(step, recipe)`` measures the
-        model there (e.g. the end of a warm-up). ``val_fn(recipe)``: the validation value
-        (default: mean R@1 on the "val" split). ``store_from(step)``: the store the segment that
-        starts at ``step`` trains on (a control arm that changes its data mid-run). At the
-        budget ``steps``, a curve that is not flat (``converged`` False, or None with fewer than
-        three validations) trains on in segments of ``val_every`` steps up to ``max_steps``
-        (scaled with ``steps``); a mark at or past the budget is measured at the last step.
-        Returns {run_dir, recipe (best weights when ``select_best``), last_step, best_step,
-        best_val, val_history, converged, budget, max_steps}."""
+        ``marks``: extra steps where ``on_mark(step, recipe)`` measures the model (e.g. the end
+        of a warm-up); they are validated too. ``val_fn(recipe)``: the validation value
+        (default: mean R@1 on the "val" split). ``store_from(step)``: the store training
+        continues on after ``step`` (None: the study's store; a control arm that changes its
+        data mid-run). At the budget ``steps``, a curve that is not flat (``converged`` False, or
+        None with fewer than three validations) trains on in steps of ``val_every`` up to
+        ``max_steps`` (scaled with ``steps``); a mark at or past the budget is measured at the
+        last step. The trainer's built-in hook keeps the best validation weights
+        (``best.safetensors``). The result's model holds the best weights when ``select_best``,
+        else the last ones."""
         from curvalign.runs import load_run
+        from curvalign.train.trainer import train
 
         steps = steps or self.steps
         max_steps = max(steps, int(round(steps * self.max_steps / self.steps)))
         extra = [*self.lr_override(recipe, list(extra)), *extra]
-        val_fn = val_fn or (lambda r: val_score(r, self.store))
-        # a mark at the budget's end means "the end of training", wherever that ends up
-        end_marks = {m for m in marks if m >= steps}
-        stops = sorted(
-            {*range(self.val_every, steps, self.val_every), *(m for m in marks if 0 < m < steps)}
-            | {steps}
+        hooks = ArmHooks(
+            val_fn=val_fn or (lambda r: val_score(r, self.store)),
+            val_every=self.val_every,
+            budget=steps,
+            max_steps=max_steps,
+            plateau_tol=self.plateau_tol,
+            marks=marks,
+            on_mark=on_mark,
+            store_from=(lambda step: store_from(step) or self.store) if store_from else None,
         )
         self.notify(f"{label} seed {seed}: {recipe}, {steps} steps (up to {max_steps})")
-        run_dir, history, best, previous, target = None, [], (-math.inf, 0), 0, steps
-        loaded = None
-        while stops:
-            step = stops.pop(0)
-            run_dir = self.train_segment(
-                label,
-                recipe,
-                extra,
-                seed,
-                stop_at=step if step < target else None,
-                resume=previous > 0,
-                steps=target,
-                store=store_from(previous) if store_from else None,
-            )
-            previous = step
-            loaded = load_run(run_dir, weights="last")
-            value = val_fn(loaded.recipe)
-            history.append((step, value))
-            if value > best[0]:
-                best = (value, step)
-                shutil.copyfile(run_dir / "model.safetensors", run_dir / STUDY_BEST)
-            if step == target and not converged(history, self.plateau_tol) and target < max_steps:
-                target = min(max_steps, target + self.val_every)  # not flat yet: train on
-                stops.append(target)
-            if on_mark is not None and step in marks and step not in end_marks:
-                on_mark(step, loaded.recipe)
-        if on_mark is not None and end_marks and loaded is not None:
-            on_mark(max(end_marks), loaded.recipe)
-        loaded = load_run(run_dir, weights="last")
-        if select_best:
-            from safetensors.torch import load_file
-
-            loaded.recipe.load_state_dict(load_file(str(run_dir / STUDY_BEST)))
-        return {
-            "run_dir": run_dir,
-            "recipe": loaded.recipe,
-            "last_step": loaded.step,
-            "best_step": best[1],
-            "best_val": best[0],
-            "val_history": history,
-            "converged": converged(history, self.plateau_tol),
-            "budget": steps,
-            "max_steps": max_steps,
-        }
+        first = store_from(0) if store_from else None
+        run = train(
+            recipe,
+            first if first is not None else self.store,
+            self.run_dir(label, seed),
+            steps=steps,
+            overrides=[*self.overrides, *extra, f"seed={seed}"],
+            overwrite=True,
+            show_progress=self.show_progress,
+            hooks=[hooks],
+        )
+        loaded = load_run(run, weights="best" if select_best else "last")
+        history = tuple((int(step), float(value)) for step, value in run.val_history)
+        return ArmResult(
+            run_dir=Path(run),
+            recipe=loaded.recipe,
+            last_step=run.last_step,
+            best_step=run.best_step,
+            best_val=run.best_val,
+            val_history=history,
+            converged=converged(history, self.plateau_tol),
+            budget=steps,
+            max_steps=max_steps,
+        )
 
     def untrained(self, recipe: str, extra: Iterable[str], seed: int) -> Any:
-        """The recipe as initialised with ``seed`` (the untrained-head baseline), in eval mode."""
+        """The recipe as initialised with ``seed`` (the untrained-head baseline), in eval mode,
+        built for the store's input widths (``runs.recipe_input_dims``: the token width for a
+        recipe that reads text tokens)."""
         from curvalign.config import resolve_config
-        from curvalign.runs import build_recipe
+        from curvalign.runs import build_recipe, recipe_input_dims
 
         config = resolve_config(
             recipe, self.spec, steps=self.steps, overrides=[*self.overrides, *extra, f"seed={seed}"]
         )
         torch.manual_seed(seed)
-        model = build_recipe(
-            config, self.store.image_features.shape[-1], self.store.text_features.shape[-1]
-        )
+        model = build_recipe(config, *recipe_input_dims(config, self.store))
         model.eval()
         return model
 
@@ -380,15 +432,15 @@ class Bench:
         return evaluate(recipe, self.store, split="test", diagnostics=diagnostics)
 
 
-def convergence_record(runs: dict[int, dict[str, Any]]) -> dict[str, Any]:
+def convergence_record(runs: dict[int, ArmResult]) -> dict[str, Any]:
     """Per arm: how many seeds converged, best steps and the validation curves."""
-    flags = [r["converged"] for r in runs.values()]
+    flags = [r.converged for r in runs.values()]
     return {
         "converged": sum(bool(f) for f in flags),
         "seeds": len(flags),
-        "best_steps": [r["best_step"] for r in runs.values()],
-        "last_steps": [r["last_step"] for r in runs.values()],
-        "val_history": {str(s): r["val_history"] for s, r in runs.items()},
+        "best_steps": [r.best_step for r in runs.values()],
+        "last_steps": [r.last_step for r in runs.values()],
+        "val_history": {str(s): r.to_json()["val_history"] for s, r in runs.items()},
     }
 
 

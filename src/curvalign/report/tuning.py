@@ -615,10 +615,9 @@ def _renamed(result: Any, arm: str, recipes: Sequence[str]) -> tuple[dict, dict,
     results = {names.get(k, k): v for k, v in result.results.items()}
     rows = {}
     for key, row in result.rows.items():
-        row = dict(row)
-        if "untrained" in row:
-            row["untrained"] = names.get(row["untrained"], row["untrained"])
-        row["arm"] = arm if row.get("recipe") else None
+        if row.recipe is not None:
+            untrained = names.get(row.untrained, row.untrained) if row.untrained else None
+            row = dataclasses.replace(row, untrained=untrained, arm=arm)
         rows[names.get(key, key)] = row
     return stats, results, rows
 
@@ -707,7 +706,7 @@ def run_tuned_benchmark(
             title="tuned configurations",
         )
         t_stats, t_results, t_rows = _renamed(tuned, "tuned", tuned_names)
-        baselines = {k for k, r in t_rows.items() if not r.get("recipe")}
+        baselines = {k for k, r in t_rows.items() if r.recipe is None}
         stats.update({k: v for k, v in t_stats.items() if k not in baselines})
         results.update({k: v for k, v in t_results.items() if k not in baselines})
         rows.update({k: v for k, v in t_rows.items() if k not in baselines})

@@ -22,6 +22,11 @@ _EXPORTS = {
     "NonFiniteLossError": "curvalign.train.trainer",
     "train": "curvalign.train.trainer",
     "read_log": "curvalign.runs",
+    "TrainerHook": "curvalign.train.hooks",
+    "Decision": "curvalign.train.hooks",
+    "ValidationEvent": "curvalign.train.hooks",
+    "KeepBestWeights": "curvalign.train.hooks",
+    "EarlyStopping": "curvalign.train.hooks",
 }
 
 

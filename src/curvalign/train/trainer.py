@@ -59,6 +59,14 @@ from curvalign.runs import (
 )
 from curvalign.schedules import warmup_cosine
 from curvalign.train.checkpoint import load_train_state, save_checkpoint, versions
+from curvalign.train.hooks import (
+    Decision,
+    TrainerHook,
+    ValidationEvent,
+    combine,
+    validations_since_best,
+    with_builtin_hooks,
+)
 from curvalign.train.logging import RunLogger
 from curvalign.train.validation import ValidationSet, validation_store
 
@@ -242,7 +250,9 @@ class Trainer:
 
     ``resume=True`` continues from ``run_dir``'s checkpoint (which must exist). ``gather`` and
     ``is_main`` are for multi-process training (see the module docstring); ``notify`` receives
-    one-line notes for the user (images left out, resumed step).
+    one-line notes for the user (images left out, resumed step). ``hooks``: trainer events
+    (``curvalign.train.hooks``); the built-in ``KeepBestWeights`` and ``EarlyStopping`` are
+    added unless ``hooks`` holds an instance of the same class.
     """
 
     def __init__(
@@ -256,7 +266,9 @@ class Trainer:
         is_main: bool = True,
         show_progress: bool = True,
         notify: Callable[[str], None] | None = None,
+        hooks: Iterable[TrainerHook] = (),
     ) -> None:
+        self.hooks = with_builtin_hooks(hooks)
         self.config = config
         self.train_config = config.train
         self.store = store
@@ -317,7 +329,6 @@ class Trainer:
         self.best_step: int | None = None
         self.best_val: float | None = None
         self._best_state: dict[str, Tensor] | None = None
-        self._since_best = 0
         self.stopped_early = False
         try:
             self.sampler = BatchSampler(
@@ -352,6 +363,69 @@ class Trainer:
     def _note(self, message: str) -> None:
         self.notes.append(message)
         self.notify(message)
+
+    def notify_user(self, message: str) -> None:
+        """A one-line note for the user, also kept in the run's meta.json (``notes``)."""
+        self._note(message)
+
+    def keep_best(self, step: int, score: float) -> None:
+        """Record the current weights as the best (at ``step``, validation ``score``): the next
+        checkpoint writes them as ``best.safetensors``."""
+        self.best_val, self.best_step = score, step
+        self._best_state = {
+            k: v.detach().to("cpu").clone() for k, v in self.recipe.state_dict().items()
+        }
+
+    def use_store(self, store: FeatureStore) -> None:
+        """Train on ``store`` from the next step on (a control arm that changes its data mid-run):
+        the sampler is rebuilt on it and continues its draws exactly where it was, as a resume on
+        that store would. ``store`` must have the same images and splits."""
+        train_store = store
+        if self.validation_info is not None and self.validation_info.get("source") != "none":
+            train_store, _ = validation_store(
+                store,
+                self.train_config.val_fraction,
+                self.train_config.seed,
+                data=f"data {self.config.data!r}",
+            )
+        if train_store.num_images != self.sampler.store.num_images:
+            raise TrainError(
+                f"the replacement store has {train_store.num_images} images, the run trains on "
+                f"{self.sampler.store.num_images}: a store swapped mid-run must keep the images"
+            )
+        state = self.sampler.state_dict()
+        try:
+            sampler = BatchSampler(
+                train_store,
+                self.train_config.batch_size,
+                seed=self.train_config.seed,
+                requires=self.recipe.requires,
+                pair_batch_size=self.train_config.pair_batch_size,
+                recipe=repr(self.config.recipe),
+                data=self.config.data,
+                text_tokens=self.recipe.text_tokens,
+            )
+            sampler.load_state_dict(state)
+        except SamplingError as err:
+            raise TrainError(str(err)) from None
+        self.sampler, self.store = sampler, store
+
+    def extend(self, steps: int) -> None:
+        """Lengthen the run by ``steps``: ``train.steps`` grows and the learning-rate schedule is
+        stretched over the new total from the current step on, exactly as resuming the run with
+        more ``steps`` does."""
+        train = dataclasses.replace(self.train_config, steps=self.train_config.steps + int(steps))
+        self.config = dataclasses.replace(self.config, train=train)
+        self.train_config = train
+        self.scheduler.lr_lambdas = [
+            (lambda step: lr_multiplier(step, train)) for _ in self.scheduler.lr_lambdas
+        ]
+        for group, base_lr in zip(
+            self.optimizer.param_groups, self.scheduler.base_lrs, strict=False
+        ):
+            group["lr"] = base_lr * lr_multiplier(self.step, train)
+        if self.is_main:
+            self.config.save(self.run_dir)
 
     # --- state ------------------------------------------------------------------------------
     def _load_state(self) -> None:
@@ -400,7 +474,6 @@ class Trainer:
         self.val_history = [(int(a), float(b)) for a, b in validation.get("history", [])]
         self.best_step = validation.get("best_step")
         self.best_val = validation.get("best_val")
-        self._since_best = int(validation.get("since_best", 0))
         self.stopped_early = bool(validation.get("stopped_early", False))
         self._best_state = state.get("best_model")
         self.step = self.checkpoint_step = int(state["step"])
@@ -429,7 +502,7 @@ class Trainer:
                 "history": [list(item) for item in self.val_history],
                 "best_step": self.best_step,
                 "best_val": self.best_val,
-                "since_best": self._since_best,
+                "since_best": validations_since_best(self.val_history),
                 "stopped_early": self.stopped_early,
             },
         }
@@ -521,19 +594,54 @@ class Trainer:
         return out, grad_norm.detach()
 
     def validate(self) -> float:
-        """Score the current weights on the validation split; keep them if they are the best.
-        Returns the value (mean R@1 in [0, 1])."""
-        assert self.validation is not None
-        value = self.validation.score(self.recipe)
-        self.val_history.append((self.step, value))
-        if self.best_val is None or value > self.best_val:
-            self.best_val, self.best_step, self._since_best = value, self.step, 0
-            self._best_state = {
-                k: v.detach().to("cpu").clone() for k, v in self.recipe.state_dict().items()
-            }
-        else:
-            self._since_best += 1
-        return value
+        """Score the current weights (the trainer's validation split, mean R@1 in [0, 1], or a
+        hook's ``score``), record it and tell the hooks (the built-in ones keep the best weights).
+        Returns the value."""
+        return self._validate()[0]
+
+    def _has_validation(self) -> bool:
+        """Whether anything scores the weights: the validation split or a hook's ``score``."""
+        return self.validation is not None or any(
+            type(hook).score is not TrainerHook.score for hook in self.hooks
+        )
+
+    def _validate(self) -> tuple[float, Decision, int]:
+        """The validation, then ``on_validation`` of every hook: (value, decision, extend by)."""
+        with self._in_hook():
+            value = None
+            for hook in self.hooks:
+                value = hook.score(self)
+                if value is not None:
+                    break
+            if value is None:
+                if self.validation is None:
+                    raise TrainError(
+                        "no validation: the run has no validation split and no hook scores it"
+                    )
+                value = self.validation.score(self.recipe)
+            value = float(value)
+            if not math.isfinite(value):
+                raise TrainError(
+                    f"the validation value at step {self.step} is {value}, not a number"
+                )
+            self.val_history.append((self.step, value))
+            event = ValidationEvent(self.step, value, tuple(self.val_history))
+            decision, steps = combine(hook.on_validation(self, event) for hook in self.hooks)
+        return value, decision, steps
+
+    @contextmanager
+    def _in_hook(self) -> Iterator[None]:
+        """Hooks see the recipe in eval mode without gradients and cannot move the random
+        states: training after a hook is the training without it, bit for bit."""
+        rng = rng_state()
+        was_training = self.recipe.training
+        self.recipe.eval()
+        try:
+            with torch.no_grad():
+                yield
+        finally:
+            self.recipe.train(was_training)
+            set_rng_state(rng)
 
     def _kept_message(self) -> str:
         if self.checkpoint_step is None:
@@ -557,8 +665,9 @@ class Trainer:
 
     def fit(self, stop_at: int | None = None) -> TrainedRun:
         """Train until ``train.steps`` (or until ``stop_at`` steps, leaving a checkpoint there, as a
-        killed run would have), writing checkpoints and logs. Returns the run directory (with
-        ``best_step``, ``best_val`` and ``val_history``)."""
+        killed run would have), writing checkpoints and logs and emitting the hooks' events
+        (``curvalign.train.hooks``). Returns the run directory (with ``best_step``, ``best_val``
+        and ``val_history``)."""
         cfg = self.train_config
         total = cfg.steps
         end = total if stop_at is None else min(total, stop_at)
@@ -569,8 +678,8 @@ class Trainer:
             self.config.save(self.run_dir)
         if self.stopped_early:
             self._note(
-                f"{self.run_dir} stopped early at step {self.step} (no better validation in "
-                f"{cfg.patience} evaluations); nothing to do"
+                f"{self.run_dir} stopped early at step {self.step} (a trainer hook stopped it; "
+                f"the built-in early stopping has patience {cfg.patience}); nothing to do"
             )
             return self.result()
         if self.step >= end:
@@ -585,11 +694,19 @@ class Trainer:
             else None
         )
 
-        def validate() -> None:  # the history lives in meta.json (val_history), not the log
-            self.validate()
-
-        if self.validation is not None and self.step == 0 and not self.val_history:
-            validate()  # the untrained head: the baseline model selection must beat
+        marks: dict[int, list[TrainerHook]] = {}
+        extra_validations: set[int] = set()
+        for hook in self.hooks:
+            for mark in hook.marks():
+                marks.setdefault(int(mark), []).append(hook)
+            extra_validations.update(int(s) for s in hook.validation_steps())
+        validates = self._has_validation()
+        step_hooks = [h for h in self.hooks if type(h).on_step_end is not TrainerHook.on_step_end]
+        for hook in self.hooks:
+            hook.on_fit_start(self)
+        # the history lives in meta.json (val_history), not the log
+        if validates and cfg.val_every > 0 and self.step == 0 and not self.val_history:
+            self._validate()  # the untrained head: the baseline model selection must beat
         window = _Window()
         throughput = _ThroughputWatch()
         try:
@@ -610,6 +727,7 @@ class Trainer:
                     self.step += 1
                     window.add(out, grad_norm, time.perf_counter() - started)
                     is_last = self.step == end
+                    record: dict[str, Any] = {}
                     if self.step % cfg.log_every == 0 or is_last:
                         record = {
                             "step": self.step,
@@ -628,25 +746,45 @@ class Trainer:
                         if warning and self.is_main:
                             self._note(warning)
                         window = _Window()
-                    if self.validation is not None and (
-                        self.step % cfg.val_every == 0 or self.step == total
+                    if step_hooks:
+                        step_record = {  # this step's loss, beside a log step's window means
+                            **{k: float(v) for k, v in record.items() if k != "loss"},
+                            "step": self.step,
+                            "loss": float(out.total.detach()),
+                            "lr": lr,
+                        }
+                        with self._in_hook():
+                            for hook in step_hooks:
+                                hook.on_step_end(self, self.step, step_record)
+                    decision, more = Decision.CONTINUE, 0
+                    if validates and (
+                        (cfg.val_every > 0 and self.step % cfg.val_every == 0)
+                        or self.step == total
+                        or self.step in extra_validations
                     ):
-                        validate()
-                        if cfg.patience and self._since_best >= cfg.patience:
-                            self.stopped_early = True
-                            self._note(
-                                f"stopped early at step {self.step}: validation has not improved "
-                                f"on step {self.best_step} ({100 * (self.best_val or 0):.1f}%) in "
-                                f"{cfg.patience} evaluations"
-                            )
-                            self.save_checkpoint()
-                            break
+                        _, decision, more = self._validate()
+                    for hook in marks.get(self.step, ()):
+                        with self._in_hook():
+                            hook.on_mark(self, self.step)
+                    if decision is Decision.STOP:
+                        self.stopped_early = True
+                        self.save_checkpoint()
+                        break
                     if (cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0) or is_last:
                         self.save_checkpoint()
+                    if decision is Decision.EXTEND:
+                        self.extend(more)
+                        cfg, total = self.train_config, self.train_config.steps
+                        end = total if stop_at is None else min(total, stop_at)
+                        bar.extend(end)
         finally:
             if logger is not None:
                 logger.close()
-        return self.result()
+        run = self.result()
+        with self._in_hook():
+            for hook in self.hooks:
+                hook.on_fit_end(self, run)
+        return run
 
     def result(self) -> TrainedRun:
         """The run directory, carrying the validation outcome."""
@@ -749,6 +887,10 @@ class _Bar:
             self.progress.start()
         return self
 
+    def extend(self, end: int) -> None:
+        if self.progress is not None:
+            self.progress.update(self.task, total=end)
+
     def update(self, step: int, record: Mapping[str, Any]) -> None:
         if self.progress is not None:
             info = f"loss {record['loss']:.4f}  {record['pairs_per_s']:.0f} pairs/s"
@@ -830,6 +972,7 @@ def train(
     notify: Callable[[str], None] | None = None,
     stop_at: int | None = None,
     trainer_factory: Callable[..., Trainer] = Trainer,
+    hooks: Iterable[TrainerHook] = (),
 ) -> TrainedRun:
     """Train ``recipe`` on ``data`` (a spec such as ``"synthetic"``, ``"features:PATH"``, or a
     FeatureStore) into ``out_dir``; returns the run directory.
@@ -838,7 +981,8 @@ def train(
     continues the run in ``out_dir`` (recipe and data default to the saved ones; ``steps`` may
     extend it); without it a directory that already holds files is refused unless ``overwrite``.
     ``stop_at`` ends the call early at that step with a checkpoint, as if the process were killed
-    there. Errors are ``TrainError`` with one clear message.
+    there. ``hooks``: trainer events (``curvalign.train.hooks``), passed to the Trainer.
+    Errors are ``TrainError`` with one clear message.
     """
     run_dir = Path(out_dir)
     if resume and overwrite:
@@ -892,6 +1036,12 @@ def train(
         config = dataclasses.replace(config, data=spec)
     # trainer_factory: the distributed launcher builds a DDP-wrapped Trainer with the same arguments
     trainer = trainer_factory(
-        config, store, run_dir, resume=resuming, show_progress=show_progress, notify=notify
+        config,
+        store,
+        run_dir,
+        resume=resuming,
+        show_progress=show_progress,
+        notify=notify,
+        hooks=hooks,
     )
     return trainer.fit(stop_at=stop_at)
