@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+from typing import Any
 
 # Two-sided 95% quantiles t_{0.975, df} of Student's t distribution, df = 1..30 (standard
 # tables; checked against scipy.stats.t.ppf in the tests). Beyond 30 the normal 1.959964 is
@@ -202,6 +203,39 @@ def curve_noise(values: Sequence[float]) -> float:
     return sample_sd(diffs) / math.sqrt(2) if len(diffs) >= 2 else math.nan
 
 
+def curve_convergence(
+    history: Sequence[tuple[int, float]], min_gain: float = 0.005
+) -> dict[str, Any]:
+    """``curve_converged`` with its reasons: {"converged": bool | None, "why": one line, "gain":
+    the tail's best minus the best before it, "rise": the tail's least-squares rise, "bound":
+    the noise bound both were held to}."""
+    out: dict[str, Any] = {"converged": None, "why": "fewer than 3 validations", "gain": None}
+    out.update(rise=None, bound=None)
+    if len(history) < 3:
+        return out
+    values = [float(v) for _, v in history]
+    best = max(range(len(values)), key=lambda i: (values[i], -i))  # earliest of equal bests
+    k = min(len(values) - 1, max(2, math.ceil(CONVERGENCE_TAIL * len(values))))
+    tail, before = values[-k:], values[:-k]
+    noise = curve_noise(tail)
+    bound = max(min_gain, CONVERGENCE_Z * noise) if math.isfinite(noise) else min_gain
+    mean_x, mean_y = (k - 1) / 2, math.fsum(tail) / k
+    slope = math.fsum((i - mean_x) * (v - mean_y) for i, v in enumerate(tail)) / math.fsum(
+        (i - mean_x) ** 2 for i in range(k)
+    )
+    gain, rise = max(tail) - max(before), slope * (k - 1)
+    out.update(gain=gain, rise=rise, bound=bound)
+    if best == len(values) - 1:
+        return {**out, "converged": False, "why": "the best validation is the last one"}
+    if gain > bound:
+        why = f"the last {k} validations beat the earlier best by {gain:.4f} (> {bound:.4f})"
+        return {**out, "converged": False, "why": why}
+    if rise > bound:
+        why = f"the last {k} validations still rise by {rise:.4f} (> {bound:.4f}, their noise)"
+        return {**out, "converged": False, "why": why}
+    return {**out, "converged": True, "why": "the end of the curve is flat within its noise"}
+
+
 def curve_converged(history: Sequence[tuple[int, float]], min_gain: float = 0.005) -> bool | None:
     """Whether a validation curve [(step, value)] (higher is better) had stopped rising, read
     against its own noise.
@@ -210,23 +244,8 @@ def curve_converged(history: Sequence[tuple[int, float]], min_gain: float = 0.00
     the tail (``min_gain`` at least: quantised recalls can repeat exactly). The run has *not*
     converged when (1) its best point is its last one (the curve may still be rising), (2) the
     tail's best beats the best before the tail by more than ``CONVERGENCE_Z`` noise units, or
-    (3) the tail's least-squares rise from its first to its last point exceeds that bound.
-    Otherwise it converged (a flat or falling end). None with fewer than three points.
+    (3) the tail's least-squares rise from its first to its last point exceeds that bound (a
+    curve climbing back after a dip is still moving). Otherwise it converged (a flat or falling
+    end). None with fewer than three points. ``curve_convergence`` gives the reasons.
     """
-    if len(history) < 3:
-        return None
-    values = [float(v) for _, v in history]
-    best = max(range(len(values)), key=lambda i: (values[i], -i))  # earliest of equal bests
-    if best == len(values) - 1:
-        return False
-    k = min(len(values) - 1, max(2, math.ceil(CONVERGENCE_TAIL * len(values))))
-    tail, before = values[-k:], values[:-k]
-    noise = curve_noise(tail)
-    bound = max(min_gain, CONVERGENCE_Z * noise) if math.isfinite(noise) else min_gain
-    if max(tail) - max(before) > bound:
-        return False
-    mean_x, mean_y = (k - 1) / 2, math.fsum(tail) / k
-    slope = math.fsum((i - mean_x) * (v - mean_y) for i, v in enumerate(tail)) / math.fsum(
-        (i - mean_x) ** 2 for i in range(k)
-    )
-    return slope * (k - 1) <= bound
+    return curve_convergence(history, min_gain)["converged"]

@@ -19,9 +19,9 @@ from typing import Any
 from curvalign.errors import CurvalignError
 from curvalign.nn.scalars import LearnableScalar
 from curvalign.runs import read_log
-from curvalign.stats import curve_converged
+from curvalign.stats import curve_convergence
 
-#: share of the run at its end that the curvature and "still improving" checks look at
+#: share of the run at its end that the curvature check looks at
 TAIL = 0.2
 #: a validation gain (mean R@1, in [0, 1]) below this counts as no gain
 MIN_GAIN = 0.005
@@ -61,16 +61,14 @@ def health(
                 )
                 break
     # the one convergence rule (curvalign.stats.curve_converged), as in tuning and studies
-    converged = curve_converged(val_history, MIN_GAIN) if last_step > 0 else None
+    reading = curve_convergence(val_history, MIN_GAIN) if last_step > 0 else {"converged": None}
+    converged = reading["converged"]
     if converged is not None:
-        best_step, best = max(val_history, key=lambda item: (item[1], -item[0]))
+        best_step, _ = max(val_history, key=lambda item: (item[1], -item[0]))
         if not converged:
-            before_tail = [v for s, v in val_history if s <= tail_start]
-            gain = best - max(before_tail) if before_tail else 0.0
             warnings.append(
-                f"validation was still improving at the end (best at step {best_step} of "
-                f"{last_step}, +{100 * gain:.1f} points in the last {round(100 * TAIL)}%; the "
-                "curve's rise exceeds its own noise): not converged, train longer"
+                f"validation was still moving up at the end ({reading['why']}; best at step "
+                f"{best_step} of {last_step}): not converged, train longer"
             )
         elif best_step <= 0.5 * last_step:
             warnings.append(
