@@ -8,11 +8,14 @@ k' = min(k, C - 1) of the C - 1 other classes are drawn, so an image whose class
 finds k' r / (C - 1) of them on average, recall ``k' r / ((C - 1) min(k, r))``. The hierarchical
 metrics and prediction depths of a random class have no closed form: they are averaged over
 ``draws`` seeded uniform guesses per image (an estimate, with the seed fixed so that the row is
-reproducible). Ordering, entailment and multi-label mAP are left out (n/a).
+reproducible). Ordering: random distances order a chain of L items with probability 1/L! (16.7%
+for a 3-item text chain), an adjacent pair with 1/2. Entailment and multi-label mAP are left out
+(n/a).
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -81,6 +84,15 @@ def chance_evaluation(
             }
     if store.has_negatives:
         result["compositional"] = {"overall": 0.5}
+    ordering: dict[str, Any] = {}
+    if store.has_chains and store.chain_features is not None:
+        # random distances order a chain of L items strictly increasing with probability 1/L!
+        length = int(store.chain_features.shape[1])
+        ordering["text"] = {"chain": 1.0 / math.factorial(length), "pairs": 0.5}
+    if store.has_boxes:
+        ordering["image"] = {"chain": 0.5, "pairs": 0.5}  # crop -> full image: one pair
+    if ordering:
+        result["ordering"] = ordering
     return result
 
 

@@ -213,5 +213,21 @@ class Atmg(LorentzRecipe):
             logs["radius/image"] = float(lorentz.dist0(local["image"], c).mean())
         return LossOutput(total=sum(terms.values()), terms=terms, logs=logs)
 
+    @classmethod
+    def search_space(cls) -> dict:
+        """Shared nuisance knobs plus the matched-pair angle weight and the centroid weight
+        (Eq. 13's lambda, for which the paper gives no value)."""
+        from curvalign.recipes.base import Knob, shared_search_space
+
+        return {
+            **shared_search_space(cls),
+            "pair_angle_weight": Knob(
+                "float", 0.0, 1.0, role="method", why="0 = Eq. 13 exactly; default 0.2"
+            ),
+            "centroid_weight": Knob(
+                "float", 0.0, 1.0, role="method", why="Eq. 13's lambda: no paper value"
+            ),
+        }
+
 
 __all__ = ["Atmg", "AtmgConfig"]

@@ -123,5 +123,17 @@ class Hycoclip(LorentzRecipe):
             logs={"temperature": float(tau.detach()), "curvature": float(c.detach())},
         )
 
+    @classmethod
+    def search_space(cls) -> dict:
+        """Shared nuisance knobs plus the entailment weight (around the paper's value)."""
+        from curvalign.recipes.base import Knob, shared_search_space
+
+        return {
+            **shared_search_space(cls),
+            "entailment_weight": Knob(
+                "float", 0.02, 1.0, log=True, role="method", why="paper value within 10x/5x"
+            ),
+        }
+
 
 __all__ = ["CONTRASTIVE_PAIRS", "ENTAILMENT_PAIRS", "Hycoclip", "HycoclipConfig"]

@@ -105,5 +105,18 @@ class Meru(LorentzRecipe):
             },
         )
 
+    @classmethod
+    def search_space(cls) -> dict:
+        """Shared nuisance knobs plus the entailment weight (the paper fixes 0.2 for 120K-step
+        runs on raw encoder outputs; other budgets and features leave it open)."""
+        from curvalign.recipes.base import Knob, shared_search_space
+
+        return {
+            **shared_search_space(cls),
+            "entailment_weight": Knob(
+                "float", 0.01, 1.0, log=True, role="method", why="paper 0.2, 20x below to 5x above"
+            ),
+        }
+
 
 __all__ = ["LorentzConfig", "LorentzRecipe", "Meru", "MeruConfig"]  # the bases re-exported

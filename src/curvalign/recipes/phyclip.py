@@ -301,6 +301,18 @@ class Phyclip(HyperbolicRecipe):
     def no_decay_parameter_names(self) -> set[str]:
         return scalar_parameter_names(self) | super().no_decay_parameter_names()
 
+    @classmethod
+    def search_space(cls) -> dict:
+        """Shared nuisance knobs plus the entailment weight gamma (paper 0.2)."""
+        from curvalign.recipes.base import Knob, shared_search_space
+
+        return {
+            **shared_search_space(cls),
+            "entailment_weight": Knob(
+                "float", 0.01, 1.0, log=True, role="method", why="paper gamma 0.2, 20x/5x"
+            ),
+        }
+
 
 def _rms(mean_square: Tensor) -> Tensor:
     """sqrt with a floor, so a zero distance (x = y) has a finite gradient."""
