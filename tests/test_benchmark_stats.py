@@ -12,6 +12,7 @@ import torch
 from typer.testing import CliRunner
 
 from curvalign.cli import app
+from curvalign.data import load_data
 from curvalign.report import plots
 from curvalign.report.tables import column_verdicts, stat_cell, terminal_stats_table
 from curvalign.stats import mean_interval
@@ -120,6 +121,18 @@ def test_benchmark_json_has_intervals_per_seed_values_and_baselines(tmp_path):
     md = (out / "results.md").read_text()
     assert "mean ± 95% interval" in md and "| chance |" in md and "converged" in md
     assert "Row 'frozen features' is absent" in md
+    # issue 24's metrics reach the benchmark: mean per-class recall, prediction depths,
+    # hierarchy-local recall, entailment (n/a for the cosine recipe: no path), their columns
+    meru, clip = payload["stats"]["meru"], payload["stats"]["clip"]
+    for path in ("zeroshot/mean_per_class", "hierarchy/depth_match", "hierarchy/sibling@5"):
+        assert path in meru and path in clip, path
+    assert "entailment/chains/AP" in meru and "entailment/chains/AP" not in clip
+    n_class = len(load_data(TINY).class_names)
+    chance = payload["stats"]["chance"]
+    assert chance["zeroshot/mean_per_class"]["mean"] == pytest.approx(1 / n_class)
+    assert "ZS mpc" in md and "Sib@5" in md and "Chain AP" in md
+    # four templates in the synthetic world: the prompt-sensitivity table, one column each
+    assert "Prompt sensitivity" in md and "| row | template 0 |" in md and "ensemble |" in md
 
 
 def test_frozen_features_row_where_the_two_sides_share_a_space(tmp_path):

@@ -45,8 +45,19 @@ def test_eval_json_prints_one_object_with_the_documented_keys(meru_run):
     payload = json.loads(result.stdout)  # the whole of stdout is one JSON object
     assert EVAL_KEYS <= set(payload)
     assert set(payload["retrieval"]) == {f"{d}@{k}" for d in ("t2i", "i2t") for k in (1, 5, 10)}
-    assert set(payload["hierarchy"]) == {"TIE", "LCA", "J", "PH", "RH"}
-    assert {"top1", "top5"} == set(payload["zeroshot"])
+    assert set(payload["hierarchy"]) == {"TIE", "LCA", "J", "PH", "RH"} | {
+        "depth_match",
+        "leaf_rate",
+        "pred_depth",
+        "true_depth",
+        "sibling@5",
+        "cousin@5",
+    }
+    assert {"top1", "top5", "mean_per_class"} == set(payload["zeroshot"])
+    entailment = payload["entailment"]
+    assert entailment["measure"].startswith("cone margin")
+    assert {"AP", "AUROC", "distinct_scores", "modal_fraction"} <= set(entailment["taxonomy"])
+    assert set(payload["prompt_sensitivity"]["templates"]) == {f"template {j}" for j in range(4)}
     assert "overall" in payload["compositional"]
     assert set(payload["ordering"]["text"]) == {"chain", "pairs"}
     meta = payload["meta"]
@@ -61,6 +72,7 @@ def test_eval_text_output_and_split_choice(meru_run):
     result = runner.invoke(app, ["eval", str(meru_run), "--split", "train"])
     assert result.exit_code == 0, result.output
     assert "retrieval/t2i@1" in result.stdout and "meru, best weights (step" in result.stdout
+    assert "zeroshot/mean_per_class" in result.stdout and "entailment/chains/AP" in result.stdout
     last = runner.invoke(app, ["eval", str(meru_run), "--weights", "last"])
     assert last.exit_code == 0 and "meru, last weights (step 4)" in last.stdout
 

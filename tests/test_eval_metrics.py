@@ -270,7 +270,13 @@ def test_evaluate_runs_every_supported_metric_with_the_recipe_score():
     # caption 3 is nearest image 1, not its own image 3: 3 of 4 captions find their image first
     assert res["retrieval"]["t2i@1"] == pytest.approx(3 / 4)
     assert res["zeroshot"]["top1"] == 1.0
-    assert res["hierarchy"] == pytest.approx({"TIE": 0, "LCA": 1, "J": 1, "PH": 1, "RH": 1})
+    assert res["zeroshot"]["mean_per_class"] == 1.0
+    # a and b are the root's children: correct leaf predictions at depth 1, each other's sibling
+    # (the only other class, so found among the 5 best); no cousins, so no cousin recall
+    assert res["hierarchy"] == pytest.approx(
+        {"TIE": 0, "LCA": 1, "J": 1, "PH": 1, "RH": 1}
+        | {"depth_match": 1, "leaf_rate": 1, "pred_depth": 1, "true_depth": 1, "sibling@5": 1}
+    )
     assert res["compositional"] == pytest.approx({"overall": 1.0, "object": 1.0, "attribute": 1.0})
     assert res["ordering"]["text"] == pytest.approx({"chain": 0.5, "pairs": 3 / 4})
     assert res["ordering"]["image"] == pytest.approx(

@@ -60,6 +60,8 @@ def tiny_store(seed: int = 0) -> FeatureStore:
         prompt_token_mask=torch.ones(6, 2, dtype=torch.long),
         negative_token_features=torch.randn(4, 3, 2, generator=g),
         negative_token_mask=torch.tensor([[1, 1, 1], [1, 0, 0], [1, 1, 0], [1, 1, 1]]),
+        multilabel_to_image=torch.tensor([0, 0, 1, 4, 5]),
+        multilabel_class=torch.tensor([0, 2, 1, 0, 1]),
         meta={"source": "test", "sizes": [6, 9]},
     )
 

@@ -77,7 +77,9 @@ def test_claim_record_carries_both_intervals():
 
 
 def test_convergence_plateau():
-    assert kit.converged([(1, 0.1), (2, 0.3), (3, 0.305)], tol=0.01) is True
+    assert kit.converged([(1, 0.1), (2, 0.3), (3, 0.305), (4, 0.3)], tol=0.01) is True
+    # best at the last validation: never converged (curvalign.stats.curve_converged)
+    assert kit.converged([(1, 0.1), (2, 0.3), (3, 0.305)], tol=0.01) is False
     assert kit.converged([(1, 0.1), (2, 0.2), (3, 0.4)], tol=0.01) is False
     assert kit.converged([(1, 0.1), (2, 0.2)], tol=0.01) is None
 

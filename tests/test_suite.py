@@ -103,6 +103,12 @@ def test_suite_writes_the_long_table(suite) -> None:
     assert {"dataset", "model", "pretrained", "task", "language", "model_fullname", "acc1"} <= set(
         wide[0]
     )
+    # CLIP_benchmark's mean_per_class_recall column, with evaluate()'s mean per-class recall
+    assert "mean_per_class_recall" in wide[0]
+    cifar = FeatureStore.load(suite["folder"] / "wds_cifar3")
+    zeroshot = evaluate(run.recipe, cifar, diagnostics=False)["zeroshot"]
+    mpc = by[("wds/cifar3", "zeroshot_classification", "mean_per_class_recall")]
+    assert float(mpc["value"]) == pytest.approx(zeroshot["mean_per_class"])
 
 
 def test_suite_json_and_errors(suite, tmp_path: Path) -> None:

@@ -184,12 +184,22 @@ def train_command(
         help="Processes on this machine (launched through torchrun; "
         "DDP with global-batch negatives, see docs/scale.md).",
     ),
+    lr_range: bool = typer.Option(
+        False,
+        "--lr-range",
+        help="Instead of training: a learning-rate range test (loss against an exponential lr "
+        "ramp from 1e-6 to 1 over --steps steps, default 100), written to --out as "
+        "lr_range.json and lr_range.png, with a suggested lr range.",
+    ),
 ) -> None:
     """Train a recipe on features; writes checkpoint, config and logs into --out.
 
     Ctrl-C or SIGTERM stops at the next step with a checkpoint (exit status 130 or 143);
     continue with --resume."""
     refuse_unknown_recipes([recipe] if recipe else [])  # before seconds of importing torch
+    if lr_range:
+        _lr_range_command(recipe, data, steps, out, config, overrides or [])
+        return
     from curvalign.runs import read_log
     from curvalign.train.distributed import (
         is_main_process,
@@ -278,6 +288,33 @@ def train_command(
                 typer.secho(f"warning: {warning}", err=True, fg=typer.colors.YELLOW)
         except CurvalignError as err:
             fail(str(err))
+
+
+def _lr_range_command(
+    recipe: str | None,
+    data: str | None,
+    steps: int | None,
+    out: Path | None,
+    config: Path | None,
+    overrides: list[str],
+) -> None:
+    """``curvalign train --lr-range``: the range test, its plot and its suggestion."""
+    if out is None:
+        fail("missing option --out DIR: where lr_range.json and lr_range.png go")
+    check_out(out)
+    from curvalign.report.tables import write_json
+    from curvalign.report.tuning import plot_lr_range
+    from curvalign.train.lr_range import lr_range_test
+
+    with _command_errors(out):
+        found = lr_range_test(
+            recipe, data, steps=steps or 100, overrides=overrides, config_file=config
+        )
+        out.mkdir(parents=True, exist_ok=True)
+        write_json(out / "lr_range.json", found.to_json())
+        plot_lr_range(found, out / "lr_range.png")
+    typer.echo(found.describe())
+    typer.echo(f"wrote {out / 'lr_range.json'}, {out / 'lr_range.png'}")
 
 
 # --- eval / benchmark / demo / study (issue: evaluation) --------------------------------------
@@ -434,7 +471,12 @@ def _print_benchmark(result, out: Path, title: str, width: int | None = None) ->
     """The benchmark's terminal table, fitted to the terminal's width (metric columns that do not
     fit are named below it; results.md and results.json have all of them)."""
 
-    from curvalign.report.benchmark import converged_cells, summary_lines, verdicts_of
+    from curvalign.report.benchmark import (
+        best_step_cells,
+        converged_cells,
+        summary_lines,
+        verdicts_of,
+    )
     from curvalign.report.tables import terminal_stats_table
 
     console = _table_console(width)
@@ -442,7 +484,7 @@ def _print_benchmark(result, out: Path, title: str, width: int | None = None) ->
         result.stats,
         console.width,
         verdicts_of(result),
-        {"conv": converged_cells(result)},
+        {"conv": converged_cells(result), "best step": best_step_cells(result)},
         title=title,
     )
     console.print(table)
@@ -483,10 +525,10 @@ def benchmark_command(
     steps: int = typer.Option(None, "--steps", help="Optimizer steps for every recipe."),
     split: str = typer.Option("test", "--split", help="Split to evaluate on."),
     seeds: int = typer.Option(
-        3,
+        None,
         "--seeds",
         help="Training seeds per recipe, the same for every recipe (paired); cells are mean ± "
-        "95% interval over them.",
+        "95% interval over them. Default 3; 5 with --tune.",
     ),
     json_output: bool = typer.Option(
         False, "--json", help="Print results.json's content (one JSON object) on stdout."
@@ -498,12 +540,38 @@ def benchmark_command(
         help="Also evaluate every trained recipe on each store of this folder (OUT/suite.csv, "
         "suite_wide.csv, suite.md).",
     ),
+    tune: int = typer.Option(
+        None,
+        "--tune",
+        min=1,
+        help="Tune every recipe first with this many Optuna trials each (the same for every "
+        "recipe, validation only; OUT/tuning/: study.db (resumable), trials.csv, best/NAME.yaml, "
+        "history.png), then benchmark paper defaults and tuned configurations side by side.",
+    ),
+    tune_metric: str = typer.Option(
+        "mean_r1",
+        "--tune-metric",
+        help="Selection metric of --tune on the validation split: mean_r1 (mean of T2I and I2T "
+        "R@1) or any metric path of `curvalign eval --json`, e.g. zeroshot/top1, hierarchy/TIE.",
+    ),
+    lr_range_steps: int = typer.Option(
+        60,
+        "--lr-range-steps",
+        min=0,
+        help="Steps of the learning-rate range test that sets each recipe's lr range for --tune "
+        "(0: the recipe's declared range).",
+    ),
 ) -> None:
     """Train each recipe on the same data with the same budget and seeds, evaluate, and compare
-    side by side with baselines (untrained heads, frozen features, chance)."""
+    side by side with baselines (untrained heads, frozen features, chance).
+
+    With --tune N: an equal tuning budget for every recipe first (docs/evaluation.md); a killed
+    run continues where it stopped when started again with the same arguments."""
     refuse_unknown_recipes([r.strip() for r in recipes.split(",") if r.strip()])
     from curvalign.report.benchmark import run_benchmark
 
+    if seeds is None:
+        seeds = 5 if tune else 3
     if seeds < 1:
         fail(f"--seeds must be >= 1 (training runs per recipe), got {seeds}")
     if steps is not None and steps < 1:
@@ -512,17 +580,35 @@ def benchmark_command(
     names = [r.strip() for r in recipes.split(",") if r.strip()]
     console = _stderr_console()
     with _command_errors(out):
-        result = run_benchmark(
-            names,
-            data,
-            out,
-            steps=steps,
-            overrides=overrides or [],
-            split=split,
-            seeds=seeds,
-            show_progress=not quiet and not json_output,
-            notify=console.print,
-        )
+        if tune:
+            from curvalign.report.tuning import run_tuned_benchmark
+
+            result = run_tuned_benchmark(
+                names,
+                data,
+                out,
+                trials=tune,
+                steps=steps,
+                overrides=overrides or [],
+                metric=tune_metric,
+                seeds=seeds,
+                split=split,
+                lr_range_steps=lr_range_steps,
+                show_progress=not quiet and not json_output,
+                notify=console.print,
+            )
+        else:
+            result = run_benchmark(
+                names,
+                data,
+                out,
+                steps=steps,
+                overrides=overrides or [],
+                split=split,
+                seeds=seeds,
+                show_progress=not quiet and not json_output,
+                notify=console.print,
+            )
     if json_output:
         typer.echo((out / "results.json").read_text().strip())
         return

@@ -26,6 +26,10 @@ zero-shot classes (optional)
     prompt_features  float [Nq, Dt]    one row per (class, template)
     prompt_to_class  long  [Nq]        in [0, C)
     image_labels     long  [Ni]        class of each image, -1 when it has none
+multi-labels (optional; multi-label mAP, e.g. COCO instances: several classes per image; needs
+the classes group)
+    multilabel_to_image long [Nl]      the image of each (image, class) annotation
+    multilabel_class    long [Nl]      its class, in [0, C)
 taxonomy (optional; hierarchical metrics)
     taxonomy_names   list[str] (T)     node names; the classes are nodes: class c is node
                                        ``class_to_node[c]``
@@ -132,6 +136,8 @@ INDEX_FIELDS = (
     "pair_b_token_mask",
     "prompt_token_mask",
     "negative_token_mask",
+    "multilabel_to_image",
+    "multilabel_class",
 )
 TENSOR_FIELDS = FLOAT_FIELDS + INDEX_FIELDS
 LIST_FIELDS = ("split_names", "class_names", "taxonomy_names", "negative_kind_names")
@@ -158,6 +164,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
     ),
     "prompt_tokens": ("prompt_token_features", "prompt_token_mask"),
     "negative_tokens": ("negative_token_features", "negative_token_mask"),
+    "multilabels": ("multilabel_to_image", "multilabel_class"),
 }
 #: the text parts of a store: part -> (pooled features, token features, token mask, its group)
 TEXT_PARTS: dict[str, tuple[str, str, str, str]] = {
@@ -236,6 +243,9 @@ class FeatureStore:
     negative_token_features: Tensor | None = None
     negative_token_mask: Tensor | None = None
 
+    multilabel_to_image: Tensor | None = None
+    multilabel_class: Tensor | None = None
+
     image_paths: list[str] | None = None
     image_texts: list[str] | None = None
     texts: list[str] | None = None
@@ -281,6 +291,10 @@ class FeatureStore:
     @property
     def has_chains(self) -> bool:
         return self.chain_features is not None
+
+    @property
+    def has_multilabels(self) -> bool:
+        return self.multilabel_to_image is not None
 
     @property
     def has_tokens(self) -> bool:
@@ -399,6 +413,11 @@ class FeatureStore:
             changes["image_split"] = self.image_split[ids]
         if self.image_labels is not None:
             changes["image_labels"] = self.image_labels[ids]
+        if self.multilabel_to_image is not None:
+            assert self.multilabel_class is not None
+            label_ids = torch.nonzero(new_image[self.multilabel_to_image.long()] >= 0).flatten()
+            changes["multilabel_to_image"] = new_image[self.multilabel_to_image[label_ids].long()]
+            changes["multilabel_class"] = self.multilabel_class[label_ids]
         if self.box_to_image is not None:
             assert self.box_image_features is not None and self.box_text_features is not None
             box_ids = torch.nonzero(new_image[self.box_to_image.long()] >= 0).flatten()
@@ -794,6 +813,8 @@ def _validate(
             )
     if store.taxonomy_parents is not None and store.class_names is None:
         fail("the taxonomy group needs the classes group (class_to_node maps classes to nodes)")
+    if store.multilabel_to_image is not None and store.class_names is None:
+        fail("the multilabels group needs the classes group (multilabel_class indexes classes)")
     present_groups = store.groups
     for group, needs in _TOKEN_GROUP_NEEDS.items():
         if group in present_groups and needs not in present_groups:
@@ -888,6 +909,7 @@ def _validate(
     same_rows("image_labels", "image_features", "one label per image")
     same_rows("negative_to_text", "negative_features", "one true text per negative")
     same_rows("negative_kind", "negative_features", "one kind per negative")
+    same_rows("multilabel_class", "multilabel_to_image", "one class per annotation")
     token_dim: tuple[str, int] | None = None
     for part, (features, token_field, mask_field, _) in TEXT_PARTS.items():
         tokens, mask = getattr(store, token_field), getattr(store, mask_field)
@@ -945,10 +967,12 @@ def _validate(
 
     in_range("text_to_image", store.num_images, "image indices")
     in_range("box_to_image", store.num_images, "image indices")
+    in_range("multilabel_to_image", store.num_images, "image indices")
     if store.split_names is not None:
         in_range("image_split", len(store.split_names), "indices into split_names")
     if store.class_names is not None:
         in_range("prompt_to_class", len(store.class_names), "class indices")
+        in_range("multilabel_class", len(store.class_names), "class indices")
         in_range(
             "image_labels",
             len(store.class_names),

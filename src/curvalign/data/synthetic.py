@@ -38,6 +38,8 @@ Derived parts (every optional group of the FeatureStore is present)
                 each mentioned attribute bound to its object's family, weight 0.5).
     classes     one per leaf; prompts = leaf path vector + one of ``templates`` fixed context
                 vectors of norm about ``template_scale``, text map, no noise.
+    multilabels every object of an image is one of its classes (its leaf): 1-3 per image;
+                ``image_labels`` is the first (main) object's.
     negatives   for every test caption, as far as the caption allows: object_replaced (one
                 mention's node replaced by a sibling), attribute_replaced (one mentioned value
                 replaced), object_added (an object of a family absent from the image), swapped
@@ -739,6 +741,9 @@ def _build_world(config: SyntheticConfig) -> SyntheticWorld:
         prompt_to_class=prompt_class,
         image_labels=objects.leaf[objects.start]
         - tax.leaves[0],  # leaves are the last, contiguous nodes
+        # every object of an image is one of its classes (1-3 per image): multi-label mAP
+        multilabel_to_image=objects.image.clone(),
+        multilabel_class=objects.leaf - tax.leaves[0],
         taxonomy_names=list(tax.names),
         taxonomy_parents=torch.tensor(tax.parents, dtype=torch.long),
         class_to_node=leaves,

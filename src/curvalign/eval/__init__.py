@@ -41,8 +41,10 @@ def evaluate(
 
     Returns a JSON-serialisable dict (keys documented in docs/evaluation.md):
     ``meta`` {recipe, split, num_images, num_texts}; ``retrieval`` {t2i@k, i2t@k};
-    ``zeroshot`` {top1, top5}; ``hierarchy`` {TIE, LCA, J, PH, RH}; ``compositional``
-    {overall, <kind>...}; ``ordering`` {text, image: {chain, pairs} or None, note};
+    ``zeroshot`` {top1, top5, mean_per_class}; ``hierarchy`` {TIE, LCA, J, PH, RH, depth_match,
+    leaf_rate, pred_depth, true_depth, sibling@5, cousin@5}; ``prompt_sensitivity``;
+    ``multilabel`` {mAP, classes}; ``entailment`` {measure, taxonomy, chains, note};
+    ``compositional`` {overall, <kind>...}; ``ordering`` {text, image: {chain, pairs} or None, note};
     ``diagnostics`` {distance_to_origin, spectrum, factors, the recipe's own}. Absent parts are
     left out.
     """

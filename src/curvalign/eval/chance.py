@@ -2,19 +2,30 @@
 
 Retrieval and zero-shot are exact expectations under a uniformly random ranking (ties against
 the model do not arise): text->image R@k = k / Ni; image->text R@k = 1 - C(Nt - m, k) / C(Nt, k)
-for an image with m captions among Nt; zero-shot top-k = k / C. Hard negatives: 0.5 (a random
-score beats the negative half the time). The hierarchical metrics of a random class have no
-closed form: they are averaged over ``draws`` seeded uniform guesses per image (an estimate, with
-the seed fixed so that the row is reproducible). Ordering is left out (n/a).
+for an image with m captions among Nt; zero-shot top-k = k / C, mean per-class recall = 1 / C.
+Hard negatives: 0.5 (a random score beats the negative half the time). Sibling/cousin recall@k:
+k' = min(k, C - 1) of the C - 1 other classes are drawn, so an image whose class has r relatives
+finds k' r / (C - 1) of them on average, recall ``k' r / ((C - 1) min(k, r))``. The hierarchical
+metrics and prediction depths of a random class have no closed form: they are averaged over
+``draws`` seeded uniform guesses per image (an estimate, with the seed fixed so that the row is
+reproducible). Ordering: random distances order a chain of L items with probability 1/L! (16.7%
+for a 3-item text chain), an adjacent pair with 1/2. Entailment and multi-label mAP are left out
+(n/a).
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
 
-from curvalign.eval.hierarchy import Taxonomy, hierarchical_metrics
+from curvalign.eval.hierarchy import (
+    Taxonomy,
+    depth_metrics,
+    hierarchical_metrics,
+    relative_classes,
+)
 
 
 def _miss_all(n: int, m: int, k: int) -> float:
@@ -54,16 +65,51 @@ def chance_evaluation(
         n_class = (
             len(store.class_names) if store.class_names else int(store.prompt_to_class.max()) + 1
         )
-        result["zeroshot"] = {"top1": 1 / n_class, "top5": min(1.0, 5 / n_class)}
+        result["zeroshot"] = {
+            "top1": 1 / n_class,
+            "top5": min(1.0, 5 / n_class),
+            "mean_per_class": 1 / n_class,
+        }
         if store.has_taxonomy and store.class_to_node is not None:
             true = labels[labels >= 0]
             gen = torch.Generator().manual_seed(seed)
             guesses = torch.randint(n_class, (draws, len(true)), generator=gen)
             class_to_node = store.class_to_node.long()
             tax = Taxonomy(store.taxonomy_parents)
-            result["hierarchy"] = hierarchical_metrics(
-                class_to_node[guesses.flatten()], class_to_node[true.repeat(draws)], tax
-            )
+            pred, truth = class_to_node[guesses.flatten()], class_to_node[true.repeat(draws)]
+            result["hierarchy"] = {
+                **hierarchical_metrics(pred, truth, tax),
+                **depth_metrics(pred, truth, tax),
+                **relative_recall_chance(true, class_to_node, tax, n_class),
+            }
     if store.has_negatives:
         result["compositional"] = {"overall": 0.5}
+    ordering: dict[str, Any] = {}
+    if store.has_chains and store.chain_features is not None:
+        # random distances order a chain of L items strictly increasing with probability 1/L!
+        length = int(store.chain_features.shape[1])
+        ordering["text"] = {"chain": 1.0 / math.factorial(length), "pairs": 0.5}
+    if store.has_boxes:
+        ordering["image"] = {"chain": 0.5, "pairs": 0.5}  # crop -> full image: one pair
+    if ordering:
+        result["ordering"] = ordering
     return result
+
+
+def relative_recall_chance(
+    labels: torch.Tensor, class_to_node: torch.Tensor, tax: Taxonomy, n_class: int, k: int = 5
+) -> dict[str, float]:
+    """Expected sibling/cousin recall@k of a uniformly random class ranking (module docstring),
+    over the images whose class has relatives; keys as ``hierarchy.relative_recall_at_k``."""
+    out: dict[str, float] = {}
+    drawn = min(k, n_class - 1)
+    for relation in ("sibling", "cousin"):
+        sizes = [len(r) for r in relative_classes(class_to_node, tax, relation)]
+        per_image = [
+            drawn * sizes[y] / ((n_class - 1) * min(k, sizes[y]))
+            for y in labels.tolist()
+            if sizes[y] > 0
+        ]
+        if per_image:
+            out[f"{relation}@{k}"] = sum(per_image) / len(per_image)
+    return out

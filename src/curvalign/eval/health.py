@@ -3,8 +3,9 @@
 - a learned curvature that sat at its clamp for the last 20% of training (the most reported
   failure of MERU-style models: the curvature collapses to its lower bound);
 - validation that stopped improving early (best step in the first half of the run);
-- a run that ended still improving (best validation in the last 20%, more than half a point
-  above everything before it): not converged.
+- a run that ended still improving: not converged, by the one rule the benchmark, tuning and
+  studies share (``curvalign.stats.curve_converged``: best at the last validation, or a rise at
+  the end of the curve beyond the curve's own noise).
 
 ``converged`` is True, False (still improving) or None (too few validations to tell).
 Curvature bounds come from the recipe contract (``Recipe.curvature_bounds()``), so no recipe
@@ -22,8 +23,9 @@ from curvalign.errors import CurvalignError
 from curvalign.recipes.health import META_KEY as STEP0_META_KEY
 from curvalign.recipes.health import Step0Health, warning_line
 from curvalign.runs import read_log
+from curvalign.stats import curve_convergence
 
-#: share of the run at its end that the curvature and "still improving" checks look at
+#: share of the run at its end that the curvature check looks at
 TAIL = 0.2
 #: a validation gain (mean R@1, in [0, 1]) below this counts as no gain
 MIN_GAIN = 0.005
@@ -62,24 +64,21 @@ def health(
                     "learned (MERU-style collapse); consider a fixed curvature"
                 )
                 break
-    converged: bool | None = None
-    if len(val_history) >= 3 and last_step > 0:
-        best_step, best = max(val_history, key=lambda item: (item[1], -item[0]))
-        before_tail = [v for s, v in val_history if s <= tail_start]
-        if best_step > tail_start and before_tail and best - max(before_tail) > MIN_GAIN:
-            converged = False
+    # the one convergence rule (curvalign.stats.curve_converged), as in tuning and studies
+    reading = curve_convergence(val_history, MIN_GAIN) if last_step > 0 else {"converged": None}
+    converged = reading["converged"]
+    if converged is not None:
+        best_step, _ = max(val_history, key=lambda item: (item[1], -item[0]))
+        if not converged:
             warnings.append(
-                f"validation was still improving at the end (best at step {best_step} of "
-                f"{last_step}, +{100 * (best - max(before_tail)):.1f} points in the last "
-                f"{round(100 * TAIL)}%): not converged, train longer"
+                f"validation was still moving up at the end ({reading['why']}; best at step "
+                f"{best_step} of {last_step}): not converged, train longer"
             )
-        else:
-            converged = True
-            if best_step <= 0.5 * last_step:
-                warnings.append(
-                    f"validation stopped improving early (best at step {best_step} of "
-                    f"{last_step}); the best weights are kept, later steps did not help"
-                )
+        elif best_step <= 0.5 * last_step:
+            warnings.append(
+                f"validation stopped improving early (best at step {best_step} of "
+                f"{last_step}); the best weights are kept, later steps did not help"
+            )
     return {"converged": converged, "warnings": warnings}
 
 

@@ -2,7 +2,11 @@
 
     embed_split                       images, captions (and class prompts) of the split, once
       -> retrieval                    recall@k both ways with ``recipe.scores``
-      -> zero-shot -> hierarchy       ``recipe.zero_shot_scores``; taxonomy metrics on its predictions
+      -> zero-shot -> hierarchy       ``recipe.zero_shot_scores``; taxonomy metrics on its predictions,
+                                      their depths, sibling/cousin recall of the ranked classes
+      -> prompt sensitivity           each template alone beside the ensemble (several templates)
+      -> multi-label                  per-class AP of the class scores (multi-label stores)
+      -> entailment                   ``recipe.entailment_scores`` on taxonomy / chain pairs
       -> compositional                hard negatives vs true captions with ``recipe.pair_scores``
       -> ordering                     ``recipe.distance_to_origin`` along general -> specific chains
       -> diagnostics                  distances, spectra (``recipe.tangent_features``), factor
@@ -34,9 +38,21 @@ from curvalign.eval.diagnostics import (
     factor_specialisation,
     summary,
 )
-from curvalign.eval.hierarchy import Taxonomy, hierarchical_metrics
+from curvalign.eval.entailment import chain_pairs, entailment_metrics, taxonomy_pairs
+from curvalign.eval.hierarchy import (
+    Taxonomy,
+    depth_metrics,
+    hierarchical_metrics,
+    relative_recall_at_k,
+)
+from curvalign.eval.multilabel import label_matrix, multilabel_map
 from curvalign.eval.ordering import ordering_accuracy
-from curvalign.eval.zeroshot import predict, topk_accuracy
+from curvalign.eval.zeroshot import (
+    mean_per_class_recall,
+    predict,
+    template_positions,
+    topk_accuracy,
+)
 from curvalign.readout import (
     PAIR_BUDGET,
     check_input_widths,
@@ -46,7 +62,14 @@ from curvalign.readout import (
     retrieval_ranks,
     score_matrix,
 )
-from curvalign.recipes.base import Embedding, Query, Recipe, embedding_size, slice_embedding
+from curvalign.recipes.base import (
+    Embedding,
+    Query,
+    Recipe,
+    cat_embeddings,
+    embedding_size,
+    slice_embedding,
+)
 
 # --- embedding and scoring helpers (one floor down, in curvalign.readout; names kept here) ------
 
@@ -180,37 +203,194 @@ def retrieval_stage(recipe: Recipe, emb: SplitEmbeddings) -> dict[str, float]:
     return recall_from_ranks(t_ranks, i_ranks, ks=(1, 5, 10))
 
 
+def _num_classes(store: FeatureStore) -> int:
+    return len(store.class_names) if store.class_names else int(store.prompt_to_class.max()) + 1
+
+
+def class_scores_stage(recipe: Recipe, store: FeatureStore, emb: SplitEmbeddings) -> Tensor | None:
+    """[Ni, C] ``recipe.zero_shot_scores`` of every image of the split (its class protocol and
+    prompt ensemble), float32 on the CPU; None without classes. Zero-shot, the hierarchy-local
+    recalls and multi-label mAP all read these; None as well when no image of the split has a
+    label or a multi-label (nothing would read them)."""
+    if emb.prompts is None:
+        return None
+    labelled = store.image_labels is not None and bool(
+        (store.image_labels[emb.image_ids] >= 0).any()
+    )
+    if not (labelled or store.has_multilabels):
+        return None
+    return (
+        recipe.zero_shot_scores(
+            emb.images, emb.prompts, store.prompt_to_class.long(), _num_classes(store)
+        )
+        .float()
+        .cpu()
+    )
+
+
 def zero_shot_stage(
-    recipe: Recipe, store: FeatureStore, emb: SplitEmbeddings, tax: Taxonomy | None
+    recipe: Recipe,
+    store: FeatureStore,
+    emb: SplitEmbeddings,
+    tax: Taxonomy | None,
+    all_scores: Tensor | None = None,
 ) -> tuple[dict[str, float] | None, dict[str, float] | None]:
-    """(zero-shot top-1/5, hierarchical metrics of its predictions); None where not supported."""
+    """(zero-shot top-1/5 and mean per-class recall, hierarchical metrics of its predictions
+    with their depths and the sibling/cousin recall of the ranked classes); None where not
+    supported. ``all_scores``: ``class_scores_stage``'s matrix (computed here when absent)."""
     if emb.prompts is None or store.image_labels is None:
         return None, None
     labels = store.image_labels[emb.image_ids].long()
     if not bool((labels >= 0).any()):
         return None, None
-    num_classes = (
-        len(store.class_names) if store.class_names else int(store.prompt_to_class.max()) + 1
-    )
+    if all_scores is None:
+        all_scores = class_scores_stage(recipe, store, emb)
+    assert all_scores is not None
     keep = torch.nonzero(labels >= 0).flatten()
-    class_scores = (
-        recipe.zero_shot_scores(
-            slice_embedding(emb.images, keep),
-            emb.prompts,
-            store.prompt_to_class.long(),
-            num_classes,
-        )
-        .float()
-        .cpu()
-    )
+    class_scores = all_scores[keep]
     zeroshot = topk_accuracy(class_scores, labels[keep], ks=(1, 5))
+    zeroshot["mean_per_class"] = mean_per_class_recall(class_scores, labels[keep])
     hierarchy = None
     if tax is not None and store.class_to_node is not None:
         class_to_node = store.class_to_node.long()
-        hierarchy = hierarchical_metrics(
-            class_to_node[predict(class_scores)], class_to_node[labels[keep]], tax
-        )
+        pred, true = class_to_node[predict(class_scores)], class_to_node[labels[keep]]
+        hierarchy = {
+            **hierarchical_metrics(pred, true, tax),
+            **depth_metrics(pred, true, tax),
+            **relative_recall_at_k(class_scores, labels[keep], class_to_node, tax, ks=(5,)),
+        }
     return zeroshot, hierarchy
+
+
+def prompt_sensitivity_stage(
+    recipe: Recipe, store: FeatureStore, emb: SplitEmbeddings, ensemble: dict[str, float] | None
+) -> dict[str, Any] | None:
+    """Zero-shot with each template alone beside the prompt ensemble, when the store has several
+    templates (``template_positions``) and labelled images: {"templates": {name: {top1, top5,
+    mean_per_class}}, "ensemble": the ensemble's, "spread_top1": best minus worst template}.
+    Template names come from ``store.meta["templates"]`` when it lists them, else "template j"."""
+    if emb.prompts is None or store.image_labels is None or ensemble is None:
+        return None
+    num_classes = _num_classes(store)
+    p2c = store.prompt_to_class.long()
+    position = template_positions(p2c, num_classes)
+    if position is None:
+        return None
+    labels = store.image_labels[emb.image_ids].long()
+    keep = torch.nonzero(labels >= 0).flatten()
+    images = slice_embedding(emb.images, keep)
+    count = int(position.max()) + 1
+    names = store.meta.get("templates")
+    if not (isinstance(names, list) and len(names) == count):
+        names = [f"template {j}" for j in range(count)]
+    per_template: dict[str, dict[str, float]] = {}
+    for j in range(count):
+        rows = torch.nonzero(position == j).flatten()
+        scores = (
+            recipe.zero_shot_scores(
+                images, slice_embedding(emb.prompts, rows), p2c[rows], num_classes
+            )
+            .float()
+            .cpu()
+        )
+        result = topk_accuracy(scores, labels[keep], ks=(1, 5))
+        result["mean_per_class"] = mean_per_class_recall(scores, labels[keep])
+        per_template[str(names[j])] = result
+    top1 = [r["top1"] for r in per_template.values()]
+    return {
+        "templates": per_template,
+        "ensemble": dict(ensemble),
+        "spread_top1": max(top1) - min(top1),
+    }
+
+
+def multilabel_stage(
+    store: FeatureStore, emb: SplitEmbeddings, all_scores: Tensor | None
+) -> dict[str, float] | None:
+    """Multi-label mAP of the split's annotated images, ranked per class by the recipe's class
+    scores (``eval/multilabel.py``); None without multi-labels or classes."""
+    if all_scores is None or not store.has_multilabels:
+        return None
+    assert store.multilabel_to_image is not None and store.multilabel_class is not None
+    local = torch.full((store.num_images,), -1, dtype=torch.long)
+    local[emb.image_ids] = torch.arange(len(emb.image_ids))
+    owner = local[store.multilabel_to_image.long()]
+    keep = owner >= 0
+    if not bool(keep.any()):
+        return None
+    labels = label_matrix(
+        owner[keep], store.multilabel_class.long()[keep], len(emb.image_ids), all_scores.shape[1]
+    )
+    return multilabel_map(all_scores, labels)
+
+
+def entailment_stage(
+    recipe: Recipe,
+    store: FeatureStore,
+    emb: SplitEmbeddings,
+    tax: Taxonomy | None,
+    batch_size: int,
+    seed: int = 0,
+) -> dict[str, Any] | None:
+    """Entailment AP/AUROC with ``recipe.entailment_scores`` on the taxonomy's (class text,
+    image) pairs and the chains' (general text, specific text) pairs (``eval/entailment.py``);
+    n/a with the reason when the recipe has no entailment-capable quantity."""
+    has_taxonomy = (
+        tax is not None
+        and emb.prompts is not None
+        and store.image_labels is not None
+        and store.class_to_node is not None
+    )
+    has_chains = store.has_chains and not recipe.text_tokens  # chains hold pooled features only
+    if not (has_taxonomy or has_chains):
+        return None
+    probe = slice_embedding(emb.images, slice(0, 1))
+    if recipe.entailment_scores(probe, probe) is None:
+        return {
+            "measure": None,
+            "note": f"{recipe.name} has no entailment-capable quantity (its geometry has no "
+            "origin and no cones): entailment does not apply (n/a)",
+        }
+    out: dict[str, Any] = {"measure": recipe.entailment_measure}
+    if has_taxonomy:
+        assert tax is not None and emb.prompts is not None and store.class_to_node is not None
+        labels = store.image_labels[emb.image_ids].long()
+        general, specific, positive = taxonomy_pairs(labels, store.class_to_node.long(), tax, seed)
+        if len(positive):
+            p2c = store.prompt_to_class.long()
+            try:
+                classes = cat_embeddings(
+                    [
+                        recipe.class_embedding(
+                            slice_embedding(emb.prompts, torch.nonzero(p2c == c).flatten())
+                        )
+                        for c in range(_num_classes(store))
+                    ]
+                )
+            except NotImplementedError:  # a recipe that scores classes without a class point
+                out["note"] = f"taxonomy pairs n/a: {recipe.name} has no class_embedding"
+            else:
+                scores = recipe.entailment_scores(
+                    slice_embedding(classes, general),
+                    slice_embedding(emb.images, specific),
+                    "image",
+                )
+                metrics = entailment_metrics(scores.double().cpu(), positive)
+                if metrics is not None:
+                    out["taxonomy"] = metrics
+    if has_chains:
+        chains = store.chain_features.float()
+        n, length, dim = chains.shape
+        general, specific, positive = chain_pairs(n, length, seed)
+        if len(positive):
+            chain_emb = embed(recipe, chains.reshape(n * length, dim), "text", batch_size)
+            scores = recipe.entailment_scores(
+                slice_embedding(chain_emb, general), slice_embedding(chain_emb, specific), "text"
+            )
+            metrics = entailment_metrics(scores.double().cpu(), positive)
+            if metrics is not None:
+                out["chains"] = metrics
+    return out
 
 
 def compositional_stage(
@@ -387,10 +567,14 @@ def run_evaluation(
             "retrieval": retrieval_stage(recipe, emb),
         }
         tax = Taxonomy(store.taxonomy_parents) if store.has_taxonomy else None
-        zeroshot, hierarchy = zero_shot_stage(recipe, store, emb, tax)
+        class_scores = class_scores_stage(recipe, store, emb)
+        zeroshot, hierarchy = zero_shot_stage(recipe, store, emb, tax, class_scores)
         stages = {
             "zeroshot": zeroshot,
             "hierarchy": hierarchy,
+            "prompt_sensitivity": prompt_sensitivity_stage(recipe, store, emb, zeroshot),
+            "multilabel": multilabel_stage(store, emb, class_scores),
+            "entailment": entailment_stage(recipe, store, emb, tax, batch_size),
             "compositional": compositional_stage(recipe, store, emb, batch_size),
             "ordering": ordering_stage(recipe, store, emb, batch_size),
         }

@@ -684,6 +684,33 @@ class AGR(HyperbolicRecipe):
     def no_decay_parameter_names(self) -> set[str]:
         return scalar_parameter_names(self) | super().no_decay_parameter_names()
 
+    @classmethod
+    def search_space(cls) -> dict:
+        """Shared nuisance knobs (the curvature's init and learned/fixed included), the Euclidean
+        temperature, and the curriculum's length: ``curriculum_scale`` stretches the paper's four
+        boundaries (alpha 2.5K-5K, beta 5K-10K of 120K steps, as fractions) together, so a
+        short run can give the router a longer warm-up (``search_overrides``)."""
+        from curvalign.recipes.base import Knob, shared_search_space
+
+        return {
+            **shared_search_space(cls),
+            "tau_e_init": Knob("float", 0.02, 0.2, log=True, why="CLIP's 0.07 within about 3x"),
+            "curriculum_scale": Knob(
+                "float", 0.5, 8.0, log=True, role="method", why="paper boundaries x0.5 to x8"
+            ),
+        }
+
+    @classmethod
+    def search_overrides(cls, params) -> dict:
+        """``curriculum_scale`` -> the four curriculum boundaries (fractions of the run, capped
+        at 0.9 so that every ramp ends inside the run); other knobs are config fields."""
+        out = {k: v for k, v in params.items() if k != "curriculum_scale"}
+        if "curriculum_scale" in params:
+            scale = float(params["curriculum_scale"])
+            for key in ("alpha_start", "alpha_end", "beta_start", "beta_end"):
+                out[key] = min(0.9, getattr(AGRCurriculum, key) * scale)
+        return out
+
 
 def _check_query(query: str) -> None:
     if query not in ("text", "image"):

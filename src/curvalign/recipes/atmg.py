@@ -115,6 +115,14 @@ class Atmg(LorentzRecipe):
     Config = AtmgConfig
     radius_gap_knob = "text_radius_ratio"
 
+    entailment_measure = "minus the exterior angle at the text towards the item (alpha, Eq. 9)"
+
+    def entailment_scores(
+        self, general: Embedding, specific: Embedding, specific_modality: Query = "image"
+    ) -> Tensor:
+        g, s = general["point"].detach().double(), specific["point"].detach().double()
+        return -lorentz.exterior_angle(g, s, self.curvature_value())
+
     def _use_beta(self, query: Query) -> bool:
         return query == "image" and self.config.image_query_score == "beta"
 
@@ -204,6 +212,22 @@ class Atmg(LorentzRecipe):
             logs["radius/text"] = float(lorentz.dist0(local["text"], c).mean())
             logs["radius/image"] = float(lorentz.dist0(local["image"], c).mean())
         return LossOutput(total=sum(terms.values()), terms=terms, logs=logs)
+
+    @classmethod
+    def search_space(cls) -> dict:
+        """Shared nuisance knobs plus the matched-pair angle weight and the centroid weight
+        (Eq. 13's lambda, for which the paper gives no value)."""
+        from curvalign.recipes.base import Knob, shared_search_space
+
+        return {
+            **shared_search_space(cls),
+            "pair_angle_weight": Knob(
+                "float", 0.0, 1.0, role="method", why="0 = Eq. 13 exactly; default 0.2"
+            ),
+            "centroid_weight": Knob(
+                "float", 0.0, 1.0, role="method", why="Eq. 13's lambda: no paper value"
+            ),
+        }
 
 
 __all__ = ["Atmg", "AtmgConfig"]

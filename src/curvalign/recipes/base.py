@@ -409,6 +409,35 @@ class Recipe(nn.Module):
         ("curvature", "temperature"): ``{role: (scalar, config key of its start value)}``."""
         return {}
 
+    # --- entailment (eval/entailment.py asks this) ---------------------------------------------
+    #: one line naming what ``entailment_scores`` measures, for reports (None: nothing)
+    entailment_measure: ClassVar[str | None] = None
+
+    def entailment_scores(
+        self, general: Embedding, specific: Embedding, specific_modality: Query = "image"
+    ) -> Tensor | None:
+        """[n] float64: how strongly text row i of ``general`` entails row i of ``specific``
+        (an image, or a more specific text: ``specific_modality``), higher = more; the recipe's
+        own entailment-capable quantity (a cone margin, an exterior angle, an order of distances
+        to the origin). None when the geometry has none (a sphere has no origin and no cones):
+        the evaluation then marks entailment n/a. Default: None."""
+        return None
+
+    # --- tuning (curvalign.report.tuning) -------------------------------------------------------
+    @classmethod
+    def search_space(cls) -> dict[str, Knob]:
+        """The knobs ``curvalign benchmark --tune`` searches, {override key: Knob}: keys are
+        ``TrainConfig`` or ``Config`` fields (or names ``search_overrides`` turns into fields).
+        Default: the shared nuisance knobs (``shared_search_space``); a recipe adds the method
+        knobs its paper leaves open at the end of its class."""
+        return shared_search_space(cls)
+
+    @classmethod
+    def search_overrides(cls, params: Mapping[str, Any]) -> dict[str, Any]:
+        """Config overrides {key: value} for one sampled point of ``search_space``. Default: the
+        point itself (every knob is a config field)."""
+        return dict(params)
+
 
 def _flat_parts(emb: Embedding, mapped: Mapping[str, Tensor]) -> Tensor:
     """Every ``[N, ...]`` tensor of ``emb`` (or its replacement in ``mapped``) flattened to
@@ -458,12 +487,39 @@ class HyperbolicRecipe(Recipe):
             out["temperature"] = (temperature, "temperature_init")
         return out
 
+    entailment_measure: ClassVar[str | None] = (
+        "distance-to-origin order: dist0(specific) - dist0(general)"
+    )
+
+    def entailment_scores(
+        self, general: Embedding, specific: Embedding, specific_modality: Query = "image"
+    ) -> Tensor | None:
+        """The more specific item lies further from the origin: ``dist0(specific) -
+        dist0(general)`` (the order hierarchy ordering tests), for a recipe whose training has
+        no cone or angle of its own. None without a hyperbolic part."""
+        d_general = self.distance_to_origin(general)
+        d_specific = self.distance_to_origin(specific)
+        if d_general is None or d_specific is None:
+            return None
+        return d_specific - d_general
+
     def tangent_features(self, emb: Embedding) -> Tensor:
         mapped = {}
         if self.hyperbolic_key in emb:
             points = emb[self.hyperbolic_key].detach().double()
             mapped[self.hyperbolic_key] = lorentz.logmap0(points, self.curvature_value())
         return _flat_parts(emb, mapped)
+
+
+def cone_margin(general: Tensor, specific: Tensor, c: Tensor, eta: float, K: float) -> Tensor:
+    """[n] float64 ``eta * half_aperture(g) - exterior_angle(g, s)``: how far the specific
+    point lies inside the general point's entailment cone (negative outside). Minus MERU's cone
+    violation (Eq. 7) without its hinge, so points inside the cone keep their order instead of
+    all scoring 0. Points ``[n, d]``, or ``[n, k, d]`` with ``c: [k]`` (the mean over the k
+    factors, as PHyCLIP's entailment loss averages them)."""
+    g, s = general.detach().double(), specific.detach().double()
+    margin = eta * lorentz.half_aperture(g, c, K=K) - lorentz.exterior_angle(g, s, c)
+    return margin.mean(dim=-1) if g.ndim == 3 else margin
 
 
 class CosineRecipe(Recipe):
@@ -727,3 +783,106 @@ class LorentzRecipe(HyperbolicRecipe):
             temperature=tau,
             offset=offset,
         )
+
+
+# --- search spaces: what tuning may change, declared next to the method -----------------------
+
+
+@dataclass(frozen=True)
+class Knob:
+    """One tunable setting of a search space.
+
+    kind     "float" (``low`` .. ``high``, log-uniform when ``log``), "int" (``low`` .. ``high``)
+             or "choice" (one of ``choices``)
+    role     "nuisance" (learning rate, decay, temperature, scales: tuned for every method alike)
+             or "method" (a knob of the method its paper leaves open)
+    why      one line: where the range comes from
+    """
+
+    kind: Literal["float", "int", "choice"]
+    low: float | None = None
+    high: float | None = None
+    log: bool = False
+    choices: tuple[Any, ...] = ()
+    role: Literal["nuisance", "method"] = "nuisance"
+    why: str = ""
+
+    def __post_init__(self) -> None:
+        if self.kind == "choice":
+            if not self.choices:
+                raise ValueError("a 'choice' knob needs choices")
+        elif self.kind in ("float", "int"):
+            if self.low is None or self.high is None or not self.low < self.high:
+                raise ValueError(
+                    f"a {self.kind!r} knob needs low < high, got {self.low}, {self.high}"
+                )
+            if self.log and self.low <= 0:
+                raise ValueError(f"a log-scale knob needs low > 0, got {self.low}")
+        else:
+            raise ValueError(f"knob kind must be float, int or choice, got {self.kind!r}")
+
+    def contains(self, value: Any) -> bool:
+        """Whether ``value`` lies in this knob's range (or is one of its choices)."""
+        if self.kind == "choice":
+            return value in self.choices
+        return self.low <= value <= self.high  # type: ignore[operator]
+
+
+#: the learning-rate range around a recipe's paper rate: the papers' rates were set for 100K+
+#: step runs at batch sizes in the thousands; short runs on frozen features want more (the
+#: studies train at 10x), so the range reaches 30x above and 3x below
+LR_RANGE_BELOW, LR_RANGE_ABOVE = 3.0, 30.0
+
+
+def config_field_defaults(cls: type) -> dict[str, Any]:
+    """{field: default} of a recipe's ``Config`` (fields without a plain default left out)."""
+    import dataclasses
+
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(cls.Config):
+        if f.default is not dataclasses.MISSING:
+            out[f.name] = f.default
+        elif f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
+            out[f.name] = f.default_factory()  # type: ignore[misc]
+    return out
+
+
+def shared_search_space(cls: type) -> dict[str, Knob]:
+    """The nuisance knobs every recipe is tuned on, where its ``Config`` has them: learning rate
+    (log, ``LR_RANGE_BELOW`` below to ``LR_RANGE_ABOVE`` above its paper rate), weight decay,
+    temperature init, the head scale init (up to its cap) and the curvature (init around the
+    default within its bounds, learned or fixed)."""
+    lr = float(dict(cls.train_defaults).get("lr", 1e-3))
+    space: dict[str, Knob] = {
+        "lr": Knob(
+            "float",
+            lr / LR_RANGE_BELOW,
+            lr * LR_RANGE_ABOVE,
+            log=True,
+            why=f"paper rate {lr:g}: /{LR_RANGE_BELOW:g} to x{LR_RANGE_ABOVE:g}",
+        ),
+        "weight_decay": Knob("float", 1e-5, 0.5, log=True, why="AdamW decay, 1e-5 to 0.5"),
+    }
+    fields = config_field_defaults(cls)
+    if "temperature_init" in fields:
+        space["temperature_init"] = Knob(
+            "float", 0.02, 0.2, log=True, why="CLIP's 0.07 within about 3x either way"
+        )
+    if "scale_init" in fields:
+        cap = fields.get("scale_max") or 1.0
+        space["scale_init"] = Knob(
+            "float", min(0.03, cap / 2), cap, log=True, why=f"head scale up to its cap {cap:g}"
+        )
+    if "curvature_init" in fields:
+        c0 = float(fields["curvature_init"])
+        low = max(float(fields.get("curvature_min") or c0 / 10), c0 / 10)
+        high = min(float(fields.get("curvature_max") or c0 * 10), c0 * 10)
+        if low < high:
+            space["curvature_init"] = Knob(
+                "float", low, high, log=True, role="method", why="within the clamp, 10x around"
+            )
+        if "learn_curvature" in fields:
+            space["learn_curvature"] = Knob(
+                "choice", choices=(True, False), role="method", why="learned or fixed curvature"
+            )
+    return space

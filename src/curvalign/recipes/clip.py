@@ -110,5 +110,13 @@ class Clip(CosineRecipe):
     def no_decay_parameter_names(self) -> set[str]:
         return scalar_parameter_names(self) | super().no_decay_parameter_names()
 
+    @classmethod
+    def search_space(cls) -> dict:
+        """The shared nuisance knobs only (lr, weight decay, temperature): the baseline gets the
+        same tuning budget as every method (``curvalign benchmark --tune``)."""
+        from curvalign.recipes.base import shared_search_space
+
+        return shared_search_space(cls)
+
 
 __all__ = ["Clip", "ClipConfig"]

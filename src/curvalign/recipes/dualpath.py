@@ -341,5 +341,20 @@ class DualPath(CosineRecipe):
                 "residual_mix": float(self.head.mix),
             }
 
+    @classmethod
+    def search_space(cls) -> dict:
+        """Shared nuisance knobs, the final temperature of the curriculum, and the phase lengths
+        (fractions of the run: the paper's are set for 7.5M samples): when the multimodal path
+        starts, how long its gate warms up, how long the loss weights ramp."""
+        from curvalign.recipes.base import Knob, shared_search_space
+
+        return {
+            **shared_search_space(cls),
+            "temperature_end": Knob("float", 0.02, 0.2, log=True, why="paper 0.07, about 3x"),
+            "switch_at": Knob("float", 0.05, 0.6, role="method", why="phase 2 start; paper 0.13"),
+            "gate_warmup": Knob("float", 0.01, 0.2, role="method", why="gate warm-up; paper 0.07"),
+            "loss_warmup": Knob("float", 0.05, 0.5, role="method", why="loss ramp; paper 0.13"),
+        }
+
 
 __all__ = ["DualPath", "DualPathConfig"]

@@ -17,17 +17,22 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from torch import Tensor
+
 from curvalign.losses import entailment_cone_loss, info_nce
 from curvalign.recipes import register
 from curvalign.recipes.base import (
     Batch,
+    Embedding,
     Gather,
     LorentzConfig,
     LorentzRecipe,
     LossOutput,
     Progress,
+    Query,
     box_batch_points,
     check_batch,
+    cone_margin,
 )
 from curvalign.scores import lorentz_distance_scores
 
@@ -79,6 +84,19 @@ class Hycoclip(LorentzRecipe):
         "min_lr_ratio": 0.0,
         "grad_clip": 0.0,
     }
+    entailment_measure = (
+        "cone margin eta aper(text) - ext(text, item), eta_inter for an image, eta_intra for "
+        "a text (the loss's cones without the hinge)"
+    )
+
+    def entailment_scores(
+        self, general: Embedding, specific: Embedding, specific_modality: Query = "image"
+    ) -> Tensor:
+        cfg: HycoclipConfig = self.config
+        eta = cfg.eta_inter if specific_modality == "image" else cfg.eta_intra
+        return cone_margin(
+            general["point"], specific["point"], self.curvature_value(), eta, cfg.aperture_K
+        )
 
     def loss(self, batch: Batch, progress: Progress, gather: Gather | None = None) -> LossOutput:
         gather = gather or Gather()
@@ -104,6 +122,18 @@ class Hycoclip(LorentzRecipe):
             terms=terms,
             logs={"temperature": float(tau.detach()), "curvature": float(c.detach())},
         )
+
+    @classmethod
+    def search_space(cls) -> dict:
+        """Shared nuisance knobs plus the entailment weight (around the paper's value)."""
+        from curvalign.recipes.base import Knob, shared_search_space
+
+        return {
+            **shared_search_space(cls),
+            "entailment_weight": Knob(
+                "float", 0.02, 1.0, log=True, role="method", why="paper value within 10x/5x"
+            ),
+        }
 
 
 __all__ = ["CONTRASTIVE_PAIRS", "ENTAILMENT_PAIRS", "Hycoclip", "HycoclipConfig"]

@@ -21,16 +21,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from torch import Tensor
+
 from curvalign.losses import entailment_cone_loss
 from curvalign.recipes import register
 from curvalign.recipes.base import (
     Batch,
+    Embedding,
     Gather,
     LorentzConfig,
     LorentzRecipe,
     LossOutput,
     Progress,
+    Query,
     check_batch,
+    cone_margin,
 )
 
 
@@ -61,6 +66,19 @@ class Meru(LorentzRecipe):
         "grad_clip": 0.0,
     }
     Config = MeruConfig
+    entailment_measure = "cone margin eta aper(text) - ext(text, item) (Eq. 7 without its hinge)"
+
+    def entailment_scores(
+        self, general: Embedding, specific: Embedding, specific_modality: Query = "image"
+    ) -> Tensor:
+        cfg: MeruConfig = self.config
+        return cone_margin(
+            general["point"],
+            specific["point"],
+            self.curvature_value(),
+            cfg.entailment_eta,
+            cfg.aperture_K,
+        )
 
     def loss(self, batch: Batch, progress: Progress, gather: Gather | None = None) -> LossOutput:
         gather = gather or Gather()
@@ -86,6 +104,19 @@ class Meru(LorentzRecipe):
                 "entailment_unweighted": float(entail.detach()),
             },
         )
+
+    @classmethod
+    def search_space(cls) -> dict:
+        """Shared nuisance knobs plus the entailment weight (the paper fixes 0.2 for 120K-step
+        runs on raw encoder outputs; other budgets and features leave it open)."""
+        from curvalign.recipes.base import Knob, shared_search_space
+
+        return {
+            **shared_search_space(cls),
+            "entailment_weight": Knob(
+                "float", 0.01, 1.0, log=True, role="method", why="paper 0.2, 20x below to 5x above"
+            ),
+        }
 
 
 __all__ = ["LorentzConfig", "LorentzRecipe", "Meru", "MeruConfig"]  # the bases re-exported

@@ -47,6 +47,7 @@ from curvalign.recipes.base import (
     box_batch_points,
     check_batch,
     check_scalar_range,
+    cone_margin,
     learnable_curvature,
     learnable_temperature,
     round_resolved,
@@ -228,6 +229,20 @@ class Phyclip(HyperbolicRecipe):
         return {"point": lorentz.tangent_mean(prompts["point"], self.curvature())}  # [1, k, d]
 
     # --- geometry questions and analysis -------------------------------------------------------
+    entailment_measure = (
+        "cone margin eta aper - ext per factor, mean over factors (Eq. 5-6 without the hinge; "
+        "eta_inter for an image, eta_intra for a text)"
+    )
+
+    def entailment_scores(
+        self, general: Embedding, specific: Embedding, specific_modality: Query = "image"
+    ) -> Tensor:
+        cfg: PhyclipConfig = self.config
+        eta = cfg.eta_inter if specific_modality == "image" else cfg.eta_intra
+        return cone_margin(
+            general["point"], specific["point"], self.curvature_value(), eta, cfg.aperture_K
+        )
+
     def index_proxies(self) -> dict[str, IndexProxy]:
         """Per factor ``c_f <x_f, y_f>_L = -cosh(sqrt(c_f) d_f)``, summed: ranks like the sum of
         ``cosh`` of the factor distances, not like their sum, so candidates are reranked."""
@@ -285,6 +300,18 @@ class Phyclip(HyperbolicRecipe):
 
     def no_decay_parameter_names(self) -> set[str]:
         return scalar_parameter_names(self) | super().no_decay_parameter_names()
+
+    @classmethod
+    def search_space(cls) -> dict:
+        """Shared nuisance knobs plus the entailment weight gamma (paper 0.2)."""
+        from curvalign.recipes.base import Knob, shared_search_space
+
+        return {
+            **shared_search_space(cls),
+            "entailment_weight": Knob(
+                "float", 0.01, 1.0, log=True, role="method", why="paper gamma 0.2, 20x/5x"
+            ),
+        }
 
 
 def _rms(mean_square: Tensor) -> Tensor:

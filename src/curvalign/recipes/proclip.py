@@ -223,5 +223,18 @@ class Proclip(HyperbolicRecipe):
     def no_decay_parameter_names(self) -> set[str]:
         return scalar_parameter_names(self) | super().no_decay_parameter_names()
 
+    @classmethod
+    def search_space(cls) -> dict:
+        """Shared nuisance knobs (its curvature learned or fixed included) plus the initial
+        weights of the three factor distances (learnable; the paper does not give their init)."""
+        from curvalign.recipes.base import Knob, shared_search_space
+
+        return {
+            **shared_search_space(cls),
+            "weight_init": Knob(
+                "float", 0.1, 10.0, log=True, role="method", why="factor weights' init, 10x 1.0"
+            ),
+        }
+
 
 __all__ = ["Proclip", "ProclipConfig"]

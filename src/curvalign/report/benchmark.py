@@ -17,6 +17,7 @@ from typing import Any
 from curvalign.data import load_store
 from curvalign.data.features import FeatureStore
 from curvalign.errors import ConfigError, CurvalignError
+from curvalign.eval.ridge import ROW_NAME as RIDGE_ROW
 from curvalign.recipes.agr import AGR
 from curvalign.recipes.atmg import Atmg
 from curvalign.recipes.clip import Clip
@@ -82,14 +83,21 @@ class BenchmarkRow:
     last_step: tuple[int, ...] = ()
     converged: tuple[bool | None, ...] = ()
     warnings: tuple[str, ...] = ()
+    #: a trained row's own step-0 row (the table compares the two); a baseline's description;
+    #: the arm of a tuned benchmark ("paper" or "tuned")
+    untrained: str | None = None
+    note: str | None = None
+    arm: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The row as results.json holds it (the per-seed fields only for a trained row)."""
         out: dict[str, Any] = {"kind": self.kind, "recipe": self.recipe, "status": self.status}
+        out.update({k: v for k, v in (("note", self.note), ("arm", self.arm)) if v is not None})
         if self.kind != "trained":
             return out
         return {
             **out,
+            "untrained": self.untrained,
             "reason": self.reason,
             "seeds": list(self.seeds),
             "best_step": list(self.best_step),
@@ -133,6 +141,10 @@ class BenchmarkResult:
     rows: dict[str, BenchmarkRow] = field(default_factory=dict)
     absent: dict[str, str] = field(default_factory=dict)
     wall_seconds: float = 0.0
+    #: extra header lines (a tuned benchmark's budget and selection metric)
+    notes: list[str] = field(default_factory=list)
+    #: extra Markdown table columns {header: [(row, cell)]} (a tuned row's configuration)
+    extra_columns: dict[str, list[tuple[str, str]]] = field(default_factory=dict)
 
 
 def split_overrides(overrides: Iterable[str], recipes: Sequence[str]) -> dict[str, list[str]]:
@@ -282,6 +294,22 @@ def check_recipes_against_data(
     return configs
 
 
+def ridge_baseline(store: FeatureStore, seed: int) -> Any:
+    """The ridge map (``eval/ridge.py``) fit on the train split, its strength chosen on the
+    validation split (the store's own, or the trainer's seeded hold-out); a string saying why
+    when it cannot be fit."""
+    from curvalign.eval.ridge import fit_ridge
+    from curvalign.train.validation import validation_store
+
+    try:
+        with_val, info = validation_store(store, 0.1, seed, data="the data")
+        if info["source"] == "none":
+            return f"no validation split to choose its strength on ({info['reason']})"
+        return fit_ridge(with_val)
+    except CurvalignError as err:
+        return str(err)
+
+
 def run_benchmark(
     recipes: Sequence[str],
     data: str | FeatureStore,
@@ -406,7 +434,7 @@ def run_benchmark(
             row["warnings"] += [f"seed {seed}: {w}" for w in health["warnings"]]
             trained_evals.append(evaluation)
             result.run_dirs[name].append(Path(run_dir))
-            # the input widths the trainer used (the token width for a recipe reading tokens)
+            # the widths the recipe takes on this store (the token width for a token reader)
             untrained = build_model(loaded.config, *recipe_input_dims(loaded.config, store))
             untrained_evals.append(
                 evaluate(untrained.eval(), store, split=split, diagnostics=False)
@@ -428,6 +456,7 @@ def run_benchmark(
             reason=row["reason"],
             **{k: tuple(row[k]) for k in ("seeds", "best_step", "last_step", "converged")},
             warnings=tuple(row["warnings"]),
+            untrained=untrained_row(name),
         )
         if trained_evals and row["status"] == "ok":
             evaluations[name] = trained_evals
@@ -441,6 +470,17 @@ def run_benchmark(
         result.rows[ROW_NAME] = BenchmarkRow(kind="frozen", recipe=None)
     else:
         result.absent[ROW_NAME] = reason
+        ridge = ridge_baseline(store, min(base_seed.values()))
+        if isinstance(ridge, str):
+            result.absent[RIDGE_ROW] = ridge
+        else:
+            evaluations[RIDGE_ROW] = [evaluate(ridge, store, split=split, diagnostics=False)]
+            result.rows[RIDGE_ROW] = BenchmarkRow(
+                kind="frozen",
+                recipe=None,
+                note=f"ridge map image->text fit on train, alpha {ridge.alpha:g} chosen on "
+                "validation",
+            )
     evaluations["chance"] = [chance_evaluation(store, split=split)]
     result.rows["chance"] = BenchmarkRow(kind="chance", recipe=None)
 
@@ -448,7 +488,7 @@ def run_benchmark(
     order = (
         [n for n in recipes if n in evaluations]
         + [untrained_row(n) for n in recipes if untrained_row(n) in evaluations]
-        + [n for n in (ROW_NAME, "chance") if n in evaluations]
+        + [n for n in (ROW_NAME, RIDGE_ROW, "chance") if n in evaluations]
     )
     for name in order:
         result.results[name] = _mean_result(evaluations[name])
@@ -478,12 +518,100 @@ def converged_cells(result: BenchmarkResult) -> list[tuple[str, str]]:
     return out
 
 
+def untrained_seeds(row: BenchmarkRow) -> int:
+    """How many seeds of a trained row kept their step-0 weights (best validation at step 0)."""
+    return sum(1 for s in row.best_step if s == 0)
+
+
 def verdicts_of(result: BenchmarkResult) -> dict[str, dict[str, Any]]:
-    """Best/tied per column among the trained recipes (baselines are shown, not ranked)."""
+    """Best/tied per column among the trained rows *and* the baselines they must beat (frozen
+    features or the ridge map, the untrained heads); chance is shown, not ranked. A trained row
+    whose best weights are step 0 in any seed is never best."""
     from curvalign.report.tables import column_verdicts, stats_columns
 
-    trained = [n for n, r in result.rows.items() if r.kind == "trained" and n in result.stats]
-    return column_verdicts(result.stats, trained, stats_columns(result.stats))
+    contenders = [
+        n
+        for n, r in result.rows.items()
+        if r.kind in ("trained", "untrained", "frozen") and n in result.stats
+    ]
+    never = [
+        n
+        for n, r in result.rows.items()
+        if r.kind == "untrained" or (r.kind == "trained" and untrained_seeds(r))
+    ]
+    return column_verdicts(result.stats, contenders, stats_columns(result.stats), never)
+
+
+def best_step_cells(result: BenchmarkResult) -> list[tuple[str, str]]:
+    """(row, "120, 80, 0 (= untrained in 1/3)") per trained row: the best validation step of each
+    seed; "= untrained" when every seed kept its step-0 weights."""
+    out = []
+    for name, row in result.rows.items():
+        if row.kind != "trained" or row.status == "failed":
+            continue
+        steps = row.best_step
+        zero = untrained_seeds(row)
+        cell = ", ".join(map(str, steps))
+        if steps and zero == len(steps):
+            cell += " = untrained"
+        elif zero:
+            cell += f" (= untrained in {zero}/{len(steps)})"
+        out.append((name, cell))
+    return out
+
+
+def baseline_comparisons(result: BenchmarkResult) -> dict[str, dict[str, dict[str, Any]]]:
+    """{trained row: {baseline row: {metric path: {"mean", "low", "high", "n", "better"}}}}: each
+    trained row against the frozen row (frozen features or the ridge map) and against its own
+    step-0 row; the difference is trained minus baseline (paired over seeds against the step-0
+    row, against the single value for frozen/ridge); "better" is True / False when the 95%
+    interval excludes 0 in the row's favour / against it, None when it does not."""
+    from curvalign.report.tables import LOWER_IS_BETTER, _gap
+
+    frozen = [n for n, r in result.rows.items() if r.kind == "frozen" and n in result.stats]
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    for name, row in result.rows.items():
+        if row.kind != "trained" or name not in result.stats:
+            continue
+        against = frozen + ([row.untrained] if row.untrained in result.stats else [])
+        out[name] = {}
+        for base in against:
+            cells: dict[str, Any] = {}
+            for path, stat in result.stats[name].items():
+                other = result.stats[base].get(path)
+                if other is None:
+                    continue
+                diff, separated, _ = _gap(stat, other)
+                sign = -1.0 if path in LOWER_IS_BETTER else 1.0
+                better = (sign * diff.mean > 0) if separated else None
+                cells[path] = {**diff.as_dict(), "better": better}
+            out[name][base] = cells
+    return out
+
+
+def baseline_table(result: BenchmarkResult, comparisons: dict[str, Any]) -> str:
+    """Markdown: one line per (trained row, baseline), each column the difference in the table's
+    units with ▲ (better, interval excludes 0), ▼ (worse) or = (interval includes 0)."""
+    from curvalign.report.tables import stats_columns
+
+    cols = [c for c in stats_columns(result.stats)]
+    lines = [
+        "| row − baseline | " + " | ".join(c[0] for c in cols) + " |",
+        "|---|" + "---:|" * len(cols),
+    ]
+    for name, bases in comparisons.items():
+        for base, cells in bases.items():
+            out = []
+            for _, path, kind in cols:
+                cell = cells.get(path)
+                if cell is None:
+                    out.append("n/a")
+                    continue
+                scale, digits = (100.0, 1) if kind == "pct" else (1.0, 2)
+                mark = {True: "▲", False: "▼", None: "="}[cell["better"]]
+                out.append(f"{scale * cell['mean']:+.{digits}f} {mark}")
+            lines.append(f"| {name} − {base} | " + " | ".join(out) + " |")
+    return "\n".join(lines) + "\n"
 
 
 def summary_lines(result: BenchmarkResult) -> list[str]:
@@ -498,7 +626,12 @@ def summary_lines(result: BenchmarkResult) -> list[str]:
         f"units: {UNITS}. Ties count against the model; n/a = does not apply.",
         "Trained rows use each run's best validation weights (mean R@1 on the validation split); "
         "'(step 0)' rows are the same heads untrained; 'frozen features' ranks the input features "
-        "by cosine; 'chance' is a random ranking.",
+        "by cosine; 'ridge (image→text)' maps image features into the text space (fit on "
+        "train, strength chosen on validation) where the two sides share no space; 'chance' is "
+        "a random ranking (expected value).",
+        "Bold and verdicts rank trained rows against each other *and* against the frozen/ridge "
+        "row and the untrained heads; a row whose best step is 0 (= untrained) is never bold.",
+        *result.notes,
     ]
 
 
@@ -511,10 +644,17 @@ def write_benchmark_outputs(
 ) -> dict[str, Path]:
     """results.json, results.md and the PNG plots of a benchmark."""
     from curvalign.report import plots
-    from curvalign.report.tables import JSON_UNITS, markdown_stats_table, step0_cells, write_json
+    from curvalign.report.tables import (
+        JSON_UNITS,
+        markdown_stats_table,
+        prompt_sensitivity_markdown,
+        step0_cells,
+        write_json,
+    )
 
     files: dict[str, Path] = {}
     verdicts = verdicts_of(result)
+    comparisons = baseline_comparisons(result)
     failed = {n: r.reason for n, r in result.rows.items() if r.status == "failed"}
     payload = {
         "data": result.data,
@@ -531,17 +671,46 @@ def write_benchmark_outputs(
         "absent": result.absent,
         "failed": failed,
         "verdicts": verdicts,
+        "baseline_comparisons": comparisons,
+        "notes": result.notes,
     }
     files["json"] = write_json(out / "results.json", payload)
     md = [f"# {title}", "", *summary_lines(result), ""]
-    extra = {"converged": converged_cells(result), "step 0": step0_cells(result.rows)}
-    md.append(markdown_stats_table(result.stats, verdicts, extra))
-    md += ["", "Verdicts (bold = best, only where the paired 95% interval excludes 0):", ""]
+    md.append(
+        markdown_stats_table(
+            result.stats,
+            verdicts,
+            {
+                "best step": best_step_cells(result),
+                "converged": converged_cells(result),
+                "step 0": step0_cells(result.rows),
+                **result.extra_columns,
+            },
+        )
+    )
+    md += ["", "Verdicts (bold = best, only where the 95% interval of its lead excludes 0):", ""]
     md += [f"- {v['text']}" for v in verdicts.values()] or ["- (fewer than two trained rows)"]
+    sensitivity = prompt_sensitivity_markdown(result.stats)
+    if sensitivity:
+        md += [
+            "",
+            "Prompt sensitivity (zero-shot top-1 in %, each template alone):",
+            "",
+            sensitivity,
+        ]
     for name, why in result.absent.items():
         md += ["", f"Row '{name}' is absent: {why}."]
     for name, why in failed.items():
         md += ["", f"**{name} failed**: {why}"]
+    if any(comparisons.values()):
+        md += [
+            "",
+            "Each trained row against the frozen (or ridge) row and its own step-0 row "
+            "(difference in the table's units; ▲ better / ▼ worse where the 95% interval "
+            "excludes 0, = where it does not):",
+            "",
+            baseline_table(result, comparisons),
+        ]
     warnings = [f"- {n}: {w}" for n, r in result.rows.items() for w in r.warnings if w]
     if warnings:
         md += ["", "Health warnings:", "", *warnings]

@@ -202,8 +202,9 @@ def _result(
         + "\n"
         + tables
         + f"\nConvergence ({val_what} every "
-        + f"{bench.val_every} steps; converged = the last third of the curve improves the best by "
-        + f"at most {bench.plateau_tol:g}):\n\n"
+        + f"{bench.val_every} steps; converged = curvalign.stats.curve_converged: the best is not "
+        + "the last validation and the last third of the curve rises by no more than its own "
+        + f"noise (2 SD) or {bench.plateau_tol:g}):\n\n"
         + _convergence_table(convergence)
         + f"\nTraining: {bench.lr_text()}; an arm not flat at its {bench.steps}-step budget trains "
         + f"on in segments of {bench.val_every} steps up to {bench.max_steps} steps (the "

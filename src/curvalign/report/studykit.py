@@ -25,8 +25,9 @@ Validation and convergence: every arm trains in one ``Trainer.fit`` with the stu
 hooks (``ArmHooks``); every ``val_every`` steps the mean of t2i@1 and i2t@1 on a seeded
 validation hold-out of the training images (a "val" split carved out of "train", never trained
 on) is recorded and the trainer's built-in hook keeps the best weights (``best.safetensors``).
-An arm *converged* when the best validation value of its last third of validations is within
-``plateau_tol`` of its best before (the curve is flat at the end). An arm that has not converged
+An arm *converged* by the rule the benchmark and tuning share (``curvalign.stats.curve_converged``):
+its best validation is not its last, and the last third of its curve rises by no more than the
+curve's own noise (or ``plateau_tol``). An arm that has not converged
 at its budget trains on, ``val_every`` steps at a time (the run extended: its cosine stretched
 over the new total), until it converges or reaches ``max_steps`` (``MAX_STEPS_FACTOR`` times the
 budget); the output says which arms converged and at which step each stopped. The study then
@@ -185,14 +186,12 @@ def val_score(recipe: Any, store: FeatureStore, split: str = "val") -> float:
 
 
 def converged(history: Sequence[tuple[int, float]], tol: float) -> bool | None:
-    """Whether a validation curve has plateaued: the best of its last third is within ``tol`` of
-    the best before it. None with fewer than three points."""
-    if len(history) < 3:
-        return None
-    cut = len(history) - max(1, len(history) // 3)
-    before = max(v for _, v in history[:cut])
-    after = max(v for _, v in history[cut:])
-    return after - before <= tol
+    """Whether a validation curve has plateaued: ``curvalign.stats.curve_converged`` (the rule
+    the benchmark and tuning use too) with ``tol`` as the smallest gain that counts. None with
+    fewer than three points."""
+    from curvalign.stats import curve_converged
+
+    return curve_converged(history, min_gain=tol)
 
 
 @dataclass(frozen=True)

@@ -15,8 +15,11 @@ concatenate it with their CLIP_benchmark results. Names follow CLIP_benchmark:
   spelling of its webdataset sets); SugarCrepe kinds are ``sugar_crepe/KIND``;
 * tasks and metrics: ``zeroshot_retrieval`` (``image_retrieval_recall@K`` = text->image,
   ``text_retrieval_recall@K`` = image->text), ``zeroshot_classification`` (``acc1``,
-  ``acc5``), ``image_caption_selection`` (``acc``: the true caption beats the negative);
-  curvalign's own tasks keep their names (``hierarchical_classification``: TIE, LCA, J, PH, RH).
+  ``acc5``, ``mean_per_class_recall``), ``image_caption_selection`` (``acc``: the true
+  caption beats the negative);
+  curvalign's own tasks keep their names (``hierarchical_classification``: TIE, LCA, J, PH, RH,
+  the prediction depths and sibling/cousin recall; ``multilabel_classification``: mAP;
+  ``entailment``: AP and AUROC, dataset ``NAME/taxonomy`` or ``NAME/chains``).
 * model: the recipe; pretrained: the run directory; language: ``en``.
 
 Every number is ranked with the recipe's own score (``curvalign.eval.evaluate``), unlike
@@ -137,11 +140,21 @@ def result_rows(
         metric = "image_retrieval_recall" if direction == "t2i" else "text_retrieval_recall"
         add("zeroshot_retrieval", f"{metric}@{k}", value, reported=int(k) in reported_ks)
     zeroshot = result.get("zeroshot", {})
-    for ours, theirs in (("top1", "acc1"), ("top5", "acc5")):
+    for ours, theirs in (
+        ("top1", "acc1"),
+        ("top5", "acc5"),
+        ("mean_per_class", "mean_per_class_recall"),
+    ):
         if ours in zeroshot:
             add("zeroshot_classification", theirs, zeroshot[ours])
     for metric, value in result.get("hierarchy", {}).items():
         add("hierarchical_classification", metric, value)
+    if "mAP" in result.get("multilabel", {}):
+        add("multilabel_classification", "mAP", result["multilabel"]["mAP"])
+    for source, metrics in (result.get("entailment") or {}).items():
+        if isinstance(metrics, dict):
+            for metric in ("AP", "AUROC"):
+                add("entailment", metric, metrics[metric], name=f"{dataset}/{source}")
     compositional = result.get("compositional", {})
     for kind, value in compositional.items():
         name = dataset if kind == "overall" else f"{dataset}/{kind}"
@@ -277,7 +290,7 @@ def metric_value_and_unit(metric: str, value: float) -> tuple[str, str]:
 
 def _is_fraction(metric: str) -> bool:
     # hierarchical TIE/LCA are distances, not fractions
-    return not re.fullmatch(r"TIE|LCA", metric)
+    return not re.fullmatch(r"TIE|LCA|pred_depth|true_depth", metric)
 
 
 __all__ = [

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,11 +25,22 @@ DEFAULT_COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("I2T R@5", "retrieval/i2t@5", "pct"),
     ("ZS top1", "zeroshot/top1", "pct"),
     ("ZS top5", "zeroshot/top5", "pct"),
+    ("ZS mpc", "zeroshot/mean_per_class", "pct"),
     ("TIE↓", "hierarchy/TIE", "num"),
     ("LCA↓", "hierarchy/LCA", "num"),
     ("J", "hierarchy/J", "pct"),
     ("PH", "hierarchy/PH", "pct"),
     ("RH", "hierarchy/RH", "pct"),
+    ("Depth=", "hierarchy/depth_match", "pct"),
+    ("Leaf", "hierarchy/leaf_rate", "pct"),
+    ("PredDepth", "hierarchy/pred_depth", "num"),
+    ("Sib@5", "hierarchy/sibling@5", "pct"),
+    ("Cous@5", "hierarchy/cousin@5", "pct"),
+    ("Ent AP", "entailment/taxonomy/AP", "pct"),
+    ("Ent AUC", "entailment/taxonomy/AUROC", "pct"),
+    ("Chain AP", "entailment/chains/AP", "pct"),
+    ("Chain AUC", "entailment/chains/AUROC", "pct"),
+    ("mAP", "multilabel/mAP", "pct"),
     ("HardNeg", "compositional/overall", "pct"),
     ("Order txt", "ordering/text/chain", "pct"),
     ("Order img", "ordering/image/chain", "pct"),
@@ -44,6 +55,20 @@ UNITS = (
 JSON_UNITS = "fractions in [0, 1] for rates (tables print them in %); TIE and LCA in tree edges"
 #: columns where lower is better
 LOWER_IS_BETTER = ("hierarchy/TIE", "hierarchy/LCA")
+#: numbers with no better direction, never given a "best" verdict (depths in tree edges and
+#: counts print with decimals; the leaf rate, a share, in %)
+UNRANKED = (
+    "hierarchy/leaf_rate",  # right only as far as the truths are leaves
+    "hierarchy/pred_depth",
+    "hierarchy/true_depth",
+    "entailment/taxonomy/positives",
+    "entailment/taxonomy/negatives",
+    "entailment/taxonomy/distinct_scores",
+    "entailment/chains/positives",
+    "entailment/chains/negatives",
+    "entailment/chains/distinct_scores",
+    "multilabel/classes",
+)
 #: the terminal table's columns, most wanted first: it shows as many as the terminal fits
 TERMINAL_PRIORITY = (
     "retrieval/t2i@1",
@@ -132,8 +157,10 @@ def rich_table(
 
 def metric_kind(path: str) -> str:
     """ "pct" for quantities in [0, 1], "num" for TIE/LCA (tree edges) and diagnostics."""
-    if path in LOWER_IS_BETTER or path.startswith(
-        ("diagnostics", "distance_to_origin", "spectrum")
+    if (
+        path in LOWER_IS_BETTER
+        or (path in UNRANKED and not path.endswith("leaf_rate"))
+        or path.startswith(("diagnostics", "distance_to_origin", "spectrum"))
     ):
         return "num"
     return "pct"
@@ -143,11 +170,26 @@ def metrics_lines(result: Mapping[str, Any]) -> list[tuple[str, str]]:
     """(name, value) lines of one evaluation, for ``curvalign eval`` without ``--json``: rates
     in %, TIE/LCA in tree edges (the module's units)."""
     out = []
-    for group in ("retrieval", "zeroshot", "hierarchy", "compositional"):
+    for group in ("retrieval", "zeroshot", "hierarchy", "multilabel", "compositional"):
         for key, value in (result.get(group) or {}).items():
             path = f"{group}/{key}"
             kind = metric_kind(path)
             out.append((path, format_cell(value, kind)))
+    entailment = result.get("entailment") or {}
+    for source in ("taxonomy", "chains"):
+        for key in ("AP", "AUROC", "distinct_scores", "modal_fraction"):
+            value = lookup(entailment, f"{source}/{key}")
+            if value is not None:
+                path = f"entailment/{source}/{key}"
+                out.append((path, format_cell(value, metric_kind(path))))
+    sensitivity = result.get("prompt_sensitivity") or {}
+    for name, values in {
+        **(sensitivity.get("templates") or {}),
+        "ensemble": sensitivity.get("ensemble") or {},
+    }.items():
+        for key in ("top1", "mean_per_class"):
+            if key in values:
+                out.append((f"prompt_sensitivity/{name}/{key}", format_cell(values[key], "pct")))
     ordering = result.get("ordering")
     if ordering is not None:
         for side in ("text", "image"):
@@ -215,21 +257,60 @@ def stat_cell(stat: Mapping[str, Any] | None, kind: str) -> str:
     return f"{mean}±{scale * (high - low) / 2:.{digits}f}"
 
 
+def _gap(a: Mapping[str, Any], b: Mapping[str, Any]) -> tuple[Any, bool, str]:
+    """(interval of a - b, whether it excludes 0, how it was computed) for two rows' stats of one
+    column: paired over seeds when both have the same seeds; against a constant (one-sample) when
+    one side is a single deterministic value (frozen features, ridge, chance); else the two
+    intervals must not overlap."""
+    from curvalign.stats import Interval, mean_interval, paired_difference
+
+    va, vb = list(a["values"]), list(b["values"])
+    if len(va) == len(vb) and len(va) >= 2:
+        diff = paired_difference(va, vb)
+        return diff, diff.excludes_zero(), "paired over seeds"
+    if len(va) >= 2 and len(vb) == 1:
+        diff = mean_interval([x - vb[0] for x in va])
+        return diff, diff.excludes_zero(), "against the single value"
+    if len(vb) >= 2 and len(va) == 1:
+        diff = mean_interval([va[0] - y for y in vb])
+        return diff, diff.excludes_zero(), "against the single value"
+    ia, ib = (Interval(s["mean"], s["low"], s["high"], s["n"]) for s in (a, b))
+    return mean_interval([a["mean"] - b["mean"]]), ia.separates_from(ib), "intervals"
+
+
+def resolvable_difference(a: Mapping[str, Any], b: Mapping[str, Any]) -> float:
+    """The minimal detectable effect of a paired comparison of two rows' per-seed values (80%
+    power, 95% interval) at the SD of their per-seed differences; nan when not paired."""
+    from curvalign.stats import minimal_detectable_effect, sample_sd
+
+    va, vb = list(a["values"]), list(b["values"])
+    if len(va) != len(vb) or len(va) < 2:
+        return math.nan
+    return minimal_detectable_effect(
+        sample_sd([x - y for x, y in zip(va, vb, strict=True)]), len(va)
+    )
+
+
 def column_verdicts(
     stats: Mapping[str, Mapping[str, Mapping[str, Any]]],
     contenders: Sequence[str],
     columns: Sequence[tuple[str, str, str]],
+    never_best: Collection[str] = (),
 ) -> dict[str, dict[str, Any]]:
-    """Per column path: {"best": row or None, "tied": [rows], "text": one line}.
+    """Per column path: {"best": row or None, "tied": [rows], "text": one line, "mde": float}.
 
-    The leader (by mean; lower is better for TIE/LCA) is "best" only when its paired difference
-    with the runner-up over the shared seeds has a 95% interval that excludes zero (or, without
-    paired seeds, when the two intervals do not overlap); otherwise it and every contender whose
-    interval overlaps it are "tied"."""
-    from curvalign.stats import Interval, mean_interval, paired_difference
-
+    ``contenders`` are every row that competes, baselines included (frozen features or the ridge
+    map, untrained heads): a trained row is "best" only when it beats each of them too. The leader
+    (by mean; lower is better for TIE/LCA) is "best" only when its difference with the runner-up
+    has a 95% interval that excludes zero (paired over seeds; against the value of a single-value
+    baseline; else non-overlapping intervals), and never when it is in ``never_best`` (a row whose
+    best weights are its step-0 weights); otherwise it and every contender not separated from it
+    are "tied", and the line says when the difference is smaller than what the seeds can resolve
+    (the minimal detectable effect at the SD of the paired differences)."""
     out: dict[str, dict[str, Any]] = {}
     for header, path, kind in columns:
+        if path in UNRANKED:
+            continue
         rows = [r for r in contenders if stats.get(r, {}).get(path)]
         if len(rows) < 2:
             continue
@@ -237,47 +318,47 @@ def column_verdicts(
         ranked = sorted(rows, key=lambda r: -sign * stats[r][path]["mean"])
         leader, runner = ranked[0], ranked[1]
         a, b = stats[leader][path], stats[runner][path]
-        if min(len(a["values"]), len(b["values"])) < 2:
+        if max(len(a["values"]), len(b["values"])) < 2:
             out[path] = {
                 "best": None,
                 "tied": [],
+                "mde": math.nan,
                 "text": f"{header}: one seed, no verdict (leader {leader}); run --seeds 3 or more",
             }
             continue
-        if len(a["values"]) == len(b["values"]) and len(a["values"]) >= 2:
-            diff = paired_difference(a["values"], b["values"])
-            separated = diff.excludes_zero()
-        else:
-            diff = mean_interval([a["mean"] - b["mean"]])
-            ia, ib = (Interval(s["mean"], s["low"], s["high"], s["n"]) for s in (a, b))
-            separated = len(a["values"]) >= 2 and ia.separates_from(ib)
+        diff, separated, how = _gap(a, b)
         scale = 100.0 if kind == "pct" else 1.0
-        gap = diff.format(scale=scale, digits=1 if kind == "pct" else 2)
-        if separated:
+        digits = 1 if kind == "pct" else 2
+        gap = diff.format(scale=scale, digits=digits)
+        mde = resolvable_difference(a, b)
+        if separated and leader not in never_best:
             out[path] = {
                 "best": leader,
                 "tied": [],
+                "mde": mde,
                 "text": f"{header}: {leader} best ({'+' if sign > 0 else '-'}{gap.lstrip('-')} "
-                f"over {runner}, paired over seeds)",
+                f"over {runner}, {how})",
             }
+            continue
+        tied = [leader] + [r for r in ranked[1:] if not _gap(a, stats[r][path])[1]]
+        if separated:  # the leader is a step-0 row: it leads, but nothing was learned
+            text = (
+                f"{header}: no best: the leader {leader} is an untrained head (its best step "
+                f"is 0 in at least one seed); {runner} follows ({gap} behind)"
+            )
+            tied = []
         else:
-            tied = [leader] + [
-                r
-                for r in ranked[1:]
-                if not (
-                    stats[r][path].get("n", 1) >= 2
-                    and a.get("n", 1) >= 2
-                    and Interval(a["mean"], a["low"], a["high"], a["n"]).separates_from(
-                        Interval(**{k: stats[r][path][k] for k in ("mean", "low", "high", "n")})
-                    )
+            text = (
+                f"{header}: tied between {', '.join(tied)} (leader minus runner-up {gap}, "
+                "interval includes 0"
+            )
+            if math.isfinite(mde) and abs(diff.mean) < mde:
+                text += (
+                    f"; smaller than what {len(a['values'])} seeds resolve at their SD: "
+                    f"{mde * scale:.{digits}f}"
                 )
-            ]
-            out[path] = {
-                "best": None,
-                "tied": tied,
-                "text": f"{header}: tied between {', '.join(tied)} (leader minus runner-up "
-                f"{gap}, interval includes 0)",
-            }
+            text += ")"
+        out[path] = {"best": None, "tied": tied, "mde": mde, "text": text}
     return out
 
 
@@ -397,3 +478,34 @@ def step0_cells(rows: Mapping[str, Mapping[str, Any]]) -> list[tuple[str, str]]:
         seeds = {line.split(":", 1)[0] for line in lines if step0_codes([line])}
         out.append((name, f"! {', '.join(codes)} ({len(seeds)}/{len(row.get('seeds', []))})"))
     return out
+
+
+#: where a benchmark's stats keep the per-template zero-shot numbers (``evaluate``'s
+#: ``prompt_sensitivity``)
+PROMPT_PREFIX = "prompt_sensitivity/templates/"
+
+
+def prompt_sensitivity_markdown(
+    stats: Mapping[str, Mapping[str, Mapping[str, Any]]], metric: str = "top1"
+) -> str:
+    """The prompt-sensitivity table: one row per benchmark row, one column per template (zero-shot
+    ``metric`` with that template alone) and the ensemble, mean ± 95% interval in %; "" when no
+    row has per-template numbers (the store has one template)."""
+    names: list[str] = []
+    for row in stats.values():
+        for path in row:
+            if path.startswith(PROMPT_PREFIX) and path.endswith(f"/{metric}"):
+                name = path[len(PROMPT_PREFIX) : -len(metric) - 1]
+                if name not in names:
+                    names.append(name)
+    if not names:
+        return ""
+    cols = [(name, f"{PROMPT_PREFIX}{name}/{metric}", "pct") for name in names]
+    cols.append(("ensemble", f"prompt_sensitivity/ensemble/{metric}", "pct"))
+    shown = {r: v for r, v in stats.items() if any(c[1] in v for c in cols)}
+    lines = [
+        "| row | " + " | ".join(c[0] for c in cols) + " |",
+        "|" + "|".join(["---"] + ["---:"] * len(cols)) + "|",
+    ]
+    lines += ["| " + " | ".join(cells) + " |" for cells in stats_table_rows(shown, cols)]
+    return "\n".join(lines) + "\n"

@@ -2,8 +2,9 @@
 
 The metric is the one ProCLIP selects models with (Sec. 3.3): mean of text->image and
 image->text recall@1 on the validation split, ranked with the recipe's own ``scores`` (distance,
-angle, routed score), never a cosine stand-in. Ties count against the model, as in
-``curvalign.eval.retrieval``.
+angle, routed score), never a cosine stand-in. Ties count against the model and images without
+captions take no part in image->text recall, as in ``curvalign.eval.retrieval`` (one rank
+definition, ``curvalign.readout``).
 
 The split: a store's own "val" split when it has one (the synthetic world and ``wordnet:`` make
 one), checked to be non-empty and to share no image with "test"; otherwise a seeded hold-out of

@@ -1,0 +1,749 @@
+"""Tuning with an equal budget for every method, then a benchmark of the tuned configurations.
+
+The protocol (Musgrave et al., "A Metric Learning Reality Check", 2020; the Deep Learning Tuning
+Playbook): the method is the scientific variable; learning rate, weight decay, temperature and
+scale are nuisance variables, tuned for every recipe (``clip`` included) with the same number of
+trials, on validation only. The chosen configuration is then re-trained over several seeds and
+evaluated once on test, beside the paper-default configuration (docs/evaluation.md).
+
+One recipe's tuning
+    search space  the recipe's ``search_space()`` (declared in its recipe file), the learning
+                  rate's range taken from a learning-rate range test (``train/lr_range.py``)
+                  when ``lr_range_steps`` > 0
+    sampler       Optuna's TPE with a fixed seed (reseeded with the number of trials already in
+                  the study, so a resumed study does not replay its first draws); no pruning, so
+                  a slow-starting curriculum is never cut
+    one trial     a full training run of ``steps`` steps, validated every ``val_every`` steps;
+                  its value is the selection metric of its best validation weights on the
+                  validation split (default ``mean_r1``: the trainer's own mean of T2I and I2T
+                  R@1; any metric path of ``evaluate``, e.g. ``zeroshot/top1``, can be named)
+    budget        ``trials`` finished trials per recipe (a trial whose training fails counts)
+    data          the store without its test images (``tuning_store``): nothing in tuning can
+                  read the test split
+
+Files (``out/``): ``study.db`` (the Optuna studies in SQLite: a killed run continues where it
+stopped; a trial killed mid-way is run again), ``trials.csv``, ``best/NAME.yaml`` (the best
+configuration, a file ``curvalign train --config`` accepts), ``history.png`` (value per trial and
+best so far), ``lr_range/NAME.png`` and ``tuning.json``.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import math
+import shutil
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+
+from curvalign.data import load_store
+from curvalign.data.features import FeatureStore
+from curvalign.errors import ConfigError, CurvalignError
+
+Notify = Callable[[str], None]
+
+#: the selection metric by default: the trainer's validation score (mean of T2I and I2T R@1)
+DEFAULT_METRIC = "mean_r1"
+#: seeds a benchmark of tuned configurations trains by default (paired across recipes)
+DEFAULT_TUNED_SEEDS = 5
+#: steps of the learning-rate range test that seeds each recipe's lr range (0: no test)
+DEFAULT_LR_RANGE_STEPS = 60
+STUDY_DB = "study.db"
+TRIALS_CSV = "trials.csv"
+#: what a study must agree on to be resumed
+STUDY_KEYS = ("metric", "steps", "trials", "seed", "data", "overrides")
+
+
+def metric_direction(metric: str) -> str:
+    """ "minimize" for tree distances (TIE, LCA), "maximize" for every other metric."""
+    from curvalign.report.tables import LOWER_IS_BETTER
+
+    return "minimize" if metric in LOWER_IS_BETTER else "maximize"
+
+
+def metric_label(metric: str) -> str:
+    return "validation mean R@1" if metric == DEFAULT_METRIC else f"validation {metric}"
+
+
+# --- data: the test split is not part of tuning ---------------------------------------------
+
+
+def without_test(store: FeatureStore) -> FeatureStore:
+    """``store`` without its "test" images and without the "test" split name. Reads the split
+    labels only (never ``split_image_ids("test")`` nor a test feature)."""
+    names = list(store.split_names or [])
+    if store.image_split is None or "test" not in names:
+        return store
+    test = names.index("test")
+    keep = torch.nonzero(store.image_split != test).flatten()
+    sub = store.subset(keep)
+    assert sub.image_split is not None
+    split = sub.image_split.clone()
+    split[split > test] -= 1
+    return dataclasses.replace(
+        sub, image_split=split, split_names=[n for n in names if n != "test"]
+    )
+
+
+def tuning_store(store: FeatureStore, val_fraction: float = 0.1, seed: int = 0) -> FeatureStore:
+    """The store tuning trains and selects on: without test, with a "val" split (the store's own,
+    or the seeded hold-out of train images the trainer would make)."""
+    from curvalign.train.validation import validation_store
+
+    tuned, info = validation_store(without_test(store), val_fraction, seed, data="tuning data")
+    if info["source"] == "none":
+        raise ConfigError(f"cannot tune on this data: {info['reason']} (no validation split)")
+    return tuned
+
+
+# --- search space -----------------------------------------------------------------------------
+
+
+def space_of(recipe: str, lr_range: tuple[float, float] | None = None) -> dict[str, Any]:
+    """The recipe's declared search space; the lr knob's range replaced by ``lr_range``."""
+    from curvalign.recipes import get_recipe
+    from curvalign.recipes.base import Knob
+
+    space = dict(get_recipe(recipe).search_space())
+    if lr_range is not None and "lr" in space:
+        low, high = lr_range
+        space["lr"] = Knob("float", low, high, log=True, why="learning-rate range test")
+    return space
+
+
+def suggest(trial: Any, space: Mapping[str, Any]) -> dict[str, Any]:
+    """One point of ``space`` drawn through an Optuna trial."""
+    params: dict[str, Any] = {}
+    for name, knob in space.items():
+        if knob.kind == "float":
+            params[name] = trial.suggest_float(name, knob.low, knob.high, log=knob.log)
+        elif knob.kind == "int":
+            params[name] = trial.suggest_int(name, int(knob.low), int(knob.high), log=knob.log)
+        else:
+            params[name] = trial.suggest_categorical(name, list(knob.choices))
+    return params
+
+
+def override_strings(values: Mapping[str, Any], prefix: str = "") -> list[str]:
+    """``key=value`` strings the config parser reads back to the same values."""
+    out = []
+    for key, value in values.items():
+        text = ("true" if value else "false") if isinstance(value, bool) else repr(value)
+        out.append(f"{prefix}{key}={text}")
+    return out
+
+
+def describe_params(params: Mapping[str, Any]) -> str:
+    """``lr=2.1e-03, weight_decay=1.0e-04, learn_curvature=false``: compact, for tables."""
+    parts = []
+    for key, value in params.items():
+        if isinstance(value, bool):
+            parts.append(f"{key}={'true' if value else 'false'}")
+        elif isinstance(value, float):
+            parts.append(f"{key}={value:.2g}")
+        else:
+            parts.append(f"{key}={value}")
+    return ", ".join(parts)
+
+
+def require_optuna() -> Any:
+    """The ``optuna`` module, or one clear error naming the extra that installs it."""
+    try:
+        import optuna
+    except ImportError:
+        raise ConfigError(
+            "tuning needs Optuna: pip install 'curvalign[tune]' (or pip install optuna)"
+        ) from None
+    return optuna
+
+
+# --- the tuning loop ------------------------------------------------------------------------
+
+
+@dataclass
+class TuningResult:
+    """What ``run_tuning`` produced. ``best`` = {recipe: {"trial", "value", "params",
+    "overrides", "config_file", "best_step", "converged"} or None when no trial finished}."""
+
+    metric: str
+    direction: str
+    trials: int
+    steps: int | None
+    seed: int
+    data: str
+    best: dict[str, dict[str, Any] | None] = field(default_factory=dict)
+    counted: dict[str, int] = field(default_factory=dict)
+    lr_ranges: dict[str, dict[str, Any]] = field(default_factory=dict)
+    files: dict[str, Path] = field(default_factory=dict)
+    wall_seconds: float = 0.0
+
+    def budget_line(self) -> str:
+        return (
+            f"tuning budget: {self.trials} trials per recipe (the same for every recipe), "
+            f"{self.steps or 'recipe-default'} steps each, Optuna TPE (seed {self.seed}, no "
+            f"pruning); selection metric: {metric_label(self.metric)} of each trial's best "
+            "validation weights; the test split is never read while tuning"
+        )
+
+
+def _counted(study: Any) -> list[Any]:
+    """Trials that used up budget: finished (complete or failed) with a recorded outcome; a trial
+    killed mid-way has none and does not count."""
+    from optuna.trial import TrialState
+
+    return [
+        t
+        for t in study.get_trials(deepcopy=False)
+        if t.state in (TrialState.COMPLETE, TrialState.FAIL) and "outcome" in t.user_attrs
+    ]
+
+
+def _open_study(
+    name: str, storage: str, direction: str, settings: Mapping[str, Any], notify: Notify
+) -> Any:
+    """Create or load study ``name``; a loaded one must have the same settings. Trials left
+    RUNNING by a killed process are closed as failed (uncounted) and queued to run again."""
+    import optuna
+    from optuna.trial import TrialState
+
+    study = optuna.create_study(
+        study_name=name, storage=storage, direction=direction, load_if_exists=True
+    )
+    saved = study.user_attrs.get("settings")
+    if saved is None:
+        study.set_user_attr("settings", dict(settings))
+    elif saved != json.loads(json.dumps(dict(settings))):
+        changed = [k for k in STUDY_KEYS if saved.get(k) != json.loads(json.dumps(settings.get(k)))]
+        raise ConfigError(
+            f"the tuning study {name!r} in {storage} was made with other settings "
+            f"({', '.join(changed)} differ); use a new --out or the same settings to resume it"
+        )
+    if study.direction.name.lower() != direction:
+        raise ConfigError(f"study {name!r} optimises the other direction; use a new --out")
+    killed = [t for t in study.get_trials(deepcopy=False) if t.state == TrialState.RUNNING]
+    for t in killed:
+        study.tell(t.number, state=TrialState.FAIL, skip_if_finished=True)
+        study.enqueue_trial(dict(t.params), skip_if_exists=False)
+    if killed:
+        notify(f"  {name}: {len(killed)} trial(s) were cut off by a stop; running them again")
+    return study
+
+
+def run_tuning(
+    recipes: Sequence[str],
+    data: str | FeatureStore,
+    out_dir: str | Path,
+    *,
+    trials: int,
+    steps: int | None = None,
+    overrides: Iterable[str] = (),
+    metric: str = DEFAULT_METRIC,
+    seed: int = 0,
+    lr_range_steps: int = DEFAULT_LR_RANGE_STEPS,
+    show_progress: bool = False,
+    notify: Notify | None = None,
+    max_trials_this_call: int | None = None,
+) -> TuningResult:
+    """Tune every recipe with ``trials`` trials on ``data``'s train/validation images (module
+    docstring), writing into ``out_dir``. A second call on the same ``out_dir`` continues each
+    study until it holds ``trials`` counted trials (``max_trials_this_call`` stops this call
+    after that many new trials, for tests)."""
+    from curvalign.report.benchmark import check_recipes_against_data, split_overrides
+    from curvalign.report.tables import lookup
+    from curvalign.stats import curve_converged
+    from curvalign.train.trainer import train
+
+    started = time.perf_counter()
+    notify = notify or (lambda message: None)
+    recipes = list(recipes)
+    require_optuna()
+    if isinstance(trials, bool) or not isinstance(trials, int) or trials < 1:
+        raise ConfigError(f"--tune needs a number of trials >= 1, got {trials!r}")
+    overrides = list(overrides)
+    if steps is not None and not any(o.split("=", 1)[0].endswith("val_every") for o in overrides):
+        overrides = [f"val_every={max(1, steps // 10)}"] + overrides  # as the benchmark does
+    per_recipe = split_overrides(overrides, recipes)
+    full, spec = load_store(data)
+    store = tuning_store(full, seed=seed)
+    check_recipes_against_data(recipes, store, spec, per_recipe)
+    direction = metric_direction(metric)
+    if metric != DEFAULT_METRIC:
+        _check_metric(metric, recipes[0], store, spec, per_recipe[recipes[0]])
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    storage = f"sqlite:///{(out / STUDY_DB).resolve()}"
+    optuna = require_optuna()
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    result = TuningResult(metric, direction, trials, steps, seed, spec)
+    settings = {
+        "metric": metric,
+        "steps": steps,
+        "trials": trials,
+        "seed": seed,
+        "data": spec,
+        "overrides": overrides,
+    }
+    studies: dict[str, Any] = {}
+    new_trials = 0
+    for i, name in enumerate(recipes, 1):
+        study = _open_study(name, storage, direction, settings, notify)
+        studies[name] = study
+        lr_range = _lr_range(name, store, out, study, per_recipe[name], lr_range_steps, notify)
+        if lr_range is not None:
+            result.lr_ranges[name] = lr_range
+        space = space_of(name, tuple(lr_range["suggested"]) if lr_range else None)
+        from curvalign.recipes import get_recipe
+
+        recipe_cls = get_recipe(name)
+        while len(_counted(study)) < trials:
+            if max_trials_this_call is not None and new_trials >= max_trials_this_call:
+                break
+            # reseeded by the trials already drawn: a resumed study continues, never replays
+            study.sampler = optuna.samplers.TPESampler(seed=seed + len(study.trials))
+            trial = study.ask()
+            params = suggest(trial, space)
+            tuned = recipe_cls.search_overrides(params)
+            number = len(_counted(study)) + 1
+            notify(
+                f"[{i}/{len(recipes)}] {name} trial {number}/{trials}: {describe_params(params)}"
+            )
+            run_dir = out / "runs" / name / f"trial-{trial.number}"
+            t0 = time.perf_counter()
+            try:
+                run = train(
+                    name,
+                    store,
+                    run_dir,
+                    steps=steps,
+                    overrides=per_recipe[name] + override_strings(tuned) + [f"seed={seed}"],
+                    overwrite=True,
+                    show_progress=show_progress,
+                )
+                if run.best_val is None:
+                    raise ConfigError("the trial ran without validation (val_every=0?)")
+                value = (
+                    float(run.best_val)
+                    if metric == DEFAULT_METRIC
+                    else _metric_of_run(run, store, metric, lookup)
+                )
+                history = [(int(s), float(v)) for s, v in run.val_history]
+                trial.set_user_attr("best_step", run.best_step)
+                trial.set_user_attr("last_step", run.last_step)
+                trial.set_user_attr("converged", curve_converged(history))
+                trial.set_user_attr("val_history", history)
+                trial.set_user_attr("overrides", override_strings(tuned))
+                trial.set_user_attr("seconds", time.perf_counter() - t0)
+                trial.set_user_attr("outcome", "ok")
+                study.tell(trial, value)
+                notify(f"    {metric_label(metric)} {value:.4f} (best step {run.best_step})")
+            except (CurvalignError, RuntimeError, ValueError) as err:
+                if str(err).startswith("interrupted"):
+                    raise
+                trial.set_user_attr("seconds", time.perf_counter() - t0)
+                trial.set_user_attr("outcome", f"failed: {err}")
+                study.tell(trial, state=optuna.trial.TrialState.FAIL)
+                notify(f"    failed: {err}")
+            finally:
+                shutil.rmtree(run_dir, ignore_errors=True)
+            new_trials += 1
+        result.counted[name] = len(_counted(study))
+        result.best[name] = _best_of(study, recipe_cls, name, spec, steps, per_recipe[name], out)
+    shutil.rmtree(out / "runs", ignore_errors=True)
+    result.files["study"] = out / STUDY_DB
+    result.files["trials_csv"] = write_trials_csv(studies, out / TRIALS_CSV, metric)
+    result.files["history_png"] = plot_history(studies, out / "history.png", metric)
+    result.wall_seconds = time.perf_counter() - started
+    result.files["json"] = _write_tuning_json(result, out / "tuning.json")
+    return result
+
+
+def _check_metric(
+    metric: str, recipe: str, store: FeatureStore, spec: str, overrides: list[str]
+) -> None:
+    """Fail before any training when ``metric`` is not a number ``evaluate`` gives on this data."""
+    from curvalign.config import resolve_config
+    from curvalign.eval import evaluate
+    from curvalign.report.benchmark import _leaves
+    from curvalign.runs import recipe_input_dims
+    from curvalign.train.trainer import build_model
+
+    config = resolve_config(recipe, spec, overrides=overrides)
+    model = build_model(config, *recipe_input_dims(config, store)).eval()
+    leaves = _leaves(evaluate(model, store, split="val", diagnostics=False))
+    if leaves.get(metric) is None:
+        known = ", ".join(sorted(k for k, v in leaves.items() if v is not None))
+        raise ConfigError(
+            f"selection metric {metric!r} is not computed on this data; choose {DEFAULT_METRIC} "
+            f"or one of: {known}"
+        )
+
+
+def _metric_of_run(run: Path, store: FeatureStore, metric: str, lookup: Callable) -> float:
+    from curvalign.eval import evaluate
+    from curvalign.runs import load_run
+
+    loaded = load_run(run)  # the best validation weights
+    value = lookup(evaluate(loaded.recipe, store, split="val", diagnostics=False), metric)
+    if value is None or not math.isfinite(float(value)):
+        raise ConfigError(f"selection metric {metric!r} is not a finite number for this trial")
+    return float(value)
+
+
+def _lr_range(
+    name: str,
+    store: FeatureStore,
+    out: Path,
+    study: Any,
+    overrides: list[str],
+    steps: int,
+    notify: Notify,
+) -> dict[str, Any] | None:
+    """The recipe's learning-rate range test (kept in the study, so a resumed run reuses it)."""
+    from curvalign.train.lr_range import lr_range_test
+
+    if steps <= 0:
+        return None
+    saved = study.user_attrs.get("lr_range")
+    if saved is not None:
+        return saved
+    # the ramp sets its own rates; only the paper's other settings and the user's overrides apply
+    kept = [o for o in overrides if o.split("=", 1)[0] not in ("lr", "train.lr", "val_every")]
+    try:
+        found = lr_range_test(name, store, steps=steps, overrides=kept)
+    except CurvalignError as err:
+        notify(f"  {name}: lr range test failed ({err}); the declared lr range is used")
+        return None
+    notify(f"  lr range test: {found.describe()}")
+    reading = found.to_json()
+    (out / "lr_range").mkdir(parents=True, exist_ok=True)
+    plot_lr_range(found, out / "lr_range" / f"{name}.png")
+    study.set_user_attr("lr_range", reading)
+    return reading
+
+
+def _best_of(
+    study: Any,
+    recipe_cls: Any,
+    name: str,
+    spec: str,
+    steps: int | None,
+    overrides: list[str],
+    out: Path,
+) -> dict[str, Any] | None:
+    """The best completed trial and its configuration written as ``best/NAME.yaml``."""
+    from optuna.trial import TrialState
+
+    from curvalign.config import resolve_config
+
+    done = [t for t in _counted(study) if t.state == TrialState.COMPLETE]
+    if not done:
+        return None
+    best = study.best_trial
+    tuned = recipe_cls.search_overrides(best.params)
+    config = resolve_config(
+        name, spec, steps=steps, overrides=overrides + override_strings(tuned)
+    ).to_dict()
+    path = out / "best" / f"{name}.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    header = (
+        f"# {name}: the best of {len(_counted(study))} tuning trials (trial {best.number}, "
+        f"value {best.value:.4f}); train it with: curvalign train --config {path.name} --out DIR\n"
+    )
+    tmp = path.with_suffix(".yaml.tmp")
+    tmp.write_text(header + yaml.safe_dump(config, sort_keys=False))
+    tmp.replace(path)
+    return {
+        "trial": best.number,
+        "value": best.value,
+        "params": dict(best.params),
+        "overrides": tuned,
+        "config_file": path,
+        "best_step": best.user_attrs.get("best_step"),
+        "converged": best.user_attrs.get("converged"),
+    }
+
+
+def write_trials_csv(studies: Mapping[str, Any], path: Path, metric: str) -> Path:
+    """One row per trial of every study: recipe, trial, state, value, outcome, best step,
+    converged, seconds, then one column per knob."""
+    rows, knobs = [], []
+    for name, study in studies.items():
+        for t in study.get_trials(deepcopy=False):
+            for k in t.params:
+                if k not in knobs:
+                    knobs.append(k)
+            rows.append(
+                {
+                    "recipe": name,
+                    "trial": t.number,
+                    "state": t.state.name.lower(),
+                    "metric": metric,
+                    "value": "" if t.value is None else f"{t.value:.6g}",
+                    "outcome": t.user_attrs.get("outcome", "cut off (not counted)"),
+                    "best_step": t.user_attrs.get("best_step", ""),
+                    "converged": t.user_attrs.get("converged", ""),
+                    "seconds": f"{t.user_attrs.get('seconds', 0.0):.1f}",
+                    **{k: v for k, v in t.params.items()},
+                }
+            )
+    fields = [
+        "recipe",
+        "trial",
+        "state",
+        "metric",
+        "value",
+        "outcome",
+        "best_step",
+        "converged",
+        "seconds",
+        *knobs,
+    ]
+    tmp = path.with_suffix(".csv.tmp")
+    with tmp.open("w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=fields)
+        writer.writeheader()
+        writer.writerows(rows)
+    tmp.replace(path)
+    return path
+
+
+def plot_history(studies: Mapping[str, Any], path: Path, metric: str) -> Path:
+    """Optimisation history: each finished trial's value and the best so far, per recipe."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from optuna.trial import TrialState
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    minimize = metric_direction(metric) == "minimize"
+    for name, study in studies.items():
+        done = [t for t in study.get_trials(deepcopy=False) if t.state == TrialState.COMPLETE]
+        if not done:
+            continue
+        xs = list(range(1, len(done) + 1))
+        ys = [float(t.value) for t in done]
+        best, running = [], None
+        for y in ys:
+            running = y if running is None else (min if minimize else max)(running, y)
+            best.append(running)
+        (line,) = ax.plot(xs, best, label=f"{name} (best so far)")
+        ax.scatter(xs, ys, color=line.get_color(), s=14, alpha=0.6)
+    scale = "" if metric_direction(metric) == "minimize" else " (fraction)"
+    ax.set_xlabel("finished trial")
+    ax.set_ylabel(metric_label(metric) + scale)
+    ax.set_title("tuning history (dots: trials; lines: best so far)")
+    ax.grid(alpha=0.3)
+    if ax.lines:
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def plot_lr_range(found: Any, path: Path) -> Path:
+    """Loss against learning rate (log axis) of one range test, the suggested range shaded."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.plot(found.lrs, found.losses, alpha=0.35, label="loss")
+    ax.plot(found.lrs, found.smoothed, label="smoothed")
+    low, high = found.suggested
+    ax.axvspan(low, high, alpha=0.15, color="green", label="suggested range")
+    ax.axvline(found.at_minimum, ls="--", color="grey", lw=1, label="smoothed minimum")
+    ax.set_xscale("log")
+    ax.set_xlabel("learning rate")
+    ax.set_ylabel("training loss")
+    ax.set_title(f"lr range test: {found.recipe}")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def _write_tuning_json(result: TuningResult, path: Path) -> Path:
+    from curvalign.report.tables import write_json
+
+    return write_json(
+        path,
+        {
+            "metric": result.metric,
+            "direction": result.direction,
+            "trials": result.trials,
+            "steps": result.steps,
+            "seed": result.seed,
+            "data": result.data,
+            "budget": result.budget_line(),
+            "counted": result.counted,
+            "best": result.best,
+            "lr_ranges": {
+                n: {k: v for k, v in r.items() if k in ("suggested", "at_minimum", "steepest")}
+                for n, r in result.lr_ranges.items()
+            },
+            "wall_seconds": result.wall_seconds,
+        },
+    )
+
+
+# --- the benchmark of tuned configurations ----------------------------------------------------
+
+
+def _renamed(result: Any, arm: str, recipes: Sequence[str]) -> tuple[dict, dict, dict]:
+    """(stats, results, rows) of one sub-benchmark with its recipe rows renamed by ``arm``:
+    "NAME (paper)", "NAME (paper, step 0)"; baselines keep their names."""
+    from curvalign.report.benchmark import untrained_row
+
+    names: dict[str, str] = {}
+    for name in recipes:
+        names[name] = f"{name} ({arm})"
+        names[untrained_row(name)] = f"{name} ({arm}, step 0)"
+    stats = {names.get(k, k): v for k, v in result.stats.items()}
+    results = {names.get(k, k): v for k, v in result.results.items()}
+    rows = {}
+    for key, row in result.rows.items():
+        if row.recipe is not None:
+            untrained = names.get(row.untrained, row.untrained) if row.untrained else None
+            row = dataclasses.replace(row, untrained=untrained, arm=arm)
+        rows[names.get(key, key)] = row
+    return stats, results, rows
+
+
+def run_tuned_benchmark(
+    recipes: Sequence[str],
+    data: str | FeatureStore,
+    out_dir: str | Path,
+    *,
+    trials: int,
+    steps: int | None = None,
+    overrides: Iterable[str] = (),
+    metric: str = DEFAULT_METRIC,
+    seeds: int = DEFAULT_TUNED_SEEDS,
+    split: str = "test",
+    seed: int = 0,
+    lr_range_steps: int = DEFAULT_LR_RANGE_STEPS,
+    show_progress: bool = False,
+    notify: Notify | None = None,
+) -> Any:
+    """``run_tuning`` into ``out/tuning``, then a benchmark of the paper defaults (``out/paper``)
+    and of each recipe's best configuration (``out/tuned``) over the same ``seeds`` seeds
+    (paired), both evaluated once on ``split``; writes ``out/results.md`` / ``results.json``
+    with, per recipe, the paper-default row and the tuned row (its configuration beside it), the
+    step-0, frozen (or ridge) and chance rows, and the tuning budget in the header. Returns the
+    merged ``BenchmarkResult``."""
+    from curvalign.report.benchmark import BenchmarkResult, run_benchmark, write_benchmark_outputs
+
+    started = time.perf_counter()
+    notify = notify or (lambda message: None)
+    recipes = list(recipes)
+    overrides = list(overrides)
+    out = Path(out_dir)
+    store, spec = load_store(data)
+    store.meta.setdefault("spec", spec)  # the sub-runs and best/NAME.yaml name the data by it
+    notify(f"tuning {', '.join(recipes)}: {trials} trials each on {spec} (test split left out)")
+    tuning = run_tuning(
+        recipes,
+        store,
+        out / "tuning",
+        trials=trials,
+        steps=steps,
+        overrides=overrides,
+        metric=metric,
+        seed=seed,
+        lr_range_steps=lr_range_steps,
+        show_progress=show_progress,
+        notify=notify,
+    )
+    notify(f"paper defaults: {seeds} seed(s) per recipe")
+    paper = run_benchmark(
+        recipes,
+        store,
+        out / "paper",
+        steps=steps,
+        overrides=overrides,
+        split=split,
+        seeds=seeds,
+        show_progress=show_progress,
+        notify=notify,
+        plots=False,
+        title="paper defaults",
+    )
+    tuned_names = [n for n in recipes if tuning.best.get(n)]
+    merged = BenchmarkResult({}, {}, {}, {}, data=spec, steps=steps, seeds=list(paper.seeds))
+    stats, results, rows = _renamed(paper, "paper", recipes)
+    tuned = None
+    if tuned_names:
+        notify(f"tuned configurations: {seeds} seed(s) per recipe")
+        extra = [
+            o
+            for n in tuned_names
+            for o in override_strings(tuning.best[n]["overrides"], prefix=f"{n}.")  # type: ignore[index]
+        ]
+        tuned = run_benchmark(
+            tuned_names,
+            store,
+            out / "tuned",
+            steps=steps,
+            overrides=overrides + extra,
+            split=split,
+            seeds=seeds,
+            show_progress=show_progress,
+            notify=notify,
+            plots=False,
+            title="tuned configurations",
+        )
+        t_stats, t_results, t_rows = _renamed(tuned, "tuned", tuned_names)
+        baselines = {k for k, r in t_rows.items() if r.recipe is None}
+        stats.update({k: v for k, v in t_stats.items() if k not in baselines})
+        results.update({k: v for k, v in t_results.items() if k not in baselines})
+        rows.update({k: v for k, v in t_rows.items() if k not in baselines})
+    # table order: per recipe paper then tuned, then their step-0 rows, then the baselines
+    order = [f"{n} ({arm})" for n in recipes for arm in ("paper", "tuned")]
+    order += [f"{n} ({arm}, step 0)" for n in recipes for arm in ("paper", "tuned")]
+    order += [k for k in rows if k not in order]
+    merged.stats = {k: stats[k] for k in order if k in stats}
+    merged.results = {k: results[k] for k in order if k in results}
+    merged.rows = {k: rows[k] for k in order if k in rows}
+    merged.absent = dict(paper.absent)
+    for name in recipes:
+        if name not in tuned_names:
+            merged.absent[f"{name} (tuned)"] = "no tuning trial finished (see trials.csv)"
+    for sub, arm in ((paper, "paper"), (tuned, "tuned")):
+        if sub is None:
+            continue
+        for name, dirs in sub.run_dirs.items():
+            merged.run_dirs[f"{name} ({arm})"] = dirs
+            merged.train_seconds[f"{name} ({arm})"] = sub.train_seconds.get(name, 0.0)
+            merged.eval_seconds[f"{name} ({arm})"] = sub.eval_seconds.get(name, 0.0)
+    merged.notes = [
+        tuning.budget_line() + ".",
+        f"Each tuned configuration (best trial per recipe, `{out / 'tuning' / 'best'}/NAME.yaml`) "
+        f"and each paper default re-trained over the same {seeds} seeds, evaluated once on "
+        f"'{split}'.",
+    ]
+    merged.extra_columns = {
+        "configuration": [(f"{n} (paper)", "paper defaults") for n in recipes]
+        + [
+            (f"{n} (tuned)", describe_params(tuning.best[n]["params"]))  # type: ignore[index]
+            for n in tuned_names
+        ]
+    }
+    merged.wall_seconds = time.perf_counter() - started
+    merged.files = write_benchmark_outputs(
+        merged, out, None, None, f"tuned benchmark ({trials} trials per recipe)"
+    )
+    merged.files.update({f"tuning_{k}": v for k, v in tuning.files.items()})
+    return merged

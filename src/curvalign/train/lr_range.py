@@ -1,0 +1,191 @@
+"""The learning-rate range test (Smith 2017, "Cyclical Learning Rates", Sec. 3.3): train a fresh
+head for a few steps while the learning rate grows exponentially, and read the loss against it.
+
+The loss first barely moves (rate too small), then falls fastest, reaches a minimum, then rises
+or diverges (rate too large). ``suggest_range`` reads the smoothed curve (a centred moving
+average, which does not lag):
+
+    at_minimum   the rate at the smoothed loss's minimum (past it the loss rises)
+    steepest     the rate where the smoothed loss falls fastest per decade, before the minimum
+    suggested    [high / ``SPAN``, high] with high = at_minimum / ``BELOW_MINIMUM`` (the usual
+                 reading, Smith 2017 and fastai: the rate at the minimum is already at the edge
+                 of stability over a long run): the tuner's learning-rate range
+
+A ramp whose loss never rose (the minimum at its last step) did not find the divergence point:
+its ``reached_divergence`` is False and the suggested upper end is only a lower bound on it.
+
+The ramp trains on the store's train split only (never validation or test) and writes no run
+files; nothing of it is kept but the curve.
+"""
+
+from __future__ import annotations
+
+import math
+import tempfile
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from curvalign.config import resolve_config
+from curvalign.data import load_store
+from curvalign.data.features import FeatureStore
+from curvalign.errors import ConfigError
+from curvalign.recipes.base import Progress
+
+#: the suggested upper end is the rate at the loss minimum divided by this
+BELOW_MINIMUM = 10.0
+#: the suggested range spans this factor below its upper end
+SPAN = 30.0
+#: the smoothing window as a share of the ramp's points (centred moving average)
+WINDOW_FRACTION = 0.1
+#: the ramp stops once the smoothed loss exceeds this multiple of its minimum (diverged)
+DIVERGENCE_FACTOR = 4.0
+
+
+@dataclass
+class LRRangeResult:
+    """One ramp: the rates, raw and smoothed losses, and the reading of them."""
+
+    recipe: str
+    lrs: list[float]
+    losses: list[float]
+    smoothed: list[float]
+    at_minimum: float
+    steepest: float
+    suggested: tuple[float, float]
+    reached_divergence: bool
+    stopped_because: str
+
+    def to_json(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["suggested"] = list(self.suggested)
+        return out
+
+    def describe(self) -> str:
+        low, high = self.suggested
+        note = (
+            ""
+            if self.reached_divergence
+            else " (the loss never rose: raise lr_end to find where it diverges)"
+        )
+        return (
+            f"{self.recipe}: loss lowest at lr {self.at_minimum:.2e}, falling fastest at "
+            f"{self.steepest:.2e}; suggested lr range [{low:.2e}, {high:.2e}]{note}"
+        )
+
+
+def smooth(losses: Sequence[float], fraction: float = WINDOW_FRACTION) -> list[float]:
+    """Centred moving average of ``losses`` over an odd window of about ``fraction`` of the
+    points (at least 3; shorter at the two ends). Centred, so the minimum is not shifted towards
+    larger rates the way a trailing average shifts it."""
+    n = len(losses)
+    half = max(1, round(fraction * n) // 2)
+    out = []
+    for i in range(n):
+        window = losses[max(0, i - half) : i + half + 1]
+        out.append(math.fsum(float(v) for v in window) / len(window))
+    return out
+
+
+def suggest_range(lrs: Sequence[float], losses: Sequence[float]) -> dict[str, Any]:
+    """Read a ramp ([n] rates, increasing, and their losses): {"at_minimum", "steepest",
+    "suggested": (low, high), "reached_divergence", "smoothed"} (module docstring)."""
+    if len(lrs) != len(losses) or len(lrs) < 3:
+        raise ConfigError(
+            f"the lr range test needs at least 3 (lr, loss) points, got {len(lrs)} and {len(losses)}"
+        )
+    smoothed = smooth(losses)
+    low_i = min(range(len(smoothed)), key=lambda i: smoothed[i])
+    at_minimum = float(lrs[low_i])
+    reached = low_i < len(smoothed) - 1
+    # the steepest fall per decade of lr, up to the minimum
+    steepest, best_slope = float(lrs[0]), math.inf
+    for i in range(1, low_i + 1):
+        slope = (smoothed[i] - smoothed[i - 1]) / (math.log10(lrs[i]) - math.log10(lrs[i - 1]))
+        if slope < best_slope:
+            best_slope, steepest = slope, float(lrs[i])
+    return {
+        "at_minimum": at_minimum,
+        "steepest": steepest,
+        "suggested": (at_minimum / BELOW_MINIMUM / SPAN, at_minimum / BELOW_MINIMUM),
+        "reached_divergence": reached,
+        "smoothed": smoothed,
+    }
+
+
+def lr_range_test(
+    recipe: str | None,
+    data: str | FeatureStore | None,
+    *,
+    config_file: str | Path | None = None,
+    steps: int = 100,
+    lr_start: float = 1e-6,
+    lr_end: float = 1.0,
+    overrides: Iterable[str] = (),
+    notify: Callable[[str], None] | None = None,
+) -> LRRangeResult:
+    """Ramp the learning rate of a fresh ``recipe`` head (or the one ``config_file`` names) from ``lr_start`` to ``lr_end``
+    (exponentially, one rate per step, ``steps`` steps) on ``data``'s train split; stop early
+    when the loss becomes non-finite or its smoothed value exceeds ``DIVERGENCE_FACTOR`` times its
+    minimum. The recipe's config (``overrides``) applies, except that validation is off and the
+    schedule is the ramp."""
+    from curvalign.train.trainer import NonFiniteLossError, Trainer
+
+    if steps < 3:
+        raise ConfigError(f"the lr range test needs steps >= 3, got {steps}")
+    if not 0 < lr_start < lr_end:
+        raise ConfigError(
+            f"the lr range test needs 0 < lr_start < lr_end, got {lr_start}, {lr_end}"
+        )
+    notify = notify or (lambda message: None)
+    spec = data if isinstance(data, str) or data is None else load_store(data)[1]
+    config = resolve_config(
+        recipe,
+        spec,
+        steps=steps,
+        overrides=[*overrides, "val_every=0", "tensorboard=false", "checkpoint_every=0"],
+        config_file=config_file,
+    )
+    recipe = config.recipe
+    store, _ = load_store(data if isinstance(data, FeatureStore) else config.data)
+    with tempfile.TemporaryDirectory(prefix="curvalign-lr-range-") as tmp:
+        trainer = Trainer(config, store, tmp, show_progress=False, notify=notify)
+        groups = trainer.optimizer.param_groups
+        ratios = [g["lr"] / config.train.lr for g in groups]
+        lrs: list[float] = []
+        losses: list[float] = []
+        stopped = "the ramp ended"
+        ratio = (lr_end / lr_start) ** (1 / (steps - 1))
+        for step in range(steps):
+            lr = lr_start * ratio**step
+            for group, r in zip(groups, ratios, strict=True):
+                group["lr"] = lr * r
+            try:
+                out, _ = trainer.train_step(Progress(step, steps))
+            except NonFiniteLossError:
+                stopped = f"the loss became non-finite at lr {lr:.2e}"
+                break
+            lrs.append(lr)
+            losses.append(float(out.total.detach()))
+            smoothed = smooth(losses)
+            if len(smoothed) > 3 and smoothed[-1] > DIVERGENCE_FACTOR * min(smoothed):
+                stopped = f"the smoothed loss exceeded {DIVERGENCE_FACTOR:g}x its minimum"
+                break
+    if len(lrs) < 3:
+        raise ConfigError(
+            f"lr range test of {recipe}: the loss diverged within {len(lrs) + 1} steps "
+            f"(at lr {lr_start * ratio ** len(lrs):.2e}); lower lr_start"
+        )
+    reading = suggest_range(lrs, losses)
+    return LRRangeResult(
+        recipe=recipe,
+        lrs=lrs,
+        losses=losses,
+        smoothed=reading["smoothed"],
+        at_minimum=reading["at_minimum"],
+        steepest=reading["steepest"],
+        suggested=reading["suggested"],
+        reached_divergence=reading["reached_divergence"] or stopped != "the ramp ended",
+        stopped_because=stopped,
+    )
