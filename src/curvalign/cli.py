@@ -999,7 +999,8 @@ def extract_command(
         ...,
         "--encoder",
         help="open_clip:ARCH:CHECKPOINT, hf-clip:DIR, "
-        "sentence-transformers:DIR, or minilm (local files only).",
+        "sentence-transformers:DIR, minilm, efficientnet-lite0[:WEIGHTS], torchvision:ARCH:CKPT, "
+        "timm:ARCH:CKPT, or IMAGE_SPEC+TEXT_SPEC (e.g. efficientnet-lite0+minilm); local files only.",
     ),
     images: Path = typer.Option(
         None, "--images", help="Folder the image paths are relative to (not for --wds)."
@@ -1016,7 +1017,8 @@ def extract_command(
     sugarcrepe: Path = typer.Option(
         None,
         "--sugarcrepe",
-        help="A folder of SugarCrepe KIND.json files (with --images: the COCO val2017 folder).",
+        help="A folder of SugarCrepe KIND.json files (with --images: the COCO val2017 folder; "
+        "without: text only, each caption and negative scored against another caption).",
     ),
     out: Path = typer.Option(
         ..., "--out", help="Feature store directory to write (use as --data features:OUT)."
@@ -1117,8 +1119,7 @@ def extract_command(
             )
             return
         if sugarcrepe is not None:
-            if images is None:
-                fail("--sugarcrepe needs --images: the COCO val2017 folder its filenames name")
+            # without --images: the text-only mode (caption vs negative, text-side score)
             summary = extract_sugarcrepe(
                 encoder,
                 sugarcrepe,
@@ -1132,7 +1133,8 @@ def extract_command(
             )
             _echo_extracted(
                 summary,
-                f": {summary.images} images, {summary.texts} captions with one hard negative each",
+                f": {summary.images} {'images' if images is not None else 'anchor captions (text only)'}, "
+                f"{summary.texts} captions with one hard negative each",
                 f"{len(summary.skipped_images)} missing or unreadable images (dropping their "
                 f"{summary.dropped_captions} entries)"
                 if summary.skipped_images
