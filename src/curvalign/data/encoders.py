@@ -587,10 +587,8 @@ class ImageClassifierEncoder(Encoder):
 
         self.backbone, self.head = _PreLogits(model), head
         self.spec = f"timm:{arch}:{path.resolve()}"
-        tag = str(getattr(model, "pretrained_cfg", {}).get("tag", ""))
+        # timm's pretrained config names the architecture's default weights, not this file's
         self.trained_on = dict(UNKNOWN_TRAINING)
-        if tag.endswith("in1k") and head.out_features == 1000:
-            self.trained_on = {**IMAGENET_1K, "source": f"timm pretrained tag {tag!r} of {arch}"}
 
     @staticmethod
     def _load_state(model: torch.nn.Module, path: Path) -> None:
