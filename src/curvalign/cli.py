@@ -841,19 +841,34 @@ def index_export_command(
     index: Path = typer.Argument(
         ..., help="A Lorentz index (`curvalign index build`, meru/hycoclip)."
     ),
-    to: str = typer.Option(..., "--to", help="Target database: qdrant."),
+    to: str = typer.Option(
+        ..., "--to", help="qdrant (a vector database) or poincare (ball coordinates)."
+    ),
     path: Path = typer.Option(
-        ..., "--path", help="Directory of Qdrant's embedded local mode (no server)."
+        ...,
+        "--path",
+        help="qdrant: directory of Qdrant's embedded local mode (no server); poincare: a .npz "
+        "or .parquet file.",
     ),
     collection: str = typer.Option(
         None, "--collection", help="Collection name (default curvalign-RECIPE-SIDE)."
     ),
 ) -> None:
     """Write an index's points into a vector database that ranks by Lorentz distance (docs/search.md)."""
-    from curvalign.index.export import export_qdrant
+    from curvalign.index.export import export_poincare, export_qdrant
 
+    if to == "poincare":
+        try:
+            ball = export_poincare(index, path)
+        except CurvalignError as err:
+            fail(str(err))
+        typer.echo(
+            f"exported {ball.count} points to {ball.path} ({ball.format}): Poincare ball of "
+            f"radius 1/sqrt({ball.curvature:g}), float64; dist0 = geodesic distance to the origin"
+        )
+        return
     if to != "qdrant":
-        fail(f"--to must be qdrant, got {to!r}")
+        fail(f"--to must be qdrant or poincare, got {to!r}")
     try:
         done = export_qdrant(index, path, collection)
     except CurvalignError as err:
