@@ -770,7 +770,12 @@ def disclosure_note(meta: dict[str, Any]) -> str | None:
         if s.get("classes_seen"):
             text += f" ({len(s['classes_seen'])} of the {s['classes_total']} evaluation classes are its training classes)"
         parts.append(text)
-    mark = "† not zero-shot: " if seen.get("any") else ""
+    mark = (
+        "† not zero-shot (every row: the encoders saw this data or some of its classes in "
+        "training); "
+        if seen.get("any")
+        else ""
+    )
     return f"{mark}encoders trained on: " + "; ".join(parts)
 
 
