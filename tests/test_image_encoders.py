@@ -210,3 +210,24 @@ def test_cli_extract_with_efficientnet_and_minilm(tmp_path: Path) -> None:
     # the stored features are the encoder's own (the spec reloads to the same numbers)
     again = load_encoder(store.meta["encoder"]).encode_images([folder / "coffee.jpg"])
     torch.testing.assert_close(store.image_features[:1], again)
+
+
+def test_disclosure_note_marks_a_table_that_is_not_zero_shot() -> None:
+    from curvalign.data.encoders import disclosure_note
+
+    trained = {
+        "images": {"data": "ImageNet-1k (ILSVRC-2012 train: ...)", "classes": "imagenet-1k"},
+        "texts": {"data": "2 datasets of its model card's training table: a; b"},
+    }
+    seen = {
+        "images": {"dataset_seen": False, "classes_seen": ["zebra"], "classes_total": 80},
+        "texts": {"dataset_seen": True, "classes_seen": [], "classes_total": 80},
+        "any": True,
+    }
+    note = disclosure_note({"trained_on": trained, "seen_in_training": seen, "dataset": "coco"})
+    assert note.startswith("† not zero-shot")
+    assert "images: ImageNet-1k (1 of the 80 evaluation classes" in note
+    assert "texts: 2 datasets of its model card's training table (includes coco)" in note
+    clean = disclosure_note({"trained_on": trained, "seen_in_training": {"any": False}})
+    assert not clean.startswith("†")
+    assert disclosure_note({}) is None  # synthetic data records nothing

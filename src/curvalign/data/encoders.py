@@ -763,7 +763,7 @@ def disclosure_note(meta: dict[str, Any]) -> str | None:
     seen = meta.get("seen_in_training") or {}
     parts = []
     for side, info in trained.items():
-        text = f"{side}: {str(info.get('data', 'unknown')).split(':')[0]}"
+        text = f"{side}: {str(info.get('data', 'unknown')).split(':')[0].split(' (')[0]}"
         s = seen.get(side) or {}
         if s.get("dataset_seen"):
             text += f" (includes {meta.get('dataset', 'this dataset')})"
