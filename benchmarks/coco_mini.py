@@ -148,6 +148,11 @@ def main(argv: list[str] | None = None) -> int:
         notify=print,
         title="COCO-MINI (EfficientNet-Lite0 images, MiniLM captions)",
     )
+    if any("ridge" in name for name in result.results):
+        # a benchmark that adds its own ridge row where the sides share no space (issue 21's
+        # eval/ridge.py) needs none from here
+        print(f"wrote {result.files['markdown']} and {result.files['json']}")
+        return 0
     evaluation, alpha, on_val = ridge_evaluation(store, "test")
     print(f"ridge: strength {alpha:g} x mean eigenvalue (validation mean R@1 {on_val})")
     # the ridge row joins the table as a baseline (it is not trained by the benchmark)
