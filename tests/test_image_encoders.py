@@ -231,3 +231,20 @@ def test_disclosure_note_marks_a_table_that_is_not_zero_shot() -> None:
     clean = disclosure_note({"trained_on": trained, "seen_in_training": {"any": False}})
     assert not clean.startswith("†")
     assert disclosure_note({}) is None  # synthetic data records nothing
+
+
+DARKNET = Path("/usr/share/darknet/data")
+
+
+@needs_effnet
+@pytest.mark.skipif(
+    not (DARKNET / "eagle.jpg").is_file(),
+    reason="Debian's darknet photos are not installed (apt-get install darknet)",
+)
+def test_efficientnet_lite0_on_darknets_photos(lite0) -> None:
+    feats = lite0.encode_images([DARKNET / "dog.jpg", DARKNET / "eagle.jpg"])
+    top2 = lite0.logits(feats).topk(2, dim=-1).indices.tolist()
+    # dog.jpg: a dog breed (ImageNet classes 151-268); eagle.jpg: bald eagle (22) or kite (21,
+    # the bird) in the top 2 (the eval centre crop cuts the wide photos' edges)
+    assert all(151 <= k <= 268 for k in top2[0])
+    assert set(top2[1]) == {21, 22}
