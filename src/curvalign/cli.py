@@ -851,9 +851,7 @@ def index_build_command(
     nlist: int = typer.Option(
         None, "--nlist", min=1, help="IVF: number of cells (default 4 sqrt(N))."
     ),
-    nprobe: int = typer.Option(
-        16, "--nprobe", min=1, help="IVF, IVF-PQ: cells visited per query."
-    ),
+    nprobe: int = typer.Option(16, "--nprobe", min=1, help="IVF, IVF-PQ: cells visited per query."),
 ) -> None:
     """Build an index over one side of an embeddings directory."""
     from curvalign.index.embed import build_from_embeddings, load_embeddings
@@ -977,19 +975,34 @@ def index_export_command(
     index: Path = typer.Argument(
         ..., help="A Lorentz index (`curvalign index build`, meru/hycoclip)."
     ),
-    to: str = typer.Option(..., "--to", help="Target database: qdrant."),
+    to: str = typer.Option(
+        ..., "--to", help="qdrant (a vector database) or poincare (ball coordinates)."
+    ),
     path: Path = typer.Option(
-        ..., "--path", help="Directory of Qdrant's embedded local mode (no server)."
+        ...,
+        "--path",
+        help="qdrant: directory of Qdrant's embedded local mode (no server); poincare: a .npz "
+        "or .parquet file.",
     ),
     collection: str = typer.Option(
         None, "--collection", help="Collection name (default curvalign-RECIPE-SIDE)."
     ),
 ) -> None:
     """Write an index's points into a vector database that ranks by Lorentz distance (docs/search.md)."""
-    from curvalign.index.export import export_qdrant
+    from curvalign.index.export import export_poincare, export_qdrant
 
+    if to == "poincare":
+        try:
+            ball = export_poincare(index, path)
+        except CurvalignError as err:
+            fail(str(err))
+        typer.echo(
+            f"exported {ball.count} points to {ball.path} ({ball.format}): Poincare ball of "
+            f"radius 1/sqrt({ball.curvature:g}), float64; dist0 = geodesic distance to the origin"
+        )
+        return
     if to != "qdrant":
-        fail(f"--to must be qdrant, got {to!r}")
+        fail(f"--to must be qdrant or poincare, got {to!r}")
     try:
         done = export_qdrant(index, path, collection)
     except CurvalignError as err:
@@ -1148,7 +1161,8 @@ def extract_command(
         ...,
         "--encoder",
         help="open_clip:ARCH:CHECKPOINT, hf-clip:DIR, "
-        "sentence-transformers:DIR, or minilm (local files only).",
+        "sentence-transformers:DIR, minilm, efficientnet-lite0[:WEIGHTS], torchvision:ARCH:CKPT, "
+        "timm:ARCH:CKPT, or IMAGE_SPEC+TEXT_SPEC (e.g. efficientnet-lite0+minilm); local files only.",
     ),
     images: Path = typer.Option(
         None, "--images", help="Folder the image paths are relative to (not for --wds)."
@@ -1165,7 +1179,8 @@ def extract_command(
     sugarcrepe: Path = typer.Option(
         None,
         "--sugarcrepe",
-        help="A folder of SugarCrepe KIND.json files (with --images: the COCO val2017 folder).",
+        help="A folder of SugarCrepe KIND.json files (with --images: the COCO val2017 folder; "
+        "without: text only, each caption and negative scored against another caption).",
     ),
     out: Path = typer.Option(
         ..., "--out", help="Feature store directory to write (use as --data features:OUT)."
@@ -1266,8 +1281,7 @@ def extract_command(
             )
             return
         if sugarcrepe is not None:
-            if images is None:
-                fail("--sugarcrepe needs --images: the COCO val2017 folder its filenames name")
+            # without --images: the text-only mode (caption vs negative, text-side score)
             summary = extract_sugarcrepe(
                 encoder,
                 sugarcrepe,
@@ -1281,7 +1295,8 @@ def extract_command(
             )
             _echo_extracted(
                 summary,
-                f": {summary.images} images, {summary.texts} captions with one hard negative each",
+                f": {summary.images} {'images' if images is not None else 'anchor captions (text only)'}, "
+                f"{summary.texts} captions with one hard negative each",
                 f"{len(summary.skipped_images)} missing or unreadable images (dropping their "
                 f"{summary.dropped_captions} entries)"
                 if summary.skipped_images

@@ -32,7 +32,7 @@ import torch
 from torch import Tensor
 
 from curvalign._encoder_spec import check_encoder_paths
-from curvalign.data.encoders import Encoder, load_encoder
+from curvalign.data.encoders import Encoder, load_encoder, seen_in_training
 from curvalign.data.features import FeatureStore
 from curvalign.data.readers import (
     Box,
@@ -183,6 +183,11 @@ def _load(encoder: Encoder | str, device: str, images: bool) -> Encoder:
     if images and not enc.encodes_images:
         raise ExtractError(
             f"encoder {enc.spec!r} encodes texts only; extraction needs an image-text encoder"
+        )
+    if not enc.encodes_texts:
+        raise ExtractError(
+            f"encoder {enc.spec!r} encodes images only; pair it with a text encoder "
+            f"(IMAGE_SPEC+TEXT_SPEC, e.g. {enc.spec}+minilm)"
         )
     return enc
 
@@ -428,11 +433,7 @@ def extract_features(
         text_pairs = read_text_pairs(pairs, score_max) if pairs is not None else None
     except ReaderError as exc:
         raise ExtractError(str(exc)) from None
-    enc = load_encoder(encoder, device=device) if isinstance(encoder, str) else encoder
-    if not enc.encodes_images:
-        raise ExtractError(
-            f"encoder {enc.spec!r} encodes texts only; extraction needs an image-text encoder"
-        )
+    enc = _load(encoder, device, images=True)
     if tokens:
         _check_tokens(enc)
 
@@ -668,8 +669,9 @@ def _assemble(
         **enc.describe(),
         "source": "curvalign extract",
         **({"images_root": str(images_root)} if images_root is not None else {}),
-        # one image-text encoder embeds both sides: a frozen-features cosine baseline applies
-        "shared_space": True,
+        # one image-text encoder embeds both sides (a frozen-features cosine baseline applies);
+        # IMAGE_SPEC+TEXT_SPEC: two spaces
+        "shared_space": enc.shares_space,
         "captions_from_class_prompts": plan.captions_from_prompts,
         # a class folder captioned by its prompts is a classification set, not a retrieval one
         **(
@@ -685,6 +687,10 @@ def _assemble(
         },
         **({"protocol": protocol} if protocol else {}),
     }
+    if "trained_on" in meta:
+        meta["seen_in_training"] = seen_in_training(
+            meta["trained_on"], None, fields.get("class_names")
+        )
     if int(image_ok.sum()) == 0:
         raise ExtractError(
             f"every image failed to load (see {shards.root / 'manifest.json'}); nothing to store"
@@ -1028,7 +1034,7 @@ def _encode_images(
 def extract_sugarcrepe(
     encoder: Encoder | str,
     sugarcrepe: str | os.PathLike[str],
-    images: str | os.PathLike[str],
+    images: str | os.PathLike[str] | None,
     out: str | os.PathLike[str],
     batch_size: int = 64,
     shard_size: int = 1024,
@@ -1040,8 +1046,14 @@ def extract_sugarcrepe(
 
     Images: every file named by an entry, once. Texts: one positive caption per entry.
     Hard negatives: one per entry, ``negative_to_text`` its entry's caption, ``negative_kind``
-    its file (kind names in ``negative_kind_names``). An entry whose image is missing or
-    unreadable is a listed skip (``skipped_images.tsv``, the summary, ``meta.extract``).
+    its file (kind names in ``negative_kind_names``).
+
+    Entries whose image is not in ``images`` are dropped *before* anything is encoded (a
+    listed skip: ``skipped_images.tsv``, the summary, ``meta.extract``); an images folder
+    holding none of the named files fails at once, before the encoder is loaded. An image that
+    is there but unreadable is dropped after encoding, with its entries.
+
+    ``images=None`` is the text-only mode (:func:`extract_sugarcrepe_texts`).
     """
     from curvalign.data.sugarcrepe import read_sugarcrepe
 
@@ -1049,16 +1061,34 @@ def extract_sugarcrepe(
         raise ExtractError(
             f"batch size and shard size must be >= 1, got {batch_size}, {shard_size}"
         )
+    if images is None:
+        return extract_sugarcrepe_texts(
+            encoder, sugarcrepe, out, batch_size, shard_size, device, overwrite, progress
+        )
     images_dir = Path(images)
     if not images_dir.is_dir():
         raise ExtractError(f"images folder {images_dir}: no such directory (COCO val2017 images)")
+    if next(os.scandir(images_dir), None) is None:
+        raise ExtractError(
+            f"images folder {images_dir} is empty; give the COCO val2017 folder, or leave "
+            "--images out for the text-only mode"
+        )
     target = Path(out)
     if target.exists() and not overwrite:
         raise ExtractError(f"{target} already exists; pass --overwrite to replace it")
     try:
-        entries, kinds = read_sugarcrepe(sugarcrepe)
+        every, kinds = read_sugarcrepe(sugarcrepe)
     except ReaderError as exc:
         raise ExtractError(str(exc)) from None
+    named = list(dict.fromkeys(e.image_file for e in every))
+    missing = {f for f in named if not (images_dir / f).is_file()}
+    entries = [e for e in every if e.image_file not in missing]
+    if not entries:
+        raise ExtractError(
+            f"none of the {len(named)} images named by {sugarcrepe} is in {images_dir} "
+            f"(e.g. {named[0]}); is --images the COCO val2017 folder? Without images, leave "
+            "--images out for the text-only mode"
+        )
     enc = _load(encoder, device, images=True)
     files = list(dict.fromkeys(e.image_file for e in entries))
     fingerprint = _digest(
@@ -1111,8 +1141,8 @@ def extract_sugarcrepe(
     image_ok = np.array([f not in bad for f in files], dtype=bool)
     if not image_ok.any():
         raise ExtractError(
-            f"none of the {len(files)} images named by {sugarcrepe} could be read from {images_dir}; "
-            "is --images the COCO val2017 folder?"
+            f"none of the {len(files)} images of {sugarcrepe} found in {images_dir} could be "
+            f"read (see {shards.root / 'manifest.json'})"
         )
     new_id = np.cumsum(image_ok) - 1
     index = {f: i for i, f in enumerate(files)}
@@ -1121,31 +1151,43 @@ def extract_sugarcrepe(
     kept = int(entry_ok.sum())
     fields: dict[str, Any] = {
         "image_features": _gather(shards, jobs, "images", enc.image_dim or 0, image_ok),
-        "text_features": _gather(shards, jobs, "captions", enc.text_dim, entry_ok),
+        "text_features": _gather(shards, jobs, "captions", enc.text_dim or 0, entry_ok),
         "text_to_image": torch.from_numpy(new_id[owner[entry_ok]]),
-        "negative_features": _gather(shards, jobs, "negatives", enc.text_dim, entry_ok),
+        "negative_features": _gather(shards, jobs, "negatives", enc.text_dim or 0, entry_ok),
         "negative_to_text": torch.arange(kept),
         "negative_kind": torch.tensor(
             [kinds.index(e.kind) for e, ok in zip(entries, entry_ok, strict=True) if ok],
             dtype=torch.long,
         ),
         "negative_kind_names": kinds,
+        "image_paths": [f for f, ok in zip(files, image_ok, strict=True) if ok],
+        "texts": [e.caption for e, ok in zip(entries, entry_ok, strict=True) if ok],
     }
     dropped = {k: 0 for k in kinds}
+    for e in every:
+        dropped[e.kind] += int(e.image_file in missing)
     for e, ok in zip(entries, entry_ok, strict=True):
         dropped[e.kind] += int(not ok)
-    skipped = [(f, bad[f]) for f in files if f in bad]
+    skipped = [(f, "not in the images folder") for f in named if f in missing]
+    skipped += [(f, bad[f]) for f in files if f in bad]
+    dropped_entries = len(every) - kept
     meta = {
         **enc.describe(),
         "source": "curvalign extract --sugarcrepe",
         "dataset": "sugar_crepe",
+        "images_root": str(images_dir.resolve()),
         "tasks": ["image_caption_selection"],
         "extract": {
+            "entries": len(every),
+            "images_named": len(named),
+            "images_missing": len(missing),
             "skipped_images": len(skipped),
-            "dropped_entries": int((~entry_ok).sum()),
+            "dropped_entries": dropped_entries,
             "dropped_entries_per_kind": dropped,
         },
     }
+    if "trained_on" in meta:
+        meta["seen_in_training"] = seen_in_training(meta["trained_on"], "coco")
     store = _save_store(shards, fields, meta, target, overwrite, skipped)
     return ExtractSummary(
         store=target,
@@ -1154,7 +1196,123 @@ def extract_sugarcrepe(
         boxes=0,
         classes=0,
         skipped_images=skipped,
-        dropped_captions=int((~entry_ok).sum()),
+        dropped_captions=dropped_entries,
+        **counts,
+    )
+
+
+def extract_sugarcrepe_texts(
+    encoder: Encoder | str,
+    sugarcrepe: str | os.PathLike[str],
+    out: str | os.PathLike[str],
+    batch_size: int = 64,
+    shard_size: int = 1024,
+    device: str = "cpu",
+    overwrite: bool = False,
+    progress: bool = True,
+) -> ExtractSummary:
+    """SugarCrepe without COCO images: caption vs negative with a text-side score.
+
+    Each entry's "image" row is another caption of the same photo taken from SugarCrepe's own
+    files (the first distinct caption of that file in file order that differs from the entry's
+    caption): the recipe then scores anchor caption -> caption against anchor caption ->
+    negative with its own text-to-text score, and ``eval`` reports ``compositional/<kind>`` as
+    for images. An entry whose photo has no second caption in the files is dropped (counted per
+    kind in ``meta.extract``). Any text encoder works (``minilm``). ``meta.text_only`` is true.
+    """
+    from curvalign.data.sugarcrepe import read_sugarcrepe
+
+    target = Path(out)
+    if target.exists() and not overwrite:
+        raise ExtractError(f"{target} already exists; pass --overwrite to replace it")
+    try:
+        every, kinds = read_sugarcrepe(sugarcrepe)
+    except ReaderError as exc:
+        raise ExtractError(str(exc)) from None
+    captions_of: dict[str, list[str]] = {}
+    for e in every:
+        seen = captions_of.setdefault(e.image_file, [])
+        if e.caption not in seen:
+            seen.append(e.caption)
+    anchor_of = [
+        next((c for c in captions_of[e.image_file] if c != e.caption), None) for e in every
+    ]
+    entries = [e for e, a in zip(every, anchor_of, strict=True) if a is not None]
+    chosen = [a for a in anchor_of if a is not None]
+    if not entries:
+        raise ExtractError(
+            f"{sugarcrepe}: no photo has two different captions, so no entry has a text anchor"
+        )
+    anchors = list(dict.fromkeys(chosen))
+    anchor_id = {a: i for i, a in enumerate(anchors)}
+    enc = _load(encoder, device, images=False)
+    sources = {
+        "anchors": anchors,
+        "captions": [e.caption for e in entries],
+        "negatives": [e.negative for e in entries],
+    }
+    fingerprint = _digest(
+        {
+            "encoder": enc.spec,
+            "layout": "sugarcrepe-text",
+            "sources": {k: _digest(v) for k, v in sources.items()},
+            "shard_size": shard_size,
+        }
+    )
+    shards = _Shards(target.parent / f"{target.name}.partial", fingerprint)
+    dim = enc.text_dim or 0
+    jobs: list[_Job] = []
+    for kind, texts in sources.items():
+        jobs += _shard_jobs(
+            kind,
+            len(texts),
+            shard_size,
+            lambda rows, texts=texts: _Encoded(
+                _encode_batched(enc.encode_texts, [texts[i] for i in rows], dim, batch_size),
+                len(rows),
+            ),
+        )
+    counts = _run_jobs(shards, jobs, "texts", progress)
+    every_row = {k: np.ones(len(v), dtype=bool) for k, v in sources.items()}
+    fields: dict[str, Any] = {
+        "image_features": _gather(shards, jobs, "anchors", dim, every_row["anchors"]),
+        "text_features": _gather(shards, jobs, "captions", dim, every_row["captions"]),
+        "text_to_image": torch.tensor([anchor_id[a] for a in chosen], dtype=torch.long),
+        "negative_features": _gather(shards, jobs, "negatives", dim, every_row["negatives"]),
+        "negative_to_text": torch.arange(len(entries)),
+        "negative_kind": torch.tensor([kinds.index(e.kind) for e in entries], dtype=torch.long),
+        "negative_kind_names": kinds,
+        "image_texts": anchors,
+        "texts": sources["captions"],
+    }
+    dropped = {k: 0 for k in kinds}
+    for e, a in zip(every, anchor_of, strict=True):
+        dropped[e.kind] += int(a is None)
+    meta = {
+        **enc.describe(),
+        "image_dim": dim,
+        "source": "curvalign extract --sugarcrepe (text only)",
+        "dataset": "sugar_crepe",
+        "tasks": ["image_caption_selection"],
+        "text_only": True,
+        "image_side": "another caption of the entry's photo from SugarCrepe's files: the "
+        "caption and its negative are scored against it with the recipe's text-side score",
+        "extract": {
+            "entries": len(every),
+            "dropped_entries": len(every) - len(entries),
+            "dropped_entries_per_kind": dropped,
+        },
+    }
+    if "trained_on" in meta:
+        meta["seen_in_training"] = seen_in_training(meta["trained_on"], "coco")
+    store = _save_store(shards, fields, meta, target, overwrite)
+    return ExtractSummary(
+        store=target,
+        images=store.num_images,
+        texts=store.num_texts,
+        boxes=0,
+        classes=0,
+        dropped_captions=len(every) - len(entries),
         **counts,
     )
 

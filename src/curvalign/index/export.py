@@ -18,6 +18,19 @@ database does not), so for exact answers rerank the database's top candidates wi
 disk, no server, no network); the same collection layout serves a Qdrant server or cluster
 (pass ``client=QdrantClient(url=...)``). Payloads carry what a person recognises an item by
 (caption, path, class, synset). ``pip install 'curvalign[qdrant]'``; imported only here.
+
+Out to hyperbolic visualisers: ``export_poincare`` writes an index's points as Poincare-ball
+coordinates (NumPy ``.npz``, or Parquet when pyarrow is installed). With curvature ``-c`` the
+ball has radius ``1/sqrt(c)``:
+
+    p = x / (1 + sqrt(c) t(x))                    (Lorentz space part x -> ball)
+    x = 2 p / (1 - c |p|^2)                       (back: ``lorentz_from_poincare``)
+    d(p, q) = acosh(1 + 2 c |p - q|^2 / ((1 - c|p|^2)(1 - c|q|^2))) / sqrt(c)
+
+all in float64 (the ball crowds far points against its edge: float32 would lose them); a
+tool that wants the unit ball takes ``sqrt(c) p`` (distances then scale by ``sqrt(c)``). Each
+row also carries ``dist0``, its geodesic distance to the origin in the manifold's own units
+(``asinh(sqrt(c) |x|) / sqrt(c)``), never a database score.
 """
 
 from __future__ import annotations
@@ -33,7 +46,12 @@ import numpy as np
 
 from curvalign.errors import InputError, OverwriteError
 from curvalign.index.embed import index_sources, open_index, source_side
-from curvalign.index.search import IndexMismatchError, database_vectors, query_vectors
+from curvalign.index.search import (
+    IndexMismatchError,
+    database_vectors,
+    lorentz_time,
+    query_vectors,
+)
 
 EXPORT_INFO = "curvalign-export.json"
 
@@ -190,8 +208,135 @@ def export_qdrant(
     )
 
 
+def poincare_coordinates(x: np.ndarray, c: float) -> np.ndarray:
+    """Lorentz space components ``[N, d]`` -> Poincare-ball points ``[N, d]`` (float64, radius
+    ``1/sqrt(c)``): ``x / (1 + sqrt(c) t(x))``."""
+    x64 = np.asarray(x, dtype=np.float64)
+    return x64 / (1.0 + math.sqrt(c) * lorentz_time(x64, c))[..., None]
+
+
+def lorentz_from_poincare(p: np.ndarray, c: float) -> np.ndarray:
+    """Poincare-ball points ``[N, d]`` -> Lorentz space components ``2 p / (1 - c |p|^2)``."""
+    p64 = np.asarray(p, dtype=np.float64)
+    return 2.0 * p64 / (1.0 - c * np.einsum("...i,...i->...", p64, p64))[..., None]
+
+
+def geodesic_dist0(x: np.ndarray, c: float) -> np.ndarray:
+    """Geodesic distance to the origin of Lorentz points ``[N, d]``: ``asinh(sqrt(c)|x|)/sqrt(c)``
+    (equal to ``acosh(sqrt(c) t(x)) / sqrt(c)``, without acosh's loss near the origin)."""
+    norm = np.linalg.norm(np.asarray(x, dtype=np.float64), axis=-1)
+    return np.arcsinh(math.sqrt(c) * norm) / math.sqrt(c)
+
+
+@dataclass
+class PoincareExport:
+    path: Path
+    format: str  # "npz" or "parquet"
+    count: int
+    dim: int
+    curvature: float
+
+
+def _index_points(
+    index_dir: str | os.PathLike,
+) -> tuple[dict[str, Any], np.ndarray, np.ndarray, float]:
+    """(index meta, Lorentz points [N, d], ids [N], curvature) of a Lorentz index."""
+    raw, lorentz = open_index(index_dir)
+    meta = raw["meta"]
+    if lorentz is None:
+        raise IndexMismatchError(
+            f"{index_dir} ranks {meta['recipe']!r} by its own score after proxy candidates; only "
+            "an index of Lorentz points (meru, hycoclip, atmg) has Poincare coordinates"
+        )
+    sources = index_sources(meta)
+    points = source_side(sources, meta["side"])[meta["key"]]
+    ids = np.concatenate([np.arange(s["first_id"], s["first_id"] + s["count"]) for s in sources])
+    return meta, np.asarray(points), ids, float(lorentz.curvature)
+
+
+def export_poincare(
+    index_dir: str | os.PathLike,
+    path: str | os.PathLike,
+    *,
+    items: bool = True,
+    overwrite: bool = False,
+) -> PoincareExport:
+    """Write the points of a Lorentz index as Poincare-ball coordinates (module docstring).
+
+    ``path`` ending in ``.parquet``: a Parquet table (pyarrow) with columns ``id``,
+    ``poincare`` (list of d float64), ``dist0`` and the items' strings (``caption``, ``path``,
+    ...), the curvature and radius in the schema metadata. Otherwise a NumPy ``.npz`` with
+    arrays ``ids [N]``, ``poincare [N, d]``, ``dist0 [N]``, ``curvature []`` and one string
+    array ``item_FIELD [N]`` per item field ("" where a row has none). Written atomically.
+    """
+    target = Path(path)
+    fmt = "parquet" if target.suffix == ".parquet" else "npz"
+    if fmt == "npz" and target.suffix != ".npz":
+        raise InputError(f"--path {target}: expected a file ending in .npz or .parquet")
+    if target.exists() and not overwrite:
+        raise OverwriteError(f"{target} exists already; not overwriting it")
+    if fmt == "parquet":
+        try:
+            import pyarrow as pa
+            import pyarrow.parquet as pq
+        except ImportError:
+            raise IndexMismatchError(
+                f"{target}: writing Parquet needs pyarrow (pip install pyarrow); a .npz path "
+                "needs nothing more"
+            ) from None
+    meta, points, ids, c = _index_points(index_dir)
+    ball = poincare_coordinates(points, c)
+    dist0 = geodesic_dist0(points, c)
+    strings: dict[str, list[str]] = {}
+    if items:
+        from curvalign.index.searcher import index_items
+
+        named = index_items(meta)
+        rows = [named(int(i)).__dict__ for i in ids]
+        fields = [k for k in rows[0] if k != "id" and any(r.get(k) is not None for r in rows)]
+        strings = {k: ["" if r.get(k) is None else str(r[k]) for r in rows] for k in fields}
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.name}.tmp")
+    info = {
+        "curvature": c,
+        "radius": 1.0 / math.sqrt(c),
+        "recipe": meta.get("recipe"),
+        "side": meta.get("side"),
+        "dist0": "geodesic distance to the origin, in the manifold's units",
+    }
+    if fmt == "npz":
+        with open(tmp, "wb") as handle:
+            np.savez(
+                handle,
+                ids=ids.astype(np.int64),
+                poincare=ball,
+                dist0=dist0,
+                curvature=np.float64(c),
+                info=np.array(json.dumps(info)),
+                **{f"item_{k}": np.array(v, dtype=str) for k, v in strings.items()},
+            )
+    else:
+        d = ball.shape[1]
+        table = pa.table(
+            {
+                "id": pa.array(ids.astype(np.int64)),
+                "poincare": pa.FixedSizeListArray.from_arrays(pa.array(ball.reshape(-1)), d),
+                "dist0": pa.array(dist0),
+                **{k: pa.array(v) for k, v in strings.items()},
+            }
+        ).replace_schema_metadata({"curvalign": json.dumps(info)})
+        pq.write_table(table, tmp)
+    os.replace(tmp, target)
+    return PoincareExport(target, fmt, int(ball.shape[0]), int(ball.shape[1]), c)
+
+
 __all__ = [
     "EXPORT_INFO",
+    "PoincareExport",
+    "export_poincare",
+    "geodesic_dist0",
+    "lorentz_from_poincare",
+    "poincare_coordinates",
     "QdrantExport",
     "distance_from_score",
     "export_points",

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from curvalign.data import load_store
+from curvalign.data.encoders import disclosure_note
 from curvalign.data.features import FeatureStore
 from curvalign.errors import ConfigError, CurvalignError
 from curvalign.eval.ridge import ROW_NAME as RIDGE_ROW
@@ -145,6 +146,9 @@ class BenchmarkResult:
     notes: list[str] = field(default_factory=list)
     #: extra Markdown table columns {header: [(row, cell)]} (a tuned row's configuration)
     extra_columns: dict[str, list[tuple[str, str]]] = field(default_factory=dict)
+    #: what the store's encoders were trained on and what of the evaluation they saw
+    #: (``meta["trained_on"]``, ``meta["seen_in_training"]``); empty for synthetic data
+    disclosure: dict[str, Any] = field(default_factory=dict)
 
 
 def split_overrides(overrides: Iterable[str], recipes: Sequence[str]) -> dict[str, list[str]]:
@@ -372,6 +376,9 @@ def run_benchmark(
     out.mkdir(parents=True, exist_ok=True)
 
     result = BenchmarkResult({}, {}, {}, {}, data=spec, steps=steps)
+    result.disclosure = {
+        k: store.meta[k] for k in ("trained_on", "seen_in_training", "dataset") if k in store.meta
+    }
     result.seeds = list(range(seeds))  # offsets; each recipe's seed is its base seed + offset
     evaluations: dict[str, list[dict[str, Any]]] = {}
     logs: dict[str, list[dict[str, Any]]] = {}
@@ -673,9 +680,13 @@ def write_benchmark_outputs(
         "verdicts": verdicts,
         "baseline_comparisons": comparisons,
         "notes": result.notes,
+        "disclosure": result.disclosure,
     }
     files["json"] = write_json(out / "results.json", payload)
     md = [f"# {title}", "", *summary_lines(result), ""]
+    note = disclosure_note(result.disclosure)
+    if note:  # every row of a benchmark reads the same store: the mark covers the table
+        md[-1:-1] = [note]
     md.append(
         markdown_stats_table(
             result.stats,
