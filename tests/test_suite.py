@@ -85,7 +85,8 @@ def test_suite_writes_the_long_table(suite) -> None:
     )
     md = (out / "suite.md").read_text()
     assert "image_retrieval_recall@5" in md and "image_retrieval_recall@1 " not in md
-    assert "other_encoder (meru): features of dimension 3/3" in md
+    assert "other_encoder (meru)" in md and "3-wide but meru takes" in md
+    assert "another text encoder than the run's" in md
     # the values are evaluate()'s, with the recipe's own score
     run = load_run(suite["run"])
     store = FeatureStore.load(suite["folder"] / "wds_flickr_tiny")
