@@ -66,7 +66,7 @@ def test_hnsw_add_round_trips_through_save(tmp_path, one_thread) -> None:
 # --- an ANN candidate index for the rerank recipes ----------------------------------------------
 
 
-def _spread_recipe(name: str, n: int = 1500, seed: int = 0):
+def _spread_recipe(name: str, n: int = 1500, seed: int = 0, **config_values):
     """A random-init recipe over features whose embeddings' norms spread widely."""
     import torch
 
@@ -74,7 +74,9 @@ def _spread_recipe(name: str, n: int = 1500, seed: int = 0):
 
     torch.manual_seed(seed)
     cls = get_recipe(name)
-    config = cls.Config(**({"num_factors": 4, "factor_dim": 4} if name == "phyclip" else {}))
+    config = cls.Config(
+        **({"num_factors": 4, "factor_dim": 4} if name == "phyclip" else {}), **config_values
+    )
     if hasattr(config, "embed_dim") and name != "phyclip":
         config.embed_dim = 12
     recipe = cls(config, 12, 10).eval()
@@ -132,7 +134,9 @@ def _spread_atmg_both_sides(image_query_score: str, n: int = 1500):
     norms spread over two decades (image queries reach the boundary's clamp)."""
     import torch
 
-    recipe, images, texts = _spread_recipe("atmg", n=n)
+    # texts spread like the images (AtMG's default radius gap puts texts at 0.25 of the image
+    # radius; there the "alpha" rounds' heuristic finds less: docs/search.md)
+    recipe, images, texts = _spread_recipe("atmg", n=n, text_radius_ratio=1.0)
     recipe.config.image_query_score = image_query_score
     g = torch.Generator().manual_seed(5)
     feats = torch.randn(n, 10, generator=g) * 10 ** (2 * torch.rand(n, 1, generator=g) - 0.5)
