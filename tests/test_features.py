@@ -533,3 +533,17 @@ def test_any_corrupted_index_gives_a_store_error_or_a_valid_store(name: str, row
         assert name in str(err)
     else:  # still valid: every accessor works on it
         store.subset(torch.arange(store.num_images).flip(0)).validate()
+
+
+def test_cli_check_forces_the_scan(saved: Path, tmp_path: Path, monkeypatch):
+    # `curvalign --check COMMAND` scans a store whose record would have let it open unscanned
+    from typer.testing import CliRunner
+
+    from curvalign.cli import app
+
+    monkeypatch.setenv("CURVALIGN_CHECK_VALUES", "0")  # restored after the test
+    _nan_in_place(saved)
+    args = ["train", "--recipe", "clip", "--data", f"features:{saved}", "--steps", "1"]
+    result = CliRunner().invoke(app, ["--check", *args, "--out", str(tmp_path / "run")])
+    assert result.exit_code == 2
+    assert "image_features.npy has 1 row with NaN" in result.output

@@ -38,6 +38,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from curvalign.data.features import FeatureStore, _validate, forced_value_check
@@ -128,9 +129,11 @@ def read_sharded_embeddings(
             f"val={n_val} and test={n_test} images leave no train image out of {n}; "
             "choose smaller val= and test="
         )
-    # Seeded split: a permutation's first n_val images are "val", the next n_test "test".
-    generator = torch.Generator().manual_seed(int(seed))
-    drawn = torch.randperm(n, generator=generator)[: n_val + n_test]
+    # Seeded split: n_val + n_test distinct images drawn (O(n_val + n_test) for a small share,
+    # not a permutation of all N), the first n_val "val", the rest "test".
+    drawn = torch.from_numpy(
+        np.random.default_rng(int(seed)).choice(n, size=n_val + n_test, replace=False)
+    )
     image_split = torch.zeros(n, dtype=torch.long)
     image_split[drawn[:n_val]] = 1
     image_split[drawn[n_val:]] = 2
