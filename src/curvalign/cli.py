@@ -7,6 +7,7 @@ missing optional extra only affects the command that needs it.
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -70,8 +71,10 @@ def fail(message: str, code: int = 2) -> None:
 
 def refuse_unknown_recipes(names: list[str]) -> None:
     """Fail at once on a recipe name no module or entry point provides (the names are known
-    without importing torch: ``curvalign.plugins``)."""
-    known = available_recipe_names()
+    without importing torch: ``curvalign.plugins``). Where the registry is already imported
+    (the Python API, a program that registered its own recipes), it is the list to check."""
+    registry = sys.modules.get("curvalign.recipes")
+    known = registry.recipe_names() if registry is not None else available_recipe_names()
     unknown = [name for name in names if name not in known]
     if unknown:
         listed = ", ".join(repr(name) for name in unknown)
