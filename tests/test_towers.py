@@ -1,0 +1,298 @@
+"""Towers in front of the heads: tiny randomly initialised open_clip models saved to a temporary
+directory, loaded back by path (nothing is downloaded), trained with LoRA or fully.
+
+What is checked (issue 23, "Done when"): every recipe takes a finite step through the towers in
+fp32 and bf16 autocast with a gradient reaching every trainable tower parameter; LoRA at step 0
+gives exactly the frozen features; locked towers train the same heads as the feature-store
+trainer on features extracted by the same towers; stop-and-resume equals an uninterrupted run
+(adapters-only checkpoints included); export -> extract -> validation reproduces the value the
+run validated with; a trainable parameter that gets no gradient is frozen with a note.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("open_clip") is None or importlib.util.find_spec("peft") is None,
+    reason="optional extras not installed: pip install 'curvalign[towers]' (open_clip, peft)",
+)
+
+from curvalign.config import resolve_config
+from curvalign.data import encoders
+from curvalign.data.batch import Batch
+from curvalign.errors import TrainError
+from curvalign.recipes import recipe_names
+from curvalign.recipes.base import Progress
+from curvalign.runs import build_recipe, load_run
+from curvalign.towers import TowerError, TowersConfig, build_towers
+
+TINY = {
+    "embed_dim": 16,
+    "vision_cfg": {"image_size": 32, "layers": 1, "width": 32, "head_width": 16, "patch_size": 16},
+    "text_cfg": {"context_length": 16, "vocab_size": 49408, "width": 32, "heads": 2, "layers": 1},
+}
+N_IMAGES = 40
+TRAIN = ["batch_size=8", "log_every=1", "num_threads=1", "val_every=3", "val_fraction=0.2"]
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    """A tiny open_clip checkpoint, 40 images with two captions each, and the feature store
+    ``curvalign extract`` makes of them with that checkpoint."""
+    encoders._set_offline()
+    encoders._make_torchvision_importable()
+    import open_clip
+    from PIL import Image
+
+    from curvalign.data.extract import extract_features
+
+    root = tmp_path_factory.mktemp("towers")
+    config = root / "tiny-clip-towers.json"
+    config.write_text(json.dumps(TINY))
+    open_clip.add_model_config(config)
+    torch.manual_seed(0)
+    torch.save(open_clip.create_model("tiny-clip-towers").state_dict(), root / "tiny.pt")
+    rng = np.random.default_rng(0)
+    (root / "images").mkdir()
+    files = []
+    for i in range(N_IMAGES):
+        colour = rng.random(3)
+        pixels = np.clip(colour + 0.3 * rng.random((32, 32, 3)), 0, 1)
+        Image.fromarray((pixels * 255).astype("uint8")).save(root / "images" / f"img{i}.png")
+        files.append(f"img{i}.png")
+    words = ["red", "green", "blue", "dark", "light", "warm", "cold", "grey"]
+    annotations = [
+        {"image_id": i, "caption": f"a {words[i % 8]} picture {i} {words[(i + k) % 8]}"}
+        for i in range(N_IMAGES)
+        for k in range(2)
+    ]
+    (root / "captions.json").write_text(
+        json.dumps(
+            {
+                "images": [{"id": i, "file_name": f} for i, f in enumerate(files)],
+                "annotations": annotations,
+            }
+        )
+    )
+    spec = f"open_clip:{config}:{root / 'tiny.pt'}"
+    extract_features(
+        spec, root / "images", root / "store", captions=root / "captions.json", progress=False
+    )
+    return {"root": root, "spec": spec, "store": f"features:{root / 'store'}"}
+
+
+def towers_config(world, image="locked", text="locked", **kw) -> TowersConfig:
+    return TowersConfig(world["spec"], image=image, text=text, lora_rank=4, **kw)
+
+
+def train_towers(world, out: Path, towers, steps=6, **kw):
+    from curvalign.train.towers import train
+
+    return train(
+        kw.pop("recipe", "meru"),
+        world["store"],
+        out,
+        steps=steps,
+        towers=towers,
+        overrides=TRAIN + kw.pop("overrides", []),
+        show_progress=False,
+        **kw,
+    )
+
+
+def items(world, n=8):
+    root = world["root"]
+    images = [str(root / "images" / f"img{i}.png") for i in range(n)]
+    texts = [f"a caption {i} of a picture" for i in range(n)]
+    return images, texts
+
+
+# --- the recipe contract through towers ---------------------------------------------------
+
+
+@pytest.mark.parametrize("bf16", [False, True], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("name", recipe_names())
+def test_every_recipe_steps_through_towers_with_gradients_to_every_trainable_parameter(
+    world, name: str, bf16: bool
+) -> None:
+    towers = build_towers(towers_config(world, image="full", text="lora"))
+    towers.train()
+    trainable = towers.trainable_named_parameters()
+    assert any("lora_B" in n for n, _ in trainable) and any(
+        n.startswith("model.visual") for n, _ in trainable
+    )
+    config = resolve_config(name, "towers", steps=10)
+    torch.manual_seed(0)
+    recipe = build_recipe(config, towers.image_width, towers.text_width)
+    recipe.train()
+    progress = Progress(9, 10)  # the last step: every curriculum term of AGR / DualPath is on
+    recipe.on_step_start(progress)
+    images, texts = items(world)
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16)
+    with autocast:
+        batch = Batch(image=towers.encode_images(images), text=towers.encode_texts(texts))
+        if "boxes" in recipe.requires:
+            batch.box_image = towers.encode_images(images[::-1])
+            batch.box_text = towers.encode_texts([f"thing {t}" for t in texts])
+        if "text_pairs" in recipe.requires:
+            batch.pair_a = towers.encode_texts(texts)
+            batch.pair_b = towers.encode_texts([t.upper() for t in texts])
+            batch.pair_score = torch.linspace(0, 1, len(texts))
+        out = recipe(batch, progress)
+    assert torch.isfinite(out.total), f"{name}: loss {out.total}"
+    out.total.backward()
+    missing = [n for n, p in trainable if p.grad is None]
+    assert not missing, f"{name}: no gradient reached {missing[:5]}"
+    bad = [n for n, p in trainable if not torch.isfinite(p.grad).all()]
+    assert not bad, f"{name}: non-finite gradient in {bad[:5]}"
+    # the LoRA B matrices start at zero, so A gets a zero gradient; B must get a non-zero one
+    assert any(float(p.grad.abs().sum()) > 0 for n, p in trainable if "lora_B" in n)
+
+
+def test_lora_at_step_zero_gives_exactly_the_frozen_features(world) -> None:
+    frozen = encoders.load_encoder(world["spec"])
+    towers = build_towers(towers_config(world, image="lora", text="lora"))
+    images, texts = items(world)
+    towers.eval()  # as validation and export encode: the adapters add exact zeros
+    with torch.no_grad():
+        assert torch.equal(towers.encode_images(images), frozen.encode_images(images))
+        assert torch.equal(towers.encode_texts(texts), frozen.encode_texts(texts))
+    # in train mode nn.MultiheadAttention leaves its fused inference path: equal to rounding
+    towers.train()
+    with torch.no_grad():
+        torch.testing.assert_close(towers.encode_texts(texts), frozen.encode_texts(texts))
+    # and the adapters are what trains: nothing of the base, nothing of open_clip's logit_scale
+    names = [n for n, _ in towers.trainable_named_parameters()]
+    assert names and all("lora_" in n for n in names)
+
+
+def test_export_merges_the_adapters_into_an_encoder_spec_extract_loads(world, tmp_path) -> None:
+    towers = build_towers(towers_config(world, image="lora", text="lora"))
+    with torch.no_grad():
+        for name, p in towers.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.5)  # a trained adapter: not the frozen features any more
+    images, texts = items(world)
+    towers.eval()
+    with torch.no_grad():
+        expected_i, expected_t = towers.encode_images(images), towers.encode_texts(texts)
+    frozen = encoders.load_encoder(world["spec"])
+    assert not torch.allclose(expected_t, frozen.encode_texts(texts), atol=1e-3)
+    spec = towers.export(tmp_path / "export")
+    exported = encoders.load_encoder(spec)
+    torch.testing.assert_close(exported.encode_images(images), expected_i, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(exported.encode_texts(texts), expected_t, rtol=1e-5, atol=1e-5)
+
+
+def test_a_trainable_parameter_without_gradient_is_frozen_with_a_note(world, tmp_path) -> None:
+    # nn.MultiheadAttention reads out_proj.weight directly: a LoRA adapter on it never acts
+    notes: list[str] = []
+    towers = towers_config(world, image="lora", text="lora", lora_targets=["out_proj", "c_fc"])
+    run = train_towers(world, tmp_path / "run", towers, steps=1, notify=notes.append)
+    assert any("froze" in n and "out_proj" in n for n in notes), notes
+    saved = load_file(str(run / "towers.safetensors"))
+    assert saved and all("c_fc" in k for k in saved), sorted(saved)
+
+
+def test_bad_tower_settings_are_one_clear_error(world, tmp_path) -> None:
+    with pytest.raises(TowerError, match="image='frozen'"):
+        TowersConfig(world["spec"], image="frozen")
+    with pytest.raises(TowerError, match="lora_rnk"):
+        TowersConfig.parse(f"{world['spec']};lora_rnk=4")
+    with pytest.raises(TrainError, match="box crops"):
+        train_towers(world, tmp_path / "r", towers_config(world, text="lora"), recipe="hycoclip")
+    with pytest.raises(TrainError, match="several processes"):
+        from curvalign.train.towers import train
+        from curvalign.train.trainer import Trainer
+
+        class Wrapped(Trainer):
+            pass
+
+        train(
+            "clip",
+            world["store"],
+            tmp_path / "d",
+            towers=towers_config(world),
+            trainer_factory=Wrapped,
+        )
+
+
+# --- the trainer ----------------------------------------------------------------------------
+
+
+def test_locked_towers_train_the_same_heads_as_the_feature_store_trainer(world, tmp_path) -> None:
+    from curvalign.train.trainer import train
+
+    features = train(
+        "meru", world["store"], tmp_path / "features", steps=6, overrides=TRAIN, show_progress=False
+    )
+    towers = train_towers(world, tmp_path / "towers", towers_config(world))
+    a = load_file(str(features / "model.safetensors"))
+    b = load_file(str(towers / "model.safetensors"))
+    assert a.keys() == b.keys()
+    for key in a:
+        torch.testing.assert_close(b[key], a[key], rtol=1e-4, atol=1e-5, msg=key)
+    assert [s for s, _ in towers.val_history] == [s for s, _ in features.val_history]
+    assert [v for _, v in towers.val_history] == pytest.approx([v for _, v in features.val_history])
+
+
+def test_resume_with_towers_equals_an_uninterrupted_run_with_adapters_only_checkpoints(
+    world, tmp_path
+) -> None:
+    towers = towers_config(world, image="lora", text="full", lr=3e-3)
+    straight = train_towers(world, tmp_path / "straight", towers)
+    stopped = train_towers(world, tmp_path / "stopped", towers, stop_at=3)
+    assert stopped.last_step == 3
+    resumed = train_towers(world, tmp_path / "stopped", None, resume=True)
+    assert resumed.last_step == 6
+    for name in ("model.safetensors", "towers.safetensors", "best.safetensors"):
+        a, b = load_file(str(straight / name)), load_file(str(resumed / name))
+        assert a.keys() == b.keys()
+        for key in a:
+            assert torch.equal(a[key], b[key]), f"{name}: {key}"
+    assert straight.val_history == resumed.val_history
+    state = torch.load(straight / "state.pt", weights_only=False)
+    # the tower part is plain tensors (what a weights_only=True reader accepts)
+    assert all(type(v) is torch.Tensor for v in state["towers"].values())
+    assert all(type(v) is torch.Tensor for v in state["best_towers"].values())
+    visual = [k for k in state["towers"] if k.startswith("model.visual")]
+    text = [k for k in state["towers"] if not k.startswith("model.visual")]
+    assert visual and all("lora_" in k for k in visual)  # adapters only on the LoRA side
+    assert "model.token_embedding.weight" in text  # the fully trained side: all its weights
+    initial = encoders.load_encoder(world["spec"]).model.state_dict()
+    trained = state["towers"]["model.token_embedding.weight"]
+    assert not torch.equal(trained, initial["token_embedding.weight"])  # the towers did train
+
+
+def test_export_extract_and_validation_reproduce_the_in_training_value(world, tmp_path) -> None:
+    from curvalign.data import load_store
+    from curvalign.data.extract import extract_features
+    from curvalign.train.towers import export_towers
+    from curvalign.train.validation import ValidationSet, validation_store
+
+    towers = towers_config(world, image="lora", text="lora", lr=1e-2)
+    run = train_towers(world, tmp_path / "run", towers, overrides=["val_every=6"])
+    step, value = run.val_history[-1]
+    assert step == 6
+    spec = export_towers(run, tmp_path / "export", weights="last")
+    root = world["root"]
+    extract_features(
+        spec, root / "images", tmp_path / "store", captions=root / "captions.json", progress=False
+    )
+    store, _ = load_store(f"features:{tmp_path / 'store'}")
+    config = load_run(run, weights="last").config
+    val_store, info = validation_store(store, config.train.val_fraction, config.train.seed)
+    assert info["source"] == "holdout"
+    recipe = load_run(run, weights="last").recipe
+    assert ValidationSet(val_store).score(recipe) == pytest.approx(value, abs=1e-12)
+    # the re-extracted features are the trained towers' ones, not the frozen ones
+    original, _ = load_store(world["store"])
+    assert not torch.allclose(store.text_features, original.text_features, atol=1e-4)
