@@ -30,7 +30,7 @@ from curvalign.data import encoders
 from curvalign.data.batch import Batch
 from curvalign.errors import TrainError
 from curvalign.recipes import recipe_names
-from curvalign.recipes.base import Progress
+from curvalign.recipes.base import Gather, Progress
 from curvalign.runs import build_recipe, load_run
 from curvalign.towers import TowerError, TowersConfig, build_towers
 
@@ -196,10 +196,14 @@ def test_a_trainable_parameter_without_gradient_is_frozen_with_a_note(world, tmp
     # nn.MultiheadAttention reads out_proj.weight directly: a LoRA adapter on it never acts
     notes: list[str] = []
     towers = towers_config(world, image="lora", text="lora", lora_targets=["out_proj", "c_fc"])
-    run = train_towers(world, tmp_path / "run", towers, steps=1, notify=notes.append)
+    run = train_towers(world, tmp_path / "run", towers, steps=2, stop_at=1, notify=notes.append)
     assert any("froze" in n and "out_proj" in n for n in notes), notes
     saved = load_file(str(run / "towers.safetensors"))
     assert saved and all("c_fc" in k for k in saved), sorted(saved)
+    # a resume freezes the same parameters (its optimizer state is for those that train)
+    notes.clear()
+    resumed = train_towers(world, tmp_path / "run", None, steps=2, resume=True, notify=notes.append)
+    assert resumed.last_step == 2 and any("froze" in n for n in notes), notes
 
 
 def test_bad_tower_settings_are_one_clear_error(world, tmp_path) -> None:
@@ -209,20 +213,6 @@ def test_bad_tower_settings_are_one_clear_error(world, tmp_path) -> None:
         TowersConfig.parse(f"{world['spec']};lora_rnk=4")
     with pytest.raises(TrainError, match="box crops"):
         train_towers(world, tmp_path / "r", towers_config(world, text="lora"), recipe="hycoclip")
-    with pytest.raises(TrainError, match="several processes"):
-        from curvalign.train.towers import train
-        from curvalign.train.trainer import Trainer
-
-        class Wrapped(Trainer):
-            pass
-
-        train(
-            "clip",
-            world["store"],
-            tmp_path / "d",
-            towers=towers_config(world),
-            trainer_factory=Wrapped,
-        )
 
 
 # --- the trainer ----------------------------------------------------------------------------
@@ -296,3 +286,109 @@ def test_export_extract_and_validation_reproduce_the_in_training_value(world, tm
     # the re-extracted features are the trained towers' ones, not the frozen ones
     original, _ = load_store(world["store"])
     assert not torch.allclose(store.text_features, original.text_features, atol=1e-4)
+
+
+# --- several processes ----------------------------------------------------------------------
+
+WORLD = 2
+
+
+def _tower_step(name: str, spec: str, images, texts, rank: int = 0, world: int = 1):
+    """(loss, tower gradients, recipe gradients) of one step of recipe ``name`` with towers on
+    this rank's rows of the global batch (``world`` 1: the whole batch in one process)."""
+    from curvalign.train.distributed import DistributedGather
+    from curvalign.train.towers import average_tower_gradients
+
+    torch.manual_seed(0)
+    towers = build_towers(TowersConfig(spec, image="full", text="lora", lora_rank=4))
+    with torch.no_grad():  # a trained adapter (B = 0 would hide the adapters' gradient paths)
+        for n, p in towers.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.1)
+    towers.eval()  # as the recipes: dropout-free, so a split batch can reproduce the whole one
+    # AGR's T_gate starts on its floor, where the bound's projection blocks each rank's outward
+    # gradient before DDP sums them (one process blocks the sum): started above it, both agree
+    overrides = ["gate_temperature=0.6"] if name == "agr" else []
+    config = resolve_config(name, "towers", steps=10, overrides=overrides)
+    torch.manual_seed(0)
+    recipe = build_recipe(config, towers.image_width, towers.text_width)
+    progress = Progress(9, 10)
+    recipe.on_step_start(progress)
+    recipe.eval()
+    n = len(images) // world
+    part = slice(rank * n, (rank + 1) * n)
+    batch = Batch(image=towers.encode_images(images[part]), text=towers.encode_texts(texts[part]))
+    if "boxes" in recipe.requires:
+        batch.box_image = towers.encode_images(images[::-1][part])
+        batch.box_text = towers.encode_texts([f"thing {t}" for t in texts][part])
+    if "text_pairs" in recipe.requires:
+        batch.pair_a = towers.encode_texts(texts[part])
+        batch.pair_b = towers.encode_texts([t.upper() for t in texts][part])
+        batch.pair_score = torch.linspace(0, 1, len(texts))[part]
+    if world == 1:
+        out = recipe(batch, progress, Gather())
+    else:
+        from torch.nn.parallel import DistributedDataParallel
+
+        average_tower_gradients(towers, world)
+        model = DistributedDataParallel(recipe, find_unused_parameters=True)
+        out = model(batch, progress, DistributedGather())
+    out.total.backward()
+    loss = out.total.detach().clone()
+    if world > 1:
+        dist.all_reduce(loss)
+        loss /= world
+
+    def grads(module):
+        return {
+            k: (p.grad.clone() if p.grad is not None else torch.zeros_like(p))
+            for k, p in module.named_parameters()
+            if p.requires_grad
+        }
+
+    return float(loss), grads(towers), grads(recipe)
+
+
+def _ddp_worker(rank: int, init_file: str, spec: str, images, texts, out_path: str) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD)
+    results = {name: _tower_step(name, spec, images, texts, rank, WORLD) for name in recipe_names()}
+    if rank == 0:
+        torch.save(results, out_path)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+import tempfile
+
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+@pytest.mark.slow
+def test_two_processes_with_towers_equal_one_process_on_the_global_batch(world, tmp_path) -> None:
+    images, texts = items(world, 8)
+    with tempfile.NamedTemporaryFile(dir=tmp_path, delete=False) as handle:
+        init_file = handle.name
+    out_path = str(tmp_path / "ddp.pt")
+    mp.spawn(_ddp_worker, args=(init_file, world["spec"], images, texts, out_path), nprocs=WORLD)
+    results = torch.load(out_path, weights_only=False)
+    failures = []
+    for name in recipe_names():
+        loss, tower_grads, recipe_grads = _tower_step(name, world["spec"], images, texts)
+        ddp_loss, ddp_tower, ddp_recipe = results[name]
+        if abs(loss - ddp_loss) > 1e-5 * max(1.0, abs(loss)):
+            failures.append(f"{name}: loss {ddp_loss} with {WORLD} processes, {loss} with one")
+        assert tower_grads.keys() == ddp_tower.keys() and recipe_grads.keys() == ddp_recipe.keys()
+        assert any(float(g.abs().sum()) > 0 for g in tower_grads.values()), name
+        for what, one, many in (
+            ("tower", tower_grads, ddp_tower),
+            ("head", recipe_grads, ddp_recipe),
+        ):
+            for key, grad in one.items():
+                if not torch.allclose(many[key], grad, rtol=1e-4, atol=1e-6):
+                    err = (many[key] - grad).abs().max().item()
+                    failures.append(
+                        f"{name}: {what} gradient of {key} differs by {err:.2e} (norm {grad.norm():.2e})"
+                    )
+    assert not failures, "\n".join(failures)

@@ -160,6 +160,13 @@ def train_command(
         help="Processes on this machine (launched through torchrun; "
         "DDP with global-batch negatives, see docs/scale.md).",
     ),
+    towers: str = typer.Option(
+        None,
+        "--towers",
+        help="Train the encoders too: 'ENCODER_SPEC[;image=lora;text=full;lora_rank=8;lr=1e-5]' "
+        "(modes locked|lora|full; the store's images and captions are re-encoded each step; "
+        "see docs/training.md, 'Train the towers').",
+    ),
 ) -> None:
     """Train a recipe on features; writes checkpoint, config and logs into --out.
 
@@ -207,6 +214,7 @@ def train_command(
                         overwrite=overwrite,
                         quiet=quiet,
                         overrides=overrides or [],
+                        towers=towers,
                     ),
                 )
             )
@@ -222,6 +230,7 @@ def train_command(
             overwrite=overwrite,
             show_progress=not quiet,
             notify=note,
+            towers=towers,
         )
     except TrainingInterrupted as err:
         fail(str(err), code=128 + err.signum)

@@ -21,7 +21,8 @@ Before the first step, one forward and backward pass through the towers and the 
 first batch finds tower parameters that are trainable but get no gradient (the recipe or the
 encoding never uses them, like open_clip's ``logit_scale``): they are frozen, with a note.
 Under DDP such a parameter makes the ranks disagree silently; here every world size trains the
-same parameter set. (Multi-process tower training itself is not wired yet: refused.)
+same parameter set. Under torchrun each rank encodes its own rows of the global batch and
+``average_tower_gradients`` averages the tower gradients as DDP averages the recipe's.
 
 The store must have been extracted by the towers' encoder (``meta["encoder"]``): its features
 give the data-aware head initialisation and the step-0 health check; a mismatch is noted.
@@ -134,12 +135,6 @@ class TowerTrainer(Trainer):
             raise TrainError(f"{run_dir}: no tower settings given and no {TOWERS_CONFIG_FILE}")
         else:
             towers_config = towers
-        gather = kw.get("gather")
-        if gather is not None and gather.world_size > 1:
-            raise TrainError(
-                "training towers with several processes is not supported yet (the tower "
-                "gradients are not all-reduced); train them in one process"
-            )
         self.towers_config = towers_config
         recipe_cls = _recipe_class(config.recipe)
         try:
@@ -172,6 +167,8 @@ class TowerTrainer(Trainer):
             )
         if not resume:
             self._freeze_unused()
+        if self.gather.world_size > 1:  # DDP averages the recipe's gradients, this the towers'
+            average_tower_gradients(self.towers, self.gather.world_size)
 
     # --- Trainer's extension points -------------------------------------------------------
     def _input_dims(self, config: RunConfig, store: FeatureStore) -> tuple[int, int]:
@@ -245,6 +242,14 @@ class TowerTrainer(Trainer):
         state = load_train_state(self.run_dir)
         if "towers" not in state:
             raise CheckpointError(f"the checkpoint in {self.run_dir} holds no tower state")
+        frozen = [
+            n for n, _ in self.towers.trainable_named_parameters() if n not in state["towers"]
+        ]
+        if frozen:  # what the run froze before its first step (no gradient reached them)
+            self.towers.freeze(frozen, "as the run did (no gradient reaches them)")
+            self._note(self.towers.notes[-1])
+            self.optimizer = self._build_optimizer()
+            self.scheduler = build_scheduler(self.optimizer, self.train_config)
         try:
             self.towers.load_trainable_state(state["towers"])
         except TowerError as err:
@@ -274,6 +279,22 @@ class TowerTrainer(Trainer):
 
     def describe_towers(self) -> dict[str, Any]:
         return describe(self.towers)
+
+
+def average_tower_gradients(towers: Towers, world_size: int) -> None:
+    """Average the gradient of every trainable tower parameter over the ``world_size`` ranks as
+    soon as it is accumulated (what DDP does for the recipe's parameters): each rank encodes
+    its own rows, so W processes then take the step one process takes on the global batch.
+    Every rank must train the same parameter set (``TowerTrainer`` freezes the parameters no
+    gradient reaches before the first step), or the all-reduces would not pair up."""
+    import torch.distributed as dist
+
+    def hook(param: Tensor) -> None:
+        dist.all_reduce(param.grad)
+        param.grad.div_(world_size)
+
+    for _, param in towers.trainable_named_parameters():
+        param.register_post_accumulate_grad_hook(hook)
 
 
 def _recipe_class(name: str) -> Any:
@@ -310,8 +331,10 @@ def export_towers(run_dir: str | Path, out_dir: str | Path, weights: str = "best
     return load_towers(run_dir, weights).export(out_dir)
 
 
-def tower_trainer_factory(towers: TowersConfig | str | None) -> Any:
-    """A ``trainer_factory`` for ``curvalign.train.trainer.train`` that builds a TowerTrainer."""
+def tower_trainer_factory(towers: TowersConfig | str | None, base: Any = None) -> Any:
+    """A ``trainer_factory`` for ``curvalign.train.trainer.train`` that builds a TowerTrainer;
+    ``base``: another factory that takes ``trainer_cls`` (the distributed launcher's
+    ``build_distributed_trainer``), given ``trainer_cls=TowerTrainer`` and ``towers``."""
 
     if isinstance(towers, str):
         try:
@@ -320,6 +343,8 @@ def tower_trainer_factory(towers: TowersConfig | str | None) -> Any:
             raise TrainError(str(err)) from None
 
     def factory(*args: Any, **kw: Any) -> TowerTrainer:
+        if base is not None:
+            return base(*args, trainer_cls=TowerTrainer, towers=towers, **kw)
         return TowerTrainer(*args, towers=towers, **kw)
 
     return factory
@@ -343,14 +368,11 @@ def train(
     resuming_towers = bool(kw.get("resume")) and (run_dir / TOWERS_CONFIG_FILE).exists()
     if towers is None and not resuming_towers:
         return train_features(recipe, data, out_dir, **kw)
-    if kw.get("trainer_factory", Trainer) is not Trainer:  # the launcher's DDP-wrapped trainer
-        raise TrainError(
-            "training towers with several processes is not supported yet; train them in one process"
-        )
     if kw.get("overwrite") and not kw.get("resume"):
         for name in TOWER_FILES:  # the feature trainer clears its own files
             (run_dir / name).unlink(missing_ok=True)
-    kw["trainer_factory"] = tower_trainer_factory(towers)
+    base = kw.get("trainer_factory", Trainer)  # the distributed launcher passes its own
+    kw["trainer_factory"] = tower_trainer_factory(towers, None if base is Trainer else base)
     return train_features(recipe, data, out_dir, **kw)
 
 
@@ -361,6 +383,7 @@ __all__ = [
     "TOWER_FILES",
     "TowerTrainer",
     "TowerValidationSet",
+    "average_tower_gradients",
     "export_towers",
     "load_towers",
     "tower_trainer_factory",
