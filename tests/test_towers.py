@@ -392,3 +392,27 @@ def test_two_processes_with_towers_equal_one_process_on_the_global_batch(world, 
                         f"{name}: {what} gradient of {key} differs by {err:.2e} (norm {grad.norm():.2e})"
                     )
     assert not failures, "\n".join(failures)
+
+
+# --- the command line -----------------------------------------------------------------------
+
+
+def test_curvalign_train_towers_on_the_command_line(world, tmp_path) -> None:
+    from typer.testing import CliRunner
+
+    from curvalign.cli import app
+
+    runner = CliRunner()
+    out = tmp_path / "cli"
+    args = ["train", "--recipe", "clip", "--data", world["store"], "--steps", "2", "--out", out]
+    towers = f"{world['spec']};image=locked;text=lora;lora_rank=2;lr=1e-3"
+    result = runner.invoke(app, [*map(str, args), "--towers", towers, "-q", "--", *TRAIN])
+    assert result.exit_code == 0, result.output
+    saved = TowersConfig.load(out / "towers.json")
+    assert (saved.image, saved.text, saved.lora_rank, saved.lr) == ("locked", "lora", 2, 1e-3)
+    assert all("lora_" in k for k in load_file(str(out / "towers.safetensors")))
+    bad = runner.invoke(
+        app, [*map(str, args), "--towers", f"{world['spec']};text=frozen", "--overwrite"]
+    )
+    assert bad.exit_code != 0 and "text='frozen'" in bad.output
+    assert "Traceback" not in bad.output
