@@ -416,3 +416,83 @@ def test_curvalign_train_towers_on_the_command_line(world, tmp_path) -> None:
     )
     assert bad.exit_code != 0 and "text='frozen'" in bad.output
     assert "Traceback" not in bad.output
+
+
+# --- a text-only encoder (sentence-transformers) --------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_sentence_transformer(tmp_path_factory):
+    """A tiny random BERT with mean pooling, saved as a sentence-transformers directory."""
+    if importlib.util.find_spec("sentence_transformers") is None:
+        pytest.skip("optional extra not installed: pip install 'curvalign[sentence]'")
+    encoders._set_offline()
+    encoders._make_torchvision_importable()
+    from sentence_transformers import SentenceTransformer, models
+    from transformers import BertConfig, BertModel, BertTokenizerFast
+
+    root = tmp_path_factory.mktemp("st")
+    words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *SENTENCE_WORDS]
+    (root / "vocab.txt").write_text("\n".join(words) + "\n")
+    torch.manual_seed(0)
+    bert = BertModel(
+        BertConfig(
+            vocab_size=len(words),
+            hidden_size=16,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            intermediate_size=32,
+            max_position_embeddings=32,
+        )
+    )
+    bert.save_pretrained(root / "bert")
+    BertTokenizerFast(vocab_file=str(root / "vocab.txt")).save_pretrained(root / "bert")
+    modules = [
+        models.Transformer(str(root / "bert"), max_seq_length=16),
+        models.Pooling(16, "mean"),
+    ]
+    SentenceTransformer(modules=modules).save(str(root / "st"))
+    return f"sentence-transformers:{root / 'st'}"
+
+
+SENTENCE_WORDS = ["a", "dog", "cat", "wolf", "fox", "animal", "pet", "wild", "small", "big"]
+
+
+def test_sentence_transformer_towers_lora_start_frozen_and_train_on_texts_standing_for_images(
+    tiny_sentence_transformer, tmp_path
+) -> None:
+    from curvalign.data.features import FeatureStore
+    from curvalign.train.towers import export_towers, train
+
+    spec = tiny_sentence_transformer
+    frozen = encoders.load_encoder(spec)
+    towers = build_towers(TowersConfig(spec, image="lora", text="lora", lora_rank=2))
+    names = [f"{a} {b}" for a in SENTENCE_WORDS for b in SENTENCE_WORDS[:3]]  # 30 "images"
+    glosses = [f"a {n} animal" for n in names]
+    towers.eval()
+    with torch.no_grad():
+        assert torch.equal(towers.encode_texts(glosses[:5]), frozen.encode_texts(glosses[:5]))
+    with pytest.raises(TowerError, match="same mode"):
+        build_towers(TowersConfig(spec, image="locked", text="lora"))
+    # a store of texts standing for images (as wordnet: makes), features from the frozen encoder
+    store = FeatureStore(
+        image_features=frozen.encode_texts(names),
+        text_features=frozen.encode_texts(glosses),
+        text_to_image=torch.arange(len(names)),
+        image_texts=names,
+        texts=glosses,
+    )
+    run = train(
+        "clip",
+        store,
+        tmp_path / "run",
+        steps=3,
+        towers=TowersConfig(spec, image="lora", text="lora", lora_rank=2, lr=1e-2),
+        overrides=TRAIN,
+        show_progress=False,
+    )
+    trained = load_file(str(run / "towers.safetensors"))
+    assert trained and all("lora_" in k for k in trained)
+    assert any(float(v.abs().sum()) > 0 for k, v in trained.items() if "lora_B" in k)
+    exported = encoders.load_encoder(export_towers(run, tmp_path / "export", weights="last"))
+    assert not torch.allclose(exported.encode_texts(glosses[:3]), frozen.encode_texts(glosses[:3]))

@@ -114,7 +114,7 @@ class SentenceTransformerTowers(Towers):
             encoder = load_encoder(config.encoder, device=device)
         except EncoderError as err:
             raise TowerError(f"towers: {err}") from None
-        if not hasattr(encoder.model, "tokenize"):
+        if not hasattr(encoder.model, "tokenize") and not hasattr(encoder.model, "preprocess"):
             raise TowerError(f"towers: {config.encoder!r} is not a sentence-transformers model")
         self.spec = encoder.spec
         self.model = encoder.model
@@ -131,8 +131,11 @@ class SentenceTransformerTowers(Towers):
         return self.encode_texts([str(item) for item in items])
 
     def encode_texts(self, texts: Sequence[str]) -> Tensor:
-        features = self.model.tokenize([str(t) for t in texts])
-        features = {k: v.to(self._device()) for k, v in features.items()}
+        # sentence-transformers 5 renamed tokenize() to preprocess()
+        prepare = getattr(self.model, "preprocess", None) or self.model.tokenize
+        features = prepare([str(t) for t in texts])
+        device = self._device()
+        features = {k: v.to(device) if isinstance(v, Tensor) else v for k, v in features.items()}
         return self.model(features)["sentence_embedding"].float()
 
     def _export_model(self, model: nn.Module, directory: Path) -> str:
