@@ -496,3 +496,44 @@ def test_sentence_transformer_towers_lora_start_frozen_and_train_on_texts_standi
     assert any(float(v.abs().sum()) > 0 for k, v in trained.items() if "lora_B" in k)
     exported = encoders.load_encoder(export_towers(run, tmp_path / "export", weights="last"))
     assert not torch.allclose(exported.encode_texts(glosses[:3]), frozen.encode_texts(glosses[:3]))
+
+
+# --- a Hugging Face CLIP directory ----------------------------------------------------------
+
+from test_encoders import tiny_hf_clip  # noqa: E402, F401  (fixture: a tiny random CLIPModel)
+
+
+def test_hf_clip_towers_lora_start_frozen_get_gradients_and_export(tiny_hf_clip, tmp_path) -> None:  # noqa: F811
+    if importlib.util.find_spec("transformers") is None:
+        pytest.skip("optional extra not installed: pip install 'curvalign[hf]'")
+    _, _, root = tiny_hf_clip
+    spec = f"hf-clip:{root}"
+    frozen = encoders.load_encoder(spec)
+    towers = build_towers(TowersConfig(spec, image="lora", text="full", lora_rank=2))
+    from test_encoders import random_images
+
+    images = random_images(4)
+    texts = ["a dog", "the photo of two cat", "a cat", "two dog"]
+    towers.eval()
+    with torch.no_grad():
+        assert torch.equal(towers.encode_images(images), frozen.encode_images(images))
+        assert torch.equal(towers.encode_texts(texts), frozen.encode_texts(texts))
+    names = [n for n, _ in towers.trainable_named_parameters()]
+    assert not any("logit_scale" in n for n in names)
+    vision = [n for n in names if ".vision_model." in n or ".visual_projection" in n]
+    assert vision and all("lora_" in n for n in vision)
+    towers.train()
+    loss = towers.encode_images(images).square().sum() + towers.encode_texts(texts).square().sum()
+    loss.backward()
+    missing = [n for n, p in towers.trainable_named_parameters() if p.grad is None]
+    assert not missing, missing[:5]
+    with torch.no_grad():
+        for n, p in towers.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.5)
+    towers.eval()
+    with torch.no_grad():
+        expected = towers.encode_images(images)
+    exported = encoders.load_encoder(towers.export(tmp_path / "export"))
+    torch.testing.assert_close(exported.encode_images(images), expected, rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(expected, frozen.encode_images(images), atol=1e-3)

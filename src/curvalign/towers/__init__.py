@@ -10,6 +10,7 @@ above it drives it.
 """
 
 from curvalign.towers.adapters import (
+    HFClipTowers,
     OpenClipTowers,
     SentenceTransformerTowers,
     build_towers,
@@ -21,6 +22,7 @@ from curvalign.towers.data import StoreItems, check_recipe_parts, tower_batch
 __all__ = [
     "MODES",
     "SIDES",
+    "HFClipTowers",
     "OpenClipTowers",
     "SentenceTransformerTowers",
     "StoreItems",

@@ -1,4 +1,5 @@
-"""Tower adapters: open_clip models and sentence-transformers directories, from local files.
+"""Tower adapters: open_clip models, Hugging Face CLIP directories and sentence-transformers
+directories, from local files.
 
 Both reuse the frozen encoder adapters of ``curvalign.data.encoders`` to load the model (the
 same offline loading, the same checks, the torchvision shim on CPU torch), then encode with
@@ -98,6 +99,63 @@ class _TextSide(nn.Module):
         return self
 
 
+class HFClipTowers(Towers):
+    """A Hugging Face CLIP-style directory (``hf-clip:DIR``): ``vision_model`` and
+    ``visual_projection`` are the image side, ``text_model`` and ``text_projection`` the text
+    side; ``logit_scale`` belongs to CLIP's own loss and never trains."""
+
+    default_lora_targets = ("q_proj", "k_proj", "v_proj", "out_proj", "fc1", "fc2")
+
+    def __init__(self, config: TowersConfig, device: str | torch.device = "cpu") -> None:
+        super().__init__(config)
+        from curvalign.data.encoders import HFClipEncoder, _load_image
+
+        try:
+            encoder = HFClipEncoder(config.encoder.partition(":")[2], device=device)
+        except EncoderError as err:
+            raise TowerError(f"towers: {err}") from None
+        self._load_image = _load_image
+        self._embedding = encoder._embedding
+        self.spec = encoder.spec
+        self.model = encoder.model
+        self.tokenizer = encoder.tokenizer
+        self.image_processor = encoder.image_processor
+        self.image_width = self.text_width = encoder.text_dim
+        self._configure()
+
+    def _side_of(self, name: str) -> str | None:
+        head = name.split(".")[0]
+        if head in ("vision_model", "visual_projection"):
+            return "image"
+        if head in ("text_model", "text_projection"):
+            return "text"
+        return None
+
+    def _lora_modules(self, side: str) -> nn.Module:
+        return self.model.vision_model if side == "image" else self.model.text_model
+
+    def encode_images(self, items: Sequence[Any]) -> Tensor:
+        pixels = self.image_processor(
+            images=[self._load_image(im) for im in items], return_tensors="pt"
+        )["pixel_values"].to(self._device())
+        return self._embedding(self.model.get_image_features(pixel_values=pixels)).float()
+
+    def encode_texts(self, texts: Sequence[str]) -> Tensor:
+        enc = self.tokenizer(
+            [str(t) for t in texts], padding=True, truncation=True, return_tensors="pt"
+        )
+        device = self._device()
+        inputs = {k: v.to(device) for k, v in enc.items() if k in ("input_ids", "attention_mask")}
+        return self._embedding(self.model.get_text_features(**inputs)).float()
+
+    def _export_model(self, model: nn.Module, directory: Path) -> str:
+        target = directory / "hf-clip"
+        model.save_pretrained(target)
+        self.tokenizer.save_pretrained(target)
+        self.image_processor.save_pretrained(target)
+        return f"hf-clip:{target.resolve()}"
+
+
 class SentenceTransformerTowers(Towers):
     """A sentence-transformers directory (``sentence-transformers:DIR`` or ``minilm``): texts
     only, so one backbone encodes both sides; images are the texts standing for them (a
@@ -149,12 +207,14 @@ def build_towers(config: TowersConfig, device: str | torch.device = "cpu") -> To
     kind = config.encoder.partition(":")[0]
     if kind == "open_clip":
         towers: Towers = OpenClipTowers(config, device)
+    elif kind == "hf-clip":
+        towers = HFClipTowers(config, device)
     elif kind in ("sentence-transformers", "minilm"):
         towers = SentenceTransformerTowers(config, device)
     else:
         raise TowerError(
             f"towers: encoder {config.encoder!r} is not supported for training yet; expected "
-            "open_clip:ARCH:CHECKPOINT, sentence-transformers:DIR or minilm"
+            "open_clip:ARCH:CHECKPOINT, hf-clip:DIR, sentence-transformers:DIR or minilm"
         )
     return towers.to(device)
 
@@ -172,4 +232,10 @@ def describe(towers: Towers) -> dict[str, Any]:
     }
 
 
-__all__ = ["OpenClipTowers", "SentenceTransformerTowers", "build_towers", "describe"]
+__all__ = [
+    "HFClipTowers",
+    "OpenClipTowers",
+    "SentenceTransformerTowers",
+    "build_towers",
+    "describe",
+]

@@ -53,13 +53,14 @@ class TowersConfig:
     """What to train in front of the heads (saved as ``towers.json`` in the run directory).
 
     encoder      an encoder spec (``curvalign.data.encoders``): ``open_clip:ARCH:CKPT``,
-                 ``sentence-transformers:DIR`` or ``minilm``; loaded from local files only
+                 ``hf-clip:DIR``, ``sentence-transformers:DIR`` or ``minilm``; local files only
     image, text  mode of each side: locked | lora | full (a text-only encoder has one shared
                  backbone: both sides must then have the same mode)
     lora_rank, lora_alpha   LoRA's r and alpha (scaling alpha / r)
     lora_targets names of the linear modules that get adapters (peft ``target_modules``);
                  empty: the adapter's default (open_clip: the MLP ``c_fc``, ``c_proj`` of every
-                 block; BERT-like: ``query``, ``key``, ``value``)
+                 block; HF CLIP: ``q_proj, k_proj, v_proj, out_proj, fc1, fc2``; BERT-like:
+                 ``query``, ``key``, ``value``)
     lr           learning rate of the tower parameters (the heads keep ``train.lr``); None:
                  ``train.lr``
     weight_decay decay of the tower matrices (never of biases, norms, embeddings of rank < 2);
