@@ -537,3 +537,47 @@ def test_hf_clip_towers_lora_start_frozen_get_gradients_and_export(tiny_hf_clip,
     exported = encoders.load_encoder(towers.export(tmp_path / "export"))
     torch.testing.assert_close(exported.encode_images(images), expected, rtol=1e-5, atol=1e-5)
     assert not torch.allclose(expected, frozen.encode_images(images), atol=1e-3)
+
+
+# --- torchrun end to end --------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_curvalign_train_nproc_2_with_towers_ends_with_the_weights_of_one_process(
+    world, tmp_path
+) -> None:
+    """LoRA on both sides (no parameter with a zero true gradient: open_clip's key bias, fully
+    trained, gets rounding noise that Adam turns into ±lr steps, differently per world size)."""
+    import subprocess
+    import sys
+
+    towers = f"{world['spec']};image=lora;text=lora;lora_rank=2;lr=1e-2"
+    common = [
+        "--recipe",
+        "clip",
+        "--data",
+        world["store"],
+        "--steps",
+        "3",
+        "-q",
+        "--towers",
+        towers,
+    ]
+    for n in (1, 2):
+        done = subprocess.run(
+            [sys.executable, "-m", "curvalign", "train", "--nproc", str(n), *common]
+            + ["--out", str(tmp_path / f"n{n}"), "--", *TRAIN],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+    for name in ("model.safetensors", "towers.safetensors"):
+        one, two = load_file(str(tmp_path / "n1" / name)), load_file(str(tmp_path / "n2" / name))
+        assert one.keys() == two.keys()
+        for key in one:
+            torch.testing.assert_close(
+                two[key], one[key], rtol=1e-4, atol=1e-5, msg=f"{name} {key}"
+            )
+    moved = load_file(str(tmp_path / "n2" / "towers.safetensors"))
+    assert any(float(v.abs().sum()) > 0 for k, v in moved.items() if "lora_B" in k)
