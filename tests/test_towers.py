@@ -232,6 +232,8 @@ def test_locked_towers_train_the_same_heads_as_the_feature_store_trainer(world, 
         torch.testing.assert_close(b[key], a[key], rtol=1e-4, atol=1e-5, msg=key)
     assert [s for s, _ in towers.val_history] == [s for s, _ in features.val_history]
     assert [v for _, v in towers.val_history] == pytest.approx([v for _, v in features.val_history])
+    meta = json.loads((towers / "meta.json").read_text())
+    assert meta["encoder"] == meta["towers"]["spec"]  # locked: the store's encoder still holds
 
 
 def test_resume_with_towers_equals_an_uninterrupted_run_with_adapters_only_checkpoints(
@@ -249,6 +251,9 @@ def test_resume_with_towers_equals_an_uninterrupted_run_with_adapters_only_check
         for key in a:
             assert torch.equal(a[key], b[key]), f"{name}: {key}"
     assert straight.val_history == resumed.val_history
+    # trained towers: the store's encoder no longer makes this run's features
+    meta = json.loads((resumed / "meta.json").read_text())
+    assert meta["encoder"] is None and meta["towers"]["text"] == "full"
     state = torch.load(straight / "state.pt", weights_only=False)
     # the tower part is plain tensors (what a weights_only=True reader accepts)
     assert all(type(v) is torch.Tensor for v in state["towers"].values())

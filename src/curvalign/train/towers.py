@@ -277,8 +277,18 @@ class TowerTrainer(Trainer):
                 )
         super().save_checkpoint()
 
-    def describe_towers(self) -> dict[str, Any]:
-        return describe(self.towers)
+    def _meta_extras(self) -> dict[str, Any]:
+        # the store's encoder no longer makes this run's features: no encoder is recorded, so
+        # search cannot encode queries with the frozen one; export the towers and re-extract
+        extras: dict[str, Any] = {
+            "towers": {
+                **describe(self.towers),
+                "export": "curvalign.train.export_towers(RUN, DIR) -> an encoder spec",
+            }
+        }
+        if self.towers_config.trains:  # locked towers give the store's features
+            extras["encoder"] = None
+        return extras
 
 
 def average_tower_gradients(towers: Towers, world_size: int) -> None:

@@ -376,6 +376,10 @@ class Trainer:
         """This rank's rows of the next global batch, on the device (called under autocast)."""
         return local_rows(self.sampler.next_batch(), self.gather).to(self.device)
 
+    def _meta_extras(self) -> dict[str, Any]:
+        """Keys a subclass adds to (or replaces in) each checkpoint's meta.json."""
+        return {}
+
     def _note(self, message: str) -> None:
         self.notes.append(message)
         self.notify(message)
@@ -546,6 +550,7 @@ class Trainer:
                 "best_val": self.best_val,
                 "stopped_early": self.stopped_early,
                 STEP0_META_KEY: getattr(self, "step0_health", None),
+                **self._meta_extras(),
             }
             try:
                 save_checkpoint(
