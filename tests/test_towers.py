@@ -213,6 +213,10 @@ def test_bad_tower_settings_are_one_clear_error(world, tmp_path) -> None:
         TowersConfig.parse(f"{world['spec']};lora_rnk=4")
     with pytest.raises(TrainError, match="box crops"):
         train_towers(world, tmp_path / "r", towers_config(world, text="lora"), recipe="hycoclip")
+    from curvalign.train.towers import train
+
+    with pytest.raises(TrainError, match="caption strings"):  # features without a manifest
+        train("clip", "synthetic", tmp_path / "s", steps=2, towers=towers_config(world))
 
 
 # --- the trainer ----------------------------------------------------------------------------
