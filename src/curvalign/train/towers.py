@@ -38,7 +38,7 @@ from safetensors.torch import save_file
 from torch import Tensor
 
 from curvalign._io import atomic_write
-from curvalign.config import RunConfig
+from curvalign.config import RunConfig, recipe_class
 from curvalign.data.batch import Batch
 from curvalign.data.features import FeatureStore
 from curvalign.errors import TrainError
@@ -136,7 +136,7 @@ class TowerTrainer(Trainer):
         else:
             towers_config = towers
         self.towers_config = towers_config
-        recipe_cls = _recipe_class(config.recipe)
+        recipe_cls = recipe_class(config.recipe)
         try:
             check_recipe_parts(
                 recipe_cls.requires,
@@ -305,12 +305,6 @@ def average_tower_gradients(towers: Towers, world_size: int) -> None:
 
     for _, param in towers.trainable_named_parameters():
         param.register_post_accumulate_grad_hook(hook)
-
-
-def _recipe_class(name: str) -> Any:
-    from curvalign.config import recipe_class
-
-    return recipe_class(name)
 
 
 def load_towers(run_dir: str | Path, weights: str = "best", device: str = "cpu") -> Towers:
