@@ -153,19 +153,19 @@ def train_command(
         help="Print the resolved config (recipe's paper defaults, --config file, overrides) "
         "as YAML and exit without training.",
     ),
-    nproc: int = typer.Option(
-        1,
-        "--nproc",
-        min=1,
-        help="Processes on this machine (launched through torchrun; "
-        "DDP with global-batch negatives, see docs/scale.md).",
-    ),
     towers: str = typer.Option(
         None,
         "--towers",
         help="Train the encoders too: 'ENCODER_SPEC[;image=lora;text=full;lora_rank=8;lr=1e-5]' "
         "(modes locked|lora|full; the store's images and captions are re-encoded each step; "
         "see docs/training.md, 'Train the towers').",
+    ),
+    nproc: int = typer.Option(
+        1,
+        "--nproc",
+        min=1,
+        help="Processes on this machine (launched through torchrun; "
+        "DDP with global-batch negatives, see docs/scale.md).",
     ),
 ) -> None:
     """Train a recipe on features; writes checkpoint, config and logs into --out.
