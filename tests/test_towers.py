@@ -519,6 +519,9 @@ def test_hf_clip_towers_lora_start_frozen_get_gradients_and_export(tiny_hf_clip,
     spec = f"hf-clip:{root}"
     frozen = encoders.load_encoder(spec)
     towers = build_towers(TowersConfig(spec, image="lora", text="full", lora_rank=2))
+    assert not towers.model.is_gradient_checkpointing
+    checkpointed = build_towers(TowersConfig(spec, image="lora", text="full", checkpointing=True))
+    assert checkpointed.model.is_gradient_checkpointing
     from test_encoders import random_images
 
     images = random_images(4)
@@ -590,3 +593,26 @@ def test_curvalign_train_nproc_2_with_towers_ends_with_the_weights_of_one_proces
             )
     moved = load_file(str(tmp_path / "n2" / "towers.safetensors"))
     assert any(float(v.abs().sum()) > 0 for k, v in moved.items() if "lora_B" in k)
+
+
+def test_activation_checkpointing_gives_the_same_gradients(world) -> None:
+    images, texts = items(world, 4)
+    grads = []
+    for checkpointing in (False, True):
+        torch.manual_seed(0)
+        towers = build_towers(
+            towers_config(world, image="full", text="lora", checkpointing=checkpointing)
+        )
+        with torch.no_grad():
+            for n, p in towers.named_parameters():
+                if "lora_B" in n:
+                    p.fill_(0.01)
+        assert towers.model.transformer.grad_checkpointing is checkpointing
+        towers.train()
+        loss = towers.encode_images(images).square().sum() + towers.encode_texts(texts).sum()
+        loss.backward()
+        grads.append({n: p.grad.clone() for n, p in towers.trainable_named_parameters()})
+    assert grads[0].keys() == grads[1].keys() and grads[0]
+    for key in grads[0]:
+        torch.testing.assert_close(grads[1][key], grads[0][key], msg=key)
+    assert TowersConfig.parse(f"{world['spec']};checkpointing=true").checkpointing

@@ -51,6 +51,9 @@ class OpenClipTowers(Towers):
         self.image_width = self.text_width = encoder.text_dim
         self._configure()
 
+    def _enable_checkpointing(self) -> None:
+        self.model.set_grad_checkpointing(True)  # open_clip: use_reentrant=False per block
+
     def _side_of(self, name: str) -> str | None:
         if name.startswith("visual."):
             return "image"
@@ -123,6 +126,9 @@ class HFClipTowers(Towers):
         self.image_width = self.text_width = encoder.text_dim
         self._configure()
 
+    def _enable_checkpointing(self) -> None:
+        self.model.gradient_checkpointing_enable({"use_reentrant": False})
+
     def _side_of(self, name: str) -> str | None:
         head = name.split(".")[0]
         if head in ("vision_model", "visual_projection"):
@@ -178,6 +184,9 @@ class SentenceTransformerTowers(Towers):
         self.model = encoder.model
         self.image_width = self.text_width = encoder.text_dim
         self._configure()
+
+    def _enable_checkpointing(self) -> None:
+        self.model[0].auto_model.gradient_checkpointing_enable({"use_reentrant": False})
 
     def _side_of(self, name: str) -> str | None:
         return "text"

@@ -65,6 +65,8 @@ class TowersConfig:
                  ``train.lr``
     weight_decay decay of the tower matrices (never of biases, norms, embeddings of rank < 2);
                  None: ``train.weight_decay``
+    checkpointing  activation checkpointing of the transformer blocks (recompute activations
+                 in the backward pass: less memory, about one more forward of time)
     """
 
     encoder: str
@@ -75,6 +77,7 @@ class TowersConfig:
     lora_targets: list[str] = field(default_factory=list)
     lr: float | None = None
     weight_decay: float | None = None
+    checkpointing: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.encoder, str) or not self.encoder:
@@ -133,10 +136,16 @@ class TowersConfig:
                     values[key] = int(value)
                 elif key in ("lora_alpha", "lr", "weight_decay"):
                     values[key] = None if value.lower() == "none" else float(value)
+                elif key == "checkpointing":
+                    if value.lower() not in ("true", "false", "1", "0"):
+                        raise ValueError(value)
+                    values[key] = value.lower() in ("true", "1")
                 else:
                     values[key] = value
             except ValueError:
-                raise TowerError(f"towers {text!r}: {key}={value!r} is not a number") from None
+                raise TowerError(
+                    f"towers {text!r}: {key}={value!r} is not a {'boolean' if key == 'checkpointing' else 'number'}"
+                ) from None
         return cls(**values)
 
     def save(self, path: Path) -> None:
@@ -226,12 +235,19 @@ class Towers(nn.Module):
             mode = self.mode(side)
             if mode == "full" or (mode == "lora" and "lora_" in name):
                 param.requires_grad_(True)
+        if cfg.checkpointing:
+            self._enable_checkpointing()
         if unused:
             self.notes.append(
                 f"towers: {len(unused)} parameter(s) no encoding uses stay frozen "
                 f"({', '.join(unused[:4])}{', ...' if len(unused) > 4 else ''})"
             )
         self.train(self.training)
+
+    def _enable_checkpointing(self) -> None:
+        """Turn on the model's own activation checkpointing (non-reentrant, so gradients reach
+        adapters inside blocks whose inputs need none)."""
+        raise TowerError(f"towers {self.config.encoder!r}: no activation checkpointing here")
 
     def _add_lora(self, side: str) -> None:
         from curvalign.data.encoders import _require
