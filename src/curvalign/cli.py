@@ -180,6 +180,13 @@ def train_command(
         help="Print the resolved config (recipe's paper defaults, --config file, overrides) "
         "as YAML and exit without training.",
     ),
+    towers: str = typer.Option(
+        None,
+        "--towers",
+        help="Train the encoders too: 'ENCODER_SPEC[;image=lora;text=full;lora_rank=8;lr=1e-5]' "
+        "(modes locked|lora|full; the store's images and captions are re-encoded each step; "
+        "see docs/training.md, 'Train the towers').",
+    ),
     nproc: int = typer.Option(
         1,
         "--nproc",
@@ -247,6 +254,7 @@ def train_command(
                         overwrite=overwrite,
                         quiet=quiet,
                         overrides=overrides or [],
+                        towers=towers,
                     ),
                 )
             )
@@ -262,6 +270,7 @@ def train_command(
             overwrite=overwrite,
             show_progress=not quiet,
             notify=note,
+            towers=towers,
         )
     except TrainingInterrupted as err:  # a clean stop with a checkpoint: not an error
         typer.secho(f"stopped: {err}", err=True, fg=typer.colors.YELLOW)

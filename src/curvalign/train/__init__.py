@@ -20,7 +20,11 @@ _EXPORTS = {
     "load_run": "curvalign.runs",
     "Trainer": "curvalign.train.trainer",
     "NonFiniteLossError": "curvalign.train.trainer",
-    "train": "curvalign.train.trainer",
+    # train(..., towers=...) trains encoders too; without towers it is trainer.train
+    "train": "curvalign.train.towers",
+    "TowerTrainer": "curvalign.train.towers",
+    "export_towers": "curvalign.train.towers",
+    "load_towers": "curvalign.train.towers",
     "read_log": "curvalign.runs",
     "TrainerHook": "curvalign.train.hooks",
     "Decision": "curvalign.train.hooks",

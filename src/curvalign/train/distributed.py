@@ -36,7 +36,8 @@ from curvalign.config import RunConfig
 from curvalign.data.features import FeatureStore
 from curvalign.errors import ConfigError
 from curvalign.recipes.base import Batch, Embedding, Gather, LossOutput, Progress
-from curvalign.train.trainer import Trainer, _clear_run_files, train
+from curvalign.train.towers import train  # with towers=..., encoders train in front
+from curvalign.train.trainer import Trainer, _clear_run_files
 
 
 class _AllGatherWithGrad(torch.autograd.Function):
@@ -206,7 +207,8 @@ def build_distributed_trainer(
     ``find_unused_parameters=True`` because curriculum recipes (AGR, DualPath) leave some
     parameters out of the loss in some phases."""
     gather = DistributedGather()
-    trainer = Trainer(config, store, run_dir, gather=gather, is_main=context.is_main, **kwargs)
+    trainer_cls = kwargs.pop("trainer_cls", Trainer)  # TowerTrainer: encoders in front (towers.py)
+    trainer = trainer_cls(config, store, run_dir, gather=gather, is_main=context.is_main, **kwargs)
     if "text_pairs" in trainer.recipe.requires and config.train.pair_batch_size % gather.world_size:
         raise ConfigError(
             f"pair_batch_size {config.train.pair_batch_size} is not divisible by the "
@@ -286,6 +288,7 @@ def train_arguments(
     overwrite: bool,
     quiet: bool,
     overrides: Sequence[str],
+    towers: str | None = None,
 ) -> list[str]:
     """The ``curvalign train`` arguments that reproduce these options (for the ranks to parse)."""
     args = ["--out", str(out)]
@@ -294,6 +297,7 @@ def train_arguments(
         ("--data", data),
         ("--steps", steps),
         ("--config", config),
+        ("--towers", towers),
     ):
         if value is not None:
             args += [flag, str(value)]

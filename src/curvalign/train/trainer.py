@@ -307,7 +307,7 @@ class Trainer:
 
         try:
             # the text width is the token width Dk when the recipe pools text tokens
-            self.input_dims = recipe_input_dims(config, store)
+            self.input_dims = self._input_dims(config, store)
         except FeatureStoreError as err:
             raise TrainError(f"recipe {config.recipe!r} on data {config.data!r}: {err}") from None
         if not resume:  # scales resolved from the train features' norms, saved in config.json
@@ -366,12 +366,28 @@ class Trainer:
                 f"{summary['skipped_without_box']} train images have no box and are not trained on "
                 f"(recipe {config.recipe!r} needs a box for every image in a batch)"
             )
-        self.optimizer = build_optimizer(self.recipe, cfg)
+        self.optimizer = self._build_optimizer()
         self.scheduler = build_scheduler(self.optimizer, cfg)
         self.step = 0
         self.checkpoint_step: int | None = None
         if resume:
             self._load_state()
+
+    # --- what a subclass that puts encoders in front of the recipe replaces (train/towers.py)
+    def _input_dims(self, config: RunConfig, store: FeatureStore) -> tuple[int, int]:
+        """(image, text) widths the recipe's heads take: the store's feature widths."""
+        return recipe_input_dims(config, store)
+
+    def _build_optimizer(self) -> torch.optim.Optimizer:
+        return build_optimizer(self.recipe, self.train_config)
+
+    def _next_batch(self) -> Batch:
+        """This rank's rows of the next global batch, on the device (called under autocast)."""
+        return local_rows(self.sampler.next_batch(), self.gather).to(self.device)
+
+    def _meta_extras(self) -> dict[str, Any]:
+        """Keys a subclass adds to (or replaces in) each checkpoint's meta.json."""
+        return {}
 
     def _note(self, message: str) -> None:
         self.notes.append(message)
@@ -543,6 +559,7 @@ class Trainer:
                 "best_val": self.best_val,
                 "stopped_early": self.stopped_early,
                 STEP0_META_KEY: getattr(self, "step0_health", None),
+                **self._meta_extras(),
             }
             try:
                 save_checkpoint(
@@ -573,15 +590,16 @@ class Trainer:
         cfg = self.train_config
         self.recipe.train()
         self.recipe.on_step_start(progress)
-        try:
-            batch = local_rows(self.sampler.next_batch(), self.gather).to(self.device)
-        except SamplingError as err:
-            raise TrainError(f"step {progress.step + 1}: {err}; " + self._kept_message()) from None
         autocast = (
             torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
             if cfg.bf16
             else nullcontext()
         )
+        try:
+            with autocast:  # towers in front of the recipe encode under the same autocast
+                batch = self._next_batch()
+        except SamplingError as err:
+            raise TrainError(f"step {progress.step + 1}: {err}; " + self._kept_message()) from None
         with autocast:
             out = self.model(batch, progress, self.gather)
         if not bool(torch.isfinite(out.total.detach())):
@@ -1025,7 +1043,8 @@ def train(
     extend it); without it a directory that already holds files is refused unless ``overwrite``.
     ``stop_at`` ends the call early at that step with a checkpoint, as if the process were killed
     there. ``hooks``: trainer events (``curvalign.train.hooks``), passed to the Trainer.
-    Errors are ``TrainError`` with one clear message.
+    Errors are ``TrainError`` with one clear message (encoders in front of the recipe:
+    ``curvalign.train.towers.train``, the same call with ``towers=``).
     """
     run_dir = Path(out_dir)
     if resume and overwrite:

@@ -1,0 +1,349 @@
+"""The tower protocol: encoders that sit in front of the heads and train with them.
+
+A :class:`Towers` object is one local encoder (an open_clip model, a sentence-transformers
+directory) seen as two sides, ``image`` and ``text``, each in one of three modes:
+
+    locked   frozen and in eval mode: the features are the ones ``curvalign extract`` writes
+    lora     the base frozen, low-rank adapters (``peft``: rank, alpha, target modules) trained;
+             the adapters start at zero (LoRA's B = 0), so step 0 gives the frozen features
+    full     every parameter of that side trained
+
+It encodes raw items to features that carry gradients::
+
+    encode_images(items) -> float32 [N, Di]   items: image paths / PIL images (or, for a
+                                              text-only encoder, the texts standing for images)
+    encode_texts(texts)  -> float32 [N, Dt]
+
+and exports itself (adapters merged) as an encoder spec that ``curvalign extract``,
+``curvalign search`` and ``curvalign.data.encoders.load_encoder`` accept, so evaluation, index
+and search run unchanged on features re-extracted with the trained towers.
+
+Checkpoints hold ``trainable_state()`` only: the LoRA adapters for a LoRA side ("adapters-only
+checkpoints"), every weight of a fully trained side, nothing for a locked side; the frozen base
+is read again from the encoder spec on resume. Recipes never see a tower: they get a ``Batch``
+of features as from a feature store.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+from abc import abstractmethod
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from curvalign.errors import CurvalignError
+
+MODES = ("locked", "lora", "full")
+SIDES = ("image", "text")
+
+
+class TowerError(CurvalignError, ValueError):
+    """A bad tower setting, a tower that cannot be built, or one that cannot train as asked."""
+
+
+@dataclass
+class TowersConfig:
+    """What to train in front of the heads (saved as ``towers.json`` in the run directory).
+
+    encoder      an encoder spec (``curvalign.data.encoders``): ``open_clip:ARCH:CKPT``,
+                 ``hf-clip:DIR``, ``sentence-transformers:DIR`` or ``minilm``; local files only
+    image, text  mode of each side: locked | lora | full (a text-only encoder has one shared
+                 backbone: both sides must then have the same mode)
+    lora_rank, lora_alpha   LoRA's r and alpha (scaling alpha / r)
+    lora_targets names of the linear modules that get adapters (peft ``target_modules``);
+                 empty: the adapter's default (open_clip: the MLP ``c_fc``, ``c_proj`` of every
+                 block; HF CLIP: ``q_proj, k_proj, v_proj, out_proj, fc1, fc2``; BERT-like:
+                 ``query``, ``key``, ``value``)
+    lr           learning rate of the tower parameters (the heads keep ``train.lr``); None:
+                 ``train.lr``
+    weight_decay decay of the tower matrices (never of biases, norms, embeddings of rank < 2);
+                 None: ``train.weight_decay``
+    checkpointing  activation checkpointing of the transformer blocks (recompute activations
+                 in the backward pass: less memory, about one more forward of time)
+    """
+
+    encoder: str
+    image: str = "locked"
+    text: str = "locked"
+    lora_rank: int = 8
+    lora_alpha: float = 16.0
+    lora_targets: list[str] = field(default_factory=list)
+    lr: float | None = None
+    weight_decay: float | None = None
+    checkpointing: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.encoder, str) or not self.encoder:
+            raise TowerError("towers: 'encoder' must be an encoder spec string")
+        for side in SIDES:
+            if getattr(self, side) not in MODES:
+                raise TowerError(
+                    f"towers: {side}={getattr(self, side)!r}; expected one of {', '.join(MODES)}"
+                )
+        if int(self.lora_rank) < 1 or not float(self.lora_alpha) > 0:
+            raise TowerError(
+                f"towers: lora_rank must be >= 1 and lora_alpha > 0, got {self.lora_rank}, "
+                f"{self.lora_alpha}"
+            )
+        if self.lr is not None and not float(self.lr) > 0:
+            raise TowerError(f"towers: lr must be > 0, got {self.lr}")
+        self.lora_targets = list(self.lora_targets or [])
+
+    @property
+    def trains(self) -> bool:
+        """Whether any side trains (a fully locked pair only re-encodes)."""
+        return self.image != "locked" or self.text != "locked"
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any], source: str = "towers") -> TowersConfig:
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(raw) - known)
+        if unknown:
+            raise TowerError(f"{source}: unknown key(s) {unknown}; expected {sorted(known)}")
+        return cls(**dict(raw))
+
+    @classmethod
+    def parse(cls, text: str) -> TowersConfig:
+        """``"ENCODER_SPEC[;key=value...]"``, e.g.
+        ``"open_clip:ViT-B-16:/m/clip.pt;image=lora;text=lora;lora_rank=8;lr=1e-5"``
+        (``lora_targets`` comma-separated)."""
+        spec, *pairs = [p.strip() for p in str(text).split(";")]
+        values: dict[str, Any] = {"encoder": spec}
+        types = {f.name: f.type for f in dataclasses.fields(cls)}
+        for pair in filter(None, pairs):
+            key, sep, value = pair.partition("=")
+            key = key.strip()
+            if not sep or key not in types or key == "encoder":
+                raise TowerError(
+                    f"towers {text!r}: {pair!r} is not key=value with a key of "
+                    f"{sorted(k for k in types if k != 'encoder')}"
+                )
+            value = value.strip()
+            try:
+                if key == "lora_targets":
+                    values[key] = [v.strip() for v in value.split(",") if v.strip()]
+                elif key == "lora_rank":
+                    values[key] = int(value)
+                elif key in ("lora_alpha", "lr", "weight_decay"):
+                    values[key] = None if value.lower() == "none" else float(value)
+                elif key == "checkpointing":
+                    if value.lower() not in ("true", "false", "1", "0"):
+                        raise ValueError(value)
+                    values[key] = value.lower() in ("true", "1")
+                else:
+                    values[key] = value
+            except ValueError:
+                raise TowerError(
+                    f"towers {text!r}: {key}={value!r} is not a {'boolean' if key == 'checkpointing' else 'number'}"
+                ) from None
+        return cls(**values)
+
+    def save(self, path: Path) -> None:
+        from curvalign._io import atomic_write_text
+
+        atomic_write_text(Path(path), json.dumps(self.to_dict(), indent=2) + "\n")
+
+    @classmethod
+    def load(cls, path: Path) -> TowersConfig:
+        try:
+            raw = json.loads(Path(path).read_text())
+        except (OSError, ValueError) as err:
+            raise TowerError(f"{path} is not a readable towers config ({err})") from None
+        return cls.from_dict(raw, source=str(path))
+
+
+class Towers(nn.Module):
+    """An image tower and a text tower in front of a recipe's heads (see the module docstring).
+
+    Subclasses build ``self.model`` (the whole encoder, an ``nn.Module``), set ``spec``,
+    ``image_width``, ``text_width``, and implement ``_side_of(name)`` (which side a parameter
+    belongs to: "image", "text" or None for a parameter no encoding uses), ``_lora_modules(side)``
+    (the submodule that gets a side's adapters), ``encode_images``, ``encode_texts`` and
+    ``export``. ``_configure()`` then applies the modes.
+    """
+
+    spec: str
+    image_width: int
+    text_width: int
+    #: peft target modules when ``TowersConfig.lora_targets`` is empty
+    default_lora_targets: tuple[str, ...] = ()
+    #: one backbone for both sides (a text-only encoder encodes the texts standing for images)
+    shared_backbone: bool = False
+
+    def __init__(self, config: TowersConfig) -> None:
+        super().__init__()
+        self.config = config
+        #: parameters frozen because no encoding uses them (named in ``notes``)
+        self.notes: list[str] = []
+
+    # --- what subclasses provide --------------------------------------------------------------
+    @abstractmethod
+    def _side_of(self, name: str) -> str | None:
+        """The side parameter ``name`` (of ``self.model``) belongs to; None: used by neither."""
+
+    @abstractmethod
+    def _lora_modules(self, side: str) -> nn.Module:
+        """The submodule whose linear layers get the adapters of ``side``."""
+
+    @abstractmethod
+    def encode_images(self, items: Sequence[Any]) -> Tensor:
+        """Images (paths or PIL images; texts for a text-only encoder) -> float32 [N, Di]."""
+
+    @abstractmethod
+    def encode_texts(self, texts: Sequence[str]) -> Tensor:
+        """Texts -> float32 [N, Dt]."""
+
+    @abstractmethod
+    def _export_model(self, model: nn.Module, directory: Path) -> str:
+        """Write ``model`` (adapters merged, the original module names) into ``directory``;
+        return its encoder spec."""
+
+    # --- modes --------------------------------------------------------------------------------
+    def mode(self, side: str) -> str:
+        return getattr(self.config, side)
+
+    def _configure(self) -> None:
+        """Freeze everything, add the adapters of the LoRA sides, unfreeze what trains."""
+        cfg = self.config
+        if self.shared_backbone and cfg.image != cfg.text:
+            raise TowerError(
+                f"towers {cfg.encoder!r}: one backbone encodes both sides, so image and text "
+                f"must have the same mode (got image={cfg.image}, text={cfg.text})"
+            )
+        self.model.requires_grad_(False)
+        sides = ("text",) if self.shared_backbone else SIDES
+        for side in sides:
+            if self.mode(side) == "lora":
+                self._add_lora(side)
+        unused = []
+        for name, param in self.model.named_parameters():
+            side = self._side_of(name)
+            if side is None:
+                if self.mode("image") != "locked" or self.mode("text") != "locked":
+                    unused.append(name)
+                continue
+            mode = self.mode(side)
+            if mode == "full" or (mode == "lora" and "lora_" in name):
+                param.requires_grad_(True)
+        if cfg.checkpointing:
+            self._enable_checkpointing()
+        if unused:
+            self.notes.append(
+                f"towers: {len(unused)} parameter(s) no encoding uses stay frozen "
+                f"({', '.join(unused[:4])}{', ...' if len(unused) > 4 else ''})"
+            )
+        self.train(self.training)
+
+    def _enable_checkpointing(self) -> None:
+        """Turn on the model's own activation checkpointing (non-reentrant, so gradients reach
+        adapters inside blocks whose inputs need none)."""
+        raise TowerError(f"towers {self.config.encoder!r}: no activation checkpointing here")
+
+    def _add_lora(self, side: str) -> None:
+        from curvalign.data.encoders import _require
+
+        peft = _require("peft", "towers")
+        targets = list(self.config.lora_targets or self.default_lora_targets)
+        config = peft.LoraConfig(
+            r=int(self.config.lora_rank),
+            lora_alpha=float(self.config.lora_alpha),
+            target_modules=targets,
+            lora_dropout=0.0,
+            bias="none",
+        )
+        module = self._lora_modules(side)
+        try:
+            peft.inject_adapter_in_model(config, module)
+        except ValueError as err:  # no module matches the targets
+            raise TowerError(
+                f"towers {self.config.encoder!r}: LoRA on the {side} side: {str(err).splitlines()[0]} "
+                f"(lora_targets={targets})"
+            ) from None
+
+    def train(self, mode: bool = True) -> Towers:
+        """Train mode for the sides that train; a locked side always stays in eval mode (its
+        features are then exactly the extracted ones, dropout off)."""
+        super().train(mode)
+        for side in SIDES if not self.shared_backbone else ("text",):
+            if self.mode(side) == "locked":
+                self._side_module(side).eval()
+        return self
+
+    def _side_module(self, side: str) -> nn.Module:
+        return self._lora_modules(side) if not self.shared_backbone else self.model
+
+    # --- parameters and state -----------------------------------------------------------------
+    def trainable_named_parameters(self) -> list[tuple[str, nn.Parameter]]:
+        """(name, parameter) of every tower parameter that trains, in a fixed order."""
+        return [(n, p) for n, p in self.named_parameters() if p.requires_grad]
+
+    def freeze(self, names: Sequence[str], why: str) -> None:
+        """Freeze the named parameters (names as in ``named_parameters()``), with a note."""
+        params = dict(self.named_parameters())
+        for name in names:
+            params[name].requires_grad_(False)
+        if names:
+            self.notes.append(
+                f"towers: froze {len(names)} trainable parameter(s) {why} "
+                f"({', '.join(list(names)[:4])}{', ...' if len(names) > 4 else ''})"
+            )
+
+    def trainable_state(self) -> dict[str, Tensor]:
+        """The trained tensors only (LoRA: the adapters; full: that side's weights), as plain
+        CPU tensors: what a checkpoint stores."""
+        names = {n for n, _ in self.trainable_named_parameters()}
+        return {k: v.detach().to("cpu").clone() for k, v in self.state_dict().items() if k in names}
+
+    def load_trainable_state(self, state: Mapping[str, Tensor]) -> None:
+        """Load ``trainable_state()`` output (TowerError when it does not fit these towers)."""
+        expected = {n for n, _ in self.trainable_named_parameters()}
+        if set(state) != expected:
+            missing, extra = sorted(expected - set(state)), sorted(set(state) - expected)
+            raise TowerError(
+                f"tower state does not fit towers {self.config.encoder!r} as configured "
+                f"(missing {missing[:3]}, unexpected {extra[:3]})"
+            )
+        self.load_state_dict(dict(state), strict=False)
+
+    # --- export -------------------------------------------------------------------------------
+    def merged_model(self) -> nn.Module:
+        """A copy of the encoder with the adapters merged into their base layers and the peft
+        wrappers removed (the original module names and weights layout)."""
+        model = copy.deepcopy(self.model).to("cpu")
+        for name, module in list(model.named_modules()):
+            base = getattr(module, "base_layer", None)
+            if base is None or not hasattr(module, "merge"):
+                continue
+            module.merge()
+            parent_name, _, child = name.rpartition(".")
+            parent = model.get_submodule(parent_name) if parent_name else model
+            setattr(parent, child, base)
+        model.requires_grad_(False)
+        return model.eval()
+
+    def export(self, directory: str | Path) -> str:
+        """Write the towers (adapters merged) into ``directory``; returns the encoder spec that
+        ``curvalign extract --encoder`` accepts."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        return self._export_model(self.merged_model(), directory)
+
+    # --- helpers ------------------------------------------------------------------------------
+    def _device(self) -> torch.device:
+        return next(iter(self._all_tensors()), torch.empty(0)).device
+
+    def _all_tensors(self) -> Iterator[Tensor]:
+        yield from self.model.parameters()
+
+
+__all__ = ["MODES", "SIDES", "TowerError", "Towers", "TowersConfig"]

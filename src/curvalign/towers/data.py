@@ -1,0 +1,88 @@
+"""Raw items of a feature store, encoded by towers into training and validation features.
+
+A store made by ``curvalign extract`` keeps its manifest beside the features: ``image_paths``
+(relative to ``meta["images_root"]``) and the caption strings ``texts``; a store of texts
+standing for images (``wordnet:``) keeps ``image_texts``. The sampler's index stream
+(``BatchSampler.next_indices``: which images, which caption of each) is the same whether the
+features come from the store or from towers, so a tower run draws exactly the rows a
+feature-store run draws; only the rows' features are computed here, by the current towers.
+
+Decoding is in-process (the images of one step are read, resized and normalised by the
+encoder's own evaluation transform: no random augmentation yet, so resume stays bit-exact).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from torch import Tensor
+
+from curvalign.data.batch import Batch
+from curvalign.data.features import FeatureStore
+from curvalign.towers.base import TowerError, Towers
+
+#: store parts a tower batch cannot build yet (crops from box coordinates, scored text pairs)
+UNSUPPORTED_PARTS = {
+    "boxes": "box crops and their phrases",
+    "text_pairs": "scored text pairs",
+}
+
+
+class StoreItems:
+    """The raw items of ``store``: ``images(ids)`` (paths, or texts standing for images) and
+    ``texts(ids)``; TowerError at once when the store has no manifest."""
+
+    def __init__(self, store: FeatureStore, data: str = "the data") -> None:
+        if store.texts is None:
+            raise TowerError(
+                f"{data}: training towers needs the caption strings of the store (its manifest "
+                "'texts'); extract the store with `curvalign extract` from images and captions"
+            )
+        if store.image_paths is not None:
+            root = store.meta.get("images_root")
+            if not root:
+                raise TowerError(
+                    f"{data}: the store lists image_paths but no meta['images_root'] to read them from"
+                )
+            base = Path(root)
+            self._images: list[Any] = [str(base / p) for p in store.image_paths]
+        elif store.image_texts is not None:
+            self._images = list(store.image_texts)
+        else:
+            raise TowerError(
+                f"{data}: training towers needs the image files (manifest 'image_paths') or the "
+                "texts standing for images ('image_texts'); this store has neither"
+            )
+        self._texts = list(store.texts)
+
+    def images(self, ids: Tensor | Sequence[int]) -> list[Any]:
+        return [self._images[int(i)] for i in ids]
+
+    def texts(self, ids: Tensor | Sequence[int]) -> list[str]:
+        return [self._texts[int(i)] for i in ids]
+
+
+def check_recipe_parts(requires: Sequence[str], text_tokens: bool, recipe: str) -> None:
+    """TowerError before any training when the recipe needs a part tower batches lack."""
+    missing = [UNSUPPORTED_PARTS[p] for p in sorted(requires) if p in UNSUPPORTED_PARTS]
+    if text_tokens:
+        missing.append("token-level text features")
+    if missing:
+        raise TowerError(
+            f"recipe {recipe} trains on {', '.join(missing)}; tower training does not build "
+            "those from raw items yet (train it on a feature store, or configure it without them)"
+        )
+
+
+def tower_batch(towers: Towers, items: StoreItems, indices: dict[str, Tensor]) -> Batch:
+    """The Batch of ``indices`` (``BatchSampler.next_indices`` rows, this rank's share) with
+    features from ``towers``: image [B, Di], text [B, Dt], carrying gradients to the towers."""
+    return Batch(
+        image=towers.encode_images(items.images(indices["image"])),
+        text=towers.encode_texts(items.texts(indices["text"])),
+    )
+
+
+__all__ = ["StoreItems", "UNSUPPORTED_PARTS", "check_recipe_parts", "tower_batch"]
