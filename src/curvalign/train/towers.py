@@ -42,6 +42,7 @@ from curvalign.config import RunConfig, recipe_class
 from curvalign.data.batch import Batch
 from curvalign.data.features import FeatureStore
 from curvalign.errors import TrainError
+from curvalign.readout import embed_features
 from curvalign.recipes.base import Progress
 from curvalign.runs import CheckpointError
 from curvalign.towers import (
@@ -63,7 +64,7 @@ from curvalign.train.trainer import (
     seed_everything,
     set_rng_state,
 )
-from curvalign.train.validation import VAL_SPLIT, ValidationSet
+from curvalign.train.validation import ValidationSet
 
 TOWERS_CONFIG_FILE = "towers.json"
 TOWERS_FILE = "towers.safetensors"
@@ -76,13 +77,10 @@ class TowerValidationSet(ValidationSet):
 
     def __init__(self, store: FeatureStore, towers: Towers, items: StoreItems, **kw: Any) -> None:
         super().__init__(store, **kw)
-        image_ids = store.split_image_ids(VAL_SPLIT)
-        owner = torch.full((store.num_images,), -1, dtype=torch.long)
-        owner[image_ids] = torch.arange(len(image_ids))
-        text_ids = torch.nonzero(owner[store.text_to_image.long()] >= 0).flatten()
+        # the rows the parent scores (its subsample included), as raw items
         self.towers = towers
-        self.image_items = items.images(image_ids)
-        self.text_items = items.texts(text_ids)
+        self.image_items = items.images(self.image_ids)
+        self.text_items = items.texts(self.text_ids)
 
     def encode(self) -> tuple[Tensor, Tensor]:
         """(images [Ni, Di], texts [Nt, Dt]) of the split, encoded by the towers in eval mode."""
@@ -103,9 +101,13 @@ class TowerValidationSet(ValidationSet):
             self.towers.train(was_training)
         return torch.cat(images), torch.cat(texts)
 
-    def score(self, recipe: Any) -> float:
-        self.images, self.texts = self.encode()
-        return super().score(recipe)
+    def embeddings(self, recipe: Any) -> tuple[Any, Any]:
+        """The split re-encoded by the current towers, then embedded by ``recipe``."""
+        images, texts = self.encode()
+        return (
+            embed_features(recipe, images, "image", self.batch_size),
+            embed_features(recipe, texts, "text", self.batch_size),
+        )
 
 
 class TowerTrainer(Trainer):

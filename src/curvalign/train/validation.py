@@ -176,14 +176,20 @@ class ValidationSet:
     def num_images(self) -> int:
         return int(self.image_ids.shape[0])
 
+    def embeddings(self, recipe: Any) -> tuple[Any, Any]:
+        """(images, texts) of the scored split embedded by ``recipe``: the store's features
+        (a subclass that re-encodes raw items, as tower training does, overrides this)."""
+        images = embed_store_part(recipe, self.store, "image", self.image_ids, self.batch_size)
+        texts = embed_store_part(recipe, self.store, "text", self.text_ids, self.batch_size)
+        return images, texts
+
     @torch.no_grad()
     def score(self, recipe: Any) -> float:
         """Mean of T2I and I2T recall@1 with ``recipe.scores``; the recipe's mode is restored."""
         was_training = recipe.training
         recipe.eval()
         try:
-            images = embed_store_part(recipe, self.store, "image", self.image_ids, self.batch_size)
-            texts = embed_store_part(recipe, self.store, "text", self.text_ids, self.batch_size)
+            images, texts = self.embeddings(recipe)
             t_ranks, i_ranks = retrieval_ranks(recipe, texts, images, self.text_to_image)
             recall = recall_from_ranks(t_ranks, i_ranks, ks=(1,))
         finally:
