@@ -20,7 +20,8 @@ from typer.testing import CliRunner
 
 from curvalign._io import staged_directory
 from curvalign.cli import app
-from curvalign.train.checkpoint import CheckpointError, load_run, read_meta
+from curvalign.runs import load_run
+from curvalign.train.checkpoint import CheckpointError, read_meta
 from curvalign.train.trainer import train
 
 SRC = Path(__file__).resolve().parents[1] / "src"
