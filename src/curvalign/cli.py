@@ -126,7 +126,7 @@ def version() -> None:
     typer.echo(__version__)
 
 
-# --- train (issue: methods and trainer) -------------------------------------------------------
+# --- train a recipe on a store or the synthetic world; the learning-rate range test ---------------
 
 
 @app.command("train")
@@ -303,7 +303,7 @@ def _lr_range_command(
     typer.echo(f"wrote {out / 'lr_range.json'}, {out / 'lr_range.png'}")
 
 
-# --- eval / benchmark / demo / study (issue: evaluation) --------------------------------------
+# --- evaluate runs (eval), compare recipes (benchmark, demo), test the seeds' claims (study) ------
 
 
 #: the width tables get off a terminal (a pipe, a log file): wide enough for every column
@@ -715,7 +715,7 @@ def study_command(
     typer.echo(f"wrote {out}")
 
 
-# --- embed / index (issue: retrieval serving) -------------------------------------------------
+# --- embed a store with a run; index build, search, add and export --------------------------------
 
 index_app = typer.Typer(
     help="Build and search retrieval indexes over embeddings (docs/search.md).",
@@ -982,7 +982,7 @@ def index_export_command(
     )
 
 
-# --- search / serve (issue: search a person can use) ------------------------------------------
+# --- search an index from the terminal; serve it over HTTP with a search page ---------------------
 
 
 def _open_searcher(run_dir: Path, index: Path, encoder: str | None, candidates: int):
@@ -1120,7 +1120,7 @@ def serve_command(
         fail(str(err))
 
 
-# --- extract (issue: real encoders) -----------------------------------------------------------
+# --- extract a feature store with an encoder: image folders, webdatasets, SugarCrepe, text pairs --
 
 
 @app.command("extract")
