@@ -365,12 +365,8 @@ def eval_command(
     """Evaluate a trained run: every metric the data supports (see docs/evaluation.md)."""
     import json
 
-    from curvalign.data import load_store
-    from curvalign.data.protocols import get_protocol, protocol_store
-    from curvalign.eval import evaluate
-    from curvalign.eval.health import health_of_run
+    from curvalign.report.run_eval import evaluate_run
     from curvalign.report.tables import UNITS, metrics_lines, to_jsonable
-    from curvalign.runs import load_run
 
     if suite is not None:
         if data is not None or protocol is not None:
@@ -378,30 +374,18 @@ def eval_command(
         _run_suite([run_dir], suite, out or Path(run_dir) / "suite", split, batch_size, json_output)
         return
     try:
-        run = load_run(run_dir, weights=weights)
-        print_notes(run.notes)
-        spec = data or run.config.data
-        if not data and spec.startswith("<"):
-            fail(f"{run_dir} was trained on an in-memory store ({spec}); pass --data SPEC")
-        store, spec = load_store(spec)
-        name = protocol or store.meta.get("protocol")
-        if name is not None:
-            store = protocol_store(store, get_protocol(name), split)
-            split = "test"
-        result = evaluate(run.recipe, store, split=split, batch_size=batch_size)
+        evaluation = evaluate_run(
+            run_dir,
+            data=data,
+            split=split,
+            batch_size=batch_size,
+            protocol=protocol,
+            weights=weights,
+            on_loaded=lambda loaded: print_notes(loaded.notes),
+        )
     except CurvalignError as err:
         fail(str(err))
-    result["meta"].update(
-        step=run.step,
-        weights=run.weights,
-        last_step=run.last_step,
-        best_step=run.best_step,
-        run_dir=str(run_dir),
-        data=spec,
-    )
-    result["health"] = health_of_run(run)
-    if run.note:
-        result["meta"]["note"] = run.note
+    run, result, spec, split = evaluation.run, evaluation.result, evaluation.spec, evaluation.split
     if json_output:
         typer.echo(json.dumps(to_jsonable(result)))
         return
@@ -422,25 +406,17 @@ def _run_suite(
     """Evaluate each run on every store of ``suite``; write and print the long table."""
     import json
 
-    from curvalign.report.suite import SuiteResult, evaluate_on_suite, suite_markdown, write_suite
-    from curvalign.runs import load_run
+    from curvalign.report.suite import evaluate_runs_on_suite, suite_markdown, write_suite
 
     console = _stderr_console()
-    total = SuiteResult(rows=[])
     try:
-        for run_dir in run_dirs:
-            run = load_run(run_dir)
-            part = evaluate_on_suite(
-                run.recipe,
-                suite,
-                model=run.config.recipe,
-                pretrained=str(run_dir),
-                split=split,
-                batch_size=batch_size,
-                notify=lambda m: None if json_output else console.print(m),
-            )
-            total.rows += part.rows
-            total.skipped += [(f"{d} ({run.config.recipe})", r) for d, r in part.skipped]
+        total = evaluate_runs_on_suite(
+            run_dirs,
+            suite,
+            split=split,
+            batch_size=batch_size,
+            notify=lambda m: None if json_output else console.print(m),
+        )
         files = write_suite(total, out)
     except CurvalignError as err:
         fail(str(err))
