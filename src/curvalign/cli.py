@@ -743,9 +743,7 @@ def embed_command(
     try:
         run = load_run(run_dir, weights=weights)
         print_notes(run.notes)
-        spec = data or run.config.data
-        if not data and spec.startswith("<"):
-            fail(f"{run_dir} was trained on an in-memory store ({spec}); pass --data SPEC")
+        spec = run.data_spec(data)
         if not quiet:
             typer.secho(f"note: embedding with the {run.describe()}", err=True)
         store = load_data(spec)

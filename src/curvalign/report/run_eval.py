@@ -9,7 +9,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from curvalign.errors import ConfigError
 from curvalign.runs import LoadedRun
 
 
@@ -48,10 +47,7 @@ def evaluate_run(
     run = load_run(run_dir, weights=weights)
     if on_loaded is not None:
         on_loaded(run)
-    spec = data or run.config.data
-    if not data and spec.startswith("<"):
-        raise ConfigError(f"{run_dir} was trained on an in-memory store ({spec}); pass --data SPEC")
-    store, spec = load_store(spec)
+    store, spec = load_store(run.data_spec(data))
     name = protocol or store.meta.get("protocol")
     if name is not None:
         store = protocol_store(store, get_protocol(name), split)
