@@ -16,7 +16,8 @@ import torch
 from curvalign.data import load_data
 from curvalign.eval import evaluate
 from curvalign.index import build_index
-from curvalign.train import load_run, train
+from curvalign.runs import load_run
+from curvalign.train import train
 
 
 def main() -> None:

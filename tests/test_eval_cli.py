@@ -167,3 +167,23 @@ def test_study_options_are_parsed_and_checked():
         parse_study_options("proclip-product", ["part_dim=abc"])
     result = runner.invoke(app, ["study", "proclip-product", "--set", "part_dim"])
     assert result.exit_code == 2 and "NAME=VALUE" in result.output
+
+
+def test_a_run_of_an_in_memory_store_needs_data_to_be_evaluated_or_embedded(tmp_path):
+    """eval and embed read the run's data through ``LoadedRun.data_spec``: a run trained on an
+    in-memory store has no spec to read again, which is one error naming --data."""
+    import dataclasses
+
+    from curvalign.config import resolve_config
+    from curvalign.errors import ConfigError
+    from curvalign.runs import LoadedRun
+
+    config = resolve_config("clip", "synthetic")
+    run = LoadedRun(None, dataclasses.replace(config, data="<FeatureStore>"), 0, tmp_path, {})
+    with pytest.raises(ConfigError, match=r"in-memory store \(<FeatureStore>\); pass --data SPEC"):
+        run.data_spec()
+    assert run.data_spec("features:/elsewhere") == "features:/elsewhere"
+    own = LoadedRun(None, config, 0, tmp_path, {})
+    assert (
+        own.data_spec() == config.data and own.data_spec("synthetic:seed=3") == "synthetic:seed=3"
+    )

@@ -20,7 +20,8 @@ from typer.testing import CliRunner
 
 from curvalign._io import staged_directory
 from curvalign.cli import app
-from curvalign.train.checkpoint import CheckpointError, load_run, read_meta
+from curvalign.runs import load_run
+from curvalign.train.checkpoint import CheckpointError, read_meta
 from curvalign.train.trainer import train
 
 SRC = Path(__file__).resolve().parents[1] / "src"
@@ -600,6 +601,7 @@ def test_extract_checks_the_model_path_before_scanning_images(tmp_path, monkeypa
         )
 
 
+@pytest.mark.slow  # a whole study end to end (56 s of a loaded 2-core machine)
 def test_a_short_study_says_it_is_too_short(tmp_path):
     # each study checks its own budget (studykit.decide): below its need every claim is
     # "too short to test the claim", whatever the numbers at that length say
@@ -689,6 +691,7 @@ def test_a_read_only_out_is_refused_before_any_work(read_only_filesystem):
     ]
 
 
+@pytest.mark.slow  # a CLI subprocess training onto a full tmpfs
 def test_training_onto_a_full_disk_is_one_error_line(tiny_filesystem):
     out = tiny_filesystem / "run"
     result = _cli(

@@ -183,6 +183,7 @@ def test_compiled_as_a_user_would_equals_eager(name: str) -> None:
     _check_compiled(fn, make_inputs, sizes[:1], fullgraph=False)
 
 
+@pytest.mark.slow  # Inductor compiles C++: 18 s with a cold compile cache (as in CI)
 def test_lorentz_distance_under_inductor() -> None:
     """End to end with Inductor (fusing the torch code around the opaque kernel)."""
 

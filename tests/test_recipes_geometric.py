@@ -14,7 +14,8 @@ from curvalign.losses import (
     info_nce,
     matched_angle_loss,
 )
-from curvalign.recipes import get_recipe
+from curvalign.nn.scalars import LearnableScalar, scalar_parameter_names
+from curvalign.recipes import get_recipe, recipe_names
 from curvalign.recipes.base import Batch, Gather, Progress, cat_embeddings
 from curvalign.scores import lorentz_distance_scores, product_average_distance_scores
 from recipe_harness import fit, heldout_recall_at_1, small_world, zero_shot_accuracy
@@ -350,3 +351,42 @@ def test_short_fit_learns_and_ranks_heldout_pairs_with_its_own_score(name, world
     assert recall >= 5 * chance, f"{name}: held-out R@1 {recall:.3f}, chance {chance:.3f}"
     accuracy = zero_shot_accuracy(recipe, world)
     assert accuracy >= 3.0 / len(world.class_names), f"{name}: zero-shot accuracy {accuracy:.3f}"
+
+
+#: what a recipe adds to the base no-decay rule, as its file says (DualPath's task prefixes are
+#: [tasks, d] embeddings: decay would pull them to "no prefix")
+EXTRA_NO_DECAY = {"dualpath": {"head.task_prefix"}}
+
+
+@pytest.mark.parametrize("name", recipe_names())
+def test_no_decay_is_every_vector_and_every_learnable_scalar(name):
+    """Each of the eight recipes, at its defaults: no decay on every parameter with fewer than two
+    dimensions and on every LearnableScalar's log, decay on every other matrix (the set the
+    former per-recipe overrides ``scalar_parameter_names | super()`` gave)."""
+    torch.manual_seed(0)
+    recipe = get_recipe(name)(get_recipe(name).Config(), 12, 10)
+    params = dict(recipe.named_parameters())
+    extra = EXTRA_NO_DECAY.get(name, set())
+    assert all(params[n].ndim >= 2 for n in extra)  # otherwise the extra would change nothing
+    expected = {n for n, p in params.items() if p.ndim < 2} | scalar_parameter_names(recipe)
+    assert recipe.no_decay_parameter_names() == expected | extra
+    assert any(p.ndim >= 2 and n not in expected for n, p in params.items())  # some get decay
+
+
+def test_a_learnable_scalar_of_any_shape_gets_no_decay_by_default():
+    """A recipe with a matrix of LearnableScalars (here a plug-in recipe given one) needs no
+    override: decay would pull the logs towards 0, the values towards 1."""
+    from plugin_recipe import EuclideanConfig, EuclideanInfoNCE
+
+    class WithScaleGrid(EuclideanInfoNCE):
+        def __init__(self, config: EuclideanConfig, image_dim: int, text_dim: int) -> None:
+            super().__init__(config, image_dim, text_dim)
+            self.scale_grid = LearnableScalar(1.0, min=0.1, shape=(2, 3))
+
+    recipe = WithScaleGrid(EuclideanConfig(), 12, 10)
+    assert recipe.scale_grid.log_value.ndim == 2
+    assert recipe.no_decay_parameter_names() == {
+        "scale_grid.log_value",
+        "image_head.bias",
+        "text_head.bias",
+    }

@@ -19,7 +19,7 @@ from curvalign.data.features import FeatureStore
 from curvalign.data.protocols import ProtocolError, RetrievalProtocol, protocol_store
 from curvalign.eval import evaluate
 from curvalign.report.suite import LONG_COLUMNS
-from curvalign.train.checkpoint import load_run
+from curvalign.runs import load_run
 from test_extract import PixelEncoder
 from test_sugarcrepe import make_sugarcrepe
 from test_webdataset import make_classification, make_retrieval

@@ -248,6 +248,7 @@ def test_killed_tuning_continues_where_it_stopped(tmp_path):
 # --- the tuned benchmark -----------------------------------------------------------------------
 
 
+@pytest.mark.slow  # tuning, then a benchmark of both arms, end to end (21 s, loaded)
 def test_benchmark_tune_writes_paper_and_tuned_rows_with_the_budget(tmp_path):
     out = tmp_path / "bench"
     res = runner.invoke(

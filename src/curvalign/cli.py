@@ -143,7 +143,7 @@ def version() -> None:
     typer.echo(__version__)
 
 
-# --- train (issue: methods and trainer) -------------------------------------------------------
+# --- train a recipe on a store or the synthetic world; the learning-rate range test ---------------
 
 
 @app.command("train")
@@ -329,7 +329,7 @@ def _lr_range_command(
     typer.echo(f"wrote {out / 'lr_range.json'}, {out / 'lr_range.png'}")
 
 
-# --- eval / benchmark / demo / study (issue: evaluation) --------------------------------------
+# --- evaluate runs (eval), compare recipes (benchmark, demo), test the seeds' claims (study) ------
 
 
 #: the width tables get off a terminal (a pipe, a log file): wide enough for every column
@@ -391,12 +391,8 @@ def eval_command(
     """Evaluate a trained run: every metric the data supports (see docs/evaluation.md)."""
     import json
 
-    from curvalign.data import load_store
-    from curvalign.data.protocols import get_protocol, protocol_store
-    from curvalign.eval import evaluate
-    from curvalign.eval.health import health_of_run
+    from curvalign.report.run_eval import evaluate_run
     from curvalign.report.tables import UNITS, metrics_lines, to_jsonable
-    from curvalign.runs import load_run
 
     if suite is not None:
         if data is not None or protocol is not None:
@@ -404,30 +400,18 @@ def eval_command(
         _run_suite([run_dir], suite, out or Path(run_dir) / "suite", split, batch_size, json_output)
         return
     try:
-        run = load_run(run_dir, weights=weights)
-        print_notes(run.notes)
-        spec = data or run.config.data
-        if not data and spec.startswith("<"):
-            fail(f"{run_dir} was trained on an in-memory store ({spec}); pass --data SPEC")
-        store, spec = load_store(spec)
-        name = protocol or store.meta.get("protocol")
-        if name is not None:
-            store = protocol_store(store, get_protocol(name), split)
-            split = "test"
-        result = evaluate(run.recipe, store, split=split, batch_size=batch_size)
+        evaluation = evaluate_run(
+            run_dir,
+            data=data,
+            split=split,
+            batch_size=batch_size,
+            protocol=protocol,
+            weights=weights,
+            on_loaded=lambda loaded: print_notes(loaded.notes),
+        )
     except CurvalignError as err:
         fail(str(err))
-    result["meta"].update(
-        step=run.step,
-        weights=run.weights,
-        last_step=run.last_step,
-        best_step=run.best_step,
-        run_dir=str(run_dir),
-        data=spec,
-    )
-    result["health"] = health_of_run(run)
-    if run.note:
-        result["meta"]["note"] = run.note
+    run, result, spec, split = evaluation.run, evaluation.result, evaluation.spec, evaluation.split
     if json_output:
         typer.echo(json.dumps(to_jsonable(result)))
         return
@@ -448,25 +432,17 @@ def _run_suite(
     """Evaluate each run on every store of ``suite``; write and print the long table."""
     import json
 
-    from curvalign.report.suite import SuiteResult, evaluate_on_suite, suite_markdown, write_suite
-    from curvalign.runs import load_run
+    from curvalign.report.suite import evaluate_runs_on_suite, suite_markdown, write_suite
 
     console = _stderr_console()
-    total = SuiteResult(rows=[])
     try:
-        for run_dir in run_dirs:
-            run = load_run(run_dir)
-            part = evaluate_on_suite(
-                run.recipe,
-                suite,
-                model=run.config.recipe,
-                pretrained=str(run_dir),
-                split=split,
-                batch_size=batch_size,
-                notify=lambda m: None if json_output else console.print(m),
-            )
-            total.rows += part.rows
-            total.skipped += [(f"{d} ({run.config.recipe})", r) for d, r in part.skipped]
+        total = evaluate_runs_on_suite(
+            run_dirs,
+            suite,
+            split=split,
+            batch_size=batch_size,
+            notify=lambda m: None if json_output else console.print(m),
+        )
         files = write_suite(total, out)
     except CurvalignError as err:
         fail(str(err))
@@ -741,7 +717,7 @@ def study_command(
     typer.echo(f"wrote {out}")
 
 
-# --- embed / index (issue: retrieval serving) -------------------------------------------------
+# --- embed a store with a run; index build, search, add and export --------------------------------
 
 index_app = typer.Typer(
     help="Build and search retrieval indexes over embeddings (docs/search.md).",
@@ -793,9 +769,7 @@ def embed_command(
     try:
         run = load_run(run_dir, weights=weights)
         print_notes(run.notes)
-        spec = data or run.config.data
-        if not data and spec.startswith("<"):
-            fail(f"{run_dir} was trained on an in-memory store ({spec}); pass --data SPEC")
+        spec = run.data_spec(data)
         if not quiet:
             typer.secho(f"note: embedding with the {run.describe()}", err=True)
         store = load_data(spec)
@@ -1026,7 +1000,7 @@ def index_export_command(
     )
 
 
-# --- search / serve (issue: search a person can use) ------------------------------------------
+# --- search an index from the terminal; serve it over HTTP with a search page ---------------------
 
 
 def _open_searcher(run_dir: Path, index: Path, encoder: str | None, candidates: int):
@@ -1164,7 +1138,7 @@ def serve_command(
         fail(str(err))
 
 
-# --- extract (issue: real encoders) -----------------------------------------------------------
+# --- extract a feature store with an encoder: image folders, webdatasets, SugarCrepe, text pairs --
 
 
 @app.command("extract")

@@ -24,7 +24,7 @@ import dataclasses
 import json
 import types
 import typing
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Union
@@ -467,80 +467,122 @@ _NONE = {"none", "null", "~", ""}
 
 
 def coerce(value: Any, annotation: Any, where: str, default: Any = dataclasses.MISSING) -> Any:
-    """Convert ``value`` (a string from the command line, or a YAML/JSON value) to ``annotation``."""
+    """Convert ``value`` (a string from the command line, or a YAML/JSON value) to ``annotation``.
+
+    An unannotated field (``Any``) takes its default's type; with no default a string is read as a
+    YAML scalar. Otherwise the annotation's form (union, literal, sequence, mapping) or its scalar
+    type picks the rule; a value already of a plain class annotation passes through.
+    """
     if annotation is Any or annotation is None:
-        if default is not dataclasses.MISSING and default is not None:
-            annotation = type(default)
-        elif isinstance(value, str):
-            return _yaml_scalar(value)
-        else:
-            return value
+        if default is dataclasses.MISSING or default is None:
+            return _yaml_scalar(value) if isinstance(value, str) else value
+        annotation = type(default)
     origin = typing.get_origin(annotation)
-    args = typing.get_args(annotation)
-
-    if origin in (Union, types.UnionType):
-        if type(None) in args and (
-            value is None or (isinstance(value, str) and value.strip().lower() in _NONE)
-        ):
-            return None
-        for arg in (a for a in args if a is not type(None)):
-            try:
-                return coerce(value, arg, where)
-            except ConfigError:
-                continue
-        raise ConfigError(f"{where}: cannot read {value!r} as {_type_name(annotation)}")
-    if origin is Literal:
-        for choice in args:
-            if value == choice or (isinstance(value, str) and str(choice) == value.strip()):
-                return choice
-        raise ConfigError(f"{where}: {value!r} is not one of {list(args)}")
-    if origin in (tuple, list) or annotation in (tuple, list):
-        items = _sequence_items(value, where)
-        container = tuple if (origin or annotation) is tuple else list
-        if not args:
-            return container(_yaml_scalar(i) if isinstance(i, str) else i for i in items)
-        if container is tuple and not (len(args) == 2 and args[1] is Ellipsis):
-            if len(items) != len(args):
-                raise ConfigError(
-                    f"{where}: expected {len(args)} values, got {len(items)} ({value!r})"
-                )
-            return tuple(coerce(i, a, where) for i, a in zip(items, args, strict=False))
-        return container(coerce(i, args[0], where) for i in items)
-    if origin is dict or annotation is dict:
-        if isinstance(value, Mapping):
-            return dict(value)
-        raise ConfigError(f"{where}: expected a mapping, got {value!r}")
-
-    if annotation is bool:
-        if isinstance(value, bool):
-            return value
-        if isinstance(value, int) and value in (0, 1):
-            return bool(value)
-        if isinstance(value, str) and value.strip().lower() in _TRUE | _FALSE:
-            return value.strip().lower() in _TRUE
-        raise ConfigError(f"{where}: expected true or false, got {value!r}")
-    if annotation is int:
-        if isinstance(value, bool):
-            raise ConfigError(f"{where}: expected an integer, got {value!r}")
-        if isinstance(value, int):
-            return value
-        number = _as_float(value, where, "an integer")
-        if not number.is_integer():
-            raise ConfigError(f"{where}: expected an integer, got {value!r}")
-        return int(number)
-    if annotation is float:
-        if isinstance(value, bool):
-            raise ConfigError(f"{where}: expected a number, got {value!r}")
-        return _as_float(value, where, "a number")
-    if annotation is str:
-        if isinstance(value, str):
-            return value
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return str(value)
-        raise ConfigError(f"{where}: expected a string, got {value!r}")
+    form_rule = _FORM_RULES.get(origin) or _FORM_RULES.get(annotation)
+    if form_rule is not None:
+        return form_rule(value, annotation, where)
+    scalar_rule = _SCALAR_RULES.get(annotation)
+    if scalar_rule is not None:
+        return scalar_rule(value, where)
     if isinstance(annotation, type) and isinstance(value, annotation):
         return value
     raise ConfigError(f"{where}: cannot read {value!r} as {_type_name(annotation)}")
+
+
+def _coerce_union(value: Any, annotation: Any, where: str) -> Any:
+    """``X | None`` takes the none words; otherwise the first member that reads the value."""
+    args = typing.get_args(annotation)
+    if type(None) in args and (
+        value is None or (isinstance(value, str) and value.strip().lower() in _NONE)
+    ):
+        return None
+    for arg in (a for a in args if a is not type(None)):
+        try:
+            return coerce(value, arg, where)
+        except ConfigError:
+            continue
+    raise ConfigError(f"{where}: cannot read {value!r} as {_type_name(annotation)}")
+
+
+def _coerce_literal(value: Any, annotation: Any, where: str) -> Any:
+    args = typing.get_args(annotation)
+    for choice in args:
+        if value == choice or (isinstance(value, str) and str(choice) == value.strip()):
+            return choice
+    raise ConfigError(f"{where}: {value!r} is not one of {list(args)}")
+
+
+def _coerce_sequence(value: Any, annotation: Any, where: str) -> Any:
+    """A list or tuple from a sequence or from ``"a,b"`` / ``"[a, b]"``; fixed tuples check length."""
+    args = typing.get_args(annotation)
+    items = _sequence_items(value, where)
+    container = tuple if (typing.get_origin(annotation) or annotation) is tuple else list
+    if not args:
+        return container(_yaml_scalar(i) if isinstance(i, str) else i for i in items)
+    if container is tuple and not (len(args) == 2 and args[1] is Ellipsis):
+        if len(items) != len(args):
+            raise ConfigError(f"{where}: expected {len(args)} values, got {len(items)} ({value!r})")
+        return tuple(coerce(i, a, where) for i, a in zip(items, args, strict=False))
+    return container(coerce(i, args[0], where) for i in items)
+
+
+def _coerce_dict(value: Any, annotation: Any, where: str) -> dict:
+    if isinstance(value, Mapping):
+        return dict(value)
+    raise ConfigError(f"{where}: expected a mapping, got {value!r}")
+
+
+def _coerce_bool(value: Any, where: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str) and value.strip().lower() in _TRUE | _FALSE:
+        return value.strip().lower() in _TRUE
+    raise ConfigError(f"{where}: expected true or false, got {value!r}")
+
+
+def _coerce_int(value: Any, where: str) -> int:
+    if isinstance(value, bool):
+        raise ConfigError(f"{where}: expected an integer, got {value!r}")
+    if isinstance(value, int):
+        return value
+    number = _as_float(value, where, "an integer")
+    if not number.is_integer():
+        raise ConfigError(f"{where}: expected an integer, got {value!r}")
+    return int(number)
+
+
+def _coerce_float(value: Any, where: str) -> float:
+    if isinstance(value, bool):
+        raise ConfigError(f"{where}: expected a number, got {value!r}")
+    return _as_float(value, where, "a number")
+
+
+def _coerce_str(value: Any, where: str) -> str:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return str(value)
+    raise ConfigError(f"{where}: expected a string, got {value!r}")
+
+
+# The annotation's form (its typing origin, or the bare class for ``list``/``tuple``/``dict``)
+# picks a rule that reads the whole value; otherwise a scalar type does.
+_FORM_RULES: dict[Any, Callable[[Any, Any, str], Any]] = {
+    Union: _coerce_union,
+    types.UnionType: _coerce_union,
+    Literal: _coerce_literal,
+    tuple: _coerce_sequence,
+    list: _coerce_sequence,
+    dict: _coerce_dict,
+}
+_SCALAR_RULES: dict[Any, Callable[[Any, str], Any]] = {
+    bool: _coerce_bool,
+    int: _coerce_int,
+    float: _coerce_float,
+    str: _coerce_str,
+}
 
 
 def _as_float(value: Any, where: str, expected: str) -> float:

@@ -97,6 +97,16 @@ class LoadedRun:
             return f"best weights (step {self.step} of {self.last_step})"
         return f"last weights (step {self.step})"
 
+    def data_spec(self, data: str | None = None) -> str:
+        """The data spec to read for this run: ``data`` if given, else the run's own. A run
+        trained on an in-memory store (its spec ``<...>``) has nothing to read again."""
+        spec = data or self.config.data
+        if not data and spec.startswith("<"):
+            raise ConfigError(
+                f"{self.run_dir} was trained on an in-memory store ({spec}); pass --data SPEC"
+            )
+        return spec
+
 
 def is_run_dir(path: Path) -> bool:
     path = Path(path)

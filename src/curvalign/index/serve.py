@@ -41,6 +41,86 @@ def _image_url(path: str | None) -> str | None:
     return None if path is None else "/images/" + quote(path)
 
 
+def _parse_k(value: Any, max_k: int) -> int:
+    """The request's ``k`` as an integer in ``[1, max_k]``; 400 otherwise."""
+    from fastapi import HTTPException
+
+    try:
+        k = int(value)
+    except (TypeError, ValueError):
+        raise HTTPException(400, f"k must be an integer, got {value!r}") from None
+    if not 1 <= k <= max_k:
+        raise HTTPException(400, f"k must lie in [1, {max_k}], got {k}")
+    return k
+
+
+async def _bounded_body(request: Any, max_upload_bytes: int) -> bytes:
+    """The request body, refused with 413 as soon as it passes ``max_upload_bytes``."""
+    from fastapi import HTTPException
+
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > max_upload_bytes:
+        raise HTTPException(413, f"request body over {max_upload_bytes} bytes")
+    chunks, total = [], 0
+    async for chunk in request.stream():
+        total += len(chunk)
+        if total > max_upload_bytes:  # a body without (or lying about) its length
+            raise HTTPException(413, f"request body over {max_upload_bytes} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def _image_query(request: Any, body: bytes, max_k: int) -> tuple[bytes, int]:
+    """``(image bytes, k)`` from a multipart form body already read (and bounded)."""
+    from fastapi import HTTPException
+    from starlette.datastructures import Headers
+    from starlette.formparsers import MultiPartParser
+
+    async def replay():
+        yield body
+        yield b""
+
+    # parse the bytes already read with Starlette's own parser
+    form = await MultiPartParser(
+        Headers(raw=request.headers.raw), replay(), max_files=1, max_fields=4
+    ).parse()
+    upload = form.get("image")
+    if upload is None or isinstance(upload, str):
+        raise HTTPException(400, "a multipart search needs a file field 'image'")
+    data = await upload.read()
+    return data, _parse_k(form.get("k", 10), max_k)
+
+
+def _text_query(body: bytes, max_k: int) -> tuple[str, int]:
+    """``(text, k)`` from a JSON body ``{"text": "...", "k": 10}``."""
+    from fastapi import HTTPException
+
+    try:
+        payload = json.loads(body or b"{}")
+    except ValueError:
+        raise HTTPException(400, "the body is not valid JSON") from None
+    text = payload.get("text") if isinstance(payload, dict) else None
+    if not isinstance(text, str) or not text.strip():
+        raise HTTPException(
+            400, 'a JSON search needs {"text": "...", "k": 10} with a non-empty text'
+        )
+    return text, _parse_k(payload.get("k", 10), max_k)
+
+
+def _image_file(root: Path | None, path: str) -> Path:
+    """The file ``path`` names under the images root; 404/403 when absent or outside it."""
+    from fastapi import HTTPException
+
+    if root is None:
+        raise HTTPException(404, "this index's store records no images root")
+    target = (root / path).resolve()
+    if not target.is_relative_to(root):
+        raise HTTPException(403, "path outside the images root")
+    if not target.is_file():
+        raise HTTPException(404, f"no image {path!r} under the images root")
+    return target
+
+
 def make_app(
     searcher: Searcher,
     *,
@@ -67,27 +147,6 @@ def make_app(
             hit["image_url"] = _image_url(hit["item"]["path"]) if root else None
         return out
 
-    def parse_k(value: Any) -> int:
-        try:
-            k = int(value)
-        except (TypeError, ValueError):
-            raise HTTPException(400, f"k must be an integer, got {value!r}") from None
-        if not 1 <= k <= max_k:
-            raise HTTPException(400, f"k must lie in [1, {max_k}], got {k}")
-        return k
-
-    async def bounded_body(request: Request) -> bytes:
-        declared = request.headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > max_upload_bytes:
-            raise HTTPException(413, f"request body over {max_upload_bytes} bytes")
-        chunks, total = [], 0
-        async for chunk in request.stream():
-            total += len(chunk)
-            if total > max_upload_bytes:  # a body without (or lying about) its length
-                raise HTTPException(413, f"request body over {max_upload_bytes} bytes")
-            chunks.append(chunk)
-        return b"".join(chunks)
-
     @app.get("/", response_class=HTMLResponse)
     def index_page() -> str:
         return page
@@ -99,37 +158,13 @@ def make_app(
     @app.post("/search")
     async def search(request: Request) -> JSONResponse:
         kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
-        body = await bounded_body(request)
+        body = await _bounded_body(request, max_upload_bytes)
         try:
             if kind == "multipart/form-data":
-                # parse the bytes already read (and bounded) with Starlette's own parser
-                from starlette.datastructures import Headers
-                from starlette.formparsers import MultiPartParser
-
-                async def replay():
-                    yield body
-                    yield b""
-
-                form = await MultiPartParser(
-                    Headers(raw=request.headers.raw), replay(), max_files=1, max_fields=4
-                ).parse()
-                upload = form.get("image")
-                if upload is None or isinstance(upload, str):
-                    raise HTTPException(400, "a multipart search needs a file field 'image'")
-                data = await upload.read()
-                k = parse_k(form.get("k", 10))
+                data, k = await _image_query(request, body, max_k)
                 result = await run_in_threadpool(searcher.search_images, [data], k)
             elif kind in ("application/json", ""):
-                try:
-                    payload = json.loads(body or b"{}")
-                except ValueError:
-                    raise HTTPException(400, "the body is not valid JSON") from None
-                text = payload.get("text") if isinstance(payload, dict) else None
-                if not isinstance(text, str) or not text.strip():
-                    raise HTTPException(
-                        400, 'a JSON search needs {"text": "...", "k": 10} with a non-empty text'
-                    )
-                k = parse_k(payload.get("k", 10))
+                text, k = _text_query(body, max_k)
                 result = await run_in_threadpool(searcher.search_texts, [text], k)
             else:
                 raise HTTPException(
@@ -141,14 +176,7 @@ def make_app(
 
     @app.get("/images/{path:path}")
     def image(path: str) -> FileResponse:
-        if root is None:
-            raise HTTPException(404, "this index's store records no images root")
-        target = (root / path).resolve()
-        if not target.is_relative_to(root):
-            raise HTTPException(403, "path outside the images root")
-        if not target.is_file():
-            raise HTTPException(404, f"no image {path!r} under the images root")
-        return FileResponse(target)
+        return FileResponse(_image_file(root, path))
 
     return app
 

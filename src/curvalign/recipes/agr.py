@@ -76,7 +76,7 @@ from curvalign.nn.router import (
     routed_scores,
     routed_scores_both,
 )
-from curvalign.nn.scalars import LearnableScalar, scalar_parameter_names
+from curvalign.nn.scalars import LearnableScalar
 from curvalign.recipes import register
 from curvalign.recipes.base import (
     Batch,
@@ -680,9 +680,6 @@ class AGR(HyperbolicRecipe):
             out["routing_weight_at_warmup_end"] = w
             out["dominance_at_warmup_end"] = 1.0 if w > 0.9 else (-1.0 if w < 0.1 else 0.0)
         return out
-
-    def no_decay_parameter_names(self) -> set[str]:
-        return scalar_parameter_names(self) | super().no_decay_parameter_names()
 
     @classmethod
     def search_space(cls) -> dict:

@@ -310,8 +310,10 @@ class Recipe(nn.Module):
 
     def no_decay_parameter_names(self) -> set[str]:
         """Names of parameters that get no weight decay: scalars, curvatures, temperatures, gates.
-        Default: every parameter with fewer than two dimensions."""
-        return {n for n, p in self.named_parameters() if p.ndim < 2}
+        Default: every parameter with fewer than two dimensions, and every ``LearnableScalar``'s
+        log whatever its shape (decay would pull the log towards 0, the value towards 1)."""
+        small = {n for n, p in self.named_parameters() if p.ndim < 2}
+        return small | scalar_parameter_names(self)
 
     def log_values(self) -> dict[str, float]:
         """Scalars worth a curve (temperature, curvature(s), gates), read at logging time."""
@@ -764,9 +766,6 @@ class LorentzRecipe(HyperbolicRecipe):
             **self.image_head.scale.summary("scale/image"),
             **self.text_head.scale.summary("scale/text"),
         }
-
-    def no_decay_parameter_names(self) -> set[str]:
-        return scalar_parameter_names(self) | super().no_decay_parameter_names()
 
     def _distance_info_nce(
         self,

@@ -14,7 +14,7 @@ from torch import Tensor
 
 from curvalign.losses import symmetric_info_nce
 from curvalign.nn.heads import CosineHead, share_input_preserving_projection
-from curvalign.nn.scalars import LearnableScalar, scalar_parameter_names
+from curvalign.nn.scalars import LearnableScalar
 from curvalign.recipes import register
 from curvalign.recipes.base import (
     Batch,
@@ -106,9 +106,6 @@ class Clip(CosineRecipe):
 
     def log_values(self) -> dict[str, float]:
         return self.temperature.summary("temperature")
-
-    def no_decay_parameter_names(self) -> set[str]:
-        return scalar_parameter_names(self) | super().no_decay_parameter_names()
 
     @classmethod
     def search_space(cls) -> dict:

@@ -33,7 +33,6 @@ from curvalign.data.statistics import FeatureNorms
 from curvalign.geometry import lorentz
 from curvalign.losses import entailment_cone_loss, info_nce
 from curvalign.nn.heads import FactorizedLorentzHead, resolve_tangent_scale
-from curvalign.nn.scalars import scalar_parameter_names
 from curvalign.recipes import register
 from curvalign.recipes.base import (
     Batch,
@@ -297,9 +296,6 @@ class Phyclip(HyperbolicRecipe):
             **self.image_head.scale.summary("scale/image"),
             **self.text_head.scale.summary("scale/text"),
         }
-
-    def no_decay_parameter_names(self) -> set[str]:
-        return scalar_parameter_names(self) | super().no_decay_parameter_names()
 
     @classmethod
     def search_space(cls) -> dict:

@@ -26,7 +26,7 @@ from torch import Tensor
 from curvalign.geometry import lorentz, sphere
 from curvalign.losses import symmetric_info_nce
 from curvalign.nn.heads import MixedCurvatureHead
-from curvalign.nn.scalars import LearnableScalar, scalar_parameter_names
+from curvalign.nn.scalars import LearnableScalar
 from curvalign.recipes import register
 from curvalign.recipes.base import (
     Batch,
@@ -219,9 +219,6 @@ class Proclip(HyperbolicRecipe):
         for p, w in self.weights.items():
             out.update(w.summary(f"weight/{p}"))
         return out
-
-    def no_decay_parameter_names(self) -> set[str]:
-        return scalar_parameter_names(self) | super().no_decay_parameter_names()
 
     @classmethod
     def search_space(cls) -> dict:

@@ -314,6 +314,201 @@ def ridge_baseline(store: FeatureStore, seed: int) -> Any:
         return str(err)
 
 
+def _check_benchmark_request(recipes: list[str], seeds: Any) -> None:
+    """One clear error for an empty, unknown or repeated recipe list or a bad seed count."""
+    from curvalign.recipes import recipe_names
+
+    if not recipes:
+        raise ConfigError("no recipes to benchmark")
+    if isinstance(seeds, bool) or not isinstance(seeds, int) or seeds < 1:
+        raise ConfigError(
+            f"--seeds must be a whole number >= 1 (training runs per recipe), got {seeds!r}"
+        )
+    known = recipe_names()
+    unknown = [r for r in recipes if r not in known]
+    if unknown:
+        raise ConfigError(f"unknown recipe(s) {', '.join(unknown)}; known: {', '.join(known)}")
+    if len(set(recipes)) != len(recipes):
+        raise ConfigError(f"recipes listed twice: {', '.join(recipes)}")
+
+
+def _with_val_every(overrides: list[str], steps: int | None) -> list[str]:
+    """``overrides`` with ten validations a run when ``steps`` is given and none is set."""
+    if steps is not None and not any(o.split("=", 1)[0].endswith("val_every") for o in overrides):
+        return [f"val_every={max(1, steps // 10)}"] + overrides
+    return overrides
+
+
+@dataclass(frozen=True)
+class _Bench:
+    """What every training run and evaluation of one benchmark shares."""
+
+    store: FeatureStore
+    split: str
+    out: Path
+    steps: int | None
+    show_progress: bool
+    notify: Notify
+    plots: bool
+
+
+@dataclass
+class _SeedRuns:
+    """What the seeds of one trained recipe gave, gathered seed by seed."""
+
+    status: str = "ok"
+    reason: str | None = None
+    seeds: list[int] = field(default_factory=list)
+    best_step: list[int] = field(default_factory=list)
+    last_step: list[int] = field(default_factory=list)
+    converged: list[bool | None] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    trained: list[dict[str, Any]] = field(default_factory=list)
+    untrained: list[dict[str, Any]] = field(default_factory=list)
+
+    def row(self, name: str) -> BenchmarkRow:
+        return BenchmarkRow(
+            kind="trained",
+            recipe=name,
+            status=self.status,
+            reason=self.reason,
+            seeds=tuple(self.seeds),
+            best_step=tuple(self.best_step),
+            last_step=tuple(self.last_step),
+            converged=tuple(self.converged),
+            warnings=tuple(self.warnings),
+            untrained=untrained_row(name),
+        )
+
+
+def _evaluate_seed(bench: _Bench, seed: int, run_dir: Path, runs: _SeedRuns) -> tuple[Any, Any]:
+    """Evaluate a trained seed's best validation weights and its untrained head on the split;
+    add both to ``runs``. Returns ``(loaded run, full evaluation)`` (the latter's arrays feed
+    the plots: one embedding of the split gives the metrics and the arrays)."""
+    from curvalign.eval import evaluate, run_evaluation
+    from curvalign.eval.health import health_of_run
+    from curvalign.runs import load_run, recipe_input_dims
+    from curvalign.train.trainer import build_model
+
+    loaded = load_run(run_dir)  # its best validation weights, as saved
+    full = run_evaluation(loaded.recipe, bench.store, split=bench.split)
+    evaluation = full.metrics
+    evaluation["meta"].update(
+        step=loaded.step,
+        weights=loaded.weights,
+        last_step=loaded.last_step,
+        seed=seed,
+        run_dir=str(run_dir),
+    )
+    health = health_of_run(loaded)
+    runs.seeds.append(seed)
+    runs.best_step.append(loaded.step)
+    runs.last_step.append(loaded.last_step)
+    runs.converged.append(health["converged"])
+    runs.warnings += [f"seed {seed}: {w}" for w in health["warnings"]]
+    runs.trained.append(evaluation)
+    # the widths the recipe takes on this store (the token width for a token reader)
+    untrained = build_model(loaded.config, *recipe_input_dims(loaded.config, bench.store))
+    runs.untrained.append(
+        evaluate(untrained.eval(), bench.store, split=bench.split, diagnostics=False)
+    )
+    return loaded, full
+
+
+def _train_recipe(
+    bench: _Bench,
+    name: str,
+    label: str,
+    seeds: list[int],
+    overrides: list[str],
+    result: BenchmarkResult,
+    plot_inputs: tuple[dict[str, Any], dict[str, Any]],
+) -> _SeedRuns:
+    """Train and evaluate recipe ``name`` with each seed into ``out/runs/NAME/seed-S``; the
+    first failure stops its seeds and marks it failed (Ctrl-C stops the whole benchmark).
+    Times and run folders go to ``result``; the first seed's arrays and log to ``plot_inputs``
+    (``(arrays, logs)``)."""
+    from curvalign.runs import read_log
+    from curvalign.train.trainer import train
+
+    runs = _SeedRuns()
+    result.run_dirs[name] = []
+    result.train_seconds[name] = result.eval_seconds[name] = 0.0
+    for k, seed in enumerate(seeds):
+        bench.notify(
+            f"{label} training {name}, seed {seed}"
+            + (f", {bench.steps} steps" if bench.steps else "")
+        )
+        t = time.perf_counter()
+        try:
+            run_dir = train(
+                name,
+                bench.store,
+                bench.out / "runs" / name / f"seed-{seed}",
+                steps=bench.steps,
+                overrides=overrides + [f"seed={seed}"],
+                overwrite=True,
+                show_progress=bench.show_progress,
+            )
+        except (CurvalignError, RuntimeError) as err:
+            if str(err).startswith("interrupted"):
+                raise  # Ctrl-C stops the benchmark, not just this recipe
+            runs.status, runs.reason = "failed", f"seed {seed}: {err}"
+            bench.notify(f"    {name} failed: {err}")
+            break
+        result.train_seconds[name] += time.perf_counter() - t
+        t = time.perf_counter()
+        loaded, full = _evaluate_seed(bench, seed, run_dir, runs)
+        result.run_dirs[name].append(Path(run_dir))
+        if bench.plots and k == 0:
+            assert full.arrays is not None
+            plot_inputs[0][name] = full.arrays.as_dict()
+            plot_inputs[1][name] = read_log(run_dir)
+        result.eval_seconds[name] += time.perf_counter() - t
+        r = runs.trained[-1]["retrieval"]
+        bench.notify(
+            f"    {name} seed {seed}: {loaded.describe()}, T2I R@1 {100 * r['t2i@1']:.1f}%, "
+            f"I2T R@1 {100 * r['i2t@1']:.1f}%"
+        )
+    return runs
+
+
+def _add_baselines(
+    bench: _Bench,
+    seed: int,
+    result: BenchmarkResult,
+    evaluations: dict[str, list[dict[str, Any]]],
+) -> None:
+    """The frozen-features row where the two sides share a space, else the ridge map (fit with
+    ``seed``) where it can be fit, and chance; a baseline that does not apply goes to
+    ``result.absent`` with its reason."""
+    from curvalign.eval import evaluate
+    from curvalign.eval.chance import chance_evaluation
+    from curvalign.eval.frozen import ROW_NAME, FrozenFeatures, shared_space_reason
+
+    store, split = bench.store, bench.split
+    reason = shared_space_reason(store)
+    if reason is None:
+        frozen = FrozenFeatures(store.image_dim, store.text_dim)
+        evaluations[ROW_NAME] = [evaluate(frozen, store, split=split, diagnostics=False)]
+        result.rows[ROW_NAME] = BenchmarkRow(kind="frozen", recipe=None)
+    else:
+        result.absent[ROW_NAME] = reason
+        ridge = ridge_baseline(store, seed)
+        if isinstance(ridge, str):
+            result.absent[RIDGE_ROW] = ridge
+        else:
+            evaluations[RIDGE_ROW] = [evaluate(ridge, store, split=split, diagnostics=False)]
+            result.rows[RIDGE_ROW] = BenchmarkRow(
+                kind="frozen",
+                recipe=None,
+                note=f"ridge map image->text fit on train, alpha {ridge.alpha:g} chosen on "
+                "validation",
+            )
+    evaluations["chance"] = [chance_evaluation(store, split=split)]
+    result.rows["chance"] = BenchmarkRow(kind="chance", recipe=None)
+
+
 def run_benchmark(
     recipes: Sequence[str],
     data: str | FeatureStore,
@@ -336,33 +531,13 @@ def run_benchmark(
     Every recipe is checked against the data before any training. A recipe that fails while
     training is reported as failed with its reason; the others' results are still written.
     """
-    from curvalign.eval import evaluate, run_evaluation
-    from curvalign.eval.chance import chance_evaluation
-    from curvalign.eval.frozen import ROW_NAME, FrozenFeatures, shared_space_reason
-    from curvalign.eval.health import health_of_run
-    from curvalign.recipes import recipe_names
-    from curvalign.runs import load_run, read_log, recipe_input_dims
-    from curvalign.train.trainer import build_model, train
+    from curvalign.eval.frozen import ROW_NAME
 
     started = time.perf_counter()
     notify = notify or (lambda message: None)
     recipes = list(recipes)
-    if not recipes:
-        raise ConfigError("no recipes to benchmark")
-    if isinstance(seeds, bool) or not isinstance(seeds, int) or seeds < 1:
-        raise ConfigError(
-            f"--seeds must be a whole number >= 1 (training runs per recipe), got {seeds!r}"
-        )
-    known = recipe_names()
-    unknown = [r for r in recipes if r not in known]
-    if unknown:
-        raise ConfigError(f"unknown recipe(s) {', '.join(unknown)}; known: {', '.join(known)}")
-    if len(set(recipes)) != len(recipes):
-        raise ConfigError(f"recipes listed twice: {', '.join(recipes)}")
-    overrides = list(overrides)
-    if steps is not None and not any(o.split("=", 1)[0].endswith("val_every") for o in overrides):
-        overrides = [f"val_every={max(1, steps // 10)}"] + overrides  # ten validations a run
-    per_recipe = split_overrides(overrides, recipes)
+    _check_benchmark_request(recipes, seeds)
+    per_recipe = split_overrides(_with_val_every(list(overrides), steps), recipes)
     out = Path(out_dir)
 
     t0 = time.perf_counter()
@@ -375,6 +550,7 @@ def run_benchmark(
     base_seed = {name: configs[name].train.seed for name in recipes}
     out.mkdir(parents=True, exist_ok=True)
 
+    bench = _Bench(store, split, out, steps, show_progress, notify, plots)
     result = BenchmarkResult({}, {}, {}, {}, data=spec, steps=steps)
     result.disclosure = {
         k: store.meta[k] for k in ("trained_on", "seen_in_training", "dataset") if k in store.meta
@@ -384,112 +560,21 @@ def run_benchmark(
     logs: dict[str, list[dict[str, Any]]] = {}
     arrays: dict[str, dict[str, Any]] = {}
     for i, name in enumerate(recipes, 1):
-        row: dict[str, Any] = {
-            "status": "ok",
-            "reason": None,
-            "seeds": [],
-            "best_step": [],
-            "last_step": [],
-            "converged": [],
-            "warnings": [],
-        }
-        untrained_evals: list[dict[str, Any]] = []
-        result.run_dirs[name] = []
-        result.train_seconds[name] = result.eval_seconds[name] = 0.0
-        trained_evals: list[dict[str, Any]] = []
-        for offset in result.seeds:
-            seed = base_seed[name] + offset
-            notify(
-                f"[{i}/{len(recipes)}] training {name}, seed {seed}"
-                + (f", {steps} steps" if steps else "")
-            )
-            t = time.perf_counter()
-            try:
-                run_dir = train(
-                    name,
-                    store,
-                    out / "runs" / name / f"seed-{seed}",
-                    steps=steps,
-                    overrides=per_recipe[name] + [f"seed={seed}"],
-                    overwrite=True,
-                    show_progress=show_progress,
-                )
-            except (CurvalignError, RuntimeError) as err:
-                if str(err).startswith("interrupted"):
-                    raise  # Ctrl-C stops the benchmark, not just this recipe
-                row.update(status="failed", reason=f"seed {seed}: {err}")
-                notify(f"    {name} failed: {err}")
-                break
-            result.train_seconds[name] += time.perf_counter() - t
-            t = time.perf_counter()
-            loaded = load_run(run_dir)  # its best validation weights, as saved
-            # one embedding of the split gives the metrics and the plots' arrays
-            full = run_evaluation(loaded.recipe, store, split=split)
-            evaluation = full.metrics
-            evaluation["meta"].update(
-                step=loaded.step,
-                weights=loaded.weights,
-                last_step=loaded.last_step,
-                seed=seed,
-                run_dir=str(run_dir),
-            )
-            health = health_of_run(loaded)
-            row["seeds"].append(seed)
-            row["best_step"].append(loaded.step)
-            row["last_step"].append(loaded.last_step)
-            row["converged"].append(health["converged"])
-            row["warnings"] += [f"seed {seed}: {w}" for w in health["warnings"]]
-            trained_evals.append(evaluation)
-            result.run_dirs[name].append(Path(run_dir))
-            # the widths the recipe takes on this store (the token width for a token reader)
-            untrained = build_model(loaded.config, *recipe_input_dims(loaded.config, store))
-            untrained_evals.append(
-                evaluate(untrained.eval(), store, split=split, diagnostics=False)
-            )
-            if plots and offset == 0:
-                assert full.arrays is not None
-                arrays[name] = full.arrays.as_dict()
-                logs[name] = read_log(run_dir)
-            result.eval_seconds[name] += time.perf_counter() - t
-            r = evaluation["retrieval"]
-            notify(
-                f"    {name} seed {seed}: {loaded.describe()}, T2I R@1 {100 * r['t2i@1']:.1f}%, "
-                f"I2T R@1 {100 * r['i2t@1']:.1f}%"
-            )
-        result.rows[name] = BenchmarkRow(
-            kind="trained",
-            recipe=name,
-            status=row["status"],
-            reason=row["reason"],
-            **{k: tuple(row[k]) for k in ("seeds", "best_step", "last_step", "converged")},
-            warnings=tuple(row["warnings"]),
-            untrained=untrained_row(name),
+        runs = _train_recipe(
+            bench,
+            name,
+            f"[{i}/{len(recipes)}]",
+            [base_seed[name] + offset for offset in result.seeds],
+            per_recipe[name],
+            result,
+            (arrays, logs),
         )
-        if trained_evals and row["status"] == "ok":
-            evaluations[name] = trained_evals
-            evaluations[untrained_row(name)] = untrained_evals
+        result.rows[name] = runs.row(name)
+        if runs.trained and runs.status == "ok":
+            evaluations[name] = runs.trained
+            evaluations[untrained_row(name)] = runs.untrained
             result.rows[untrained_row(name)] = BenchmarkRow(kind="untrained", recipe=name)
-
-    reason = shared_space_reason(store)
-    if reason is None:
-        frozen = FrozenFeatures(store.image_dim, store.text_dim)
-        evaluations[ROW_NAME] = [evaluate(frozen, store, split=split, diagnostics=False)]
-        result.rows[ROW_NAME] = BenchmarkRow(kind="frozen", recipe=None)
-    else:
-        result.absent[ROW_NAME] = reason
-        ridge = ridge_baseline(store, min(base_seed.values()))
-        if isinstance(ridge, str):
-            result.absent[RIDGE_ROW] = ridge
-        else:
-            evaluations[RIDGE_ROW] = [evaluate(ridge, store, split=split, diagnostics=False)]
-            result.rows[RIDGE_ROW] = BenchmarkRow(
-                kind="frozen",
-                recipe=None,
-                note=f"ridge map image->text fit on train, alpha {ridge.alpha:g} chosen on "
-                "validation",
-            )
-    evaluations["chance"] = [chance_evaluation(store, split=split)]
-    result.rows["chance"] = BenchmarkRow(kind="chance", recipe=None)
+    _add_baselines(bench, min(base_seed.values()), result, evaluations)
 
     # table order: trained recipes, then the baselines
     order = (

@@ -220,6 +220,34 @@ def evaluate_on_suite(
     return out
 
 
+def evaluate_runs_on_suite(
+    run_dirs: Sequence[str | Path],
+    folder: str | Path,
+    split: str = "test",
+    batch_size: int = 1024,
+    notify: Callable[[str], None] | None = None,
+) -> SuiteResult:
+    """``evaluate_on_suite`` for each run (its best weights; model = its recipe, pretrained = its
+    folder), one table; a skip is named with the run's recipe."""
+    from curvalign.runs import load_run
+
+    total = SuiteResult(rows=[])
+    for run_dir in run_dirs:
+        run = load_run(run_dir)
+        part = evaluate_on_suite(
+            run.recipe,
+            folder,
+            model=run.config.recipe,
+            pretrained=str(run_dir),
+            split=split,
+            batch_size=batch_size,
+            notify=notify,
+        )
+        total.rows += part.rows
+        total.skipped += [(f"{d} ({run.config.recipe})", r) for d, r in part.skipped]
+    return total
+
+
 def write_suite(result: SuiteResult, out_dir: str | Path) -> dict[str, Path]:
     """``suite.csv`` (long), ``suite_wide.csv`` (clip_benchmark build shape), ``suite.md``."""
     out = Path(out_dir)
@@ -299,6 +327,7 @@ __all__ = [
     "SuiteResult",
     "dataset_name",
     "evaluate_on_suite",
+    "evaluate_runs_on_suite",
     "result_rows",
     "metric_value_and_unit",
     "suite_markdown",

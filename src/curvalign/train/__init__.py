@@ -1,8 +1,9 @@
 """curvalign.train: run any recipe (trainer), write its checkpoints and logs.
 
-The config dataclasses (``curvalign.config``) and reading a run (``curvalign.runs``: ``load_run``,
-``read_log``) live below this package; they are re-exported here for convenience. Names are
-imported lazily so that ``import curvalign.train`` stays light.
+The config dataclasses (``curvalign.config``) and reading a run (``curvalign.runs``) live below
+this package; the config names, ``LoadedRun`` and ``read_log`` are re-exported here for
+convenience. ``load_run`` has one import path, ``curvalign.runs``. Names are imported lazily so
+that ``import curvalign.train`` stays light.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ _EXPORTS = {
     "resolve_config": "curvalign.config",
     "LoadedRun": "curvalign.runs",
     "CheckpointError": "curvalign.runs",
-    "load_run": "curvalign.runs",
     "Trainer": "curvalign.train.trainer",
     "NonFiniteLossError": "curvalign.train.trainer",
     # train(..., towers=...) trains encoders too; without towers it is trainer.train

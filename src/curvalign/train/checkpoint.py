@@ -1,7 +1,8 @@
 """Writing checkpoints into a run directory, and reading back what resume needs.
 
 Reading a run for evaluation or search (``load_run``, ``read_config``, ``read_meta``) lives in
-``curvalign.runs``, below the trainer; its names are re-exported here for old imports.
+``curvalign.runs``, below the trainer; the names this module uses are re-exported here for old
+imports, except ``load_run`` (one import path: ``curvalign.runs``).
 
 Every file is written to a temporary name in the same directory and moved into place with
 ``os.replace`` (``curvalign._io.atomic_write``), so a reader never sees a partial file.
@@ -45,7 +46,6 @@ from curvalign.runs import (
     LoadedRun,
     build_recipe,
     is_run_dir,
-    load_run,
     read_config,
     read_meta,
     verify_checksum,
@@ -214,7 +214,6 @@ __all__ = [
     "atomic_write_text",
     "build_recipe",
     "is_run_dir",
-    "load_run",
     "load_train_state",
     "model_tensors",
     "read_state_file",

@@ -699,37 +699,15 @@ class Trainer:
         cfg = self.train_config
         total = cfg.steps
         end = total if stop_at is None else min(total, stop_at)
-        if self.is_main:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
-            # temporaries of a writer killed mid-checkpoint (kill -9) would otherwise stay forever
-            remove_stale_temp_files(self.run_dir, RUN_FILES)
-            self.config.save(self.run_dir)
-        if self.stopped_early:
-            self._note(
-                f"{self.run_dir} stopped early at step {self.step} (a trainer hook stopped it; "
-                f"the built-in early stopping has patience {cfg.patience}); nothing to do"
-            )
-            return self.result()
-        if self.step >= end:
-            if self.step >= total:
-                self._note(
-                    f"{self.run_dir} is already trained to step {self.step} of {total}; nothing to do"
-                )
+        if not self._open_run(end):
             return self.result()
         logger = (
             RunLogger(self.run_dir, resume_step=self.step, tensorboard=cfg.tensorboard)
             if self.is_main
             else None
         )
-
-        marks: dict[int, list[TrainerHook]] = {}
-        extra_validations: set[int] = set()
-        for hook in self.hooks:
-            for mark in hook.marks():
-                marks.setdefault(int(mark), []).append(hook)
-            extra_validations.update(int(s) for s in hook.validation_steps())
+        schedule = _HookSchedule.of(self.hooks)
         validates = self._has_validation()
-        step_hooks = [h for h in self.hooks if type(h).on_step_end is not TrainerHook.on_step_end]
         for hook in self.hooks:
             hook.on_fit_start(self)
         if self.step == 0 and self.is_main:  # loss vs log B, logit spread, radii (step-0 check)
@@ -743,14 +721,7 @@ class Trainer:
             with deterministic_algorithms(), _StopRequest() as stop, self._progress_bar(end) as bar:
                 while self.step < end:
                     if self._stop_agreed(stop.requested):
-                        self.save_checkpoint()
-                        name = signal.Signals(stop.signum).name
-                        raise TrainingInterrupted(
-                            f"interrupted ({name}): stopped at step {self.step} of {total} with a "
-                            f"checkpoint in {self.run_dir}; continue with: curvalign train "
-                            f"--out {self.run_dir} --resume",
-                            int(stop.signum),
-                        )
+                        self._checkpoint_and_interrupt(stop.signum)
                     lr = self.optimizer.param_groups[0]["lr"]
                     started = time.perf_counter()
                     out, grad_norm = self.train_step(Progress(self.step, total))
@@ -759,43 +730,14 @@ class Trainer:
                     is_last = self.step == end
                     record: dict[str, Any] = {}
                     if self.step % cfg.log_every == 0 or is_last:
-                        record = {
-                            "step": self.step,
-                            **window.means(),
-                            "lr": lr,
-                            "pairs_per_s": window.rate(cfg.batch_size),
-                            "epoch": self.sampler.epoch,
-                        }
-                        extras = {**self.recipe.log_values(), **out.logs}
-                        for key, value in extras.items():  # the trainer's own keys win
-                            record.setdefault(key, float(value))
-                        if logger is not None:
-                            logger.log(record)
-                        bar.update(self.step, record)
-                        warning = throughput.observe(record["pairs_per_s"], torch.get_num_threads())
-                        if warning and self.is_main:
-                            self._note(warning)
+                        record = self._log_window(window, lr, out, logger, bar, throughput)
                         window = _Window()
-                    if step_hooks:
-                        step_record = {  # this step's loss, beside a log step's window means
-                            **{k: float(v) for k, v in record.items() if k != "loss"},
-                            "step": self.step,
-                            "loss": float(out.total.detach()),
-                            "lr": lr,
-                        }
-                        with self._in_hook():
-                            for hook in step_hooks:
-                                hook.on_step_end(self, self.step, step_record)
+                    if schedule.step_hooks:
+                        self._emit_step_end(schedule.step_hooks, record, out, lr)
                     decision, more = Decision.CONTINUE, 0
-                    if validates and (
-                        (cfg.val_every > 0 and self.step % cfg.val_every == 0)
-                        or self.step == total
-                        or self.step in extra_validations
-                    ):
+                    if validates and self._validation_due(schedule.validation_steps):
                         _, decision, more = self._validate()
-                    for hook in marks.get(self.step, ()):
-                        with self._in_hook():
-                            hook.on_mark(self, self.step)
+                    self._emit_marks(schedule.marks.get(self.step, ()))
                     if decision is Decision.STOP:
                         self.stopped_early = True
                         self.save_checkpoint()
@@ -816,6 +758,101 @@ class Trainer:
             for hook in self.hooks:
                 hook.on_fit_end(self, run)
         return run
+
+    def _open_run(self, end: int) -> bool:
+        """Create the run folder (main process) and say whether there is training to do before
+        ``end``; a run a hook stopped early, or already at ``end``, is left as it is."""
+        if self.is_main:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            # temporaries of a writer killed mid-checkpoint (kill -9) would otherwise stay forever
+            remove_stale_temp_files(self.run_dir, RUN_FILES)
+            self.config.save(self.run_dir)
+        total = self.train_config.steps
+        if self.stopped_early:
+            self._note(
+                f"{self.run_dir} stopped early at step {self.step} (a trainer hook stopped it; "
+                f"the built-in early stopping has patience {self.train_config.patience}); "
+                "nothing to do"
+            )
+            return False
+        if self.step >= end:
+            if self.step >= total:
+                self._note(
+                    f"{self.run_dir} is already trained to step {self.step} of {total}; nothing to do"
+                )
+            return False
+        return True
+
+    def _checkpoint_and_interrupt(self, signum: int) -> None:
+        """Save a checkpoint at the current step and raise ``TrainingInterrupted`` (SIGINT or
+        SIGTERM agreed by every process), saying how to resume."""
+        self.save_checkpoint()
+        name = signal.Signals(signum).name
+        raise TrainingInterrupted(
+            f"interrupted ({name}): stopped at step {self.step} of {self.train_config.steps} "
+            f"with a checkpoint in {self.run_dir}; continue with: curvalign train "
+            f"--out {self.run_dir} --resume",
+            int(signum),
+        )
+
+    def _log_window(
+        self,
+        window: _Window,
+        lr: float,
+        out: LossOutput,
+        logger: RunLogger | None,
+        bar: _Bar,
+        throughput: _ThroughputWatch,
+    ) -> dict[str, Any]:
+        """The log record of the steps in ``window`` (means, lr, throughput, epoch, then the
+        recipe's own values): written to the log and the bar; a throughput warning noted."""
+        record: dict[str, Any] = {
+            "step": self.step,
+            **window.means(),
+            "lr": lr,
+            "pairs_per_s": window.rate(self.train_config.batch_size),
+            "epoch": self.sampler.epoch,
+        }
+        extras = {**self.recipe.log_values(), **out.logs}
+        for key, value in extras.items():  # the trainer's own keys win
+            record.setdefault(key, float(value))
+        if logger is not None:
+            logger.log(record)
+        bar.update(self.step, record)
+        warning = throughput.observe(record["pairs_per_s"], torch.get_num_threads())
+        if warning and self.is_main:
+            self._note(warning)
+        return record
+
+    def _emit_step_end(
+        self, hooks: list[TrainerHook], record: dict[str, Any], out: LossOutput, lr: float
+    ) -> None:
+        """``on_step_end`` of ``hooks`` with this step's loss beside a log step's window means."""
+        step_record = {
+            **{k: float(v) for k, v in record.items() if k != "loss"},
+            "step": self.step,
+            "loss": float(out.total.detach()),
+            "lr": lr,
+        }
+        with self._in_hook():
+            for hook in hooks:
+                hook.on_step_end(self, self.step, step_record)
+
+    def _emit_marks(self, hooks: Iterable[TrainerHook]) -> None:
+        """``on_mark`` of the hooks marked at the current step."""
+        for hook in hooks:
+            with self._in_hook():
+                hook.on_mark(self, self.step)
+
+    def _validation_due(self, extra_steps: set[int]) -> bool:
+        """Whether the current step validates: every ``val_every`` steps, at the last step of
+        ``train.steps``, and at the steps a hook asked for."""
+        every = self.train_config.val_every
+        return (
+            (every > 0 and self.step % every == 0)
+            or self.step == self.train_config.steps
+            or self.step in extra_steps
+        )
 
     def _warn_if_best_is_untrained(self) -> None:
         """A note when no validation after step 0 beat the untrained head: best.safetensors then
@@ -860,6 +897,29 @@ class TrainedRun(type(Path())):  # a concrete Path (PosixPath/WindowsPath) with 
     val_history: list[tuple[int, float]] = []  # noqa: RUF012 (replaced per instance)
     last_step: int = 0
     stopped_early: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class _HookSchedule:
+    """When ``Trainer.fit`` calls which hooks: ``marks`` {step: hooks marked there}, the extra
+    ``validation_steps`` the hooks ask for, and the hooks that override ``on_step_end`` (the
+    others are not called every step)."""
+
+    marks: dict[int, list[TrainerHook]]
+    validation_steps: set[int]
+    step_hooks: list[TrainerHook]
+
+    @classmethod
+    def of(cls, hooks: Iterable[TrainerHook]) -> _HookSchedule:
+        hooks = list(hooks)
+        marks: dict[int, list[TrainerHook]] = {}
+        validation_steps: set[int] = set()
+        for hook in hooks:
+            for mark in hook.marks():
+                marks.setdefault(int(mark), []).append(hook)
+            validation_steps.update(int(s) for s in hook.validation_steps())
+        step_hooks = [h for h in hooks if type(h).on_step_end is not TrainerHook.on_step_end]
+        return cls(marks, validation_steps, step_hooks)
 
 
 class _Window:
