@@ -507,12 +507,19 @@ def test_a_training_that_slows_down_warns(tmp_path, monkeypatch):
 
     real = Trainer.train_step
 
+    import curvalign.train.trainer as trainer_module
+
+    # the trainer's clock is virtual: a step "takes" 10 ms, then 1 s from step 12 on, whatever
+    # the machine's speed or load (a real sleep failed on a loaded machine, where the reference
+    # steps were already slow)
+    clock = {"now": 0.0}
+
     def slow_after_step_12(self, progress):
-        if progress.step >= 12:
-            time.sleep(0.5)  # far slower than any step of this tiny model, even under load
+        clock["now"] += 1.0 if progress.step >= 12 else 0.01
         return real(self, progress)
 
     monkeypatch.setattr(Trainer, "train_step", slow_after_step_12)
+    monkeypatch.setattr(trainer_module.time, "perf_counter", lambda: clock["now"])
     notes: list[str] = []
     train(
         "clip",
