@@ -96,6 +96,12 @@ def test_extract_coco_builds_every_group(tmp_path: Path) -> None:
     want = [1 if int(Path(f).stem) % 2 == 0 else 2 for f in files]
     assert store.image_labels.tolist() == want
     assert store.meta["image_categories"][0] == [0, 1]
+    # the multilabels group holds the same sets, one row per (image, category)
+    assert store.has_multilabels
+    held = [set() for _ in range(store.num_images)]
+    for i, c in zip(store.multilabel_to_image.tolist(), store.multilabel_class.tolist()):
+        held[i].add(c)
+    assert [sorted(h) for h in held] == store.meta["image_categories"]
     names = store.taxonomy_names
     assert names[0] == "object" and "person (supercategory)" in names
     dog = names.index("dog")

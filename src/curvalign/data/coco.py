@@ -237,7 +237,11 @@ def extract_coco(
             for i in range(0, len(prompts), batch_size)
         ]
         tax_names, parents, class_to_node = _taxonomy(categories)
+        # every category an image holds, one row per (image, category): multi-label mAP
+        pairs = [(i, c) for i, r in enumerate(rows) for c in inputs["image_categories"][r]]
         fields = {
+            "multilabel_to_image": torch.tensor([i for i, _ in pairs], dtype=torch.long),
+            "multilabel_class": torch.tensor([c for _, c in pairs], dtype=torch.long),
             "class_names": names,
             "prompt_features": torch.cat(feats).float(),
             "prompt_to_class": torch.tensor(
