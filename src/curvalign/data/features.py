@@ -568,99 +568,19 @@ class FeatureStore:
         """
         root = Path(path).expanduser()
         where = f"feature store {root}"
-        if not root.is_dir():
-            raise FeatureStoreError(
-                f"{where}: no such directory" if not root.exists() else f"{where}: not a directory"
-            )
-        meta_path = root / "meta.json"
-        if not meta_path.is_file():
-            raise FeatureStoreError(
-                f"{where}: meta.json is missing (not a feature store directory?)"
-            )
-        try:
-            header = json.loads(meta_path.read_text())
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise FeatureStoreError(f"{where}: meta.json is not readable JSON ({exc})") from None
-        if not isinstance(header, dict) or header.get("format") != FORMAT_NAME:
-            raise FeatureStoreError(
-                f"{where}: meta.json does not describe a curvalign feature store (format {FORMAT_NAME!r} expected)"
-            )
-        version = header.get("version")
-        if version != FORMAT_VERSION:
-            raise FeatureStoreError(
-                f"{where}: meta.json has format version {version!r}; this curvalign reads version {FORMAT_VERSION}"
-            )
-        groups = header.get("groups", [])
-        arrays = header.get("arrays", {})
-        if (
-            not isinstance(groups, list)
-            or not isinstance(arrays, dict)
-            or any(g not in GROUPS for g in groups)
-        ):
-            raise FeatureStoreError(
-                f"{where}: meta.json 'groups' must list names from {list(GROUPS)}, got {groups!r}"
-            )
-        expected = list(REQUIRED_FIELDS) + [f for g in groups for f in GROUPS[g]]
-        values: dict[str, Any] = {}
-        for name in expected:
-            if name in LIST_FIELDS:
-                names = header.get(name)
-                if not isinstance(names, list) or not all(isinstance(s, str) for s in names):
-                    raise FeatureStoreError(
-                        f"{where}: meta.json lacks the list of strings {name!r} (group present)"
-                    )
-                values[name] = names
-                continue
-            file = root / f"{name}.npy"
-            if not file.is_file():
-                raise FeatureStoreError(f"{where}: {file.name} is missing")
-            try:
-                array = np.load(
-                    file,
-                    mmap_mode="c" if mmap and name in FLOAT_FIELDS else None,
-                    allow_pickle=False,
-                )
-            except (OSError, ValueError, EOFError) as exc:
-                raise FeatureStoreError(
-                    f"{where}: {file.name} is not a readable .npy array ({exc})"
-                ) from None
-            recorded = arrays.get(name, {})
-            if list(array.shape) != recorded.get("shape", list(array.shape)):
-                raise FeatureStoreError(
-                    f"{where}: {file.name} has shape {list(array.shape)} but meta.json records {recorded['shape']}"
-                )
-            values[name] = _from_numpy(array, name, f"{where}: {file.name}")
+        header = _read_header(root, where)
+        values: dict[str, Any] = {
+            name: _load_field(root, header, name, mmap, where)
+            for name in _expected_fields(header, where)
+        }
         meta = header.get("meta", {})
         if not isinstance(meta, dict):
             raise FeatureStoreError(f"{where}: meta.json 'meta' must be an object")
-        items_path = root / ITEMS_FILE
-        if items_path.is_file():  # optional: stores written before it existed have none
-            try:
-                items = json.loads(items_path.read_text())
-            except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-                raise FeatureStoreError(
-                    f"{where}: {ITEMS_FILE} is not readable JSON ({exc})"
-                ) from None
-            if not isinstance(items, dict) or set(items) - set(ITEM_FIELDS):
-                raise FeatureStoreError(
-                    f"{where}: {ITEMS_FILE} must be an object with keys among {list(ITEM_FIELDS)}"
-                )
-            values.update(items)
+        values.update(_read_items(root, where))
         store = cls(**values, meta=meta)
         if check_values is None:
             check_values = forced_value_check() or not _values_recorded(root, header)
-        _validate(
-            store,
-            lambda name: (
-                f"{name}.npy"
-                if name in TENSOR_FIELDS
-                else f"{ITEMS_FILE} {name!r}"
-                if name in ITEM_FIELDS
-                else f"meta.json {name!r}"
-            ),
-            where,
-            check_values,
-        )
+        _validate(store, _describe_on_disk, where, check_values)
         return store
 
     def _meta_json(self) -> dict[str, Any]:
@@ -741,6 +661,105 @@ def _values_recorded(root: Path, header: dict[str, Any]) -> bool:
         return all((root / name).stat().st_size == size for name, size in sizes.items())
     except OSError:
         return False
+
+
+def _read_header(root: Path, where: str) -> dict[str, Any]:
+    """The parsed meta.json of the store directory ``root``, checked to describe a feature store
+    of this format version."""
+    if not root.is_dir():
+        raise FeatureStoreError(
+            f"{where}: no such directory" if not root.exists() else f"{where}: not a directory"
+        )
+    meta_path = root / "meta.json"
+    if not meta_path.is_file():
+        raise FeatureStoreError(f"{where}: meta.json is missing (not a feature store directory?)")
+    try:
+        header = json.loads(meta_path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise FeatureStoreError(f"{where}: meta.json is not readable JSON ({exc})") from None
+    if not isinstance(header, dict) or header.get("format") != FORMAT_NAME:
+        raise FeatureStoreError(
+            f"{where}: meta.json does not describe a curvalign feature store (format {FORMAT_NAME!r} expected)"
+        )
+    version = header.get("version")
+    if version != FORMAT_VERSION:
+        raise FeatureStoreError(
+            f"{where}: meta.json has format version {version!r}; this curvalign reads version {FORMAT_VERSION}"
+        )
+    return header
+
+
+def _expected_fields(header: dict[str, Any], where: str) -> list[str]:
+    """The fields a store with meta.json ``header`` holds: the required ones, then those of
+    every group it records, in that order."""
+    groups = header.get("groups", [])
+    arrays = header.get("arrays", {})
+    if (
+        not isinstance(groups, list)
+        or not isinstance(arrays, dict)
+        or any(g not in GROUPS for g in groups)
+    ):
+        raise FeatureStoreError(
+            f"{where}: meta.json 'groups' must list names from {list(GROUPS)}, got {groups!r}"
+        )
+    return list(REQUIRED_FIELDS) + [f for g in groups for f in GROUPS[g]]
+
+
+def _load_field(
+    root: Path, header: dict[str, Any], name: str, mmap: bool, where: str
+) -> list[str] | Tensor:
+    """Field ``name`` of the store at ``root``: a list of strings from meta.json, or a tensor
+    from ``name.npy`` (float fields memory-mapped copy-on-write when ``mmap``)."""
+    if name in LIST_FIELDS:
+        names = header.get(name)
+        if not isinstance(names, list) or not all(isinstance(s, str) for s in names):
+            raise FeatureStoreError(
+                f"{where}: meta.json lacks the list of strings {name!r} (group present)"
+            )
+        return names
+    file = root / f"{name}.npy"
+    if not file.is_file():
+        raise FeatureStoreError(f"{where}: {file.name} is missing")
+    try:
+        array = np.load(
+            file, mmap_mode="c" if mmap and name in FLOAT_FIELDS else None, allow_pickle=False
+        )
+    except (OSError, ValueError, EOFError) as exc:
+        raise FeatureStoreError(
+            f"{where}: {file.name} is not a readable .npy array ({exc})"
+        ) from None
+    recorded = header.get("arrays", {}).get(name, {})
+    if list(array.shape) != recorded.get("shape", list(array.shape)):
+        raise FeatureStoreError(
+            f"{where}: {file.name} has shape {list(array.shape)} but meta.json records {recorded['shape']}"
+        )
+    return _from_numpy(array, name, f"{where}: {file.name}")
+
+
+def _read_items(root: Path, where: str) -> dict[str, Any]:
+    """The per-row strings of ``items.json`` (optional: stores written before it existed have
+    none, and then this is empty)."""
+    items_path = root / ITEMS_FILE
+    if not items_path.is_file():
+        return {}
+    try:
+        items = json.loads(items_path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise FeatureStoreError(f"{where}: {ITEMS_FILE} is not readable JSON ({exc})") from None
+    if not isinstance(items, dict) or set(items) - set(ITEM_FIELDS):
+        raise FeatureStoreError(
+            f"{where}: {ITEMS_FILE} must be an object with keys among {list(ITEM_FIELDS)}"
+        )
+    return items
+
+
+def _describe_on_disk(name: str) -> str:
+    """Where field ``name`` of a store on disk lives, for error messages."""
+    if name in TENSOR_FIELDS:
+        return f"{name}.npy"
+    if name in ITEM_FIELDS:
+        return f"{ITEMS_FILE} {name!r}"
+    return f"meta.json {name!r}"
 
 
 def _save_rows(path: Path, rows: ShardedRows) -> None:
