@@ -86,7 +86,7 @@ import contextvars
 import json
 import math
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -568,99 +568,19 @@ class FeatureStore:
         """
         root = Path(path).expanduser()
         where = f"feature store {root}"
-        if not root.is_dir():
-            raise FeatureStoreError(
-                f"{where}: no such directory" if not root.exists() else f"{where}: not a directory"
-            )
-        meta_path = root / "meta.json"
-        if not meta_path.is_file():
-            raise FeatureStoreError(
-                f"{where}: meta.json is missing (not a feature store directory?)"
-            )
-        try:
-            header = json.loads(meta_path.read_text())
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise FeatureStoreError(f"{where}: meta.json is not readable JSON ({exc})") from None
-        if not isinstance(header, dict) or header.get("format") != FORMAT_NAME:
-            raise FeatureStoreError(
-                f"{where}: meta.json does not describe a curvalign feature store (format {FORMAT_NAME!r} expected)"
-            )
-        version = header.get("version")
-        if version != FORMAT_VERSION:
-            raise FeatureStoreError(
-                f"{where}: meta.json has format version {version!r}; this curvalign reads version {FORMAT_VERSION}"
-            )
-        groups = header.get("groups", [])
-        arrays = header.get("arrays", {})
-        if (
-            not isinstance(groups, list)
-            or not isinstance(arrays, dict)
-            or any(g not in GROUPS for g in groups)
-        ):
-            raise FeatureStoreError(
-                f"{where}: meta.json 'groups' must list names from {list(GROUPS)}, got {groups!r}"
-            )
-        expected = list(REQUIRED_FIELDS) + [f for g in groups for f in GROUPS[g]]
-        values: dict[str, Any] = {}
-        for name in expected:
-            if name in LIST_FIELDS:
-                names = header.get(name)
-                if not isinstance(names, list) or not all(isinstance(s, str) for s in names):
-                    raise FeatureStoreError(
-                        f"{where}: meta.json lacks the list of strings {name!r} (group present)"
-                    )
-                values[name] = names
-                continue
-            file = root / f"{name}.npy"
-            if not file.is_file():
-                raise FeatureStoreError(f"{where}: {file.name} is missing")
-            try:
-                array = np.load(
-                    file,
-                    mmap_mode="c" if mmap and name in FLOAT_FIELDS else None,
-                    allow_pickle=False,
-                )
-            except (OSError, ValueError, EOFError) as exc:
-                raise FeatureStoreError(
-                    f"{where}: {file.name} is not a readable .npy array ({exc})"
-                ) from None
-            recorded = arrays.get(name, {})
-            if list(array.shape) != recorded.get("shape", list(array.shape)):
-                raise FeatureStoreError(
-                    f"{where}: {file.name} has shape {list(array.shape)} but meta.json records {recorded['shape']}"
-                )
-            values[name] = _from_numpy(array, name, f"{where}: {file.name}")
+        header = _read_header(root, where)
+        values: dict[str, Any] = {
+            name: _load_field(root, header, name, mmap, where)
+            for name in _expected_fields(header, where)
+        }
         meta = header.get("meta", {})
         if not isinstance(meta, dict):
             raise FeatureStoreError(f"{where}: meta.json 'meta' must be an object")
-        items_path = root / ITEMS_FILE
-        if items_path.is_file():  # optional: stores written before it existed have none
-            try:
-                items = json.loads(items_path.read_text())
-            except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-                raise FeatureStoreError(
-                    f"{where}: {ITEMS_FILE} is not readable JSON ({exc})"
-                ) from None
-            if not isinstance(items, dict) or set(items) - set(ITEM_FIELDS):
-                raise FeatureStoreError(
-                    f"{where}: {ITEMS_FILE} must be an object with keys among {list(ITEM_FIELDS)}"
-                )
-            values.update(items)
+        values.update(_read_items(root, where))
         store = cls(**values, meta=meta)
         if check_values is None:
             check_values = forced_value_check() or not _values_recorded(root, header)
-        _validate(
-            store,
-            lambda name: (
-                f"{name}.npy"
-                if name in TENSOR_FIELDS
-                else f"{ITEMS_FILE} {name!r}"
-                if name in ITEM_FIELDS
-                else f"meta.json {name!r}"
-            ),
-            where,
-            check_values,
-        )
+        _validate(store, _describe_on_disk, where, check_values)
         return store
 
     def _meta_json(self) -> dict[str, Any]:
@@ -743,6 +663,105 @@ def _values_recorded(root: Path, header: dict[str, Any]) -> bool:
         return False
 
 
+def _read_header(root: Path, where: str) -> dict[str, Any]:
+    """The parsed meta.json of the store directory ``root``, checked to describe a feature store
+    of this format version."""
+    if not root.is_dir():
+        raise FeatureStoreError(
+            f"{where}: no such directory" if not root.exists() else f"{where}: not a directory"
+        )
+    meta_path = root / "meta.json"
+    if not meta_path.is_file():
+        raise FeatureStoreError(f"{where}: meta.json is missing (not a feature store directory?)")
+    try:
+        header = json.loads(meta_path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise FeatureStoreError(f"{where}: meta.json is not readable JSON ({exc})") from None
+    if not isinstance(header, dict) or header.get("format") != FORMAT_NAME:
+        raise FeatureStoreError(
+            f"{where}: meta.json does not describe a curvalign feature store (format {FORMAT_NAME!r} expected)"
+        )
+    version = header.get("version")
+    if version != FORMAT_VERSION:
+        raise FeatureStoreError(
+            f"{where}: meta.json has format version {version!r}; this curvalign reads version {FORMAT_VERSION}"
+        )
+    return header
+
+
+def _expected_fields(header: dict[str, Any], where: str) -> list[str]:
+    """The fields a store with meta.json ``header`` holds: the required ones, then those of
+    every group it records, in that order."""
+    groups = header.get("groups", [])
+    arrays = header.get("arrays", {})
+    if (
+        not isinstance(groups, list)
+        or not isinstance(arrays, dict)
+        or any(g not in GROUPS for g in groups)
+    ):
+        raise FeatureStoreError(
+            f"{where}: meta.json 'groups' must list names from {list(GROUPS)}, got {groups!r}"
+        )
+    return list(REQUIRED_FIELDS) + [f for g in groups for f in GROUPS[g]]
+
+
+def _load_field(
+    root: Path, header: dict[str, Any], name: str, mmap: bool, where: str
+) -> list[str] | Tensor:
+    """Field ``name`` of the store at ``root``: a list of strings from meta.json, or a tensor
+    from ``name.npy`` (float fields memory-mapped copy-on-write when ``mmap``)."""
+    if name in LIST_FIELDS:
+        names = header.get(name)
+        if not isinstance(names, list) or not all(isinstance(s, str) for s in names):
+            raise FeatureStoreError(
+                f"{where}: meta.json lacks the list of strings {name!r} (group present)"
+            )
+        return names
+    file = root / f"{name}.npy"
+    if not file.is_file():
+        raise FeatureStoreError(f"{where}: {file.name} is missing")
+    try:
+        array = np.load(
+            file, mmap_mode="c" if mmap and name in FLOAT_FIELDS else None, allow_pickle=False
+        )
+    except (OSError, ValueError, EOFError) as exc:
+        raise FeatureStoreError(
+            f"{where}: {file.name} is not a readable .npy array ({exc})"
+        ) from None
+    recorded = header.get("arrays", {}).get(name, {})
+    if list(array.shape) != recorded.get("shape", list(array.shape)):
+        raise FeatureStoreError(
+            f"{where}: {file.name} has shape {list(array.shape)} but meta.json records {recorded['shape']}"
+        )
+    return _from_numpy(array, name, f"{where}: {file.name}")
+
+
+def _read_items(root: Path, where: str) -> dict[str, Any]:
+    """The per-row strings of ``items.json`` (optional: stores written before it existed have
+    none, and then this is empty)."""
+    items_path = root / ITEMS_FILE
+    if not items_path.is_file():
+        return {}
+    try:
+        items = json.loads(items_path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise FeatureStoreError(f"{where}: {ITEMS_FILE} is not readable JSON ({exc})") from None
+    if not isinstance(items, dict) or set(items) - set(ITEM_FIELDS):
+        raise FeatureStoreError(
+            f"{where}: {ITEMS_FILE} must be an object with keys among {list(ITEM_FIELDS)}"
+        )
+    return items
+
+
+def _describe_on_disk(name: str) -> str:
+    """Where field ``name`` of a store on disk lives, for error messages."""
+    if name in TENSOR_FIELDS:
+        return f"{name}.npy"
+    if name in ITEM_FIELDS:
+        return f"{ITEMS_FILE} {name!r}"
+    return f"meta.json {name!r}"
+
+
 def _save_rows(path: Path, rows: ShardedRows) -> None:
     """Write ``rows`` as one ``.npy`` file in chunks of about ``_SCAN_ELEMENTS`` values."""
     n, width = int(rows.shape[0]), int(rows.shape[1])
@@ -792,60 +811,85 @@ def _from_numpy(array: np.ndarray, name: str, where: str) -> Tensor:
     return torch.from_numpy(array)
 
 
+#: one rule of the format: the messages of what ``store`` breaks (fields named by ``describe``),
+#: lazily, so that a rule may assume that every rule before it holds
+_Rule = Callable[[FeatureStore, Callable[[str], str]], Iterator[str]]
+
+
 def _validate(
     store: FeatureStore, describe: Callable[[str], str], where: str, check_values: bool
 ) -> None:
-    """All of the format's rules, in an order that makes the first error the most basic one."""
+    """All of the format's rules (:data:`_STRUCTURE_RULES`, then :data:`_VALUE_RULES` when
+    ``check_values``), in an order that makes the first error the most basic one."""
+    rules = _STRUCTURE_RULES + (_VALUE_RULES if check_values else ())
+    for rule in rules:
+        for message in rule(store, describe):
+            raise FeatureStoreError(f"{where}: {message}")
 
-    def fail(message: str) -> None:
-        raise FeatureStoreError(f"{where}: {message}")
 
+def _required_present(store: FeatureStore, describe: Callable[[str], str]) -> Iterator[str]:
     for name in REQUIRED_FIELDS:
         if getattr(store, name) is None:
-            fail(f"{describe(name)} is required but missing")
+            yield f"{describe(name)} is required but missing"
+
+
+def _groups_complete(store: FeatureStore, describe: Callable[[str], str]) -> Iterator[str]:
     for group, names in GROUPS.items():
         present = [n for n in names if getattr(store, n) is not None]
         if present and len(present) != len(names):
             missing = [n for n in names if n not in present]
-            fail(
+            yield (
                 f"optional group {group!r} is only partly present: has {', '.join(present)} "
                 f"but lacks {', '.join(missing)} (a group is all present or all absent)"
             )
+
+
+def _group_dependencies(store: FeatureStore, describe: Callable[[str], str]) -> Iterator[str]:
     if store.taxonomy_parents is not None and store.class_names is None:
-        fail("the taxonomy group needs the classes group (class_to_node maps classes to nodes)")
+        yield "the taxonomy group needs the classes group (class_to_node maps classes to nodes)"
     if store.multilabel_to_image is not None and store.class_names is None:
-        fail("the multilabels group needs the classes group (multilabel_class indexes classes)")
+        yield "the multilabels group needs the classes group (multilabel_class indexes classes)"
     present_groups = store.groups
     for group, needs in _TOKEN_GROUP_NEEDS.items():
         if group in present_groups and needs not in present_groups:
-            fail(f"the {group} group needs the {needs} group (tokens of texts it holds)")
+            yield f"the {group} group needs the {needs} group (tokens of texts it holds)"
 
+
+def _tensor_types(store: FeatureStore, describe: Callable[[str], str]) -> Iterator[str]:
     for name in TENSOR_FIELDS:
         value = getattr(store, name)
         if value is None:
             continue
         if not (is_row_source(value) if name in FLOAT_FIELDS else isinstance(value, Tensor)):
-            fail(f"{describe(name)} must be a torch.Tensor, got {type(value).__name__}")
+            yield f"{describe(name)} must be a torch.Tensor, got {type(value).__name__}"
         if name in FLOAT_FIELDS and not value.is_floating_point():
-            fail(f"{describe(name)} has dtype {value.dtype}; floating-point features expected")
+            yield f"{describe(name)} has dtype {value.dtype}; floating-point features expected"
         if name in INDEX_FIELDS and (
             value.is_floating_point() or value.is_complex() or value.dtype == torch.bool
         ):
-            fail(f"{describe(name)} has dtype {value.dtype}; integer indices expected")
+            yield f"{describe(name)} has dtype {value.dtype}; integer indices expected"
+
+
+def _is_string_list(value: Any) -> bool:
+    return isinstance(value, (list, tuple)) and all(isinstance(s, str) for s in value)
+
+
+def _list_types(store: FeatureStore, describe: Callable[[str], str]) -> Iterator[str]:
     for name in LIST_FIELDS:
         value = getattr(store, name)
-        if value is not None and (
-            not isinstance(value, (list, tuple)) or not all(isinstance(s, str) for s in value)
-        ):
-            fail(f"{describe(name)} must be a list of strings")
+        if value is not None and not _is_string_list(value):
+            yield f"{describe(name)} must be a list of strings"
     for name in ITEM_FIELDS:
         value = getattr(store, name)
         if (
             value is not None
             and not isinstance(value, ParquetColumn)
-            and (not isinstance(value, (list, tuple)) or not all(isinstance(s, str) for s in value))
+            and not _is_string_list(value)
         ):
-            fail(f"{describe(name)} must be a list of strings (one per row)")
+            yield f"{describe(name)} must be a list of strings (one per row)"
+
+
+def _item_lengths(store: FeatureStore, describe: Callable[[str], str]) -> Iterator[str]:
     for name, rows, what in (
         ("image_paths", store.num_images, "images"),
         ("image_texts", store.num_images, "images"),
@@ -853,170 +897,220 @@ def _validate(
     ):
         value = getattr(store, name)
         if value is not None and len(value) != rows:
-            fail(f"{describe(name)} has {len(value)} entries but the store has {rows} {what}")
-    if not isinstance(store.meta, dict):
-        fail("meta must be a dict")
+            yield f"{describe(name)} has {len(value)} entries but the store has {rows} {what}"
 
-    def ndim(name: str, expected: int, what: str) -> None:
+
+def _meta_is_dict(store: FeatureStore, describe: Callable[[str], str]) -> Iterator[str]:
+    if not isinstance(store.meta, dict):
+        yield "meta must be a dict"
+
+
+_TOKEN_MASKS = tuple(m for _, _, m, _ in TEXT_PARTS.values())
+#: (field, number of dimensions, what they are), in the order they are checked
+_NDIMS: tuple[tuple[str, int, str], ...] = (
+    ("image_features", 2, "[images, image_dim]"),
+    ("text_features", 2, "[texts, text_dim]"),
+    ("box_image_features", 2, "[boxes, image_dim]"),
+    ("box_text_features", 2, "[boxes, text_dim]"),
+    ("pair_a_features", 2, "[pairs, text_dim]"),
+    ("pair_b_features", 2, "[pairs, text_dim]"),
+    ("prompt_features", 2, "[prompts, text_dim]"),
+    ("negative_features", 2, "[negatives, text_dim]"),
+    ("chain_features", 3, "[chains, chain_length, text_dim]"),
+    *(
+        rule
+        for _, token_field, mask_field, _ in TEXT_PARTS.values()
+        for rule in (
+            (token_field, 3, "[rows, tokens, token_dim]"),
+            (mask_field, 2, "[rows, tokens]"),
+        )
+    ),
+    *(
+        (name, 1, "one entry per row")
+        for name in ("pair_scores",) + tuple(f for f in INDEX_FIELDS if f not in _TOKEN_MASKS)
+    ),
+)
+
+
+def _dimensions(store: FeatureStore, describe: Callable[[str], str]) -> Iterator[str]:
+    for name, expected, what in _NDIMS:
         value = getattr(store, name)
         if value is not None and value.dim() != expected:
-            fail(f"{describe(name)} must be {expected}-D ({what}), got shape {list(value.shape)}")
+            yield f"{describe(name)} must be {expected}-D ({what}), got shape {list(value.shape)}"
 
-    ndim("image_features", 2, "[images, image_dim]")
-    ndim("text_features", 2, "[texts, text_dim]")
-    ndim("box_image_features", 2, "[boxes, image_dim]")
-    ndim("box_text_features", 2, "[boxes, text_dim]")
-    ndim("pair_a_features", 2, "[pairs, text_dim]")
-    ndim("pair_b_features", 2, "[pairs, text_dim]")
-    ndim("prompt_features", 2, "[prompts, text_dim]")
-    ndim("negative_features", 2, "[negatives, text_dim]")
-    ndim("chain_features", 3, "[chains, chain_length, text_dim]")
-    for _, token_field, mask_field, _ in TEXT_PARTS.values():
-        ndim(token_field, 3, "[rows, tokens, token_dim]")
-        ndim(mask_field, 2, "[rows, tokens]")
-    masks = {m for _, _, m, _ in TEXT_PARTS.values()}
-    for name in ("pair_scores",) + tuple(f for f in INDEX_FIELDS if f not in masks):
-        ndim(name, 1, "one entry per row")
 
-    di, dt = store.image_dim, store.text_dim
-    for name, dim, what in (
-        ("box_image_features", di, "image_features"),
-        ("box_text_features", dt, "text_features"),
-        ("pair_a_features", dt, "text_features"),
-        ("pair_b_features", dt, "text_features"),
-        ("prompt_features", dt, "text_features"),
-        ("negative_features", dt, "text_features"),
-        ("chain_features", dt, "text_features"),
-    ):
+#: (field, the field whose feature dimension it shares)
+_FEATURE_DIMS = (
+    ("box_image_features", "image_features"),
+    ("box_text_features", "text_features"),
+    ("pair_a_features", "text_features"),
+    ("pair_b_features", "text_features"),
+    ("prompt_features", "text_features"),
+    ("negative_features", "text_features"),
+    ("chain_features", "text_features"),
+)
+
+
+def _feature_dims(store: FeatureStore, describe: Callable[[str], str]) -> Iterator[str]:
+    for name, reference in _FEATURE_DIMS:
+        dim = store.image_dim if reference == "image_features" else store.text_dim
         value = getattr(store, name)
         if value is not None and value.shape[-1] != dim:
-            fail(f"{describe(name)} has feature dimension {value.shape[-1]} but {what} has {dim}")
-
-    def same_rows(name: str, reference: str, what: str) -> None:
-        value, ref = getattr(store, name), getattr(store, reference)
-        if value is not None and ref is not None and value.shape[0] != ref.shape[0]:
-            fail(
-                f"{describe(name)} has {value.shape[0]} entries but {describe(reference)} has {ref.shape[0]} rows ({what})"
+            yield (
+                f"{describe(name)} has feature dimension {value.shape[-1]} but {reference} has {dim}"
             )
 
-    same_rows("text_to_image", "text_features", "one image index per text")
-    same_rows("image_split", "image_features", "one split per image")
-    same_rows("box_text_features", "box_image_features", "one noun phrase per crop")
-    same_rows("box_to_image", "box_image_features", "one image index per box")
-    same_rows("pair_b_features", "pair_a_features", "pairs come in two matching halves")
-    same_rows("pair_scores", "pair_a_features", "one score per pair")
-    same_rows("prompt_to_class", "prompt_features", "one class per prompt")
-    same_rows("image_labels", "image_features", "one label per image")
-    same_rows("negative_to_text", "negative_features", "one true text per negative")
-    same_rows("negative_kind", "negative_features", "one kind per negative")
-    same_rows("multilabel_class", "multilabel_to_image", "one class per annotation")
+
+def _row_mismatch(
+    store: FeatureStore, describe: Callable[[str], str], name: str, reference: str, what: str
+) -> str | None:
+    """The message when ``name`` and ``reference`` (both present) differ in rows, else None."""
+    value, ref = getattr(store, name), getattr(store, reference)
+    if value is not None and ref is not None and value.shape[0] != ref.shape[0]:
+        return f"{describe(name)} has {value.shape[0]} entries but {describe(reference)} has {ref.shape[0]} rows ({what})"
+    return None
+
+
+#: (field, the field it has one entry per row of, why)
+_SAME_ROWS = (
+    ("text_to_image", "text_features", "one image index per text"),
+    ("image_split", "image_features", "one split per image"),
+    ("box_text_features", "box_image_features", "one noun phrase per crop"),
+    ("box_to_image", "box_image_features", "one image index per box"),
+    ("pair_b_features", "pair_a_features", "pairs come in two matching halves"),
+    ("pair_scores", "pair_a_features", "one score per pair"),
+    ("prompt_to_class", "prompt_features", "one class per prompt"),
+    ("image_labels", "image_features", "one label per image"),
+    ("negative_to_text", "negative_features", "one true text per negative"),
+    ("negative_kind", "negative_features", "one kind per negative"),
+    ("multilabel_class", "multilabel_to_image", "one class per annotation"),
+)
+
+
+def _row_counts(store: FeatureStore, describe: Callable[[str], str]) -> Iterator[str]:
+    for name, reference, what in _SAME_ROWS:
+        message = _row_mismatch(store, describe, name, reference, what)
+        if message is not None:
+            yield message
+
+
+def _token_parts(store: FeatureStore, describe: Callable[[str], str]) -> Iterator[str]:
     token_dim: tuple[str, int] | None = None
     for part, (features, token_field, mask_field, _) in TEXT_PARTS.items():
         tokens, mask = getattr(store, token_field), getattr(store, mask_field)
         if tokens is None or mask is None:
             continue
-        same_rows(token_field, features, f"one token sequence per {part} text")
+        message = _row_mismatch(
+            store, describe, token_field, features, f"one token sequence per {part} text"
+        )
+        if message is not None:
+            yield message
         if token_dim is None:
             token_dim = (token_field, int(tokens.shape[-1]))
         elif tokens.shape[-1] != token_dim[1]:
-            fail(
+            yield (
                 f"{describe(token_field)} has token dimension {tokens.shape[-1]} but "
                 f"{describe(token_dim[0])} has {token_dim[1]} (one encoder makes every token part)"
             )
-        if mask.shape != tokens.shape[:2]:
-            fail(
-                f"{describe(mask_field)} has shape {list(mask.shape)} but "
-                f"{describe(token_field)} has {list(tokens.shape[:2])} (rows, tokens)"
-            )
-        if mask.numel() and bool(((mask != 0) & (mask != 1)).any()):
-            fail(f"{describe(mask_field)} must hold 0 (padding) or 1 (token) only")
-        if mask.numel() and bool((mask.sum(dim=1) == 0).any()):
-            first = int(torch.nonzero(mask.sum(dim=1) == 0)[0])
-            what = "text" if part == "text" else f"{part} text"
-            fail(f"{describe(mask_field)}: {what} {first} has no token (an all-zero row)")
-    if store.taxonomy_parents is not None:
-        assert (
-            store.taxonomy_names is not None
-            and store.class_to_node is not None
-            and store.class_names is not None
+        yield from _token_mask_rules(describe, part, tokens, mask, token_field, mask_field)
+
+
+def _token_mask_rules(
+    describe: Callable[[str], str],
+    part: str,
+    tokens: Tensor,
+    mask: Tensor,
+    token_field: str,
+    mask_field: str,
+) -> Iterator[str]:
+    """What the mask ``mask_field`` [rows, tokens] of text part ``part`` breaks."""
+    if mask.shape != tokens.shape[:2]:
+        yield (
+            f"{describe(mask_field)} has shape {list(mask.shape)} but "
+            f"{describe(token_field)} has {list(tokens.shape[:2])} (rows, tokens)"
         )
-        if len(store.taxonomy_names) != store.taxonomy_parents.shape[0]:
-            fail(
-                f"{describe('taxonomy_parents')} has {store.taxonomy_parents.shape[0]} entries but "
-                f"{describe('taxonomy_names')} names {len(store.taxonomy_names)} nodes"
-            )
-        if len(store.class_names) != store.class_to_node.shape[0]:
-            fail(
-                f"{describe('class_to_node')} has {store.class_to_node.shape[0]} entries but there are {len(store.class_names)} classes"
-            )
+    if mask.numel() and bool(((mask != 0) & (mask != 1)).any()):
+        yield f"{describe(mask_field)} must hold 0 (padding) or 1 (token) only"
+    if mask.numel() and bool((mask.sum(dim=1) == 0).any()):
+        first = int(torch.nonzero(mask.sum(dim=1) == 0)[0])
+        what = "text" if part == "text" else f"{part} text"
+        yield f"{describe(mask_field)}: {what} {first} has no token (an all-zero row)"
 
-    def in_range(name: str, upper: int, what: str, allow_minus_one: bool = False) -> None:
-        value = getattr(store, name)
-        if value is None or value.numel() == 0:
-            return
-        low = -1 if allow_minus_one else 0
-        bad = (value < low) | (value >= upper)
-        if bool(bad.any()):
-            first = int(torch.nonzero(bad)[0])
-            allowed = (
-                f"[{low}, {upper})" if upper > low else "nothing (there is nothing to point to)"
-            )
-            fail(
-                f"{describe(name)} has {int(bad.sum())} entries outside {allowed} ({what}); first at row {first}: {int(value[first])}"
-            )
 
-    in_range("text_to_image", store.num_images, "image indices")
-    in_range("box_to_image", store.num_images, "image indices")
-    in_range("multilabel_to_image", store.num_images, "image indices")
+def _taxonomy_sizes(store: FeatureStore, describe: Callable[[str], str]) -> Iterator[str]:
+    if store.taxonomy_parents is None:
+        return
+    assert (
+        store.taxonomy_names is not None
+        and store.class_to_node is not None
+        and store.class_names is not None
+    )
+    if len(store.taxonomy_names) != store.taxonomy_parents.shape[0]:
+        yield (
+            f"{describe('taxonomy_parents')} has {store.taxonomy_parents.shape[0]} entries but "
+            f"{describe('taxonomy_names')} names {len(store.taxonomy_names)} nodes"
+        )
+    if len(store.class_names) != store.class_to_node.shape[0]:
+        yield f"{describe('class_to_node')} has {store.class_to_node.shape[0]} entries but there are {len(store.class_names)} classes"
+
+
+def _out_of_range(
+    store: FeatureStore,
+    describe: Callable[[str], str],
+    name: str,
+    upper: int,
+    what: str,
+    allow_minus_one: bool = False,
+) -> Iterator[str]:
+    """The message when the index field ``name`` has an entry outside [0, upper) (or -1)."""
+    value = getattr(store, name)
+    if value is None or value.numel() == 0:
+        return
+    low = -1 if allow_minus_one else 0
+    bad = (value < low) | (value >= upper)
+    if bool(bad.any()):
+        first = int(torch.nonzero(bad)[0])
+        allowed = f"[{low}, {upper})" if upper > low else "nothing (there is nothing to point to)"
+        yield f"{describe(name)} has {int(bad.sum())} entries outside {allowed} ({what}); first at row {first}: {int(value[first])}"
+
+
+def _index_ranges(store: FeatureStore, describe: Callable[[str], str]) -> Iterator[str]:
+    yield from _out_of_range(store, describe, "text_to_image", store.num_images, "image indices")
+    yield from _out_of_range(store, describe, "box_to_image", store.num_images, "image indices")
+    yield from _out_of_range(
+        store, describe, "multilabel_to_image", store.num_images, "image indices"
+    )
     if store.split_names is not None:
-        in_range("image_split", len(store.split_names), "indices into split_names")
+        yield from _out_of_range(
+            store, describe, "image_split", len(store.split_names), "indices into split_names"
+        )
     if store.class_names is not None:
-        in_range("prompt_to_class", len(store.class_names), "class indices")
-        in_range("multilabel_class", len(store.class_names), "class indices")
-        in_range(
-            "image_labels",
-            len(store.class_names),
-            "class indices, -1 for none",
-            allow_minus_one=True,
+        classes = len(store.class_names)
+        yield from _out_of_range(store, describe, "prompt_to_class", classes, "class indices")
+        yield from _out_of_range(store, describe, "multilabel_class", classes, "class indices")
+        yield from _out_of_range(
+            store, describe, "image_labels", classes, "class indices, -1 for none", True
         )
     if store.taxonomy_names is not None:
-        in_range("class_to_node", len(store.taxonomy_names), "taxonomy node indices")
-        in_range(
-            "taxonomy_parents",
-            len(store.taxonomy_names),
-            "parent node, -1 for a root",
-            allow_minus_one=True,
+        nodes = len(store.taxonomy_names)
+        yield from _out_of_range(store, describe, "class_to_node", nodes, "taxonomy node indices")
+        yield from _out_of_range(
+            store, describe, "taxonomy_parents", nodes, "parent node, -1 for a root", True
         )
-        _check_forest(store, describe, fail)
-    in_range("negative_to_text", store.num_texts, "text indices")
+        yield from _forest_cycle(store, describe)
+    yield from _out_of_range(store, describe, "negative_to_text", store.num_texts, "text indices")
     if store.negative_kind_names is not None:
-        in_range(
-            "negative_kind", len(store.negative_kind_names), "indices into negative_kind_names"
+        yield from _out_of_range(
+            store,
+            describe,
+            "negative_kind",
+            len(store.negative_kind_names),
+            "indices into negative_kind_names",
         )
 
-    if check_values:
-        for name in FLOAT_FIELDS:
-            value = getattr(store, name)
-            if value is not None:
-                bad_rows, first = _count_nonfinite_rows(value)
-                if bad_rows:
-                    fail(
-                        f"{describe(name)} has {bad_rows} row{'s' if bad_rows > 1 else ''} with NaN or inf values (first: row {first})"
-                    )
-        if store.pair_scores is not None and store.pair_scores.numel():
-            scores = store.pair_scores
-            bad = (scores < 0) | (scores > 1)
-            if bool(bad.any()):
-                first = int(torch.nonzero(bad)[0])
-                fail(
-                    f"{describe('pair_scores')} has {int(bad.sum())} scores outside [0, 1]; first at row {first}: {float(scores[first])}"
-                )
 
-
-def _check_forest(
-    store: FeatureStore, describe: Callable[[str], str], fail: Callable[[str], None]
-) -> None:
-    """Fail if following parents from some node never reaches a root (-1): a cycle."""
+def _forest_cycle(store: FeatureStore, describe: Callable[[str], str]) -> Iterator[str]:
+    """The message when following parents from some node never reaches a root (-1): a cycle."""
     parents = store.taxonomy_parents
     assert parents is not None and store.taxonomy_names is not None
     n = parents.shape[0]
@@ -1041,9 +1135,45 @@ def _check_forest(
         names = " -> ".join(store.taxonomy_names[i] for i in cycle[:6]) + (
             " -> ..." if len(cycle) > 6 else ""
         )
-        fail(
-            f"{describe('taxonomy_parents')} has a cycle ({names} -> {store.taxonomy_names[node]}); the taxonomy must be a forest"
-        )
+        yield f"{describe('taxonomy_parents')} has a cycle ({names} -> {store.taxonomy_names[node]}); the taxonomy must be a forest"
+
+
+def _finite_values(store: FeatureStore, describe: Callable[[str], str]) -> Iterator[str]:
+    for name in FLOAT_FIELDS:
+        value = getattr(store, name)
+        if value is not None:
+            bad_rows, first = _count_nonfinite_rows(value)
+            if bad_rows:
+                yield f"{describe(name)} has {bad_rows} row{'s' if bad_rows > 1 else ''} with NaN or inf values (first: row {first})"
+
+
+def _pair_scores_in_unit(store: FeatureStore, describe: Callable[[str], str]) -> Iterator[str]:
+    if store.pair_scores is not None and store.pair_scores.numel():
+        scores = store.pair_scores
+        bad = (scores < 0) | (scores > 1)
+        if bool(bad.any()):
+            first = int(torch.nonzero(bad)[0])
+            yield f"{describe('pair_scores')} has {int(bad.sum())} scores outside [0, 1]; first at row {first}: {float(scores[first])}"
+
+
+#: the rules on the structure of a store (cheap: no pass over the features), in order
+_STRUCTURE_RULES: tuple[_Rule, ...] = (
+    _required_present,
+    _groups_complete,
+    _group_dependencies,
+    _tensor_types,
+    _list_types,
+    _item_lengths,
+    _meta_is_dict,
+    _dimensions,
+    _feature_dims,
+    _row_counts,
+    _token_parts,
+    _taxonomy_sizes,
+    _index_ranges,
+)
+#: the rules on the values of the features (one pass over every float), after the structure
+_VALUE_RULES: tuple[_Rule, ...] = (_finite_values, _pair_scores_in_unit)
 
 
 def _count_nonfinite_rows(values: Tensor) -> tuple[int, int]:
