@@ -1422,77 +1422,24 @@ def extract_texts(
     DualPath with ``pool_tokens=true``, embeds all of them). The image side stays pooled.
     ``meta.text_only`` is true and ``meta.image_side`` says what the image rows are.
     """
-    from curvalign.data.readers import _read_string_list, read_text_pairs
-
-    if batch_size < 1 or shard_size < 1:
-        raise ExtractError(
-            f"batch size and shard size must be >= 1, got {batch_size}, {shard_size}"
-        )
-    if captions is not None and classes is not None:
-        raise ExtractError("text-only extraction takes --captions or --classes, not both")
-    if (classes is None) != (templates is None):
-        raise ExtractError("zero-shot classes need both --classes FILE and --templates FILE")
-    if captions is None and classes is None and pairs is None:
-        raise ExtractError(
-            "nothing to extract: give --captions FILE, --classes FILE --templates FILE, or --pairs FILE"
-        )
     target = Path(out)
-    if target.exists() and not overwrite:
-        raise ExtractError(f"{target} already exists; pass --overwrite to replace it")
-    anchors: list[str] = []
-    texts: list[str] = []
-    owners: list[int] = []
-    splits: list[str] | None = None
-    names: list[str] | None = None
-    prompt_templates: list[str] = []
-    side = ""
-    dropped = 0
-    try:
-        text_pairs = read_text_pairs(pairs, score_max) if pairs is not None else None
-        if captions is not None:
-            captioned = read_captions(captions, layout)
-            first: dict[int, int] = {}
-            for text, image in zip(captioned.captions, captioned.caption_to_image, strict=True):
-                if image not in first:
-                    first[image] = len(anchors)
-                    anchors.append(text)
-                else:
-                    texts.append(text)
-                    owners.append(first[image])
-            dropped = len(captioned.image_files) - len(first)
-            if captioned.image_splits is not None:
-                by_anchor = sorted(first, key=first.__getitem__)
-                splits = [captioned.image_splits[i] for i in by_anchor]
-            side = "the first caption of each image; its other captions are the texts"
-        elif classes is not None:
-            assert templates is not None
-            names = _read_string_list(classes, "classnames file", None)
-            prompt_templates = _read_string_list(templates, "templates file", None)
-            bad = [t for t in prompt_templates if "{c}" not in t]
-            if bad:
-                raise ExtractError(f"templates file {templates}: {bad[0]!r} has no '{{c}}'")
-            anchors = list(names)
-            texts = [prompt_templates[0].replace("{c}", n) for n in names]
-            owners = list(range(len(names)))
-            side = "the class names; texts are each class's first prompt"
-        elif text_pairs is not None:
-            anchors, texts = list(text_pairs.a), list(text_pairs.b)
-            owners = list(range(len(texts)))
-            side = "text a of each scored pair; texts are text b"
-    except ReaderError as exc:
-        raise ExtractError(str(exc)) from None
-    if not anchors or not texts:
-        raise ExtractError(
-            f"{captions}: no image has two captions; text-only captions need paraphrases"
-            if captions is not None
-            else "no texts to extract"
-        )
+    _check_text_only_args(
+        batch_size, shard_size, captions, classes, templates, pairs, target, overwrite
+    )
+    text_rows, text_pairs = _read_text_only_rows(
+        captions, layout, pairs, score_max, classes, templates
+    )
     enc = _load(encoder, device, images=False)
     if tokens:
         _check_tokens(enc)
+    names, prompt_templates = text_rows.names, text_rows.prompt_templates
     prompts = [t.replace("{c}", n) for n in names or [] for t in prompt_templates]
     pairs_alone = text_pairs is not None and captions is None and classes is None
-    sources: dict[str, list[str]] = {"anchors": anchors, "texts": texts, "prompts": prompts}
+    sources: dict[str, list[str]] = {
+        "anchors": text_rows.anchors,
+        "texts": text_rows.texts,
+        "prompts": prompts,
+    }
     if text_pairs is not None and not pairs_alone:
         sources.update(pair_a=text_pairs.a, pair_b=text_pairs.b)
     # every text part the store holds gets tokens; the anchors only when they are pair text a
@@ -1530,17 +1477,13 @@ def extract_texts(
     fields: dict[str, Any] = {
         "image_features": _concat_parts(shards, keys["anchors"], "features", dim, "anchors"),
         "text_features": _concat_parts(shards, keys["texts"], "features", dim, "texts"),
-        "text_to_image": torch.tensor(owners, dtype=torch.long),
+        "text_to_image": torch.tensor(text_rows.owners, dtype=torch.long),
         # the strings themselves: search results show the matched text, not "(row N)"
-        "texts": list(texts),
-        "image_texts": list(anchors),
+        "texts": list(text_rows.texts),
+        "image_texts": list(text_rows.anchors),
     }
-    if splits is not None:
-        present = sorted(
-            set(splits), key=lambda s: (_SPLIT_ORDER.index(s) if s in _SPLIT_ORDER else 99, s)
-        )
-        fields["split_names"] = present
-        fields["image_split"] = torch.tensor([present.index(s) for s in splits], dtype=torch.long)
+    if text_rows.splits is not None:
+        fields.update(_split_fields(text_rows.splits))
     if names is not None:
         fields.update(
             class_names=list(names),
@@ -1560,30 +1503,21 @@ def extract_texts(
             pair_a_features=a, pair_b_features=b, pair_scores=torch.tensor(text_pairs.scores)
         )
     if tokens:
-        fields["text_token_features"], fields["text_token_mask"] = _concat_tokens(
-            shards, keys["texts"], name="texts"
+        _add_text_only_tokens(
+            fields,
+            shards,
+            keys,
+            prompts=names is not None,
+            pairs=text_pairs is not None,
+            pairs_alone=pairs_alone,
         )
-        if names is not None:
-            fields["prompt_token_features"], fields["prompt_token_mask"] = _concat_tokens(
-                shards, keys["prompts"], name="prompts"
-            )
-        if text_pairs is not None:
-            a_key, b_key = ("anchors", "texts") if pairs_alone else ("pair_a", "pair_b")
-            fields["pair_a_token_features"], fields["pair_a_token_mask"] = _concat_tokens(
-                shards, keys[a_key], name="pair_a"
-            )
-            if b_key == "texts":
-                b_tokens = (fields["text_token_features"], fields["text_token_mask"])
-            else:
-                b_tokens = _concat_tokens(shards, keys[b_key], name="pair_b")
-            fields["pair_b_token_features"], fields["pair_b_token_mask"] = b_tokens
     meta = {
         **enc.describe(),
         "image_dim": dim,
         "source": "curvalign extract (text only)",
         "text_only": True,
-        "image_side": side,
-        "extract": {"images_without_text": dropped},
+        "image_side": text_rows.side,
+        "extract": {"images_without_text": text_rows.dropped},
     }
     store = _save_store(shards, fields, meta, target, overwrite)
     return ExtractSummary(
@@ -1595,3 +1529,167 @@ def extract_texts(
         dropped_captions=0,
         **counts,
     )
+
+
+@dataclass
+class _TextOnlyRows:
+    """What a text-only store's rows are: ``anchors`` are the "image" rows, ``texts`` the text
+    rows owned by ``owners`` (anchor index per text); ``splits`` per anchor when the source has
+    them; ``names``/``prompt_templates`` for zero-shot classes; ``side`` describes the anchors."""
+
+    anchors: list[str] = field(default_factory=list)
+    texts: list[str] = field(default_factory=list)
+    owners: list[int] = field(default_factory=list)
+    splits: list[str] | None = None
+    names: list[str] | None = None
+    prompt_templates: list[str] = field(default_factory=list)
+    side: str = ""
+    dropped: int = 0
+
+
+def _check_text_only_args(
+    batch_size: int,
+    shard_size: int,
+    captions: str | os.PathLike[str] | None,
+    classes: str | os.PathLike[str] | None,
+    templates: str | os.PathLike[str] | None,
+    pairs: str | os.PathLike[str] | None,
+    target: Path,
+    overwrite: bool,
+) -> None:
+    """The argument checks of ``extract_texts``, before any file is read."""
+    if batch_size < 1 or shard_size < 1:
+        raise ExtractError(
+            f"batch size and shard size must be >= 1, got {batch_size}, {shard_size}"
+        )
+    if captions is not None and classes is not None:
+        raise ExtractError("text-only extraction takes --captions or --classes, not both")
+    if (classes is None) != (templates is None):
+        raise ExtractError("zero-shot classes need both --classes FILE and --templates FILE")
+    if captions is None and classes is None and pairs is None:
+        raise ExtractError(
+            "nothing to extract: give --captions FILE, --classes FILE --templates FILE, or --pairs FILE"
+        )
+    if target.exists() and not overwrite:
+        raise ExtractError(f"{target} already exists; pass --overwrite to replace it")
+
+
+def _read_text_only_rows(
+    captions: str | os.PathLike[str] | None,
+    layout: str | None,
+    pairs: str | os.PathLike[str] | None,
+    score_max: float,
+    classes: str | os.PathLike[str] | None,
+    templates: str | os.PathLike[str] | None,
+) -> tuple[_TextOnlyRows, TextPairs | None]:
+    """The rows of a text-only store from captions, classes + templates or scored pairs (first
+    given wins in that order), and the scored pairs when given; reader errors -> ExtractError."""
+    try:
+        text_pairs = read_text_pairs(pairs, score_max) if pairs is not None else None
+        if captions is not None:
+            rows = _caption_anchor_rows(captions, layout)
+        elif classes is not None:
+            assert templates is not None
+            rows = _class_name_rows(classes, templates)
+        elif text_pairs is not None:
+            rows = _text_pair_rows(text_pairs)
+        else:
+            rows = _TextOnlyRows()
+    except ReaderError as exc:
+        raise ExtractError(str(exc)) from None
+    if not rows.anchors or not rows.texts:
+        raise ExtractError(
+            f"{captions}: no image has two captions; text-only captions need paraphrases"
+            if captions is not None
+            else "no texts to extract"
+        )
+    return rows, text_pairs
+
+
+def _caption_anchor_rows(captions: str | os.PathLike[str], layout: str | None) -> _TextOnlyRows:
+    """Each image's first caption is an anchor, its other captions are the texts."""
+    captioned = read_captions(captions, layout)
+    rows = _TextOnlyRows(side="the first caption of each image; its other captions are the texts")
+    first: dict[int, int] = {}
+    for text, image in zip(captioned.captions, captioned.caption_to_image, strict=True):
+        if image not in first:
+            first[image] = len(rows.anchors)
+            rows.anchors.append(text)
+        else:
+            rows.texts.append(text)
+            rows.owners.append(first[image])
+    rows.dropped = len(captioned.image_files) - len(first)
+    if captioned.image_splits is not None:
+        by_anchor = sorted(first, key=first.__getitem__)
+        rows.splits = [captioned.image_splits[i] for i in by_anchor]
+    return rows
+
+
+def _class_name_rows(
+    classes: str | os.PathLike[str], templates: str | os.PathLike[str]
+) -> _TextOnlyRows:
+    """Class names are the anchors; each class's first prompt is its text."""
+    from curvalign.data.readers import _read_string_list
+
+    names = _read_string_list(classes, "classnames file", None)
+    prompt_templates = _read_string_list(templates, "templates file", None)
+    bad = [t for t in prompt_templates if "{c}" not in t]
+    if bad:
+        raise ExtractError(f"templates file {templates}: {bad[0]!r} has no '{{c}}'")
+    return _TextOnlyRows(
+        anchors=list(names),
+        texts=[prompt_templates[0].replace("{c}", n) for n in names],
+        owners=list(range(len(names))),
+        names=names,
+        prompt_templates=prompt_templates,
+        side="the class names; texts are each class's first prompt",
+    )
+
+
+def _text_pair_rows(text_pairs: TextPairs) -> _TextOnlyRows:
+    """Text a of each scored pair is an anchor, text b its text."""
+    return _TextOnlyRows(
+        anchors=list(text_pairs.a),
+        texts=list(text_pairs.b),
+        owners=list(range(len(text_pairs.b))),
+        side="text a of each scored pair; texts are text b",
+    )
+
+
+def _split_fields(splits: list[str]) -> dict[str, Any]:
+    """``split_names`` (train, val, test first) and ``image_split`` from one split name per row."""
+    present = sorted(
+        set(splits), key=lambda s: (_SPLIT_ORDER.index(s) if s in _SPLIT_ORDER else 99, s)
+    )
+    return {
+        "split_names": present,
+        "image_split": torch.tensor([present.index(s) for s in splits], dtype=torch.long),
+    }
+
+
+def _add_text_only_tokens(
+    fields: dict[str, Any],
+    shards: _Shards,
+    keys: dict[str, list[str]],
+    prompts: bool,
+    pairs: bool,
+    pairs_alone: bool,
+) -> None:
+    """Token features and masks of every text part of a text-only store into ``fields``."""
+    fields["text_token_features"], fields["text_token_mask"] = _concat_tokens(
+        shards, keys["texts"], name="texts"
+    )
+    if prompts:
+        fields["prompt_token_features"], fields["prompt_token_mask"] = _concat_tokens(
+            shards, keys["prompts"], name="prompts"
+        )
+    if pairs:
+        a_key, b_key = ("anchors", "texts") if pairs_alone else ("pair_a", "pair_b")
+        fields["pair_a_token_features"], fields["pair_a_token_mask"] = _concat_tokens(
+            shards, keys[a_key], name="pair_a"
+        )
+        if b_key == "texts":
+            b_tokens = (fields["text_token_features"], fields["text_token_mask"])
+        else:
+            b_tokens = _concat_tokens(shards, keys[b_key], name="pair_b")
+        fields["pair_b_token_features"], fields["pair_b_token_mask"] = b_tokens
