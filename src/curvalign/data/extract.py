@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -50,6 +50,9 @@ from curvalign.data.readers import (
     taxonomy_with_ancestors,
 )
 from curvalign.errors import CurvalignError
+
+if TYPE_CHECKING:
+    from curvalign.data.webdataset import WdsDataset
 
 MANIFEST_VERSION = 1
 SKIPPED_REPORT = "skipped_images.tsv"
@@ -817,14 +820,7 @@ def extract_webdataset(
     every template for every class) and each image is captioned by its class's first prompt
     (``meta.captions_from_class_prompts``); retrieval sets keep every caption of ``.txt``.
     """
-    from curvalign.data.webdataset import (
-        WebDatasetError,
-        decode_image,
-        empty_rows,
-        iter_wds_shard,
-        parse_sample,
-        read_wds_layout,
-    )
+    from curvalign.data.webdataset import WebDatasetError, read_wds_layout
 
     if batch_size < 1:
         raise ExtractError(f"batch size must be >= 1, got {batch_size}")
@@ -853,57 +849,10 @@ def extract_webdataset(
     )
     shards = _Shards(target.parent / f"{target.name}.partial", fingerprint)
 
-    def encode_shard(split: str, n: int, path: Path) -> _Encoded:
-        # Images are encoded as soon as a batch is full: memory holds one batch of decoded
-        # images, not a shard (CLIP_benchmark writes up to 10,000 images per tar).
-        image_parts: list[np.ndarray] = []
-        pending: list[Any] = []
-        labels: list[int] = []
-        captions: list[str] = []
-        owners: list[int] = []
-        skipped: dict[str, str] = {}
-        keys: list[str] = []
-
-        def flush() -> None:
-            if pending:
-                image_parts.append(enc.encode_images(pending).numpy().astype(np.float32))
-                pending.clear()
-
-        for sample in iter_wds_shard(path):
-            name = f"{split}/{n}.tar:{sample.key}"
-            try:
-                parsed = parse_sample(sample, layout)
-                image = decode_image(parsed.image)
-            except (OSError, ValueError, SyntaxError) as exc:  # PIL raises all three
-                skipped[name] = _reason(exc)
-                continue
-            for caption in parsed.captions:
-                captions.append(caption)
-                owners.append(len(labels))
-            pending.append(image)
-            labels.append(parsed.label)
-            keys.append(sample.key)
-            if len(pending) == batch_size:
-                flush()
-        flush()
-        image_rows = np.concatenate(image_parts) if image_parts else empty_rows(enc.image_dim or 0)
-        caption_rows = _encode_batched(enc.encode_texts, captions, enc.text_dim, batch_size)
-        return _Encoded(  # _run_jobs times the whole call: reading, decoding and encoding
-            {"images": image_rows, "captions": caption_rows},
-            len(labels) + len(captions),
-            skipped,
-            {
-                "labels": labels,
-                "caption_to_image": owners,
-                "keys": keys,
-                "skipped": sorted(skipped),
-            },
-        )
-
     def shard_job(split: str, n: int, path: Path) -> Callable[[], _Encoded]:
         def encode() -> _Encoded:
             try:
-                return encode_shard(split, n, path)
+                return _encode_wds_shard(enc, layout, split, n, path, batch_size)
             except WebDatasetError as exc:
                 raise ExtractError(str(exc)) from None
 
@@ -925,25 +874,9 @@ def extract_webdataset(
     keys = [f"wds-{s}-{n:05d}" for s, n, _ in units]
     infos = [shards.part_info(k) for k in keys]
     split_names = list(layout.splits)
-    image_split: list[int] = []
-    labels: list[int] = []
-    owners: list[int] = []
-    for (split, _, _), info in zip(units, infos, strict=True):
-        owners.extend(len(labels) + o for o in info["caption_to_image"])
-        labels.extend(info["labels"])
-        image_split.extend([split_names.index(split)] * len(info["labels"]))
+    image_split, labels, owners = _wds_rows(units, infos, split_names)
     skipped = [(f, shards.manifest["skipped"][f]) for f in sorted(shards.manifest["skipped"])]
-    if not labels:
-        raise ExtractError(
-            f"webdataset {layout.root}: no usable sample in {len(units)} shards "
-            f"({len(skipped)} skipped, see {shards.root / 'manifest.json'}); nothing to store"
-        )
-    empty = [s for s in split_names if s not in {split_names[i] for i in image_split}]
-    if empty:
-        raise ExtractError(
-            f"webdataset {layout.root}: split {empty[0]!r} has no usable sample (every sample "
-            f"skipped, see {shards.root / 'manifest.json'})"
-        )
+    _check_wds_rows(layout.root, shards.root, len(units), len(skipped), split_names, image_split)
     fields: dict[str, Any] = {
         "image_features": _concat_parts(shards, keys, "images", enc.image_dim or 0),
         "split_names": split_names,
@@ -991,6 +924,95 @@ def extract_webdataset(
         skipped_images=skipped,
         **counts,
     )
+
+
+def _encode_wds_shard(
+    enc: Encoder, layout: WdsDataset, split: str, n: int, path: Path, batch_size: int
+) -> _Encoded:
+    """Images and captions of one webdataset tar shard; unreadable samples are skipped."""
+    from curvalign.data.webdataset import decode_image, empty_rows, iter_wds_shard, parse_sample
+
+    # Images are encoded as soon as a batch is full: memory holds one batch of decoded
+    # images, not a shard (CLIP_benchmark writes up to 10,000 images per tar).
+    image_parts: list[np.ndarray] = []
+    pending: list[Any] = []
+    labels: list[int] = []
+    captions: list[str] = []
+    owners: list[int] = []
+    skipped: dict[str, str] = {}
+    keys: list[str] = []
+
+    def flush() -> None:
+        if pending:
+            image_parts.append(enc.encode_images(pending).numpy().astype(np.float32))
+            pending.clear()
+
+    for sample in iter_wds_shard(path):
+        name = f"{split}/{n}.tar:{sample.key}"
+        try:
+            parsed = parse_sample(sample, layout)
+            image = decode_image(parsed.image)
+        except (OSError, ValueError, SyntaxError) as exc:  # PIL raises all three
+            skipped[name] = _reason(exc)
+            continue
+        for caption in parsed.captions:
+            captions.append(caption)
+            owners.append(len(labels))
+        pending.append(image)
+        labels.append(parsed.label)
+        keys.append(sample.key)
+        if len(pending) == batch_size:
+            flush()
+    flush()
+    image_rows = np.concatenate(image_parts) if image_parts else empty_rows(enc.image_dim or 0)
+    caption_rows = _encode_batched(enc.encode_texts, captions, enc.text_dim, batch_size)
+    return _Encoded(  # _run_jobs times the whole call: reading, decoding and encoding
+        {"images": image_rows, "captions": caption_rows},
+        len(labels) + len(captions),
+        skipped,
+        {
+            "labels": labels,
+            "caption_to_image": owners,
+            "keys": keys,
+            "skipped": sorted(skipped),
+        },
+    )
+
+
+def _wds_rows(
+    units: Sequence[tuple[str, int, Path]], infos: Sequence[dict[str, Any]], split_names: list[str]
+) -> tuple[list[int], list[int], list[int]]:
+    """Split index and class label per image and owning image per caption, over all shards."""
+    image_split: list[int] = []
+    labels: list[int] = []
+    owners: list[int] = []
+    for (split, _, _), info in zip(units, infos, strict=True):
+        owners.extend(len(labels) + o for o in info["caption_to_image"])
+        labels.extend(info["labels"])
+        image_split.extend([split_names.index(split)] * len(info["labels"]))
+    return image_split, labels, owners
+
+
+def _check_wds_rows(
+    root: Path,
+    partial: Path,
+    shard_count: int,
+    skipped_count: int,
+    split_names: list[str],
+    image_split: list[int],
+) -> None:
+    """Refuse a webdataset with no usable sample, or with a split left without one."""
+    if not image_split:
+        raise ExtractError(
+            f"webdataset {root}: no usable sample in {shard_count} shards "
+            f"({skipped_count} skipped, see {partial / 'manifest.json'}); nothing to store"
+        )
+    empty = [s for s in split_names if s not in {split_names[i] for i in image_split}]
+    if empty:
+        raise ExtractError(
+            f"webdataset {root}: split {empty[0]!r} has no usable sample (every sample "
+            f"skipped, see {partial / 'manifest.json'})"
+        )
 
 
 def _encode_images(
