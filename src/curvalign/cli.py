@@ -210,7 +210,6 @@ def train_command(
     if lr_range:
         _lr_range_command(recipe, data, steps, out, config, overrides or [])
         return
-    from curvalign.runs import read_log
     from curvalign.train.distributed import (
         is_main_process,
         launch_training,
@@ -218,21 +217,8 @@ def train_command(
         train_arguments,
     )
 
-    def note(message: str) -> None:
-        if message.startswith("warning: "):  # shown under -q too
-            typer.secho(message, err=True, fg=typer.colors.YELLOW)
-        elif not quiet:
-            typer.secho(f"note: {message}", err=True, fg=typer.colors.YELLOW)
-
     if print_config:
-        from curvalign.config import describe_config
-
-        try:
-            typer.echo(
-                describe_config(recipe, data, steps=steps, overrides=overrides or (), config=config)
-            )
-        except CurvalignError as err:
-            fail(str(err))
+        _print_train_config(recipe, data, steps, overrides or [], config)
         return
     if out is None:
         fail("missing option --out DIR: the run directory to write")
@@ -269,7 +255,7 @@ def train_command(
             resume=resume,
             overwrite=overwrite,
             show_progress=not quiet,
-            notify=note,
+            notify=lambda message: _train_note(message, quiet),
             towers=towers,
         )
     except TrainingInterrupted as err:  # a clean stop with a checkpoint: not an error
@@ -281,6 +267,38 @@ def train_command(
         write_failed(err, out)
     if not is_main_process():
         return
+    _report_trained_run(run_dir, quiet)
+
+
+def _train_note(message: str, quiet: bool) -> None:
+    """A trainer note on stderr; warnings are shown under -q too."""
+    if message.startswith("warning: "):
+        typer.secho(message, err=True, fg=typer.colors.YELLOW)
+    elif not quiet:
+        typer.secho(f"note: {message}", err=True, fg=typer.colors.YELLOW)
+
+
+def _print_train_config(
+    recipe: str | None,
+    data: str | None,
+    steps: int | None,
+    overrides: list[str],
+    config: Path | None,
+) -> None:
+    """``curvalign train --print-config``: the resolved config as YAML."""
+    from curvalign.config import describe_config
+
+    try:
+        typer.echo(describe_config(recipe, data, steps=steps, overrides=overrides, config=config))
+    except CurvalignError as err:
+        fail(str(err))
+
+
+def _report_trained_run(run_dir: Path, quiet: bool) -> None:
+    """The last step and loss of a finished run, its best validation step, and (unless -q) the
+    health warnings of the run."""
+    from curvalign.runs import read_log
+
     records = read_log(run_dir)
     last = records[-1] if records else {}
     loss = f" (loss {last['loss']:.4f})" if isinstance(last.get("loss"), float) else ""

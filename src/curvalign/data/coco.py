@@ -63,6 +63,96 @@ def _write_if_changed(path: Path, text: str) -> None:
         path.write_text(text)
 
 
+def _coco_categories(splits: dict[str, dict[str, Any] | None]) -> list[dict[str, Any]]:
+    """The categories of the first split with an instances file, by id (empty: none has one)."""
+    for data in splits.values():
+        if data and data["instances"]:
+            return sorted(data["instances"]["categories"], key=lambda c: c["id"])
+    return []
+
+
+def _instances_by_image(data: dict[str, Any]) -> dict[int, list[dict[str, Any]]]:
+    """The non-crowd instance annotations of one split, per image id."""
+    instances: dict[int, list[dict[str, Any]]] = {}
+    for ann in (data["instances"] or {}).get("annotations", []):
+        if not ann.get("iscrowd"):
+            instances.setdefault(ann["image_id"], []).append(ann)
+    return instances
+
+
+def _assign_splits(
+    split: str, captioned: list[int], val_fraction: float, rng: random.Random
+) -> dict[int, str]:
+    """``train2017`` images are ``train``; the others are shuffled by ``rng`` and cut into
+    ``val`` (``val_fraction`` of them) and ``test``."""
+    if split == "train2017":
+        return dict.fromkeys(captioned, "train")
+    order = list(captioned)
+    rng.shuffle(order)
+    n_val = round(val_fraction * len(order))
+    return {i: ("val" if k < n_val else "test") for k, i in enumerate(order)}
+
+
+def _box_records(
+    file: str,
+    objects: list[dict[str, Any]],
+    categories: list[dict[str, Any]],
+    cat_index: dict[int, int],
+    min_box: float,
+) -> list[dict[str, Any]]:
+    """One boxes-file record (corners, category name as phrase) per instance of ``file`` whose
+    box is at least ``min_box`` pixels on each side."""
+    boxes = []
+    for a in objects:
+        x, y, w, h = a["bbox"]
+        if w >= min_box and h >= min_box:
+            boxes.append(
+                {
+                    "image": file,
+                    "box": [x, y, x + w, y + h],
+                    "phrase": categories[cat_index[a["category_id"]]]["name"],
+                }
+            )
+    return boxes
+
+
+def _scored_caption_pairs(
+    records: list[dict[str, Any]], image_categories: list[list[int]], rng: random.Random
+) -> list[dict[str, Any]]:
+    """Scored text pairs from the train images: two captions of one photo (score 1), and the
+    first captions of it and a photo drawn by ``rng`` (score: Jaccard of their category sets)."""
+    train = [k for k, r in enumerate(records) if r["split"] == "train"]
+    pairs: list[dict[str, Any]] = []
+    for k in train:
+        caps = [s["raw"] for s in records[k]["sentences"]]
+        if len(caps) >= 2:
+            pairs.append({"a": caps[0], "b": caps[1], "score": 1.0})
+        others = [j for j in train if j != k]
+        if others:
+            j = rng.choice(others)
+            a, b = set(image_categories[k]), set(image_categories[j])
+            score = len(a & b) / len(a | b) if a | b else 0.0
+            pairs.append({"a": caps[0], "b": records[j]["sentences"][0]["raw"], "score": score})
+    return pairs
+
+
+def _write_coco_files(
+    work: Path,
+    records: list[dict[str, Any]],
+    boxes: list[dict[str, Any]],
+    pairs: list[dict[str, Any]],
+) -> dict[str, Path]:
+    """Write the Karpathy captions, boxes and (when any) pairs files; their paths by name."""
+    work.mkdir(parents=True, exist_ok=True)
+    paths = {"captions": work / "captions.json", "boxes": work / "boxes.jsonl"}
+    _write_if_changed(paths["captions"], json.dumps({"images": records}))
+    _write_if_changed(paths["boxes"], "".join(json.dumps(b) + "\n" for b in boxes))
+    if pairs:
+        paths["pairs"] = work / "pairs.jsonl"
+        _write_if_changed(paths["pairs"], "".join(json.dumps(p) + "\n" for p in pairs))
+    return paths
+
+
 def coco_inputs(
     root: str | os.PathLike[str],
     work: str | os.PathLike[str],
@@ -85,10 +175,7 @@ def coco_inputs(
         )
     if not 0 < val_fraction < 1:
         raise ExtractError(f"val_fraction must lie in (0, 1), got {val_fraction}")
-    categories: list[dict[str, Any]] = []
-    for data in splits.values():
-        if data and data["instances"] and not categories:
-            categories = sorted(data["instances"]["categories"], key=lambda c: c["id"])
+    categories = _coco_categories(splits)
     cat_index = {c["id"]: i for i, c in enumerate(categories)}
     rng = random.Random(seed)
     records: list[dict[str, Any]] = []
@@ -102,18 +189,9 @@ def coco_inputs(
         sentences: dict[int, list[str]] = {}
         for ann in data["captions"]["annotations"]:
             sentences.setdefault(ann["image_id"], []).append(ann["caption"].strip())
-        instances: dict[int, list[dict[str, Any]]] = {}
-        for ann in (data["instances"] or {}).get("annotations", []):
-            if not ann.get("iscrowd"):
-                instances.setdefault(ann["image_id"], []).append(ann)
+        instances = _instances_by_image(data)
         captioned = sorted(i for i in images if i in sentences)
-        if split == "train2017":
-            split_of = dict.fromkeys(captioned, "train")
-        else:
-            order = list(captioned)
-            rng.shuffle(order)
-            n_val = round(val_fraction * len(order))
-            split_of = {i: ("val" if k < n_val else "test") for k, i in enumerate(order)}
+        split_of = _assign_splits(split, captioned, val_fraction, rng)
         for image_id in captioned:
             file = f"{split}/{images[image_id]['file_name']}"
             records.append(
@@ -128,37 +206,11 @@ def coco_inputs(
             image_categories.append(sorted({cat_index[a["category_id"]] for a in objects}))
             largest = max(objects, key=lambda a: a.get("area", 0), default=None)
             labels.append(cat_index[largest["category_id"]] if largest else -1)
-            for a in objects:
-                x, y, w, h = a["bbox"]
-                if w >= min_box and h >= min_box:
-                    boxes.append(
-                        {
-                            "image": file,
-                            "box": [x, y, x + w, y + h],
-                            "phrase": categories[cat_index[a["category_id"]]]["name"],
-                        }
-                    )
+            boxes.extend(_box_records(file, objects, categories, cat_index, min_box))
     if not records:
         raise ExtractError(f"COCO folder {root}: no image has a caption")
-    train = [k for k, r in enumerate(records) if r["split"] == "train"]
-    pairs: list[dict[str, Any]] = []
-    for k in train:
-        caps = [s["raw"] for s in records[k]["sentences"]]
-        if len(caps) >= 2:
-            pairs.append({"a": caps[0], "b": caps[1], "score": 1.0})
-        others = [j for j in train if j != k]
-        if others:
-            j = rng.choice(others)
-            a, b = set(image_categories[k]), set(image_categories[j])
-            score = len(a & b) / len(a | b) if a | b else 0.0
-            pairs.append({"a": caps[0], "b": records[j]["sentences"][0]["raw"], "score": score})
-    work.mkdir(parents=True, exist_ok=True)
-    paths = {"captions": work / "captions.json", "boxes": work / "boxes.jsonl"}
-    _write_if_changed(paths["captions"], json.dumps({"images": records}))
-    _write_if_changed(paths["boxes"], "".join(json.dumps(b) + "\n" for b in boxes))
-    if pairs:
-        paths["pairs"] = work / "pairs.jsonl"
-        _write_if_changed(paths["pairs"], "".join(json.dumps(p) + "\n" for p in pairs))
+    pairs = _scored_caption_pairs(records, image_categories, rng)
+    paths = _write_coco_files(work, records, boxes, pairs)
     return {
         **paths,
         "files": [f"{r['filepath']}/{r['filename']}" for r in records],

@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -50,6 +50,9 @@ from curvalign.data.readers import (
     taxonomy_with_ancestors,
 )
 from curvalign.errors import CurvalignError
+
+if TYPE_CHECKING:
+    from curvalign.data.webdataset import WdsDataset
 
 MANIFEST_VERSION = 1
 SKIPPED_REPORT = "skipped_images.tsv"
@@ -817,14 +820,7 @@ def extract_webdataset(
     every template for every class) and each image is captioned by its class's first prompt
     (``meta.captions_from_class_prompts``); retrieval sets keep every caption of ``.txt``.
     """
-    from curvalign.data.webdataset import (
-        WebDatasetError,
-        decode_image,
-        empty_rows,
-        iter_wds_shard,
-        parse_sample,
-        read_wds_layout,
-    )
+    from curvalign.data.webdataset import WebDatasetError, read_wds_layout
 
     if batch_size < 1:
         raise ExtractError(f"batch size must be >= 1, got {batch_size}")
@@ -853,57 +849,10 @@ def extract_webdataset(
     )
     shards = _Shards(target.parent / f"{target.name}.partial", fingerprint)
 
-    def encode_shard(split: str, n: int, path: Path) -> _Encoded:
-        # Images are encoded as soon as a batch is full: memory holds one batch of decoded
-        # images, not a shard (CLIP_benchmark writes up to 10,000 images per tar).
-        image_parts: list[np.ndarray] = []
-        pending: list[Any] = []
-        labels: list[int] = []
-        captions: list[str] = []
-        owners: list[int] = []
-        skipped: dict[str, str] = {}
-        keys: list[str] = []
-
-        def flush() -> None:
-            if pending:
-                image_parts.append(enc.encode_images(pending).numpy().astype(np.float32))
-                pending.clear()
-
-        for sample in iter_wds_shard(path):
-            name = f"{split}/{n}.tar:{sample.key}"
-            try:
-                parsed = parse_sample(sample, layout)
-                image = decode_image(parsed.image)
-            except (OSError, ValueError, SyntaxError) as exc:  # PIL raises all three
-                skipped[name] = _reason(exc)
-                continue
-            for caption in parsed.captions:
-                captions.append(caption)
-                owners.append(len(labels))
-            pending.append(image)
-            labels.append(parsed.label)
-            keys.append(sample.key)
-            if len(pending) == batch_size:
-                flush()
-        flush()
-        image_rows = np.concatenate(image_parts) if image_parts else empty_rows(enc.image_dim or 0)
-        caption_rows = _encode_batched(enc.encode_texts, captions, enc.text_dim, batch_size)
-        return _Encoded(  # _run_jobs times the whole call: reading, decoding and encoding
-            {"images": image_rows, "captions": caption_rows},
-            len(labels) + len(captions),
-            skipped,
-            {
-                "labels": labels,
-                "caption_to_image": owners,
-                "keys": keys,
-                "skipped": sorted(skipped),
-            },
-        )
-
     def shard_job(split: str, n: int, path: Path) -> Callable[[], _Encoded]:
         def encode() -> _Encoded:
             try:
-                return encode_shard(split, n, path)
+                return _encode_wds_shard(enc, layout, split, n, path, batch_size)
             except WebDatasetError as exc:
                 raise ExtractError(str(exc)) from None
 
@@ -925,25 +874,9 @@ def extract_webdataset(
     keys = [f"wds-{s}-{n:05d}" for s, n, _ in units]
     infos = [shards.part_info(k) for k in keys]
     split_names = list(layout.splits)
-    image_split: list[int] = []
-    labels: list[int] = []
-    owners: list[int] = []
-    for (split, _, _), info in zip(units, infos, strict=True):
-        owners.extend(len(labels) + o for o in info["caption_to_image"])
-        labels.extend(info["labels"])
-        image_split.extend([split_names.index(split)] * len(info["labels"]))
+    image_split, labels, owners = _wds_rows(units, infos, split_names)
     skipped = [(f, shards.manifest["skipped"][f]) for f in sorted(shards.manifest["skipped"])]
-    if not labels:
-        raise ExtractError(
-            f"webdataset {layout.root}: no usable sample in {len(units)} shards "
-            f"({len(skipped)} skipped, see {shards.root / 'manifest.json'}); nothing to store"
-        )
-    empty = [s for s in split_names if s not in {split_names[i] for i in image_split}]
-    if empty:
-        raise ExtractError(
-            f"webdataset {layout.root}: split {empty[0]!r} has no usable sample (every sample "
-            f"skipped, see {shards.root / 'manifest.json'})"
-        )
+    _check_wds_rows(layout.root, shards.root, len(units), len(skipped), split_names, image_split)
     fields: dict[str, Any] = {
         "image_features": _concat_parts(shards, keys, "images", enc.image_dim or 0),
         "split_names": split_names,
@@ -991,6 +924,95 @@ def extract_webdataset(
         skipped_images=skipped,
         **counts,
     )
+
+
+def _encode_wds_shard(
+    enc: Encoder, layout: WdsDataset, split: str, n: int, path: Path, batch_size: int
+) -> _Encoded:
+    """Images and captions of one webdataset tar shard; unreadable samples are skipped."""
+    from curvalign.data.webdataset import decode_image, empty_rows, iter_wds_shard, parse_sample
+
+    # Images are encoded as soon as a batch is full: memory holds one batch of decoded
+    # images, not a shard (CLIP_benchmark writes up to 10,000 images per tar).
+    image_parts: list[np.ndarray] = []
+    pending: list[Any] = []
+    labels: list[int] = []
+    captions: list[str] = []
+    owners: list[int] = []
+    skipped: dict[str, str] = {}
+    keys: list[str] = []
+
+    def flush() -> None:
+        if pending:
+            image_parts.append(enc.encode_images(pending).numpy().astype(np.float32))
+            pending.clear()
+
+    for sample in iter_wds_shard(path):
+        name = f"{split}/{n}.tar:{sample.key}"
+        try:
+            parsed = parse_sample(sample, layout)
+            image = decode_image(parsed.image)
+        except (OSError, ValueError, SyntaxError) as exc:  # PIL raises all three
+            skipped[name] = _reason(exc)
+            continue
+        for caption in parsed.captions:
+            captions.append(caption)
+            owners.append(len(labels))
+        pending.append(image)
+        labels.append(parsed.label)
+        keys.append(sample.key)
+        if len(pending) == batch_size:
+            flush()
+    flush()
+    image_rows = np.concatenate(image_parts) if image_parts else empty_rows(enc.image_dim or 0)
+    caption_rows = _encode_batched(enc.encode_texts, captions, enc.text_dim, batch_size)
+    return _Encoded(  # _run_jobs times the whole call: reading, decoding and encoding
+        {"images": image_rows, "captions": caption_rows},
+        len(labels) + len(captions),
+        skipped,
+        {
+            "labels": labels,
+            "caption_to_image": owners,
+            "keys": keys,
+            "skipped": sorted(skipped),
+        },
+    )
+
+
+def _wds_rows(
+    units: Sequence[tuple[str, int, Path]], infos: Sequence[dict[str, Any]], split_names: list[str]
+) -> tuple[list[int], list[int], list[int]]:
+    """Split index and class label per image and owning image per caption, over all shards."""
+    image_split: list[int] = []
+    labels: list[int] = []
+    owners: list[int] = []
+    for (split, _, _), info in zip(units, infos, strict=True):
+        owners.extend(len(labels) + o for o in info["caption_to_image"])
+        labels.extend(info["labels"])
+        image_split.extend([split_names.index(split)] * len(info["labels"]))
+    return image_split, labels, owners
+
+
+def _check_wds_rows(
+    root: Path,
+    partial: Path,
+    shard_count: int,
+    skipped_count: int,
+    split_names: list[str],
+    image_split: list[int],
+) -> None:
+    """Refuse a webdataset with no usable sample, or with a split left without one."""
+    if not image_split:
+        raise ExtractError(
+            f"webdataset {root}: no usable sample in {shard_count} shards "
+            f"({skipped_count} skipped, see {partial / 'manifest.json'}); nothing to store"
+        )
+    empty = [s for s in split_names if s not in {split_names[i] for i in image_split}]
+    if empty:
+        raise ExtractError(
+            f"webdataset {root}: split {empty[0]!r} has no usable sample (every sample "
+            f"skipped, see {partial / 'manifest.json'})"
+        )
 
 
 def _encode_images(
@@ -1422,77 +1444,24 @@ def extract_texts(
     DualPath with ``pool_tokens=true``, embeds all of them). The image side stays pooled.
     ``meta.text_only`` is true and ``meta.image_side`` says what the image rows are.
     """
-    from curvalign.data.readers import _read_string_list, read_text_pairs
-
-    if batch_size < 1 or shard_size < 1:
-        raise ExtractError(
-            f"batch size and shard size must be >= 1, got {batch_size}, {shard_size}"
-        )
-    if captions is not None and classes is not None:
-        raise ExtractError("text-only extraction takes --captions or --classes, not both")
-    if (classes is None) != (templates is None):
-        raise ExtractError("zero-shot classes need both --classes FILE and --templates FILE")
-    if captions is None and classes is None and pairs is None:
-        raise ExtractError(
-            "nothing to extract: give --captions FILE, --classes FILE --templates FILE, or --pairs FILE"
-        )
     target = Path(out)
-    if target.exists() and not overwrite:
-        raise ExtractError(f"{target} already exists; pass --overwrite to replace it")
-    anchors: list[str] = []
-    texts: list[str] = []
-    owners: list[int] = []
-    splits: list[str] | None = None
-    names: list[str] | None = None
-    prompt_templates: list[str] = []
-    side = ""
-    dropped = 0
-    try:
-        text_pairs = read_text_pairs(pairs, score_max) if pairs is not None else None
-        if captions is not None:
-            captioned = read_captions(captions, layout)
-            first: dict[int, int] = {}
-            for text, image in zip(captioned.captions, captioned.caption_to_image, strict=True):
-                if image not in first:
-                    first[image] = len(anchors)
-                    anchors.append(text)
-                else:
-                    texts.append(text)
-                    owners.append(first[image])
-            dropped = len(captioned.image_files) - len(first)
-            if captioned.image_splits is not None:
-                by_anchor = sorted(first, key=first.__getitem__)
-                splits = [captioned.image_splits[i] for i in by_anchor]
-            side = "the first caption of each image; its other captions are the texts"
-        elif classes is not None:
-            assert templates is not None
-            names = _read_string_list(classes, "classnames file", None)
-            prompt_templates = _read_string_list(templates, "templates file", None)
-            bad = [t for t in prompt_templates if "{c}" not in t]
-            if bad:
-                raise ExtractError(f"templates file {templates}: {bad[0]!r} has no '{{c}}'")
-            anchors = list(names)
-            texts = [prompt_templates[0].replace("{c}", n) for n in names]
-            owners = list(range(len(names)))
-            side = "the class names; texts are each class's first prompt"
-        elif text_pairs is not None:
-            anchors, texts = list(text_pairs.a), list(text_pairs.b)
-            owners = list(range(len(texts)))
-            side = "text a of each scored pair; texts are text b"
-    except ReaderError as exc:
-        raise ExtractError(str(exc)) from None
-    if not anchors or not texts:
-        raise ExtractError(
-            f"{captions}: no image has two captions; text-only captions need paraphrases"
-            if captions is not None
-            else "no texts to extract"
-        )
+    _check_text_only_args(
+        batch_size, shard_size, captions, classes, templates, pairs, target, overwrite
+    )
+    text_rows, text_pairs = _read_text_only_rows(
+        captions, layout, pairs, score_max, classes, templates
+    )
     enc = _load(encoder, device, images=False)
     if tokens:
         _check_tokens(enc)
+    names, prompt_templates = text_rows.names, text_rows.prompt_templates
     prompts = [t.replace("{c}", n) for n in names or [] for t in prompt_templates]
     pairs_alone = text_pairs is not None and captions is None and classes is None
-    sources: dict[str, list[str]] = {"anchors": anchors, "texts": texts, "prompts": prompts}
+    sources: dict[str, list[str]] = {
+        "anchors": text_rows.anchors,
+        "texts": text_rows.texts,
+        "prompts": prompts,
+    }
     if text_pairs is not None and not pairs_alone:
         sources.update(pair_a=text_pairs.a, pair_b=text_pairs.b)
     # every text part the store holds gets tokens; the anchors only when they are pair text a
@@ -1530,17 +1499,13 @@ def extract_texts(
     fields: dict[str, Any] = {
         "image_features": _concat_parts(shards, keys["anchors"], "features", dim, "anchors"),
         "text_features": _concat_parts(shards, keys["texts"], "features", dim, "texts"),
-        "text_to_image": torch.tensor(owners, dtype=torch.long),
+        "text_to_image": torch.tensor(text_rows.owners, dtype=torch.long),
         # the strings themselves: search results show the matched text, not "(row N)"
-        "texts": list(texts),
-        "image_texts": list(anchors),
+        "texts": list(text_rows.texts),
+        "image_texts": list(text_rows.anchors),
     }
-    if splits is not None:
-        present = sorted(
-            set(splits), key=lambda s: (_SPLIT_ORDER.index(s) if s in _SPLIT_ORDER else 99, s)
-        )
-        fields["split_names"] = present
-        fields["image_split"] = torch.tensor([present.index(s) for s in splits], dtype=torch.long)
+    if text_rows.splits is not None:
+        fields.update(_split_fields(text_rows.splits))
     if names is not None:
         fields.update(
             class_names=list(names),
@@ -1560,30 +1525,21 @@ def extract_texts(
             pair_a_features=a, pair_b_features=b, pair_scores=torch.tensor(text_pairs.scores)
         )
     if tokens:
-        fields["text_token_features"], fields["text_token_mask"] = _concat_tokens(
-            shards, keys["texts"], name="texts"
+        _add_text_only_tokens(
+            fields,
+            shards,
+            keys,
+            prompts=names is not None,
+            pairs=text_pairs is not None,
+            pairs_alone=pairs_alone,
         )
-        if names is not None:
-            fields["prompt_token_features"], fields["prompt_token_mask"] = _concat_tokens(
-                shards, keys["prompts"], name="prompts"
-            )
-        if text_pairs is not None:
-            a_key, b_key = ("anchors", "texts") if pairs_alone else ("pair_a", "pair_b")
-            fields["pair_a_token_features"], fields["pair_a_token_mask"] = _concat_tokens(
-                shards, keys[a_key], name="pair_a"
-            )
-            if b_key == "texts":
-                b_tokens = (fields["text_token_features"], fields["text_token_mask"])
-            else:
-                b_tokens = _concat_tokens(shards, keys[b_key], name="pair_b")
-            fields["pair_b_token_features"], fields["pair_b_token_mask"] = b_tokens
     meta = {
         **enc.describe(),
         "image_dim": dim,
         "source": "curvalign extract (text only)",
         "text_only": True,
-        "image_side": side,
-        "extract": {"images_without_text": dropped},
+        "image_side": text_rows.side,
+        "extract": {"images_without_text": text_rows.dropped},
     }
     store = _save_store(shards, fields, meta, target, overwrite)
     return ExtractSummary(
@@ -1595,3 +1551,167 @@ def extract_texts(
         dropped_captions=0,
         **counts,
     )
+
+
+@dataclass
+class _TextOnlyRows:
+    """What a text-only store's rows are: ``anchors`` are the "image" rows, ``texts`` the text
+    rows owned by ``owners`` (anchor index per text); ``splits`` per anchor when the source has
+    them; ``names``/``prompt_templates`` for zero-shot classes; ``side`` describes the anchors."""
+
+    anchors: list[str] = field(default_factory=list)
+    texts: list[str] = field(default_factory=list)
+    owners: list[int] = field(default_factory=list)
+    splits: list[str] | None = None
+    names: list[str] | None = None
+    prompt_templates: list[str] = field(default_factory=list)
+    side: str = ""
+    dropped: int = 0
+
+
+def _check_text_only_args(
+    batch_size: int,
+    shard_size: int,
+    captions: str | os.PathLike[str] | None,
+    classes: str | os.PathLike[str] | None,
+    templates: str | os.PathLike[str] | None,
+    pairs: str | os.PathLike[str] | None,
+    target: Path,
+    overwrite: bool,
+) -> None:
+    """The argument checks of ``extract_texts``, before any file is read."""
+    if batch_size < 1 or shard_size < 1:
+        raise ExtractError(
+            f"batch size and shard size must be >= 1, got {batch_size}, {shard_size}"
+        )
+    if captions is not None and classes is not None:
+        raise ExtractError("text-only extraction takes --captions or --classes, not both")
+    if (classes is None) != (templates is None):
+        raise ExtractError("zero-shot classes need both --classes FILE and --templates FILE")
+    if captions is None and classes is None and pairs is None:
+        raise ExtractError(
+            "nothing to extract: give --captions FILE, --classes FILE --templates FILE, or --pairs FILE"
+        )
+    if target.exists() and not overwrite:
+        raise ExtractError(f"{target} already exists; pass --overwrite to replace it")
+
+
+def _read_text_only_rows(
+    captions: str | os.PathLike[str] | None,
+    layout: str | None,
+    pairs: str | os.PathLike[str] | None,
+    score_max: float,
+    classes: str | os.PathLike[str] | None,
+    templates: str | os.PathLike[str] | None,
+) -> tuple[_TextOnlyRows, TextPairs | None]:
+    """The rows of a text-only store from captions, classes + templates or scored pairs (first
+    given wins in that order), and the scored pairs when given; reader errors -> ExtractError."""
+    try:
+        text_pairs = read_text_pairs(pairs, score_max) if pairs is not None else None
+        if captions is not None:
+            rows = _caption_anchor_rows(captions, layout)
+        elif classes is not None:
+            assert templates is not None
+            rows = _class_name_rows(classes, templates)
+        elif text_pairs is not None:
+            rows = _text_pair_rows(text_pairs)
+        else:
+            rows = _TextOnlyRows()
+    except ReaderError as exc:
+        raise ExtractError(str(exc)) from None
+    if not rows.anchors or not rows.texts:
+        raise ExtractError(
+            f"{captions}: no image has two captions; text-only captions need paraphrases"
+            if captions is not None
+            else "no texts to extract"
+        )
+    return rows, text_pairs
+
+
+def _caption_anchor_rows(captions: str | os.PathLike[str], layout: str | None) -> _TextOnlyRows:
+    """Each image's first caption is an anchor, its other captions are the texts."""
+    captioned = read_captions(captions, layout)
+    rows = _TextOnlyRows(side="the first caption of each image; its other captions are the texts")
+    first: dict[int, int] = {}
+    for text, image in zip(captioned.captions, captioned.caption_to_image, strict=True):
+        if image not in first:
+            first[image] = len(rows.anchors)
+            rows.anchors.append(text)
+        else:
+            rows.texts.append(text)
+            rows.owners.append(first[image])
+    rows.dropped = len(captioned.image_files) - len(first)
+    if captioned.image_splits is not None:
+        by_anchor = sorted(first, key=first.__getitem__)
+        rows.splits = [captioned.image_splits[i] for i in by_anchor]
+    return rows
+
+
+def _class_name_rows(
+    classes: str | os.PathLike[str], templates: str | os.PathLike[str]
+) -> _TextOnlyRows:
+    """Class names are the anchors; each class's first prompt is its text."""
+    from curvalign.data.readers import _read_string_list
+
+    names = _read_string_list(classes, "classnames file", None)
+    prompt_templates = _read_string_list(templates, "templates file", None)
+    bad = [t for t in prompt_templates if "{c}" not in t]
+    if bad:
+        raise ExtractError(f"templates file {templates}: {bad[0]!r} has no '{{c}}'")
+    return _TextOnlyRows(
+        anchors=list(names),
+        texts=[prompt_templates[0].replace("{c}", n) for n in names],
+        owners=list(range(len(names))),
+        names=names,
+        prompt_templates=prompt_templates,
+        side="the class names; texts are each class's first prompt",
+    )
+
+
+def _text_pair_rows(text_pairs: TextPairs) -> _TextOnlyRows:
+    """Text a of each scored pair is an anchor, text b its text."""
+    return _TextOnlyRows(
+        anchors=list(text_pairs.a),
+        texts=list(text_pairs.b),
+        owners=list(range(len(text_pairs.b))),
+        side="text a of each scored pair; texts are text b",
+    )
+
+
+def _split_fields(splits: list[str]) -> dict[str, Any]:
+    """``split_names`` (train, val, test first) and ``image_split`` from one split name per row."""
+    present = sorted(
+        set(splits), key=lambda s: (_SPLIT_ORDER.index(s) if s in _SPLIT_ORDER else 99, s)
+    )
+    return {
+        "split_names": present,
+        "image_split": torch.tensor([present.index(s) for s in splits], dtype=torch.long),
+    }
+
+
+def _add_text_only_tokens(
+    fields: dict[str, Any],
+    shards: _Shards,
+    keys: dict[str, list[str]],
+    prompts: bool,
+    pairs: bool,
+    pairs_alone: bool,
+) -> None:
+    """Token features and masks of every text part of a text-only store into ``fields``."""
+    fields["text_token_features"], fields["text_token_mask"] = _concat_tokens(
+        shards, keys["texts"], name="texts"
+    )
+    if prompts:
+        fields["prompt_token_features"], fields["prompt_token_mask"] = _concat_tokens(
+            shards, keys["prompts"], name="prompts"
+        )
+    if pairs:
+        a_key, b_key = ("anchors", "texts") if pairs_alone else ("pair_a", "pair_b")
+        fields["pair_a_token_features"], fields["pair_a_token_mask"] = _concat_tokens(
+            shards, keys[a_key], name="pair_a"
+        )
+        if b_key == "texts":
+            b_tokens = (fields["text_token_features"], fields["text_token_mask"])
+        else:
+            b_tokens = _concat_tokens(shards, keys[b_key], name="pair_b")
+        fields["pair_b_token_features"], fields["pair_b_token_mask"] = b_tokens

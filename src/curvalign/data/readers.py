@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -425,63 +425,79 @@ def read_text_pairs(path: str | os.PathLike[str], score_max: float = 1.0) -> Tex
     a: list[str] = []
     b: list[str] = []
     scores: list[float] = []
-
-    def add(where: _Where, first: Any, second: Any, score: Any) -> None:
+    rows = (
+        _tsv_text_pairs(file, text)
+        if file.suffix.lower() in (".tsv", ".txt")
+        else _json_text_pairs(file, text)
+    )
+    for where, first, second, score in rows:
         if not isinstance(first, str) or not isinstance(second, str):
             raise ReaderError(f"{where}: the two texts must be strings")
-        try:
-            value = float(score) / score_max
-        except (TypeError, ValueError):
-            raise ReaderError(f"{where}: score {score!r} is not a number") from None
-        if not 0.0 <= value <= 1.0:
-            hint = "" if score_max != 1.0 else " (pass a score maximum, e.g. 5 for STS-B)"
-            raise ReaderError(
-                f"{where}: score {score!r} / {score_max:g} = {value:g} lies outside [0, 1]{hint}"
-            )
         a.append(first.strip())
         b.append(second.strip())
-        scores.append(value)
-
-    stripped = text.lstrip()
-    if file.suffix.lower() in (".tsv", ".txt"):
-        for number, line in enumerate(text.splitlines(), start=1):
-            if not line.strip():
-                continue
-            parts = line.split("\t")
-            if len(parts) != 3:
-                raise ReaderError(
-                    f"text pairs file {file}: line {number}: expected 'a<TAB>b<TAB>score', "
-                    f"got {len(parts)} fields"
-                )
-            if number == 1 and not _is_number(parts[2]):
-                continue  # a header
-            add(_Where(file, number), parts[0], parts[1], parts[2])
-    else:
-        if stripped.startswith("["):
-            records = [
-                (_Where(file, keys=[str(i)]), r)
-                for i, r in enumerate(_read_json(file, "text pairs file"))
-            ]
-        else:
-            records = []
-            for number, line in enumerate(text.splitlines(), start=1):
-                if line.strip():
-                    try:
-                        records.append((_Where(file, number), json.loads(line)))
-                    except json.JSONDecodeError as exc:
-                        raise ReaderError(
-                            f"text pairs file {file}: line {number}: not JSON ({exc.msg})"
-                        ) from None
-        for where, record in records:
-            add(
-                where,
-                _get(record, "a", str, where),
-                _get(record, "b", str, where),
-                _get(record, "score", (int, float), where),
-            )
+        scores.append(_pair_score(where, score, score_max))
     if not a:
         raise ReaderError(f"text pairs file {file}: no pairs")
     return TextPairs(a, b, scores)
+
+
+_PairRow = tuple[_Where, Any, Any, Any]  # where, text a, text b, raw score
+
+
+def _pair_score(where: _Where, score: Any, score_max: float) -> float:
+    """``score / score_max``, which must be a number in [0, 1]."""
+    try:
+        value = float(score) / score_max
+    except (TypeError, ValueError):
+        raise ReaderError(f"{where}: score {score!r} is not a number") from None
+    if not 0.0 <= value <= 1.0:
+        hint = "" if score_max != 1.0 else " (pass a score maximum, e.g. 5 for STS-B)"
+        raise ReaderError(
+            f"{where}: score {score!r} / {score_max:g} = {value:g} lies outside [0, 1]{hint}"
+        )
+    return value
+
+
+def _tsv_text_pairs(file: Path, text: str) -> Iterator[_PairRow]:
+    """Rows of ``a<TAB>b<TAB>score`` lines; blank lines and a non-numeric header are skipped."""
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        parts = line.split("\t")
+        if len(parts) != 3:
+            raise ReaderError(
+                f"text pairs file {file}: line {number}: expected 'a<TAB>b<TAB>score', "
+                f"got {len(parts)} fields"
+            )
+        if number == 1 and not _is_number(parts[2]):
+            continue  # a header
+        yield _Where(file, number), parts[0], parts[1], parts[2]
+
+
+def _json_text_pairs(file: Path, text: str) -> Iterator[_PairRow]:
+    """Rows of a JSON list or JSON Lines of ``{"a", "b", "score"}`` records (all parsed first)."""
+    if text.lstrip().startswith("["):
+        records = [
+            (_Where(file, keys=[str(i)]), r)
+            for i, r in enumerate(_read_json(file, "text pairs file"))
+        ]
+    else:
+        records = []
+        for number, line in enumerate(text.splitlines(), start=1):
+            if line.strip():
+                try:
+                    records.append((_Where(file, number), json.loads(line)))
+                except json.JSONDecodeError as exc:
+                    raise ReaderError(
+                        f"text pairs file {file}: line {number}: not JSON ({exc.msg})"
+                    ) from None
+    for where, record in records:
+        yield (
+            where,
+            _get(record, "a", str, where),
+            _get(record, "b", str, where),
+            _get(record, "score", (int, float), where),
+        )
 
 
 def _is_number(text: str) -> bool:
