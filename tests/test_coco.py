@@ -99,7 +99,9 @@ def test_extract_coco_builds_every_group(tmp_path: Path) -> None:
     # the multilabels group holds the same sets, one row per (image, category)
     assert store.has_multilabels
     held = [set() for _ in range(store.num_images)]
-    for i, c in zip(store.multilabel_to_image.tolist(), store.multilabel_class.tolist()):
+    for i, c in zip(
+        store.multilabel_to_image.tolist(), store.multilabel_class.tolist(), strict=True
+    ):
         held[i].add(c)
     assert [sorted(h) for h in held] == store.meta["image_categories"]
     names = store.taxonomy_names
