@@ -116,3 +116,255 @@ def paired_difference(a: Sequence[float], b: Sequence[float]) -> Interval:
             f"paired_difference needs as many values in each arm, got {len(a)} and {len(b)}"
         )
     return mean_interval([x - y for x, y in zip(a, b, strict=True)])
+
+
+# --- how small a difference the seeds can resolve ---------------------------------------------
+
+# One-sided 80% quantiles t_{0.80, df}, df = 1..30 (checked against scipy.stats.t.ppf in the
+# tests): the power term of a minimal detectable effect at 80% power.
+_T80 = (
+    1.376382,
+    1.060660,
+    0.978472,
+    0.940965,
+    0.919544,
+    0.905703,
+    0.896030,
+    0.888890,
+    0.883404,
+    0.879058,
+    0.875530,
+    0.872609,
+    0.870152,
+    0.868055,
+    0.866245,
+    0.864667,
+    0.863279,
+    0.862049,
+    0.860951,
+    0.859964,
+    0.859074,
+    0.858266,
+    0.857530,
+    0.856855,
+    0.856236,
+    0.855665,
+    0.855137,
+    0.854647,
+    0.854192,
+    0.853767,
+)
+_Z80 = 0.841621
+
+
+def t_quantile_80(df: int) -> float:
+    """``t_{0.80, df}`` (one-sided), interpolated in 1/df towards the normal beyond df 30."""
+    if df < 1:
+        raise ValueError(f"degrees of freedom must be >= 1, got {df}")
+    if df <= len(_T80):
+        return _T80[df - 1]
+    return _Z80 + (_T80[-1] - _Z80) * len(_T80) / df
+
+
+def minimal_detectable_effect(sd: float, n: int) -> float:
+    """The smallest true paired difference that ``n`` seeds detect with a 95% two-sided interval
+    excluding 0 in 80% of repetitions, when the per-seed differences have standard deviation
+    ``sd``: ``(t_{0.975, n-1} + t_{0.80, n-1}) * sd / sqrt(n)``. ``nan`` with fewer than 2 seeds
+    (nothing can be resolved without a spread)."""
+    if n < 2 or not math.isfinite(sd):
+        return math.nan
+    return (t_quantile_975(n - 1) + t_quantile_80(n - 1)) * abs(sd) / math.sqrt(n)
+
+
+def sample_sd(values: Sequence[float]) -> float:
+    """Sample standard deviation (n - 1); ``nan`` for fewer than two values."""
+    xs = [float(v) for v in values]
+    if len(xs) < 2:
+        return math.nan
+    mean = math.fsum(xs) / len(xs)
+    return math.sqrt(math.fsum((v - mean) ** 2 for v in xs) / (len(xs) - 1))
+
+
+# --- convergence: one rule for the benchmark, tuning trials, studies and `train` ---------------
+
+#: share of a validation curve, at its end, that the convergence rule reads as "the tail"
+CONVERGENCE_TAIL = 1 / 3
+#: a rise counts only when it exceeds this many noise units (the curve's own noise)
+CONVERGENCE_Z = 2.0
+
+
+def curve_noise(values: Sequence[float]) -> float:
+    """Noise of a validation curve's points: the SD of successive differences over sqrt(2). A
+    steady trend has near-constant differences, so it does not count as noise (the SD of the raw
+    points would); independent noise of SD s gives differences of SD s*sqrt(2). ``nan`` with
+    fewer than three points (fewer than two differences)."""
+    diffs = [b - a for a, b in zip(values[:-1], values[1:], strict=True)]
+    return sample_sd(diffs) / math.sqrt(2) if len(diffs) >= 2 else math.nan
+
+
+def curve_converged(history: Sequence[tuple[int, float]], min_gain: float = 0.005) -> bool | None:
+    """Whether a validation curve [(step, value)] (higher is better) had stopped rising, read
+    against its own noise.
+
+    The curve's tail is its last third of points (at least two); its noise is ``curve_noise`` of
+    the tail (``min_gain`` at least: quantised recalls can repeat exactly). The run has *not*
+    converged when (1) its best point is its last one (the curve may still be rising), (2) the
+    tail's best beats the best before the tail by more than ``CONVERGENCE_Z`` noise units, or
+    (3) the tail's least-squares rise from its first to its last point exceeds that bound.
+    Otherwise it converged (a flat or falling end). None with fewer than three points.
+    """
+    if len(history) < 3:
+        return None
+    values = [float(v) for _, v in history]
+    best = max(range(len(values)), key=lambda i: (values[i], -i))  # earliest of equal bests
+    if best == len(values) - 1:
+        return False
+    k = min(len(values) - 1, max(2, math.ceil(CONVERGENCE_TAIL * len(values))))
+    tail, before = values[-k:], values[:-k]
+    noise = curve_noise(tail)
+    bound = max(min_gain, CONVERGENCE_Z * noise) if math.isfinite(noise) else min_gain
+    if max(tail) - max(before) > bound:
+        return False
+    mean_x, mean_y = (k - 1) / 2, math.fsum(tail) / k
+    slope = math.fsum((i - mean_x) * (v - mean_y) for i, v in enumerate(tail)) / math.fsum(
+        (i - mean_x) ** 2 for i in range(k)
+    )
+    return slope * (k - 1) <= bound
+
+
+# --- claim studies: p-values, Holm, equivalence (TOST), seeds for a target effect --------------
+
+
+def _betacf(a: float, b: float, x: float) -> float:
+    """Continued fraction of the regularised incomplete beta function (modified Lentz)."""
+    tiny = 1e-300
+    qab, qap, qam = a + b, a + 1.0, a - 1.0
+    c, d = 1.0, 1.0 - qab * x / qap
+    d = 1.0 / (d if abs(d) > tiny else tiny)
+    h = d
+    for m in range(1, 300):
+        m2 = 2 * m
+        aa = m * (b - m) * x / ((qam + m2) * (a + m2))
+        d = 1.0 + aa * d
+        d = 1.0 / (d if abs(d) > tiny else tiny)
+        c = 1.0 + aa / c
+        c = c if abs(c) > tiny else tiny
+        h *= d * c
+        aa = -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2))
+        d = 1.0 + aa * d
+        d = 1.0 / (d if abs(d) > tiny else tiny)
+        c = 1.0 + aa / c
+        c = c if abs(c) > tiny else tiny
+        delta = d * c
+        h *= delta
+        if abs(delta - 1.0) < 1e-14:
+            break
+    return h
+
+
+def _betainc(a: float, b: float, x: float) -> float:
+    """Regularised incomplete beta ``I_x(a, b)`` for ``0 <= x <= 1``."""
+    if x <= 0.0:
+        return 0.0
+    if x >= 1.0:
+        return 1.0
+    log_front = (
+        math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)
+    )
+    if x < (a + 1.0) / (a + b + 2.0):
+        return math.exp(log_front) * _betacf(a, b, x) / a
+    return 1.0 - math.exp(log_front) * _betacf(b, a, 1.0 - x) / b
+
+
+def t_cdf(x: float, df: float) -> float:
+    """``P(T <= x)`` for Student's t with ``df`` degrees of freedom (through the incomplete beta
+    function: ``P(|T| > |x|) = I_{df/(df+x^2)}(df/2, 1/2)``)."""
+    if df <= 0:
+        raise ValueError(f"degrees of freedom must be > 0, got {df}")
+    if math.isinf(x):
+        return 1.0 if x > 0 else 0.0
+    tail = 0.5 * _betainc(df / 2.0, 0.5, df / (df + x * x))
+    return 1.0 - tail if x > 0 else tail
+
+
+def t_quantile(p: float, df: float) -> float:
+    """The ``p`` quantile of Student's t (bisection on ``t_cdf``), ``0 < p < 1``."""
+    if not 0.0 < p < 1.0:
+        raise ValueError(f"quantile level must be in (0, 1), got {p}")
+    lo, hi = -1e6, 1e6
+    for _ in range(200):
+        mid = 0.5 * (lo + hi)
+        if t_cdf(mid, df) < p:
+            lo = mid
+        else:
+            hi = mid
+        if hi - lo < 1e-10:
+            break
+    return 0.5 * (lo + hi)
+
+
+def interval_sd(interval: Interval) -> float:
+    """The per-seed standard deviation behind a 95% ``mean_interval`` (its half width is
+    ``t_{0.975, n-1} sd / sqrt(n)``); ``nan`` with fewer than two values."""
+    if interval.n < 2 or not math.isfinite(interval.half_width):
+        return math.nan
+    return interval.half_width * math.sqrt(interval.n) / t_quantile_975(interval.n - 1)
+
+
+def t_test_p(interval: Interval, threshold: float = 0.0) -> float:
+    """Two-sided p-value of the one-sample (paired) t test of ``mean == threshold``, from the
+    95% interval of the per-seed values (``mean_interval`` or ``paired_difference``). ``nan``
+    with fewer than two values; 0 when every value is equal and differs from the threshold."""
+    sd = interval_sd(interval)
+    if not math.isfinite(sd) or not math.isfinite(interval.mean):
+        return math.nan
+    gap = interval.mean - threshold
+    if sd == 0.0:
+        return 1.0 if gap == 0.0 else 0.0
+    t = gap / (sd / math.sqrt(interval.n))
+    return min(1.0, 2.0 * t_cdf(-abs(t), interval.n - 1))
+
+
+def holm(p_values: Sequence[float], alpha: float = 0.05) -> list[bool]:
+    """Holm's step-down procedure over a family of tests: ``rejected[i]`` is True when test ``i``
+    is rejected at family-wise error ``alpha``. The smallest p is compared with ``alpha / m``,
+    the next with ``alpha / (m - 1)``, ... and the procedure stops at the first that fails;
+    ``nan`` p-values (no test) are never rejected but count in ``m``."""
+    m = len(p_values)
+    order = sorted(range(m), key=lambda i: (math.isnan(p_values[i]), p_values[i]))
+    rejected = [False] * m
+    for rank, i in enumerate(order):
+        p = p_values[i]
+        if math.isnan(p) or p > alpha / (m - rank):
+            break
+        rejected[i] = True
+    return rejected
+
+
+def tost_interval(interval: Interval) -> tuple[float, float]:
+    """The 90% interval (``mean ± t_{0.95, n-1} sd / sqrt(n)``) that two one-sided tests at
+    alpha 0.05 read: the mean is *equivalent to 0 within ±delta* when it lies inside
+    ``(-delta, delta)`` (Schuirmann's TOST). ``(nan, nan)`` with fewer than two values."""
+    sd = interval_sd(interval)
+    if not math.isfinite(sd):
+        return math.nan, math.nan
+    half = t_quantile(0.95, interval.n - 1) * sd / math.sqrt(interval.n)
+    return interval.mean - half, interval.mean + half
+
+
+def equivalent_within(interval: Interval, delta: float) -> bool:
+    """TOST at alpha 0.05: the 90% interval lies strictly inside ``(-delta, delta)``."""
+    low, high = tost_interval(interval)
+    return math.isfinite(low) and -delta < low and high < delta
+
+
+def seeds_for_effect(sd: float, effect: float, max_seeds: int = 50) -> int | None:
+    """The fewest seeds (>= 2) whose ``minimal_detectable_effect`` at per-seed SD ``sd`` is at
+    most ``|effect|`` (80% power, alpha 0.05, paired t); None when even ``max_seeds`` is not
+    enough or the SD is unknown. A zero SD needs two seeds (the least that gives an interval)."""
+    if not math.isfinite(sd) or not math.isfinite(effect) or effect == 0.0:
+        return None
+    for n in range(2, max_seeds + 1):
+        if minimal_detectable_effect(sd, n) <= abs(effect):
+            return n
+    return None
