@@ -504,6 +504,11 @@ def test_results_page_is_generated_from_the_json(tmp_path, one_thread):
     text = results.render(tmp_path)
     assert "## Verdicts" in text and "## proclip-product" in text
     assert kit.TOO_SHORT in text and "wall time" in text
+    # the verdicts table carries the paper's effect, the MDE and the Holm-adjusted verdict
+    assert "Holm-adjusted" in text and "MDE at the seeds used" in text
+    assert "+2 to +7 R@1 points" in text
+    # the studies that were not run are named, never silently missing
+    assert "Studies not run for this page" in text and "`agr-curriculum`" in text
     assert results.main([str(tmp_path / "nothing-here")]) == 2
     copy = tmp_path / "docs"
     assert results.main([str(tmp_path), "--copy-to", str(copy)]) == 0
@@ -517,6 +522,29 @@ def test_results_page_is_generated_from_the_json(tmp_path, one_thread):
     assert new.startswith(text.rstrip("\n")) and new.endswith("## Demo\nbenchmark table\n")
     assert "stale study" not in new
     assert results.main([str(copy), "--keep-from", str(page), "## Nope"]) == 2
+
+
+def test_power_pilot_plans_the_seeds_and_says_so(tmp_path, one_thread):
+    from curvalign.report.studies import run_study
+
+    result = run_study(
+        "proclip-product",
+        tmp_path / "p",
+        steps=2,
+        seeds=2,
+        data=TINY,
+        overrides=TINY_TRAIN,
+        part_dim=4,
+        lr_grid=(),
+        power=True,
+        max_seeds=3,
+    )
+    plan = result["power_plan"]
+    assert plan["pilot_seeds"] == 2 and plan["max_seeds"] == 3 and 2 <= plan["seeds"] <= 3
+    assert len(result["seeds"]) == plan["seeds"] and plan["estimated_wall_s"] > 0
+    assert set(plan["per_claim"]) == {c["claim"] for c in result["claims"]}
+    assert "--power --max-seeds 3" in result["command"]
+    assert "Seeds from the pilot" in (tmp_path / "p" / "study.md").read_text()
 
 
 def test_study_all_rejects_data_and_options():
@@ -802,3 +830,26 @@ def test_stability_check_flags_a_changed_verdict_unless_underpowered(tmp_path):
     assert not ok
     assert "NOT stable" in results.stability_markdown(rows, ok)
     assert "| s | x | 0-2 |" in results.stability_markdown(rows, ok)
+
+
+def test_world_inclusive_interval_trains_each_seed_on_its_own_world(tmp_path, one_thread):
+    from curvalign.report.studies import run_study
+
+    result = run_study(
+        "proclip-product",
+        tmp_path / "p",
+        steps=2,
+        seeds=2,
+        data=TINY,
+        overrides=TINY_TRAIN,
+        part_dim=4,
+        lr_grid=(),
+        vary_world=True,
+    )
+    claim = result["claims"][0]
+    assert claim["claim"].endswith("world-inclusive") and claim["seed_only"]["n"] == 2
+    assert "seed-only (world" in claim["effect_text"]
+    # the two worlds differ: seed 1's world is not seed 0's
+    assert (tmp_path / "p" / "world-0").is_dir() and (tmp_path / "p" / "world-1").is_dir()
+    rows = result["markdown"]
+    assert "product H x E x S (world of its seed)" in rows

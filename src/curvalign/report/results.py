@@ -98,6 +98,17 @@ def render(out: Path, figures: str = "results/") -> str:
             else "."
         ),
         "",
+        *(
+            [
+                "Studies not run for this page (their sections are absent, not carried over from "
+                "an older rule): "
+                + ", ".join(f"`{n}`" for n in missing)
+                + "; each runs with `curvalign study NAME --out DIR/NAME`.",
+                "",
+            ]
+            if (missing := [n for n in STUDIES if n not in {r["name"] for r in results}])
+            else []
+        ),
         "## Verdicts",
         "",
         "| study | claim | paper's effect | MDE at the seeds used | effect (95% interval) | "
