@@ -204,6 +204,7 @@ def test_holm_changes_the_verdicts_table():
         kit.HOLDS,
         kit.INCONCLUSIVE_KIND,
     ]
+    assert claims[0]["holm_outcome"] == kit.NOT_SIGNIFICANT
     assert all(c["holm_family"] == 3 for c in claims)
     # a claim not testable in this regime is outside the family
     claims.append(

@@ -2,21 +2,30 @@
 
 Every study
 
-* quotes the claim as the paper states it (``paper``, with its equation / table),
-* trains *arms* with the same seeds (>= 3 by default): the method, the comparison the paper
-  makes, and a *control* arm where the claimed mechanism is removed or the claim is made false
-  on purpose, so the output shows whether the metric can see the failure at all,
-* reports paired effect sizes with 95% intervals (``curvalign.stats``), the convergence of every
-  arm (``curvalign.report.studykit``: validation every ``val_every`` steps, plateau test) and
-  baselines (the untrained head),
-* decides each claim by the rule of ``studykit.decide`` (written into the output):
-  holds / does not hold / inconclusive / inconclusive: the metric cannot detect it / too short
-  to test the claim.
+* quotes the claim as the paper states it (``paper``, with its equation / table) and, per claim,
+  the paper's own effect on the study's metric with the seed-file section it comes from,
+* trains *arms* with the same seeds (``seed_base`` .. ``seed_base + seeds - 1``): the method, the
+  comparison the paper makes, the claim's obvious baseline, and a *calibrated positive control*
+  (an arm handicapped by a known amount of the size the claim is about, e.g. a known share of
+  train captions moved to another image) that the metric must separate with the study's seeds;
+  trained-vs-untrained is a sanity row only,
+* tests the claim's precondition (AGR's lambda_E > 2 lambda_H, DualPath's open gate, heads at
+  least as good as the frozen features) and says "not reproduced in this regime" where the
+  claim's mechanism is absent (encoder training),
+* chooses each arm's learning rate on validation from one shared grid (``kit.LR_GRID``) and
+  decides convergence by the shared noise-aware rule (``curvalign.stats.curve_converged``),
+* reports paired effect sizes with 95% intervals (``curvalign.stats``), the minimal detectable
+  effect at the run's own seed SD, and decides each claim by ``studykit.decide`` (written into
+  the output), Holm-corrected over the study's claims (``studykit.apply_holm``): holds / does
+  not hold / equivalent within ±delta / inconclusive / underpowered at n seeds / not reproduced
+  in this regime.
 
-Each study is ``study_NAME(out, *, steps, data, overrides, seeds, show_progress, notify,
-**options)`` returning a JSON-ready dict; ``run_study`` writes ``study.json`` and ``study.md``
-into ``out``; ``run_all`` runs every study into ``out/NAME``; ``curvalign.report.results``
-turns those JSON files into docs/results.md.
+Each study is ``study_NAME(out, *, steps, data, overrides, seeds, seed_base, lr_grid,
+show_progress, notify, **options)`` returning a JSON-ready dict; ``run_study`` writes
+``study.json`` and ``study.md`` into ``out`` (``power=True``: a pilot, then the seeds the
+paper's effects need within ``max_seeds``); ``run_all`` runs every study into ``out/NAME``;
+``curvalign.report.results`` turns those JSON files into docs/results.md and compares two seed
+bases (``--stability``).
 
 Study definitions name the recipes they study and set their options (configuration); what a
 method computes (routing statistics, text-pair embeddings, factor-wise composition) is asked of

@@ -90,7 +90,10 @@ VERDICTS = (HOLDS, DOES_NOT_HOLD, EQUIVALENT, INCONCLUSIVE_KIND, UNDERPOWERED, N
 INCONCLUSIVE = "inconclusive: the interval contains the threshold"
 UNDETECTABLE = "inconclusive: the calibrated control did not separate (sign or size)"
 TOO_SHORT = "inconclusive: too short to test the claim"
-OUTCOMES = (HOLDS, DOES_NOT_HOLD, INCONCLUSIVE, UNDETECTABLE, TOO_SHORT)
+NOT_SIGNIFICANT = (
+    "inconclusive: its interval excludes the threshold, but not after Holm's correction"
+)
+OUTCOMES = (HOLDS, DOES_NOT_HOLD, INCONCLUSIVE, UNDETECTABLE, TOO_SHORT, NOT_SIGNIFICANT)
 
 #: family-wise error rate of each study's verdicts (Holm over the study's claims)
 ALPHA = 0.05
@@ -155,8 +158,9 @@ def decide(
     if not budget_ok:
         return Verdict(INCONCLUSIVE_KIND, TOO_SHORT)
     control_ok = control_separates(control, control_min)
+    alone = effect.low > threshold or effect.high < threshold
     if significant is None:
-        significant = effect.low > threshold or effect.high < threshold
+        significant = alone
     if significant and control_ok:
         if effect.mean > threshold:
             return Verdict(HOLDS, HOLDS)
@@ -173,6 +177,8 @@ def decide(
             )
     if not control_ok:
         return Verdict(INCONCLUSIVE_KIND, UNDETECTABLE)
+    if alone:
+        return Verdict(INCONCLUSIVE_KIND, NOT_SIGNIFICANT)
     return Verdict(INCONCLUSIVE_KIND, INCONCLUSIVE)
 
 
