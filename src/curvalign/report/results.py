@@ -53,6 +53,14 @@ seed) runs whose validation curve had stopped rising by the rule the benchmark a
 more than the curve's own noise); an arm not converged at its budget trains on, one validation
 segment at a time, up to {max_factor:g}x the budget.
 
+**Stability check** (a verdict that changes with the seeds is no verdict): run the same
+studies on a second, disjoint seed base and compare; every claim not marked underpowered must
+keep its verdict (exit status 1 otherwise, and the table says which claim moved):
+
+    curvalign study all --out studies --seed-base 0
+    curvalign study all --out studies-100 --seed-base 100
+    python -m curvalign.report.results studies --stability studies-100
+
 **Learning rate.** Each arm's learning rate is chosen on validation from one grid shared by
 every arm ({lr_grid}; a tuning seed no reported run uses; `curvalign.report.studykit.LR_GRID`);
 each study's "Training" line lists the choice and the validation value of every grid point.
