@@ -32,7 +32,8 @@ Generated from the studies' JSON outputs; do not edit by hand. To reproduce ever
 
 or, from the committed JSON (`docs/results/NAME/study.json`) alone, the same second command with
 `docs/results` in place of `studies` and no `--copy-to`. Each section gives the exact command of
-its run (its `--out` was `{out}/NAME`). The sections from "Demo" on are kept verbatim from the
+its run (its `--out` was `{out}/NAME`); where that command sets `--steps` or `--set lr_grid=...`,
+the page's numbers come from that smaller budget, not from `study all`'s defaults. The sections from "Demo" on are kept verbatim from the
 previous page (`--keep-from`): they come from the benchmark commands they show.
 
 Each study quotes its paper's claim and the paper's own effect size (with the seed file's
