@@ -177,12 +177,18 @@ def stability(a: Path, b: Path) -> tuple[list[dict[str, Any]], bool]:
     return rows, ok
 
 
-def stability_markdown(rows: list[dict[str, Any]], ok: bool) -> str:
+def stability_markdown(rows: list[dict[str, Any]], ok: bool, other: str = "") -> str:
     lines = [
         "## Stability across seed bases",
         "",
         "Same studies, two disjoint seed sets; a claim not marked underpowered must get the same "
-        f"verdict from both. Result: **{'stable' if ok else 'NOT stable'}**.",
+        f"verdict from both. Result: **{'stable' if ok else 'NOT stable'}**."
+        + (
+            f" Seed set B: the study.json files under `{other}` (each names its command, the "
+            "same as A's with `--seed-base 100`)."
+            if other
+            else ""
+        ),
         "",
         "| study | claim | seeds A | verdict A | seeds B | verdict B | agree |",
         "|---|---|---|---|---|---|---|",
@@ -240,7 +246,9 @@ def main(argv: list[str] | None = None) -> int:
         text = render(args.out, args.figures)
         if args.stability:
             rows, stable = stability(args.out, args.stability)
-            text = text.rstrip("\n") + "\n\n" + stability_markdown(rows, stable)
+            text = (
+                text.rstrip("\n") + "\n\n" + stability_markdown(rows, stable, str(args.stability))
+            )
     except FileNotFoundError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
