@@ -12,65 +12,226 @@ import torch
 from curvalign.report import studykit as kit
 from curvalign.stats import Interval, mean_interval, paired_difference
 
-# --- the verdict rule, every outcome ----------------------------------------------------------
+# --- the verdict rule, every outcome (hand-made numbers) -------------------------------------
 
-MOVED = paired_difference([0.30, 0.32, 0.35], [0.10, 0.12, 0.11])  # control clearly moved
+# a calibrated control that separated: above 0 and 20 points on average
+MOVED = paired_difference([0.30, 0.32, 0.35], [0.10, 0.12, 0.11])
 STILL = paired_difference([0.30, 0.12, 0.35], [0.31, 0.30, 0.20])  # contains 0
+WRONG_SIGN = paired_difference([0.10, 0.12, 0.11], [0.30, 0.32, 0.35])  # separated, wrong way
+CLEAR_GAIN = paired_difference([0.50, 0.52, 0.55], [0.40, 0.41, 0.43])  # +11 points, tight
 
 
-def test_holds_when_the_interval_is_above_zero_and_the_control_moved():
-    effect = paired_difference([0.50, 0.52, 0.55], [0.40, 0.41, 0.43])
-    assert effect.low > 0 and MOVED.excludes_zero()
-    assert kit.decide(effect, MOVED) == kit.HOLDS
+def test_holds_when_the_interval_is_above_zero_and_the_control_separated():
+    assert CLEAR_GAIN.low > 0 and MOVED.low > 0
+    v = kit.decide(CLEAR_GAIN, MOVED)
+    assert (v.kind, v.text) == (kit.HOLDS, kit.HOLDS)
 
 
 def test_does_not_hold_when_the_interval_is_below_zero():
     effect = paired_difference([0.40, 0.41, 0.43], [0.50, 0.52, 0.55])
-    assert kit.decide(effect, MOVED) == kit.DOES_NOT_HOLD
+    assert kit.decide(effect, MOVED).kind == kit.DOES_NOT_HOLD
 
 
 def test_inconclusive_when_the_interval_contains_the_threshold():
     effect = paired_difference([0.50, 0.40, 0.55], [0.45, 0.47, 0.50])
     assert effect.low < 0 < effect.high
-    assert kit.decide(effect, MOVED) == kit.INCONCLUSIVE
+    v = kit.decide(effect, MOVED)
+    assert v.kind == kit.INCONCLUSIVE_KIND and v.text == kit.INCONCLUSIVE
 
 
-def test_control_that_did_not_move_makes_it_undetectable_never_holds():
-    effect = paired_difference([0.50, 0.52, 0.55], [0.40, 0.41, 0.43])  # would hold
+def test_control_is_checked_for_sign_and_size_not_only_excluding_zero():
+    # the claim's interval is clear, but the control does not separate: never holds
     assert not STILL.excludes_zero()
-    assert kit.decide(effect, STILL) == kit.UNDETECTABLE
-    assert kit.decide(effect, None) == kit.UNDETECTABLE
-    # a control that moved the metric the other way still moved it
-    assert kit.decide(effect, paired_difference([0.1, 0.12, 0.11], [0.3, 0.32, 0.35])) == kit.HOLDS
+    assert kit.decide(CLEAR_GAIN, STILL).text == kit.UNDETECTABLE
+    assert kit.decide(CLEAR_GAIN, None).text == kit.UNDETECTABLE
+    # excluding 0 on the wrong side is a failed control now (it passed the old rule)
+    assert WRONG_SIGN.excludes_zero()
+    assert kit.decide(CLEAR_GAIN, WRONG_SIGN).text == kit.UNDETECTABLE
+    # right sign but smaller than the effect the claim is about: failed (mean 21 < 25 points)
+    assert kit.decide(CLEAR_GAIN, MOVED, control_min=0.25).text == kit.UNDETECTABLE
+    assert kit.decide(CLEAR_GAIN, MOVED, control_min=0.15).kind == kit.HOLDS
 
 
-def test_too_short_wins_over_everything():
-    effect = paired_difference([0.50, 0.52, 0.55], [0.40, 0.41, 0.43])
-    assert kit.decide(effect, MOVED, budget_ok=False) == kit.TOO_SHORT
-    assert kit.decide(effect, STILL, budget_ok=False) == kit.TOO_SHORT
+def test_equivalent_within_delta_by_tost():
+    # per-seed differences around 0 with SD ~0.2 points: the 90% interval is inside ±1 point
+    tiny = mean_interval([0.001, -0.002, 0.0015, -0.001, 0.0005])
+    assert tiny.low < 0 < tiny.high
+    v = kit.decide(tiny, MOVED, delta=0.01)
+    assert v.kind == kit.EQUIVALENT and "±1" in v.text
+    # the same numbers with a margin the interval does not fit in: not equivalent
+    assert kit.decide(tiny, MOVED, delta=0.001).kind == kit.INCONCLUSIVE_KIND
+    # an equivalence needs a metric that can see an effect: no control, no equivalence
+    assert kit.decide(tiny, None, delta=0.01).kind == kit.INCONCLUSIVE_KIND
+
+
+def test_underpowered_when_the_mde_exceeds_the_paper_effect():
+    # seed SD ~ 8 points: at 3 seeds the MDE is ~27 points, the paper claims 2
+    noisy = mean_interval([0.10, -0.05, 0.08])
+    v = kit.decide(noisy, MOVED, paper_effect=0.02)
+    assert v.kind == kit.UNDERPOWERED
+    mde = kit.minimal_detectable(noisy)
+    assert f"MDE {mde * 100:.3g} vs claimed 2" in v.text and "at 3 seeds" in v.text
+    # the same interval against a paper effect larger than the MDE: plain inconclusive
+    assert kit.decide(noisy, MOVED, paper_effect=0.5).text == kit.INCONCLUSIVE
+    # a clear effect is decided even when the design is weak for the paper's effect
+    assert kit.decide(CLEAR_GAIN, MOVED, paper_effect=0.001).kind == kit.HOLDS
+    # one seed cannot detect anything
+    assert kit.decide(mean_interval([0.5]), MOVED, paper_effect=0.02).kind == kit.UNDERPOWERED
+
+
+def test_mde_matches_the_formula_on_hand_made_numbers():
+    from curvalign.stats import interval_sd, minimal_detectable_effect, sample_sd
+
+    values = [0.10, -0.05, 0.08]
+    iv = mean_interval(values)
+    assert interval_sd(iv) == pytest.approx(sample_sd(values))
+    # (t_.975,2 + t_.80,2) * sd / sqrt(3) = (4.302653 + 1.060660) * sd / sqrt(3)
+    expected = (4.302653 + 1.060660) * sample_sd(values) / math.sqrt(3)
+    assert kit.minimal_detectable(iv) == pytest.approx(expected)
+    assert minimal_detectable_effect(sample_sd(values), 3) == pytest.approx(expected)
+
+
+def test_not_reproduced_in_this_regime_wins_over_everything():
+    v = kit.decide(CLEAR_GAIN, MOVED, regime="encoder training absent")
+    assert v.kind == kit.NOT_REPRODUCED and "encoder training absent" in v.text
+    v = kit.decide(CLEAR_GAIN, MOVED, precondition="lambda_E/lambda_H = 1.1, need > 2")
+    assert v.kind == kit.NOT_REPRODUCED and "precondition not met" in v.text
+
+
+def test_too_short_is_inconclusive_whatever_the_numbers():
+    assert kit.decide(CLEAR_GAIN, MOVED, budget_ok=False).text == kit.TOO_SHORT
+    assert kit.decide(CLEAR_GAIN, STILL, budget_ok=False).kind == kit.INCONCLUSIVE_KIND
 
 
 def test_non_inferiority_threshold():
     small_drop = mean_interval([-0.005, -0.010, -0.008])  # within a 0.02 margin
     big_drop = mean_interval([-0.10, -0.12, -0.09])
-    assert kit.decide(small_drop, MOVED, threshold=-0.02) == kit.HOLDS
-    assert kit.decide(big_drop, MOVED, threshold=-0.02) == kit.DOES_NOT_HOLD
-    assert kit.decide(small_drop, MOVED, threshold=0.0) == kit.DOES_NOT_HOLD
+    assert kit.decide(small_drop, MOVED, threshold=-0.02).kind == kit.HOLDS
+    assert kit.decide(big_drop, MOVED, threshold=-0.02).kind == kit.DOES_NOT_HOLD
+    assert kit.decide(small_drop, MOVED, threshold=0.0).kind == kit.DOES_NOT_HOLD
 
 
-def test_one_seed_is_inconclusive():
-    one = mean_interval([0.5])
-    assert kit.decide(one, MOVED) == kit.INCONCLUSIVE
-    assert kit.decide(mean_interval([0.5, 0.6]), mean_interval([0.3])) == kit.UNDETECTABLE
+def test_every_verdict_class_is_reachable():
+    reached = {
+        kit.decide(CLEAR_GAIN, MOVED).kind,
+        kit.decide(paired_difference([0.40, 0.41, 0.43], [0.50, 0.52, 0.55]), MOVED).kind,
+        kit.decide(mean_interval([0.001, -0.002, 0.0015, -0.001]), MOVED, delta=0.01).kind,
+        kit.decide(mean_interval([0.10, -0.05, 0.08]), MOVED).kind,
+        kit.decide(mean_interval([0.10, -0.05, 0.08]), MOVED, paper_effect=0.02).kind,
+        kit.decide(CLEAR_GAIN, MOVED, regime="x").kind,
+    }
+    assert reached == set(kit.VERDICTS)
 
 
-def test_claim_record_carries_both_intervals():
+def test_claim_record_carries_intervals_power_and_the_paper_effect():
     effect = Interval(0.05, 0.01, 0.09, 3)
-    rec = kit.claim_record("x beats y", effect, MOVED, "control - x")
-    assert rec["outcome"] == kit.HOLDS
+    rec = kit.claim_record(
+        "x beats y",
+        effect,
+        MOVED,
+        "control - x",
+        paper_effect=0.02,
+        paper_source="seed 003, Sec. 4",
+        control_min=0.05,
+    )
+    assert rec["verdict"] == kit.HOLDS and rec["outcome"] == kit.HOLDS
     assert rec["effect"] == effect.as_dict() and "[1.00, 9.00]" in rec["effect_text"]
     assert rec["control"]["n"] == 3 and rec["control_what"] == "control - x"
+    assert rec["control_ok"] and "expected > 0 and >= 5" in rec["control_text"]
+    assert rec["paper_effect_text"] == "2 points (seed 003, Sec. 4)"
+    assert rec["mde"] == pytest.approx(kit.minimal_detectable(effect))
+    assert 0 < rec["p_value"] < 0.05
     json.dumps(rec)
+
+
+# --- statistics behind the rule, on hand-made numbers -----------------------------------------
+
+
+def test_t_distribution_against_tables():
+    from curvalign.stats import t_cdf, t_quantile, t_quantile_975
+
+    # t_{0.975, df} from the tables the intervals use, t_{0.95, 2} = 2.919986, t_{0.95, 4} =
+    # 2.131847 (standard tables)
+    for df in (1, 2, 5, 12, 30):
+        assert t_cdf(t_quantile_975(df), df) == pytest.approx(0.975, abs=1e-6)
+    assert t_quantile(0.95, 2) == pytest.approx(2.919986, abs=1e-5)
+    assert t_quantile(0.95, 4) == pytest.approx(2.131847, abs=1e-5)
+    assert t_cdf(0.0, 3) == pytest.approx(0.5)
+    assert t_cdf(-1.0, 1) == pytest.approx(0.25)  # Cauchy: 1/2 + atan(-1)/pi
+
+
+def test_paired_t_p_value():
+    from curvalign.stats import t_test_p
+
+    # differences 0.10, 0.11, 0.12: mean 0.11, sd 0.01, t = 0.11 / (0.01/sqrt 3) = 19.05, df 2:
+    # two-sided p = 2 * (1 - F(19.05)) = 0.002743
+    iv = paired_difference([0.5, 0.52, 0.55], [0.40, 0.41, 0.43])
+    assert t_test_p(iv) == pytest.approx(0.0027435, rel=1e-3)
+    assert t_test_p(iv, threshold=0.11) == pytest.approx(1.0)
+    # the 95% interval excludes 0 exactly when p < 0.05
+    for values in ([0.1, -0.05, 0.08], [0.02, 0.03, 0.01, 0.025], [0.01, -0.01, 0.0]):
+        iv = mean_interval(values)
+        assert iv.excludes_zero() == (t_test_p(iv) < 0.05)
+    assert math.isnan(t_test_p(mean_interval([0.3])))
+
+
+def test_holm_step_down():
+    from curvalign.stats import holm
+
+    # m = 3: 0.01 <= 0.05/3 rejected; 0.03 > 0.05/2 stops there, so 0.04 is not rejected either
+    assert holm([0.01, 0.04, 0.03]) == [True, False, False]
+    # 0.01 <= 0.0167, 0.02 <= 0.025, 0.03 <= 0.05: all rejected (Bonferroni would keep only 1)
+    assert holm([0.03, 0.01, 0.02]) == [True, True, True]
+    assert holm([0.2, float("nan"), 0.001]) == [False, False, True]
+    assert holm([]) == []
+
+
+def test_holm_changes_the_verdicts_table():
+    # two claims each "holds" alone at p = 0.034; under Holm (0.034 > 0.05/2) neither survives,
+    # while the claim with p = 0.0027 (< 0.05/3) does
+    def rec(values, name):
+        return kit.claim_record(name, mean_interval(values), MOVED, "c")
+
+    claims = [
+        rec([0.02, 0.04, 0.035], "a"),  # p = 0.034
+        rec([0.10, 0.11, 0.12], "strong"),  # p = 0.0027
+        rec([0.04, 0.02, 0.035], "b"),
+    ]
+    assert all(c["verdict"] == kit.HOLDS for c in claims)
+    kit.apply_holm(claims)
+    assert [c["holm_verdict"] for c in claims] == [
+        kit.INCONCLUSIVE_KIND,
+        kit.HOLDS,
+        kit.INCONCLUSIVE_KIND,
+    ]
+    assert claims[0]["holm_outcome"] == kit.NOT_SIGNIFICANT
+    assert all(c["holm_family"] == 3 for c in claims)
+    # a claim not testable in this regime is outside the family
+    claims.append(
+        kit.claim_record("r", mean_interval([0.1, 0.2, 0.3]), MOVED, "c", regime="no encoder")
+    )
+    kit.apply_holm(claims)
+    assert claims[-1]["holm_verdict"] == kit.NOT_REPRODUCED and claims[0]["holm_family"] == 3
+
+
+def test_seeds_for_effect_and_the_pilot_plan():
+    from curvalign.stats import minimal_detectable_effect, seeds_for_effect
+
+    n = seeds_for_effect(0.05, 0.04)
+    assert minimal_detectable_effect(0.05, n) <= 0.04 < minimal_detectable_effect(0.05, n - 1)
+    assert seeds_for_effect(0.05, 0.001, max_seeds=20) is None
+    assert seeds_for_effect(0.0, 0.01) == 2
+    pilot = [
+        kit.claim_record("big", mean_interval([0.10, 0.15, 0.12]), MOVED, "c", paper_effect=0.1),
+        kit.claim_record("small", mean_interval([0.01, 0.03, 0.0]), MOVED, "c", paper_effect=0.02),
+        kit.claim_record("tiny", mean_interval([0.2, -0.2, 0.1]), MOVED, "c", paper_effect=1e-3),
+        kit.claim_record("none", mean_interval([0.2, -0.2, 0.1]), MOVED, "c"),
+    ]
+    plan = kit.plan_seeds(pilot, max_seeds=12)
+    small_sd = mean_interval([0.01, 0.03, 0.0])
+    assert plan["per_claim"]["small"] == seeds_for_effect(kit.interval_sd(small_sd), 0.02, 12)
+    assert plan["seeds"] == max(plan["per_claim"]["big"], plan["per_claim"]["small"])
+    assert plan["out_of_budget"] == ["tiny"] and "none" not in plan["per_claim"]
 
 
 # --- machinery ---------------------------------------------------------------------------------
@@ -274,13 +435,30 @@ def test_each_study_runs_tiny_and_is_too_short(tmp_path, name, one_thread):
 
     options, data = TINY_STUDIES[name]
     result = run_study(
-        name, tmp_path / name, steps=4, seeds=2, data=data, overrides=TINY_TRAIN, **options
+        name,
+        tmp_path / name,
+        steps=4,
+        seeds=2,
+        seed_base=5,
+        data=data,
+        overrides=TINY_TRAIN,
+        lr_grid=(1e-3, 3e-3),
+        **options,
     )
     assert result["claims"]
     for claim in result["claims"]:
-        assert claim["outcome"] == kit.TOO_SHORT  # 4 steps is below every study's need
+        # 4 steps is below every study's need, unless the claim is not testable here at all
+        assert claim["outcome"] == kit.TOO_SHORT or claim["verdict"] == kit.NOT_REPRODUCED
+        assert claim["holm_verdict"] in kit.VERDICTS
         assert claim["effect"]["n"] in (0, 2)
-    assert result["seeds"] == [0, 1] and result["wall_s"] > 0
+        assert "mde_text" in claim and "paper_effect_text" in claim
+    assert result["seeds"] == [5, 6] and result["wall_s"] > 0
+    assert "--seed-base 5" in result["command"]
+    # every arm's learning rate came from the shared grid, chosen on validation
+    assert result["lr_grid"] == [1e-3, 3e-3] and result["lr_choice"]
+    for choice in result["lr_choice"].values():
+        assert choice["chosen"] in (1e-3, 3e-3) and len(choice["grid"]) == 2
+    assert "Family for the multiplicity correction" in result["markdown"]
     assert all(Path(f).exists() for f in result["figures"])
     assert set(result["convergence"]) and all(
         c["seeds"] == 2 for c in result["convergence"].values()
@@ -327,6 +505,11 @@ def test_results_page_is_generated_from_the_json(tmp_path, one_thread):
     text = results.render(tmp_path)
     assert "## Verdicts" in text and "## proclip-product" in text
     assert kit.TOO_SHORT in text and "wall time" in text
+    # the verdicts table carries the paper's effect, the MDE and the Holm-adjusted verdict
+    assert "Holm-adjusted" in text and "MDE at the seeds used" in text
+    assert "+2 to +7 R@1 points" in text
+    # the studies that were not run are named, never silently missing
+    assert "Studies not run for this page" in text and "`agr-curriculum`" in text
     assert results.main([str(tmp_path / "nothing-here")]) == 2
     copy = tmp_path / "docs"
     assert results.main([str(tmp_path), "--copy-to", str(copy)]) == 0
@@ -340,6 +523,29 @@ def test_results_page_is_generated_from_the_json(tmp_path, one_thread):
     assert new.startswith(text.rstrip("\n")) and new.endswith("## Demo\nbenchmark table\n")
     assert "stale study" not in new
     assert results.main([str(copy), "--keep-from", str(page), "## Nope"]) == 2
+
+
+def test_power_pilot_plans_the_seeds_and_says_so(tmp_path, one_thread):
+    from curvalign.report.studies import run_study
+
+    result = run_study(
+        "proclip-product",
+        tmp_path / "p",
+        steps=2,
+        seeds=2,
+        data=TINY,
+        overrides=TINY_TRAIN,
+        part_dim=4,
+        lr_grid=(),
+        power=True,
+        max_seeds=3,
+    )
+    plan = result["power_plan"]
+    assert plan["pilot_seeds"] == 2 and plan["max_seeds"] == 3 and 2 <= plan["seeds"] <= 3
+    assert len(result["seeds"]) == plan["seeds"] and plan["estimated_wall_s"] > 0
+    assert set(plan["per_claim"]) == {c["claim"] for c in result["claims"]}
+    assert "--power --max-seeds 3" in result["command"]
+    assert "Seeds from the pilot" in (tmp_path / "p" / "study.md").read_text()
 
 
 def test_study_all_rejects_data_and_options():
@@ -509,3 +715,142 @@ def test_phyclip_l2_product_metric():
     with pytest.raises(ValueError, match="product_metric"):
         PhyclipConfig(product_metric="l3")
     assert math.isfinite(float(s.sum().detach()))
+
+
+def test_label_noise_control_moves_a_known_share_of_train_captions_only():
+    world = _tiny_world()
+    store = kit.with_val_split(world)
+    noisy = kit.with_label_noise(store, 0.3, seed=1)
+    train = store.texts_of_split("train")
+    moved = noisy.text_to_image != store.text_to_image
+    assert not moved[~torch.isin(torch.arange(store.num_texts), train)].any()  # val/test intact
+    # at most the chosen 30% moved (a permutation may leave a few where they were), most did
+    assert 0.2 * len(train) <= int(moved.sum()) <= round(0.3 * len(train))
+    # the moved captions still point at train images
+    train_images = set(store.split_image_ids("train").tolist())
+    assert set(noisy.text_to_image[moved].tolist()) <= train_images
+    assert torch.equal(kit.with_label_noise(store, 0.3, 1).text_to_image, noisy.text_to_image)
+    assert torch.equal(kit.with_label_noise(store, 0.0).text_to_image, store.text_to_image)
+
+
+# --- the claim-specific measures, on hand-made inputs --------------------------------------------
+
+
+def _tree_store(features, parents):
+    """One 'image' per taxonomy node (label = node), ``parents`` the tree."""
+    from curvalign.data.features import FeatureStore
+
+    n = features.shape[0]
+    return FeatureStore(
+        image_features=features,
+        text_features=features.clone(),
+        text_to_image=torch.arange(n),
+        class_names=[f"n{i}" for i in range(n)],
+        prompt_features=features.clone(),
+        prompt_to_class=torch.arange(n),
+        image_labels=torch.arange(n),
+        taxonomy_names=[f"n{i}" for i in range(n)],
+        taxonomy_parents=torch.tensor(parents),
+        class_to_node=torch.arange(n),
+    )
+
+
+def test_graph_reconstruction_ranks_the_closure_by_distance():
+    from curvalign.eval.frozen import FrozenFeatures
+    from curvalign.report.studies import reconstruction
+
+    # root 0 with leaves 1 and 2: 0 is related to both, 1 and 2 are unrelated to each other
+    parents = [-1, 0, 0]
+    model = FrozenFeatures(2, 2)
+    good = torch.tensor([[1.0, 1.0], [1.0, 0.2], [0.2, 1.0]])
+    rec = reconstruction(model, _tree_store(good, parents))
+    # cos(1, 0) = 0.83 > cos(1, 2) = 0.38: every related node ranks first
+    assert rec == {"mean_rank": pytest.approx(1.0), "map": pytest.approx(1.0), "nodes": 3}
+    # the root moved away: cos(1, 0) = -0.20 and cos(2, 0) = -0.98 are below cos(1, 2) = 0.38,
+    # so for u = 1 and u = 2 the root ranks 2nd (AP 1/2); u = 0 has no unrelated node (AP 1)
+    bad = torch.tensor([[0.0, -1.0], [1.0, 0.2], [0.2, 1.0]])
+    worse = reconstruction(model, _tree_store(bad, parents))
+    assert worse["map"] == pytest.approx((0.5 + 0.5 + 1.0) / 3)
+    assert worse["mean_rank"] == pytest.approx((1 + 1 + 2 + 2) / 4)
+
+
+def test_decay_rate_and_routing_class():
+    from curvalign.report.studies import decay_rate, routing_class
+
+    # L(t) = 2 exp(-0.01 t), logged every 10 steps; the rate is read up to step 100 only
+    log = [{"step": t, "loss_euclidean": 2 * math.exp(-0.01 * t)} for t in range(10, 201, 10)]
+    log[-1]["loss_euclidean"] = 100.0  # after `until`: ignored
+    assert decay_rate(log, "loss_euclidean", 100) == pytest.approx(0.01, rel=1e-9)
+    assert math.isnan(decay_rate(log, "loss_hyperbolic", 100))
+    assert routing_class(0.93) == "Euclidean dominance"
+    assert routing_class(0.047) == "hyperbolic dominance"  # the four-phase arm's 0.047
+    assert routing_class(0.15) == "balanced"
+
+
+def test_tangent_sum_composition_in_one_hyperbolic_space():
+    from curvalign.geometry import lorentz
+    from curvalign.recipes.phyclip import Phyclip, PhyclipConfig
+    from curvalign.report.studies import tangent_sum_compose
+
+    torch.manual_seed(5)
+    r = Phyclip(PhyclipConfig(num_factors=1, factor_dim=4), 10, 8)
+    a = r.embed_texts(torch.randn(3, 8))
+    b = r.embed_texts(torch.randn(3, 8))
+    c = float(r.curvature().detach()[0])
+    composed = tangent_sum_compose(r)(a, b)["point"]
+    assert composed.shape == a["point"].shape == (3, 1, 4)
+    va, vb = lorentz.logmap0(a["point"][:, 0], c), lorentz.logmap0(b["point"][:, 0], c)
+    torch.testing.assert_close(composed[:, 0], lorentz.expmap0(va + vb, c), rtol=1e-4, atol=1e-5)
+    # unlike the factor-wise max, the sum is neither input when both are nonzero
+    assert not torch.allclose(composed, a["point"]) and not torch.allclose(composed, b["point"])
+
+
+def test_stability_check_flags_a_changed_verdict_unless_underpowered(tmp_path):
+    from curvalign.report import results
+
+    def write(base, verdicts):
+        for name, claims in verdicts.items():
+            d = tmp_path / base / name
+            d.mkdir(parents=True)
+            result = {
+                "name": name,
+                "seeds": [0, 1, 2] if base == "a" else [100, 101, 102],
+                "claims": [
+                    {"claim": c, "outcome": v, "holm_outcome": v, "holm_verdict": v.split(" at")[0]}
+                    for c, v in claims
+                ],
+            }
+            (d / "study.json").write_text(json.dumps(result))
+
+    write("a", {"s": [("x", kit.HOLDS), ("y", "underpowered at 3 seeds"), ("z", kit.EQUIVALENT)]})
+    write("b", {"s": [("x", kit.HOLDS), ("y", kit.HOLDS), ("z", kit.EQUIVALENT)]})
+    rows, ok = results.stability(tmp_path / "a", tmp_path / "b")
+    assert ok and [r["agree"] for r in rows] == [True, False, True] and rows[1]["underpowered"]
+    write("c", {"s": [("x", kit.DOES_NOT_HOLD), ("y", kit.HOLDS), ("z", kit.EQUIVALENT)]})
+    rows, ok = results.stability(tmp_path / "a", tmp_path / "c")
+    assert not ok
+    assert "NOT stable" in results.stability_markdown(rows, ok)
+    assert "| s | x | 0-2 |" in results.stability_markdown(rows, ok)
+
+
+def test_world_inclusive_interval_trains_each_seed_on_its_own_world(tmp_path, one_thread):
+    from curvalign.report.studies import run_study
+
+    result = run_study(
+        "proclip-product",
+        tmp_path / "p",
+        steps=2,
+        seeds=2,
+        data=TINY,
+        overrides=TINY_TRAIN,
+        part_dim=4,
+        lr_grid=(),
+        vary_world=True,
+    )
+    claim = result["claims"][0]
+    assert claim["claim"].endswith("world-inclusive") and claim["seed_only"]["n"] == 2
+    assert "seed-only (world" in claim["effect_text"]
+    # the two worlds differ: seed 1's world is not seed 0's
+    assert (tmp_path / "p" / "world-0").is_dir() and (tmp_path / "p" / "world-1").is_dir()
+    rows = result["markdown"]
+    assert "product H x E x S (world of its seed)" in rows

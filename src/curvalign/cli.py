@@ -684,6 +684,16 @@ def study_command(
     out: Path = typer.Option(None, "--out", help="Output directory (default: studies/NAME)."),
     steps: int = typer.Option(None, "--steps", min=1, help="Steps per run (default: the study's)."),
     seeds: int = typer.Option(3, "--seeds", min=1, help="Seeds per arm (paired across arms)."),
+    seed_base: int = typer.Option(
+        0, "--seed-base", min=0, help="First seed (seeds SEED_BASE .. SEED_BASE+SEEDS-1)."
+    ),
+    power: bool = typer.Option(
+        False,
+        "--power",
+        help="Treat --seeds as a pilot and re-run with the seeds each claim's paper effect needs "
+        "at 80 percent power (at most --max-seeds).",
+    ),
+    max_seeds: int = typer.Option(10, "--max-seeds", min=2, help="Seed budget for --power."),
     data: str = typer.Option(None, "--data", help="Data (default: the study's own world)."),
     options: list[str] = typer.Option(
         None,
@@ -711,6 +721,9 @@ def study_command(
                 out,
                 steps=steps,
                 seeds=seeds,
+                seed_base=seed_base,
+                power=power,
+                max_seeds=max_seeds,
                 overrides=overrides or [],
                 show_progress=not quiet,
                 notify=console.print,
@@ -723,6 +736,9 @@ def study_command(
                     steps=steps,
                     data=data,
                     seeds=seeds,
+                    seed_base=seed_base,
+                    power=power,
+                    max_seeds=max_seeds,
                     overrides=overrides or [],
                     show_progress=not quiet,
                     notify=console.print,

@@ -249,3 +249,141 @@ def curve_converged(history: Sequence[tuple[int, float]], min_gain: float = 0.00
     end). None with fewer than three points. ``curve_convergence`` gives the reasons.
     """
     return curve_convergence(history, min_gain)["converged"]
+
+
+# --- claim studies: p-values, Holm, equivalence (TOST), seeds for a target effect --------------
+
+
+def _betacf(a: float, b: float, x: float) -> float:
+    """Continued fraction of the regularised incomplete beta function (modified Lentz)."""
+    tiny = 1e-300
+    qab, qap, qam = a + b, a + 1.0, a - 1.0
+    c, d = 1.0, 1.0 - qab * x / qap
+    d = 1.0 / (d if abs(d) > tiny else tiny)
+    h = d
+    for m in range(1, 300):
+        m2 = 2 * m
+        aa = m * (b - m) * x / ((qam + m2) * (a + m2))
+        d = 1.0 + aa * d
+        d = 1.0 / (d if abs(d) > tiny else tiny)
+        c = 1.0 + aa / c
+        c = c if abs(c) > tiny else tiny
+        h *= d * c
+        aa = -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2))
+        d = 1.0 + aa * d
+        d = 1.0 / (d if abs(d) > tiny else tiny)
+        c = 1.0 + aa / c
+        c = c if abs(c) > tiny else tiny
+        delta = d * c
+        h *= delta
+        if abs(delta - 1.0) < 1e-14:
+            break
+    return h
+
+
+def _betainc(a: float, b: float, x: float) -> float:
+    """Regularised incomplete beta ``I_x(a, b)`` for ``0 <= x <= 1``."""
+    if x <= 0.0:
+        return 0.0
+    if x >= 1.0:
+        return 1.0
+    log_front = (
+        math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)
+    )
+    if x < (a + 1.0) / (a + b + 2.0):
+        return math.exp(log_front) * _betacf(a, b, x) / a
+    return 1.0 - math.exp(log_front) * _betacf(b, a, 1.0 - x) / b
+
+
+def t_cdf(x: float, df: float) -> float:
+    """``P(T <= x)`` for Student's t with ``df`` degrees of freedom (through the incomplete beta
+    function: ``P(|T| > |x|) = I_{df/(df+x^2)}(df/2, 1/2)``)."""
+    if df <= 0:
+        raise ValueError(f"degrees of freedom must be > 0, got {df}")
+    if math.isinf(x):
+        return 1.0 if x > 0 else 0.0
+    tail = 0.5 * _betainc(df / 2.0, 0.5, df / (df + x * x))
+    return 1.0 - tail if x > 0 else tail
+
+
+def t_quantile(p: float, df: float) -> float:
+    """The ``p`` quantile of Student's t (bisection on ``t_cdf``), ``0 < p < 1``."""
+    if not 0.0 < p < 1.0:
+        raise ValueError(f"quantile level must be in (0, 1), got {p}")
+    lo, hi = -1e6, 1e6
+    for _ in range(200):
+        mid = 0.5 * (lo + hi)
+        if t_cdf(mid, df) < p:
+            lo = mid
+        else:
+            hi = mid
+        if hi - lo < 1e-10:
+            break
+    return 0.5 * (lo + hi)
+
+
+def interval_sd(interval: Interval) -> float:
+    """The per-seed standard deviation behind a 95% ``mean_interval`` (its half width is
+    ``t_{0.975, n-1} sd / sqrt(n)``); ``nan`` with fewer than two values."""
+    if interval.n < 2 or not math.isfinite(interval.half_width):
+        return math.nan
+    return interval.half_width * math.sqrt(interval.n) / t_quantile_975(interval.n - 1)
+
+
+def t_test_p(interval: Interval, threshold: float = 0.0) -> float:
+    """Two-sided p-value of the one-sample (paired) t test of ``mean == threshold``, from the
+    95% interval of the per-seed values (``mean_interval`` or ``paired_difference``). ``nan``
+    with fewer than two values; 0 when every value is equal and differs from the threshold."""
+    sd = interval_sd(interval)
+    if not math.isfinite(sd) or not math.isfinite(interval.mean):
+        return math.nan
+    gap = interval.mean - threshold
+    if sd == 0.0:
+        return 1.0 if gap == 0.0 else 0.0
+    t = gap / (sd / math.sqrt(interval.n))
+    return min(1.0, 2.0 * t_cdf(-abs(t), interval.n - 1))
+
+
+def holm(p_values: Sequence[float], alpha: float = 0.05) -> list[bool]:
+    """Holm's step-down procedure over a family of tests: ``rejected[i]`` is True when test ``i``
+    is rejected at family-wise error ``alpha``. The smallest p is compared with ``alpha / m``,
+    the next with ``alpha / (m - 1)``, ... and the procedure stops at the first that fails;
+    ``nan`` p-values (no test) are never rejected but count in ``m``."""
+    m = len(p_values)
+    order = sorted(range(m), key=lambda i: (math.isnan(p_values[i]), p_values[i]))
+    rejected = [False] * m
+    for rank, i in enumerate(order):
+        p = p_values[i]
+        if math.isnan(p) or p > alpha / (m - rank):
+            break
+        rejected[i] = True
+    return rejected
+
+
+def tost_interval(interval: Interval) -> tuple[float, float]:
+    """The 90% interval (``mean ± t_{0.95, n-1} sd / sqrt(n)``) that two one-sided tests at
+    alpha 0.05 read: the mean is *equivalent to 0 within ±delta* when it lies inside
+    ``(-delta, delta)`` (Schuirmann's TOST). ``(nan, nan)`` with fewer than two values."""
+    sd = interval_sd(interval)
+    if not math.isfinite(sd):
+        return math.nan, math.nan
+    half = t_quantile(0.95, interval.n - 1) * sd / math.sqrt(interval.n)
+    return interval.mean - half, interval.mean + half
+
+
+def equivalent_within(interval: Interval, delta: float) -> bool:
+    """TOST at alpha 0.05: the 90% interval lies strictly inside ``(-delta, delta)``."""
+    low, high = tost_interval(interval)
+    return math.isfinite(low) and -delta < low and high < delta
+
+
+def seeds_for_effect(sd: float, effect: float, max_seeds: int = 50) -> int | None:
+    """The fewest seeds (>= 2) whose ``minimal_detectable_effect`` at per-seed SD ``sd`` is at
+    most ``|effect|`` (80% power, alpha 0.05, paired t); None when even ``max_seeds`` is not
+    enough or the SD is unknown. A zero SD needs two seeds (the least that gives an interval)."""
+    if not math.isfinite(sd) or not math.isfinite(effect) or effect == 0.0:
+        return None
+    for n in range(2, max_seeds + 1):
+        if minimal_detectable_effect(sd, n) <= abs(effect):
+            return n
+    return None

@@ -1,7 +1,7 @@
 """docs/results.md from the JSON outputs of ``curvalign study all --out DIR``.
 
     python -m curvalign.report.results DIR [--figures PREFIX] [--copy-to docs/results]
-        [--keep-from docs/results.md "## Demo"] [-o docs/results.md]
+        [--keep-from docs/results.md "## Demo"] [--stability OTHER_DIR] [-o docs/results.md]
 
 Every number in the page comes from ``DIR/*/study.json``; nothing is typed by hand. Figures are
 linked as ``PREFIX + file name`` (default ``results/``). ``--copy-to docs/results`` copies every
@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from curvalign.report.studies import STUDIES, study_markdown
-from curvalign.report.studykit import MAX_STEPS_FACTOR, STUDY_LR_REASON, STUDY_LR_SCALE
+from curvalign.report.studykit import LR_GRID, MAX_STEPS_FACTOR, STUDY_LR_SCALE
 
 HEADER = """# Results: the papers' claims as studies that can fail
 
@@ -32,26 +32,40 @@ Generated from the studies' JSON outputs; do not edit by hand. To reproduce ever
 
 or, from the committed JSON (`docs/results/NAME/study.json`) alone, the same second command with
 `docs/results` in place of `studies` and no `--copy-to`. Each section gives the exact command of
-its run (its `--out` was `{out}/NAME`). The sections from "Demo" on are kept verbatim from the
+its run (its `--out` was `{out}/NAME`); where that command sets `--steps` or `--set lr_grid=...`,
+the page's numbers come from that smaller budget, not from `study all`'s defaults. The sections from "Demo" on are kept verbatim from the
 previous page (`--keep-from`): they come from the benchmark commands they show.
 
-Each study quotes its paper's claim, trains every arm with the same seeds, compares arms by
-paired per-seed differences with 95% Student-t intervals (`curvalign.stats`), and decides each
-claim by one rule (`curvalign.report.studykit.decide`): *too short to test the claim* when the
-budget is below the study's need; *inconclusive: the metric cannot detect it* unless a control
-arm (the mechanism removed, or the claim made false on purpose) moved the metric (its interval
-excludes 0); otherwise *holds* / *does not hold* when the effect's interval lies wholly above /
-below the claim's threshold, *inconclusive* when it contains it. "Inconclusive" and "does not
-hold" are results, not failures of the pipeline. *converged* counts the (arm, seed) runs of the
-study whose validation curve had plateaued (its last third improved the best by at most 0.01):
-an arm not flat at its study's step budget trains on, one validation segment at a time, until it
-is flat or reaches {max_factor:g}x the budget (each study's convergence table gives the step each
-run stopped at); a verdict over arms that had not converged is a verdict at that budget, not at
-the plateau.
+Each study quotes its paper's claim and the paper's own effect size (with the seed file's
+section), trains every arm with the same seeds, compares arms by paired per-seed differences with
+95% Student-t intervals (`curvalign.stats`), and decides each claim by one rule
+(`curvalign.report.studykit.decide`, written out in each section): *not reproduced in this
+regime* where the claim's mechanism is absent here or its precondition is not met; *holds* /
+*does not hold* when the paired t test rejects (Holm-corrected over the study's claims in the
+"Holm" column) and a **calibrated positive control** (an arm handicapped by a known amount of the
+size the claim is about: a known share of train captions moved to another image, or forgetting
+made true on purpose) separated from its clean arm with the right sign and at least its expected
+size; *equivalent within ±delta* when the 90% interval lies inside ±delta (TOST); *underpowered
+at n seeds (MDE x vs claimed y)* when the minimal detectable effect at the run's own seed SD
+(paired t, alpha 0.05, 80% power) exceeds the paper's effect; *inconclusive* otherwise.
+Trained-vs-untrained differences are shown as sanity rows only. *converged* counts the (arm,
+seed) runs whose validation curve had stopped rising by the rule the benchmark and tuning share
+(`curvalign.stats.curve_converged`: the best is not the last validation and the tail rises by no
+more than the curve's own noise); an arm not converged at its budget trains on, one validation
+segment at a time, up to {max_factor:g}x the budget.
 
-**Learning rate: a departure from the papers.** Every arm trains at {lr_scale:g}x its recipe's
-paper learning rate (`curvalign.report.studykit.STUDY_LR_SCALE`; each study's "Training" line
-lists the rates): {lr_reason}. The papers' schedule shape (warm-up, cosine) is kept.
+**Stability check** (a verdict that changes with the seeds is no verdict): run the same
+studies on a second, disjoint seed base and compare; every claim not marked underpowered must
+keep its verdict (exit status 1 otherwise, and the table says which claim moved):
+
+    curvalign study all --out studies --seed-base 0
+    curvalign study all --out studies-100 --seed-base 100
+    python -m curvalign.report.results studies --stability studies-100
+
+**Learning rate.** Each arm's learning rate is chosen on validation from one grid shared by
+every arm ({lr_grid}; a tuning seed no reported run uses; `curvalign.report.studykit.LR_GRID`);
+each study's "Training" line lists the choice and the validation value of every grid point.
+Studies run without a grid fall back to {lr_scale:g}x the paper rate.
 
 The synthetic world is not the papers' data: a verdict here is evidence about the mechanism at
 this scale (and, for the WordNet study, on one real taxonomy), not a reproduction of the papers'
@@ -80,32 +94,113 @@ def render(out: Path, figures: str = "results/") -> str:
         HEADER.format(
             max_factor=MAX_STEPS_FACTOR,
             lr_scale=STUDY_LR_SCALE,
-            lr_reason=STUDY_LR_REASON,
+            lr_grid=", ".join(f"{v:g}" for v in LR_GRID),
             out=Path(results[0]["command"].split("--out ")[1].split()[0]).parent,
             seeds=f" --seeds {seeds[0]}" if len(seeds) == 1 and seeds[0] != 3 else "",
         ),
         f"Wall time of the {len(results)} studies: "
-        f"{sum(r['wall_s'] for r in results) / 60:.1f} min in all.",
+        f"{sum(r['wall_s'] for r in results) / 60:.1f} min in all"
+        + (
+            f" (`study all`: {json.loads((Path(out) / 'wall.json').read_text())['wall_s'] / 60:.1f}"
+            " min)."
+            if (Path(out) / "wall.json").exists()
+            else "."
+        ),
         "",
+        *(
+            [
+                "Studies not run for this page (their sections are absent, not carried over from "
+                "an older rule): "
+                + ", ".join(f"`{n}`" for n in missing)
+                + "; each runs with `curvalign study NAME --out DIR/NAME`.",
+                "",
+            ]
+            if (missing := [n for n in STUDIES if n not in {r["name"] for r in results}])
+            else []
+        ),
         "## Verdicts",
         "",
-        "| study | claim | verdict | effect (95% interval) | control | converged | wall time |",
-        "|---|---|---|---|---|---:|---:|",
+        "| study | claim | paper's effect | MDE at the seeds used | effect (95% interval) | "
+        "calibrated control | verdict | Holm-adjusted | converged | wall time |",
+        "|---|---|---|---|---|---|---|---|---:|---:|",
     ]
     for r in results:
         conv = r.get("convergence") or {}
         done = sum(c["converged"] for c in conv.values())
         total = sum(c["seeds"] for c in conv.values())
         for c in r["claims"]:
+            ok = "separated" if c.get("control_ok") else "did not separate"
             lines.append(
-                f"| {r['name']} | {c['claim']} | **{c['outcome']}** | {c['effect_text']} | "
-                f"{c['control_what']}: {c['control_text']} | {done}/{total} | "
+                f"| {r['name']} | {c['claim']} ({c.get('role', 'primary')}) | "
+                f"{c.get('paper_effect_text', 'n/a')} | {c.get('mde_text', 'n/a')} | "
+                f"{c['effect_text']} | {c['control_what']}: {c['control_text']} ({ok}) | "
+                f"{c['outcome']} | **{c.get('holm_outcome', c['outcome'])}** | {done}/{total} | "
                 f"{r['wall_s']:.0f} s |"
             )
+    lines.append("")
+    lines.append(
+        "Multiplicity: each study's claims are one family, Holm-corrected at family-wise alpha "
+        "0.05 (claims not testable in this regime are outside it); the Holm-adjusted column is "
+        "the verdict."
+    )
     lines.append("")
     for r in results:
         lines.append(study_markdown(r, heading="##", figure_dir=figures))
     return "\n".join(lines)
+
+
+def stability(a: Path, b: Path) -> tuple[list[dict[str, Any]], bool]:
+    """The stability check: the verdicts of the same studies run on two seed bases (``curvalign
+    study all --seed-base 0`` into ``a`` and ``--seed-base 100`` into ``b``). One row per claim:
+    both Holm-adjusted verdicts, whether either run marks it underpowered (those may differ), and
+    whether they agree. ``ok``: every claim not marked underpowered agrees."""
+    left = {r["name"]: r for r in load_results(a)}
+    right = {r["name"]: r for r in load_results(b)}
+    rows = []
+    for name in [n for n in left if n in right]:
+        for ca, cb in zip(left[name]["claims"], right[name]["claims"], strict=False):
+            va = ca.get("holm_verdict", ca.get("verdict"))
+            vb = cb.get("holm_verdict", cb.get("verdict"))
+            under = "underpowered" in (va, vb)
+            rows.append(
+                {
+                    "study": name,
+                    "claim": ca["claim"],
+                    "a": ca.get("holm_outcome", ca["outcome"]),
+                    "b": cb.get("holm_outcome", cb["outcome"]),
+                    "seeds": (left[name]["seeds"], right[name]["seeds"]),
+                    "underpowered": under,
+                    "agree": va == vb,
+                }
+            )
+    ok = all(r["agree"] for r in rows if not r["underpowered"])
+    return rows, ok
+
+
+def stability_markdown(rows: list[dict[str, Any]], ok: bool, other: str = "") -> str:
+    lines = [
+        "## Stability across seed bases",
+        "",
+        "Same studies, two disjoint seed sets; a claim not marked underpowered must get the same "
+        f"verdict from both. Result: **{'stable' if ok else 'NOT stable'}**."
+        + (
+            f" Seed set B: the study.json files under `{other}` (each names its command, the "
+            "same as A's with `--seed-base 100`)."
+            if other
+            else ""
+        ),
+        "",
+        "| study | claim | seeds A | verdict A | seeds B | verdict B | agree |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        sa, sb = r["seeds"]
+        flag = "yes" if r["agree"] else ("no (underpowered)" if r["underpowered"] else "**no**")
+        lines.append(
+            f"| {r['study']} | {r['claim']} | {sa[0]}-{sa[-1]} | {r['a']} | {sb[0]}-{sb[-1]} | "
+            f"{r['b']} | {flag} |"
+        )
+    return "\n".join(lines) + "\n"
 
 
 def copy_outputs(out: Path, dest: Path) -> None:
@@ -138,9 +233,22 @@ def main(argv: list[str] | None = None) -> int:
         help="append FILE's sections from the line HEADING on (e.g. docs/results.md '## Demo': "
         "the benchmark sections another command writes), verbatim",
     )
+    parser.add_argument(
+        "--stability",
+        type=Path,
+        metavar="OTHER",
+        help="the --out of the same studies on another seed base: add the stability table "
+        "(exit status 1 when a claim not marked underpowered changes its verdict)",
+    )
     args = parser.parse_args(argv)
+    stable = True
     try:
         text = render(args.out, args.figures)
+        if args.stability:
+            rows, stable = stability(args.out, args.stability)
+            text = (
+                text.rstrip("\n") + "\n\n" + stability_markdown(rows, stable, str(args.stability))
+            )
     except FileNotFoundError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -158,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
         args.output.write_text(text)  # after reading --keep-from, which may be the same file
     else:
         sys.stdout.write(text)
-    return 0
+    return 0 if stable else 1
 
 
 if __name__ == "__main__":

@@ -2,21 +2,30 @@
 
 Every study
 
-* quotes the claim as the paper states it (``paper``, with its equation / table),
-* trains *arms* with the same seeds (>= 3 by default): the method, the comparison the paper
-  makes, and a *control* arm where the claimed mechanism is removed or the claim is made false
-  on purpose, so the output shows whether the metric can see the failure at all,
-* reports paired effect sizes with 95% intervals (``curvalign.stats``), the convergence of every
-  arm (``curvalign.report.studykit``: validation every ``val_every`` steps, plateau test) and
-  baselines (the untrained head),
-* decides each claim by the rule of ``studykit.decide`` (written into the output):
-  holds / does not hold / inconclusive / inconclusive: the metric cannot detect it / too short
-  to test the claim.
+* quotes the claim as the paper states it (``paper``, with its equation / table) and, per claim,
+  the paper's own effect on the study's metric with the seed-file section it comes from,
+* trains *arms* with the same seeds (``seed_base`` .. ``seed_base + seeds - 1``): the method, the
+  comparison the paper makes, the claim's obvious baseline, and a *calibrated positive control*
+  (an arm handicapped by a known amount of the size the claim is about, e.g. a known share of
+  train captions moved to another image) that the metric must separate with the study's seeds;
+  trained-vs-untrained is a sanity row only,
+* tests the claim's precondition (AGR's lambda_E > 2 lambda_H, DualPath's open gate, heads at
+  least as good as the frozen features) and says "not reproduced in this regime" where the
+  claim's mechanism is absent (encoder training),
+* chooses each arm's learning rate on validation from one shared grid (``kit.LR_GRID``) and
+  decides convergence by the shared noise-aware rule (``curvalign.stats.curve_converged``),
+* reports paired effect sizes with 95% intervals (``curvalign.stats``), the minimal detectable
+  effect at the run's own seed SD, and decides each claim by ``studykit.decide`` (written into
+  the output), Holm-corrected over the study's claims (``studykit.apply_holm``): holds / does
+  not hold / equivalent within ±delta / inconclusive / underpowered at n seeds / not reproduced
+  in this regime.
 
-Each study is ``study_NAME(out, *, steps, data, overrides, seeds, show_progress, notify,
-**options)`` returning a JSON-ready dict; ``run_study`` writes ``study.json`` and ``study.md``
-into ``out``; ``run_all`` runs every study into ``out/NAME``; ``curvalign.report.results``
-turns those JSON files into docs/results.md.
+Each study is ``study_NAME(out, *, steps, data, overrides, seeds, seed_base, lr_grid,
+show_progress, notify, **options)`` returning a JSON-ready dict; ``run_study`` writes
+``study.json`` and ``study.md`` into ``out`` (``power=True``: a pilot, then the seeds the
+paper's effects need within ``max_seeds``); ``run_all`` runs every study into ``out/NAME``;
+``curvalign.report.results`` turns those JSON files into docs/results.md and compares two seed
+bases (``--stability``).
 
 Study definitions name the recipes they study and set their options (configuration); what a
 method computes (routing statistics, text-pair embeddings, factor-wise composition) is asked of
@@ -54,6 +63,13 @@ MERU, ATMG = Meru.name, Atmg.name
 Notify = Callable[[str], None]
 
 
+#: the synthetic world of the studies: 2500 images, so that validation and test hold 500 images
+#: each (with 80 validation images a 1-point tolerance was at the noise level)
+STUDY_WORLD = "synthetic:images=2500,val_fraction=0.2,text_pairs=0"
+
+#: the calibrated control's handicap: this share of the train captions describe another image
+CONTROL_NOISE = 0.1
+
 # --- shared helpers -----------------------------------------------------------------------------
 
 
@@ -67,6 +83,12 @@ def load_study_data(data: str) -> tuple[FeatureStore, Any]:
         world = load_synthetic_world(data)
         return world.store, world
     return load_store(data)[0], None
+
+
+def _noisy(bench: kit.Bench, rate: float) -> Callable[[int], FeatureStore]:
+    """``store_from`` for a calibrated label-noise control arm (``kit.with_label_noise``)."""
+    noisy = kit.with_label_noise(bench.store, rate)
+    return lambda step: noisy
 
 
 def _test_pairs(store: FeatureStore) -> tuple[torch.Tensor, torch.Tensor]:
@@ -120,14 +142,24 @@ def _metric_table(title: str, rows: dict[str, dict[int, float]], scale: float = 
 
 def _claims_table(claims: list[dict[str, Any]]) -> str:
     lines = [
-        "| claim | effect (95% interval) | control (95% interval) | verdict |",
-        "|---|---|---|---|",
+        "| claim | paper's effect | MDE at these seeds | effect (95% interval) | calibrated "
+        "control (95% interval) | verdict | Holm-adjusted verdict |",
+        "|---|---|---|---|---|---|---|",
     ]
     for c in claims:
+        ok = "separated" if c.get("control_ok") else "did not separate"
         lines.append(
-            f"| {c['claim']} | {c['effect_text']} | {c['control_what']}: {c['control_text']} | "
-            f"**{c['outcome']}** |"
+            f"| {c['claim']} ({c.get('role', 'primary')}) | {c.get('paper_effect_text', '')} | "
+            f"{c.get('mde_text', '')} | {c['effect_text']} | {c['control_what']}: "
+            f"{c['control_text']} ({ok}) | {c['outcome']} | **{c.get('holm_outcome', '')}** |"
         )
+    sanity = [c for c in claims if c.get("sanity_text")]
+    if sanity:
+        lines.append("")
+        lines.append("Sanity rows (trained - untrained: always passes; never decides a verdict):")
+        lines.append("")
+        for text in dict.fromkeys(c["sanity_text"] for c in sanity):
+            lines.append(f"- {text}")
     return "\n".join(lines) + "\n"
 
 
@@ -139,6 +171,15 @@ def _convergence_table(conv: dict[str, dict[str, Any]]) -> str:
             f"{', '.join(map(str, c.get('last_steps', [])))} |"
         )
     return "\n".join(lines) + "\n"
+
+
+def _finite_difference(a: dict[int, float], b: dict[int, float]) -> kit.Interval:
+    """``kit.difference(a, b)``, or a nan interval (n = 0) where a value is missing or not
+    finite (a metric the store cannot give)."""
+    values = [*a.values(), *b.values()]
+    if not values or not all(math.isfinite(v) for v in values):
+        return _nan_interval()
+    return kit.difference(a, b)
 
 
 def _scalar(values: dict[int, float], offset: float = 0.0) -> kit.Interval:
@@ -166,9 +207,11 @@ def _bench(
     notify: Notify,
     show_progress: bool,
     validations: int = 3,
+    lr_grid: Sequence[float] | None = kit.LR_GRID,
 ) -> kit.Bench:
     """The study's bench on ``store`` (``data`` is its spec): a ``steps`` budget with
-    ``validations`` validation evaluations over it."""
+    ``validations`` validation evaluations over it, each arm's learning rate chosen on
+    validation from ``lr_grid`` (None or empty: ``kit.STUDY_LR_SCALE`` x the paper rate)."""
     return kit.Bench(
         out,
         store,
@@ -176,6 +219,7 @@ def _bench(
         steps,
         overrides,
         val_every=max(1, steps // validations),
+        lr_grid=lr_grid,
         notify=notify,
         show_progress=show_progress,
     )
@@ -197,8 +241,15 @@ def _result(
     val_what: str = "validation mean R@1",
     **extra: Any,
 ) -> dict[str, Any]:
+    kit.apply_holm(claims)
+    family = (
+        f"Family for the multiplicity correction: the {len(claims)} claims of this study "
+        f"({sum(c.get('holm_family') is not None for c in claims)} testable here), Holm at "
+        f"family-wise alpha {kit.ALPHA:g}.\n\n"
+    )
     markdown = (
-        _claims_table(claims)
+        family
+        + _claims_table(claims)
         + "\n"
         + tables
         + f"\nConvergence ({val_what} every "
@@ -217,8 +268,13 @@ def _result(
         "notes": notes,
         "rule": kit.RULE,
         "claims": claims,
-        "verdict": "; ".join(f"{c['claim']}: {c['outcome']}" for c in claims),
-        "holds": all(c["outcome"] == kit.HOLDS for c in claims),
+        "verdict": "; ".join(f"{c['claim']}: {c['holm_outcome']}" for c in claims),
+        "holds": all(c["holm_verdict"] == kit.HOLDS for c in claims),
+        "lr_choice": {
+            label: {"recipe": c["recipe"], "chosen": c["chosen"], "grid": list(c["grid"].items())}
+            for label, c in bench.lr_choice.items()
+        },
+        "lr_grid": list(bench.lr_grid or ()),
         "seeds": list(seeds),
         "steps": bench.steps,
         "data": bench.spec,
@@ -244,6 +300,39 @@ AGR_PAPER = (
     "[0.1, 0.9])."
 )
 AGR_ROUTER_STEPS = 250
+
+
+def decay_rate(log: Sequence[dict[str, Any]], key: str, until: int) -> float:
+    """The convergence rate lambda of Theorem 5.3's model ``L(t) = L_0 exp(-lambda t)`` (seed 000,
+    App., Eq. 31): minus the least-squares slope of ``ln L`` against the step, over the logged
+    values of ``key`` up to step ``until``. ``nan`` with fewer than three positive values."""
+    points = [
+        (float(r["step"]), math.log(float(r[key])))
+        for r in log
+        if key in r and "step" in r and r["step"] <= until and float(r[key]) > 0
+    ]
+    if len(points) < 3:
+        return math.nan
+    mx = sum(x for x, _ in points) / len(points)
+    my = sum(y for _, y in points) / len(points)
+    sxx = sum((x - mx) ** 2 for x, _ in points)
+    if sxx == 0:
+        return math.nan
+    return -sum((x - mx) * (y - my) for x, y in points) / sxx
+
+
+def routing_class(w_mean: float) -> str:
+    """Definition 5.2 (seed 000): Euclidean dominance if w̄ > 0.9, hyperbolic dominance if
+    w̄ < 0.1, balanced otherwise."""
+    if not math.isfinite(w_mean):
+        return "n/a"
+    if w_mean > 0.9:
+        return "Euclidean dominance"
+    if w_mean < 0.1:
+        return "hyperbolic dominance"
+    return "balanced"
+
+
 AGR_NOTES = (
     "w̄ averages w over all B² pairs, of which B² - B are negatives. By Prop. 5.1 the router's "
     "gradient moves w_ij towards whichever score is larger for that pair (w up where "
@@ -264,6 +353,8 @@ def study_agr_curriculum(
     data: str | None = None,
     overrides: Sequence[str] = (),
     seeds: int = 3,
+    seed_base: int = 0,
+    lr_grid: Sequence[float] | None = kit.LR_GRID,
     show_progress: bool = False,
     notify: Notify = lambda m: None,
     embed_dim: int = 128,
@@ -289,8 +380,9 @@ def study_agr_curriculum(
     from curvalign.runs import read_log
 
     timer = kit.Timer()
+    seed_list = list(range(seed_base, seed_base + seeds))
     steps = steps or 450
-    data = data or "synthetic:images=800,text_pairs=0"
+    data = data or STUDY_WORLD
     store, _ = load_study_data(data)
     t_w = max(2, round(steps * 2 / 3))
     a0 = max(1, round(steps / 9))
@@ -305,7 +397,7 @@ def study_agr_curriculum(
         f"embed_dim={embed_dim}",
         f"lora_rank={min(64, embed_dim // 4)}",
     ]
-    bench = _bench(out, store, data, steps, overrides, notify, show_progress)
+    bench = _bench(out, store, data, steps, overrides, notify, show_progress, lr_grid=lr_grid)
     arms = {
         "four-phase": [],
         "single": ["single_schedule=true"],
@@ -314,9 +406,10 @@ def study_agr_curriculum(
     image_ids, text_ids = _test_pairs(bench.store)
     stats: dict[str, dict[str, dict[int, dict[str, float]]]] = {a: {} for a in arms}
     conv, logs = {}, {}
+    rates: dict[str, dict[int, float]] = {}
     for arm, extra in arms.items():
         runs = {}
-        for seed in range(seeds):
+        for seed in seed_list:
 
             def measure(step: int, recipe: Any, arm: str = arm, seed: int = seed) -> None:
                 with torch.no_grad():
@@ -334,8 +427,11 @@ def study_agr_curriculum(
                 on_mark=measure,
                 select_best=False,
             )
-            if seed == 0:
-                logs[arm] = read_log(runs[seed].run_dir)
+            log = read_log(runs[seed].run_dir)
+            if seed == seed_list[0]:
+                logs[arm] = log
+            for key in ("loss_euclidean", "loss_hyperbolic"):
+                rates.setdefault(f"{arm}|{key}", {})[seed] = decay_rate(log, key, t_w)
         conv[arm] = kit.convergence_record(runs)
 
     def values(arm: str, where: str, key: str) -> dict[int, float]:
@@ -343,6 +439,15 @@ def study_agr_curriculum(
 
     single, four, control = "single", "four-phase", "control (no beta throttle)"
     router_steps = min(t_w - a0, t_w)
+    lam_e = kit.per_seed(rates["single|loss_euclidean"])
+    lam_h = kit.per_seed(rates["single|loss_hyperbolic"])
+    lam_e_mean, lam_h_mean = sum(lam_e) / len(lam_e), sum(lam_h) / len(lam_h)
+    premise = (
+        None
+        if math.isfinite(lam_e_mean) and lam_e_mean > 2 * lam_h_mean
+        else f"Theorem 5.3 needs lambda_E > 2 lambda_H; measured in the single-schedule arm up to "
+        f"T_w: lambda_E = {lam_e_mean:.2e}, lambda_H = {lam_h_mean:.2e} per step"
+    )
     budget_ok = router_steps >= AGR_ROUTER_STEPS
     ctrl_w = kit.difference(values(control, "T_w", "w_mean"), values(single, "T_w", "w_mean"))
     ctrl_m = kit.difference(
@@ -355,6 +460,9 @@ def study_agr_curriculum(
             ctrl_w,
             "w̄(T_w) control - single",
             budget_ok=budget_ok,
+            paper_effect=0.03,
+            paper_source="seed 000, Sec. 5: w̄(T_w) = 0.93 against Definition 5.2's 0.9",
+            precondition=premise,
         ),
         kit.claim_record(
             "w̄(T_w): single schedule > four-phase",
@@ -362,6 +470,9 @@ def study_agr_curriculum(
             ctrl_w,
             "w̄(T_w) control - single",
             budget_ok=budget_ok,
+            paper_effect=0.78,
+            paper_source="seed 000, Sec. 5: 0.93 (single) - 0.15 (four-phase)",
+            precondition=premise,
         ),
         kit.claim_record(
             "m̄(T_w) = mean(α·g·w·w_E): single schedule > four-phase",
@@ -371,9 +482,25 @@ def study_agr_curriculum(
             ctrl_m,
             "m̄(T_w) control - single",
             budget_ok=budget_ok,
+            paper_source="seed 000: m̄ is this project's statistic, no number in the paper",
+            precondition=premise,
+            role="exploratory",
         ),
     ]
-    rows = {}
+    rows: dict[str, dict[int, float]] = {
+        f"{arm}: lambda_{branch[0].upper()} (loss decay rate per 1000 steps, up to T_w)": {
+            s: 1000 * v for s, v in rates[f"{arm}|loss_{branch}"].items()
+        }
+        for arm in arms
+        for branch in ("euclidean", "hyperbolic")
+    }
+    classes = ["| arm | w̄(T_w) per seed | class (Definition 5.2) |", "|---|---|---|"]
+    for arm in arms:
+        ws = kit.per_seed(values(arm, "T_w", "w_mean"))
+        classes.append(
+            f"| {arm} | {', '.join(f'{w:.3f}' for w in ws)} | "
+            f"{', '.join(routing_class(w) for w in ws)} |"
+        )
     for arm in arms:
         for where in ("T_w", "end"):
             for key, label in (
@@ -393,7 +520,7 @@ def study_agr_curriculum(
             logs,
             keys,
             out / "agr_routing.png",
-            title="AGR (seed 0): routing weight and gate per arm",
+            title=f"AGR (seed {seed_list[0]}): routing weight and gate per arm",
             marks={"T_w": t_w},
         )
     ]
@@ -409,13 +536,19 @@ def study_agr_curriculum(
         claims,
         setup=setup,
         bench=bench,
-        seeds=range(seeds),
+        seeds=seed_list,
         timer=timer,
-        tables=_metric_table("routing statistic (x100)", rows),
+        tables=_metric_table("routing statistic (x100)", rows)
+        + "\nRouting at T_w by Definition 5.2 (Euclidean dominance w̄ > 0.9, hyperbolic dominance "
+        + "w̄ < 0.1, balanced otherwise):\n\n"
+        + "\n".join(classes)
+        + "\n",
         convergence=conv,
         figures=figures,
         notes=AGR_NOTES,
         router_steps_before_warmup_end=router_steps,
+        convergence_rates={k: {str(s): v for s, v in d.items()} for k, d in rates.items()},
+        premise=premise,
         warmup_end_step=t_w,
         statistics={
             a: {w: {str(s): v for s, v in d.items()} for w, d in st.items()}
@@ -453,6 +586,8 @@ def study_dualpath_forgetting(
     data: str | None = None,
     overrides: Sequence[str] = (),
     seeds: int = 3,
+    seed_base: int = 0,
+    lr_grid: Sequence[float] | None = kit.LR_GRID,
     show_progress: bool = False,
     notify: Notify = lambda m: None,
     margin: float = 0.02,
@@ -465,20 +600,30 @@ def study_dualpath_forgetting(
     skill by itself and can erase it. Skill = Spearman of the cosine (text-pair prefix:
     ``recipe.embed_text_pairs``) against the pair score on held-out pairs, and text-text R@1
     (each held-out same-topic query must retrieve a text of its topic first).
-    Arms: full (gate with ``gate_speed`` so θ can move in a short run); no gate
-    (``gate_init=-30``); no text pairs in Phase 2; control = no gate and Phase 2 on conflicting
-    pairs (partners shuffled): forgetting made true on purpose.
-    Claims: (1) full: Spearman(end) - Spearman(Phase 1) > -``margin``; (2) the drop is smaller
-    with the gate than without; (3) the drop is smaller with Phase-2 text pairs than without.
-    Control for each: the control arm's own change (end - Phase 1).
+    Arms: full (gate with ``gate_speed`` so θ can move in a short run); gate open
+    (``gate_init=0``, g = 0.5 from the start: the gate is open before its protection is tested);
+    no gate (``gate_init=-30``); no text pairs in Phase 2; control = no gate and Phase 2 on
+    conflicting pairs (partners shuffled): forgetting made true on purpose.
+    Claims: (1) full: Spearman(end) - Spearman(Phase 1) > -``margin`` (or equivalent within
+    ±``margin``); (2) the drop is smaller with the paper's gate than without, precondition: the
+    gate opened (mean g >= 0.5 at the end); (3) the same with the gate opened at the start
+    (equivalence within ±``margin`` reported: "no protection"); (4, exploratory) the drop is
+    smaller with Phase-2 text pairs than without (trivially: training on the skill keeps it).
+    Calibrated control for each: the control arm's forgetting (Phase 1 - end) must be > 0 and
+    at least ``margin``.
     Need: Phase 1 >= 100 steps, else "too short to test the claim".
     """
     from curvalign.report import plots
     from curvalign.runs import read_log
 
     timer = kit.Timer()
+    seed_list = list(range(seed_base, seed_base + seeds))
     steps = steps or 400
-    data = data or "synthetic:images=800,text_pairs=1500,paraphrase_topics=32,heldout_pairs=600"
+    data = (
+        data
+        or "synthetic:images=2500,val_fraction=0.2,text_pairs=1500,paraphrase_topics=32,"
+        "heldout_pairs=1000"
+    )
     store, world = load_study_data(data)
     heldout = getattr(world, "heldout_pairs", None)
     if heldout is None:
@@ -497,7 +642,9 @@ def study_dualpath_forgetting(
     ]
     n = len(heldout.scores)
     val_idx, test_idx = torch.arange(0, n, 2), torch.arange(1, n, 2)
-    bench = _bench(out, store, data, steps, overrides, notify, show_progress, validations=4)
+    bench = _bench(
+        out, store, data, steps, overrides, notify, show_progress, validations=4, lr_grid=lr_grid
+    )
     conflicting = dataclasses.replace(
         bench.store,
         pair_b_features=bench.store.pair_b_features[
@@ -522,6 +669,7 @@ def study_dualpath_forgetting(
 
     arms = {
         "full": [f"gate_speed={gate_speed}"],
+        "gate open": ["gate_init=0"],
         "no gate": ["gate_init=-30"],
         "no phase-2 text pairs": [f"gate_speed={gate_speed}", "phase2_text_pairs=false"],
         "control (no gate, conflicting pairs)": ["gate_init=-30"],
@@ -531,7 +679,7 @@ def study_dualpath_forgetting(
     for arm, extra in arms.items():
         runs = {}
         is_control = arm.startswith("control")
-        for seed in range(seeds):
+        for seed in seed_list:
 
             def on_mark(step: int, recipe: Any, arm: str = arm, seed: int = seed) -> None:
                 where = "phase 1" if step == switch else "end"
@@ -553,7 +701,7 @@ def study_dualpath_forgetting(
                 select_best=False,
                 store_from=(lambda s: conflicting if s >= switch else None) if is_control else None,
             )
-            if seed == 0:
+            if seed == seed_list[0]:
                 logs[arm] = read_log(runs[seed].run_dir)
         conv[arm] = kit.convergence_record(runs)
 
@@ -562,11 +710,28 @@ def study_dualpath_forgetting(
         return {s: end[s] - p1[s] for s in end}
 
     control = "control (no gate, conflicting pairs)"
-    ctrl = _scalar(change(control))
+    ctrl = _scalar({s: -v for s, v in change(control).items()})
     budget_ok = switch >= 100
-    claim = functools.partial(
-        kit.claim_record, control=ctrl, control_what="control's own change", budget_ok=budget_ok
+    source = (
+        "seed 004, Secs. 3.4 and 4.5: 'without degrading', no number; the margin is DESIGN.md's "
+        "'small margin'"
     )
+    claim = functools.partial(
+        kit.claim_record,
+        control=ctrl,
+        control_what="control's forgetting (Phase 1 - end)",
+        control_min=margin,
+        budget_ok=budget_ok,
+        paper_effect=margin,
+        paper_source=source,
+        delta=margin,
+    )
+
+    def gate_opened(arm: str) -> str | None:
+        g = [v for v in kit.per_seed(measured.get(f"{arm}|end|gate", {})) if math.isfinite(v)]
+        mean = sum(g) / len(g) if g else math.nan
+        return None if mean >= 0.5 else f"the gate reached g = {mean:.3f} < 0.5: it never opened"
+
     claims = [
         claim(
             f"full method: Spearman after Phase 2 - after Phase 1 > -{margin:g}",
@@ -574,12 +739,21 @@ def study_dualpath_forgetting(
             threshold=-margin,
         ),
         claim(
-            "the gate protects the skill: change(full) - change(no gate) > 0",
+            "the paper's gate protects the skill: change(full) - change(no gate) > 0",
             kit.difference(change("full"), change("no gate")),
+            precondition=gate_opened("full"),
         ),
         claim(
-            "Phase-2 text pairs protect it: change(full) - change(no text pairs) > 0",
+            "the gate, opened (gate_init=0), protects it: change(gate open) - change(no gate) > 0",
+            kit.difference(change("gate open"), change("no gate")),
+            precondition=gate_opened("gate open"),
+        ),
+        claim(
+            "Phase-2 text pairs protect it: change(full) - change(no text pairs) > 0 (trivial: "
+            "training on the skill keeps the skill)",
             kit.difference(change("full"), change("no phase-2 text pairs")),
+            role="exploratory",
+            delta=None,
         ),
     ]
     rows = {}
@@ -596,7 +770,7 @@ def study_dualpath_forgetting(
                 if any(k in r for r in logs["full"])
             ],
             out / "dualpath_gate.png",
-            title="DualPath (seed 0): gate and losses per arm",
+            title=f"DualPath (seed {seed_list[0]}): gate and losses per arm",
             marks={"switch": switch},
         )
     ]
@@ -612,7 +786,7 @@ def study_dualpath_forgetting(
         claims,
         setup=setup,
         bench=bench,
-        seeds=range(seeds),
+        seeds=seed_list,
         timer=timer,
         tables=_metric_table("measure (x100)", rows),
         convergence=conv,
@@ -631,6 +805,16 @@ ATMG_PAPER = (
     "Sec. 6.4, Table 5: ImageNet zero-shot accuracy at fixed curvature)."
 )
 CURVATURES = (0.1, 0.5, 1.0, 3.0)
+#: seed 001, Table 5: MERU 28.4 at c = 0.1 and no result ("failed to converge") at c >= 0.5
+ATMG_MERU_DROP = 0.284
+ATMG_SOURCE = "seed 001, Sec. 6.4 / Table 5: MERU 28.4 at c=0.1, failed (taken as 0) at c ≥ 0.5"
+#: seed 001, Table 5: AtMG at c >= 0.5 (mean 29.05) minus AtMG at c = 0.1 (29.6)
+ATMG_STABLE = -0.0055
+ATMG_REGIME = (
+    "MERU's failure at c ≥ 0.5 comes from 120K-step training of the encoders (seed 001, Sec. 6.4); "
+    "heads on frozen features lack that mechanism, so the measured difference is reported, not "
+    "decided"
+)
 
 
 ATMG_NOTES = (
@@ -650,10 +834,13 @@ def study_atmg_curvature(
     data: str | None = None,
     overrides: Sequence[str] = (),
     seeds: int = 3,
+    seed_base: int = 0,
+    lr_grid: Sequence[float] | None = kit.LR_GRID,
     show_progress: bool = False,
     notify: Notify = lambda m: None,
     curvatures: Sequence[float] = CURVATURES,
     stable_margin: float = 0.02,
+    control_noise: float = CONTROL_NOISE,
 ) -> dict[str, Any]:
     """AtMG vs MERU at fixed curvatures (the authors' configs: curvature not learnt), zero-shot
     top-1 with validation-selected weights.
@@ -661,8 +848,12 @@ def study_atmg_curvature(
     Claims (primary, Table 5): (1) at c >= 0.5 AtMG's zero-shot top-1 exceeds MERU's (mean over
     those c); (2) MERU drops: MERU(c = min) - mean MERU(c >= 0.5) > 0; (3) AtMG is "almost
     constant": mean AtMG(c >= 0.5) - AtMG(c = min) > -``stable_margin``.
-    Control: AtMG at the smallest c, trained - untrained: zero-shot must register a model that
-    did not learn (what "failed to converge" looks like).
+    Claims (1) and (2) are "not reproduced in this regime": MERU's failure comes from 120K-step
+    encoder training (``ATMG_REGIME``), which heads on frozen features lack; the measured values
+    are reported. Claim (3) is also decided as an equivalence within ±``stable_margin`` (TOST).
+    Calibrated control: AtMG at the smallest c with ``control_noise`` of its train captions moved
+    to another image; clean - noisy must be > 0 and at least ``stable_margin`` (the size claim
+    (3) is about). Sanity row: AtMG at the smallest c, trained - untrained.
     Secondary (reported, not decided): hierarchy ordering in both directions against the
     untrained head: text chains; image pairs with the crop closer to the origin (HyCoCLIP) and
     with the crop further out (AtMG's Table 3: parts further from the origin).
@@ -670,10 +861,11 @@ def study_atmg_curvature(
     from curvalign.report import plots
 
     timer = kit.Timer()
+    seed_list = list(range(seed_base, seed_base + seeds))
     steps = steps or 150
-    data = data or "synthetic:images=800,text_pairs=0"
+    data = data or STUDY_WORLD
     store, _ = load_study_data(data)
-    bench = _bench(out, store, data, steps, overrides, notify, show_progress)
+    bench = _bench(out, store, data, steps, overrides, notify, show_progress, lr_grid=lr_grid)
     zs: dict[tuple[str, float, str], dict[int, float]] = {}
     order: dict[tuple[str, float, str, str], dict[int, float]] = {}
     conv = {}
@@ -681,7 +873,7 @@ def study_atmg_curvature(
         for recipe in (MERU, ATMG):
             extra = [f"curvature_init={c}", "learn_curvature=false", f"curvature_min={min(c, 0.1)}"]
             runs = {}
-            for seed in range(seeds):
+            for seed in seed_list:
                 runs[seed] = bench.train(f"{recipe}-c{c:g}", recipe, extra, seed)
                 for kind, model in (
                     ("trained", runs[seed].recipe),
@@ -701,32 +893,53 @@ def study_atmg_curvature(
                     ):
                         order.setdefault((recipe, c, kind, key), {})[seed] = v
             conv[f"{recipe} c={c:g}"] = kit.convergence_record(runs)
-
     low = min(curvatures)
+    noisy_arm = f"control: {ATMG} c={low:g}, {control_noise:.0%} label noise"
+    extra = [f"curvature_init={low}", "learn_curvature=false", f"curvature_min={min(low, 0.1)}"]
+    runs = {}
+    for seed in seed_list:
+        runs[seed] = bench.train(
+            noisy_arm, ATMG, extra, seed, store_from=_noisy(bench, control_noise)
+        )
+        ev = bench.evaluate(runs[seed].recipe)
+        zs.setdefault((ATMG, low, "noisy"), {})[seed] = (ev.get("zeroshot") or {}).get(
+            "top1", math.nan
+        )
+    conv[noisy_arm] = kit.convergence_record(runs)
+
     high = [c for c in curvatures if c >= 0.5]
-    seeds_ = list(range(seeds))
+    seeds_ = seed_list
 
     def avg(recipe: str, cs: Sequence[float], kind: str = "trained") -> dict[int, float]:
         return {s: sum(zs[(recipe, c, kind)][s] for c in cs) / len(cs) for s in seeds_}
 
     budget_ok = bool(high) and steps >= 50
-    ctrl = kit.difference(zs[(ATMG, low, "trained")], zs[(ATMG, low, "untrained")])
+    ctrl = kit.difference(zs[(ATMG, low, "trained")], zs[(ATMG, low, "noisy")])
     claim = functools.partial(
         kit.claim_record,
         control=ctrl,
-        control_what=f"AtMG c={low:g} trained - untrained",
+        control_what=f"AtMG c={low:g} clean - {control_noise:.0%} label noise",
+        control_min=stable_margin,
         budget_ok=budget_ok,
+        sanity=kit.difference(zs[(ATMG, low, "trained")], zs[(ATMG, low, "untrained")]),
+        sanity_what=f"AtMG c={low:g} trained - untrained",
     )
     claims = [
         claim(
             "zero-shot top-1 at c ≥ 0.5: AtMG > MERU",
             kit.difference(avg(ATMG, high), avg(MERU, high)) if high else _nan_interval(),
+            paper_effect=ATMG_MERU_DROP,
+            paper_source=ATMG_SOURCE,
+            regime=ATMG_REGIME,
         ),
         claim(
             f"MERU drops: MERU(c={low:g}) - MERU(c ≥ 0.5) > 0",
             kit.difference(zs[(MERU, low, "trained")], avg(MERU, high))
             if high
             else _nan_interval(),
+            paper_effect=ATMG_MERU_DROP,
+            paper_source=ATMG_SOURCE,
+            regime=ATMG_REGIME,
         ),
         claim(
             f"AtMG almost constant: AtMG(c ≥ 0.5) - AtMG(c={low:g}) > -{stable_margin:g}",
@@ -734,6 +947,9 @@ def study_atmg_curvature(
             if high
             else _nan_interval(),
             threshold=-stable_margin,
+            delta=stable_margin,
+            paper_effect=ATMG_STABLE,
+            paper_source="seed 001, Table 5: AtMG 29.6 at c=0.1, mean 29.05 at c ≥ 0.5",
         ),
     ]
     rows = {
@@ -742,6 +958,9 @@ def study_atmg_curvature(
         for c in curvatures
         for kind in ("trained", "untrained")
     }
+    rows[f"{ATMG} c={low:g} {control_noise:.0%} label noise: zero-shot top-1"] = zs[
+        (ATMG, low, "noisy")
+    ]
     secondary = ["| recipe, ordering | trained - untrained (mean over c, 95%) |", "|---|---:|"]
     for r in (MERU, ATMG):
         for key in (
@@ -813,8 +1032,28 @@ PHYCLIP_PAPER = (
 )
 
 
+def tangent_sum_compose(recipe: Any) -> Callable[[Any, Any], dict[str, torch.Tensor]]:
+    """The obvious baseline of factor-wise max composition: the sum of the two concepts' tangent
+    vectors at the origin, mapped back (``expmap0(logmap0(a) + logmap0(b))`` per factor, with the
+    recipe's curvature per factor). Points ``[N, k, d]``; in a k = 1 model it is composition in
+    one hyperbolic space."""
+    from curvalign.geometry import lorentz
+
+    def compose(a: Any, b: Any) -> dict[str, torch.Tensor]:
+        c = recipe.curvature()
+        v = lorentz.logmap0(a["point"], c) + lorentz.logmap0(b["point"], c)
+        return {"point": lorentz.expmap0(v, c)}
+
+    return compose
+
+
 def composition_precision(
-    recipe: Any, store: FeatureStore, world: Any, top: int = 5, max_pairs: int = 200
+    recipe: Any,
+    store: FeatureStore,
+    world: Any,
+    top: int = 5,
+    max_pairs: int = 200,
+    compose: Callable[[Any, Any], Any] | None = None,
 ) -> dict[str, float] | None:
     """Factor-wise max composition (seed 002, App. D.2) on test images with two objects.
 
@@ -822,8 +1061,9 @@ def composition_precision(
     a and b are composed by the recipe (``recipe.factor_max_compose``); the composed query ranks
     the test images with the recipe's score. Returns the mean share of the ``top`` images that
     contain both a and b for: the composed query, the better single-concept query, and the
-    control (a composed with the b of another pair). None for recipes without composition or
-    stores without the world's ground truth.
+    control (a composed with the b of another pair). ``compose(a, b)``: the composition
+    (default: the recipe's factor-wise max). None for recipes without composition or stores
+    without the world's ground truth.
     """
     from curvalign.eval import embed, embed_text_part, score_matrix
 
@@ -868,9 +1108,10 @@ def composition_precision(
             idx = s.topk(min(top, s.shape[1]), dim=1).indices
             return contains.gather(1, idx).float().mean(dim=1)
 
-        composed = precision(recipe.factor_max_compose(ea, eb))
+        compose = compose or recipe.factor_max_compose
+        composed = precision(compose(ea, eb))
         single = torch.maximum(precision(ea), precision(eb))
-        control = precision(recipe.factor_max_compose(ea, shifted))
+        control = precision(compose(ea, shifted))
     return {
         "composed": float(composed.mean()),
         "best_single": float(single.mean()),
@@ -879,6 +1120,19 @@ def composition_precision(
         "top": top,
     }
 
+
+#: seed 002, Table 4: k = 64 vs k = 1 (HyCoCLIP), mean of image (+1.76) and text (+1.20) retrieval
+PHYCLIP_K_EFFECT = 0.0148
+PHYCLIP_K_SOURCE = (
+    "seed 002, Sec. 5 ablation / Table 4: k=64 vs k=1, mean of image and text retrieval"
+)
+#: seed 002, Table 4: ℓ1 vs ℓ2 at k = 64 on mean retrieval: image +0.28, text -1.20 (ℓ2 better);
+#: the ablation's ℓ1 advantage is on classification (ImageNet +0.97, Food-101 +5.37)
+PHYCLIP_L1_EFFECT = -0.0046
+PHYCLIP_L1_SOURCE = (
+    "seed 002, Table 4: ℓ1 - ℓ2 at k=64, mean of image (+0.28) and text (-1.20) retrieval; the "
+    "paper's ℓ1 advantage is on classification"
+)
 
 PHYCLIP_NOTES = (
     "All arms use the recipe's default scale initialisation (1/sqrt(k·d) per modality). The "
@@ -896,28 +1150,35 @@ def study_phyclip_factors(
     data: str | None = None,
     overrides: Sequence[str] = (),
     seeds: int = 3,
+    seed_base: int = 0,
+    lr_grid: Sequence[float] | None = kit.LR_GRID,
     show_progress: bool = False,
     notify: Notify = lambda m: None,
     total_dim: int = 64,
     factors: Sequence[int] = (1, 4, 16),
+    control_noise: float = CONTROL_NOISE,
 ) -> dict[str, Any]:
     """PHyCLIP with k factors of d = total_dim / k at fixed k·d, plus the ℓ2-product at the
     largest k, on a world with several images per leaf pair (``leaf_pairs``).
 
-    Claims: (1) largest k beats k = 1 on mean R@1 (Table 4); (2) ℓ1 beats ℓ2 at the largest k
-    (Table 4); control for both: largest k trained - untrained (retrieval registers learning).
-    (3) factor-wise max composition beats the best single concept on precision@5 (App. D.2);
-    control: the composed query with the wrong partner concept, whose precision for the true
-    pair must differ. Factor specialisation (distinct top factors per family, relative
+    Claims: (1) largest k beats k = 1 on mean R@1 (Table 4: +1.5 points at k = 64); (2) ℓ1
+    beats ℓ2 at the largest k (Table 4); calibrated control for both: the largest k with
+    ``control_noise`` of its train captions moved to another image (clean - noisy > 0 and at
+    least the claim's paper effect); sanity row: largest k trained - untrained. (3) factor-wise
+    max composition beats the best single concept on precision@5 (App. D.2); (4) it beats the
+    obvious baseline, tangent-sum composition in the k = 1 model (``tangent_sum_compose``);
+    control for (3)-(4): the composed query with the wrong partner concept, whose precision for
+    the true pair must drop. Factor specialisation (distinct top factors per family, relative
     contrast) is reported per seed next to the untrained head.
     """
     from curvalign.report import plots
 
     timer = kit.Timer()
+    seed_list = list(range(seed_base, seed_base + seeds))
     steps = steps or 150
-    data = data or "synthetic:images=800,text_pairs=0,leaf_pairs=12"
+    data = data or STUDY_WORLD + ",leaf_pairs=12"
     store, world = load_study_data(data)
-    bench = _bench(out, store, data, steps, overrides, notify, show_progress)
+    bench = _bench(out, store, data, steps, overrides, notify, show_progress, lr_grid=lr_grid)
     big = max(factors)
     arms: dict[str, list[str]] = {}
     for k in factors:
@@ -925,15 +1186,30 @@ def study_phyclip_factors(
             raise ConfigError(f"total_dim {total_dim} is not a multiple of k = {k}")
         arms[f"k={k}"] = [f"num_factors={k}", f"factor_dim={total_dim // k}"]
     arms[f"k={big} l2"] = [*arms[f"k={big}"], "product_metric=l2"]
+    noisy_arm = f"control: k={big}, {control_noise:.0%} label noise"
+    arms[noisy_arm] = arms[f"k={big}"]
     r1: dict[str, dict[int, float]] = {}
     extra_rows: dict[str, dict[int, float]] = {}
     conv = {}
     activation = None
     for arm, extra in arms.items():
         runs = {}
-        for seed in range(seeds):
-            runs[seed] = bench.train(arm, Phyclip.name, extra, seed)
+        for seed in seed_list:
+            runs[seed] = bench.train(
+                arm,
+                Phyclip.name,
+                extra,
+                seed,
+                store_from=_noisy(bench, control_noise) if arm == noisy_arm else None,
+            )
             recipe = runs[seed].recipe
+            if arm == "k=1":
+                base = composition_precision(
+                    recipe, bench.store, world, compose=tangent_sum_compose(recipe)
+                )
+                extra_rows.setdefault("composition P@5: k=1 tangent sum", {})[seed] = (
+                    base["composed"] if base else math.nan
+                )
             ev = bench.evaluate(recipe, diagnostics=arm == f"k={big}")
             r1.setdefault(arm, {})[seed] = kit.mean_r1(ev)
             extra_rows.setdefault(f"{arm}: zero-shot top-1", {})[seed] = (
@@ -958,25 +1234,45 @@ def study_phyclip_factors(
                     extra_rows.setdefault(f"relative contrast ({label})", {})[seed] = f.get(
                         "mean_relative_contrast", math.nan
                     )
-                if seed == 0 and facts.get("activation") is not None:
+                if seed == seed_list[0] and facts.get("activation") is not None:
                     activation = facts
         conv[arm] = kit.convergence_record(runs)
-    ctrl = kit.difference(r1[f"k={big}"], r1[f"k={big} untrained"])
+    ctrl = kit.difference(r1[f"k={big}"], r1[noisy_arm])
     comp_ok = all(math.isfinite(v) for v in extra_rows["composition P@5: composed"].values())
+    base_ok = "k=1" in arms and all(
+        math.isfinite(v)
+        for v in extra_rows.get("composition P@5: k=1 tangent sum", {0: math.nan}).values()
+    )
     retrieval_claim = functools.partial(
         kit.claim_record,
         control=ctrl,
-        control_what=f"k={big} trained - untrained",
+        control_what=f"k={big} clean - {control_noise:.0%} label noise",
         budget_ok=steps >= 50,
+        sanity=kit.difference(r1[f"k={big}"], r1[f"k={big} untrained"]),
+        sanity_what=f"k={big} trained - untrained",
+    )
+    comp_control = (
+        kit.difference(
+            extra_rows["composition P@5: composed"],
+            extra_rows["composition P@5: composed_wrong_partner"],
+        )
+        if comp_ok
+        else None
     )
     claims = [
         retrieval_claim(
             f"k={big} beats k=1 at k·d={total_dim} (mean R@1)",
             kit.difference(r1[f"k={big}"], r1["k=1"]),
+            paper_effect=PHYCLIP_K_EFFECT,
+            paper_source=PHYCLIP_K_SOURCE,
+            control_min=PHYCLIP_K_EFFECT,
         ),
         retrieval_claim(
             f"ℓ1-product beats ℓ2-product at k={big} (mean R@1)",
             kit.difference(r1[f"k={big}"], r1[f"k={big} l2"]),
+            paper_effect=PHYCLIP_L1_EFFECT,
+            paper_source=PHYCLIP_L1_SOURCE,
+            control_min=abs(PHYCLIP_L1_EFFECT),
         ),
         kit.claim_record(
             f"factor-wise max composition beats the best single concept (P@5, k={big})",
@@ -985,14 +1281,25 @@ def study_phyclip_factors(
             )
             if comp_ok
             else _nan_interval(),
-            kit.difference(
-                extra_rows["composition P@5: composed"],
-                extra_rows["composition P@5: composed_wrong_partner"],
-            )
-            if comp_ok
-            else None,
+            comp_control,
             "composed - composed with the wrong partner",
             budget_ok=steps >= 50 and comp_ok,
+            paper_source="seed 002, App. D.2: qualitative (retrieved examples)",
+        ),
+        kit.claim_record(
+            f"factor-wise max composition (k={big}) beats tangent-sum composition in a k=1 model "
+            "(P@5)",
+            kit.difference(
+                extra_rows["composition P@5: composed"],
+                extra_rows["composition P@5: k=1 tangent sum"],
+            )
+            if comp_ok and base_ok
+            else _nan_interval(),
+            comp_control,
+            "composed - composed with the wrong partner",
+            budget_ok=steps >= 50 and comp_ok and base_ok,
+            paper_source="seed 002, App. D.2: composition attributed to the factorisation; the "
+            "paper gives no single-space baseline",
         ),
     ]
     rows = {f"{arm}: mean R@1": v for arm, v in r1.items()} | extra_rows
@@ -1014,7 +1321,7 @@ def study_phyclip_factors(
                 out / "phyclip_family_activation.png",
                 activation["family_names"],
                 "factor",
-                f"PHyCLIP k={big} (seed 0): mean factor distance to origin per family",
+                f"PHyCLIP k={big} (seed {seed_list[0]}): mean factor distance to origin per family",
             )
         )
     setup = (
@@ -1027,7 +1334,7 @@ def study_phyclip_factors(
         claims,
         setup=setup,
         bench=bench,
-        seeds=range(seeds),
+        seeds=seed_list,
         timer=timer,
         tables=_metric_table("measure (x100)", rows),
         convergence=conv,
@@ -1043,11 +1350,18 @@ PROCLIP_PAPER = (
     "retrieval, above each single geometry at the same total dimension; inputs are L2-normalised "
     "CLIP features (Sec. 3.2), the checkpoint is selected on validation (Sec. 3.3)."
 )
+#: the paper's effect: "mixed curvature improves retrieval Accuracy@1 by 2-7 percentage points"
+#: (seed 003, Sec. 4, text under Table 1); the smallest is what the study must be able to see
+PROCLIP_EFFECT = 0.02
+PROCLIP_SOURCE = "seed 003, Sec. 4 / Table 1: +2 to +7 R@1 points over single geometries"
 
 
 PROCLIP_NOTES = (
     "Inputs are L2-normalised in the study (the minimum stand-in until the recipe owns its input "
-    "normalisation); each run keeps its best validation checkpoint."
+    "normalisation); each run keeps its best validation checkpoint. The calibrated control is "
+    "the product arm trained with a known share of its train captions moved to another image "
+    "(label noise): the metric must separate it from the clean product arm, with the study's "
+    "seeds, by at least the paper's smallest effect."
 )
 
 
@@ -1058,24 +1372,37 @@ def study_proclip_product(
     data: str | None = None,
     overrides: Sequence[str] = (),
     seeds: int = 3,
+    seed_base: int = 0,
+    lr_grid: Sequence[float] | None = kit.LR_GRID,
     show_progress: bool = False,
     notify: Notify = lambda m: None,
     part_dim: int = 32,
+    control_noise: float = CONTROL_NOISE,
+    vary_world: bool = False,
 ) -> dict[str, Any]:
     """Product H x E x S (``part_dim`` each) vs each single geometry at 3 x ``part_dim``, on
     L2-normalised inputs, weights selected on validation mean R@1.
 
     Claim: the product beats every single geometry: per seed, min over singles of (product -
-    single) on mean R@1, > 0. Control: the product trained - untrained (the metric registers
-    learning). Each pairwise difference is reported too.
+    single) on mean R@1, > 0; the paper's effect is +2 points (``PROCLIP_EFFECT``). Calibrated
+    control: the product with ``control_noise`` of its train captions moved to another image;
+    clean - noisy must be > 0 and at least the paper's effect. Sanity row: the product trained -
+    untrained. Each pairwise difference is reported too.
+    ``vary_world`` (synthetic data): the claim is about the method, not one world, so every arm
+    is trained again with seed s on the world of seed s (``world_inclusive``): the claim is
+    decided on that world-inclusive interval and the fixed-world (seed-only) one is reported
+    beside it.
     """
     from curvalign.report import plots
 
     timer = kit.Timer()
+    seed_list = list(range(seed_base, seed_base + seeds))
     steps = steps or 150
-    data = data or "synthetic:images=800,text_pairs=0"
+    data = data or STUDY_WORLD
     store, _ = load_study_data(data)
-    bench = _bench(out, _normalised(store), data, steps, overrides, notify, show_progress)
+    bench = _bench(
+        out, _normalised(store), data, steps, overrides, notify, show_progress, lr_grid=lr_grid
+    )
     total = 3 * part_dim
     arms = {
         "product H x E x S": (part_dim, part_dim, part_dim),
@@ -1085,30 +1412,65 @@ def study_proclip_product(
     }
     r1: dict[str, dict[int, float]] = {}
     conv = {}
-    for arm, (h, e, s) in arms.items():
+    product = "product H x E x S"
+    control = f"control: product, {control_noise:.0%} label noise"
+    for arm, (h, e, s) in [*arms.items(), (control, arms[product])]:
         extra = [f"hyperbolic_dim={h}", f"euclidean_dim={e}", f"sphere_dim={s}"]
         runs = {}
-        for seed in range(seeds):
-            runs[seed] = bench.train(arm, Proclip.name, extra, seed)
+        for seed in seed_list:
+            runs[seed] = bench.train(
+                arm,
+                Proclip.name,
+                extra,
+                seed,
+                store_from=_noisy(bench, control_noise) if arm == control else None,
+            )
             r1.setdefault(arm, {})[seed] = kit.mean_r1(bench.evaluate(runs[seed].recipe))
-            if arm.startswith("product"):
+            if arm == product:
                 r1.setdefault("product untrained", {})[seed] = kit.mean_r1(
                     bench.evaluate(bench.untrained(Proclip.name, extra, seed))
                 )
         conv[arm] = kit.convergence_record(runs)
-    product = "product H x E x S"
     singles = [a for a in arms if a != product]
-    margin = {s: min(r1[product][s] - r1[a][s] for a in singles) for s in range(seeds)}
-    ctrl = kit.difference(r1[product], r1["product untrained"])
+    margin = {s: min(r1[product][s] - r1[a][s] for a in singles) for s in seed_list}
+    seed_only = _scalar(margin)
+    world_margin = None
+    if vary_world and data.strip().startswith("synthetic"):
+        world_r1 = world_inclusive(
+            bench,
+            data,
+            seed_list,
+            {
+                a: [f"hyperbolic_dim={h}", f"euclidean_dim={e}", f"sphere_dim={s}"]
+                for a, (h, e, s) in arms.items()
+            },
+            Proclip.name,
+            prepare=_normalised,
+        )
+        world_margin = {
+            s: min(world_r1[product][s] - world_r1[a][s] for a in singles) for s in seed_list
+        }
+        r1 |= {f"{a} (world of its seed)": v for a, v in world_r1.items()}
+    effect = _scalar(world_margin) if world_margin is not None else seed_only
     claims = [
         kit.claim_record(
-            "product beats every single geometry (min over singles of product - single, mean R@1)",
-            _scalar(margin),
-            ctrl,
-            "product trained - untrained",
+            "product beats every single geometry (min over singles of product - single, mean R@1)"
+            + (", world-inclusive" if world_margin is not None else ""),
+            effect,
+            kit.difference(r1[product], r1[control]),
+            f"product clean - product with {control_noise:.0%} label noise",
             budget_ok=steps >= 50,
+            paper_effect=PROCLIP_EFFECT,
+            paper_source=PROCLIP_SOURCE,
+            control_min=PROCLIP_EFFECT,
+            effect_values=kit.per_seed(margin),
+            sanity=kit.difference(r1[product], r1["product untrained"]),
+            sanity_what="product trained - untrained",
         )
     ]
+    if world_margin is not None:
+        claims[0]["seed_only"] = seed_only.as_dict()
+        claims[0]["effect_text"] += f"; seed-only (world {data}): {seed_only.format(100.0, 2)}"
     diffs = ["| product - single | mean R@1 difference (95%) |", "|---|---:|"]
     for a in singles:
         diffs.append(f"| {a} | {kit.difference(r1[product], r1[a]).format(100.0, 2)} |")
@@ -1132,7 +1494,7 @@ def study_proclip_product(
         claims,
         setup=setup,
         bench=bench,
-        seeds=range(seeds),
+        seeds=seed_list,
         timer=timer,
         tables=_metric_table("arm: mean R@1 (x100)", r1) + "\n" + "\n".join(diffs) + "\n",
         convergence=conv,
@@ -1141,14 +1503,87 @@ def study_proclip_product(
     )
 
 
-# --- wordnet-dimensions (real data; Nickel & Kiela's expectation) ---------------------------------
+# --- wordnet-dimensions (real data; the claim seed 002 cites from Nickel & Kiela) ----------------
 
 WORDNET_PAPER = (
-    "Expected (Nickel & Kiela 2017, cited by the seeds for hyperbolic geometry): low dimensions "
-    "are where hyperbolic geometry matters most (5-d Poincaré beats 200-d Euclidean on WordNet "
-    "reconstruction). Tested here: hyperbolic vs Euclidean vs spherical heads on "
-    "wordnet:mammal.n.01 (synset names vs glosses, MiniLM features) at output dims 2-64."
+    "PHyCLIP (seed 002, Sec. 1): 'Euclidean geometry struggles to faithfully represent such trees, "
+    "whereas hyperbolic geometry aligns well with this growth', citing Nickel & Kiela (2017), "
+    "whose Table 1 measures it as WordNet reconstruction (mean rank and MAP of the taxonomy's "
+    "edges ranked by embedding distance) at low dimension. Tested here with that metric on "
+    "wordnet:mammal.n.01: the heads' embeddings of all synset names, hyperbolic vs Euclidean vs "
+    "spherical at equal degrees of freedom."
 )
+#: Nickel & Kiela 2017, Table 1 (WordNet nouns reconstruction, d = 5): MAP 0.823 (Poincaré) vs
+#: 0.024 (Euclidean); not a seed file, cited by seed 002 Sec. 1
+WORDNET_EFFECT = 0.8
+WORDNET_SOURCE = (
+    "Nickel & Kiela 2017, Table 1, cited by seed 002 Sec. 1: reconstruction MAP at d=5, "
+    "Poincaré 0.823 vs Euclidean 0.024"
+)
+WORDNET_NOTES = (
+    "Reconstruction as Nickel & Kiela measure it: every synset's name (view A) is embedded by the "
+    "head; for every pair (u, v) of the taxonomy's transitive closure, v is ranked among the "
+    "synsets not related to u by the recipe's own score; mean rank and mean average precision "
+    "over u. Dimensions count degrees of freedom: a d-dimensional hyperbolic or Euclidean factor "
+    "has d, a sphere in R^(d+1) has d (sphere_dim = d + 1). The heads are trained for name <-> "
+    "gloss alignment (not for reconstruction, as in the paper): geometries are compared only "
+    "where both arms are at least as good as the frozen features ranked by cosine "
+    "(precondition), otherwise the claim is 'not reproduced in this regime'."
+)
+
+
+def reconstruction(recipe: Any, store: FeatureStore) -> dict[str, float] | None:
+    """Graph reconstruction (Nickel & Kiela 2017, Sec. 4.1) of the store's taxonomy from the
+    embeddings of its view-A items ("images", one per class node): for every node u and every
+    v in the transitive closure of u (its ancestors and descendants), the rank of v among the
+    nodes unrelated to u by ``recipe``'s score (higher = nearer), and the average precision of
+    u's related nodes among all others. Returns ``{"mean_rank", "map", "nodes"}``; None for a
+    store without a taxonomy or image labels."""
+    from curvalign.eval import embed, score_matrix
+
+    if store.taxonomy_parents is None or store.image_labels is None or store.class_to_node is None:
+        return None
+    parents = store.taxonomy_parents.long().tolist()
+    node_of_image = store.class_to_node.long()[store.image_labels.long()]
+    keep = torch.nonzero(store.image_labels.long() >= 0).flatten()
+    nodes = node_of_image[keep].tolist()
+    index = {n: i for i, n in enumerate(nodes)}
+    ancestors: list[set[int]] = []
+    for n in nodes:
+        up, p = set(), parents[n]
+        while p >= 0:
+            if p in index:
+                up.add(index[p])
+            p = parents[p]
+        ancestors.append(up)
+    related = torch.zeros(len(nodes), len(nodes), dtype=torch.bool)
+    for i, up in enumerate(ancestors):
+        for j in up:
+            related[i, j] = related[j, i] = True
+    with torch.no_grad():
+        emb = embed(recipe, store.image_features[keep].float(), "image")
+        scores = score_matrix(recipe, emb, emb, query="text")
+    ranks, precisions = [], []
+    eye = torch.eye(len(nodes), dtype=torch.bool)
+    for i in range(len(nodes)):
+        rel = related[i]
+        if not rel.any():
+            continue
+        row = scores[i].masked_fill(eye[i], -math.inf)
+        unrelated = row[~rel & ~eye[i]]
+        # rank of each related v among the unrelated nodes (1 = nearer than all of them)
+        ranks.append(1.0 + (unrelated[None, :] > row[rel][:, None]).sum(1).float())
+        order = torch.argsort(row, descending=True)[: len(nodes) - 1]
+        hits = rel[order].float()
+        cum = hits.cumsum(0) / torch.arange(1, len(hits) + 1)
+        precisions.append(float((cum * hits).sum() / hits.sum()))
+    if not ranks:
+        return None
+    return {
+        "mean_rank": float(torch.cat(ranks).mean()),
+        "map": sum(precisions) / len(precisions),
+        "nodes": len(nodes),
+    }
 
 
 def study_wordnet_dimensions(
@@ -1158,83 +1593,149 @@ def study_wordnet_dimensions(
     data: str | None = None,
     overrides: Sequence[str] = (),
     seeds: int = 3,
+    seed_base: int = 0,
+    lr_grid: Sequence[float] | None = kit.LR_GRID,
     show_progress: bool = False,
     notify: Notify = lambda m: None,
-    dims: Sequence[int] = (2, 4, 8, 16, 32, 64),
+    dims: Sequence[int] = (2, 4, 8, 16),
     low_dims: Sequence[int] = (2, 4),
+    control_noise: float = CONTROL_NOISE,
 ) -> dict[str, Any]:
-    """Single-geometry ProCLIP heads (hyperbolic / Euclidean / spherical, one factor of dimension
-    d) on WordNet mammals, per d: mean R@1 (name <-> gloss) and hierarchical J of zero-shot.
+    """Single-geometry ProCLIP heads (hyperbolic / Euclidean / spherical, one factor with d
+    degrees of freedom) on WordNet mammals, per d: graph reconstruction MAP and mean rank
+    (``reconstruction``) and mean R@1 (name <-> gloss).
 
-    Claims: at d in ``low_dims`` (mean), hyperbolic beats Euclidean and beats spherical on mean
-    R@1. Control: hyperbolic at the smallest d, trained - untrained. Baselines: that untrained
-    head, and the frozen features ranked by cosine (``curvalign.eval.frozen``; names and glosses
-    share one sentence encoder on ``wordnet:`` data), key ``frozen`` of the output.
+    Claims: at d in ``low_dims`` (mean), hyperbolic beats Euclidean and beats spherical on
+    reconstruction MAP; precondition: both arms' MAP at least the frozen features' (cosine on
+    the input features); paper effect (Euclidean): ``WORDNET_EFFECT``. Calibrated control:
+    hyperbolic at the smallest d with ``control_noise`` of its train captions moved to another
+    synset (clean - noisy > 0 on MAP). Sanity row: hyperbolic at the smallest d, trained -
+    untrained.
     """
     from curvalign.report import plots
 
     timer = kit.Timer()
+    seed_list = list(range(seed_base, seed_base + seeds))
     steps = steps or 150
     data = data or "wordnet:mammal.n.01"
     store, _ = load_study_data(data)
-    bench = _bench(out, _normalised(store), data, steps, overrides, notify, show_progress)
+    bench = _bench(
+        out, _normalised(store), data, steps, overrides, notify, show_progress, lr_grid=lr_grid
+    )
     geometries = {
         "hyperbolic": "hyperbolic_dim",
         "euclidean": "euclidean_dim",
         "sphere": "sphere_dim",
     }
+
+    def extra_for(g: str, d: int) -> list[str]:
+        ambient = d + 1 if g == "sphere" else d  # d degrees of freedom
+        return [f"{k}={ambient if k == geometries[g] else 0}" for k in geometries.values()]
+
+    rec_map: dict[tuple[str, int], dict[int, float]] = {}
+    rec_rank: dict[tuple[str, int], dict[int, float]] = {}
     r1: dict[tuple[str, int], dict[int, float]] = {}
-    hier: dict[tuple[str, int], dict[int, float]] = {}
+    noisy: dict[int, float] = {}
     untrained: dict[int, float] = {}
     conv = {}
+    small = min(dims)
+
+    def measure(key: tuple[str, int], seed: int, model: Any) -> None:
+        rec = reconstruction(model, bench.store) or {"map": math.nan, "mean_rank": math.nan}
+        rec_map.setdefault(key, {})[seed] = rec["map"]
+        rec_rank.setdefault(key, {})[seed] = rec["mean_rank"]
+        r1.setdefault(key, {})[seed] = kit.mean_r1(bench.evaluate(model))
+
     for d in dims:
-        for g, key in geometries.items():
-            extra = [f"{k}={d if k == key else 0}" for k in geometries.values()]
+        for g in geometries:
             runs = {}
-            for seed in range(seeds):
-                runs[seed] = bench.train(f"{g}-d{d}", Proclip.name, extra, seed)
-                ev = bench.evaluate(runs[seed].recipe)
-                r1.setdefault((g, d), {})[seed] = kit.mean_r1(ev)
-                hier.setdefault((g, d), {})[seed] = (ev.get("hierarchy") or {}).get("J", math.nan)
-                if g == "hyperbolic" and d == min(dims):
-                    untrained[seed] = kit.mean_r1(
-                        bench.evaluate(bench.untrained(Proclip.name, extra, seed))
+            for seed in seed_list:
+                runs[seed] = bench.train(f"{g}-d{d}", Proclip.name, extra_for(g, d), seed)
+                measure((g, d), seed, runs[seed].recipe)
+                if g == "hyperbolic" and d == small:
+                    model = bench.untrained(Proclip.name, extra_for(g, d), seed)
+                    untrained[seed] = (reconstruction(model, bench.store) or {}).get(
+                        "map", math.nan
                     )
             conv[f"{g} d={d}"] = kit.convergence_record(runs)
-    lows = [d for d in low_dims if d in dims] or [min(dims)]
+    runs = {}
+    for seed in seed_list:
+        runs[seed] = bench.train(
+            f"control-hyperbolic-d{small}",
+            Proclip.name,
+            extra_for("hyperbolic", small),
+            seed,
+            store_from=_noisy(bench, control_noise),
+        )
+        noisy[seed] = (reconstruction(runs[seed].recipe, bench.store) or {}).get("map", math.nan)
+    conv[f"control: hyperbolic d={small}, {control_noise:.0%} label noise"] = (
+        kit.convergence_record(runs)
+    )
+    lows = [d for d in low_dims if d in dims] or [small]
 
     def low_avg(g: str) -> dict[int, float]:
-        return {s: sum(r1[(g, d)][s] for d in lows) / len(lows) for s in range(seeds)}
+        return {s: sum(rec_map[(g, d)][s] for d in lows) / len(lows) for s in seed_list}
 
-    ctrl = kit.difference(r1[("hyperbolic", min(dims))], untrained)
+    frozen = _frozen_baseline(bench)
+    frozen_map = frozen.get("reconstruction MAP", math.nan)
+
+    def precondition(g: str) -> str | None:
+        below = [
+            f"{name} {100 * sum(kit.per_seed(low_avg(name))) / seeds:.1f}"
+            for name in ("hyperbolic", g)
+            if not sum(kit.per_seed(low_avg(name))) / seeds >= frozen_map
+        ]
+        if not math.isfinite(frozen_map):
+            return None
+        return (
+            None
+            if not below
+            else f"arms below the frozen features' reconstruction MAP {100 * frozen_map:.1f} "
+            f"(x100) at d in {lows}: " + ", ".join(below)
+        )
+
+    ctrl = _finite_difference(rec_map[("hyperbolic", small)], noisy)
     claims = [
         kit.claim_record(
-            f"hyperbolic beats {name} at d in {lows} (mean R@1)",
-            kit.difference(low_avg("hyperbolic"), low_avg(other)),
+            f"hyperbolic beats {name} at d in {lows} (reconstruction MAP)",
+            _finite_difference(low_avg("hyperbolic"), low_avg(other)),
             ctrl,
-            f"hyperbolic d={min(dims)} trained - untrained",
+            f"hyperbolic d={small} clean - {control_noise:.0%} label noise (MAP)",
             budget_ok=steps >= 50,
+            paper_effect=WORDNET_EFFECT if other == "euclidean" else None,
+            paper_source=WORDNET_SOURCE
+            if other == "euclidean"
+            else "Nickel & Kiela 2017 compare no spherical embedding",
+            precondition=precondition(other),
+            sanity=_finite_difference(rec_map[("hyperbolic", small)], untrained),
+            sanity_what=f"hyperbolic d={small} trained - untrained (MAP)",
         )
         for name, other in (("Euclidean", "euclidean"), ("spherical", "sphere"))
     ]
-    rows = {f"{g} d={d}: mean R@1": r1[(g, d)] for d in dims for g in geometries}
-    rows |= {f"{g} d={d}: hierarchy J": hier[(g, d)] for d in dims for g in geometries}
-    rows["hyperbolic untrained (smallest d): mean R@1"] = untrained
-    frozen = _frozen_baseline(bench)
+    rows = {f"{g} d={d}: reconstruction MAP": rec_map[(g, d)] for d in dims for g in geometries}
+    rows |= {
+        f"{g} d={d}: reconstruction mean rank (count)": rec_rank[(g, d)]
+        for d in dims
+        for g in geometries
+    }
+    rows |= {f"{g} d={d}: mean R@1": r1[(g, d)] for d in dims for g in geometries}
+    rows[f"hyperbolic d={small} untrained: reconstruction MAP"] = untrained
+    rows[f"hyperbolic d={small} {control_noise:.0%} label noise: reconstruction MAP"] = noisy
     figures = [
         plots.line_plot(
             list(dims),
-            {g: [sum(kit.per_seed(r1[(g, d)])) / seeds for d in dims] for g in geometries},
+            {g: [sum(kit.per_seed(rec_map[(g, d)])) / seeds for d in dims] for g in geometries},
             out / "wordnet_dims.png",
-            "output dimension",
-            "mean R@1 (name <-> gloss)",
+            "degrees of freedom d",
+            "reconstruction MAP",
             "WordNet mammals: geometry vs dimension",
             logx=True,
         )
     ]
     setup = (
-        f"{data}, {steps} steps per run, ProCLIP heads with one geometry of dimension d in "
-        f"{list(dims)}, L2-normalised MiniLM inputs; weights selected on validation mean R@1."
+        f"{data}, {steps} steps per run, ProCLIP heads with one geometry of d degrees of freedom, "
+        f"d in {list(dims)}, L2-normalised MiniLM inputs; weights selected on validation mean R@1; "
+        "reconstruction over all synsets."
     )
     return _result(
         "wordnet-dimensions",
@@ -1242,13 +1743,50 @@ def study_wordnet_dimensions(
         claims,
         setup=setup,
         bench=bench,
-        seeds=range(seeds),
+        seeds=seed_list,
         timer=timer,
         tables=_metric_table("head (x100)", rows) + "\n" + _frozen_text(frozen),
         convergence=conv,
         figures=figures,
+        notes=WORDNET_NOTES,
         frozen=frozen,
     )
+
+
+def world_inclusive(
+    bench: kit.Bench,
+    data: str,
+    seed_list: Sequence[int],
+    arms: dict[str, list[str]],
+    recipe: str,
+    prepare: Callable[[FeatureStore], FeatureStore] = lambda s: s,
+) -> dict[str, dict[int, float]]:
+    """Mean R@1 of every arm when seed s trains and is evaluated on the synthetic world of seed
+    s (``data`` + ``,seed=s``): per-seed values whose spread includes the world's, so a paired
+    interval over them is *world-inclusive*. Each arm keeps the learning rate ``bench`` chose on
+    its own world (no new tuning)."""
+    out: dict[str, dict[int, float]] = {}
+    for seed in seed_list:
+        spec = f"{data},seed={seed}" if ":" in data else f"{data}:seed={seed}"
+        store, _ = load_study_data(spec)
+        world_bench = kit.Bench(
+            bench.out / f"world-{seed}",
+            prepare(store),
+            spec,
+            bench.steps,
+            [o for o in bench.overrides if o not in kit.COMMON_OVERRIDES],
+            val_every=bench.val_every,
+            plateau_tol=bench.plateau_tol,
+            lr_scale=bench.lr_scale,
+            max_steps=bench.max_steps,
+            notify=bench.notify,
+        )
+        for arm, extra in arms.items():
+            chosen = bench.lr_choice.get(arm, {}).get("chosen")
+            lr = [f"lr={chosen:g}"] if chosen is not None else []
+            run = world_bench.train(arm, recipe, [*extra, *lr], seed)
+            out.setdefault(arm, {})[seed] = kit.mean_r1(world_bench.evaluate(run.recipe))
+    return out
 
 
 def _frozen_baseline(bench: kit.Bench) -> dict[str, Any]:
@@ -1263,11 +1801,14 @@ def _frozen_baseline(bench: kit.Bench) -> dict[str, Any]:
         return {"row": ROW_NAME, "absent": reason}
     model = FrozenFeatures(bench.store.image_dim, bench.store.text_dim)
     ev = bench.evaluate(model)
+    rec = reconstruction(model, bench.store) or {}
     return {
         "row": ROW_NAME,
         "val mean R@1": kit.val_score(model, bench.store),
         "test mean R@1": kit.mean_r1(ev),
         "test hierarchy J": (ev.get("hierarchy") or {}).get("J", math.nan),
+        "reconstruction MAP": rec.get("map", math.nan),
+        "reconstruction mean rank": rec.get("mean_rank", math.nan),
     }
 
 
@@ -1278,7 +1819,9 @@ def _frozen_text(frozen: dict[str, Any]) -> str:
         f"Baseline '{frozen['row']}' (the input features ranked by cosine; nothing trained, one "
         f"value, no seeds; x100): test mean R@1 {100 * frozen['test mean R@1']:.1f}, "
         f"hierarchy J {100 * frozen['test hierarchy J']:.1f}; validation mean R@1 "
-        f"{100 * frozen['val mean R@1']:.1f}.\n"
+        f"{100 * frozen['val mean R@1']:.1f}; reconstruction MAP "
+        f"{100 * frozen.get('reconstruction MAP', math.nan):.1f}, mean rank "
+        f"{frozen.get('reconstruction mean rank', math.nan):.1f}.\n"
     )
 
 
@@ -1293,7 +1836,16 @@ STUDIES: dict[str, Callable[..., dict[str, Any]]] = {
     "wordnet-dimensions": study_wordnet_dimensions,
 }
 
-_FIXED = ("out", "steps", "data", "overrides", "seeds", "show_progress", "notify")
+_FIXED = (
+    "out",
+    "steps",
+    "data",
+    "overrides",
+    "seeds",
+    "seed_base",
+    "show_progress",
+    "notify",
+)
 
 
 def _literal(value: Any) -> str:
@@ -1336,29 +1888,69 @@ def run_study(
     data: str | None = None,
     overrides: Sequence[str] = (),
     seeds: int = 3,
+    seed_base: int = 0,
+    power: bool = False,
+    max_seeds: int = 10,
     show_progress: bool = False,
     notify: Notify | None = None,
     **options: Any,
 ) -> dict[str, Any]:
-    """Run study ``name`` and write ``study.json`` and ``study.md`` into ``out``."""
+    """Run study ``name`` with seeds ``seed_base .. seed_base + seeds - 1`` and write
+    ``study.json`` and ``study.md`` into ``out``.
+
+    ``power``: the ``seeds`` run is a pilot; from its per-seed SDs ``kit.plan_seeds`` picks the
+    fewest seeds that detect every claim's paper effect at 80% power within ``max_seeds`` (the
+    user's budget), and the study runs again with that many (the pilot's wall time and the
+    plan are in the output, ``power_plan``)."""
     if name not in STUDIES:
         raise ConfigError(f"unknown study {name!r}; studies: {', '.join(STUDIES)}")
     if seeds < 1:
         raise ConfigError(f"seeds must be >= 1, got {seeds}")
+    if power and max_seeds < 2:
+        raise ConfigError(f"max_seeds must be >= 2 with power, got {max_seeds}")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    result = STUDIES[name](
-        out,
-        steps=steps,
-        data=data,
-        overrides=list(overrides),
-        seeds=seeds,
-        show_progress=show_progress,
-        notify=notify or (lambda m: None),
-        **options,
-    )
+    notify = notify or (lambda m: None)
+
+    def once(n: int) -> dict[str, Any]:
+        return STUDIES[name](
+            out,
+            steps=steps,
+            data=data,
+            overrides=list(overrides),
+            seeds=n,
+            seed_base=seed_base,
+            show_progress=show_progress,
+            notify=notify,
+            **options,
+        )
+
+    result = once(seeds)
+    plan = None
+    if power:
+        plan = kit.plan_seeds(result["claims"], max_seeds) | {
+            "pilot_seeds": seeds,
+            "pilot_wall_s": result["wall_s"],
+        }
+        plan["estimated_wall_s"] = round(result["wall_s"] * plan["seeds"] / seeds, 1)
+        notify(
+            f"{name}: pilot of {seeds} seeds -> {plan['seeds']} seeds "
+            f"(about {plan['estimated_wall_s']:.0f} s)"
+            + (
+                f"; out of budget: {', '.join(plan['out_of_budget'])}"
+                if plan["out_of_budget"]
+                else ""
+            )
+        )
+        if plan["seeds"] != seeds:
+            result = once(plan["seeds"])
+            result["wall_s"] = round(result["wall_s"] + plan["pilot_wall_s"], 1)
+        result["power_plan"] = plan
+    result["seed_base"] = seed_base
     result["command"] = (
         f"curvalign study {name} --out {out} --seeds {seeds}"
+        + (f" --seed-base {seed_base}" if seed_base else "")
+        + (f" --power --max-seeds {max_seeds}" if power else "")
         + (f" --steps {steps}" if steps else "")
         + (f" --data {data}" if data else "")
         + "".join(f" --set {k}={_literal(v)}" for k, v in options.items())
@@ -1381,6 +1973,19 @@ def study_markdown(result: dict[str, Any], heading: str = "##", figure_dir: str 
         "",
         f"**Command.** `{result['command']}`",
         "",
+        *(
+            [
+                f"**Seeds from the pilot.** {plan['pilot_seeds']} pilot seeds -> {plan['seeds']} "
+                f"seeds (budget {plan['max_seeds']}); seeds each claim needs for its paper effect: "
+                + ", ".join(
+                    f"{k}: {v if v else 'over budget'}" for k, v in plan["per_claim"].items()
+                )
+                + ".",
+                "",
+            ]
+            if (plan := result.get("power_plan"))
+            else []
+        ),
         f"**Verdict rule.** {result['rule']}.",
         "",
         *([f"**What the measure means.** {result['notes']}", ""] if result.get("notes") else []),
@@ -1397,13 +2002,18 @@ def run_all(
     names: Sequence[str] | None = None,
     steps: int | None = None,
     seeds: int = 3,
+    seed_base: int = 0,
+    power: bool = False,
+    max_seeds: int = 10,
     overrides: Sequence[str] = (),
     show_progress: bool = False,
     notify: Notify | None = None,
 ) -> dict[str, dict[str, Any]]:
-    """Every study (or ``names``) into ``out/NAME``; ``steps`` (if given) for each."""
+    """Every study (or ``names``) into ``out/NAME``; ``steps`` (if given) for each. The wall
+    time of the whole run is written to ``out/wall.json``."""
     out = Path(out)
     notify = notify or (lambda m: None)
+    timer = kit.Timer()
     results = {}
     for name in names or list(STUDIES):
         notify(f"study {name}")
@@ -1412,8 +2022,13 @@ def run_all(
             out / name,
             steps=steps,
             seeds=seeds,
+            seed_base=seed_base,
+            power=power,
+            max_seeds=max_seeds,
             overrides=overrides,
             show_progress=show_progress,
             notify=notify,
         )
+    write_json(out / "wall.json", {"wall_s": timer.seconds(), "studies": list(results)})
+    notify(f"study all: {timer.seconds():.0f} s")
     return results

@@ -8,18 +8,28 @@ The verdict rule (``decide``; written out again in every study's output)
     effect   paired per-seed difference of the claim's metric, oriented so that the paper's
              claim says ``effect > threshold`` (``threshold`` 0 for "better than"; ``-margin`` for
              a non-inferiority claim such as "stays within a small margin")
-    control  paired per-seed difference showing that the metric registers the failure the claim
-             is about: the control arm (mechanism removed, or the claim made false on purpose)
-             against the arm it perturbs; "the control moved the metric" means its 95% interval
-             excludes 0
-    1. the study's budget is below what it needs       -> "too short to test the claim"
-    2. the control's 95% interval contains 0           -> "inconclusive: the metric cannot
-                                                          detect it" (never "holds")
-    3. the effect's 95% interval lies above threshold  -> "holds"
-    4. the effect's 95% interval lies below threshold  -> "does not hold"
-    5. otherwise (the interval contains the threshold) -> "inconclusive: the interval contains
-                                                          the threshold"
-    With one seed there is no interval (``curvalign.stats``): the verdict is inconclusive.
+    paper    the paper's own effect on this metric, quoted with the section it comes from
+    MDE      minimal detectable effect at the run's own seed SD and number of seeds (paired t,
+             alpha 0.05, 80% power: ``curvalign.stats.minimal_detectable_effect``)
+    control  a *calibrated positive control*: an arm handicapped by a known amount of the size
+             the claim is about (half the dimension, a known share of shuffled pairs), oriented
+             so that the handicap shows as a positive difference; it separated when its 95%
+             interval lies above 0 (sign) and its mean is at least ``control_min`` (size).
+             Trained - untrained is kept only as a sanity row (it always passes)
+    1. the claim's mechanism is absent in this regime, or its
+       precondition is not met                              -> "not reproduced in this regime"
+    2. the study's budget is below what it needs            -> "inconclusive: too short"
+    3. the effect differs from the threshold (two-sided paired t; Holm over the study's claims
+       in the Holm column) and the control separated        -> "holds" / "does not hold"
+    4. the 90% interval lies inside ±delta (TOST) and the
+       control separated                                    -> "equivalent within ±delta"
+    5. the MDE exceeds the paper's effect                   -> "underpowered at n seeds (MDE x
+                                                                vs claimed y)"
+    6. the control did not separate                         -> "inconclusive: the calibrated
+                                                                control did not separate"
+    7. otherwise                                            -> "inconclusive: the interval
+                                                                contains the threshold"
+    With one seed there is no interval (``curvalign.stats``): never holds.
 
 Validation and convergence: every arm trains in one ``Trainer.fit`` with the study's trainer
 hooks (``ArmHooks``); every ``val_every`` steps the mean of t2i@1 and i2t@1 on a seeded
@@ -33,9 +43,10 @@ over the new total), until it converges or reaches ``max_steps`` (``MAX_STEPS_FA
 budget); the output says which arms converged and at which step each stopped. The study then
 evaluates the best weights on "test".
 
-The study learning rate (``STUDY_LR_SCALE``): every arm trains at ``STUDY_LR_SCALE`` times its
-recipe's paper learning rate (``train_defaults["lr"]``), a stated departure from the papers
-(``STUDY_LR_REASON``), unless the study's overrides set ``lr=`` themselves.
+The study learning rate: with ``Bench(lr_grid=LR_GRID)`` (the studies' default) each arm's rate is
+chosen on validation from one grid shared by every arm (``Bench.choose_lr``, a seed no reported
+run uses); without a grid every arm trains at ``STUDY_LR_SCALE`` times its recipe's paper rate
+(``STUDY_LR_REASON``). A study's overrides that set ``lr=`` win over both.
 """
 
 from __future__ import annotations
@@ -52,46 +63,71 @@ import torch
 
 from curvalign.data.features import FeatureStore
 from curvalign.recipes.base import Recipe
-from curvalign.stats import Interval, mean_interval, paired_difference
+from curvalign.stats import (
+    Interval,
+    equivalent_within,
+    holm,
+    interval_sd,
+    mean_interval,
+    minimal_detectable_effect,
+    paired_difference,
+    seeds_for_effect,
+    t_test_p,
+)
 from curvalign.train.hooks import Decision, TrainerHook, ValidationEvent
 
 Notify = Callable[[str], None]
 
 HOLDS = "holds"
 DOES_NOT_HOLD = "does not hold"
+EQUIVALENT = "equivalent"
+INCONCLUSIVE_KIND = "inconclusive"
+UNDERPOWERED = "underpowered"
+NOT_REPRODUCED = "not reproduced in this regime"
+#: the verdict classes (``Verdict.kind``); the outcome text adds the reason
+VERDICTS = (HOLDS, DOES_NOT_HOLD, EQUIVALENT, INCONCLUSIVE_KIND, UNDERPOWERED, NOT_REPRODUCED)
+
 INCONCLUSIVE = "inconclusive: the interval contains the threshold"
-UNDETECTABLE = "inconclusive: the metric cannot detect it"
-TOO_SHORT = "too short to test the claim"
-OUTCOMES = (HOLDS, DOES_NOT_HOLD, INCONCLUSIVE, UNDETECTABLE, TOO_SHORT)
+UNDETECTABLE = "inconclusive: the calibrated control did not separate (sign or size)"
+TOO_SHORT = "inconclusive: too short to test the claim"
+NOT_SIGNIFICANT = (
+    "inconclusive: its interval excludes the threshold, but not after Holm's correction"
+)
+OUTCOMES = (HOLDS, DOES_NOT_HOLD, INCONCLUSIVE, UNDETECTABLE, TOO_SHORT, NOT_SIGNIFICANT)
+
+#: family-wise error rate of each study's verdicts (Holm over the study's claims)
+ALPHA = 0.05
 
 RULE = (
-    "too short to test the claim if the budget is below the study's need; else inconclusive "
-    "(the metric cannot detect it) unless the control's 95% interval excludes 0; else holds "
-    "if the effect's 95% interval lies above the threshold, does not hold if it lies below, "
-    "inconclusive otherwise"
+    "not reproduced in this regime where the claim's mechanism is absent or its precondition is "
+    "not met; inconclusive (too short) if the budget is below the study's need; holds / does not "
+    "hold when the effect differs from the threshold (paired t, Holm-corrected over the study's "
+    "claims) and the calibrated control separated with the right sign and at least its expected "
+    "size; equivalent within ±delta when the 90% interval lies inside ±delta (TOST) and the "
+    "control separated; underpowered at n seeds when the minimal detectable effect (80% power, "
+    "alpha 0.05, the run's own seed SD) exceeds the paper's effect; inconclusive otherwise"
 )
 
-#: the studies' learning rate as a multiple of each recipe's paper default (``train_defaults``)
-STUDY_LR_SCALE = 10.0
-STUDY_LR_REASON = (
-    "the papers' learning rates (1e-4 to 5e-4) were set for runs of 100K-500K steps at batch "
-    "sizes in the thousands; at a study's few hundred steps of batch 64 they leave most arms "
-    "still climbing at the end of the budget (at the paper rates 25 of the 69 (arm, seed) runs of "
-    "the five synthetic studies had plateaued), so a verdict would compare unfinished runs. Every arm "
-    "of a study gets the same multiple of its own paper rate, so the comparisons stay paired"
-)
-#: an arm that has not plateaued at its budget trains on up to this multiple of the budget
-MAX_STEPS_FACTOR = 1.5
 
-#: every study run: batch 64 and no TensorBoard, so a study finishes in minutes on two CPU cores
-COMMON_OVERRIDES = (
-    "batch_size=64",
-    "pair_batch_size=32",
-    "tensorboard=false",
-    "checkpoint_every=0",
-    "log_every=5",
-    "val_every=0",  # the study validates with its own value and steps (ArmHooks)
-)
+@dataclass(frozen=True)
+class Verdict:
+    """A decided claim: ``kind`` one of ``VERDICTS``, ``text`` the outcome with its reason."""
+
+    kind: str
+    text: str
+
+
+def minimal_detectable(effect: Interval) -> float:
+    """The minimal detectable effect (80% power, alpha 0.05, paired t) at ``effect``'s own seed
+    SD and number of seeds; ``nan`` with fewer than two seeds."""
+    return minimal_detectable_effect(interval_sd(effect), effect.n)
+
+
+def control_separates(control: Interval | None, control_min: float = 0.0) -> bool:
+    """A calibrated control separated: oriented so that its handicap should show as a positive
+    difference, its 95% interval lies above 0 (the sign) and its mean is at least
+    ``control_min`` (the size of the effect the claim is about)."""
+    return control is not None and control.low > 0 and control.mean >= control_min
 
 
 def decide(
@@ -100,19 +136,57 @@ def decide(
     *,
     threshold: float = 0.0,
     budget_ok: bool = True,
-) -> str:
-    """The verdict of one claim (rule in the module docstring). ``effect`` and ``control`` are
-    oriented so that the claim says ``effect > threshold``; ``control=None`` means the study has
-    no control for this claim, which makes the verdict inconclusive."""
+    paper_effect: float | None = None,
+    control_min: float = 0.0,
+    delta: float | None = None,
+    precondition: str | None = None,
+    regime: str | None = None,
+    significant: bool | None = None,
+    scale: float = 100.0,
+) -> Verdict:
+    """The verdict of one claim (``RULE``). ``effect`` and ``control`` are oriented so that the
+    claim says ``effect > threshold`` and the control's handicap shows as a positive difference
+    (``control=None``: no control, never holds). ``paper_effect``: the paper's effect on this
+    metric (for the power check); ``control_min``: the control's expected size; ``delta``: the
+    equivalence margin (None: no equivalence verdict); ``precondition`` / ``regime``: why the
+    claim cannot be tested here (None: it can); ``significant``: the Holm-corrected decision
+    (None: the effect's own 95% interval decides). ``scale`` only formats the texts."""
+    if regime is not None:
+        return Verdict(NOT_REPRODUCED, f"{NOT_REPRODUCED} ({regime})")
+    if precondition is not None:
+        return Verdict(NOT_REPRODUCED, f"{NOT_REPRODUCED}: precondition not met ({precondition})")
     if not budget_ok:
-        return TOO_SHORT
-    if control is None or not control.excludes_zero():
-        return UNDETECTABLE
-    if effect.low > threshold:
-        return HOLDS
-    if effect.high < threshold:
-        return DOES_NOT_HOLD
-    return INCONCLUSIVE
+        return Verdict(INCONCLUSIVE_KIND, TOO_SHORT)
+    control_ok = control_separates(control, control_min)
+    alone = effect.low > threshold or effect.high < threshold
+    if significant is None:
+        significant = alone
+    if significant and control_ok:
+        if effect.mean > threshold:
+            return Verdict(HOLDS, HOLDS)
+        return Verdict(DOES_NOT_HOLD, DOES_NOT_HOLD)
+    if delta is not None and control_ok and equivalent_within(effect, delta):
+        return Verdict(EQUIVALENT, f"equivalent within ±{delta * scale:.3g} (TOST, 90% interval)")
+    if paper_effect is not None:
+        mde = minimal_detectable(effect)
+        if not math.isfinite(mde) or mde > abs(paper_effect):
+            return Verdict(
+                UNDERPOWERED,
+                f"underpowered at {effect.n} seeds (MDE {mde * scale:.3g} vs claimed "
+                f"{abs(paper_effect) * scale:.3g})",
+            )
+    if not control_ok:
+        return Verdict(INCONCLUSIVE_KIND, UNDETECTABLE)
+    if alone:
+        return Verdict(INCONCLUSIVE_KIND, NOT_SIGNIFICANT)
+    return Verdict(INCONCLUSIVE_KIND, INCONCLUSIVE)
+
+
+def _interval_text(iv: Interval, scale: float, unit: str) -> str:
+    return (
+        f"{iv.format(scale, 2)} {unit} (95% [{iv.low * scale:.2f}, {iv.high * scale:.2f}], "
+        f"n={iv.n})"
+    )
 
 
 def claim_record(
@@ -125,25 +199,144 @@ def claim_record(
     budget_ok: bool = True,
     scale: float = 100.0,
     unit: str = "points",
+    paper_effect: float | None = None,
+    paper_source: str = "",
+    control_min: float = 0.0,
+    delta: float | None = None,
+    precondition: str | None = None,
+    regime: str | None = None,
+    role: str = "primary",
+    effect_values: Sequence[float] | None = None,
+    sanity: Interval | None = None,
+    sanity_what: str = "",
 ) -> dict[str, Any]:
-    """One decided claim, JSON-ready: the outcome and both intervals."""
-    outcome = decide(effect, control, threshold=threshold, budget_ok=budget_ok)
+    """One decided claim, JSON-ready: the verdict (before multiplicity correction; ``apply_holm``
+    adds the Holm-adjusted one), both intervals, the paper's effect and where the paper states
+    it, the minimal detectable effect at these seeds, the control's expected size, the per-seed
+    effects and a trained-vs-untrained ``sanity`` row (reported, never decisive)."""
+    inputs = {
+        "threshold": threshold,
+        "budget_ok": budget_ok,
+        "paper_effect": paper_effect,
+        "control_min": control_min,
+        "delta": delta,
+        "precondition": precondition,
+        "regime": regime,
+        "scale": scale,
+    }
+    verdict = decide(effect, control, **inputs)
+    mde = minimal_detectable(effect)
     return {
         "claim": what,
-        "outcome": outcome,
+        "role": role,
+        "outcome": verdict.text,
+        "verdict": verdict.kind,
+        "inputs": inputs,
         "effect": effect.as_dict(),
-        "effect_text": f"{effect.format(scale, 2)} {unit} (95% [{effect.low * scale:.2f}, "
-        f"{effect.high * scale:.2f}], n={effect.n})",
+        "effect_text": _interval_text(effect, scale, unit),
+        "effect_values": list(effect_values) if effect_values is not None else None,
+        "p_value": t_test_p(effect, threshold),
+        "mde": mde,
+        "mde_text": f"{mde * scale:.3g} {unit} at n={effect.n}" if math.isfinite(mde) else "n/a",
+        "paper_effect": paper_effect,
+        "paper_effect_text": (
+            f"{paper_effect * scale:.3g} {unit} ({paper_source})"
+            if paper_effect is not None
+            else f"no number ({paper_source})"
+            if paper_source
+            else "no number"
+        ),
         "threshold": threshold,
         "control": control.as_dict() if control is not None else None,
         "control_what": control_what,
+        "control_min": control_min,
+        "control_ok": control_separates(control, control_min),
         "control_text": (
-            f"{control.format(scale, 2)} {unit} (95% [{control.low * scale:.2f}, "
-            f"{control.high * scale:.2f}], n={control.n})"
+            _interval_text(control, scale, unit)
+            + f"; expected > 0 and >= {control_min * scale:.3g}"
             if control is not None
             else "no control"
         ),
+        "sanity": sanity.as_dict() if sanity is not None else None,
+        "sanity_text": f"{sanity_what}: {_interval_text(sanity, scale, unit)}"
+        if sanity is not None
+        else "",
     }
+
+
+def _interval_of(d: dict[str, Any] | None) -> Interval | None:
+    return None if d is None else Interval(d["mean"], d["low"], d["high"], d["n"])
+
+
+def apply_holm(claims: list[dict[str, Any]], alpha: float = ALPHA) -> list[dict[str, Any]]:
+    """Holm's correction over one study's family of claims (``claims``, in place and returned):
+    each record gets ``holm_significant`` and the verdict re-decided with that decision
+    (``holm_verdict``, ``holm_outcome``). Claims whose mechanism is absent here (``regime``)
+    are tested nowhere and stay out of the family; the family's size is ``holm_family``."""
+    family = [c for c in claims if c["inputs"].get("regime") is None]
+    rejected = holm([c["p_value"] for c in family], alpha)
+    for c, rej in zip(family, rejected, strict=True):
+        c["holm_significant"] = rej
+        c["holm_family"] = len(family)
+    for c in claims:
+        inputs = dict(c["inputs"])
+        verdict = decide(
+            _interval_of(c["effect"]),
+            _interval_of(c["control"]),
+            significant=c.get("holm_significant", False),
+            **inputs,
+        )
+        c["holm_verdict"], c["holm_outcome"] = verdict.kind, verdict.text
+    return claims
+
+
+def plan_seeds(claims: Sequence[dict[str, Any]], max_seeds: int) -> dict[str, Any]:
+    """The pilot-based choice of seeds (``--power``): per claim with a paper effect, the fewest
+    seeds whose MDE at the pilot's seed SD is at most the paper's effect (``seeds_for_effect``);
+    the study's choice is the largest of those within ``max_seeds`` (a claim that needs more is
+    named: it stays underpowered within this budget)."""
+    need: dict[str, int | None] = {}
+    for c in claims:
+        if c.get("paper_effect") is None or c["inputs"].get("regime") is not None:
+            continue
+        sd = interval_sd(_interval_of(c["effect"]))
+        need[c["claim"]] = seeds_for_effect(sd, c["paper_effect"], max_seeds)
+    reachable = [n for n in need.values() if n is not None]
+    chosen = max(reachable, default=2)
+    return {
+        "per_claim": need,
+        "seeds": max(2, min(max_seeds, chosen)),
+        "max_seeds": max_seeds,
+        "out_of_budget": [k for k, n in need.items() if n is None],
+    }
+
+
+#: the studies' learning rate as a multiple of each recipe's paper default (``train_defaults``)
+STUDY_LR_SCALE = 10.0
+STUDY_LR_REASON = (
+    "the papers' learning rates (1e-4 to 5e-4) were set for runs of 100K-500K steps at batch "
+    "sizes in the thousands; at a study's few hundred steps of batch 64 they leave most arms "
+    "still climbing at the end of the budget (at the paper rates 25 of the 69 (arm, seed) runs of "
+    "the five synthetic studies had plateaued), so a verdict would compare unfinished runs. Every arm "
+    "of a study gets the same multiple of its own paper rate, so the comparisons stay paired"
+)
+#: the grid every arm's learning rate is chosen from on validation (``Bench(lr_grid=...)``): one
+#: grid for all recipes, around the studies' former 10x-paper rates (1e-3 to 5e-3)
+LR_GRID = (3e-4, 1e-3, 3e-3)
+#: the training seed of the learning-rate choice: no reported seed uses it
+TUNE_SEED = 9_999
+#: an arm that has not plateaued at its budget trains on up to this multiple of the budget
+MAX_STEPS_FACTOR = 1.5
+
+#: every study run: batch 64 and no TensorBoard, so a study finishes in minutes on two CPU cores
+COMMON_OVERRIDES = (
+    "batch_size=64",
+    "pair_batch_size=32",
+    "tensorboard=false",
+    "checkpoint_every=0",
+    "log_every=5",
+    "val_every=0",  # the study validates with its own value and steps (ArmHooks)
+)
 
 
 def per_seed(values: dict[int, float]) -> list[float]:
@@ -175,6 +368,22 @@ def with_val_split(store: FeatureStore, fraction: float = 0.1, seed: int = 0) ->
     split = store.image_split.clone()
     split[chosen] = len(store.split_names)
     return dataclasses.replace(store, image_split=split, split_names=[*store.split_names, "val"])
+
+
+def with_label_noise(store: FeatureStore, rate: float, seed: int = 0) -> FeatureStore:
+    """A copy of ``store`` in which a seeded share ``rate`` of the "train" captions describe
+    another train image (their ``text_to_image`` entries permuted among themselves): a
+    calibrated handicap of known size for a positive control. Validation and test captions are
+    untouched, so the handicapped arm is evaluated on the same pairs as every other arm."""
+    if not 0.0 <= rate <= 1.0:
+        raise ValueError(f"label-noise rate must be in [0, 1], got {rate}")
+    t2i = store.text_to_image.long()
+    train = store.texts_of_split("train")
+    gen = torch.Generator().manual_seed(2_000_003 + seed)
+    chosen = train[torch.randperm(len(train), generator=gen)[: int(round(rate * len(train)))]]
+    noisy = t2i.clone()
+    noisy[chosen] = t2i[chosen[torch.randperm(len(chosen), generator=gen)]]
+    return dataclasses.replace(store, text_to_image=noisy.to(store.text_to_image.dtype))
 
 
 def val_score(recipe: Any, store: FeatureStore, split: str = "val") -> float:
@@ -299,6 +508,8 @@ class Bench:
         val_every: int,
         plateau_tol: float = 0.01,
         lr_scale: float = STUDY_LR_SCALE,
+        lr_grid: Sequence[float] | None = None,
+        tune_seed: int = TUNE_SEED,
         max_steps: int | None = None,
         show_progress: bool = False,
         notify: Notify = lambda m: None,
@@ -308,6 +519,11 @@ class Bench:
         self.max_steps = max(steps, max_steps or int(round(steps * MAX_STEPS_FACTOR)))
         #: recipe -> (paper lr, study lr), filled as arms train (for the study's output)
         self.learning_rates: dict[str, tuple[float, float]] = {}
+        #: the shared grid each arm's learning rate is chosen from (None: ``lr_scale``)
+        self.lr_grid = tuple(float(v) for v in lr_grid) if lr_grid else None
+        self.tune_seed = tune_seed
+        #: arm label -> {"recipe", "grid": {lr: best validation}, "chosen"}
+        self.lr_choice: dict[str, dict[str, Any]] = {}
         self.store = with_val_split(store)
         self.overrides = list(COMMON_OVERRIDES) + list(overrides)
         self.val_every = max(1, val_every)
@@ -333,7 +549,20 @@ class Bench:
         return [f"lr={study:g}"]
 
     def lr_text(self) -> str:
-        """One line for the study's output: each recipe's paper and study learning rate."""
+        """One line for the study's output: each arm's chosen learning rate (grid) or each
+        recipe's paper and study learning rate (``lr_scale``)."""
+        if self.lr_choice:
+            arms = "; ".join(
+                f"{label} {c['chosen']:g} (validation "
+                + ", ".join(f"{lr:g}: {100 * v:.1f}" for lr, v in c["grid"].items())
+                + ")"
+                for label, c in self.lr_choice.items()
+            )
+            return (
+                f"learning rate per arm chosen on validation (best value, tuning seed "
+                f"{self.tune_seed}, not a reported seed) from the shared grid "
+                f"{', '.join(f'{v:g}' for v in self.lr_grid or ())}: {arms}"
+            )
         if not self.learning_rates:
             return "learning rates: the recipes' paper defaults"
         rates = ", ".join(
@@ -341,6 +570,40 @@ class Bench:
             for name, (paper, study) in sorted(self.learning_rates.items())
         )
         return f"learning rate {self.lr_scale:g}x the paper's: {rates}, because {STUDY_LR_REASON}"
+
+    def choose_lr(
+        self,
+        label: str,
+        recipe: str,
+        extra: Sequence[str],
+        *,
+        steps: int | None = None,
+        val_fn: Callable[[Any], float] | None = None,
+        store_from: Callable[[int], FeatureStore | None] | None = None,
+    ) -> float:
+        """The arm's learning rate from ``lr_grid``: one run per rate with ``tune_seed`` (a seed
+        no reported run uses), the rate whose best validation value is highest (the first of
+        equal ones). Cached per arm label."""
+        if label in self.lr_choice:
+            return self.lr_choice[label]["chosen"]
+        assert self.lr_grid
+        grid: dict[float, float] = {}
+        for lr in self.lr_grid:
+            run = self._fit(
+                f"{label}-lr{lr:g}",
+                recipe,
+                [*extra, f"lr={lr:g}"],
+                self.tune_seed,
+                steps=steps,
+                select_best=True,
+                val_fn=val_fn,
+                store_from=store_from,
+            )
+            best = run.best_val if run.best_val is not None else -math.inf
+            grid[lr] = float(best)
+        chosen = max(grid, key=lambda lr: (grid[lr], -self.lr_grid.index(lr)))
+        self.lr_choice[label] = {"recipe": recipe, "grid": grid, "chosen": chosen}
+        return chosen
 
     def train(
         self,
@@ -369,6 +632,41 @@ class Bench:
         last step. The trainer's built-in hook keeps the best validation weights
         (``best.safetensors``). The result's model holds the best weights when ``select_best``,
         else the last ones."""
+        extra = list(extra)
+        sets_lr = any(o.split("=", 1)[0].strip() == "lr" for o in [*self.overrides, *extra])
+        if self.lr_grid and not sets_lr:
+            lr = self.choose_lr(
+                label, recipe, extra, steps=steps, val_fn=val_fn, store_from=store_from
+            )
+            extra = [*extra, f"lr={lr:g}"]
+        return self._fit(
+            label,
+            recipe,
+            extra,
+            seed,
+            steps=steps,
+            select_best=select_best,
+            marks=marks,
+            on_mark=on_mark,
+            val_fn=val_fn,
+            store_from=store_from,
+        )
+
+    def _fit(
+        self,
+        label: str,
+        recipe: str,
+        extra: Sequence[str],
+        seed: int,
+        *,
+        steps: int | None = None,
+        select_best: bool = True,
+        marks: Sequence[int] = (),
+        on_mark: Callable[[int, Any], None] | None = None,
+        val_fn: Callable[[Any], float] | None = None,
+        store_from: Callable[[int], FeatureStore | None] | None = None,
+    ) -> ArmResult:
+        """One arm, one seed, one ``Trainer.fit`` (``train`` without the learning-rate choice)."""
         from curvalign.runs import load_run
         from curvalign.train.trainer import train
 
