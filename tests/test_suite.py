@@ -274,3 +274,26 @@ def test_one_command_per_dataset_then_one_suite_with_a_real_encoder(tmp_path: Pa
     datasets = {r["dataset"] for r in rows}
     assert {"wds/cifar3", "wds/flickr_tiny", "sugar_crepe/replace_obj"} <= datasets
     assert all(0.0 <= float(r["value"]) <= 1.0 for r in rows)
+
+
+def test_suite_marks_stores_whose_encoders_saw_the_data(suite, tmp_path) -> None:
+    """MTEB's zero-shot disclosure in the suite table: a store whose meta says its encoders saw
+    its data (or classes) in training gets a dagger on every row and its one-line note."""
+    import dataclasses
+
+    from curvalign.report.suite import evaluate_on_suite, suite_markdown
+
+    folder = tmp_path / "suite"
+    store = FeatureStore.load(suite["folder"] / "wds_cifar3")
+    seen = {"image": {"dataset_seen": True, "classes_seen": [], "classes_total": 0}, "any": True}
+    trained = {"image": {"data": "CIFAR (pixels)", "datasets": ["cifar"]}}
+    dataclasses.replace(
+        store, meta={**store.meta, "trained_on": trained, "seen_in_training": seen}
+    ).save(folder / "wds_cifar3")
+    store.save(folder / "wds_cifar3_clean")  # the same store without a disclosure
+    result = evaluate_on_suite(load_run(suite["run"]).recipe, folder, "meru", "run")
+    marked = {r["dataset"]: r["seen_in_training"] for r in result.rows}
+    assert marked == {"wds/cifar3": True, "wds/cifar3_clean": False}
+    md = suite_markdown(result)
+    assert "| wds/cifar3 † |" in md and "| wds/cifar3_clean |" in md
+    assert "- wds/cifar3: † not zero-shot" in md and "CIFAR" in md

@@ -57,6 +57,8 @@ class SuiteResult:
     rows: list[dict[str, Any]]
     skipped: list[tuple[str, str]] = field(default_factory=list)  # (dataset, reason)
     files: dict[str, Path] = field(default_factory=dict)
+    #: dataset -> what its encoders were trained on (``data.encoders.disclosure_note``)
+    disclosures: dict[str, str] = field(default_factory=dict)
 
 
 class SuiteError(CurvalignError, ValueError):
@@ -206,18 +208,31 @@ def evaluate_on_suite(
             notify(f"suite: skipped {dataset}: {exc}")
             continue
         tasks = store.meta.get("tasks")
-        out.rows.extend(
-            result_rows(
-                result,
-                dataset,
-                model,
-                pretrained,
-                getattr(recipe, "reported_recall_ks", (1, 5, 10)),
-                tasks=tasks,
-                protocol=PROTOCOLS[name].title if name else "",
-            )
+        rows = result_rows(
+            result,
+            dataset,
+            model,
+            pretrained,
+            getattr(recipe, "reported_recall_ks", (1, 5, 10)),
+            tasks=tasks,
+            protocol=PROTOCOLS[name].title if name else "",
         )
+        _disclose(out, dataset, store.meta, rows)
+        out.rows.extend(rows)
     return out
+
+
+def _disclose(out: SuiteResult, dataset: str, meta: dict[str, Any], rows: list[dict]) -> None:
+    """Mark ``rows`` whose store's encoders saw its data or classes in training (not zero-shot,
+    MTEB's disclosure) and keep the store's one-line disclosure for the table's notes."""
+    from curvalign.data.encoders import disclosure_note
+
+    seen = bool((meta.get("seen_in_training") or {}).get("any"))
+    for row in rows:
+        row["seen_in_training"] = seen
+    note = disclosure_note(meta)
+    if note:
+        out.disclosures[dataset] = note
 
 
 def evaluate_runs_on_suite(
@@ -300,10 +315,14 @@ def suite_markdown(result: SuiteResult) -> str:
         if not row["reported"]:
             continue
         value, unit = metric_value_and_unit(row["metric"], row["value"])
+        dataset = f"{row['dataset']} †" if row.get("seen_in_training") else row["dataset"]
         lines.append(
-            f"| {row['dataset']} | {row['model']} | {row['task']} | {row['metric']} | "
+            f"| {dataset} | {row['model']} | {row['task']} | {row['metric']} | "
             f"{value} | {unit} | {row['protocol'] or '-'} |"
         )
+    if result.disclosures:
+        lines += ["", "Encoders († = not zero-shot: they saw the data or its classes):", ""]
+        lines += [f"- {d}: {note}" for d, note in result.disclosures.items()]
     if result.skipped:
         lines += ["", "Skipped:", ""] + [f"- {d}: {reason}" for d, reason in result.skipped]
     return "\n".join(lines) + "\n"
