@@ -524,6 +524,19 @@ def cone_margin(general: Tensor, specific: Tensor, c: Tensor, eta: float, K: flo
     return margin.mean(dim=-1) if g.ndim == 3 else margin
 
 
+def eta_cone_margin(
+    recipe: Recipe, general: Embedding, specific: Embedding, specific_modality: Query
+) -> Tensor:
+    """:func:`cone_margin` of ``{"point"}`` embeddings with the cone width of a recipe whose
+    config names ``eta_inter`` (the specific item is an image), ``eta_intra`` (a text) and
+    ``aperture_K``: HyCoCLIP's and PHyCLIP's cones."""
+    cfg = recipe.config
+    eta = cfg.eta_inter if specific_modality == "image" else cfg.eta_intra
+    return cone_margin(
+        general["point"], specific["point"], recipe.curvature_value(), eta, cfg.aperture_K
+    )
+
+
 class CosineRecipe(Recipe):
     """A recipe whose embedding is ``{"point": [N, d]}`` unit vectors ranked by cosine (CLIP,
     DualPath): scores, class embeddings (renormalised mean of the prompts) and an exact cosine

@@ -32,7 +32,7 @@ from curvalign.recipes.base import (
     Query,
     box_batch_points,
     check_batch,
-    cone_margin,
+    eta_cone_margin,
 )
 from curvalign.scores import lorentz_distance_scores
 
@@ -92,11 +92,7 @@ class Hycoclip(LorentzRecipe):
     def entailment_scores(
         self, general: Embedding, specific: Embedding, specific_modality: Query = "image"
     ) -> Tensor:
-        cfg: HycoclipConfig = self.config
-        eta = cfg.eta_inter if specific_modality == "image" else cfg.eta_intra
-        return cone_margin(
-            general["point"], specific["point"], self.curvature_value(), eta, cfg.aperture_K
-        )
+        return eta_cone_margin(self, general, specific, specific_modality)
 
     def loss(self, batch: Batch, progress: Progress, gather: Gather | None = None) -> LossOutput:
         gather = gather or Gather()

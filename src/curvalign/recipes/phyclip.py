@@ -46,7 +46,7 @@ from curvalign.recipes.base import (
     box_batch_points,
     check_batch,
     check_scalar_range,
-    cone_margin,
+    eta_cone_margin,
     learnable_curvature,
     learnable_temperature,
     round_resolved,
@@ -236,11 +236,7 @@ class Phyclip(HyperbolicRecipe):
     def entailment_scores(
         self, general: Embedding, specific: Embedding, specific_modality: Query = "image"
     ) -> Tensor:
-        cfg: PhyclipConfig = self.config
-        eta = cfg.eta_inter if specific_modality == "image" else cfg.eta_intra
-        return cone_margin(
-            general["point"], specific["point"], self.curvature_value(), eta, cfg.aperture_K
-        )
+        return eta_cone_margin(self, general, specific, specific_modality)
 
     def index_proxies(self) -> dict[str, IndexProxy]:
         """Per factor ``c_f <x_f, y_f>_L = -cosh(sqrt(c_f) d_f)``, summed: ranks like the sum of

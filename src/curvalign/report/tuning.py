@@ -516,11 +516,9 @@ def write_trials_csv(studies: Mapping[str, Any], path: Path, metric: str) -> Pat
 
 def plot_history(studies: Mapping[str, Any], path: Path, metric: str) -> Path:
     """Optimisation history: each finished trial's value and the best so far, per recipe."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     from optuna.trial import TrialState
+
+    from curvalign.report.plots import plt, save_figure  # plots chose the Agg backend
 
     fig, ax = plt.subplots(figsize=(7, 4))
     minimize = metric_direction(metric) == "minimize"
@@ -543,19 +541,12 @@ def plot_history(studies: Mapping[str, Any], path: Path, metric: str) -> Path:
     ax.grid(alpha=0.3)
     if ax.lines:
         ax.legend(fontsize=7)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def plot_lr_range(found: Any, path: Path) -> Path:
     """Loss against learning rate (log axis) of one range test, the suggested range shaded."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from curvalign.report.plots import plt, save_figure  # plots chose the Agg backend
 
     fig, ax = plt.subplots(figsize=(6, 3.5))
     ax.plot(found.lrs, found.losses, alpha=0.35, label="loss")
@@ -568,11 +559,7 @@ def plot_lr_range(found: Any, path: Path) -> Path:
     ax.set_ylabel("training loss")
     ax.set_title(f"lr range test: {found.recipe}")
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def _write_tuning_json(result: TuningResult, path: Path) -> Path:
