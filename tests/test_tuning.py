@@ -267,6 +267,17 @@ def test_killed_tuning_continues_where_it_stopped(tmp_path):
         tuning.run_tuning(
             ["clip"], TINY, out, trials=5, steps=6, overrides=TINY_TRAIN, lr_range_steps=0
         )
+    # how to run is not what to train: a busy machine's num_threads=1 resumes the same study
+    again = tuning.run_tuning(
+        ["clip"],
+        TINY,
+        out,
+        trials=4,
+        steps=6,
+        overrides=[*TINY_TRAIN, "num_threads=1"],
+        lr_range_steps=0,
+    )
+    assert again.counted == {"clip": 4} and len(_counted(out / "study.db", "clip")) == 4
 
 
 # --- the tuned benchmark -----------------------------------------------------------------------

@@ -59,6 +59,9 @@ STUDY_DB = "study.db"
 TRIALS_CSV = "trials.csv"
 #: what a study must agree on to be resumed
 STUDY_KEYS = ("metric", "steps", "trials", "seed", "data", "overrides")
+# overrides that say how to run, not what to train: a study resumes whatever they are (the
+# throughput warning tells a user on a busy machine to add ``num_threads=1``)
+RUNTIME_KEYS = frozenset({"num_threads", "device", "log_every", "tensorboard", "checkpoint_every"})
 
 
 def metric_direction(metric: str) -> str:
@@ -244,6 +247,11 @@ def _open_study(
     return study
 
 
+def _override_key(override: str) -> str:
+    """The field an override sets: ``"meru.num_threads=1"`` -> ``"num_threads"``."""
+    return override.split("=", 1)[0].rsplit(".", 1)[-1]
+
+
 def run_tuning(
     recipes: Sequence[str],
     data: str | FeatureStore,
@@ -296,7 +304,7 @@ def run_tuning(
         "trials": trials,
         "seed": seed,
         "data": spec,
-        "overrides": overrides,
+        "overrides": [o for o in overrides if _override_key(o) not in RUNTIME_KEYS],
     }
     studies: dict[str, Any] = {}
     new_trials = 0
