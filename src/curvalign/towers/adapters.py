@@ -17,7 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from curvalign._encoder_spec import EncoderError
-from curvalign.towers.base import TowerError, Towers, TowersConfig
+from curvalign.towers.base import InputPreparer, TowerError, Towers, TowersConfig
 
 
 class OpenClipTowers(Towers):
@@ -78,6 +78,15 @@ class OpenClipTowers(Towers):
         tokens = self.tokenizer([str(t) for t in texts]).to(self._device())
         return self.model.encode_text(tokens).float()
 
+    def input_preparer(self) -> InputPreparer:
+        return _OpenClipInputs(self.preprocess, self.tokenizer)
+
+    def encode_prepared_images(self, prepared: Any) -> Tensor:
+        return self.model.encode_image(prepared.to(self._device())).float()
+
+    def encode_prepared_texts(self, prepared: Any) -> Tensor:
+        return self.model.encode_text(prepared.to(self._device())).float()
+
     def _export_model(self, model: nn.Module, directory: Path) -> str:
         arch = self.arch
         if arch.endswith(".json"):  # a model config file travels with the weights
@@ -87,6 +96,21 @@ class OpenClipTowers(Towers):
         checkpoint = directory / "open_clip.pt"
         torch.save({k: v.contiguous() for k, v in model.state_dict().items()}, checkpoint)
         return f"open_clip:{arch}:{checkpoint.resolve()}"
+
+
+class _OpenClipInputs(InputPreparer):
+    """open_clip's evaluation transform (resize, centre crop, normalise) and tokenizer, run in
+    DataLoader workers: images -> float [N, 3, S, S], texts -> long [N, context_length]."""
+
+    def __init__(self, preprocess: Any, tokenizer: Any) -> None:
+        self.preprocess = preprocess
+        self.tokenizer = tokenizer
+
+    def images(self, images: Sequence[Any]) -> Tensor:
+        return torch.stack([self.preprocess(im) for im in images])
+
+    def texts(self, texts: Sequence[str]) -> Tensor:
+        return self.tokenizer([str(t) for t in texts])
 
 
 class _TextSide(nn.Module):
