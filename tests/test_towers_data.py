@@ -317,3 +317,17 @@ def test_raw_row_options_parse_from_the_towers_string(world) -> None:  # noqa: F
     ):
         with pytest.raises(TowerError, match=words):
             TowersConfig.parse(f"{spec};{bad}")
+
+
+def test_curvalign_train_takes_the_raw_row_options(world, tmp_path) -> None:  # noqa: F811
+    from typer.testing import CliRunner
+
+    from curvalign.cli import app
+
+    out = tmp_path / "cli"
+    towers = f"{world['spec']};text=lora;lora_rank=2;workers=2;augment=true;flip=0.5"
+    args = ["train", "--recipe", "clip", "--data", world["store"], "--steps", "2", "--out", out]
+    result = CliRunner().invoke(app, [*map(str, args), "--towers", towers, "-q", "--", *TRAIN])
+    assert result.exit_code == 0, result.output
+    saved = TowersConfig.load(out / "towers.json")
+    assert (saved.workers, saved.augment, saved.flip) == (2, True, 0.5)
