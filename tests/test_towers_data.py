@@ -331,3 +331,27 @@ def test_curvalign_train_takes_the_raw_row_options(world, tmp_path) -> None:  # 
     assert result.exit_code == 0, result.output
     saved = TowersConfig.load(out / "towers.json")
     assert (saved.workers, saved.augment, saved.flip) == (2, True, 0.5)
+
+
+def test_an_unreadable_image_in_a_worker_is_one_clear_error(world, tmp_path) -> None:  # noqa: F811
+    import dataclasses
+
+    store = load_data(world["store"])
+    broken = dataclasses.replace(store, image_paths=[f"gone/{p}" for p in store.image_paths])
+    broken.save(tmp_path / "store")
+    from curvalign.errors import TrainError
+    from curvalign.train.towers import train
+
+    with pytest.raises(
+        TrainError, match=r"step 1: image '.*gone/img\d+\.png' cannot be used"
+    ) as err:
+        train(
+            "clip",
+            f"features:{tmp_path / 'store'}",
+            tmp_path / "run",
+            steps=2,
+            towers=towers_config(world, workers=2),
+            overrides=[*TRAIN, "val_every=0"],
+            show_progress=False,
+        )
+    assert "\n" not in str(err.value) and "Traceback" not in str(err.value)

@@ -136,6 +136,10 @@ def _decode(item: Any) -> Any:
     return _load_image(item)
 
 
+class _RowError(Exception):
+    """A row that cannot be decoded or cropped (reported by the training process)."""
+
+
 class RowPreparer:
     """What a worker runs on a ``StepRows`` (``torch.utils.data.Dataset`` protocol: the DataLoader
     asks for ``self[rows]``): the prepared inputs of the step, as a dict."""
@@ -150,15 +154,25 @@ class RowPreparer:
 
         images = []
         for k, item in enumerate(items):
-            image = _decode(item)
-            if crops is not None:
-                image = _crop(image, crops[k])
+            try:
+                image = _decode(item)
+                if crops is not None:
+                    image = _crop(image, crops[k])
+            except (OSError, ValueError) as err:
+                what = "a webdataset image" if isinstance(item, bytes | bytearray) else repr(item)
+                raise _RowError(f"{kind} {what} cannot be used ({err})") from None
             if self.augment is not None:
                 image = self.augment(image, row_generator(self.seed, step, kind, offset + k))
             images.append(image)
         return self.inputs.images(images)
 
     def __getitem__(self, rows: StepRows) -> dict[str, Any]:
+        try:
+            return self._prepare(rows)
+        except _RowError as err:  # one line in the training process, not a worker traceback
+            return {"step": rows.step, "error": str(err)}
+
+    def _prepare(self, rows: StepRows) -> dict[str, Any]:
         out: dict[str, Any] = {"step": rows.step}
         if rows.images_are_texts:
             out["image"] = self.inputs.texts(rows.images)
@@ -323,6 +337,8 @@ class RawBatchLoader:
         if self._iterator is None:
             self._iterator = self._start_iterator()
         prepared = next(self._iterator)
+        if "error" in prepared:
+            raise TowerError(prepared["error"])
         got = int(prepared["step"])
         if got != step:
             raise TowerError(f"the raw-row loader handed out step {got} for step {step}")

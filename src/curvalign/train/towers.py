@@ -41,6 +41,7 @@ from curvalign._io import atomic_write
 from curvalign.config import RunConfig, recipe_class
 from curvalign.data.batch import Batch
 from curvalign.data.features import FeatureStore
+from curvalign.data.sampling import SamplingError
 from curvalign.errors import TrainError
 from curvalign.readout import embed_features
 from curvalign.recipes.base import Progress
@@ -197,7 +198,10 @@ class TowerTrainer(Trainer):
         return optimizer
 
     def _next_batch(self) -> Batch:
-        return self.loader.next_batch(self.step)
+        try:
+            return self.loader.next_batch(self.step)
+        except TowerError as err:  # an unreadable row: the trainer names the step and checkpoint
+            raise SamplingError(str(err)) from None
 
     # --- raw rows (curvalign.towers.loader) --------------------------------------------------
     def _raw_loader(self) -> RawBatchLoader:
