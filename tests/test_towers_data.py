@@ -142,7 +142,7 @@ def boxed(world, tmp_path_factory):  # noqa: F811
     return {"store": f"features:{out / 'store'}"}
 
 
-@pytest.mark.parametrize("recipe", ["hycoclip", "dualpath"])
+@pytest.mark.parametrize("recipe", ["hycoclip", "phyclip", "dualpath"])
 def test_box_and_pair_recipes_train_a_step_from_raw_items(world, boxed, recipe, tmp_path) -> None:  # noqa: F811
     from curvalign.config import resolve_config
     from curvalign.data.encoders import _load_image
@@ -152,7 +152,7 @@ def test_box_and_pair_recipes_train_a_step_from_raw_items(world, boxed, recipe, 
     store = load_data(boxed["store"])
     assert store.box_corners is not None and store.pair_a_texts is not None
     # DualPath's first steps use no image term: its image tower would be frozen as unused
-    towers = towers_config(world, image="full" if recipe == "hycoclip" else "locked", text="lora")
+    towers = towers_config(world, image="locked" if recipe == "dualpath" else "full", text="lora")
     config = resolve_config(
         recipe, boxed["store"], overrides=[*TRAIN, "steps=2", "val_every=0", "pair_batch_size=4"]
     )
@@ -167,7 +167,7 @@ def test_box_and_pair_recipes_train_a_step_from_raw_items(world, boxed, recipe, 
             # what the loader encoded is the stored rows' raw items: crops cut at the corners
             trainer.sampler.load_state_dict(sampler_state)
             indices = trainer.sampler.next_indices()
-            if recipe == "hycoclip":
+            if recipe != "dualpath":
                 box_ids = indices["box"].tolist()
                 owners = store.box_to_image[box_ids].tolist()
                 crops = [
@@ -197,7 +197,7 @@ def test_box_and_pair_recipes_train_a_step_from_raw_items(world, boxed, recipe, 
         assert not missing, missing[:3]
         moved = [n for n, p in named if not torch.equal(p.detach(), before[n])]
         assert any("lora_" in n and not n.startswith("model.visual") for n in moved)
-        if recipe == "hycoclip":
+        if recipe != "dualpath":
             assert any(n.startswith("model.visual") for n in moved)
     finally:
         trainer.loader.close()
@@ -355,3 +355,22 @@ def test_an_unreadable_image_in_a_worker_is_one_clear_error(world, tmp_path) -> 
             show_progress=False,
         )
     assert "\n" not in str(err.value) and "Traceback" not in str(err.value)
+
+
+def test_two_ranks_prepare_the_augmented_rows_of_one_process(world) -> None:  # noqa: F811
+    """Each rank augments its share of the global batch as one process augments those rows
+    (the crop is drawn from the row's global position), so N processes train on the batch one
+    process trains on."""
+    towers = build_towers(towers_config(world))
+    store = load_data(world["store"])
+    augment = Augment(flip=0.5)
+
+    def prepared(rank: int, world_size: int):
+        rows = StoreRows(BatchSampler(store, 8, seed=0), rank, world_size)
+        loader = RawBatchLoader(towers, rows, augment=augment, seed=0)
+        return [loader.next_prepared(step)["image"] for step in range(2)]
+
+    one = prepared(0, 1)
+    halves = [prepared(rank, 2) for rank in (0, 1)]
+    for step in range(2):
+        assert torch.equal(torch.cat([halves[0][step], halves[1][step]]), one[step])
