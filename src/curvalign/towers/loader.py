@@ -34,6 +34,7 @@ from torch import Tensor
 
 from curvalign.data.batch import Batch
 from curvalign.data.features import FeatureStore
+from curvalign.data.sampling import BatchSampler
 from curvalign.towers.base import InputPreparer, TowerError, Towers
 from curvalign.towers.data import StoreItems
 
@@ -105,8 +106,8 @@ class StepRows:
     box_images, box_corners, box_phrases   the image item each box is cut from, its corners
                  (x0, y0, x1, y1) in pixels, its phrase (None: the recipe trains on no boxes)
     pair_a, pair_b, pair_scores            scored text pairs (None: no pairs)
-    offset       global batch position of this rank's first image (and box); ``pair_offset``
-                 the same for the pairs
+    offset       global batch position of this rank's first image (and box): the rows'
+                 augmentation is drawn from their global positions
     """
 
     step: int
@@ -120,7 +121,6 @@ class StepRows:
     pair_a: list[str] | None = None
     pair_b: list[str] | None = None
     pair_scores: Tensor | None = None
-    pair_offset: int = 0
 
 
 def _decode(item: Any) -> Any:
@@ -149,7 +149,16 @@ class RowPreparer:
         self.augment = augment
         self.seed = int(seed)
 
-    def _images(self, items: Sequence[Any], step: int, kind: str, offset: int, crops=None) -> Any:
+    def _images(
+        self,
+        items: Sequence[Any],
+        step: int,
+        kind: str,
+        offset: int,
+        crops: Sequence[tuple[float, float, float, float]] | None = None,
+    ) -> Any:
+        """Decode ``items`` (cut ``crops`` from them), augment each by its global position
+        ``offset + k``, then the tower's input transform."""
         from curvalign.data.extract import _crop
 
         images = []
@@ -192,19 +201,28 @@ class RowPreparer:
         return out
 
 
+def _corners(text: str) -> tuple[float, float, float, float]:
+    """``"x0 y0 x1 y1"`` (a store's ``box_corners`` entry) -> the four numbers."""
+    x0, y0, x1, y1 = (float(v) for v in text.split())
+    return (x0, y0, x1, y1)
+
+
 class StoreRows:
     """The rows of a feature store's manifest, in the order of the store sampler's index stream
     (``BatchSampler.next_indices``, the same draws as a feature-store run); this rank's share."""
 
-    def __init__(self, sampler: Any, rank: int = 0, world_size: int = 1, data: str = "the data"):
+    def __init__(
+        self, sampler: BatchSampler, rank: int = 0, world_size: int = 1, data: str = "the data"
+    ) -> None:
         store: FeatureStore = sampler.store
         self.sampler = sampler
         self.rank, self.world_size = int(rank), int(world_size)
         self.items = StoreItems(store, data)
         self.images_are_texts = store.image_paths is None
-        requires = getattr(sampler, "requires", frozenset())
-        self._box_owner = self._box_corners = self._box_phrases = None
-        if "boxes" in requires:
+        self._box_owner: list[int] | None = None
+        self._box_corners: list[tuple[float, float, float, float]] | None = None
+        self._box_phrases: list[str] | None = None
+        if "boxes" in sampler.requires:
             if store.box_phrases is None or store.box_corners is None or self.images_are_texts:
                 raise TowerError(
                     f"{data}: the recipe trains on box crops; training towers needs the image "
@@ -212,10 +230,10 @@ class StoreRows:
                     "'box_phrases': extract the store again with this version)"
                 )
             self._box_owner = [int(i) for i in store.box_to_image.tolist()]
-            self._box_corners = [tuple(float(v) for v in c.split()) for c in store.box_corners]
+            self._box_corners = [_corners(c) for c in store.box_corners]
             self._box_phrases = list(store.box_phrases)
-        self._pairs = None
-        if "text_pairs" in requires:
+        self._pairs: tuple[list[str], list[str], Tensor] | None = None
+        if "text_pairs" in sampler.requires:
             if store.pair_a_texts is None or store.pair_b_texts is None:
                 raise TowerError(
                     f"{data}: the recipe trains on scored text pairs; training towers needs "
@@ -242,11 +260,12 @@ class StoreRows:
         if self._box_owner is not None and "box" in indices:
             boxes, _ = self._local(indices["box"])
             ids = [int(i) for i in boxes]
+            assert self._box_corners is not None and self._box_phrases is not None
             rows.box_images = self.items.images([self._box_owner[i] for i in ids])
             rows.box_corners = [self._box_corners[i] for i in ids]
             rows.box_phrases = [self._box_phrases[i] for i in ids]
         if self._pairs is not None and "pair" in indices:
-            pairs, rows.pair_offset = self._local(indices["pair"])
+            pairs, _ = self._local(indices["pair"])
             a, b, scores = self._pairs
             rows.pair_a = [a[int(i)] for i in pairs]
             rows.pair_b = [b[int(i)] for i in pairs]
