@@ -280,6 +280,8 @@ def test_training_streams_webdataset_shards_and_resumes_bit_exact(world, tmp_pat
     stopped = train_towers(world, tmp_path / "stopped", parallel, steps=4, stop_at=2)
     state = torch.load(stopped / "state.pt", weights_only=False)
     assert state["stream"]["sample"] > 0  # the position is in the checkpoint
+    meta = json.loads((stopped / "meta.json").read_text())
+    assert meta["towers"]["stream"] == state["stream"]
     resumed = train_towers(world, tmp_path / "stopped", None, steps=4, resume=True)
     again = train_towers(world, tmp_path / "again", parallel, steps=4)
     a, b = (

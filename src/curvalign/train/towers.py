@@ -59,6 +59,7 @@ from curvalign.towers.loader import Augment, RawBatchLoader, StoreRows
 from curvalign.towers.stream import WebDatasetRows
 from curvalign.train.checkpoint import load_train_state, model_tensors
 from curvalign.train.trainer import (
+    TrainedRun,
     Trainer,
     build_optimizer,
     build_scheduler,
@@ -227,13 +228,15 @@ class TowerTrainer(Trainer):
             if tcfg.augment
             else None
         )
+        if augment is not None and getattr(source, "images_are_texts", False):
+            self._note("towers: augment has no effect: the images are texts (a text-only encoder)")
         loader = RawBatchLoader(
             self.towers, source, workers=tcfg.workers, augment=augment, seed=cfg.seed
         )
         loader.reset(self.step)
         return loader
 
-    def fit(self, stop_at: int | None = None) -> Any:
+    def fit(self, stop_at: int | None = None) -> TrainedRun:
         try:
             return super().fit(stop_at)
         finally:
@@ -350,6 +353,10 @@ class TowerTrainer(Trainer):
         }
         if self.towers_config.trains:  # locked towers give the store's features
             extras["encoder"] = None
+        loader = getattr(self, "loader", None)
+        if loader is not None and isinstance(loader.source, WebDatasetRows):
+            # the training rows came from the shards (the sampler summary is the store's)
+            extras["towers"]["stream"] = loader.state_dict()
         return extras
 
 
