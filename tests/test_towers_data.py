@@ -12,6 +12,7 @@ sample, also through a stopped and resumed run.
 
 from __future__ import annotations
 
+import importlib.util
 import io
 import json
 import tarfile
@@ -33,8 +34,14 @@ from curvalign.towers import (
     WebDatasetRows,
     build_towers,
 )
-from curvalign.towers.loader import row_generator
+from curvalign.towers.loader import RowPreparer, StepRows, encode_prepared, row_generator
+from test_encoders import tiny_hf_clip  # noqa: F401  (fixture: a tiny random CLIPModel)
 from test_towers import TRAIN, towers_config, train_towers, world  # noqa: F401  (fixtures)
+
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("open_clip") is None or importlib.util.find_spec("peft") is None,
+    reason="optional extras not installed: pip install 'curvalign[towers]' (open_clip, peft)",
+)
 
 
 def _store(world):  # noqa: F811
@@ -376,3 +383,23 @@ def test_two_ranks_prepare_the_augmented_rows_of_one_process(world) -> None:  # 
     halves = [prepared(rank, 2) for rank in (0, 1)]
     for step in range(2):
         assert torch.equal(torch.cat([halves[0][step], halves[1][step]]), one[step])
+
+
+def test_hf_clip_towers_prepare_in_workers_what_they_encode_in_process(tiny_hf_clip) -> None:  # noqa: F811
+    if importlib.util.find_spec("transformers") is None:
+        pytest.skip("optional extra not installed: pip install 'curvalign[hf]'")
+    from test_encoders import random_images
+
+    _, _, root = tiny_hf_clip
+    towers = build_towers(TowersConfig(f"hf-clip:{root}", image="lora", text="lora")).eval()
+    images = random_images(3)
+    texts = ["a dog", "the photo of two cat", "a cat"]
+    rows = StepRows(0, images=images, texts=texts)
+    preparer = RowPreparer(towers.input_preparer(), None, 0)
+    prepared = torch.utils.data.DataLoader(preparer, batch_size=None, sampler=[rows], num_workers=1)
+    (item,) = list(prepared)  # prepared in a worker process
+    assert item["image"].dtype == torch.float32 and item["text"]["input_ids"].dtype == torch.long
+    with torch.no_grad():
+        batch = encode_prepared(towers, item)
+        assert torch.equal(batch.image, towers.encode_images(images))
+        assert torch.equal(batch.text, towers.encode_texts(texts))

@@ -126,6 +126,25 @@ class _TextSide(nn.Module):
         return self
 
 
+class _HFClipInputs(InputPreparer):
+    """A Hugging Face CLIP directory's image processor and tokenizer, run in DataLoader workers:
+    images -> pixel_values float [N, 3, S, S]; texts -> {input_ids, attention_mask} long [N, L]
+    (padded to the step's longest text)."""
+
+    def __init__(self, image_processor: Any, tokenizer: Any) -> None:
+        self.image_processor = image_processor
+        self.tokenizer = tokenizer
+
+    def images(self, images: Sequence[Any]) -> Tensor:
+        return self.image_processor(images=list(images), return_tensors="pt")["pixel_values"]
+
+    def texts(self, texts: Sequence[str]) -> dict[str, Tensor]:
+        enc = self.tokenizer(
+            [str(t) for t in texts], padding=True, truncation=True, return_tensors="pt"
+        )
+        return {k: v for k, v in enc.items() if k in ("input_ids", "attention_mask")}
+
+
 class HFClipTowers(Towers):
     """A Hugging Face CLIP-style directory (``hf-clip:DIR``): ``vision_model`` and
     ``visual_projection`` are the image side, ``text_model`` and ``text_projection`` the text
@@ -165,17 +184,22 @@ class HFClipTowers(Towers):
         return self.model.vision_model if side == "image" else self.model.text_model
 
     def encode_images(self, items: Sequence[Any]) -> Tensor:
-        pixels = self.image_processor(
-            images=[self._load_image(im) for im in items], return_tensors="pt"
-        )["pixel_values"].to(self._device())
-        return self._embedding(self.model.get_image_features(pixel_values=pixels)).float()
+        prepared = self.input_preparer().images([self._load_image(im) for im in items])
+        return self.encode_prepared_images(prepared)
 
     def encode_texts(self, texts: Sequence[str]) -> Tensor:
-        enc = self.tokenizer(
-            [str(t) for t in texts], padding=True, truncation=True, return_tensors="pt"
-        )
+        return self.encode_prepared_texts(self.input_preparer().texts(texts))
+
+    def input_preparer(self) -> InputPreparer:
+        return _HFClipInputs(self.image_processor, self.tokenizer)
+
+    def encode_prepared_images(self, prepared: Any) -> Tensor:
+        pixels = prepared.to(self._device())
+        return self._embedding(self.model.get_image_features(pixel_values=pixels)).float()
+
+    def encode_prepared_texts(self, prepared: Any) -> Tensor:
         device = self._device()
-        inputs = {k: v.to(device) for k, v in enc.items() if k in ("input_ids", "attention_mask")}
+        inputs = {k: v.to(device) for k, v in prepared.items()}
         return self._embedding(self.model.get_text_features(**inputs)).float()
 
     def _export_model(self, model: nn.Module, directory: Path) -> str:
