@@ -70,13 +70,11 @@ class OpenClipTowers(Towers):
         return _TextSide(self.model)
 
     def encode_images(self, items: Sequence[Any]) -> Tensor:
-        device = self._device()
-        pixels = torch.stack([self.preprocess(self._load_image(im)) for im in items]).to(device)
-        return self.model.encode_image(pixels).float()
+        prepared = self.input_preparer().images([self._load_image(im) for im in items])
+        return self.encode_prepared_images(prepared)
 
     def encode_texts(self, texts: Sequence[str]) -> Tensor:
-        tokens = self.tokenizer([str(t) for t in texts]).to(self._device())
-        return self.model.encode_text(tokens).float()
+        return self.encode_prepared_texts(self.input_preparer().texts(texts))
 
     def input_preparer(self) -> InputPreparer:
         return _OpenClipInputs(self.preprocess, self.tokenizer)
