@@ -58,6 +58,23 @@ def _prepared(world, workers: int, augment: Augment | None, steps: int = 3):  # 
         loader.close()
 
 
+def test_closing_the_loader_continues_after_the_last_step_handed_out(world) -> None:  # noqa: F811
+    """The workers draw ahead; closing them (end of a fit) rewinds the sampler, so a later fit
+    in the same process continues at the next step, not after the prefetched ones."""
+    towers = build_towers(towers_config(world))
+    sampler = BatchSampler(_store(world), 8, seed=0)
+    loader = RawBatchLoader(towers, StoreRows(sampler), workers=2, augment=Augment(), seed=0)
+    try:
+        first = [loader.next_prepared(step)["text"] for step in range(2)]
+        loader.close()
+        rest = [loader.next_prepared(step)["text"] for step in range(2, 4)]
+    finally:
+        loader.close()
+    straight = [p["text"] for p in _prepared(world, 0, Augment(), steps=4)]
+    for a, b in zip(first + rest, straight, strict=True):
+        assert torch.equal(a, b)
+
+
 def test_the_number_of_workers_does_not_change_the_augmented_batches(world) -> None:  # noqa: F811
     augment = Augment(flip=0.5)
     inline = _prepared(world, 0, augment)

@@ -319,13 +319,22 @@ class RawBatchLoader:
     def reset(self, step: int) -> None:
         """Drop the rows drawn ahead (and the workers); the next batch is ``step``'s, drawn from
         the source's current state."""
-        self.close()
-        self._start = int(step)
+        self._stop()
+        self._start = self._next = int(step)
         self._consumed = self.source.state_dict()
         self._after: dict[int, Any] = {}
 
     def close(self) -> None:
-        """Stop the worker processes (a later ``next_batch`` starts them again)."""
+        """Stop the worker processes and rewind the source to right after the last step handed
+        out (the rows drawn ahead are dropped): a later ``next_batch`` continues there."""
+        if self._iterator is None:
+            return
+        self._stop()
+        self.source.load_state_dict(self._consumed)
+        self._start = self._next
+        self._after = {}
+
+    def _stop(self) -> None:
         iterator, self._iterator = self._iterator, None
         shutdown = getattr(iterator, "_shutdown_workers", None)
         if shutdown is not None:
@@ -362,6 +371,7 @@ class RawBatchLoader:
         if got != step:
             raise TowerError(f"the raw-row loader handed out step {got} for step {step}")
         self._consumed = self._after.pop(got)
+        self._next = got + 1
         return prepared
 
     def next_batch(self, step: int) -> Batch:

@@ -245,8 +245,6 @@ class TowerTrainer(Trainer):
     def use_store(self, store: FeatureStore) -> None:
         # the sampler back to the last step trained (the loader drew ahead), then a new loader
         self.loader.close()
-        if isinstance(self.loader.source, StoreRows):
-            self.sampler.load_state_dict(self.loader.state_dict())
         super().use_store(store)
         self.loader = self._raw_loader()
 
