@@ -185,6 +185,7 @@ def train_command(
         "--towers",
         help="Train the encoders too: 'ENCODER_SPEC[;image=lora;text=full;lora_rank=8;lr=1e-5]' "
         "(modes locked|lora|full; the store's images and captions are re-encoded each step; "
+        "raw rows: ';workers=4;augment=true;flip=0.5;shards=DIR'; "
         "see docs/training.md, 'Train the towers').",
     ),
     nproc: int = typer.Option(

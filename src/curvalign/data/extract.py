@@ -631,6 +631,10 @@ def _assemble(
         )
         fields["box_text_features"] = _gather(shards, jobs, "box_phrases", enc.text_dim, box_ok)
         fields["box_to_image"] = torch.from_numpy(new_id[owners[box_ok]])
+        # the raw box items, so towers can train on the crops and phrases themselves
+        kept_boxes = [b for b, ok in zip(plan.boxes, box_ok, strict=True) if ok]
+        fields["box_phrases"] = [b.phrase for b in kept_boxes]
+        fields["box_corners"] = [" ".join(f"{v:g}" for v in b.box) for b in kept_boxes]
     if plan.classes is not None:
         assert plan.image_labels is not None
         fields["class_names"] = list(plan.classes.class_names)
@@ -646,6 +650,7 @@ def _assemble(
         fields["pair_a_features"] = _gather(shards, jobs, "pair_a", enc.text_dim, every)
         fields["pair_b_features"] = _gather(shards, jobs, "pair_b", enc.text_dim, every)
         fields["pair_scores"] = torch.tensor(text_pairs.scores, dtype=torch.float32)
+        fields["pair_a_texts"], fields["pair_b_texts"] = list(text_pairs.a), list(text_pairs.b)
     # token groups: captions follow their image (caption_ok); prompts and pairs are kept whole
     for kind, (group_fields, keep) in {
         "caption": (("text_token_features", "text_token_mask"), caption_ok),

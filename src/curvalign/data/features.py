@@ -63,6 +63,9 @@ list is optional on its own and saved in ``items.json`` so that ``meta.json`` st
     image_texts      list[str] (Ni)    a text standing for an image row whose "image" is itself
                                        text (WordNet: the synset's lemma names)
     texts            list[str] (Nt)    the string of each text row (a caption, a gloss)
+    box_phrases      list[str] (Nb)    the phrase of each box row (training towers from raw items)
+    box_corners      list[str] (Nb)    "x0 y0 x1 y1": the box's pixel corners in its image
+    pair_a_texts, pair_b_texts  list[str] (Np)  the two texts of each scored text pair
 The class name and synset of an image row come from ``image_labels``/``class_names`` and
 ``class_to_node``/``taxonomy_names``; the local encoder that made the features is
 ``meta["encoder"]`` (a spec for ``curvalign.data.encoders.load_encoder``).
@@ -142,7 +145,15 @@ INDEX_FIELDS = (
 TENSOR_FIELDS = FLOAT_FIELDS + INDEX_FIELDS
 LIST_FIELDS = ("split_names", "class_names", "taxonomy_names", "negative_kind_names")
 #: per-row strings for people (see the module docstring), each optional on its own
-ITEM_FIELDS = ("image_paths", "image_texts", "texts")
+ITEM_FIELDS = (
+    "image_paths",
+    "image_texts",
+    "texts",
+    "box_phrases",
+    "box_corners",
+    "pair_a_texts",
+    "pair_b_texts",
+)
 ITEMS_FILE = "items.json"
 
 REQUIRED_FIELDS = ("image_features", "text_features", "text_to_image")
@@ -249,6 +260,10 @@ class FeatureStore:
     image_paths: list[str] | None = None
     image_texts: list[str] | None = None
     texts: list[str] | None = None
+    box_phrases: list[str] | None = None
+    box_corners: list[str] | None = None
+    pair_a_texts: list[str] | None = None
+    pair_b_texts: list[str] | None = None
 
     meta: dict[str, Any] = field(default_factory=dict)
 
@@ -424,6 +439,9 @@ class FeatureStore:
             changes["box_image_features"] = self.box_image_features[box_ids]
             changes["box_text_features"] = self.box_text_features[box_ids]
             changes["box_to_image"] = new_image[self.box_to_image[box_ids].long()]
+            for name in ("box_phrases", "box_corners"):
+                if getattr(self, name) is not None:
+                    changes[name] = _take_items(getattr(self, name), box_ids)
         if self.text_token_features is not None:
             assert self.text_token_mask is not None
             changes["text_token_features"] = self.text_token_features[text_ids]
@@ -894,6 +912,10 @@ def _item_lengths(store: FeatureStore, describe: Callable[[str], str]) -> Iterat
         ("image_paths", store.num_images, "images"),
         ("image_texts", store.num_images, "images"),
         ("texts", store.num_texts, "texts"),
+        ("box_phrases", _rows(store.box_to_image), "boxes"),
+        ("box_corners", _rows(store.box_to_image), "boxes"),
+        ("pair_a_texts", _rows(store.pair_scores), "text pairs"),
+        ("pair_b_texts", _rows(store.pair_scores), "text pairs"),
     ):
         value = getattr(store, name)
         if value is not None and len(value) != rows:

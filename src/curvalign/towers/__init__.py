@@ -16,12 +16,20 @@ from curvalign.towers.adapters import (
     build_towers,
     describe,
 )
-from curvalign.towers.base import MODES, SIDES, TowerError, Towers, TowersConfig
-from curvalign.towers.data import StoreItems, check_recipe_parts, tower_batch
+from curvalign.towers.base import MODES, SIDES, InputPreparer, TowerError, Towers, TowersConfig
+from curvalign.towers.data import StoreItems, check_recipe_parts
+from curvalign.towers.loader import Augment, RawBatchLoader, StepRows, StoreRows
+from curvalign.towers.stream import WebDatasetRows
 
 __all__ = [
     "MODES",
     "SIDES",
+    "Augment",
+    "InputPreparer",
+    "RawBatchLoader",
+    "StepRows",
+    "StoreRows",
+    "WebDatasetRows",
     "HFClipTowers",
     "OpenClipTowers",
     "SentenceTransformerTowers",
@@ -32,5 +40,4 @@ __all__ = [
     "build_towers",
     "check_recipe_parts",
     "describe",
-    "tower_batch",
 ]

@@ -17,7 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from curvalign._encoder_spec import EncoderError
-from curvalign.towers.base import TowerError, Towers, TowersConfig
+from curvalign.towers.base import InputPreparer, TowerError, Towers, TowersConfig
 
 
 class OpenClipTowers(Towers):
@@ -70,13 +70,20 @@ class OpenClipTowers(Towers):
         return _TextSide(self.model)
 
     def encode_images(self, items: Sequence[Any]) -> Tensor:
-        device = self._device()
-        pixels = torch.stack([self.preprocess(self._load_image(im)) for im in items]).to(device)
-        return self.model.encode_image(pixels).float()
+        prepared = self.input_preparer().images([self._load_image(im) for im in items])
+        return self.encode_prepared_images(prepared)
 
     def encode_texts(self, texts: Sequence[str]) -> Tensor:
-        tokens = self.tokenizer([str(t) for t in texts]).to(self._device())
-        return self.model.encode_text(tokens).float()
+        return self.encode_prepared_texts(self.input_preparer().texts(texts))
+
+    def input_preparer(self) -> InputPreparer:
+        return _OpenClipInputs(self.preprocess, self.tokenizer)
+
+    def encode_prepared_images(self, prepared: Any) -> Tensor:
+        return self.model.encode_image(prepared.to(self._device())).float()
+
+    def encode_prepared_texts(self, prepared: Any) -> Tensor:
+        return self.model.encode_text(prepared.to(self._device())).float()
 
     def _export_model(self, model: nn.Module, directory: Path) -> str:
         arch = self.arch
@@ -87,6 +94,21 @@ class OpenClipTowers(Towers):
         checkpoint = directory / "open_clip.pt"
         torch.save({k: v.contiguous() for k, v in model.state_dict().items()}, checkpoint)
         return f"open_clip:{arch}:{checkpoint.resolve()}"
+
+
+class _OpenClipInputs(InputPreparer):
+    """open_clip's evaluation transform (resize, centre crop, normalise) and tokenizer, run in
+    DataLoader workers: images -> float [N, 3, S, S], texts -> long [N, context_length]."""
+
+    def __init__(self, preprocess: Any, tokenizer: Any) -> None:
+        self.preprocess = preprocess
+        self.tokenizer = tokenizer
+
+    def images(self, images: Sequence[Any]) -> Tensor:
+        return torch.stack([self.preprocess(im) for im in images])
+
+    def texts(self, texts: Sequence[str]) -> Tensor:
+        return self.tokenizer([str(t) for t in texts])
 
 
 class _TextSide(nn.Module):
@@ -100,6 +122,25 @@ class _TextSide(nn.Module):
         for part in self._parts:
             part.eval()
         return self
+
+
+class _HFClipInputs(InputPreparer):
+    """A Hugging Face CLIP directory's image processor and tokenizer, run in DataLoader workers:
+    images -> pixel_values float [N, 3, S, S]; texts -> {input_ids, attention_mask} long [N, L]
+    (padded to the step's longest text)."""
+
+    def __init__(self, image_processor: Any, tokenizer: Any) -> None:
+        self.image_processor = image_processor
+        self.tokenizer = tokenizer
+
+    def images(self, images: Sequence[Any]) -> Tensor:
+        return self.image_processor(images=list(images), return_tensors="pt")["pixel_values"]
+
+    def texts(self, texts: Sequence[str]) -> dict[str, Tensor]:
+        enc = self.tokenizer(
+            [str(t) for t in texts], padding=True, truncation=True, return_tensors="pt"
+        )
+        return {k: v for k, v in enc.items() if k in ("input_ids", "attention_mask")}
 
 
 class HFClipTowers(Towers):
@@ -141,17 +182,22 @@ class HFClipTowers(Towers):
         return self.model.vision_model if side == "image" else self.model.text_model
 
     def encode_images(self, items: Sequence[Any]) -> Tensor:
-        pixels = self.image_processor(
-            images=[self._load_image(im) for im in items], return_tensors="pt"
-        )["pixel_values"].to(self._device())
-        return self._embedding(self.model.get_image_features(pixel_values=pixels)).float()
+        prepared = self.input_preparer().images([self._load_image(im) for im in items])
+        return self.encode_prepared_images(prepared)
 
     def encode_texts(self, texts: Sequence[str]) -> Tensor:
-        enc = self.tokenizer(
-            [str(t) for t in texts], padding=True, truncation=True, return_tensors="pt"
-        )
+        return self.encode_prepared_texts(self.input_preparer().texts(texts))
+
+    def input_preparer(self) -> InputPreparer:
+        return _HFClipInputs(self.image_processor, self.tokenizer)
+
+    def encode_prepared_images(self, prepared: Any) -> Tensor:
+        pixels = prepared.to(self._device())
+        return self._embedding(self.model.get_image_features(pixel_values=pixels)).float()
+
+    def encode_prepared_texts(self, prepared: Any) -> Tensor:
         device = self._device()
-        inputs = {k: v.to(device) for k, v in enc.items() if k in ("input_ids", "attention_mask")}
+        inputs = {k: v.to(device) for k, v in prepared.items()}
         return self._embedding(self.model.get_text_features(**inputs)).float()
 
     def _export_model(self, model: nn.Module, directory: Path) -> str:

@@ -67,6 +67,21 @@ class TowersConfig:
                  None: ``train.weight_decay``
     checkpointing  activation checkpointing of the transformer blocks (recompute activations
                  in the backward pass: less memory, about one more forward of time)
+
+    Raw training rows (``curvalign.towers.loader``):
+
+    workers      DataLoader worker processes that decode, crop, augment and tokenise each
+                 step's rows (0: in the training process); the batches do not depend on it, so
+                 a run may resume with another number
+    augment      random resized crop (+ optional horizontal flip) of every training image and
+                 box crop, drawn from (seed, step, row): never on validation
+    crop_scale   area fraction range of the crop (MERU/HyCoCLIP: 0.5 to 1.0)
+    crop_ratio   aspect ratio range of the crop (torchvision's 3/4 to 4/3)
+    flip         probability of a horizontal flip (0: the papers' crop-only recipe; captions may
+                 say "left" and "right")
+    shards       a webdataset folder (``*.tar`` of image + ``txt`` caption samples) or one
+                 ``.tar`` to stream the training pairs from, instead of the store's manifest;
+                 the store still gives validation and the head initialisation
     """
 
     encoder: str
@@ -78,6 +93,13 @@ class TowersConfig:
     lr: float | None = None
     weight_decay: float | None = None
     checkpointing: bool = False
+    # raw training rows (see above); the number of workers never changes the batches
+    workers: int = field(default=0, compare=False)
+    augment: bool = False
+    crop_scale: list[float] = field(default_factory=lambda: [0.5, 1.0])
+    crop_ratio: list[float] = field(default_factory=lambda: [3 / 4, 4 / 3])
+    flip: float = 0.0
+    shards: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.encoder, str) or not self.encoder:
@@ -95,6 +117,23 @@ class TowersConfig:
         if self.lr is not None and not float(self.lr) > 0:
             raise TowerError(f"towers: lr must be > 0, got {self.lr}")
         self.lora_targets = list(self.lora_targets or [])
+        self._check_raw_rows()
+
+    def _check_raw_rows(self) -> None:
+        if int(self.workers) < 0:
+            raise TowerError(f"towers: workers must be >= 0, got {self.workers}")
+        self.workers = int(self.workers)
+        for name, low in (("crop_scale", 0.0), ("crop_ratio", 0.0)):
+            value = [float(v) for v in getattr(self, name)]
+            if len(value) != 2 or not low < value[0] <= value[1]:
+                raise TowerError(
+                    f"towers: {name} must be two numbers 0 < lo <= hi, got {getattr(self, name)}"
+                )
+            setattr(self, name, value)
+        if self.crop_scale[1] > 1:
+            raise TowerError(f"towers: crop_scale must lie in (0, 1], got {self.crop_scale}")
+        if not 0.0 <= float(self.flip) <= 1.0:
+            raise TowerError(f"towers: flip is a probability in [0, 1], got {self.flip}")
 
     @property
     def trains(self) -> bool:
@@ -136,15 +175,24 @@ class TowersConfig:
                     values[key] = int(value)
                 elif key in ("lora_alpha", "lr", "weight_decay"):
                     values[key] = None if value.lower() == "none" else float(value)
-                elif key == "checkpointing":
+                elif key in ("checkpointing", "augment"):
                     if value.lower() not in ("true", "false", "1", "0"):
                         raise ValueError(value)
                     values[key] = value.lower() in ("true", "1")
+                elif key == "workers":
+                    values[key] = int(value)
+                elif key == "flip":
+                    values[key] = float(value)
+                elif key in ("crop_scale", "crop_ratio"):
+                    values[key] = [float(v) for v in value.split(",")]
+                elif key == "shards":
+                    values[key] = value or None
                 else:
                     values[key] = value
             except ValueError:
                 raise TowerError(
-                    f"towers {text!r}: {key}={value!r} is not a {'boolean' if key == 'checkpointing' else 'number'}"
+                    f"towers {text!r}: {key}={value!r} is not a "
+                    f"{'boolean' if key in ('checkpointing', 'augment') else 'number'}"
                 ) from None
         return cls(**values)
 
@@ -160,6 +208,17 @@ class TowersConfig:
         except (OSError, ValueError) as err:
             raise TowerError(f"{path} is not a readable towers config ({err})") from None
         return cls.from_dict(raw, source=str(path))
+
+
+class InputPreparer:
+    """Turns decoded PIL images and texts into a tower's inputs, in a DataLoader worker: here
+    nothing (the tower's ``encode_images`` / ``encode_texts`` take them as they are)."""
+
+    def images(self, images: Sequence[Any]) -> Any:
+        return list(images)
+
+    def texts(self, texts: Sequence[str]) -> Any:
+        return [str(t) for t in texts]
 
 
 class Towers(nn.Module):
@@ -202,6 +261,22 @@ class Towers(nn.Module):
     @abstractmethod
     def encode_texts(self, texts: Sequence[str]) -> Tensor:
         """Texts -> float32 [N, Dt]."""
+
+    # --- raw rows prepared in DataLoader workers (curvalign.towers.loader) --------------------
+    def input_preparer(self) -> InputPreparer:
+        """What DataLoader workers run on decoded (and augmented) PIL images and on texts; the
+        default passes them through and ``encode_prepared_*`` then preprocess and tokenise in
+        the training process. An adapter returns a preparer that preprocesses and tokenises
+        there too (no model weights in it: it is sent to the workers)."""
+        return InputPreparer()
+
+    def encode_prepared_images(self, prepared: Any) -> Tensor:
+        """``input_preparer().images(...)`` output -> float32 [N, Di] (with gradients)."""
+        return self.encode_images(prepared)
+
+    def encode_prepared_texts(self, prepared: Any) -> Tensor:
+        """``input_preparer().texts(...)`` output -> float32 [N, Dt] (with gradients)."""
+        return self.encode_texts(prepared)
 
     @abstractmethod
     def _export_model(self, model: nn.Module, directory: Path) -> str:
@@ -346,4 +421,4 @@ class Towers(nn.Module):
         yield from self.model.parameters()
 
 
-__all__ = ["MODES", "SIDES", "TowerError", "Towers", "TowersConfig"]
+__all__ = ["MODES", "SIDES", "InputPreparer", "TowerError", "Towers", "TowersConfig"]

@@ -7,8 +7,8 @@ standing for images (``wordnet:``) keeps ``image_texts``. The sampler's index st
 features come from the store or from towers, so a tower run draws exactly the rows a
 feature-store run draws; only the rows' features are computed here, by the current towers.
 
-Decoding is in-process (the images of one step are read, resized and normalised by the
-encoder's own evaluation transform: no random augmentation yet, so resume stays bit-exact).
+Training rows are decoded, cropped, augmented and tokenised by ``curvalign.towers.loader``
+(DataLoader workers); validation encodes its split here with the evaluation transform.
 """
 
 from __future__ import annotations
@@ -19,15 +19,8 @@ from typing import Any
 
 from torch import Tensor
 
-from curvalign.data.batch import Batch
 from curvalign.data.features import FeatureStore
-from curvalign.towers.base import TowerError, Towers
-
-#: store parts a tower batch cannot build yet (crops from box coordinates, scored text pairs)
-UNSUPPORTED_PARTS = {
-    "boxes": "box crops and their phrases",
-    "text_pairs": "scored text pairs",
-}
+from curvalign.towers.base import TowerError
 
 
 class StoreItems:
@@ -64,25 +57,24 @@ class StoreItems:
         return [self._texts[int(i)] for i in ids]
 
 
-def check_recipe_parts(requires: Sequence[str], text_tokens: bool, recipe: str) -> None:
-    """TowerError before any training when the recipe needs a part tower batches lack."""
-    missing = [UNSUPPORTED_PARTS[p] for p in sorted(requires) if p in UNSUPPORTED_PARTS]
+def check_recipe_parts(
+    requires: Sequence[str], text_tokens: bool, recipe: str, streamed: bool = False
+) -> None:
+    """TowerError before any training when the recipe needs a part tower batches lack: token
+    features (DualPath's pooling of stored tokens), or boxes and text pairs when the pairs are
+    streamed from webdataset shards (they hold images and captions only)."""
+    missing = []
+    if streamed:
+        what = {"boxes": "box crops and their phrases", "text_pairs": "scored text pairs"}
+        missing = [what[p] for p in sorted(requires) if p in what]
     if text_tokens:
         missing.append("token-level text features")
     if missing:
         raise TowerError(
             f"recipe {recipe} trains on {', '.join(missing)}; tower training does not build "
-            "those from raw items yet (train it on a feature store, or configure it without them)"
+            f"those from {'webdataset shards' if streamed else 'raw items'} (train it on a "
+            "feature store, or configure it without them)"
         )
 
 
-def tower_batch(towers: Towers, items: StoreItems, indices: dict[str, Tensor]) -> Batch:
-    """The Batch of ``indices`` (``BatchSampler.next_indices`` rows, this rank's share) with
-    features from ``towers``: image [B, Di], text [B, Dt], carrying gradients to the towers."""
-    return Batch(
-        image=towers.encode_images(items.images(indices["image"])),
-        text=towers.encode_texts(items.texts(indices["text"])),
-    )
-
-
-__all__ = ["StoreItems", "UNSUPPORTED_PARTS", "check_recipe_parts", "tower_batch"]
+__all__ = ["StoreItems", "check_recipe_parts"]

@@ -41,6 +41,7 @@ from curvalign._io import atomic_write
 from curvalign.config import RunConfig, recipe_class
 from curvalign.data.batch import Batch
 from curvalign.data.features import FeatureStore
+from curvalign.data.sampling import SamplingError
 from curvalign.errors import TrainError
 from curvalign.readout import embed_features
 from curvalign.recipes.base import Progress
@@ -53,10 +54,12 @@ from curvalign.towers import (
     build_towers,
     check_recipe_parts,
     describe,
-    tower_batch,
 )
+from curvalign.towers.loader import Augment, RawBatchLoader, StoreRows
+from curvalign.towers.stream import WebDatasetRows
 from curvalign.train.checkpoint import load_train_state, model_tensors
 from curvalign.train.trainer import (
+    TrainedRun,
     Trainer,
     build_optimizer,
     build_scheduler,
@@ -144,6 +147,7 @@ class TowerTrainer(Trainer):
                 recipe_cls.requires,
                 recipe_cls.reads_text_tokens(config.recipe_config_object()),
                 repr(config.recipe),
+                streamed=towers_config.shards is not None,
             )
             self.items = StoreItems(store, data=f"data {config.data!r}")
             seed_everything(config.train.seed)  # LoRA's A matrices are random
@@ -151,7 +155,9 @@ class TowerTrainer(Trainer):
         except TowerError as err:
             raise TrainError(str(err)) from None
         self._best_towers: dict[str, Tensor] | None = None
+        self._stream_state: dict[str, Any] | None = None  # a resumed stream position
         super().__init__(config, store, run_dir, resume=resume, **kw)
+        self.loader = self._raw_loader()
         for note in self.towers.notes:
             self._note(note)
         if store.meta.get("encoder") not in (None, self.towers.spec):
@@ -193,11 +199,54 @@ class TowerTrainer(Trainer):
         return optimizer
 
     def _next_batch(self) -> Batch:
-        indices = self.sampler.next_indices()
-        size = len(indices["image"]) // self.gather.world_size
-        rank = self.gather.rank
-        local = {k: v[rank * size : (rank + 1) * size] for k, v in indices.items()}
-        return tower_batch(self.towers, self.items, local)
+        try:
+            return self.loader.next_batch(self.step)
+        except TowerError as err:  # an unreadable row: the trainer names the step and checkpoint
+            raise SamplingError(str(err)) from None
+
+    # --- raw rows (curvalign.towers.loader) --------------------------------------------------
+    def _raw_loader(self) -> RawBatchLoader:
+        """This rank's raw rows of each step: the sampler's index stream over the store's
+        manifest, or the stream of ``towers.shards``; decoded, augmented and tokenised by
+        ``towers.workers`` DataLoader workers."""
+        cfg, tcfg = self.train_config, self.towers_config
+        rank, world = self.gather.rank, self.gather.world_size
+        try:
+            if tcfg.shards is not None:
+                source: Any = WebDatasetRows(
+                    tcfg.shards, cfg.batch_size, seed=cfg.seed, rank=rank, world_size=world
+                )
+                if self._stream_state is not None:
+                    source.load_state_dict(self._stream_state)
+            else:
+                data = f"data {self.config.data!r}"
+                source = StoreRows(self.sampler, rank, world, data=data)
+        except TowerError as err:
+            raise TrainError(str(err)) from None
+        augment = (
+            Augment(tuple(tcfg.crop_scale), tuple(tcfg.crop_ratio), tcfg.flip)
+            if tcfg.augment
+            else None
+        )
+        if augment is not None and getattr(source, "images_are_texts", False):
+            self._note("towers: augment has no effect: the images are texts (a text-only encoder)")
+        loader = RawBatchLoader(
+            self.towers, source, workers=tcfg.workers, augment=augment, seed=cfg.seed
+        )
+        loader.reset(self.step)
+        return loader
+
+    def fit(self, stop_at: int | None = None) -> TrainedRun:
+        try:
+            return super().fit(stop_at)
+        finally:
+            self.loader.close()  # the worker processes end with the fit
+
+    def use_store(self, store: FeatureStore) -> None:
+        # the sampler back to the last step trained (the loader drew ahead), then a new loader
+        self.loader.close()
+        super().use_store(store)
+        self.loader = self._raw_loader()
 
     @property
     def validation_store(self) -> FeatureStore:
@@ -223,6 +272,7 @@ class TowerTrainer(Trainer):
                 p.grad = None
             self.sampler.load_state_dict(sampler)
             set_rng_state(rng)
+            self.loader.reset(self.step)
         if unused:
             self.towers.freeze(unused, "that no encoding or loss uses (no gradient reaches them)")
             self._note(self.towers.notes[-1])
@@ -237,6 +287,16 @@ class TowerTrainer(Trainer):
     def state_dict(self) -> dict[str, Any]:
         state = super().state_dict()
         state["towers"] = self.towers.trainable_state()
+        # the rows of the last step trained (the loader's workers draw ahead of it); no loader
+        # yet while a resume rewrites its checkpoint: the loaded state is that position
+        loader = getattr(self, "loader", None)
+        if loader is None:
+            if self._stream_state is not None:
+                state["stream"] = self._stream_state
+        elif isinstance(loader.source, WebDatasetRows):
+            state["stream"] = loader.state_dict()
+        else:
+            state["sampler"] = loader.state_dict()
         state["best_towers"] = self._best_towers
         return state
 
@@ -257,6 +317,7 @@ class TowerTrainer(Trainer):
         except TowerError as err:
             raise CheckpointError(f"cannot resume {self.run_dir}: {err}") from None
         self._best_towers = state.get("best_towers")
+        self._stream_state = state.get("stream")
         super()._load_state()
 
     def save_checkpoint(self) -> None:
@@ -290,6 +351,10 @@ class TowerTrainer(Trainer):
         }
         if self.towers_config.trains:  # locked towers give the store's features
             extras["encoder"] = None
+        loader = getattr(self, "loader", None)
+        if loader is not None and isinstance(loader.source, WebDatasetRows):
+            # the training rows came from the shards (the sampler summary is the store's)
+            extras["towers"]["stream"] = loader.state_dict()
         return extras
 
 
