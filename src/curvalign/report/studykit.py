@@ -62,6 +62,7 @@ from typing import Any
 import torch
 
 from curvalign.data.features import FeatureStore
+from curvalign.eval.result import EvaluationResult
 from curvalign.recipes.base import Recipe
 from curvalign.stats import (
     Interval,
@@ -390,8 +391,7 @@ def val_score(recipe: Any, store: FeatureStore, split: str = "val") -> float:
     """mean(t2i@1, i2t@1) on ``split`` with the recipe's own score."""
     from curvalign.eval import evaluate
 
-    r = evaluate(recipe, store, split=split, diagnostics=False)["retrieval"]
-    return 0.5 * (r["t2i@1"] + r["i2t@1"])
+    return evaluate(recipe, store, split=split, diagnostics=False).mean_r1
 
 
 def converged(history: Sequence[tuple[int, float]], tol: float) -> bool | None:
@@ -724,7 +724,7 @@ class Bench:
         model.eval()
         return model
 
-    def evaluate(self, recipe: Any, diagnostics: bool = False) -> dict[str, Any]:
+    def evaluate(self, recipe: Recipe, diagnostics: bool = False) -> EvaluationResult:
         from curvalign.eval import evaluate
 
         return evaluate(recipe, self.store, split="test", diagnostics=diagnostics)
@@ -750,6 +750,5 @@ class Timer:
         return round(time.perf_counter() - self.start, 1)
 
 
-def mean_r1(ev: dict[str, Any]) -> float:
-    r = ev["retrieval"]
-    return 0.5 * (r["t2i@1"] + r["i2t@1"])
+def mean_r1(ev: EvaluationResult) -> float:
+    return ev.mean_r1

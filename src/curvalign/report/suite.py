@@ -38,6 +38,7 @@ from typing import Any
 
 from curvalign.data.protocols import PROTOCOLS, get_protocol, protocol_store
 from curvalign.errors import CurvalignError
+from curvalign.eval.result import EvaluationResult
 
 LONG_COLUMNS = (
     "dataset",
@@ -109,7 +110,7 @@ def _pick_split(store: Any, split: str) -> str:
 
 
 def result_rows(
-    result: dict[str, Any],
+    result: EvaluationResult,
     dataset: str,
     model: str,
     pretrained: str,
@@ -137,28 +138,27 @@ def result_rows(
             }
         )
 
-    for key, value in result.get("retrieval", {}).items():
+    for key, value in result.retrieval.items():
         direction, k = key.split("@")
         metric = "image_retrieval_recall" if direction == "t2i" else "text_retrieval_recall"
         add("zeroshot_retrieval", f"{metric}@{k}", value, reported=int(k) in reported_ks)
-    zeroshot = result.get("zeroshot", {})
-    for ours, theirs in (
-        ("top1", "acc1"),
-        ("top5", "acc5"),
-        ("mean_per_class", "mean_per_class_recall"),
-    ):
-        if ours in zeroshot:
-            add("zeroshot_classification", theirs, zeroshot[ours])
-    for metric, value in result.get("hierarchy", {}).items():
+    if result.zeroshot is not None:
+        add("zeroshot_classification", "acc1", result.zeroshot.top1)
+        add("zeroshot_classification", "acc5", result.zeroshot.top5)
+        add("zeroshot_classification", "mean_per_class_recall", result.zeroshot.mean_per_class)
+    for metric, value in (result.hierarchy or {}).items():
         add("hierarchical_classification", metric, value)
-    if "mAP" in result.get("multilabel", {}):
-        add("multilabel_classification", "mAP", result["multilabel"]["mAP"])
-    for source, metrics in (result.get("entailment") or {}).items():
-        if isinstance(metrics, dict):
+    if result.multilabel is not None and "mAP" in result.multilabel:
+        add("multilabel_classification", "mAP", result.multilabel["mAP"])
+    entailment = result.entailment
+    sources = (
+        {} if entailment is None else {"taxonomy": entailment.taxonomy, "chains": entailment.chains}
+    )
+    for source, metrics in sources.items():
+        if metrics is not None:
             for metric in ("AP", "AUROC"):
                 add("entailment", metric, metrics[metric], name=f"{dataset}/{source}")
-    compositional = result.get("compositional", {})
-    for kind, value in compositional.items():
+    for kind, value in (result.compositional or {}).items():
         name = dataset if kind == "overall" else f"{dataset}/{kind}"
         add("image_caption_selection", "acc", value, name=name)
     return rows

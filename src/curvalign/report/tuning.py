@@ -264,7 +264,6 @@ def run_tuning(
     study until it holds ``trials`` counted trials (``max_trials_this_call`` stops this call
     after that many new trials, for tests)."""
     from curvalign.report.benchmark import check_recipes_against_data, split_overrides
-    from curvalign.report.tables import lookup
     from curvalign.stats import curve_converged
     from curvalign.train.trainer import train
 
@@ -339,7 +338,7 @@ def run_tuning(
                 value = (
                     float(run.best_val)
                     if metric == DEFAULT_METRIC
-                    else _metric_of_run(run, store, metric, lookup)
+                    else _metric_of_run(run, store, metric)
                 )
                 history = [(int(s), float(v)) for s, v in run.val_history]
                 trial.set_user_attr("best_step", run.best_step)
@@ -384,7 +383,7 @@ def _check_metric(
 
     config = resolve_config(recipe, spec, overrides=overrides)
     model = build_model(config, *recipe_input_dims(config, store)).eval()
-    leaves = _leaves(evaluate(model, store, split="val", diagnostics=False))
+    leaves = _leaves(evaluate(model, store, split="val", diagnostics=False).to_json())
     if leaves.get(metric) is None:
         known = ", ".join(sorted(k for k, v in leaves.items() if v is not None))
         raise ConfigError(
@@ -393,12 +392,12 @@ def _check_metric(
         )
 
 
-def _metric_of_run(run: Path, store: FeatureStore, metric: str, lookup: Callable) -> float:
+def _metric_of_run(run: Path, store: FeatureStore, metric: str) -> float:
     from curvalign.eval import evaluate
     from curvalign.runs import load_run
 
     loaded = load_run(run)  # the best validation weights
-    value = lookup(evaluate(loaded.recipe, store, split="val", diagnostics=False), metric)
+    value = evaluate(loaded.recipe, store, split="val", diagnostics=False).metric(metric)
     if value is None or not math.isfinite(float(value)):
         raise ConfigError(f"selection metric {metric!r} is not a finite number for this trial")
     return float(value)
