@@ -31,6 +31,7 @@ from curvalign.recipes.proclip import Proclip
 
 if TYPE_CHECKING:
     from curvalign.eval.pipeline import Evaluation
+    from curvalign.eval.ridge import RidgeMap
     from curvalign.runs import LoadedRun
 
 Notify = Callable[[str], None]
@@ -303,7 +304,7 @@ def check_recipes_against_data(
     return configs
 
 
-def ridge_baseline(store: FeatureStore, seed: int) -> Any:
+def ridge_baseline(store: FeatureStore, seed: int) -> RidgeMap | str:
     """The ridge map (``eval/ridge.py``) fit on the train split, its strength chosen on the
     validation split (the store's own, or the trainer's seeded hold-out); a string saying why
     when it cannot be fit."""

@@ -34,11 +34,15 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from curvalign.data.protocols import PROTOCOLS, get_protocol, protocol_store
 from curvalign.errors import CurvalignError
 from curvalign.eval.result import EvaluationResult
+
+if TYPE_CHECKING:
+    from curvalign.data.features import FeatureStore
+    from curvalign.recipes.base import Recipe
 
 LONG_COLUMNS = (
     "dataset",
@@ -100,7 +104,7 @@ def dataset_name(folder: str) -> str:
     return "wds/" + folder[4:] if folder.startswith("wds_") else folder
 
 
-def _pick_split(store: Any, split: str) -> str:
+def _pick_split(store: FeatureStore, split: str) -> str:
     names = store.split_names
     if names is None or split in names:
         return split
@@ -164,7 +168,7 @@ def result_rows(
     return rows
 
 
-def _store_protocol(store: Any, wanted: str | None) -> str | None:
+def _store_protocol(store: FeatureStore, wanted: str | None) -> str | None:
     name = wanted or store.meta.get("protocol")
     if name is not None and name not in PROTOCOLS:
         raise SuiteError(f"unknown retrieval protocol {name!r}; known: {', '.join(PROTOCOLS)}")
@@ -172,7 +176,7 @@ def _store_protocol(store: Any, wanted: str | None) -> str | None:
 
 
 def evaluate_on_suite(
-    recipe: Any,
+    recipe: Recipe,
     folder: str | Path,
     model: str,
     pretrained: str,

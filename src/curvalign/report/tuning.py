@@ -38,7 +38,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import yaml
@@ -46,6 +46,10 @@ import yaml
 from curvalign.data import load_store
 from curvalign.data.features import FeatureStore
 from curvalign.errors import ConfigError, CurvalignError
+
+if TYPE_CHECKING:
+    from curvalign.recipes.base import Recipe
+    from curvalign.train.lr_range import LRRangeResult
 
 Notify = Callable[[str], None]
 
@@ -437,7 +441,7 @@ def _lr_range(
 
 def _best_of(
     study: Any,
-    recipe_cls: Any,
+    recipe_cls: type[Recipe],
     name: str,
     spec: str,
     steps: int | None,
@@ -551,7 +555,7 @@ def plot_history(studies: Mapping[str, Any], path: Path, metric: str) -> Path:
     return save_figure(fig, path)
 
 
-def plot_lr_range(found: Any, path: Path) -> Path:
+def plot_lr_range(found: LRRangeResult, path: Path) -> Path:
     """Loss against learning rate (log axis) of one range test, the suggested range shaded."""
     from curvalign.report.plots import plt, save_figure  # plots chose the Agg backend
 
