@@ -333,7 +333,7 @@ def test_cli_minilm_tokens_train_and_eval(tmp_path: Path) -> None:
     result = runner.invoke(app, ["eval", str(run_dir), "--json"])
     assert result.exit_code == 0, result.output
     metrics = json.loads(result.output.strip().splitlines()[-1])
-    assert metrics.meta.num_texts == 4 and "t2i@1" in metrics.retrieval
+    assert metrics["meta"]["num_texts"] == 4 and "t2i@1" in metrics["retrieval"]
     # index + search from free text: the run's encoder gives the query's tokens
     from curvalign.data import load_data
     from curvalign.index.embed import build_from_embeddings, embed_store, load_embeddings
