@@ -15,8 +15,9 @@
 Each stage reads the ``SplitEmbeddings`` and the store and returns its part of the metrics (or
 None when the store lacks what it needs). ``run_evaluation`` returns the metrics (an
 ``EvaluationResult``, ``eval/result.py``; its ``to_json()`` has the keys in docs/evaluation.md)
-and, if asked, the raw arrays the plots draw, from the same embeddings. Every question that depends on the method goes to the recipe (its contract in
-``recipes/base.py``); nothing here knows a method by name. This module never imports the trainer.
+and, if asked, the raw arrays the plots draw, from the same embeddings. Every question that
+depends on the method goes to the recipe (its contract in ``recipes/base.py``); nothing here
+knows a method by name. This module never imports the trainer.
 """
 
 from __future__ import annotations
