@@ -83,11 +83,11 @@ def ridge_evaluation(store, split: str) -> tuple[dict, float, dict[float, float]
 
     on_val = {}
     for alpha in RIDGE_GRID:
-        r = evaluate(ridge_recipe(store, alpha), store, split="val", diagnostics=False)["retrieval"]
+        r = evaluate(ridge_recipe(store, alpha), store, split="val", diagnostics=False).retrieval
         on_val[alpha] = (r["t2i@1"] + r["i2t@1"]) / 2
     best = max(RIDGE_GRID, key=lambda a: (on_val[a], a))  # ties: the stronger penalty
     result = evaluate(ridge_recipe(store, best), store, split=split, diagnostics=False)
-    result.setdefault("meta", {}).update(ridge_alpha=best, ridge_validation_r1=on_val)
+    result = result.with_run(ridge_alpha=best, ridge_validation_r1=on_val).to_json()
     return result, best, on_val
 
 

@@ -41,7 +41,7 @@ def main() -> None:
     recipe = run.recipe
 
     metrics = evaluate(recipe, store, split="test", diagnostics=False)
-    print("retrieval on the test split:", {k: round(v, 3) for k, v in metrics["retrieval"].items()})
+    print("retrieval on the test split:", {k: round(v, 3) for k, v in metrics.retrieval.items()})
 
     # Exact nearest neighbours by Lorentz distance over the test images.
     test_images = store.split_image_ids("test")

@@ -268,15 +268,15 @@ def test_evaluate_reports_prompt_sensitivity_and_multilabel_map():
     recipe = _recipe("clip", embed_dim=2)
     store = _multilabel_store()
     res = evaluate(recipe, store, split="test", diagnostics=False)
-    templates = res["prompt_sensitivity"]["templates"]
-    assert templates["a photo of a {}"]["top1"] == 1.0
-    assert templates["a swapped {}"]["top1"] == 0.0  # the swapped template inverts the classes
-    assert res["prompt_sensitivity"]["spread_top1"] == 1.0
-    assert res["prompt_sensitivity"]["ensemble"] == res["zeroshot"]
-    assert res["multilabel"]["classes"] == 2.0
-    assert "mean_per_class" in res["zeroshot"]
+    templates = res.prompt_sensitivity.templates
+    assert templates["a photo of a {}"].top1 == 1.0
+    assert templates["a swapped {}"].top1 == 0.0  # the swapped template inverts the classes
+    assert res.prompt_sensitivity.spread_top1 == 1.0
+    assert res.prompt_sensitivity.ensemble == res.zeroshot
+    assert res.multilabel["classes"] == 2.0
+    assert "mean_per_class" in res.to_json()["zeroshot"]
     # the cosine recipe has no entailment quantity, and there is no taxonomy or chain anyway
-    assert "entailment" not in res
+    assert res.entailment is None and "entailment" not in res.to_json()
 
 
 def test_evaluate_multilabel_map_matches_the_hand_ranking_with_the_recipe_score():
@@ -288,7 +288,7 @@ def test_evaluate_multilabel_map_matches_the_hand_ranking_with_the_recipe_score(
     classes = recipe.embed_texts(torch.eye(2))["point"]
     scores = emb_i @ classes.T  # the class points: each class's two identical prompts
     labels = label_matrix(store.multilabel_to_image, store.multilabel_class, 4, 2)
-    assert res["multilabel"]["mAP"] == pytest.approx(multilabel_map(scores, labels)["mAP"])
+    assert res.multilabel["mAP"] == pytest.approx(multilabel_map(scores, labels)["mAP"])
 
 
 def test_multilabel_group_needs_classes_and_valid_indices():
@@ -354,8 +354,8 @@ def test_taxonomy_entailment_through_evaluate_depth_matched_negatives_tie_a_radi
     # 1 (b) at (0, 2). Pairs: (a, img0)+, (b, img0)-, (b, img1)+, (a, img1)-. Every class lies
     # at radius 1 and every image at radius 2, so dist0(image) - dist0(class) is one value for
     # all four pairs: AP = 1/2 (the share of positives), AUROC = 1/2, one distinct score
-    res = evaluate(_ClassPointLorentz(), _toy_store(), diagnostics=False)["entailment"]
-    assert res["taxonomy"] == pytest.approx(
+    res = evaluate(_ClassPointLorentz(), _toy_store(), diagnostics=False).entailment
+    assert res.taxonomy == pytest.approx(
         {
             "AP": 0.5,
             "AUROC": 0.5,
@@ -367,7 +367,7 @@ def test_taxonomy_entailment_through_evaluate_depth_matched_negatives_tie_a_radi
     )
     # the cone sees the relation: each image lies on its own class's ray (exterior angle 0) and
     # at a right angle to the other class's, so the positives come first
-    cone = evaluate(_ConeLorentz(), _toy_store(), diagnostics=False)["entailment"]["taxonomy"]
+    cone = evaluate(_ConeLorentz(), _toy_store(), diagnostics=False).entailment.taxonomy
     assert cone["AP"] == 1.0 and cone["AUROC"] == 1.0 and cone["distinct_scores"] == 2
 
 
@@ -407,7 +407,7 @@ def test_synthetic_world_is_multi_label_and_evaluate_ranks_it_with_the_recipe_sc
             store.prompt_to_class,
             len(store.class_names),
         )
-    assert res["multilabel"] == pytest.approx(multilabel_map(scores, labels[test]))
+    assert res.multilabel == pytest.approx(multilabel_map(scores, labels[test]))
 
 
 def test_depths_print_in_edges_and_get_no_best_verdict():

@@ -266,23 +266,23 @@ def _toy_store():
 
 def test_evaluate_runs_every_supported_metric_with_the_recipe_score():
     res = evaluate(_IdentityLorentz(), _toy_store(), split="test")
-    assert res["meta"]["num_images"] == 4 and res["meta"]["num_texts"] == 4
+    assert res.meta.num_images == 4 and res.meta.num_texts == 4
     # caption 3 is nearest image 1, not its own image 3: 3 of 4 captions find their image first
-    assert res["retrieval"]["t2i@1"] == pytest.approx(3 / 4)
-    assert res["zeroshot"]["top1"] == 1.0
-    assert res["zeroshot"]["mean_per_class"] == 1.0
+    assert res.retrieval["t2i@1"] == pytest.approx(3 / 4)
+    assert res.zeroshot.top1 == 1.0
+    assert res.zeroshot.mean_per_class == 1.0
     # a and b are the root's children: correct leaf predictions at depth 1, each other's sibling
     # (the only other class, so found among the 5 best); no cousins, so no cousin recall
-    assert res["hierarchy"] == pytest.approx(
+    assert res.hierarchy == pytest.approx(
         {"TIE": 0, "LCA": 1, "J": 1, "PH": 1, "RH": 1}
         | {"depth_match": 1, "leaf_rate": 1, "pred_depth": 1, "true_depth": 1, "sibling@5": 1}
     )
-    assert res["compositional"] == pytest.approx({"overall": 1.0, "object": 1.0, "attribute": 1.0})
-    assert res["ordering"]["text"] == pytest.approx({"chain": 0.5, "pairs": 3 / 4})
-    assert res["ordering"]["image"] == pytest.approx(
+    assert res.compositional == pytest.approx({"overall": 1.0, "object": 1.0, "attribute": 1.0})
+    assert res.ordering.text == pytest.approx({"chain": 0.5, "pairs": 3 / 4})
+    assert res.ordering.image == pytest.approx(
         {"chain": 0.5, "pairs": 0.5}
     )  # crop 2 is beyond its image
-    assert res["diagnostics"]["distance_to_origin"]["image"]["mean"] == pytest.approx(
+    assert res.diagnostics["distance_to_origin"]["image"]["mean"] == pytest.approx(
         float(torch.asinh(torch.tensor(2.0)))
     )
 
@@ -297,8 +297,8 @@ class _IdentityNoOrigin(_IdentityLorentz):
 
 def test_evaluate_reports_ordering_as_not_applicable_without_an_origin():
     res = evaluate(_IdentityNoOrigin(), _toy_store())
-    assert res["ordering"]["text"] is None and "n/a" in res["ordering"]["note"]
-    assert res["diagnostics"]["distance_to_origin"] is None
+    assert res.ordering.text is None and "n/a" in res.ordering.note
+    assert res.diagnostics["distance_to_origin"] is None
 
 
 def test_hyperbolic_recipe_answers_distance_and_tangent_features_in_closed_form():

@@ -166,7 +166,7 @@ def test_ridge_map_recovers_a_linear_relation_and_picks_its_strength_on_validati
     store = _linear_store()
     ridge = fit_ridge(store)
     assert isinstance(ridge, RidgeMap) and ridge.alpha is not None
-    r = evaluate(ridge, store, split="test", diagnostics=False)["retrieval"]
+    r = evaluate(ridge, store, split="test", diagnostics=False).retrieval
     assert r["t2i@1"] > 0.9  # chance: 1/20
     # the test split is not used to fit: the fit is identical when test features change
     changed = _linear_store()
@@ -174,7 +174,7 @@ def test_ridge_map_recovers_a_linear_relation_and_picks_its_strength_on_validati
     assert torch.equal(fit_ridge(changed).weight, ridge.weight)
     # a relation that is not there gives no such result
     noise = _linear_store(noise=100.0)
-    r = evaluate(fit_ridge(noise), noise, split="test", diagnostics=False)["retrieval"]
+    r = evaluate(fit_ridge(noise), noise, split="test", diagnostics=False).retrieval
     assert r["t2i@1"] < 0.5
 
 

@@ -165,11 +165,11 @@ def test_eval_retrieval_never_allocates_a_dense_matrix(monkeypatch):
     n = 500
     store = dataclasses.replace(_val_store(n), split_names=["train", "test"])
     recipe = _recipe("meru")
-    want = evaluate(recipe, store, split="test", diagnostics=False)["retrieval"]
+    want = evaluate(recipe, store, split="test", diagnostics=False).retrieval
     monkeypatch.setattr(readout, "PAIR_BUDGET", 4096)
     got = {}
     largest = _largest_allocation(
-        lambda: got.update(evaluate(recipe, store, split="test", diagnostics=False)["retrieval"])
+        lambda: got.update(evaluate(recipe, store, split="test", diagnostics=False).retrieval)
     )
     assert largest < n * n * 4 // 16, largest
     assert got == want
@@ -206,8 +206,8 @@ def test_float16_store_validates_evaluates_and_embeds(tmp_path: Path):
     full_t = dataclasses.replace(full, split_names=as_test)
     want = evaluate(recipe, full_t, split="test")
     got = evaluate(recipe, half_t, split="test")
-    assert got["retrieval"] == want["retrieval"]
-    assert got["diagnostics"]["spectrum"] == want["diagnostics"]["spectrum"]
+    assert got.retrieval == want.retrieval
+    assert got.diagnostics["spectrum"] == want.diagnostics["spectrum"]
     shared = FeatureStore(
         image_features=half.image_features[:, :10].contiguous(),
         text_features=half.text_features,
@@ -216,7 +216,7 @@ def test_float16_store_validates_evaluates_and_embeds(tmp_path: Path):
         split_names=as_test,
     )
     frozen = evaluate(FrozenFeatures(10, 10), shared, split="test", diagnostics=False)
-    assert 0.0 <= frozen["retrieval"]["t2i@1"] <= 1.0
+    assert 0.0 <= frozen.retrieval["t2i@1"] <= 1.0
     a = load_embeddings(embed_store(recipe, half, tmp_path / "half", batch_size=7))
     b = load_embeddings(embed_store(recipe, full, tmp_path / "full", batch_size=7))
     for side in ("images", "texts"):

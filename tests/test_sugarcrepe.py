@@ -81,7 +81,7 @@ def test_compositional_eval_reports_each_kind_with_the_recipes_score(tmp_path: P
     torch.manual_seed(0)
     cls = get_recipe("meru")
     recipe = cls(cls.Config(), store.image_dim, store.text_dim).eval()
-    result = evaluate(recipe, store, diagnostics=False)["compositional"]
+    result = evaluate(recipe, store, diagnostics=False).compositional
     with torch.no_grad():
         images = recipe.embed_images(store.image_features[store.text_to_image])
         pos = recipe.pair_scores(recipe.embed_texts(store.text_features), images, query="image")
@@ -188,7 +188,7 @@ def test_text_only_mode_scores_caption_and_negative_against_another_caption(
     torch.manual_seed(0)
     cls = get_recipe("clip")
     recipe = cls(cls.Config(), store.image_dim, store.text_dim).eval()
-    result = evaluate(recipe, store, diagnostics=False)["compositional"]
+    result = evaluate(recipe, store, diagnostics=False).compositional
     with torch.no_grad():
         anchors = recipe.embed_images(store.image_features[store.text_to_image])
         pos = recipe.pair_scores(recipe.embed_texts(store.text_features), anchors, query="image")

@@ -92,9 +92,9 @@ def test_suite_writes_the_long_table(suite) -> None:
     store = FeatureStore.load(suite["folder"] / "wds_flickr_tiny")
     direct = evaluate(run.recipe, store, diagnostics=False)
     value = float(by[("wds/flickr_tiny", "zeroshot_retrieval", "text_retrieval_recall@5")]["value"])
-    assert value == pytest.approx(direct["retrieval"]["i2t@5"])
+    assert value == pytest.approx(direct.retrieval["i2t@5"])
     sc = FeatureStore.load(suite["folder"] / "sugar_crepe")
-    kinds = evaluate(run.recipe, sc, diagnostics=False)["compositional"]
+    kinds = evaluate(run.recipe, sc, diagnostics=False).compositional
     assert float(
         by[("sugar_crepe/swap_att", "image_caption_selection", "acc")]["value"]
     ) == pytest.approx(kinds["swap_att"])
@@ -107,9 +107,9 @@ def test_suite_writes_the_long_table(suite) -> None:
     # CLIP_benchmark's mean_per_class_recall column, with evaluate()'s mean per-class recall
     assert "mean_per_class_recall" in wide[0]
     cifar = FeatureStore.load(suite["folder"] / "wds_cifar3")
-    zeroshot = evaluate(run.recipe, cifar, diagnostics=False)["zeroshot"]
+    zeroshot = evaluate(run.recipe, cifar, diagnostics=False).zeroshot
     mpc = by[("wds/cifar3", "zeroshot_classification", "mean_per_class_recall")]
-    assert float(mpc["value"]) == pytest.approx(zeroshot["mean_per_class"])
+    assert float(mpc["value"]) == pytest.approx(zeroshot.mean_per_class)
 
 
 def test_suite_json_and_errors(suite, tmp_path: Path) -> None:

@@ -149,10 +149,10 @@ def test_dualpath_trains_and_evaluates_on_tokens(tmp_path: Path) -> None:
     assert not torch.allclose(embedded, torch.nn.functional.normalize(head_on_mean, dim=-1))
 
     metrics = evaluate(recipe, store, split="test")
-    assert set(metrics["retrieval"]) >= {"t2i@1", "i2t@1"}
-    assert metrics["meta"]["num_texts"] == 8 and "skipped" not in metrics["meta"]
-    assert 0.0 <= metrics["zeroshot"]["top1"] <= 1.0
-    assert 0.0 <= metrics["compositional"]["overall"] <= 1.0
+    assert set(metrics.retrieval) >= {"t2i@1", "i2t@1"}
+    assert metrics.meta.num_texts == 8 and "skipped" not in metrics.to_json()["meta"]
+    assert 0.0 <= metrics.zeroshot.top1 <= 1.0
+    assert 0.0 <= metrics.compositional["overall"] <= 1.0
 
 
 def test_padding_tokens_change_nothing(tmp_path: Path) -> None:
@@ -197,8 +197,8 @@ def test_parts_without_tokens_are_listed_skips(tmp_path: Path) -> None:
     )
     partial = token_store(prompts=False, negatives=False)
     metrics = evaluate(run.recipe, partial, split="test")
-    assert "zeroshot" not in metrics and "compositional" not in metrics
-    skipped = " ".join(metrics["meta"]["skipped"])
+    assert metrics.zeroshot is None and metrics.compositional is None
+    skipped = " ".join(metrics.meta.skipped)
     assert "zeroshot" in skipped and "compositional" in skipped and "--tokens" in skipped
 
 
@@ -395,7 +395,7 @@ def test_image_folder_extraction_stores_tokens_of_every_text_part(tmp_path: Path
     overrides = [o for o in SMALL if not o.startswith("batch_size")] + ["batch_size=2"]
     run_dir = train("dualpath", store, tmp_path / "run", steps=4, overrides=overrides)
     metrics = evaluate(load_run(run_dir).recipe, store)
-    assert "t2i@1" in metrics["retrieval"] and "zeroshot" in metrics
+    assert "t2i@1" in metrics.retrieval and metrics.zeroshot is not None
 
 
 def test_embed_store_feeds_tokens(tmp_path: Path) -> None:

@@ -432,16 +432,16 @@ def eval_command(
         fail(str(err))
     run, result, spec, split = evaluation.run, evaluation.result, evaluation.spec, evaluation.split
     if json_output:
-        typer.echo(json.dumps(to_jsonable(result)))
+        typer.echo(json.dumps(to_jsonable(result.to_json())))
         return
-    for warning in result["health"]["warnings"]:
+    for warning in (result.health or {}).get("warnings", []):
         typer.secho(f"warning: {warning}", err=True, fg=typer.colors.YELLOW)
     typer.echo(
         f"{run.config.recipe}, {run.describe()}, on {spec} ({split}: "
-        f"{result['meta']['num_images']} images, {result['meta']['num_texts']} captions)"
+        f"{result.meta.num_images} images, {result.meta.num_texts} captions)"
     )
     typer.echo(f"  units: {UNITS}")
-    for name, value in metrics_lines(result):
+    for name, value in metrics_lines(result.to_json()):
         typer.echo(f"  {name:40s} {value}")
 
 

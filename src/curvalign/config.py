@@ -27,12 +27,15 @@ import typing
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Union
+from typing import TYPE_CHECKING, Any, Literal, Union
 
 import yaml
 
 from curvalign._io import atomic_write_text
 from curvalign.errors import ConfigError
+
+if TYPE_CHECKING:
+    from curvalign.data.features import FeatureStore
 
 
 @dataclass
@@ -310,7 +313,7 @@ def describe_config(
     return note + from_data + text
 
 
-def resolve_data_init(config: RunConfig, store: Any) -> RunConfig:
+def resolve_data_init(config: RunConfig, store: FeatureStore) -> RunConfig:
     """``config`` with the recipe's data-dependent initial values filled in (the keys the
     recipe's ``resolve_init`` resolves from ``store``'s train feature norms, e.g. MERU's
     per-modality scale before ``expmap0``); values the user set are kept. The result is what

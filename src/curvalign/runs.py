@@ -25,7 +25,7 @@ import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from safetensors import SafetensorError
@@ -35,6 +35,9 @@ from curvalign._io import sha256_file
 from curvalign.config import RunConfig, recipe_class
 from curvalign.errors import ConfigError, CurvalignError
 from curvalign.recipes.base import Recipe
+
+if TYPE_CHECKING:
+    from curvalign.data.features import FeatureStore
 
 CONFIG_FILE = "config.json"
 CONFIG_YAML = "config.yaml"
@@ -185,7 +188,7 @@ def reads_text_tokens(config: RunConfig) -> bool:
     return bool(recipe_class(config.recipe).reads_text_tokens(config.recipe_config_object()))
 
 
-def recipe_input_dims(config: RunConfig, store: Any) -> tuple[int, int]:
+def recipe_input_dims(config: RunConfig, store: FeatureStore) -> tuple[int, int]:
     """(image, text) input widths of ``config``'s recipe on ``store`` (a FeatureStore): the
     pooled feature widths, or the token width ``Dk`` as the text width when the recipe reads
     text tokens (a store without tokens is one clear error, ``FeatureStoreError``)."""

@@ -18,11 +18,14 @@ else is an error, never a silently different benchmark.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
 from curvalign.errors import CurvalignError
+
+if TYPE_CHECKING:
+    from curvalign.data.features import FeatureStore
 
 
 class ProtocolError(CurvalignError, ValueError):
@@ -50,7 +53,9 @@ def get_protocol(name: str) -> RetrievalProtocol:
     return PROTOCOLS[name]
 
 
-def protocol_store(store: Any, protocol: RetrievalProtocol, split: str = "test") -> Any:
+def protocol_store(
+    store: FeatureStore, protocol: RetrievalProtocol, split: str = "test"
+) -> FeatureStore:
     """The split of ``store`` cut to the protocol: its images, each with its first
     ``captions_per_image`` captions (in store order). Only the retrieval fields are kept.
 

@@ -2,7 +2,8 @@
 
 ``evaluate(recipe, store, split="test")`` runs the pipeline of ``eval/pipeline.py`` (embed the
 split once; retrieval, zero-shot, hierarchy, compositional, ordering, diagnostics) and returns
-its metrics; ``run_evaluation`` returns the metrics together with the arrays the plots draw.
+its metrics as an ``EvaluationResult`` (``eval/result.py``: typed fields, ``to_json()``,
+``metric(path)``); ``run_evaluation`` returns them together with the arrays the plots draw.
 Ranking goes only through ``recipe.scores`` / ``recipe.pair_scores`` /
 ``recipe.zero_shot_scores``, never a cosine stand-in; every method-specific question (distance to
 the origin, tangent features, factors, extra diagnostics) goes to the recipe's contract.
@@ -27,6 +28,7 @@ from curvalign.eval.pipeline import (
     run_evaluation,
     score_matrix,
 )
+from curvalign.eval.result import EvaluationResult
 from curvalign.recipes.base import Recipe
 
 
@@ -36,10 +38,10 @@ def evaluate(
     split: str = "test",
     batch_size: int = 1024,
     diagnostics: bool = True,
-) -> dict[str, Any]:
+) -> EvaluationResult:
     """All metrics the store supports on ``split`` (every image when the store has no splits).
 
-    Returns a JSON-serialisable dict (keys documented in docs/evaluation.md):
+    Returns an ``EvaluationResult``; its ``to_json()`` (keys documented in docs/evaluation.md):
     ``meta`` {recipe, split, num_images, num_texts}; ``retrieval`` {t2i@k, i2t@k};
     ``zeroshot`` {top1, top5, mean_per_class}; ``hierarchy`` {TIE, LCA, J, PH, RH, depth_match,
     leaf_rate, pred_depth, true_depth, sibling@5, cousin@5}; ``prompt_sensitivity``;
@@ -66,6 +68,7 @@ __all__ = [
     "PAIR_BUDGET",
     "DiagnosticArrays",
     "Evaluation",
+    "EvaluationResult",
     "SplitEmbeddings",
     "diagnostic_arrays",
     "embed",

@@ -16,7 +16,7 @@ for a 3-item text chain), an adjacent pair with 1/2. Entailment and multi-label 
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -26,6 +26,9 @@ from curvalign.eval.hierarchy import (
     hierarchical_metrics,
     relative_classes,
 )
+
+if TYPE_CHECKING:
+    from curvalign.data.features import FeatureStore
 
 
 def _miss_all(n: int, m: int, k: int) -> float:
@@ -39,7 +42,7 @@ def _miss_all(n: int, m: int, k: int) -> float:
 
 
 def chance_evaluation(
-    store: Any,
+    store: FeatureStore,
     split: str = "test",
     ks: tuple[int, ...] = (1, 5, 10),
     draws: int = 20,

@@ -12,12 +12,15 @@ Zero-shot  class embedding = mean of the class's normalised prompts, renormalise
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from torch import Tensor
 
 from curvalign.geometry import sphere
 from curvalign.recipes.base import CosineRecipe, Embedding
+
+if TYPE_CHECKING:
+    from curvalign.data.features import FeatureStore
 
 #: the row name benchmark tables give it
 ROW_NAME = "frozen features"
@@ -41,7 +44,7 @@ class FrozenFeatures(CosineRecipe):
         return {"point": sphere.project(features.float(), 1.0)}
 
 
-def shared_space_reason(store: Any) -> str | None:
+def shared_space_reason(store: FeatureStore) -> str | None:
     """None when the frozen-features baseline applies to ``store``; else why it does not."""
     if store.image_dim != store.text_dim:
         return (

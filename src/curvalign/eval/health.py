@@ -17,7 +17,7 @@ the report).
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from curvalign.errors import CurvalignError
 from curvalign.recipes.health import META_KEY as STEP0_META_KEY
@@ -25,13 +25,17 @@ from curvalign.recipes.health import Step0Health, warning_line
 from curvalign.runs import read_log
 from curvalign.stats import curve_convergence
 
+if TYPE_CHECKING:
+    from curvalign.recipes.base import Recipe
+    from curvalign.runs import LoadedRun
+
 #: share of the run at its end that the curvature check looks at
 TAIL = 0.2
 #: a validation gain (mean R@1, in [0, 1]) below this counts as no gain
 MIN_GAIN = 0.005
 
 
-def curvature_bounds(recipe: Any) -> set[float]:
+def curvature_bounds(recipe: Recipe) -> set[float]:
     """Clamp bounds of the recipe's learned curvature (``Recipe.curvature_bounds()``; empty
     when it learns none)."""
     bounds = recipe.curvature_bounds()
@@ -82,7 +86,7 @@ def health(
     return {"converged": converged, "warnings": warnings}
 
 
-def health_of_run(run: Any) -> dict[str, Any]:
+def health_of_run(run: LoadedRun) -> dict[str, Any]:
     """``health`` of a ``LoadedRun`` (its log, validation history and recipe), with the
     step-0 check's report under "step0" (None for a run written before the check) and its
     warnings first among "warnings"."""

@@ -13,15 +13,16 @@
                                       activation per concept family, ``recipe.embedding_diagnostics``
 
 Each stage reads the ``SplitEmbeddings`` and the store and returns its part of the metrics (or
-None when the store lacks what it needs). ``run_evaluation`` returns the metrics (JSON-ready,
-keys in docs/evaluation.md) and, if asked, the raw arrays the plots draw, from the same
-embeddings. Every question that depends on the method goes to the recipe (its contract in
-``recipes/base.py``); nothing here knows a method by name. This module never imports the trainer.
+None when the store lacks what it needs). ``run_evaluation`` returns the metrics (an
+``EvaluationResult``, ``eval/result.py``; its ``to_json()`` has the keys in docs/evaluation.md)
+and, if asked, the raw arrays the plots draw, from the same embeddings. Every question that
+depends on the method goes to the recipe (its contract in ``recipes/base.py``); nothing here
+knows a method by name. This module never imports the trainer.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -47,6 +48,14 @@ from curvalign.eval.hierarchy import (
 )
 from curvalign.eval.multilabel import label_matrix, multilabel_map
 from curvalign.eval.ordering import ordering_accuracy
+from curvalign.eval.result import (
+    EntailmentMetrics,
+    EvaluationMeta,
+    EvaluationResult,
+    OrderingMetrics,
+    PromptSensitivity,
+    ZeroShotMetrics,
+)
 from curvalign.eval.zeroshot import (
     mean_per_class_recall,
     predict,
@@ -228,13 +237,19 @@ def class_scores_stage(recipe: Recipe, store: FeatureStore, emb: SplitEmbeddings
     )
 
 
+def _zero_shot_metrics(class_scores: Tensor, labels: Tensor) -> ZeroShotMetrics:
+    """Top-1/5 accuracy and mean per-class recall of ``class_scores`` [n, C] for ``labels`` [n]."""
+    top = topk_accuracy(class_scores, labels, ks=(1, 5))
+    return ZeroShotMetrics(top["top1"], top["top5"], mean_per_class_recall(class_scores, labels))
+
+
 def zero_shot_stage(
     recipe: Recipe,
     store: FeatureStore,
     emb: SplitEmbeddings,
     tax: Taxonomy | None,
     all_scores: Tensor | None = None,
-) -> tuple[dict[str, float] | None, dict[str, float] | None]:
+) -> tuple[ZeroShotMetrics | None, dict[str, float] | None]:
     """(zero-shot top-1/5 and mean per-class recall, hierarchical metrics of its predictions
     with their depths and the sibling/cousin recall of the ranked classes); None where not
     supported. ``all_scores``: ``class_scores_stage``'s matrix (computed here when absent)."""
@@ -248,8 +263,7 @@ def zero_shot_stage(
     assert all_scores is not None
     keep = torch.nonzero(labels >= 0).flatten()
     class_scores = all_scores[keep]
-    zeroshot = topk_accuracy(class_scores, labels[keep], ks=(1, 5))
-    zeroshot["mean_per_class"] = mean_per_class_recall(class_scores, labels[keep])
+    zeroshot = _zero_shot_metrics(class_scores, labels[keep])
     hierarchy = None
     if tax is not None and store.class_to_node is not None:
         class_to_node = store.class_to_node.long()
@@ -263,11 +277,11 @@ def zero_shot_stage(
 
 
 def prompt_sensitivity_stage(
-    recipe: Recipe, store: FeatureStore, emb: SplitEmbeddings, ensemble: dict[str, float] | None
-) -> dict[str, Any] | None:
+    recipe: Recipe, store: FeatureStore, emb: SplitEmbeddings, ensemble: ZeroShotMetrics | None
+) -> PromptSensitivity | None:
     """Zero-shot with each template alone beside the prompt ensemble, when the store has several
-    templates (``template_positions``) and labelled images: {"templates": {name: {top1, top5,
-    mean_per_class}}, "ensemble": the ensemble's, "spread_top1": best minus worst template}.
+    templates (``template_positions``) and labelled images: each template's metrics by name, the
+    ensemble's, and the top-1 spread (best minus worst template).
     Template names come from ``store.meta["templates"]`` when it lists them, else "template j"."""
     if emb.prompts is None or store.image_labels is None or ensemble is None:
         return None
@@ -283,7 +297,7 @@ def prompt_sensitivity_stage(
     names = store.meta.get("templates")
     if not (isinstance(names, list) and len(names) == count):
         names = [f"template {j}" for j in range(count)]
-    per_template: dict[str, dict[str, float]] = {}
+    per_template: dict[str, ZeroShotMetrics] = {}
     for j in range(count):
         rows = torch.nonzero(position == j).flatten()
         scores = (
@@ -293,15 +307,9 @@ def prompt_sensitivity_stage(
             .float()
             .cpu()
         )
-        result = topk_accuracy(scores, labels[keep], ks=(1, 5))
-        result["mean_per_class"] = mean_per_class_recall(scores, labels[keep])
-        per_template[str(names[j])] = result
-    top1 = [r["top1"] for r in per_template.values()]
-    return {
-        "templates": per_template,
-        "ensemble": dict(ensemble),
-        "spread_top1": max(top1) - min(top1),
-    }
+        per_template[str(names[j])] = _zero_shot_metrics(scores, labels[keep])
+    top1 = [r.top1 for r in per_template.values()]
+    return PromptSensitivity(per_template, ensemble, max(top1) - min(top1))
 
 
 def multilabel_stage(
@@ -331,7 +339,7 @@ def entailment_stage(
     tax: Taxonomy | None,
     batch_size: int,
     seed: int = 0,
-) -> dict[str, Any] | None:
+) -> EntailmentMetrics | None:
     """Entailment AP/AUROC with ``recipe.entailment_scores`` on the taxonomy's (class text,
     image) pairs and the chains' (general text, specific text) pairs (``eval/entailment.py``);
     n/a with the reason when the recipe has no entailment-capable quantity."""
@@ -346,12 +354,12 @@ def entailment_stage(
         return None
     probe = slice_embedding(emb.images, slice(0, 1))
     if recipe.entailment_scores(probe, probe) is None:
-        return {
-            "measure": None,
-            "note": f"{recipe.name} has no entailment-capable quantity (its geometry has no "
+        return EntailmentMetrics(
+            measure=None,
+            note=f"{recipe.name} has no entailment-capable quantity (its geometry has no "
             "origin and no cones): entailment does not apply (n/a)",
-        }
-    out: dict[str, Any] = {"measure": recipe.entailment_measure}
+        )
+    note = taxonomy_metrics = chains_metrics = None
     if has_taxonomy:
         assert tax is not None and emb.prompts is not None and store.class_to_node is not None
         labels = store.image_labels[emb.image_ids].long()
@@ -368,16 +376,14 @@ def entailment_stage(
                     ]
                 )
             except NotImplementedError:  # a recipe that scores classes without a class point
-                out["note"] = f"taxonomy pairs n/a: {recipe.name} has no class_embedding"
+                note = f"taxonomy pairs n/a: {recipe.name} has no class_embedding"
             else:
                 scores = recipe.entailment_scores(
                     slice_embedding(classes, general),
                     slice_embedding(emb.images, specific),
                     "image",
                 )
-                metrics = entailment_metrics(scores.double().cpu(), positive)
-                if metrics is not None:
-                    out["taxonomy"] = metrics
+                taxonomy_metrics = entailment_metrics(scores.double().cpu(), positive)
     if has_chains:
         chains = store.chain_features.float()
         n, length, dim = chains.shape
@@ -387,15 +393,13 @@ def entailment_stage(
             scores = recipe.entailment_scores(
                 slice_embedding(chain_emb, general), slice_embedding(chain_emb, specific), "text"
             )
-            metrics = entailment_metrics(scores.double().cpu(), positive)
-            if metrics is not None:
-                out["chains"] = metrics
-    return out
+            chains_metrics = entailment_metrics(scores.double().cpu(), positive)
+    return EntailmentMetrics(recipe.entailment_measure, note, taxonomy_metrics, chains_metrics)
 
 
 def compositional_stage(
     recipe: Recipe, store: FeatureStore, emb: SplitEmbeddings, batch_size: int
-) -> dict[str, Any] | None:
+) -> dict[str, float] | None:
     """Share of hard negatives scored below their true caption, overall and per kind."""
     if not store.has_negatives:
         return None
@@ -419,27 +423,23 @@ def compositional_stage(
 
 def ordering_stage(
     recipe: Recipe, store: FeatureStore, emb: SplitEmbeddings, batch_size: int
-) -> dict[str, Any] | None:
+) -> OrderingMetrics | None:
     """Hierarchy ordering along text chains and crop -> image pairs, by distance to the origin."""
     if not (store.has_chains or store.has_boxes):
         return None
     if recipe.distance_to_origin(slice_embedding(emb.images, slice(0, 1))) is None:
-        return {
-            "text": None,
-            "image": None,
-            "note": f"{recipe.name} has no origin in its geometry (no hyperbolic part): "
+        return OrderingMetrics(
+            text=None,
+            image=None,
+            note=f"{recipe.name} has no origin in its geometry (no hyperbolic part): "
             "hierarchy ordering does not apply (n/a)",
-        }
-    out: dict[str, Any] = {
-        "text": None,
-        "image": None,
-        "note": "distance to the origin of the hyperbolic part, chains general -> specific",
-    }
+        )
+    text = image = None
     if store.has_chains and not recipe.text_tokens:  # chains hold pooled features only
         chains = store.chain_features
         n, length, dim = chains.shape
         chain_emb = embed(recipe, chains.reshape(n * length, dim), "text", batch_size)
-        out["text"] = ordering_accuracy(recipe.distance_to_origin(chain_emb).reshape(n, length))
+        text = ordering_accuracy(recipe.distance_to_origin(chain_emb).reshape(n, length))
     if store.has_boxes:
         local = torch.full((store.num_images,), -1, dtype=torch.long)
         local[emb.image_ids] = torch.arange(len(emb.image_ids))
@@ -449,8 +449,10 @@ def ordering_stage(
             crops = embed_store_part(recipe, store, "box_image", keep, batch_size)
             d_crop = recipe.distance_to_origin(crops)
             d_full = recipe.distance_to_origin(slice_embedding(emb.images, owner[keep]))
-            out["image"] = ordering_accuracy(torch.stack([d_crop, d_full], dim=1))
-    return out
+            image = ordering_accuracy(torch.stack([d_crop, d_full], dim=1))
+    return OrderingMetrics(
+        text, image, "distance to the origin of the hyperbolic part, chains general -> specific"
+    )
 
 
 def _node_families(tax: Taxonomy) -> list[int]:
@@ -534,10 +536,10 @@ def diagnostics_stage(
 
 @dataclass
 class Evaluation:
-    """``metrics``: the JSON-ready result (docs/evaluation.md); ``arrays``: what the plots draw
-    (None unless diagnostics ran); ``embeddings``: the split, embedded once."""
+    """``metrics``: the result record (``to_json()``: docs/evaluation.md); ``arrays``: what the
+    plots draw (None unless diagnostics ran); ``embeddings``: the split, embedded once."""
 
-    metrics: dict[str, Any]
+    metrics: EvaluationResult
     arrays: DiagnosticArrays | None
     embeddings: SplitEmbeddings
 
@@ -556,32 +558,32 @@ def run_evaluation(
     recipe.eval()
     try:
         emb = embed_split(recipe, store, split, batch_size)
-        metrics: dict[str, Any] = {
-            "meta": {
-                "recipe": recipe.name,
-                "split": split,
-                "num_images": len(emb.image_ids),
-                "num_texts": len(emb.text_ids),
-                **({"skipped": skips} if (skips := token_skips(recipe, store)) else {}),
-            },
-            "retrieval": retrieval_stage(recipe, emb),
-        }
+        meta = EvaluationMeta(
+            recipe=recipe.name,
+            split=split,
+            num_images=len(emb.image_ids),
+            num_texts=len(emb.text_ids),
+            skipped=tuple(token_skips(recipe, store)),
+        )
+        retrieval = retrieval_stage(recipe, emb)
         tax = Taxonomy(store.taxonomy_parents) if store.has_taxonomy else None
         class_scores = class_scores_stage(recipe, store, emb)
         zeroshot, hierarchy = zero_shot_stage(recipe, store, emb, tax, class_scores)
-        stages = {
-            "zeroshot": zeroshot,
-            "hierarchy": hierarchy,
-            "prompt_sensitivity": prompt_sensitivity_stage(recipe, store, emb, zeroshot),
-            "multilabel": multilabel_stage(store, emb, class_scores),
-            "entailment": entailment_stage(recipe, store, emb, tax, batch_size),
-            "compositional": compositional_stage(recipe, store, emb, batch_size),
-            "ordering": ordering_stage(recipe, store, emb, batch_size),
-        }
-        metrics.update({k: v for k, v in stages.items() if v is not None})
-        arrays = None
-        if diagnostics:
-            metrics["diagnostics"], arrays = diagnostics_stage(recipe, store, emb, tax)
+        stages = EvaluationResult(
+            meta=meta,
+            retrieval=retrieval,
+            zeroshot=zeroshot,
+            hierarchy=hierarchy,
+            prompt_sensitivity=prompt_sensitivity_stage(recipe, store, emb, zeroshot),
+            multilabel=multilabel_stage(store, emb, class_scores),
+            entailment=entailment_stage(recipe, store, emb, tax, batch_size),
+            compositional=compositional_stage(recipe, store, emb, batch_size),
+            ordering=ordering_stage(recipe, store, emb, batch_size),
+        )
+        if not diagnostics:
+            return Evaluation(stages, None, emb)
+        diagnostic_metrics, arrays = diagnostics_stage(recipe, store, emb, tax)
+        metrics = replace(stages, diagnostics=diagnostic_metrics)
         return Evaluation(metrics, arrays, emb)
     finally:
         if was_training:
@@ -592,6 +594,7 @@ __all__ = [
     "PAIR_BUDGET",
     "DiagnosticArrays",
     "Evaluation",
+    "EvaluationResult",
     "SplitEmbeddings",
     "embed",
     "embed_split",

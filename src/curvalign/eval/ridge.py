@@ -16,7 +16,7 @@ Score    cosine similarity (``CosineRecipe``).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
@@ -25,6 +25,9 @@ from curvalign.errors import InputError
 from curvalign.eval.retrieval import recall_at_k
 from curvalign.geometry import sphere
 from curvalign.recipes.base import CosineRecipe, Embedding
+
+if TYPE_CHECKING:
+    from curvalign.data.features import FeatureStore
 
 #: the row name benchmark tables give it
 ROW_NAME = "ridge (image→text)"
@@ -50,7 +53,7 @@ class RidgeMap(CosineRecipe):
         return {"point": sphere.project(features.float(), 1.0)}
 
 
-def _pairs(store: Any, split: str) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+def _pairs(store: FeatureStore, split: str) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """(image features [Ni, Di], text features [Nt, Dt], text_to_image [Nt] local ids, caption
     image rows [Nt, Di]) of ``split``."""
     image_ids = store.split_image_ids(split)
@@ -72,7 +75,7 @@ def _solve(x: Tensor, y: Tensor, alpha: float) -> tuple[Tensor, Tensor]:
     return weight, mean_y - mean_x @ weight
 
 
-def fit_ridge(store: Any, train_split: str = "train", val_split: str = "val") -> RidgeMap:
+def fit_ridge(store: FeatureStore, train_split: str = "train", val_split: str = "val") -> RidgeMap:
     """The ridge map fit on ``train_split`` captions, its strength chosen on ``val_split``."""
     _, texts, _, x = _pairs(store, train_split)
     if len(texts) < 2:

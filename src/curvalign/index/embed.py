@@ -21,7 +21,7 @@ import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import torch
@@ -52,6 +52,9 @@ from curvalign.index.search import (
 from curvalign.readout import check_input_widths, embed_store_rows
 from curvalign.recipes.base import Embedding, Recipe
 from curvalign.runs import load_run
+
+if TYPE_CHECKING:
+    from curvalign.runs import LoadedRun
 
 META_FILE = "embedding.json"
 #: key of embedding.json / index.json that records the SHA-256 of each file written beside it
@@ -333,7 +336,7 @@ def build_from_embeddings(
     return out
 
 
-def check_same_run(recorded: dict[str, Any], run: Any, what: str, redo: str) -> None:
+def check_same_run(recorded: dict[str, Any], run: LoadedRun, what: str, redo: str) -> None:
     """Raise ``IndexMismatchError`` unless the loaded ``run`` (a LoadedRun) is the one
     ``recorded`` (``recipe``, ``step``, ``weights_sha256`` of the weights embedded) names: a run
     directory replaced since by another run must not be used to rerank silently. The message
@@ -498,7 +501,7 @@ def add_embeddings(path: str | os.PathLike, emb: Embeddings) -> int:
     return m
 
 
-def open_rerank_engine(path: str | os.PathLike, raw: dict[str, Any], run: Any) -> RecipeIndex:
+def open_rerank_engine(path: str | os.PathLike, raw: dict[str, Any], run: LoadedRun) -> RecipeIndex:
     """The ``RecipeIndex`` a rerank index directory describes (``raw`` = its index.json), scoring
     with ``run``'s recipe; refused if the run has trained further since the embeddings."""
     from curvalign.index.search import read_flat_or_faiss

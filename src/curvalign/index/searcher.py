@@ -32,7 +32,7 @@ import threading
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import torch
@@ -50,6 +50,11 @@ from curvalign.index.rerank import as_torch_embedding
 from curvalign.index.search import IndexMismatchError, poincare_ball
 from curvalign.readout import embed_rows
 from curvalign.recipes.base import Embedding
+
+if TYPE_CHECKING:
+    from curvalign.data.features import FeatureStore
+    from curvalign.recipes.base import Recipe
+    from curvalign.runs import LoadedRun
 
 Modality = Literal["text", "image"]
 
@@ -107,7 +112,7 @@ class SearchResults:
 class _StoreItems:
     """Row -> Item for one side of one feature store (string lists and labels, no features)."""
 
-    def __init__(self, store: Any, side: str) -> None:
+    def __init__(self, store: FeatureStore | None, side: str) -> None:
         self.side = side
         self.images_root = store.meta.get("images_root") if store is not None else None
         self.store = store
@@ -187,7 +192,7 @@ def index_items(meta: dict[str, Any]) -> _Items:
     return _Items(parts, side)
 
 
-def _load_store(spec: str | None) -> Any:
+def _load_store(spec: str | None) -> FeatureStore | None:
     if not spec or spec.startswith("<"):
         return None  # an in-memory store: nothing to read items from
     from curvalign.data import load_data
@@ -222,7 +227,7 @@ class Searcher:
 
     def __init__(
         self,
-        run: Any,
+        run: LoadedRun,
         index_dir: Path,
         raw: dict[str, Any],
         engine: Any,
@@ -296,7 +301,7 @@ class Searcher:
 
     # -- facts --
     @property
-    def recipe(self) -> Any:
+    def recipe(self) -> Recipe:
         return self.run.recipe
 
     @property

@@ -26,13 +26,16 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
 
 from curvalign.data.batch import Batch
 from curvalign.recipes.base import Progress, Recipe
+
+if TYPE_CHECKING:
+    from curvalign.data.sampling import BatchSampler
 
 #: the step-0 loss, as a share of log B, at or above which it counts as "at chance"
 LOSS_AT_CHANCE = 0.97
@@ -279,7 +282,7 @@ def _equal(radius: dict[str, float] | None) -> bool:
 
 def check_step0(
     recipe: Recipe,
-    sampler: Any,
+    sampler: BatchSampler,
     total_steps: int,
     notify: Callable[[str], None] | None = None,
 ) -> Step0Health:

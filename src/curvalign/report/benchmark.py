@@ -12,12 +12,13 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from curvalign.data import load_store
 from curvalign.data.encoders import disclosure_note
 from curvalign.data.features import FeatureStore
 from curvalign.errors import ConfigError, CurvalignError
+from curvalign.eval.result import EvaluationResult
 from curvalign.eval.ridge import ROW_NAME as RIDGE_ROW
 from curvalign.recipes.agr import AGR
 from curvalign.recipes.atmg import Atmg
@@ -27,6 +28,11 @@ from curvalign.recipes.hycoclip import Hycoclip
 from curvalign.recipes.meru import Meru
 from curvalign.recipes.phyclip import Phyclip
 from curvalign.recipes.proclip import Proclip
+
+if TYPE_CHECKING:
+    from curvalign.eval.pipeline import Evaluation
+    from curvalign.eval.ridge import RidgeMap
+    from curvalign.runs import LoadedRun
 
 Notify = Callable[[str], None]
 
@@ -298,7 +304,7 @@ def check_recipes_against_data(
     return configs
 
 
-def ridge_baseline(store: FeatureStore, seed: int) -> Any:
+def ridge_baseline(store: FeatureStore, seed: int) -> RidgeMap | str:
     """The ridge map (``eval/ridge.py``) fit on the train split, its strength chosen on the
     validation split (the store's own, or the trainer's seeded hold-out); a string saying why
     when it cannot be fit."""
@@ -363,8 +369,8 @@ class _SeedRuns:
     last_step: list[int] = field(default_factory=list)
     converged: list[bool | None] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
-    trained: list[dict[str, Any]] = field(default_factory=list)
-    untrained: list[dict[str, Any]] = field(default_factory=list)
+    trained: list[EvaluationResult] = field(default_factory=list)
+    untrained: list[EvaluationResult] = field(default_factory=list)
 
     def row(self, name: str) -> BenchmarkRow:
         return BenchmarkRow(
@@ -381,7 +387,9 @@ class _SeedRuns:
         )
 
 
-def _evaluate_seed(bench: _Bench, seed: int, run_dir: Path, runs: _SeedRuns) -> tuple[Any, Any]:
+def _evaluate_seed(
+    bench: _Bench, seed: int, run_dir: Path, runs: _SeedRuns
+) -> tuple[LoadedRun, Evaluation]:
     """Evaluate a trained seed's best validation weights and its untrained head on the split;
     add both to ``runs``. Returns ``(loaded run, full evaluation)`` (the latter's arrays feed
     the plots: one embedding of the split gives the metrics and the arrays)."""
@@ -392,8 +400,7 @@ def _evaluate_seed(bench: _Bench, seed: int, run_dir: Path, runs: _SeedRuns) -> 
 
     loaded = load_run(run_dir)  # its best validation weights, as saved
     full = run_evaluation(loaded.recipe, bench.store, split=bench.split)
-    evaluation = full.metrics
-    evaluation["meta"].update(
+    evaluation = full.metrics.with_run(
         step=loaded.step,
         weights=loaded.weights,
         last_step=loaded.last_step,
@@ -465,7 +472,7 @@ def _train_recipe(
             plot_inputs[0][name] = full.arrays.as_dict()
             plot_inputs[1][name] = read_log(run_dir)
         result.eval_seconds[name] += time.perf_counter() - t
-        r = runs.trained[-1]["retrieval"]
+        r = runs.trained[-1].retrieval
         bench.notify(
             f"    {name} seed {seed}: {loaded.describe()}, T2I R@1 {100 * r['t2i@1']:.1f}%, "
             f"I2T R@1 {100 * r['i2t@1']:.1f}%"
@@ -481,7 +488,8 @@ def _add_baselines(
 ) -> None:
     """The frozen-features row where the two sides share a space, else the ridge map (fit with
     ``seed``) where it can be fit, and chance; a baseline that does not apply goes to
-    ``result.absent`` with its reason."""
+    ``result.absent`` with its reason. ``evaluations`` {row: per-seed result JSON}
+    (``EvaluationResult.to_json()``, chance's ``evaluate``-shaped dict) gets their rows."""
     from curvalign.eval import evaluate
     from curvalign.eval.chance import chance_evaluation
     from curvalign.eval.frozen import ROW_NAME, FrozenFeatures, shared_space_reason
@@ -490,7 +498,7 @@ def _add_baselines(
     reason = shared_space_reason(store)
     if reason is None:
         frozen = FrozenFeatures(store.image_dim, store.text_dim)
-        evaluations[ROW_NAME] = [evaluate(frozen, store, split=split, diagnostics=False)]
+        evaluations[ROW_NAME] = [evaluate(frozen, store, split=split, diagnostics=False).to_json()]
         result.rows[ROW_NAME] = BenchmarkRow(kind="frozen", recipe=None)
     else:
         result.absent[ROW_NAME] = reason
@@ -498,7 +506,9 @@ def _add_baselines(
         if isinstance(ridge, str):
             result.absent[RIDGE_ROW] = ridge
         else:
-            evaluations[RIDGE_ROW] = [evaluate(ridge, store, split=split, diagnostics=False)]
+            evaluations[RIDGE_ROW] = [
+                evaluate(ridge, store, split=split, diagnostics=False).to_json()
+            ]
             result.rows[RIDGE_ROW] = BenchmarkRow(
                 kind="frozen",
                 recipe=None,
@@ -571,8 +581,8 @@ def run_benchmark(
         )
         result.rows[name] = runs.row(name)
         if runs.trained and runs.status == "ok":
-            evaluations[name] = runs.trained
-            evaluations[untrained_row(name)] = runs.untrained
+            evaluations[name] = [e.to_json() for e in runs.trained]
+            evaluations[untrained_row(name)] = [e.to_json() for e in runs.untrained]
             result.rows[untrained_row(name)] = BenchmarkRow(kind="untrained", recipe=name)
     _add_baselines(bench, min(base_seed.values()), result, evaluations)
 

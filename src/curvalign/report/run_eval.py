@@ -7,19 +7,19 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
+from curvalign.eval.result import EvaluationResult
 from curvalign.runs import LoadedRun
 
 
 @dataclass(frozen=True)
 class RunEvaluation:
-    """What ``evaluate_run`` gives: the loaded ``run``, the evaluation ``result`` (an
-    ``evaluate`` dict with ``meta`` completed and ``health`` added), the data ``spec`` it was
+    """What ``evaluate_run`` gives: the loaded ``run``, the evaluation ``result`` (``evaluate``'s
+    record with the run in ``meta.run`` and its ``health``), the data ``spec`` it was
     evaluated on and the ``split`` used (``"test"`` under a protocol)."""
 
     run: LoadedRun
-    result: dict[str, Any]
+    result: EvaluationResult
     spec: str
     split: str
 
@@ -52,18 +52,16 @@ def evaluate_run(
     if name is not None:
         store = protocol_store(store, get_protocol(name), split)
         split = "test"
-    result = evaluate(run.recipe, store, split=split, batch_size=batch_size)
-    result["meta"].update(
+    result = evaluate(run.recipe, store, split=split, batch_size=batch_size).with_run(
+        health=health_of_run(run),
         step=run.step,
         weights=run.weights,
         last_step=run.last_step,
         best_step=run.best_step,
         run_dir=str(run_dir),
         data=spec,
+        **({"note": run.note} if run.note else {}),
     )
-    result["health"] = health_of_run(run)
-    if run.note:
-        result["meta"]["note"] = run.note
     return RunEvaluation(run, result, spec, split)
 
 

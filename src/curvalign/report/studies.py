@@ -880,12 +880,11 @@ def study_atmg_curvature(
                     ("untrained", bench.untrained(recipe, extra, seed)),
                 ):
                     ev = bench.evaluate(model)
-                    zs.setdefault((recipe, c, kind), {})[seed] = (ev.get("zeroshot") or {}).get(
-                        "top1", math.nan
+                    zs.setdefault((recipe, c, kind), {})[seed] = ev.metric(
+                        "zeroshot/top1", math.nan
                     )
-                    o = ev.get("ordering") or {}
-                    text = (o.get("text") or {}).get("chain", math.nan)
-                    image = (o.get("image") or {}).get("pairs", math.nan)
+                    text = ev.metric("ordering/text/chain", math.nan)
+                    image = ev.metric("ordering/image/pairs", math.nan)
                     for key, v in (
                         ("text chain", text),
                         ("image: crop nearer origin (HyCoCLIP)", image),
@@ -902,9 +901,7 @@ def study_atmg_curvature(
             noisy_arm, ATMG, extra, seed, store_from=_noisy(bench, control_noise)
         )
         ev = bench.evaluate(runs[seed].recipe)
-        zs.setdefault((ATMG, low, "noisy"), {})[seed] = (ev.get("zeroshot") or {}).get(
-            "top1", math.nan
-        )
+        zs.setdefault((ATMG, low, "noisy"), {})[seed] = ev.metric("zeroshot/top1", math.nan)
     conv[noisy_arm] = kit.convergence_record(runs)
 
     high = [c for c in curvatures if c >= 0.5]
@@ -1212,9 +1209,9 @@ def study_phyclip_factors(
                 )
             ev = bench.evaluate(recipe, diagnostics=arm == f"k={big}")
             r1.setdefault(arm, {})[seed] = kit.mean_r1(ev)
-            extra_rows.setdefault(f"{arm}: zero-shot top-1", {})[seed] = (
-                ev.get("zeroshot") or {}
-            ).get("top1", math.nan)
+            extra_rows.setdefault(f"{arm}: zero-shot top-1", {})[seed] = ev.metric(
+                "zeroshot/top1", math.nan
+            )
             if arm == f"k={big}":
                 comp = composition_precision(recipe, bench.store, world)
                 untrained = bench.untrained(Phyclip.name, extra, seed)
@@ -1223,10 +1220,10 @@ def study_phyclip_factors(
                     extra_rows.setdefault(f"composition P@5: {key}", {})[seed] = (
                         comp[key] if comp else math.nan
                     )
-                facts = (ev.get("diagnostics") or {}).get("factors") or {}
-                u_facts = (
-                    bench.evaluate(untrained, diagnostics=True).get("diagnostics") or {}
-                ).get("factors") or {}
+                facts = (ev.diagnostics or {}).get("factors") or {}
+                u_facts = (bench.evaluate(untrained, diagnostics=True).diagnostics or {}).get(
+                    "factors"
+                ) or {}
                 for label, f in (("trained", facts), ("untrained", u_facts)):
                     extra_rows.setdefault(
                         f"distinct top factors of the families, {label} (count)", {}
@@ -1806,7 +1803,7 @@ def _frozen_baseline(bench: kit.Bench) -> dict[str, Any]:
         "row": ROW_NAME,
         "val mean R@1": kit.val_score(model, bench.store),
         "test mean R@1": kit.mean_r1(ev),
-        "test hierarchy J": (ev.get("hierarchy") or {}).get("J", math.nan),
+        "test hierarchy J": ev.metric("hierarchy/J", math.nan),
         "reconstruction MAP": rec.get("map", math.nan),
         "reconstruction mean rank": rec.get("mean_rank", math.nan),
     }

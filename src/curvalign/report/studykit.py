@@ -57,11 +57,12 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from curvalign.data.features import FeatureStore
+from curvalign.eval.result import EvaluationResult
 from curvalign.recipes.base import Recipe
 from curvalign.stats import (
     Interval,
@@ -75,6 +76,9 @@ from curvalign.stats import (
     t_test_p,
 )
 from curvalign.train.hooks import Decision, TrainerHook, ValidationEvent
+
+if TYPE_CHECKING:
+    from curvalign.train.trainer import TrainedRun, Trainer
 
 Notify = Callable[[str], None]
 
@@ -386,12 +390,11 @@ def with_label_noise(store: FeatureStore, rate: float, seed: int = 0) -> Feature
     return dataclasses.replace(store, text_to_image=noisy.to(store.text_to_image.dtype))
 
 
-def val_score(recipe: Any, store: FeatureStore, split: str = "val") -> float:
+def val_score(recipe: Recipe, store: FeatureStore, split: str = "val") -> float:
     """mean(t2i@1, i2t@1) on ``split`` with the recipe's own score."""
     from curvalign.eval import evaluate
 
-    r = evaluate(recipe, store, split=split, diagnostics=False)["retrieval"]
-    return 0.5 * (r["t2i@1"] + r["i2t@1"])
+    return evaluate(recipe, store, split=split, diagnostics=False).mean_r1
 
 
 def converged(history: Sequence[tuple[int, float]], tol: float) -> bool | None:
@@ -468,10 +471,12 @@ class ArmHooks(TrainerHook):
     def marks(self) -> Iterable[int]:
         return [m for m in self.mark_steps if 0 < m < self.budget] if self.on_mark_fn else []
 
-    def score(self, trainer: Any) -> float:
+    def score(self, trainer: Trainer) -> float:
         return float(self.val_fn(trainer.recipe))
 
-    def on_validation(self, trainer: Any, event: ValidationEvent) -> tuple[Decision, int] | None:
+    def on_validation(
+        self, trainer: Trainer, event: ValidationEvent
+    ) -> tuple[Decision, int] | None:
         if self.store_from is not None:
             store = self.store_from(event.step)
             if store is not trainer.store:
@@ -485,11 +490,11 @@ class ArmHooks(TrainerHook):
             return Decision.EXTEND, min(self.max_steps, total + self.val_every) - total
         return None
 
-    def on_mark(self, trainer: Any, step: int) -> None:
+    def on_mark(self, trainer: Trainer, step: int) -> None:
         assert self.on_mark_fn is not None
         self.on_mark_fn(step, trainer.recipe)
 
-    def on_fit_end(self, trainer: Any, run: Any) -> None:
+    def on_fit_end(self, trainer: Trainer, run: TrainedRun) -> None:
         if self.on_mark_fn is not None and self.end_marks:
             self.on_mark_fn(max(self.end_marks), trainer.recipe)
 
@@ -709,7 +714,7 @@ class Bench:
             max_steps=max_steps,
         )
 
-    def untrained(self, recipe: str, extra: Iterable[str], seed: int) -> Any:
+    def untrained(self, recipe: str, extra: Iterable[str], seed: int) -> Recipe:
         """The recipe as initialised with ``seed`` (the untrained-head baseline), in eval mode,
         built for the store's input widths (``runs.recipe_input_dims``: the token width for a
         recipe that reads text tokens)."""
@@ -724,7 +729,7 @@ class Bench:
         model.eval()
         return model
 
-    def evaluate(self, recipe: Any, diagnostics: bool = False) -> dict[str, Any]:
+    def evaluate(self, recipe: Recipe, diagnostics: bool = False) -> EvaluationResult:
         from curvalign.eval import evaluate
 
         return evaluate(recipe, self.store, split="test", diagnostics=diagnostics)
@@ -750,6 +755,5 @@ class Timer:
         return round(time.perf_counter() - self.start, 1)
 
 
-def mean_r1(ev: dict[str, Any]) -> float:
-    r = ev["retrieval"]
-    return 0.5 * (r["t2i@1"] + r["i2t@1"])
+def mean_r1(ev: EvaluationResult) -> float:
+    return ev.mean_r1

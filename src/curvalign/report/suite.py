@@ -34,10 +34,15 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from curvalign.data.protocols import PROTOCOLS, get_protocol, protocol_store
 from curvalign.errors import CurvalignError
+from curvalign.eval.result import EvaluationResult
+
+if TYPE_CHECKING:
+    from curvalign.data.features import FeatureStore
+    from curvalign.recipes.base import Recipe
 
 LONG_COLUMNS = (
     "dataset",
@@ -99,7 +104,7 @@ def dataset_name(folder: str) -> str:
     return "wds/" + folder[4:] if folder.startswith("wds_") else folder
 
 
-def _pick_split(store: Any, split: str) -> str:
+def _pick_split(store: FeatureStore, split: str) -> str:
     names = store.split_names
     if names is None or split in names:
         return split
@@ -109,7 +114,7 @@ def _pick_split(store: Any, split: str) -> str:
 
 
 def result_rows(
-    result: dict[str, Any],
+    result: EvaluationResult,
     dataset: str,
     model: str,
     pretrained: str,
@@ -137,34 +142,33 @@ def result_rows(
             }
         )
 
-    for key, value in result.get("retrieval", {}).items():
+    for key, value in result.retrieval.items():
         direction, k = key.split("@")
         metric = "image_retrieval_recall" if direction == "t2i" else "text_retrieval_recall"
         add("zeroshot_retrieval", f"{metric}@{k}", value, reported=int(k) in reported_ks)
-    zeroshot = result.get("zeroshot", {})
-    for ours, theirs in (
-        ("top1", "acc1"),
-        ("top5", "acc5"),
-        ("mean_per_class", "mean_per_class_recall"),
-    ):
-        if ours in zeroshot:
-            add("zeroshot_classification", theirs, zeroshot[ours])
-    for metric, value in result.get("hierarchy", {}).items():
+    if result.zeroshot is not None:
+        add("zeroshot_classification", "acc1", result.zeroshot.top1)
+        add("zeroshot_classification", "acc5", result.zeroshot.top5)
+        add("zeroshot_classification", "mean_per_class_recall", result.zeroshot.mean_per_class)
+    for metric, value in (result.hierarchy or {}).items():
         add("hierarchical_classification", metric, value)
-    if "mAP" in result.get("multilabel", {}):
-        add("multilabel_classification", "mAP", result["multilabel"]["mAP"])
-    for source, metrics in (result.get("entailment") or {}).items():
-        if isinstance(metrics, dict):
+    if result.multilabel is not None and "mAP" in result.multilabel:
+        add("multilabel_classification", "mAP", result.multilabel["mAP"])
+    entailment = result.entailment
+    sources = (
+        {} if entailment is None else {"taxonomy": entailment.taxonomy, "chains": entailment.chains}
+    )
+    for source, metrics in sources.items():
+        if metrics is not None:
             for metric in ("AP", "AUROC"):
                 add("entailment", metric, metrics[metric], name=f"{dataset}/{source}")
-    compositional = result.get("compositional", {})
-    for kind, value in compositional.items():
+    for kind, value in (result.compositional or {}).items():
         name = dataset if kind == "overall" else f"{dataset}/{kind}"
         add("image_caption_selection", "acc", value, name=name)
     return rows
 
 
-def _store_protocol(store: Any, wanted: str | None) -> str | None:
+def _store_protocol(store: FeatureStore, wanted: str | None) -> str | None:
     name = wanted or store.meta.get("protocol")
     if name is not None and name not in PROTOCOLS:
         raise SuiteError(f"unknown retrieval protocol {name!r}; known: {', '.join(PROTOCOLS)}")
@@ -172,7 +176,7 @@ def _store_protocol(store: Any, wanted: str | None) -> str | None:
 
 
 def evaluate_on_suite(
-    recipe: Any,
+    recipe: Recipe,
     folder: str | Path,
     model: str,
     pretrained: str,

@@ -38,7 +38,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import yaml
@@ -46,6 +46,10 @@ import yaml
 from curvalign.data import load_store
 from curvalign.data.features import FeatureStore
 from curvalign.errors import ConfigError, CurvalignError
+
+if TYPE_CHECKING:
+    from curvalign.recipes.base import Recipe
+    from curvalign.train.lr_range import LRRangeResult
 
 Notify = Callable[[str], None]
 
@@ -272,7 +276,6 @@ def run_tuning(
     study until it holds ``trials`` counted trials (``max_trials_this_call`` stops this call
     after that many new trials, for tests)."""
     from curvalign.report.benchmark import check_recipes_against_data, split_overrides
-    from curvalign.report.tables import lookup
     from curvalign.stats import curve_converged
     from curvalign.train.trainer import train
 
@@ -347,7 +350,7 @@ def run_tuning(
                 value = (
                     float(run.best_val)
                     if metric == DEFAULT_METRIC
-                    else _metric_of_run(run, store, metric, lookup)
+                    else _metric_of_run(run, store, metric)
                 )
                 history = [(int(s), float(v)) for s, v in run.val_history]
                 trial.set_user_attr("best_step", run.best_step)
@@ -392,7 +395,7 @@ def _check_metric(
 
     config = resolve_config(recipe, spec, overrides=overrides)
     model = build_model(config, *recipe_input_dims(config, store)).eval()
-    leaves = _leaves(evaluate(model, store, split="val", diagnostics=False))
+    leaves = _leaves(evaluate(model, store, split="val", diagnostics=False).to_json())
     if leaves.get(metric) is None:
         known = ", ".join(sorted(k for k, v in leaves.items() if v is not None))
         raise ConfigError(
@@ -401,12 +404,12 @@ def _check_metric(
         )
 
 
-def _metric_of_run(run: Path, store: FeatureStore, metric: str, lookup: Callable) -> float:
+def _metric_of_run(run: Path, store: FeatureStore, metric: str) -> float:
     from curvalign.eval import evaluate
     from curvalign.runs import load_run
 
     loaded = load_run(run)  # the best validation weights
-    value = lookup(evaluate(loaded.recipe, store, split="val", diagnostics=False), metric)
+    value = evaluate(loaded.recipe, store, split="val", diagnostics=False).metric(metric)
     if value is None or not math.isfinite(float(value)):
         raise ConfigError(f"selection metric {metric!r} is not a finite number for this trial")
     return float(value)
@@ -446,7 +449,7 @@ def _lr_range(
 
 def _best_of(
     study: Any,
-    recipe_cls: Any,
+    recipe_cls: type[Recipe],
     name: str,
     spec: str,
     steps: int | None,
@@ -560,7 +563,7 @@ def plot_history(studies: Mapping[str, Any], path: Path, metric: str) -> Path:
     return save_figure(fig, path)
 
 
-def plot_lr_range(found: Any, path: Path) -> Path:
+def plot_lr_range(found: LRRangeResult, path: Path) -> Path:
     """Loss against learning rate (log axis) of one range test, the suggested range shaded."""
     from curvalign.report.plots import plt, save_figure  # plots chose the Agg backend
 

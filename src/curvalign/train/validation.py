@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
@@ -34,6 +34,9 @@ from curvalign.readout import (
     retrieval_ranks,
     text_to_image_ranks,
 )
+
+if TYPE_CHECKING:
+    from curvalign.recipes.base import Embedding, Recipe
 
 VAL_SPLIT = "val"
 #: share of validation images identical to test images above which the split counts as overlapping
@@ -176,7 +179,7 @@ class ValidationSet:
     def num_images(self) -> int:
         return int(self.image_ids.shape[0])
 
-    def embeddings(self, recipe: Any) -> tuple[Any, Any]:
+    def embeddings(self, recipe: Recipe) -> tuple[Embedding, Embedding]:
         """(images, texts) of the scored split embedded by ``recipe``: the store's features
         (a subclass that re-encodes raw items, as tower training does, overrides this)."""
         images = embed_store_part(recipe, self.store, "image", self.image_ids, self.batch_size)
@@ -184,7 +187,7 @@ class ValidationSet:
         return images, texts
 
     @torch.no_grad()
-    def score(self, recipe: Any) -> float:
+    def score(self, recipe: Recipe) -> float:
         """Mean of T2I and I2T recall@1 with ``recipe.scores``; the recipe's mode is restored."""
         was_training = recipe.training
         recipe.eval()
