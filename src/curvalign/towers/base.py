@@ -42,6 +42,9 @@ from curvalign.errors import CurvalignError
 
 MODES = ("locked", "lora", "full")
 SIDES = ("image", "text")
+#: how several processes share the towers: each holds them whole and averages their gradients
+#: (ddp), or each holds a shard of every trainable block (fsdp: FSDP2 ``fully_shard``)
+STRATEGIES = ("ddp", "fsdp")
 
 
 class TowerError(CurvalignError, ValueError):
@@ -67,6 +70,9 @@ class TowersConfig:
                  None: ``train.weight_decay``
     checkpointing  activation checkpointing of the transformer blocks (recompute activations
                  in the backward pass: less memory, about one more forward of time)
+    strategy     under torchrun: ddp (every rank holds the whole towers, gradients averaged)
+                 or fsdp (FSDP2: every transformer block of a trained side and the rest of the
+                 towers sharded over the ranks, distributed checkpoints); one process: ignored
     """
 
     encoder: str
@@ -78,6 +84,7 @@ class TowersConfig:
     lr: float | None = None
     weight_decay: float | None = None
     checkpointing: bool = False
+    strategy: str = "ddp"
 
     def __post_init__(self) -> None:
         if not isinstance(self.encoder, str) or not self.encoder:
@@ -91,6 +98,10 @@ class TowersConfig:
             raise TowerError(
                 f"towers: lora_rank must be >= 1 and lora_alpha > 0, got {self.lora_rank}, "
                 f"{self.lora_alpha}"
+            )
+        if self.strategy not in STRATEGIES:
+            raise TowerError(
+                f"towers: strategy={self.strategy!r}; expected one of {', '.join(STRATEGIES)}"
             )
         if self.lr is not None and not float(self.lr) > 0:
             raise TowerError(f"towers: lr must be > 0, got {self.lr}")
@@ -346,4 +357,4 @@ class Towers(nn.Module):
         yield from self.model.parameters()
 
 
-__all__ = ["MODES", "SIDES", "TowerError", "Towers", "TowersConfig"]
+__all__ = ["MODES", "SIDES", "STRATEGIES", "TowerError", "Towers", "TowersConfig"]
