@@ -32,6 +32,7 @@ WORLD = 2
 RECIPES = ("clip", "meru")
 STEPS = 2
 LR = 1e-3
+CLIP = 0.01
 
 
 def fsdp_towers(spec: str, **kw) -> TowersConfig:
@@ -73,7 +74,8 @@ def run(store, out, towers, hooks=(), **kw):
         store,
         out,
         towers=towers,
-        overrides=[*TRAIN, "val_every=0"],
+        # a clip every step: the global norm then spans the heads and every rank's shards
+        overrides=[*TRAIN, "val_every=0", f"grad_clip={CLIP}"],
         show_progress=False,
         hooks=list(hooks),
         **kw,
@@ -138,6 +140,9 @@ def test_fsdp2_two_processes_take_the_step_of_one_process_on_the_global_batch(
                 err = (got[key] - grad).abs().max().item()
                 failures.append(f"step {step} {key}: differs by {err:.2e} (norm {grad.norm():.2e})")
     assert not failures, "\n".join(failures[:20])
+    for grads in many.values():  # clipped to the global norm CLIP
+        norm = torch.stack([g.norm() for g in grads.values()]).norm()
+        assert norm == pytest.approx(CLIP, rel=1e-3)
     # the weights after the steps: Adam turns a gradient at rounding level (open_clip's key
     # biases get none: a constant added to every key's logit) into a ±lr step of either sign
     grads = capture.grads[1]
@@ -164,6 +169,12 @@ def test_fsdp2_resume_from_the_distributed_checkpoint_equals_an_uninterrupted_ru
     assert [p.name for p in (resumed / "towers-dcp").iterdir()] == ["step-00000004"]
     state = torch.load(resumed / "state.pt", weights_only=True)
     assert state["towers"] == {} and state["fsdp"]["checkpoint"] == "towers-dcp/step-00000004"
+    # state.pt: the recipe's optimizer state only, plain tensors (the towers' is sharded)
+    slots = state["optimizer"]["state"]
+    params = sum(len(group["params"]) for group in state["optimizer"]["param_groups"])
+    recipe_params = params - len(state["fsdp"]["trainable"])  # the towers' groups come last
+    assert slots and all(index < recipe_params for index in slots)
+    assert all(type(v) is torch.Tensor for slot in slots.values() for v in slot.values())
     # towers.safetensors holds whole tensors (export and load_towers read it unchanged)
     towers = load_file(str(resumed / "towers.safetensors"))
     assert towers["model.visual.conv1.weight"].shape == (32, 3, 16, 16)

@@ -280,7 +280,7 @@ class TowerTrainer(Trainer):
             "trainable": [n for n, _ in self.towers.trainable_named_parameters()],
             "checkpoint": self._fsdp_checkpoint,
         }
-        tower_slots = set(self._tower_optimizer_slots())
+        tower_slots = {index for index, _, _ in self._tower_optimizer_slots()}
         optimizer = state["optimizer"]
         optimizer["state"] = {k: v for k, v in optimizer["state"].items() if k not in tower_slots}
         return state
