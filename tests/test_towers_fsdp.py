@@ -129,6 +129,7 @@ def fsdp_runs(world, tmp_path_factory):  # noqa: F811
     return root
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", RECIPES)
 def test_fsdp2_two_processes_take_the_step_of_one_process_on_the_global_batch(
     world,  # noqa: F811
@@ -173,6 +174,7 @@ def test_fsdp2_two_processes_take_the_step_of_one_process_on_the_global_batch(
             assert ((b[key] - a[key]).abs() <= 2 * STEPS * LR + 1e-6).all(), f"{file} {key}"
 
 
+@pytest.mark.slow
 def test_fsdp2_resume_from_the_distributed_checkpoint_equals_an_uninterrupted_run(
     fsdp_runs,
 ) -> None:
@@ -213,6 +215,7 @@ def test_fsdp2_shards_the_blocks_of_the_sides_that_train(world) -> None:  # noqa
         TowersConfig(spec, strategy="zero")
 
 
+@pytest.mark.slow
 def test_fsdp2_with_activation_checkpointing_gives_the_same_gradients_and_bf16_is_finite(
     fsdp_runs,
 ) -> None:
@@ -229,3 +232,18 @@ def test_fsdp2_with_activation_checkpointing_gives_the_same_gradients_and_bf16_i
         assert 0 < (flat16 - flat).norm() < 0.1 * flat.norm()
     log = (fsdp_runs / "bf16" / "log.jsonl").read_text().splitlines()
     assert len(log) == STEPS and all(math.isfinite(json.loads(r)["loss"]) for r in log)
+
+
+from test_encoders import tiny_hf_clip  # noqa: E402, F401  (fixture: a tiny random CLIPModel)
+
+
+def test_fsdp2_finds_the_blocks_of_a_hugging_face_clip(tiny_hf_clip) -> None:  # noqa: F811
+    from curvalign.train.towers import transformer_blocks
+
+    if importlib.util.find_spec("transformers") is None:
+        pytest.skip("optional extra not installed: pip install 'curvalign[hf]'")
+    _, _, root = tiny_hf_clip
+    towers = build_towers(TowersConfig(f"hf-clip:{root}", image="lora", text="locked"))
+    blocks = transformer_blocks(towers)
+    layers = len(towers.model.vision_model.encoder.layers)
+    assert blocks == [f"vision_model.encoder.layers.{i}" for i in range(layers)]
