@@ -111,10 +111,11 @@ def _worker(rank: int, init_file: str, spec: str, store: str, root: str) -> None
         if rank == 0:
             torch.save(grads, f"{root}/grads.pt")
         # stop after 2 steps, resume from the distributed checkpoint to 4: as one run of 4
-        towers = fsdp_towers(spec)
-        run(store, f"{root}/straight", towers, steps=4)
-        run(store, f"{root}/stopped", towers, steps=4, stop_at=2)
-        run(store, f"{root}/stopped", None, steps=4, resume=True)
+        # with validation: every rank re-encodes the split, the best towers are gathered
+        towers, validated = fsdp_towers(spec), ["val_every=2"]
+        run(store, f"{root}/straight", towers, steps=4, overrides=validated)
+        run(store, f"{root}/stopped", towers, steps=4, stop_at=2, overrides=validated)
+        run(store, f"{root}/stopped", None, steps=4, resume=True, overrides=validated)
         dist.barrier()
     finally:
         dist.destroy_process_group()
@@ -179,11 +180,20 @@ def test_fsdp2_resume_from_the_distributed_checkpoint_equals_an_uninterrupted_ru
     fsdp_runs,
 ) -> None:
     straight, resumed = fsdp_runs / "straight", fsdp_runs / "stopped"
-    for file in ("model.safetensors", "towers.safetensors"):
+    names = (
+        "model.safetensors",
+        "towers.safetensors",
+        "best.safetensors",
+        "towers-best.safetensors",
+    )
+    for file in names:
         a, b = load_file(str(straight / file)), load_file(str(resumed / file))
         assert a.keys() == b.keys()
         for key in a:
             assert torch.equal(a[key], b[key]), f"{file}: {key}"
+    history = json.loads((straight / "meta.json").read_text())["val_history"]
+    assert [step for step, _ in history] == [0, 2, 4]
+    assert json.loads((resumed / "meta.json").read_text())["val_history"] == history
     # the shards and their optimizer state: one distributed checkpoint, the last one
     assert [p.name for p in (resumed / "towers-dcp").iterdir()] == ["step-00000004"]
     state = torch.load(resumed / "state.pt", weights_only=True)

@@ -266,6 +266,7 @@ class TowerTrainer(Trainer):
         """The towers' trained tensors, whole, on the CPU (sharded: a collective, every rank)."""
         if not self.sharded:
             return self.towers.trainable_state()
+        reshard(self.towers)
         return {n: _whole(p).cpu().clone() for n, p in self.towers.trainable_named_parameters()}
 
     def state_dict(self) -> dict[str, Any]:
@@ -326,6 +327,7 @@ class TowerTrainer(Trainer):
 
     def _tower_optimizer_slots(self) -> Iterator[tuple[int, str, nn.Parameter]]:
         """(index in ``optimizer.state_dict()``, name, parameter) of every tower parameter."""
+        reshard(self.towers)
         names = {id(p): n for n, p in self.towers.trainable_named_parameters()}
         index = 0
         for group in self.optimizer.param_groups:
@@ -341,7 +343,7 @@ class TowerTrainer(Trainer):
         for _, name, param in self._tower_optimizer_slots():
             for key, value in self.optimizer.state.get(param, {}).items():
                 optimizer[f"{name}/{key}"] = value
-        towers = {n: p.detach() for n, p in self.towers.trainable_named_parameters()}
+        towers = {n: p.detach() for _, n, p in self._tower_optimizer_slots()}
         return {"towers": towers, "optimizer": optimizer}
 
     def _resume_sharded(self, checkpoint: str | None) -> None:
@@ -521,6 +523,18 @@ def transformer_blocks(towers: Towers) -> list[str]:
     return found
 
 
+def reshard(towers: Towers) -> None:
+    """Put the sharded parameters back in every FSDP2 module of ``towers``. FSDP2 keeps the
+    root's parameters gathered after a forward (the backward would gather them again): after a
+    forward without backward (validation) the module would name the gathered tensors, not the
+    sharded parameters the optimizer and the checkpoints hold."""
+    from torch.distributed.fsdp import FSDPModule
+
+    for module in towers.modules():
+        if isinstance(module, FSDPModule):
+            module.reshard()
+
+
 def shard_towers(towers: Towers, device: torch.device) -> list[str]:
     """FSDP2 over the default process group: ``fully_shard`` on every transformer block of a
     trained side (``transformer_blocks``), then on ``towers`` (everything else), with
@@ -633,6 +647,7 @@ __all__ = [
     "average_tower_gradients",
     "export_towers",
     "load_towers",
+    "reshard",
     "shard_towers",
     "tower_trainer_factory",
     "transformer_blocks",
