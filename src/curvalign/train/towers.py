@@ -242,7 +242,8 @@ class TowerTrainer(Trainer):
         try:
             self.recipe.train()
             self.towers.train()
-            batch = self._next_batch()
+            # on the device: FSDP2 towers are still whole on the CPU here (sharded after this)
+            batch = self._next_batch().to(self.device)
             out = self.recipe(batch, Progress(0, self.train_config.steps), self.gather)
             out.total.backward()
             unused = [n for n, p in self.towers.trainable_named_parameters() if p.grad is None]
