@@ -240,6 +240,13 @@ def test_fsdp2_with_activation_checkpointing_gives_the_same_gradients_and_bf16_i
         flat = torch.cat([g.flatten() for g in plain[step].values()])
         flat16 = torch.cat([g.flatten() for g in bf16[step].values()])
         assert 0 < (flat16 - flat).norm() < 0.1 * flat.norm()
+
+    def losses(run):
+        return [
+            json.loads(r)["loss"] for r in (fsdp_runs / run / "log.jsonl").read_text().splitlines()
+        ]
+
+    assert losses("checkpointed") == pytest.approx(losses("clip"), rel=1e-6)
     log = (fsdp_runs / "bf16" / "log.jsonl").read_text().splitlines()
     assert len(log) == STEPS and all(math.isfinite(json.loads(r)["loss"]) for r in log)
 
