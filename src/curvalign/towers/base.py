@@ -42,6 +42,9 @@ from curvalign.errors import CurvalignError
 
 MODES = ("locked", "lora", "full")
 SIDES = ("image", "text")
+#: how several processes share the towers: each holds them whole and averages their gradients
+#: (ddp), or each holds a shard of every trainable block (fsdp: FSDP2 ``fully_shard``)
+STRATEGIES = ("ddp", "fsdp")
 
 
 class TowerError(CurvalignError, ValueError):
@@ -82,6 +85,9 @@ class TowersConfig:
     shards       a webdataset folder (``*.tar`` of image + ``txt`` caption samples) or one
                  ``.tar`` to stream the training pairs from, instead of the store's manifest;
                  the store still gives validation and the head initialisation
+    strategy     under torchrun: ddp (every rank holds the whole towers, gradients averaged)
+                 or fsdp (FSDP2: every transformer block of a trained side and the rest of the
+                 towers sharded over the ranks, distributed checkpoints); one process: ignored
     """
 
     encoder: str
@@ -100,6 +106,7 @@ class TowersConfig:
     crop_ratio: list[float] = field(default_factory=lambda: [3 / 4, 4 / 3])
     flip: float = 0.0
     shards: str | None = None
+    strategy: str = "ddp"
 
     def __post_init__(self) -> None:
         if not isinstance(self.encoder, str) or not self.encoder:
@@ -113,6 +120,10 @@ class TowersConfig:
             raise TowerError(
                 f"towers: lora_rank must be >= 1 and lora_alpha > 0, got {self.lora_rank}, "
                 f"{self.lora_alpha}"
+            )
+        if self.strategy not in STRATEGIES:
+            raise TowerError(
+                f"towers: strategy={self.strategy!r}; expected one of {', '.join(STRATEGIES)}"
             )
         if self.lr is not None and not float(self.lr) > 0:
             raise TowerError(f"towers: lr must be > 0, got {self.lr}")
@@ -421,4 +432,4 @@ class Towers(nn.Module):
         yield from self.model.parameters()
 
 
-__all__ = ["MODES", "SIDES", "InputPreparer", "TowerError", "Towers", "TowersConfig"]
+__all__ = ["MODES", "SIDES", "STRATEGIES", "InputPreparer", "TowerError", "Towers", "TowersConfig"]

@@ -24,18 +24,32 @@ Under DDP such a parameter makes the ranks disagree silently; here every world s
 same parameter set. Under torchrun each rank encodes its own rows of the global batch and
 ``average_tower_gradients`` averages the tower gradients as DDP averages the recipe's.
 
+With ``strategy=fsdp`` (``TowersConfig``) under torchrun the towers are sharded with FSDP2
+instead (``shard_towers``): ``fully_shard`` on every transformer block of a trained side, then on
+the towers as a whole (the rest: embeddings, norms, projections, a locked side), with
+``encode_images`` / ``encode_texts`` registered as forward methods; FSDP2's reduce-scatter
+averages the tower gradients. The towers are built on the CPU and each rank moves only its
+shard to the device. A checkpoint then writes the tower parameters and their optimizer state
+as a distributed checkpoint (``torch.distributed.checkpoint``, one directory per step under
+``towers-dcp/``, each rank its shard) that resume loads back into the shards; ``state.pt``
+keeps everything else, and ``towers.safetensors`` / ``towers-best.safetensors`` hold the
+gathered full tensors as before, so export and ``load_towers`` do not change.
+
 The store must have been extracted by the towers' encoder (``meta["encoder"]``): its features
 give the data-aware head initialisation and the step-0 health check; a mismatch is noted.
 """
 
 from __future__ import annotations
 
+import math
+import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors.torch import save_file
-from torch import Tensor
+from torch import Tensor, nn
 
 from curvalign._io import atomic_write
 from curvalign.config import RunConfig, recipe_class
@@ -73,6 +87,8 @@ TOWERS_CONFIG_FILE = "towers.json"
 TOWERS_FILE = "towers.safetensors"
 TOWERS_BEST_FILE = "towers-best.safetensors"
 TOWER_FILES = (TOWERS_CONFIG_FILE, TOWERS_FILE, TOWERS_BEST_FILE)
+#: the distributed checkpoints of an FSDP2 run: one ``step-NNNNNNNN`` directory per checkpoint
+TOWERS_DCP_DIR = "towers-dcp"
 
 
 class TowerValidationSet(ValidationSet):
@@ -151,11 +167,20 @@ class TowerTrainer(Trainer):
             )
             self.items = StoreItems(store, data=f"data {config.data!r}")
             seed_everything(config.train.seed)  # LoRA's A matrices are random
-            self.towers = build_towers(towers_config, config.train.device)
+            # FSDP2 moves each rank's shard to the device: the whole towers never go there
+            device = "cpu" if towers_config.strategy == "fsdp" else config.train.device
+            self.towers = build_towers(towers_config, device)
         except TowerError as err:
             raise TrainError(str(err)) from None
         self._best_towers: dict[str, Tensor] | None = None
         self._stream_state: dict[str, Any] | None = None  # a resumed stream position
+        gather = kw.get("gather")
+        #: FSDP2 only in a launch of several processes (one process holds the towers whole)
+        self.sharded = towers_config.strategy == "fsdp" and getattr(gather, "world_size", 1) > 1
+        self._fsdp_checkpoint: str | None = None  # the run's latest distributed checkpoint
+        self._loading = False
+        if towers_config.strategy == "fsdp" and not self.sharded:
+            self.towers.to(config.train.device)
         super().__init__(config, store, run_dir, resume=resume, **kw)
         self.loader = self._raw_loader()
         for note in self.towers.notes:
@@ -175,7 +200,10 @@ class TowerTrainer(Trainer):
             )
         if not resume:
             self._freeze_unused()
-        if self.gather.world_size > 1:  # DDP averages the recipe's gradients, this the towers'
+        if self.sharded:
+            if not resume:  # resume shards in _load_state, before the optimizer state loads
+                self._shard()
+        elif self.gather.world_size > 1:  # DDP averages the recipe's gradients, this the towers'
             average_tower_gradients(self.towers, self.gather.world_size)
 
     # --- Trainer's extension points -------------------------------------------------------
@@ -263,7 +291,8 @@ class TowerTrainer(Trainer):
         try:
             self.recipe.train()
             self.towers.train()
-            batch = self._next_batch()
+            # on the device: FSDP2 towers are still whole on the CPU here (sharded after this)
+            batch = self._next_batch().to(self.device)
             out = self.recipe(batch, Progress(0, self.train_config.steps), self.gather)
             out.total.backward()
             unused = [n for n, p in self.towers.trainable_named_parameters() if p.grad is None]
@@ -282,11 +311,17 @@ class TowerTrainer(Trainer):
     # --- state ------------------------------------------------------------------------------
     def keep_best(self, step: int, score: float) -> None:
         super().keep_best(step, score)
-        self._best_towers = self.towers.trainable_state()
+        self._best_towers = self._tower_state()  # every rank: FSDP2 gathers the shards
+
+    def _tower_state(self) -> dict[str, Tensor]:
+        """The towers' trained tensors, whole, on the CPU (sharded: a collective, every rank)."""
+        if not self.sharded:
+            return self.towers.trainable_state()
+        reshard(self.towers)
+        return {n: _whole(p).cpu().clone() for n, p in self.towers.trainable_named_parameters()}
 
     def state_dict(self) -> dict[str, Any]:
         state = super().state_dict()
-        state["towers"] = self.towers.trainable_state()
         # the rows of the last step trained (the loader's workers draw ahead of it); no loader
         # yet while a resume rewrites its checkpoint: the loaded state is that position
         loader = getattr(self, "loader", None)
@@ -298,35 +333,176 @@ class TowerTrainer(Trainer):
         else:
             state["sampler"] = loader.state_dict()
         state["best_towers"] = self._best_towers
+        if not self.sharded:
+            state["towers"] = self.towers.trainable_state()
+            return state
+        # the shards and their optimizer state are in the distributed checkpoint
+        state["towers"] = {}
+        state["fsdp"] = {
+            "trainable": [n for n, _ in self.towers.trainable_named_parameters()],
+            "checkpoint": self._fsdp_checkpoint,
+        }
+        tower_slots = {index for index, _, _ in self._tower_optimizer_slots()}
+        optimizer = state["optimizer"]
+        optimizer["state"] = {k: v for k, v in optimizer["state"].items() if k not in tower_slots}
         return state
 
     def _load_state(self) -> None:
         state = load_train_state(self.run_dir)
         if "towers" not in state:
             raise CheckpointError(f"the checkpoint in {self.run_dir} holds no tower state")
-        frozen = [
-            n for n, _ in self.towers.trainable_named_parameters() if n not in state["towers"]
-        ]
+        if self.sharded != ("fsdp" in state):
+            raise CheckpointError(
+                f"the run in {self.run_dir} was trained with {state.get('world_size', 1)} "
+                f"process(es) and tower strategy {self.towers_config.strategy}; resume it with "
+                f"the same number (--nproc {state.get('world_size', 1)}), not {self.gather.world_size}"
+            )
+        trained = state["fsdp"]["trainable"] if self.sharded else state["towers"]
+        frozen = [n for n, _ in self.towers.trainable_named_parameters() if n not in trained]
         if frozen:  # what the run froze before its first step (no gradient reached them)
             self.towers.freeze(frozen, "as the run did (no gradient reaches them)")
             self._note(self.towers.notes[-1])
             self.optimizer = self._build_optimizer()
             self.scheduler = build_scheduler(self.optimizer, self.train_config)
+        self._best_towers = state.get("best_towers")
+        self._stream_state = state.get("stream")
+        if self.sharded:
+            self._resume_sharded(state["fsdp"]["checkpoint"])
+            return
         try:
             self.towers.load_trainable_state(state["towers"])
         except TowerError as err:
             raise CheckpointError(f"cannot resume {self.run_dir}: {err}") from None
-        self._best_towers = state.get("best_towers")
-        self._stream_state = state.get("stream")
         super()._load_state()
 
+    # --- FSDP2 ------------------------------------------------------------------------------
+    def _shard(self) -> None:
+        """Shard the towers (``shard_towers``) and rebuild the optimizer on the sharded
+        parameters (FSDP2 replaces every parameter by a DTensor one)."""
+        blocks = shard_towers(self.towers, self.device)
+        self._note(
+            f"towers: FSDP2 over {self.gather.world_size} processes, {len(blocks)} "
+            "transformer block(s) sharded one by one"
+        )
+        self.optimizer = self._build_optimizer()
+        self.scheduler = build_scheduler(self.optimizer, self.train_config)
+
+    def _tower_optimizer_slots(self) -> Iterator[tuple[int, str, nn.Parameter]]:
+        """(index in ``optimizer.state_dict()``, name, parameter) of every tower parameter."""
+        reshard(self.towers)
+        names = {id(p): n for n, p in self.towers.trainable_named_parameters()}
+        index = 0
+        for group in self.optimizer.param_groups:
+            for param in group["params"]:
+                if id(param) in names:
+                    yield index, names[id(param)], param
+                index += 1
+
+    def _sharded_state(self) -> dict[str, dict[str, Tensor]]:
+        """What the distributed checkpoint holds: the tower parameters (DTensors: each rank
+        writes its shard) and their optimizer state (``NAME/KEY``)."""
+        optimizer = {}
+        for _, name, param in self._tower_optimizer_slots():
+            for key, value in self.optimizer.state.get(param, {}).items():
+                optimizer[f"{name}/{key}"] = value
+        towers = {n: p.detach() for _, n, p in self._tower_optimizer_slots()}
+        return {"towers": towers, "optimizer": optimizer}
+
+    def _resume_sharded(self, checkpoint: str | None) -> None:
+        """Shard, load the shards of the distributed checkpoint ``checkpoint`` (a directory of
+        the run), then the rest of ``state.pt``, then the towers' optimizer state."""
+        import torch.distributed.checkpoint as dcp
+
+        if checkpoint is None or not (self.run_dir / checkpoint).is_dir():
+            raise CheckpointError(
+                f"cannot resume {self.run_dir}: its distributed checkpoint {checkpoint} is missing"
+            )
+        path = str(self.run_dir / checkpoint)
+        self._shard()
+        self._fsdp_checkpoint = checkpoint
+        tensors = self._sharded_state()["towers"]
+        dcp.load({"towers": tensors}, checkpoint_id=path)
+        self._loading = True  # a re-save of an incomplete checkpoint keeps this directory
+        try:
+            super()._load_state()
+        finally:
+            self._loading = False
+        stored = dcp.FileSystemReader(path).read_metadata().state_dict_metadata
+        params = {n: p for _, n, p in self._tower_optimizer_slots()}
+        slots: dict[str, Tensor] = {}
+        for key, meta in stored.items():
+            section, _, rest = key.partition(".")
+            if section != "optimizer":
+                continue
+            name, _, slot = rest.rpartition("/")
+            like = params[name]
+            slots[rest] = (
+                torch.zeros_like(like.detach())
+                if tuple(meta.size) == tuple(like.shape)
+                else torch.zeros(tuple(meta.size), dtype=meta.properties.dtype)
+            )
+        dcp.load({"optimizer": slots}, checkpoint_id=path)
+        for key, value in slots.items():
+            name, _, slot = key.rpartition("/")
+            self.optimizer.state[params[name]][slot] = value
+
+    def _save_sharded(self) -> None:
+        """Every rank writes its shards into a new ``towers-dcp/step-N`` directory."""
+        import torch.distributed.checkpoint as dcp
+
+        if self._loading:
+            return
+        name = f"{TOWERS_DCP_DIR}/step-{self.step:08d}"
+        dcp.save(self._sharded_state(), checkpoint_id=str(self.run_dir / name))
+        self._fsdp_checkpoint = name
+
+    def _drop_old_sharded(self) -> None:
+        """Remove the distributed checkpoints the run's checkpoint no longer names."""
+        root = self.run_dir / TOWERS_DCP_DIR
+        keep = self.run_dir / self._fsdp_checkpoint if self._fsdp_checkpoint else None
+        for path in root.glob("step-*") if root.is_dir() else ():
+            if path != keep:
+                shutil.rmtree(path, ignore_errors=True)
+
+    def _clip_gradients(self) -> Tensor:
+        """The global gradient norm (before clipping) over the recipe's plain tensors and the
+        towers' sharded ones (each rank sums the squares of its shards; one all-reduce)."""
+        if not self.sharded:
+            return super()._clip_gradients()
+        import torch.distributed as dist
+        from torch.distributed.tensor import DTensor
+
+        grads = [
+            p.grad for g in self.optimizer.param_groups for p in g["params"] if p.grad is not None
+        ]
+        plain = [g for g in grads if not isinstance(g, DTensor)]
+        shards = [g.to_local() for g in grads if isinstance(g, DTensor)]
+        sharded = sum(
+            (s.float().square().sum() for s in shards), torch.zeros((), device=self.device)
+        )
+        dist.all_reduce(sharded)
+        total = torch.sqrt(
+            sharded
+            + sum((g.float().square().sum() for g in plain), torch.zeros((), device=self.device))
+        )
+        limit = self.train_config.grad_clip if self.train_config.grad_clip > 0 else math.inf
+        if bool(torch.isfinite(total)) and float(total) > limit:
+            scale = limit / (float(total) + 1e-6)
+            for g in plain + shards:
+                g.mul_(scale)
+        return total
+
     def save_checkpoint(self) -> None:
+        # every rank: FSDP2 gathers the whole tensors and writes its shards (collectives)
+        current = self._tower_state() if self.sharded or self.is_main else None
+        if self.sharded:
+            self._save_sharded()
         # the tower files first: the checkpoint's meta.json then records their checksums
         if self.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             self.towers_config.save(self.run_dir / TOWERS_CONFIG_FILE)
             for name, tensors in (
-                (TOWERS_FILE, self.towers.trainable_state()),
+                (TOWERS_FILE, current),
                 (TOWERS_BEST_FILE, self._best_towers),
             ):
                 if tensors is None:
@@ -339,6 +515,8 @@ class TowerTrainer(Trainer):
                     ),
                 )
         super().save_checkpoint()
+        if self.sharded and self.is_main and not self._loading:
+            self._drop_old_sharded()
 
     def _meta_extras(self) -> dict[str, Any]:
         # the store's encoder no longer makes this run's features: no encoder is recorded, so
@@ -358,6 +536,14 @@ class TowerTrainer(Trainer):
         return extras
 
 
+def _average_gradient(param: Tensor) -> None:
+    """Average ``param.grad`` over the ranks in place (a post-accumulate-grad hook)."""
+    import torch.distributed as dist
+
+    dist.all_reduce(param.grad)
+    param.grad.div_(dist.get_world_size())
+
+
 def average_tower_gradients(towers: Towers, world_size: int) -> None:
     """Average the gradient of every trainable tower parameter over the ``world_size`` ranks as
     soon as it is accumulated (what DDP does for the recipe's parameters): each rank encodes
@@ -372,6 +558,74 @@ def average_tower_gradients(towers: Towers, world_size: int) -> None:
 
     for _, param in towers.trainable_named_parameters():
         param.register_post_accumulate_grad_hook(hook)
+
+
+def _whole(param: Tensor) -> Tensor:
+    """A parameter's whole value: a DTensor's shards gathered (a collective), else itself."""
+    from torch.distributed.tensor import DTensor
+
+    return param.detach().full_tensor() if isinstance(param, DTensor) else param.detach()
+
+
+def transformer_blocks(towers: Towers) -> list[str]:
+    """Names (in ``towers.model``) of the transformer blocks of the sides that train: the
+    items of every ``nn.ModuleList`` of one module class with parameters (open_clip's
+    ``resblocks``, HF CLIP's ``layers``, BERT's ``layer``), outermost lists only."""
+    found: list[str] = []
+    for name, module in towers.model.named_modules():
+        if not isinstance(module, nn.ModuleList) or not len(module):
+            continue
+        if any(name.startswith(f"{block}.") for block in found):
+            continue
+        if len({type(m) for m in module}) != 1:
+            continue
+        for index, block in enumerate(module):
+            first = next(iter(block.named_parameters()), None)
+            if first is None:
+                continue
+            side = towers._side_of(f"{name}.{index}.{first[0]}")
+            if side is not None and towers.mode(side) != "locked":
+                found.append(f"{name}.{index}")
+    return found
+
+
+def reshard(towers: Towers) -> None:
+    """Put the sharded parameters back in every FSDP2 module of ``towers``. FSDP2 keeps the
+    root's parameters gathered after a forward (the backward would gather them again): after a
+    forward without backward (validation) the module would name the gathered tensors, not the
+    sharded parameters the optimizer and the checkpoints hold."""
+    from torch.distributed.fsdp import FSDPModule
+
+    for module in towers.modules():
+        if isinstance(module, FSDPModule):
+            module.reshard()
+
+
+def shard_towers(towers: Towers, device: torch.device) -> list[str]:
+    """FSDP2 over the default process group: ``fully_shard`` on every transformer block of a
+    trained side (``transformer_blocks``), then on ``towers`` (everything else), with
+    ``encode_images`` and ``encode_texts`` as forward methods (they, not ``forward``, run the
+    towers). Parameters become DTensors sharded on dim 0 and move to ``device``; gradients
+    are reduce-scattered and averaged over the ranks. Returns the block names."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard, register_fsdp_forward_method
+
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+    blocks = transformer_blocks(towers)
+    for name in blocks:
+        fully_shard(towers.model.get_submodule(name), mesh=mesh)
+    # FSDP2 cannot shard a 0-d parameter (open_clip's logit_scale): it stays whole on every
+    # rank, on the device, its gradient (if it trains) averaged as under DDP
+    scalars = {p for p in towers.parameters() if p.ndim == 0}
+    for param in scalars:
+        param.data = param.data.to(device)
+        if param.requires_grad:
+            param.register_post_accumulate_grad_hook(_average_gradient)
+    fully_shard(towers, mesh=mesh, ignored_params=scalars)
+    for method in ("encode_images", "encode_texts"):
+        register_fsdp_forward_method(towers, method)
+    return blocks
 
 
 def load_towers(run_dir: str | Path, weights: str = "best", device: str = "cpu") -> Towers:
@@ -442,6 +696,7 @@ def train(
     if kw.get("overwrite") and not kw.get("resume"):
         for name in TOWER_FILES:  # the feature trainer clears its own files
             (run_dir / name).unlink(missing_ok=True)
+        shutil.rmtree(run_dir / TOWERS_DCP_DIR, ignore_errors=True)
     base = kw.get("trainer_factory", Trainer)  # the distributed launcher passes its own
     kw["trainer_factory"] = tower_trainer_factory(towers, None if base is Trainer else base)
     return train_features(recipe, data, out_dir, **kw)
@@ -451,12 +706,16 @@ __all__ = [
     "TOWERS_BEST_FILE",
     "TOWERS_CONFIG_FILE",
     "TOWERS_FILE",
+    "TOWERS_DCP_DIR",
     "TOWER_FILES",
     "TowerTrainer",
     "TowerValidationSet",
     "average_tower_gradients",
     "export_towers",
     "load_towers",
+    "reshard",
+    "shard_towers",
     "tower_trainer_factory",
+    "transformer_blocks",
     "train",
 ]

@@ -606,10 +606,7 @@ class Trainer:
             raise NonFiniteLossError(self._nonfinite_message(out, progress.step + 1))
         self.optimizer.zero_grad(set_to_none=True)
         out.total.backward()
-        params = [p for g in self.optimizer.param_groups for p in g["params"]]
-        grad_norm = torch.nn.utils.clip_grad_norm_(
-            params, cfg.grad_clip if cfg.grad_clip > 0 else math.inf
-        )
+        grad_norm = self._clip_gradients()
         if not bool(torch.isfinite(grad_norm)):
             bad = [
                 n
@@ -624,6 +621,16 @@ class Trainer:
         self.optimizer.step()
         self.scheduler.step()
         return out, grad_norm.detach()
+
+    def _clip_gradients(self) -> Tensor:
+        """Clip the global gradient norm of the optimized parameters to ``train.grad_clip``
+        (0: no clipping); returns the norm before clipping. (Towers sharded with FSDP2 replace
+        it: their gradients are DTensors, the recipe's plain tensors.)"""
+        cfg = self.train_config
+        params = [p for g in self.optimizer.param_groups for p in g["params"]]
+        return torch.nn.utils.clip_grad_norm_(
+            params, cfg.grad_clip if cfg.grad_clip > 0 else math.inf
+        )
 
     def validate(self) -> float:
         """Score the current weights (the trainer's validation split, mean R@1 in [0, 1], or a
