@@ -10,8 +10,10 @@ above it drives it.
 """
 
 from curvalign.towers.adapters import (
+    EfficientNetTowers,
     HFClipTowers,
     OpenClipTowers,
+    PairedTowers,
     SentenceTransformerTowers,
     build_towers,
     describe,
@@ -22,8 +24,10 @@ from curvalign.towers.data import StoreItems, check_recipe_parts, tower_batch
 __all__ = [
     "MODES",
     "SIDES",
+    "EfficientNetTowers",
     "HFClipTowers",
     "OpenClipTowers",
+    "PairedTowers",
     "SentenceTransformerTowers",
     "StoreItems",
     "TowerError",
