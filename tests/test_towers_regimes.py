@@ -8,6 +8,7 @@ accepts, whose features are the trained towers' ones (best or last weights).
 from __future__ import annotations
 
 import importlib.util
+import json
 
 import pytest
 import torch
@@ -17,7 +18,10 @@ pytestmark = pytest.mark.skipif(
     reason="optional extras not installed: pip install 'curvalign[towers]' (open_clip, peft)",
 )
 
-from test_towers import towers_config, train_towers, world  # noqa: E402, F401  (fixture)
+from curvalign.config import recipe_class  # noqa: E402
+from curvalign.recipes import recipe_names  # noqa: E402
+from curvalign.towers import TowersConfig, build_towers  # noqa: E402
+from test_towers import items, towers_config, train_towers, world  # noqa: E402, F401  (fixture)
 
 # --- curvalign towers export ----------------------------------------------------------------
 
@@ -82,3 +86,81 @@ def test_towers_export_on_the_command_line_gives_a_spec_extract_accepts(world, t
         app, ["towers", "export", str(run), "--out", str(tmp_path / "y"), "--weights", "first"]
     )
     assert bad.exit_code == 2 and "--weights must be best or last" in bad.output
+
+
+# --- AGR's paper regime: the shared backbone trains through the hyperbolic head only ---------
+
+
+def _declared(recipes):
+    return [n for n in recipes if recipe_class(n).trunk_gradient_keys is not None]
+
+
+@pytest.mark.parametrize("name", _declared(recipe_names()))
+def test_the_towers_train_only_through_the_declared_embedding_keys(world, name) -> None:  # noqa: F811
+    """AGR, Table 1: the whole loss (routed score, experts, entropy, load balance) reaches the
+    towers only through the Lorentz head. The towers' gradient of the loss equals the gradient
+    back-propagated from the declared keys' embeddings alone; the other keys carry none."""
+    from curvalign.config import resolve_config
+    from curvalign.data.batch import Batch
+    from curvalign.recipes.base import Progress
+    from curvalign.runs import build_recipe
+
+    images, texts = items(world)
+    torch.manual_seed(0)
+    towers = build_towers(TowersConfig(world["spec"], image="lora", text="full", lora_rank=4))
+    with torch.no_grad():  # trained adapters, so that every LoRA path carries a gradient
+        for n, p in towers.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.1)
+    config = resolve_config(name, "towers", steps=10, overrides=["gate_temperature=0.6"])
+    recipe = build_recipe(config, towers.image_width, towers.text_width)
+    progress = Progress(9, 10)  # the last phase: every score and term is live
+    recipe.on_step_start(progress)
+    stash: dict[str, dict] = {}
+    for side in ("images", "texts"):
+        embed = getattr(recipe, f"embed_{side}")
+        setattr(recipe, f"embed_{side}", lambda x, e=embed, s=side: stash.setdefault(s, e(x)))
+    total = recipe(
+        Batch(image=towers.encode_images(images), text=towers.encode_texts(texts)), progress
+    ).total
+    params = [p for _, p in towers.trainable_named_parameters()]
+    declared = recipe_class(name).trunk_gradient_keys
+    keys = [k for k in stash["images"] if isinstance(stash["images"][k], torch.Tensor)]
+    assert set(declared) < set(keys)
+    outputs = [stash[s][k] for s in ("images", "texts") for k in declared]
+    upstream = torch.autograd.grad(total, outputs, retain_graph=True)
+    via_declared = torch.autograd.grad(
+        outputs, params, grad_outputs=upstream, retain_graph=True, allow_unused=True
+    )
+    full = torch.autograd.grad(total, params, retain_graph=True, allow_unused=True)
+    assert all(g is not None and g.abs().sum() > 0 for g in full)  # every tower tensor trains
+    for a, b in zip(full, via_declared, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-8)
+    for side in ("images", "texts"):  # and no other embedding key is connected to the towers
+        for key in set(keys) - set(declared):
+            value = stash[side][key]
+            if value.requires_grad:
+                reached = torch.autograd.grad(
+                    value.sum(), params, retain_graph=True, allow_unused=True
+                )
+                assert all(g is None for g in reached), (side, key)
+
+
+def test_a_tower_run_records_what_trains_the_towers(world, tmp_path) -> None:  # noqa: F811
+    run = train_towers(
+        world,
+        tmp_path / "agr",
+        towers_config(world, image="lora", text="lora"),
+        recipe="agr",
+        steps=2,
+    )
+    meta = json.loads((run / "meta.json").read_text())
+    assert meta["towers"]["trained_through"] == ["lorentz"]
+    run = train_towers(
+        world,
+        tmp_path / "clip",
+        towers_config(world, image="lora", text="lora"),
+        recipe="clip",
+        steps=2,
+    )
+    assert json.loads((run / "meta.json").read_text())["towers"]["trained_through"] is None

@@ -286,11 +286,17 @@ class TowerTrainer(Trainer):
             "towers": {
                 **describe(self.towers),
                 "export": "curvalign.train.export_towers(RUN, DIR) -> an encoder spec",
+                # the recipe's embedding keys the towers' gradient comes through (None: all)
+                "trained_through": _listed(self.recipe.trunk_gradient_keys),
             }
         }
         if self.towers_config.trains:  # locked towers give the store's features
             extras["encoder"] = None
         return extras
+
+
+def _listed(keys: tuple[str, ...] | None) -> list[str] | None:
+    return None if keys is None else list(keys)
 
 
 def average_tower_gradients(towers: Towers, world_size: int) -> None:
