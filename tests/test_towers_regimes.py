@@ -164,3 +164,72 @@ def test_a_tower_run_records_what_trains_the_towers(world, tmp_path) -> None:  #
         steps=2,
     )
     assert json.loads((run / "meta.json").read_text())["towers"]["trained_through"] is None
+
+
+# --- DualPath pooling the text tower's token states -------------------------------------------
+
+from test_towers import SENTENCE_WORDS, tiny_sentence_transformer  # noqa: E402, F401  (fixture)
+
+
+def test_dualpath_pools_the_text_towers_token_states_with_gradients(
+    tiny_sentence_transformer,  # noqa: F811
+    world,  # noqa: F811
+) -> None:
+    """DualPath with ``pool_tokens`` reads the text tower's last token states (no stored token
+    features): at step 0 a LoRA tower gives the states ``extract --tokens`` stores, and the
+    loss's gradient reaches every text adapter through the attention pooling."""
+    from curvalign.config import resolve_config
+    from curvalign.data import encoders
+    from curvalign.data.batch import Batch
+    from curvalign.data.features import FeatureStore
+    from curvalign.recipes.base import Progress
+    from curvalign.runs import build_recipe
+    from curvalign.towers import StoreItems, TowerError, tower_batch
+
+    spec = tiny_sentence_transformer
+    torch.manual_seed(0)
+    towers = build_towers(TowersConfig(spec, image="lora", text="lora", lora_rank=2))
+    names = [f"{a} {b}" for a in SENTENCE_WORDS for b in SENTENCE_WORDS[:2]]
+    glosses = [f"a {n} animal" if i % 2 else f"a {n}" for i, n in enumerate(names)]
+    frozen = encoders.load_encoder(spec)
+    towers.eval()
+    with torch.no_grad():
+        tokens, mask = towers.encode_text_tokens(glosses[:6])
+    stored, stored_mask = frozen.encode_text_tokens(glosses[:6])  # what extract --tokens writes
+    assert torch.equal(mask, stored_mask)
+    torch.testing.assert_close(tokens, stored, rtol=1e-5, atol=1e-5)
+    assert towers.text_token_width == tokens.shape[-1]
+
+    store = FeatureStore(
+        image_features=frozen.encode_texts(names),
+        text_features=frozen.encode_texts(glosses),
+        text_to_image=torch.arange(len(names)),
+        image_texts=names,
+        texts=glosses,
+    )
+    rows = torch.arange(8)
+    towers.train()
+    batch = tower_batch(towers, StoreItems(store), {"image": rows, "text": rows}, text_tokens=True)
+    assert batch.text.ndim == 3 and batch.text_mask is not None
+    pair_a, mask_a = towers.encode_text_tokens(glosses[8:12])
+    pair_b, mask_b = towers.encode_text_tokens(glosses[12:16])
+    batch = Batch(
+        image=batch.image,
+        text=batch.text,
+        text_mask=batch.text_mask,
+        pair_a=pair_a,
+        pair_a_mask=mask_a,
+        pair_b=pair_b,
+        pair_b_mask=mask_b,
+        pair_score=torch.tensor([0.9, 0.1, 0.5, 0.7]),
+    )
+    config = resolve_config("dualpath", "towers", steps=10, overrides=["pool_tokens=true"])
+    recipe = build_recipe(config, towers.image_width, towers.text_token_width)
+    assert recipe.text_tokens
+    recipe(batch, Progress(9, 10)).total.backward()
+    adapters_b = [p for n, p in towers.trainable_named_parameters() if "lora_B" in n]
+    assert adapters_b and all(p.grad is not None and p.grad.abs().sum() > 0 for p in adapters_b)
+
+    clip_towers = build_towers(towers_config(world, text="lora"))
+    with pytest.raises(TowerError, match="give no token states"):
+        clip_towers.encode_text_tokens(["a caption"])

@@ -154,6 +154,19 @@ class HFClipTowers(Towers):
         inputs = {k: v.to(device) for k, v in enc.items() if k in ("input_ids", "attention_mask")}
         return self._embedding(self.model.get_text_features(**inputs)).float()
 
+    @property
+    def text_token_width(self) -> int:  # type: ignore[override]
+        return int(self.model.config.text_config.hidden_size)
+
+    def encode_text_tokens(self, texts: Sequence[str]) -> tuple[Tensor, Tensor]:
+        enc = self.tokenizer(
+            [str(t) for t in texts], padding=True, truncation=True, return_tensors="pt"
+        )
+        device = self._device()
+        inputs = {k: v.to(device) for k, v in enc.items() if k in ("input_ids", "attention_mask")}
+        hidden = self.model.text_model(**inputs).last_hidden_state.float()
+        return hidden, inputs["attention_mask"].bool()
+
     def _export_model(self, model: nn.Module, directory: Path) -> str:
         target = directory / "hf-clip"
         model.save_pretrained(target)
@@ -204,6 +217,20 @@ class SentenceTransformerTowers(Towers):
         device = self._device()
         features = {k: v.to(device) if isinstance(v, Tensor) else v for k, v in features.items()}
         return self.model(features)["sentence_embedding"].float()
+
+    @property
+    def text_token_width(self) -> int:  # type: ignore[override]
+        return int(self.model[0].auto_model.config.hidden_size)
+
+    def encode_text_tokens(self, texts: Sequence[str]) -> tuple[Tensor, Tensor]:
+        prepare = getattr(self.model, "preprocess", None) or self.model.tokenize
+        features = prepare([str(t) for t in texts])
+        device = self._device()
+        features = {k: v.to(device) if isinstance(v, Tensor) else v for k, v in features.items()}
+        mask = features["attention_mask"].bool()
+        # padding positions zeroed, as the frozen encoder pads its per-text token rows
+        tokens = self.model[0](features)["token_embeddings"].float() * mask[..., None]
+        return tokens, mask
 
     def _export_model(self, model: nn.Module, directory: Path) -> str:
         target = directory / "sentence-transformers"
@@ -387,6 +414,13 @@ class PairedTowers(Towers):
 
     def encode_texts(self, texts: Sequence[str]) -> Tensor:
         return self.text_tower.encode_texts(texts)
+
+    @property
+    def text_token_width(self) -> int | None:  # type: ignore[override]
+        return self.text_tower.text_token_width
+
+    def encode_text_tokens(self, texts: Sequence[str]) -> tuple[Tensor, Tensor]:
+        return self.text_tower.encode_text_tokens(texts)
 
     def _all_tensors(self) -> Iterator[Tensor]:
         yield from self.parameters()

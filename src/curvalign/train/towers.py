@@ -197,7 +197,7 @@ class TowerTrainer(Trainer):
         size = len(indices["image"]) // self.gather.world_size
         rank = self.gather.rank
         local = {k: v[rank * size : (rank + 1) * size] for k, v in indices.items()}
-        return tower_batch(self.towers, self.items, local)
+        return tower_batch(self.towers, self.items, local, text_tokens=self.recipe.text_tokens)
 
     @property
     def validation_store(self) -> FeatureStore:
