@@ -185,6 +185,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--arms", default="head,lora")
+    parser.add_argument(
+        "--only-seed", type=int, default=None, help="train this seed only (parallel processes)"
+    )
     args = parser.parse_args(argv)
     from curvalign.data import load_store
 
@@ -195,6 +198,8 @@ def main(argv: list[str] | None = None) -> None:
     for arm in args.arms.split(","):
         for lr in lrs:
             for seed in range(args.seeds):
+                if args.only_seed is not None and seed != args.only_seed:
+                    continue
                 cell = run_arm(arm, lr, seed, args, store)
                 print(json.dumps(cell), flush=True)
                 cells.append(cell)
