@@ -143,6 +143,7 @@ def table(cells: list[dict], frozen: dict[str, float], args: argparse.Namespace)
         "|---|---|---|" + "---:|" * len(METRICS) + "---:|---:|",
     ]
     frozen_r1 = 50 * (frozen["T2I R@1"] + frozen["I2T R@1"])
+    picked: dict[str, list[dict]] = {}
     for arm in ("head", "lora"):
         mine = [c for c in cells if c["arm"] == arm]
         if not mine:
@@ -153,6 +154,7 @@ def table(cells: list[dict], frozen: dict[str, float], args: argparse.Namespace)
         val = {lr: sum(c["best_val"] for c in cs) / len(cs) for lr, cs in by_lr.items()}
         lr = max(val, key=lambda k: val[k])
         chosen = sorted(by_lr[lr], key=lambda c: c["seed"])
+        picked[arm] = chosen
         cols = []
         for name, _ in METRICS:
             iv = mean_interval([100 * c["test"][name] for c in chosen])
@@ -166,11 +168,29 @@ def table(cells: list[dict], frozen: dict[str, float], args: argparse.Namespace)
             f"{diff.mean:+.2f} [{diff.low:+.2f}, {diff.high:+.2f}] | "
             f"{sum(c['wall_s'] for c in mine):.0f} |"
         )
+    if len(picked) == 2 and [c["seed"] for c in picked["head"]] == [
+        c["seed"] for c in picked["lora"]
+    ]:
+
+        def r1(c: dict) -> float:
+            return 50 * (c["test"]["T2I R@1"] + c["test"]["I2T R@1"])
+
+        paired = mean_interval(
+            [r1(a) - r1(b) for a, b in zip(picked["lora"], picked["head"], strict=True)]
+        )
+        summary = (
+            f"lora minus head, mean R@1 paired by seed: {paired.mean:+.2f} "
+            f"[{paired.low:+.2f}, {paired.high:+.2f}]"
+        )
+    else:
+        summary = ""
     lines.append(
         "| frozen features | - | - | "
         + " | ".join(f"{100 * frozen[m]:.2f}" for m, _ in METRICS)
         + " | 0 | - |"
     )
+    if summary:
+        lines += ["", summary]
     return lines
 
 
