@@ -92,6 +92,7 @@ def test_lora_on_the_pointwise_convolutions_starts_at_the_extracted_features(pho
         build_towers(TowersConfig("efficientnet-lite0", image="lora", text="lora"))
 
 
+@pytest.mark.slow  # a real EfficientNet-Lite0 + MiniLM run and two extractions
 def test_a_tiny_lora_run_trains_and_export_extract_reproduce_its_features(photos, tmp_path) -> None:
     from curvalign.data import load_store
     from curvalign.data.extract import extract_features
