@@ -1035,6 +1035,45 @@ def index_export_command(
     )
 
 
+# --- towers: export a tower run's trained encoders as encoder specs --------------------------------
+
+towers_app = typer.Typer(
+    help="Trained towers (`curvalign train --towers`): export them as encoder specs.",
+    no_args_is_help=True,
+    rich_markup_mode=None,
+)
+app.add_typer(towers_app, name="towers")
+
+
+@towers_app.command("export")
+def towers_export_command(
+    run: Path = typer.Argument(..., help="A tower run directory (`curvalign train --towers`)."),
+    out: Path = typer.Option(..., "--out", help="Directory to write the exported encoder into."),
+    weights: str = typer.Option(
+        "best",
+        "--weights",
+        help="best: the towers kept with the best validation (the last ones when the run kept "
+        "none); last: the latest checkpoint.",
+    ),
+) -> None:
+    """Write a tower run's towers (LoRA adapters merged) as an encoder that `curvalign extract
+    --encoder` (then eval, index, search) accepts; prints its encoder spec."""
+    from curvalign.train.towers import TOWERS_BEST_FILE, export_towers
+
+    if weights not in ("best", "last"):
+        fail(f"--weights must be best or last, got {weights!r}")
+    check_out(out)
+    used = "last"
+    if weights == "best" and (run / TOWERS_BEST_FILE).exists():
+        used = "best"
+    with _command_errors(out):
+        spec = export_towers(run, out, weights=used)
+    note = "" if used == weights else " (the run kept no best towers)"
+    typer.echo(f"exported the {used} towers of {run}{note} to {out}")
+    typer.echo(f"encoder spec: {spec}")
+    typer.echo(f"next: curvalign extract --encoder '{spec}' --images ... --out STORE")
+
+
 # --- search an index from the terminal; serve it over HTTP with a search page ---------------------
 
 

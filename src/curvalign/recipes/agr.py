@@ -42,6 +42,16 @@ Gradient flow (Table 1, tested in tests/test_agr.py)
     hyperbolic head -> trunk: yes.  Euclidean LoRA -> trunk: no (its input is ``sg(h)``).
     router, contexts, gates, calibration -> trunk or heads: no (they read ``sg(h)`` and the two
     scores detached). The routed score still trains both heads through ``S_H`` and ``Delta``.
+    Declared as ``trunk_gradient_keys = ("lorentz",)``.
+
+The paper's regime with towers (tests/test_towers_regimes.py)
+    One shared backbone (a tower pair, ``curvalign train --towers``, LoRA or full) feeds both
+    heads; its features are ``h``. The backbone then trains through the hyperbolic head alone,
+    the Euclidean expert adapts on top of it by its LoRA (Sec. 4.1.1), and the whole loss
+    (routed score, experts' own losses, entropy, load balance) reaches the towers only through
+    the ``lorentz`` embedding. The paper's experiments freeze the ViT (Sec. 4.1 and 6: 2.1M
+    trainable parameters, heads and router only): that is ``trunk="identity"`` on a feature
+    store, or locked towers; Table 1's trainable backbone is this regime.
 
 Embedding  {"euclidean": [N, d] unit vectors, "lorentz": [N, d] Lorentz space components,
             "context": [N, 16] phi(sg h), "gate_logit": [N], "calibration_logit": [N, 3]}.
@@ -287,6 +297,10 @@ class AGR(HyperbolicRecipe):
     Config = AGRConfig
     embedding_geometry = {"euclidean": "sphere", "lorentz": "lorentz", "context": "features"}
     hyperbolic_key = "lorentz"
+    #: Table 1: only the hyperbolic head sends gradient into the backbone (the Euclidean LoRA
+    #: reads ``sg(h)``, router, contexts, gates and calibration read ``sg(h)`` and detached
+    #: scores): with trainable towers in front, the towers train through ``lorentz`` alone
+    trunk_gradient_keys = ("lorentz",)
     scale_knobs = ("tangent_scale", "image_tangent_scale", "text_tangent_scale")
     temperature_knob = "tau_h_init"
 

@@ -230,6 +230,12 @@ class Recipe(nn.Module):
     #: ``Config`` values for keys that a saved ``config.json`` from an earlier version lacks, where
     #: the current default would change what the saved run computes (ProCLIP's input normalisation)
     saved_config_defaults: ClassVar[Mapping[str, Any]] = {}
+    #: the embedding keys through which the loss's gradient reaches the input features, i.e.
+    #: the trunk (trainable towers in front of the recipe, ``curvalign.towers``); None: every
+    #: key. A method whose paper fixes the paths into its backbone declares them (AGR, Table 1:
+    #: the Lorentz head only); tests check the declaration against autograd and tower runs
+    #: record it in ``meta.json`` (docs/methods.md, "Regimes: what trains the encoders").
+    trunk_gradient_keys: ClassVar[tuple[str, ...] | None] = None
 
     def __init__(self, config, image_dim: int, text_dim: int) -> None:
         super().__init__()

@@ -10,14 +10,16 @@ above it drives it.
 """
 
 from curvalign.towers.adapters import (
+    EfficientNetTowers,
     HFClipTowers,
     OpenClipTowers,
+    PairedTowers,
     SentenceTransformerTowers,
     build_towers,
     describe,
 )
 from curvalign.towers.base import MODES, SIDES, InputPreparer, TowerError, Towers, TowersConfig
-from curvalign.towers.data import StoreItems, check_recipe_parts
+from curvalign.towers.data import StoreItems, check_recipe_parts, tower_batch
 from curvalign.towers.loader import Augment, RawBatchLoader, StepRows, StoreRows
 from curvalign.towers.stream import WebDatasetRows
 
@@ -30,8 +32,10 @@ __all__ = [
     "StepRows",
     "StoreRows",
     "WebDatasetRows",
+    "EfficientNetTowers",
     "HFClipTowers",
     "OpenClipTowers",
+    "PairedTowers",
     "SentenceTransformerTowers",
     "StoreItems",
     "TowerError",
@@ -40,4 +44,5 @@ __all__ = [
     "build_towers",
     "check_recipe_parts",
     "describe",
+    "tower_batch",
 ]

@@ -9,7 +9,7 @@ gradients. ``build_towers(config)`` picks the adapter from the encoder spec.
 from __future__ import annotations
 
 import shutil
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -200,6 +200,19 @@ class HFClipTowers(Towers):
         inputs = {k: v.to(device) for k, v in prepared.items()}
         return self._embedding(self.model.get_text_features(**inputs)).float()
 
+    @property
+    def text_token_width(self) -> int:  # type: ignore[override]
+        return int(self.model.config.text_config.hidden_size)
+
+    def encode_text_tokens(self, texts: Sequence[str]) -> tuple[Tensor, Tensor]:
+        enc = self.tokenizer(
+            [str(t) for t in texts], padding=True, truncation=True, return_tensors="pt"
+        )
+        device = self._device()
+        inputs = {k: v.to(device) for k, v in enc.items() if k in ("input_ids", "attention_mask")}
+        hidden = self.model.text_model(**inputs).last_hidden_state.float()
+        return hidden, inputs["attention_mask"].bool()
+
     def _export_model(self, model: nn.Module, directory: Path) -> str:
         target = directory / "hf-clip"
         model.save_pretrained(target)
@@ -251,17 +264,236 @@ class SentenceTransformerTowers(Towers):
         features = {k: v.to(device) if isinstance(v, Tensor) else v for k, v in features.items()}
         return self.model(features)["sentence_embedding"].float()
 
+    @property
+    def text_token_width(self) -> int:  # type: ignore[override]
+        return int(self.model[0].auto_model.config.hidden_size)
+
+    def encode_text_tokens(self, texts: Sequence[str]) -> tuple[Tensor, Tensor]:
+        prepare = getattr(self.model, "preprocess", None) or self.model.tokenize
+        features = prepare([str(t) for t in texts])
+        device = self._device()
+        features = {k: v.to(device) if isinstance(v, Tensor) else v for k, v in features.items()}
+        mask = features["attention_mask"].bool()
+        # padding positions zeroed, as the frozen encoder pads its per-text token rows
+        tokens = self.model[0](features)["token_embeddings"].float() * mask[..., None]
+        return tokens, mask
+
     def _export_model(self, model: nn.Module, directory: Path) -> str:
         target = directory / "sentence-transformers"
         model.save(str(target))
         return f"sentence-transformers:{target.resolve()}"
 
 
+class EfficientNetTowers(Towers):
+    """The image side alone: an EfficientNet-Lite ImageNet classifier (``efficientnet-liteN``
+    or ``efficientnet-liteN:WEIGHTS``) from the offline weights ``curvalign extract`` uses, with
+    the same preprocessing (TF's evaluation crop, ``(x - 127) / 128``; see
+    ``data.encoders.ImageClassifierEncoder``) and the same features (global average pooling of
+    the last feature map, 1280-d for Lite0). It has no text side: it trains as the image half
+    of a pair (``efficientnet-lite0+minilm``, :class:`PairedTowers`).
+
+    Modes:
+
+    * ``locked`` and ``full`` as for every tower (``full``: every convolution and norm scale);
+    * ``lora``: adapters on the **pointwise (1x1) convolutions** of every MBConv block and the
+      head (``_expand_conv``, ``_project_conv``, ``_conv_head``): a 1x1 convolution is a linear
+      map applied at every pixel, so a rank-r update ``B A`` is exactly LoRA on a linear layer.
+      The depthwise convolutions (one input channel per group) and the 3x3 stem get none: a
+      depthwise kernel has no channel mixing for a low-rank factor to compress. Blocks are
+      chosen by name (peft matches suffixes): ``lora_targets=_blocks.15._project_conv,
+      _conv_head`` adapts only the last block and the head, the convnet's "last k blocks".
+
+    BatchNorm statistics stay frozen (eval mode) in every mode: they are buffers, not
+    parameters, so they would be neither checkpointed nor averaged across ranks, and the small
+    batches of contrastive steps would move them away from the statistics the exported spec
+    evaluates with. The classifier ``_fc`` belongs to ImageNet's loss: no encoding uses it.
+    """
+
+    default_lora_targets = ("_expand_conv", "_project_conv", "_conv_head")
+
+    def __init__(self, config: TowersConfig, device: str | torch.device = "cpu") -> None:
+        super().__init__(config)
+        from curvalign.data.encoders import _load_image, load_encoder
+
+        kind, _, weights = config.encoder.partition(":")
+        if config.text != "locked":
+            raise TowerError(
+                f"towers {config.encoder!r}: an image classifier has no text side "
+                f"(text={config.text}); pair it with a text tower, e.g. {kind}+minilm"
+            )
+        try:
+            encoder = load_encoder(config.encoder, device=device)
+        except EncoderError as err:
+            raise TowerError(f"towers: {err}") from None
+        self._load_image = _load_image
+        self.variant = kind.removeprefix("efficientnet-")
+        self.spec = encoder.spec
+        self.model = encoder.backbone  # pixels [B, 3, S, S] -> pooled features [B, Di]
+        self.preprocess = encoder.preprocess
+        self.image_width = int(encoder.image_dim)
+        self.text_width = 0
+        _plain_pointwise_convolutions(self.model)
+        self._configure()
+
+    def _side_of(self, name: str) -> str | None:
+        return None if name.startswith("net._fc.") else "image"
+
+    def _lora_modules(self, side: str) -> nn.Module:
+        return self.model if side == "image" else nn.Module()  # no text side: nothing to adapt
+
+    def train(self, mode: bool = True) -> EfficientNetTowers:
+        super().train(mode)
+        for module in self.model.modules():
+            if isinstance(module, nn.modules.batchnorm._BatchNorm):
+                module.eval()
+        return self
+
+    def encode_images(self, items: Sequence[Any]) -> Tensor:
+        pixels = torch.stack([self.preprocess(self._load_image(im)) for im in items])
+        return self.model(pixels.to(self._device())).float()
+
+    def encode_texts(self, texts: Sequence[str]) -> Tensor:
+        raise TowerError(
+            f"towers {self.spec!r} encode images only; pair them with a text tower, "
+            f"e.g. {self.spec}+minilm"
+        )
+
+    def _export_model(self, model: nn.Module, directory: Path) -> str:
+        path = directory / f"efficientnet-{self.variant}.pth"
+        torch.save({k: v.contiguous() for k, v in model.net.state_dict().items()}, path)
+        return f"efficientnet-{self.variant}:{path.resolve()}"
+
+
+def _plain_pointwise_convolutions(model: nn.Module) -> None:
+    """Replace every 1x1, stride-1 convolution of ``model`` that is a subclass of ``nn.Conv2d``
+    (EfficientNet's ``Conv2dStaticSamePadding``, whose padding is then zero) by a plain
+    ``nn.Conv2d`` holding the same tensors: the same output bit for bit, the same state-dict
+    keys, and a class peft can clone for its LoRA factors (it builds them with the base
+    layer's own class, whose constructor here needs an image size)."""
+    for name, module in list(model.named_modules()):
+        if (
+            type(module) is nn.Conv2d
+            or not isinstance(module, nn.Conv2d)
+            or module.kernel_size != (1, 1)
+            or module.stride != (1, 1)
+            or module.groups != 1
+        ):
+            continue
+        plain = nn.Conv2d(
+            module.in_channels,
+            module.out_channels,
+            1,
+            bias=module.bias is not None,
+            device=module.weight.device,
+            dtype=module.weight.dtype,
+        )
+        plain.weight, plain.bias = module.weight, module.bias
+        parent_name, _, child = name.rpartition(".")
+        setattr(model.get_submodule(parent_name) if parent_name else model, child, plain)
+
+
+class PairedTowers(Towers):
+    """Images by one tower, texts by another (``IMAGE_SPEC+TEXT_SPEC``, as ``extract`` reads
+    it): e.g. ``efficientnet-lite0+minilm``. Two spaces, each side with its own mode: the image
+    tower is built with ``image=<image mode>``, the text tower with ``text=<text mode>`` (a
+    sentence-transformers text tower encodes with one backbone, so both of its modes are the
+    text mode). ``lora_targets`` may be prefixed ``image:`` or ``text:`` to reach one side
+    only; unprefixed names go to both. Exports as the pair of the two exported specs."""
+
+    def __init__(self, config: TowersConfig, device: str | torch.device = "cpu") -> None:
+        super().__init__(config)
+        parts = config.encoder.split("+")
+        if len(parts) != 2 or not all(parts):
+            raise TowerError(f"towers {config.encoder!r}: expected IMAGE_SPEC+TEXT_SPEC")
+        shared = {
+            k: getattr(config, k)
+            for k in ("lora_rank", "lora_alpha", "lr", "weight_decay", "checkpointing")
+        }
+
+        def targets(side: str) -> list[str]:
+            picked = []
+            for target in config.lora_targets:
+                prefix, sep, name = target.partition(":")
+                if not sep:
+                    picked.append(target)
+                elif prefix == side:
+                    picked.append(name)
+            return picked
+
+        text_kind = parts[1].partition(":")[0]
+        text_image_mode = (
+            config.text if text_kind in ("sentence-transformers", "minilm") else "locked"
+        )
+        self.image_tower = build_towers(
+            TowersConfig(
+                parts[0], image=config.image, text="locked", lora_targets=targets("image"), **shared
+            ),
+            device,
+        )
+        self.text_tower = build_towers(
+            TowersConfig(
+                parts[1],
+                image=text_image_mode,
+                text=config.text,
+                lora_targets=targets("text"),
+                **shared,
+            ),
+            device,
+        )
+        self.spec = f"{self.image_tower.spec}+{self.text_tower.spec}"
+        self.image_width = self.image_tower.image_width
+        self.text_width = self.text_tower.text_width
+        self.notes = [*self.image_tower.notes, *self.text_tower.notes]
+
+    def _side_of(self, name: str) -> str | None:  # pragma: no cover - the parts configure
+        return name.partition("_")[0]
+
+    def _lora_modules(self, side: str) -> nn.Module:  # pragma: no cover - the parts configure
+        return self.image_tower if side == "image" else self.text_tower
+
+    def train(self, mode: bool = True) -> PairedTowers:
+        nn.Module.train(self, mode)  # each part applies its own locked / BatchNorm rules
+        return self
+
+    def encode_images(self, items: Sequence[Any]) -> Tensor:
+        return self.image_tower.encode_images(items)
+
+    def encode_texts(self, texts: Sequence[str]) -> Tensor:
+        return self.text_tower.encode_texts(texts)
+
+    @property
+    def text_token_width(self) -> int | None:  # type: ignore[override]
+        return self.text_tower.text_token_width
+
+    def encode_text_tokens(self, texts: Sequence[str]) -> tuple[Tensor, Tensor]:
+        return self.text_tower.encode_text_tokens(texts)
+
+    def _all_tensors(self) -> Iterator[Tensor]:
+        yield from self.parameters()
+
+    def export(self, directory: str | Path) -> str:
+        """Each trained part exported into ``directory/image`` or ``directory/text``; a locked
+        part keeps its own spec (its weights are the frozen ones)."""
+        directory = Path(directory)
+        images, texts = (
+            part.export(directory / side) if part.config.trains else part.spec
+            for side, part in (("image", self.image_tower), ("text", self.text_tower))
+        )
+        return f"{images}+{texts}"
+
+    def _export_model(self, model: nn.Module, directory: Path) -> str:  # pragma: no cover
+        raise TowerError("paired towers export part by part (export())")
+
+
 def build_towers(config: TowersConfig, device: str | torch.device = "cpu") -> Towers:
     """The towers of ``config`` (adapter chosen by the encoder spec's kind), on ``device``."""
     kind = config.encoder.partition(":")[0]
-    if kind == "open_clip":
-        towers: Towers = OpenClipTowers(config, device)
+    if "+" in config.encoder:
+        towers: Towers = PairedTowers(config, device)
+    elif kind.startswith("efficientnet-"):
+        towers = EfficientNetTowers(config, device)
+    elif kind == "open_clip":
+        towers = OpenClipTowers(config, device)
     elif kind == "hf-clip":
         towers = HFClipTowers(config, device)
     elif kind in ("sentence-transformers", "minilm"):
@@ -269,7 +501,8 @@ def build_towers(config: TowersConfig, device: str | torch.device = "cpu") -> To
     else:
         raise TowerError(
             f"towers: encoder {config.encoder!r} is not supported for training yet; expected "
-            "open_clip:ARCH:CHECKPOINT, hf-clip:DIR, sentence-transformers:DIR or minilm"
+            "open_clip:ARCH:CHECKPOINT, hf-clip:DIR, sentence-transformers:DIR, minilm, "
+            "efficientnet-liteN[:WEIGHTS] (images) or IMAGE_SPEC+TEXT_SPEC"
         )
     return towers.to(device)
 
@@ -288,7 +521,9 @@ def describe(towers: Towers) -> dict[str, Any]:
 
 
 __all__ = [
+    "EfficientNetTowers",
     "HFClipTowers",
+    "PairedTowers",
     "OpenClipTowers",
     "SentenceTransformerTowers",
     "build_towers",

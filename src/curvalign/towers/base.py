@@ -289,6 +289,18 @@ class Towers(nn.Module):
         """``input_preparer().texts(...)`` output -> float32 [N, Dt] (with gradients)."""
         return self.encode_texts(prepared)
 
+    #: width Dk of ``encode_text_tokens``' token states; None: the towers give none
+    text_token_width: int | None = None
+
+    def encode_text_tokens(self, texts: Sequence[str]) -> tuple[Tensor, Tensor]:
+        """Texts -> (the text tower's last token states float32 [N, L, Dk], mask bool [N, L]),
+        with gradients: what a recipe that pools tokens (DualPath's attention pooling) reads,
+        the states ``curvalign extract --tokens`` stores, so no stored tokens are needed."""
+        raise TowerError(
+            f"towers {self.config.encoder!r} give no token states; a recipe that pools text "
+            "tokens needs a sentence-transformers, HF CLIP or paired text tower"
+        )
+
     @abstractmethod
     def _export_model(self, model: nn.Module, directory: Path) -> str:
         """Write ``model`` (adapters merged, the original module names) into ``directory``;

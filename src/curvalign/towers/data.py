@@ -19,8 +19,9 @@ from typing import Any
 
 from torch import Tensor
 
+from curvalign.data.batch import Batch
 from curvalign.data.features import FeatureStore
-from curvalign.towers.base import TowerError
+from curvalign.towers.base import TowerError, Towers
 
 
 class StoreItems:
@@ -77,4 +78,19 @@ def check_recipe_parts(
         )
 
 
-__all__ = ["StoreItems", "check_recipe_parts"]
+def tower_batch(
+    towers: Towers, items: StoreItems, indices: dict[str, Tensor], text_tokens: bool = False
+) -> Batch:
+    """The Batch of ``indices`` (``BatchSampler.next_indices`` rows, this rank's share) with
+    features from ``towers``: image [B, Di], text [B, Dt], carrying gradients to the towers;
+    with ``text_tokens`` (a recipe that pools tokens) text is the text tower's token states
+    [B, L, Dk] and ``text_mask`` [B, L] (``Towers.encode_text_tokens``)."""
+    image = towers.encode_images(items.images(indices["image"]))
+    texts = items.texts(indices["text"])
+    if text_tokens:
+        tokens, mask = towers.encode_text_tokens(texts)
+        return Batch(image=image, text=tokens, text_mask=mask)
+    return Batch(image=image, text=towers.encode_texts(texts))
+
+
+__all__ = ["StoreItems", "check_recipe_parts", "tower_batch"]

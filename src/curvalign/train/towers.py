@@ -525,6 +525,8 @@ class TowerTrainer(Trainer):
             "towers": {
                 **describe(self.towers),
                 "export": "curvalign.train.export_towers(RUN, DIR) -> an encoder spec",
+                # the recipe's embedding keys the towers' gradient comes through (None: all)
+                "trained_through": _listed(self.recipe.trunk_gradient_keys),
             }
         }
         if self.towers_config.trains:  # locked towers give the store's features
@@ -542,6 +544,10 @@ def _average_gradient(param: Tensor) -> None:
 
     dist.all_reduce(param.grad)
     param.grad.div_(dist.get_world_size())
+
+
+def _listed(keys: tuple[str, ...] | None) -> list[str] | None:
+    return None if keys is None else list(keys)
 
 
 def average_tower_gradients(towers: Towers, world_size: int) -> None:

@@ -1,0 +1,235 @@
+"""Towers after training and in the papers' regimes (issue 23 items 4 and 5), on the tiny
+open_clip world of ``test_towers`` (random weights saved to a temporary directory).
+
+Checked: ``curvalign towers export`` writes an encoder spec ``curvalign extract --encoder``
+accepts, whose features are the trained towers' ones (best or last weights).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("open_clip") is None or importlib.util.find_spec("peft") is None,
+    reason="optional extras not installed: pip install 'curvalign[towers]' (open_clip, peft)",
+)
+
+from curvalign.config import recipe_class  # noqa: E402
+from curvalign.recipes import recipe_names  # noqa: E402
+from curvalign.towers import TowersConfig, build_towers  # noqa: E402
+from test_towers import items, towers_config, train_towers, world  # noqa: E402, F401  (fixture)
+
+# --- curvalign towers export ----------------------------------------------------------------
+
+
+def test_towers_export_on_the_command_line_gives_a_spec_extract_accepts(world, tmp_path) -> None:  # noqa: F811
+    from typer.testing import CliRunner
+
+    from curvalign.cli import app
+    from curvalign.data import load_store
+    from curvalign.data.encoders import load_encoder
+    from curvalign.train.towers import load_towers
+
+    run = train_towers(
+        world, tmp_path / "run", towers_config(world, image="lora", text="lora", lr=1e-2)
+    )
+    runner = CliRunner()
+
+    def export(*extra: str) -> tuple[str, str]:
+        out = tmp_path / f"exp{len(extra)}"
+        result = runner.invoke(app, ["towers", "export", str(run), "--out", str(out), *extra])
+        assert result.exit_code == 0, result.output
+        spec = next(
+            line.removeprefix("encoder spec: ")
+            for line in result.output.splitlines()
+            if line.startswith("encoder spec: ")
+        )
+        return spec, result.output
+
+    best_spec, output = export()  # --weights best: the towers kept with the best validation
+    assert output.startswith("exported the best towers")
+    best = load_towers(run, weights="best")
+    probe = [f"a caption {i}" for i in range(4)]
+    with torch.no_grad():
+        torch.testing.assert_close(
+            load_encoder(best_spec).encode_texts(probe),
+            best.encode_texts(probe),
+            rtol=1e-4,
+            atol=1e-4,
+        )
+    spec, output = export("--weights", "last")
+    assert output.startswith("exported the last towers")
+    root = world["root"]
+    store_dir = tmp_path / "store"
+    args = ["extract", "--encoder", spec, "--images", str(root / "images")]
+    args += ["--captions", str(root / "captions.json"), "--out", str(store_dir)]
+    extracted = runner.invoke(app, args)
+    assert extracted.exit_code == 0, extracted.output
+    store, _ = load_store(f"features:{store_dir}")
+    towers = load_towers(run, weights="last")
+    with torch.no_grad():
+        texts = towers.encode_texts(list(store.texts))
+    torch.testing.assert_close(store.text_features.float(), texts, rtol=1e-3, atol=1e-3)
+    original, _ = load_store(world["store"])  # and they are not the frozen towers' features
+    assert not torch.allclose(
+        store.text_features.float(), original.text_features.float(), atol=1e-4
+    )
+
+    not_a_run = runner.invoke(app, ["towers", "export", str(root), "--out", str(tmp_path / "x")])
+    assert not_a_run.exit_code == 2 and "not a tower run" in not_a_run.output
+    assert "Traceback" not in not_a_run.output
+    bad = runner.invoke(
+        app, ["towers", "export", str(run), "--out", str(tmp_path / "y"), "--weights", "first"]
+    )
+    assert bad.exit_code == 2 and "--weights must be best or last" in bad.output
+
+
+# --- AGR's paper regime: the shared backbone trains through the hyperbolic head only ---------
+
+
+def _declared(recipes):
+    return [n for n in recipes if recipe_class(n).trunk_gradient_keys is not None]
+
+
+@pytest.mark.parametrize("name", _declared(recipe_names()))
+def test_the_towers_train_only_through_the_declared_embedding_keys(world, name) -> None:  # noqa: F811
+    """AGR, Table 1: the whole loss (routed score, experts, entropy, load balance) reaches the
+    towers only through the Lorentz head. The towers' gradient of the loss equals the gradient
+    back-propagated from the declared keys' embeddings alone; the other keys carry none."""
+    from curvalign.config import resolve_config
+    from curvalign.data.batch import Batch
+    from curvalign.recipes.base import Progress
+    from curvalign.runs import build_recipe
+
+    images, texts = items(world)
+    torch.manual_seed(0)
+    towers = build_towers(TowersConfig(world["spec"], image="lora", text="full", lora_rank=4))
+    with torch.no_grad():  # trained adapters, so that every LoRA path carries a gradient
+        for n, p in towers.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.1)
+    config = resolve_config(name, "towers", steps=10, overrides=["gate_temperature=0.6"])
+    recipe = build_recipe(config, towers.image_width, towers.text_width)
+    progress = Progress(9, 10)  # the last phase: every score and term is live
+    recipe.on_step_start(progress)
+    stash: dict[str, dict] = {}
+    for side in ("images", "texts"):
+        embed = getattr(recipe, f"embed_{side}")
+        setattr(recipe, f"embed_{side}", lambda x, e=embed, s=side: stash.setdefault(s, e(x)))
+    total = recipe(
+        Batch(image=towers.encode_images(images), text=towers.encode_texts(texts)), progress
+    ).total
+    params = [p for _, p in towers.trainable_named_parameters()]
+    declared = recipe_class(name).trunk_gradient_keys
+    keys = [k for k in stash["images"] if isinstance(stash["images"][k], torch.Tensor)]
+    assert set(declared) < set(keys)
+    outputs = [stash[s][k] for s in ("images", "texts") for k in declared]
+    upstream = torch.autograd.grad(total, outputs, retain_graph=True)
+    via_declared = torch.autograd.grad(
+        outputs, params, grad_outputs=upstream, retain_graph=True, allow_unused=True
+    )
+    full = torch.autograd.grad(total, params, retain_graph=True, allow_unused=True)
+    assert all(g is not None and g.abs().sum() > 0 for g in full)  # every tower tensor trains
+    for a, b in zip(full, via_declared, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-8)
+    for side in ("images", "texts"):  # and no other embedding key is connected to the towers
+        for key in set(keys) - set(declared):
+            value = stash[side][key]
+            if value.requires_grad:
+                reached = torch.autograd.grad(
+                    value.sum(), params, retain_graph=True, allow_unused=True
+                )
+                assert all(g is None for g in reached), (side, key)
+
+
+def test_a_tower_run_records_what_trains_the_towers(world, tmp_path) -> None:  # noqa: F811
+    run = train_towers(
+        world,
+        tmp_path / "agr",
+        towers_config(world, image="lora", text="lora"),
+        recipe="agr",
+        steps=2,
+    )
+    meta = json.loads((run / "meta.json").read_text())
+    assert meta["towers"]["trained_through"] == ["lorentz"]
+    run = train_towers(
+        world,
+        tmp_path / "clip",
+        towers_config(world, image="lora", text="lora"),
+        recipe="clip",
+        steps=2,
+    )
+    assert json.loads((run / "meta.json").read_text())["towers"]["trained_through"] is None
+
+
+# --- DualPath pooling the text tower's token states -------------------------------------------
+
+from test_towers import SENTENCE_WORDS, tiny_sentence_transformer  # noqa: E402, F401  (fixture)
+
+
+def test_dualpath_pools_the_text_towers_token_states_with_gradients(
+    tiny_sentence_transformer,  # noqa: F811
+    world,  # noqa: F811
+) -> None:
+    """DualPath with ``pool_tokens`` reads the text tower's last token states (no stored token
+    features): at step 0 a LoRA tower gives the states ``extract --tokens`` stores, and the
+    loss's gradient reaches every text adapter through the attention pooling."""
+    from curvalign.config import resolve_config
+    from curvalign.data import encoders
+    from curvalign.data.batch import Batch
+    from curvalign.data.features import FeatureStore
+    from curvalign.recipes.base import Progress
+    from curvalign.runs import build_recipe
+    from curvalign.towers import StoreItems, TowerError, tower_batch
+
+    spec = tiny_sentence_transformer
+    torch.manual_seed(0)
+    towers = build_towers(TowersConfig(spec, image="lora", text="lora", lora_rank=2))
+    names = [f"{a} {b}" for a in SENTENCE_WORDS for b in SENTENCE_WORDS[:2]]
+    glosses = [f"a {n} animal" if i % 2 else f"a {n}" for i, n in enumerate(names)]
+    frozen = encoders.load_encoder(spec)
+    towers.eval()
+    with torch.no_grad():
+        tokens, mask = towers.encode_text_tokens(glosses[:6])
+    stored, stored_mask = frozen.encode_text_tokens(glosses[:6])  # what extract --tokens writes
+    assert torch.equal(mask, stored_mask)
+    torch.testing.assert_close(tokens, stored, rtol=1e-5, atol=1e-5)
+    assert towers.text_token_width == tokens.shape[-1]
+
+    store = FeatureStore(
+        image_features=frozen.encode_texts(names),
+        text_features=frozen.encode_texts(glosses),
+        text_to_image=torch.arange(len(names)),
+        image_texts=names,
+        texts=glosses,
+    )
+    rows = torch.arange(8)
+    towers.train()
+    batch = tower_batch(towers, StoreItems(store), {"image": rows, "text": rows}, text_tokens=True)
+    assert batch.text.ndim == 3 and batch.text_mask is not None
+    pair_a, mask_a = towers.encode_text_tokens(glosses[8:12])
+    pair_b, mask_b = towers.encode_text_tokens(glosses[12:16])
+    batch = Batch(
+        image=batch.image,
+        text=batch.text,
+        text_mask=batch.text_mask,
+        pair_a=pair_a,
+        pair_a_mask=mask_a,
+        pair_b=pair_b,
+        pair_b_mask=mask_b,
+        pair_score=torch.tensor([0.9, 0.1, 0.5, 0.7]),
+    )
+    config = resolve_config("dualpath", "towers", steps=10, overrides=["pool_tokens=true"])
+    recipe = build_recipe(config, towers.image_width, towers.text_token_width)
+    assert recipe.text_tokens
+    recipe(batch, Progress(9, 10)).total.backward()
+    adapters_b = [p for n, p in towers.trainable_named_parameters() if "lora_B" in n]
+    assert adapters_b and all(p.grad is not None and p.grad.abs().sum() > 0 for p in adapters_b)
+
+    clip_towers = build_towers(towers_config(world, text="lora"))
+    with pytest.raises(TowerError, match="give no token states"):
+        clip_towers.encode_text_tokens(["a caption"])
