@@ -19,6 +19,7 @@ from curvalign.data.features import (
     TENSOR_FIELDS,
     FeatureStore,
     FeatureStoreError,
+    TextPart,
 )
 
 
@@ -28,38 +29,48 @@ def tiny_store(seed: int = 0) -> FeatureStore:
     ni, nt, di, dt = 6, 9, 5, 4
     return FeatureStore(
         image_features=torch.randn(ni, di, generator=g),
-        text_features=torch.randn(nt, dt, generator=g),
+        text=TextPart(
+            torch.randn(nt, dt, generator=g),
+            torch.randn(nt, 3, 2, generator=g),
+            (torch.arange(3)[None, :] <= torch.arange(nt)[:, None] % 3).long(),
+        ),
         text_to_image=torch.tensor([0, 0, 1, 2, 2, 3, 4, 5, 5]),
         image_split=torch.tensor([0, 0, 0, 0, 1, 1]),
         split_names=["train", "test"],
         box_image_features=torch.randn(7, di, generator=g),
         box_text_features=torch.randn(7, dt, generator=g),
         box_to_image=torch.tensor([0, 1, 1, 2, 3, 4, 5]),
-        pair_a_features=torch.randn(3, dt, generator=g),
-        pair_b_features=torch.randn(3, dt, generator=g),
+        pair_a=TextPart(
+            torch.randn(3, dt, generator=g),
+            torch.randn(3, 2, 2, generator=g),
+            torch.tensor([[1, 1], [1, 0], [1, 1]]),
+        ),
+        pair_b=TextPart(
+            torch.randn(3, dt, generator=g),
+            torch.randn(3, 4, 2, generator=g),
+            torch.tensor([[1, 0, 0, 0], [1, 1, 1, 1], [1, 1, 0, 0]]),
+        ),
         pair_scores=torch.tensor([0.9, 0.5, 0.0]),
         class_names=["cat", "dog", "car"],
-        prompt_features=torch.randn(6, dt, generator=g),
+        prompt=TextPart(
+            torch.randn(6, dt, generator=g),
+            torch.randn(6, 2, 2, generator=g),
+            torch.ones(6, 2, dtype=torch.long),
+        ),
         prompt_to_class=torch.tensor([0, 0, 1, 1, 2, 2]),
         image_labels=torch.tensor([0, 1, 2, -1, 0, 1]),
         taxonomy_names=["thing", "animal", "vehicle", "cat", "dog", "car"],
         taxonomy_parents=torch.tensor([-1, 0, 0, 1, 1, 2]),
         class_to_node=torch.tensor([3, 4, 5]),
-        negative_features=torch.randn(4, dt, generator=g),
+        negative=TextPart(
+            torch.randn(4, dt, generator=g),
+            torch.randn(4, 3, 2, generator=g),
+            torch.tensor([[1, 1, 1], [1, 0, 0], [1, 1, 0], [1, 1, 1]]),
+        ),
         negative_to_text=torch.tensor([6, 6, 7, 8]),
         negative_kind=torch.tensor([0, 1, 0, 1]),
         negative_kind_names=["object_replaced", "attribute_replaced"],
         chain_features=torch.randn(2, 3, dt, generator=g),
-        text_token_features=torch.randn(nt, 3, 2, generator=g),
-        text_token_mask=(torch.arange(3)[None, :] <= torch.arange(nt)[:, None] % 3).long(),
-        pair_a_token_features=torch.randn(3, 2, 2, generator=g),
-        pair_a_token_mask=torch.tensor([[1, 1], [1, 0], [1, 1]]),
-        pair_b_token_features=torch.randn(3, 4, 2, generator=g),
-        pair_b_token_mask=torch.tensor([[1, 0, 0, 0], [1, 1, 1, 1], [1, 1, 0, 0]]),
-        prompt_token_features=torch.randn(6, 2, 2, generator=g),
-        prompt_token_mask=torch.ones(6, 2, dtype=torch.long),
-        negative_token_features=torch.randn(4, 3, 2, generator=g),
-        negative_token_mask=torch.tensor([[1, 1, 1], [1, 0, 0], [1, 1, 0], [1, 1, 1]]),
         multilabel_to_image=torch.tensor([0, 0, 1, 4, 5]),
         multilabel_class=torch.tensor([0, 2, 1, 0, 1]),
         meta={"source": "test", "sizes": [6, 9]},
@@ -68,7 +79,7 @@ def tiny_store(seed: int = 0) -> FeatureStore:
 
 def assert_same(a: FeatureStore, b: FeatureStore) -> None:
     for name in TENSOR_FIELDS:
-        x, y = getattr(a, name), getattr(b, name)
+        x, y = a.field(name), b.field(name)
         assert (x is None) == (y is None), name
         if x is not None:
             assert x.shape == y.shape and x.dtype == y.dtype, name
@@ -95,7 +106,7 @@ def test_round_trip(tmp_path: Path, mmap: bool):
 def test_round_trip_without_optional_groups_and_float64(tmp_path: Path):
     store = FeatureStore(
         image_features=torch.randn(3, 2, dtype=torch.float64),
-        text_features=torch.randn(2, 3, dtype=torch.float64),
+        text=TextPart(torch.randn(2, 3, dtype=torch.float64)),
         text_to_image=torch.tensor([2, 0]),
     )
     store.save(tmp_path / "s")
@@ -172,7 +183,8 @@ def test_save_rejects_meta_that_is_not_json(tmp_path: Path):
 
 
 def broken(**changes) -> FeatureStore:
-    return replace(tiny_store(), **changes)
+    """The tiny store with the fields named by their on-disk names replaced."""
+    return tiny_store().with_fields(**changes)
 
 
 @pytest.mark.parametrize(
@@ -225,6 +237,8 @@ def broken(**changes) -> FeatureStore:
             {
                 "class_names": None,
                 "prompt_features": None,
+                "prompt_token_features": None,
+                "prompt_token_mask": None,
                 "prompt_to_class": None,
                 "image_labels": None,
             },
@@ -240,11 +254,10 @@ def test_validate_rejects(changes, pattern):
 
 @pytest.mark.parametrize("name", FLOAT_FIELDS)
 def test_validate_counts_nonfinite_rows(name: str):
-    store = tiny_store()
-    value = getattr(store, name).clone()
+    value = tiny_store().field(name).clone()
     value[0] = float("nan")
     value[-1] = float("inf")
-    setattr(store, name, value)
+    store = broken(**{name: value})
     with pytest.raises(FeatureStoreError, match=rf"{name}.* 2 rows with NaN or inf.*first: row 0"):
         store.validate()
     store.validate(check_values=False)  # the scan can be skipped
@@ -493,8 +506,7 @@ def test_subset_keeps_each_caption_with_its_image(order: list[int], size: int):
 
 @pytest.mark.parametrize("mmap", [False, True])
 def test_round_trip_with_empty_groups(tmp_path: Path, mmap: bool):
-    store = replace(
-        tiny_store(),
+    store = tiny_store().with_fields(
         pair_a_features=torch.zeros(0, 4),
         pair_b_features=torch.zeros(0, 4),
         pair_scores=torch.zeros(0),
@@ -523,10 +535,9 @@ def test_save_refuses_an_invalid_store(tmp_path: Path):
     st.integers(-3, 12),
 )
 def test_any_corrupted_index_gives_a_store_error_or_a_valid_store(name: str, row: int, value: int):
-    store = tiny_store()
-    column = getattr(store, name).clone()
+    column = tiny_store().field(name).clone()
     column[row % len(column)] = value
-    setattr(store, name, column)
+    store = broken(**{name: column})
     try:
         store.validate()
     except FeatureStoreError as err:

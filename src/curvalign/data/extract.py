@@ -698,7 +698,7 @@ def _assemble(
         raise ExtractError(
             f"every image failed to load (see {shards.root / 'manifest.json'}); nothing to store"
         )
-    store = FeatureStore(**fields, meta=meta)
+    store = FeatureStore.from_fields(meta=meta, **fields)
     store.validate()  # names a non-finite feature (an encoder that overflowed) before anything is written
     store.save(target, overwrite=overwrite)
     _write_skips(target, skipped + skipped_boxes)
@@ -778,7 +778,7 @@ def _save_store(
 ) -> FeatureStore:
     """Save the assembled store at ``target`` (atomic), list ``skipped`` (file, reason) beside
     it, then remove the partial directory: its shards are in the store now."""
-    store = FeatureStore(**fields, meta=meta)
+    store = FeatureStore.from_fields(meta=meta, **fields)
     store.save(target, overwrite=overwrite)
     _write_skips(target, skipped or [])
     shutil.rmtree(shards.root, ignore_errors=True)
