@@ -558,3 +558,76 @@ def test_cli_check_forces_the_scan(saved: Path, tmp_path: Path, monkeypatch):
     result = CliRunner().invoke(app, ["--check", *args, "--out", str(tmp_path / "run")])
     assert result.exit_code == 2
     assert "image_features.npy has 1 row with NaN" in result.output
+
+
+# --- text parts as records ---------------------------------------------------------------------
+
+
+def test_a_store_written_in_the_on_disk_layout_loads_into_text_part_records(tmp_path: Path):
+    """The on-disk format did not change when the text parts became ``TextPart`` records: a
+    directory written by hand in the documented layout (meta.json + one .npy per field under its
+    flat name) loads, each part's files in one record, and saving it again writes the same bytes."""
+    g = np.random.default_rng(0)
+    arrays = {
+        "image_features": g.standard_normal((3, 4)).astype(np.float32),
+        "text_features": g.standard_normal((4, 2)).astype(np.float32),
+        "text_to_image": np.array([0, 0, 1, 2], dtype=np.int64),
+        "pair_a_features": g.standard_normal((2, 2)).astype(np.float32),
+        "pair_b_features": g.standard_normal((2, 2)).astype(np.float32),
+        "pair_scores": np.array([0.5, 1.0], dtype=np.float32),
+        "text_token_features": g.standard_normal((4, 3, 5)).astype(np.float32),
+        "text_token_mask": np.array([[1, 1, 0], [1, 0, 0], [1, 1, 1], [1, 0, 0]], dtype=np.int64),
+    }
+    old = tmp_path / "old"
+    old.mkdir()
+    for name, value in arrays.items():
+        np.save(old / f"{name}.npy", value, allow_pickle=False)
+    header = {
+        "format": "curvalign.feature_store",
+        "version": 1,
+        "groups": ["text_pairs", "tokens"],
+        "arrays": {n: {"shape": list(v.shape), "dtype": str(v.dtype)} for n, v in arrays.items()},
+        "meta": {"source": "written by hand"},
+    }
+    (old / "meta.json").write_text(json.dumps(header))
+
+    store = FeatureStore.load(old)
+    assert isinstance(store.text, TextPart) and store.text.has_tokens
+    np.testing.assert_array_equal(store.text.token_mask.numpy(), arrays["text_token_mask"])
+    np.testing.assert_array_equal(store.pair_b.features.numpy(), arrays["pair_b_features"])
+    assert store.pair_a is not None and not store.pair_a.has_tokens
+    assert store.prompt is None and store.negative is None
+    assert store.groups == ["text_pairs", "tokens"] and store.token_dim == 5
+
+    store.save(tmp_path / "again")
+    for name in arrays:
+        assert (tmp_path / "again" / f"{name}.npy").read_bytes() == (
+            old / f"{name}.npy"
+        ).read_bytes(), name
+    assert sorted(p.name for p in (tmp_path / "again").glob("*.npy")) == sorted(
+        f"{n}.npy" for n in arrays
+    )
+
+
+def test_text_part_fields_speak_the_on_disk_names():
+    store = tiny_store()
+    assert store.field("prompt_token_mask") is store.prompt.token_mask
+    assert store.fields()["negative_features"] is store.negative.features
+    changed = store.with_fields(pair_b_token_features=torch.zeros(3, 4, 2))
+    assert torch.equal(changed.pair_b.token_features, torch.zeros(3, 4, 2))
+    assert changed.pair_b.features is store.pair_b.features
+    assert changed.text.token_mask is store.text.token_mask
+    # tokens cannot exist without the part's pooled features, in memory or on disk
+    with pytest.raises(FeatureStoreError, match="prompt_tokens group needs the classes group"):
+        store.with_fields(prompt_features=None, prompt_to_class=None, class_names=None)
+    with pytest.raises(FeatureStoreError, match="must be a TextPart"):
+        replace(store, negative=store.negative.features).validate()
+
+
+def test_subset_takes_every_attribute_of_a_text_part():
+    store = tiny_store()
+    sub = store.subset(torch.tensor([2, 0]))
+    rows = torch.tensor([0, 1, 3, 4])  # the captions of images 0 and 2, in caption order
+    torch.testing.assert_close(sub.text.token_features, store.text.token_features[rows])
+    torch.testing.assert_close(sub.text.token_mask, store.text.token_mask[rows])
+    assert sub.pair_a is store.pair_a  # parts not tied to images are kept whole

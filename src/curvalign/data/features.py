@@ -198,7 +198,7 @@ class FeatureStoreError(CurvalignError, ValueError):
     """A feature store (in memory or on disk) that breaks the format; the message names the field or file."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # eq: tensors have no single truth value
 class TextPart:
     """One text part of a store (captions, text pairs' halves, prompts, hard negatives): the
     pooled features of its n texts and, optionally, the token features they were pooled from.
@@ -223,6 +223,13 @@ class TextPart:
     @property
     def has_tokens(self) -> bool:
         return self.token_features is not None
+
+    def __repr__(self) -> str:
+        # The dataclass default would print every tensor in full.
+        tokens = (
+            "" if self.token_features is None else f", tokens={list(self.token_features.shape)}"
+        )
+        return f"TextPart(features={list(self.features.shape)}{tokens})"
 
     def take(self, ids: Tensor) -> TextPart:
         """The rows ``ids`` of every attribute (a copy)."""
