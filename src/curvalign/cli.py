@@ -798,25 +798,15 @@ def embed_command(
     )
 
     from curvalign._io import terminate_as_interrupt
-    from curvalign.data import load_data
-    from curvalign.index.embed import embed_store
-    from curvalign.runs import load_run
+    from curvalign.index.embed import embed_run
+
+    def loaded(run) -> None:
+        print_notes(run.notes)
+        if not quiet:
+            typer.secho(f"note: embedding with the {run.describe()}", err=True)
 
     check_out(out)
     try:
-        run = load_run(run_dir, weights=weights)
-        print_notes(run.notes)
-        spec = run.data_spec(data)
-        if not quiet:
-            typer.secho(f"note: embedding with the {run.describe()}", err=True)
-        store = load_data(spec)
-        info = {
-            "run_dir": str(Path(run_dir).resolve()),
-            "step": run.step,
-            "data": spec,
-            "weights": run.weights,
-            "weights_sha256": run.weights_sha256,
-        }
         with (
             terminate_as_interrupt(),
             Progress(
@@ -833,22 +823,23 @@ def embed_command(
                 task = bar.add_task(label, total=total)
                 return lambda n: bar.advance(task, n)
 
-            path = embed_store(
-                run.recipe,
-                store,
+            done = embed_run(
+                run_dir,
                 out,
+                data=data,
+                weights=weights,
                 batch_size=batch_size,
                 boxes=boxes,
-                info=info,
                 progress=progress,
+                on_loaded=loaded,
             )
     except KeyboardInterrupt as err:
         interrupted(err, out)
     except CurvalignError as err:
         fail(str(err))
     typer.echo(
-        f"embedded {store.num_images} images and {store.num_texts} texts with {run.config.recipe} "
-        f"(step {run.step}): {path}"
+        f"embedded {done.num_images} images and {done.num_texts} texts with {done.recipe} "
+        f"(step {done.step}): {done.path}"
     )
 
 
@@ -877,28 +868,23 @@ def index_build_command(
     nprobe: int = typer.Option(16, "--nprobe", min=1, help="IVF, IVF-PQ: cells visited per query."),
 ) -> None:
     """Build an index over one side of an embeddings directory."""
-    from curvalign.index.embed import build_from_embeddings, load_embeddings
+    from curvalign._io import terminate_as_interrupt
+    from curvalign.index.embed import build_from_embeddings, index_build_options, load_embeddings
 
     check_out(out)
-    if exact and ann:
-        fail("--exact and --ann exclude each other")
-    if ann is not None and ann not in ("hnsw", "ivf", "ivfpq"):
-        fail(f"--ann must be hnsw, ivf or ivfpq, got {ann!r}")
-    options = (
-        {"M": M, "ef_construction": ef_construction, "ef_search": ef_search}
-        if ann == "hnsw"
-        else {"nlist": nlist, "nprobe": nprobe}
-        if ann in ("ivf", "ivfpq")
-        else {}
-    )
-    from curvalign._io import terminate_as_interrupt
-
     try:
+        options = index_build_options(
+            ann,
+            exact=exact,
+            M=M,
+            ef_construction=ef_construction,
+            ef_search=ef_search,
+            nlist=nlist,
+            nprobe=nprobe,
+        )
         emb = load_embeddings(embeddings)
         with terminate_as_interrupt():  # SIGTERM removes the half-built index like Ctrl-C
-            path = build_from_embeddings(
-                emb, out, side=side, kind="ann" if ann else "exact", method=ann or "hnsw", **options
-            )
+            path = build_from_embeddings(emb, out, side=side, **options)
     except KeyboardInterrupt as err:
         interrupted(err, out)
     except CurvalignError as err:
