@@ -1057,13 +1057,12 @@ def search_command(
     """Search a run's index with free text or image files; prints rank, score and the items."""
     import json
 
-    texts = list(queries or [])
-    if queries_file is not None:
-        try:
-            lines = queries_file.read_text(encoding="utf-8").splitlines()
-        except (OSError, UnicodeDecodeError) as err:
-            fail(f"--queries-file {queries_file}: cannot read it ({err})")
-        texts += [line.strip() for line in lines if line.strip()]
+    from curvalign.index.searcher import read_queries
+
+    try:
+        texts = read_queries(queries or [], queries_file)
+    except CurvalignError as err:
+        fail(str(err))
     images = list(images or [])
     if not texts and not images:
         fail("give at least one query: TEXT, --queries-file FILE or --image PATH")

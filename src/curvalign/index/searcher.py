@@ -526,6 +526,19 @@ class Searcher:
         }
 
 
+def read_queries(texts: Sequence[str], queries_file: str | os.PathLike | None) -> list[str]:
+    """The text queries of ``curvalign search``: ``texts``, then the non-blank lines of the UTF-8
+    file ``queries_file`` (stripped), in that order."""
+    queries = list(texts)
+    if queries_file is not None:
+        try:
+            lines = Path(queries_file).read_text(encoding="utf-8").splitlines()
+        except (OSError, UnicodeDecodeError) as err:
+            raise SearchError(f"--queries-file {queries_file}: cannot read it ({err})") from None
+        queries += [line.strip() for line in lines if line.strip()]
+    return queries
+
+
 def poincare_disk_2d(points: np.ndarray, c: float) -> np.ndarray:
     """Lorentz space components ``[n, d]`` -> ``[n, 2]`` in the unit Poincaré disk.
 
@@ -557,4 +570,5 @@ __all__ = [
     "Searcher",
     "index_items",
     "poincare_disk_2d",
+    "read_queries",
 ]
