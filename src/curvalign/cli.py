@@ -1084,20 +1084,10 @@ def search_command(
         table = Table(title=f"{result.query}", title_justify="left")
         table.add_column("rank", justify="right")
         table.add_column(result.ranked_by, justify="right")
-        for column in ("caption", "image", "class"):
+        for column in result.ITEM_COLUMNS:
             table.add_column(column)
-        for hit in result.hits:
-            value = hit.distance if hit.distance is not None else hit.score
-            item = hit.item
-            table.add_row(
-                str(hit.rank),
-                f"{value:.4f}",
-                item.caption or f"(row {item.id})",
-                item.path or "",
-                item.class_name or ""
-                if not item.synset or item.synset == item.class_name
-                else f"{item.class_name} ({item.synset})",
-            )
+        for row in result.table_rows():
+            table.add_row(*row)
         console.print(table)
     if searcher.images_root:
         typer.echo(f"image paths are relative to {searcher.images_root}")

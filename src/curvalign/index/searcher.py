@@ -103,6 +103,23 @@ class SearchResults:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    #: the columns of ``table_rows``, after ``rank`` and ``ranked_by``
+    ITEM_COLUMNS = ("caption", "image", "class")
+
+    def table_rows(self) -> list[tuple[str, ...]]:
+        """One row of strings per hit: rank, distance or score (4 decimals), the caption (or
+        ``(row ID)``), the image path, the class (with its synset when that differs)."""
+        rows = []
+        for hit in self.hits:
+            value = hit.distance if hit.distance is not None else hit.score
+            item = hit.item
+            label = item.class_name or ""
+            if item.synset and item.synset != item.class_name:
+                label = f"{item.class_name} ({item.synset})"
+            caption = item.caption or f"(row {item.id})"
+            rows.append((str(hit.rank), f"{value:.4f}", caption, item.path or "", label))
+        return rows
+
 
 class _StoreItems:
     """Row -> Item for one side of one feature store (string lists and labels, no features)."""
