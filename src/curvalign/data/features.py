@@ -329,7 +329,7 @@ class FeatureStore:
     def with_fields(self, **changes: Any) -> FeatureStore:
         """A copy with the fields named (by their on-disk names, or ``meta``) replaced."""
         meta = changes.pop("meta", self.meta)
-        return FeatureStore.from_fields(meta=meta, **{**self.fields(), **changes})
+        return type(self).from_fields(meta=meta, **{**self.fields(), **changes})
 
     # --- sizes and parts ------------------------------------------------------------------------
 
