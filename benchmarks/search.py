@@ -503,7 +503,7 @@ def _tiny_text_encoder(root, embed_dim: int) -> str:
 def _searchable_run(root, recipe: str, dim: int, n: int, kinds: list[tuple[str, dict]]):
     """A run of ``recipe`` on ``dim``-dim features, N database items embedded through its head,
     and one index per ``(name, build options)``."""
-    from curvalign.data.features import FeatureStore
+    from curvalign.data.features import FeatureStore, TextPart
     from curvalign.index.embed import build_from_embeddings, embed_store, load_embeddings
     from curvalign.runs import load_run
     from curvalign.train.trainer import train
@@ -511,7 +511,7 @@ def _searchable_run(root, recipe: str, dim: int, n: int, kinds: list[tuple[str, 
     g = torch.Generator().manual_seed(3)
     small = FeatureStore(
         image_features=torch.randn(64, dim, generator=g),
-        text_features=torch.randn(64, dim, generator=g),
+        text=TextPart(torch.randn(64, dim, generator=g)),
         text_to_image=torch.arange(64),
     )
     run_dir = train(
@@ -525,7 +525,7 @@ def _searchable_run(root, recipe: str, dim: int, n: int, kinds: list[tuple[str, 
     run = load_run(run_dir)
     database = FeatureStore(
         image_features=spread_features(n, dim, 4, decades=1.0),
-        text_features=torch.randn(8, dim, generator=g),
+        text=TextPart(torch.randn(8, dim, generator=g)),
         text_to_image=torch.zeros(8, dtype=torch.long),
     )
     emb = embed_store(

@@ -23,7 +23,7 @@ import time
 def one(n: int, max_images: int) -> str:
     import torch
 
-    from curvalign.data.features import FeatureStore
+    from curvalign.data.features import FeatureStore, TextPart
     from curvalign.recipes import get_recipe
     from curvalign.train.validation import ValidationSet
 
@@ -31,7 +31,7 @@ def one(n: int, max_images: int) -> str:
     g = torch.Generator().manual_seed(0)
     store = FeatureStore(
         image_features=torch.randn(n, 64, generator=g),
-        text_features=torch.randn(n, 64, generator=g),
+        text=TextPart(torch.randn(n, 64, generator=g)),
         text_to_image=torch.arange(n),
         image_split=torch.ones(n, dtype=torch.long),
         split_names=["train", "val"],

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import curvalign.recipes as recipes
-from curvalign.data.features import FeatureStore
+from curvalign.data.features import FeatureStore, TextPart
 from curvalign.recipes.base import Batch, Gather, LossOutput, Progress, Recipe
 
 
@@ -127,7 +127,7 @@ def toy_store(
     n = num_images + test_images
     store = FeatureStore(
         image_features=torch.randn(n, image_dim, generator=g),
-        text_features=torch.randn(n * captions, text_dim, generator=g),
+        text=TextPart(torch.randn(n * captions, text_dim, generator=g)),
         text_to_image=torch.arange(n).repeat_interleave(captions),
         image_split=torch.cat([torch.zeros(num_images), torch.ones(test_images)]).long(),
         split_names=["train", "test"],
@@ -138,7 +138,7 @@ def toy_store(
         store.box_text_features = torch.randn(len(owners), text_dim, generator=g)
         store.box_to_image = owners
     if pairs:
-        store.pair_a_features = torch.randn(pairs, text_dim, generator=g)
-        store.pair_b_features = torch.randn(pairs, text_dim, generator=g)
+        store.pair_a = TextPart(torch.randn(pairs, text_dim, generator=g))
+        store.pair_b = TextPart(torch.randn(pairs, text_dim, generator=g))
         store.pair_scores = torch.rand(pairs, generator=g)
     return store

@@ -21,7 +21,7 @@ import math
 import torch
 from torch import Tensor
 
-from curvalign.data.features import FeatureStore
+from curvalign.data.features import FeatureStore, TextPart
 from curvalign.recipes.base import Batch, Progress, Recipe
 
 
@@ -198,7 +198,7 @@ def standin_world(
     image_split = (torch.rand(num_images, generator=g) < test_fraction).long()
     return FeatureStore(
         image_features=image_features,
-        text_features=text_features,
+        text=TextPart(text_features),
         text_to_image=text_to_image,
         image_split=image_split,
         split_names=["train", "test"],
@@ -206,7 +206,7 @@ def standin_world(
         box_text_features=box_text_features,
         box_to_image=box_to_image,
         class_names=[f"concept{i}" for i in range(num_concepts)],
-        prompt_features=prompt_features,
+        prompt=TextPart(prompt_features),
         prompt_to_class=prompt_to_class,
         image_labels=first,
         meta={"source": "tests/recipe_harness.standin_world", "seed": seed},

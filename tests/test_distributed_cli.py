@@ -14,7 +14,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from curvalign.data.features import FeatureStore
+from curvalign.data.features import FeatureStore, TextPart
 from curvalign.data.sampling import BatchSampler
 from curvalign.recipes.base import Gather
 from curvalign.runs import CheckpointError, read_log
@@ -110,7 +110,7 @@ def test_the_ranks_rows_cover_every_train_image_once_per_epoch():
     n, batch, world = 48, 12, 3
     store = FeatureStore(
         image_features=torch.arange(n, dtype=torch.float32)[:, None].repeat(1, 4),
-        text_features=torch.randn(n, 4),
+        text=TextPart(torch.randn(n, 4)),
         text_to_image=torch.arange(n),
     )
     samplers = [BatchSampler(store, batch, seed=5) for _ in range(world)]

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from curvalign.data.features import FeatureStore, FeatureStoreError
+from curvalign.data.features import FeatureStore, FeatureStoreError, TextPart
 from curvalign.eval import evaluate
 from curvalign.eval.entailment import chain_pairs, taxonomy_pairs
 from curvalign.eval.hierarchy import Taxonomy, depth_metrics, relative_classes, relative_recall_at_k
@@ -251,11 +251,11 @@ def _multilabel_store():
     """Four images in one split, two classes with two templates each, and multi-labels."""
     return FeatureStore(
         image_features=torch.tensor([[1.0, 0.0], [0.0, 1.0], [0.7, 0.7], [-1.0, 0.0]]),
-        text_features=torch.tensor([[1.0, 0.0], [0.0, 1.0], [0.7, 0.7], [-1.0, 0.0]]),
+        text=TextPart(torch.tensor([[1.0, 0.0], [0.0, 1.0], [0.7, 0.7], [-1.0, 0.0]])),
         text_to_image=torch.tensor([0, 1, 2, 3]),
         class_names=["a", "b"],
         # template 0 points at each class, template 1 is swapped (a bad template)
-        prompt_features=torch.tensor([[1.0, 0.0], [0.0, 1.0], [0.0, 1.0], [1.0, 0.0]]),
+        prompt=TextPart(torch.tensor([[1.0, 0.0], [0.0, 1.0], [0.0, 1.0], [1.0, 0.0]])),
         prompt_to_class=torch.tensor([0, 0, 1, 1]),
         image_labels=torch.tensor([0, 1, -1, -1]),
         multilabel_to_image=torch.tensor([0, 1, 2, 2]),
@@ -282,7 +282,7 @@ def test_evaluate_reports_prompt_sensitivity_and_multilabel_map():
 def test_evaluate_multilabel_map_matches_the_hand_ranking_with_the_recipe_score():
     recipe = _recipe("clip", embed_dim=2)
     store = _multilabel_store()
-    store.prompt_features = torch.tensor([[1.0, 0.0], [1.0, 0.0], [0.0, 1.0], [0.0, 1.0]])
+    store.prompt = TextPart(torch.tensor([[1.0, 0.0], [1.0, 0.0], [0.0, 1.0], [0.0, 1.0]]))
     res = evaluate(recipe, store, split="test", diagnostics=False)
     emb_i = recipe.embed_images(store.image_features)["point"]
     classes = recipe.embed_texts(torch.eye(2))["point"]
@@ -298,7 +298,7 @@ def test_multilabel_group_needs_classes_and_valid_indices():
         store.validate()
     bare = FeatureStore(
         image_features=torch.zeros(1, 2),
-        text_features=torch.zeros(1, 2),
+        text=TextPart(torch.zeros(1, 2)),
         text_to_image=torch.tensor([0]),
         multilabel_to_image=torch.tensor([0]),
         multilabel_class=torch.tensor([0]),

@@ -188,7 +188,7 @@ def test_ordering_accuracy_chain_and_pairs():
 
 # --- evaluate() on a stand-in Lorentz recipe and a hand-built store ------------------------------
 
-from curvalign.data.features import FeatureStore  # noqa: E402
+from curvalign.data.features import FeatureStore, TextPart  # noqa: E402
 from curvalign.eval import evaluate  # noqa: E402
 from curvalign.eval.diagnostics import dominance, eigen_spectrum, routing_statistics  # noqa: E402
 from curvalign.recipes.base import HyperbolicRecipe, Recipe  # noqa: E402
@@ -240,7 +240,7 @@ def _toy_store():
     )  # last caption points to image 1
     return FeatureStore(
         image_features=image,
-        text_features=text,
+        text=TextPart(text),
         text_to_image=torch.tensor([0, 1, 2, 3]),
         image_split=torch.tensor([1, 1, 1, 1]),
         split_names=["train", "test"],
@@ -248,13 +248,13 @@ def _toy_store():
         box_text_features=torch.zeros(2, 2),
         box_to_image=torch.tensor([0, 1]),
         class_names=["a", "b"],
-        prompt_features=torch.tensor([[1.0, 0.0], [0.0, 1.0]]),
+        prompt=TextPart(torch.tensor([[1.0, 0.0], [0.0, 1.0]])),
         prompt_to_class=torch.tensor([0, 1]),
         image_labels=torch.tensor([0, 1, -1, -1]),
         taxonomy_names=["root", "a", "b"],
         taxonomy_parents=torch.tensor([-1, 0, 0]),
         class_to_node=torch.tensor([1, 2]),
-        negative_features=torch.tensor([[0.0, 1.0], [1.0, 0.0]]),
+        negative=TextPart(torch.tensor([[0.0, 1.0], [1.0, 0.0]])),
         negative_to_text=torch.tensor([0, 1]),
         negative_kind=torch.tensor([0, 1]),
         negative_kind_names=["object", "attribute"],

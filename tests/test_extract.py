@@ -174,7 +174,7 @@ def test_resume_after_interruption_reuses_shards_and_matches(tmp_path: Path) -> 
     assert summary.shards_reused == finished and summary.shards_computed == total - finished
     a, b = FeatureStore.load(tmp_path / "clean"), FeatureStore.load(tmp_path / "resumed")
     for name in TENSOR_FIELDS:
-        x, y = getattr(a, name), getattr(b, name)
+        x, y = a.field(name), b.field(name)
         assert (x is None) == (y is None), name
         if x is not None:
             assert torch.equal(x, y), name

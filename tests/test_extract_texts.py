@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from curvalign.data.extract import ExtractError, extract_texts
-from curvalign.data.features import FeatureStore, FeatureStoreError
+from curvalign.data.features import FeatureStore, FeatureStoreError, TextPart
 from test_extract import PixelEncoder
 
 
@@ -87,16 +87,16 @@ def test_captions_without_images_with_tokens(tmp_path: Path) -> None:
     assert store.text_to_image.tolist() == [0, 0, 1] and store.split_names == ["train", "test"]
     assert store.meta["extract"]["images_without_text"] == 1 and summary.images == 2
     # tokens: right-padded to the longest text over all shards, mask marks the real words
-    assert store.text_token_features.shape == (3, 6, 26)
-    assert store.text_token_mask.sum(dim=1).tolist() == [6, 2, 5]
+    assert store.text.token_features.shape == (3, 6, 26)
+    assert store.text.token_mask.sum(dim=1).tolist() == [6, 2, 5]
     for i, text in enumerate(texts):
         words = text.split()
         torch.testing.assert_close(
-            store.text_token_features[i, : len(words)], enc.encode_texts(words)
+            store.text.token_features[i, : len(words)], enc.encode_texts(words)
         )
-        assert float(store.text_token_features[i, len(words) :].abs().sum()) == 0.0
+        assert float(store.text.token_features[i, len(words) :].abs().sum()) == 0.0
     sub = store.subset([1])
-    assert sub.text_token_features.shape[0] == 1 and sub.text_token_mask.sum().item() == 5
+    assert sub.text.token_features.shape[0] == 1 and sub.text.token_mask.sum().item() == 5
 
 
 def test_classes_and_templates_alone(tmp_path: Path) -> None:
@@ -128,10 +128,8 @@ def test_text_only_errors(tmp_path: Path) -> None:
         extract_texts(WordEncoder(), tmp_path / "s")
     store = FeatureStore(
         image_features=torch.zeros(1, 2),
-        text_features=torch.zeros(1, 2),
+        text=TextPart(torch.zeros(1, 2), torch.zeros(1, 3, 4), torch.zeros(1, 3, dtype=torch.long)),
         text_to_image=torch.zeros(1, dtype=torch.long),
-        text_token_features=torch.zeros(1, 3, 4),
-        text_token_mask=torch.zeros(1, 3, dtype=torch.long),
     )
     with pytest.raises(FeatureStoreError, match="text 0 has no token"):
         store.validate()
@@ -170,7 +168,7 @@ def test_cli_text_only_with_minilm_tokens(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     assert "items/s" in result.output
     store = FeatureStore.load(tmp_path / "s")
-    assert store.has_text_pairs and store.has_tokens and store.text_token_features.shape[-1] == 384
+    assert store.has_text_pairs and store.has_tokens and store.text.token_features.shape[-1] == 384
 
 
 def test_pairs_join_an_image_store(tmp_path: Path) -> None:

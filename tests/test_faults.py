@@ -561,11 +561,11 @@ def test_readme_states_install_size_test_time_and_threads():
 def test_an_empty_store_is_refused_when_saved(tmp_path):
     import torch
 
-    from curvalign.data.features import FeatureStore, FeatureStoreError
+    from curvalign.data.features import FeatureStore, FeatureStoreError, TextPart
 
     store = FeatureStore(
         image_features=torch.zeros(0, 4),
-        text_features=torch.zeros(0, 3),
+        text=TextPart(torch.zeros(0, 3)),
         text_to_image=torch.zeros(0, dtype=torch.long),
     )
     with pytest.raises(FeatureStoreError, match="0 images and 0 captions"):

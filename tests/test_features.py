@@ -19,6 +19,7 @@ from curvalign.data.features import (
     TENSOR_FIELDS,
     FeatureStore,
     FeatureStoreError,
+    TextPart,
 )
 
 
@@ -28,38 +29,48 @@ def tiny_store(seed: int = 0) -> FeatureStore:
     ni, nt, di, dt = 6, 9, 5, 4
     return FeatureStore(
         image_features=torch.randn(ni, di, generator=g),
-        text_features=torch.randn(nt, dt, generator=g),
+        text=TextPart(
+            torch.randn(nt, dt, generator=g),
+            torch.randn(nt, 3, 2, generator=g),
+            (torch.arange(3)[None, :] <= torch.arange(nt)[:, None] % 3).long(),
+        ),
         text_to_image=torch.tensor([0, 0, 1, 2, 2, 3, 4, 5, 5]),
         image_split=torch.tensor([0, 0, 0, 0, 1, 1]),
         split_names=["train", "test"],
         box_image_features=torch.randn(7, di, generator=g),
         box_text_features=torch.randn(7, dt, generator=g),
         box_to_image=torch.tensor([0, 1, 1, 2, 3, 4, 5]),
-        pair_a_features=torch.randn(3, dt, generator=g),
-        pair_b_features=torch.randn(3, dt, generator=g),
+        pair_a=TextPart(
+            torch.randn(3, dt, generator=g),
+            torch.randn(3, 2, 2, generator=g),
+            torch.tensor([[1, 1], [1, 0], [1, 1]]),
+        ),
+        pair_b=TextPart(
+            torch.randn(3, dt, generator=g),
+            torch.randn(3, 4, 2, generator=g),
+            torch.tensor([[1, 0, 0, 0], [1, 1, 1, 1], [1, 1, 0, 0]]),
+        ),
         pair_scores=torch.tensor([0.9, 0.5, 0.0]),
         class_names=["cat", "dog", "car"],
-        prompt_features=torch.randn(6, dt, generator=g),
+        prompt=TextPart(
+            torch.randn(6, dt, generator=g),
+            torch.randn(6, 2, 2, generator=g),
+            torch.ones(6, 2, dtype=torch.long),
+        ),
         prompt_to_class=torch.tensor([0, 0, 1, 1, 2, 2]),
         image_labels=torch.tensor([0, 1, 2, -1, 0, 1]),
         taxonomy_names=["thing", "animal", "vehicle", "cat", "dog", "car"],
         taxonomy_parents=torch.tensor([-1, 0, 0, 1, 1, 2]),
         class_to_node=torch.tensor([3, 4, 5]),
-        negative_features=torch.randn(4, dt, generator=g),
+        negative=TextPart(
+            torch.randn(4, dt, generator=g),
+            torch.randn(4, 3, 2, generator=g),
+            torch.tensor([[1, 1, 1], [1, 0, 0], [1, 1, 0], [1, 1, 1]]),
+        ),
         negative_to_text=torch.tensor([6, 6, 7, 8]),
         negative_kind=torch.tensor([0, 1, 0, 1]),
         negative_kind_names=["object_replaced", "attribute_replaced"],
         chain_features=torch.randn(2, 3, dt, generator=g),
-        text_token_features=torch.randn(nt, 3, 2, generator=g),
-        text_token_mask=(torch.arange(3)[None, :] <= torch.arange(nt)[:, None] % 3).long(),
-        pair_a_token_features=torch.randn(3, 2, 2, generator=g),
-        pair_a_token_mask=torch.tensor([[1, 1], [1, 0], [1, 1]]),
-        pair_b_token_features=torch.randn(3, 4, 2, generator=g),
-        pair_b_token_mask=torch.tensor([[1, 0, 0, 0], [1, 1, 1, 1], [1, 1, 0, 0]]),
-        prompt_token_features=torch.randn(6, 2, 2, generator=g),
-        prompt_token_mask=torch.ones(6, 2, dtype=torch.long),
-        negative_token_features=torch.randn(4, 3, 2, generator=g),
-        negative_token_mask=torch.tensor([[1, 1, 1], [1, 0, 0], [1, 1, 0], [1, 1, 1]]),
         multilabel_to_image=torch.tensor([0, 0, 1, 4, 5]),
         multilabel_class=torch.tensor([0, 2, 1, 0, 1]),
         meta={"source": "test", "sizes": [6, 9]},
@@ -68,7 +79,7 @@ def tiny_store(seed: int = 0) -> FeatureStore:
 
 def assert_same(a: FeatureStore, b: FeatureStore) -> None:
     for name in TENSOR_FIELDS:
-        x, y = getattr(a, name), getattr(b, name)
+        x, y = a.field(name), b.field(name)
         assert (x is None) == (y is None), name
         if x is not None:
             assert x.shape == y.shape and x.dtype == y.dtype, name
@@ -95,7 +106,7 @@ def test_round_trip(tmp_path: Path, mmap: bool):
 def test_round_trip_without_optional_groups_and_float64(tmp_path: Path):
     store = FeatureStore(
         image_features=torch.randn(3, 2, dtype=torch.float64),
-        text_features=torch.randn(2, 3, dtype=torch.float64),
+        text=TextPart(torch.randn(2, 3, dtype=torch.float64)),
         text_to_image=torch.tensor([2, 0]),
     )
     store.save(tmp_path / "s")
@@ -172,7 +183,8 @@ def test_save_rejects_meta_that_is_not_json(tmp_path: Path):
 
 
 def broken(**changes) -> FeatureStore:
-    return replace(tiny_store(), **changes)
+    """The tiny store with the fields named by their on-disk names replaced."""
+    return tiny_store().with_fields(**changes)
 
 
 @pytest.mark.parametrize(
@@ -225,6 +237,8 @@ def broken(**changes) -> FeatureStore:
             {
                 "class_names": None,
                 "prompt_features": None,
+                "prompt_token_features": None,
+                "prompt_token_mask": None,
                 "prompt_to_class": None,
                 "image_labels": None,
             },
@@ -240,11 +254,10 @@ def test_validate_rejects(changes, pattern):
 
 @pytest.mark.parametrize("name", FLOAT_FIELDS)
 def test_validate_counts_nonfinite_rows(name: str):
-    store = tiny_store()
-    value = getattr(store, name).clone()
+    value = tiny_store().field(name).clone()
     value[0] = float("nan")
     value[-1] = float("inf")
-    setattr(store, name, value)
+    store = broken(**{name: value})
     with pytest.raises(FeatureStoreError, match=rf"{name}.* 2 rows with NaN or inf.*first: row 0"):
         store.validate()
     store.validate(check_values=False)  # the scan can be skipped
@@ -493,8 +506,7 @@ def test_subset_keeps_each_caption_with_its_image(order: list[int], size: int):
 
 @pytest.mark.parametrize("mmap", [False, True])
 def test_round_trip_with_empty_groups(tmp_path: Path, mmap: bool):
-    store = replace(
-        tiny_store(),
+    store = tiny_store().with_fields(
         pair_a_features=torch.zeros(0, 4),
         pair_b_features=torch.zeros(0, 4),
         pair_scores=torch.zeros(0),
@@ -523,10 +535,9 @@ def test_save_refuses_an_invalid_store(tmp_path: Path):
     st.integers(-3, 12),
 )
 def test_any_corrupted_index_gives_a_store_error_or_a_valid_store(name: str, row: int, value: int):
-    store = tiny_store()
-    column = getattr(store, name).clone()
+    column = tiny_store().field(name).clone()
     column[row % len(column)] = value
-    setattr(store, name, column)
+    store = broken(**{name: column})
     try:
         store.validate()
     except FeatureStoreError as err:
@@ -547,3 +558,76 @@ def test_cli_check_forces_the_scan(saved: Path, tmp_path: Path, monkeypatch):
     result = CliRunner().invoke(app, ["--check", *args, "--out", str(tmp_path / "run")])
     assert result.exit_code == 2
     assert "image_features.npy has 1 row with NaN" in result.output
+
+
+# --- text parts as records ---------------------------------------------------------------------
+
+
+def test_a_store_written_in_the_on_disk_layout_loads_into_text_part_records(tmp_path: Path):
+    """The on-disk format did not change when the text parts became ``TextPart`` records: a
+    directory written by hand in the documented layout (meta.json + one .npy per field under its
+    flat name) loads, each part's files in one record, and saving it again writes the same bytes."""
+    g = np.random.default_rng(0)
+    arrays = {
+        "image_features": g.standard_normal((3, 4)).astype(np.float32),
+        "text_features": g.standard_normal((4, 2)).astype(np.float32),
+        "text_to_image": np.array([0, 0, 1, 2], dtype=np.int64),
+        "pair_a_features": g.standard_normal((2, 2)).astype(np.float32),
+        "pair_b_features": g.standard_normal((2, 2)).astype(np.float32),
+        "pair_scores": np.array([0.5, 1.0], dtype=np.float32),
+        "text_token_features": g.standard_normal((4, 3, 5)).astype(np.float32),
+        "text_token_mask": np.array([[1, 1, 0], [1, 0, 0], [1, 1, 1], [1, 0, 0]], dtype=np.int64),
+    }
+    old = tmp_path / "old"
+    old.mkdir()
+    for name, value in arrays.items():
+        np.save(old / f"{name}.npy", value, allow_pickle=False)
+    header = {
+        "format": "curvalign.feature_store",
+        "version": 1,
+        "groups": ["text_pairs", "tokens"],
+        "arrays": {n: {"shape": list(v.shape), "dtype": str(v.dtype)} for n, v in arrays.items()},
+        "meta": {"source": "written by hand"},
+    }
+    (old / "meta.json").write_text(json.dumps(header))
+
+    store = FeatureStore.load(old)
+    assert isinstance(store.text, TextPart) and store.text.has_tokens
+    np.testing.assert_array_equal(store.text.token_mask.numpy(), arrays["text_token_mask"])
+    np.testing.assert_array_equal(store.pair_b.features.numpy(), arrays["pair_b_features"])
+    assert store.pair_a is not None and not store.pair_a.has_tokens
+    assert store.prompt is None and store.negative is None
+    assert store.groups == ["text_pairs", "tokens"] and store.token_dim == 5
+
+    store.save(tmp_path / "again")
+    for name in arrays:
+        assert (tmp_path / "again" / f"{name}.npy").read_bytes() == (
+            old / f"{name}.npy"
+        ).read_bytes(), name
+    assert sorted(p.name for p in (tmp_path / "again").glob("*.npy")) == sorted(
+        f"{n}.npy" for n in arrays
+    )
+
+
+def test_text_part_fields_speak_the_on_disk_names():
+    store = tiny_store()
+    assert store.field("prompt_token_mask") is store.prompt.token_mask
+    assert store.fields()["negative_features"] is store.negative.features
+    changed = store.with_fields(pair_b_token_features=torch.zeros(3, 4, 2))
+    assert torch.equal(changed.pair_b.token_features, torch.zeros(3, 4, 2))
+    assert changed.pair_b.features is store.pair_b.features
+    assert changed.text.token_mask is store.text.token_mask
+    # tokens cannot exist without the part's pooled features, in memory or on disk
+    with pytest.raises(FeatureStoreError, match="prompt_tokens group needs the classes group"):
+        store.with_fields(prompt_features=None, prompt_to_class=None, class_names=None)
+    with pytest.raises(FeatureStoreError, match="must be a TextPart"):
+        replace(store, negative=store.negative.features).validate()
+
+
+def test_subset_takes_every_attribute_of_a_text_part():
+    store = tiny_store()
+    sub = store.subset(torch.tensor([2, 0]))
+    rows = torch.tensor([0, 1, 3, 4])  # the captions of images 0 and 2, in caption order
+    torch.testing.assert_close(sub.text.token_features, store.text.token_features[rows])
+    torch.testing.assert_close(sub.text.token_mask, store.text.token_mask[rows])
+    assert sub.pair_a is store.pair_a  # parts not tied to images are kept whole

@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 
-from curvalign.data.features import FeatureStore
+from curvalign.data.features import FeatureStore, TextPart
 from curvalign.eval.chance import chance_evaluation
 from curvalign.eval.ridge import RidgeMap, fit_ridge
 from curvalign.report.benchmark import (
@@ -153,7 +153,7 @@ def _linear_store(n=120, di=8, dt=6, noise=0.05, seed=0) -> FeatureStore:
     split[80:100], split[100:] = 1, 2
     return FeatureStore(
         image_features=images,
-        text_features=texts,
+        text=TextPart(texts),
         text_to_image=torch.arange(n),
         image_split=split,
         split_names=["train", "val", "test"],

@@ -4,7 +4,6 @@ score act in memory exactly as the stop-and-resume cycle through the disk did.""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 
 import pytest
@@ -221,7 +220,7 @@ def test_extending_in_memory_equals_resuming_with_more_steps(tmp_path):
 
 def test_a_store_swapped_at_a_mark_equals_resuming_on_that_store(tmp_path):
     store = toy_store(num_images=40, captions=3)
-    other = dataclasses.replace(store, text_features=store.text_features.flip(0))
+    other = store.with_fields(text_features=store.text_features.flip(0))
 
     class Swap(TrainerHook):
         def marks(self):

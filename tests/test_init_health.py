@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from curvalign.config import describe_config, resolve_config, resolve_data_init
-from curvalign.data.features import FeatureStore
+from curvalign.data.features import FeatureStore, TextPart
 from curvalign.data.sampling import BatchSampler
 from curvalign.data.statistics import feature_norms
 from curvalign.errors import ConfigError
@@ -48,7 +48,7 @@ def _store(image_norm: float | None = None, text_norm: float | None = None) -> F
     split = (torch.arange(N) >= int(0.8 * N)).long()
     return FeatureStore(
         image_features=images,
-        text_features=texts,
+        text=TextPart(texts),
         text_to_image=torch.arange(N),
         image_split=split,
         split_names=["train", "test"],

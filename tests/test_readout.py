@@ -14,7 +14,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from curvalign import readout
-from curvalign.data.features import FeatureStore
+from curvalign.data.features import FeatureStore, TextPart
 from curvalign.errors import CurvalignError, InputError
 from curvalign.eval.retrieval import recall_at_k
 from curvalign.readout import (
@@ -123,7 +123,7 @@ def _val_store(
     n = num_images + train_images
     return FeatureStore(
         image_features=torch.randn(n, 12, generator=g).to(dtype),
-        text_features=torch.randn(n * captions, 10, generator=g).to(dtype),
+        text=TextPart(torch.randn(n * captions, 10, generator=g).to(dtype)),
         text_to_image=torch.arange(n).repeat_interleave(captions),
         image_split=(torch.arange(n) >= train_images).long(),
         split_names=["train", "val"],
@@ -194,8 +194,7 @@ def test_float16_store_validates_evaluates_and_embeds(tmp_path: Path):
     from curvalign.index.embed import embed_store, load_embeddings
 
     half = _val_store(40, torch.float16, captions=2)
-    full = dataclasses.replace(
-        half,
+    full = half.with_fields(
         image_features=half.image_features.float(),
         text_features=half.text_features.float(),
     )
@@ -210,7 +209,7 @@ def test_float16_store_validates_evaluates_and_embeds(tmp_path: Path):
     assert got.diagnostics["spectrum"] == want.diagnostics["spectrum"]
     shared = FeatureStore(
         image_features=half.image_features[:, :10].contiguous(),
-        text_features=half.text_features,
+        text=TextPart(half.text_features),
         text_to_image=half.text_to_image,
         image_split=half.image_split,
         split_names=as_test,
@@ -309,7 +308,7 @@ def test_input_width_mismatch_names_its_cause():
     with pytest.raises(CurvalignError, match="has none"):  # no tokens at all: the store says so
         check_input_widths(
             cls(tokens, DI, DK),
-            dataclasses.replace(store, text_token_features=None, text_token_mask=None),
+            store.with_fields(text_token_features=None, text_token_mask=None),
         )
 
 

@@ -9,14 +9,14 @@ import pytest
 import torch
 
 from curvalign.data.extract import extract_features
-from curvalign.data.features import ITEMS_FILE, FeatureStore, FeatureStoreError
+from curvalign.data.features import ITEMS_FILE, FeatureStore, FeatureStoreError, TextPart
 from test_extract import PixelEncoder, make_collection
 
 
 def _store(**items) -> FeatureStore:
     return FeatureStore(
         image_features=torch.randn(3, 4),
-        text_features=torch.randn(5, 2),
+        text=TextPart(torch.randn(5, 2)),
         text_to_image=torch.tensor([0, 0, 1, 2, 2]),
         meta={"encoder": "test:pixels"},
         **items,

@@ -346,7 +346,6 @@ def _segmented_arm(bench, recipe, seed, marks, on_mark, store_from, steps, max_s
 def test_an_arm_in_one_fit_equals_the_old_stop_and_resume_cycle(tmp_path, one_thread):
     """Same validation values, extension, marks, data swap and weights as the segments through
     the disk that Bench.train ran before the trainer had hooks."""
-    import dataclasses
 
     from safetensors.torch import load_file
 
@@ -354,7 +353,7 @@ def test_an_arm_in_one_fit_equals_the_old_stop_and_resume_cycle(tmp_path, one_th
     bench = kit.Bench(
         tmp_path, world, "synthetic", 6, ["batch_size=16"], val_every=2, plateau_tol=-1.0
     )
-    swapped = dataclasses.replace(bench.store, text_features=bench.store.text_features.flip(0))
+    swapped = bench.store.with_fields(text_features=bench.store.text_features.flip(0))
 
     def store_from(step):
         return swapped if step >= 3 else None
@@ -738,15 +737,15 @@ def test_label_noise_control_moves_a_known_share_of_train_captions_only():
 
 def _tree_store(features, parents):
     """One 'image' per taxonomy node (label = node), ``parents`` the tree."""
-    from curvalign.data.features import FeatureStore
+    from curvalign.data.features import FeatureStore, TextPart
 
     n = features.shape[0]
     return FeatureStore(
         image_features=features,
-        text_features=features.clone(),
+        text=TextPart(features.clone()),
         text_to_image=torch.arange(n),
         class_names=[f"n{i}" for i in range(n)],
-        prompt_features=features.clone(),
+        prompt=TextPart(features.clone()),
         prompt_to_class=torch.arange(n),
         image_labels=torch.arange(n),
         taxonomy_names=[f"n{i}" for i in range(n)],

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from curvalign.cli import app
 from curvalign.data.extract import extract_sugarcrepe, extract_webdataset
-from curvalign.data.features import FeatureStore
+from curvalign.data.features import FeatureStore, TextPart
 from curvalign.data.protocols import ProtocolError, RetrievalProtocol, protocol_store
 from curvalign.eval import evaluate
 from curvalign.report.suite import LONG_COLUMNS
@@ -45,7 +45,7 @@ def suite(tmp_path_factory) -> dict:
     )
     other = FeatureStore(  # another encoder's dimensions: a listed skip, not a crash
         image_features=torch.zeros(2, 3),
-        text_features=torch.zeros(2, 3),
+        text=TextPart(torch.zeros(2, 3)),
         text_to_image=torch.arange(2),
     )
     other.save(folder / "other_encoder")
@@ -137,7 +137,7 @@ def test_suite_json_and_errors(suite, tmp_path: Path) -> None:
 def test_protocol_keeps_five_captions_and_checks_the_count() -> None:
     store = FeatureStore(
         image_features=torch.randn(4, 3),
-        text_features=torch.randn(9, 3),
+        text=TextPart(torch.randn(9, 3)),
         text_to_image=torch.tensor([0, 0, 0, 1, 1, 2, 2, 3, 2]),
         image_split=torch.tensor([0, 0, 0, 1]),
         split_names=["test", "train"],

@@ -147,7 +147,7 @@ def test_pair_scores_follow_the_structure(world: SyntheticWorld):
 def test_same_seed_same_world_other_seed_other_world():
     a, b, c = make_world(SMALL), make_world(SMALL), make_world(replace(SMALL, seed=1))
     for name in TENSOR_FIELDS:
-        x, y = getattr(a, name), getattr(b, name)
+        x, y = a.field(name), b.field(name)
         assert (x is None) == (y is None) and (x is None or torch.equal(x, y)), name
     assert a.meta == b.meta
     assert not torch.allclose(a.image_features, c.image_features)
@@ -247,7 +247,7 @@ def test_features_spec_round_trip(tmp_path: Path):
     store.save(tmp_path / "world")
     loaded = load_data(f"features:{tmp_path / 'world'}")
     for name in TENSOR_FIELDS:
-        x, y = getattr(store, name), getattr(loaded, name)
+        x, y = store.field(name), loaded.field(name)
         assert (x is None) == (y is None) and (x is None or torch.equal(x, y)), name
     assert loaded.meta["config"] == store.meta["config"]
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from curvalign.data.features import FeatureStore, FeatureStoreError
+from curvalign.data.features import FeatureStore, FeatureStoreError, TextPart
 from curvalign.data.sampling import BatchSampler, SamplingError
 from curvalign.errors import CurvalignError
 from curvalign.eval import evaluate
@@ -56,32 +56,26 @@ def token_store(seed: int = 0, prompts: bool = True, negatives: bool = True) -> 
     n_tokens, n_mask = _tokens(8, 6, g)
     store = FeatureStore(
         image_features=torch.randn(ni, DI, generator=g),
-        text_features=torch.randn(nt, DT, generator=g),
+        text=TextPart(torch.randn(nt, DT, generator=g), text_tokens, text_mask),
         text_to_image=torch.arange(nt) % ni,
         image_split=(torch.arange(ni) >= 8).long(),
         split_names=["train", "test"],
-        pair_a_features=torch.randn(16, DT, generator=g),
-        pair_b_features=torch.randn(16, DT, generator=g),
+        pair_a=TextPart(torch.randn(16, DT, generator=g), a_tokens, a_mask),
+        pair_b=TextPart(torch.randn(16, DT, generator=g), b_tokens, b_mask),
         pair_scores=torch.rand(16, generator=g),
         class_names=["a", "b", "c"],
-        prompt_features=torch.randn(6, DT, generator=g),
+        prompt=TextPart(torch.randn(6, DT, generator=g)),
         prompt_to_class=torch.tensor([0, 0, 1, 1, 2, 2]),
         image_labels=torch.arange(ni) % 3,
-        negative_features=torch.randn(8, DT, generator=g),
+        negative=TextPart(torch.randn(8, DT, generator=g)),
         negative_to_text=torch.tensor([8, 9, 10, 11, 20, 21, 22, 23]),  # test captions
         negative_kind=torch.arange(8) % 2,
         negative_kind_names=["swap", "replace"],
-        text_token_features=text_tokens,
-        text_token_mask=text_mask,
-        pair_a_token_features=a_tokens,
-        pair_a_token_mask=a_mask,
-        pair_b_token_features=b_tokens,
-        pair_b_token_mask=b_mask,
     )
     if prompts:
-        store = replace(store, prompt_token_features=q_tokens, prompt_token_mask=q_mask)
+        store = replace(store, prompt=TextPart(store.prompt.features, q_tokens, q_mask))
     if negatives:
-        store = replace(store, negative_token_features=n_tokens, negative_token_mask=n_mask)
+        store = replace(store, negative=TextPart(store.negative.features, n_tokens, n_mask))
     store.validate()
     return store
 
@@ -95,25 +89,24 @@ def test_store_round_trip_and_text_rows_cut_padding(tmp_path: Path) -> None:
     assert loaded.input_dims() == (DI, DT)
     rows = torch.tensor([0, 1, 2])
     tokens, mask = loaded.text_rows("text", rows, tokens=True)
-    longest = int(store.text_token_mask[rows].sum(1).max())
+    longest = int(store.text.token_mask[rows].sum(1).max())
     assert tokens.shape == (3, longest, DK) and mask.shape == (3, longest)
-    torch.testing.assert_close(tokens, store.text_token_features[rows, :longest])
+    torch.testing.assert_close(tokens, store.text.token_features[rows, :longest])
     features, none = loaded.text_rows("pair_b", rows)
     assert none is None and features.shape == (3, DT)
     # negatives follow their captions into a subset, with their tokens
     sub = loaded.subset(torch.arange(8, 12))
-    assert sub.negative_token_features.shape[0] == 8 and sub.negative_to_text.max() < sub.num_texts
+    assert sub.negative.token_features.shape[0] == 8 and sub.negative_to_text.max() < sub.num_texts
 
 
 def test_token_groups_are_validated() -> None:
     store = token_store()
     with pytest.raises(FeatureStoreError, match="token dimension 3 but"):
-        replace(store, prompt_token_features=torch.randn(6, 3, 3)).validate()
+        store.with_fields(prompt_token_features=torch.randn(6, 3, 3)).validate()
     with pytest.raises(FeatureStoreError, match="pair_b text 0 has no token"):
-        replace(store, pair_b_token_mask=torch.zeros_like(store.pair_b_token_mask)).validate()
+        store.with_fields(pair_b_token_mask=torch.zeros_like(store.pair_b.token_mask)).validate()
     with pytest.raises(FeatureStoreError, match="prompt_token_features' has 2 entries"):
-        replace(
-            store,
+        store.with_fields(
             prompt_token_features=torch.randn(2, 3, DK),
             prompt_token_mask=torch.ones(2, 3, dtype=torch.long),
         ).validate()
@@ -162,15 +155,15 @@ def test_padding_tokens_change_nothing(tmp_path: Path) -> None:
     )
     ids = torch.arange(store.num_texts)
     before = embed_text_part(run.recipe, store, "text", ids, batch_size=5)
-    noisy = store.text_token_features.clone()
-    noisy[store.text_token_mask == 0] = torch.randn(int((store.text_token_mask == 0).sum()), DK)
-    other = replace(store, text_token_features=noisy)
+    noisy = store.text.token_features.clone()
+    noisy[store.text.token_mask == 0] = torch.randn(int((store.text.token_mask == 0).sum()), DK)
+    other = store.with_fields(text_token_features=noisy)
     after = embed_text_part(run.recipe, other, "text", ids, batch_size=5)
     torch.testing.assert_close(before["point"], after["point"])
     # a real token changed: the embedding moves (the test can fail)
     changed = noisy.clone()
     changed[0, 0] += 1.0
-    moved = embed_text_part(run.recipe, replace(store, text_token_features=changed), "text", ids)
+    moved = embed_text_part(run.recipe, store.with_fields(text_token_features=changed), "text", ids)
     assert not torch.allclose(moved["point"][0], before["point"][0])
     # batches cut to their own longest sequence embed like the whole padded array
     whole = embed_text_part(run.recipe, store, "text", ids, batch_size=len(ids))
@@ -204,8 +197,7 @@ def test_parts_without_tokens_are_listed_skips(tmp_path: Path) -> None:
 
 def test_clear_errors_without_tokens_or_with_other_widths(tmp_path: Path) -> None:
     store = token_store()
-    no_tokens = replace(
-        store,
+    no_tokens = store.with_fields(
         **{
             f: None
             for f in (
@@ -234,8 +226,7 @@ def test_clear_errors_without_tokens_or_with_other_widths(tmp_path: Path) -> Non
         show_progress=False,
     )
     # captions with tokens but pairs without: the sampler names the part
-    no_pairs = replace(
-        store,
+    no_pairs = store.with_fields(
         pair_a_token_features=None,
         pair_a_token_mask=None,
         pair_b_token_features=None,
@@ -248,8 +239,7 @@ def test_clear_errors_without_tokens_or_with_other_widths(tmp_path: Path) -> Non
     )
     with pytest.raises(CurvalignError, match="has none"):
         evaluate(run.recipe, no_tokens, split="test")
-    wider = replace(
-        store,
+    wider = store.with_fields(
         text_token_features=torch.randn(24, 6, DK + 1),
         pair_a_token_features=torch.randn(16, 4, DK + 1),
         pair_b_token_features=torch.randn(16, 5, DK + 1),
@@ -310,7 +300,7 @@ def test_cli_minilm_tokens_train_and_eval(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     loaded = FeatureStore.load(store, mmap=True)
     assert {"tokens", "pair_tokens"} <= set(loaded.groups) and loaded.token_dim == 384
-    assert loaded.pair_a_token_features.shape[0] == len(pairs)
+    assert loaded.pair_a.token_features.shape[0] == len(pairs)
     run_dir = tmp_path / "run"
     result = runner.invoke(
         app,
@@ -383,15 +373,15 @@ def test_image_folder_extraction_stores_tokens_of_every_text_part(tmp_path: Path
     store = FeatureStore.load(tmp_path / "s", mmap=True)
     assert {"tokens", "prompt_tokens", "pair_tokens"} <= set(store.groups)
     enc = WordPixelEncoder()
-    assert store.text_token_features.shape[0] == store.num_texts == len(store.texts)
+    assert store.text.token_features.shape[0] == store.num_texts == len(store.texts)
     for i in (0, store.num_texts - 1):  # the kept captions, in the store's order
         words = store.texts[i].split()
-        assert int(store.text_token_mask[i].sum()) == len(words)
+        assert int(store.text.token_mask[i].sum()) == len(words)
         torch.testing.assert_close(
-            store.text_token_features[i, : len(words)], enc.encode_texts(words)
+            store.text.token_features[i, : len(words)], enc.encode_texts(words)
         )
-    assert store.pair_b_token_mask.sum(1).tolist() == [3, 3, 3, 3]
-    assert store.prompt_token_features.shape[0] == store.prompt_features.shape[0]
+    assert store.pair_b.token_mask.sum(1).tolist() == [3, 3, 3, 3]
+    assert store.prompt.token_features.shape[0] == store.prompt_features.shape[0]
     overrides = [o for o in SMALL if not o.startswith("batch_size")] + ["batch_size=2"]
     run_dir = train("dualpath", store, tmp_path / "run", steps=4, overrides=overrides)
     metrics = evaluate(load_run(run_dir).recipe, store)
@@ -416,7 +406,7 @@ def test_embed_store_feeds_tokens(tmp_path: Path) -> None:
     with pytest.raises(CurvalignError, match="has none"):
         embed_store(
             run.recipe,
-            replace(store, text_token_features=None, text_token_mask=None),
+            store.with_fields(text_token_features=None, text_token_mask=None),
             tmp_path / "e2",
         )
 

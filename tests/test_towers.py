@@ -471,7 +471,7 @@ SENTENCE_WORDS = ["a", "dog", "cat", "wolf", "fox", "animal", "pet", "wild", "sm
 def test_sentence_transformer_towers_lora_start_frozen_and_train_on_texts_standing_for_images(
     tiny_sentence_transformer, tmp_path
 ) -> None:
-    from curvalign.data.features import FeatureStore
+    from curvalign.data.features import FeatureStore, TextPart
     from curvalign.train.towers import export_towers, train
 
     spec = tiny_sentence_transformer
@@ -487,7 +487,7 @@ def test_sentence_transformer_towers_lora_start_frozen_and_train_on_texts_standi
     # a store of texts standing for images (as wordnet: makes), features from the frozen encoder
     store = FeatureStore(
         image_features=frozen.encode_texts(names),
-        text_features=frozen.encode_texts(glosses),
+        text=TextPart(frozen.encode_texts(glosses)),
         text_to_image=torch.arange(len(names)),
         image_texts=names,
         texts=glosses,

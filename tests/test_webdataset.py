@@ -167,7 +167,7 @@ def test_resume_reuses_finished_shards(tmp_path: Path) -> None:
     assert again.shards_reused == 2 and again.shards_computed == clean.shards_computed - 2
     a, b = FeatureStore.load(tmp_path / "a"), FeatureStore.load(tmp_path / "b")
     for name in TENSOR_FIELDS:
-        x, y = getattr(a, name), getattr(b, name)
+        x, y = a.field(name), b.field(name)
         assert (x is None) == (y is None) and (x is None or torch.equal(x, y)), name
 
 

@@ -12,8 +12,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import click
 import typer
+from typer.core import TyperGroup
 
+from curvalign._extract_kinds import EXTRACT_KINDS
 from curvalign.errors import CurvalignError
 from curvalign.plugins import available_recipe_names
 
@@ -796,25 +799,15 @@ def embed_command(
     )
 
     from curvalign._io import terminate_as_interrupt
-    from curvalign.data import load_data
-    from curvalign.index.embed import embed_store
-    from curvalign.runs import load_run
+    from curvalign.index.embed import embed_run
+
+    def loaded(run) -> None:
+        print_notes(run.notes)
+        if not quiet:
+            typer.secho(f"note: embedding with the {run.describe()}", err=True)
 
     check_out(out)
     try:
-        run = load_run(run_dir, weights=weights)
-        print_notes(run.notes)
-        spec = run.data_spec(data)
-        if not quiet:
-            typer.secho(f"note: embedding with the {run.describe()}", err=True)
-        store = load_data(spec)
-        info = {
-            "run_dir": str(Path(run_dir).resolve()),
-            "step": run.step,
-            "data": spec,
-            "weights": run.weights,
-            "weights_sha256": run.weights_sha256,
-        }
         with (
             terminate_as_interrupt(),
             Progress(
@@ -831,22 +824,23 @@ def embed_command(
                 task = bar.add_task(label, total=total)
                 return lambda n: bar.advance(task, n)
 
-            path = embed_store(
-                run.recipe,
-                store,
+            done = embed_run(
+                run_dir,
                 out,
+                data=data,
+                weights=weights,
                 batch_size=batch_size,
                 boxes=boxes,
-                info=info,
                 progress=progress,
+                on_loaded=loaded,
             )
     except KeyboardInterrupt as err:
         interrupted(err, out)
     except CurvalignError as err:
         fail(str(err))
     typer.echo(
-        f"embedded {store.num_images} images and {store.num_texts} texts with {run.config.recipe} "
-        f"(step {run.step}): {path}"
+        f"embedded {done.num_images} images and {done.num_texts} texts with {done.recipe} "
+        f"(step {done.step}): {done.path}"
     )
 
 
@@ -875,28 +869,23 @@ def index_build_command(
     nprobe: int = typer.Option(16, "--nprobe", min=1, help="IVF, IVF-PQ: cells visited per query."),
 ) -> None:
     """Build an index over one side of an embeddings directory."""
-    from curvalign.index.embed import build_from_embeddings, load_embeddings
+    from curvalign._io import terminate_as_interrupt
+    from curvalign.index.embed import build_from_embeddings, index_build_options, load_embeddings
 
     check_out(out)
-    if exact and ann:
-        fail("--exact and --ann exclude each other")
-    if ann is not None and ann not in ("hnsw", "ivf", "ivfpq"):
-        fail(f"--ann must be hnsw, ivf or ivfpq, got {ann!r}")
-    options = (
-        {"M": M, "ef_construction": ef_construction, "ef_search": ef_search}
-        if ann == "hnsw"
-        else {"nlist": nlist, "nprobe": nprobe}
-        if ann in ("ivf", "ivfpq")
-        else {}
-    )
-    from curvalign._io import terminate_as_interrupt
-
     try:
+        options = index_build_options(
+            ann,
+            exact=exact,
+            M=M,
+            ef_construction=ef_construction,
+            ef_search=ef_search,
+            nlist=nlist,
+            nprobe=nprobe,
+        )
         emb = load_embeddings(embeddings)
         with terminate_as_interrupt():  # SIGTERM removes the half-built index like Ctrl-C
-            path = build_from_embeddings(
-                emb, out, side=side, kind="ann" if ann else "exact", method=ann or "hnsw", **options
-            )
+            path = build_from_embeddings(emb, out, side=side, **options)
     except KeyboardInterrupt as err:
         interrupted(err, out)
     except CurvalignError as err:
@@ -1108,13 +1097,12 @@ def search_command(
     """Search a run's index with free text or image files; prints rank, score and the items."""
     import json
 
-    texts = list(queries or [])
-    if queries_file is not None:
-        try:
-            lines = queries_file.read_text(encoding="utf-8").splitlines()
-        except (OSError, UnicodeDecodeError) as err:
-            fail(f"--queries-file {queries_file}: cannot read it ({err})")
-        texts += [line.strip() for line in lines if line.strip()]
+    from curvalign.index.searcher import read_queries
+
+    try:
+        texts = read_queries(queries or [], queries_file)
+    except CurvalignError as err:
+        fail(str(err))
     images = list(images or [])
     if not texts and not images:
         fail("give at least one query: TEXT, --queries-file FILE or --image PATH")
@@ -1136,20 +1124,10 @@ def search_command(
         table = Table(title=f"{result.query}", title_justify="left")
         table.add_column("rank", justify="right")
         table.add_column(result.ranked_by, justify="right")
-        for column in ("caption", "image", "class"):
+        for column in result.ITEM_COLUMNS:
             table.add_column(column)
-        for hit in result.hits:
-            value = hit.distance if hit.distance is not None else hit.score
-            item = hit.item
-            table.add_row(
-                str(hit.rank),
-                f"{value:.4f}",
-                item.caption or f"(row {item.id})",
-                item.path or "",
-                item.class_name or ""
-                if not item.synset or item.synset == item.class_name
-                else f"{item.class_name} ({item.synset})",
-            )
+        for row in result.table_rows():
+            table.add_row(*row)
         console.print(table)
     if searcher.images_root:
         typer.echo(f"image paths are relative to {searcher.images_root}")
@@ -1212,182 +1190,133 @@ def serve_command(
         fail(str(err))
 
 
-# --- extract a feature store with an encoder: image folders, webdatasets, SugarCrepe, text pairs --
+# --- extract a feature store with an encoder: one subcommand per input kind (_extract_kinds) ----
 
 
-@app.command("extract")
-def extract_command(
-    encoder: str = typer.Option(
-        ...,
-        "--encoder",
-        help="open_clip:ARCH:CHECKPOINT, hf-clip:DIR, "
-        "sentence-transformers:DIR, minilm, efficientnet-lite0[:WEIGHTS], torchvision:ARCH:CKPT, "
-        "timm:ARCH:CKPT, or IMAGE_SPEC+TEXT_SPEC (e.g. efficientnet-lite0+minilm); local files only.",
-    ),
-    images: Path = typer.Option(
-        None, "--images", help="Folder the image paths are relative to (not for --wds)."
-    ),
-    wds: Path = typer.Option(
-        None,
-        "--wds",
-        help="A CLIP_benchmark webdataset root ({split}/nshards.txt, {split}/N.tar, classnames.txt, "
-        "zeroshot_classification_templates.txt, dataset_type.txt).",
-    ),
-    splits: str = typer.Option(
-        None, "--splits", help="--wds: comma-separated split folders (default: every one)."
-    ),
-    sugarcrepe: Path = typer.Option(
-        None,
-        "--sugarcrepe",
-        help="A folder of SugarCrepe KIND.json files (with --images: the COCO val2017 folder; "
-        "without: text only, each caption and negative scored against another caption).",
-    ),
-    out: Path = typer.Option(
-        ..., "--out", help="Feature store directory to write (use as --data features:OUT)."
-    ),
-    captions: Path = typer.Option(
-        None, "--captions", help="Captions JSON (COCO or Karpathy layout)."
-    ),
-    layout: str = typer.Option(
-        None, "--format", help="coco or karpathy (default: told apart by the keys)."
-    ),
-    boxes: Path = typer.Option(
-        None, "--boxes", help="Box-level pairs, JSON Lines {image, box, phrase}."
-    ),
-    classes: Path = typer.Option(
-        None, "--classes", help="Class names (CLIP_benchmark JSON or one per line)."
-    ),
-    templates: Path = typer.Option(
-        None, "--templates", help="Prompt templates with {c} (CLIP_benchmark JSON)."
-    ),
-    taxonomy: Path = typer.Option(
-        None, "--taxonomy", help="'parent child' edge list over class folders/names."
-    ),
-    pairs: Path = typer.Option(
-        None,
-        "--pairs",
-        help="Scored text pairs (DualPath): JSON Lines {a, b, score} or TSV a<TAB>b<TAB>score; "
-        "with --images they join the image store, without they make a text-only one.",
-    ),
-    score_max: float = typer.Option(
-        1.0, "--score-max", help="--pairs: divide scores by this (5 for STS-B) into [0, 1]."
-    ),
-    protocol: str = typer.Option(
-        None,
-        "--protocol",
-        help="Record the retrieval protocol the store is for (coco-5k, flickr30k-1k): eval then "
-        "keeps 5 captions per image and checks the image count.",
-    ),
-    tokens: bool = typer.Option(
-        False,
-        "--tokens",
-        help="Also store every text part's token-level features and masks (captions, prompts, pairs; hf-clip, sentence-transformers), for DualPath pool_tokens=true.",
-    ),
-    batch_size: int = typer.Option(64, "--batch-size", min=1, help="Rows per encoder call."),
-    shard_size: int = typer.Option(1024, "--shard-size", min=1, help="Rows per resumable shard."),
-    device: str = typer.Option("cpu", "--device", help="cpu or cuda."),
-    overwrite: bool = typer.Option(
-        False, "--overwrite", help="Replace an existing store at --out."
-    ),
-    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
-) -> None:
-    """Encode images and captions with a local encoder into a feature store (resumable)."""
+class _ExtractGroup(TyperGroup):
+    """``curvalign extract KIND``; the one-command form from before the subcommands
+    (``curvalign extract --encoder E --images DIR ...``) is routed to the kind its flags select,
+    and a flag that kind does not read is named before anything is loaded."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if args and args[0].startswith("-") and args[0] not in ctx.help_option_names:
+            from curvalign._extract_kinds import kind_of_flags, not_read_message
+
+            # option names (a negative number is a value, not an option)
+            flags = [a.split("=", 1)[0] for a in args if a[:1] == "-" and not a[1:2].isdigit()]
+            kind = kind_of_flags(flags)
+            command = self.get_command(ctx, kind)
+            assert command is not None
+            known = {o for p in command.params for o in (*p.opts, *p.secondary_opts)}
+            not_read = [f for f in flags if f not in known and f not in ctx.help_option_names]
+            if not_read:
+                fail(not_read_message(kind, not_read))
+            args = [kind, *args]
+        return super().parse_args(ctx, args)
+
+
+extract_app = typer.Typer(
+    cls=_ExtractGroup,
+    no_args_is_help=True,
+    help="Encode inputs with a local encoder into a feature store (resumable), one subcommand "
+    "per input kind: images, texts, wds, sugarcrepe. The one-command form "
+    "(curvalign extract --encoder E --images DIR ...) still works: its flags select the kind.",
+)
+app.add_typer(extract_app, name="extract")
+
+_ENCODER = typer.Option(
+    ...,
+    "--encoder",
+    help="open_clip:ARCH:CHECKPOINT, hf-clip:DIR, "
+    "sentence-transformers:DIR, minilm, efficientnet-lite0[:WEIGHTS], torchvision:ARCH:CKPT, "
+    "timm:ARCH:CKPT, or IMAGE_SPEC+TEXT_SPEC (e.g. efficientnet-lite0+minilm); local files only.",
+)
+_STORE_OUT = typer.Option(
+    ..., "--out", help="Feature store directory to write (use as --data features:OUT)."
+)
+_CAPTIONS = typer.Option(None, "--captions", help="Captions JSON (COCO or Karpathy layout).")
+_LAYOUT = typer.Option(None, "--format", help="coco or karpathy (default: told apart by the keys).")
+_CLASSES = typer.Option(
+    None, "--classes", help="Class names (CLIP_benchmark JSON or one per line)."
+)
+_TEMPLATES = typer.Option(
+    None, "--templates", help="Prompt templates with {c} (CLIP_benchmark JSON)."
+)
+_PAIRS = typer.Option(
+    None,
+    "--pairs",
+    help="Scored text pairs (DualPath): JSON Lines {a, b, score} or TSV a<TAB>b<TAB>score.",
+)
+_SCORE_MAX = typer.Option(
+    1.0, "--score-max", help="--pairs: divide scores by this (5 for STS-B) into [0, 1]."
+)
+_PROTOCOL = typer.Option(
+    None,
+    "--protocol",
+    help="Record the retrieval protocol the store is for (coco-5k, flickr30k-1k): eval then "
+    "keeps 5 captions per image and checks the image count.",
+)
+_TOKENS = typer.Option(
+    False,
+    "--tokens",
+    help="Also store every text part's token-level features and masks (captions, prompts, "
+    "pairs; hf-clip, sentence-transformers), for DualPath pool_tokens=true.",
+)
+_BATCH_SIZE = typer.Option(64, "--batch-size", min=1, help="Rows per encoder call.")
+_SHARD_SIZE = typer.Option(1024, "--shard-size", min=1, help="Rows per resumable shard.")
+_DEVICE = typer.Option("cpu", "--device", help="cpu or cuda.")
+_OVERWRITE = typer.Option(False, "--overwrite", help="Replace an existing store at --out.")
+_QUIET = typer.Option(False, "--quiet", "-q", help="No progress bar.")
+
+
+@contextlib.contextmanager
+def _extracting(encoder: str, out: Path) -> Iterator[None]:
+    """The checks before an extraction (``--out``, the encoder's local files: before torch is
+    imported, so that a missing model fails in milliseconds), then its errors as one line; a
+    write failing midway (disk full while writing a shard) keeps the finished shards."""
     from curvalign._encoder_spec import check_encoder_paths
 
     check_out(out)
-    try:  # before torch is imported: a missing model fails in milliseconds
+    try:
         check_encoder_paths(encoder)
     except CurvalignError as err:
         fail(str(err))
-    from curvalign.data.extract import (
-        extract_features,
-        extract_sugarcrepe,
-        extract_texts,
-        extract_webdataset,
-    )
-
-    # a write failing midway (disk full while writing a shard) keeps the finished shards
     with _command_errors(
         out,
         kept=f"the shards finished before are kept in {out}.partial: free space and run the same "
         "command again to resume from them",
     ):
-        if tokens and (wds is not None or sugarcrepe is not None):
-            fail(
-                "--tokens is stored for image folders and text-only extraction; not with "
-                "--wds or --sugarcrepe in this version"
-            )
-        if wds is not None:
-            if images is not None or captions is not None or classes is not None:
-                fail(
-                    "--wds reads images, labels and captions from the shards; drop --images, "
-                    "--captions and --classes"
-                )
-            summary = extract_webdataset(
-                encoder,
-                wds,
-                out,
-                splits=[s.strip() for s in splits.split(",") if s.strip()] if splits else None,
-                batch_size=batch_size,
-                device=device,
-                overwrite=overwrite,
-                progress=not quiet,
-                protocol=protocol,
-            )
-            _echo_extracted(
-                summary,
-                f": {summary.images} images, {summary.texts} captions, {summary.classes} classes",
-                f"{len(summary.skipped_images)} unusable samples" if summary.skipped_images else "",
-            )
-            return
-        if sugarcrepe is not None:
-            # without --images: the text-only mode (caption vs negative, text-side score)
-            summary = extract_sugarcrepe(
-                encoder,
-                sugarcrepe,
-                images,
-                out,
-                batch_size=batch_size,
-                shard_size=shard_size,
-                device=device,
-                overwrite=overwrite,
-                progress=not quiet,
-            )
-            _echo_extracted(
-                summary,
-                f": {summary.images} {'images' if images is not None else 'anchor captions (text only)'}, "
-                f"{summary.texts} captions with one hard negative each",
-                f"{len(summary.skipped_images)} missing or unreadable images (dropping their "
-                f"{summary.dropped_captions} entries)"
-                if summary.skipped_images
-                else "",
-            )
-            return
-        if images is None:
-            if boxes is not None or taxonomy is not None:
-                fail("--boxes and --taxonomy need --images")
-            summary = extract_texts(
-                encoder,
-                out,
-                captions=captions,
-                layout=layout,
-                pairs=pairs,
-                score_max=score_max,
-                classes=classes,
-                templates=templates,
-                tokens=tokens,
-                batch_size=batch_size,
-                shard_size=shard_size,
-                device=device,
-                overwrite=overwrite,
-                progress=not quiet,
-            )
-            _echo_extracted(
-                summary,
-                f" (text only): {summary.images} anchor texts, {summary.texts} texts, "
-                f"{summary.classes} classes",
-            )
-            return
+        yield
+
+
+@extract_app.command("images", help=EXTRACT_KINDS["images"].reads)
+def extract_images_command(
+    encoder: str = _ENCODER,
+    images: Path = typer.Option(..., "--images", help="Folder the image paths are relative to."),
+    out: Path = _STORE_OUT,
+    captions: Path = _CAPTIONS,
+    layout: str = _LAYOUT,
+    boxes: Path = typer.Option(
+        None, "--boxes", help="Box-level pairs, JSON Lines {image, box, phrase}."
+    ),
+    classes: Path = _CLASSES,
+    templates: Path = _TEMPLATES,
+    taxonomy: Path = typer.Option(
+        None, "--taxonomy", help="'parent child' edge list over class folders/names."
+    ),
+    pairs: Path = _PAIRS,
+    score_max: float = _SCORE_MAX,
+    protocol: str = _PROTOCOL,
+    tokens: bool = _TOKENS,
+    batch_size: int = _BATCH_SIZE,
+    shard_size: int = _SHARD_SIZE,
+    device: str = _DEVICE,
+    overwrite: bool = _OVERWRITE,
+    quiet: bool = _QUIET,
+) -> None:
+    with _extracting(encoder, out):
+        from curvalign.data.extract import extract_features
+
         summary = extract_features(
             encoder,
             images,
@@ -1408,15 +1337,118 @@ def extract_command(
             protocol=protocol,
             tokens=tokens,
         )
-    _echo_extracted(
-        summary,
-        f": {summary.images} images, {summary.texts} captions, {summary.boxes} boxes, "
-        f"{summary.classes} classes",
-        f"{len(summary.skipped_images)} unreadable images (dropping their "
-        f"{summary.dropped_captions} captions) and {summary.dropped_boxes} boxes"
-        if summary.skipped_images or summary.skipped_boxes
-        else "",
-    )
+    _echo_extracted(summary, *summary.contents("images"))
+
+
+@extract_app.command("texts", help=EXTRACT_KINDS["texts"].reads)
+def extract_texts_command(
+    encoder: str = _ENCODER,
+    out: Path = _STORE_OUT,
+    captions: Path = _CAPTIONS,
+    layout: str = _LAYOUT,
+    pairs: Path = _PAIRS,
+    score_max: float = _SCORE_MAX,
+    classes: Path = _CLASSES,
+    templates: Path = _TEMPLATES,
+    tokens: bool = _TOKENS,
+    batch_size: int = _BATCH_SIZE,
+    shard_size: int = _SHARD_SIZE,
+    device: str = _DEVICE,
+    overwrite: bool = _OVERWRITE,
+    quiet: bool = _QUIET,
+) -> None:
+    with _extracting(encoder, out):
+        from curvalign.data.extract import extract_texts
+
+        summary = extract_texts(
+            encoder,
+            out,
+            captions=captions,
+            layout=layout,
+            pairs=pairs,
+            score_max=score_max,
+            classes=classes,
+            templates=templates,
+            tokens=tokens,
+            batch_size=batch_size,
+            shard_size=shard_size,
+            device=device,
+            overwrite=overwrite,
+            progress=not quiet,
+        )
+    _echo_extracted(summary, *summary.contents("texts"))
+
+
+@extract_app.command("wds", help=EXTRACT_KINDS["wds"].reads)
+def extract_wds_command(
+    encoder: str = _ENCODER,
+    wds: Path = typer.Option(
+        ...,
+        "--wds",
+        help="A CLIP_benchmark webdataset root ({split}/nshards.txt, {split}/N.tar, "
+        "classnames.txt, zeroshot_classification_templates.txt, dataset_type.txt).",
+    ),
+    out: Path = _STORE_OUT,
+    splits: str = typer.Option(
+        None, "--splits", help="Comma-separated split folders (default: every one)."
+    ),
+    protocol: str = _PROTOCOL,
+    batch_size: int = _BATCH_SIZE,
+    device: str = _DEVICE,
+    overwrite: bool = _OVERWRITE,
+    quiet: bool = _QUIET,
+) -> None:
+    with _extracting(encoder, out):
+        from curvalign.data.extract import extract_webdataset
+
+        summary = extract_webdataset(
+            encoder,
+            wds,
+            out,
+            splits=[s.strip() for s in splits.split(",") if s.strip()] if splits else None,
+            batch_size=batch_size,
+            device=device,
+            overwrite=overwrite,
+            progress=not quiet,
+            protocol=protocol,
+        )
+    _echo_extracted(summary, *summary.contents("wds"))
+
+
+@extract_app.command("sugarcrepe", help=EXTRACT_KINDS["sugarcrepe"].reads)
+def extract_sugarcrepe_command(
+    encoder: str = _ENCODER,
+    sugarcrepe: Path = typer.Option(
+        ..., "--sugarcrepe", help="A folder of SugarCrepe KIND.json files."
+    ),
+    images: Path = typer.Option(
+        None,
+        "--images",
+        help="The COCO val2017 folder; without it, text only: each caption and negative "
+        "scored against another caption.",
+    ),
+    out: Path = _STORE_OUT,
+    batch_size: int = _BATCH_SIZE,
+    shard_size: int = _SHARD_SIZE,
+    device: str = _DEVICE,
+    overwrite: bool = _OVERWRITE,
+    quiet: bool = _QUIET,
+) -> None:
+    with _extracting(encoder, out):
+        from curvalign.data.extract import extract_sugarcrepe
+
+        summary = extract_sugarcrepe(
+            encoder,
+            sugarcrepe,
+            images,
+            out,
+            batch_size=batch_size,
+            shard_size=shard_size,
+            device=device,
+            overwrite=overwrite,
+            progress=not quiet,
+        )
+    _echo_extracted(summary, *summary.contents("sugarcrepe", text_only=images is None))
 
 
 def _echo_extracted(summary: ExtractSummary, contents: str, skipped: str = "") -> None:

@@ -105,7 +105,7 @@ def embed_store_rows(
             f"{', '.join([*POOLED_PARTS, *TEXT_PARTS])}"
         )
     field, modality = POOLED_PARTS[part]
-    values = getattr(store, field)
+    values = store.field(field)
     if values is None:
         raise InputError(f"the feature store has no {part} features ({field} is absent)")
     if modality == "text" and recipe.text_tokens:
@@ -141,7 +141,7 @@ def embed_store_part(
     embedded ``batch_size`` rows at a time; n items on the recipe's device."""
     if ids is None:
         field = POOLED_PARTS[part][0] if part in POOLED_PARTS else TEXT_PARTS[part][0]
-        values = getattr(store, field)
+        values = store.field(field)
         count = 0 if values is None else int(values.shape[0])
         ids = torch.arange(count)
     parts = [

@@ -21,7 +21,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from curvalign.data.features import FORCE_VALUE_CHECK, FeatureStore, FeatureStoreError
+from curvalign.data.features import FORCE_VALUE_CHECK, FeatureStore, FeatureStoreError, TextPart
 
 if TYPE_CHECKING:
     from curvalign.data.synthetic import SyntheticWorld
@@ -30,6 +30,7 @@ from curvalign.errors import CurvalignError
 __all__ = [
     "FeatureStore",
     "FeatureStoreError",
+    "TextPart",
     "DataSpecError",
     "load_data",
     "load_store",

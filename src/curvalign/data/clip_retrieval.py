@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from curvalign.data.features import FeatureStore, _validate, forced_value_check
+from curvalign.data.features import FeatureStore, TextPart, _validate, forced_value_check
 from curvalign.data.sharded import ParquetColumn, ShardedRows, ShardError, require_pyarrow
 
 #: at most this many images in each of the drawn "val" and "test" splits (by default)
@@ -139,7 +139,7 @@ def read_sharded_embeddings(
     image_split[drawn[n_val:]] = 2
     store = FeatureStore(
         image_features=images,  # type: ignore[arg-type]  # rows gathered from the maps
-        text_features=texts,  # type: ignore[arg-type]
+        text=TextPart(texts),  # type: ignore[arg-type]
         text_to_image=torch.arange(n),
         image_split=image_split,
         split_names=["train", "val", "test"],

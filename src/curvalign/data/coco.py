@@ -28,6 +28,7 @@ with listed skips) holding:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import random
@@ -320,9 +321,7 @@ def extract_coco(
     }
     if "trained_on" in meta:
         meta["seen_in_training"] = seen_in_training(meta["trained_on"], "coco", names or None)
-    import dataclasses
-
-    final = dataclasses.replace(store, **fields, meta=meta)
+    final = store.with_fields(**fields, meta=meta)
     final.validate()
     final.save(target, overwrite=True)
     return dataclasses.replace(summary, classes=len(names))

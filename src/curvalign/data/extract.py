@@ -95,6 +95,39 @@ class ExtractSummary:
             f"{self.encode_seconds:.1f}s)"
         )
 
+    def contents(self, kind: str, text_only: bool = False) -> tuple[str, str]:
+        """What ``curvalign extract KIND`` (a kind of ``curvalign._extract_kinds``) wrote, as
+        ``(contents, skipped)``: the store's rows after its path, and the inputs it skipped
+        ("" when none). ``text_only``: SugarCrepe without images (anchor captions)."""
+        if kind == "wds":
+            return (
+                f": {self.images} images, {self.texts} captions, {self.classes} classes",
+                f"{len(self.skipped_images)} unusable samples" if self.skipped_images else "",
+            )
+        if kind == "sugarcrepe":
+            anchors = "anchor captions (text only)" if text_only else "images"
+            return (
+                f": {self.images} {anchors}, {self.texts} captions with one hard negative each",
+                f"{len(self.skipped_images)} missing or unreadable images (dropping their "
+                f"{self.dropped_captions} entries)"
+                if self.skipped_images
+                else "",
+            )
+        if kind == "texts":
+            return (
+                f" (text only): {self.images} anchor texts, {self.texts} texts, "
+                f"{self.classes} classes",
+                "",
+            )
+        return (
+            f": {self.images} images, {self.texts} captions, {self.boxes} boxes, "
+            f"{self.classes} classes",
+            f"{len(self.skipped_images)} unreadable images (dropping their "
+            f"{self.dropped_captions} captions) and {self.dropped_boxes} boxes"
+            if self.skipped_images or self.skipped_boxes
+            else "",
+        )
+
 
 @dataclass
 class _Encoded:
@@ -703,7 +736,7 @@ def _assemble(
         raise ExtractError(
             f"every image failed to load (see {shards.root / 'manifest.json'}); nothing to store"
         )
-    store = FeatureStore(**fields, meta=meta)
+    store = FeatureStore.from_fields(meta=meta, **fields)
     store.validate()  # names a non-finite feature (an encoder that overflowed) before anything is written
     store.save(target, overwrite=overwrite)
     _write_skips(target, skipped + skipped_boxes)
@@ -783,7 +816,7 @@ def _save_store(
 ) -> FeatureStore:
     """Save the assembled store at ``target`` (atomic), list ``skipped`` (file, reason) beside
     it, then remove the partial directory: its shards are in the store now."""
-    store = FeatureStore(**fields, meta=meta)
+    store = FeatureStore.from_fields(meta=meta, **fields)
     store.save(target, overwrite=overwrite)
     _write_skips(target, skipped or [])
     shutil.rmtree(shards.root, ignore_errors=True)

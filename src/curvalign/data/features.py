@@ -79,6 +79,11 @@ floats, index fields integers within range (``image_labels`` may be -1, ``taxono
 is -1 exactly at roots and has no cycle); ``pair_scores`` lie in [0, 1]. An image without any
 caption is legal: retrieval galleries may hold distractor images that no text describes.
 
+In memory each text part (captions ``text``, ``pair_a``/``pair_b``, ``prompt``, ``negative``)
+is one ``TextPart`` record (pooled features, token features, mask) rather than parallel fields;
+the names above are the on-disk names (``TEXT_PARTS``), which ``FeatureStore.field``,
+``fields``, ``from_fields`` and ``with_fields`` speak.
+
 On disk a store is a directory: ``meta.json`` plus one ``.npy`` file per tensor field, so that
 large feature arrays can be memory-mapped (``FeatureStore.load(path, mmap=True)``).
 """
@@ -86,6 +91,7 @@ large feature arrays can be memory-mapped (``FeatureStore.load(path, mmap=True)`
 from __future__ import annotations
 
 import contextvars
+import dataclasses
 import json
 import math
 import os
@@ -190,13 +196,6 @@ TEXT_PARTS: dict[str, tuple[str, str, str, str]] = {
         "negative_tokens",
     ),
 }
-#: the group a token group needs (its text part's own group)
-_TOKEN_GROUP_NEEDS = {
-    "pair_tokens": "text_pairs",
-    "prompt_tokens": "classes",
-    "negative_tokens": "negatives",
-}
-
 # Rows per chunk when scanning float arrays for NaN/inf: bounded memory on memory-mapped stores.
 _SCAN_ELEMENTS = 1 << 22
 #: meta.json's record that ``save`` found every float finite (and the sizes of the files it
@@ -210,10 +209,74 @@ class FeatureStoreError(CurvalignError, ValueError):
     """A feature store (in memory or on disk) that breaks the format; the message names the field or file."""
 
 
+@dataclass(frozen=True, eq=False)  # eq: tensors have no single truth value
+class TextPart:
+    """One text part of a store (captions, text pairs' halves, prompts, hard negatives): the
+    pooled features of its n texts and, optionally, the token features they were pooled from.
+
+    features        float [n, Dt]
+    token_features  float [n, L, Dk] or None   right-padded last hidden states (Dk: the
+                                               encoder's hidden width, not the projection)
+    token_mask      long  [n, L] or None       1 for a real token, 0 for padding; >= 1 per row
+
+    Tokens and mask come together (``FeatureStore.validate`` names the file that lacks its
+    partner). On disk each attribute is one ``.npy`` file named by ``TEXT_PARTS``.
+    """
+
+    features: Tensor
+    token_features: Tensor | None = None
+    token_mask: Tensor | None = None
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.features.shape[0])
+
+    @property
+    def has_tokens(self) -> bool:
+        return self.token_features is not None
+
+    def __repr__(self) -> str:
+        # The dataclass default would print every tensor in full.
+        tokens = (
+            "" if self.token_features is None else f", tokens={list(self.token_features.shape)}"
+        )
+        return f"TextPart(features={list(self.features.shape)}{tokens})"
+
+    def take(self, ids: Tensor) -> TextPart:
+        """The rows ``ids`` of every attribute (a copy)."""
+        return TextPart(
+            self.features[ids],
+            None if self.token_features is None else self.token_features[ids],
+            None if self.token_mask is None else self.token_mask[ids],
+        )
+
+    def tokens(self, index: Tensor | slice) -> tuple[Tensor, Tensor]:
+        """Rows ``index`` as ``([n, L', Dk] float32 token features, [n, L'] long mask)``, cut to
+        the longest sequence among these rows (L' <= L: columns that are padding in every row
+        change nothing under a mask and cost time). The part must carry tokens."""
+        assert self.token_features is not None and self.token_mask is not None
+        m = torch.as_tensor(self.token_mask[index]).long()
+        width = int((m != 0).long().cumsum(1).argmax(1).max()) + 1 if m.numel() else 1
+        return torch.as_tensor(self.token_features[index][:, :width]).float(), m[:, :width]
+
+
+#: on-disk field name -> (text part, attribute of its ``TextPart``)
+_PART_FIELDS: dict[str, tuple[str, str]] = {
+    name: (part, attribute)
+    for part, names in TEXT_PARTS.items()
+    for name, attribute in zip(names[:3], ("features", "token_features", "token_mask"), strict=True)
+}
+
+
 @dataclass
 class FeatureStore:
+    """The store; field by field in the module docstring. Each text part is one ``TextPart``
+    (``text`` the captions; ``pair_a``/``pair_b``, ``prompt``, ``negative`` optional), named
+    like the keys of ``TEXT_PARTS``; the other fields keep their on-disk names (``fields()``,
+    ``from_fields`` and ``with_fields`` speak the on-disk names of every field)."""
+
     image_features: Tensor
-    text_features: Tensor
+    text: TextPart
     text_to_image: Tensor
 
     image_split: Tensor | None = None
@@ -223,12 +286,12 @@ class FeatureStore:
     box_text_features: Tensor | None = None
     box_to_image: Tensor | None = None
 
-    pair_a_features: Tensor | None = None
-    pair_b_features: Tensor | None = None
+    pair_a: TextPart | None = None
+    pair_b: TextPart | None = None
     pair_scores: Tensor | None = None
 
     class_names: list[str] | None = None
-    prompt_features: Tensor | None = None
+    prompt: TextPart | None = None
     prompt_to_class: Tensor | None = None
     image_labels: Tensor | None = None
 
@@ -236,23 +299,12 @@ class FeatureStore:
     taxonomy_parents: Tensor | None = None
     class_to_node: Tensor | None = None
 
-    negative_features: Tensor | None = None
+    negative: TextPart | None = None
     negative_to_text: Tensor | None = None
     negative_kind: Tensor | None = None
     negative_kind_names: list[str] | None = None
 
     chain_features: Tensor | None = None
-
-    text_token_features: Tensor | None = None
-    text_token_mask: Tensor | None = None
-    pair_a_token_features: Tensor | None = None
-    pair_a_token_mask: Tensor | None = None
-    pair_b_token_features: Tensor | None = None
-    pair_b_token_mask: Tensor | None = None
-    prompt_token_features: Tensor | None = None
-    prompt_token_mask: Tensor | None = None
-    negative_token_features: Tensor | None = None
-    negative_token_mask: Tensor | None = None
 
     multilabel_to_image: Tensor | None = None
     multilabel_class: Tensor | None = None
@@ -267,13 +319,64 @@ class FeatureStore:
 
     meta: dict[str, Any] = field(default_factory=dict)
 
+    # --- the on-disk names ----------------------------------------------------------------------
+
+    @classmethod
+    def from_fields(cls, meta: dict[str, Any] | None = None, **values: Any) -> FeatureStore:
+        """A store from its fields under their on-disk names (``TENSOR_FIELDS``, ``LIST_FIELDS``,
+        ``ITEM_FIELDS``; e.g. ``text_features``, ``text_token_mask``): each text part's files
+        become one ``TextPart``. Not validated (``validate`` is)."""
+        return cls(**_records(values, "feature store"), meta={} if meta is None else meta)
+
+    def field(self, name: str) -> Any:
+        """The field with on-disk name ``name`` (``text_token_mask`` is ``self.text.token_mask``),
+        None when absent."""
+        if name in _PART_FIELDS:
+            part, attribute = _PART_FIELDS[name]
+            record = getattr(self, part)
+            return None if record is None else getattr(record, attribute)
+        return getattr(self, name)
+
+    def fields(self) -> dict[str, Any]:
+        """Every field but ``meta`` under its on-disk name (None for an absent one)."""
+        return {name: self.field(name) for name in TENSOR_FIELDS + LIST_FIELDS + ITEM_FIELDS}
+
+    def with_fields(self, **changes: Any) -> FeatureStore:
+        """A copy with the fields named (by their on-disk names, or ``meta``) replaced."""
+        meta = changes.pop("meta", self.meta)
+        return type(self).from_fields(meta=meta, **{**self.fields(), **changes})
+
+    # --- sizes and parts ------------------------------------------------------------------------
+
+    # Read access to the pooled features of each text part under their on-disk names: every
+    # layer reads them (a hundred call sites), so they stay attributes.
+    @property
+    def text_features(self) -> Tensor:
+        return self.text.features
+
+    @property
+    def pair_a_features(self) -> Tensor | None:
+        return None if self.pair_a is None else self.pair_a.features
+
+    @property
+    def pair_b_features(self) -> Tensor | None:
+        return None if self.pair_b is None else self.pair_b.features
+
+    @property
+    def prompt_features(self) -> Tensor | None:
+        return None if self.prompt is None else self.prompt.features
+
+    @property
+    def negative_features(self) -> Tensor | None:
+        return None if self.negative is None else self.negative.features
+
     @property
     def image_dim(self) -> int:
         return int(self.image_features.shape[-1])
 
     @property
     def text_dim(self) -> int:
-        return int(self.text_features.shape[-1])
+        return int(self.text.features.shape[-1])
 
     @property
     def num_images(self) -> int:
@@ -281,7 +384,7 @@ class FeatureStore:
 
     @property
     def num_texts(self) -> int:
-        return int(self.text_features.shape[0])
+        return self.text.num_rows
 
     @property
     def has_boxes(self) -> bool:
@@ -289,11 +392,11 @@ class FeatureStore:
 
     @property
     def has_text_pairs(self) -> bool:
-        return self.pair_a_features is not None
+        return self.pair_a is not None
 
     @property
     def has_classes(self) -> bool:
-        return self.prompt_features is not None
+        return self.prompt is not None
 
     @property
     def has_taxonomy(self) -> bool:
@@ -301,7 +404,7 @@ class FeatureStore:
 
     @property
     def has_negatives(self) -> bool:
-        return self.negative_features is not None
+        return self.negative is not None
 
     @property
     def has_chains(self) -> bool:
@@ -313,20 +416,30 @@ class FeatureStore:
 
     @property
     def has_tokens(self) -> bool:
-        return self.text_token_features is not None
+        return self.text.has_tokens
+
+    def text_part(self, part: str) -> TextPart | None:
+        """Text part ``part`` (a key of ``TEXT_PARTS``), None when the store lacks it."""
+        if part not in TEXT_PARTS:
+            raise FeatureStoreError(
+                f"unknown text part {part!r}; expected one of {', '.join(TEXT_PARTS)}"
+            )
+        record: TextPart | None = getattr(self, part)
+        return record
 
     @property
     def token_dim(self) -> int | None:
         """Dk, the width of the token features (the same for every token part), or None."""
-        for _, tokens, _, _ in TEXT_PARTS.values():
-            value = getattr(self, tokens)
-            if value is not None:
-                return int(value.shape[-1])
+        for part in TEXT_PARTS:
+            record = self.text_part(part)
+            if record is not None and record.token_features is not None:
+                return int(record.token_features.shape[-1])
         return None
 
     def has_text_tokens(self, part: str) -> bool:
         """True when text part ``part`` (a key of ``TEXT_PARTS``) carries token features."""
-        return getattr(self, TEXT_PARTS[part][1]) is not None
+        record = self.text_part(part)
+        return record is not None and record.has_tokens
 
     def input_dims(self, text_tokens: bool = False) -> tuple[int, int]:
         """(image, text) input widths of a recipe trained here: ``(Di, Dt)``, or ``(Di, Dk)`` when
@@ -349,27 +462,26 @@ class FeatureStore:
         """Rows ``index`` of text part ``part`` (a key of ``TEXT_PARTS``) as float32.
 
         ``tokens=False``: ``([n, Dt] pooled features, None)``. ``tokens=True``: ``([n, L', Dk]
-        token features, [n, L'] mask)``, cut to the longest sequence among these rows (L' <= L:
-        columns that are padding in every row change nothing under a mask and cost time).
+        token features, [n, L'] mask)`` (``TextPart.tokens``).
         """
-        features, token_field, mask_field, group = TEXT_PARTS[part]
+        record = self.text_part(part)
+        features, token_field, _, group = TEXT_PARTS[part]
+        if record is None:
+            raise FeatureStoreError(f"this store has no {part} texts ({features} is absent)")
         if not tokens:
-            return torch.as_tensor(getattr(self, features)[index]).float(), None
-        values, mask = getattr(self, token_field), getattr(self, mask_field)
-        if values is None or mask is None:
+            return torch.as_tensor(record.features[index]).float(), None
+        if not record.has_tokens:
             raise FeatureStoreError(
                 f"the recipe reads token-level text features but this store's {part} texts have "
                 f"none ({token_field} is absent, group {group!r}); extract them with "
                 "`curvalign extract --tokens`"
             )
-        m = torch.as_tensor(mask[index]).long()
-        width = int((m != 0).long().cumsum(1).argmax(1).max()) + 1 if m.numel() else 1
-        return torch.as_tensor(values[index][:, :width]).float(), m[:, :width]
+        return record.tokens(index)
 
     @property
     def groups(self) -> list[str]:
         """Names of the optional groups present (keys of ``GROUPS``)."""
-        return [g for g, names in GROUPS.items() if getattr(self, names[0]) is not None]
+        return [g for g, names in GROUPS.items() if self.field(names[0]) is not None]
 
     def split_image_ids(self, name: str) -> Tensor:
         """Ids of the images in split ``name``; every image when the store has no splits."""
@@ -420,7 +532,7 @@ class FeatureStore:
         text_ids = torch.nonzero(new_image[self.text_to_image.long()] >= 0).flatten()
         changes: dict[str, Any] = {
             "image_features": self.image_features[ids],
-            "text_features": self.text_features[text_ids],
+            "text": self.text.take(text_ids),
             "text_to_image": new_image[self.text_to_image[text_ids].long()],
             "meta": dict(self.meta),
         }
@@ -442,33 +554,20 @@ class FeatureStore:
             for name in ("box_phrases", "box_corners"):
                 if getattr(self, name) is not None:
                     changes[name] = _take_items(getattr(self, name), box_ids)
-        if self.text_token_features is not None:
-            assert self.text_token_mask is not None
-            changes["text_token_features"] = self.text_token_features[text_ids]
-            changes["text_token_mask"] = self.text_token_mask[text_ids]
         if self.negative_to_text is not None:
-            assert self.negative_features is not None and self.negative_kind is not None
+            assert self.negative is not None and self.negative_kind is not None
             new_text = torch.full((self.num_texts,), -1, dtype=torch.long)
             new_text[text_ids] = torch.arange(text_ids.numel())
             neg_ids = torch.nonzero(new_text[self.negative_to_text.long()] >= 0).flatten()
-            changes["negative_features"] = self.negative_features[neg_ids]
+            changes["negative"] = self.negative.take(neg_ids)
             changes["negative_to_text"] = new_text[self.negative_to_text[neg_ids].long()]
             changes["negative_kind"] = self.negative_kind[neg_ids]
-            if self.negative_token_features is not None:
-                assert self.negative_token_mask is not None
-                changes["negative_token_features"] = self.negative_token_features[neg_ids]
-                changes["negative_token_mask"] = self.negative_token_mask[neg_ids]
         for name in ("image_paths", "image_texts"):
             if getattr(self, name) is not None:
                 changes[name] = _take_items(getattr(self, name), ids)
         if self.texts is not None:
             changes["texts"] = _take_items(self.texts, text_ids)
-        kept = {
-            f: getattr(self, f)
-            for f in TENSOR_FIELDS + LIST_FIELDS + ITEM_FIELDS
-            if f not in changes
-        }
-        return FeatureStore(**{**kept, **changes})
+        return dataclasses.replace(self, **changes)
 
     def __repr__(self) -> str:
         # The dataclass default would print every tensor in full.
@@ -489,9 +588,8 @@ class FeatureStore:
         if self.has_chains:
             assert self.chain_features is not None
             parts.append(f"chains={tuple(self.chain_features.shape[:2])}")
-        if self.has_tokens:
-            assert self.text_token_features is not None
-            parts.append(f"text_tokens={tuple(self.text_token_features.shape[1:])}")
+        if self.text.token_features is not None:
+            parts.append(f"text_tokens={tuple(self.text.token_features.shape[1:])}")
         token_parts = [p for p in TEXT_PARTS if p != "text" and self.has_text_tokens(p)]
         if token_parts:
             parts.append(f"tokens_of={token_parts}")
@@ -543,7 +641,7 @@ class FeatureStore:
         header = self._meta_json()
         with staged_directory(target) as tmp:
             for name in TENSOR_FIELDS:
-                value = getattr(self, name)
+                value = self.field(name)
                 if isinstance(value, ShardedRows):
                     _save_rows(tmp / f"{name}.npy", value)  # chunk by chunk, never whole
                 elif value is not None:
@@ -562,7 +660,7 @@ class FeatureStore:
                 "file_bytes": {
                     f"{name}.npy": (tmp / f"{name}.npy").stat().st_size
                     for name in FLOAT_FIELDS
-                    if getattr(self, name) is not None
+                    if self.field(name) is not None
                 },
             }
             # meta.json last: a directory with meta.json is complete.
@@ -595,7 +693,7 @@ class FeatureStore:
         if not isinstance(meta, dict):
             raise FeatureStoreError(f"{where}: meta.json 'meta' must be an object")
         values.update(_read_items(root, where))
-        store = cls(**values, meta=meta)
+        store = cls(**_records(values, where), meta=meta)
         if check_values is None:
             check_values = forced_value_check() or not _values_recorded(root, header)
         _validate(store, _describe_on_disk, where, check_values)
@@ -615,7 +713,7 @@ class FeatureStore:
                 "taxonomy_nodes": _rows(self.taxonomy_parents),
                 "negatives": _rows(self.negative_to_text),
                 "chains": _rows(self.chain_features),
-                "text_tokens": _rows(self.text_token_features),
+                "text_tokens": _rows(self.text.token_features),
             },
             "dims": {
                 "image": self.image_dim,
@@ -624,12 +722,9 @@ class FeatureStore:
             },
             "groups": self.groups,
             "arrays": {
-                name: {
-                    "shape": list(getattr(self, name).shape),
-                    "dtype": _disk_dtype(getattr(self, name), name),
-                }
-                for name in TENSOR_FIELDS
-                if getattr(self, name) is not None
+                name: {"shape": list(value.shape), "dtype": _disk_dtype(value, name)}
+                for name, value in self.fields().items()
+                if name in TENSOR_FIELDS and value is not None
             },
         }
         for name in LIST_FIELDS:
@@ -829,6 +924,36 @@ def _from_numpy(array: np.ndarray, name: str, where: str) -> Tensor:
     return torch.from_numpy(array)
 
 
+def _records(values: dict[str, Any], where: str) -> dict[str, Any]:
+    """``values`` (fields by on-disk name) with each text part's fields gathered into one
+    ``TextPart``; token files without their part's pooled features are an error here (a
+    ``TextPart`` cannot hold them)."""
+    values = dict(values)
+    parts: dict[str, dict[str, Any]] = {}
+    for name in [n for n in values if n in _PART_FIELDS]:
+        part, attribute = _PART_FIELDS[name]
+        parts.setdefault(part, {})[attribute] = values.pop(name)
+    for part, attributes in parts.items():
+        features_field, token_field, mask_field, token_group = TEXT_PARTS[part]
+        if attributes.get("features") is not None:
+            values[part] = TextPart(**attributes)
+            continue
+        orphans = [
+            name
+            for name, attribute in ((token_field, "token_features"), (mask_field, "token_mask"))
+            if attributes.get(attribute) is not None
+        ]
+        if orphans:
+            needs = next((g for g, names in GROUPS.items() if features_field in names), None)
+            raise FeatureStoreError(
+                f"{where}: the {token_group} group needs "
+                + (f"the {needs} group" if needs else features_field)
+                + f" ({', '.join(orphans)} without {features_field}: tokens of texts it holds)"
+            )
+        values[part] = None
+    return values
+
+
 #: one rule of the format: the messages of what ``store`` breaks (fields named by ``describe``),
 #: lazily, so that a rule may assume that every rule before it holds
 _Rule = Callable[[FeatureStore, Callable[[str], str]], Iterator[str]]
@@ -847,13 +972,13 @@ def _validate(
 
 def _required_present(store: FeatureStore, describe: Callable[[str], str]) -> Iterator[str]:
     for name in REQUIRED_FIELDS:
-        if getattr(store, name) is None:
+        if store.field(name) is None:
             yield f"{describe(name)} is required but missing"
 
 
 def _groups_complete(store: FeatureStore, describe: Callable[[str], str]) -> Iterator[str]:
     for group, names in GROUPS.items():
-        present = [n for n in names if getattr(store, n) is not None]
+        present = [n for n in names if store.field(n) is not None]
         if present and len(present) != len(names):
             missing = [n for n in names if n not in present]
             yield (
@@ -867,15 +992,11 @@ def _group_dependencies(store: FeatureStore, describe: Callable[[str], str]) -> 
         yield "the taxonomy group needs the classes group (class_to_node maps classes to nodes)"
     if store.multilabel_to_image is not None and store.class_names is None:
         yield "the multilabels group needs the classes group (multilabel_class indexes classes)"
-    present_groups = store.groups
-    for group, needs in _TOKEN_GROUP_NEEDS.items():
-        if group in present_groups and needs not in present_groups:
-            yield f"the {group} group needs the {needs} group (tokens of texts it holds)"
 
 
 def _tensor_types(store: FeatureStore, describe: Callable[[str], str]) -> Iterator[str]:
     for name in TENSOR_FIELDS:
-        value = getattr(store, name)
+        value = store.field(name)
         if value is None:
             continue
         if not (is_row_source(value) if name in FLOAT_FIELDS else isinstance(value, Tensor)):
@@ -894,11 +1015,11 @@ def _is_string_list(value: Any) -> bool:
 
 def _list_types(store: FeatureStore, describe: Callable[[str], str]) -> Iterator[str]:
     for name in LIST_FIELDS:
-        value = getattr(store, name)
+        value = store.field(name)
         if value is not None and not _is_string_list(value):
             yield f"{describe(name)} must be a list of strings"
     for name in ITEM_FIELDS:
-        value = getattr(store, name)
+        value = store.field(name)
         if (
             value is not None
             and not isinstance(value, ParquetColumn)
@@ -917,7 +1038,7 @@ def _item_lengths(store: FeatureStore, describe: Callable[[str], str]) -> Iterat
         ("pair_a_texts", _rows(store.pair_scores), "text pairs"),
         ("pair_b_texts", _rows(store.pair_scores), "text pairs"),
     ):
-        value = getattr(store, name)
+        value = store.field(name)
         if value is not None and len(value) != rows:
             yield f"{describe(name)} has {len(value)} entries but the store has {rows} {what}"
 
@@ -927,36 +1048,24 @@ def _meta_is_dict(store: FeatureStore, describe: Callable[[str], str]) -> Iterat
         yield "meta must be a dict"
 
 
-_TOKEN_MASKS = tuple(m for _, _, m, _ in TEXT_PARTS.values())
-#: (field, number of dimensions, what they are), in the order they are checked
+#: (field, number of dimensions, what they are), in the order they are checked; the text parts
+#: are checked by ``_text_parts``
 _NDIMS: tuple[tuple[str, int, str], ...] = (
     ("image_features", 2, "[images, image_dim]"),
-    ("text_features", 2, "[texts, text_dim]"),
     ("box_image_features", 2, "[boxes, image_dim]"),
     ("box_text_features", 2, "[boxes, text_dim]"),
-    ("pair_a_features", 2, "[pairs, text_dim]"),
-    ("pair_b_features", 2, "[pairs, text_dim]"),
-    ("prompt_features", 2, "[prompts, text_dim]"),
-    ("negative_features", 2, "[negatives, text_dim]"),
     ("chain_features", 3, "[chains, chain_length, text_dim]"),
     *(
-        rule
-        for _, token_field, mask_field, _ in TEXT_PARTS.values()
-        for rule in (
-            (token_field, 3, "[rows, tokens, token_dim]"),
-            (mask_field, 2, "[rows, tokens]"),
-        )
-    ),
-    *(
         (name, 1, "one entry per row")
-        for name in ("pair_scores",) + tuple(f for f in INDEX_FIELDS if f not in _TOKEN_MASKS)
+        for name in ("pair_scores", *INDEX_FIELDS)
+        if name not in _PART_FIELDS
     ),
 )
 
 
 def _dimensions(store: FeatureStore, describe: Callable[[str], str]) -> Iterator[str]:
     for name, expected, what in _NDIMS:
-        value = getattr(store, name)
+        value = store.field(name)
         if value is not None and value.dim() != expected:
             yield f"{describe(name)} must be {expected}-D ({what}), got shape {list(value.shape)}"
 
@@ -965,10 +1074,6 @@ def _dimensions(store: FeatureStore, describe: Callable[[str], str]) -> Iterator
 _FEATURE_DIMS = (
     ("box_image_features", "image_features"),
     ("box_text_features", "text_features"),
-    ("pair_a_features", "text_features"),
-    ("pair_b_features", "text_features"),
-    ("prompt_features", "text_features"),
-    ("negative_features", "text_features"),
     ("chain_features", "text_features"),
 )
 
@@ -976,7 +1081,7 @@ _FEATURE_DIMS = (
 def _feature_dims(store: FeatureStore, describe: Callable[[str], str]) -> Iterator[str]:
     for name, reference in _FEATURE_DIMS:
         dim = store.image_dim if reference == "image_features" else store.text_dim
-        value = getattr(store, name)
+        value = store.field(name)
         if value is not None and value.shape[-1] != dim:
             yield (
                 f"{describe(name)} has feature dimension {value.shape[-1]} but {reference} has {dim}"
@@ -987,7 +1092,7 @@ def _row_mismatch(
     store: FeatureStore, describe: Callable[[str], str], name: str, reference: str, what: str
 ) -> str | None:
     """The message when ``name`` and ``reference`` (both present) differ in rows, else None."""
-    value, ref = getattr(store, name), getattr(store, reference)
+    value, ref = store.field(name), store.field(reference)
     if value is not None and ref is not None and value.shape[0] != ref.shape[0]:
         return f"{describe(name)} has {value.shape[0]} entries but {describe(reference)} has {ref.shape[0]} rows ({what})"
     return None
@@ -1016,17 +1121,57 @@ def _row_counts(store: FeatureStore, describe: Callable[[str], str]) -> Iterator
             yield message
 
 
-def _token_parts(store: FeatureStore, describe: Callable[[str], str]) -> Iterator[str]:
+#: what the rows of each text part are, for messages
+_PART_ROWS = {
+    "text": "texts",
+    "pair_a": "pairs",
+    "pair_b": "pairs",
+    "prompt": "prompts",
+    "negative": "negatives",
+}
+
+
+def _parts_are_records(store: FeatureStore, describe: Callable[[str], str]) -> Iterator[str]:
+    for part in TEXT_PARTS:
+        value = getattr(store, part)
+        if value is not None and not isinstance(value, TextPart):
+            yield f"text part {part!r} must be a TextPart, got {type(value).__name__}"
+
+
+def _text_parts(store: FeatureStore, describe: Callable[[str], str]) -> Iterator[str]:
+    """Each text part once: pooled features [rows, text_dim]; tokens [rows, L, Dk] of one Dk
+    for every part, one sequence per row, with a 0/1 mask [rows, L] of >= 1 token per row."""
     token_dim: tuple[str, int] | None = None
-    for part, (features, token_field, mask_field, _) in TEXT_PARTS.items():
-        tokens, mask = getattr(store, token_field), getattr(store, mask_field)
-        if tokens is None or mask is None:
+    for part, (features_field, token_field, mask_field, _) in TEXT_PARTS.items():
+        record = store.text_part(part)
+        if record is None:
             continue
-        message = _row_mismatch(
-            store, describe, token_field, features, f"one token sequence per {part} text"
-        )
-        if message is not None:
-            yield message
+        features, tokens, mask = record.features, record.token_features, record.token_mask
+        if features.dim() != 2:
+            yield (
+                f"{describe(features_field)} must be 2-D ([{_PART_ROWS[part]}, text_dim]), "
+                f"got shape {list(features.shape)}"
+            )
+        if features.shape[-1] != store.text_dim:
+            yield (
+                f"{describe(features_field)} has feature dimension {features.shape[-1]} but "
+                f"text_features has {store.text_dim}"
+            )
+        if tokens is None or mask is None:
+            continue  # a token file without its partner: _groups_complete names it
+        if tokens.dim() != 3:
+            yield (
+                f"{describe(token_field)} must be 3-D ([rows, tokens, token_dim]), "
+                f"got shape {list(tokens.shape)}"
+            )
+        if mask.dim() != 2:
+            yield f"{describe(mask_field)} must be 2-D ([rows, tokens]), got shape {list(mask.shape)}"
+        if tokens.shape[0] != features.shape[0]:
+            yield (
+                f"{describe(token_field)} has {tokens.shape[0]} entries but "
+                f"{describe(features_field)} has {features.shape[0]} rows "
+                f"(one token sequence per {part} text)"
+            )
         if token_dim is None:
             token_dim = (token_field, int(tokens.shape[-1]))
         elif tokens.shape[-1] != token_dim[1]:
@@ -1085,7 +1230,7 @@ def _out_of_range(
     allow_minus_one: bool = False,
 ) -> Iterator[str]:
     """The message when the index field ``name`` has an entry outside [0, upper) (or -1)."""
-    value = getattr(store, name)
+    value = store.field(name)
     if value is None or value.numel() == 0:
         return
     low = -1 if allow_minus_one else 0
@@ -1162,7 +1307,7 @@ def _forest_cycle(store: FeatureStore, describe: Callable[[str], str]) -> Iterat
 
 def _finite_values(store: FeatureStore, describe: Callable[[str], str]) -> Iterator[str]:
     for name in FLOAT_FIELDS:
-        value = getattr(store, name)
+        value = store.field(name)
         if value is not None:
             bad_rows, first = _count_nonfinite_rows(value)
             if bad_rows:
@@ -1180,6 +1325,7 @@ def _pair_scores_in_unit(store: FeatureStore, describe: Callable[[str], str]) ->
 
 #: the rules on the structure of a store (cheap: no pass over the features), in order
 _STRUCTURE_RULES: tuple[_Rule, ...] = (
+    _parts_are_records,
     _required_present,
     _groups_complete,
     _group_dependencies,
@@ -1188,9 +1334,9 @@ _STRUCTURE_RULES: tuple[_Rule, ...] = (
     _item_lengths,
     _meta_is_dict,
     _dimensions,
+    _text_parts,
     _feature_dims,
     _row_counts,
-    _token_parts,
     _taxonomy_sizes,
     _index_ranges,
 )

@@ -62,7 +62,7 @@ def protocol_store(
     Raises ProtocolError when the split has another number of images or an image with fewer
     captions than the protocol needs.
     """
-    from curvalign.data.features import FeatureStore
+    from curvalign.data.features import FeatureStore, TextPart
 
     if store.split_names is not None and split not in store.split_names:
         raise ProtocolError(
@@ -93,7 +93,7 @@ def protocol_store(
     rows = torch.tensor(keep, dtype=torch.long)
     return FeatureStore(
         image_features=store.image_features[image_ids],
-        text_features=store.text_features[rows],
+        text=TextPart(store.text_features[rows]),
         text_to_image=owner[rows],
         meta={**store.meta, "protocol": protocol.key},
     )

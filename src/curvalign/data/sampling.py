@@ -250,7 +250,7 @@ class BatchSampler:
         s = self.store
 
         def rows(name: str, index: Tensor) -> Tensor:
-            out = torch.as_tensor(getattr(s, name)[index]).float()
+            out = torch.as_tensor(s.field(name)[index]).float()
             _check_rows(name, out, index)  # O(batch): a bad row is caught when it is first drawn
             return out
 

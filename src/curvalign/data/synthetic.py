@@ -66,7 +66,7 @@ from dataclasses import asdict, dataclass, fields
 import torch
 from torch import Tensor
 
-from curvalign.data.features import FeatureStore
+from curvalign.data.features import FeatureStore, TextPart
 
 FAMILY_NAMES = ("animal", "vehicle", "plant", "furniture", "food", "tool", "instrument", "building")
 ATTRIBUTE_FAMILIES: dict[str, tuple[str, ...]] = {
@@ -724,7 +724,7 @@ def _build_world(config: SyntheticConfig) -> SyntheticWorld:
 
     store = FeatureStore(
         image_features=image_features,
-        text_features=text_features,
+        text=TextPart(text_features),
         text_to_image=captions.text_to_image,
         image_split=image_split,
         split_names=["train", "test", "val"]
@@ -733,11 +733,11 @@ def _build_world(config: SyntheticConfig) -> SyntheticWorld:
         box_image_features=model.image_map(crop_latent),
         box_text_features=model.text_map(phrase_latent),
         box_to_image=objects.image.clone(),  # the world keeps its own copy
-        pair_a_features=pair_a_features,
-        pair_b_features=pair_b_features,
+        pair_a=TextPart(pair_a_features),
+        pair_b=TextPart(pair_b_features),
         pair_scores=pair_scores,
         class_names=[tax.names[n] for n in tax.leaves],
-        prompt_features=model.text_map(prompt_latent),
+        prompt=TextPart(model.text_map(prompt_latent)),
         prompt_to_class=prompt_class,
         image_labels=objects.leaf[objects.start]
         - tax.leaves[0],  # leaves are the last, contiguous nodes
@@ -747,7 +747,7 @@ def _build_world(config: SyntheticConfig) -> SyntheticWorld:
         taxonomy_names=list(tax.names),
         taxonomy_parents=torch.tensor(tax.parents, dtype=torch.long),
         class_to_node=leaves,
-        negative_features=model.text_map(negative_latent),
+        negative=TextPart(model.text_map(negative_latent)),
         negative_to_text=negative_to_text,
         negative_kind=negative_kind,
         negative_kind_names=list(NEGATIVE_KINDS),

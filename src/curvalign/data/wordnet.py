@@ -44,7 +44,7 @@ from typing import Any
 
 import torch
 
-from curvalign.data.features import FeatureStore
+from curvalign.data.features import FeatureStore, TextPart
 from curvalign.errors import CurvalignError
 
 CONSTRUCTION_VERSION = 2  # 2: the store keeps the texts of both views (items.json)
@@ -269,8 +269,8 @@ def _with_text_pairs(store: FeatureStore, seed: int) -> FeatureStore:
         [wu_palmer(parents, a, b, depth) for a, b in zip(a_nodes, b_nodes, strict=False)],
         dtype=torch.float32,
     )
-    store.pair_a_features = store.text_features[torch.tensor([gloss_row[a] for a in a_nodes])]
-    store.pair_b_features = store.text_features[torch.tensor([gloss_row[b] for b in b_nodes])]
+    store.pair_a = store.text.take(torch.tensor([gloss_row[a] for a in a_nodes]))
+    store.pair_b = store.text.take(torch.tensor([gloss_row[b] for b in b_nodes]))
     store.pair_scores = scores
     store.meta["text_pairs"] = "gloss pairs scored by Wu-Palmer similarity in the restricted tree"
     return store
@@ -333,14 +333,14 @@ def _build_store(
 
     store = FeatureStore(
         image_features=names,
-        text_features=texts,
+        text=TextPart(texts),
         text_to_image=text_to_node,
         image_split=image_split,
         split_names=["train", "test", "val"]
         if bool((image_split == 2).any())
         else ["train", "test"],
         class_names=list(tree.synsets),
-        prompt_features=texts.clone(),
+        prompt=TextPart(texts.clone()),
         prompt_to_class=text_to_node.clone(),
         image_labels=torch.arange(n),
         taxonomy_names=list(tree.synsets),

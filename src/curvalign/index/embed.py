@@ -527,6 +527,92 @@ def open_rerank_engine(path: str | os.PathLike, raw: dict[str, Any], run: Loaded
     )
 
 
+# --- what `curvalign embed` and `curvalign index build` do, beyond parsing ------------------------
+
+
+@dataclass(frozen=True)
+class RunEmbedding:
+    """What ``embed_run`` wrote: the embeddings directory and what it holds."""
+
+    path: Path
+    recipe: str
+    step: int
+    num_images: int
+    num_texts: int
+
+
+def embed_run(
+    run_dir: str | os.PathLike,
+    out: str | os.PathLike,
+    *,
+    data: str | None = None,
+    weights: str = "best",
+    batch_size: int = 4096,
+    boxes: bool = False,
+    progress: Callable[[str, int], Callable[[int], None]] | None = None,
+    on_loaded: Callable[[Any], None] | None = None,
+) -> RunEmbedding:
+    """``curvalign embed``: the store ``data`` (a data spec; default the run's own) through the
+    recipe of the run at ``run_dir`` (its ``weights``: best or last) into ``out``
+    (``embed_store``); ``embedding.json`` records the run, step, data and weights it came from,
+    so that an index and a search can check they use the same run. ``on_loaded(run)`` is
+    called once the run is loaded (its notes, before the store is read)."""
+    from curvalign.data import load_data
+
+    run = load_run(run_dir, weights=weights)
+    if on_loaded is not None:
+        on_loaded(run)
+    spec = run.data_spec(data)
+    store = load_data(spec)
+    info = {
+        "run_dir": str(Path(run_dir).resolve()),
+        "step": run.step,
+        "data": spec,
+        "weights": run.weights,
+        "weights_sha256": run.weights_sha256,
+    }
+    path = embed_store(
+        run.recipe, store, out, batch_size=batch_size, boxes=boxes, info=info, progress=progress
+    )
+    return RunEmbedding(path, run.config.recipe, run.step, store.num_images, store.num_texts)
+
+
+#: the approximate indexes ``curvalign index build --ann`` builds
+ANN_METHODS = ("hnsw", "ivf", "ivfpq")
+
+
+def index_build_options(
+    ann: str | None,
+    *,
+    exact: bool = False,
+    M: int = 32,
+    ef_construction: int = 80,
+    ef_search: int = 128,
+    nlist: int | None = None,
+    nprobe: int = 16,
+) -> dict[str, Any]:
+    """The keyword arguments of ``build_from_embeddings`` (``kind``, ``method`` and the options
+    of that method) for an exact index (``ann=None``) or the approximate one ``ann``; the
+    options of the other methods are dropped."""
+    if exact and ann:
+        raise InputError("--exact and --ann exclude each other")
+    if ann is None:
+        return {"kind": "exact", "method": "hnsw"}
+    if ann not in ANN_METHODS:
+        raise InputError(
+            f"--ann must be {', '.join(ANN_METHODS[:-1])} or {ANN_METHODS[-1]}, got {ann!r}"
+        )
+    if ann == "hnsw":
+        return {
+            "kind": "ann",
+            "method": ann,
+            "M": M,
+            "ef_construction": ef_construction,
+            "ef_search": ef_search,
+        }
+    return {"kind": "ann", "method": ann, "nlist": nlist, "nprobe": nprobe}
+
+
 __all__ = [
     "Embeddings",
     "SearchResult",
@@ -540,4 +626,8 @@ __all__ = [
     "index_sources",
     "open_rerank_engine",
     "source_side",
+    "ANN_METHODS",
+    "RunEmbedding",
+    "embed_run",
+    "index_build_options",
 ]

@@ -108,6 +108,23 @@ class SearchResults:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    #: the columns of ``table_rows``, after ``rank`` and ``ranked_by``
+    ITEM_COLUMNS = ("caption", "image", "class")
+
+    def table_rows(self) -> list[tuple[str, ...]]:
+        """One row of strings per hit: rank, distance or score (4 decimals), the caption (or
+        ``(row ID)``), the image path, the class (with its synset when that differs)."""
+        rows = []
+        for hit in self.hits:
+            value = hit.distance if hit.distance is not None else hit.score
+            item = hit.item
+            label = item.class_name or ""
+            if item.synset and item.synset != item.class_name:
+                label = f"{item.class_name} ({item.synset})"
+            caption = item.caption or f"(row {item.id})"
+            rows.append((str(hit.rank), f"{value:.4f}", caption, item.path or "", label))
+        return rows
+
 
 class _StoreItems:
     """Row -> Item for one side of one feature store (string lists and labels, no features)."""
@@ -531,6 +548,19 @@ class Searcher:
         }
 
 
+def read_queries(texts: Sequence[str], queries_file: str | os.PathLike | None) -> list[str]:
+    """The text queries of ``curvalign search``: ``texts``, then the non-blank lines of the UTF-8
+    file ``queries_file`` (stripped), in that order."""
+    queries = list(texts)
+    if queries_file is not None:
+        try:
+            lines = Path(queries_file).read_text(encoding="utf-8").splitlines()
+        except (OSError, UnicodeDecodeError) as err:
+            raise SearchError(f"--queries-file {queries_file}: cannot read it ({err})") from None
+        queries += [line.strip() for line in lines if line.strip()]
+    return queries
+
+
 def poincare_disk_2d(points: np.ndarray, c: float) -> np.ndarray:
     """Lorentz space components ``[n, d]`` -> ``[n, 2]`` in the unit Poincaré disk.
 
@@ -562,4 +592,5 @@ __all__ = [
     "Searcher",
     "index_items",
     "poincare_disk_2d",
+    "read_queries",
 ]

@@ -191,11 +191,10 @@ def _normalised(store: FeatureStore) -> FeatureStore:
     frozen CLIP features before its heads). Minimum stand-in for the recipe-owned input
     normalisation of the comparisons issue."""
     changes = {}
-    for f in dataclasses.fields(store):
-        value = getattr(store, f.name)
-        if f.name.endswith("features") and isinstance(value, torch.Tensor) and value.ndim >= 2:
-            changes[f.name] = torch.nn.functional.normalize(value.float(), dim=-1)
-    return dataclasses.replace(store, **changes)
+    for name, value in store.fields().items():  # on-disk names: each text part's files too
+        if name.endswith("features") and isinstance(value, torch.Tensor) and value.ndim >= 2:
+            changes[name] = torch.nn.functional.normalize(value.float(), dim=-1)
+    return store.with_fields(**changes)
 
 
 def _bench(
@@ -645,11 +644,12 @@ def study_dualpath_forgetting(
     bench = _bench(
         out, store, data, steps, overrides, notify, show_progress, validations=4, lr_grid=lr_grid
     )
+    assert bench.store.pair_b is not None
     conflicting = dataclasses.replace(
         bench.store,
-        pair_b_features=bench.store.pair_b_features[
+        pair_b=bench.store.pair_b.take(
             torch.randperm(len(store.pair_scores), generator=torch.Generator().manual_seed(0))
-        ],
+        ),
     )
 
     def skill(recipe: Any, idx: torch.Tensor) -> dict[str, float]:
