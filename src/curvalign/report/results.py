@@ -20,7 +20,15 @@ from pathlib import Path
 from typing import Any
 
 from curvalign.report.studies import STUDIES, study_markdown
-from curvalign.report.studykit import LR_GRID, MAX_STEPS_FACTOR, STUDY_LR_SCALE
+from curvalign.report.studykit import (
+    LR_GRID,
+    MAX_STEPS_FACTOR,
+    STUDY_LR_SCALE,
+    UNDERPOWERED,
+    UNSTABLE,
+    Verdict,
+    across_seed_bases,
+)
 
 HEADER = """# Results: the papers' claims as studies that can fail
 
@@ -87,7 +95,11 @@ def load_results(out: Path) -> list[dict[str, Any]]:
     return [found[n][0] | {"_dir": str(found[n][1])} for n in order]
 
 
-def render(out: Path, figures: str = "results/") -> str:
+def render(
+    out: Path, figures: str = "results/", across: dict[tuple[str, str], str] | None = None
+) -> str:
+    """The page from ``out``'s study.json files; ``across`` ((study, claim) -> the verdict
+    across two seed bases, ``stability``): an extra column of the verdicts table."""
     results = load_results(out)
     seeds = sorted({len(r["seeds"]) for r in results})
     lines = [
@@ -121,8 +133,10 @@ def render(out: Path, figures: str = "results/") -> str:
         "## Verdicts",
         "",
         "| study | claim | paper's effect | MDE at the seeds used | effect (95% interval) | "
-        "calibrated control | verdict | Holm-adjusted | converged | wall time |",
-        "|---|---|---|---|---|---|---|---|---:|---:|",
+        "calibrated control | verdict | Holm-adjusted | "
+        + ("across both seed bases | " if across else "")
+        + "converged | wall time |",
+        "|---|---|---|---|---|---|---|---|" + ("---|" if across else "") + "---:|---:|",
     ]
     for r in results:
         conv = r.get("convergence") or {}
@@ -134,14 +148,26 @@ def render(out: Path, figures: str = "results/") -> str:
                 f"| {r['name']} | {c['claim']} ({c.get('role', 'primary')}) | "
                 f"{c.get('paper_effect_text', 'n/a')} | {c.get('mde_text', 'n/a')} | "
                 f"{c['effect_text']} | {c['control_what']}: {c['control_text']} ({ok}) | "
-                f"{c['outcome']} | **{c.get('holm_outcome', c['outcome'])}** | {done}/{total} | "
-                f"{r['wall_s']:.0f} s |"
+                f"{c['outcome']} | **{c.get('holm_outcome', c['outcome'])}** | "
+                + (
+                    f"**{across.get((r['name'], c['claim']), 'not run on both')}** | "
+                    if across
+                    else ""
+                )
+                + f"{done}/{total} | {r['wall_s']:.0f} s |"
             )
     lines.append("")
     lines.append(
         "Multiplicity: each study's claims are one family, Holm-corrected at family-wise alpha "
         "0.05 (claims not testable in this regime are outside it); the Holm-adjusted column is "
-        "the verdict."
+        "the verdict"
+        + (
+            " of this seed base, and 'across both seed bases' the verdict of the claim "
+            "(`studykit.across_seed_bases`: the shared verdict, underpowered where either base "
+            f"is, '{UNSTABLE}' where the two disagree)."
+            if across
+            else "."
+        )
     )
     lines.append("")
     for r in results:
@@ -159,18 +185,26 @@ def stability(a: Path, b: Path) -> tuple[list[dict[str, Any]], bool]:
     rows = []
     for name in [n for n in left if n in right]:
         for ca, cb in zip(left[name]["claims"], right[name]["claims"], strict=False):
-            va = ca.get("holm_verdict", ca.get("verdict"))
-            vb = cb.get("holm_verdict", cb.get("verdict"))
-            under = "underpowered" in (va, vb)
+            va = Verdict(
+                ca.get("holm_verdict", ca.get("verdict")), ca.get("holm_outcome", ca["outcome"])
+            )
+            vb = Verdict(
+                cb.get("holm_verdict", cb.get("verdict")), cb.get("holm_outcome", cb["outcome"])
+            )
+            both = across_seed_bases(
+                va, vb, min(len(left[name]["seeds"]), len(right[name]["seeds"]))
+            )
             rows.append(
                 {
                     "study": name,
                     "claim": ca["claim"],
-                    "a": ca.get("holm_outcome", ca["outcome"]),
-                    "b": cb.get("holm_outcome", cb["outcome"]),
+                    "a": va.text,
+                    "b": vb.text,
                     "seeds": (left[name]["seeds"], right[name]["seeds"]),
-                    "underpowered": under,
-                    "agree": va == vb,
+                    "underpowered": UNDERPOWERED in (va.kind, vb.kind),
+                    "agree": va.kind == vb.kind,
+                    "across": both.text,
+                    "across_kind": both.kind,
                 }
             )
     ok = all(r["agree"] for r in rows if not r["underpowered"])
@@ -190,16 +224,25 @@ def stability_markdown(rows: list[dict[str, Any]], ok: bool, other: str = "") ->
             else ""
         ),
         "",
-        "| study | claim | seeds A | verdict A | seeds B | verdict B | agree |",
-        "|---|---|---|---|---|---|---|",
+        "| study | claim | seeds A | verdict A | seeds B | verdict B | agree | "
+        "verdict across both |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         sa, sb = r["seeds"]
         flag = "yes" if r["agree"] else ("no (underpowered)" if r["underpowered"] else "**no**")
         lines.append(
             f"| {r['study']} | {r['claim']} | {sa[0]}-{sa[-1]} | {r['a']} | {sb[0]}-{sb[-1]} | "
-            f"{r['b']} | {flag} |"
+            f"{r['b']} | {flag} | {r.get('across', '')} |"
         )
+    unstable = sum(r.get("across_kind") == UNSTABLE for r in rows)
+    lines.append("")
+    lines.append(
+        f"{len(rows)} claims on both bases: {sum(r['agree'] for r in rows)} agree, "
+        f"{sum(r['underpowered'] and not r['agree'] for r in rows)} differ where a base marks "
+        f"them underpowered, {unstable} flip between bases with neither underpowered (marked "
+        f"'{UNSTABLE}': underpowered at this budget, by `studykit.across_seed_bases`)."
+    )
     return "\n".join(lines) + "\n"
 
 
@@ -243,9 +286,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     stable = True
     try:
-        text = render(args.out, args.figures)
+        rows: list[dict[str, Any]] = []
         if args.stability:
             rows, stable = stability(args.out, args.stability)
+        across = {(r["study"], r["claim"]): r["across"] for r in rows} or None
+        text = render(args.out, args.figures, across)
+        if args.stability:
             text = (
                 text.rstrip("\n") + "\n\n" + stability_markdown(rows, stable, str(args.stability))
             )
