@@ -931,3 +931,21 @@ def test_world_inclusive_interval_trains_each_seed_on_its_own_world(tmp_path, on
     assert (tmp_path / "p" / "world-0").is_dir() and (tmp_path / "p" / "world-1").is_dir()
     rows = result["markdown"]
     assert "product H x E x S (world of its seed)" in rows
+
+
+def test_lr_table_marks_a_rate_at_the_grid_edge():
+    from curvalign.report import results
+
+    result = {
+        "claims": [{"paper_source": "x"}],
+        "lr_grid": [3e-4, 1e-3, 3e-3, 1e-2, 3e-2],
+        "lr_choice": {
+            "a": {"chosen": 1e-2, "grid": [[3e-3, 0.30], [1e-2, 0.35], [3e-2, 0.31]]},
+            "b": {"chosen": 3e-2, "grid": [[1e-2, 0.30], [3e-2, 0.40]]},
+        },
+    }
+    table = results.lr_table(result)
+    assert "| a | 0.01 | yes | 0.003: 30.0, 0.01: 35.0, 0.03: 31.0 |" in table
+    assert "| b | 0.03 | **no (edge)** |" in table
+    assert "1 of 2 arms chose a rate inside the grid" in table
+    assert results.is_current(result) and not results.is_current({"claims": [{"claim": "old"}]})

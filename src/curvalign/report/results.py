@@ -28,6 +28,7 @@ from curvalign.report.studykit import (
     UNSTABLE,
     Verdict,
     across_seed_bases,
+    grid_interior,
 )
 
 HEADER = """# Results: the papers' claims as studies that can fail
@@ -95,6 +96,34 @@ def load_results(out: Path) -> list[dict[str, Any]]:
     return [found[n][0] | {"_dir": str(found[n][1])} for n in order]
 
 
+def is_current(result: dict[str, Any]) -> bool:
+    """Whether a study.json comes from the current studies (its claims name their paper source,
+    ``studykit.claim_record``), not from an earlier version."""
+    return all("paper_source" in c for c in result.get("claims", []))
+
+
+def lr_table(result: dict[str, Any]) -> str:
+    """Per arm: the learning rate chosen on validation, whether it lies inside the study's grid
+    (``studykit.grid_interior``) and the validation value of every rate tried (x100)."""
+    choice, grid = result.get("lr_choice") or {}, result.get("lr_grid") or []
+    if not choice:
+        return ""
+    lines = [
+        f"Learning rate per arm (grid {', '.join(f'{v:g}' for v in grid)}; best validation x100 "
+        "of each rate tried):",
+        "",
+        "| arm | chosen | inside the grid | validation per rate |",
+        "|---|---:|---|---|",
+    ]
+    for arm, c in choice.items():
+        tried = ", ".join(f"{lr:g}: {100 * v:.1f}" for lr, v in c["grid"])
+        inside = "yes" if grid_interior(grid, c["chosen"]) else "**no (edge)**"
+        lines.append(f"| {arm} | {c['chosen']:g} | {inside} | {tried} |")
+    edge = sum(not grid_interior(grid, c["chosen"]) for c in choice.values())
+    lines += ["", f"{len(choice) - edge} of {len(choice)} arms chose a rate inside the grid.", ""]
+    return "\n".join(lines)
+
+
 def render(
     out: Path, figures: str = "results/", across: dict[tuple[str, str], str] | None = None
 ) -> str:
@@ -113,9 +142,10 @@ def render(
         f"Wall time of the {len(results)} studies: "
         f"{sum(r['wall_s'] for r in results) / 60:.1f} min in all"
         + (
-            f" (`study all`: {json.loads((Path(out) / 'wall.json').read_text())['wall_s'] / 60:.1f}"
-            " min)."
-            if (Path(out) / "wall.json").exists()
+            f" (`study all`: {wall['wall_s'] / 60:.1f} min"
+            + ("" if wall.get("complete", True) else f", cut short after {len(wall['studies'])}")
+            + ")."
+            if (wall := _wall(out))
             else "."
         ),
         "",
@@ -128,6 +158,16 @@ def render(
                 "",
             ]
             if (missing := [n for n in STUDIES if n not in {r["name"] for r in results}])
+            else []
+        ),
+        *(
+            [
+                "Sections from an earlier version of the studies (their learning rates come from "
+                "the former grid, with no interior check; kept until re-run, each with its own "
+                "command): " + ", ".join(f"`{n}`" for n in older) + ".",
+                "",
+            ]
+            if (older := [r["name"] for r in results if not is_current(r)])
             else []
         ),
         "## Verdicts",
@@ -172,7 +212,14 @@ def render(
     lines.append("")
     for r in results:
         lines.append(study_markdown(r, heading="##", figure_dir=figures))
+        if is_current(r):
+            lines.append(lr_table(r))
     return "\n".join(lines)
+
+
+def _wall(out: Path) -> dict[str, Any] | None:
+    path = Path(out) / "wall.json"
+    return json.loads(path.read_text()) if path.exists() else None
 
 
 def stability(a: Path, b: Path) -> tuple[list[dict[str, Any]], bool]:
