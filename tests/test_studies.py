@@ -949,3 +949,61 @@ def test_lr_table_marks_a_rate_at_the_grid_edge():
     assert "| b | 0.03 | **no (edge)** |" in table
     assert "1 of 2 arms chose a rate inside the grid" in table
     assert results.is_current(result) and not results.is_current({"claims": [{"claim": "old"}]})
+
+
+def test_cached_value_computes_once_and_waits_for_a_run_in_progress(tmp_path):
+    import threading
+    import time
+
+    calls = []
+
+    def compute():
+        calls.append(1)
+        return 0.25
+
+    key = {"label": "a", "lr": 1e-3, "steps": 10}
+    assert kit.cached_value(tmp_path, key, compute, notify=lambda m: None) == 0.25
+    assert kit.cached_value(tmp_path, key, compute, notify=lambda m: None) == 0.25
+    assert len(calls) == 1
+    # another key is another run
+    assert kit.cached_value(tmp_path, {**key, "lr": 3e-3}, compute, notify=lambda m: None) == 0.25
+    assert len(calls) == 2
+    # a diverged run (-inf) is stored and read back as -inf
+    assert kit.cached_value(tmp_path, {"x": 1}, lambda: -math.inf, lambda m: None) == -math.inf
+    assert kit.cached_value(tmp_path, {"x": 1}, compute, lambda m: None) == -math.inf
+    # a run in progress elsewhere (its lock) is waited for, not repeated
+    slow_key = {"label": "slow"}
+    started = threading.Event()
+
+    def slow():
+        started.set()
+        time.sleep(0.3)
+        return 0.5
+
+    first = threading.Thread(target=lambda: kit.cached_value(tmp_path, slow_key, slow, print))
+    first.start()
+    started.wait()
+    waited = []
+    assert kit.cached_value(tmp_path, slow_key, lambda: 9.0, waited.append) == 0.5
+    first.join()
+    assert any("waiting" in m for m in waited)
+
+
+def test_world_inclusive_interval_re_decides_a_claim_and_keeps_the_seed_only_one():
+    from curvalign.report.studies import _with_world
+
+    seed_only = paired_difference([0.50, 0.52, 0.55], [0.40, 0.41, 0.43])  # clear gain
+    claim = kit.claim_record(
+        "a beats b", seed_only, MOVED, "control", paper_effect=0.02, paper_source="Table 1"
+    )
+    assert claim["verdict"] == kit.HOLDS
+    # across worlds the gain is not there: the claim is decided on the world-inclusive interval
+    worlds = mean_interval([0.08, -0.06, 0.01])
+    again = _with_world(claim, worlds, "synthetic")
+    assert again["claim"] == "a beats b, world-inclusive"
+    assert again["verdict"] != kit.HOLDS and again["effect"]["mean"] == pytest.approx(worlds.mean)
+    assert again["seed_only"]["mean"] == pytest.approx(seed_only.mean)
+    assert "seed-only (world synthetic)" in again["effect_text"]
+    assert "which alone gives holds" in again["effect_text"]
+    assert again["paper_effect_text"] == claim["paper_effect_text"]
+    assert _with_world(claim, None, "synthetic") is claim
