@@ -22,6 +22,7 @@ from typing import Any
 from curvalign.report.studies import STUDIES, study_markdown
 from curvalign.report.studykit import (
     LR_GRID,
+    LR_START,
     MAX_STEPS_FACTOR,
     STUDY_LR_SCALE,
     UNDERPOWERED,
@@ -72,9 +73,12 @@ keep its verdict (exit status 1 otherwise, and the table says which claim moved)
     python -m curvalign.report.results studies --stability studies-100
 
 **Learning rate.** Each arm's learning rate is chosen on validation from one grid shared by
-every arm ({lr_grid}; a tuning seed no reported run uses; `curvalign.report.studykit.LR_GRID`);
-each study's "Training" line lists the choice and the validation value of every grid point.
-Studies run without a grid fall back to {lr_scale:g}x the paper rate.
+every arm ({lr_grid}; a tuning seed no reported run uses; `curvalign.report.studykit.LR_GRID`),
+walked from {lr_start:g} until the best rate has a worse one on each side
+(`studykit.climb_grid`), each rate trained for the same budget; each study's learning-rate table
+lists the choice, whether it lies inside the grid (a choice at the grid's edge is marked) and the
+validation value of every rate tried. Studies run without a grid fall back to {lr_scale:g}x the
+paper rate.
 
 The synthetic world is not the papers' data: a verdict here is evidence about the mechanism at
 this scale (and, for the WordNet study, on one real taxonomy), not a reproduction of the papers'
@@ -136,6 +140,7 @@ def render(
             max_factor=MAX_STEPS_FACTOR,
             lr_scale=STUDY_LR_SCALE,
             lr_grid=", ".join(f"{v:g}" for v in LR_GRID),
+            lr_start=LR_START,
             out=Path(results[0]["command"].split("--out ")[1].split()[0]).parent,
             seeds=f" --seeds {seeds[0]}" if len(seeds) == 1 and seeds[0] != 3 else "",
         ),
