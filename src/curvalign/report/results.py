@@ -42,7 +42,7 @@ Generated from the studies' JSON outputs; do not edit by hand. To reproduce ever
 
 or, from the committed JSON (`docs/results/NAME/study.json`) alone, the same second command with
 `docs/results` in place of `studies` and no `--copy-to`. Each section gives the exact command of
-its run (its `--out` was `{out}/NAME`); where that command sets `--steps` or `--set lr_grid=...`,
+its run (its `--out` was {out}); where that command sets `--steps` or `--set lr_grid=...`,
 the page's numbers come from that smaller budget, not from `study all`'s defaults. The sections from "Demo" on are kept verbatim from the
 previous page (`--keep-from`): they come from the benchmark commands they show.
 
@@ -141,7 +141,12 @@ def render(
             lr_scale=STUDY_LR_SCALE,
             lr_grid=", ".join(f"{v:g}" for v in LR_GRID),
             lr_start=LR_START,
-            out=Path(results[0]["command"].split("--out ")[1].split()[0]).parent,
+            out=", ".join(
+                f"`{d}/NAME`"
+                for d in dict.fromkeys(
+                    str(Path(r["command"].split("--out ")[1].split()[0]).parent) for r in results
+                )
+            ),
             seeds=f" --seeds {seeds[0]}" if len(seeds) == 1 and seeds[0] != 3 else "",
         ),
         f"Wall time of the {len(results)} studies: "
