@@ -79,6 +79,68 @@ def test_underpowered_when_the_mde_exceeds_the_paper_effect():
     assert kit.decide(mean_interval([0.5]), MOVED, paper_effect=0.02).kind == kit.UNDERPOWERED
 
 
+def test_underpowered_says_when_the_control_did_not_separate_either():
+    noisy = mean_interval([0.10, -0.05, 0.08])
+    v = kit.decide(noisy, STILL, paper_effect=0.02, control_min=0.02)
+    assert v.kind == kit.UNDERPOWERED and v.text.endswith(kit.CONTROL_FAILED)
+    # a control of the wrong size (right sign, mean below control_min) is named the same way
+    v = kit.decide(noisy, MOVED, paper_effect=0.02, control_min=0.5)
+    assert v.kind == kit.UNDERPOWERED and kit.CONTROL_FAILED in v.text
+    # with a control that separated the text is the plain underpowered one
+    assert kit.CONTROL_FAILED not in kit.decide(noisy, MOVED, paper_effect=0.02).text
+
+
+def test_verdict_across_two_seed_bases():
+    holds, fails = kit.Verdict(kit.HOLDS, kit.HOLDS), kit.Verdict(kit.DOES_NOT_HOLD, "does not")
+    under = kit.Verdict(kit.UNDERPOWERED, "underpowered at 3 seeds (MDE 4 vs claimed 2)")
+    inconclusive = kit.Verdict(kit.INCONCLUSIVE_KIND, kit.INCONCLUSIVE)
+    assert kit.across_seed_bases(holds, holds, 3) == holds
+    # the same class with different numbers in the text is an agreement (base A's text kept)
+    other = kit.Verdict(kit.UNDERPOWERED, "underpowered at 3 seeds (MDE 3 vs claimed 2)")
+    assert kit.across_seed_bases(under, other, 3) == under
+    assert kit.across_seed_bases(holds, under, 3) == under
+    assert kit.across_seed_bases(under, fails, 3) == under
+    flip = kit.across_seed_bases(holds, inconclusive, 3)
+    assert flip.kind == kit.UNSTABLE and "at 3 seeds" in flip.text
+    assert kit.HOLDS in flip.text and kit.INCONCLUSIVE in flip.text
+    assert kit.across_seed_bases(holds, fails, 5).kind == kit.UNSTABLE
+
+
+def test_lr_grid_climb_finds_an_interior_optimum_on_hand_made_curves():
+    grid = (3e-4, 1e-3, 3e-3, 1e-2, 3e-2)
+    calls: list[float] = []
+
+    def curve(values):
+        table = dict(zip(grid, values, strict=True))
+
+        def score(lr):
+            calls.append(lr)
+            return table[lr]
+
+        return score
+
+    # peak at 1e-2, above the start: scores the start's neighbours, then one step up
+    chosen, seen = kit.climb_grid(grid, 3e-3, curve([0.1, 0.2, 0.3, 0.4, 0.35]))
+    assert chosen == 1e-2 and list(seen) == [1e-3, 3e-3, 1e-2, 3e-2]
+    assert kit.grid_interior(grid, chosen) and len(calls) == 4
+    # peak at the start: three runs only
+    calls.clear()
+    chosen, seen = kit.climb_grid(grid, 3e-3, curve([0.1, 0.2, 0.5, 0.4, 0.3]))
+    assert chosen == 3e-3 and len(calls) == 3 and list(seen) == [1e-3, 3e-3, 1e-2]
+    # rising to the top: the top is chosen and is not interior (an edge, said as such)
+    chosen, _ = kit.climb_grid(grid, 3e-3, curve([0.1, 0.2, 0.3, 0.4, 0.5]))
+    assert chosen == 3e-2 and not kit.grid_interior(grid, chosen)
+    # falling: walks down to the bottom
+    chosen, seen = kit.climb_grid(grid, 3e-3, curve([0.5, 0.4, 0.3, 0.2, 0.1]))
+    assert chosen == 3e-4 and 3e-2 not in seen
+    # a diverged run (nan) is -inf, never chosen; equal scores: the lower rate
+    chosen, seen = kit.climb_grid(grid, 3e-3, curve([0.1, 0.3, 0.3, math.nan, 0.9]))
+    assert chosen == 1e-3 and seen[1e-2] == -math.inf
+    # a two-point grid: both are scored, neither is interior
+    chosen, seen = kit.climb_grid((1e-3, 3e-3), 3e-3, lambda lr: lr)
+    assert chosen == 3e-3 and len(seen) == 2 and not kit.grid_interior((1e-3, 3e-3), chosen)
+
+
 def test_mde_matches_the_formula_on_hand_made_numbers():
     from curvalign.stats import interval_sd, minimal_detectable_effect, sample_sd
 
@@ -289,10 +351,21 @@ def test_arms_train_on_until_the_plateau_up_to_the_max(tmp_path, one_thread):
 
     def arm(tol: float, name: str) -> dict:
         bench = kit.Bench(
-            tmp_path / name, world, "synthetic", 4, ["batch_size=16"], val_every=1, plateau_tol=tol
+            tmp_path / name,
+            world,
+            "synthetic",
+            4,
+            ["batch_size=16"],
+            val_every=1,
+            plateau_tol=tol,
+            max_steps=6,
         )
-        assert bench.max_steps == 6  # MAX_STEPS_FACTOR 1.5 of the 4-step budget
+        assert bench.max_steps == 6
         return bench.train("clip", "clip", [], 0)
+
+    # without max_steps the most an arm trains is MAX_STEPS_FACTOR x its budget
+    default = kit.Bench(tmp_path / "d", world, "synthetic", 4, [], val_every=1)
+    assert default.max_steps == int(4 * kit.MAX_STEPS_FACTOR) == 12
 
     flat = arm(1.0, "flat")  # any curve is flat within 1.0: stops at the budget
     assert flat.last_step == 4 and [s for s, _ in flat.val_history] == [1, 2, 3, 4]
@@ -830,6 +903,10 @@ def test_stability_check_flags_a_changed_verdict_unless_underpowered(tmp_path):
     assert not ok
     assert "NOT stable" in results.stability_markdown(rows, ok)
     assert "| s | x | 0-2 |" in results.stability_markdown(rows, ok)
+    # the flip is marked by the code: unstable (underpowered at this budget), not a verdict
+    assert rows[0]["across_kind"] == kit.UNSTABLE and "at 3 seeds" in rows[0]["across"]
+    assert rows[1]["across_kind"] == kit.UNDERPOWERED and rows[2]["across_kind"] == kit.EQUIVALENT
+    assert "1 flip between bases" in results.stability_markdown(rows, ok)
 
 
 def test_world_inclusive_interval_trains_each_seed_on_its_own_world(tmp_path, one_thread):
@@ -853,3 +930,79 @@ def test_world_inclusive_interval_trains_each_seed_on_its_own_world(tmp_path, on
     assert (tmp_path / "p" / "world-0").is_dir() and (tmp_path / "p" / "world-1").is_dir()
     rows = result["markdown"]
     assert "product H x E x S (world of its seed)" in rows
+
+
+def test_lr_table_marks_a_rate_at_the_grid_edge():
+    from curvalign.report import results
+
+    result = {
+        "claims": [{"paper_source": "x"}],
+        "lr_grid": [3e-4, 1e-3, 3e-3, 1e-2, 3e-2],
+        "lr_choice": {
+            "a": {"chosen": 1e-2, "grid": [[3e-3, 0.30], [1e-2, 0.35], [3e-2, 0.31]]},
+            "b": {"chosen": 3e-2, "grid": [[1e-2, 0.30], [3e-2, 0.40]]},
+        },
+    }
+    table = results.lr_table(result)
+    assert "| a | 0.01 | yes | 0.003: 30.0, 0.01: 35.0, 0.03: 31.0 |" in table
+    assert "| b | 0.03 | **no (edge)** |" in table
+    assert "1 of 2 arms chose a rate inside the grid" in table
+    assert results.is_current(result) and not results.is_current({"claims": [{"claim": "old"}]})
+
+
+def test_cached_value_computes_once_and_waits_for_a_run_in_progress(tmp_path):
+    import threading
+    import time
+
+    calls = []
+
+    def compute():
+        calls.append(1)
+        return 0.25
+
+    key = {"label": "a", "lr": 1e-3, "steps": 10}
+    assert kit.cached_value(tmp_path, key, compute, notify=lambda m: None) == 0.25
+    assert kit.cached_value(tmp_path, key, compute, notify=lambda m: None) == 0.25
+    assert len(calls) == 1
+    # another key is another run
+    assert kit.cached_value(tmp_path, {**key, "lr": 3e-3}, compute, notify=lambda m: None) == 0.25
+    assert len(calls) == 2
+    # a diverged run (-inf) is stored and read back as -inf
+    assert kit.cached_value(tmp_path, {"x": 1}, lambda: -math.inf, lambda m: None) == -math.inf
+    assert kit.cached_value(tmp_path, {"x": 1}, compute, lambda m: None) == -math.inf
+    # a run in progress elsewhere (its lock) is waited for, not repeated
+    slow_key = {"label": "slow"}
+    started = threading.Event()
+
+    def slow():
+        started.set()
+        time.sleep(0.3)
+        return 0.5
+
+    first = threading.Thread(target=lambda: kit.cached_value(tmp_path, slow_key, slow, print))
+    first.start()
+    started.wait()
+    waited = []
+    assert kit.cached_value(tmp_path, slow_key, lambda: 9.0, waited.append) == 0.5
+    first.join()
+    assert any("waiting" in m for m in waited)
+
+
+def test_world_inclusive_interval_re_decides_a_claim_and_keeps_the_seed_only_one():
+    from curvalign.report.studies import _with_world
+
+    seed_only = paired_difference([0.50, 0.52, 0.55], [0.40, 0.41, 0.43])  # clear gain
+    claim = kit.claim_record(
+        "a beats b", seed_only, MOVED, "control", paper_effect=0.02, paper_source="Table 1"
+    )
+    assert claim["verdict"] == kit.HOLDS
+    # across worlds the gain is not there: the claim is decided on the world-inclusive interval
+    worlds = mean_interval([0.08, -0.06, 0.01])
+    again = _with_world(claim, worlds, "synthetic")
+    assert again["claim"] == "a beats b, world-inclusive"
+    assert again["verdict"] != kit.HOLDS and again["effect"]["mean"] == pytest.approx(worlds.mean)
+    assert again["seed_only"]["mean"] == pytest.approx(seed_only.mean)
+    assert "seed-only (world synthetic)" in again["effect_text"]
+    assert "which alone gives holds" in again["effect_text"]
+    assert again["paper_effect_text"] == claim["paper_effect_text"]
+    assert _with_world(claim, None, "synthetic") is claim

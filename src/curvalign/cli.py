@@ -698,6 +698,12 @@ def study_command(
         "at 80 percent power (at most --max-seeds).",
     ),
     max_seeds: int = typer.Option(10, "--max-seeds", min=2, help="Seed budget for --power."),
+    lr_cache: Path = typer.Option(
+        None,
+        "--lr-cache",
+        help="Store the learning-rate choice's runs here and read them back (they use one tuning "
+        "seed on every seed base: a second --seed-base run with the same cache skips them).",
+    ),
     data: str = typer.Option(None, "--data", help="Data (default: the study's own world)."),
     options: list[str] = typer.Option(
         None,
@@ -729,6 +735,7 @@ def study_command(
                 power=power,
                 max_seeds=max_seeds,
                 overrides=overrides or [],
+                lr_cache=lr_cache,
                 show_progress=not quiet,
                 notify=console.print,
             )
@@ -744,6 +751,7 @@ def study_command(
                     power=power,
                     max_seeds=max_seeds,
                     overrides=overrides or [],
+                    lr_cache=lr_cache,
                     show_progress=not quiet,
                     notify=console.print,
                     **parse_study_options(name, options or []),
@@ -752,6 +760,11 @@ def study_command(
     for key, result in results.items():
         typer.echo(result["markdown"])
         typer.echo(f"{key}: {result['verdict']} ({result['wall_s']:.0f} s)")
+    if name == "all" and (out / "wall.json").exists():
+        import json
+
+        wall = json.loads((out / "wall.json").read_text())["wall_s"]
+        typer.echo(f"study all: {len(results)} studies in {wall:.0f} s wall ({wall / 60:.1f} min)")
     typer.echo(f"wrote {out}")
 
 

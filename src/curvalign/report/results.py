@@ -20,7 +20,17 @@ from pathlib import Path
 from typing import Any
 
 from curvalign.report.studies import STUDIES, study_markdown
-from curvalign.report.studykit import LR_GRID, MAX_STEPS_FACTOR, STUDY_LR_SCALE
+from curvalign.report.studykit import (
+    LR_GRID,
+    LR_START,
+    MAX_STEPS_FACTOR,
+    STUDY_LR_SCALE,
+    UNDERPOWERED,
+    UNSTABLE,
+    Verdict,
+    across_seed_bases,
+    grid_interior,
+)
 
 HEADER = """# Results: the papers' claims as studies that can fail
 
@@ -32,7 +42,7 @@ Generated from the studies' JSON outputs; do not edit by hand. To reproduce ever
 
 or, from the committed JSON (`docs/results/NAME/study.json`) alone, the same second command with
 `docs/results` in place of `studies` and no `--copy-to`. Each section gives the exact command of
-its run (its `--out` was `{out}/NAME`); where that command sets `--steps` or `--set lr_grid=...`,
+its run (its `--out` was {out}); where that command sets `--steps` or `--set lr_grid=...`,
 the page's numbers come from that smaller budget, not from `study all`'s defaults. The sections from "Demo" on are kept verbatim from the
 previous page (`--keep-from`): they come from the benchmark commands they show.
 
@@ -63,9 +73,12 @@ keep its verdict (exit status 1 otherwise, and the table says which claim moved)
     python -m curvalign.report.results studies --stability studies-100
 
 **Learning rate.** Each arm's learning rate is chosen on validation from one grid shared by
-every arm ({lr_grid}; a tuning seed no reported run uses; `curvalign.report.studykit.LR_GRID`);
-each study's "Training" line lists the choice and the validation value of every grid point.
-Studies run without a grid fall back to {lr_scale:g}x the paper rate.
+every arm ({lr_grid}; a tuning seed no reported run uses; `curvalign.report.studykit.LR_GRID`),
+walked from {lr_start:g} until the best rate has a worse one on each side
+(`studykit.climb_grid`), each rate trained for the same budget; each study's learning-rate table
+lists the choice, whether it lies inside the grid (a choice at the grid's edge is marked) and the
+validation value of every rate tried. Studies run without a grid fall back to {lr_scale:g}x the
+paper rate.
 
 The synthetic world is not the papers' data: a verdict here is evidence about the mechanism at
 this scale (and, for the WordNet study, on one real taxonomy), not a reproduction of the papers'
@@ -87,7 +100,39 @@ def load_results(out: Path) -> list[dict[str, Any]]:
     return [found[n][0] | {"_dir": str(found[n][1])} for n in order]
 
 
-def render(out: Path, figures: str = "results/") -> str:
+def is_current(result: dict[str, Any]) -> bool:
+    """Whether a study.json comes from the current studies (its claims name their paper source,
+    ``studykit.claim_record``), not from an earlier version."""
+    return all("paper_source" in c for c in result.get("claims", []))
+
+
+def lr_table(result: dict[str, Any]) -> str:
+    """Per arm: the learning rate chosen on validation, whether it lies inside the study's grid
+    (``studykit.grid_interior``) and the validation value of every rate tried (x100)."""
+    choice, grid = result.get("lr_choice") or {}, result.get("lr_grid") or []
+    if not choice:
+        return ""
+    lines = [
+        f"Learning rate per arm (grid {', '.join(f'{v:g}' for v in grid)}; best validation x100 "
+        "of each rate tried):",
+        "",
+        "| arm | chosen | inside the grid | validation per rate |",
+        "|---|---:|---|---|",
+    ]
+    for arm, c in choice.items():
+        tried = ", ".join(f"{lr:g}: {100 * v:.1f}" for lr, v in c["grid"])
+        inside = "yes" if grid_interior(grid, c["chosen"]) else "**no (edge)**"
+        lines.append(f"| {arm} | {c['chosen']:g} | {inside} | {tried} |")
+    edge = sum(not grid_interior(grid, c["chosen"]) for c in choice.values())
+    lines += ["", f"{len(choice) - edge} of {len(choice)} arms chose a rate inside the grid.", ""]
+    return "\n".join(lines)
+
+
+def render(
+    out: Path, figures: str = "results/", across: dict[tuple[str, str], str] | None = None
+) -> str:
+    """The page from ``out``'s study.json files; ``across`` ((study, claim) -> the verdict
+    across two seed bases, ``stability``): an extra column of the verdicts table."""
     results = load_results(out)
     seeds = sorted({len(r["seeds"]) for r in results})
     lines = [
@@ -95,15 +140,22 @@ def render(out: Path, figures: str = "results/") -> str:
             max_factor=MAX_STEPS_FACTOR,
             lr_scale=STUDY_LR_SCALE,
             lr_grid=", ".join(f"{v:g}" for v in LR_GRID),
-            out=Path(results[0]["command"].split("--out ")[1].split()[0]).parent,
+            lr_start=LR_START,
+            out=", ".join(
+                f"`{d}/NAME`"
+                for d in dict.fromkeys(
+                    str(Path(r["command"].split("--out ")[1].split()[0]).parent) for r in results
+                )
+            ),
             seeds=f" --seeds {seeds[0]}" if len(seeds) == 1 and seeds[0] != 3 else "",
         ),
         f"Wall time of the {len(results)} studies: "
         f"{sum(r['wall_s'] for r in results) / 60:.1f} min in all"
         + (
-            f" (`study all`: {json.loads((Path(out) / 'wall.json').read_text())['wall_s'] / 60:.1f}"
-            " min)."
-            if (Path(out) / "wall.json").exists()
+            f" (`study all`: {wall['wall_s'] / 60:.1f} min"
+            + ("" if wall.get("complete", True) else f", cut short after {len(wall['studies'])}")
+            + ")."
+            if (wall := _wall(out))
             else "."
         ),
         "",
@@ -118,11 +170,23 @@ def render(out: Path, figures: str = "results/") -> str:
             if (missing := [n for n in STUDIES if n not in {r["name"] for r in results}])
             else []
         ),
+        *(
+            [
+                "Sections from an earlier version of the studies (their learning rates come from "
+                "the former grid, with no interior check; kept until re-run, each with its own "
+                "command): " + ", ".join(f"`{n}`" for n in older) + ".",
+                "",
+            ]
+            if (older := [r["name"] for r in results if not is_current(r)])
+            else []
+        ),
         "## Verdicts",
         "",
         "| study | claim | paper's effect | MDE at the seeds used | effect (95% interval) | "
-        "calibrated control | verdict | Holm-adjusted | converged | wall time |",
-        "|---|---|---|---|---|---|---|---|---:|---:|",
+        "calibrated control | verdict | Holm-adjusted | "
+        + ("across both seed bases | " if across else "")
+        + "converged | wall time |",
+        "|---|---|---|---|---|---|---|---|" + ("---|" if across else "") + "---:|---:|",
     ]
     for r in results:
         conv = r.get("convergence") or {}
@@ -134,19 +198,38 @@ def render(out: Path, figures: str = "results/") -> str:
                 f"| {r['name']} | {c['claim']} ({c.get('role', 'primary')}) | "
                 f"{c.get('paper_effect_text', 'n/a')} | {c.get('mde_text', 'n/a')} | "
                 f"{c['effect_text']} | {c['control_what']}: {c['control_text']} ({ok}) | "
-                f"{c['outcome']} | **{c.get('holm_outcome', c['outcome'])}** | {done}/{total} | "
-                f"{r['wall_s']:.0f} s |"
+                f"{c['outcome']} | **{c.get('holm_outcome', c['outcome'])}** | "
+                + (
+                    f"**{across.get((r['name'], c['claim']), 'not run on both')}** | "
+                    if across
+                    else ""
+                )
+                + f"{done}/{total} | {r['wall_s']:.0f} s |"
             )
     lines.append("")
     lines.append(
         "Multiplicity: each study's claims are one family, Holm-corrected at family-wise alpha "
         "0.05 (claims not testable in this regime are outside it); the Holm-adjusted column is "
-        "the verdict."
+        "the verdict"
+        + (
+            " of this seed base, and 'across both seed bases' the verdict of the claim "
+            "(`studykit.across_seed_bases`: the shared verdict, underpowered where either base "
+            f"is, '{UNSTABLE}' where the two disagree)."
+            if across
+            else "."
+        )
     )
     lines.append("")
     for r in results:
         lines.append(study_markdown(r, heading="##", figure_dir=figures))
+        if is_current(r):
+            lines.append(lr_table(r))
     return "\n".join(lines)
+
+
+def _wall(out: Path) -> dict[str, Any] | None:
+    path = Path(out) / "wall.json"
+    return json.loads(path.read_text()) if path.exists() else None
 
 
 def stability(a: Path, b: Path) -> tuple[list[dict[str, Any]], bool]:
@@ -159,18 +242,26 @@ def stability(a: Path, b: Path) -> tuple[list[dict[str, Any]], bool]:
     rows = []
     for name in [n for n in left if n in right]:
         for ca, cb in zip(left[name]["claims"], right[name]["claims"], strict=False):
-            va = ca.get("holm_verdict", ca.get("verdict"))
-            vb = cb.get("holm_verdict", cb.get("verdict"))
-            under = "underpowered" in (va, vb)
+            va = Verdict(
+                ca.get("holm_verdict", ca.get("verdict")), ca.get("holm_outcome", ca["outcome"])
+            )
+            vb = Verdict(
+                cb.get("holm_verdict", cb.get("verdict")), cb.get("holm_outcome", cb["outcome"])
+            )
+            both = across_seed_bases(
+                va, vb, min(len(left[name]["seeds"]), len(right[name]["seeds"]))
+            )
             rows.append(
                 {
                     "study": name,
                     "claim": ca["claim"],
-                    "a": ca.get("holm_outcome", ca["outcome"]),
-                    "b": cb.get("holm_outcome", cb["outcome"]),
+                    "a": va.text,
+                    "b": vb.text,
                     "seeds": (left[name]["seeds"], right[name]["seeds"]),
-                    "underpowered": under,
-                    "agree": va == vb,
+                    "underpowered": UNDERPOWERED in (va.kind, vb.kind),
+                    "agree": va.kind == vb.kind,
+                    "across": both.text,
+                    "across_kind": both.kind,
                 }
             )
     ok = all(r["agree"] for r in rows if not r["underpowered"])
@@ -190,16 +281,25 @@ def stability_markdown(rows: list[dict[str, Any]], ok: bool, other: str = "") ->
             else ""
         ),
         "",
-        "| study | claim | seeds A | verdict A | seeds B | verdict B | agree |",
-        "|---|---|---|---|---|---|---|",
+        "| study | claim | seeds A | verdict A | seeds B | verdict B | agree | "
+        "verdict across both |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         sa, sb = r["seeds"]
         flag = "yes" if r["agree"] else ("no (underpowered)" if r["underpowered"] else "**no**")
         lines.append(
             f"| {r['study']} | {r['claim']} | {sa[0]}-{sa[-1]} | {r['a']} | {sb[0]}-{sb[-1]} | "
-            f"{r['b']} | {flag} |"
+            f"{r['b']} | {flag} | {r.get('across', '')} |"
         )
+    unstable = sum(r.get("across_kind") == UNSTABLE for r in rows)
+    lines.append("")
+    lines.append(
+        f"{len(rows)} claims on both bases: {sum(r['agree'] for r in rows)} agree, "
+        f"{sum(r['underpowered'] and not r['agree'] for r in rows)} differ where a base marks "
+        f"them underpowered, {unstable} flip between bases with neither underpowered (marked "
+        f"'{UNSTABLE}': underpowered at this budget, by `studykit.across_seed_bases`)."
+    )
     return "\n".join(lines) + "\n"
 
 
@@ -243,9 +343,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     stable = True
     try:
-        text = render(args.out, args.figures)
+        rows: list[dict[str, Any]] = []
         if args.stability:
             rows, stable = stability(args.out, args.stability)
+        across = {(r["study"], r["claim"]): r["across"] for r in rows} or None
+        text = render(args.out, args.figures, across)
+        if args.stability:
             text = (
                 text.rstrip("\n") + "\n\n" + stability_markdown(rows, stable, str(args.stability))
             )

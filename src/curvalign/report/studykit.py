@@ -98,6 +98,12 @@ NOT_SIGNIFICANT = (
     "inconclusive: its interval excludes the threshold, but not after Holm's correction"
 )
 OUTCOMES = (HOLDS, DOES_NOT_HOLD, INCONCLUSIVE, UNDETECTABLE, TOO_SHORT, NOT_SIGNIFICANT)
+#: appended to an "underpowered" verdict whose calibrated control did not separate either: the
+#: metric could not see a handicap of the claim's size, which the verdict must say
+CONTROL_FAILED = "; and the calibrated control did not separate"
+#: a claim whose verdicts differ between two disjoint seed bases, neither of them underpowered
+#: (``across_seed_bases``): no verdict at this budget
+UNSTABLE = "unstable across seed bases"
 
 #: family-wise error rate of each study's verdicts (Holm over the study's claims)
 ALPHA = 0.05
@@ -177,13 +183,31 @@ def decide(
             return Verdict(
                 UNDERPOWERED,
                 f"underpowered at {effect.n} seeds (MDE {mde * scale:.3g} vs claimed "
-                f"{abs(paper_effect) * scale:.3g})",
+                f"{abs(paper_effect) * scale:.3g})" + ("" if control_ok else CONTROL_FAILED),
             )
     if not control_ok:
         return Verdict(INCONCLUSIVE_KIND, UNDETECTABLE)
     if alone:
         return Verdict(INCONCLUSIVE_KIND, NOT_SIGNIFICANT)
     return Verdict(INCONCLUSIVE_KIND, INCONCLUSIVE)
+
+
+def across_seed_bases(a: Verdict, b: Verdict, seeds: int) -> Verdict:
+    """The verdict of one claim decided on two disjoint seed bases (``a``, ``b``: each base's
+    Holm-adjusted verdict): the shared verdict where both agree (the same class; the texts may
+    differ in their numbers: ``a``'s text is kept), "underpowered" where either base is, and
+    otherwise ``UNSTABLE`` (the verdict flips with the seeds: at ``seeds`` seeds per base the
+    claim is underpowered in effect, whatever either base's interval says)."""
+    if a.kind == b.kind:
+        return a
+    if UNDERPOWERED in (a.kind, b.kind):
+        under = a if a.kind == UNDERPOWERED else b
+        return Verdict(UNDERPOWERED, under.text)
+    return Verdict(
+        UNSTABLE,
+        f"{UNSTABLE} at {seeds} seeds (one base: {a.text}; the other: {b.text}): underpowered "
+        "at this budget",
+    )
 
 
 def _interval_text(iv: Interval, scale: float, unit: str) -> str:
@@ -243,6 +267,7 @@ def claim_record(
         "mde": mde,
         "mde_text": f"{mde * scale:.3g} {unit} at n={effect.n}" if math.isfinite(mde) else "n/a",
         "paper_effect": paper_effect,
+        "paper_source": paper_source,
         "paper_effect_text": (
             f"{paper_effect * scale:.3g} {unit} ({paper_source})"
             if paper_effect is not None
@@ -325,12 +350,64 @@ STUDY_LR_REASON = (
     "of a study gets the same multiple of its own paper rate, so the comparisons stay paired"
 )
 #: the grid every arm's learning rate is chosen from on validation (``Bench(lr_grid=...)``): one
-#: grid for all recipes, around the studies' former 10x-paper rates (1e-3 to 5e-3)
-LR_GRID = (3e-4, 1e-3, 3e-3)
+#: grid for all recipes, a factor ~3 apart. With the former top of 3e-3 most arms chose the top,
+#: so the choice was the grid's edge, not an optimum; the grid now reaches 3e-2 above and keeps
+#: 3e-4 below, and ``climb_grid`` walks it until the chosen rate has a worse rate on both sides
+LR_GRID = (3e-4, 1e-3, 3e-3, 1e-2, 3e-2)
+#: where ``climb_grid`` starts on the grid (the former top, the most frequent choice)
+LR_START = 3e-3
 #: the training seed of the learning-rate choice: no reported seed uses it
 TUNE_SEED = 9_999
-#: an arm that has not plateaued at its budget trains on up to this multiple of the budget
-MAX_STEPS_FACTOR = 1.5
+#: an arm that has not plateaued at its budget trains on up to this multiple of the budget (at
+#: 1.5x, many arms of the last run were still climbing when they were stopped)
+MAX_STEPS_FACTOR = 3.0
+
+
+def climb_grid(
+    grid: Sequence[float], start: float, score: Callable[[float], float]
+) -> tuple[float, dict[float, float]]:
+    """The grid point with the highest ``score`` found by walking the (sorted) ``grid`` from the
+    point nearest ``start``: score it and its neighbours, then keep stepping towards the better
+    side until the best point has a scored, lower-or-equal neighbour on each side or is the
+    grid's edge. Returns (chosen, {rate: score} of the points scored, in grid order); of equal
+    scores the lowest rate wins. A non-finite score counts as ``-inf`` (a diverged run).
+
+    On a unimodal curve this finds the maximum with 3 to ``len(grid)`` runs; the chosen rate is
+    *interior* (``grid_interior``) when it is not an end of the grid."""
+    points = sorted(float(v) for v in grid)
+    if not points:
+        raise ValueError("climb_grid needs a non-empty grid")
+    scored: dict[int, float] = {}
+
+    def at(i: int) -> float:
+        if i not in scored:
+            value = float(score(points[i]))
+            scored[i] = value if math.isfinite(value) else -math.inf
+        return scored[i]
+
+    i0 = min(range(len(points)), key=lambda i: (abs(math.log(points[i] / start)), i))
+    for i in (i0 - 1, i0, i0 + 1):
+        if 0 <= i < len(points):
+            at(i)
+    while True:
+        best = max(scored, key=lambda i: (scored[i], -i))
+        lo, hi = min(scored), max(scored)
+        if best == lo and lo > 0:
+            at(lo - 1)
+        elif best == hi and hi < len(points) - 1:
+            at(hi + 1)
+        else:
+            break
+    best = max(scored, key=lambda i: (scored[i], -i))
+    return points[best], {points[i]: scored[i] for i in sorted(scored)}
+
+
+def grid_interior(grid: Sequence[float], chosen: float) -> bool:
+    """Whether ``chosen`` lies strictly inside ``grid`` (not its lowest or highest rate): a rate
+    at an end may only be the edge of what was tried, not an optimum."""
+    points = sorted(float(v) for v in grid)
+    return len(points) > 2 and points[0] < chosen < points[-1]
+
 
 #: every study run: batch 64 and no TensorBoard, so a study finishes in minutes on two CPU cores
 COMMON_OVERRIDES = (
@@ -341,6 +418,53 @@ COMMON_OVERRIDES = (
     "log_every=5",
     "val_every=0",  # the study validates with its own value and steps (ArmHooks)
 )
+
+
+#: a lock older than this is taken for a crashed run's, not a running one's
+STALE_LOCK_S = 3600.0
+
+
+def cached_value(
+    cache: Path, key: dict[str, Any], compute: Callable[[], float], notify: Notify = print
+) -> float:
+    """``compute()``, stored in ``cache`` under a digest of ``key`` (JSON) and read from there
+    when present: the learning-rate choice's runs are the same on every seed base (one tuning
+    seed), so a second ``study all`` reads the first's instead of training them again. A run in
+    progress elsewhere (its lock file) is waited for, not repeated."""
+    import hashlib
+    import json
+    import os
+
+    cache.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(key, sort_keys=True)
+    digest = hashlib.sha256(text.encode()).hexdigest()[:24]
+    done, lock = cache / f"{digest}.json", cache / f"{digest}.lock"
+    waited = False
+    while True:
+        if done.exists():
+            value = float(json.loads(done.read_text())["value"])
+            notify(f"learning-rate run {key.get('label')} lr {key.get('lr')}: read from {cache}")
+            return value
+        try:
+            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            if time.time() - lock.stat().st_mtime > STALE_LOCK_S:
+                lock.unlink(missing_ok=True)
+                continue
+            if not waited:
+                notify(f"learning-rate run {key.get('label')} lr {key.get('lr')}: waiting")
+                waited = True
+            time.sleep(5.0)
+            continue
+        os.close(fd)
+        try:
+            value = float(compute())
+            tmp = done.with_suffix(".tmp")
+            tmp.write_text(json.dumps({"key": key, "value": value}))
+            tmp.replace(done)
+            return value
+        finally:
+            lock.unlink(missing_ok=True)
 
 
 def per_seed(values: dict[int, float]) -> list[float]:
@@ -516,10 +640,14 @@ class Bench:
         lr_grid: Sequence[float] | None = None,
         tune_seed: int = TUNE_SEED,
         max_steps: int | None = None,
+        lr_cache: Path | None = None,
         show_progress: bool = False,
         notify: Notify = lambda m: None,
     ) -> None:
         self.out, self.steps, self.spec = out, steps, spec
+        #: where the learning-rate choice's runs store their values (``cached_value``): the
+        #: choice uses ``tune_seed`` on every seed base, so a second base reads the first's
+        self.lr_cache = lr_cache
         self.lr_scale = lr_scale
         self.max_steps = max(steps, max_steps or int(round(steps * MAX_STEPS_FACTOR)))
         #: recipe -> (paper lr, study lr), filled as arms train (for the study's output)
@@ -558,15 +686,21 @@ class Bench:
         recipe's paper and study learning rate (``lr_scale``)."""
         if self.lr_choice:
             arms = "; ".join(
-                f"{label} {c['chosen']:g} (validation "
+                f"{label} {c['chosen']:g}"
+                + ("" if c.get("interior", True) else " (grid edge)")
+                + " (validation "
                 + ", ".join(f"{lr:g}: {100 * v:.1f}" for lr, v in c["grid"].items())
                 + ")"
                 for label, c in self.lr_choice.items()
             )
+            edge = sum(not c.get("interior", True) for c in self.lr_choice.values())
             return (
                 f"learning rate per arm chosen on validation (best value, tuning seed "
                 f"{self.tune_seed}, not a reported seed) from the shared grid "
-                f"{', '.join(f'{v:g}' for v in self.lr_grid or ())}: {arms}"
+                f"{', '.join(f'{v:g}' for v in self.lr_grid or ())}, walked from {LR_START:g} "
+                f"until the best rate has a worse one on each side (studykit.climb_grid); "
+                f"{len(self.lr_choice) - edge} of {len(self.lr_choice)} arms chose a rate inside "
+                f"the grid: {arms}"
             )
         if not self.learning_rates:
             return "learning rates: the recipes' paper defaults"
@@ -587,27 +721,57 @@ class Bench:
         store_from: Callable[[int], FeatureStore | None] | None = None,
     ) -> float:
         """The arm's learning rate from ``lr_grid``: one run per rate with ``tune_seed`` (a seed
-        no reported run uses), the rate whose best validation value is highest (the first of
-        equal ones). Cached per arm label."""
+        no reported run uses), walked by ``climb_grid`` from ``LR_START`` until the rate with the
+        highest best validation value has a worse rate on both sides or is the grid's edge (a
+        run whose loss diverges scores ``-inf``). Cached per arm label; ``interior`` says
+        whether the choice is inside the grid."""
+        from curvalign.train.trainer import NonFiniteLossError
+
         if label in self.lr_choice:
             return self.lr_choice[label]["chosen"]
         assert self.lr_grid
-        grid: dict[float, float] = {}
-        for lr in self.lr_grid:
-            run = self._fit(
-                f"{label}-lr{lr:g}",
-                recipe,
-                [*extra, f"lr={lr:g}"],
-                self.tune_seed,
-                steps=steps,
-                select_best=True,
-                val_fn=val_fn,
-                store_from=store_from,
-            )
-            best = run.best_val if run.best_val is not None else -math.inf
-            grid[lr] = float(best)
-        chosen = max(grid, key=lambda lr: (grid[lr], -self.lr_grid.index(lr)))
-        self.lr_choice[label] = {"recipe": recipe, "grid": grid, "chosen": chosen}
+
+        def fit(lr: float) -> float:
+            try:
+                run = self._fit(
+                    f"{label}-lr{lr:g}",
+                    recipe,
+                    [*extra, f"lr={lr:g}"],
+                    self.tune_seed,
+                    steps=steps,
+                    select_best=True,
+                    val_fn=val_fn,
+                    store_from=store_from,
+                    extend=False,  # every rate gets the same budget
+                )
+            except NonFiniteLossError as err:
+                self.notify(f"{label} at lr {lr:g} diverged ({err}): scored -inf")
+                return -math.inf
+            return float(run.best_val) if run.best_val is not None else -math.inf
+
+        def best_val(lr: float) -> float:
+            if self.lr_cache is None:
+                return fit(lr)
+            key = {
+                "study": self.out.name,
+                "label": label,
+                "recipe": recipe,
+                "data": self.spec,
+                "steps": steps or self.steps,
+                "val_every": self.val_every,
+                "overrides": [*self.overrides, *extra],
+                "lr": lr,
+                "seed": self.tune_seed,
+            }
+            return cached_value(self.lr_cache, key, lambda: fit(lr), self.notify)
+
+        chosen, grid = climb_grid(self.lr_grid, LR_START, best_val)
+        self.lr_choice[label] = {
+            "recipe": recipe,
+            "grid": grid,
+            "chosen": chosen,
+            "interior": grid_interior(self.lr_grid, chosen),
+        }
         return chosen
 
     def train(
@@ -670,13 +834,15 @@ class Bench:
         on_mark: Callable[[int, Any], None] | None = None,
         val_fn: Callable[[Any], float] | None = None,
         store_from: Callable[[int], FeatureStore | None] | None = None,
+        extend: bool = True,
     ) -> ArmResult:
-        """One arm, one seed, one ``Trainer.fit`` (``train`` without the learning-rate choice)."""
+        """One arm, one seed, one ``Trainer.fit`` (``train`` without the learning-rate choice;
+        ``extend=False``: no plateau extension, the run stops at ``steps``)."""
         from curvalign.runs import load_run
         from curvalign.train.trainer import train
 
         steps = steps or self.steps
-        max_steps = max(steps, int(round(steps * self.max_steps / self.steps)))
+        max_steps = max(steps, int(round(steps * self.max_steps / self.steps))) if extend else steps
         extra = [*self.lr_override(recipe, list(extra)), *extra]
         hooks = ArmHooks(
             val_fn=val_fn or (lambda r: val_score(r, self.store)),
