@@ -181,7 +181,7 @@ def test_dualpath_pools_the_text_towers_token_states_with_gradients(
     from curvalign.config import resolve_config
     from curvalign.data import encoders
     from curvalign.data.batch import Batch
-    from curvalign.data.features import FeatureStore
+    from curvalign.data.features import FeatureStore, TextPart
     from curvalign.recipes.base import Progress
     from curvalign.runs import build_recipe
     from curvalign.towers import StoreItems, TowerError, tower_batch
@@ -202,7 +202,7 @@ def test_dualpath_pools_the_text_towers_token_states_with_gradients(
 
     store = FeatureStore(
         image_features=frozen.encode_texts(names),
-        text_features=frozen.encode_texts(glosses),
+        text=TextPart(frozen.encode_texts(glosses)),
         text_to_image=torch.arange(len(names)),
         image_texts=names,
         texts=glosses,
