@@ -49,6 +49,7 @@ from curvalign.data.features import FeatureStore
 from curvalign.errors import ConfigError
 from curvalign.recipes.agr import AGR
 from curvalign.recipes.atmg import Atmg
+from curvalign.recipes.base import Recipe
 from curvalign.recipes.dualpath import DualPath
 from curvalign.recipes.meru import Meru
 from curvalign.recipes.phyclip import Phyclip
@@ -442,7 +443,7 @@ def study_agr_curriculum(
         runs = {}
         for seed in seed_list:
 
-            def measure(step: int, recipe: Any, arm: str = arm, seed: int = seed) -> None:
+            def measure(step: int, recipe: Recipe, arm: str = arm, seed: int = seed) -> None:
                 with torch.no_grad():
                     t = embed_text_part(recipe, bench.store, "text", text_ids)
                     i = embed(recipe, bench.store.image_features[image_ids].float(), "image")
@@ -697,7 +698,7 @@ def study_dualpath_forgetting(
         ),
     )
 
-    def skill(recipe: Any, idx: torch.Tensor) -> dict[str, float]:
+    def skill(recipe: Recipe, idx: torch.Tensor) -> dict[str, float]:
         with torch.no_grad():
             a = recipe.embed_text_pairs(heldout.a_features[idx].float())
             b = recipe.embed_text_pairs(heldout.b_features[idx].float())
@@ -709,7 +710,7 @@ def study_dualpath_forgetting(
             r1 = float((heldout.topic_b[idx][top] == heldout.topic_a[idx][same]).float().mean())
         return {"spearman": rho, "t2t@1": r1}
 
-    def val(recipe: Any) -> float:
+    def val(recipe: Recipe) -> float:
         return 0.5 * (skill(recipe, val_idx)["spearman"] + kit.val_score(recipe, bench.store))
 
     arms = {
@@ -726,7 +727,7 @@ def study_dualpath_forgetting(
         is_control = arm.startswith("control")
         for seed in seed_list:
 
-            def on_mark(step: int, recipe: Any, arm: str = arm, seed: int = seed) -> None:
+            def on_mark(step: int, recipe: Recipe, arm: str = arm, seed: int = seed) -> None:
                 where = "phase 1" if step == switch else "end"
                 for key, value in skill(recipe, test_idx).items():
                     measured.setdefault(f"{arm}|{where}|{key}", {})[seed] = value
@@ -1085,7 +1086,7 @@ PHYCLIP_PAPER = (
 )
 
 
-def tangent_sum_compose(recipe: Any) -> Callable[[Any, Any], dict[str, torch.Tensor]]:
+def tangent_sum_compose(recipe: Recipe) -> Callable[[Any, Any], dict[str, torch.Tensor]]:
     """The obvious baseline of factor-wise max composition: the sum of the two concepts' tangent
     vectors at the origin, mapped back (``expmap0(logmap0(a) + logmap0(b))`` per factor, with the
     recipe's curvature per factor). Points ``[N, k, d]``; in a k = 1 model it is composition in
@@ -1101,7 +1102,7 @@ def tangent_sum_compose(recipe: Any) -> Callable[[Any, Any], dict[str, torch.Ten
 
 
 def composition_precision(
-    recipe: Any,
+    recipe: Recipe,
     store: FeatureStore,
     world: Any,
     top: int = 5,
@@ -1211,7 +1212,7 @@ def _phyclip_world_claims(
     k=``big`` and its ℓ2 variant trained with seed s on the world of seed s), and the per-world
     rows for the metric table."""
 
-    def measure(wb: kit.Bench, w: Any, arm: str, recipe: Any) -> dict[str, float]:
+    def measure(wb: kit.Bench, w: Any, arm: str, recipe: Recipe) -> dict[str, float]:
         row = {f"{arm}: mean R@1": kit.mean_r1(wb.evaluate(recipe))}
         if arm == "k=1":
             base = composition_precision(recipe, wb.store, w, compose=tangent_sum_compose(recipe))
@@ -1674,7 +1675,7 @@ WORDNET_NOTES = (
 )
 
 
-def reconstruction(recipe: Any, store: FeatureStore) -> dict[str, float] | None:
+def reconstruction(recipe: Recipe, store: FeatureStore) -> dict[str, float] | None:
     """Graph reconstruction (Nickel & Kiela 2017, Sec. 4.1) of the store's taxonomy from the
     embeddings of its view-A items ("images", one per class node): for every node u and every
     v in the transitive closure of u (its ancestors and descendants), the rank of v among the

@@ -58,7 +58,7 @@ from curvalign.data.features import FeatureStore
 from curvalign.data.sampling import SamplingError
 from curvalign.errors import TrainError
 from curvalign.readout import embed_features
-from curvalign.recipes.base import Progress
+from curvalign.recipes.base import Progress, Recipe
 from curvalign.runs import CheckpointError
 from curvalign.towers import (
     StoreItems,
@@ -120,7 +120,7 @@ class TowerValidationSet(ValidationSet):
             self.towers.train(was_training)
         return torch.cat(images), torch.cat(texts)
 
-    def embeddings(self, recipe: Any) -> tuple[Any, Any]:
+    def embeddings(self, recipe: Recipe) -> tuple[Any, Any]:
         """The split re-encoded by the current towers, then embedded by ``recipe``."""
         images, texts = self.encode()
         return (
