@@ -197,6 +197,14 @@ def test_shipped_minilm_encodes_texts_offline() -> None:
     torch.testing.assert_close(same.encode_texts(["a dog runs in the park"]), feats[0:1])
     tokens, mask = enc.encode_text_tokens(["a dog", "a dog runs in the park"])
     assert tokens.shape[0] == 2 and tokens.shape[2] == 384 and mask[0].sum() < mask[1].sum()
+    # 'minilm' runs without sentence-transformers: the same arithmetic, checked against it on
+    # texts of different lengths in one padded batch, one longer than max_seq_length (truncated)
+    texts = ["a dog", "two cats sleep on a red sofa near the window", "word " * 300, "A"]
+    torch.testing.assert_close(enc.encode_texts(texts), same.encode_texts(texts))
+    ours, our_mask = enc.encode_text_tokens(texts)
+    theirs, their_mask = same.encode_text_tokens(texts)
+    assert torch.equal(our_mask, their_mask) and int(our_mask.sum(1).max()) == 256
+    torch.testing.assert_close(ours, theirs)
     with pytest.raises(EncoderError, match="encodes texts only"):
         enc.encode_images(random_images(1))
 
