@@ -73,7 +73,7 @@ def test_every_recipe_declares_a_space_whose_every_point_configures_it(name):
 def test_method_knobs_where_the_papers_leave_them_open():
     assert get_recipe("clip").search_space().keys() == {"lr", "weight_decay", "temperature_init"}
     assert "entailment_weight" in get_recipe("meru").search_space()
-    assert {"curvature_init", "learn_curvature", "scale_init"} <= set(
+    assert {"curvature_init", "learn_curvature", "tangent_norm_init"} <= set(
         get_recipe("meru").search_space()
     )
     assert "weight_init" in get_recipe("proclip").search_space()
@@ -324,3 +324,29 @@ def test_tuned_benchmarks_default_to_five_seeds(tmp_path, monkeypatch):
     seen.clear()
     runner.invoke(app, [*args, "--tune", "3", "--seeds", "2", "--tune-metric", "zeroshot/top1"])
     assert seen["seeds"] == 2 and seen["metric"] == "zeroshot/top1"
+
+
+@pytest.mark.parametrize("recipe", ["meru", "hycoclip", "atmg", "phyclip"])
+def test_the_scale_knob_keeps_the_data_aware_ratio_between_the_sides(recipe):
+    """The tuned scale is a factor on each side's data-aware scale: on a store whose image and
+    text norms differ by 30x (EfficientNet images vs unit-norm MiniLM texts on COCO-MINI), every
+    point of the space keeps the default's image/text scale ratio, so no trial puts one side at
+    the other's scale (tuned MERU, HyCoCLIP and PHyCLIP fell to chance there with a shared raw
+    ``scale_init``)."""
+    from curvalign.data.statistics import FeatureNorms
+
+    cls = get_recipe(recipe)
+    knob = cls.search_space()["tangent_norm_init"]
+    assert "scale_init" not in cls.search_space()
+    norms = FeatureNorms(30.0, 1.0, image_dim=16, text_dim=16, image_rows=8, text_rows=8)
+
+    def scales(**over):
+        config = cls.Config(**over)
+        resolved = cls.resolve_init(config, norms)
+        return resolved["image_scale_init"], resolved["text_scale_init"]
+
+    image0, text0 = scales()
+    for factor in (knob.low, 1.0, knob.high):
+        image, text = scales(tangent_norm_init=factor)
+        assert image == pytest.approx(image0 * factor, rel=1e-3)
+        assert text / image == pytest.approx(text0 / image0, rel=1e-3)

@@ -868,8 +868,10 @@ def config_field_defaults(cls: type) -> dict[str, Any]:
 def shared_search_space(cls: type) -> dict[str, Knob]:
     """The nuisance knobs every recipe is tuned on, where its ``Config`` has them: learning rate
     (log, ``LR_RANGE_BELOW`` below to ``LR_RANGE_ABOVE`` above its paper rate), weight decay,
-    temperature init, the head scale init (up to its cap) and the curvature (init around the
-    default within its bounds, learned or fixed)."""
+    temperature init, the head scale (the step-0 tangent norm the data-aware per-side scales aim
+    at, ``tangent_norm_init``, where the recipe resolves its scales from the features; else the
+    raw scale up to its cap) and the curvature (init around the default within its bounds,
+    learned or fixed)."""
     lr = float(dict(cls.train_defaults).get("lr", 1e-3))
     space: dict[str, Knob] = {
         "lr": Knob(
@@ -886,7 +888,14 @@ def shared_search_space(cls: type) -> dict[str, Knob]:
         space["temperature_init"] = Knob(
             "float", 0.02, 0.2, log=True, why="CLIP's 0.07 within about 3x either way"
         )
-    if "scale_init" in fields:
+    if "tangent_norm_init" in fields:
+        # a factor on the data-aware per-side scales: one raw scale for both sides would undo
+        # them where image and text norms differ (COCO-MINI: EfficientNet images vs unit-norm
+        # MiniLM texts, tuned MERU/HyCoCLIP/PHyCLIP fell to chance with ``scale_init``)
+        space["tangent_norm_init"] = Knob(
+            "float", 0.1, 3.0, log=True, why="step-0 tangent norm the per-side scales aim at"
+        )
+    elif "scale_init" in fields:
         cap = fields.get("scale_max") or 1.0
         space["scale_init"] = Knob(
             "float", min(0.03, cap / 2), cap, log=True, why=f"head scale up to its cap {cap:g}"

@@ -85,6 +85,8 @@ class PhyclipConfig:
                              C.3): for the papers' features (norm sqrt(D)) the rule gives the
                              papers' values (``nn.heads.resolve_tangent_scale``)
     image_scale_init, text_scale_init   each side's scale (None: ``scale_init`` or resolved)
+    tangent_norm_init        the step-0 tangent norm the resolved scales aim at (1.0, per factor
+                             or for the whole vector as above; what tuning searches)
     scale_max                its upper bound (1, as MERU)
     per_factor_scale         one scale per factor (the authors' code, default: measured better at
                              k=16, docs/methods.md) instead of App. C.3's one per modality
@@ -115,8 +117,11 @@ class PhyclipConfig:
     product_metric: Literal["l1", "l2"] = "l1"
     image_scale_init: float | None = None
     text_scale_init: float | None = None
+    tangent_norm_init: float = 1.0
 
     def __post_init__(self) -> None:
+        if not 0 < self.tangent_norm_init < float("inf"):
+            raise ValueError(f"tangent_norm_init must be positive, got {self.tangent_norm_init}")
         if self.product_metric not in ("l1", "l2"):
             raise ValueError(f"product_metric must be 'l1' or 'l2', got {self.product_metric!r}")
         if self.num_factors <= 0 or self.factor_dim <= 0:
@@ -151,7 +156,8 @@ class Phyclip(HyperbolicRecipe):
 
     @staticmethod
     def head_scale(config: PhyclipConfig, in_dim: int, feature_norm: float | None) -> float:
-        """A head's scale: ``scale_init`` when set, else the target tangent norm 1 per factor
+        """A head's scale: ``scale_init`` when set, else the target tangent norm
+        ``tangent_norm_init`` (1) per factor
         (``per_factor_scale``) or for the whole k*d vector, through the random k*d projection
         (``resolve_tangent_scale``; None = the papers' features)."""
         if config.scale_init is not None:
@@ -159,7 +165,7 @@ class Phyclip(HyperbolicRecipe):
         width = (
             config.factor_dim if config.per_factor_scale else config.num_factors * config.factor_dim
         )
-        return resolve_tangent_scale(1.0, feature_norm, in_dim, width)
+        return resolve_tangent_scale(config.tangent_norm_init, feature_norm, in_dim, width)
 
     @classmethod
     def resolve_init(cls, config: PhyclipConfig, norms: FeatureNorms) -> dict[str, Any]:
