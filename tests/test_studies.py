@@ -424,7 +424,14 @@ def test_an_arm_in_one_fit_equals_the_old_stop_and_resume_cycle(tmp_path, one_th
 
     world = _tiny_world()
     bench = kit.Bench(
-        tmp_path, world, "synthetic", 6, ["batch_size=16"], val_every=2, plateau_tol=-1.0
+        tmp_path,
+        world,
+        "synthetic",
+        6,
+        ["batch_size=16"],
+        val_every=2,
+        plateau_tol=-1.0,
+        max_steps=9,
     )
     swapped = bench.store.with_fields(text_features=bench.store.text_features.flip(0))
 
