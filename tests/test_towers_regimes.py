@@ -168,7 +168,11 @@ def test_a_tower_run_records_what_trains_the_towers(world, tmp_path) -> None:  #
 
 # --- DualPath pooling the text tower's token states -------------------------------------------
 
-from test_towers import SENTENCE_WORDS, tiny_sentence_transformer  # noqa: E402, F401  (fixture)
+from test_towers import (  # noqa: E402, F401  (fixture)
+    SENTENCE_WORDS,
+    TRAIN,
+    tiny_sentence_transformer,
+)
 
 
 def test_dualpath_pools_the_text_towers_token_states_with_gradients(
@@ -233,3 +237,71 @@ def test_dualpath_pools_the_text_towers_token_states_with_gradients(
     clip_towers = build_towers(towers_config(world, text="lora"))
     with pytest.raises(TowerError, match="give no token states"):
         clip_towers.encode_text_tokens(["a caption"])
+
+
+def _dualpath_store(spec):
+    """Texts standing for images (as ``wordnet:`` makes), their glosses and scored gloss pairs,
+    with the frozen encoder's pooled features only: no stored token features."""
+    from curvalign.data import encoders
+    from curvalign.data.features import FeatureStore, TextPart
+
+    frozen = encoders.load_encoder(spec)
+    names = [f"{a} {b}" for a in SENTENCE_WORDS for b in SENTENCE_WORDS[:3]]  # 30 "images"
+    glosses = [f"a {n} animal" if i % 2 else f"a small {n}" for i, n in enumerate(names)]
+    pair_a = [f"a {w} pet" for w in SENTENCE_WORDS]
+    pair_b = [f"a wild {w}" for w in reversed(SENTENCE_WORDS)]
+    return FeatureStore(
+        image_features=frozen.encode_texts(names),
+        text=TextPart(frozen.encode_texts(glosses)),
+        text_to_image=torch.arange(len(names)),
+        pair_a=TextPart(frozen.encode_texts(pair_a)),
+        pair_b=TextPart(frozen.encode_texts(pair_b)),
+        pair_scores=torch.linspace(0.1, 0.9, len(pair_a)),
+        image_texts=names,
+        texts=glosses,
+        pair_a_texts=pair_a,
+        pair_b_texts=pair_b,
+    )
+
+
+def test_dualpath_with_pool_tokens_trains_validates_and_resumes_on_the_towers_token_states(
+    tiny_sentence_transformer,  # noqa: F811
+    tmp_path,
+) -> None:
+    """A tower run of DualPath with ``pool_tokens=true`` on a store without token features:
+    the captions and the pair texts are the text tower's token states (the heads take the
+    token width), the LoRA adapters train, validation re-encodes its split as token states,
+    and stop-and-resume equals the uninterrupted run."""
+    from safetensors.torch import load_file
+
+    from curvalign.train.towers import train
+
+    store = _dualpath_store(tiny_sentence_transformer)
+    assert not store.has_text_tokens("text")
+    towers = TowersConfig(
+        tiny_sentence_transformer, image="lora", text="lora", lora_rank=2, lr=1e-2
+    )
+    overrides = [*TRAIN, "pool_tokens=true", "pair_batch_size=4"]
+
+    def run(out, **kw):
+        return train(
+            "dualpath", store, out, steps=4, overrides=overrides, show_progress=False, **kw
+        )
+
+    straight = run(tmp_path / "straight", towers=towers)
+    meta = json.loads((straight / "meta.json").read_text())
+    assert meta["text_input"] == "tokens" and meta["text_dim"] == 16  # the token width Dk
+    trained = load_file(str(straight / "towers.safetensors"))
+    lora_b = [k for k in trained if "lora_B" in k]
+    assert lora_b and all(float(trained[k].abs().sum()) > 0 for k in lora_b), lora_b
+    assert len(straight.val_history) >= 2  # step 0 and step 3: the split re-encoded as tokens
+    stopped = run(tmp_path / "stopped", towers=towers, stop_at=2)
+    assert stopped.last_step == 2
+    resumed = run(tmp_path / "stopped", towers=None, resume=True)
+    assert resumed.last_step == 4
+    for name in ("model.safetensors", "towers.safetensors", "best.safetensors"):
+        a, b = load_file(str(straight / name)), load_file(str(resumed / name))
+        assert a.keys() == b.keys()
+        for key in a:
+            assert torch.equal(a[key], b[key]), f"{name}: {key}"
+    assert straight.val_history == resumed.val_history

@@ -58,8 +58,9 @@ from curvalign.data.features import FeatureStore
 from curvalign.data.sampling import SamplingError
 from curvalign.errors import TrainError
 from curvalign.readout import embed_features
-from curvalign.recipes.base import Progress
-from curvalign.runs import CheckpointError
+from curvalign.recipes.base import Progress, cat_embeddings
+from curvalign.recipes.health import step0_health, warning_line
+from curvalign.runs import CheckpointError, reads_text_tokens
 from curvalign.towers import (
     StoreItems,
     TowerError,
@@ -120,13 +121,48 @@ class TowerValidationSet(ValidationSet):
             self.towers.train(was_training)
         return torch.cat(images), torch.cat(texts)
 
+    def encode_text_tokens(self) -> list[tuple[Tensor, Tensor]]:
+        """The split's texts as the text tower's token states, batch by batch (eval mode):
+        [(tokens [b, L, Dk], mask [b, L])], each batch padded to its own longest text."""
+        was_training = self.towers.training
+        self.towers.eval()
+        try:
+            with torch.no_grad():
+                size = self.batch_size
+                out = []
+                for i in range(0, len(self.text_items), size):
+                    tokens, mask = self.towers.encode_text_tokens(self.text_items[i : i + size])
+                    out.append((tokens.cpu(), mask.cpu()))
+        finally:
+            self.towers.train(was_training)
+        return out
+
     def embeddings(self, recipe: Any) -> tuple[Any, Any]:
-        """The split re-encoded by the current towers, then embedded by ``recipe``."""
-        images, texts = self.encode()
-        return (
-            embed_features(recipe, images, "image", self.batch_size),
-            embed_features(recipe, texts, "text", self.batch_size),
-        )
+        """The split re-encoded by the current towers, then embedded by ``recipe`` (texts as
+        token states + masks when the recipe pools text tokens)."""
+        if not recipe.text_tokens:
+            images, texts = self.encode()
+            return (
+                embed_features(recipe, images, "image", self.batch_size),
+                embed_features(recipe, texts, "text", self.batch_size),
+            )
+        was_training = self.towers.training
+        self.towers.eval()
+        try:
+            with torch.no_grad():
+                images = torch.cat(
+                    [
+                        self.towers.encode_images(self.image_items[i : i + self.batch_size]).cpu()
+                        for i in range(0, len(self.image_items), self.batch_size)
+                    ]
+                )
+        finally:
+            self.towers.train(was_training)
+        parts = [
+            embed_features(recipe, tokens, "text", self.batch_size, mask=mask)
+            for tokens, mask in self.encode_text_tokens()
+        ]
+        return embed_features(recipe, images, "image", self.batch_size), cat_embeddings(parts)
 
 
 class TowerTrainer(Trainer):
@@ -161,7 +197,6 @@ class TowerTrainer(Trainer):
         try:
             check_recipe_parts(
                 recipe_cls.requires,
-                recipe_cls.reads_text_tokens(config.recipe_config_object()),
                 repr(config.recipe),
                 streamed=towers_config.shards is not None,
             )
@@ -208,7 +243,21 @@ class TowerTrainer(Trainer):
 
     # --- Trainer's extension points -------------------------------------------------------
     def _input_dims(self, config: RunConfig, store: FeatureStore) -> tuple[int, int]:
-        return (self.towers.image_width, self.towers.text_width)
+        if not reads_text_tokens(config):
+            return (self.towers.image_width, self.towers.text_width)
+        width = self.towers.text_token_width
+        if width is None:
+            raise TrainError(
+                f"recipe {config.recipe!r} pools text tokens; towers "
+                f"{self.towers_config.encoder!r} give no token states (use a "
+                "sentence-transformers, HF CLIP or paired text tower, or configure the recipe "
+                "for pooled features)"
+            )
+        return (self.towers.image_width, int(width))
+
+    def _sampler_text_tokens(self) -> bool:
+        # the towers give the token states: the sampler draws indices, never stored tokens
+        return False
 
     def _build_optimizer(self) -> torch.optim.Optimizer:
         optimizer = build_optimizer(self.recipe, self.train_config)
@@ -231,6 +280,27 @@ class TowerTrainer(Trainer):
             return self.loader.next_batch(self.step)
         except TowerError as err:  # an unreadable row: the trainer names the step and checkpoint
             raise SamplingError(str(err)) from None
+
+    def _check_step0(self, total: int) -> dict[str, Any]:
+        if not self.recipe.text_tokens:  # the store's features fit the heads
+            return super()._check_step0(total)
+        # the store holds pooled texts: a recipe that pools tokens is checked on the towers'
+        # first batch (eval mode, no gradients; random states, sampler and loader restored)
+        rng, sampler = rng_state(), self.sampler.state_dict()
+        was_training = self.towers.training
+        try:
+            self.towers.eval()
+            with torch.no_grad():
+                batch = self._next_batch().to(self.device)
+        finally:
+            self.towers.train(was_training)
+            self.sampler.load_state_dict(sampler)
+            set_rng_state(rng)
+            self.loader.reset(self.step)
+        report = step0_health(self.recipe, batch, total)
+        for warning in report.warnings:
+            self._note(warning_line(warning))
+        return report.to_json()
 
     # --- raw rows (curvalign.towers.loader) --------------------------------------------------
     def _raw_loader(self) -> RawBatchLoader:
@@ -259,7 +329,12 @@ class TowerTrainer(Trainer):
         if augment is not None and getattr(source, "images_are_texts", False):
             self._note("towers: augment has no effect: the images are texts (a text-only encoder)")
         loader = RawBatchLoader(
-            self.towers, source, workers=tcfg.workers, augment=augment, seed=cfg.seed
+            self.towers,
+            source,
+            workers=tcfg.workers,
+            augment=augment,
+            seed=cfg.seed,
+            text_tokens=self.recipe.text_tokens,
         )
         loader.reset(self.step)
         return loader
