@@ -21,6 +21,7 @@ pytestmark = pytest.mark.skipif(
 from curvalign.config import recipe_class  # noqa: E402
 from curvalign.recipes import recipe_names  # noqa: E402
 from curvalign.towers import TowersConfig, build_towers  # noqa: E402
+from test_encoders import tiny_hf_clip  # noqa: E402, F401  (fixture)
 from test_towers import items, towers_config, train_towers, world  # noqa: E402, F401  (fixture)
 
 # --- curvalign towers export ----------------------------------------------------------------
@@ -305,3 +306,82 @@ def test_dualpath_with_pool_tokens_trains_validates_and_resumes_on_the_towers_to
         for key in a:
             assert torch.equal(a[key], b[key]), f"{name}: {key}"
     assert straight.val_history == resumed.val_history
+
+
+# --- towers from scratch (init=random) ------------------------------------------------------
+
+
+def _architecture(world) -> str:  # noqa: F811
+    """The tiny open_clip model config JSON of the world (its architecture, no weights)."""
+    return world["spec"].split(":")[1]
+
+
+def test_open_clip_towers_from_scratch_build_the_architecture_without_weights(world) -> None:  # noqa: F811
+    from curvalign.towers import TowerError
+
+    arch = _architecture(world)
+    spec = f"open_clip:{arch};init=random;image=full;text=full"
+    torch.manual_seed(1)
+    scratch = build_towers(TowersConfig.parse(spec))
+    torch.manual_seed(1)
+    again = build_towers(TowersConfig.parse(spec))
+    pretrained = build_towers(towers_config(world, image="full", text="full"))
+    a, b, p = (t.model.state_dict() for t in (scratch, again, pretrained))
+    assert a.keys() == p.keys()
+    assert all(torch.equal(a[k], b[k]) for k in a)  # torch's seeded generator draws them
+    weights = [k for k in a if k.endswith("weight") and a[k].ndim >= 2]
+    assert weights and not any(torch.equal(a[k], p[k]) for k in weights)
+    assert scratch.image_width == pretrained.image_width
+    trainable = {n for n, _ in scratch.trainable_named_parameters()}
+    assert any(n.startswith("model.visual.") for n in trainable)
+    assert any(n.startswith("model.transformer.") for n in trainable)
+    # LoRA or a locked side on random weights is refused, naming the fix
+    with pytest.raises(TowerError, match="set image=full"):
+        TowersConfig(f"open_clip:{arch}", init="random", image="lora", text="full")
+    with pytest.raises(TowerError, match="set text=full"):
+        TowersConfig(f"open_clip:{arch}", init="random", image="full")
+    with pytest.raises(TowerError, match="drop the checkpoint"):
+        build_towers(TowersConfig(world["spec"], init="random", image="full", text="full"))
+
+
+def test_a_tower_run_from_scratch_trains_every_weight_with_the_papers_head_init(
+    world,  # noqa: F811
+    tmp_path,
+) -> None:
+    from safetensors.torch import load_file
+
+    notes: list[str] = []
+    towers = TowersConfig(
+        f"open_clip:{_architecture(world)}", init="random", image="full", text="full"
+    )
+    run = train_towers(world, tmp_path / "scratch", towers, steps=2, notify=notes.append)
+    config = json.loads((run / "config.json").read_text())
+    assert config["recipe_config"]["head_init"] == "paper"
+    assert any("head_init=paper" in n for n in notes), notes
+    trained = load_file(str(run / "towers.safetensors"))
+    scratch = build_towers(towers)
+    expected = {n for n, _ in scratch.trainable_named_parameters()}
+    assert set(trained) == expected  # every weight of both sides is the run's (none is read)
+
+
+def test_hf_clip_towers_from_scratch_read_the_config_only(tiny_hf_clip, tmp_path) -> None:  # noqa: F811
+    import shutil
+
+    if importlib.util.find_spec("transformers") is None:
+        pytest.skip("optional extra not installed: pip install 'curvalign[hf]'")
+    _, _, root = tiny_hf_clip
+    bare = tmp_path / "config-only"
+    shutil.copytree(root, bare, ignore=shutil.ignore_patterns("*.safetensors", "*.bin"))
+    pretrained = build_towers(TowersConfig(f"hf-clip:{root}"))
+    torch.manual_seed(1)  # not the fixture's seed: random weights other than the saved ones
+    scratch = build_towers(
+        TowersConfig(f"hf-clip:{bare}", init="random", image="full", text="full")
+    )
+    a, p = scratch.model.state_dict(), pretrained.model.state_dict()
+    assert a.keys() == p.keys() and scratch.text_width == pretrained.text_width
+    weights = [k for k in a if k.endswith("proj.weight")]
+    assert weights and not any(torch.equal(a[k], p[k]) for k in weights)
+    scratch.train()
+    texts = ["a dog", "two cat"]
+    scratch.encode_texts(texts).square().sum().backward()
+    assert any(p.grad is not None for n, p in scratch.trainable_named_parameters())

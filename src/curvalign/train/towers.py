@@ -41,6 +41,7 @@ give the data-aware head initialisation and the step-0 health check; a mismatch 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import shutil
 from collections.abc import Iterator
@@ -216,7 +217,20 @@ class TowerTrainer(Trainer):
         self._loading = False
         if towers_config.strategy == "fsdp" and not self.sharded:
             self.towers.to(config.train.device)
+        scratch_note = None
+        if towers_config.init == "random" and config.recipe_config.get("head_init") == "input":
+            # the input-preserving start keeps a shared pretrained space's ranking: random
+            # towers have none to keep, so the heads start at the paper's random projections
+            config = dataclasses.replace(
+                config, recipe_config={**config.recipe_config, "head_init": "paper"}
+            )
+            scratch_note = (
+                "towers from scratch (init=random): head_init=paper (head_init=input assumes "
+                "a shared pretrained space)"
+            )
         super().__init__(config, store, run_dir, resume=resume, **kw)
+        if scratch_note is not None:
+            self._note(scratch_note)
         self.loader = self._raw_loader()
         for note in self.towers.notes:
             self._note(note)
