@@ -27,12 +27,13 @@ same parameter set. Under torchrun each rank encodes its own rows of the global 
 With ``strategy=fsdp`` (``TowersConfig``) under torchrun the towers are sharded with FSDP2
 instead (``shard_towers``): ``fully_shard`` on every transformer block of a trained side, then on
 the towers as a whole (the rest: embeddings, norms, projections, a locked side), with
-``encode_images`` / ``encode_texts`` registered as forward methods; FSDP2's reduce-scatter
-averages the tower gradients. The towers are built on the CPU and each rank moves only its
-shard to the device. A checkpoint then writes the tower parameters and their optimizer state
-as a distributed checkpoint (``torch.distributed.checkpoint``, one directory per step under
-``towers-dcp/``, each rank its shard) that resume loads back into the shards; ``state.pt``
-keeps everything else, and ``towers.safetensors`` / ``towers-best.safetensors`` hold the
+the towers' encoding methods (``encode_images``, ``encode_texts``, the raw-row loader's
+``encode_prepared_images`` / ``encode_prepared_texts``, ``encode_text_tokens``) registered as
+forward methods; FSDP2's reduce-scatter averages the tower gradients. The towers are built
+on the CPU and each rank moves only its shard to the device. A checkpoint then writes the
+tower parameters and their optimizer state as a distributed checkpoint
+(``torch.distributed.checkpoint``, one directory per step under ``towers-dcp/``, each rank
+its shard) that resume loads back into the shards; ``state.pt`` keeps everything else, and ``towers.safetensors`` / ``towers-best.safetensors`` hold the
 gathered full tensors as before, so export and ``load_towers`` do not change.
 
 The store must have been extracted by the towers' encoder (``meta["encoder"]``): its features
@@ -699,8 +700,9 @@ def reshard(towers: Towers) -> None:
 def shard_towers(towers: Towers, device: torch.device) -> list[str]:
     """FSDP2 over the default process group: ``fully_shard`` on every transformer block of a
     trained side (``transformer_blocks``), then on ``towers`` (everything else), with
-    ``encode_images`` and ``encode_texts`` as forward methods (they, not ``forward``, run the
-    towers). Parameters become DTensors sharded on dim 0 and move to ``device``; gradients
+    the encoding methods (``encode_images``, ``encode_texts``, ``encode_prepared_images``,
+    ``encode_prepared_texts``, ``encode_text_tokens``) as forward methods (they, not
+    ``forward``, run the towers). Parameters become DTensors sharded on dim 0 and move to ``device``; gradients
     are reduce-scattered and averaged over the ranks. Returns the block names."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
@@ -718,7 +720,15 @@ def shard_towers(towers: Towers, device: torch.device) -> list[str]:
         if param.requires_grad:
             param.register_post_accumulate_grad_hook(_average_gradient)
     fully_shard(towers, mesh=mesh, ignored_params=scalars)
-    for method in ("encode_images", "encode_texts"):
+    # the raw-row loader runs encode_prepared_*; a recipe that pools text tokens (DualPath's
+    # pool_tokens) reads encode_text_tokens; validation runs encode_images / encode_texts
+    for method in (
+        "encode_images",
+        "encode_texts",
+        "encode_prepared_images",
+        "encode_prepared_texts",
+        "encode_text_tokens",
+    ):
         register_fsdp_forward_method(towers, method)
     return blocks
 
