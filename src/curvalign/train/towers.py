@@ -33,8 +33,9 @@ forward methods; FSDP2's reduce-scatter averages the tower gradients. The towers
 on the CPU and each rank moves only its shard to the device. A checkpoint then writes the
 tower parameters and their optimizer state as a distributed checkpoint
 (``torch.distributed.checkpoint``, one directory per step under ``towers-dcp/``, each rank
-its shard) that resume loads back into the shards; ``state.pt`` keeps everything else, and ``towers.safetensors`` / ``towers-best.safetensors`` hold the
-gathered full tensors as before, so export and ``load_towers`` do not change.
+its shard) that resume loads back into the shards; ``state.pt`` keeps everything else, and
+``towers.safetensors`` / ``towers-best.safetensors`` hold the gathered full tensors as before,
+so export and ``load_towers`` do not change.
 
 The store must have been extracted by the towers' encoder (``meta["encoder"]``): its features
 give the data-aware head initialisation and the step-0 health check; a mismatch is noted.
