@@ -21,6 +21,7 @@ pytestmark = pytest.mark.skipif(
 from curvalign.config import recipe_class  # noqa: E402
 from curvalign.recipes import recipe_names  # noqa: E402
 from curvalign.towers import TowersConfig, build_towers  # noqa: E402
+from test_encoders import tiny_hf_clip  # noqa: E402, F401  (fixture)
 from test_towers import items, towers_config, train_towers, world  # noqa: E402, F401  (fixture)
 
 # --- curvalign towers export ----------------------------------------------------------------
@@ -168,7 +169,11 @@ def test_a_tower_run_records_what_trains_the_towers(world, tmp_path) -> None:  #
 
 # --- DualPath pooling the text tower's token states -------------------------------------------
 
-from test_towers import SENTENCE_WORDS, tiny_sentence_transformer  # noqa: E402, F401  (fixture)
+from test_towers import (  # noqa: E402, F401  (fixture)
+    SENTENCE_WORDS,
+    TRAIN,
+    tiny_sentence_transformer,
+)
 
 
 def test_dualpath_pools_the_text_towers_token_states_with_gradients(
@@ -233,3 +238,150 @@ def test_dualpath_pools_the_text_towers_token_states_with_gradients(
     clip_towers = build_towers(towers_config(world, text="lora"))
     with pytest.raises(TowerError, match="give no token states"):
         clip_towers.encode_text_tokens(["a caption"])
+
+
+def _dualpath_store(spec):
+    """Texts standing for images (as ``wordnet:`` makes), their glosses and scored gloss pairs,
+    with the frozen encoder's pooled features only: no stored token features."""
+    from curvalign.data import encoders
+    from curvalign.data.features import FeatureStore, TextPart
+
+    frozen = encoders.load_encoder(spec)
+    names = [f"{a} {b}" for a in SENTENCE_WORDS for b in SENTENCE_WORDS[:3]]  # 30 "images"
+    glosses = [f"a {n} animal" if i % 2 else f"a small {n}" for i, n in enumerate(names)]
+    pair_a = [f"a {w} pet" for w in SENTENCE_WORDS]
+    pair_b = [f"a wild {w}" for w in reversed(SENTENCE_WORDS)]
+    return FeatureStore(
+        image_features=frozen.encode_texts(names),
+        text=TextPart(frozen.encode_texts(glosses)),
+        text_to_image=torch.arange(len(names)),
+        pair_a=TextPart(frozen.encode_texts(pair_a)),
+        pair_b=TextPart(frozen.encode_texts(pair_b)),
+        pair_scores=torch.linspace(0.1, 0.9, len(pair_a)),
+        image_texts=names,
+        texts=glosses,
+        pair_a_texts=pair_a,
+        pair_b_texts=pair_b,
+    )
+
+
+def test_dualpath_with_pool_tokens_trains_validates_and_resumes_on_the_towers_token_states(
+    tiny_sentence_transformer,  # noqa: F811
+    tmp_path,
+) -> None:
+    """A tower run of DualPath with ``pool_tokens=true`` on a store without token features:
+    the captions and the pair texts are the text tower's token states (the heads take the
+    token width), the LoRA adapters train, validation re-encodes its split as token states,
+    and stop-and-resume equals the uninterrupted run."""
+    from safetensors.torch import load_file
+
+    from curvalign.train.towers import train
+
+    store = _dualpath_store(tiny_sentence_transformer)
+    assert not store.has_text_tokens("text")
+    towers = TowersConfig(
+        tiny_sentence_transformer, image="lora", text="lora", lora_rank=2, lr=1e-2
+    )
+    overrides = [*TRAIN, "pool_tokens=true", "pair_batch_size=4"]
+
+    def run(out, **kw):
+        return train(
+            "dualpath", store, out, steps=4, overrides=overrides, show_progress=False, **kw
+        )
+
+    straight = run(tmp_path / "straight", towers=towers)
+    meta = json.loads((straight / "meta.json").read_text())
+    assert meta["text_input"] == "tokens" and meta["text_dim"] == 16  # the token width Dk
+    trained = load_file(str(straight / "towers.safetensors"))
+    lora_b = [k for k in trained if "lora_B" in k]
+    assert lora_b and all(float(trained[k].abs().sum()) > 0 for k in lora_b), lora_b
+    assert len(straight.val_history) >= 2  # step 0 and step 3: the split re-encoded as tokens
+    stopped = run(tmp_path / "stopped", towers=towers, stop_at=2)
+    assert stopped.last_step == 2
+    resumed = run(tmp_path / "stopped", towers=None, resume=True)
+    assert resumed.last_step == 4
+    for name in ("model.safetensors", "towers.safetensors", "best.safetensors"):
+        a, b = load_file(str(straight / name)), load_file(str(resumed / name))
+        assert a.keys() == b.keys()
+        for key in a:
+            assert torch.equal(a[key], b[key]), f"{name}: {key}"
+    assert straight.val_history == resumed.val_history
+
+
+# --- towers from scratch (init=random) ------------------------------------------------------
+
+
+def _architecture(world) -> str:  # noqa: F811
+    """The tiny open_clip model config JSON of the world (its architecture, no weights)."""
+    return world["spec"].split(":")[1]
+
+
+def test_open_clip_towers_from_scratch_build_the_architecture_without_weights(world) -> None:  # noqa: F811
+    from curvalign.towers import TowerError
+
+    arch = _architecture(world)
+    spec = f"open_clip:{arch};init=random;image=full;text=full"
+    torch.manual_seed(1)
+    scratch = build_towers(TowersConfig.parse(spec))
+    torch.manual_seed(1)
+    again = build_towers(TowersConfig.parse(spec))
+    pretrained = build_towers(towers_config(world, image="full", text="full"))
+    a, b, p = (t.model.state_dict() for t in (scratch, again, pretrained))
+    assert a.keys() == p.keys()
+    assert all(torch.equal(a[k], b[k]) for k in a)  # torch's seeded generator draws them
+    weights = [k for k in a if k.endswith("weight") and a[k].ndim >= 2]
+    assert weights and not any(torch.equal(a[k], p[k]) for k in weights)
+    assert scratch.image_width == pretrained.image_width
+    trainable = {n for n, _ in scratch.trainable_named_parameters()}
+    assert any(n.startswith("model.visual.") for n in trainable)
+    assert any(n.startswith("model.transformer.") for n in trainable)
+    # LoRA or a locked side on random weights is refused, naming the fix
+    with pytest.raises(TowerError, match="set image=full"):
+        TowersConfig(f"open_clip:{arch}", init="random", image="lora", text="full")
+    with pytest.raises(TowerError, match="set text=full"):
+        TowersConfig(f"open_clip:{arch}", init="random", image="full")
+    with pytest.raises(TowerError, match="drop the checkpoint"):
+        build_towers(TowersConfig(world["spec"], init="random", image="full", text="full"))
+
+
+def test_a_tower_run_from_scratch_trains_every_weight_with_the_papers_head_init(
+    world,  # noqa: F811
+    tmp_path,
+) -> None:
+    from safetensors.torch import load_file
+
+    notes: list[str] = []
+    towers = TowersConfig(
+        f"open_clip:{_architecture(world)}", init="random", image="full", text="full"
+    )
+    run = train_towers(world, tmp_path / "scratch", towers, steps=2, notify=notes.append)
+    config = json.loads((run / "config.json").read_text())
+    assert config["recipe_config"]["head_init"] == "paper"
+    assert any("head_init=paper" in n for n in notes), notes
+    trained = load_file(str(run / "towers.safetensors"))
+    scratch = build_towers(towers)
+    expected = {n for n, _ in scratch.trainable_named_parameters()}
+    assert set(trained) == expected  # every weight of both sides is the run's (none is read)
+
+
+def test_hf_clip_towers_from_scratch_read_the_config_only(tiny_hf_clip, tmp_path) -> None:  # noqa: F811
+    import shutil
+
+    if importlib.util.find_spec("transformers") is None:
+        pytest.skip("optional extra not installed: pip install 'curvalign[hf]'")
+    _, _, root = tiny_hf_clip
+    bare = tmp_path / "config-only"
+    shutil.copytree(root, bare, ignore=shutil.ignore_patterns("*.safetensors", "*.bin"))
+    pretrained = build_towers(TowersConfig(f"hf-clip:{root}"))
+    torch.manual_seed(1)  # not the fixture's seed: random weights other than the saved ones
+    scratch = build_towers(
+        TowersConfig(f"hf-clip:{bare}", init="random", image="full", text="full")
+    )
+    a, p = scratch.model.state_dict(), pretrained.model.state_dict()
+    assert a.keys() == p.keys() and scratch.text_width == pretrained.text_width
+    weights = [k for k in a if k.endswith("proj.weight")]
+    assert weights and not any(torch.equal(a[k], p[k]) for k in weights)
+    scratch.train()
+    texts = ["a dog", "two cat"]
+    scratch.encode_texts(texts).square().sum().backward()
+    assert any(p.grad is not None for n, p in scratch.trainable_named_parameters())

@@ -38,18 +38,58 @@ class OpenClipTowers(Towers):
 
         kind, _, rest = config.encoder.partition(":")
         arch, _, checkpoint = rest.partition(":")
-        try:
-            encoder = OpenClipEncoder(arch, checkpoint, device=device)
-        except EncoderError as err:
-            raise TowerError(f"towers: {err}") from None
         self._load_image = _load_image
         self.arch = arch
-        self.spec = encoder.spec
-        self.model = encoder.model
-        self.preprocess = encoder.preprocess
-        self.tokenizer = encoder.tokenizer
-        self.image_width = self.text_width = encoder.text_dim
+        if config.init == "random":
+            self._build_random(arch, checkpoint, device)
+        else:
+            try:
+                encoder = OpenClipEncoder(arch, checkpoint, device=device)
+            except EncoderError as err:
+                raise TowerError(f"towers: {err}") from None
+            self.spec = encoder.spec
+            self.model = encoder.model
+            self.preprocess = encoder.preprocess
+            self.tokenizer = encoder.tokenizer
+            self.image_width = self.text_width = encoder.text_dim
         self._configure()
+
+    def _build_random(self, arch: str, checkpoint: str, device: str | torch.device) -> None:
+        """``open_clip.create_model(ARCH)`` without pretrained weights (towers from scratch):
+        the architecture's own initialisation, drawn from torch's seeded generator."""
+        from curvalign.data.encoders import _require
+
+        if checkpoint:
+            raise TowerError(
+                f"towers {self.config.encoder!r}: init=random reads no weights; drop the "
+                "checkpoint (open_clip:ARCH) or drop init=random"
+            )
+        try:
+            open_clip = _require("open_clip", "open_clip")
+        except EncoderError as err:
+            raise TowerError(f"towers: {err}") from None
+        name = arch
+        if arch.endswith(".json"):
+            if not Path(arch).is_file():
+                raise TowerError(f"towers: open_clip model config {arch} does not exist")
+            open_clip.add_model_config(arch)
+            name = Path(arch).stem
+        elif arch not in open_clip.list_models():
+            raise TowerError(
+                f"towers: open_clip has no architecture {arch!r}; pass one of "
+                "open_clip.list_models() or a model-config .json file"
+            )
+        model, _, preprocess = open_clip.create_model_and_transforms(
+            name, pretrained=None, device=torch.device(device)
+        )
+        self.model = model
+        self.preprocess = preprocess
+        self.tokenizer = open_clip.get_tokenizer(name)
+        arch_spec = str(Path(arch).resolve()) if arch.endswith(".json") else arch
+        self.spec = f"open_clip:{arch_spec}"  # no checkpoint: random weights
+        with torch.no_grad():
+            width = self.model.encode_text(self.tokenizer(["a"]).to(torch.device(device)))
+        self.image_width = self.text_width = int(width.shape[-1])
 
     def _enable_checkpointing(self) -> None:
         self.model.set_grad_checkpointing(True)  # open_clip: use_reentrant=False per block
@@ -154,18 +194,45 @@ class HFClipTowers(Towers):
         super().__init__(config)
         from curvalign.data.encoders import HFClipEncoder, _load_image
 
-        try:
-            encoder = HFClipEncoder(config.encoder.partition(":")[2], device=device)
-        except EncoderError as err:
-            raise TowerError(f"towers: {err}") from None
         self._load_image = _load_image
-        self._embedding = encoder._embedding
-        self.spec = encoder.spec
-        self.model = encoder.model
-        self.tokenizer = encoder.tokenizer
-        self.image_processor = encoder.image_processor
-        self.image_width = self.text_width = encoder.text_dim
+        self._embedding = HFClipEncoder._embedding
+        directory = config.encoder.partition(":")[2]
+        if config.init == "random":
+            self._build_random(directory, device)
+        else:
+            try:
+                encoder = HFClipEncoder(directory, device=device)
+            except EncoderError as err:
+                raise TowerError(f"towers: {err}") from None
+            self.spec = encoder.spec
+            self.model = encoder.model
+            self.tokenizer = encoder.tokenizer
+            self.image_processor = encoder.image_processor
+            self.image_width = self.text_width = encoder.text_dim
         self._configure()
+
+    def _build_random(self, directory: str, device: str | torch.device) -> None:
+        """The model of the directory's ``config.json`` with random weights (towers from
+        scratch; no weight file is read), its tokenizer and image processor."""
+        from curvalign.data.encoders import _require
+
+        root = Path(directory)
+        if not (root / "config.json").is_file():
+            raise TowerError(f"towers: {directory} has no config.json to build a model from")
+        try:
+            transformers = _require("transformers", "hf")
+            model_config = transformers.AutoConfig.from_pretrained(root, local_files_only=True)
+            self.model = transformers.AutoModel.from_config(model_config).to(device)
+            self.tokenizer = transformers.AutoTokenizer.from_pretrained(root, local_files_only=True)
+            self.image_processor = transformers.AutoImageProcessor.from_pretrained(
+                root, local_files_only=True
+            )
+        except (EncoderError, OSError, ValueError) as err:
+            raise TowerError(f"towers: {directory}: cannot build it offline ({err})") from None
+        self.spec = f"hf-clip:{root.resolve()}"
+        with torch.no_grad():
+            width = self.encode_texts(["a"])
+        self.image_width = self.text_width = int(width.shape[-1])
 
     def _enable_checkpointing(self) -> None:
         self.model.gradient_checkpointing_enable({"use_reentrant": False})
@@ -233,6 +300,11 @@ class SentenceTransformerTowers(Towers):
         super().__init__(config)
         from curvalign.data.encoders import load_encoder
 
+        if config.init == "random":
+            raise TowerError(
+                f"towers {config.encoder!r}: init=random builds open_clip:ARCH and hf-clip:DIR "
+                "towers; a sentence-transformers directory loads its weights (drop init=random)"
+            )
         try:
             encoder = load_encoder(config.encoder, device=device)
         except EncoderError as err:
@@ -316,6 +388,11 @@ class EfficientNetTowers(Towers):
         from curvalign.data.encoders import _load_image, load_encoder
 
         kind, _, weights = config.encoder.partition(":")
+        if config.init == "random":
+            raise TowerError(
+                f"towers {config.encoder!r}: init=random builds open_clip:ARCH and hf-clip:DIR "
+                "towers; EfficientNet loads its ImageNet weights (drop init=random)"
+            )
         if config.text != "locked":
             raise TowerError(
                 f"towers {config.encoder!r}: an image classifier has no text side "
@@ -407,7 +484,7 @@ class PairedTowers(Towers):
             raise TowerError(f"towers {config.encoder!r}: expected IMAGE_SPEC+TEXT_SPEC")
         shared = {
             k: getattr(config, k)
-            for k in ("lora_rank", "lora_alpha", "lr", "weight_decay", "checkpointing")
+            for k in ("lora_rank", "lora_alpha", "lr", "weight_decay", "checkpointing", "init")
         }
 
         def targets(side: str) -> list[str]:

@@ -45,6 +45,8 @@ SIDES = ("image", "text")
 #: how several processes share the towers: each holds them whole and averages their gradients
 #: (ddp), or each holds a shard of every trainable block (fsdp: FSDP2 ``fully_shard``)
 STRATEGIES = ("ddp", "fsdp")
+#: where the tower weights start: the encoder's checkpoint, or random (from scratch)
+INITS = ("pretrained", "random")
 
 
 class TowerError(CurvalignError, ValueError):
@@ -70,6 +72,12 @@ class TowersConfig:
                  None: ``train.weight_decay``
     checkpointing  activation checkpointing of the transformer blocks (recompute activations
                  in the backward pass: less memory, about one more forward of time)
+    init         pretrained (the encoder's weights) or random: towers from scratch, as MERU,
+                 AtMG, PHyCLIP and HyCoCLIP train them; the architecture of ``open_clip:ARCH``
+                 (a name or a model-config JSON, no checkpoint) or the config of ``hf-clip:DIR``
+                 (its tokenizer and image processor, no weights read) with random weights;
+                 every side must be ``full`` (LoRA or a locked side on random weights has
+                 nothing to adapt)
 
     Raw training rows (``curvalign.towers.loader``):
 
@@ -107,6 +115,7 @@ class TowersConfig:
     flip: float = 0.0
     shards: str | None = None
     strategy: str = "ddp"
+    init: str = "pretrained"
 
     def __post_init__(self) -> None:
         if not isinstance(self.encoder, str) or not self.encoder:
@@ -127,6 +136,15 @@ class TowersConfig:
             )
         if self.lr is not None and not float(self.lr) > 0:
             raise TowerError(f"towers: lr must be > 0, got {self.lr}")
+        if self.init not in INITS:
+            raise TowerError(f"towers: init={self.init!r}; expected one of {', '.join(INITS)}")
+        if self.init == "random":
+            for side in SIDES:
+                if getattr(self, side) != "full":
+                    raise TowerError(
+                        f"towers: init=random starts from random weights, which {side}="
+                        f"{getattr(self, side)} would not train; set {side}=full"
+                    )
         self.lora_targets = list(self.lora_targets or [])
         self._check_raw_rows()
 

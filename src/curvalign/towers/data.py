@@ -58,23 +58,20 @@ class StoreItems:
         return [self._texts[int(i)] for i in ids]
 
 
-def check_recipe_parts(
-    requires: Sequence[str], text_tokens: bool, recipe: str, streamed: bool = False
-) -> None:
-    """TowerError before any training when the recipe needs a part tower batches lack: token
-    features (DualPath's pooling of stored tokens), or boxes and text pairs when the pairs are
-    streamed from webdataset shards (they hold images and captions only)."""
-    missing = []
-    if streamed:
-        what = {"boxes": "box crops and their phrases", "text_pairs": "scored text pairs"}
-        missing = [what[p] for p in sorted(requires) if p in what]
-    if text_tokens:
-        missing.append("token-level text features")
+def check_recipe_parts(requires: Sequence[str], recipe: str, streamed: bool = False) -> None:
+    """TowerError before any training when the recipe needs a part tower batches lack: boxes
+    and text pairs when the pairs are streamed from webdataset shards (they hold images and
+    captions only). Token-level text features need no check: the towers give the text tower's
+    token states (``Towers.encode_text_tokens``)."""
+    if not streamed:
+        return
+    what = {"boxes": "box crops and their phrases", "text_pairs": "scored text pairs"}
+    missing = [what[p] for p in sorted(requires) if p in what]
     if missing:
         raise TowerError(
             f"recipe {recipe} trains on {', '.join(missing)}; tower training does not build "
-            f"those from {'webdataset shards' if streamed else 'raw items'} (train it on a "
-            "feature store, or configure it without them)"
+            "those from webdataset shards (train it on a feature store's manifest, or "
+            "configure it without them)"
         )
 
 

@@ -144,10 +144,24 @@ class RowPreparer:
     """What a worker runs on a ``StepRows`` (``torch.utils.data.Dataset`` protocol: the DataLoader
     asks for ``self[rows]``): the prepared inputs of the step, as a dict."""
 
-    def __init__(self, inputs: InputPreparer, augment: Augment | None, seed: int) -> None:
+    def __init__(
+        self,
+        inputs: InputPreparer,
+        augment: Augment | None,
+        seed: int,
+        text_tokens: bool = False,
+    ) -> None:
         self.inputs = inputs
         self.augment = augment
         self.seed = int(seed)
+        #: the recipe pools text tokens: captions and pair texts stay strings here and the
+        #: training process encodes them with ``Towers.encode_text_tokens`` (states + masks)
+        self.text_tokens = bool(text_tokens)
+
+    def _texts(self, texts: Sequence[str]) -> Any:
+        """Texts the recipe reads as text (captions, pair texts): tokenised, or kept as
+        strings for ``encode_text_tokens`` when the recipe pools tokens."""
+        return [str(t) for t in texts] if self.text_tokens else self.inputs.texts(texts)
 
     def _images(
         self,
@@ -187,17 +201,18 @@ class RowPreparer:
             out["image"] = self.inputs.texts(rows.images)
         else:
             out["image"] = self._images(rows.images, rows.step, "image", rows.offset)
-        out["text"] = self.inputs.texts(rows.texts)
+        out["text"] = self._texts(rows.texts)
         if rows.box_images is not None:
             out["box_image"] = self._images(
                 rows.box_images, rows.step, "box", rows.offset, rows.box_corners
             )
             out["box_text"] = self.inputs.texts(rows.box_phrases or [])
         if rows.pair_a is not None:
-            out["pair_a"] = self.inputs.texts(rows.pair_a)
-            out["pair_b"] = self.inputs.texts(rows.pair_b or [])
+            out["pair_a"] = self._texts(rows.pair_a)
+            out["pair_b"] = self._texts(rows.pair_b or [])
             out["pair_score"] = rows.pair_scores
         out["images_are_texts"] = rows.images_are_texts
+        out["text_tokens"] = self.text_tokens
         return out
 
 
@@ -297,6 +312,8 @@ class RawBatchLoader:
     workers    DataLoader worker processes (0: prepare in this process)
     augment    an ``Augment``, or None (rows as the evaluation transform sees them)
     seed       the run's seed (the augmentation generators are derived from it)
+    text_tokens  the recipe reads text tokens (``Recipe.text_tokens``): captions and pair
+               texts are encoded as the text tower's token states + masks
     """
 
     def __init__(
@@ -307,12 +324,13 @@ class RawBatchLoader:
         workers: int = 0,
         augment: Augment | None = None,
         seed: int = 0,
+        text_tokens: bool = False,
     ) -> None:
         self.towers = towers
         self.source = source
         self.workers = int(workers)
         self.seed = int(seed)
-        self.preparer = RowPreparer(towers.input_preparer(), augment, seed)
+        self.preparer = RowPreparer(towers.input_preparer(), augment, seed, text_tokens)
         self._iterator: Iterator[dict[str, Any]] | None = None
         self.reset(0)
 
@@ -385,22 +403,31 @@ class RawBatchLoader:
 
 def encode_prepared(towers: Towers, prepared: dict[str, Any]) -> Batch:
     """Prepared rows -> Batch: image [B, Di], text [B, Dt] (+ box_image [B, Di], box_text
-    [B, Dt]; pair_a, pair_b [P, Dt], pair_score [P]), carrying gradients to the towers."""
+    [B, Dt]; pair_a, pair_b [P, Dt], pair_score [P]), carrying gradients to the towers. Rows
+    prepared for a recipe that pools text tokens (``prepared["text_tokens"]``): text [B, L, Dk]
+    with text_mask [B, L], pair_a / pair_b [P, L, Dk] with their masks
+    (``Towers.encode_text_tokens``); images stay pooled vectors."""
     encode_image = (
         towers.encode_prepared_texts
         if prepared.get("images_are_texts")
         else towers.encode_prepared_images
     )
-    batch = Batch(
-        image=encode_image(prepared["image"]),
-        text=towers.encode_prepared_texts(prepared["text"]),
-    )
+    image = encode_image(prepared["image"])
+    if prepared.get("text_tokens"):
+        text, text_mask = towers.encode_text_tokens(prepared["text"])
+        batch = Batch(image=image, text=text, text_mask=text_mask)
+    else:
+        batch = Batch(image=image, text=towers.encode_prepared_texts(prepared["text"]))
     if "box_image" in prepared:
         batch.box_image = towers.encode_prepared_images(prepared["box_image"])
         batch.box_text = towers.encode_prepared_texts(prepared["box_text"])
     if "pair_a" in prepared:
-        batch.pair_a = towers.encode_prepared_texts(prepared["pair_a"])
-        batch.pair_b = towers.encode_prepared_texts(prepared["pair_b"])
+        if prepared.get("text_tokens"):
+            batch.pair_a, batch.pair_a_mask = towers.encode_text_tokens(prepared["pair_a"])
+            batch.pair_b, batch.pair_b_mask = towers.encode_text_tokens(prepared["pair_b"])
+        else:
+            batch.pair_a = towers.encode_prepared_texts(prepared["pair_a"])
+            batch.pair_b = towers.encode_prepared_texts(prepared["pair_b"])
         batch.pair_score = prepared["pair_score"].to(batch.text.device)
     return batch
 

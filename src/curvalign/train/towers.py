@@ -27,13 +27,15 @@ same parameter set. Under torchrun each rank encodes its own rows of the global 
 With ``strategy=fsdp`` (``TowersConfig``) under torchrun the towers are sharded with FSDP2
 instead (``shard_towers``): ``fully_shard`` on every transformer block of a trained side, then on
 the towers as a whole (the rest: embeddings, norms, projections, a locked side), with
-``encode_images`` / ``encode_texts`` registered as forward methods; FSDP2's reduce-scatter
-averages the tower gradients. The towers are built on the CPU and each rank moves only its
-shard to the device. A checkpoint then writes the tower parameters and their optimizer state
-as a distributed checkpoint (``torch.distributed.checkpoint``, one directory per step under
-``towers-dcp/``, each rank its shard) that resume loads back into the shards; ``state.pt``
-keeps everything else, and ``towers.safetensors`` / ``towers-best.safetensors`` hold the
-gathered full tensors as before, so export and ``load_towers`` do not change.
+the towers' encoding methods (``encode_images``, ``encode_texts``, the raw-row loader's
+``encode_prepared_images`` / ``encode_prepared_texts``, ``encode_text_tokens``) registered as
+forward methods; FSDP2's reduce-scatter averages the tower gradients. The towers are built
+on the CPU and each rank moves only its shard to the device. A checkpoint then writes the
+tower parameters and their optimizer state as a distributed checkpoint
+(``torch.distributed.checkpoint``, one directory per step under ``towers-dcp/``, each rank
+its shard) that resume loads back into the shards; ``state.pt`` keeps everything else, and
+``towers.safetensors`` / ``towers-best.safetensors`` hold the gathered full tensors as before,
+so export and ``load_towers`` do not change.
 
 The store must have been extracted by the towers' encoder (``meta["encoder"]``): its features
 give the data-aware head initialisation and the step-0 health check; a mismatch is noted.
@@ -41,6 +43,7 @@ give the data-aware head initialisation and the step-0 health check; a mismatch 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import shutil
 from collections.abc import Iterator
@@ -58,8 +61,9 @@ from curvalign.data.features import FeatureStore
 from curvalign.data.sampling import SamplingError
 from curvalign.errors import TrainError
 from curvalign.readout import embed_features
-from curvalign.recipes.base import Progress, Recipe
-from curvalign.runs import CheckpointError
+from curvalign.recipes.base import Progress, Recipe, cat_embeddings
+from curvalign.recipes.health import step0_health, warning_line
+from curvalign.runs import CheckpointError, reads_text_tokens
 from curvalign.towers import (
     StoreItems,
     TowerError,
@@ -120,13 +124,48 @@ class TowerValidationSet(ValidationSet):
             self.towers.train(was_training)
         return torch.cat(images), torch.cat(texts)
 
+    def encode_text_tokens(self) -> list[tuple[Tensor, Tensor]]:
+        """The split's texts as the text tower's token states, batch by batch (eval mode):
+        [(tokens [b, L, Dk], mask [b, L])], each batch padded to its own longest text."""
+        was_training = self.towers.training
+        self.towers.eval()
+        try:
+            with torch.no_grad():
+                size = self.batch_size
+                out = []
+                for i in range(0, len(self.text_items), size):
+                    tokens, mask = self.towers.encode_text_tokens(self.text_items[i : i + size])
+                    out.append((tokens.cpu(), mask.cpu()))
+        finally:
+            self.towers.train(was_training)
+        return out
+
     def embeddings(self, recipe: Recipe) -> tuple[Any, Any]:
-        """The split re-encoded by the current towers, then embedded by ``recipe``."""
-        images, texts = self.encode()
-        return (
-            embed_features(recipe, images, "image", self.batch_size),
-            embed_features(recipe, texts, "text", self.batch_size),
-        )
+        """The split re-encoded by the current towers, then embedded by ``recipe`` (texts as
+        token states + masks when the recipe pools text tokens)."""
+        if not recipe.text_tokens:
+            images, texts = self.encode()
+            return (
+                embed_features(recipe, images, "image", self.batch_size),
+                embed_features(recipe, texts, "text", self.batch_size),
+            )
+        was_training = self.towers.training
+        self.towers.eval()
+        try:
+            with torch.no_grad():
+                images = torch.cat(
+                    [
+                        self.towers.encode_images(self.image_items[i : i + self.batch_size]).cpu()
+                        for i in range(0, len(self.image_items), self.batch_size)
+                    ]
+                )
+        finally:
+            self.towers.train(was_training)
+        parts = [
+            embed_features(recipe, tokens, "text", self.batch_size, mask=mask)
+            for tokens, mask in self.encode_text_tokens()
+        ]
+        return embed_features(recipe, images, "image", self.batch_size), cat_embeddings(parts)
 
 
 class TowerTrainer(Trainer):
@@ -161,7 +200,6 @@ class TowerTrainer(Trainer):
         try:
             check_recipe_parts(
                 recipe_cls.requires,
-                recipe_cls.reads_text_tokens(config.recipe_config_object()),
                 repr(config.recipe),
                 streamed=towers_config.shards is not None,
             )
@@ -181,7 +219,20 @@ class TowerTrainer(Trainer):
         self._loading = False
         if towers_config.strategy == "fsdp" and not self.sharded:
             self.towers.to(config.train.device)
+        scratch_note = None
+        if towers_config.init == "random" and config.recipe_config.get("head_init") == "input":
+            # the input-preserving start keeps a shared pretrained space's ranking: random
+            # towers have none to keep, so the heads start at the paper's random projections
+            config = dataclasses.replace(
+                config, recipe_config={**config.recipe_config, "head_init": "paper"}
+            )
+            scratch_note = (
+                "towers from scratch (init=random): head_init=paper (head_init=input assumes "
+                "a shared pretrained space)"
+            )
         super().__init__(config, store, run_dir, resume=resume, **kw)
+        if scratch_note is not None:
+            self._note(scratch_note)
         self.loader = self._raw_loader()
         for note in self.towers.notes:
             self._note(note)
@@ -208,7 +259,21 @@ class TowerTrainer(Trainer):
 
     # --- Trainer's extension points -------------------------------------------------------
     def _input_dims(self, config: RunConfig, store: FeatureStore) -> tuple[int, int]:
-        return (self.towers.image_width, self.towers.text_width)
+        if not reads_text_tokens(config):
+            return (self.towers.image_width, self.towers.text_width)
+        width = self.towers.text_token_width
+        if width is None:
+            raise TrainError(
+                f"recipe {config.recipe!r} pools text tokens; towers "
+                f"{self.towers_config.encoder!r} give no token states (use a "
+                "sentence-transformers, HF CLIP or paired text tower, or configure the recipe "
+                "for pooled features)"
+            )
+        return (self.towers.image_width, int(width))
+
+    def _sampler_text_tokens(self) -> bool:
+        # the towers give the token states: the sampler draws indices, never stored tokens
+        return False
 
     def _build_optimizer(self) -> torch.optim.Optimizer:
         optimizer = build_optimizer(self.recipe, self.train_config)
@@ -231,6 +296,27 @@ class TowerTrainer(Trainer):
             return self.loader.next_batch(self.step)
         except TowerError as err:  # an unreadable row: the trainer names the step and checkpoint
             raise SamplingError(str(err)) from None
+
+    def _check_step0(self, total: int) -> dict[str, Any]:
+        if not self.recipe.text_tokens:  # the store's features fit the heads
+            return super()._check_step0(total)
+        # the store holds pooled texts: a recipe that pools tokens is checked on the towers'
+        # first batch (eval mode, no gradients; random states, sampler and loader restored)
+        rng, sampler = rng_state(), self.sampler.state_dict()
+        was_training = self.towers.training
+        try:
+            self.towers.eval()
+            with torch.no_grad():
+                batch = self._next_batch().to(self.device)
+        finally:
+            self.towers.train(was_training)
+            self.sampler.load_state_dict(sampler)
+            set_rng_state(rng)
+            self.loader.reset(self.step)
+        report = step0_health(self.recipe, batch, total)
+        for warning in report.warnings:
+            self._note(warning_line(warning))
+        return report.to_json()
 
     # --- raw rows (curvalign.towers.loader) --------------------------------------------------
     def _raw_loader(self) -> RawBatchLoader:
@@ -259,7 +345,12 @@ class TowerTrainer(Trainer):
         if augment is not None and getattr(source, "images_are_texts", False):
             self._note("towers: augment has no effect: the images are texts (a text-only encoder)")
         loader = RawBatchLoader(
-            self.towers, source, workers=tcfg.workers, augment=augment, seed=cfg.seed
+            self.towers,
+            source,
+            workers=tcfg.workers,
+            augment=augment,
+            seed=cfg.seed,
+            text_tokens=self.recipe.text_tokens,
         )
         loader.reset(self.step)
         return loader
@@ -610,8 +701,9 @@ def reshard(towers: Towers) -> None:
 def shard_towers(towers: Towers, device: torch.device) -> list[str]:
     """FSDP2 over the default process group: ``fully_shard`` on every transformer block of a
     trained side (``transformer_blocks``), then on ``towers`` (everything else), with
-    ``encode_images`` and ``encode_texts`` as forward methods (they, not ``forward``, run the
-    towers). Parameters become DTensors sharded on dim 0 and move to ``device``; gradients
+    the encoding methods (``encode_images``, ``encode_texts``, ``encode_prepared_images``,
+    ``encode_prepared_texts``, ``encode_text_tokens``) as forward methods (they, not
+    ``forward``, run the towers). Parameters become DTensors sharded on dim 0 and move to ``device``; gradients
     are reduce-scattered and averaged over the ranks. Returns the block names."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
@@ -629,7 +721,15 @@ def shard_towers(towers: Towers, device: torch.device) -> list[str]:
         if param.requires_grad:
             param.register_post_accumulate_grad_hook(_average_gradient)
     fully_shard(towers, mesh=mesh, ignored_params=scalars)
-    for method in ("encode_images", "encode_texts"):
+    # the raw-row loader runs encode_prepared_*; a recipe that pools text tokens (DualPath's
+    # pool_tokens) reads encode_text_tokens; validation runs encode_images / encode_texts
+    for method in (
+        "encode_images",
+        "encode_texts",
+        "encode_prepared_images",
+        "encode_prepared_texts",
+        "encode_text_tokens",
+    ):
         register_fsdp_forward_method(towers, method)
     return blocks
 

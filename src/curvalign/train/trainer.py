@@ -352,7 +352,7 @@ class Trainer:
                 pair_batch_size=cfg.pair_batch_size,
                 recipe=repr(config.recipe),
                 data=config.data,
-                text_tokens=self.recipe.text_tokens,
+                text_tokens=self._sampler_text_tokens(),
             )
         except SamplingError as err:
             raise TrainError(str(err)) from None
@@ -377,6 +377,15 @@ class Trainer:
     def _input_dims(self, config: RunConfig, store: FeatureStore) -> tuple[int, int]:
         """(image, text) widths the recipe's heads take: the store's feature widths."""
         return recipe_input_dims(config, store)
+
+    def _check_step0(self, total: int) -> dict[str, Any]:
+        """The step-0 check (``recipes.health``) on the next batch, not consuming it."""
+        return check_step0(self.recipe, self.sampler, total, self._note).to_json()
+
+    def _sampler_text_tokens(self) -> bool:
+        """Whether the sampler reads stored token features (the recipe pools text tokens); a
+        subclass whose encoders give the token states itself samples indices only."""
+        return self.recipe.text_tokens
 
     def _build_optimizer(self) -> torch.optim.Optimizer:
         return build_optimizer(self.recipe, self.train_config)
@@ -432,7 +441,7 @@ class Trainer:
                 pair_batch_size=self.train_config.pair_batch_size,
                 recipe=repr(self.config.recipe),
                 data=self.config.data,
-                text_tokens=self.recipe.text_tokens,
+                text_tokens=self._sampler_text_tokens(),
             )
             sampler.load_state_dict(state)
         except SamplingError as err:
@@ -718,7 +727,7 @@ class Trainer:
         for hook in self.hooks:
             hook.on_fit_start(self)
         if self.step == 0 and self.is_main:  # loss vs log B, logit spread, radii (step-0 check)
-            self.step0_health = check_step0(self.recipe, self.sampler, total, self._note).to_json()
+            self.step0_health = self._check_step0(total)
         # the history lives in meta.json (val_history), not the log
         if validates and cfg.val_every > 0 and self.step == 0 and not self.val_history:
             self._validate()  # the untrained head: the baseline model selection must beat
