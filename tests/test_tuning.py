@@ -350,3 +350,32 @@ def test_the_scale_knob_keeps_the_data_aware_ratio_between_the_sides(recipe):
         image, text = scales(tangent_norm_init=factor)
         assert image == pytest.approx(image0 * factor, rel=1e-3)
         assert text / image == pytest.approx(text0 / image0, rel=1e-3)
+
+
+def test_a_range_test_whose_loss_only_rises_leaves_the_declared_range(tmp_path, monkeypatch):
+    """DualPath's phases change its loss as the ramp runs: the loss is lowest at the ramp's first
+    rate and the test reads a range 300x below it; the tuner keeps the declared range instead,
+    and a resumed study does not read the ramp again."""
+    import optuna
+
+    from curvalign.train import lr_range
+    from curvalign.train.lr_range import LRRangeResult
+
+    lrs = [1e-6, 1e-4, 1e-2, 1.0]
+    rising = LRRangeResult(
+        "clip", lrs, [1, 2, 3, 4], [1, 2, 3, 4], 1e-6, 1e-6, (3e-9, 1e-7), False, "end"
+    )
+    calls = []
+
+    def fake(*args, **kwargs):
+        calls.append(args)
+        return rising
+
+    monkeypatch.setattr(lr_range, "lr_range_test", fake)
+    study = optuna.create_study(direction="maximize")
+    notes = []
+    assert tuning._lr_range("clip", TINY, tmp_path, study, [], 8, notes.append) is None
+    assert any("declared lr range" in n for n in notes)
+    assert study.user_attrs["lr_range"]["uninformative"] is True
+    assert tuning._lr_range("clip", TINY, tmp_path, study, [], 8, notes.append) is None
+    assert len(calls) == 1  # read once, kept in the study

@@ -431,7 +431,7 @@ def _lr_range(
         return None
     saved = study.user_attrs.get("lr_range")
     if saved is not None:
-        return saved
+        return None if saved.get("uninformative") else saved
     # the ramp sets its own rates; only the paper's other settings and the user's overrides apply
     kept = [o for o in overrides if o.split("=", 1)[0] not in ("lr", "train.lr", "val_every")]
     try:
@@ -441,6 +441,14 @@ def _lr_range(
         return None
     notify(f"  lr range test: {found.describe()}")
     reading = found.to_json()
+    if found.lrs and found.at_minimum <= found.lrs[0]:
+        # the loss rose from the ramp's first rate on: a curriculum or a schedule that changes
+        # the loss as the ramp runs (DualPath's phases), not the rate; nothing to read
+        notify(
+            f"  {name}: the loss was lowest at the ramp's first rate; the declared lr range is used"
+        )
+        study.set_user_attr("lr_range", {**reading, "uninformative": True})
+        return None
     (out / "lr_range").mkdir(parents=True, exist_ok=True)
     plot_lr_range(found, out / "lr_range" / f"{name}.png")
     study.set_user_attr("lr_range", reading)
