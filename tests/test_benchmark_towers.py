@@ -146,3 +146,23 @@ def test_reencode_store_rebuilds_texts_standing_for_images_prompts_and_chains(
     bad = store.with_fields(negative_features=captions[:2] + 1, negative_to_text=torch.arange(2))
     with pytest.raises(TowerError, match="negative_features"):
         reencode_store(bad, towers)
+
+
+def test_curvalign_benchmark_towers_on_the_command_line(world, tmp_path) -> None:  # noqa: F811
+    from typer.testing import CliRunner
+
+    from curvalign.cli import app
+
+    runner = CliRunner()
+    out = tmp_path / "cli"
+    args = ["benchmark", "--recipes", "clip", "--data", world["store"], "--steps", "2"]
+    args += ["--seeds", "1", "--out", str(out), "-q"]
+    towers = f"{world['spec']};image=lora;text=lora;lora_rank=2"
+    result = runner.invoke(app, [*args, "--towers", towers, "--", *TRAIN])
+    assert result.exit_code == 0, result.output
+    saved = json.loads((out / "results.json").read_text())["towers"]
+    assert (saved["image"], saved["text"], saved["lora_rank"]) == ("lora", "lora", 2)
+    assert (out / "runs" / "clip" / "seed-0" / "towers.json").exists()
+    bad = runner.invoke(app, [*args, "--towers", f"{world['spec']};text=frozen", "--", *TRAIN])
+    assert bad.exit_code != 0 and "text='frozen'" in bad.output
+    assert "Traceback" not in bad.output
