@@ -18,6 +18,7 @@ pytestmark = pytest.mark.skipif(
 
 from curvalign.data import load_store  # noqa: E402
 from curvalign.errors import ConfigError  # noqa: E402
+from curvalign.towers import TowerError  # noqa: E402
 from test_towers import TRAIN, towers_config, world  # noqa: E402, F401  (fixture)
 
 
@@ -111,7 +112,7 @@ def test_reencode_store_rebuilds_texts_standing_for_images_prompts_and_chains(
     every part is what the towers encode from its texts."""
     from curvalign.data import encoders
     from curvalign.data.features import FeatureStore, TextPart
-    from curvalign.towers import TowerError, TowersConfig, build_towers
+    from curvalign.towers import TowersConfig, build_towers
     from curvalign.train.towers import reencode_store
 
     frozen = encoders.load_encoder(tiny_sentence_transformer)
@@ -166,3 +167,36 @@ def test_curvalign_benchmark_towers_on_the_command_line(world, tmp_path) -> None
     bad = runner.invoke(app, [*args, "--towers", f"{world['spec']};text=frozen", "--", *TRAIN])
     assert bad.exit_code != 0 and "text='frozen'" in bad.output
     assert "Traceback" not in bad.output
+
+
+def test_reencode_store_cuts_the_boxes_at_their_corners(world) -> None:  # noqa: F811
+    from PIL import Image
+
+    from curvalign.towers import build_towers
+    from curvalign.train.towers import reencode_store
+
+    store, _ = load_store(world["store"])
+    corners = ["0 0 16 16", "8 4 32 30", "2 2 20 12"]
+    owners = [0, 3, 3]
+    phrases = ["a red box", "a blue corner", "a warm part"]
+    store = store.with_fields(
+        box_image_features=torch.zeros(3, store.image_dim),
+        box_text_features=torch.zeros(3, store.text_dim),
+        box_to_image=torch.tensor(owners),
+        box_corners=corners,
+        box_phrases=phrases,
+    )
+    towers = build_towers(towers_config(world)).eval()
+    out = reencode_store(store, towers, batch_size=2)
+    root = world["root"] / "images"
+    crops = [
+        Image.open(root / f"img{i}.png").convert("RGB").crop(tuple(int(v) for v in c.split()))
+        for i, c in zip(owners, corners, strict=True)
+    ]
+    with torch.no_grad():
+        assert torch.allclose(out.box_image_features, towers.encode_images(crops), atol=1e-6)
+        assert torch.allclose(out.box_text_features, towers.encode_texts(phrases), atol=1e-6)
+    assert torch.allclose(out.image_features, store.image_features, atol=1e-5)  # frozen towers
+    no_corners = store.with_fields(box_corners=None)
+    with pytest.raises(TowerError, match="box_image_features"):
+        reencode_store(no_corners, towers)

@@ -44,6 +44,7 @@ give the data-aware head initialisation and the step-0 health check; a mismatch 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import shutil
 from collections.abc import Iterator
@@ -764,12 +765,8 @@ def export_towers(run_dir: str | Path, out_dir: str | Path, weights: str = "best
 
 #: the store parts re-encoding can rebuild from raw texts: (features field, raw texts field)
 _RAW_TEXT_PARTS = (("pair_a_features", "pair_a_texts"), ("pair_b_features", "pair_b_texts"))
-#: parts with no raw items to re-encode: the field and what it would take
-_NOT_REENCODABLE = {
-    "box_image_features": "box crops (re-encoding box crops is not supported)",
-    "box_text_features": "box phrases (re-encoding box parts is not supported)",
-    "negative_features": "hard negatives (the store keeps no raw negative texts)",
-}
+#: parts with no raw items to re-encode: the field and what it is
+_NOT_REENCODABLE = {"negative_features": "hard negatives (the store keeps no raw negative texts)"}
 
 
 def _caption_rows(features: Tensor, captions: Tensor) -> Tensor | None:
@@ -782,12 +779,34 @@ def _caption_rows(features: Tensor, captions: Tensor) -> Tensor | None:
     return rows if torch.allclose(captions[rows], flat) else None
 
 
+def _box_crops(store: FeatureStore, items: StoreItems, ids: list[int]) -> list[Any]:
+    """Boxes ``ids`` of ``store`` as PIL images cut at their stored corners from their images, as
+    ``curvalign extract --boxes`` and the raw-row loader cut them."""
+    from curvalign.data.extract import _crop
+    from curvalign.towers.loader import _corners, _decode
+
+    assert store.box_to_image is not None and store.box_corners is not None
+    owners = items.images([int(store.box_to_image[i]) for i in ids])
+    return [
+        _crop(_decode(o), _corners(store.box_corners[i])) for o, i in zip(owners, ids, strict=True)
+    ]
+
+
 def check_reencodable(store: FeatureStore, data: str = "the data") -> None:
     """TowerError, one line naming the first part of ``store`` that ``reencode_store`` cannot
     rebuild from raw items: images need ``image_paths`` (+ ``meta["images_root"]``) or
     ``image_texts``, captions ``texts``; prompts and gloss chains must be caption rows; text
-    pairs need their raw texts; boxes, hard negatives and stored token features are refused."""
+    pairs need their raw texts; boxes the image files, ``box_corners`` and ``box_phrases``; hard
+    negatives and stored token features are refused."""
     StoreItems(store, data=data)
+    if store.box_image_features is not None and (
+        store.image_paths is None or store.box_corners is None or store.box_phrases is None
+    ):
+        raise TowerError(
+            f"{data}: cannot re-encode its boxes (box_image_features) with trained towers: they "
+            "need the image files and each box's corners and phrase (manifest 'image_paths', "
+            "'box_corners', 'box_phrases')"
+        )
     for name, what in _NOT_REENCODABLE.items():
         if store.field(name) is not None:
             raise TowerError(f"{data}: cannot re-encode its {what} ({name}) with trained towers")
@@ -824,10 +843,13 @@ def reencode_store(
     check_reencodable(store, data)
     items = StoreItems(store, data=data)
 
-    def encode(raw: list[Any], fn: Any) -> Tensor:
+    def encode(raw: list[Any], fn: Any, prepare: Any = list) -> Tensor:
         with torch.no_grad():
             return torch.cat(
-                [fn(raw[i : i + batch_size]).float().cpu() for i in range(0, len(raw), batch_size)]
+                [
+                    fn(prepare(raw[i : i + batch_size])).float().cpu()
+                    for i in range(0, len(raw), batch_size)
+                ]
             )
 
     was_training = towers.training
@@ -840,6 +862,11 @@ def reencode_store(
         for name, raw in _RAW_TEXT_PARTS:
             if store.field(name) is not None:
                 changes[name] = encode(list(store.field(raw)), towers.encode_texts)
+        if store.box_image_features is not None:
+            boxes = list(range(int(store.box_image_features.shape[0])))
+            crops = functools.partial(_box_crops, store, items)  # a batch of crops at a time
+            changes["box_image_features"] = encode(boxes, towers.encode_images, crops)
+            changes["box_text_features"] = encode(list(store.box_phrases), towers.encode_texts)
     finally:
         towers.train(was_training)
     captions = store.text_features.float()
