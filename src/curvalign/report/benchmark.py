@@ -341,10 +341,10 @@ def towers_note(config: TowersConfig) -> str:
     settings = ";".join(
         f"{k}={v}" for k, v in config.to_dict().items() if k != "encoder" and v != defaults[k]
     )
+    described = f"`{config.encoder}`" + (f"; {settings}" if settings else "")
     return (
-        f"Trained rows trained the towers too, every recipe with the same settings "
-        f"(`{config.encoder}`{'; ' + settings if settings else ''}), and are evaluated on the store re-encoded by each "
-        "run's best towers; the '(step 0)', frozen, ridge and chance rows read the store's own "
+        f"Trained rows trained the towers too, every recipe with the same settings ({described}), "
+        "and are evaluated on the store re-encoded by each run's best towers; the '(step 0)', frozen, ridge and chance rows read the store's own "
         "features (the frozen towers')."
     )
 
