@@ -14,7 +14,7 @@ LoRA arm the tower and the head take the grid value), the same steps, batch, val
 and seeds. Each arm's learning rate is the grid value with the best mean validation score over
 the seeds (the test split is never read to choose); the table reports the test split at that
 learning rate, seed by seed, with a 95% Student-t interval. LoRA runs are evaluated on the store
-re-encoded by their best towers (``curvalign.train.towers.load_towers``: names, glosses, the
+re-encoded by their best towers (``curvalign.train.towers.reencode_store``: names, glosses, the
 zero-shot prompts, which are the glosses, and the gloss chains). The frozen features row ranks
 MiniLM's own features by cosine.
 
@@ -33,8 +33,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from curvalign.stats import mean_interval
 
 DATA = "wordnet:mammal.n.01"
@@ -46,40 +44,11 @@ METRICS = (
 )
 
 
-def reencoded_store(store: Any, towers: Any, batch_size: int = 256) -> Any:
-    """``store`` with every MiniLM text part re-encoded by ``towers`` (eval mode): view A
-    (``image_texts``), the glosses (``texts``), the prompts (the glosses again in a WordNet
-    store) and the gloss chains (rows of the gloss features)."""
-    import dataclasses
-
-    def encode(texts: list[str], side: str) -> torch.Tensor:
-        fn = towers.encode_images if side == "image" else towers.encode_texts
-        with torch.no_grad():
-            return torch.cat(
-                [fn(texts[i : i + batch_size]).cpu() for i in range(0, len(texts), batch_size)]
-            )
-
-    old_texts = store.text_features.float()
-    images, texts = encode(list(store.image_texts), "image"), encode(list(store.texts), "text")
-    changes: dict[str, Any] = {"image_features": images, "text_features": texts}
-    if store.prompt_features is not None:
-        if not torch.equal(store.prompt_features.float(), old_texts):
-            raise SystemExit("the store's prompts are not its glosses: cannot re-encode them")
-        changes["prompt_features"] = texts.clone()
-    if store.chain_features is not None:  # each chain row is a gloss row: find it, re-encode
-        flat = store.chain_features.float().reshape(-1, old_texts.shape[1])
-        rows = torch.cdist(flat, old_texts).argmin(dim=1)
-        if not torch.allclose(old_texts[rows], flat):
-            raise SystemExit("a gloss chain row is not one of the store's glosses")
-        changes["chain_features"] = texts[rows].reshape(store.chain_features.shape)
-    return dataclasses.replace(store, **changes)
-
-
 def run_arm(arm: str, lr: float, seed: int, args: argparse.Namespace, store: Any) -> dict:
     """Train one (arm, lr, seed) cell (reusing a finished run) and evaluate it on the test split."""
     from curvalign.eval import evaluate
     from curvalign.runs import load_run
-    from curvalign.train.towers import load_towers, train
+    from curvalign.train.towers import load_towers, reencode_store, train
 
     out = Path(args.out) / arm / f"lr{lr:g}" / f"seed{seed}"
     overrides = [
@@ -107,7 +76,7 @@ def run_arm(arm: str, lr: float, seed: int, args: argparse.Namespace, store: Any
     loaded = load_run(run, weights="best")
     test_store = store
     if arm == "lora":
-        test_store = reencoded_store(store, load_towers(run, "best"))
+        test_store = reencode_store(store, load_towers(run, "best"), data=DATA)
     metrics = evaluate(loaded.recipe, test_store, split="test", diagnostics=False)
     cell = {
         "arm": arm,

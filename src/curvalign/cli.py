@@ -571,6 +571,13 @@ def benchmark_command(
         help="Steps of the learning-rate range test that sets each recipe's lr range for --tune "
         "(0: the recipe's declared range).",
     ),
+    towers: str = typer.Option(
+        None,
+        "--towers",
+        help="Train the encoders too, every recipe with the same settings (as `curvalign train "
+        "--towers`, e.g. 'ENCODER_SPEC;image=lora;text=lora;lora_rank=8'); each run is evaluated "
+        "on the store re-encoded by its best towers (docs/training.md, 'Train the towers').",
+    ),
 ) -> None:
     """Train each recipe on the same data with the same budget and seeds, evaluate, and compare
     side by side with baselines (untrained heads, frozen features, chance).
@@ -586,6 +593,8 @@ def benchmark_command(
         fail(f"--seeds must be >= 1 (training runs per recipe), got {seeds}")
     if steps is not None and steps < 1:
         fail(f"--steps must be >= 1, got {steps}")
+    if towers is not None and (tune or suite is not None):
+        fail("--towers trains and evaluates on re-encoded features: not with --tune or --suite")
     check_out(out)
     names = [r.strip() for r in recipes.split(",") if r.strip()]
     console = _stderr_console()
@@ -618,6 +627,7 @@ def benchmark_command(
                 seeds=seeds,
                 show_progress=not quiet and not json_output,
                 notify=console.print,
+                towers=towers,
             )
     if json_output:
         typer.echo((out / "results.json").read_text().strip())

@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from curvalign.eval.pipeline import Evaluation
     from curvalign.eval.ridge import RidgeMap
     from curvalign.runs import LoadedRun
+    from curvalign.towers import TowersConfig
 
 Notify = Callable[[str], None]
 
@@ -155,6 +156,9 @@ class BenchmarkResult:
     #: what the store's encoders were trained on and what of the evaluation they saw
     #: (``meta["trained_on"]``, ``meta["seen_in_training"]``); empty for synthetic data
     disclosure: dict[str, Any] = field(default_factory=dict)
+    #: the tower settings every trained row trained with (``TowersConfig.to_dict()``); None when
+    #: the heads trained on the store's features
+    towers: dict[str, Any] | None = None
 
 
 def split_overrides(overrides: Iterable[str], recipes: Sequence[str]) -> dict[str, list[str]]:
@@ -304,6 +308,47 @@ def check_recipes_against_data(
     return configs
 
 
+def check_towers_request(
+    towers: str | TowersConfig | None, recipes: Sequence[str], store: FeatureStore, spec: str
+) -> TowersConfig | None:
+    """The parsed tower settings of a benchmark, checked before any training: the settings
+    themselves, what each recipe needs of tower batches (``check_recipe_parts``) and that every
+    feature part of the store can be re-encoded for the evaluation (``check_reencodable``).
+    ConfigError with one line otherwise; None without towers."""
+    if towers is None:
+        return None
+    from curvalign.config import recipe_class
+    from curvalign.towers import TowerError, TowersConfig, check_recipe_parts
+    from curvalign.train.towers import check_reencodable
+
+    try:
+        config = towers if isinstance(towers, TowersConfig) else TowersConfig.parse(towers)
+        for name in recipes:
+            check_recipe_parts(
+                recipe_class(name).requires, repr(name), streamed=config.shards is not None
+            )
+        check_reencodable(store, data=spec)
+    except TowerError as err:
+        raise ConfigError(f"cannot benchmark with towers (nothing was trained): {err}") from None
+    return config
+
+
+def towers_note(config: TowersConfig) -> str:
+    """The table header line of a tower benchmark."""
+    import dataclasses
+
+    defaults = {f.name: f.default for f in dataclasses.fields(config)}
+    settings = ";".join(
+        f"{k}={v}" for k, v in config.to_dict().items() if k != "encoder" and v != defaults[k]
+    )
+    described = f"`{config.encoder}`" + (f"; {settings}" if settings else "")
+    return (
+        f"Trained rows trained the towers too, every recipe with the same settings ({described}), "
+        "and are evaluated on the store re-encoded by each run's best towers; the '(step 0)', frozen, ridge and chance rows read the store's own "
+        "features (the frozen towers')."
+    )
+
+
 def ridge_baseline(store: FeatureStore, seed: int) -> RidgeMap | str:
     """The ridge map (``eval/ridge.py``) fit on the train split, its strength chosen on the
     validation split (the store's own, or the trainer's seeded hold-out); a string saying why
@@ -356,6 +401,8 @@ class _Bench:
     show_progress: bool
     notify: Notify
     plots: bool
+    #: the tower settings every recipe trains with (``--towers``); None: heads on the features
+    towers: TowersConfig | None = None
 
 
 @dataclass
@@ -399,7 +446,12 @@ def _evaluate_seed(
     from curvalign.train.trainer import build_model
 
     loaded = load_run(run_dir)  # its best validation weights, as saved
-    full = run_evaluation(loaded.recipe, bench.store, split=bench.split)
+    store = bench.store
+    if bench.towers is not None:  # the run's features: the store re-encoded by its best towers
+        from curvalign.train.towers import load_towers, reencode_store
+
+        store = reencode_store(bench.store, load_towers(run_dir, "best"), data=f"{run_dir}")
+    full = run_evaluation(loaded.recipe, store, split=bench.split)
     evaluation = full.metrics.with_run(
         step=loaded.step,
         weights=loaded.weights,
@@ -414,7 +466,8 @@ def _evaluate_seed(
     runs.converged.append(health["converged"])
     runs.warnings += [f"seed {seed}: {w}" for w in health["warnings"]]
     runs.trained.append(evaluation)
-    # the widths the recipe takes on this store (the token width for a token reader)
+    # the widths the recipe takes on this store (the token width for a token reader); a tower
+    # run's untrained row reads the plain store: the frozen towers' features
     untrained = build_model(loaded.config, *recipe_input_dims(loaded.config, bench.store))
     runs.untrained.append(
         evaluate(untrained.eval(), bench.store, split=bench.split, diagnostics=False)
@@ -436,7 +489,7 @@ def _train_recipe(
     Times and run folders go to ``result``; the first seed's arrays and log to ``plot_inputs``
     (``(arrays, logs)``)."""
     from curvalign.runs import read_log
-    from curvalign.train.trainer import train
+    from curvalign.train.towers import train
 
     runs = _SeedRuns()
     result.run_dirs[name] = []
@@ -456,6 +509,7 @@ def _train_recipe(
                 overrides=overrides + [f"seed={seed}"],
                 overwrite=True,
                 show_progress=bench.show_progress,
+                towers=bench.towers,
             )
         except (CurvalignError, RuntimeError) as err:
             if str(err).startswith("interrupted"):
@@ -532,6 +586,7 @@ def run_benchmark(
     notify: Notify | None = None,
     plots: bool = True,
     title: str = "benchmark",
+    towers: str | TowersConfig | None = None,
 ) -> BenchmarkResult:
     """Train each recipe with ``seeds`` seeds (the same ones for every recipe: base seed + 0..N-1)
     on ``data`` into ``out_dir/runs/NAME/seed-S`` (replacing earlier runs there), evaluate its best
@@ -540,6 +595,13 @@ def run_benchmark(
 
     Every recipe is checked against the data before any training. A recipe that fails while
     training is reported as failed with its reason; the others' results are still written.
+
+    ``towers`` (a ``TowersConfig`` or its ``"SPEC;key=value"`` string, as ``curvalign train
+    --towers``): every seed of every recipe trains the same towers in front of its heads
+    (``curvalign.train.towers``) and is evaluated on the store re-encoded by its run's best
+    towers (``reencode_store``); the step-0, frozen-features, ridge and chance rows read the
+    plain store, i.e. the frozen towers' features. The tower settings, the recipes' parts and
+    the store's re-encodable parts are checked before any training.
     """
     from curvalign.eval.frozen import ROW_NAME
 
@@ -557,11 +619,15 @@ def run_benchmark(
         f"({time.perf_counter() - t0:.1f}s)"
     )
     configs = check_recipes_against_data(recipes, store, spec, per_recipe)
+    towers_config = check_towers_request(towers, recipes, store, spec)
     base_seed = {name: configs[name].train.seed for name in recipes}
     out.mkdir(parents=True, exist_ok=True)
 
-    bench = _Bench(store, split, out, steps, show_progress, notify, plots)
+    bench = _Bench(store, split, out, steps, show_progress, notify, plots, towers_config)
     result = BenchmarkResult({}, {}, {}, {}, data=spec, steps=steps)
+    if towers_config is not None:
+        result.towers = towers_config.to_dict()
+        result.notes.append(towers_note(towers_config))
     result.disclosure = {
         k: store.meta[k] for k in ("trained_on", "seen_in_training", "dataset") if k in store.meta
     }
@@ -776,6 +842,7 @@ def write_benchmark_outputs(
         "baseline_comparisons": comparisons,
         "notes": result.notes,
         "disclosure": result.disclosure,
+        "towers": result.towers,
     }
     files["json"] = write_json(out / "results.json", payload)
     md = [f"# {title}", "", *summary_lines(result), ""]

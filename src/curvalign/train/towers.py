@@ -44,6 +44,7 @@ give the data-aware head initialisation and the step-0 health check; a mismatch 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import shutil
 from collections.abc import Iterator
@@ -762,6 +763,123 @@ def export_towers(run_dir: str | Path, out_dir: str | Path, weights: str = "best
     return load_towers(run_dir, weights).export(out_dir)
 
 
+#: the store parts re-encoding can rebuild from raw texts: (features field, raw texts field)
+_RAW_TEXT_PARTS = (("pair_a_features", "pair_a_texts"), ("pair_b_features", "pair_b_texts"))
+#: parts with no raw items to re-encode: the field and what it is
+_NOT_REENCODABLE = {"negative_features": "hard negatives (the store keeps no raw negative texts)"}
+
+
+def _caption_rows(features: Tensor, captions: Tensor) -> Tensor | None:
+    """For each row of ``features`` [n, D], the caption row [N, D] it equals; None when some row
+    equals no caption (the store keeps the prompts' and chains' texts only as captions)."""
+    flat = features.float().reshape(-1, captions.shape[1])
+    if flat.shape[0] == 0:
+        return torch.zeros(0, dtype=torch.long)
+    rows = torch.cdist(flat, captions).argmin(dim=1)
+    return rows if torch.allclose(captions[rows], flat) else None
+
+
+def _box_crops(store: FeatureStore, items: StoreItems, ids: list[int]) -> list[Any]:
+    """Boxes ``ids`` of ``store`` as PIL images cut at their stored corners from their images, as
+    ``curvalign extract --boxes`` and the raw-row loader cut them."""
+    from curvalign.data.extract import _crop
+    from curvalign.towers.loader import _corners, _decode
+
+    assert store.box_to_image is not None and store.box_corners is not None
+    owners = items.images([int(store.box_to_image[i]) for i in ids])
+    return [
+        _crop(_decode(o), _corners(store.box_corners[i])) for o, i in zip(owners, ids, strict=True)
+    ]
+
+
+def check_reencodable(store: FeatureStore, data: str = "the data") -> None:
+    """TowerError, one line naming the first part of ``store`` that ``reencode_store`` cannot
+    rebuild from raw items: images need ``image_paths`` (+ ``meta["images_root"]``) or
+    ``image_texts``, captions ``texts``; prompts and gloss chains must be caption rows; text
+    pairs need their raw texts; boxes the image files, ``box_corners`` and ``box_phrases``; hard
+    negatives and stored token features are refused."""
+    StoreItems(store, data=data)
+    if store.box_image_features is not None and (
+        store.image_paths is None or store.box_corners is None or store.box_phrases is None
+    ):
+        raise TowerError(
+            f"{data}: cannot re-encode its boxes (box_image_features) with trained towers: they "
+            "need the image files and each box's corners and phrase (manifest 'image_paths', "
+            "'box_corners', 'box_phrases')"
+        )
+    for name, what in _NOT_REENCODABLE.items():
+        if store.field(name) is not None:
+            raise TowerError(f"{data}: cannot re-encode its {what} ({name}) with trained towers")
+    for name, value in store.fields().items():
+        if name.endswith("_token_features") and value is not None:
+            raise TowerError(
+                f"{data}: cannot re-encode its stored token features ({name}) with trained "
+                "towers; extract the store without tokens"
+            )
+    for name, raw in _RAW_TEXT_PARTS:
+        if store.field(name) is not None and store.field(raw) is None:
+            raise TowerError(
+                f"{data}: cannot re-encode {name} with trained towers: the store keeps no {raw}"
+            )
+    captions = store.text_features.float()
+    for name in ("prompt_features", "chain_features"):
+        part = store.field(name)
+        if part is not None and _caption_rows(part, captions) is None:
+            raise TowerError(
+                f"{data}: cannot re-encode {name} with trained towers: its rows are not caption "
+                "rows and the store keeps no texts for them"
+            )
+
+
+def reencode_store(
+    store: FeatureStore, towers: Towers, batch_size: int = 256, data: str = "the data"
+) -> FeatureStore:
+    """``store`` with every feature part encoded by ``towers`` (eval mode, no gradients), so that
+    eval, index and the benchmark read a tower run's features unchanged: images [Ni, Di] from
+    ``image_paths`` (or ``image_texts`` for a text-only encoder), captions [Nt, Dt] from
+    ``texts``, text pairs from their raw texts, and prompts / gloss chains (rows of the caption
+    features, as a WordNet store keeps them) as the re-encoded caption rows they equal.
+    ``check_reencodable``'s TowerError for a part it cannot rebuild."""
+    check_reencodable(store, data)
+    items = StoreItems(store, data=data)
+
+    def encode(raw: list[Any], fn: Any, prepare: Any = list) -> Tensor:
+        with torch.no_grad():
+            return torch.cat(
+                [
+                    fn(prepare(raw[i : i + batch_size])).float().cpu()
+                    for i in range(0, len(raw), batch_size)
+                ]
+            )
+
+    was_training = towers.training
+    towers.eval()
+    try:
+        ids = range(store.num_images)
+        images = encode(items.images(ids), towers.encode_images)
+        texts = encode(items.texts(range(store.num_texts)), towers.encode_texts)
+        changes: dict[str, Any] = {"image_features": images, "text_features": texts}
+        for name, raw in _RAW_TEXT_PARTS:
+            if store.field(name) is not None:
+                changes[name] = encode(list(store.field(raw)), towers.encode_texts)
+        if store.box_image_features is not None:
+            boxes = list(range(int(store.box_image_features.shape[0])))
+            crops = functools.partial(_box_crops, store, items)  # a batch of crops at a time
+            changes["box_image_features"] = encode(boxes, towers.encode_images, crops)
+            changes["box_text_features"] = encode(list(store.box_phrases), towers.encode_texts)
+    finally:
+        towers.train(was_training)
+    captions = store.text_features.float()
+    for name in ("prompt_features", "chain_features"):
+        part = store.field(name)
+        if part is not None:
+            rows = _caption_rows(part, captions)
+            assert rows is not None  # check_reencodable refused it otherwise
+            shape = (*part.shape[:-1], texts.shape[1])
+            changes[name] = texts[rows].reshape(shape)
+    return store.with_fields(**changes)
+
+
 def tower_trainer_factory(towers: TowersConfig | str | None, base: Any = None) -> Any:
     """A ``trainer_factory`` for ``curvalign.train.trainer.train`` that builds a TowerTrainer;
     ``base``: another factory that takes ``trainer_cls`` (the distributed launcher's
@@ -817,8 +935,10 @@ __all__ = [
     "TowerTrainer",
     "TowerValidationSet",
     "average_tower_gradients",
+    "check_reencodable",
     "export_towers",
     "load_towers",
+    "reencode_store",
     "reshard",
     "shard_towers",
     "tower_trainer_factory",
