@@ -8,14 +8,15 @@ the gathering, the targets' offsets and the averaged batch statistics are what i
 
 from __future__ import annotations
 
+import os
 import tempfile
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch.nn.parallel import DistributedDataParallel
 
+from _process_groups import mark_done, spawn_and_wait
 from curvalign.recipes import Batch, Gather, Progress, get_recipe, recipe_names
 from curvalign.recipes.base import LossOutput
 from curvalign.train.distributed import DistributedGather
@@ -94,6 +95,7 @@ def _worker(rank: int, init_file: str, names: list[str], states_path: str, out_p
     if rank == 0:
         torch.save(results, out_path)
     dist.barrier()
+    mark_done(os.path.dirname(out_path), rank)
     dist.destroy_process_group()
 
 
@@ -116,7 +118,7 @@ def test_two_processes_equal_one_process_on_the_global_batch(tmp_path):
     states_path, out_path = str(tmp_path / "states.pt"), str(tmp_path / "out.pt")
     torch.save(states, states_path)
     init_file = tempfile.mktemp(prefix="curvalign-dist-", dir=str(tmp_path))
-    mp.spawn(_worker, args=(init_file, names, states_path, out_path), nprocs=WORLD, join=True)
+    spawn_and_wait(_worker, (init_file, names, states_path, out_path), WORLD, tmp_path)
     distributed = torch.load(out_path)
 
     failures = []
@@ -176,6 +178,7 @@ def _global_loss_worker(rank: int, init_file: str, out_path: str) -> None:
         f"{out_path}.{rank}",
     )
     dist.barrier()
+    mark_done(os.path.dirname(out_path), rank)
     dist.destroy_process_group()
 
 
@@ -183,7 +186,7 @@ def test_every_rank_reports_the_global_loss(tmp_path):
     """Values are the mean over ranks (so a NaN on one rank stops all of them at the same step);
     the gradient stays that of the local loss, which DDP averages."""
     init_file = tempfile.mktemp(prefix="curvalign-dist-", dir=str(tmp_path))
-    mp.spawn(_global_loss_worker, args=(init_file, str(tmp_path / "out")), nprocs=WORLD, join=True)
+    spawn_and_wait(_global_loss_worker, (init_file, str(tmp_path / "out")), WORLD, tmp_path)
     for rank in range(WORLD):
         result = torch.load(tmp_path / f"out.{rank}")
         assert result["total"] == pytest.approx(1.5) and result["term"] == pytest.approx(1.5)

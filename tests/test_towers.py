@@ -366,13 +366,16 @@ def _ddp_worker(rank: int, init_file: str, spec: str, images, texts, out_path: s
     if rank == 0:
         torch.save(results, out_path)
     dist.barrier()
+    mark_done(os.path.dirname(out_path), rank)
     dist.destroy_process_group()
 
 
+import os
 import tempfile
 
 import torch.distributed as dist
-import torch.multiprocessing as mp
+
+from _process_groups import mark_done, spawn_and_wait
 
 
 @pytest.mark.slow
@@ -381,7 +384,9 @@ def test_two_processes_with_towers_equal_one_process_on_the_global_batch(world, 
     with tempfile.NamedTemporaryFile(dir=tmp_path, delete=False) as handle:
         init_file = handle.name
     out_path = str(tmp_path / "ddp.pt")
-    mp.spawn(_ddp_worker, args=(init_file, world["spec"], images, texts, out_path), nprocs=WORLD)
+    spawn_and_wait(
+        _ddp_worker, (init_file, world["spec"], images, texts, out_path), WORLD, tmp_path
+    )
     results = torch.load(out_path, weights_only=False)
     failures = []
     for name in recipe_names():

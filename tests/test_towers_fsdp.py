@@ -18,7 +18,6 @@ import tempfile
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from safetensors.torch import load_file
 
 pytestmark = pytest.mark.skipif(
@@ -26,6 +25,7 @@ pytestmark = pytest.mark.skipif(
     reason="optional extras not installed: pip install 'curvalign[towers]' (open_clip, peft)",
 )
 
+from _process_groups import mark_done, spawn_and_wait  # noqa: E402
 from curvalign.towers import TowersConfig, build_towers  # noqa: E402
 from curvalign.train.hooks import TrainerHook  # noqa: E402
 from test_towers import TRAIN, world  # noqa: E402, F401  (fixture: tiny open_clip + its store)
@@ -117,6 +117,7 @@ def _worker(rank: int, init_file: str, spec: str, store: str, root: str) -> None
         run(store, f"{root}/stopped", towers, steps=4, stop_at=2, overrides=validated)
         run(store, f"{root}/stopped", None, steps=4, resume=True, overrides=validated)
         dist.barrier()
+        mark_done(root, rank)
     finally:
         dist.destroy_process_group()
 
@@ -126,7 +127,7 @@ def fsdp_runs(world, tmp_path_factory):  # noqa: F811
     """Every FSDP2 run of this module, made once by two gloo processes."""
     root = tmp_path_factory.mktemp("fsdp")
     init_file = tempfile.mktemp(dir=root)
-    mp.spawn(_worker, args=(init_file, world["spec"], world["store"], str(root)), nprocs=WORLD)
+    spawn_and_wait(_worker, (init_file, world["spec"], world["store"], str(root)), WORLD, root)
     return root
 
 
