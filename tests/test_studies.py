@@ -1013,3 +1013,104 @@ def test_world_inclusive_interval_re_decides_a_claim_and_keeps_the_seed_only_one
     assert "which alone gives holds" in again["effect_text"]
     assert again["paper_effect_text"] == claim["paper_effect_text"]
     assert _with_world(claim, None, "synthetic") is claim
+
+
+def test_with_world_keeps_every_input_of_the_decision():
+    from curvalign.report.studies import _with_world
+
+    seed_only = mean_interval([0.05, 0.09, -0.04])  # contains 0 and -2 points: inconclusive
+    worlds = mean_interval([0.001, -0.002, 0.0015, -0.001, 0.0005])  # tight around 0
+    # non-inferiority (threshold -2 points): holds on the world-inclusive interval only if the
+    # threshold is carried over (against 0 it would be inconclusive)
+    claim = kit.claim_record(
+        "a stays within 2 points of b",
+        seed_only,
+        MOVED,
+        "control",
+        threshold=-0.02,
+        unit="pp",
+        paper_effect=-0.005,
+        control_min=0.15,
+        role="exploratory",
+    )
+    again = _with_world(claim, worlds, "synthetic")
+    assert claim["verdict"] != kit.HOLDS and again["verdict"] == kit.HOLDS
+    assert again["inputs"] == claim["inputs"] and again["role"] == "exploratory"
+    assert again["unit"] == "pp" and " pp (95%" in again["effect_text"]
+    assert again["mde_text"].endswith("pp at n=5")
+    # an equivalence margin: equivalent within ±2 points only if delta is carried over
+    margin = kit.claim_record("a equals b", seed_only, MOVED, "control", delta=0.02)
+    assert _with_world(margin, worlds, "synthetic")["verdict"] == kit.EQUIVALENT
+    # the control's size is carried: a world-inclusive control below control_min fails
+    small = paired_difference([0.30, 0.32, 0.35], [0.25, 0.26, 0.30])
+    worse = _with_world(claim, worlds, "synthetic", world_control=small)
+    assert small.low > 0 and not worse["control_ok"] and worse["verdict"] != kit.HOLDS
+    assert worse["seed_only_control"]["mean"] == pytest.approx(MOVED.mean)
+    assert worse["control_what"] == "control, world-inclusive"
+    assert "seed-only (world synthetic)" in worse["control_text"]
+    # a precondition or a regime decides whatever the world-inclusive interval says
+    for why in ({"precondition": "lambda_E <= 2 lambda_H"}, {"regime": "no encoder training"}):
+        blocked = kit.claim_record("a beats b", CLEAR_GAIN, MOVED, "control", **why)
+        redone = _with_world(blocked, CLEAR_GAIN, "synthetic")
+        assert redone["verdict"] == kit.NOT_REPRODUCED and redone["inputs"] == blocked["inputs"]
+        assert next(iter(why.values())) in redone["outcome"]
+    # and a short budget stays too short
+    short = kit.claim_record("a beats b", CLEAR_GAIN, MOVED, "control", budget_ok=False)
+    assert _with_world(short, CLEAR_GAIN, "synthetic")["outcome"] == kit.TOO_SHORT
+
+
+def _world_study(tmp_path, name, vary_world, **options):
+    from curvalign.report.studies import parse_study_options, run_study
+
+    options |= parse_study_options(name, [f"vary_world={vary_world}"])
+    return run_study(
+        name,
+        tmp_path / f"{name}-{vary_world}",
+        steps=3,
+        seeds=2,
+        data=TINY,
+        overrides=TINY_TRAIN,
+        lr_grid=(),
+        **options,
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "options", "world_row"),
+    [
+        ("atmg-curvature", {"curvatures": (0.1, 1.0)}, "atmg c=1 trained: zero-shot top-1"),
+        ("agr-curriculum", {"embed_dim": 16}, "single @ T_w: w̄"),
+    ],
+)
+def test_claims_about_a_method_are_decided_across_worlds(
+    tmp_path, one_thread, name, options, world_row
+):
+    varied = _world_study(tmp_path, name, True, **options)
+    fixed = _world_study(tmp_path, name, False, **options)
+    assert len(varied["claims"]) == len(fixed["claims"]) == 3
+    for world, alone in zip(varied["claims"], fixed["claims"], strict=True):
+        assert world["claim"] == alone["claim"] + ", world-inclusive"
+        assert "seed-only (world" in world["effect_text"] and world["seed_only"]["n"] == 2
+        # the seed-only interval is the fixed-world study's own effect (same seeds, same world)
+        assert world["seed_only"]["mean"] == pytest.approx(alone["effect"]["mean"], nan_ok=True)
+        assert world["inputs"] == alone["inputs"]
+        # vary_world=False: the claims as they were, without world-inclusive parts
+        assert "world-inclusive" not in alone["claim"] and "seed_only" not in alone
+        assert "seed-only" not in alone["effect_text"]
+    root = tmp_path / f"{name}-True"
+    assert (root / "world-0").is_dir() and (root / "world-1").is_dir()
+    assert f"{world_row} (world of its seed)" in varied["markdown"]
+    assert "world of its seed" not in fixed["markdown"]
+    assert "world-inclusive" in varied["setup"] and "world-inclusive" not in fixed["setup"]
+    assert not (tmp_path / f"{name}-False" / "world-0").exists()
+    if name == "agr-curriculum":
+        # its control compares the same arms: decided on the world-inclusive interval too
+        assert all(c["control_what"].endswith("world-inclusive") for c in varied["claims"])
+        assert all("seed_only_control" in c for c in varied["claims"])
+        # the premise stays on the study's world, and the setup says so
+        assert varied["premise"] == fixed["premise"]
+        assert "(lambda_E > 2 lambda_H) is measured on this world only" in varied["setup"]
+    else:
+        # the label-noise control stays on the study's world: the same interval both ways
+        for world, alone in zip(varied["claims"], fixed["claims"], strict=True):
+            assert world["control"] == alone["control"]

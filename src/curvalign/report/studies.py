@@ -19,6 +19,10 @@ Every study
   the output), Holm-corrected over the study's claims (``studykit.apply_holm``): holds / does
   not hold / equivalent within ±delta / inconclusive / underpowered at n seeds / not reproduced
   in this regime.
+* on a synthetic world, decides each claim about a method (PHyCLIP's, ProCLIP's, AtMG's, AGR's)
+  on a *world-inclusive* interval (``vary_world``: seed s trains and is evaluated on the world of
+  seed s, ``world_inclusive``), the fixed-world (seed-only) interval reported beside it
+  (``_with_world``).
 
 Each study is ``study_NAME(out, *, steps, data, overrides, seeds, seed_base, lr_grid,
 show_progress, notify, **options)`` returning a JSON-ready dict; ``run_study`` writes
@@ -377,6 +381,7 @@ def study_agr_curriculum(
     show_progress: bool = False,
     notify: Notify = lambda m: None,
     embed_dim: int = 128,
+    vary_world: bool = True,
 ) -> dict[str, Any]:
     """Four-phase curriculum vs single-schedule warm-up, at T_w and at the end.
 
@@ -396,8 +401,14 @@ def study_agr_curriculum(
     checked for sign and size: at least the claim's paper effect (3 points for (1), 78 for (2):
     if the strongest push towards dominance cannot move the statistic by the claimed amount,
     the statistic cannot show the claimed difference) and ``AGR_M_CONTROL_MIN`` for (3).
+    ``vary_world`` (synthetic data): the claims are about the curriculum, not one world, so the
+    three arms are trained again with seed s on the world of seed s (``world_inclusive``, each at
+    the learning rate it chose on the study's world, the statistics measured at T_w on that
+    world's matched test pairs); each claim and its control (which compares the same arms) are
+    decided on those world-inclusive intervals and the fixed-world (seed-only) ones are reported
+    beside them (``_with_world``). The premise (lambda_E > 2 lambda_H) is measured on the study's
+    world only.
     """
-    from curvalign.eval import embed, embed_text_part
     from curvalign.report import plots
     from curvalign.runs import read_log
 
@@ -444,11 +455,10 @@ def study_agr_curriculum(
         for seed in seed_list:
 
             def measure(step: int, recipe: Recipe, arm: str = arm, seed: int = seed) -> None:
-                with torch.no_grad():
-                    t = embed_text_part(recipe, bench.store, "text", text_ids)
-                    i = embed(recipe, bench.store.image_features[image_ids].float(), "image")
                 where = "T_w" if step == t_w else "end"
-                stats[arm].setdefault(where, {})[seed] = recipe.routing_summary(t, i)
+                stats[arm].setdefault(where, {})[seed] = _routing_on(
+                    recipe, bench.store, image_ids, text_ids
+                )
 
             runs[seed] = bench.train(
                 arm,
@@ -522,6 +532,13 @@ def study_agr_curriculum(
             role="exploratory",
         ),
     ]
+    world_rows: dict[str, dict[int, float]] = {}
+    world_classes: list[str] = []
+    if vary_world and data.strip().startswith("synthetic"):
+        full = {a: schedule + e for a, e in arms.items()}
+        claims, world_rows, world_classes = _agr_world_claims(
+            bench, data, seed_list, full, (t_w, steps), claims
+        )
     rows: dict[str, dict[int, float]] = {
         f"{arm}: lambda_{branch[0].upper()} (loss decay rate per 1000 steps, up to T_w)": {
             s: 1000 * v for s, v in rates[f"{arm}|loss_{branch}"].items()
@@ -547,6 +564,8 @@ def study_agr_curriculum(
                 ("e_above_h", "share β·S_E > S_H"),
             ):
                 rows[f"{arm} @ {where}: {label}"] = values(arm, where, key)
+    rows |= world_rows
+    classes += world_classes
     keys = [
         k for k in ("routing_weight", "gate", "alpha", "beta") if any(k in r for r in logs[four])
     ]
@@ -564,6 +583,15 @@ def study_agr_curriculum(
         f"({t_w - a0} router steps before T_w; single: {t_w}), beta until {b_end}; AGR with "
         f"embed_dim={embed_dim} (paper 512) for time; statistics on {len(image_ids)} matched "
         "test pairs (B² pairs as in Definition 5.2)."
+        + (
+            " Claims and their controls decided on world-inclusive intervals: the three arms "
+            "trained again with seed s on the synthetic world of seed s (each at the learning "
+            "rate it chose here), the statistics at T_w on that world's matched test pairs; the "
+            "seed-only intervals on this world are reported beside them. The premise "
+            "(lambda_E > 2 lambda_H) is measured on this world only."
+            if world_rows
+            else ""
+        )
     )
     return _result(
         "agr-curriculum",
@@ -590,6 +618,80 @@ def study_agr_curriculum(
             for a, st in stats.items()
         },
     )
+
+
+def _routing_on(
+    recipe: Recipe, store: FeatureStore, image_ids: torch.Tensor, text_ids: torch.Tensor
+) -> dict[str, float]:
+    """``recipe.routing_summary`` on the matched rows (``image_ids[i]`` with ``text_ids[i]``,
+    [P] each; ``_test_pairs``) of ``store``."""
+    from curvalign.eval import embed, embed_text_part
+
+    with torch.no_grad():
+        t = embed_text_part(recipe, store, "text", text_ids)
+        i = embed(recipe, store.image_features[image_ids].float(), "image")
+    return recipe.routing_summary(t, i)
+
+
+def _agr_world_claims(
+    bench: kit.Bench,
+    data: str,
+    seed_list: Sequence[int],
+    arms: dict[str, list[str]],
+    marks: tuple[int, int],
+    claims: list[dict[str, Any]],
+) -> tuple[list[dict[str, Any]], dict[str, dict[int, float]], list[str]]:
+    """AGR-curriculum's three claims and their controls re-decided on world-inclusive
+    intervals: every arm (``arms``: its full overrides) trained with seed s on the world of seed
+    s (``world_inclusive``, last weights), ``recipe.routing_summary`` at ``marks`` = (T_w, end)
+    on that world's matched test pairs. Returns the claims, the per-world rows for the metric
+    table and the per-world rows of the Definition 5.2 table."""
+    t_w = marks[0]
+
+    def on_mark(wb: kit.Bench, arm: str, step: int, recipe: Recipe) -> dict[str, float]:
+        where = "T_w" if step == t_w else "end"
+        summary = _routing_on(recipe, wb.store, *_test_pairs(wb.store))
+        return {f"{arm} @ {where}: {k}": v for k, v in summary.items()}
+
+    world = world_inclusive(
+        bench,
+        data,
+        seed_list,
+        arms,
+        AGR.name,
+        measure=lambda wb, w, arm, recipe: {},
+        marks=marks,
+        on_mark=on_mark,
+        select_best=False,
+    )
+
+    def at(arm: str, key: str) -> dict[int, float]:
+        return world[f"{arm} @ T_w: {key}"]
+
+    single, four, control = "single", "four-phase", "control (no beta throttle)"
+    w_single = at(single, "w_mean")
+    w_ctrl = _finite_difference(at(control, "w_mean"), w_single)
+    m_ctrl = _finite_difference(at(control, "euclidean_share"), at(single, "euclidean_share"))
+    finite = all(math.isfinite(v) for v in w_single.values())
+    effects = [
+        (_scalar(w_single, 0.9) if finite else _nan_interval(), w_ctrl),
+        (_finite_difference(w_single, at(four, "w_mean")), w_ctrl),
+        (_finite_difference(at(single, "euclidean_share"), at(four, "euclidean_share")), m_ctrl),
+    ]
+    decided = [
+        _with_world(c, e if e.n else None, data, world_control=k if k.n else None)
+        for c, (e, k) in zip(claims, effects, strict=True)
+    ]
+    rows, classes = {}, []
+    for arm in arms:
+        for key, label in (("w_mean", "w̄"), ("euclidean_share", "m̄")):
+            rows[f"{arm} @ T_w: {label} (world of its seed)"] = at(arm, key)
+        ws = kit.per_seed(at(arm, "w_mean"))
+        classes.append(
+            f"| {arm} (world of its seed) | {', '.join(f'{w:.3f}' for w in ws)} | "
+            f"{', '.join(routing_class(w) for w in ws)} |"
+        )
+    return decided, rows, classes
 
 
 # --- dualpath-forgetting (seed 004) ---------------------------------------------------------------
@@ -888,6 +990,7 @@ def study_atmg_curvature(
     curvatures: Sequence[float] = CURVATURES,
     stable_margin: float = 0.02,
     control_noise: float = CONTROL_NOISE,
+    vary_world: bool = True,
 ) -> dict[str, Any]:
     """AtMG vs MERU at fixed curvatures (the authors' configs: curvature not learnt), zero-shot
     top-1 with validation-selected weights.
@@ -904,6 +1007,12 @@ def study_atmg_curvature(
     Secondary (reported, not decided): hierarchy ordering in both directions against the
     untrained head: text chains; image pairs with the crop closer to the origin (HyCoCLIP) and
     with the crop further out (AtMG's Table 3: parts further from the origin).
+    ``vary_world`` (synthetic data): the claims are about the methods, not one world, so MERU and
+    AtMG at every curvature are trained again with seed s on the world of seed s
+    (``world_inclusive``, each arm at the learning rate it chose on the study's world); each claim
+    is decided on that world-inclusive interval and the fixed-world (seed-only) one is reported
+    beside it (``_with_world``). The label-noise control, the sanity row and the orderings stay
+    on the study's world.
     """
     from curvalign.report import plots
 
@@ -1006,6 +1115,9 @@ def study_atmg_curvature(
             paper_source="seed 001, Table 5: AtMG 29.6 at c=0.1, mean 29.05 at c ≥ 0.5",
         ),
     ]
+    world_rows: dict[str, dict[int, float]] = {}
+    if vary_world and data.strip().startswith("synthetic") and high:
+        claims, world_rows = _atmg_world_claims(bench, data, seeds_, curvatures, claims)
     rows = {
         f"{r} c={c:g} {kind}: zero-shot top-1": zs[(r, c, kind)]
         for r in (MERU, ATMG)
@@ -1015,6 +1127,7 @@ def study_atmg_curvature(
     rows[f"{ATMG} c={low:g} {control_noise:.0%} label noise: zero-shot top-1"] = zs[
         (ATMG, low, "noisy")
     ]
+    rows |= world_rows
     secondary = ["| recipe, ordering | trained - untrained (mean over c, 95%) |", "|---|---:|"]
     for r in (MERU, ATMG):
         for key in (
@@ -1053,6 +1166,14 @@ def study_atmg_curvature(
     setup = (
         f"{data}, {steps} steps per run, curvature fixed (learn_curvature=false) at "
         f"{', '.join(f'{c:g}' for c in curvatures)}; weights selected on validation mean R@1."
+        + (
+            " Claims decided on world-inclusive intervals: MERU and AtMG at every curvature "
+            "trained again with seed s on the synthetic world of seed s (each arm at the "
+            "learning rate it chose here); the seed-only interval on this world is reported "
+            "beside each, the label-noise control and the sanity row on this world only."
+            if world_rows
+            else ""
+        )
     )
     return _result(
         "atmg-curvature",
@@ -1070,6 +1191,54 @@ def study_atmg_curvature(
         figures=figures,
         notes=ATMG_NOTES,
     )
+
+
+def _atmg_world_claims(
+    bench: kit.Bench,
+    data: str,
+    seed_list: Sequence[int],
+    curvatures: Sequence[float],
+    claims: list[dict[str, Any]],
+) -> tuple[list[dict[str, Any]], dict[str, dict[int, float]]]:
+    """AtMG-curvature's three claims re-decided on world-inclusive intervals
+    (``world_inclusive``: MERU and AtMG at every curvature trained with seed s on the world of
+    seed s, zero-shot top-1 measured there), and the per-world rows for the metric table. The
+    claims keep their own inputs (regime, threshold, delta) and their seed-only control."""
+    arms, recipes = {}, {}
+    for c in curvatures:
+        for recipe in (MERU, ATMG):
+            label = f"{recipe}-c{c:g}"
+            arms[label] = [
+                f"curvature_init={c}",
+                "learn_curvature=false",
+                f"curvature_min={min(c, 0.1)}",
+            ]
+            recipes[label] = recipe
+
+    def measure(wb: kit.Bench, w: Any, arm: str, recipe: Recipe) -> dict[str, float]:
+        return {arm: wb.evaluate(recipe).metric("zeroshot/top1", math.nan)}
+
+    wr = world_inclusive(bench, data, seed_list, arms, recipes, measure=measure)
+    low = min(curvatures)
+    high = [c for c in curvatures if c >= 0.5]
+
+    def avg(recipe: str, cs: Sequence[float]) -> dict[int, float]:
+        return {s: sum(wr[f"{recipe}-c{c:g}"][s] for c in cs) / len(cs) for s in seed_list}
+
+    world_effects = [
+        _finite_difference(avg(ATMG, high), avg(MERU, high)),
+        _finite_difference(wr[f"{MERU}-c{low:g}"], avg(MERU, high)),
+        _finite_difference(avg(ATMG, high), wr[f"{ATMG}-c{low:g}"]),
+    ]
+    decided = [
+        _with_world(c, w if w.n else None, data) for c, w in zip(claims, world_effects, strict=True)
+    ]
+    rows = {
+        f"{recipes[a]} c={c:g} trained: zero-shot top-1 (world of its seed)": wr[a]
+        for c in curvatures
+        for a in (f"{MERU}-c{c:g}", f"{ATMG}-c{c:g}")
+    }
+    return decided, rows
 
 
 def _nan_interval() -> kit.Interval:
@@ -1910,15 +2079,23 @@ def world_inclusive(
     data: str,
     seed_list: Sequence[int],
     arms: dict[str, list[str]],
-    recipe: str,
+    recipe: str | dict[str, str],
     prepare: Callable[[FeatureStore], FeatureStore] = lambda s: s,
     measure: Callable[[kit.Bench, Any, str, Any], dict[str, float]] | None = None,
+    *,
+    marks: Sequence[int] = (),
+    on_mark: Callable[[kit.Bench, str, int, Any], dict[str, float]] | None = None,
+    select_best: bool = True,
 ) -> dict[str, dict[int, float]]:
     """Mean R@1 of every arm when seed s trains and is evaluated on the synthetic world of seed
     s (``data`` + ``,seed=s``): per-seed values whose spread includes the world's, so a paired
     interval over them is *world-inclusive*. Each arm keeps the learning rate ``bench`` chose on
-    its own world (no new tuning). ``measure(world_bench, world, arm, recipe)`` -> {row: value}
-    replaces the default {arm: mean R@1} (a claim measured on another metric)."""
+    its own world (no new tuning). ``recipe``: the recipe every arm trains, or arm -> recipe.
+    ``measure(world_bench, world, arm, recipe)`` -> {row: value} replaces the default
+    {arm: mean R@1} (a claim measured on another metric). A statistic measured during training
+    (``Bench.train``'s ``marks``): ``on_mark(world_bench, arm, step, recipe)`` -> {row: value} at
+    each of ``marks``, its rows recorded like ``measure``'s; ``select_best=False`` keeps the last
+    weights (as the arm's run on the study's own world does)."""
     out: dict[str, dict[int, float]] = {}
     for seed in seed_list:
         spec = f"{data},seed={seed}" if ":" in data else f"{data}:seed={seed}"
@@ -1938,8 +2115,28 @@ def world_inclusive(
         for arm, extra in arms.items():
             chosen = bench.lr_choice.get(arm, {}).get("chosen")
             lr = [f"lr={chosen:g}"] if chosen is not None else []
-            run = world_bench.train(arm, recipe, [*extra, *lr], seed)
-            values = (
+            marked: dict[str, float] = {}
+
+            def record(
+                step: int,
+                model: Any,
+                arm: str = arm,
+                wb: kit.Bench = world_bench,
+                marked: dict[str, float] = marked,
+            ) -> None:
+                assert on_mark is not None
+                marked.update(on_mark(wb, arm, step, model))
+
+            run = world_bench.train(
+                arm,
+                recipe if isinstance(recipe, str) else recipe[arm],
+                [*extra, *lr],
+                seed,
+                select_best=select_best,
+                marks=marks if on_mark is not None else (),
+                on_mark=record if on_mark is not None else None,
+            )
+            values = marked | (
                 measure(world_bench, world, arm, run.recipe)
                 if measure is not None
                 else {arm: kit.mean_r1(world_bench.evaluate(run.recipe))}
@@ -1950,12 +2147,19 @@ def world_inclusive(
 
 
 def _with_world(
-    claim: dict[str, Any], world_effect: kit.Interval | None, data: str
+    claim: dict[str, Any],
+    world_effect: kit.Interval | None,
+    data: str,
+    world_control: kit.Interval | None = None,
 ) -> dict[str, Any]:
     """``claim`` (decided on its fixed-world, seed-only interval) re-decided on the
-    world-inclusive interval where there is one; the seed-only interval is kept beside it
-    (``seed_only``, and in ``effect_text``). The Holm correction (``_result``) reads the
-    world-inclusive one."""
+    world-inclusive interval where there is one, with every other input of its decision (the
+    ``inputs`` of ``kit.claim_record``: threshold, delta, budget, paper effect, control size,
+    precondition, regime) and its unit, role and paper source kept; the seed-only interval is
+    kept beside it (``seed_only``, and in ``effect_text``). ``world_control``: where the control
+    compares arms that were trained on the world of each seed too, its world-inclusive interval,
+    which then decides (the seed-only control is kept in ``seed_only_control``); None: the
+    claim's own control. The Holm correction (``_result``) reads the world-inclusive ones."""
     if world_effect is None:
         return claim
     inputs = dict(claim["inputs"])
@@ -1970,10 +2174,11 @@ def _with_world(
     again = kit.claim_record(
         claim["claim"] + ", world-inclusive",
         world_effect,
-        control_iv,
-        claim["control_what"],
+        world_control if world_control is not None else control_iv,
+        claim["control_what"] + (", world-inclusive" if world_control is not None else ""),
         paper_source=claim.get("paper_source", ""),
         role=claim["role"],
+        unit=claim.get("unit", "points"),
         **inputs,
     )
     again["sanity"], again["sanity_text"] = claim["sanity"], claim["sanity_text"]
@@ -1987,6 +2192,11 @@ def _with_world(
             else f", which alone gives {claim['outcome']}"
         )
     )
+    if world_control is not None:
+        again["seed_only_control"] = control
+        again["control_text"] += f"; seed-only (world {data}): " + (
+            "none" if control_iv is None else control_iv.format(scale, 2)
+        )
     return again
 
 

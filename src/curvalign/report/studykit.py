@@ -257,6 +257,8 @@ def claim_record(
     return {
         "claim": what,
         "role": role,
+        # the unit of the texts (``_interval_text``): kept so that a re-decided claim says it too
+        "unit": unit,
         "outcome": verdict.text,
         "verdict": verdict.kind,
         "inputs": inputs,
