@@ -1114,3 +1114,70 @@ def test_claims_about_a_method_are_decided_across_worlds(
         # the label-noise control stays on the study's world: the same interval both ways
         for world, alone in zip(varied["claims"], fixed["claims"], strict=True):
             assert world["control"] == alone["control"]
+
+
+DUALPATH_TINY = (
+    "synthetic:images=160,text_pairs=60,captions_max=3,paraphrase_topics=8,heldout_pairs=40"
+)
+
+
+def _dualpath_world_study(tmp_path, vary_world):
+    from curvalign.report.studies import parse_study_options, run_study
+
+    return run_study(
+        "dualpath-forgetting",
+        tmp_path / f"dualpath-{vary_world}",
+        steps=4,
+        seeds=2,
+        data=DUALPATH_TINY,
+        overrides=TINY_TRAIN,
+        lr_grid=(),
+        **parse_study_options("dualpath-forgetting", [f"vary_world={vary_world}"]),
+    )
+
+
+def test_dualpath_claims_are_decided_across_worlds(tmp_path, one_thread):
+    from curvalign.runs import load_run
+
+    varied = _dualpath_world_study(tmp_path, True)
+    fixed = _dualpath_world_study(tmp_path, False)
+    assert len(varied["claims"]) == len(fixed["claims"]) == 4
+    for world, alone in zip(varied["claims"], fixed["claims"], strict=True):
+        assert world["claim"] == alone["claim"] + ", world-inclusive"
+        assert "seed-only (world" in world["effect_text"] and world["seed_only"]["n"] == 2
+        # the seed-only interval is the fixed-world study's own change difference
+        assert world["seed_only"]["mean"] == pytest.approx(alone["effect"]["mean"], nan_ok=True)
+        # every input but the gate precondition (measured on the worlds' runs) is the claim's
+        assert {k: v for k, v in world["inputs"].items() if k != "precondition"} == {
+            k: v for k, v in alone["inputs"].items() if k != "precondition"
+        }
+        # the conflicting-pairs control stays on the study's world
+        assert world["control"] == alone["control"]
+        assert "world-inclusive" not in alone["claim"] and "seed_only" not in alone
+        assert "seed-only" not in alone["effect_text"]
+    root = tmp_path / "dualpath-True"
+    for seed in (0, 1):
+        runs = root / f"world-{seed}" / "runs"
+        # the four compared arms train on the world of each seed; the control does not
+        assert {p.name for p in runs.iterdir()} == {
+            f"{arm}-s{seed}" for arm in ("full", "gate-open", "no-gate", "no-phase-2-text-pairs")
+        }
+    # the gate-opened precondition is evaluated on the gate of the worlds' runs (last weights)
+    for claim, arm in ((varied["claims"][1], "full"), (varied["claims"][2], "gate-open")):
+        g = [
+            load_run(
+                root / f"world-{s}" / "runs" / f"{arm}-s{s}", weights="last"
+            ).recipe.gate_value()
+            for s in (0, 1)
+        ]
+        mean = sum(g) / 2
+        expected = None if mean >= 0.5 else f"g = {mean:.3f} < 0.5"
+        precondition = claim["inputs"]["precondition"]
+        assert precondition is None if expected is None else expected in precondition
+    # the skill on the world of each seed differs from the skill on the study's world
+    for row in ("full @ end: spearman", "gate open @ phase 1: gate", "no gate @ end: image R@1"):
+        assert f"{row} (world of its seed)" in varied["markdown"]
+    assert "world of its seed" not in fixed["markdown"]
+    assert "world-inclusive" in varied["setup"] and "world-inclusive" not in fixed["setup"]
+    assert "control (conflicting pairs) is trained on this world only" in varied["setup"]
+    assert not (tmp_path / "dualpath-False" / "world-0").exists()

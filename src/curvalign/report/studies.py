@@ -19,10 +19,10 @@ Every study
   the output), Holm-corrected over the study's claims (``studykit.apply_holm``): holds / does
   not hold / equivalent within ±delta / inconclusive / underpowered at n seeds / not reproduced
   in this regime.
-* on a synthetic world, decides each claim about a method (PHyCLIP's, ProCLIP's, AtMG's, AGR's)
-  on a *world-inclusive* interval (``vary_world``: seed s trains and is evaluated on the world of
-  seed s, ``world_inclusive``), the fixed-world (seed-only) interval reported beside it
-  (``_with_world``).
+* on a synthetic world, decides each claim about a method (PHyCLIP's, ProCLIP's, AtMG's, AGR's,
+  DualPath's) on a *world-inclusive* interval (``vary_world``: seed s trains and is evaluated on
+  the world of seed s, ``world_inclusive``), the fixed-world (seed-only) interval reported
+  beside it (``_with_world``).
 
 Each study is ``study_NAME(out, *, steps, data, overrides, seeds, seed_base, lr_grid,
 show_progress, notify, **options)`` returning a JSON-ready dict; ``run_study`` writes
@@ -730,6 +730,7 @@ def study_dualpath_forgetting(
     notify: Notify = lambda m: None,
     margin: float = 0.02,
     gate_speed: float = 50.0,
+    vary_world: bool = True,
 ) -> dict[str, Any]:
     """Phase-1 skill measured as the paper means it, before and after Phase 2.
 
@@ -750,6 +751,15 @@ def study_dualpath_forgetting(
     Calibrated control for each: the control arm's forgetting (Phase 1 - end) must be > 0 and
     at least ``margin``.
     Need: Phase 1 >= 100 steps, else "too short to test the claim".
+    ``vary_world`` (synthetic data): the claims are about the method, not one world, so the four
+    arms the claims compare (full, gate open, no gate, no phase-2 text pairs) are trained again
+    with seed s on the world of seed s (``world_inclusive``, each at the learning rate it chose on
+    the study's world, validated as here, last weights), the skill at the Phase-1 end and at the
+    end measured on that world's held-out pairs; each claim is decided on the world-inclusive
+    interval of its change difference, the fixed-world (seed-only) one reported beside it
+    (``_with_world``), its precondition (the gate opened) evaluated on the gate values of those
+    runs. The control (conflicting pairs, which swaps the data at the switch) stays on the
+    study's world: it calibrates the measurement, not the method.
     """
     from curvalign.report import plots
     from curvalign.runs import read_log
@@ -801,16 +811,7 @@ def study_dualpath_forgetting(
     )
 
     def skill(recipe: Recipe, idx: torch.Tensor) -> dict[str, float]:
-        with torch.no_grad():
-            a = recipe.embed_text_pairs(heldout.a_features[idx].float())
-            b = recipe.embed_text_pairs(heldout.b_features[idx].float())
-            rho = spearman(recipe.pair_scores(a, b), heldout.scores[idx])
-            same = torch.nonzero(heldout.topic_a[idx] == heldout.topic_b[idx]).flatten()
-            qa = {k: v[same] for k, v in a.items()}
-            s = recipe.scores(qa, b)  # [q, n]: every held-out b text is a candidate
-            top = s.argmax(dim=1)
-            r1 = float((heldout.topic_b[idx][top] == heldout.topic_a[idx][same]).float().mean())
-        return {"spearman": rho, "t2t@1": r1}
+        return _paraphrase_skill(recipe, heldout, idx)
 
     def val(recipe: Recipe) -> float:
         return 0.5 * (skill(recipe, val_idx)["spearman"] + kit.val_score(recipe, bench.store))
@@ -876,9 +877,7 @@ def study_dualpath_forgetting(
     )
 
     def gate_opened(arm: str) -> str | None:
-        g = [v for v in kit.per_seed(measured.get(f"{arm}|end|gate", {})) if math.isfinite(v)]
-        mean = sum(g) / len(g) if g else math.nan
-        return None if mean >= 0.5 else f"the gate reached g = {mean:.3f} < 0.5: it never opened"
+        return _gate_opened(measured.get(f"{arm}|end|gate", {}))
 
     claims = [
         claim(
@@ -904,11 +903,18 @@ def study_dualpath_forgetting(
             delta=None,
         ),
     ]
+    world_rows: dict[str, dict[int, float]] = {}
+    if vary_world and data.strip().startswith("synthetic"):
+        compared = {a: base + e for a, e in arms.items() if a != control}
+        claims, world_rows = _dualpath_world_claims(
+            bench, data, seed_list, compared, (switch, steps), claims
+        )
     rows = {}
     for arm in arms:
         for where in ("phase 1", "end"):
             for key in ("spearman", "t2t@1", "image R@1", "gate"):
                 rows[f"{arm} @ {where}: {key}"] = measured.get(f"{arm}|{where}|{key}", {})
+    rows |= world_rows
     figures = [
         plots.log_curves(
             logs,
@@ -927,6 +933,16 @@ def study_dualpath_forgetting(
         f"{max(1, steps // 8)} steps; heads at model_dim 256 / hidden 512 / embed 128 for time; "
         f"gate_speed {gate_speed:g} (learning-rate multiplier of θ); skill on {len(test_idx)} "
         "held-out pairs with the text-pair prefix."
+        + (
+            " Claims decided on world-inclusive intervals: full, gate open, no gate and no "
+            "phase-2 text pairs trained again with seed s on the synthetic world of seed s (each "
+            "at the learning rate it chose here), the skill measured on that world's held-out "
+            "pairs and the gate-opened precondition on those runs' gate; the seed-only intervals "
+            "on this world are reported beside them. The control (conflicting pairs) is trained "
+            "on this world only."
+            if world_rows
+            else ""
+        )
     )
     return _result(
         "dualpath-forgetting",
@@ -943,6 +959,111 @@ def study_dualpath_forgetting(
         val_what="validation mean of (held-out Spearman, image-text mean R@1)",
         switch_step=switch,
     )
+
+
+def _paraphrase_skill(recipe: Recipe, heldout: Any, idx: torch.Tensor) -> dict[str, float]:
+    """The Phase-1 skill on the held-out paraphrase pairs ``idx`` ([P] row ids) of ``heldout``
+    (a world's ``heldout_pairs``): Spearman of the cosine of the text-pair embeddings
+    (``recipe.embed_text_pairs``) against the pair score, and text-text R@1 (each same-topic
+    query a must retrieve a text of its topic first among all P b texts)."""
+    with torch.no_grad():
+        a = recipe.embed_text_pairs(heldout.a_features[idx].float())
+        b = recipe.embed_text_pairs(heldout.b_features[idx].float())
+        rho = spearman(recipe.pair_scores(a, b), heldout.scores[idx])
+        same = torch.nonzero(heldout.topic_a[idx] == heldout.topic_b[idx]).flatten()
+        qa = {k: v[same] for k, v in a.items()}
+        s = recipe.scores(qa, b)  # [q, P]: every held-out b text is a candidate
+        top = s.argmax(dim=1)
+        r1 = float((heldout.topic_b[idx][top] == heldout.topic_a[idx][same]).float().mean())
+    return {"spearman": rho, "t2t@1": r1}
+
+
+def _gate_opened(gates: dict[int, float]) -> str | None:
+    """None when the mean end-of-run gate value over the seeds (``gates``: seed -> g) reached
+    0.5, else why the gate claim's precondition fails."""
+    g = [v for v in kit.per_seed(gates) if math.isfinite(v)]
+    mean = sum(g) / len(g) if g else math.nan
+    return None if mean >= 0.5 else f"the gate reached g = {mean:.3f} < 0.5: it never opened"
+
+
+def _dualpath_world_claims(
+    bench: kit.Bench,
+    data: str,
+    seed_list: Sequence[int],
+    arms: dict[str, list[str]],
+    marks: tuple[int, int],
+    claims: list[dict[str, Any]],
+) -> tuple[list[dict[str, Any]], dict[str, dict[int, float]]]:
+    """DualPath-forgetting's four claims re-decided on world-inclusive intervals: every arm
+    (``arms``: its full overrides) trained with seed s on the world of seed s
+    (``world_inclusive``, validated on that world's held-out pairs and image-text R@1 as on the
+    study's world, last weights), the skill, image-text mean R@1 and gate at ``marks`` =
+    (Phase-1 end, end) on that world's held-out test pairs. The gate claims' precondition is
+    evaluated on those runs' gate; the other inputs (threshold, delta, budget) and the control
+    are the claim's own. Returns the claims and the per-world rows for the metric table."""
+    switch = marks[0]
+    heldouts = {}
+    for seed in seed_list:
+        spec = f"{data},seed={seed}" if ":" in data else f"{data}:seed={seed}"
+        heldout = getattr(load_study_data(spec)[1], "heldout_pairs", None)
+        if heldout is None:
+            raise ConfigError(f"dualpath-forgetting: the world {spec!r} has no held-out pairs")
+        heldouts[spec] = heldout
+
+    def split(wb: kit.Bench) -> tuple[Any, torch.Tensor, torch.Tensor]:
+        heldout = heldouts[wb.spec]
+        n = len(heldout.scores)
+        return heldout, torch.arange(0, n, 2), torch.arange(1, n, 2)
+
+    def val(wb: kit.Bench, recipe: Recipe) -> float:
+        heldout, val_idx, _ = split(wb)
+        rho = _paraphrase_skill(recipe, heldout, val_idx)["spearman"]
+        return 0.5 * (rho + kit.val_score(recipe, wb.store))
+
+    def on_mark(wb: kit.Bench, arm: str, step: int, recipe: Recipe) -> dict[str, float]:
+        where = "phase 1" if step == switch else "end"
+        heldout, _, test_idx = split(wb)
+        values = _paraphrase_skill(recipe, heldout, test_idx)
+        values["image R@1"] = kit.mean_r1(wb.evaluate(recipe))
+        values["gate"] = recipe.gate_value()
+        return {f"{arm}|{where}|{k}": v for k, v in values.items()}
+
+    world = world_inclusive(
+        bench,
+        data,
+        seed_list,
+        arms,
+        DualPath.name,
+        measure=lambda wb, w, arm, recipe: {},
+        marks=marks,
+        on_mark=on_mark,
+        select_best=False,
+        val_fn=val,
+    )
+
+    def change(arm: str) -> dict[int, float]:
+        end, p1 = world[f"{arm}|end|spearman"], world[f"{arm}|phase 1|spearman"]
+        return {s: end[s] - p1[s] for s in end}
+
+    effects = [
+        (_scalar(change("full")), None),
+        (kit.difference(change("full"), change("no gate")), "full"),
+        (kit.difference(change("gate open"), change("no gate")), "gate open"),
+        (kit.difference(change("full"), change("no phase-2 text pairs")), None),
+    ]
+    decided = []
+    for claim, (effect, gated) in zip(claims, effects, strict=True):
+        if gated is not None:
+            inputs = claim["inputs"] | {"precondition": _gate_opened(world[f"{gated}|end|gate"])}
+            claim = claim | {"inputs": inputs}
+        decided.append(_with_world(claim, effect if effect.n else None, data))
+    rows = {
+        f"{arm} @ {where}: {key} (world of its seed)": world.get(f"{arm}|{where}|{key}", {})
+        for arm in arms
+        for where in ("phase 1", "end")
+        for key in ("spearman", "t2t@1", "image R@1", "gate")
+    }
+    return decided, rows
 
 
 # --- atmg-curvature (seed 001, Table 5; Tables 3-4 as secondary evidence) ------------------------
@@ -2086,6 +2207,7 @@ def world_inclusive(
     marks: Sequence[int] = (),
     on_mark: Callable[[kit.Bench, str, int, Any], dict[str, float]] | None = None,
     select_best: bool = True,
+    val_fn: Callable[[kit.Bench, Any], float] | None = None,
 ) -> dict[str, dict[int, float]]:
     """Mean R@1 of every arm when seed s trains and is evaluated on the synthetic world of seed
     s (``data`` + ``,seed=s``): per-seed values whose spread includes the world's, so a paired
@@ -2095,7 +2217,9 @@ def world_inclusive(
     {arm: mean R@1} (a claim measured on another metric). A statistic measured during training
     (``Bench.train``'s ``marks``): ``on_mark(world_bench, arm, step, recipe)`` -> {row: value} at
     each of ``marks``, its rows recorded like ``measure``'s; ``select_best=False`` keeps the last
-    weights (as the arm's run on the study's own world does)."""
+    weights (as the arm's run on the study's own world does). ``val_fn(world_bench, recipe)``:
+    the validation value on that world (default: mean R@1 on its "val" split), as the arm's
+    ``Bench.train`` on the study's world had it (it drives the plateau extension)."""
     out: dict[str, dict[int, float]] = {}
     for seed in seed_list:
         spec = f"{data},seed={seed}" if ":" in data else f"{data}:seed={seed}"
@@ -2135,6 +2259,7 @@ def world_inclusive(
                 select_best=select_best,
                 marks=marks if on_mark is not None else (),
                 on_mark=record if on_mark is not None else None,
+                val_fn=((lambda r, wb=world_bench: val_fn(wb, r)) if val_fn is not None else None),
             )
             values = marked | (
                 measure(world_bench, world, arm, run.recipe)
