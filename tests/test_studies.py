@@ -1136,10 +1136,25 @@ def _dualpath_world_study(tmp_path, vary_world):
     )
 
 
-def test_dualpath_claims_are_decided_across_worlds(tmp_path, one_thread):
+def test_dualpath_claims_are_decided_across_worlds(tmp_path, one_thread, monkeypatch):
+    from curvalign.report import studies
     from curvalign.runs import load_run
 
+    measured_on = []  # the held-out pair scores every skill measurement read
+    skill = studies._paraphrase_skill
+
+    def recording(recipe, heldout, idx):
+        measured_on.append(heldout.scores)
+        return skill(recipe, heldout, idx)
+
+    monkeypatch.setattr(studies, "_paraphrase_skill", recording)
     varied = _dualpath_world_study(tmp_path, True)
+    # the runs on the world of seed 1 are measured on that world's held-out pairs
+    world_1 = studies.load_study_data(f"{DUALPATH_TINY},seed=1")[1].heldout_pairs.scores
+    base = studies.load_study_data(DUALPATH_TINY)[1].heldout_pairs.scores
+    assert not torch.equal(world_1, base)
+    assert any(torch.equal(s, world_1) for s in measured_on)
+    monkeypatch.undo()
     fixed = _dualpath_world_study(tmp_path, False)
     assert len(varied["claims"]) == len(fixed["claims"]) == 4
     for world, alone in zip(varied["claims"], fixed["claims"], strict=True):
@@ -1174,7 +1189,7 @@ def test_dualpath_claims_are_decided_across_worlds(tmp_path, one_thread):
         expected = None if mean >= 0.5 else f"g = {mean:.3f} < 0.5"
         precondition = claim["inputs"]["precondition"]
         assert precondition is None if expected is None else expected in precondition
-    # the skill on the world of each seed differs from the skill on the study's world
+    # the per-world rows of the metric table
     for row in ("full @ end: spearman", "gate open @ phase 1: gate", "no gate @ end: image R@1"):
         assert f"{row} (world of its seed)" in varied["markdown"]
     assert "world of its seed" not in fixed["markdown"]
