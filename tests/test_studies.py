@@ -1196,3 +1196,13 @@ def test_dualpath_claims_are_decided_across_worlds(tmp_path, one_thread, monkeyp
     assert "world-inclusive" in varied["setup"] and "world-inclusive" not in fixed["setup"]
     assert "control (conflicting pairs) is trained on this world only" in varied["setup"]
     assert not (tmp_path / "dualpath-False" / "world-0").exists()
+
+
+def test_agr_routing_claims_need_an_open_gate() -> None:
+    """With the query gate shut the router is barely trained, so w̄ cannot test Theorem 5.3."""
+    from curvalign.report.studies import AGR_GATE_OPEN, agr_gate_precondition
+
+    assert agr_gate_precondition({"single": 0.997, "four-phase": AGR_GATE_OPEN}) is None
+    shut = agr_gate_precondition({"single": 0.02, "four-phase": 0.9})
+    assert shut is not None and "single g = 0.02" in shut and "four-phase" not in shut
+    assert agr_gate_precondition({"single": float("nan")}) is not None
