@@ -1059,16 +1059,16 @@ def test_with_world_keeps_every_input_of_the_decision():
     assert _with_world(short, CLEAR_GAIN, "synthetic")["outcome"] == kit.TOO_SHORT
 
 
-def _world_study(tmp_path, name, vary_world, **options):
+def _world_study(tmp_path, name, vary_world, steps=3, data=TINY, **options):
     from curvalign.report.studies import parse_study_options, run_study
 
     options |= parse_study_options(name, [f"vary_world={vary_world}"])
     return run_study(
         name,
         tmp_path / f"{name}-{vary_world}",
-        steps=3,
+        steps=steps,
         seeds=2,
-        data=TINY,
+        data=data,
         overrides=TINY_TRAIN,
         lr_grid=(),
         **options,
@@ -1121,21 +1121,6 @@ DUALPATH_TINY = (
 )
 
 
-def _dualpath_world_study(tmp_path, vary_world):
-    from curvalign.report.studies import parse_study_options, run_study
-
-    return run_study(
-        "dualpath-forgetting",
-        tmp_path / f"dualpath-{vary_world}",
-        steps=4,
-        seeds=2,
-        data=DUALPATH_TINY,
-        overrides=TINY_TRAIN,
-        lr_grid=(),
-        **parse_study_options("dualpath-forgetting", [f"vary_world={vary_world}"]),
-    )
-
-
 def test_dualpath_claims_are_decided_across_worlds(tmp_path, one_thread, monkeypatch):
     from curvalign.report import studies
     from curvalign.runs import load_run
@@ -1148,14 +1133,14 @@ def test_dualpath_claims_are_decided_across_worlds(tmp_path, one_thread, monkeyp
         return skill(recipe, heldout, idx)
 
     monkeypatch.setattr(studies, "_paraphrase_skill", recording)
-    varied = _dualpath_world_study(tmp_path, True)
+    varied = _world_study(tmp_path, "dualpath-forgetting", True, steps=4, data=DUALPATH_TINY)
     # the runs on the world of seed 1 are measured on that world's held-out pairs
     world_1 = studies.load_study_data(f"{DUALPATH_TINY},seed=1")[1].heldout_pairs.scores
     base = studies.load_study_data(DUALPATH_TINY)[1].heldout_pairs.scores
     assert not torch.equal(world_1, base)
     assert any(torch.equal(s, world_1) for s in measured_on)
     monkeypatch.undo()
-    fixed = _dualpath_world_study(tmp_path, False)
+    fixed = _world_study(tmp_path, "dualpath-forgetting", False, steps=4, data=DUALPATH_TINY)
     assert len(varied["claims"]) == len(fixed["claims"]) == 4
     for world, alone in zip(varied["claims"], fixed["claims"], strict=True):
         assert world["claim"] == alone["claim"] + ", world-inclusive"
@@ -1170,7 +1155,7 @@ def test_dualpath_claims_are_decided_across_worlds(tmp_path, one_thread, monkeyp
         assert world["control"] == alone["control"]
         assert "world-inclusive" not in alone["claim"] and "seed_only" not in alone
         assert "seed-only" not in alone["effect_text"]
-    root = tmp_path / "dualpath-True"
+    root = tmp_path / "dualpath-forgetting-True"
     for seed in (0, 1):
         runs = root / f"world-{seed}" / "runs"
         # the four compared arms train on the world of each seed; the control does not
@@ -1195,7 +1180,7 @@ def test_dualpath_claims_are_decided_across_worlds(tmp_path, one_thread, monkeyp
     assert "world of its seed" not in fixed["markdown"]
     assert "world-inclusive" in varied["setup"] and "world-inclusive" not in fixed["setup"]
     assert "control (conflicting pairs) is trained on this world only" in varied["setup"]
-    assert not (tmp_path / "dualpath-False" / "world-0").exists()
+    assert not (tmp_path / "dualpath-forgetting-False" / "world-0").exists()
 
 
 def test_agr_routing_claims_need_an_open_gate() -> None:

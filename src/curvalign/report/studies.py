@@ -686,7 +686,6 @@ def _agr_world_claims(
         seed_list,
         arms,
         AGR.name,
-        measure=lambda wb, w, arm, recipe: {},
         marks=marks,
         on_mark=on_mark,
         select_best=False,
@@ -1061,7 +1060,6 @@ def _dualpath_world_claims(
         seed_list,
         arms,
         DualPath.name,
-        measure=lambda wb, w, arm, recipe: {},
         marks=marks,
         on_mark=on_mark,
         select_best=False,
@@ -2243,7 +2241,8 @@ def world_inclusive(
     ``measure(world_bench, world, arm, recipe)`` -> {row: value} replaces the default
     {arm: mean R@1} (a claim measured on another metric). A statistic measured during training
     (``Bench.train``'s ``marks``): ``on_mark(world_bench, arm, step, recipe)`` -> {row: value} at
-    each of ``marks``, its rows recorded like ``measure``'s; ``select_best=False`` keeps the last
+    each of ``marks``, its rows recorded like ``measure``'s (with ``on_mark`` and no ``measure``
+    there is no default mean R@1, so no extra evaluation); ``select_best=False`` keeps the last
     weights (as the arm's run on the study's own world does). ``val_fn(world_bench, recipe)``:
     the validation value on that world (default: mean R@1 on its "val" split), as the arm's
     ``Bench.train`` on the study's world had it (it drives the plateau extension)."""
@@ -2288,11 +2287,12 @@ def world_inclusive(
                 on_mark=record if on_mark is not None else None,
                 val_fn=((lambda r, wb=world_bench: val_fn(wb, r)) if val_fn is not None else None),
             )
-            values = marked | (
-                measure(world_bench, world, arm, run.recipe)
-                if measure is not None
-                else {arm: kit.mean_r1(world_bench.evaluate(run.recipe))}
-            )
+            if measure is not None:
+                values = marked | measure(world_bench, world, arm, run.recipe)
+            elif on_mark is not None:
+                values = marked
+            else:
+                values = {arm: kit.mean_r1(world_bench.evaluate(run.recipe))}
             for row, value in values.items():
                 out.setdefault(row, {})[seed] = value
     return out
