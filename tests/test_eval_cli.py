@@ -62,7 +62,8 @@ def test_eval_json_prints_one_object_with_the_documented_keys(meru_run):
     assert set(payload["ordering"]["text"]) == {"chain", "pairs"}
     meta = payload["meta"]
     assert meta["recipe"] == "meru" and meta["last_step"] == 4 and meta["weights"] == "best"
-    assert meta["step"] == meta["best_step"] and meta["step"] in (0, 4)  # validated at 0 and 4
+    # a 4-step run validates at every step (the epoch rule keeps ten validations a run)
+    assert meta["step"] == meta["best_step"] and meta["step"] in range(5)
     assert set(payload["health"]) == {"converged", "warnings", "step0"}
     assert payload["health"]["step0"]["batch_size"] >= 2  # the step-0 check's report
     assert all(0.0 <= v <= 1.0 for v in payload["retrieval"].values())

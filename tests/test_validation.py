@@ -132,6 +132,60 @@ def test_bad_validation_settings_are_one_clear_error(kwargs, fragment):
     assert fragment in str(info.value)
 
 
+@pytest.mark.parametrize(
+    "settings, train_images, expected",
+    [
+        ({}, 828, 4),  # wordnet:mammal.n.01's train pairs at batch 256: an epoch is 4 steps
+        ({}, 100_000, 50),  # a large store: never more than 50 steps between two checks
+        ({"steps": 100}, 100_000, 10),  # a short run still validates ten times
+        ({"steps": 5, "batch_size": 8}, 40, 1),  # never below one step
+        ({"batch_size": 16}, 40, 3),  # ceil(40 / 16): a partial last batch counts as a step
+        ({"val_every": 7}, 828, 7),  # a value the user set is kept
+        ({"val_every": 0}, 828, 0),  # ... and so is "no validation"
+    ],
+)
+def test_the_default_validation_interval_is_one_epoch(settings, train_images, expected):
+    assert TrainConfig(**settings).validation_interval(train_images) == expected
+
+
+def test_an_unset_val_every_is_resolved_per_epoch_and_saved(tmp_path):
+    store = toy_store(num_images=40)
+    run = train(
+        "_toy",
+        store,
+        tmp_path / "run",
+        steps=60,
+        overrides=["batch_size=8", "tensorboard=false", "patience=0"],
+        show_progress=False,
+    )
+    # 40 images, 10% held out: 36 train images, batch 8 -> an epoch is 5 steps (ceil 4.5)
+    saved = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert saved["train"]["val_every"] == 5
+    history = json.loads((tmp_path / "run" / "meta.json").read_text())["val_history"]
+    assert [step for step, _ in history] == list(range(0, 61, 5))
+    assert load_run(tmp_path / "run").config.train.val_every == 5
+    assert run.best_step in range(0, 61, 5)
+
+
+def test_print_config_shows_the_resolved_validation_interval(tmp_path):
+    from curvalign.config import describe_config
+
+    store = toy_store(num_images=40)
+    store.save(tmp_path / "store")
+    text = describe_config("_toy", f"features:{tmp_path / 'store'}", overrides=["batch_size=8"])
+    # 36 train images after the 10% hold-out, batch 8: an epoch is 5 steps, as the run saves
+    assert "val_every resolved by the epoch rule (docs/training.md): 5" in text
+    assert "  val_every: 5\n" in text
+    set_by_user = describe_config(
+        "_toy", f"features:{tmp_path / 'store'}", overrides=["batch_size=8", "val_every=9"]
+    )
+    assert "  val_every: 9\n" in set_by_user and "epoch rule" not in set_by_user
+
+
+def test_patience_with_the_default_interval_is_accepted():
+    assert TrainConfig(patience=3).val_every is None  # validates once per epoch: patience counts
+
+
 def test_empty_or_test_overlapping_val_split_is_refused(tmp_path):
     store = toy_store(num_images=40, test_images=10)
     empty = store.subset(torch.arange(50))

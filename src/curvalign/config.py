@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import types
 import typing
 from collections.abc import Callable, Iterable, Mapping
@@ -36,6 +37,10 @@ from curvalign.errors import ConfigError
 
 if TYPE_CHECKING:
     from curvalign.data.features import FeatureStore
+
+
+#: the most steps between two validations under the default epoch rule (``val_every`` unset)
+VAL_EVERY_MAX = 50
 
 
 @dataclass
@@ -59,7 +64,10 @@ class TrainConfig:
     tensorboard      also write TensorBoard scalars under ``tb/``
     val_every        validate every this many steps (and at step 0 and the last step): mean of
                      T2I and I2T recall@1 on the validation split with the recipe's own score;
-                     the best weights are kept in ``best.safetensors``; 0 = no validation
+                     the best weights are kept in ``best.safetensors``; 0 = no validation;
+                     None (the default) = once per epoch of the train split, at most every
+                     ``VAL_EVERY_MAX`` steps and at least ten times a run
+                     (``validation_interval``); the run saves the resolved number
     patience         stop after this many validations without improvement; 0 = never
     val_fraction     share of the train images held out (seeded) for validation when the data
                      has no "val" split of its own; in (0, 1)
@@ -83,7 +91,7 @@ class TrainConfig:
     device: str = "cpu"
     num_threads: int | None = None
     tensorboard: bool = True
-    val_every: int = 50
+    val_every: int | None = None
     patience: int = 0
     val_fraction: float = 0.1
     val_max_images: int = 5000
@@ -104,7 +112,10 @@ class TrainConfig:
             (self.checkpoint_every >= 0, "checkpoint_every must be >= 0 (0 = only at the end)"),
             (self.pair_batch_size >= 1, "pair_batch_size must be >= 1"),
             (self.num_threads is None or self.num_threads >= 1, "num_threads must be >= 1"),
-            (self.val_every >= 0, "val_every must be >= 0 (0 = no validation)"),
+            (
+                self.val_every is None or self.val_every >= 0,
+                "val_every must be >= 0 (0 = no validation; unset = once per epoch)",
+            ),
             (self.patience >= 0, "patience must be >= 0 (0 = no early stopping)"),
             (
                 0.0 < self.val_fraction < 1.0,
@@ -113,14 +124,35 @@ class TrainConfig:
             ),
             (self.val_max_images >= 0, "val_max_images must be >= 0 (0 = every image)"),
             (
-                self.patience == 0 or self.val_every > 0,
-                f"patience={self.patience} needs validation: set val_every > 0 "
+                self.patience == 0 or self.val_every != 0,
+                f"patience={self.patience} needs validation: set val_every > 0 or leave it unset "
                 "(early stopping counts validations without improvement)",
             ),
         ]
         for ok, message in checks:
             if not ok:
                 raise ConfigError(message)
+
+    @property
+    def validates(self) -> bool:
+        """Whether the run validates (``val_every`` unset or > 0)."""
+        return self.val_every != 0
+
+    def validation_interval(self, train_images: int) -> int:
+        """Steps between validations: ``val_every`` when set, else the epoch rule.
+
+        The epoch rule: one validation per epoch (``ceil(train_images / batch_size)`` steps),
+        at most every ``VAL_EVERY_MAX`` steps, and at least ten validations a run
+        (``steps // 10``). Why per epoch: a fixed step count reads as many epochs on a small
+        store (50 steps of 256 pairs are 15 epochs of ``wordnet:mammal.n.01``'s 828 train
+        pairs), where the best weights can come and go between two checks; one validation per
+        epoch costs a fixed share of an epoch's training at any store size, because the
+        validation split is a fixed share of the store (and at most ``val_max_images``).
+        0 when the run does not validate."""
+        if self.val_every is not None:
+            return self.val_every
+        epoch = max(1, math.ceil(max(train_images, 1) / self.batch_size))
+        return max(1, min(VAL_EVERY_MAX, epoch, self.steps // 10))
 
     @property
     def warmup_steps(self) -> int:
@@ -293,8 +325,10 @@ def describe_config(
     from_data = ""
     if resolved.data != "(not given)":
         from curvalign.data import load_store
+        from curvalign.data.validation_split import validation_split
 
-        with_data = resolve_data_init(resolved, load_store(resolved.data)[0])
+        store = load_store(resolved.data)[0]
+        with_data = resolve_data_init(resolved, store)
         changed = [
             k for k, v in with_data.recipe_config.items() if resolved.recipe_config.get(k) != v
         ]
@@ -304,6 +338,14 @@ def describe_config(
             + (", ".join(changed) or "none")
             + "\n"
         )
+        if resolved.train.val_every is None:
+            train = resolved.train
+            split, _ = validation_split(store, train.val_fraction, train.seed, resolved.data)
+            resolved = resolve_val_every(resolved, split)
+            from_data += (
+                f"# val_every resolved by the epoch rule (docs/training.md): "
+                f"{resolved.train.val_every}\n"
+            )
     text = yaml.safe_dump(resolved.to_dict(), sort_keys=False)
     note = (
         f"# trainer keys at the paper defaults of recipe {resolved.recipe} (docs/methods.md): "
@@ -335,6 +377,18 @@ def resolve_data_init(config: RunConfig, store: FeatureStore) -> RunConfig:
     values = {**config.recipe_config, **resolved}
     recipe_config = _build_dataclass(recipe_cls.Config, values, f"recipe {config.recipe!r}")
     return dataclasses.replace(config, recipe_config=init_values(recipe_config))
+
+
+def resolve_val_every(config: RunConfig, store: FeatureStore) -> RunConfig:
+    """``config`` with an unset ``val_every`` resolved by the epoch rule
+    (``TrainConfig.validation_interval``) on ``store``, the store the run trains on with its
+    validation images labelled "val" (``data.validation_split``); a set value is kept."""
+    from curvalign.data.validation_split import train_image_count
+
+    if config.train.val_every is not None:
+        return config
+    every = config.train.validation_interval(train_image_count(store))
+    return dataclasses.replace(config, train=dataclasses.replace(config.train, val_every=every))
 
 
 def recipe_train_defaults(recipe_cls: type) -> dict[str, Any]:

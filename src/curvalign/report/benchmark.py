@@ -383,13 +383,6 @@ def _check_benchmark_request(recipes: list[str], seeds: Any) -> None:
         raise ConfigError(f"recipes listed twice: {', '.join(recipes)}")
 
 
-def _with_val_every(overrides: list[str], steps: int | None) -> list[str]:
-    """``overrides`` with ten validations a run when ``steps`` is given and none is set."""
-    if steps is not None and not any(o.split("=", 1)[0].endswith("val_every") for o in overrides):
-        return [f"val_every={max(1, steps // 10)}"] + overrides
-    return overrides
-
-
 @dataclass(frozen=True)
 class _Bench:
     """What every training run and evaluation of one benchmark shares."""
@@ -609,7 +602,7 @@ def run_benchmark(
     notify = notify or (lambda message: None)
     recipes = list(recipes)
     _check_benchmark_request(recipes, seeds)
-    per_recipe = split_overrides(_with_val_every(list(overrides), steps), recipes)
+    per_recipe = split_overrides(list(overrides), recipes)
     out = Path(out_dir)
 
     t0 = time.perf_counter()

@@ -286,8 +286,6 @@ def run_tuning(
     if isinstance(trials, bool) or not isinstance(trials, int) or trials < 1:
         raise ConfigError(f"--tune needs a number of trials >= 1, got {trials!r}")
     overrides = list(overrides)
-    if steps is not None and not any(o.split("=", 1)[0].endswith("val_every") for o in overrides):
-        overrides = [f"val_every={max(1, steps // 10)}"] + overrides  # as the benchmark does
     per_recipe = split_overrides(overrides, recipes)
     full, spec = load_store(data)
     store = tuning_store(full, seed=seed)

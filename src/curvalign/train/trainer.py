@@ -39,7 +39,13 @@ import torch
 from torch import Tensor, nn
 
 from curvalign._io import WRITE_FAILURES, describe_write_failure, remove_stale_temp_files
-from curvalign.config import RunConfig, TrainConfig, resolve_config, resolve_data_init
+from curvalign.config import (
+    RunConfig,
+    TrainConfig,
+    resolve_config,
+    resolve_data_init,
+    resolve_val_every,
+)
 from curvalign.data import load_store
 from curvalign.data.features import FeatureStore, FeatureStoreError
 from curvalign.data.sampling import BatchSampler, SamplingError
@@ -319,25 +325,8 @@ class Trainer:
                 f"recipe {config.recipe!r} cannot be built with this config: {err}"
             ) from None
         self.model: nn.Module = self.recipe  # the distributed launcher may wrap it (DDP)
-        # validation: the store's "val" split, or a seeded hold-out that the sampler then skips
-        self.validation: ValidationSet | None = None
-        self.validation_info: dict[str, Any] | None = None
-        train_store = store
-        if cfg.val_every > 0:
-            train_store, self.validation_info = validation_store(
-                store, cfg.val_fraction, cfg.seed, f"data {config.data!r}", cfg.val_max_images
-            )
-            if self.validation_info["source"] == "none":
-                self._note(f"no validation: {self.validation_info['reason']}")
-            else:
-                self.validation = ValidationSet(
-                    train_store, max_images=cfg.val_max_images, seed=cfg.seed
-                )
-            if self.validation_info.get("identical_to_test"):
-                self._note(
-                    f"{self.validation_info['identical_to_test']} validation image(s) have "
-                    "features identical to a test image (duplicates in the data)"
-                )
+        train_store = self._set_up_validation(store)
+        config, cfg = self.config, self.train_config
         self.val_history: list[tuple[int, float]] = []
         self.best_step: int | None = None
         self.best_val: float | None = None
@@ -372,6 +361,35 @@ class Trainer:
         self.checkpoint_step: int | None = None
         if resume:
             self._load_state()
+
+    def _set_up_validation(self, store: FeatureStore) -> FeatureStore:
+        """The store the run trains on: ``store`` with its validation split held out (the
+        store's "val" split, or a seeded hold-out that the sampler then skips), the split's
+        ``ValidationSet``, and an unset ``val_every`` resolved by the epoch rule on it (saved in
+        config.json)."""
+        self.validation: ValidationSet | None = None
+        self.validation_info: dict[str, Any] | None = None
+        cfg = self.train_config
+        if not cfg.validates:
+            return store
+        train_store, self.validation_info = validation_store(
+            store, cfg.val_fraction, cfg.seed, f"data {self.config.data!r}", cfg.val_max_images
+        )
+        if cfg.val_every is None:
+            self.config = resolve_val_every(self.config, train_store)
+            self.train_config = self.config.train
+        if self.validation_info["source"] == "none":
+            self._note(f"no validation: {self.validation_info['reason']}")
+        else:
+            self.validation = ValidationSet(
+                train_store, max_images=cfg.val_max_images, seed=cfg.seed
+            )
+        if self.validation_info.get("identical_to_test"):
+            self._note(
+                f"{self.validation_info['identical_to_test']} validation image(s) have "
+                "features identical to a test image (duplicates in the data)"
+            )
+        return train_store
 
     # --- what a subclass that puts encoders in front of the recipe replaces (train/towers.py)
     def _input_dims(self, config: RunConfig, store: FeatureStore) -> tuple[int, int]:
@@ -729,7 +747,7 @@ class Trainer:
         if self.step == 0 and self.is_main:  # loss vs log B, logit spread, radii (step-0 check)
             self.step0_health = self._check_step0(total)
         # the history lives in meta.json (val_history), not the log
-        if validates and cfg.val_every > 0 and self.step == 0 and not self.val_history:
+        if validates and cfg.validates and self.step == 0 and not self.val_history:
             self._validate()  # the untrained head: the baseline model selection must beat
         window = _Window()
         throughput = _ThroughputWatch()

@@ -17,8 +17,6 @@ The metric's rank definition, the embedding of the split and the tiled scoring a
 
 from __future__ import annotations
 
-import dataclasses
-import hashlib
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -26,6 +24,12 @@ from torch import Tensor
 
 from curvalign.config import TrainConfig
 from curvalign.data.features import FeatureStore
+from curvalign.data.validation_split import (  # noqa: F401 (re-exported: the split is data)
+    MAX_SHARED,
+    MIN_TRAIN_IMAGES,
+    VAL_SPLIT,
+    validation_split,
+)
 from curvalign.errors import ConfigError
 from curvalign.readout import (
     embed_store_part,
@@ -38,12 +42,6 @@ from curvalign.readout import (
 if TYPE_CHECKING:
     from curvalign.recipes.base import Embedding, Recipe
 
-VAL_SPLIT = "val"
-#: share of validation images identical to test images above which the split counts as overlapping
-#: test (below it they are the data's own duplicates, e.g. WordNet synsets with the same names)
-MAX_SHARED = 0.05
-#: a seeded hold-out must leave at least this many train images (else no validation, with a note)
-MIN_TRAIN_IMAGES = 8
 #: most validation images scored per validation (a seeded subsample of a larger split): the cost
 #: of a validation does not grow with the store
 VAL_MAX_IMAGES = TrainConfig.val_max_images
@@ -67,71 +65,10 @@ def validation_store(
     (``ValidationSet`` with the same ``max_images`` and ``seed``), recorded as
     ``{"scored_images": max_images, "subsample_seed": seed}``.
     """
-    store, info = _validation_split(store, fraction, seed, data)
+    store, info = validation_split(store, fraction, seed, data)
     if max_images and info["images"] > max_images:
         info.update(scored_images=int(max_images), subsample_seed=int(seed))
     return store, info
-
-
-def _validation_split(
-    store: FeatureStore, fraction: float, seed: int, data: str
-) -> tuple[FeatureStore, dict[str, Any]]:
-    names = list(store.split_names or [])
-    if VAL_SPLIT in names:
-        val_ids = store.split_image_ids(VAL_SPLIT)
-        if len(val_ids) == 0:
-            raise ConfigError(
-                f"{data}: its {VAL_SPLIT!r} split is empty; give it images, or remove the split "
-                "so that a seeded hold-out of the train images (val_fraction) is used"
-            )
-        info: dict[str, Any] = {"source": "store", "images": len(val_ids)}
-        if "test" in names:
-            shared = _shared_rows(store.image_features, val_ids, store.split_image_ids("test"))
-            if shared > max(1, round(MAX_SHARED * len(val_ids))):
-                raise ConfigError(
-                    f"{data}: {shared} of the {len(val_ids)} images of its {VAL_SPLIT!r} split are "
-                    "identical to test images: the validation split overlaps test (a copied "
-                    "split?); validation must not see the test set"
-                )
-            if shared:  # a few items with identical features are the data's own duplicates
-                info["identical_to_test"] = shared
-        return store, info
-    if not 0.0 < fraction < 1.0:
-        raise ConfigError(f"val_fraction must lie in (0, 1), got {fraction}")
-    if store.image_split is None or not names:
-        train_ids = torch.arange(store.num_images)
-        image_split = torch.zeros(store.num_images, dtype=torch.long)
-        names = ["train"]
-    else:
-        train_ids = store.split_image_ids("train") if "train" in names else torch.arange(0)
-        image_split = store.image_split.clone()
-    count = max(1, round(fraction * len(train_ids)))
-    if len(train_ids) - count < MIN_TRAIN_IMAGES:
-        # too small to hold anything out: train on everything, without model selection
-        return store, {
-            "source": "none",
-            "images": 0,
-            "reason": f"{len(train_ids)} train images are too few to hold out a validation split",
-        }
-    gen = torch.Generator().manual_seed(int(seed))
-    held = train_ids[torch.randperm(len(train_ids), generator=gen)[:count]]
-    image_split[held] = len(names)
-    out = dataclasses.replace(store, image_split=image_split, split_names=names + [VAL_SPLIT])
-    return out, {"source": "holdout", "images": count, "fraction": fraction, "seed": int(seed)}
-
-
-def _shared_rows(features: Tensor, a: Tensor, b: Tensor) -> int:
-    """How many rows ``features[a]`` are byte-identical to some row ``features[b]``."""
-
-    def digests(ids: Tensor) -> list[bytes]:
-        out = []
-        for start in range(0, len(ids), 4096):  # a batch at a time: memory bounded, not by N
-            rows = features[ids[start : start + 4096]].detach().cpu().contiguous().numpy()
-            out += [hashlib.blake2b(row.tobytes(), digest_size=16).digest() for row in rows]
-        return out
-
-    seen = set(digests(b))
-    return sum(d in seen for d in digests(a))
 
 
 class ValidationSet:
