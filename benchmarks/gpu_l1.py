@@ -113,7 +113,7 @@ def check_triton_path(batch: int, k: int, d: int, device, dtype) -> str:  # noqa
         Y = Y0.to(device, dtype).requires_grad_()
         c = torch.linspace(0.5, 2.0, k, device=device, dtype=dtype).requires_grad_()
         out = product.l1_pairwise_dist(X, Y, c, fused=fused)
-        if fused is None and "_TritonL1" not in type(out.grad_fn).__name__:
+        if fused is None and "curvalign_l1_triton_forward" not in type(out.grad_fn).__name__:
             raise SystemExit(
                 f"gpu_l1.py: the default path took {type(out.grad_fn).__name__}, not the Triton "
                 "kernels (is triton installed, CURVALIGN_FUSED unset? see the warnings above)"

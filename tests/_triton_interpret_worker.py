@@ -8,16 +8,26 @@ inside the pytest process would change every later user of triton there. So the 
 here, on CPU tensors, through ``product.l1_pairwise_dist`` with its choice of path forced to
 ``"triton"``; the test process compares the results with the eager reference.
 
-Usage: ``python _triton_interpret_worker.py CASES.pt RESULTS.pt`` (``torch.save``'d dicts:
-case name -> inputs, case name -> outputs or an error message).
+With ``cuda`` as a third argument it runs the same cases on the GPU instead, compiled, without
+the interpreter and without forcing the path (a CUDA tensor takes the Triton kernels by itself):
+the test process then compares real GPU results with the same reference.
+
+Usage: ``python _triton_interpret_worker.py CASES.pt RESULTS.pt [interpreter|cuda]``
+(``torch.save``'d dicts: case name -> inputs, case name -> outputs or an error message).
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import warnings
 
 import torch
+
+#: the results' key for the warnings raised while the cases ran
+WARNINGS = "__warnings__"
+#: where the cases run: "cpu" under the interpreter, "cuda" on a GPU (``main`` sets it)
+DEVICE = "cpu"
 
 
 def _grads(case: dict) -> dict:
@@ -40,7 +50,7 @@ def _grads(case: dict) -> dict:
 def _autocast(case: dict) -> dict:
     from curvalign.geometry import product
 
-    with torch.autocast("cpu", dtype=torch.bfloat16):
+    with torch.autocast(DEVICE, dtype=torch.bfloat16):
         out = product.l1_pairwise_dist(case["X"].bfloat16(), case["Y"].bfloat16(), case["c"])
     return {"value": out}
 
@@ -56,7 +66,7 @@ def _gradcheck(case: dict) -> dict:
 def _ready(case: dict) -> dict:
     from curvalign.geometry import _triton_l1
 
-    return {"ok": _triton_l1.ready(torch.device("cpu"), case["dtype"], case["width"])}
+    return {"ok": _triton_l1.ready(torch.device(DEVICE), case["dtype"], case["width"])}
 
 
 def _compiled(case: dict) -> dict:
@@ -85,23 +95,43 @@ RUN = {
 }
 
 
-def main(src: str, dst: str) -> None:
-    if os.environ.get("TRITON_INTERPRET") != "1":
+def _moved(value, device: str):  # noqa: ANN001, ANN202
+    """``value`` with every tensor in it (dicts, tuples, lists) moved to ``device``."""
+    if isinstance(value, torch.Tensor):
+        return value.to(device)
+    if isinstance(value, dict):
+        return {k: _moved(v, device) for k, v in value.items()}
+    if isinstance(value, (tuple, list)):
+        return type(value)(_moved(v, device) for v in value)
+    return value
+
+
+def main(src: str, dst: str, mode: str = "interpreter") -> None:
+    global DEVICE
+    if mode == "interpreter" and os.environ.get("TRITON_INTERPRET") != "1":
         raise SystemExit("run with TRITON_INTERPRET=1 (see the module docstring)")
+    if mode == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("cuda mode needs a CUDA GPU")
     torch.set_num_threads(1)
     from curvalign.geometry import _triton_l1, product
 
     # Small tiles, so that small inputs span several (and the masks of partial tiles run).
     _triton_l1.BLOCKS = (16, 16)
-    product._l1_path = lambda device, dtype, width: "triton"  # CPU tensors take the Triton path
+    if mode == "interpreter":
+        product._l1_path = lambda device, dtype, width: "triton"  # CPU tensors take the Triton path
+    else:
+        DEVICE = "cuda"
     results = {}
-    for name, case in torch.load(src).items():
-        try:
-            results[name] = RUN[case["kind"]](case)
-        except Exception as exc:  # noqa: BLE001 - reported per case by the test process
-            results[name] = f"{type(exc).__name__}: {exc}"
+    with warnings.catch_warnings(record=True) as caught:  # e.g. "the kernels do not run"
+        warnings.simplefilter("always")
+        for name, case in torch.load(src).items():
+            try:
+                results[name] = _moved(RUN[case["kind"]](_moved(case, DEVICE)), "cpu")
+            except Exception as exc:  # noqa: BLE001 - reported per case by the test process
+                results[name] = f"{type(exc).__name__}: {exc}"
+    results[WARNINGS] = [str(w.message) for w in caught]
     torch.save(results, dst)
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:3])
+    main(*sys.argv[1:4])

@@ -182,7 +182,7 @@ def _l1_backward_rows_kernel(
         q = tl.load(
             q_ptr + dd[None, :] * M + cols[:, None], mask=col_ok[:, None] & d_ok[None, :], other=0.0
         )  # [BLOCK_M, BD]
-        acc = tl.dot(G, q, acc, input_precision="ieee")
+        acc = tl.dot(G, q, acc, input_precision="ieee", out_dtype=acc.dtype)
     minus_s = -tl.load(s + f)
     g_ptr = gPt + f * (D1 * N) + dd[None, :] * N + rows[:, None]
     tl.store(g_ptr, minus_s * acc, mask=row_ok[:, None] & d_ok[None, :])
@@ -220,7 +220,7 @@ def _l1_backward_cols_kernel(
         p = tl.load(
             p_ptr + dd[None, :] * N + rows[:, None], mask=row_ok[:, None] & d_ok[None, :], other=0.0
         )  # [BLOCK_N, BD]
-        acc = tl.dot(GT, p, acc, input_precision="ieee")
+        acc = tl.dot(GT, p, acc, input_precision="ieee", out_dtype=acc.dtype)
     minus_s = -tl.load(s + f)
     g_ptr = gQt + f * (D1 * M) + dd[None, :] * M + cols[:, None]
     tl.store(g_ptr, minus_s * acc, mask=col_ok[:, None] & d_ok[None, :])

@@ -47,10 +47,18 @@ def _check_factor_points(X: Tensor, Y: Tensor, row_wise: bool) -> None:
 _TRITON_MAX_WIDTH = 64
 
 
-@functools.cache
+_TRITON_FOUND: list[bool] = []  # the probe's answer, once known (not functools.cache: Dynamo
+# traces through a cache wrapper, ignoring the marking below)
+
+
+@torch.compiler.assume_constant_result  # Dynamo (torch 2.11) cannot trace find_spec
 def _triton_installed() -> bool:
-    """Whether ``triton`` can be found (without importing it: a CPU run never pays for it)."""
-    return importlib.util.find_spec("triton") is not None
+    """Whether ``triton`` can be found (without importing it: a CPU run never pays for it).
+    A constant to ``torch.compile``: a model compiled with ``fullgraph=True`` on a GPU traces
+    the choice of path, and this probe must not break its graph."""
+    if not _TRITON_FOUND:
+        _TRITON_FOUND.append(importlib.util.find_spec("triton") is not None)
+    return _TRITON_FOUND[0]
 
 
 @functools.cache
