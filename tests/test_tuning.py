@@ -278,6 +278,10 @@ def test_killed_tuning_continues_where_it_stopped(tmp_path):
         lr_range_steps=0,
     )
     assert again.counted == {"clip": 4} and len(_counted(out / "study.db", "clip")) == 4
+    # a resumed call ran no trial, yet reports what the trials cost over every call
+    spent = sum(t.user_attrs["seconds"] for t in _counted(out / "study.db", "clip"))
+    assert again.trial_seconds == {"clip": pytest.approx(spent)} and spent > 0
+    assert json.loads((out / "tuning.json").read_text())["trial_seconds"]["clip"] == spent
 
 
 # --- the tuned benchmark -----------------------------------------------------------------------

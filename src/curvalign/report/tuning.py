@@ -197,7 +197,11 @@ class TuningResult:
     counted: dict[str, int] = field(default_factory=dict)
     lr_ranges: dict[str, dict[str, Any]] = field(default_factory=dict)
     files: dict[str, Path] = field(default_factory=dict)
+    #: this call's wall time (a resumed tuning counts only its own part)
     wall_seconds: float = 0.0
+    #: seconds of every trial in the study per recipe, over all the calls that ran them: what
+    #: the tuning cost in trials, resumed or not
+    trial_seconds: dict[str, float] = field(default_factory=dict)
 
     def budget_line(self) -> str:
         return (
@@ -371,6 +375,9 @@ def run_tuning(
                 shutil.rmtree(run_dir, ignore_errors=True)
             new_trials += 1
         result.counted[name] = len(_counted(study))
+        result.trial_seconds[name] = sum(
+            float(t.user_attrs.get("seconds", 0.0)) for t in _counted(study)
+        )
         result.best[name] = _best_of(study, recipe_cls, name, spec, steps, per_recipe[name], out)
     shutil.rmtree(out / "runs", ignore_errors=True)
     result.files["study"] = out / STUDY_DB
@@ -607,6 +614,7 @@ def _write_tuning_json(result: TuningResult, path: Path) -> Path:
                 for n, r in result.lr_ranges.items()
             },
             "wall_seconds": result.wall_seconds,
+            "trial_seconds": result.trial_seconds,
         },
     )
 
