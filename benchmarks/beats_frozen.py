@@ -35,7 +35,7 @@ def report(path: Path) -> list[str]:
     stats, rows = result["stats"], result["rows"]
     frozen = mean_r1(stats[FROZEN])[0] if FROZEN in stats else None
     lines = [
-        f"{path}: data {result['data']}, {result['steps']} steps, seeds {result['seeds']}",
+        f"{path}: data {result['data']}, {result['steps'] or 'recipe-default'} steps, seeds {result['seeds']}",
         "| recipe | best step per seed | mean R@1 per seed | minus frozen, 95% interval | "
         "step-0 check |",
         "|---|---|---|---|---|",
