@@ -18,6 +18,7 @@ Before timing, the Triton path's value and gradients (X, Y, c) are compared with
 
     python benchmarks/gpu_l1.py                          # B = 1024 and 4096, k = 64, d = 8
     python benchmarks/gpu_l1.py --batches 4096 --repeats 10
+    python benchmarks/gpu_l1.py --batches 4096 --forward-only  # the forward's share of a step
     python benchmarks/gpu_l1.py --ptxas 90               # no GPU needed: registers and spills
     python benchmarks/gpu_l1.py --ptxas 90 --tiles 64,64 # the same for other tiles
     python benchmarks/gpu_l1.py --interpret              # no GPU needed: CPU smoke test
@@ -41,8 +42,9 @@ import time
 CASES = ("cosine", "l1", "l1-ref", "l1-compiled")
 
 
-def build_step(case: str, batch: int, k: int, d: int, device, dtype):  # noqa: ANN001, ANN201
-    """Inputs for one case and a closure running one fwd + bwd of the symmetric InfoNCE."""
+def build_step(case: str, batch: int, k: int, d: int, device, dtype, forward_only=False):  # noqa: ANN001, ANN201
+    """Inputs for one case and a closure running one fwd + bwd of the symmetric InfoNCE (the
+    forward alone, without autograd, with ``forward_only``)."""
     import torch
     import torch.nn.functional as F
 
@@ -73,6 +75,11 @@ def build_step(case: str, batch: int, k: int, d: int, device, dtype):  # noqa: A
         return -compiled(X, Y, c) / (k * tau)
 
     def step() -> None:
+        if forward_only:
+            with torch.no_grad():
+                S = scores()
+                0.5 * (F.cross_entropy(S, labels) + F.cross_entropy(S.t(), labels))
+            return
         S = scores()
         loss = 0.5 * (F.cross_entropy(S, labels) + F.cross_entropy(S.t(), labels))
         loss.backward()
@@ -130,14 +137,14 @@ def check_triton_path(batch: int, k: int, d: int, device, dtype) -> str:  # noqa
     )
 
 
-def measure(cases, batch, k, d, repeats, device, dtype, sync, clock):  # noqa: ANN001, ANN201
+def measure(cases, batch, k, d, repeats, device, dtype, sync, clock, forward_only=False):  # noqa: ANN001, ANN201
     """Median step time and peak extra memory per case; cases interleaved in every round."""
     import torch
 
     steps, failed = {}, {}
     for case in cases:
         try:
-            steps[case] = build_step(case, batch, k, d, device, dtype)
+            steps[case] = build_step(case, batch, k, d, device, dtype, forward_only)
             steps[case]()  # warm-up: Triton / Inductor compile here
             sync()
         except torch.OutOfMemoryError:
@@ -164,9 +171,9 @@ def measure(cases, batch, k, d, repeats, device, dtype, sync, clock):  # noqa: A
     return {case: statistics.median(t) for case, t in times.items()}, peaks, failed
 
 
-def print_table(batch, k, d, dtype, times, peaks, failed, what) -> None:  # noqa: ANN001
+def print_table(batch, k, d, dtype, times, peaks, failed, what, passes="fwd+bwd") -> None:  # noqa: ANN001
     print(
-        f"\nsymmetric InfoNCE fwd+bwd, B={batch}, k={k}, d={d}, {dtype}, {what} "
+        f"\nsymmetric InfoNCE {passes}, B={batch}, k={k}, d={d}, {dtype}, {what} "
         "(ratios from one run, cases interleaved)"
     )
     base_t = times.get("cosine")
@@ -226,6 +233,11 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--dtype", default="float32", choices=["float32", "float64"])
     parser.add_argument("--cases", default=",".join(CASES))
+    parser.add_argument(
+        "--forward-only",
+        action="store_true",
+        help="time the forward pass alone (no autograd): with the default run, where time goes",
+    )
     parser.add_argument(
         "--ptxas", type=int, metavar="ARCH", help="compile for sm_ARCH and report registers"
     )
@@ -301,9 +313,10 @@ def main() -> None:
     print(check_triton_path(min(batches[0], 512), k, args.d, device, dtype))
     for batch in batches:
         times, peaks, failed = measure(
-            cases, batch, k, args.d, args.repeats, device, dtype, sync, clock
+            cases, batch, k, args.d, args.repeats, device, dtype, sync, clock, args.forward_only
         )
-        print_table(batch, k, args.d, dtype, times, peaks, failed, what)
+        passes = "forward only" if args.forward_only else "fwd+bwd"
+        print_table(batch, k, args.d, dtype, times, peaks, failed, what, passes)
 
 
 if __name__ == "__main__":
