@@ -62,7 +62,7 @@ def test_eval_json_prints_one_object_with_the_documented_keys(meru_run):
     assert set(payload["ordering"]["text"]) == {"chain", "pairs"}
     meta = payload["meta"]
     assert meta["recipe"] == "meru" and meta["last_step"] == 4 and meta["weights"] == "best"
-    # a 4-step run validates at every step (the epoch rule keeps ten validations a run)
+    # a 4-step run validates at step 0, at the last step, and once per epoch between
     assert meta["step"] == meta["best_step"] and meta["step"] in range(5)
     assert set(payload["health"]) == {"converged", "warnings", "step0"}
     assert payload["health"]["step0"]["batch_size"] >= 2  # the step-0 check's report

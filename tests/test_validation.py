@@ -137,8 +137,9 @@ def test_bad_validation_settings_are_one_clear_error(kwargs, fragment):
     [
         ({}, 828, 4),  # wordnet:mammal.n.01's train pairs at batch 256: an epoch is 4 steps
         ({}, 100_000, 50),  # a large store: never more than 50 steps between two checks
-        ({"steps": 100}, 100_000, 10),  # a short run still validates ten times
-        ({"steps": 5, "batch_size": 8}, 40, 1),  # never below one step
+        ({"steps": 100}, 100_000, 50),  # no floor per run: a short run on a big store
+        ({"batch_size": 8}, 0, 1),  # never below one step
+        ({"batch_size": 8}, 8, 1),  # an epoch of one batch
         ({"batch_size": 16}, 40, 3),  # ceil(40 / 16): a partial last batch counts as a step
         ({"val_every": 7}, 828, 7),  # a value the user set is kept
         ({"val_every": 0}, 828, 0),  # ... and so is "no validation"
