@@ -11,7 +11,7 @@ import math
 import pytest
 import torch
 
-from curvalign.config import describe_config, resolve_config, resolve_data_init
+from curvalign.config import describe_config, resolve_config
 from curvalign.data.features import FeatureStore, TextPart
 from curvalign.data.sampling import BatchSampler
 from curvalign.data.statistics import feature_norms
@@ -26,8 +26,8 @@ from curvalign.recipes.health import (
     warning_line,
 )
 from curvalign.report.tables import step0_cells
-from curvalign.runs import build_recipe, load_run
-from curvalign.train.trainer import seed_everything, train
+from curvalign.runs import build_started_recipe, load_run
+from curvalign.train.trainer import train
 
 DIM = 24
 N = 400
@@ -60,9 +60,9 @@ RAW = _store(image_norm=37.0, text_norm=5.0)
 
 
 def _built(recipe: str, store: FeatureStore, *overrides: str, seed: int = 0):
-    config = resolve_data_init(resolve_config(recipe, "mem", overrides=list(overrides)), store)
-    seed_everything(seed)
-    return build_recipe(config, store.image_dim, store.text_dim), config
+    config = resolve_config(recipe, "mem", overrides=[*overrides, f"seed={seed}"])
+    started = build_started_recipe(config, store)
+    return started.recipe, started.config
 
 
 def _radii(recipe, store: FeatureStore) -> tuple[float, float]:

@@ -23,17 +23,19 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import random
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from curvalign._io import sha256_file
 from curvalign.config import RunConfig, recipe_class
-from curvalign.errors import ConfigError, CurvalignError
+from curvalign.errors import ConfigError, CurvalignError, InputError
 from curvalign.recipes.base import Recipe
 
 if TYPE_CHECKING:
@@ -196,9 +198,77 @@ def recipe_input_dims(config: RunConfig, store: FeatureStore) -> tuple[int, int]
 
 
 def build_recipe(config: RunConfig, image_dim: int, text_dim: int) -> Recipe:
-    """The recipe of ``config`` with fresh parameters (seed the RNG first for a reproducible init)."""
+    """The recipe of ``config`` with fresh parameters (seed the RNG first for a reproducible init).
+    No data-aware start: for loading saved weights into; a new run starts with
+    ``build_started_recipe``."""
     cls = recipe_class(config.recipe)
     return cls(config.recipe_config_object(), image_dim, text_dim)
+
+
+def seed_everything(seed: int) -> None:
+    """Seed torch, numpy and ``random`` (every rank and every resume builds the same model)."""
+    torch.manual_seed(seed)
+    np.random.seed(seed % 2**32)
+    random.seed(seed)
+
+
+@dataclass(frozen=True)
+class StartedRecipe:
+    """A new run's recipe at step 0, as ``build_started_recipe`` made it.
+
+    recipe      the recipe with its step-0 parameters
+    config      the run's config with the values resolved from the data (saved in config.json)
+    warm_start  the alignment the heads start from (``LinearAlignment.to_json()`` plus "start",
+                the recipe's one line on how close its start is), or None
+    note        one line for the user about the start, or None
+    """
+
+    recipe: Recipe
+    config: RunConfig
+    warm_start: dict[str, Any] | None
+    note: str | None
+
+
+def build_started_recipe(
+    config: RunConfig,
+    store: FeatureStore,
+    input_dims: tuple[int, int] | None = None,
+    device: str | torch.device = "cpu",
+) -> StartedRecipe:
+    """The one builder of a new run's step-0 recipe: the config's data-dependent values resolved
+    from ``store``'s train rows (``config.resolve_data_init``), parameters drawn with the RNG
+    seeded by ``config.train.seed``, and, where the recipe asks for it (``uses_alignment``:
+    ``head_init=align``), its heads started at the data's linear alignment (fit on the "train"
+    split, chosen on the "val" split when ``store`` has one: pass the store the run trains on,
+    with its validation hold-out labelled). ``input_dims``: the heads' (image, text) widths,
+    default the store's features'. The trainer, the benchmark's untrained rows, tuning and the
+    studies all start a recipe here, so an untrained row is the trained arm's step 0."""
+    from curvalign.config import resolve_data_init
+    from curvalign.data.alignment import fit_alignment
+
+    dims = input_dims if input_dims is not None else recipe_input_dims(config, store)
+    config = resolve_data_init(config, store)
+    seed_everything(config.train.seed)
+    recipe = build_recipe(config, *dims)
+    info: dict[str, Any] | None = None
+    note: str | None = None
+    if type(recipe).uses_alignment(recipe.config):
+        if (store.image_dim, store.text_dim) != tuple(dims):
+            note = (
+                f"no warm start: the heads take other inputs than the store's features "
+                f"({dims[0]}/{dims[1]}-d vs {store.image_dim}/{store.text_dim}-d); they start at "
+                "random projections"
+            )
+        else:
+            val_split = "val" if "val" in (store.split_names or []) else None
+            try:
+                alignment = fit_alignment(store, val_split=val_split)
+            except InputError as err:
+                raise ConfigError(f"recipe {config.recipe!r}: {err}") from None
+            how = recipe.warm_start(alignment)
+            info = {**alignment.to_json(), "start": how}
+            note = f"{alignment.describe()}; {how}"
+    return StartedRecipe(recipe.to(device), config, info, note)
 
 
 def load_run(
@@ -323,10 +393,12 @@ __all__ = [
     "MODEL_FILE",
     "NOT_CHECKSUMMED",
     "RUN_FILES",
+    "StartedRecipe",
     "STATE_FILE",
     "TB_DIR",
     "WEIGHTS",
     "build_recipe",
+    "build_started_recipe",
     "is_run_dir",
     "load_run",
     "read_config",
@@ -334,5 +406,6 @@ __all__ = [
     "read_meta",
     "reads_text_tokens",
     "recipe_input_dims",
+    "seed_everything",
     "verify_checksum",
 ]

@@ -50,6 +50,7 @@ from typing import Any, ClassVar, Literal
 import torch
 from torch import Tensor, nn
 
+from curvalign.data.alignment import LinearAlignment
 from curvalign.data.batch import Batch
 from curvalign.data.statistics import FeatureNorms
 from curvalign.errors import InputError
@@ -401,6 +402,20 @@ class Recipe(nn.Module):
         nothing to resolve."""
         return {}
 
+    @classmethod
+    def uses_alignment(cls, config: Any) -> bool:
+        """Whether a run of this recipe, so configured, starts its heads at the data's linear
+        alignment (``data.alignment``; ``warm_start``). Default: its config's ``head_init`` is
+        "align"."""
+        return getattr(config, "head_init", None) == "align"
+
+    def warm_start(self, alignment: LinearAlignment) -> str:
+        """Start the heads at ``alignment`` (called once, before step 0, after ``__init__`` and
+        with the RNG seeded), so that the step-0 score ranks like the alignment in this recipe's
+        geometry. Returns one line saying how close the start is and why. Default: the recipe
+        has no warm start, a ``ConfigError``-worthy request (``uses_alignment`` said yes)."""
+        raise NotImplementedError(f"recipe {self.name!r} has no warm start (head_init=align)")
+
     def curvature_bounds(self) -> tuple[float, float] | None:
         """``(min, max)`` clamp of the learned curvature, or None when the recipe learns none
         (a fixed curvature, or no hyperbolic part). Health checks read it (a curvature sitting
@@ -563,9 +578,32 @@ class CosineRecipe(Recipe):
         return {"cosine": IndexProxy("cosine", "point", exact=True)}
 
 
-#: the head initialisations a recipe may offer: "input" starts the two heads at one shared
-#: orthonormal projection (the frozen features' ranking), "paper" at the paper's random init
-HEAD_INITS = ("paper", "input")
+#: the head initialisations a recipe may offer: "align" (the default) starts the heads at the
+#: data's linear alignment (``data.alignment``: the identity where the two sides share a space,
+#: else a ridge map, chosen on validation; ``Recipe.warm_start``), "input" at one shared
+#: orthonormal projection (the frozen features' ranking where the sides share a space, random
+#: otherwise), "paper" at the paper's random init
+HEAD_INITS = ("align", "paper", "input")
+
+
+def set_projections(heads: list[nn.Module], alignment: LinearAlignment) -> None:
+    """Set the linear ``proj`` [width, D] of an (image head, text head) pair to the alignment's
+    projections (``LinearAlignment.projections(width)``, transposed)."""
+    image_head, text_head = heads
+    width = image_head.proj.weight.shape[0]
+    if text_head.proj.weight.shape[0] != width:
+        raise ValueError("the image and text heads of a warm start must have one width")
+    image_proj, text_proj = alignment.projections(width)
+    with torch.no_grad():
+        for head, proj in ((image_head, image_proj), (text_head, text_proj)):
+            if head.proj.weight.shape[1] != proj.shape[0]:
+                raise ValueError(
+                    f"the warm start was fit on {proj.shape[0]}-d features, the head takes "
+                    f"{head.proj.weight.shape[1]}-d"
+                )
+            head.proj.weight.copy_(proj.T.to(head.proj.weight.dtype))
+            if head.proj.bias is not None:
+                head.proj.bias.zero_()
 
 
 def box_batch_points(
@@ -647,8 +685,9 @@ class LorentzConfig:
                       the resolved scale where that lies above it (features of norm < 1)
     clip_norm         optional bound kappa on the tangent norm before ``expmap0`` (None = off)
     aperture_K        the cone constant K of the half-aperture (0.1)
-    head_init         "input" (one shared orthonormal projection for both sides: the frozen
-                      features' ranking where they share a space; ``nn.heads.
+    head_init         "align" (the data's linear alignment, ``Recipe.warm_start``), "input" (one
+                      shared orthonormal projection for both sides: the frozen features'
+                      ranking where they share a space; ``nn.heads.
                       share_input_preserving_projection``) or "paper" (MERU's random projections)
     """
 
@@ -664,7 +703,7 @@ class LorentzConfig:
     scale_max: float | None = 1.0
     clip_norm: float | None = None
     aperture_K: float = 0.1
-    head_init: str = "input"
+    head_init: str = "align"
     image_scale_init: float | None = None
     text_scale_init: float | None = None
     tangent_norm_init: float = 1.0
@@ -705,7 +744,11 @@ def lorentz_head_scales(
     ``scale_init`` (the text side's times ``text_radius_ratio``); otherwise the rule of
     ``nn.heads.resolve_tangent_scale``: images at mean tangent norm ``tangent_norm_init``,
     texts at ``text_radius_ratio`` times it."""
-    preserving = config.head_init == "input" and image_dim == text_dim
+    # the warm start's projections keep each side's mean norm (gain 1), as the shared
+    # orthonormal projection does where the two sides share a width
+    preserving = config.head_init == "align" or (
+        config.head_init == "input" and image_dim == text_dim
+    )
     target = config.tangent_norm_init
     if config.scale_init is not None:
         image = config.scale_init
@@ -759,6 +802,15 @@ class LorentzRecipe(HyperbolicRecipe):
             share_input_preserving_projection([self.image_head, self.text_head])
         self.curvature = learnable_curvature(config)
         self.temperature = learnable_temperature(config)
+
+    def warm_start(self, alignment: LinearAlignment) -> str:
+        """Both heads' projections at the alignment's (``set_projections``), each side at its
+        data-aware tangent scale (unchanged: the projections keep the mean norm). ``-d_L``
+        ranks like the alignment's cosine for points at one radius (at a fixed radius the
+        distance is monotone in the angle); the ridge map's images spread in norm, so the start
+        is close, not equal (the run records both validation scores)."""
+        set_projections([self.image_head, self.text_head], alignment)
+        return "Lorentz heads at the alignment's projections, data-aware tangent scales"
 
     def embed_images(self, features: Tensor) -> Embedding:
         return {"point": self.image_head(features, self.curvature())}

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
+from curvalign.data.alignment import LinearAlignment
 from curvalign.losses import symmetric_info_nce
 from curvalign.nn.heads import CosineHead, share_input_preserving_projection
 from curvalign.nn.scalars import LearnableScalar
@@ -27,6 +28,7 @@ from curvalign.recipes.base import (
     check_head_init,
     check_scalar_range,
     learnable_temperature,
+    set_projections,
 )
 from curvalign.scores import cosine_scores
 
@@ -40,10 +42,11 @@ class ClipConfig:
     temperature_init: float = 0.07
     temperature_min: float = 0.01
     learn_temperature: bool = True
+    #: "align" (default): the heads start at the data's linear alignment (``Recipe.warm_start``);
     #: "paper": random projections (CLIP's init); "input": image and text heads start at one
     #: shared orthonormal projection, i.e. at the frozen features' cosine ranking when the two
-    #: sides share a space (same dimension); docs/methods.md says which is the default and why
-    head_init: str = "input"
+    #: sides share a space (same dimension); docs/methods.md says why "align" is the default
+    head_init: str = "align"
 
     def __post_init__(self) -> None:
         check_head_init(self.head_init, self.embed_dim)
@@ -72,6 +75,14 @@ class Clip(CosineRecipe):
         if config.head_init == "input":
             share_input_preserving_projection([self.image_head, self.text_head])
         self.temperature = learnable_temperature(config)
+
+    def warm_start(self, alignment: LinearAlignment) -> str:
+        """Both heads' projections at the alignment's (``set_projections``): the step-0 cosine
+        is the alignment's own where ``embed_dim`` >= the text width (an isometry), and its
+        projection onto the ``embed_dim`` leading directions otherwise."""
+        set_projections([self.image_head, self.text_head], alignment)
+        exact = self.image_head.out_dim >= alignment.text_dim
+        return "cosine heads at the alignment" + ("" if exact else ", reduced to embed_dim")
 
     def logit_temperature(self, progress: Progress) -> float:
         return float(self.temperature.value)

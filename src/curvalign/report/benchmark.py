@@ -435,8 +435,8 @@ def _evaluate_seed(
     the plots: one embedding of the split gives the metrics and the arrays)."""
     from curvalign.eval import evaluate, run_evaluation
     from curvalign.eval.health import health_of_run
-    from curvalign.runs import load_run, recipe_input_dims
-    from curvalign.train.trainer import build_model
+    from curvalign.runs import load_run
+    from curvalign.train.trainer import start_of_run
 
     loaded = load_run(run_dir)  # its best validation weights, as saved
     store = bench.store
@@ -459,12 +459,10 @@ def _evaluate_seed(
     runs.converged.append(health["converged"])
     runs.warnings += [f"seed {seed}: {w}" for w in health["warnings"]]
     runs.trained.append(evaluation)
-    # the widths the recipe takes on this store (the token width for a token reader); a tower
-    # run's untrained row reads the plain store: the frozen towers' features
-    untrained = build_model(loaded.config, *recipe_input_dims(loaded.config, bench.store))
-    runs.untrained.append(
-        evaluate(untrained.eval(), bench.store, split=bench.split, diagnostics=False)
-    )
+    # the run's own step 0 (its saved config holds the resolved start); a tower run's untrained
+    # row reads the plain store: the frozen towers' features
+    untrained = start_of_run(loaded.config, bench.store)
+    runs.untrained.append(evaluate(untrained, bench.store, split=bench.split, diagnostics=False))
     return loaded, full
 
 

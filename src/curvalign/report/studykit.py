@@ -885,19 +885,15 @@ class Bench:
         )
 
     def untrained(self, recipe: str, extra: Iterable[str], seed: int) -> Recipe:
-        """The recipe as initialised with ``seed`` (the untrained-head baseline), in eval mode,
-        built for the store's input widths (``runs.recipe_input_dims``: the token width for a
-        recipe that reads text tokens)."""
+        """The recipe as a run with ``seed`` starts (the untrained-head baseline: the trained
+        arm's step 0, ``train.trainer.start_of_run``), in eval mode."""
         from curvalign.config import resolve_config
-        from curvalign.runs import build_recipe, recipe_input_dims
+        from curvalign.train.trainer import start_of_run
 
         config = resolve_config(
             recipe, self.spec, steps=self.steps, overrides=[*self.overrides, *extra, f"seed={seed}"]
         )
-        torch.manual_seed(seed)
-        model = build_recipe(config, *recipe_input_dims(config, self.store))
-        model.eval()
-        return model
+        return start_of_run(config, self.store)
 
     def evaluate(self, recipe: Recipe, diagnostics: bool = False) -> EvaluationResult:
         from curvalign.eval import evaluate

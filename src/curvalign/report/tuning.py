@@ -395,11 +395,10 @@ def _check_metric(
     from curvalign.config import resolve_config
     from curvalign.eval import evaluate
     from curvalign.report.benchmark import _leaves
-    from curvalign.runs import recipe_input_dims
-    from curvalign.train.trainer import build_model
+    from curvalign.train.trainer import start_of_run
 
     config = resolve_config(recipe, spec, overrides=overrides)
-    model = build_model(config, *recipe_input_dims(config, store)).eval()
+    model = start_of_run(config, store)
     leaves = _leaves(evaluate(model, store, split="val", diagnostics=False).to_json())
     if leaves.get(metric) is None:
         known = ", ".join(sorted(k for k, v in leaves.items() if v is not None))

@@ -221,14 +221,17 @@ class TowerTrainer(Trainer):
         if towers_config.strategy == "fsdp" and not self.sharded:
             self.towers.to(config.train.device)
         scratch_note = None
-        if towers_config.init == "random" and config.recipe_config.get("head_init") == "input":
+        if towers_config.init == "random" and config.recipe_config.get("head_init") in (
+            "input",
+            "align",
+        ):
             # the input-preserving start keeps a shared pretrained space's ranking: random
             # towers have none to keep, so the heads start at the paper's random projections
             config = dataclasses.replace(
                 config, recipe_config={**config.recipe_config, "head_init": "paper"}
             )
             scratch_note = (
-                "towers from scratch (init=random): head_init=paper (head_init=input assumes "
+                "towers from scratch (init=random): head_init=paper (head_init=input and align assume "
                 "a shared pretrained space)"
             )
         super().__init__(config, store, run_dir, resume=resume, **kw)

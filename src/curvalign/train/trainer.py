@@ -43,7 +43,6 @@ from curvalign.config import (
     RunConfig,
     TrainConfig,
     resolve_config,
-    resolve_data_init,
     resolve_val_every,
 )
 from curvalign.data import load_store
@@ -62,10 +61,12 @@ from curvalign.runs import (
     TB_DIR,
     CheckpointError,
     build_recipe,
+    build_started_recipe,
     is_run_dir,
     read_config,
     read_meta,
     recipe_input_dims,
+    seed_everything,
 )
 from curvalign.schedules import warmup_cosine
 from curvalign.train.checkpoint import load_train_state, save_checkpoint, versions
@@ -96,12 +97,6 @@ def lr_multiplier(step: int, train: TrainConfig) -> float:
     return float(warmup_cosine(step, train.steps, train.warmup_steps, min_ratio=train.min_lr_ratio))
 
 
-def seed_everything(seed: int) -> None:
-    torch.manual_seed(seed)
-    np.random.seed(seed % 2**32)
-    random.seed(seed)
-
-
 def build_model(
     config: RunConfig, image_dim: int, text_dim: int, device: str | torch.device = "cpu"
 ) -> Recipe:
@@ -110,6 +105,20 @@ def build_model(
     seed_everything(config.train.seed)
     recipe = build_recipe(config, image_dim, text_dim)
     return recipe.to(device)
+
+
+def start_of_run(config: RunConfig, store: FeatureStore) -> Recipe:
+    """The recipe a new run of ``config`` on ``store`` starts from, in eval mode: the same
+    validation hold-out the trainer takes, then ``runs.build_started_recipe`` (data-aware
+    scales, the warm start), so it equals the run's step-0 weights. The benchmark's and the
+    studies' untrained rows are this."""
+    cfg = config.train
+    train_store = store
+    if cfg.validates:
+        train_store, _ = validation_store(
+            store, cfg.val_fraction, cfg.seed, f"data {config.data!r}", cfg.val_max_images
+        )
+    return build_started_recipe(config, train_store, recipe_input_dims(config, store)).recipe.eval()
 
 
 def build_optimizer(recipe: Recipe, train: TrainConfig) -> torch.optim.AdamW:
@@ -316,16 +325,25 @@ class Trainer:
             self.input_dims = self._input_dims(config, store)
         except FeatureStoreError as err:
             raise TrainError(f"recipe {config.recipe!r} on data {config.data!r}: {err}") from None
-        if not resume:  # scales resolved from the train features' norms, saved in config.json
-            self.config = config = resolve_data_init(config, store)
+        train_store = self._set_up_validation(store)
+        self.warm_start_info: dict[str, Any] | None = None
         try:
-            self.recipe = build_model(config, *self.input_dims, self.device)
-        except (ValueError, TypeError) as err:
+            if resume:  # the saved state replaces every parameter
+                self.recipe = build_model(self.config, *self.input_dims, self.device)
+            else:  # scales resolved from the train rows, the warm start: saved with the run
+                started = build_started_recipe(
+                    self.config, train_store, self.input_dims, self.device
+                )
+                self.recipe, self.config = started.recipe, started.config
+                self.train_config = self.config.train
+                self.warm_start_info = started.warm_start
+                if started.note:
+                    self._note(started.note)
+        except (ValueError, TypeError, NotImplementedError) as err:
             raise ConfigError(
                 f"recipe {config.recipe!r} cannot be built with this config: {err}"
             ) from None
         self.model: nn.Module = self.recipe  # the distributed launcher may wrap it (DDP)
-        train_store = self._set_up_validation(store)
         config, cfg = self.config, self.train_config
         self.val_history: list[tuple[int, float]] = []
         self.best_step: int | None = None
@@ -535,7 +553,9 @@ class Trainer:
         self.step = self.checkpoint_step = int(state["step"])
         self._note(f"resuming {self.run_dir} at step {self.step}")
         try:
-            checkpoint_complete = read_meta(self.run_dir)["step"] == self.step
+            saved_meta = read_meta(self.run_dir)
+            checkpoint_complete = saved_meta["step"] == self.step
+            self.warm_start_info = saved_meta.get("warm_start")
         except CheckpointError:
             checkpoint_complete = False
         if not checkpoint_complete:  # state.pt was written, the rest of its checkpoint was not
@@ -586,6 +606,7 @@ class Trainer:
                 "best_val": self.best_val,
                 "stopped_early": self.stopped_early,
                 STEP0_META_KEY: getattr(self, "step0_health", None),
+                "warm_start": self.warm_start_info,
                 **self._meta_extras(),
             }
             try:

@@ -1,0 +1,239 @@
+"""The linear alignment every head starts from (docs/methods.md, "The warm start").
+
+A head trained on frozen features should be judged by what its geometry adds to the best linear
+alignment of the two sides, not by how far its optimiser got from a random projection. The
+alignment is computed once, in closed form, from the train pairs, and each recipe says how its
+heads start from it (``Recipe.warm_start``).
+
+Candidates  "identity"  the two sides share a space (same width): texts and images as they are;
+            "ridge"     images mapped into the text space, ``W = argmin |X W - T|^2 + lam |W|^2``
+                        over the train captions (X: each caption's image row), no intercept (the
+                        heads have no bias, so the start is exactly what a bias-free head can
+                        hold), ``lam = alpha * trace(X^T X) / D_img`` with ``alpha`` in ``ALPHAS``.
+Choice      the candidate with the best mean of T2I and I2T R@1 on the "val" split, ranked by
+            cosine of the mapped features (never on test).
+Heads       ``LinearAlignment.projections(width)``: ``A_img = W P``, ``A_txt = P`` with ``P``
+            [D_text, width] an orthonormal basis of the text space ordered by the train
+            embeddings' second moment (its first ``width`` columns where the head is narrower;
+            an isometric embedding where it is wider), each map scaled so that the mapped train
+            features keep their mean norm (gain 1, so the data-aware head scales apply as for
+            the input-preserving start). Cosine of ``x A_img`` and ``t A_txt`` then equals the
+            alignment's cosine exactly when ``width >= D_text``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+import torch
+from torch import Tensor
+
+from curvalign.errors import InputError
+
+if TYPE_CHECKING:
+    from curvalign.data.features import FeatureStore
+
+#: relative ridge strengths tried on validation (scale-free: times the mean feature variance)
+ALPHAS = (1e-4, 1e-3, 1e-2, 1e-1, 1.0, 10.0)
+#: ridge strength used where there is no validation split to choose one on
+DEFAULT_ALPHA = 1e-2
+#: train pairs the closed form reads at most (an evenly strided sample): the Gram matrices of
+#: 50 000 rows fix a map of a few hundred columns well, and the fit stays seconds at 10M pairs
+MAX_FIT_PAIRS = 50_000
+#: validation images scored at most when choosing the candidate
+MAX_VAL_IMAGES = 5_000
+
+AlignmentKind = Literal["identity", "ridge"]
+
+
+@dataclass(frozen=True)
+class LinearAlignment:
+    """The closed-form alignment of a store's two sides, fit on train, chosen on validation.
+
+    image_map     [D_img, D_text] float64: images into the text space (the identity for
+                  ``kind == "identity"``)
+    basis         [D_text, D_text] float64 orthonormal columns, ordered by decreasing second
+                  moment of the mapped train embeddings (both sides)
+    kind          "identity" or "ridge"
+    alpha         the relative ridge strength (None for the identity)
+    val_r1        mean of T2I and I2T R@1 (%) of the cosine ranking on the validation split
+                  (None without one)
+    image_norm, text_norm   mean input norm of the train rows of each side
+    image_rows    train captions the fit read
+    """
+
+    image_map: Tensor
+    basis: Tensor
+    kind: AlignmentKind
+    alpha: float | None
+    val_r1: float | None
+    image_norm: float
+    text_norm: float
+    image_rows: int
+    _image_sample: Tensor
+    _text_sample: Tensor
+
+    @property
+    def image_dim(self) -> int:
+        return int(self.image_map.shape[0])
+
+    @property
+    def text_dim(self) -> int:
+        return int(self.image_map.shape[1])
+
+    def projections(self, width: int) -> tuple[Tensor, Tensor]:
+        """(A_img [D_img, width], A_txt [D_text, width]) float32: the alignment reduced to (or
+        embedded in) ``width`` columns, each scaled to keep its side's mean train norm. Wider
+        than the text space, the extra columns come from a random rotation drawn from the global
+        RNG (seed it first), so that every output coordinate carries signal."""
+        if width <= 0:
+            raise ValueError(f"the head width must be positive, got {width}")
+        dt = self.text_dim
+        if width <= dt:
+            basis = self.basis[:, :width]
+        else:
+            q, _ = torch.linalg.qr(torch.randn(width, width, dtype=torch.float64))
+            basis = self.basis @ q[:dt]  # [Dt, width], orthonormal rows: an isometry
+        image_proj = self.image_map @ basis
+        text_proj = basis.clone()
+        image_proj = image_proj * _norm_ratio(self._image_sample, image_proj, self.image_norm)
+        text_proj = text_proj * _norm_ratio(self._text_sample, text_proj, self.text_norm)
+        return image_proj.float(), text_proj.float()
+
+    def describe(self) -> str:
+        """One line: which candidate, its strength and validation score."""
+        what = (
+            "identity (the two sides in one space)"
+            if self.kind == "identity"
+            else (f"ridge image->text, alpha {self.alpha:g}")
+        )
+        score = "no validation split" if self.val_r1 is None else f"val mean R@1 {self.val_r1:.1f}"
+        return f"warm start: {what}, {score}, fit on {self.image_rows} train captions"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "alpha": self.alpha,
+            "val_r1": None if self.val_r1 is None else round(self.val_r1, 4),
+            "image_dim": self.image_dim,
+            "text_dim": self.text_dim,
+            "train_captions": self.image_rows,
+        }
+
+
+def _norm_ratio(sample: Tensor, proj: Tensor, target: float) -> float:
+    mapped = float(torch.linalg.vector_norm(sample @ proj, dim=-1).mean())
+    return target / mapped if mapped > 0 else 1.0
+
+
+def solve_ridge(x: Tensor, y: Tensor, alpha: float, intercept: bool) -> tuple[Tensor, Tensor]:
+    """(W [Dx, Dy], b [Dy]) of ridge regression ``y ~ x W + b`` in float64, strength
+    ``lam = alpha * trace(Xc^T Xc) / Dx`` (scale-free); ``intercept=False`` fits ``y ~ x W``
+    (b = 0) on uncentred rows. x: [N, Dx], y: [N, Dy]."""
+    x, y = x.double(), y.double()
+    if intercept:
+        mean_x, mean_y = x.mean(0), y.mean(0)
+        x, y = x - mean_x, y - mean_y
+    gram = x.T @ x
+    lam = alpha * float(torch.trace(gram)) / gram.shape[0]
+    eye = torch.eye(gram.shape[0], dtype=gram.dtype)
+    weight = torch.linalg.solve(gram + max(lam, 1e-12) * eye, x.T @ y)
+    bias = (mean_y - mean_x @ weight) if intercept else torch.zeros(y.shape[1], dtype=y.dtype)
+    return weight, bias
+
+
+def split_pairs(store: FeatureStore, split: str, max_rows: int | None = None) -> tuple[Tensor, ...]:
+    """(image features [Ni, Di], text features [Nt, Dt], text_to_image [Nt] local ids, caption
+    image rows [Nt, Di]) of ``split``, float64; ``max_rows`` caps the images (evenly strided)."""
+    image_ids = store.split_image_ids(split)
+    if max_rows is not None and len(image_ids) > max_rows:
+        image_ids = image_ids[torch.linspace(0, len(image_ids) - 1, max_rows).long()]
+    local = torch.full((store.num_images,), -1, dtype=torch.long)
+    local[image_ids] = torch.arange(len(image_ids))
+    owner = local[torch.as_tensor(store.text_to_image).long()]
+    text_ids = torch.nonzero(owner >= 0).flatten()
+    images = torch.as_tensor(store.image_features[image_ids]).double()
+    texts = torch.as_tensor(store.text_features[text_ids]).double()
+    return images, texts, owner[text_ids], images[owner[text_ids]]
+
+
+def _unit(x: Tensor) -> Tensor:
+    return x / torch.linalg.vector_norm(x, dim=-1, keepdim=True).clamp_min(1e-12)
+
+
+def cosine_mean_r1(images: Tensor, texts: Tensor, owner: Tensor) -> float:
+    """Mean of T2I and I2T R@1 (%) of the cosine ranking: images [Ni, D], texts [Nt, D],
+    owner [Nt] the image of each text. An image counts as found (I2T) when its top text is one
+    of its captions; ties go to the lower index, as ``eval.retrieval`` breaks them."""
+    scores = _unit(texts.float()) @ _unit(images.float()).T  # [Nt, Ni]
+    t2i = (scores.argmax(dim=1) == owner).float().mean()
+    has_caption = torch.zeros(images.shape[0], dtype=torch.bool)
+    has_caption[owner] = True
+    i2t = (owner[scores.argmax(dim=0)] == torch.arange(images.shape[0]))[has_caption]
+    return float(50.0 * (t2i + i2t.float().mean()))
+
+
+def _second_moment_basis(*parts: Tensor) -> Tensor:
+    """Orthonormal eigenvectors [D, D] of the summed uncentred second moments of ``parts``
+    (each [N, D]), by decreasing eigenvalue: the directions cosine relies on most."""
+    moment = sum(p.T @ p / max(1, p.shape[0]) for p in parts)
+    values, vectors = torch.linalg.eigh(moment)
+    return vectors[:, torch.argsort(values, descending=True)]
+
+
+def fit_alignment(
+    store: FeatureStore, train_split: str = "train", val_split: str | None = "val"
+) -> LinearAlignment:
+    """The ``LinearAlignment`` of ``store``: candidates fit on ``train_split``, the best on
+    ``val_split`` (None, or a store without it: the identity where the widths agree, else ridge
+    at ``DEFAULT_ALPHA``). Raises ``InputError`` when the train split has fewer than 2 captions."""
+    _, texts, _, x = split_pairs(store, train_split, max_rows=MAX_FIT_PAIRS)
+    if len(texts) < 2:
+        raise InputError(f"the warm start needs captions in the {train_split!r} split")
+    same_width = x.shape[1] == texts.shape[1]
+    candidates: list[tuple[AlignmentKind, float | None, Tensor]] = []
+    if same_width:
+        candidates.append(("identity", None, torch.eye(x.shape[1], dtype=torch.float64)))
+    for alpha in ALPHAS:
+        candidates.append(("ridge", alpha, solve_ridge(x, texts, alpha, intercept=False)[0]))
+    has_val = val_split is not None and val_split in (store.split_names or [])
+    val = split_pairs(store, val_split, max_rows=MAX_VAL_IMAGES) if has_val else None
+    if val is None or len(val[1]) == 0:
+        kind, alpha, image_map = next(
+            c for c in candidates if c[0] == "identity" or c[1] == DEFAULT_ALPHA
+        )
+        val_r1 = None
+    else:
+        val_images, val_texts, val_owner, _ = val
+        scored = [
+            (cosine_mean_r1(val_images @ m, val_texts, val_owner), -i, (k, a, m))
+            for i, (k, a, m) in enumerate(candidates)
+        ]
+        val_r1, _, (kind, alpha, image_map) = max(scored, key=lambda s: (s[0], s[1]))
+    images = x @ image_map
+    sample = slice(0, min(len(texts), 20_000))
+    return LinearAlignment(
+        image_map=image_map,
+        basis=_second_moment_basis(images, texts),
+        kind=kind,
+        alpha=alpha,
+        val_r1=val_r1,
+        image_norm=float(torch.linalg.vector_norm(x, dim=-1).mean()),
+        text_norm=float(torch.linalg.vector_norm(texts, dim=-1).mean()),
+        image_rows=len(texts),
+        _image_sample=x[sample],
+        _text_sample=texts[sample],
+    )
+
+
+__all__ = [
+    "ALPHAS",
+    "DEFAULT_ALPHA",
+    "LinearAlignment",
+    "MAX_FIT_PAIRS",
+    "cosine_mean_r1",
+    "fit_alignment",
+    "solve_ridge",
+    "split_pairs",
+]
