@@ -474,6 +474,10 @@ def test_study_learning_rate_is_a_stated_multiple_of_the_paper_rate(tmp_path):
     paper = recipe_train_defaults(recipe_class("proclip"))["lr"]
     assert bench.lr_override("proclip", []) == [f"lr={paper * kit.STUDY_LR_SCALE:g}"]
     assert bench.lr_override("proclip", ["lr=3e-3"]) == []  # a study's own lr wins
+    assert bench.lr_override("proclip", ["train.lr=3e-3"]) == []  # in either spelling
+    user = kit.Bench(tmp_path, _tiny_world(), "synthetic", 10, ["train.lr=0.01"], val_every=5)
+    assert user.lr_override("proclip", []) == []  # the user's train.lr= is kept
+    assert user.sets_lr("proclip", []) and not bench.sets_lr("proclip", [])
     assert f"{kit.STUDY_LR_SCALE:g}x the paper's" in bench.lr_text()
     assert f"paper {paper:g}" in bench.lr_text()
     assert (

@@ -464,6 +464,26 @@ def _route_key(
     raise ConfigError(f"unknown key {key!r}; " + _valid_keys(train_fields, recipe_fields, recipe))
 
 
+def canonical_key(key: str, recipe: str) -> str:
+    """The one name of a setting of ``recipe``'s runs: ``"train.FIELD"`` or ``"recipe.FIELD"``
+    for ``key`` written as ``FIELD``, ``train.FIELD`` or ``recipe.FIELD`` (the routing of
+    ``resolve_config``; an unknown key is a ``ConfigError``)."""
+    recipe_cls = recipe_class(recipe)
+    section, name = _route_key(
+        key.strip(), _field_names(TrainConfig), _field_names(recipe_cls.Config), recipe
+    )
+    return f"{section}.{name}"
+
+
+def config_file_keys(path: str | Path, recipe: str) -> set[str]:
+    """The canonical keys (``canonical_key``) a YAML config file sets for ``recipe``."""
+    values = read_yaml(path)
+    keys = {f"train.{k}" for k in dict(values.pop("train", None) or {})}
+    keys |= {f"recipe.{k}" for k in dict(values.pop("recipe_config", None) or {})}
+    keys |= {canonical_key(k, recipe) for k in values if k not in ("recipe", "data")}
+    return keys
+
+
 def _valid_keys(train_fields: list[str], recipe_fields: list[str], recipe: str) -> str:
     recipe_part = ", ".join(recipe_fields) or "(none)"
     return f"valid keys: trainer: {', '.join(train_fields)}; recipe {recipe!r}: {recipe_part}"

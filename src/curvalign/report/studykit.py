@@ -672,11 +672,18 @@ class Bench:
         slug = "".join(ch if ch.isalnum() or ch in ".-" else "-" for ch in label)
         return self.out / "runs" / f"{slug}-s{seed}"
 
+    def sets_lr(self, recipe: str, extra: Sequence[str]) -> bool:
+        """Whether the user's overrides or the arm's own set the learning rate, in any
+        spelling (``lr=``, ``train.lr=``): read by the one parser (``train.RunSpec``)."""
+        from curvalign.train.fitting import RunSpec
+
+        return RunSpec.parse(recipe, self.spec, overrides=[*self.overrides, *extra]).sets("lr")
+
     def lr_override(self, recipe: str, extra: Sequence[str]) -> list[str]:
         """``["lr=..."]``: ``lr_scale`` times the recipe's paper rate, unless an override sets it."""
         from curvalign.config import recipe_class, recipe_train_defaults
 
-        if any(o.split("=", 1)[0].strip() == "lr" for o in [*self.overrides, *extra]):
+        if self.sets_lr(recipe, extra):
             return []
         paper = float(recipe_train_defaults(recipe_class(recipe)).get("lr", 0.0) or 0.0)
         if not paper or self.lr_scale == 1.0:
@@ -806,8 +813,7 @@ class Bench:
         (``best.safetensors``). The result's model holds the best weights when ``select_best``,
         else the last ones."""
         extra = list(extra)
-        sets_lr = any(o.split("=", 1)[0].strip() == "lr" for o in [*self.overrides, *extra])
-        if self.lr_grid and not sets_lr:
+        if self.lr_grid and not self.sets_lr(recipe, extra):
             lr = self.choose_lr(
                 label, recipe, extra, steps=steps, val_fn=val_fn, store_from=store_from
             )

@@ -31,6 +31,9 @@ _EXPORTS = {
     "ValidationEvent": "curvalign.train.hooks",
     "KeepBestWeights": "curvalign.train.hooks",
     "EarlyStopping": "curvalign.train.hooks",
+    "RunSpec": "curvalign.train.fitting",
+    "FitResult": "curvalign.train.fitting",
+    "fit": "curvalign.train.fitting",
 }
 
 

@@ -450,6 +450,10 @@ class Trainer:
             k: v.detach().to("cpu").clone() for k, v in self.recipe.state_dict().items()
         }
 
+    def best_weights(self) -> dict[str, Tensor] | None:
+        """The state dict kept at the best validation so far (``keep_best``), or None."""
+        return self._best_state
+
     def use_store(self, store: FeatureStore) -> None:
         """Train on ``store`` from the next step on (a control arm that changes its data mid-run):
         the sampler is rebuilt on it and continues its draws exactly where it was, as a resume on
