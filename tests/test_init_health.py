@@ -277,8 +277,10 @@ def test_training_records_resolved_scales_and_the_report(tmp_path) -> None:
 def test_print_config_shows_the_resolved_values(tmp_path) -> None:
     path = RAW.save(tmp_path / "store")
     text = describe_config("meru", f"features:{path}")
-    assert "image_scale_init: 0.02" in text  # 1 / (37 x 1.1), not null
+    # 1 / 40.85 (the train rows' mean image norm; the warm start keeps norms: gain 1), not null
+    assert "image_scale_init: 0.0245" in text
     assert "resolved from the train features' norms" in text
+    assert "# warm start: identity (the two sides in one space), val mean R@1" in text
     assert "image_scale_init: null" in describe_config("meru", None)
 
 

@@ -329,6 +329,9 @@ def describe_config(
         from curvalign.data.validation_split import validation_split
 
         store = load_store(resolved.data)[0]
+        train = resolved.train
+        if train.validates:  # the store the run trains on: its validation hold-out labelled
+            store, _ = validation_split(store, train.val_fraction, train.seed, resolved.data)
         with_data = resolve_data_init(resolved, store)
         changed = [
             k for k, v in with_data.recipe_config.items() if resolved.recipe_config.get(k) != v
@@ -340,13 +343,17 @@ def describe_config(
             + "\n"
         )
         if resolved.train.val_every is None:
-            train = resolved.train
-            split, _ = validation_split(store, train.val_fraction, train.seed, resolved.data)
-            resolved = resolve_val_every(resolved, split)
+            resolved = resolve_val_every(resolved, store)
             from_data += (
                 f"# val_every resolved by the epoch rule (docs/training.md): "
                 f"{resolved.train.val_every}\n"
             )
+        if recipe_class(resolved.recipe).uses_alignment(resolved.recipe_config_object()):
+            from curvalign.data.alignment import fit_alignment
+
+            has_val = "val" in (store.split_names or [])
+            alignment = fit_alignment(store, val_split="val" if has_val else None)
+            from_data += f"# {alignment.describe()} (docs/methods.md, 'The warm start')\n"
     text = yaml.safe_dump(resolved.to_dict(), sort_keys=False)
     note = (
         f"# trainer keys at the paper defaults of recipe {resolved.recipe} (docs/methods.md): "
