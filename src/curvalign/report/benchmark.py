@@ -8,6 +8,7 @@ recipe; ``NAME.key=value`` (e.g. ``phyclip.num_factors=16``) only to recipe NAME
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -480,8 +481,11 @@ def _train_recipe(
     Times and run folders go to ``result``; the first seed's arrays and log to ``plot_inputs``
     (``(arrays, logs)``)."""
     from curvalign.runs import read_log
-    from curvalign.train.towers import train
+    from curvalign.train.fitting import RunSpec, fit
 
+    data = load_store(bench.store)[1]  # the store's spec: what config.json records
+    spec = RunSpec.parse(name, data, overrides=overrides, steps=bench.steps)
+    spec = dataclasses.replace(spec, towers=bench.towers)
     runs = _SeedRuns()
     result.run_dirs[name] = []
     result.train_seconds[name] = result.eval_seconds[name] = 0.0
@@ -492,16 +496,13 @@ def _train_recipe(
         )
         t = time.perf_counter()
         try:
-            run_dir = train(
-                name,
-                bench.store,
+            run_dir = fit(
+                spec.with_train(seed=seed),
                 bench.out / "runs" / name / f"seed-{seed}",
-                steps=bench.steps,
-                overrides=overrides + [f"seed={seed}"],
+                data=bench.store,
                 overwrite=True,
                 show_progress=bench.show_progress,
-                towers=bench.towers,
-            )
+            ).run_dir
         except (CurvalignError, RuntimeError) as err:
             if str(err).startswith("interrupted"):
                 raise  # Ctrl-C stops the benchmark, not just this recipe

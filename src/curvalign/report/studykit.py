@@ -849,7 +849,7 @@ class Bench:
         """One arm, one seed, one ``Trainer.fit`` (``train`` without the learning-rate choice;
         ``extend=False``: no plateau extension, the run stops at ``steps``)."""
         from curvalign.runs import load_run
-        from curvalign.train.trainer import train
+        from curvalign.train.fitting import RunSpec, fit
 
         steps = steps or self.steps
         max_steps = max(steps, int(round(steps * self.max_steps / self.steps))) if extend else steps
@@ -866,21 +866,20 @@ class Bench:
         )
         self.notify(f"{label} seed {seed}: {recipe}, {steps} steps (up to {max_steps})")
         first = store_from(0) if store_from else None
-        run = train(
-            recipe,
-            first if first is not None else self.store,
+        spec = RunSpec.parse(recipe, self.spec, overrides=[*self.overrides, *extra], steps=steps)
+        run = fit(
+            spec.with_train(seed=seed),
             self.run_dir(label, seed),
-            steps=steps,
-            overrides=[*self.overrides, *extra, f"seed={seed}"],
+            data=first if first is not None else self.store,
+            hooks=[hooks],
             overwrite=True,
             show_progress=self.show_progress,
-            hooks=[hooks],
         )
-        loaded = load_run(run, weights="best" if select_best else "last")
-        history = tuple((int(step), float(value)) for step, value in run.val_history)
+        model = run.recipe if select_best else load_run(run.run_dir, weights="last").recipe
+        history = run.val_history
         return ArmResult(
-            run_dir=Path(run),
-            recipe=loaded.recipe,
+            run_dir=run.run_dir,
+            recipe=model,
             last_step=run.last_step,
             best_step=run.best_step,
             best_val=run.best_val,
