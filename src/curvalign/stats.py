@@ -387,3 +387,166 @@ def seeds_for_effect(sd: float, effect: float, max_seeds: int = 50) -> int | Non
         if minimal_detectable_effect(sd, n) <= abs(effect):
             return n
     return None
+
+
+# --- two-level intervals: seeds and test items -------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ItemTotals:
+    """One evaluation's per-item results, grouped in resampling units (clusters).
+
+    sums, counts   [P, n] float arrays: for each of ``P`` parts (e.g. text->image and
+                   image->text recall) and each of ``n`` clusters (e.g. test images), the sum of
+                   the item values (hits) and the number of items the cluster holds in that part
+    The statistic is the mean over parts of ``sum(sums[p]) / sum(counts[p])``: with one part and
+    counts of 1 a plain mean of ``n`` item values; mean R@1 is two parts over the test images
+    (each image with its captions' text->image hits, and its own image->text hit), so resampling
+    an image takes its captions with it.
+    """
+
+    sums: Any
+    counts: Any
+
+    def __post_init__(self) -> None:
+        import numpy as np
+
+        sums = np.atleast_2d(np.asarray(self.sums, dtype=np.float64))
+        counts = np.atleast_2d(np.asarray(self.counts, dtype=np.float64))
+        if sums.shape != counts.shape or sums.ndim != 2:
+            raise ValueError(
+                f"ItemTotals needs sums and counts of one [P, n] shape, got {sums.shape} and "
+                f"{counts.shape}"
+            )
+        if not (counts.sum(axis=1) > 0).all():
+            raise ValueError("ItemTotals: every part needs at least one item")
+        object.__setattr__(self, "sums", sums)
+        object.__setattr__(self, "counts", counts)
+
+    @classmethod
+    def from_values(cls, values: Sequence[float]) -> ItemTotals:
+        """One part, one item per cluster: the statistic is the mean of ``values`` [n]."""
+        import numpy as np
+
+        x = np.asarray(values, dtype=np.float64).reshape(1, -1)
+        return cls(x, np.ones_like(x))
+
+    @property
+    def size(self) -> int:
+        """Number of clusters ``n`` (the resampling units)."""
+        return int(self.sums.shape[1])
+
+    def statistic(self, weights: Any = None) -> Any:
+        """The statistic, or with bootstrap ``weights`` [R, n] (how often each cluster is drawn)
+        the [R] statistics of the R resamples."""
+        import numpy as np
+
+        if weights is None:
+            return float(np.mean(self.sums.sum(axis=1) / self.counts.sum(axis=1)))
+        num, den = weights @ self.sums.T, weights @ self.counts.T  # [R, P]
+        ratio = np.divide(num, den, out=np.zeros_like(num), where=den > 0)
+        return ratio.mean(axis=1)
+
+
+@dataclass(frozen=True)
+class TwoLevelInterval(Interval):
+    """An ``Interval`` of a paired difference whose width counts the seeds and the test items:
+    ``seed_se`` and ``item_se`` the two standard-error components, ``df`` the degrees of freedom
+    of the t quantile (the seeds'), ``items`` the number of resampled test clusters."""
+
+    seed_se: float = math.nan
+    item_se: float = math.nan
+    df: float = math.nan
+    items: int = 0
+
+
+def two_level_difference(
+    a: Sequence[ItemTotals],
+    b: Sequence[ItemTotals],
+    replicates: int = 1000,
+    seed: int = 0,
+    chunk: int = 100,
+) -> TwoLevelInterval:
+    """95% interval of ``statistic(a) - statistic(b)`` over seeds *and* test items: a paired
+    two-level procedure.
+
+    ``a`` holds one ``ItemTotals`` per seed of a trained row; ``b`` either one per seed (the same
+    seeds, e.g. the row's own step-0 head: paired over seeds) or a single one (a deterministic
+    baseline evaluated once, e.g. the ridge map or the frozen features, compared with every seed).
+
+    Level 1, seeds: the per-seed differences ``d_s = stat(a_s) - stat(b_s)`` give the estimate
+    (their mean, identical to the difference of the table's means) and the seed component
+    ``seed_se^2 = var(d_s) / S`` of the paired t interval (``paired_difference``).
+    Level 2, test items: a paired bootstrap of the test clusters inside each seed: each of
+    ``replicates`` resamples draws the ``n`` clusters with replacement, applies the *same* draw
+    to both rows (paired across the rows compared) and, when every evaluation holds the same
+    items (a fixed test split), to every seed too, since an item that is hard is hard for every
+    seed, and independent draws per seed would understate the item noise up to S times; the
+    variance of the resampled mean difference is ``item_se^2``. The baseline's own sampling
+    noise (a single ridge or frozen evaluation on the same finite test set) enters here: the
+    seed level cannot see it.
+    The interval is ``mean +- t_{0.975, S-1} sqrt(seed_se^2 + item_se^2)``: the seeds' degrees
+    of freedom, never more (a Welch-Satterthwaite df grows with the items and, with 3 seeds,
+    can make the interval narrower than the seeds' own), so it is never narrower than the
+    paired t interval over seeds. The seed level stays a t interval rather than a bootstrap of
+    the seeds: with 3 seeds a bootstrap has 10 distinct resamples and a percentile interval
+    about half as wide as the t interval every other cell of the table uses. Both components
+    hold the seed-by-item noise once, so the sum slightly overstates the variance
+    (conservative).
+
+    Known answers: with no item noise (every item of a seed has the same value) the interval is
+    exactly ``paired_difference`` of the per-seed statistics; identical rows give ``[0, 0]``;
+    with one seed the seed variance is unknown and the interval is nan (no verdict), as for the
+    other cells of a one-seed table. ``seed`` fixes the bootstrap draws (reproducible tables).
+    """
+    import numpy as np
+
+    if not a:
+        raise ValueError("two_level_difference needs at least one seed in a")
+    if len(b) not in (1, len(a)):
+        raise ValueError(
+            f"two_level_difference: b must hold one evaluation or one per seed of a ({len(a)}), "
+            f"got {len(b)}"
+        )
+    pairs = [(x, b[0] if len(b) == 1 else b[s]) for s, x in enumerate(a)]
+    for s, (x, y) in enumerate(pairs):
+        if x.sums.shape != y.sums.shape:
+            raise ValueError(
+                f"two_level_difference: seed {s} compares {x.sums.shape} with {y.sums.shape} "
+                "item totals; paired rows need the same test items"
+            )
+    diffs = [x.statistic() - y.statistic() for x, y in pairs]
+    n_seeds = len(diffs)
+    mean = math.fsum(diffs) / n_seeds
+    n_items = min(x.size for x, _ in pairs)
+    if n_seeds < 2:
+        return TwoLevelInterval(mean, math.nan, math.nan, 1, items=n_items)
+    seed_var = sample_sd(diffs) ** 2 / n_seeds
+    shared = len({x.size for x, _ in pairs}) == 1
+    rng = np.random.default_rng(seed)
+    resampled: list[Any] = []
+    for start in range(0, replicates, chunk):
+        size = min(chunk, replicates - start)
+        total = np.zeros(size)
+        draw = None
+        for x, y in pairs:
+            if draw is None or not shared:
+                draw = rng.multinomial(x.size, np.full(x.size, 1.0 / x.size), size=size)
+            total += x.statistic(draw) - y.statistic(draw)
+        resampled.append(total / n_seeds)
+    boot = np.concatenate(resampled)
+    item_var = float(np.var(boot, ddof=1)) if len(boot) > 1 else 0.0
+    # a statistic whose items never differ between rows resamples to exact zeros: keep it zero
+    item_var = 0.0 if item_var < 1e-30 else item_var
+    # with no item noise this is exactly the paired t interval over seeds
+    half = t_quantile_975(n_seeds - 1) * math.sqrt(seed_var + item_var)
+    return TwoLevelInterval(
+        mean,
+        mean - half,
+        mean + half,
+        n_seeds,
+        math.sqrt(seed_var),
+        math.sqrt(item_var),
+        float(n_seeds - 1),
+        n_items,
+    )
