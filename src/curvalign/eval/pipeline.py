@@ -56,6 +56,7 @@ from curvalign.eval.result import (
     PromptSensitivity,
     ZeroShotMetrics,
 )
+from curvalign.eval.retrieval import RetrievalItems
 from curvalign.eval.zeroshot import (
     mean_per_class_recall,
     predict,
@@ -208,8 +209,14 @@ def token_skips(recipe: Recipe, store: FeatureStore) -> list[str]:
 def retrieval_stage(recipe: Recipe, emb: SplitEmbeddings) -> dict[str, float]:
     """Recall@1/5/10 text->image and image->text, each direction with its own query side; the
     ranks come in tiles of at most ``PAIR_BUDGET`` pairs (no dense matrix at any split size)."""
+    items = retrieval_items(recipe, emb)
+    return recall_from_ranks(items.t2i_rank, items.i2t_rank, ks=(1, 5, 10))
+
+
+def retrieval_items(recipe: Recipe, emb: SplitEmbeddings) -> RetrievalItems:
+    """The per-item ranks behind ``retrieval_stage``'s recalls (``RetrievalItems``)."""
     t_ranks, i_ranks = retrieval_ranks(recipe, emb.texts, emb.images, emb.text_to_image)
-    return recall_from_ranks(t_ranks, i_ranks, ks=(1, 5, 10))
+    return RetrievalItems(t_ranks.cpu(), i_ranks.cpu(), emb.text_to_image.cpu())
 
 
 def _num_classes(store: FeatureStore) -> int:
@@ -537,11 +544,14 @@ def diagnostics_stage(
 @dataclass
 class Evaluation:
     """``metrics``: the result record (``to_json()``: docs/evaluation.md); ``arrays``: what the
-    plots draw (None unless diagnostics ran); ``embeddings``: the split, embedded once."""
+    plots draw (None unless diagnostics ran); ``embeddings``: the split, embedded once;
+    ``items``: the per-item retrieval ranks behind ``metrics.retrieval`` (``RetrievalItems``:
+    per-query hits, for intervals that count the test items)."""
 
     metrics: EvaluationResult
     arrays: DiagnosticArrays | None
     embeddings: SplitEmbeddings
+    items: RetrievalItems | None = None
 
 
 @torch.no_grad()
@@ -565,7 +575,8 @@ def run_evaluation(
             num_texts=len(emb.text_ids),
             skipped=tuple(token_skips(recipe, store)),
         )
-        retrieval = retrieval_stage(recipe, emb)
+        items = retrieval_items(recipe, emb)
+        retrieval = recall_from_ranks(items.t2i_rank, items.i2t_rank, ks=(1, 5, 10))
         tax = Taxonomy(store.taxonomy_parents) if store.has_taxonomy else None
         class_scores = class_scores_stage(recipe, store, emb)
         zeroshot, hierarchy = zero_shot_stage(recipe, store, emb, tax, class_scores)
@@ -581,10 +592,10 @@ def run_evaluation(
             ordering=ordering_stage(recipe, store, emb, batch_size),
         )
         if not diagnostics:
-            return Evaluation(stages, None, emb)
+            return Evaluation(stages, None, emb, items)
         diagnostic_metrics, arrays = diagnostics_stage(recipe, store, emb, tax)
         metrics = replace(stages, diagnostics=diagnostic_metrics)
-        return Evaluation(metrics, arrays, emb)
+        return Evaluation(metrics, arrays, emb, items)
     finally:
         if was_training:
             recipe.train()
@@ -593,6 +604,7 @@ def run_evaluation(
 __all__ = [
     "PAIR_BUDGET",
     "DiagnosticArrays",
+    "RetrievalItems",
     "Evaluation",
     "EvaluationResult",
     "SplitEmbeddings",
@@ -601,6 +613,7 @@ __all__ = [
     "embed_text_part",
     "check_inputs",
     "matched_scores",
+    "retrieval_items",
     "run_evaluation",
     "score_matrix",
     "split_rows",
