@@ -201,3 +201,25 @@ def test_columns_option_is_refused_unless_headline_or_all(tmp_path):
         result = runner.invoke(app, [*command, "--columns", "some", "--out", str(out)])
         assert result.exit_code == 2 and "--columns must be headline or all" in result.output
         assert not (out / "runs").exists()  # refused before any training
+
+
+def test_per_item_totals_give_the_evaluation_recalls():
+    # 30 images, 70 captions (some images with none): the totals over images reproduce the
+    # recalls the evaluation reports, per direction and as mean R@k
+    g = torch.Generator().manual_seed(0)
+    owner = torch.randint(0, 25, (70,), generator=g)  # images 25..29 have no caption
+    t_ranks = torch.randint(0, 12, (70,), generator=g)
+    i_ranks = torch.randint(0, 12, (30,), generator=g)
+    i_ranks[25:] = -1
+    items = RetrievalItems(t_ranks, i_ranks, owner)
+    recalls = recall_from_ranks(t_ranks, i_ranks, ks=(1, 5))
+    for k in (1, 5):
+        assert items.totals(f"t2i@{k}").statistic() == pytest.approx(recalls[f"t2i@{k}"])
+        assert items.totals(f"i2t@{k}").statistic() == pytest.approx(recalls[f"i2t@{k}"])
+        mean = 0.5 * (recalls[f"t2i@{k}"] + recalls[f"i2t@{k}"])
+        assert items.totals(f"mean@{k}").statistic() == pytest.approx(mean)
+        assert float(items.hits(f"t2i@{k}").mean()) == pytest.approx(recalls[f"t2i@{k}"])
+    from curvalign.errors import InputError
+
+    with pytest.raises(InputError, match="t2i@K"):
+        items.totals("r@1")
