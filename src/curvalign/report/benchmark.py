@@ -791,6 +791,14 @@ def _seed_gain_stat(stats: dict[str, Any]) -> dict[str, Any] | None:
     return {**mean_interval(values).as_dict(), "values": values}
 
 
+def alignment_row(result: BenchmarkResult) -> str | None:
+    """The alignment row the gains are read against: the frozen features where the two sides
+    share a space, else the ridge map; None when neither is in the table."""
+    return next(
+        (n for n, r in result.rows.items() if r.kind == "frozen" and n in result.stats), None
+    )
+
+
 def gains_of(result: BenchmarkResult) -> dict[str, dict[str, dict[str, Any]]]:
     """{trained row: {"alignment": gain, "step 0": gain}}: each trained row's mean R@1 minus
     the alignment row's (frozen features, or the ridge map where the two sides share no space)
@@ -803,9 +811,7 @@ def gains_of(result: BenchmarkResult) -> dict[str, dict[str, dict[str, Any]]]:
 
     gaps = item_gaps(result)
     path = f"retrieval/{GAIN_METRIC}"
-    alignment = next(
-        (n for n, r in result.rows.items() if r.kind == "frozen" and n in result.stats), None
-    )
+    alignment = alignment_row(result)
     out: dict[str, dict[str, dict[str, Any]]] = {}
     for name, row in result.rows.items():
         if row.kind != "trained" or name not in result.stats:
@@ -1013,7 +1019,7 @@ def headline(result: BenchmarkResult, gains: dict[str, Any] | None = None) -> di
     if lead:
         notes.append(
             "ΔR@1 align / step0: mean R@1 (T2I and I2T) minus the alignment row's "
-            f"({next(iter(gains.values()), {}).get('alignment', {}).get('row', 'n/a')}) and "
+            f"({alignment_row(result) or 'none'}) and "
             "minus the row's own step-0 row's, in points; ± the 95% interval over "
             + " / ".join(hows)
             + "; ▲ / ▼ where it excludes 0"
