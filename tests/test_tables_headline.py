@@ -24,7 +24,12 @@ from curvalign.report.benchmark import (
     headline,
     verdicts_of,
 )
-from curvalign.report.tables import HEADLINE_WIDTH, column_verdicts, gain_cell
+from curvalign.report.tables import (
+    HEADLINE_WIDTH,
+    column_verdicts,
+    gain_cell,
+    mark_chance_columns,
+)
 from curvalign.stats import mean_interval, paired_difference
 
 runner = CliRunner()
@@ -169,10 +174,18 @@ def test_sibling_recall_below_chance_is_marked_and_never_best():
     verdict = column_verdicts(stats, ["a", "b"], [("Sib@5", "hierarchy/sibling@5", "pct")])
     assert verdict["hierarchy/sibling@5"]["best"] is None
     assert "chance (95.0) is above every trained row" in verdict["hierarchy/sibling@5"]["text"]
-    # chance below the rows: the ordinary verdict
+    columns, note = mark_chance_columns(
+        [("Sib@5", "hierarchy/sibling@5", "pct")], stats, ["a", "b"]
+    )
+    assert columns[0][0] == "Sib@5†" and note.startswith("† chance is above every trained row")
+    # chance below the rows: the ordinary verdict, no mark
     stats["chance"] = {"hierarchy/sibling@5": _stat([0.10])}
     verdict = column_verdicts(stats, ["a", "b"], [("Sib@5", "hierarchy/sibling@5", "pct")])
     assert verdict["hierarchy/sibling@5"]["best"] == "b"
+    assert mark_chance_columns([("Sib@5", "hierarchy/sibling@5", "pct")], stats, ["a", "b"]) == (
+        [("Sib@5", "hierarchy/sibling@5", "pct")],
+        "",
+    )
 
 
 @pytest.mark.parametrize("seeds", [1, 3])
