@@ -236,3 +236,43 @@ def test_per_item_totals_give_the_evaluation_recalls():
 
     with pytest.raises(InputError, match="t2i@K"):
         items.totals("r@1")
+
+
+def test_evaluation_exposes_the_items_behind_its_rates():
+    # one evaluation of an untrained head on a tiny synthetic world: the per-item results
+    # reproduce the reported rates (retrieval, zero-shot top-1, hard negatives), keys unchanged
+    from curvalign.config import resolve_config
+    from curvalign.data import load_data
+    from curvalign.eval import evaluate, run_evaluation
+    from curvalign.runs import recipe_input_dims
+    from curvalign.train.trainer import build_model
+
+    spec = "synthetic:images=120,text_pairs=60,captions_max=3"
+    store = load_data(spec)
+    config = resolve_config("clip", spec)
+    model = build_model(config, *recipe_input_dims(config, store)).eval()
+    done = run_evaluation(model, store, diagnostics=False)
+    metrics = done.metrics
+    assert metrics.to_json() == evaluate(model, store, diagnostics=False).to_json()
+    assert done.items is not None
+    for key, value in metrics.retrieval.items():
+        assert done.items.totals(key).statistic() == pytest.approx(value, abs=1e-6)
+    assert metrics.zeroshot is not None and metrics.compositional is not None
+    assert float(done.hits["zeroshot/top1"].mean()) == pytest.approx(metrics.zeroshot.top1)
+    won = done.hits["compositional/overall"]
+    assert float(won.mean()) == pytest.approx(metrics.compositional["overall"])
+
+
+def test_zero_shot_and_hard_negative_comparisons_count_the_items_too():
+    result = _hand_result()
+    rng = np.random.default_rng(5)
+    for name in result.stats:
+        if name == "chance":
+            continue
+        hits = [torch.tensor(rng.random(60) < 0.5).float() for _ in result.items[name]]
+        result.item_hits[name] = [{"zeroshot/top1": h} for h in hits]
+        result.stats[name]["zeroshot/top1"] = _stat([float(h.mean()) for h in hits])
+    comparison = baseline_comparisons(result)["clip"]
+    ridge = comparison["ridge (image→text)"]["zeroshot/top1"]
+    assert ridge["item_se"] > 0 and ridge["n"] == 3
+    assert "item_se" not in comparison["ridge (image→text)"]["hierarchy/TIE"]  # seeds only

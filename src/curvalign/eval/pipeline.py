@@ -22,7 +22,7 @@ knows a method by name. This module never imports the trainer.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -58,6 +58,7 @@ from curvalign.eval.result import (
 )
 from curvalign.eval.retrieval import RetrievalItems
 from curvalign.eval.zeroshot import (
+    class_ranks,
     mean_per_class_recall,
     predict,
     template_positions,
@@ -408,16 +409,24 @@ def compositional_stage(
     recipe: Recipe, store: FeatureStore, emb: SplitEmbeddings, batch_size: int
 ) -> dict[str, float] | None:
     """Share of hard negatives scored below their true caption, overall and per kind."""
+    return compositional_items(recipe, store, emb, batch_size)[0]
+
+
+def compositional_items(
+    recipe: Recipe, store: FeatureStore, emb: SplitEmbeddings, batch_size: int
+) -> tuple[dict[str, float] | None, Tensor | None]:
+    """(``compositional_stage``'s metrics, [Nn] 0/1 per hard negative of the split: won by its
+    true caption); (None, None) where the stage does not apply."""
     if not store.has_negatives:
-        return None
+        return None, None
     text_local = torch.full((store.num_texts,), -1, dtype=torch.long)
     text_local[emb.text_ids] = torch.arange(len(emb.text_ids))
     owner = text_local[store.negative_to_text.long()]
     keep = torch.nonzero(owner >= 0).flatten()
     if not len(keep):
-        return None
+        return None, None
     if recipe.text_tokens and not store.has_text_tokens("negative"):
-        return None  # listed in meta.skipped (token_skips)
+        return None, None  # listed in meta.skipped (token_skips)
     negatives = embed_text_part(recipe, store, "negative", keep, batch_size)
     paired_images = slice_embedding(emb.images, emb.text_to_image[owner[keep]])
     true = matched_scores(
@@ -425,7 +434,8 @@ def compositional_stage(
     )
     negative = matched_scores(recipe, negatives, paired_images, query="image")
     kinds = store.negative_kind[keep].long() if store.negative_kind is not None else None
-    return hard_negative_accuracy(true, negative, kinds, store.negative_kind_names)
+    metrics = hard_negative_accuracy(true, negative, kinds, store.negative_kind_names)
+    return metrics, (true > negative).float()  # the "overall" rate's items
 
 
 def ordering_stage(
@@ -552,6 +562,9 @@ class Evaluation:
     arrays: DiagnosticArrays | None
     embeddings: SplitEmbeddings
     items: RetrievalItems | None = None
+    #: {metric path: [n] 0/1 per item} behind a rate: "zeroshot/top1" (per labelled image of
+    #: the split) and "compositional/overall" (per hard negative), where the stage ran
+    hits: dict[str, Tensor] = field(default_factory=dict)
 
 
 @torch.no_grad()
@@ -580,6 +593,14 @@ def run_evaluation(
         tax = Taxonomy(store.taxonomy_parents) if store.has_taxonomy else None
         class_scores = class_scores_stage(recipe, store, emb)
         zeroshot, hierarchy = zero_shot_stage(recipe, store, emb, tax, class_scores)
+        hits: dict[str, Tensor] = {}
+        if zeroshot is not None and class_scores is not None and store.image_labels is not None:
+            labels = store.image_labels[emb.image_ids].long()
+            keep = labels >= 0
+            hits["zeroshot/top1"] = (class_ranks(class_scores[keep], labels[keep]) < 1).float()
+        compositional, won = compositional_items(recipe, store, emb, batch_size)
+        if won is not None:
+            hits["compositional/overall"] = won
         stages = EvaluationResult(
             meta=meta,
             retrieval=retrieval,
@@ -588,14 +609,14 @@ def run_evaluation(
             prompt_sensitivity=prompt_sensitivity_stage(recipe, store, emb, zeroshot),
             multilabel=multilabel_stage(store, emb, class_scores),
             entailment=entailment_stage(recipe, store, emb, tax, batch_size),
-            compositional=compositional_stage(recipe, store, emb, batch_size),
+            compositional=compositional,
             ordering=ordering_stage(recipe, store, emb, batch_size),
         )
         if not diagnostics:
-            return Evaluation(stages, None, emb, items)
+            return Evaluation(stages, None, emb, items, hits)
         diagnostic_metrics, arrays = diagnostics_stage(recipe, store, emb, tax)
         metrics = replace(stages, diagnostics=diagnostic_metrics)
-        return Evaluation(metrics, arrays, emb, items)
+        return Evaluation(metrics, arrays, emb, items, hits)
     finally:
         if was_training:
             recipe.train()

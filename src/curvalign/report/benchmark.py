@@ -162,6 +162,9 @@ class BenchmarkResult:
     #: {row: per-seed ``RetrievalItems``} (one for a baseline evaluated once): the per-item
     #: retrieval ranks the gain intervals resample; not written to results.json
     items: dict[str, list[Any]] = field(default_factory=dict)
+    #: {row: per-seed {metric path: [n] 0/1 per item}} (``Evaluation.hits``: zero-shot top-1 per
+    #: image, hard negatives won); not written to results.json
+    item_hits: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     #: what the tables computed once and share (``item_gaps``)
     cache: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
@@ -419,6 +422,8 @@ class _SeedRuns:
     #: per-item retrieval ranks of each seed's evaluations (``Evaluation.items``)
     trained_items: list[Any] = field(default_factory=list)
     untrained_items: list[Any] = field(default_factory=list)
+    trained_hits: list[dict[str, Any]] = field(default_factory=list)
+    untrained_hits: list[dict[str, Any]] = field(default_factory=list)
 
     def row(self, name: str) -> BenchmarkRow:
         return BenchmarkRow(
@@ -468,12 +473,14 @@ def _evaluate_seed(
     runs.warnings += [f"seed {seed}: {w}" for w in health["warnings"]]
     runs.trained.append(evaluation)
     runs.trained_items.append(full.items)
+    runs.trained_hits.append(full.hits)
     # the widths the recipe takes on this store (the token width for a token reader); a tower
     # run's untrained row reads the plain store: the frozen towers' features
     untrained = build_model(loaded.config, *recipe_input_dims(loaded.config, bench.store))
     step0 = run_evaluation(untrained.eval(), bench.store, split=bench.split, diagnostics=False)
     runs.untrained.append(step0.metrics)
     runs.untrained_items.append(step0.items)
+    runs.untrained_hits.append(step0.hits)
     return loaded, full
 
 
@@ -557,6 +564,7 @@ def _add_baselines(
         done = run_evaluation(frozen, store, split=split, diagnostics=False)
         evaluations[ROW_NAME] = [done.metrics.to_json()]
         result.items[ROW_NAME] = [done.items]
+        result.item_hits[ROW_NAME] = [done.hits]
         result.rows[ROW_NAME] = BenchmarkRow(kind="frozen", recipe=None)
     else:
         result.absent[ROW_NAME] = reason
@@ -567,6 +575,7 @@ def _add_baselines(
             done = run_evaluation(ridge, store, split=split, diagnostics=False)
             evaluations[RIDGE_ROW] = [done.metrics.to_json()]
             result.items[RIDGE_ROW] = [done.items]
+            result.item_hits[RIDGE_ROW] = [done.hits]
             result.rows[RIDGE_ROW] = BenchmarkRow(
                 kind="frozen",
                 recipe=None,
@@ -655,6 +664,8 @@ def run_benchmark(
             evaluations[untrained_row(name)] = [e.to_json() for e in runs.untrained]
             result.items[name] = list(runs.trained_items)
             result.items[untrained_row(name)] = list(runs.untrained_items)
+            result.item_hits[name] = list(runs.trained_hits)
+            result.item_hits[untrained_row(name)] = list(runs.untrained_hits)
             result.rows[untrained_row(name)] = BenchmarkRow(kind="untrained", recipe=name)
     _add_baselines(bench, min(base_seed.values()), result, evaluations)
 
@@ -708,9 +719,11 @@ ITEM_PATHS = {
 
 
 class ItemGaps:
-    """Two-level intervals (``stats.two_level_difference``: seeds, then the test images with
-    their captions, paired across the two rows) of the difference between two rows of a
-    benchmark on a retrieval metric, from the per-item ranks it kept (``BenchmarkResult.items``).
+    """Two-level intervals (``stats.two_level_difference``: seeds, then the test items, paired
+    across the two rows) of the difference between two rows of a benchmark, from the per-item
+    results it kept: the retrieval recalls from the ranks (``BenchmarkResult.items``; the test
+    images are resampled with their captions), zero-shot top-1 and hard negatives from their
+    0/1 hits (``BenchmarkResult.item_hits``).
     Every comparison of one metric reads the same bootstrap draws (``bootstrap_statistics``,
     made once per metric); ``gap`` is None where the ranks are missing (a tuned benchmark's
     merged rows, chance), so the table falls back to the per-seed values."""
@@ -721,39 +734,47 @@ class ItemGaps:
         self._boot: dict[str, dict[Any, Any]] = {}
         self._done: dict[tuple[str, str, str], Any] = {}
 
-    def totals(self, row: str, metric: str) -> list[Any] | None:
-        """Per-seed ``ItemTotals`` of ``row`` on ``metric`` ("t2i@1", "mean@1", ...)."""
-        items = self.result.items.get(row)
-        if not items or any(i is None for i in items):
-            return None
-        key = (row, metric)
-        if key not in self._totals:
-            self._totals[key] = [i.totals(metric) for i in items]
-        return self._totals[key]
+    def totals(self, row: str, path: str) -> list[Any] | None:
+        """Per-seed ``ItemTotals`` of ``row`` on metric ``path`` ("retrieval/t2i@1",
+        "zeroshot/top1", ...); None where the row has no per-item results for it."""
+        from curvalign.stats import ItemTotals
 
-    def _resampled(self, metric: str) -> dict[Any, Any]:
+        key = (row, path)
+        if key in self._totals:
+            return self._totals[key]
+        found = None
+        if path in ITEM_PATHS:
+            items = self.result.items.get(row)
+            if items and all(i is not None for i in items):
+                found = [i.totals(ITEM_PATHS[path]) for i in items]
+        else:
+            hits = self.result.item_hits.get(row)
+            if hits and all(path in h and len(h[path]) for h in hits):
+                found = [ItemTotals.from_values(h[path].double().numpy()) for h in hits]
+        self._totals[key] = found
+        return found
+
+    def _resampled(self, path: str) -> dict[Any, Any]:
         from curvalign.stats import bootstrap_statistics
 
-        if metric not in self._boot:
-            every = [t for row in self.result.items for t in (self.totals(row, metric) or [])]
+        if path not in self._boot:
+            rows = set(self.result.items) | set(self.result.item_hits)
+            every = [t for row in rows for t in (self.totals(row, path) or [])]
             sizes = {t.size for t in every}
-            self._boot[metric] = (
+            self._boot[path] = (
                 bootstrap_statistics(every, self.replicates, self.seed) if len(sizes) == 1 else {}
             )
-        return self._boot[metric]
+        return self._boot[path]
 
     def gap(self, a: str, b: str, path: str) -> tuple[Any, bool, str] | None:
         """(interval of a - b, excludes 0, "seeds and test items") on ``path``; None when a row
         has no per-item ranks or the two cannot be paired (different seeds or test items)."""
         from curvalign.stats import TwoLevelInterval, two_level_difference
 
-        metric = ITEM_PATHS.get(path)
-        if metric is None:
-            return None
         key = (a, b, path)
         if key in self._done:
             return self._done[key]
-        ta, tb = self.totals(a, metric), self.totals(b, metric)
+        ta, tb = self.totals(a, path), self.totals(b, path)
         found = None
         if ta and tb:
             swap = len(ta) == 1 and len(tb) > 1
@@ -761,7 +782,7 @@ class ItemGaps:
             sizes_match = all(t.sums.shape == x[0].sums.shape for t in x + y)
             if len(y) in (1, len(x)) and sizes_match:
                 iv = two_level_difference(
-                    x, y, self.replicates, self.seed, self._resampled(metric) or None
+                    x, y, self.replicates, self.seed, self._resampled(path) or None
                 )
                 if swap:
                     iv = TwoLevelInterval(
