@@ -87,3 +87,25 @@ def test_one_seed_has_no_interval_and_mismatched_items_are_refused():
         two_level_difference([_constant(0.5, 10)] * 2, [_constant(0.5, 11)])
     with pytest.raises(ValueError, match="one per seed"):
         two_level_difference([_constant(0.5)] * 3, [_constant(0.5)] * 2)
+
+
+def test_random_ranking_ap_matches_enumeration_and_the_positive_share():
+    import itertools
+
+    from curvalign.stats import random_ranking_ap
+
+    def ap(order, relevant):
+        hits, total = 0, 0.0
+        for rank, item in enumerate(order, 1):
+            if item in relevant:
+                hits += 1
+                total += hits / rank
+        return total / len(relevant)
+
+    for n, p in ((4, 1), (5, 2), (6, 3)):
+        relevant = set(range(p))
+        perms = list(itertools.permutations(range(n)))
+        exact = sum(ap(o, relevant) for o in perms) / len(perms)
+        assert random_ranking_ap(p, n) == pytest.approx(exact, abs=1e-12)
+    assert random_ranking_ap(100, 10_000) == pytest.approx(0.01, rel=0.1)
+    assert random_ranking_ap(3, 3) == pytest.approx(1.0)

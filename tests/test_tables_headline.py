@@ -276,3 +276,31 @@ def test_zero_shot_and_hard_negative_comparisons_count_the_items_too():
     ridge = comparison["ridge (image→text)"]["zeroshot/top1"]
     assert ridge["item_se"] > 0 and ridge["n"] == 3
     assert "item_se" not in comparison["ridge (image→text)"]["hierarchy/TIE"]  # seeds only
+
+
+def test_chance_map_is_what_random_rankings_score():
+    # the chance row's mAP against the mean mAP of 400 seeded random rankings of the split's
+    # annotated images (within four standard errors of that mean)
+    from curvalign.data import load_data
+    from curvalign.eval.multilabel import label_matrix, multilabel_map
+    from curvalign.report.benchmark import chance_multilabel_map
+
+    store = load_data("synthetic:images=120,text_pairs=60,captions_max=3")
+    assert store.has_multilabels
+    want = chance_multilabel_map(store, "test")
+    ids = store.split_image_ids("test")
+    local = torch.full((store.num_images,), -1, dtype=torch.long)
+    local[ids] = torch.arange(len(ids))
+    owner = local[store.multilabel_to_image.long()]
+    keep = owner >= 0
+    num_classes = int(store.multilabel_class.max()) + 1
+    labels = label_matrix(owner[keep], store.multilabel_class.long()[keep], len(ids), num_classes)
+    g = torch.Generator().manual_seed(0)
+    draws = torch.tensor(
+        [
+            multilabel_map(torch.rand(len(ids), num_classes, generator=g), labels)["mAP"]
+            for _ in range(400)
+        ]
+    )
+    se = float(draws.std()) / 20
+    assert abs(float(draws.mean()) - want) < 4 * se

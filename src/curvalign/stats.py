@@ -587,3 +587,17 @@ def two_level_difference(
         float(n_seeds - 1),
         n_items,
     )
+
+
+def random_ranking_ap(positives: int, n: int) -> float:
+    """Expected average precision of a uniformly random ranking of ``n`` items of which
+    ``positives`` are relevant (no ties): ``H_n / n + (P - 1)(n - H_n) / (n (n - 1))`` with
+    ``H_n`` the n-th harmonic number. (AP is the mean over positives of the precision at each;
+    a positive at rank r contributes 1/r for itself, and each other positive lies above it with
+    probability (r - 1)/(n - 1).) About the share of positives ``P / n`` for large ``n``."""
+    if not 0 < positives <= n:
+        raise ValueError(f"random_ranking_ap needs 0 < positives <= n, got {positives} and {n}")
+    harmonic = math.fsum(1.0 / r for r in range(1, n + 1))
+    if n == 1:
+        return 1.0
+    return harmonic / n + (positives - 1) * (n - harmonic) / (n * (n - 1))

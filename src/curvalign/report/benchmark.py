@@ -582,7 +582,11 @@ def _add_baselines(
                 note=f"ridge map image->text fit on train, alpha {ridge.alpha:g} chosen on "
                 "validation",
             )
-    evaluations["chance"] = [chance_evaluation(store, split=split)]
+    chance = chance_evaluation(store, split=split)
+    chance_map = chance_multilabel_map(store, split)
+    if chance_map is not None:
+        chance["multilabel"] = {"mAP": chance_map}
+    evaluations["chance"] = [chance]
     result.rows["chance"] = BenchmarkRow(kind="chance", recipe=None)
 
 
@@ -860,6 +864,31 @@ def gains_of(result: BenchmarkResult) -> dict[str, dict[str, dict[str, Any]]]:
                 "how": how,
             }
     return out
+
+
+def chance_multilabel_map(store: FeatureStore, split: str) -> float | None:
+    """Multi-label mAP of a random ranking on ``split``: the mean over the classes with a positive
+    of ``stats.random_ranking_ap`` (positives among the annotated images of the split, as
+    ``eval/multilabel.py`` averages); None without multi-labels."""
+    import torch
+
+    from curvalign.stats import random_ranking_ap
+
+    if not store.has_multilabels:
+        return None
+    assert store.multilabel_to_image is not None and store.multilabel_class is not None
+    image_ids = store.split_image_ids(split)
+    in_split = torch.zeros(store.num_images, dtype=torch.bool)
+    in_split[image_ids] = True
+    owner, cls = store.multilabel_to_image.long(), store.multilabel_class.long()
+    keep = in_split[owner]
+    pairs = torch.unique(torch.stack([owner[keep], cls[keep]]), dim=1)
+    annotated = int(torch.unique(pairs[0]).numel())
+    if annotated == 0:
+        return None
+    counts = torch.bincount(pairs[1])
+    aps = [random_ranking_ap(int(p), annotated) for p in counts.tolist() if p > 0]
+    return sum(aps) / len(aps)
 
 
 def add_chance_rates(stats: dict[str, dict[str, dict[str, Any]]]) -> None:
