@@ -133,6 +133,25 @@ def test_benchmark_json_has_intervals_per_seed_values_and_baselines(tmp_path):
     assert "ZS mpc" in md and "Sib@5" in md and "Chain AP" in md
     # four templates in the synthetic world: the prompt-sensitivity table, one column each
     assert "Prompt sensitivity" in md and "| row | template 0 |" in md and "ensemble |" in md
+    # each trained row's mean R@1 gain over the ridge row and its own step-0 row, over seeds
+    # and test items; the same difference as the table's means
+    stats = payload["stats"]
+    for name in ("clip", "meru"):
+        gains = payload["gains"][name]
+        assert gains["alignment"]["row"] == "ridge (image→text)"
+        assert gains["step 0"]["row"] == f"{name} (step 0)"
+        for gain in gains.values():
+            assert gain["how"] == "seeds and test items"
+            base = stats[gain["row"]]
+            want = 0.5 * (
+                stats[name]["retrieval/t2i@1"]["mean"]
+                + stats[name]["retrieval/i2t@1"]["mean"]
+                - base["retrieval/t2i@1"]["mean"]
+                - base["retrieval/i2t@1"]["mean"]
+            )
+            assert gain["mean"] == pytest.approx(want, abs=1e-6)  # recalls are float32 means
+            assert gain["low"] <= gain["mean"] <= gain["high"]
+    assert "ΔR@1 align" in md and "Every column:" in md
 
 
 def test_frozen_features_row_where_the_two_sides_share_a_space(tmp_path):

@@ -420,7 +420,7 @@ def test_a_benchmark_table_off_a_terminal_has_every_column(tmp_path):
     env = {k: v for k, v in _env().items() if k != "COLUMNS"}  # as `curvalign demo > log`
     result = subprocess.run(
         [sys.executable, "-m", "curvalign", "benchmark", "--recipes", "clip,meru", "--data", DATA,
-         "--steps", "2", "--seeds", "1", "--out", str(tmp_path / "b"), "-q", *SMALL],
+         "--steps", "2", "--seeds", "1", "--out", str(tmp_path / "b"), "-q", "--columns", "all", *SMALL],
         env=env, capture_output=True, text=True, timeout=900,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr

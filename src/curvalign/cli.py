@@ -477,33 +477,75 @@ def _run_suite(
     typer.echo(f"wrote {files['csv']}, {files['wide_csv']}, {files['markdown']}")
 
 
-def _print_benchmark(result, out: Path, title: str, width: int | None = None) -> None:
-    """The benchmark's terminal table, fitted to the terminal's width (metric columns that do not
-    fit are named below it; results.md and results.json have all of them)."""
+#: ``--columns`` of ``benchmark`` and ``demo``
+COLUMNS_HELP = (
+    "headline (default): the few metrics that differ between rows, with each trained row's "
+    "mean R@1 gain over the alignment and its step-0 row, in 120 columns; all: every column "
+    "the terminal fits."
+)
+
+
+def _check_columns(columns: str) -> None:
+    """One line for a ``--columns`` value other than headline or all (before any training)."""
+    if columns not in ("headline", "all"):
+        fail(f"--columns must be headline or all, got {columns!r}")
+
+
+def _print_benchmark(
+    result, out: Path, title: str, width: int | None = None, columns: str = "headline"
+) -> None:
+    """The benchmark's terminal table: the headline table (``report.benchmark.headline``, at
+    most ``HEADLINE_WIDTH`` characters wide) or, with ``columns="all"``, every column fitted to
+    the terminal's width (columns that do not fit are named below it; results.md and
+    results.json have all of them)."""
 
     from curvalign.report.benchmark import (
         best_step_cells,
         converged_cells,
+        headline,
         summary_lines,
         verdicts_of,
     )
-    from curvalign.report.tables import terminal_stats_table
+    from curvalign.report.tables import HEADLINE_WIDTH, terminal_stats_table
 
+    _check_columns(columns)
     console = _table_console(width)
-    table, _, left_out = terminal_stats_table(
-        result.stats,
-        console.width,
-        verdicts_of(result),
-        {"conv": converged_cells(result), "best step": best_step_cells(result)},
-        title=title,
-    )
+    extra = {"conv": converged_cells(result), "best step": best_step_cells(result)}
+    notes: list[str] = []
+    if columns == "headline":
+        from rich.console import Console
+
+        console = Console(width=min(console.width, HEADLINE_WIDTH))
+        head = headline(result)
+        table, _, left_out = terminal_stats_table(
+            result.stats,
+            console.width,
+            verdicts_of(result),
+            extra,
+            title=title,
+            columns=head["columns"],
+            lead=head["lead"],
+        )
+        notes = head["notes"]
+        left_out = list(left_out) + head["more"]
+    else:
+        table, _, left_out = terminal_stats_table(
+            result.stats, console.width, verdicts_of(result), extra, title=title
+        )
     console.print(table)
+    for line in notes:
+        console.print(line, highlight=False)
     for line in summary_lines(result):
         console.print(line.replace("`", ""), highlight=False)
     if left_out:
         console.print(
-            "not shown (terminal too narrow): " + ", ".join(c[0] for c in left_out) + "; see "
-            "results.md",
+            (
+                "more columns (--columns all, results.md): "
+                if columns == "headline"
+                else "not shown (terminal too narrow): "
+            )
+            + ", ".join(c[0] for c in left_out)
+            + ("" if columns == "headline" else "; see results.md"),
             highlight=False,
         )
     console.print("conv = seeds whose validation had stopped improving by the end", highlight=False)
@@ -578,6 +620,7 @@ def benchmark_command(
         "--towers`, e.g. 'ENCODER_SPEC;image=lora;text=lora;lora_rank=8'); each run is evaluated "
         "on the store re-encoded by its best towers (docs/training.md, 'Train the towers').",
     ),
+    columns: str = typer.Option("headline", "--columns", help=COLUMNS_HELP),
 ) -> None:
     """Train each recipe on the same data with the same budget and seeds, evaluate, and compare
     side by side with baselines (untrained heads, frozen features, chance).
@@ -585,6 +628,7 @@ def benchmark_command(
     With --tune N: an equal tuning budget for every recipe first (docs/evaluation.md); a killed
     run continues where it stopped when started again with the same arguments."""
     refuse_unknown_recipes([r.strip() for r in recipes.split(",") if r.strip()])
+    _check_columns(columns)
     from curvalign.report.benchmark import run_benchmark
 
     if seeds is None:
@@ -632,7 +676,7 @@ def benchmark_command(
     if json_output:
         typer.echo((out / "results.json").read_text().strip())
         return
-    _print_benchmark(result, out, f"benchmark on {result.data}")
+    _print_benchmark(result, out, f"benchmark on {result.data}", columns=columns)
     if suite is not None:
         runs = [d for dirs in result.run_dirs.values() for d in dirs]  # every seed's run
         _run_suite(runs, suite, out, split, 1024, False)
@@ -653,6 +697,7 @@ def demo_command(
         1, "--seeds", min=1, help="Seeds per recipe (the demo's 1 gives no intervals)."
     ),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No per-step progress bars."),
+    columns: str = typer.Option("headline", "--columns", help=COLUMNS_HELP),
 ) -> None:
     """All methods on a small synthetic world in about a minute on two CPU cores: table and plots."""
     import time
@@ -665,6 +710,7 @@ def demo_command(
         run_benchmark,
     )
 
+    _check_columns(columns)
     check_out(out)
     names = [r.strip() for r in recipes.split(",") if r.strip()] if recipes else list(DEMO_RECIPES)
     console = _stderr_console()
@@ -681,7 +727,12 @@ def demo_command(
             notify=console.print,
             title="curvalign demo",
         )
-    _print_benchmark(result, out, f"curvalign demo: {result.data}, {result.steps} steps per recipe")
+    _print_benchmark(
+        result,
+        out,
+        f"curvalign demo: {result.data}, {result.steps} steps per recipe",
+        columns=columns,
+    )
     typer.echo(f"demo finished in {time.perf_counter() - start:.0f}s")
 
 

@@ -9,7 +9,7 @@ deviation); with one seed there is no interval (``low = high = nan``), never a f
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -387,3 +387,217 @@ def seeds_for_effect(sd: float, effect: float, max_seeds: int = 50) -> int | Non
         if minimal_detectable_effect(sd, n) <= abs(effect):
             return n
     return None
+
+
+# --- two-level intervals: seeds and test items -------------------------------------------------
+
+
+@dataclass(frozen=True, eq=False)  # compared and hashed by identity (a cache key)
+class ItemTotals:
+    """One evaluation's per-item results, grouped in resampling units (clusters).
+
+    sums, counts   [P, n] float arrays: for each of ``P`` parts (e.g. text->image and
+                   image->text recall) and each of ``n`` clusters (e.g. test images), the sum of
+                   the item values (hits) and the number of items the cluster holds in that part
+    The statistic is the mean over parts of ``sum(sums[p]) / sum(counts[p])``: with one part and
+    counts of 1 a plain mean of ``n`` item values; mean R@1 is two parts over the test images
+    (each image with its captions' text->image hits, and its own image->text hit), so resampling
+    an image takes its captions with it.
+    """
+
+    sums: Any
+    counts: Any
+
+    def __post_init__(self) -> None:
+        import numpy as np
+
+        sums = np.atleast_2d(np.asarray(self.sums, dtype=np.float64))
+        counts = np.atleast_2d(np.asarray(self.counts, dtype=np.float64))
+        if sums.shape != counts.shape or sums.ndim != 2:
+            raise ValueError(
+                f"ItemTotals needs sums and counts of one [P, n] shape, got {sums.shape} and "
+                f"{counts.shape}"
+            )
+        if not (counts.sum(axis=1) > 0).all():
+            raise ValueError("ItemTotals: every part needs at least one item")
+        object.__setattr__(self, "sums", sums)
+        object.__setattr__(self, "counts", counts)
+
+    @classmethod
+    def from_values(cls, values: Sequence[float]) -> ItemTotals:
+        """One part, one item per cluster: the statistic is the mean of ``values`` [n]."""
+        import numpy as np
+
+        x = np.asarray(values, dtype=np.float64).reshape(1, -1)
+        return cls(x, np.ones_like(x))
+
+    @property
+    def size(self) -> int:
+        """Number of clusters ``n`` (the resampling units)."""
+        return int(self.sums.shape[1])
+
+    def statistic(self, weights: Any = None) -> Any:
+        """The statistic, or with bootstrap ``weights`` [R, n] (how often each cluster is drawn)
+        the [R] statistics of the R resamples."""
+        import numpy as np
+
+        if weights is None:
+            return float(np.mean(self.sums.sum(axis=1) / self.counts.sum(axis=1)))
+        num, den = weights @ self.sums.T, weights @ self.counts.T  # [R, P]
+        ratio = np.divide(num, den, out=np.zeros_like(num), where=den > 0)
+        return ratio.mean(axis=1)
+
+
+@dataclass(frozen=True)
+class TwoLevelInterval(Interval):
+    """An ``Interval`` of a paired difference whose width counts the seeds and the test items:
+    ``seed_se`` and ``item_se`` the two standard-error components, ``df`` the degrees of freedom
+    of the t quantile (the seeds'), ``items`` the number of resampled test clusters."""
+
+    seed_se: float = math.nan
+    item_se: float = math.nan
+    df: float = math.nan
+    items: int = 0
+
+
+def _bootstrap_weights(rng: Any, n: int, size: int) -> Any:
+    """[size, n] counts of how often each of ``n`` clusters is drawn in ``size`` resamples of
+    ``n`` draws with replacement (one ``bincount`` over offset indices: a multinomial draw per
+    resample is several times slower)."""
+    import numpy as np
+
+    idx = rng.integers(0, n, size=(size, n)) + (np.arange(size) * n)[:, None]
+    return np.bincount(idx.ravel(), minlength=size * n).reshape(size, n).astype(np.float64)
+
+
+def bootstrap_statistics(
+    totals: Sequence[ItemTotals], replicates: int = 1000, seed: int = 0, chunk: int = 100
+) -> dict[ItemTotals, Any]:
+    """{totals: [replicates] statistics} of every ``totals`` (all over the same ``n`` clusters)
+    under the *same* bootstrap draws of the clusters: one pass over the draws for any number of
+    evaluations, so that every paired comparison of a table reads the same resamples."""
+    import numpy as np
+
+    unique = list(dict.fromkeys(totals))
+    if not unique:
+        return {}
+    sizes = {t.size for t in unique}
+    if len(sizes) != 1:
+        raise ValueError(f"bootstrap_statistics needs one number of clusters, got {sorted(sizes)}")
+    n = sizes.pop()
+    sums = np.concatenate([t.sums for t in unique])
+    counts = np.concatenate([t.counts for t in unique])
+    bounds = np.cumsum([0] + [t.sums.shape[0] for t in unique])
+    rng = np.random.default_rng(seed)
+    parts: list[list[Any]] = [[] for _ in unique]
+    for start in range(0, replicates, chunk):
+        weights = _bootstrap_weights(rng, n, min(chunk, replicates - start))
+        num, den = weights @ sums.T, weights @ counts.T
+        ratio = np.divide(num, den, out=np.zeros_like(num), where=den > 0)
+        for k in range(len(unique)):
+            parts[k].append(ratio[:, bounds[k] : bounds[k + 1]].mean(axis=1))
+    return {t: np.concatenate(p) for t, p in zip(unique, parts, strict=True)}
+
+
+def two_level_difference(
+    a: Sequence[ItemTotals],
+    b: Sequence[ItemTotals],
+    replicates: int = 1000,
+    seed: int = 0,
+    resampled: Mapping[ItemTotals, Any] | None = None,
+) -> TwoLevelInterval:
+    """95% interval of ``statistic(a) - statistic(b)`` over seeds *and* test items: a paired
+    two-level procedure.
+
+    ``a`` holds one ``ItemTotals`` per seed of a trained row; ``b`` either one per seed (the same
+    seeds, e.g. the row's own step-0 head: paired over seeds) or a single one (a deterministic
+    baseline evaluated once, e.g. the ridge map or the frozen features, compared with every seed).
+
+    Level 1, seeds: the per-seed differences ``d_s = stat(a_s) - stat(b_s)`` give the estimate
+    (their mean, identical to the difference of the table's means) and the seed component
+    ``seed_se^2 = var(d_s) / S`` of the paired t interval (``paired_difference``).
+    Level 2, test items: a paired bootstrap of the test clusters inside each seed: each of
+    ``replicates`` resamples draws the ``n`` clusters with replacement, applies the *same* draw
+    to both rows (paired across the rows compared) and, when every evaluation holds the same
+    items (a fixed test split), to every seed too, since an item that is hard is hard for every
+    seed, and independent draws per seed would understate the item noise up to S times; the
+    variance of the resampled mean difference is ``item_se^2``. The baseline's own sampling
+    noise (a single ridge or frozen evaluation on the same finite test set) enters here: the
+    seed level cannot see it.
+    The interval is ``mean +- t_{0.975, S-1} sqrt(seed_se^2 + item_se^2)``: the seeds' degrees
+    of freedom, never more (a Welch-Satterthwaite df grows with the items and, with 3 seeds,
+    can make the interval narrower than the seeds' own), so it is never narrower than the
+    paired t interval over seeds. The seed level stays a t interval rather than a bootstrap of
+    the seeds: with 3 seeds a bootstrap has 10 distinct resamples and a percentile interval
+    about half as wide as the t interval every other cell of the table uses. Both components
+    hold the seed-by-item noise once, so the sum slightly overstates the variance
+    (conservative).
+
+    Known answers: with no item noise (every item of a seed has the same value) the interval is
+    exactly ``paired_difference`` of the per-seed statistics; identical rows give ``[0, 0]``;
+    with one seed the seed variance is unknown and the interval is nan (no verdict), as for the
+    other cells of a one-seed table. ``seed`` fixes the bootstrap draws (reproducible tables);
+    ``resampled`` ({totals: [R] statistics}, ``bootstrap_statistics``) reuses draws already
+    made for a whole table.
+    """
+    import numpy as np
+
+    if not a:
+        raise ValueError("two_level_difference needs at least one seed in a")
+    if len(b) not in (1, len(a)):
+        raise ValueError(
+            f"two_level_difference: b must hold one evaluation or one per seed of a ({len(a)}), "
+            f"got {len(b)}"
+        )
+    pairs = [(x, b[0] if len(b) == 1 else b[s]) for s, x in enumerate(a)]
+    for s, (x, y) in enumerate(pairs):
+        if x.sums.shape != y.sums.shape:
+            raise ValueError(
+                f"two_level_difference: seed {s} compares {x.sums.shape} with {y.sums.shape} "
+                "item totals; paired rows need the same test items"
+            )
+    diffs = [x.statistic() - y.statistic() for x, y in pairs]
+    n_seeds = len(diffs)
+    mean = math.fsum(diffs) / n_seeds
+    n_items = min(x.size for x, _ in pairs)
+    if n_seeds < 2:
+        return TwoLevelInterval(mean, math.nan, math.nan, 1, items=n_items)
+    seed_var = sample_sd(diffs) ** 2 / n_seeds
+    if len({x.size for x, _ in pairs}) == 1:  # one test set: the same draws for every seed
+        if resampled is None or any(t not in resampled for pair in pairs for t in pair):
+            resampled = bootstrap_statistics([t for pair in pairs for t in pair], replicates, seed)
+        boot = sum(resampled[x] - resampled[y] for x, y in pairs) / n_seeds
+    else:  # each seed its own test items: independent draws per seed
+        boot = 0.0
+        for s, (x, y) in enumerate(pairs):
+            own = bootstrap_statistics([x, y], replicates, seed + s)
+            boot = boot + (own[x] - own[y]) / n_seeds
+    item_var = float(np.var(boot, ddof=1)) if replicates > 1 else 0.0
+    # a statistic whose items never differ between rows resamples to exact zeros: keep it zero
+    item_var = 0.0 if item_var < 1e-30 else item_var
+    # with no item noise this is exactly the paired t interval over seeds
+    half = t_quantile_975(n_seeds - 1) * math.sqrt(seed_var + item_var)
+    return TwoLevelInterval(
+        mean,
+        mean - half,
+        mean + half,
+        n_seeds,
+        math.sqrt(seed_var),
+        math.sqrt(item_var),
+        float(n_seeds - 1),
+        n_items,
+    )
+
+
+def random_ranking_ap(positives: int, n: int) -> float:
+    """Expected average precision of a uniformly random ranking of ``n`` items of which
+    ``positives`` are relevant (no ties): ``H_n / n + (P - 1)(n - H_n) / (n (n - 1))`` with
+    ``H_n`` the n-th harmonic number. (AP is the mean over positives of the precision at each;
+    a positive at rank r contributes 1/r for itself, and each other positive lies above it with
+    probability (r - 1)/(n - 1).) About the share of positives ``P / n`` for large ``n``."""
+    if not 0 < positives <= n:
+        raise ValueError(f"random_ranking_ap needs 0 < positives <= n, got {positives} and {n}")
+    harmonic = math.fsum(1.0 / r for r in range(1, n + 1))
+    if n == 1:
+        return 1.0
+    return harmonic / n + (positives - 1) * (n - harmonic) / (n * (n - 1))

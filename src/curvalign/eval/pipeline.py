@@ -22,7 +22,7 @@ knows a method by name. This module never imports the trainer.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -56,7 +56,9 @@ from curvalign.eval.result import (
     PromptSensitivity,
     ZeroShotMetrics,
 )
+from curvalign.eval.retrieval import RetrievalItems
 from curvalign.eval.zeroshot import (
+    class_ranks,
     mean_per_class_recall,
     predict,
     template_positions,
@@ -208,8 +210,14 @@ def token_skips(recipe: Recipe, store: FeatureStore) -> list[str]:
 def retrieval_stage(recipe: Recipe, emb: SplitEmbeddings) -> dict[str, float]:
     """Recall@1/5/10 text->image and image->text, each direction with its own query side; the
     ranks come in tiles of at most ``PAIR_BUDGET`` pairs (no dense matrix at any split size)."""
+    items = retrieval_items(recipe, emb)
+    return recall_from_ranks(items.t2i_rank, items.i2t_rank, ks=(1, 5, 10))
+
+
+def retrieval_items(recipe: Recipe, emb: SplitEmbeddings) -> RetrievalItems:
+    """The per-item ranks behind ``retrieval_stage``'s recalls (``RetrievalItems``)."""
     t_ranks, i_ranks = retrieval_ranks(recipe, emb.texts, emb.images, emb.text_to_image)
-    return recall_from_ranks(t_ranks, i_ranks, ks=(1, 5, 10))
+    return RetrievalItems(t_ranks.cpu(), i_ranks.cpu(), emb.text_to_image.cpu())
 
 
 def _num_classes(store: FeatureStore) -> int:
@@ -401,16 +409,24 @@ def compositional_stage(
     recipe: Recipe, store: FeatureStore, emb: SplitEmbeddings, batch_size: int
 ) -> dict[str, float] | None:
     """Share of hard negatives scored below their true caption, overall and per kind."""
+    return compositional_items(recipe, store, emb, batch_size)[0]
+
+
+def compositional_items(
+    recipe: Recipe, store: FeatureStore, emb: SplitEmbeddings, batch_size: int
+) -> tuple[dict[str, float] | None, Tensor | None]:
+    """(``compositional_stage``'s metrics, [Nn] 0/1 per hard negative of the split: won by its
+    true caption); (None, None) where the stage does not apply."""
     if not store.has_negatives:
-        return None
+        return None, None
     text_local = torch.full((store.num_texts,), -1, dtype=torch.long)
     text_local[emb.text_ids] = torch.arange(len(emb.text_ids))
     owner = text_local[store.negative_to_text.long()]
     keep = torch.nonzero(owner >= 0).flatten()
     if not len(keep):
-        return None
+        return None, None
     if recipe.text_tokens and not store.has_text_tokens("negative"):
-        return None  # listed in meta.skipped (token_skips)
+        return None, None  # listed in meta.skipped (token_skips)
     negatives = embed_text_part(recipe, store, "negative", keep, batch_size)
     paired_images = slice_embedding(emb.images, emb.text_to_image[owner[keep]])
     true = matched_scores(
@@ -418,7 +434,8 @@ def compositional_stage(
     )
     negative = matched_scores(recipe, negatives, paired_images, query="image")
     kinds = store.negative_kind[keep].long() if store.negative_kind is not None else None
-    return hard_negative_accuracy(true, negative, kinds, store.negative_kind_names)
+    metrics = hard_negative_accuracy(true, negative, kinds, store.negative_kind_names)
+    return metrics, (true > negative).float()  # the "overall" rate's items
 
 
 def ordering_stage(
@@ -537,11 +554,17 @@ def diagnostics_stage(
 @dataclass
 class Evaluation:
     """``metrics``: the result record (``to_json()``: docs/evaluation.md); ``arrays``: what the
-    plots draw (None unless diagnostics ran); ``embeddings``: the split, embedded once."""
+    plots draw (None unless diagnostics ran); ``embeddings``: the split, embedded once;
+    ``items``: the per-item retrieval ranks behind ``metrics.retrieval`` (``RetrievalItems``:
+    per-query hits, for intervals that count the test items)."""
 
     metrics: EvaluationResult
     arrays: DiagnosticArrays | None
     embeddings: SplitEmbeddings
+    items: RetrievalItems | None = None
+    #: {metric path: [n] 0/1 per item} behind a rate: "zeroshot/top1" (per labelled image of
+    #: the split) and "compositional/overall" (per hard negative), where the stage ran
+    hits: dict[str, Tensor] = field(default_factory=dict)
 
 
 @torch.no_grad()
@@ -565,10 +588,19 @@ def run_evaluation(
             num_texts=len(emb.text_ids),
             skipped=tuple(token_skips(recipe, store)),
         )
-        retrieval = retrieval_stage(recipe, emb)
+        items = retrieval_items(recipe, emb)
+        retrieval = recall_from_ranks(items.t2i_rank, items.i2t_rank, ks=(1, 5, 10))
         tax = Taxonomy(store.taxonomy_parents) if store.has_taxonomy else None
         class_scores = class_scores_stage(recipe, store, emb)
         zeroshot, hierarchy = zero_shot_stage(recipe, store, emb, tax, class_scores)
+        hits: dict[str, Tensor] = {}
+        if zeroshot is not None and class_scores is not None and store.image_labels is not None:
+            labels = store.image_labels[emb.image_ids].long()
+            keep = labels >= 0
+            hits["zeroshot/top1"] = (class_ranks(class_scores[keep], labels[keep]) < 1).float()
+        compositional, won = compositional_items(recipe, store, emb, batch_size)
+        if won is not None:
+            hits["compositional/overall"] = won
         stages = EvaluationResult(
             meta=meta,
             retrieval=retrieval,
@@ -577,14 +609,14 @@ def run_evaluation(
             prompt_sensitivity=prompt_sensitivity_stage(recipe, store, emb, zeroshot),
             multilabel=multilabel_stage(store, emb, class_scores),
             entailment=entailment_stage(recipe, store, emb, tax, batch_size),
-            compositional=compositional_stage(recipe, store, emb, batch_size),
+            compositional=compositional,
             ordering=ordering_stage(recipe, store, emb, batch_size),
         )
         if not diagnostics:
-            return Evaluation(stages, None, emb)
+            return Evaluation(stages, None, emb, items, hits)
         diagnostic_metrics, arrays = diagnostics_stage(recipe, store, emb, tax)
         metrics = replace(stages, diagnostics=diagnostic_metrics)
-        return Evaluation(metrics, arrays, emb)
+        return Evaluation(metrics, arrays, emb, items, hits)
     finally:
         if was_training:
             recipe.train()
@@ -593,6 +625,7 @@ def run_evaluation(
 __all__ = [
     "PAIR_BUDGET",
     "DiagnosticArrays",
+    "RetrievalItems",
     "Evaluation",
     "EvaluationResult",
     "SplitEmbeddings",
@@ -601,6 +634,7 @@ __all__ = [
     "embed_text_part",
     "check_inputs",
     "matched_scores",
+    "retrieval_items",
     "run_evaluation",
     "score_matrix",
     "split_rows",

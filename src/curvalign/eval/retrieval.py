@@ -14,12 +14,14 @@ matrix, the comparisons run over tiles of it; for splits whose matrix would not 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from curvalign.errors import InputError
 from curvalign.readout import image_to_text_ranks, recall_from_ranks, text_to_image_ranks
+from curvalign.stats import ItemTotals
 
 
 def recall_at_k(
@@ -81,7 +83,60 @@ def text_text_recall(
     return {f"t2t@{k}": float((ranks < k).float().mean()) for k in ks}
 
 
+@dataclass(frozen=True)
+class RetrievalItems:
+    """Per-item retrieval results of one evaluation, the items behind its Recall@K: what a
+    comparison needs to count the test items' sampling noise (``stats.two_level_difference``).
+
+    t2i_rank       [Nt] rank of each caption's image among the split's images (0 = first)
+    i2t_rank       [Ni] rank of each image's best caption among the captions; -1 for an image
+                   without a caption (left out of the image->text mean)
+    text_to_image  [Nt] local image index (into ``i2t_rank``) of each caption
+    ``recall_from_ranks(t2i_rank, i2t_rank)`` is the evaluation's ``retrieval`` dict.
+    """
+
+    t2i_rank: Tensor
+    i2t_rank: Tensor
+    text_to_image: Tensor
+
+    def hits(self, metric: str) -> Tensor:
+        """The 0/1 hits behind ``metric`` ("t2i@k": [Nt], one per caption; "i2t@k": [n], one
+        per image that has a caption)."""
+        direction, k = _parse_metric(metric)
+        if direction == "t2i":
+            return (self.t2i_rank < k).float()
+        return (self.i2t_rank[self.i2t_rank >= 0] < k).float()
+
+    def totals(self, metric: str) -> ItemTotals:
+        """``ItemTotals`` over the split's images (each image with its captions, so resampling
+        an image takes its captions along): "t2i@k" and "i2t@k" one part each, "mean@k" both
+        (the mean of T2I and I2T R@k, e.g. "mean@1" the benchmark's mean R@1)."""
+        direction, k = _parse_metric(metric)
+        n = len(self.i2t_rank)
+        owner = self.text_to_image.long()
+        t_sum = torch.zeros(n, dtype=torch.float64).index_add_(
+            0, owner, (self.t2i_rank < k).double()
+        )
+        t_count = torch.bincount(owner, minlength=n).double()
+        has = self.i2t_rank >= 0
+        i_sum = ((self.i2t_rank < k) & has).double()
+        i_count = has.double()
+        parts = {"t2i": [(t_sum, t_count)], "i2t": [(i_sum, i_count)]}
+        chosen = parts["t2i"] + parts["i2t"] if direction == "mean" else parts[direction]
+        return ItemTotals(
+            torch.stack([p[0] for p in chosen]).numpy(), torch.stack([p[1] for p in chosen]).numpy()
+        )
+
+
+def _parse_metric(metric: str) -> tuple[str, int]:
+    direction, _, k = metric.partition("@")
+    if direction not in ("t2i", "i2t", "mean") or not k.isdigit() or int(k) < 1:
+        raise InputError(f"retrieval metric must be t2i@K, i2t@K or mean@K, got {metric!r}")
+    return direction, int(k)
+
+
 __all__ = [
+    "RetrievalItems",
     "image_to_text_ranks",
     "recall_at_k",
     "text_text_recall",

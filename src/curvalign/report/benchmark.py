@@ -160,6 +160,14 @@ class BenchmarkResult:
     #: the tower settings every trained row trained with (``TowersConfig.to_dict()``); None when
     #: the heads trained on the store's features
     towers: dict[str, Any] | None = None
+    #: {row: per-seed ``RetrievalItems``} (one for a baseline evaluated once): the per-item
+    #: retrieval ranks the gain intervals resample; not written to results.json
+    items: dict[str, list[Any]] = field(default_factory=dict)
+    #: {row: per-seed {metric path: [n] 0/1 per item}} (``Evaluation.hits``: zero-shot top-1 per
+    #: image, hard negatives won); not written to results.json
+    item_hits: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    #: what the tables computed once and share (``item_gaps``)
+    cache: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
 
 def split_overrides(overrides: Iterable[str], recipes: Sequence[str]) -> dict[str, list[str]]:
@@ -412,6 +420,11 @@ class _SeedRuns:
     warnings: list[str] = field(default_factory=list)
     trained: list[EvaluationResult] = field(default_factory=list)
     untrained: list[EvaluationResult] = field(default_factory=list)
+    #: per-item retrieval ranks of each seed's evaluations (``Evaluation.items``)
+    trained_items: list[Any] = field(default_factory=list)
+    untrained_items: list[Any] = field(default_factory=list)
+    trained_hits: list[dict[str, Any]] = field(default_factory=list)
+    untrained_hits: list[dict[str, Any]] = field(default_factory=list)
 
     def row(self, name: str) -> BenchmarkRow:
         return BenchmarkRow(
@@ -434,7 +447,7 @@ def _evaluate_seed(
     """Evaluate a trained seed's best validation weights and its untrained head on the split;
     add both to ``runs``. Returns ``(loaded run, full evaluation)`` (the latter's arrays feed
     the plots: one embedding of the split gives the metrics and the arrays)."""
-    from curvalign.eval import evaluate, run_evaluation
+    from curvalign.eval import run_evaluation
     from curvalign.eval.health import health_of_run
     from curvalign.runs import load_run
     from curvalign.train.trainer import start_of_run
@@ -460,10 +473,15 @@ def _evaluate_seed(
     runs.converged.append(health["converged"])
     runs.warnings += [f"seed {seed}: {w}" for w in health["warnings"]]
     runs.trained.append(evaluation)
+    runs.trained_items.append(full.items)
+    runs.trained_hits.append(full.hits)
     # the run's own step 0 (its saved config holds the resolved start); a tower run's untrained
     # row reads the plain store: the frozen towers' features
     untrained = start_of_run(loaded.config, bench.store)
-    runs.untrained.append(evaluate(untrained, bench.store, split=bench.split, diagnostics=False))
+    step0 = run_evaluation(untrained, bench.store, split=bench.split, diagnostics=False)
+    runs.untrained.append(step0.metrics)
+    runs.untrained_items.append(step0.items)
+    runs.untrained_hits.append(step0.hits)
     return loaded, full
 
 
@@ -536,7 +554,7 @@ def _add_baselines(
     ``seed``) where it can be fit, and chance; a baseline that does not apply goes to
     ``result.absent`` with its reason. ``evaluations`` {row: per-seed result JSON}
     (``EvaluationResult.to_json()``, chance's ``evaluate``-shaped dict) gets their rows."""
-    from curvalign.eval import evaluate
+    from curvalign.eval import run_evaluation
     from curvalign.eval.chance import chance_evaluation
     from curvalign.eval.frozen import ROW_NAME, FrozenFeatures, shared_space_reason
 
@@ -544,7 +562,10 @@ def _add_baselines(
     reason = shared_space_reason(store)
     if reason is None:
         frozen = FrozenFeatures(store.image_dim, store.text_dim)
-        evaluations[ROW_NAME] = [evaluate(frozen, store, split=split, diagnostics=False).to_json()]
+        done = run_evaluation(frozen, store, split=split, diagnostics=False)
+        evaluations[ROW_NAME] = [done.metrics.to_json()]
+        result.items[ROW_NAME] = [done.items]
+        result.item_hits[ROW_NAME] = [done.hits]
         result.rows[ROW_NAME] = BenchmarkRow(kind="frozen", recipe=None)
     else:
         result.absent[ROW_NAME] = reason
@@ -552,16 +573,21 @@ def _add_baselines(
         if isinstance(ridge, str):
             result.absent[RIDGE_ROW] = ridge
         else:
-            evaluations[RIDGE_ROW] = [
-                evaluate(ridge, store, split=split, diagnostics=False).to_json()
-            ]
+            done = run_evaluation(ridge, store, split=split, diagnostics=False)
+            evaluations[RIDGE_ROW] = [done.metrics.to_json()]
+            result.items[RIDGE_ROW] = [done.items]
+            result.item_hits[RIDGE_ROW] = [done.hits]
             result.rows[RIDGE_ROW] = BenchmarkRow(
                 kind="frozen",
                 recipe=None,
                 note=f"ridge map image->text fit on train, alpha {ridge.alpha:g} chosen on "
                 "validation",
             )
-    evaluations["chance"] = [chance_evaluation(store, split=split)]
+    chance = chance_evaluation(store, split=split)
+    chance_map = chance_multilabel_map(store, split)
+    if chance_map is not None:
+        chance["multilabel"] = {"mAP": chance_map}
+    evaluations["chance"] = [chance]
     result.rows["chance"] = BenchmarkRow(kind="chance", recipe=None)
 
 
@@ -641,6 +667,10 @@ def run_benchmark(
         if runs.trained and runs.status == "ok":
             evaluations[name] = [e.to_json() for e in runs.trained]
             evaluations[untrained_row(name)] = [e.to_json() for e in runs.untrained]
+            result.items[name] = list(runs.trained_items)
+            result.items[untrained_row(name)] = list(runs.untrained_items)
+            result.item_hits[name] = list(runs.trained_hits)
+            result.item_hits[untrained_row(name)] = list(runs.untrained_hits)
             result.rows[untrained_row(name)] = BenchmarkRow(kind="untrained", recipe=name)
     _add_baselines(bench, min(base_seed.values()), result, evaluations)
 
@@ -653,6 +683,7 @@ def run_benchmark(
     for name in order:
         result.results[name] = _mean_result(evaluations[name])
         result.stats[name] = _stats(evaluations[name])
+    add_chance_rates(result.stats)
     for name in recipes:
         if result.rows[name].status == "failed":
             result.results.setdefault(name, {})
@@ -683,10 +714,210 @@ def untrained_seeds(row: BenchmarkRow) -> int:
     return sum(1 for s in row.best_step if s == 0)
 
 
+#: the metric of the gain columns: mean of T2I and I2T R@1, the benchmark's selection metric
+GAIN_METRIC = "mean@1"
+#: the retrieval metric paths whose comparisons count the test items (``ItemGaps``)
+ITEM_PATHS = {
+    **{f"retrieval/{d}@{k}": f"{d}@{k}" for d in ("t2i", "i2t") for k in (1, 5, 10)},
+    f"retrieval/{GAIN_METRIC}": GAIN_METRIC,
+}
+
+
+class ItemGaps:
+    """Two-level intervals (``stats.two_level_difference``: seeds, then the test items, paired
+    across the two rows) of the difference between two rows of a benchmark, from the per-item
+    results it kept: the retrieval recalls from the ranks (``BenchmarkResult.items``; the test
+    images are resampled with their captions), zero-shot top-1 and hard negatives from their
+    0/1 hits (``BenchmarkResult.item_hits``).
+    Every comparison of one metric reads the same bootstrap draws (``bootstrap_statistics``,
+    made once per metric); ``gap`` is None where the ranks are missing (a tuned benchmark's
+    merged rows, chance), so the table falls back to the per-seed values."""
+
+    def __init__(self, result: BenchmarkResult, replicates: int = 1000, seed: int = 0):
+        self.result, self.replicates, self.seed = result, replicates, seed
+        self._totals: dict[tuple[str, str], list[Any]] = {}
+        self._boot: dict[str, dict[Any, Any]] = {}
+        self._done: dict[tuple[str, str, str], Any] = {}
+
+    def totals(self, row: str, path: str) -> list[Any] | None:
+        """Per-seed ``ItemTotals`` of ``row`` on metric ``path`` ("retrieval/t2i@1",
+        "zeroshot/top1", ...); None where the row has no per-item results for it."""
+        from curvalign.stats import ItemTotals
+
+        key = (row, path)
+        if key in self._totals:
+            return self._totals[key]
+        found = None
+        if path in ITEM_PATHS:
+            items = self.result.items.get(row)
+            if items and all(i is not None for i in items):
+                found = [i.totals(ITEM_PATHS[path]) for i in items]
+        else:
+            hits = self.result.item_hits.get(row)
+            if hits and all(path in h and len(h[path]) for h in hits):
+                found = [ItemTotals.from_values(h[path].double().numpy()) for h in hits]
+        self._totals[key] = found
+        return found
+
+    def _resampled(self, path: str) -> dict[Any, Any]:
+        from curvalign.stats import bootstrap_statistics
+
+        if path not in self._boot:
+            rows = set(self.result.items) | set(self.result.item_hits)
+            every = [t for row in rows for t in (self.totals(row, path) or [])]
+            sizes = {t.size for t in every}
+            self._boot[path] = (
+                bootstrap_statistics(every, self.replicates, self.seed) if len(sizes) == 1 else {}
+            )
+        return self._boot[path]
+
+    def gap(self, a: str, b: str, path: str) -> tuple[Any, bool, str] | None:
+        """(interval of a - b, excludes 0, "seeds and test items") on ``path``; None when a row
+        has no per-item ranks or the two cannot be paired (different seeds or test items)."""
+        from curvalign.stats import TwoLevelInterval, two_level_difference
+
+        key = (a, b, path)
+        if key in self._done:
+            return self._done[key]
+        ta, tb = self.totals(a, path), self.totals(b, path)
+        found = None
+        if ta and tb:
+            swap = len(ta) == 1 and len(tb) > 1
+            x, y = (tb, ta) if swap else (ta, tb)
+            sizes_match = all(t.sums.shape == x[0].sums.shape for t in x + y)
+            if len(y) in (1, len(x)) and sizes_match:
+                iv = two_level_difference(
+                    x, y, self.replicates, self.seed, self._resampled(path) or None
+                )
+                if swap:
+                    iv = TwoLevelInterval(
+                        -iv.mean, -iv.high, -iv.low, iv.n, iv.seed_se, iv.item_se, iv.df, iv.items
+                    )
+                found = (iv, iv.excludes_zero(), "seeds and test items")
+        self._done[key] = found
+        return found
+
+
+def item_gaps(result: BenchmarkResult) -> ItemGaps:
+    """The benchmark's ``ItemGaps`` (made once per result: the draws are shared by its tables)."""
+    gaps = result.cache.get("item_gaps")
+    if gaps is None or gaps.result is not result:
+        gaps = result.cache["item_gaps"] = ItemGaps(result)
+    return gaps
+
+
+def _seed_gain_stat(stats: dict[str, Any]) -> dict[str, Any] | None:
+    """Per-seed mean R@1 values of a row from its T2I and I2T R@1 (the fallback without ranks)."""
+    from curvalign.stats import mean_interval
+
+    t, i = stats.get("retrieval/t2i@1"), stats.get("retrieval/i2t@1")
+    if not t or not i or len(t["values"]) != len(i["values"]):
+        return None
+    values = [0.5 * (x + y) for x, y in zip(t["values"], i["values"], strict=True)]
+    return {**mean_interval(values).as_dict(), "values": values}
+
+
+def alignment_row(result: BenchmarkResult) -> str | None:
+    """The alignment row the gains are read against: the frozen features where the two sides
+    share a space, else the ridge map; None when neither is in the table."""
+    return next(
+        (n for n, r in result.rows.items() if r.kind == "frozen" and n in result.stats), None
+    )
+
+
+def gains_of(result: BenchmarkResult) -> dict[str, dict[str, dict[str, Any]]]:
+    """{trained row: {"alignment": gain, "step 0": gain}}: each trained row's mean R@1 minus
+    the alignment row's (frozen features, or the ridge map where the two sides share no space)
+    and minus its own step-0 row's. A gain is {"row": the baseline, "mean", "low", "high", "n",
+    "better", "how"}: a 95% interval over seeds *and* test items (``ItemGaps``; the baseline's
+    own sampling noise included) where the per-item ranks are at hand, else over seeds only
+    ("how" says which); "better" True / False where the interval excludes 0 in the row's
+    favour / against it, None where it does not."""
+    from curvalign.report.tables import _gap
+
+    gaps = item_gaps(result)
+    path = f"retrieval/{GAIN_METRIC}"
+    alignment = alignment_row(result)
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    for name, row in result.rows.items():
+        if row.kind != "trained" or name not in result.stats:
+            continue
+        out[name] = {}
+        for label, base in (("alignment", alignment), ("step 0", row.untrained)):
+            if base is None or base not in result.stats:
+                continue
+            found = gaps.gap(name, base, path)
+            if found is None:
+                a, b = _seed_gain_stat(result.stats[name]), _seed_gain_stat(result.stats[base])
+                if a is None or b is None:
+                    continue
+                diff, separated, _ = _gap(a, b)
+                found = (diff, separated, "seeds only")
+            diff, separated, how = found
+            better = (diff.mean > 0) if separated else None
+            out[name][label] = {
+                "row": base,
+                "mean": diff.mean,
+                "low": diff.low,
+                "high": diff.high,
+                "n": diff.n,
+                "better": better,
+                "how": how,
+            }
+    return out
+
+
+def chance_multilabel_map(store: FeatureStore, split: str) -> float | None:
+    """Multi-label mAP of a random ranking on ``split``: the mean over the classes with a positive
+    of ``stats.random_ranking_ap`` (positives among the annotated images of the split, as
+    ``eval/multilabel.py`` averages); None without multi-labels."""
+    import torch
+
+    from curvalign.stats import random_ranking_ap
+
+    if not store.has_multilabels:
+        return None
+    assert store.multilabel_to_image is not None and store.multilabel_class is not None
+    image_ids = store.split_image_ids(split)
+    in_split = torch.zeros(store.num_images, dtype=torch.bool)
+    in_split[image_ids] = True
+    owner, cls = store.multilabel_to_image.long(), store.multilabel_class.long()
+    keep = in_split[owner]
+    pairs = torch.unique(torch.stack([owner[keep], cls[keep]]), dim=1)
+    annotated = int(torch.unique(pairs[0]).numel())
+    if annotated == 0:
+        return None
+    counts = torch.bincount(pairs[1])
+    aps = [random_ranking_ap(int(p), annotated) for p in counts.tolist() if p > 0]
+    return sum(aps) / len(aps)
+
+
+def add_chance_rates(stats: dict[str, dict[str, dict[str, Any]]]) -> None:
+    """Chance's entailment AUROC (0.5) and AP (the share of positive pairs, a random score's
+    expected AP) where the other rows have entailment numbers, into the chance row's stats."""
+    from curvalign.stats import mean_interval
+
+    chance = stats.get("chance")
+    if chance is None:
+        return
+    for source in ("taxonomy", "chains"):
+        prefix = f"entailment/{source}/"
+        row = next((r for n, r in stats.items() if n != "chance" and prefix + "AP" in r), None)
+        if row is None:
+            continue
+        pos, neg = row.get(prefix + "positives"), row.get(prefix + "negatives")
+        values = {prefix + "AUROC": 0.5}
+        if pos and neg and pos["mean"] + neg["mean"] > 0:
+            values[prefix + "AP"] = pos["mean"] / (pos["mean"] + neg["mean"])
+        for path, value in values.items():
+            chance.setdefault(path, {**mean_interval([value]).as_dict(), "values": [value]})
+
+
 def verdicts_of(result: BenchmarkResult) -> dict[str, dict[str, Any]]:
     """Best/tied per column among the trained rows *and* the baselines they must beat (frozen
     features or the ridge map, the untrained heads); chance is shown, not ranked. A trained row
-    whose best weights are step 0 in any seed is never best."""
+    whose best weights are step 0 in any seed is never best. Retrieval columns compare rows over
+    seeds and test items (``ItemGaps``) where the per-item ranks are at hand."""
     from curvalign.report.tables import column_verdicts, stats_columns
 
     contenders = [
@@ -699,7 +930,15 @@ def verdicts_of(result: BenchmarkResult) -> dict[str, dict[str, Any]]:
         for n, r in result.rows.items()
         if r.kind == "untrained" or (r.kind == "trained" and untrained_seeds(r))
     ]
-    return column_verdicts(result.stats, contenders, stats_columns(result.stats), never)
+    trained = [n for n, r in result.rows.items() if r.kind == "trained" and n in result.stats]
+    return column_verdicts(
+        result.stats,
+        contenders,
+        stats_columns(result.stats),
+        never,
+        gap=item_gaps(result).gap,
+        trained=trained,
+    )
 
 
 def best_step_cells(result: BenchmarkResult) -> list[tuple[str, str]]:
@@ -723,10 +962,14 @@ def best_step_cells(result: BenchmarkResult) -> list[tuple[str, str]]:
 def baseline_comparisons(result: BenchmarkResult) -> dict[str, dict[str, dict[str, Any]]]:
     """{trained row: {baseline row: {metric path: {"mean", "low", "high", "n", "better"}}}}: each
     trained row against the frozen row (frozen features or the ridge map) and against its own
-    step-0 row; the difference is trained minus baseline (paired over seeds against the step-0
-    row, against the single value for frozen/ridge); "better" is True / False when the 95%
-    interval excludes 0 in the row's favour / against it, None when it does not."""
-    from curvalign.report.tables import LOWER_IS_BETTER, _gap
+    step-0 row; the difference is trained minus baseline (retrieval: over seeds and test items,
+    ``ItemGaps``; other metrics paired over seeds against the step-0 row, against the single
+    value for frozen/ridge); "better" is True / False when the 95% interval excludes 0 in the
+    row's favour / against it, None when it does not, and absent for the unranked columns
+    (leaf rate, depths, counts)."""
+    from curvalign.report.tables import LOWER_IS_BETTER, UNRANKED, _gap
+
+    gaps = item_gaps(result)
 
     frozen = [n for n, r in result.rows.items() if r.kind == "frozen" and n in result.stats]
     out: dict[str, dict[str, dict[str, Any]]] = {}
@@ -741,7 +984,10 @@ def baseline_comparisons(result: BenchmarkResult) -> dict[str, dict[str, dict[st
                 other = result.stats[base].get(path)
                 if other is None:
                     continue
-                diff, separated, _ = _gap(stat, other)
+                diff, separated, _ = gaps.gap(name, base, path) or _gap(stat, other)
+                if path in UNRANKED:  # no better direction: the difference, no verdict
+                    cells[path] = {**diff.as_dict()}
+                    continue
                 sign = -1.0 if path in LOWER_IS_BETTER else 1.0
                 better = (sign * diff.mean > 0) if separated else None
                 cells[path] = {**diff.as_dict(), "better": better}
@@ -768,6 +1014,9 @@ def baseline_table(result: BenchmarkResult, comparisons: dict[str, Any]) -> str:
                     out.append("n/a")
                     continue
                 scale, digits = (100.0, 1) if kind == "pct" else (1.0, 2)
+                if "better" not in cell:  # leaf rate, depths: no better direction, no mark
+                    out.append(f"{scale * cell['mean']:+.{digits}f}")
+                    continue
                 mark = {True: "▲", False: "▼", None: "="}[cell["better"]]
                 out.append(f"{scale * cell['mean']:+.{digits}f} {mark}")
             lines.append(f"| {name} − {base} | " + " | ".join(out) + " |")
@@ -795,6 +1044,54 @@ def summary_lines(result: BenchmarkResult) -> list[str]:
     ]
 
 
+def trained_rows(result: BenchmarkResult) -> list[str]:
+    """The trained rows that have numbers (failed recipes left out)."""
+    return [n for n, r in result.rows.items() if r.kind == "trained" and n in result.stats]
+
+
+def headline(result: BenchmarkResult, gains: dict[str, Any] | None = None) -> dict[str, Any]:
+    """What a headline table shows: {"columns": the headline metric columns (sibling/cousin
+    recall marked "†" where chance is above every trained row), "more": the other columns that
+    differ, "lead": the gain columns {header: [(row, cell)]}, "notes": lines for under the table
+    (the constant columns, the gain columns' reading, the "†" note)}."""
+    from curvalign.report.tables import (
+        constant_line,
+        gain_columns,
+        headline_columns,
+        mark_chance_columns,
+    )
+
+    gains = gains_of(result) if gains is None else gains
+    shown, more, constant = headline_columns(result.stats)
+    shown, chance_note = mark_chance_columns(shown, result.stats, trained_rows(result))
+    lead = gain_columns(gains)
+    hows = sorted({g["how"] for row in gains.values() for g in row.values()})
+    notes = [line for line in (constant_line(constant), chance_note) if line]
+    if lead:
+        notes.append(
+            "ΔR@1 align / step0: mean R@1 (T2I and I2T) minus the alignment row's "
+            f"({alignment_row(result) or 'none'}) and "
+            "minus the row's own step-0 row's, in points; ± the 95% interval over "
+            + " / ".join(hows)
+            + "; ▲ / ▼ where it excludes 0"
+        )
+    return {"columns": shown, "more": more, "lead": lead, "notes": notes}
+
+
+def headline_markdown(
+    result: BenchmarkResult, verdicts: dict[str, Any], gains: dict[str, Any]
+) -> list[str]:
+    """The headline table of results.md with its notes (the full table follows it)."""
+    from curvalign.report.tables import markdown_headline_table
+
+    head = headline(result, gains)
+    lines = [markdown_headline_table(result.stats, head["columns"], verdicts, head["lead"])]
+    lines += [f"{note}  " for note in head["notes"]]
+    if head["more"]:
+        lines.append("more columns below: " + ", ".join(c[0] for c in head["more"]))
+    return lines
+
+
 def write_benchmark_outputs(
     result: BenchmarkResult,
     out: Path,
@@ -815,6 +1112,7 @@ def write_benchmark_outputs(
     files: dict[str, Path] = {}
     verdicts = verdicts_of(result)
     comparisons = baseline_comparisons(result)
+    gains = gains_of(result)
     failed = {n: r.reason for n, r in result.rows.items() if r.status == "failed"}
     payload = {
         "data": result.data,
@@ -832,6 +1130,7 @@ def write_benchmark_outputs(
         "failed": failed,
         "verdicts": verdicts,
         "baseline_comparisons": comparisons,
+        "gains": gains,
         "notes": result.notes,
         "disclosure": result.disclosure,
         "towers": result.towers,
@@ -841,6 +1140,8 @@ def write_benchmark_outputs(
     note = disclosure_note(result.disclosure)
     if note:  # every row of a benchmark reads the same store: the mark covers the table
         md[-1:-1] = [note]
+    md += headline_markdown(result, verdicts, gains)
+    md += ["", "Every column:", ""]
     md.append(
         markdown_stats_table(
             result.stats,

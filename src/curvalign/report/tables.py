@@ -13,9 +13,14 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+#: a two-row comparison for one column, (interval of a - b, whether it excludes 0, how it was
+#: computed), or None where the caller has nothing better than the per-seed values
+#: (``report.benchmark.ItemGaps.gap``: seeds and test items)
+PairGap = Callable[[str, str, str], "tuple[Any, bool, str] | None"]
 
 #: (column header, path into the result dict, format: "pct" (x100, 1 decimal) or "num" (3 decimals))
 DEFAULT_COLUMNS: tuple[tuple[str, str, str], ...] = (
@@ -291,11 +296,63 @@ def resolvable_difference(a: Mapping[str, Any], b: Mapping[str, Any]) -> float:
     )
 
 
+#: the columns whose verdict is read beside the rows' leaf rate and predicted depth: a map that
+#: predicts a leaf for few images (shallow predictions) scores the best LCA and PH
+DEPTH_READ = ("hierarchy/LCA", "hierarchy/PH")
+#: the columns where chance can beat every trained row (on a shallow tree most classes are
+#: siblings or cousins of each other): marked, and no row is called best there, when it does
+CHANCE_CHECKED = ("hierarchy/sibling@5", "hierarchy/cousin@5")
+#: the row that holds chance's values
+CHANCE_ROW = "chance"
+
+
+def _stat_text(stat: Mapping[str, Any] | None, kind: str) -> str:
+    """A stat's mean in the table's units, without interval ("n/a" when absent)."""
+    if not stat:
+        return "n/a"
+    return f"{stat['mean'] * 100:.1f}" if kind == "pct" else f"{stat['mean']:.2f}"
+
+
+def depth_note(stats: Mapping[str, Mapping[str, Mapping[str, Any]]], rows: Sequence[str]) -> str:
+    """ "leaf rate / predicted depth: a 2.0% / 1.20, b 40.0% / 3.10; true depth 4.00": what
+    an LCA or PH verdict must be read with; "" when no row has them."""
+    parts = [
+        f"{r} {_stat_text(stats[r].get('hierarchy/leaf_rate'), 'pct')}% / "
+        f"{_stat_text(stats[r].get('hierarchy/pred_depth'), 'num')}"
+        for r in rows
+        if r in stats and stats[r].get("hierarchy/leaf_rate")
+    ]
+    if not parts:
+        return ""
+    true = next(
+        (
+            stats[r]["hierarchy/true_depth"]
+            for r in rows
+            if stats.get(r, {}).get("hierarchy/true_depth")
+        ),
+        None,
+    )
+    tail = f"; true depth {_stat_text(true, 'num')}" if true else ""
+    return "leaf rate / predicted depth: " + ", ".join(parts) + tail
+
+
+def chance_above(
+    stats: Mapping[str, Mapping[str, Mapping[str, Any]]], path: str, trained: Sequence[str]
+) -> bool:
+    """Whether chance's mean is above every trained row's in column ``path`` (one of
+    ``CHANCE_CHECKED``; False where chance or the trained rows have no number)."""
+    chance = stats.get(CHANCE_ROW, {}).get(path)
+    values = [stats[r][path]["mean"] for r in trained if stats.get(r, {}).get(path)]
+    return bool(chance and values and chance["mean"] > max(values))
+
+
 def column_verdicts(
     stats: Mapping[str, Mapping[str, Mapping[str, Any]]],
     contenders: Sequence[str],
     columns: Sequence[tuple[str, str, str]],
     never_best: Collection[str] = (),
+    gap: PairGap | None = None,
+    trained: Sequence[str] | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Per column path: {"best": row or None, "tied": [rows], "text": one line, "mde": float}.
 
@@ -306,8 +363,19 @@ def column_verdicts(
     baseline; else non-overlapping intervals), and never when it is in ``never_best`` (a row whose
     best weights are its step-0 weights); otherwise it and every contender not separated from it
     are "tied", and the line says when the difference is smaller than what the seeds can resolve
-    (the minimal detectable effect at the SD of the paired differences)."""
+    (the minimal detectable effect at the SD of the paired differences).
+
+    ``gap(a, b, path)``: a better comparison of two rows where the caller has one (the benchmark's
+    two-level interval over seeds and test items, which counts a single-value baseline's own
+    sampling noise); None falls back to the per-seed values. A verdict on LCA or PH carries the
+    leader's and runner-up's leaf rate and predicted depth; on sibling/cousin recall, where
+    chance's mean is above every ``trained`` row, no row is best and the line says so."""
     out: dict[str, dict[str, Any]] = {}
+
+    def compare(x: str, y: str, path: str) -> tuple[Any, bool, str]:
+        found = gap(x, y, path) if gap is not None else None
+        return found if found is not None else _gap(stats[x][path], stats[y][path])
+
     for header, path, kind in columns:
         if path in UNRANKED:
             continue
@@ -318,38 +386,52 @@ def column_verdicts(
         ranked = sorted(rows, key=lambda r: -sign * stats[r][path]["mean"])
         leader, runner = ranked[0], ranked[1]
         a, b = stats[leader][path], stats[runner][path]
+        depth = f" [{depth_note(stats, [leader, runner])}]" if path in DEPTH_READ else ""
+        if path in CHANCE_CHECKED and chance_above(stats, path, trained or contenders):
+            out[path] = {
+                "best": None,
+                "tied": [],
+                "mde": math.nan,
+                "chance_above": True,
+                "text": f"{header}: no best: chance "
+                f"({_stat_text(stats[CHANCE_ROW][path], kind)}) is above every trained row "
+                f"(leader {leader} {_stat_text(a, kind)}); on this taxonomy a random ranking "
+                "finds more relatives",
+            }
+            continue
         if max(len(a["values"]), len(b["values"])) < 2:
             out[path] = {
                 "best": None,
                 "tied": [],
                 "mde": math.nan,
-                "text": f"{header}: one seed, no verdict (leader {leader}); run --seeds 3 or more",
+                "text": f"{header}: one seed, no verdict (leader {leader}); run --seeds 3 or more"
+                + depth,
             }
             continue
-        diff, separated, how = _gap(a, b)
+        diff, separated, how = compare(leader, runner, path)
         scale = 100.0 if kind == "pct" else 1.0
         digits = 1 if kind == "pct" else 2
-        gap = diff.format(scale=scale, digits=digits)
+        gap_text = diff.format(scale=scale, digits=digits)
         mde = resolvable_difference(a, b)
         if separated and leader not in never_best:
             out[path] = {
                 "best": leader,
                 "tied": [],
                 "mde": mde,
-                "text": f"{header}: {leader} best ({'+' if sign > 0 else '-'}{gap.lstrip('-')} "
-                f"over {runner}, {how})",
+                "text": f"{header}: {leader} best ({'+' if sign > 0 else '-'}{gap_text.lstrip('-')} "
+                f"over {runner}, {how})" + depth,
             }
             continue
-        tied = [leader] + [r for r in ranked[1:] if not _gap(a, stats[r][path])[1]]
+        tied = [leader] + [r for r in ranked[1:] if not compare(leader, r, path)[1]]
         if separated:  # the leader is a step-0 row: it leads, but nothing was learned
             text = (
                 f"{header}: no best: the leader {leader} is an untrained head (its best step "
-                f"is 0 in at least one seed); {runner} follows ({gap} behind)"
+                f"is 0 in at least one seed); {runner} follows ({gap_text} behind)"
             )
             tied = []
         else:
             text = (
-                f"{header}: tied between {', '.join(tied)} (leader minus runner-up {gap}, "
+                f"{header}: tied between {', '.join(tied)} (leader minus runner-up {gap_text}, "
                 "interval includes 0"
             )
             if math.isfinite(mde) and abs(diff.mean) < mde:
@@ -358,7 +440,7 @@ def column_verdicts(
                     f"{mde * scale:.{digits}f}"
                 )
             text += ")"
-        out[path] = {"best": None, "tied": tied, "mde": mde, "text": text}
+        out[path] = {"best": None, "tied": tied, "mde": mde, "text": text + depth}
     return out
 
 
@@ -419,17 +501,25 @@ def terminal_stats_table(
     verdicts: Mapping[str, Mapping[str, Any]] | None = None,
     extra: Mapping[str, Sequence[tuple[str, str]]] | None = None,
     title: str | None = None,
+    columns: Sequence[tuple[str, str, str]] | None = None,
+    lead: Mapping[str, Sequence[tuple[str, str]]] | None = None,
 ):
     """A ``rich.table.Table`` that fits ``width`` columns without cutting a cell: the row names,
-    ``extra`` columns (e.g. converged), then as many metric columns as fit, in
-    ``TERMINAL_PRIORITY`` order. Returns (table, shown columns, left-out columns)."""
+    ``lead`` columns (e.g. the gains), ``extra`` columns (e.g. converged), then as many metric
+    columns as fit, in ``TERMINAL_PRIORITY`` order, or in the order of ``columns`` when given
+    (only those). Returns (table, shown columns, left-out columns)."""
     from rich import box
     from rich.table import Table
 
-    available = {c[1]: c for c in stats_columns(stats)}
-    priority = [available[p] for p in TERMINAL_PRIORITY if p in available]
-    priority += [c for p, c in available.items() if c not in priority]
+    if columns is None:
+        available = {c[1]: c for c in stats_columns(stats)}
+        priority = [available[p] for p in TERMINAL_PRIORITY if p in available]
+        priority += [c for p, c in available.items() if c not in priority]
+    else:
+        available = {c[1]: c for c in columns}
+        priority = list(columns)
     extra = extra or {}
+    lead = lead or {}
     name_width = max([len("row")] + [len(n) for n in stats])
 
     def col_width(col: tuple[str, str, str]) -> int:
@@ -438,7 +528,7 @@ def terminal_stats_table(
 
     # SIMPLE_HEAD box: one space of padding each side and one separator column per column
     used = name_width + 2
-    for header, values in extra.items():
+    for header, values in {**lead, **extra}.items():
         used += max([len(header)] + [len(v) for _, v in values]) + 3
     shown: list[tuple[str, str, str]] = []
     for col in priority:
@@ -449,13 +539,20 @@ def terminal_stats_table(
     order = [c for c in available.values() if c in shown]
     table = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=False)
     table.add_column("row", no_wrap=True, style="bold")
+    for header in lead:
+        table.add_column(header, justify="right", no_wrap=True)
     for header, _, _ in order:
         table.add_column(header, justify="right", no_wrap=True)
     for header in extra:
         table.add_column(header, no_wrap=True)
     for cells in stats_table_rows(stats, order, verdicts, bold=("[bold green]", "[/]")):
         name = cells[0]
-        table.add_row(*cells, *[dict(values).get(name, "") for values in extra.values()])
+        table.add_row(
+            name,
+            *[dict(values).get(name, "") for values in lead.values()],
+            *cells[1:],
+            *[dict(values).get(name, "") for values in extra.values()],
+        )
     left_out = [c for c in available.values() if c not in shown]
     return table, order, left_out
 
@@ -509,3 +606,156 @@ def prompt_sensitivity_markdown(
     ]
     lines += ["| " + " | ".join(cells) + " |" for cells in stats_table_rows(shown, cols)]
     return "\n".join(lines) + "\n"
+
+
+# --- the headline table: the few metrics that apply to the data and differ between rows ------
+
+#: the headline table's width (``curvalign demo`` and ``benchmark`` without ``--columns all``)
+HEADLINE_WIDTH = 120
+#: at most this many metric columns in a headline table (beside the gains)
+HEADLINE_METRICS = 6
+#: the headline's metrics, most wanted first; a column is shown only where it differs between rows
+HEADLINE_PRIORITY = (
+    "retrieval/t2i@1",
+    "retrieval/i2t@1",
+    "zeroshot/top1",
+    "multilabel/mAP",
+    "hierarchy/TIE",
+    "compositional/overall",
+    "hierarchy/J",
+    "hierarchy/LCA",
+    "hierarchy/PH",
+    "hierarchy/sibling@5",
+    "hierarchy/cousin@5",
+    "entailment/taxonomy/AP",
+    "ordering/text/chain",
+    "ordering/image/chain",
+    "retrieval/t2i@5",
+    "retrieval/i2t@5",
+    "zeroshot/top5",
+    "zeroshot/mean_per_class",
+    "hierarchy/RH",
+    "entailment/taxonomy/AUROC",
+    "entailment/chains/AP",
+    "entailment/chains/AUROC",
+)
+#: shown beside LCA / PH in a headline table (never ranked themselves)
+DEPTH_COLUMNS = ("hierarchy/leaf_rate", "hierarchy/pred_depth")
+
+
+def column_split(
+    stats: Mapping[str, Mapping[str, Mapping[str, Any]]],
+    rows: Sequence[str] | None = None,
+    columns: Sequence[tuple[str, str, str]] | None = None,
+) -> tuple[list[tuple[str, str, str]], list[tuple[tuple[str, str, str], str]]]:
+    """(columns whose means differ between ``rows`` at the table's precision, [(column, its one
+    value)] of those where every row with a number shows the same one). ``rows`` default every
+    row but chance (a baseline that differs from everything); columns no row has are in
+    neither list."""
+    rows = [r for r in stats if r != CHANCE_ROW] if rows is None else list(rows)
+    differ, constant = [], []
+    for col in stats_columns(stats) if columns is None else columns:
+        cells = {_stat_text(stats[r].get(col[1]), col[2]) for r in rows if r in stats}
+        cells.discard("n/a")
+        if len(cells) > 1:
+            differ.append(col)
+        elif cells:
+            constant.append((col, cells.pop()))
+    return differ, constant
+
+
+def headline_columns(
+    stats: Mapping[str, Mapping[str, Mapping[str, Any]]],
+    rows: Sequence[str] | None = None,
+    limit: int = HEADLINE_METRICS,
+) -> tuple[list[tuple[str, str, str]], list[tuple[str, str, str]], list[tuple[tuple, str]]]:
+    """(headline columns, the other differing columns, [(constant column, value)]).
+
+    The headline holds up to ``limit`` differing columns in ``HEADLINE_PRIORITY`` order, never
+    a diagnostic one (leaf rate, depths, counts); where it holds LCA or PH, the leaf rate and
+    predicted depth follow them when those differ (a verdict on LCA/PH is read with them)."""
+    differ, constant = column_split(stats, rows)
+    by_path = {c[1]: c for c in differ}
+    ranked = [by_path[p] for p in HEADLINE_PRIORITY if p in by_path]
+    shown = ranked[:limit]
+    if any(c[1] in DEPTH_READ for c in shown):
+        after = max(i for i, c in enumerate(shown) if c[1] in DEPTH_READ)
+        shown[after + 1 : after + 1] = [by_path[p] for p in DEPTH_COLUMNS if p in by_path]
+    more = [c for c in differ if c not in shown]
+    return shown, more, constant
+
+
+def constant_line(constant: Sequence[tuple[tuple[str, str, str], str]]) -> str:
+    """ "constant for every row: Leaf 100.0, PredDepth 4.00" ("" when none)."""
+    if not constant:
+        return ""
+    return "constant for every row: " + ", ".join(f"{c[0]} {v}" for c, v in constant)
+
+
+def gain_cell(gain: Mapping[str, Any] | None) -> str:
+    """ "+3.2±2.1 ▲" (percentage points, ▲ / ▼ where the interval excludes 0 in the row's favour
+    / against it, = where it does not); "+3.2" without an interval (one seed); "" when absent."""
+    if not gain:
+        return ""
+    mean = f"{100 * gain['mean']:+.1f}"
+    low, high = gain.get("low"), gain.get("high")
+    if low is None or high is None or not math.isfinite(low) or not math.isfinite(high):
+        return mean
+    mark = {True: "▲", False: "▼", None: "="}[gain.get("better")]
+    return f"{mean}±{100 * (high - low) / 2:.1f} {mark}"
+
+
+def gain_columns(
+    gains: Mapping[str, Mapping[str, Mapping[str, Any]]],
+) -> dict[str, list[tuple[str, str]]]:
+    """{header: [(row, cell)]}: each trained row's mean R@1 gain over the alignment row and over
+    its own step-0 row (``report.benchmark.gains_of``)."""
+    out: dict[str, list[tuple[str, str]]] = {}
+    for header, key in (("ΔR@1 align", "alignment"), ("ΔR@1 step0", "step 0")):
+        cells = [(row, gain_cell(g.get(key))) for row, g in gains.items() if g.get(key)]
+        if cells:
+            out[header] = cells
+    return out
+
+
+def markdown_headline_table(
+    stats: Mapping[str, Mapping[str, Mapping[str, Any]]],
+    columns: Sequence[tuple[str, str, str]],
+    verdicts: Mapping[str, Mapping[str, Any]] | None = None,
+    lead: Mapping[str, Sequence[tuple[str, str]]] | None = None,
+    first: str = "row",
+) -> str:
+    """The headline columns as Markdown, ``lead`` columns (the gains) after the row name."""
+    lead = lead or {}
+    header = [first] + list(lead) + [c[0] for c in columns]
+    lines = [
+        "| " + " | ".join(header) + " |",
+        "|" + "|".join(["---"] + ["---:"] * (len(lead) + len(columns))) + "|",
+    ]
+    for cells in stats_table_rows(stats, columns, verdicts):
+        name = cells[0]
+        more = [dict(values).get(name, "") for values in lead.values()]
+        lines.append("| " + " | ".join([name] + more + cells[1:]) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def mark_chance_columns(
+    columns: Sequence[tuple[str, str, str]],
+    stats: Mapping[str, Mapping[str, Mapping[str, Any]]],
+    trained: Sequence[str],
+) -> tuple[list[tuple[str, str, str]], str]:
+    """``columns`` with "†" on the sibling/cousin recall headers where chance is above every
+    trained row, and the note that says so ("" when none is)."""
+    out, marked = [], []
+    for header, path, kind in columns:
+        if path in CHANCE_CHECKED and chance_above(stats, path, trained):
+            marked.append(f"{header} {_stat_text(stats[CHANCE_ROW][path], kind)}")
+            header += "†"
+        out.append((header, path, kind))
+    note = (
+        "† chance is above every trained row (" + ", ".join(marked) + "): a random ranking "
+        "finds more relatives on this taxonomy"
+        if marked
+        else ""
+    )
+    return out, note
