@@ -20,6 +20,7 @@ import shlex
 import subprocess
 import sys
 import time
+import traceback
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as Timeout
 from pathlib import Path
@@ -181,7 +182,7 @@ def _in_process(argv: list[str]) -> None:
         torch.set_num_threads(threads)  # a run's num_threads= must not outlive it
     detail = result.output[-3000:]
     if result.exception is not None and not isinstance(result.exception, SystemExit):
-        detail += "".join(__import__("traceback").format_exception(result.exception))[-3000:]
+        detail += "".join(traceback.format_exception(result.exception))[-3000:]
     assert result.exit_code == 0, f"{shlex.join(argv)}:\n{detail}"
 
 
