@@ -2,8 +2,8 @@
 
     python examples/quickstart.py [--steps 300] [--out runs/example-meru]
 
-Trains MERU on the embedded synthetic world, evaluates it with its own score (Lorentz distance),
-and searches the test images for a few captions with an exact Lorentz index. The same steps on
+Trains MERU on the embedded synthetic world, evaluates it with its own score (Lorentz distance;
+rates printed in %), and searches the test images for a few captions with an exact Lorentz index. The same steps on
 the command line: `curvalign train`, `curvalign eval`, `curvalign embed`, `curvalign index`.
 """
 
@@ -41,7 +41,11 @@ def main() -> None:
     recipe = run.recipe
 
     metrics = evaluate(recipe, store, split="test", diagnostics=False)
-    print("retrieval on the test split:", {k: round(v, 3) for k, v in metrics.retrieval.items()})
+    # Rates in %, as everywhere in curvalign (the metrics themselves are fractions in [0, 1]).
+    print(
+        "retrieval on the test split (%):",
+        ", ".join(f"{name} {100 * value:.1f}" for name, value in metrics.retrieval.items()),
+    )
 
     # Exact nearest neighbours by Lorentz distance over the test images.
     test_images = store.split_image_ids("test")

@@ -66,7 +66,7 @@ def half_aperture(x: torch.Tensor, c: float, K: float = 0.1) -> torch.Tensor:
 def einstein_midpoint(
     X: torch.Tensor, c: float, weights: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """AtMG Eq. (5)-(6) with Lorentz factors ``1 / sqrt(1 - |k|^2)`` (DESIGN.md), by loop."""
+    """AtMG Eq. (5)-(6) with Lorentz factors ``1 / sqrt(1 - |k|^2)`` (docs/design.md), by loop."""
     n = X.shape[0]
     w = torch.ones(n, dtype=X.dtype) if weights is None else weights
     num = torch.zeros(X.shape[-1], dtype=X.dtype)

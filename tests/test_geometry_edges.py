@@ -1,4 +1,4 @@
-"""The edge matrix of DESIGN.md "Numerics": finite values and finite gradients for x = y,
+"""The edge matrix of docs/design.md "Numerics": finite values and finite gradients for x = y,
 x = 0, huge norms (1e4 .. 1e6), c in {1e-4, 1e-2, 1, 10}, float32 and bf16 autocast."""
 
 from __future__ import annotations

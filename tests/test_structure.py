@@ -1,4 +1,4 @@
-"""The structure DESIGN.md promises, checked: outside ``recipes/`` nothing names a method.
+"""The structure docs/design.md promises, checked: outside ``recipes/`` nothing names a method.
 
 (The layer rules themselves are import-linter contracts in pyproject.toml, run by CI.)
 """

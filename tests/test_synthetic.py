@@ -1,4 +1,4 @@
-"""The synthetic world: structure, determinism, and that it is learnable the way DESIGN.md says.
+"""The synthetic world: structure, determinism, and that it is learnable the way docs/design.md says.
 
 The learnability checks fit a closed-form linear map from text to image features (least
 squares on the train split) and measure on the test split: a world where this fails far

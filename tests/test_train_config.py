@@ -187,7 +187,7 @@ def test_config_lives_below_the_trainer_and_old_imports_still_work():
 
     assert old_config.RunConfig is RunConfig and old_config.ConfigError is ConfigError
     assert old_checkpoint.read_meta is runs.read_meta
-    # one import path for load_run: curvalign.runs (the trainer's package does not re-export it)
-    assert not hasattr(old_checkpoint, "load_run") and not hasattr(train_package, "load_run")
+    # one import path for load_run: curvalign.runs (curvalign.train's is a deprecated alias)
+    assert not hasattr(old_checkpoint, "load_run") and "load_run" not in train_package.__all__
     assert callable(runs.load_run) and callable(train_package.train)
     assert issubclass(ConfigError, CurvalignError) and issubclass(ConfigError, ValueError)

@@ -1,3 +1,3 @@
 """curvalign: geometry-aware contrastive alignment of images and texts."""
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

@@ -68,7 +68,7 @@ def angle_at_text_pair_scores(texts: Tensor, images: Tensor, c: Curvature) -> Te
 def angle_at_image_scores(images: Tensor, texts: Tensor, c: Curvature) -> Tensor:
     """[Ni, d], [Nt, d] -> [Ni, Nt] ``+beta(y, t)``: the exterior angle at the image ``y``
     towards the text ``t``. It is near pi when ``t`` lies between the origin and ``y`` on one
-    geodesic, so larger is better: AtMG's image->text logit (DESIGN.md's reading of Eq. 11,
+    geodesic, so larger is better: AtMG's image->text logit (docs/design.md's reading of Eq. 11,
     following the authors' code; Eq. 11's literal ``beta = pi - alpha`` would duplicate the
     text->image term)."""
     return lorentz.pairwise_exterior_angle(images, texts, c)

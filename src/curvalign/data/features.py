@@ -92,9 +92,11 @@ from __future__ import annotations
 
 import contextvars
 import dataclasses
+import functools
 import json
 import math
 import os
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -738,6 +740,47 @@ class FeatureStore:
             ) from None
         header["meta"] = self.meta
         return header
+
+
+# Deprecated constructor forms, kept for one release (0.2.0; remove in 0.3.0): before text parts
+# became ``TextPart`` records, ``FeatureStore(...)`` took each part's fields under their on-disk
+# names (``text_features=``, ``text_token_mask=``, ``pair_a_features=``, ...), and positionally a
+# tensor of caption features where ``text`` now is. Both still build the same store, with a
+# ``DeprecationWarning`` naming ``FeatureStore.from_fields`` and ``TextPart``.
+_dataclass_init = FeatureStore.__init__
+
+
+@functools.wraps(_dataclass_init)
+def _init_accepting_old_keywords(self: FeatureStore, *args: Any, **kwargs: Any) -> None:
+    old = [name for name in kwargs if name in _PART_FIELDS]
+    if old:
+        taken = sorted({_PART_FIELDS[n][0] for n in old} & kwargs.keys())
+        if taken:
+            raise TypeError(
+                f"FeatureStore() got both {', '.join(old)} and {', '.join(taken)}: pass the "
+                "text part once, as a TextPart"
+            )
+        warnings.warn(
+            f"FeatureStore({'=..., '.join(old)}=...) is deprecated: pass each text part as a "
+            "TextPart (FeatureStore(text=TextPart(features, token_features, token_mask), ...)) "
+            "or use FeatureStore.from_fields(...) for the on-disk field names",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        kwargs = _records(kwargs, "FeatureStore()")
+    if len(args) >= 2 and isinstance(args[1], Tensor):
+        warnings.warn(
+            "FeatureStore(image_features, text_features, ...) with a tensor as the second "
+            "argument is deprecated: pass TextPart(text_features) (curvalign.data.features."
+            "TextPart) or use FeatureStore.from_fields(...)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        args = (args[0], TextPart(args[1]), *args[2:])
+    _dataclass_init(self, *args, **kwargs)
+
+
+FeatureStore.__init__ = _init_accepting_old_keywords  # type: ignore[method-assign]
 
 
 # --- helpers ----------------------------------------------------------------------------------

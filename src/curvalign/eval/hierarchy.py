@@ -1,6 +1,6 @@
 """Hierarchical classification metrics on a taxonomy (seed 002, Table 2; HyCoCLIP's protocol).
 
-Convention (DESIGN.md; the one in HyCoCLIP's and PHyCLIP's evaluation code):
+Convention (docs/design.md; the one in HyCoCLIP's and PHyCLIP's evaluation code):
 A(n) = the ancestors of n up to and including the root, *excluding n itself*.
 
 - TIE = undirected path length between pred and true (tree-induced error);

@@ -61,7 +61,7 @@ def as_positive(value: Curvature, name: str, dtype: torch.dtype, device: torch.d
     """``value`` as a tensor of ``dtype`` on ``device``; python numbers are checked to be > 0.
 
     Tensors are not checked element-wise (that would synchronise an accelerator); learnable
-    positives are stored as logs and clamped after ``exp`` (DESIGN.md), so they are positive.
+    positives are stored as logs and clamped after ``exp`` (docs/design.md), so they are positive.
     """
     if isinstance(value, Tensor):
         if not value.is_floating_point():

@@ -1,6 +1,6 @@
 """The Lorentz (hyperboloid) model of hyperbolic space with sectional curvature ``-c``.
 
-Conventions (DESIGN.md, "Public API"):
+Conventions (docs/design.md, "Public API"):
 
 - A point is stored by its **space components** ``x`` of shape ``[..., d]``; its time
   component is derived, ``time(x) = sqrt(1/c + |x|^2)``, so the full point ``(time(x), x)``
@@ -615,7 +615,7 @@ def einstein_midpoint(
     """Weighted Einstein midpoint (hyperbolic centroid) of the points along axis ``dim``.
 
     AtMG Eq. (5)-(6) with Klein coordinates ``k = x / time(x)`` and Lorentz factors
-    ``gamma = 1 / sqrt(1 - |k|^2) = sqrt(c) time(x)`` (DESIGN.md: ``1 - |k|^2``, the Klein ball
+    ``gamma = 1 / sqrt(1 - |k|^2) = sqrt(c) time(x)`` (docs/design.md: ``1 - |k|^2``, the Klein ball
     of space/time coordinates has radius 1). Then ``sum_j w_j gamma_j k_j / sum_j w_j gamma_j
     = S / T`` with ``S = sum_j w_j x_j`` and ``T = sum_j w_j time(x_j)``, and mapping back,
     ``(1, m) / sqrt(c (1 - |m|^2))``, gives the space part ``S / sqrt(c (T^2 - |S|^2))``.

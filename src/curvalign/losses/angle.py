@@ -1,6 +1,6 @@
 """AtMG's losses (seed 001, "Accept the Modality Gap", Sec. 4).
 
-Angle contrastive loss (Eq. 11, DESIGN.md's reading)
+Angle contrastive loss (Eq. 11, docs/design.md's reading)
     L_angle = 1/2 [ CE_{T->I}(-alpha / tau) + CE_{I->T}(beta / tau) ]
     alpha(t, y) = ext(t, y): exterior angle at the text t towards the image y (Eq. 9)
     beta(y, t)  = ext(y, t): exterior angle at the image y towards the text t
@@ -17,7 +17,7 @@ onto its text's outward axis directly. Without it, training from small norms can
 inverted configuration (texts outside their images, every alpha near pi), where the softmax
 still separates pairs by small angular differences but held-out ranking is at chance.
 
-Centroid regulariser (Eq. 12, DESIGN.md's reading)
+Centroid regulariser (Eq. 12, docs/design.md's reading)
     L_centroid = |dist0(mid(T)) - r_q| + |dist0(mid(I)) - r_p|,  r_s = acosh(c s) / sqrt(c),  p > q
 with ``mid`` the Einstein midpoint of the batch (Eq. 6). Eq. 12 subtracts a scalar from a point;
 the reading penalises the gap between each centroid's distance to the origin and its target
@@ -50,7 +50,7 @@ def angle_contrastive_loss(
     temperature: float | Tensor,
     offset: int = 0,
 ) -> Tensor:
-    """AtMG Eq. 11 (DESIGN.md's reading), local rows against gathered columns.
+    """AtMG Eq. 11 (docs/design.md's reading), local rows against gathered columns.
 
     texts, images          [B, d]         this process's matched pairs (row i with row i)
     all_texts, all_images  [B_global, d]  the gathered batch; local row i is global row i + offset
@@ -81,7 +81,7 @@ def target_radius(level: float, c: float | Tensor) -> Tensor:
 def centroid_radius_loss(
     texts: Tensor, images: Tensor, c: float | Tensor, text_level: float, image_level: float
 ) -> Tensor:
-    """AtMG Eq. 12 (DESIGN.md's reading): ``|dist0(mid T) - r_q| + |dist0(mid I) - r_p|``.
+    """AtMG Eq. 12 (docs/design.md's reading): ``|dist0(mid T) - r_q| + |dist0(mid I) - r_p|``.
 
     texts, images  [N, d]  Lorentz space components (pass the gathered batch, so the centroid is
                            the global batch's)

@@ -7,7 +7,7 @@ Per pair (text ``t``, image ``i``) the router reads the 34-dim feature
 
 and returns ``w_ti = sigmoid(MLP(LN(x_ti)) / T_gate)``, with the MLP ``34-64-32-1`` (GELU, dropout
 after each hidden layer) and ``T_gate >= 0.5`` (Eq. 14; Algorithm 1's ``sigmoid(.)/T_gate`` is a
-typo, DESIGN.md). Gaussian jitter (sigma 0.1) is added to the two scalars in training only.
+typo, docs/design.md). Gaussian jitter (sigma 0.1) is added to the two scalars in training only.
 Everything the router reads is detached: the contexts by the paper's stop-gradient, the two
 scalars too, so that the router sends no gradient into the heads or the trunk (Table 1,
 "Router MLP: no gradient to the backbone").

@@ -2,7 +2,7 @@
 
 A positive quantity ``v`` is stored as its log (``v = exp(log_value)``), so plain gradient steps
 keep it positive and move it by ratios, and it is clamped to ``[min, max]`` after the exp
-(DESIGN.md, Numerics: MERU/PHyCLIP curvature ``[0.1, 10]``, AGR ``[1e-4, 2]``, temperature
+(docs/design.md, Numerics: MERU/PHyCLIP curvature ``[0.1, 10]``, AGR ``[1e-4, 2]``, temperature
 ``>= 0.01``).
 
 How the clamp treats gradients

@@ -3,10 +3,10 @@
 Embedding, head, curvature and temperature as MERU (``LorentzRecipe``; the authors' code is a
 MERU fork).
 Score      ``-alpha(t, y)``: the exterior angle at the text t towards the image y, smallest
-           first (Sec. 6.1-6.2, DESIGN.md), whichever side is the query. ``image_query_score =
+           first (Sec. 6.1-6.2, docs/design.md), whichever side is the query. ``image_query_score =
            "beta"`` ranks texts for an image query by the angle at the image instead (the
            image->text training logit).
-Loss       Eq. 11 (DESIGN.md's reading): ``1/2 [CE_{T->I}(-alpha / tau) + CE_{I->T}(beta / tau)]``
+Loss       Eq. 11 (docs/design.md's reading): ``1/2 [CE_{T->I}(-alpha / tau) + CE_{I->T}(beta / tau)]``
            with beta the exterior angle at the image; plus 0.2 x the matched-pair angle term
            ``mean alpha(t_i, y_i) - mean beta(y_i, t_i)`` of the authors' code (not in the paper;
            ``pair_angle_weight=0`` gives Eq. 13 exactly, see docs/methods.md for why it is on);
@@ -62,7 +62,7 @@ class AtmgConfig(LorentzConfig):
     centroid_image_level  p > q of Eq. 12. Defaults cosh(0.5) and cosh(2): at c = 1 the targets
                           are radii 0.5 (texts) and 2 (images), the values in the authors'
                           (commented-out) code; the paper gives none.
-    image_query_score     "alpha" (rank by the angle at the text, DESIGN.md) or "beta" (rank texts
+    image_query_score     "alpha" (rank by the angle at the text, docs/design.md) or "beta" (rank texts
                           for an image query by the angle at the image)
     text_radius_ratio     texts' step-0 radius over the images' (0.25, not LorentzConfig's 1): at
                           equal radii the angle at the text equals the angle at the image, so

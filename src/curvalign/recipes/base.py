@@ -666,7 +666,7 @@ class LorentzConfig:
     """Fields shared by the Lorentz recipes (MERU, HyCoCLIP, AtMG); defaults from MERU/HyCoCLIP.
 
     embed_dim         d, the hyperboloid's space dimension (512)
-    curvature_*       c init 1.0, learnable, clamped to [0.1, 10] (DESIGN.md; MERU's code: init/10,
+    curvature_*       c init 1.0, learnable, clamped to [0.1, 10] (docs/design.md; MERU's code: init/10,
                       init*10); ``learn_curvature=False`` fixes it (the curvature study)
     temperature_*     tau init 0.07, learnable, floored at 0.01
     scale_init        one scale before ``expmap0`` for both sides when set (the text side's

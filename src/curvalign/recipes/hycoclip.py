@@ -2,7 +2,7 @@
 
 Embedding, head, score, zero-shot and logging as MERU (``LorentzRecipe``).
 
-Loss (DESIGN.md; the HyCoCLIP code as reused by PHyCLIP)
+Loss (docs/design.md; the HyCoCLIP code as reused by PHyCLIP)
     contrastive  0.25 x [ CE(image -> all texts) + CE(text -> all images)
                         + CE(box image -> all texts) + CE(box text -> all images) ]
                  on ``-d_L / tau``; box rows score against the *full* texts / images.

@@ -726,7 +726,7 @@ DUALPATH_PAPER = (
     "viPolyQwen (seed 004), Secs. 3.4 and 4.5: the dual-path projection with its gate "
     "g = sigmoid(θ) (θ₀ = -5, logged 0.01 at step 2000 and 0.15 at 5000) lets Phase 2 add "
     'image-text alignment "without degrading" the text-similarity skill learnt in Phase 1; '
-    "DESIGN.md's reading: text-text ability after Phase 2 stays within a small margin of Phase 1."
+    "docs/design.md's reading: text-text ability after Phase 2 stays within a small margin of Phase 1."
 )
 
 
@@ -888,7 +888,7 @@ def study_dualpath_forgetting(
     ctrl = _scalar({s: -v for s, v in change(control).items()})
     budget_ok = switch >= 100
     source = (
-        "seed 004, Secs. 3.4 and 4.5: 'without degrading', no number; the margin is DESIGN.md's "
+        "seed 004, Secs. 3.4 and 4.5: 'without degrading', no number; the margin is docs/design.md's "
         "'small margin'"
     )
     claim = functools.partial(

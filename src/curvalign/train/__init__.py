@@ -2,8 +2,10 @@
 
 The config dataclasses (``curvalign.config``) and reading a run (``curvalign.runs``) live below
 this package; the config names, ``LoadedRun`` and ``read_log`` are re-exported here for
-convenience. ``load_run`` has one import path, ``curvalign.runs``. Names are imported lazily so
-that ``import curvalign.train`` stays light.
+convenience. ``load_run`` has one import path, ``curvalign.runs``
+(``curvalign.train.load_run``, its place before 0.2.0, still works for one release with a
+``DeprecationWarning``). Names are imported lazily so that ``import curvalign.train`` stays
+light.
 """
 
 from __future__ import annotations
@@ -35,6 +37,8 @@ _EXPORTS = {
     "FitResult": "curvalign.train.fitting",
     "fit": "curvalign.train.fitting",
 }
+#: public names that moved, kept for one release with a DeprecationWarning: name -> new module
+_MOVED = {"load_run": "curvalign.runs"}
 
 
 def __getattr__(name: str) -> Any:
@@ -42,6 +46,17 @@ def __getattr__(name: str) -> Any:
         import importlib
 
         return getattr(importlib.import_module(_EXPORTS[name]), name)
+    if name in _MOVED:
+        import importlib
+        import warnings
+
+        warnings.warn(
+            f"curvalign.train.{name} is deprecated and will be removed in 0.3.0: "
+            f"import it from {_MOVED[name]} (from {_MOVED[name]} import {name})",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return getattr(importlib.import_module(_MOVED[name]), name)
     raise AttributeError(f"module 'curvalign.train' has no attribute {name!r}")
 
 
