@@ -420,8 +420,14 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
         raw = yaml.safe_load(path.read_text())
     except FileNotFoundError:
         raise ConfigError(f"config file {path} does not exist") from None
+    except UnicodeDecodeError as err:  # binary garbage, or text in another encoding
+        raise ConfigError(
+            f"config file {path} is not UTF-8 text (byte {err.start} is {err.object[err.start]:#04x}); "
+            "a YAML file shaped like a run's config.json expected"
+        ) from None
     except (OSError, yaml.YAMLError) as err:
-        raise ConfigError(f"config file {path} is not readable YAML ({err})") from None
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ConfigError(f"config file {path} is not readable YAML ({first})") from None
     if raw is None:
         return {}
     if not isinstance(raw, dict):
