@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
 from curvalign._io import sha256_file
-from test_faults import DATA, _error_lines, _invoke, _train
+from test_faults import DATA, SMALL, _cli, _error_lines, _invoke, _train
 
 
 @pytest.fixture(scope="module")
@@ -59,3 +61,135 @@ def test_a_refused_pickle_is_one_line_without_torchs_advice(trained, tmp_path):
     assert len(lines) == 1 and lines[0].startswith("error:"), text
     assert str(run / "state.pt") in lines[0] and "system" in lines[0], lines[0]
     assert "weights_only" not in text and "will likely succeed" not in text
+
+
+# --- fault 2 and 3: NaN or inf in memory-mapped shards --------------------------------------------
+
+
+def _layout(root: Path):
+    """A clip-retrieval layout of 700 pairs in shards of 300, 300 and 100 rows, and its store."""
+    pytest.importorskip("pyarrow")
+    from curvalign.data import load_data
+    from test_clip_retrieval import write_layout
+
+    write_layout(root, shard_rows=(300, 300, 100))
+    return load_data(f"clip-retrieval:{root}")
+
+
+def _damage(root: Path, rows, value) -> list[tuple[str, int]]:
+    """Set global image rows ``rows`` to ``value`` in their shards; (shard file, local row)."""
+    where = []
+    for row in rows:
+        k, local = divmod(int(row), 300)
+        path = root / "img_emb" / f"img_emb_{[0, 1, 10][k]}.npy"
+        array = np.load(path)
+        array[local] = value
+        np.save(path, array)
+        where.append((str(path), local))
+    return where
+
+
+@pytest.mark.parametrize("fault", ["three-nan-rows", "one-inf", "all-nan-shard"])
+def test_nan_in_a_shard_names_the_file_and_row_and_leaves_no_run(tmp_path, fault):
+    root = tmp_path / "cr"
+    store = _layout(root)
+    val = store.split_image_ids("val").tolist()
+    rows = {
+        "three-nan-rows": [val[0], 310, 650],
+        "one-inf": [val[1]],
+        "all-nan-shard": list(range(300)),
+    }[fault]
+    where = _damage(root, rows, np.inf if fault == "one-inf" else np.nan)
+    out = tmp_path / "run"
+    code, text = _invoke(
+        "train", "--recipe", "clip", "--data", f"clip-retrieval:{root}", "--steps", "2",
+        "--out", out, "-q", "batch_size=32",
+    )  # fmt: skip
+    assert code == 2, text
+    (line,) = _error_lines(text)
+    assert any(f"{path}: row {local} " in line for path, local in where), line
+    assert "NaN or inf" in line and "scores" not in line and "copied" not in line, line
+    assert not out.exists(), sorted(p.name for p in out.iterdir())
+
+
+def test_the_sampler_names_the_shard_of_a_bad_train_row(tmp_path):
+    from curvalign.data.sampling import BatchSampler
+    from curvalign.data.sharded import ShardError
+
+    root = tmp_path / "cr"
+    store = _layout(root)
+    train = store.split_image_ids("train").tolist()
+    ((path, local),) = _damage(root, [train[-1]], np.nan)
+    store = _layout_reopen(root)
+    sampler = BatchSampler(store, 64)
+    with pytest.raises(ShardError, match=rf"{path}: row {local} "):
+        for _ in range(20):  # 20 batches of 64 pass every train image at least once
+            sampler.next_batch()
+
+
+def _layout_reopen(root: Path):
+    from curvalign.data import load_data
+
+    return load_data(f"clip-retrieval:{root}")
+
+
+# --- fault 4: val and test rows copied from train ---------------------------------------------
+
+
+def test_test_rows_copied_from_train_are_a_warning(tmp_path):
+    from curvalign.data import load_data
+
+    store = load_data(DATA)
+    train, test = store.split_image_ids("train"), store.split_image_ids("test")
+    store.image_features[test[:8]] = store.image_features[train[:8]]  # 8 of 32: a leak
+    store.save(tmp_path / "leaky")
+    code, text = _invoke(
+        "train", "--recipe", "clip", "--data", f"features:{tmp_path / 'leaky'}", "--steps", "2",
+        "--out", tmp_path / "run", "-q", *SMALL,
+    )  # fmt: skip
+    assert code == 0, text
+    (line,) = [x for x in text.splitlines() if "identical to train images" in x]
+    assert line.startswith("warning:") and "8 of the 32 'test' images" in line, line
+
+
+def test_a_store_without_copies_gets_no_leak_warning():
+    from curvalign.data import load_data
+    from curvalign.data.validation_split import copies_of_train, describe_copies
+
+    copies = copies_of_train(load_data(DATA), "d")
+    assert copies["test"] == copies["val"] == 0 and copies["train_checked"] == copies["train"]
+    assert describe_copies(copies, "d") is None
+
+
+# --- fault 5: two trainers into one --out -----------------------------------------------------
+
+
+def test_a_second_train_into_a_locked_out_is_one_line(tmp_path):
+    from curvalign.train.trainer import LOCK_FILE, _run_lock
+
+    out = tmp_path / "run"
+    with _run_lock(out) as held:  # this process plays the first trainer
+        assert held and (out / LOCK_FILE).read_text().strip() == str(os.getpid())
+        result = _cli(
+            "train", "--recipe", "clip", "--data", DATA, "--steps", "2", "--out", out, "-q",
+            *SMALL, "seed=5",
+        )  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    (line,) = _error_lines(result.stderr)
+    assert f"{out} is in use by another curvalign train (pid {os.getpid()})" in line, line
+    assert sorted(p.name for p in out.iterdir()) == [], "the second trainer wrote nothing"
+
+
+def test_a_lock_left_by_a_dead_process_is_taken_over_and_released(tmp_path):
+    import subprocess
+    import sys
+
+    from curvalign.train.trainer import LOCK_FILE
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)  # fmt: skip
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / LOCK_FILE).write_text(dead.stdout)  # what kill -9 leaves
+    run = _train(out, steps=2)
+    assert (run / "meta.json").exists() and not (run / LOCK_FILE).exists()
