@@ -193,3 +193,57 @@ def test_a_lock_left_by_a_dead_process_is_taken_over_and_released(tmp_path):
     (out / LOCK_FILE).write_text(dead.stdout)  # what kill -9 leaves
     run = _train(out, steps=2)
     assert (run / "meta.json").exists() and not (run / LOCK_FILE).exists()
+
+
+# --- fault 6: SIGTERM is Ctrl-C everywhere a long command runs ------------------------------------
+
+
+def test_sigterm_in_the_lr_range_phase_of_a_tuned_benchmark_is_a_stopped_line(tmp_path):
+    import signal
+    import subprocess
+    import sys
+
+    from test_faults import _env
+
+    out = tmp_path / "bench"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "curvalign", "benchmark", "--recipes", "clip", "--data", DATA,
+         "--tune", "2", "--lr-range-steps", "1000000", "--steps", "2", "--seeds", "1",
+         "--out", str(out), "-q", *SMALL],
+        env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    for line in process.stderr:  # the tuning starts with its lr range test (a million steps)
+        if line.startswith("tuning clip"):
+            break
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate()
+    assert process.returncode == 128 + signal.SIGTERM, stderr
+    (line,) = [x for x in stderr.splitlines() if x.startswith("stopped:")]
+    assert line.startswith("stopped: interrupted (SIGTERM); run the same command again"), line
+    assert "Traceback" not in stderr and not _error_lines(stderr), stderr
+
+
+def test_a_stop_asked_during_the_last_step_stops_the_caller_too(tmp_path):
+    """A study or benchmark trains run after run: a SIGTERM that arrives while a run ends (its
+    last step, a validation, a hook's stop) must stop the caller, not be dropped with the run."""
+    import signal
+
+    import typer
+
+    from curvalign.cli import stoppable
+    from curvalign.train.hooks import TrainerHook
+    from curvalign.train.trainer import train
+
+    class SignalAtTheEnd(TrainerHook):
+        def on_step_end(self, trainer, step, record):
+            if step == 2:
+                signal.raise_signal(signal.SIGTERM)
+
+    started = []
+    with pytest.raises(typer.Exit) as stopped, stoppable("again"):
+        for seed in range(2):  # the second run must never start
+            started.append(seed)
+            train("clip", DATA, tmp_path / f"run-{seed}", steps=2, show_progress=False,
+                  overrides=[*SMALL, f"seed={seed}"], hooks=[SignalAtTheEnd()])  # fmt: skip
+    assert stopped.value.exit_code == 128 + signal.SIGTERM and started == [0]
+    assert (tmp_path / "run-0" / "meta.json").exists()

@@ -222,9 +222,14 @@ class _StopRequest:
         self.requested = True
         self.signum = signum
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: object, *exc: object) -> None:
         for signum, previous in self._previous.items():
             signal.signal(signum, previous)
+        if self.requested and exc_type is None and self._previous:
+            # asked to stop while the loop was ending (the last step, a hook's stop): the request
+            # goes to the handler outside the loop, so that a benchmark or study that trains
+            # run after run stops too instead of starting the next one
+            signal.raise_signal(self.signum)
 
 
 class _ThroughputWatch:
