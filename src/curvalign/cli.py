@@ -258,6 +258,12 @@ def train_command(
     if lr_range:
         _lr_range_command(recipe, data, steps, out, config, overrides or [])
         return
+    if print_config:
+        _print_train_config(recipe, data, steps, overrides or [], config)
+        return
+    if out is None:
+        fail("missing option --out DIR: the run directory to write")
+    check_out(out)  # before seconds of importing torch
     from curvalign.train.distributed import (
         is_main_process,
         launch_training,
@@ -265,12 +271,6 @@ def train_command(
         train_arguments,
     )
 
-    if print_config:
-        _print_train_config(recipe, data, steps, overrides or [], config)
-        return
-    if out is None:
-        fail("missing option --out DIR: the run directory to write")
-    check_out(out)
     try:
         if nproc > 1:  # the ranks run this same command under torchrun (and print their own errors)
             raise typer.Exit(
