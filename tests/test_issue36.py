@@ -247,3 +247,42 @@ def test_a_stop_asked_during_the_last_step_stops_the_caller_too(tmp_path):
                   overrides=[*SMALL, f"seed={seed}"], hooks=[SignalAtTheEnd()])  # fmt: skip
     assert stopped.value.exit_code == 128 + signal.SIGTERM and started == [0]
     assert (tmp_path / "run-0" / "meta.json").exists()
+
+
+# --- the smaller findings ---------------------------------------------------------------------
+
+
+def test_a_config_of_another_recipe_names_the_conflict(tmp_path):
+    code, text = _invoke("train", "--recipe", "meru", "--data", DATA, "--print-config")
+    assert code == 0, text
+    (tmp_path / "meru.yaml").write_text(text)
+    code, text = _invoke(
+        "train", "--recipe", "clip", "--data", DATA, "--config", tmp_path / "meru.yaml",
+        "--print-config",
+    )  # fmt: skip
+    assert code == 2, text
+    (line,) = _error_lines(text)
+    assert "is a config of recipe 'meru' but --recipe 'clip' was given" in line, line
+    assert "unknown key" not in line
+
+
+def test_a_garbage_parquet_is_named(tmp_path):
+    root = tmp_path / "cr"
+    _layout(root)
+    bad = root / "metadata" / "metadata_0.parquet"
+    bad.write_bytes(np.random.default_rng(0).bytes(3000))
+    code, text = _invoke(
+        "train", "--recipe", "clip", "--data", f"clip-retrieval:{root}", "--steps", "2",
+        "--out", tmp_path / "run", "-q", "batch_size=32",
+    )  # fmt: skip
+    assert code == 2, text
+    (line,) = _error_lines(text)
+    assert f"{bad}: not a readable parquet file" in line, line
+
+
+@pytest.mark.parametrize("lr", ["inf", "nan", "0", "-1e-3"])
+def test_a_learning_rate_that_is_not_finite_and_positive_is_refused_at_once(lr):
+    code, text = _invoke("train", "--recipe", "clip", "--data", DATA, "--print-config", f"lr={lr}")
+    assert code == 2, text
+    (line,) = _error_lines(text)
+    assert "lr must be" in line and ("finite" in line or "> 0" in line), line

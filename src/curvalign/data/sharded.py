@@ -233,7 +233,11 @@ class ParquetColumn(Sequence[str]):
     def _shard(self, k: int) -> list[str]:
         if self._cached is None or self._cached[0] != k:
             pq = require_pyarrow("a parquet column")
-            values = pq.read_table(self.paths[k], columns=[self.column]).column(0).to_pylist()
+            try:
+                table = pq.read_table(self.paths[k], columns=[self.column])
+            except Exception as exc:  # pyarrow raises its own error types for a bad file
+                raise ShardError(f"{self.paths[k]}: not a readable parquet file ({exc})") from None
+            values = table.column(0).to_pylist()
             self._cached = (k, ["" if v is None else str(v) for v in values])
         return self._cached[1]
 
