@@ -286,3 +286,82 @@ def test_a_learning_rate_that_is_not_finite_and_positive_is_refused_at_once(lr):
     assert code == 2, text
     (line,) = _error_lines(text)
     assert "lr must be" in line and ("finite" in line or "> 0" in line), line
+
+
+def test_index_build_onto_an_index_needs_overwrite(tmp_path, monkeypatch):
+    from curvalign.index import embed
+
+    built = []
+    monkeypatch.setattr(embed, "load_embeddings", lambda path: None)
+    monkeypatch.setattr(
+        embed, "build_from_embeddings", lambda emb, out, **kw: built.append(out) or out
+    )
+    out = tmp_path / "idx"
+    out.mkdir()
+    (out / "index.json").write_text("{}")  # an index built before
+    code, text = _invoke("index", "build", tmp_path / "emb", "--out", out)
+    assert code == 2 and built == [], text
+    (line,) = _error_lines(text)
+    assert f"--out {out} already holds an index; pass --overwrite" in line, line
+
+
+def test_a_store_without_rows_says_so(tmp_path):
+    from curvalign.data.features import FeatureStore, TextPart
+    from curvalign.errors import ConfigError
+    from curvalign.train.trainer import train
+
+    empty = FeatureStore(
+        image_features=torch.zeros(0, 4),
+        text=TextPart(torch.zeros(0, 3)),
+        text_to_image=torch.zeros(0, dtype=torch.long),
+        image_split=torch.zeros(0, dtype=torch.long),
+        split_names=["train", "val", "test"],
+    )
+    with pytest.raises(ConfigError, match="holds 0 images and 0 captions: nothing to train"):
+        train("clip", empty, tmp_path / "run", steps=2, show_progress=False)
+    assert not (tmp_path / "run").exists()
+
+
+class _StubSearcher:
+    """What the service asks of a Searcher, without an encoder: searches must not be reached."""
+
+    def __init__(self, images_root: Path) -> None:
+        self.images_root = str(images_root)
+        self.searched: list[str] = []
+
+    def info(self) -> dict:
+        return {"recipe": "stub"}
+
+    def search_texts(self, texts, k):
+        self.searched += texts
+        raise AssertionError("a refused query must not be encoded")
+
+
+@pytest.fixture
+def stub_client(tmp_path):
+    pytest.importorskip("fastapi")
+    pytest.importorskip("httpx")
+    from fastapi.testclient import TestClient
+
+    from curvalign.index.serve import make_app
+
+    (tmp_path / "images").mkdir()
+    (tmp_path / "images" / "a.png").write_bytes(b"png")
+    searcher = _StubSearcher(tmp_path / "images")
+    return TestClient(make_app(searcher), raise_server_exceptions=False), searcher
+
+
+def test_a_nul_byte_in_an_image_path_is_a_client_error(stub_client):
+    client, _ = stub_client
+    assert client.get("/images/a.png").status_code == 200
+    reply = client.get("/images/a%00.png")
+    assert reply.status_code == 400 and "NUL" in reply.text, reply.text
+
+
+def test_a_huge_text_query_is_refused_before_it_is_encoded(stub_client):
+    from curvalign.index.serve import MAX_QUERY_CHARS
+
+    client, searcher = stub_client
+    reply = client.post("/search", json={"text": "dog " * 1_200_000, "k": 3})  # 4.8 MB
+    assert reply.status_code == 413 and f"at most {MAX_QUERY_CHARS} characters" in reply.text
+    assert searcher.searched == []

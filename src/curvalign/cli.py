@@ -948,11 +948,16 @@ def index_build_command(
         None, "--nlist", min=1, help="IVF: number of cells (default 4 sqrt(N))."
     ),
     nprobe: int = typer.Option(16, "--nprobe", min=1, help="IVF, IVF-PQ: cells visited per query."),
+    overwrite: bool = typer.Option(
+        False, "--overwrite", help="Replace what --out already holds (an index built before)."
+    ),
 ) -> None:
     """Build an index over one side of an embeddings directory."""
     from curvalign.index.embed import build_from_embeddings, index_build_options, load_embeddings
 
     check_out(out)
+    if not overwrite and (out / "index.json").exists():
+        fail(f"--out {out} already holds an index; pass --overwrite to replace it")
     try:
         options = index_build_options(
             ann,

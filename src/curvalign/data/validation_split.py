@@ -43,6 +43,12 @@ def validation_split(
     ``fraction`` of its train images, else (fewer than ``MIN_TRAIN_IMAGES`` would be left) the
     store unchanged with source "none" and a reason.
     """
+    if store.num_images == 0 or store.num_texts == 0:
+        # said before any split is looked at ("its 'val' split is empty" would blame the split)
+        raise ConfigError(
+            f"{data} holds {store.num_images} images and {store.num_texts} captions: nothing to "
+            "train or validate on (check the inputs it was built from)"
+        )
     names = list(store.split_names or [])
     if VAL_SPLIT in names:
         val_ids = store.split_image_ids(VAL_SPLIT)
