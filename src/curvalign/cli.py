@@ -1365,10 +1365,14 @@ def _extracting(encoder: str, out: Path) -> Iterator[None]:
         check_encoder_paths(encoder)
     except CurvalignError as err:
         fail(str(err))
-    with _command_errors(
-        out,
-        kept=f"the shards finished before are kept in {out}.partial: free space and run the same "
-        "command again to resume from them",
+    resume = f"the shards finished before are kept in {out}.partial; run the same command again to resume from them"
+    with (
+        stoppable(resume),
+        _command_errors(
+            out,
+            kept=f"the shards finished before are kept in {out}.partial: free space and run the "
+            "same command again to resume from them",
+        ),
     ):
         yield
 
