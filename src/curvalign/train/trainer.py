@@ -38,7 +38,12 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from curvalign._io import WRITE_FAILURES, describe_write_failure, remove_stale_temp_files
+from curvalign._io import (
+    WRITE_FAILURES,
+    Terminated,
+    describe_write_failure,
+    remove_stale_temp_files,
+)
 from curvalign.config import (
     RunConfig,
     TrainConfig,
@@ -217,8 +222,8 @@ class _StopRequest:
         return self
 
     def _handle(self, signum: int, frame: object) -> None:
-        if self.requested:
-            raise KeyboardInterrupt
+        if self.requested:  # the second signal: at once, named as the signal it is
+            raise Terminated if signum == signal.SIGTERM else KeyboardInterrupt
         self.requested = True
         self.signum = signum
 
