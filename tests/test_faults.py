@@ -34,13 +34,14 @@ def _env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(SRC), "OMP_NUM_THREADS": "1", "COLUMNS": "120"}
 
 
-def _cli(*args, timeout: float = 300) -> subprocess.CompletedProcess:
+def _cli(*args) -> subprocess.CompletedProcess:
+    """``curvalign ARGS`` in a subprocess. No timeout: a test bounds the work it asks for (few
+    steps, a tiny store), never the time it may take on a loaded machine."""
     return subprocess.run(
         [sys.executable, "-m", "curvalign", *map(str, args)],
         env=_env(),
         capture_output=True,
         text=True,
-        timeout=timeout,
     )
 
 
@@ -55,18 +56,17 @@ def _error_lines(text: str) -> list[str]:
     return [line for line in text.splitlines() if line.startswith("error:")]
 
 
-def _wait_for_log(run_dir: Path, step: int, process: subprocess.Popen, limit: float = 120):
-    """Wait until the run's log.jsonl has reached ``step`` (the training loop is running)."""
-    deadline = time.monotonic() + limit
+def _wait_for_log(run_dir: Path, step: int, process: subprocess.Popen) -> None:
+    """Wait until the run's log.jsonl has reached ``step`` (the training loop is running); fails
+    as soon as the process ends first (no deadline: the work is bounded, not the time)."""
     log = run_dir / "log.jsonl"
-    while time.monotonic() < deadline:
+    while True:
         assert process.poll() is None, process.communicate()
         if log.exists():
             lines = [json.loads(x) for x in log.read_text().splitlines() if x.strip()]
             if lines and lines[-1]["step"] >= step:
                 return
         time.sleep(0.1)
-    raise AssertionError(f"training never reached step {step}")
 
 
 def _train(out: Path, steps: int = 4, extra=(), recipe: str = "clip", data: str = DATA) -> Path:
@@ -111,7 +111,8 @@ def test_a_location_that_refuses_files_is_named(tmp_path):
 
 
 def test_train_into_proc_is_one_error_line():
-    result = _cli("train", "--recipe", "clip", "--data", DATA, "--out", "/proc/cv-x", timeout=60)
+    # the output is checked before torch is imported or any data is read: a second of work
+    result = _cli("train", "--recipe", "clip", "--data", DATA, "--out", "/proc/cv-x")
     assert result.returncode == 2, result.stderr
     (line,) = _error_lines(result.stderr)
     assert line.startswith("error: --out /proc/cv-x is not writable: cannot create a file in /proc")
@@ -179,7 +180,7 @@ def test_sigterm_checkpoints_exactly_and_the_run_resumes(tmp_path):
     )
     _wait_for_log(run_dir, 3, process)
     process.send_signal(signal.SIGTERM)
-    _, stderr = process.communicate(timeout=120)
+    _, stderr = process.communicate()
     assert process.returncode == 128 + signal.SIGTERM, stderr
     assert _error_lines(stderr) == [], stderr  # a clean stop with a checkpoint (issue 25)
     errors = [line for line in stderr.splitlines() if line.startswith("stopped:")]
@@ -213,9 +214,9 @@ def test_sigterm_to_a_multi_process_run_checkpoints(tmp_path):
         stderr=subprocess.PIPE,
         text=True,
     )
-    _wait_for_log(run_dir, 3, process, limit=240)
+    _wait_for_log(run_dir, 3, process)
     process.send_signal(signal.SIGTERM)
-    _, stderr = process.communicate(timeout=120)
+    _, stderr = process.communicate()
     assert process.returncode == 128 + signal.SIGTERM, stderr
     assert "--resume" in stderr and "Traceback" not in stderr, stderr
     # item 13: DDP's warning about find_unused_parameters is not shown to the user
@@ -445,7 +446,7 @@ def test_a_killed_embed_leaves_nothing_and_the_next_run_cleans_up(trained, tmp_p
     assert process.stdout.readline().strip() == "writing"
     assert list(tmp_path.glob(".emb.tmp-*"))
     process.send_signal(signal.SIGTERM)
-    process.communicate(timeout=60)
+    process.communicate()
     assert process.returncode != 0
     assert not list(tmp_path.glob(".emb.tmp-*")) and not out.exists()
 
@@ -458,7 +459,7 @@ def test_a_killed_embed_leaves_nothing_and_the_next_run_cleans_up(trained, tmp_p
     )
     assert process.stdout.readline().strip() == "writing"
     process.kill()  # kill -9: nothing can clean up
-    process.communicate(timeout=60)
+    process.communicate()
     (left,) = tmp_path.glob(".emb.tmp-*")
     code, text = _invoke("embed", trained, "--out", out, "-q")
     assert code == 0, text

@@ -7,8 +7,9 @@ missing optional extra only affects the command that needs it.
 from __future__ import annotations
 
 import contextlib
+import signal
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -96,13 +97,54 @@ def check_out(out: Path | None, what: str = "--out") -> None:
         fail(str(err))
 
 
-def interrupted(err: KeyboardInterrupt, out: Path) -> None:
-    """Ctrl-C (exit 130) or SIGTERM (exit 143) during a staged write: nothing half-written is
-    left at ``out`` (the temporary directory was removed on the way out)."""
-    from curvalign._io import Terminated
+def _signal_label(signum: int) -> str:
+    return "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
 
-    signal_name, code = ("SIGTERM", 143) if isinstance(err, Terminated) else ("Ctrl-C", 130)
-    fail(f"interrupted ({signal_name}): {out} was left as it was before this command", code)
+
+def _stopped(signum: int, message: str) -> None:
+    """One "stopped:" line (not an error: the command was asked to stop and kept what it says)
+    and the exit status a shell gives a process ended by ``signum`` (130 Ctrl-C, 143 SIGTERM)."""
+    typer.secho(
+        f"stopped: interrupted ({_signal_label(signum)}); {message}",
+        err=True,
+        fg=typer.colors.YELLOW,
+    )
+    raise typer.Exit(code=128 + int(signum))
+
+
+def _training_interrupted(err: BaseException) -> int | None:
+    """The signal of a ``TrainingInterrupted`` (a training loop that stopped with a checkpoint on
+    Ctrl-C or SIGTERM), else None. Looked up lazily: the trainer imports torch."""
+    trainer = sys.modules.get("curvalign.train.trainer")
+    if trainer is not None and isinstance(err, trainer.TrainingInterrupted):
+        return int(err.signum)
+    return None
+
+
+@contextlib.contextmanager
+def stoppable(resume: str | Callable[[], str]) -> Iterator[None]:
+    """Around every long command (train, its --lr-range, benchmark and --tune, demo, study,
+    embed, index build): SIGTERM (what ``kill``, ``timeout`` and job schedulers send) is handled
+    like Ctrl-C, wherever the command is (loading data, a range test, training, evaluating,
+    writing). Either ends the command with one "stopped:" line that says what was kept and how
+    to continue (``resume``, or a function that says it once the command has stopped) and exit
+    status 130 (Ctrl-C) or 143 (SIGTERM). A training loop stopped by either first writes a
+    checkpoint (``TrainingInterrupted``, the trainer's own stop request)."""
+    from curvalign._io import Terminated, terminate_as_interrupt
+
+    def hint() -> str:
+        return resume() if callable(resume) else resume
+
+    try:
+        with terminate_as_interrupt():
+            yield
+    except KeyboardInterrupt as err:
+        _stopped(signal.SIGTERM if isinstance(err, Terminated) else signal.SIGINT, hint())
+    except CurvalignError as err:
+        signum = _training_interrupted(err)
+        if signum is None:
+            raise
+        _stopped(signum, hint())
 
 
 def write_failed(err: OSError, out: Path, kept: str | None = None) -> None:
@@ -128,6 +170,8 @@ def _command_errors(out: Path, kept: str | None = None) -> Iterator[None]:
     try:
         yield
     except CurvalignError as err:
+        if _training_interrupted(err) is not None:
+            raise  # a stop request, not an error: ``stoppable`` says how to continue
         fail(str(err))
     except OSError as err:
         write_failed(err, out, kept)
@@ -214,6 +258,12 @@ def train_command(
     if lr_range:
         _lr_range_command(recipe, data, steps, out, config, overrides or [])
         return
+    if print_config:
+        _print_train_config(recipe, data, steps, overrides or [], config)
+        return
+    if out is None:
+        fail("missing option --out DIR: the run directory to write")
+    check_out(out)  # before seconds of importing torch
     from curvalign.train.distributed import (
         is_main_process,
         launch_training,
@@ -221,14 +271,6 @@ def train_command(
         train_arguments,
     )
 
-    if print_config:
-        _print_train_config(recipe, data, steps, overrides or [], config)
-        return
-    if out is None:
-        fail("missing option --out DIR: the run directory to write")
-    from curvalign.train.trainer import TrainingInterrupted
-
-    check_out(out)
     try:
         if nproc > 1:  # the ranks run this same command under torchrun (and print their own errors)
             raise typer.Exit(
@@ -249,22 +291,20 @@ def train_command(
                 )
             )
         # run_training is train() itself unless torchrun launched this process
-        run_dir = run_training(
-            recipe,
-            data,
-            out,
-            steps=steps,
-            overrides=overrides or (),
-            config_file=config,
-            resume=resume,
-            overwrite=overwrite,
-            show_progress=not quiet,
-            notify=lambda message: _train_note(message, quiet),
-            towers=towers,
-        )
-    except TrainingInterrupted as err:  # a clean stop with a checkpoint: not an error
-        typer.secho(f"stopped: {err}", err=True, fg=typer.colors.YELLOW)
-        raise typer.Exit(code=128 + err.signum) from None
+        with stoppable(lambda: _train_resume_hint(out)):
+            run_dir = run_training(
+                recipe,
+                data,
+                out,
+                steps=steps,
+                overrides=overrides or (),
+                config_file=config,
+                resume=resume,
+                overwrite=overwrite,
+                show_progress=not quiet,
+                notify=lambda message: _train_note(message, quiet),
+                towers=towers,
+            )
     except CurvalignError as err:
         fail(str(err))
     except OSError as err:
@@ -272,6 +312,17 @@ def train_command(
     if not is_main_process():
         return
     _report_trained_run(run_dir, quiet)
+
+
+def _train_resume_hint(out: Path) -> str:
+    """What a stopped ``train`` kept in ``out`` and how to continue it."""
+    from curvalign.runs import read_meta
+
+    try:
+        step = read_meta(out)["step"]
+    except CurvalignError:  # no checkpoint yet: train() removed what it had begun
+        return "no checkpoint had been written, so nothing was kept; start it again"
+    return f"stopped at step {step} with a checkpoint in {out}; continue with: curvalign train --out {out} --resume"
 
 
 def _train_note(message: str, quiet: bool) -> None:
@@ -340,7 +391,7 @@ def _lr_range_command(
     from curvalign.report.tuning import plot_lr_range
     from curvalign.train.lr_range import lr_range_test
 
-    with _command_errors(out):
+    with stoppable("nothing was written; run it again"), _command_errors(out):
         found = lr_range_test(
             recipe, data, steps=steps or 100, overrides=overrides, config_file=config
         )
@@ -642,7 +693,13 @@ def benchmark_command(
     check_out(out)
     names = [r.strip() for r in recipes.split(",") if r.strip()]
     console = _stderr_console()
-    with _command_errors(out):
+    resume = (
+        f"run the same command again: it continues where it stopped ({out}/tuning/study.db)"
+        if tune
+        else f"the runs finished so far are in {out}/runs; run the same command again to start "
+        "the benchmark over"
+    )
+    with stoppable(resume), _command_errors(out):
         if tune:
             from curvalign.report.tuning import run_tuned_benchmark
 
@@ -715,7 +772,8 @@ def demo_command(
     names = [r.strip() for r in recipes.split(",") if r.strip()] if recipes else list(DEMO_RECIPES)
     console = _stderr_console()
     start = time.perf_counter()
-    with _command_errors(out):
+    resume = f"the runs finished so far are in {out}/runs; run it again to start over"
+    with stoppable(resume), _command_errors(out):
         result = run_benchmark(
             names,
             data or DEMO_WORLD,
@@ -784,7 +842,10 @@ def study_command(
     console = _stderr_console()
     out = out or Path("studies") / name
     check_out(out)
-    with _command_errors(out):
+    resume = f"what was written is in {out}; run the same command again to start the study over" + (
+        f" (the learning-rate runs stored in {lr_cache} are reused)" if lr_cache else ""
+    )
+    with stoppable(resume), _command_errors(out):
         if name == "all":
             if data or options:
                 fail("study all runs every study with its own data and options (no --data/--set)")
@@ -872,7 +933,6 @@ def embed_command(
         TimeRemainingColumn,
     )
 
-    from curvalign._io import terminate_as_interrupt
     from curvalign.index.embed import embed_run
 
     def loaded(run) -> None:
@@ -883,7 +943,7 @@ def embed_command(
     check_out(out)
     try:
         with (
-            terminate_as_interrupt(),
+            stoppable(f"{out} was left as it was before this command; run it again to write it"),
             Progress(
                 TextColumn("{task.description}"),
                 BarColumn(),
@@ -908,8 +968,6 @@ def embed_command(
                 progress=progress,
                 on_loaded=loaded,
             )
-    except KeyboardInterrupt as err:
-        interrupted(err, out)
     except CurvalignError as err:
         fail(str(err))
     typer.echo(
@@ -941,12 +999,16 @@ def index_build_command(
         None, "--nlist", min=1, help="IVF: number of cells (default 4 sqrt(N))."
     ),
     nprobe: int = typer.Option(16, "--nprobe", min=1, help="IVF, IVF-PQ: cells visited per query."),
+    overwrite: bool = typer.Option(
+        False, "--overwrite", help="Replace what --out already holds (an index built before)."
+    ),
 ) -> None:
     """Build an index over one side of an embeddings directory."""
-    from curvalign._io import terminate_as_interrupt
     from curvalign.index.embed import build_from_embeddings, index_build_options, load_embeddings
 
     check_out(out)
+    if not overwrite and (out / "index.json").exists():
+        fail(f"--out {out} already holds an index; pass --overwrite to replace it")
     try:
         options = index_build_options(
             ann,
@@ -958,10 +1020,9 @@ def index_build_command(
             nprobe=nprobe,
         )
         emb = load_embeddings(embeddings)
-        with terminate_as_interrupt():  # SIGTERM removes the half-built index like Ctrl-C
+        # SIGTERM removes the half-built index like Ctrl-C
+        with stoppable(f"{out} was left as it was before this command; run it again to write it"):
             path = build_from_embeddings(emb, out, side=side, **options)
-    except KeyboardInterrupt as err:
-        interrupted(err, out)
     except CurvalignError as err:
         fail(str(err))
     mode = f"approximate ({ann})" if ann else "exact"
@@ -1355,10 +1416,14 @@ def _extracting(encoder: str, out: Path) -> Iterator[None]:
         check_encoder_paths(encoder)
     except CurvalignError as err:
         fail(str(err))
-    with _command_errors(
-        out,
-        kept=f"the shards finished before are kept in {out}.partial: free space and run the same "
-        "command again to resume from them",
+    resume = f"the shards finished before are kept in {out}.partial; run the same command again to resume from them"
+    with (
+        stoppable(resume),
+        _command_errors(
+            out,
+            kept=f"the shards finished before are kept in {out}.partial: free space and run the "
+            "same command again to resume from them",
+        ),
     ):
         yield
 

@@ -97,13 +97,18 @@ class TrainConfig:
     val_max_images: int = 5000
 
     def __post_init__(self) -> None:
+        for name in ("lr", "weight_decay", "warmup", "min_lr_ratio", "grad_clip"):
+            value = getattr(self, name)
+            # inf passes "> 0" and would fail steps later as a non-finite loss
+            if isinstance(value, (int, float)) and not math.isfinite(value):
+                raise ConfigError(f"{name} must be a finite number, got {value}")
         checks = [
             (self.steps >= 1, "steps must be >= 1"),
             (
                 self.batch_size >= 2,
                 "batch_size must be >= 2 (contrastive learning needs negatives)",
             ),
-            (self.lr > 0, "lr must be > 0"),
+            (self.lr > 0, f"lr must be > 0, got {self.lr}"),
             (self.weight_decay >= 0, "weight_decay must be >= 0"),
             (self.warmup >= 0, "warmup must be >= 0 (a fraction of steps if < 1, else steps)"),
             (0 <= self.min_lr_ratio <= 1, "min_lr_ratio must lie in [0, 1]"),
@@ -279,6 +284,7 @@ def resolve_config(
     if not data:
         raise ConfigError("no data given: pass --data SPEC or set 'data' in the config file")
     recipe_cls = recipe_class(str(recipe))
+    _refuse_another_recipes_keys(config_file, file_values.get("recipe"), recipe, file_recipe)
 
     # the recipe's paper defaults < config file < --steps < key=value (a resumed run keeps its own)
     train_values = dataclasses.asdict(base.train) if base else recipe_train_defaults(recipe_cls)
@@ -301,6 +307,26 @@ def resolve_config(
     train = _build_dataclass(TrainConfig, train_values, "train")
     recipe_config = _build_dataclass(recipe_cls.Config, recipe_values, f"recipe {recipe!r}")
     return RunConfig(str(recipe), str(data), train, init_values(recipe_config))
+
+
+def _refuse_another_recipes_keys(
+    config_file: str | Path | None, file_recipe: Any, recipe: str, keys: Mapping[str, Any]
+) -> None:
+    """A ConfigError naming the conflict when ``--recipe`` differs from the config file's recipe
+    and the file's ``recipe_config`` holds keys the chosen recipe does not have (instead of
+    listing them one by one as unknown)."""
+    if config_file is None or not file_recipe or str(file_recipe) == str(recipe) or not keys:
+        return
+    foreign = sorted(set(keys) - set(_field_names(recipe_class(str(recipe)).Config)))
+    if foreign:
+        raise ConfigError(
+            f"config file {config_file} is a config of recipe {file_recipe!r} but --recipe "
+            f"{recipe!r} was given: its recipe_config holds {len(foreign)} key(s) of "
+            f"{file_recipe!r} that {recipe!r} does not have ({', '.join(foreign[:4])}"
+            f"{', ...' if len(foreign) > 4 else ''}); drop --recipe to train {file_recipe!r}, "
+            f"or remove the file's recipe_config section to train {recipe!r} with its other "
+            "settings"
+        )
 
 
 def describe_config(
@@ -427,8 +453,14 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
         raw = yaml.safe_load(path.read_text())
     except FileNotFoundError:
         raise ConfigError(f"config file {path} does not exist") from None
+    except UnicodeDecodeError as err:  # binary garbage, or text in another encoding
+        raise ConfigError(
+            f"config file {path} is not UTF-8 text (byte {err.start} is {err.object[err.start]:#04x}); "
+            "a YAML file shaped like a run's config.json expected"
+        ) from None
     except (OSError, yaml.YAMLError) as err:
-        raise ConfigError(f"config file {path} is not readable YAML ({err})") from None
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ConfigError(f"config file {path} is not readable YAML ({first})") from None
     if raw is None:
         return {}
     if not isinstance(raw, dict):

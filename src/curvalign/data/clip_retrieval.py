@@ -64,6 +64,11 @@ def _numbered(folder: Path, prefix: str, suffix: str) -> dict[int, Path]:
     return out
 
 
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
 def default_split_size(n: int) -> int:
     """Images in each of "val" and "test" when the spec does not say: ``min(10000, n // 20)``."""
     return min(MAX_SPLIT_IMAGES, n // SPLIT_DIVISOR)
@@ -108,7 +113,12 @@ def read_sharded_embeddings(
                 f"{len(metadata_files)} metadata shards for {len(image_files)} embedding shards"
             )
         pq = require_pyarrow("the embeddings' metadata")
-        names = set(pq.ParquetFile(metadata_files[0]).schema_arrow.names)
+        try:
+            names = set(pq.ParquetFile(metadata_files[0]).schema_arrow.names)
+        except Exception as exc:  # pyarrow raises its own error types for a bad file
+            raise ShardError(
+                f"{metadata_files[0]}: not a readable parquet file ({_first_line(exc)})"
+            ) from None
         if CAPTION_COLUMN in names:
             items["texts"] = ParquetColumn(metadata_files, CAPTION_COLUMN)
         path_column = next((c for c in PATH_COLUMNS if c in names), None)
@@ -153,12 +163,10 @@ def read_sharded_embeddings(
         },
     )
     where = f"sharded embeddings ({image_files[0]}, ...)"
-    _validate(
-        store,
-        lambda name: f"field {name!r}",
-        where,
-        forced_value_check() if check is None else check,
-    )
+    scanned = forced_value_check() if check is None else check
+    _validate(store, lambda name: f"field {name!r}", where, scanned)
+    # not scanned: every row read (a batch, a validation split, a sample) is checked instead
+    images.check_values = texts.check_values = not scanned
     return store
 
 

@@ -67,6 +67,9 @@ class ShardedRows:
                 )
         self.shards = list(shards)
         self.names = names
+        #: check every row read for NaN/inf (O(rows read)), naming the shard file and row: set
+        #: where the shards were opened without the full value scan
+        self.check_values = False
         #: [S + 1] first global row of each shard, then N
         self.offsets = np.concatenate([[0], np.cumsum([len(s) for s in shards])]).astype(np.int64)
 
@@ -151,6 +154,8 @@ class ShardedRows:
             end = min(stop, hi)
             out[row - start : end - start] = self.shards[k][row - lo : end - lo]
             row, k = end, k + 1
+        if self.check_values:
+            self._check(out, np.arange(start, stop, dtype=np.int64))
         return torch.from_numpy(out)
 
     def _gather(self, ids: np.ndarray) -> Tensor:
@@ -165,7 +170,24 @@ class ShardedRows:
         for part in np.split(order, bounds):
             k = int(shard[part[0]])
             out[part] = self.shards[k][ids[part] - self.offsets[k]]
+        if self.check_values:
+            self._check(out, ids)
         return torch.from_numpy(out)
+
+    def _check(self, rows: np.ndarray, ids: np.ndarray) -> None:
+        """ShardError naming the shard file and its row when ``rows`` (= rows ``ids``) holds a
+        NaN or inf: one pass over what was read, nothing more."""
+        finite = np.isfinite(rows).all(axis=1)
+        if finite.all():
+            return
+        row = int(ids[int(np.flatnonzero(~finite)[0])])
+        k = int(np.searchsorted(self.offsets, row, side="right")) - 1
+        raise ShardError(
+            f"{self.names[k]}: row {row - int(self.offsets[k])} (row {row} of the {len(self)} "
+            "read as one) holds NaN or inf values; these shards are not scanned when opened "
+            "(each row is checked when it is read): fix or drop that row, or open them with "
+            "check=1 to count every such row"
+        )
 
 
 def is_row_source(value: Any) -> bool:
@@ -211,7 +233,11 @@ class ParquetColumn(Sequence[str]):
     def _shard(self, k: int) -> list[str]:
         if self._cached is None or self._cached[0] != k:
             pq = require_pyarrow("a parquet column")
-            values = pq.read_table(self.paths[k], columns=[self.column]).column(0).to_pylist()
+            try:
+                table = pq.read_table(self.paths[k], columns=[self.column])
+            except Exception as exc:  # pyarrow raises its own error types for a bad file
+                raise ShardError(f"{self.paths[k]}: not a readable parquet file ({exc})") from None
+            values = table.column(0).to_pylist()
             self._cached = (k, ["" if v is None else str(v) for v in values])
         return self._cached[1]
 

@@ -11,7 +11,8 @@ Routes (FastAPI, served by uvicorn; ``pip install 'curvalign[serve]'``, imported
 
 Safety: binds to 127.0.0.1 unless told otherwise; ``/images`` resolves the path and refuses
 anything outside the images root (``..``, absolute paths, symlinks that leave it); a request body
-over ``max_upload_bytes`` is refused with 413 before it is parsed; ``k`` is bounded; searches
+over ``max_upload_bytes`` is refused with 413 before it is parsed, a text query over
+``MAX_QUERY_CHARS`` before it is tokenised; ``k`` is bounded; searches
 run in worker threads and the ``Searcher`` serialises encoder, head and index behind one lock,
 so concurrent requests are safe.
 """
@@ -31,6 +32,9 @@ from curvalign.index.searcher import Searcher, SearchError
 
 DEFAULT_MAX_UPLOAD = 8 * 1024 * 1024
 DEFAULT_MAX_K = 100
+#: the longest text query served: text encoders read a few dozen tokens (CLIP: 77), and
+#: tokenising megabytes first would hold a worker for many seconds
+MAX_QUERY_CHARS = 2000
 
 
 def _page() -> str:
@@ -104,6 +108,12 @@ def _text_query(body: bytes, max_k: int) -> tuple[str, int]:
         raise HTTPException(
             400, 'a JSON search needs {"text": "...", "k": 10} with a non-empty text'
         )
+    if len(text) > MAX_QUERY_CHARS:
+        raise HTTPException(
+            413,
+            f"a text query is at most {MAX_QUERY_CHARS} characters, got {len(text)} (the text "
+            "encoder reads only its first few dozen tokens)",
+        )
     return text, _parse_k(payload.get("k", 10), max_k)
 
 
@@ -113,11 +123,16 @@ def _image_file(root: Path | None, path: str) -> Path:
 
     if root is None:
         raise HTTPException(404, "this index's store records no images root")
-    target = (root / path).resolve()
-    if not target.is_relative_to(root):
-        raise HTTPException(403, "path outside the images root")
-    if not target.is_file():
-        raise HTTPException(404, f"no image {path!r} under the images root")
+    if "\x00" in path:  # the OS refuses such a name (ValueError), which would be a 500
+        raise HTTPException(400, "an image path cannot contain a NUL byte")
+    try:
+        target = (root / path).resolve()
+        if not target.is_relative_to(root):
+            raise HTTPException(403, "path outside the images root")
+        if not target.is_file():
+            raise HTTPException(404, f"no image {path!r} under the images root")
+    except (OSError, ValueError):  # a name too long, or otherwise not a path on this system
+        raise HTTPException(404, f"no image {path!r} under the images root") from None
     return target
 
 
@@ -215,4 +230,4 @@ def serve(
     server.run(sockets=[sock])
 
 
-__all__ = ["DEFAULT_MAX_K", "DEFAULT_MAX_UPLOAD", "make_app", "serve"]
+__all__ = ["DEFAULT_MAX_K", "DEFAULT_MAX_UPLOAD", "MAX_QUERY_CHARS", "make_app", "serve"]

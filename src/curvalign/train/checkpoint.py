@@ -17,6 +17,7 @@ from __future__ import annotations
 import io
 import json
 import platform
+import re
 from pathlib import Path
 from typing import Any
 
@@ -150,6 +151,25 @@ def read_state_file(path: Path, map_location: str | torch.device = "cpu") -> Any
         return torch.load(path, map_location=map_location, weights_only=True)
 
 
+def _load_failure(err: Exception) -> str:
+    """One line on why ``torch.load(weights_only=True)`` refused a file: for a pickle that asks
+    for a function or class, which one; never torch's advice to load it with
+    ``weights_only=False`` (running a planted pickle is what the refusal prevents)."""
+    import pickle
+
+    if isinstance(err, pickle.UnpicklingError):
+        found = re.search(r"GLOBAL ([\w.]+)", str(err))
+        asks = f" (it asks for {found.group(1)})" if found else ""
+        return (
+            f"a pickle that holds more than tensors and numbers{asks}, refused unread: a "
+            "curvalign training state never holds one; restore the file from a copy you trust, "
+            "or train again into a new directory"
+        )
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    lines = [line for line in lines if "weights_only" not in line]
+    return f"{type(err).__name__}: {lines[0]}" if lines else type(err).__name__
+
+
 def load_train_state(
     run_dir: Path,
     map_location: str | torch.device = "cpu",
@@ -184,7 +204,7 @@ def load_train_state(
     except Exception as err:  # torch.load raises many types for a damaged file
         if mismatch is not None:
             raise mismatch from None
-        raise CheckpointError(f"{path} is corrupt ({type(err).__name__}: {err})") from None
+        raise CheckpointError(f"{path} is corrupt ({_load_failure(err)})") from None
     if not isinstance(state, dict) or "step" not in state or "model" not in state:
         raise CheckpointError(f"{path} is corrupt: not a curvalign training state")
     if mismatch is not None:

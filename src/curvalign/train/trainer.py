@@ -38,7 +38,12 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from curvalign._io import WRITE_FAILURES, describe_write_failure, remove_stale_temp_files
+from curvalign._io import (
+    WRITE_FAILURES,
+    Terminated,
+    describe_write_failure,
+    remove_stale_temp_files,
+)
 from curvalign.config import (
     RunConfig,
     TrainConfig,
@@ -48,6 +53,7 @@ from curvalign.config import (
 from curvalign.data import load_store
 from curvalign.data.features import FeatureStore, FeatureStoreError
 from curvalign.data.sampling import BatchSampler, SamplingError
+from curvalign.data.validation_split import copies_of_train, describe_copies
 from curvalign.errors import ConfigError, TrainError
 from curvalign.recipes.base import Batch, Gather, LossOutput, Progress, Recipe
 from curvalign.recipes.health import META_KEY as STEP0_META_KEY
@@ -225,14 +231,19 @@ class _StopRequest:
         return self
 
     def _handle(self, signum: int, frame: object) -> None:
-        if self.requested:
-            raise KeyboardInterrupt
+        if self.requested:  # the second signal: at once, named as the signal it is
+            raise Terminated if signum == signal.SIGTERM else KeyboardInterrupt
         self.requested = True
         self.signum = signum
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: object, *exc: object) -> None:
         for signum, previous in self._previous.items():
             signal.signal(signum, previous)
+        if self.requested and exc_type is None and self._previous:
+            # asked to stop while the loop was ending (the last step, a hook's stop): the request
+            # goes to the handler outside the loop, so that a benchmark or study that trains
+            # run after run stops too instead of starting the next one
+            signal.raise_signal(self.signum)
 
 
 class _ThroughputWatch:
@@ -388,6 +399,11 @@ class Trainer:
         self.validation: ValidationSet | None = None
         self.validation_info: dict[str, Any] | None = None
         cfg = self.train_config
+        if self.is_main:  # val or test rows copied from train: their scores measure memory
+            data = f"data {self.config.data!r}"
+            leak = describe_copies(copies_of_train(store, data), data)
+            if leak:
+                self._note(f"warning: {leak}")
         if not cfg.validates:
             return store
         train_store, self.validation_info = validation_store(
@@ -1075,6 +1091,88 @@ def _clear_run_files(run_dir: Path) -> None:
         shutil.rmtree(run_dir / TB_DIR)
 
 
+#: the lock file ``train`` holds in a run directory while it runs (``_run_lock``)
+LOCK_FILE = ".curvalign-train.lock"
+
+
+class RunLockedError(TrainError):
+    """The run directory is in use by another ``train`` process (its lock is held)."""
+
+
+def _holds_files(run_dir: Path) -> bool:
+    """Whether ``run_dir`` holds anything besides a lock file."""
+    return run_dir.is_dir() and any(p.name != LOCK_FILE for p in run_dir.iterdir())
+
+
+def _has_checkpoint(run_dir: Path) -> bool:
+    return (run_dir / STATE_FILE).exists() or (run_dir / META_FILE).exists()
+
+
+def _remove_unfinished(run_dir: Path, keep_dir: bool) -> None:
+    """Remove what a run that never wrote a checkpoint left in ``run_dir`` (the directory too,
+    unless it existed before)."""
+    if not keep_dir:
+        shutil.rmtree(run_dir, ignore_errors=True)
+        return
+    _clear_run_files(run_dir)
+
+
+def _is_main_rank() -> bool:
+    """True outside a torchrun launch and on its rank 0 (the rank that writes the run)."""
+    return int(os.environ.get("WORLD_SIZE", "1")) <= 1 or int(os.environ.get("RANK", "0")) == 0
+
+
+@contextmanager
+def _run_lock(run_dir: Path) -> Iterator[bool]:
+    """Hold an exclusive lock on ``run_dir`` while the block runs (the main rank only; yields
+    whether this process holds it): ``fcntl.flock`` on ``run_dir/LOCK_FILE``, which holds the
+    owner's pid. A second ``train`` into the same directory gets ``RunLockedError`` at once. The
+    kernel releases the lock when its process dies (kill -9 included), so a lock file left by a
+    dead process is simply taken over; the file is removed on the way out."""
+    try:
+        import fcntl
+    except ImportError:  # no flock (Windows): no lock
+        yield False
+        return
+    if not _is_main_rank():
+        yield False
+        return
+    run_dir.mkdir(parents=True, exist_ok=True)
+    path = run_dir / LOCK_FILE
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 32).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            raise RunLockedError(
+                f"{run_dir} is in use by another curvalign train (pid {holder}); wait for it "
+                "to finish, or train into another --out"
+            ) from None
+        except OSError:  # a file system without flock: train unlocked, as before
+            os.close(fd)
+            yield False
+            return
+        try:  # the holder before us may have removed the file we opened: lock the live one
+            if os.fstat(fd).st_ino == os.stat(path).st_ino:
+                break
+        except FileNotFoundError:
+            pass
+        os.close(fd)
+    try:
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        yield True
+    finally:
+        try:
+            if os.stat(path).st_ino == os.fstat(fd).st_ino:
+                path.unlink()
+        except FileNotFoundError:
+            pass
+        os.close(fd)
+
+
 def _describe_existing(run_dir: Path) -> str:
     try:
         config = read_config(run_dir)
@@ -1170,8 +1268,52 @@ def train(
         raise ConfigError("--resume and --overwrite exclude each other")
     if run_dir.exists() and not run_dir.is_dir():
         raise ConfigError(f"output {run_dir} exists and is not a directory")
+    existed = run_dir.is_dir()
+    fresh = not existed or not _holds_files(run_dir)
+    with _run_lock(run_dir) as held:
+        try:
+            return _train_locked(
+                recipe,
+                data,
+                run_dir,
+                steps=steps,
+                overrides=overrides,
+                config_file=config_file,
+                resume=resume,
+                overwrite=overwrite,
+                show_progress=show_progress,
+                notify=notify,
+                stop_at=stop_at,
+                trainer_factory=trainer_factory,
+                hooks=hooks,
+            )
+        except BaseException:
+            # a run that failed (or was stopped) before its first checkpoint leaves no folder
+            # that a second `train` would refuse as "already holds a run"
+            if held and fresh and not _has_checkpoint(run_dir):
+                _remove_unfinished(run_dir, keep_dir=existed)
+            raise
+
+
+def _train_locked(
+    recipe: str | None,
+    data: str | FeatureStore | None,
+    run_dir: Path,
+    *,
+    steps: int | None,
+    overrides: Iterable[str] | Mapping[str, Any],
+    config_file: str | Path | None,
+    resume: bool,
+    overwrite: bool,
+    show_progress: bool,
+    notify: Callable[[str], None] | None,
+    stop_at: int | None,
+    trainer_factory: Callable[..., Trainer],
+    hooks: Iterable[TrainerHook],
+) -> TrainedRun:
+    """``train`` while this process holds the run directory's lock."""
     notify = notify or (lambda message: None)
-    non_empty = run_dir.is_dir() and any(run_dir.iterdir())
+    non_empty = _holds_files(run_dir)
     has_run = is_run_dir(run_dir)
     data_spec = data if isinstance(data, str) else None
 
