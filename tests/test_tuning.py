@@ -232,8 +232,9 @@ def _finished_trials_read_only(db: Path, name: str) -> int:
 
 def test_killed_tuning_continues_where_it_stopped(tmp_path):
     out = tmp_path / "tune"
-    # the third trial hangs until the kill: on an idle machine tiny trials can otherwise all
-    # finish between two polls, and the kill would land on a finished tuning
+    # the third trial hangs until the kill (its first seed: a trial trains two seeds, so the
+    # fifth training call): on an idle machine tiny trials can otherwise all finish between two
+    # polls, and the kill would land on a finished tuning
     script = textwrap.dedent(
         f"""
         import time
@@ -242,7 +243,7 @@ def test_killed_tuning_continues_where_it_stopped(tmp_path):
         real_train, calls = trainer.train, []
         def train(*args, **kwargs):
             calls.append(1)
-            if len(calls) == 3:
+            if len(calls) == 5:
                 time.sleep(600)
             return real_train(*args, **kwargs)
         trainer.train = train
