@@ -184,3 +184,33 @@ def test_a_trial_whose_step0_check_fires_is_marked(tmp_path):
     assert result.step0_fired["clip"] == (1, 1)
     assert any("step-0 check: flat_logits" in n for n in notes)
     assert math.isfinite(best["value"])
+
+
+def test_a_pruned_trial_counts_and_stops_after_the_warm_up(tmp_path, monkeypatch):
+    import optuna
+
+    class AlwaysPrune(optuna.pruners.BasePruner):
+        def prune(self, study, trial):
+            return True
+
+    monkeypatch.setattr(optuna.pruners, "MedianPruner", lambda **kwargs: AlwaysPrune())
+    out = tmp_path / "tune"
+    result = tuning.run_tuning(
+        ["clip"], TINY, out, trials=2, steps=8, overrides=[*TINY_TRAIN, "val_every=2"],
+        lr_range_steps=0,
+    )  # fmt: skip
+    rows = list(csv.DictReader((out / "trials.csv").open()))
+    assert [r["state"] for r in rows] == ["complete", "pruned"]  # trial 0 is never pruned
+    assert rows[1]["outcome"] == "pruned at step 2 (below the median of earlier trials there)"
+    assert result.counted == {"clip": 2} and result.best["clip"]["defaults"]
+
+
+def test_the_lr_range_test_reads_validation(tiny_store):
+    from curvalign.train.lr_range import lr_range_test
+
+    found = lr_range_test("clip", tiny_store, steps=12, overrides=TINY_TRAIN)
+    assert found.read_on == "validation" and "validation" in found.describe()
+    assert 3 <= len(found.lrs) <= 12 and all(0.0 <= v <= 1.0 for v in found.losses)
+    assert found.lrs == sorted(found.lrs) and found.lrs[0] >= 1e-6
+    train = lr_range_test("clip", tiny_store, steps=12, overrides=TINY_TRAIN, read_on="train")
+    assert train.read_on == "train" and len(train.lrs) == 12
