@@ -214,3 +214,18 @@ def test_the_lr_range_test_reads_validation(tiny_store):
     assert found.lrs == sorted(found.lrs) and found.lrs[0] >= 1e-6
     train = lr_range_test("clip", tiny_store, steps=12, overrides=TINY_TRAIN, read_on="train")
     assert train.read_on == "train" and len(train.lrs) == 12
+
+
+def test_a_defaults_trial_cut_off_by_a_kill_runs_again_as_the_defaults(tmp_path):
+    storage = f"sqlite:///{tmp_path / 'study.db'}"
+    settings = {"metric": "mean_r1"}
+    study = tuning._open_study("clip", storage, "maximize", settings, print)
+    study.enqueue_trial({"lr": 5e-4}, user_attrs={"defaults": True})
+    cut = study.ask()  # drawn, then left RUNNING, as a killed process leaves it
+    assert cut.user_attrs["defaults"] and cut.suggest_float("lr", 1e-4, 1e-2, log=True) == 5e-4
+    notes: list[str] = []
+    again = tuning._open_study("clip", storage, "maximize", settings, notes.append)
+    rerun = again.ask()
+    assert rerun.number != cut.number and rerun.user_attrs.get("defaults") is True
+    assert rerun.suggest_float("lr", 1e-4, 1e-2, log=True) == 5e-4
+    assert any("running them again" in n for n in notes)
