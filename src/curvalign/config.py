@@ -176,7 +176,7 @@ class TrainConfig:
         ``train_images`` at ``batch_size`` (clamped to [``DEFAULT_STEPS_MIN``,
         ``DEFAULT_STEPS_START_MAX``]), continued while validation has not converged up to
         ``DEFAULT_STEPS_CAP`` (a ``max_steps`` set by the user wins). Why epochs: a fixed 1000
-        steps is 300 epochs of a 700-pair store and 0.3 of a 1M-pair one; why the convergence
+        steps is 333 epochs of a 700-pair store and 0.26 of a 1M-pair one (batch 256); why the convergence
         rule: how many epochs a head needs depends on its geometry and rate, and a default row
         cut while its validation still rises measures the optimiser, not the geometry."""
         epoch = max(1, math.ceil(max(train_images, 1) / self.batch_size))
