@@ -17,6 +17,7 @@ from curvalign.train.hooks import (
     EarlyStopping,
     KeepBestWeights,
     TrainerHook,
+    TrainUntilConverged,
     ValidationEvent,
     best_of,
     combine,
@@ -74,8 +75,8 @@ def test_builtin_hooks_come_first_and_a_callers_instance_replaces_one():
 
     watch, patient = Watch(), EarlyStopping(patience=7)
     hooks = with_builtin_hooks([watch, patient])
-    assert [type(h) for h in hooks] == [KeepBestWeights, EarlyStopping, Watch]
-    assert hooks[1] is patient and hooks[2] is watch
+    assert [type(h) for h in hooks] == [KeepBestWeights, EarlyStopping, TrainUntilConverged, Watch]
+    assert hooks[1] is patient and hooks[3] is watch
 
 
 @pytest.mark.parametrize("explicit", [False, True])

@@ -48,9 +48,15 @@ def _point(knob: Knob, where: float):
     return int(round(value)) if knob.kind == "int" else value
 
 
+@pytest.fixture(scope="module")
+def tiny_store() -> FeatureStore:
+    return load_store(TINY)[0]
+
+
 @pytest.mark.parametrize("name", recipe_names())
-def test_every_recipe_declares_a_space_whose_every_point_configures_it(name):
+def test_every_recipe_declares_a_space_whose_every_point_configures_it(name, tiny_store):
     cls = get_recipe(name)
+    defaults = tuning.default_config(name, tiny_store, TINY, None, [])
     space = cls.search_space()
     assert {"lr", "weight_decay"} <= set(space)
     lr = space["lr"]  # a log range around the paper's rate
@@ -61,10 +67,10 @@ def test_every_recipe_declares_a_space_whose_every_point_configures_it(name):
     for where in (0.0, 0.5, 1.0):
         params = {k: _point(knob, where) for k, knob in space.items()}
         assert all(space[k].contains(v) for k, v in params.items())
-        overrides = cls.search_overrides(params)
+        overrides = tuning.trial_overrides(cls, space, params, defaults)
         assert set(overrides) <= train_fields | recipe_fields, set(overrides) - train_fields
         # every point builds a valid config (a bad range would raise here, e.g. init > max)
-        config = resolve_config(name, "synthetic", overrides=overrides)
+        config = resolve_config(name, TINY, overrides=overrides)
         for key, value in overrides.items():
             got = getattr(config.train, key) if key in train_fields else config.recipe_config[key]
             assert got == pytest.approx(value) if isinstance(value, float) else got == value
@@ -226,8 +232,9 @@ def _finished_trials_read_only(db: Path, name: str) -> int:
 
 def test_killed_tuning_continues_where_it_stopped(tmp_path):
     out = tmp_path / "tune"
-    # the third trial hangs until the kill: on an idle machine tiny trials can otherwise all
-    # finish between two polls, and the kill would land on a finished tuning
+    # the third trial hangs until the kill (its first seed: a trial trains two seeds, so the
+    # fifth training call): on an idle machine tiny trials can otherwise all finish between two
+    # polls, and the kill would land on a finished tuning
     script = textwrap.dedent(
         f"""
         import time
@@ -236,7 +243,7 @@ def test_killed_tuning_continues_where_it_stopped(tmp_path):
         real_train, calls = trainer.train, []
         def train(*args, **kwargs):
             calls.append(1)
-            if len(calls) == 3:
+            if len(calls) == 5:
                 time.sleep(600)
             return real_train(*args, **kwargs)
         trainer.train = train

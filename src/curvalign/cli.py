@@ -245,7 +245,7 @@ def train_command(
     lr_range: bool = typer.Option(
         False,
         "--lr-range",
-        help="Instead of training: a learning-rate range test (loss against an exponential lr "
+        help="Instead of training: a learning-rate range test (validation error against an exponential lr "
         "ramp from 1e-6 to 1 over --steps steps, default 100), written to --out as "
         "lr_range.json and lr_range.png, with a suggested lr range.",
     ),

@@ -41,13 +41,27 @@ if TYPE_CHECKING:
 
 #: the most steps between two validations under the default epoch rule (``val_every`` unset)
 VAL_EVERY_MAX = 50
+#: the store's default run (``steps`` unset): this many epochs of the train split ...
+DEFAULT_EPOCHS = 20
+#: ... at least this many steps and at most this many to start with ...
+DEFAULT_STEPS_MIN, DEFAULT_STEPS_START_MAX = 100, 1000
+#: ... then longer while validation has not converged (the shared rule,
+#: ``curvalign.stats.curve_converged``), up to this cap (``max_steps``)
+DEFAULT_STEPS_CAP = 3000
 
 
 @dataclass
 class TrainConfig:
     """Trainer settings (the recipe's own settings live in its ``Config``).
 
-    steps            optimizer steps in the run
+    steps            optimizer steps in the run; None (the default) = the store's default run
+                     (``default_steps``): ``DEFAULT_EPOCHS`` epochs of the train split, within
+                     [``DEFAULT_STEPS_MIN``, ``DEFAULT_STEPS_START_MAX``], trained on while
+                     validation has not converged up to ``max_steps`` = ``DEFAULT_STEPS_CAP``;
+                     resolved when the run starts and saved in config.json (``--steps`` wins)
+    max_steps        a run whose validation has not converged at ``steps`` (the shared rule,
+                     ``curvalign.stats.curve_converged``) trains on, half its length at a time,
+                     up to this many steps (``train.hooks.TrainUntilConverged``); None = never
     batch_size       images per step (global batch; each with one caption, and a box if needed)
     lr               peak learning rate of AdamW
     weight_decay     AdamW decay, not applied to ``recipe.no_decay_parameter_names()``
@@ -76,7 +90,7 @@ class TrainConfig:
                      validation costs the same at any store size; 0 = every image
     """
 
-    steps: int = 1000
+    steps: int | None = None
     batch_size: int = 256
     lr: float = 1e-3
     weight_decay: float = 0.2
@@ -95,6 +109,7 @@ class TrainConfig:
     patience: int = 0
     val_fraction: float = 0.1
     val_max_images: int = 5000
+    max_steps: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("lr", "weight_decay", "warmup", "min_lr_ratio", "grad_clip"):
@@ -103,7 +118,8 @@ class TrainConfig:
             if isinstance(value, (int, float)) and not math.isfinite(value):
                 raise ConfigError(f"{name} must be a finite number, got {value}")
         checks = [
-            (self.steps >= 1, "steps must be >= 1"),
+            (self.steps is None or self.steps >= 1, "steps must be >= 1 (unset: the store's)"),
+            (self.max_steps is None or self.max_steps >= 1, "max_steps must be >= 1"),
             (
                 self.batch_size >= 2,
                 "batch_size must be >= 2 (contrastive learning needs negatives)",
@@ -160,9 +176,26 @@ class TrainConfig:
         epoch = max(1, math.ceil(max(train_images, 1) / self.batch_size))
         return min(VAL_EVERY_MAX, epoch)
 
+    def default_steps(self, train_images: int) -> tuple[int, int]:
+        """``(steps, max_steps)`` of the store's default run: ``DEFAULT_EPOCHS`` epochs of
+        ``train_images`` at ``batch_size`` (clamped to [``DEFAULT_STEPS_MIN``,
+        ``DEFAULT_STEPS_START_MAX``]), continued while validation has not converged up to
+        ``DEFAULT_STEPS_CAP`` (a ``max_steps`` set by the user wins). Why epochs: a fixed 1000
+        steps is 333 epochs of a 700-pair store and 0.26 of a 1M-pair one (batch 256); why the convergence
+        rule: how many epochs a head needs depends on its geometry and rate, and a default row
+        cut while its validation still rises measures the optimiser, not the geometry."""
+        epoch = max(1, math.ceil(max(train_images, 1) / self.batch_size))
+        steps = min(DEFAULT_STEPS_START_MAX, max(DEFAULT_STEPS_MIN, DEFAULT_EPOCHS * epoch))
+        cap = self.max_steps if self.max_steps is not None else DEFAULT_STEPS_CAP
+        return min(steps, cap), cap
+
     @property
     def warmup_steps(self) -> int:
         """Warm-up length in steps (``warmup`` read as a fraction of ``steps`` when < 1)."""
+        if self.steps is None:
+            raise ConfigError(
+                "steps is not resolved yet (resolve_steps resolves it from the store)"
+            )
         if self.warmup < 1:
             return int(round(self.warmup * self.steps))
         return int(self.warmup)
@@ -374,6 +407,12 @@ def describe_config(
                 f"# val_every resolved by the epoch rule (docs/training.md): "
                 f"{resolved.train.val_every}\n"
             )
+        if resolved.train.steps is None:
+            resolved = resolve_steps(resolved, store)
+            from_data += (
+                f"# steps resolved from the store (docs/training.md): {resolved.train.steps}, "
+                f"continued while validation has not converged up to {resolved.train.max_steps}\n"
+            )
         if recipe_class(resolved.recipe).uses_alignment(resolved.recipe_config_object()):
             from curvalign.data.alignment import fit_alignment
 
@@ -423,6 +462,22 @@ def resolve_val_every(config: RunConfig, store: FeatureStore) -> RunConfig:
         return config
     every = config.train.validation_interval(train_image_count(store))
     return dataclasses.replace(config, train=dataclasses.replace(config.train, val_every=every))
+
+
+def resolve_steps(config: RunConfig, store: FeatureStore) -> RunConfig:
+    """``config`` with an unset ``steps`` resolved to the store's default run
+    (``TrainConfig.default_steps`` on ``store``, the store the run trains on with its validation
+    images labelled "val"; ``max_steps`` set to the cap when the run validates, since the
+    continuation reads validation); a set value is kept."""
+    from curvalign.data.validation_split import train_image_count
+
+    if config.train.steps is not None:
+        return config
+    steps, cap = config.train.default_steps(train_image_count(store))
+    train = dataclasses.replace(
+        config.train, steps=steps, max_steps=cap if config.train.validates else None
+    )
+    return dataclasses.replace(config, train=train)
 
 
 def recipe_train_defaults(recipe_cls: type) -> dict[str, Any]:
@@ -613,7 +668,10 @@ def _coerce_union(value: Any, annotation: Any, where: str) -> Any:
         value is None or (isinstance(value, str) and value.strip().lower() in _NONE)
     ):
         return None
-    for arg in (a for a in args if a is not type(None)):
+    members = [a for a in args if a is not type(None)]
+    if len(members) == 1:  # ``X | None``: X's own error ("expected an integer")
+        return coerce(value, members[0], where)
+    for arg in members:
         try:
             return coerce(value, arg, where)
         except ConfigError:

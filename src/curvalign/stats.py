@@ -208,7 +208,7 @@ def curve_convergence(
 ) -> dict[str, Any]:
     """``curve_converged`` with its reasons: {"converged": bool | None, "why": one line, "gain":
     the tail's best minus the best before it, "rise": the tail's least-squares rise, "bound":
-    the noise bound both were held to}."""
+    the noise bound both were held to, "tail_start": the step of the tail's first point}."""
     out: dict[str, Any] = {"converged": None, "why": "fewer than 3 validations", "gain": None}
     out.update(rise=None, bound=None)
     if len(history) < 3:
@@ -224,7 +224,7 @@ def curve_convergence(
         (i - mean_x) ** 2 for i in range(k)
     )
     gain, rise = max(tail) - max(before), slope * (k - 1)
-    out.update(gain=gain, rise=rise, bound=bound)
+    out.update(gain=gain, rise=rise, bound=bound, tail_start=int(history[-k][0]))
     if best == len(values) - 1:
         return {**out, "converged": False, "why": "the best validation is the last one"}
     if gain > bound:

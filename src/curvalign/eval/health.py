@@ -5,7 +5,9 @@
 - validation that stopped improving early (best step in the first half of the run);
 - a run that ended still improving: not converged, by the one rule the benchmark, tuning and
   studies share (``curvalign.stats.curve_converged``: best at the last validation, or a rise at
-  the end of the curve beyond the curve's own noise).
+  the end of the curve beyond the curve's own noise). ``convergence_warning`` words it as one
+  line: "still rising, train longer" only when the best lies in the curve's tail; a curve that
+  fell after an early best and rises again below it is "not converged" without that advice.
 
 ``converged`` is True, False (still improving) or None (too few validations to tell).
 Curvature bounds come from the recipe contract (``Recipe.curvature_bounds()``), so no recipe
@@ -70,20 +72,46 @@ def health(
                 break
     # the one convergence rule (curvalign.stats.curve_converged), as in tuning and studies
     reading = curve_convergence(val_history, MIN_GAIN) if last_step > 0 else {"converged": None}
-    converged = reading["converged"]
-    if converged is not None:
-        best_step, _ = max(val_history, key=lambda item: (item[1], -item[0]))
-        if not converged:
-            warnings.append(
-                f"validation was still moving up at the end ({reading['why']}; best at step "
-                f"{best_step} of {last_step}): not converged, train longer"
-            )
-        elif best_step <= 0.5 * last_step:
-            warnings.append(
-                f"validation stopped improving early (best at step {best_step} of "
-                f"{last_step}); the best weights are kept, later steps did not help"
-            )
-    return {"converged": converged, "warnings": warnings}
+    line = convergence_warning(reading, val_history, last_step)
+    if line:
+        warnings.append(line)
+    return {"converged": reading["converged"], "warnings": warnings}
+
+
+def convergence_warning(
+    reading: dict[str, Any], val_history: list[tuple[int, float]], last_step: int
+) -> str | None:
+    """The one end-of-run line on a validation curve, from ``curve_convergence``'s reading: at
+    most one of three, so they never contradict each other.
+
+    - still rising: not converged and the best validation lies in the curve's tail (its last
+      third): "train longer" is the advice;
+    - dipped and recovering: not converged because the tail rises, but the best came before the
+      tail and the tail has not reached it: the curve is still moving, the best weights are kept,
+      and "train longer" is not claimed to help (it might or might not pass them);
+    - stopped early: converged with the best in the first half of the run.
+    """
+    converged = reading.get("converged")
+    if converged is None:
+        return None
+    best_step, _ = max(val_history, key=lambda item: (item[1], -item[0]))
+    if not converged and best_step >= reading["tail_start"]:
+        return (
+            f"validation was still rising at the end ({reading['why']}; best at step "
+            f"{best_step} of {last_step}): not converged, train longer"
+        )
+    if not converged:
+        return (
+            f"validation fell after its best (step {best_step} of {last_step}) and was rising "
+            f"again at the end without reaching it ({reading['why']}): not converged; the best "
+            f"weights (step {best_step}) are kept, and a longer run may or may not pass them"
+        )
+    if best_step <= 0.5 * last_step:
+        return (
+            f"validation stopped improving early (best at step {best_step} of "
+            f"{last_step}); the best weights are kept, later steps did not help"
+        )
+    return None
 
 
 def health_of_run(run: LoadedRun) -> dict[str, Any]:

@@ -698,18 +698,51 @@ class AGR(HyperbolicRecipe):
     @classmethod
     def search_space(cls) -> dict:
         """Shared nuisance knobs (the curvature's init and learned/fixed included), the Euclidean
-        temperature, and the curriculum's length: ``curriculum_scale`` stretches the paper's four
-        boundaries (alpha 2.5K-5K, beta 5K-10K of 120K steps, as fractions) together, so a
-        short run can give the router a longer warm-up (``search_overrides``)."""
+        and hyperbolic temperatures, the Lorentz head's step-0 tangent scale, and the
+        curriculum's length: ``curriculum_scale`` stretches the paper's four boundaries (alpha
+        2.5K-5K, beta 5K-10K of 120K steps, as fractions) together, so a short run can give the
+        router a longer warm-up (``search_overrides``). The step-0 check names ``tau_h_init``
+        and the tangent scales when the logits are flat or the curvature inert: both are here
+        (``tangent_scale_factor`` multiplies the per-side scales resolved from the features, so
+        the data-aware ratio between the sides is kept)."""
         from curvalign.recipes.base import Knob, shared_search_space
 
         return {
             **shared_search_space(cls),
             "tau_e_init": Knob("float", 0.02, 0.2, log=True, why="CLIP's 0.07 within about 3x"),
+            "tau_h_init": Knob(
+                "float", 0.02, 2.0, log=True, why="Eq. 9's 1 (S_H = -d_L) down to CLIP-like 0.02"
+            ),
+            "tangent_scale_factor": Knob(
+                "float",
+                0.3,
+                3.0,
+                log=True,
+                why="x0.3 to x3 on the data-resolved step-0 tangent norm 1",
+                default=1.0,
+                factor_of=("image_tangent_scale", "text_tangent_scale"),
+                covers=("tangent_scale",),
+            ),
             "curriculum_scale": Knob(
-                "float", 0.5, 8.0, log=True, role="method", why="paper boundaries x0.5 to x8"
+                "float",
+                0.5,
+                8.0,
+                log=True,
+                role="method",
+                why="paper boundaries x0.5 to x8",
+                default=1.0,
             ),
         }
+
+    def phase_steps(self, total: int) -> tuple[int, ...]:
+        """The curriculum's boundaries in steps: alpha's and beta's ramps (the warm-up's end
+        alone under ``single_schedule``)."""
+        names = (
+            ("alpha_end",)
+            if self.curriculum.single_schedule
+            else ("alpha_start", "alpha_end", "beta_start", "beta_end")
+        )
+        return tuple(sorted({math.ceil(self.curriculum.steps(n, total)) for n in names}))
 
     @classmethod
     def search_overrides(cls, params) -> dict:

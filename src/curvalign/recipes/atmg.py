@@ -215,8 +215,9 @@ class Atmg(LorentzRecipe):
 
     @classmethod
     def search_space(cls) -> dict:
-        """Shared nuisance knobs plus the matched-pair angle weight and the centroid weight
-        (Eq. 13's lambda, for which the paper gives no value)."""
+        """Shared nuisance knobs plus the matched-pair angle weight, the centroid weight (Eq. 13's
+        lambda, for which the paper gives no value) and the texts' radius gap (the knob the
+        step-0 check names)."""
         from curvalign.recipes.base import Knob, shared_search_space
 
         return {
@@ -226,6 +227,10 @@ class Atmg(LorentzRecipe):
             ),
             "centroid_weight": Knob(
                 "float", 0.0, 1.0, role="method", why="Eq. 13's lambda: no paper value"
+            ),
+            # the step-0 check names it when texts and images start at one radius
+            "text_radius_ratio": Knob(
+                "float", 0.05, 0.8, log=True, why="texts' step-0 radius gap; default 0.25"
             ),
         }
 

@@ -461,6 +461,12 @@ class Recipe(nn.Module):
         point itself (every knob is a config field)."""
         return dict(params)
 
+    def phase_steps(self, total: int) -> tuple[int, ...]:
+        """The steps at which this recipe's curriculum changes phase in a run of ``total`` steps
+        (ascending; a ramp counts until it ends). Tuning prunes no trial before the last of them
+        (a curriculum is judged after its phases). Default: () (no curriculum)."""
+        return ()
+
 
 def _flat_parts(emb: Embedding, mapped: Mapping[str, Tensor]) -> Tensor:
     """Every ``[N, ...]`` tensor of ``emb`` (or its replacement in ``mapped``) flattened to
@@ -867,6 +873,14 @@ class Knob:
     role     "nuisance" (learning rate, decay, temperature, scales: tuned for every method alike)
              or "method" (a knob of the method its paper leaves open)
     why      one line: where the range comes from
+    default  the knob's value at the recipe's defaults when the knob is not itself a config
+             field (``curriculum_scale`` 1.0: the paper's boundaries); None: the config's value
+    factor_of  config keys whose data-resolved values this knob multiplies (a factor on the
+             per-side scales a recipe resolves from the features: the tuner resolves them on
+             the tuning store, then scales them; default 1.0 = the resolved values)
+    covers   config keys the knob moves without being one of them (the per-side scales that
+             ``tangent_norm_init`` is resolved into): the step-0 check may name them, and the
+             search space holds them through this knob
     """
 
     kind: Literal["float", "int", "choice"]
@@ -876,6 +890,9 @@ class Knob:
     choices: tuple[Any, ...] = ()
     role: Literal["nuisance", "method"] = "nuisance"
     why: str = ""
+    default: Any = None
+    factor_of: tuple[str, ...] = ()
+    covers: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.kind == "choice":
@@ -896,6 +913,11 @@ class Knob:
         if self.kind == "choice":
             return value in self.choices
         return self.low <= value <= self.high  # type: ignore[operator]
+
+    @property
+    def moves(self) -> tuple[str, ...]:
+        """The config keys this knob moves besides its own name (``factor_of`` and ``covers``)."""
+        return (*self.factor_of, *self.covers)
 
 
 #: the learning-rate range around a recipe's paper rate: the papers' rates were set for 100K+
@@ -945,7 +967,12 @@ def shared_search_space(cls: type) -> dict[str, Knob]:
         # them where image and text norms differ (COCO-MINI: EfficientNet images vs unit-norm
         # MiniLM texts, tuned MERU/HyCoCLIP/PHyCLIP fell to chance with ``scale_init``)
         space["tangent_norm_init"] = Knob(
-            "float", 0.1, 3.0, log=True, why="step-0 tangent norm the per-side scales aim at"
+            "float",
+            0.1,
+            3.0,
+            log=True,
+            why="step-0 tangent norm the per-side scales aim at",
+            covers=tuple(getattr(cls, "scale_knobs", ())),
         )
     elif "scale_init" in fields:
         cap = fields.get("scale_max") or 1.0

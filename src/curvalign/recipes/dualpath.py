@@ -343,18 +343,31 @@ class DualPath(CosineRecipe):
 
     @classmethod
     def search_space(cls) -> dict:
-        """Shared nuisance knobs, the final temperature of the curriculum, and the phase lengths
+        """Shared nuisance knobs, the first and final temperature of the curriculum (the step-0
+        check names the first: ``temperature_knob``), and the phase lengths
         (fractions of the run: the paper's are set for 7.5M samples): when the multimodal path
         starts, how long its gate warms up, how long the loss weights ramp."""
         from curvalign.recipes.base import Knob, shared_search_space
 
         return {
             **shared_search_space(cls),
+            "temperature_start": Knob("float", 0.03, 0.3, log=True, why="paper 0.1, about 3x"),
             "temperature_end": Knob("float", 0.02, 0.2, log=True, why="paper 0.07, about 3x"),
             "switch_at": Knob("float", 0.05, 0.6, role="method", why="phase 2 start; paper 0.13"),
             "gate_warmup": Knob("float", 0.01, 0.2, role="method", why="gate warm-up; paper 0.07"),
             "loss_warmup": Knob("float", 0.05, 0.5, role="method", why="loss ramp; paper 0.13"),
         }
+
+    def phase_steps(self, total: int) -> tuple[int, ...]:
+        """Phase 2's first step, the end of its gate warm-up and the end of the loss ramp."""
+        import math
+
+        from curvalign.schedules import dualpath_switch_step
+
+        cur = self.curriculum
+        switch = dualpath_switch_step(total, cur)
+        ends = (switch + cur.steps("gate_warmup", total), cur.steps("loss_warmup", total))
+        return tuple(sorted({switch, *(math.ceil(e) for e in ends)}))
 
 
 __all__ = ["DualPath", "DualPathConfig"]

@@ -8,18 +8,33 @@ evaluated once on test, beside the paper-default configuration (docs/evaluation.
 
 One recipe's tuning
     search space  the recipe's ``search_space()`` (declared in its recipe file), the learning
-                  rate's range taken from a learning-rate range test (``train/lr_range.py``)
-                  when ``lr_range_steps`` > 0
+                  rate's range widened by a learning-rate range test (``train/lr_range.py``,
+                  read on validation) when ``lr_range_steps`` > 0; a knob whose default lies
+                  outside its declared range is widened to hold it (``fit_defaults``)
+    trial 0       the recipe's default configuration (``enqueue_trial`` of every knob's default,
+                  run with no tuned override at all), so the best trial is never worse than the
+                  defaults on the selection metric (ties go to the earlier trial)
     sampler       Optuna's TPE with a fixed seed (reseeded with the number of trials already in
-                  the study, so a resumed study does not replay its first draws); no pruning, so
-                  a slow-starting curriculum is never cut
-    one trial     a full training run of ``steps`` steps, validated every ``val_every`` steps;
-                  its value is the selection metric of its best validation weights on the
-                  validation split (default ``mean_r1``: the trainer's own mean of T2I and I2T
-                  R@1; any metric path of ``evaluate``, e.g. ``zeroshot/top1``, can be named)
-    budget        ``trials`` finished trials per recipe (a trial whose training fails counts)
+                  the study, so a resumed study does not replay its first draws); its random
+                  start-up is ``startup_trials(trials)`` = max(1, trials // 3) trials, trial 0
+                  included
+    pruning       the median pruner (``MedianPruner``, the same start-up) through the trainer's
+                  validation hook (``TrialHook``): a trial whose first-seed validation falls
+                  below the median of earlier trials at the same step stops there, but never
+                  before ``PRUNE_WARMUP`` of its steps nor before the last phase boundary its
+                  recipe declares (``Recipe.phase_steps``); trial 0 is never pruned; only the
+                  default selection metric prunes (the validation curve is that metric)
+    one trial     ``seeds`` training runs (default 2, seeds ``seed``, ``seed + 1``) with the
+                  steps and validation cadence the re-training uses (``steps``, else the
+                  store's default; the epoch rule of ``TrainConfig.validation_interval``); its
+                  value is the mean over seeds of the selection metric of each run's best
+                  validation weights (default ``mean_r1``: the trainer's own mean of T2I and
+                  I2T R@1; any metric path of ``evaluate``, e.g. ``zeroshot/top1``)
+    budget        ``trials`` finished trials per recipe (a failed or pruned trial counts)
     data          the store without its test images (``tuning_store``): nothing in tuning can
                   read the test split
+    step-0 check  a trial whose step-0 health check fired on any seed is marked (``step0``
+                  column of trials.csv, and the tuned row of the benchmark table)
 
 Files (``out/``): ``study.db`` (the Optuna studies in SQLite: a killed run continues where it
 stopped; a trial killed mid-way is run again), ``trials.csv``, ``best/NAME.yaml`` (the best
@@ -46,6 +61,7 @@ import yaml
 from curvalign.data import load_store
 from curvalign.data.features import FeatureStore
 from curvalign.errors import ConfigError, CurvalignError
+from curvalign.train.hooks import Decision, TrainerHook, ValidationEvent
 
 if TYPE_CHECKING:
     from curvalign.recipes.base import Recipe
@@ -59,10 +75,18 @@ DEFAULT_METRIC = "mean_r1"
 DEFAULT_TUNED_SEEDS = 5
 #: steps of the learning-rate range test that seeds each recipe's lr range (0: no test)
 DEFAULT_LR_RANGE_STEPS = 60
+#: training seeds per trial: its value is their mean (one seed's best validation is noisy
+#: enough that tuning picked configurations worse than the defaults)
+DEFAULT_TRIAL_SEEDS = 2
+#: share of a trial's steps before which it is never pruned (the same for every recipe; a
+#: curriculum's last phase boundary moves it later, ``Recipe.phase_steps``)
+PRUNE_WARMUP = 0.25
+#: the version of the tuning protocol; a study made under another is not resumed
+PROTOCOL = 2
 STUDY_DB = "study.db"
 TRIALS_CSV = "trials.csv"
 #: what a study must agree on to be resumed
-STUDY_KEYS = ("metric", "steps", "trials", "seed", "data", "overrides")
+STUDY_KEYS = ("metric", "steps", "trials", "seed", "seeds", "protocol", "data", "overrides")
 # overrides that say how to run, not what to train: a study resumes whatever they are (the
 # throughput warning tells a user on a busy machine to add ``num_threads=1``)
 RUNTIME_KEYS = frozenset({"num_threads", "device", "log_every", "tensorboard", "checkpoint_every"})
@@ -116,10 +140,10 @@ def tuning_store(store: FeatureStore, val_fraction: float = 0.1, seed: int = 0) 
 def space_of(recipe: str, lr_range: tuple[float, float] | None = None) -> dict[str, Any]:
     """The recipe's declared search space, its lr knob widened to cover ``lr_range`` too.
 
-    The range test reads the *training* loss, which on a small store keeps falling at rates where
-    validation already overfits (``wordnet:mammal.n.01``: suggested [3.3e-3, 0.1] for ``clip``,
-    whose best validation comes at its paper rate 5e-4, below that range), so the test widens
-    the declared range around the paper rate and never narrows it."""
+    The test widens the declared range around the paper rate and never narrows it: a short ramp
+    on one seed sets a range, not a rate (read on the training loss, it suggested [3.3e-3, 0.1]
+    for ``clip`` on ``wordnet:mammal.n.01``, whose best validation comes at its paper rate 5e-4;
+    it now reads the validation error, and the declared range still stays searchable)."""
     from curvalign.recipes import get_recipe
     from curvalign.recipes.base import Knob
 
@@ -131,6 +155,102 @@ def space_of(recipe: str, lr_range: tuple[float, float] | None = None) -> dict[s
             "float", low, high, log=True, why=f"{declared.why}, widened by the lr range test"
         )
     return space
+
+
+def startup_trials(trials: int) -> int:
+    """TPE's random start-up (and the pruner's) for a budget of ``trials``: a third of the
+    budget, at least one (trial 0, the defaults, is one of them). TPE's own default of 10 would
+    make 10 of 12 trials random."""
+    return max(1, trials // 3)
+
+
+def default_config(
+    name: str, store: FeatureStore, spec: str, steps: int | None, overrides: Sequence[str]
+) -> Any:
+    """The recipe's default configuration on ``store`` as a run resolves it (the user's
+    ``overrides`` applied, the data-dependent initial values resolved from the train features):
+    a ``RunConfig``."""
+    from curvalign.config import resolve_config, resolve_data_init
+
+    return resolve_data_init(resolve_config(name, spec, steps=steps, overrides=overrides), store)
+
+
+def _config_value(config: Any, key: str) -> Any:
+    if key in {f.name for f in dataclasses.fields(config.train)}:
+        return getattr(config.train, key)
+    return config.recipe_config.get(key)
+
+
+def default_point(space: Mapping[str, Any], config: Any) -> dict[str, Any]:
+    """The point of ``space`` that is the configuration ``config`` (a ``RunConfig``, e.g.
+    ``default_config``): each knob's config value, a knob's own ``default`` where it is not a
+    config field (a factor: 1.0)."""
+    point: dict[str, Any] = {}
+    for name, knob in space.items():
+        if knob.default is not None:
+            value = knob.default
+        elif knob.factor_of:
+            value = 1.0
+        else:
+            value = _config_value(config, name)
+        if value is None:
+            raise ConfigError(
+                f"recipe {config.recipe!r}: the search-space knob {name!r} has no default value "
+                "(neither a config value nor a Knob default)"
+            )
+        if knob.kind == "float":
+            value = float(value)
+        elif knob.kind == "int":
+            value = int(value)
+        point[name] = value
+    return point
+
+
+def fit_defaults(
+    space: Mapping[str, Any], point: Mapping[str, Any]
+) -> tuple[dict[str, Any], list[str]]:
+    """``space`` with every knob widened to hold its default in ``point`` (a range's end moved
+    to the default, a missing choice added): trial 0 must be a point of the space TPE models.
+    Returns the space and one line per widened knob."""
+    from curvalign.recipes.base import Knob
+
+    out, notes = dict(space), []
+    for name, knob in space.items():
+        value = point[name]
+        if knob.contains(value):
+            continue
+        if knob.kind == "choice":
+            out[name] = dataclasses.replace(knob, choices=(*knob.choices, value))
+            notes.append(f"{name}: the default {value!r} added to the choices")
+            continue
+        if knob.log and value <= 0:
+            raise ConfigError(
+                f"the search-space knob {name!r} is on a log scale but its default is {value}"
+            )
+        low, high = min(knob.low, value), max(knob.high, value)
+        out[name] = Knob(**{**dataclasses.asdict(knob), "low": low, "high": high})
+        notes.append(f"{name}: range widened to [{low:.3g}, {high:.3g}] to hold the default")
+    return out, notes
+
+
+def trial_overrides(
+    recipe_cls: type[Recipe], space: Mapping[str, Any], params: Mapping[str, Any], config: Any
+) -> dict[str, Any]:
+    """Config overrides {key: value} of one sampled point: a factor knob (``Knob.factor_of``)
+    times the data-resolved values of its keys in ``config``, the other knobs through the
+    recipe's ``search_overrides``."""
+    factors = {k: v for k, v in params.items() if k in space and space[k].factor_of}
+    out = recipe_cls.search_overrides({k: v for k, v in params.items() if k not in factors})
+    for name, factor in factors.items():
+        for key in space[name].factor_of:
+            base = _config_value(config, key)
+            if base is None:
+                raise ConfigError(
+                    f"recipe {config.recipe!r}: knob {name!r} scales {key!r}, which the data "
+                    "did not resolve"
+                )
+            out[key] = float(base) * float(factor)
+    return out
 
 
 def suggest(trial: Any, space: Mapping[str, Any]) -> dict[str, Any]:
@@ -185,7 +305,9 @@ def require_optuna() -> Any:
 @dataclass
 class TuningResult:
     """What ``run_tuning`` produced. ``best`` = {recipe: {"trial", "value", "params",
-    "overrides", "config_file", "best_step", "converged"} or None when no trial finished}."""
+    "overrides", "config_file", "best_step", "converged", "defaults" (the best trial is the
+    default configuration), "step0" (the step-0 check's codes, "" when it passed), "default_value"
+    (trial 0's value)} or None when no trial finished}."""
 
     metric: str
     direction: str
@@ -193,9 +315,14 @@ class TuningResult:
     steps: int | None
     seed: int
     data: str
+    seeds: int = DEFAULT_TRIAL_SEEDS
     best: dict[str, dict[str, Any] | None] = field(default_factory=dict)
     counted: dict[str, int] = field(default_factory=dict)
     lr_ranges: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: per recipe: the knobs widened to hold their defaults (``fit_defaults``)
+    widened: dict[str, list[str]] = field(default_factory=dict)
+    #: per recipe: (trials whose step-0 check fired, counted trials)
+    step0_fired: dict[str, tuple[int, int]] = field(default_factory=dict)
     files: dict[str, Path] = field(default_factory=dict)
     #: this call's wall time (a resumed tuning counts only its own part)
     wall_seconds: float = 0.0
@@ -204,36 +331,49 @@ class TuningResult:
     trial_seconds: dict[str, float] = field(default_factory=dict)
 
     def budget_line(self) -> str:
+        pruning = (
+            f"median pruning after {round(100 * PRUNE_WARMUP)}% of a trial's steps and after "
+            "its recipe's curriculum phases"
+            if self.metric == DEFAULT_METRIC
+            else "no pruning (the selection metric is not the validation curve)"
+        )
         return (
             f"tuning budget: {self.trials} trials per recipe (the same for every recipe), "
-            f"{self.steps or 'recipe-default'} steps each, Optuna TPE (seed {self.seed}, no "
-            f"pruning); selection metric: {metric_label(self.metric)} of each trial's best "
-            "validation weights; the test split is never read while tuning"
+            f"trial 0 = the defaults, {self.steps or 'default'} steps each at the re-training's "
+            f"validation cadence, Optuna TPE (seed {self.seed}, {startup_trials(self.trials)} "
+            f"random start-up trials), {pruning}; selection metric: {metric_label(self.metric)} "
+            f"of each trial's best validation weights, mean over {self.seeds} seed(s); the "
+            "test split is never read while tuning"
         )
 
 
 def _counted(study: Any) -> list[Any]:
-    """Trials that used up budget: finished (complete or failed) with a recorded outcome; a trial
-    killed mid-way has none and does not count."""
+    """Trials that used up budget: finished (complete, pruned or failed) with a recorded outcome;
+    a trial killed mid-way has none and does not count."""
     from optuna.trial import TrialState
 
+    done = (TrialState.COMPLETE, TrialState.FAIL, TrialState.PRUNED)
     return [
-        t
-        for t in study.get_trials(deepcopy=False)
-        if t.state in (TrialState.COMPLETE, TrialState.FAIL) and "outcome" in t.user_attrs
+        t for t in study.get_trials(deepcopy=False) if t.state in done and "outcome" in t.user_attrs
     ]
 
 
 def _open_study(
-    name: str, storage: str, direction: str, settings: Mapping[str, Any], notify: Notify
+    name: str,
+    storage: str,
+    direction: str,
+    settings: Mapping[str, Any],
+    notify: Notify,
+    pruner: Any = None,
 ) -> Any:
     """Create or load study ``name``; a loaded one must have the same settings. Trials left
-    RUNNING by a killed process are closed as failed (uncounted) and queued to run again."""
+    RUNNING by a killed process are closed as failed (uncounted) and queued to run again (the
+    defaults trial stays the defaults trial)."""
     import optuna
     from optuna.trial import TrialState
 
     study = optuna.create_study(
-        study_name=name, storage=storage, direction=direction, load_if_exists=True
+        study_name=name, storage=storage, direction=direction, load_if_exists=True, pruner=pruner
     )
     saved = study.user_attrs.get("settings")
     if saved is None:
@@ -249,7 +389,8 @@ def _open_study(
     killed = [t for t in study.get_trials(deepcopy=False) if t.state == TrialState.RUNNING]
     for t in killed:
         study.tell(t.number, state=TrialState.FAIL, skip_if_finished=True)
-        study.enqueue_trial(dict(t.params), skip_if_exists=False)
+        marker = {"defaults": True} if t.user_attrs.get("defaults") else None
+        study.enqueue_trial(dict(t.params), user_attrs=marker, skip_if_exists=False)
     if killed:
         notify(f"  {name}: {len(killed)} trial(s) were cut off by a stop; running them again")
     return study
@@ -258,6 +399,55 @@ def _open_study(
 def _override_key(override: str) -> str:
     """The field an override sets: ``"meru.num_threads=1"`` -> ``"num_threads"``."""
     return override.split("=", 1)[0].rsplit(".", 1)[-1]
+
+
+class TrialPruned(Exception):
+    """A trial's first seed was stopped by the pruner at ``step``."""
+
+    def __init__(self, step: int) -> None:
+        super().__init__(f"pruned at step {step}")
+        self.step = step
+
+
+class TrialHook(TrainerHook):
+    """One trial run's trainer hook: reports each validation to the Optuna ``trial`` and stops
+    the run (``Decision.STOP``) when the pruner says so, never before ``warmup`` of the run's
+    steps nor before the recipe's last phase boundary (``Recipe.phase_steps``); ``trial`` None:
+    no pruning. Keeps what the run resolved (``steps``, ``val_every``) and its step-0 report."""
+
+    def __init__(self, trial: Any = None, warmup: float = PRUNE_WARMUP) -> None:
+        self.trial, self.warmup = trial, warmup
+        self.pruned_at: int | None = None
+        self.step0: dict[str, Any] | None = None
+        self.steps: int | None = None
+        self.val_every: int | None = None
+
+    def not_before(self, trainer: Any) -> int:
+        """The first step at which this run may be pruned."""
+        total = int(trainer.train_config.steps)
+        phases = tuple(trainer.recipe.phase_steps(total))
+        return max(math.ceil(self.warmup * total), max(phases, default=0))
+
+    def on_validation(self, trainer: Any, event: ValidationEvent) -> Decision | None:
+        if self.trial is None or event.step == 0:
+            return None
+        self.trial.report(float(event.score), int(event.step))
+        if event.step >= self.not_before(trainer) and self.trial.should_prune():
+            self.pruned_at = int(event.step)
+            return Decision.STOP
+        return None
+
+    def on_fit_end(self, trainer: Any, run: Any) -> None:
+        self.step0 = getattr(trainer, "step0_health", None)
+        self.steps = int(trainer.train_config.steps)
+        self.val_every = trainer.train_config.val_every
+
+
+def step0_codes_of(report: Mapping[str, Any] | None) -> list[str]:
+    """The codes of the warnings of a step-0 report (``meta.json``'s ``step0_health``)."""
+    if not report:
+        return []
+    return [str(w.get("code")) for w in report.get("warnings", [])]
 
 
 def run_tuning(
@@ -270,18 +460,18 @@ def run_tuning(
     overrides: Iterable[str] = (),
     metric: str = DEFAULT_METRIC,
     seed: int = 0,
+    seeds: int = DEFAULT_TRIAL_SEEDS,
     lr_range_steps: int = DEFAULT_LR_RANGE_STEPS,
     show_progress: bool = False,
     notify: Notify | None = None,
     max_trials_this_call: int | None = None,
 ) -> TuningResult:
     """Tune every recipe with ``trials`` trials on ``data``'s train/validation images (module
-    docstring), writing into ``out_dir``. A second call on the same ``out_dir`` continues each
-    study until it holds ``trials`` counted trials (``max_trials_this_call`` stops this call
-    after that many new trials, for tests)."""
+    docstring), each trial the mean over ``seeds`` training seeds, writing into ``out_dir``. A
+    second call on the same ``out_dir`` continues each study until it holds ``trials`` counted
+    trials (``max_trials_this_call`` stops this call after that many new trials, for tests)."""
     from curvalign.report.benchmark import check_recipes_against_data, split_overrides
     from curvalign.stats import curve_converged
-    from curvalign.train.trainer import train
 
     started = time.perf_counter()
     notify = notify or (lambda message: None)
@@ -289,6 +479,8 @@ def run_tuning(
     require_optuna()
     if isinstance(trials, bool) or not isinstance(trials, int) or trials < 1:
         raise ConfigError(f"--tune needs a number of trials >= 1, got {trials!r}")
+    if isinstance(seeds, bool) or not isinstance(seeds, int) or seeds < 1:
+        raise ConfigError(f"tuning needs a number of seeds per trial >= 1, got {seeds!r}")
     overrides = list(overrides)
     per_recipe = split_overrides(overrides, recipes)
     full, spec = load_store(data)
@@ -302,68 +494,100 @@ def run_tuning(
     storage = f"sqlite:///{(out / STUDY_DB).resolve()}"
     optuna = require_optuna()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    result = TuningResult(metric, direction, trials, steps, seed, spec)
+    result = TuningResult(metric, direction, trials, steps, seed, spec, seeds=seeds)
     settings = {
         "metric": metric,
         "steps": steps,
         "trials": trials,
         "seed": seed,
+        "seeds": seeds,
+        "protocol": PROTOCOL,
         "data": spec,
         "overrides": [o for o in overrides if _override_key(o) not in RUNTIME_KEYS],
     }
+    startup = startup_trials(trials)
+    prune = metric == DEFAULT_METRIC
     studies: dict[str, Any] = {}
     new_trials = 0
     for i, name in enumerate(recipes, 1):
-        study = _open_study(name, storage, direction, settings, notify)
+        from curvalign.recipes import get_recipe
+
+        recipe_cls = get_recipe(name)
+        pruner = optuna.pruners.MedianPruner(n_startup_trials=startup) if prune else None
+        study = _open_study(name, storage, direction, settings, notify, pruner)
         studies[name] = study
         lr_range = _lr_range(name, store, out, study, per_recipe[name], lr_range_steps, notify)
         if lr_range is not None:
             result.lr_ranges[name] = lr_range
+        defaults = default_config(name, store, spec, steps, per_recipe[name])
         space = space_of(name, tuple(lr_range["suggested"]) if lr_range else None)
-        from curvalign.recipes import get_recipe
-
-        recipe_cls = get_recipe(name)
+        point = default_point(space, defaults)
+        space, widened = fit_defaults(space, point)
+        result.widened[name] = widened
+        for line in widened:
+            notify(f"  {name}: {line}")
+        if not study.trials:  # trial 0: the defaults, run without any tuned override
+            study.enqueue_trial(point, user_attrs={"defaults": True})
         while len(_counted(study)) < trials:
             if max_trials_this_call is not None and new_trials >= max_trials_this_call:
                 break
             # reseeded by the trials already drawn: a resumed study continues, never replays
-            study.sampler = optuna.samplers.TPESampler(seed=seed + len(study.trials))
+            study.sampler = optuna.samplers.TPESampler(
+                seed=seed + len(study.trials), n_startup_trials=startup
+            )
             trial = study.ask()
             params = suggest(trial, space)
-            tuned = recipe_cls.search_overrides(params)
+            is_default = bool(trial.user_attrs.get("defaults"))
+            tuned = {} if is_default else trial_overrides(recipe_cls, space, params, defaults)
             number = len(_counted(study)) + 1
+            what = "the defaults: " if is_default else ""
             notify(
-                f"[{i}/{len(recipes)}] {name} trial {number}/{trials}: {describe_params(params)}"
+                f"[{i}/{len(recipes)}] {name} trial {number}/{trials}: {what}"
+                f"{describe_params(params)}"
             )
-            run_dir = out / "runs" / name / f"trial-{trial.number}"
             t0 = time.perf_counter()
+            trial.set_user_attr("tuned", json.loads(json.dumps(tuned)))
+            trial.set_user_attr("overrides", override_strings(tuned))
             try:
-                run = train(
+                runs = _run_trial(
                     name,
                     store,
-                    run_dir,
-                    steps=steps,
-                    overrides=per_recipe[name] + override_strings(tuned) + [f"seed={seed}"],
-                    overwrite=True,
-                    show_progress=show_progress,
+                    out / "runs" / name / f"trial-{trial.number}",
+                    steps,
+                    per_recipe[name] + override_strings(tuned),
+                    [seed + k for k in range(seeds)],
+                    metric,
+                    trial if prune and not is_default else None,
+                    show_progress,
                 )
-                if run.best_val is None:
-                    raise ConfigError("the trial ran without validation (val_every=0?)")
-                value = (
-                    float(run.best_val)
-                    if metric == DEFAULT_METRIC
-                    else _metric_of_run(run, store, metric)
-                )
-                history = [(int(s), float(v)) for s, v in run.val_history]
-                trial.set_user_attr("best_step", run.best_step)
-                trial.set_user_attr("last_step", run.last_step)
-                trial.set_user_attr("converged", curve_converged(history))
-                trial.set_user_attr("val_history", history)
-                trial.set_user_attr("overrides", override_strings(tuned))
+                value = math.fsum(r["value"] for r in runs) / len(runs)
+                first = runs[0]
+                codes = list(dict.fromkeys(c for r in runs for c in r["step0"]))
+                trial.set_user_attr("best_step", first["best_step"])
+                trial.set_user_attr("last_step", first["last_step"])
+                trial.set_user_attr("converged", curve_converged(first["history"]))
+                trial.set_user_attr("val_history", first["history"])
+                trial.set_user_attr("seed_values", [r["value"] for r in runs])
+                trial.set_user_attr("val_every", first["val_every"])
+                trial.set_user_attr("step0", "; ".join(codes))
                 trial.set_user_attr("seconds", time.perf_counter() - t0)
                 trial.set_user_attr("outcome", "ok")
                 study.tell(trial, value)
-                notify(f"    {metric_label(metric)} {value:.4f} (best step {run.best_step})")
+                per_seed = ", ".join(f"{r['value']:.4f}" for r in runs)
+                flag = f"; step-0 check: {', '.join(codes)}" if codes else ""
+                notify(
+                    f"    {metric_label(metric)} {value:.4f} (seeds: {per_seed}; best step "
+                    f"{first['best_step']}){flag}"
+                )
+            except TrialPruned as pruned:
+                trial.set_user_attr("seconds", time.perf_counter() - t0)
+                trial.set_user_attr("step0", "; ".join(getattr(pruned, "codes", [])))
+                trial.set_user_attr(
+                    "outcome",
+                    f"pruned at step {pruned.step} (below the median of earlier trials there)",
+                )
+                study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+                notify(f"    pruned at step {pruned.step}")
             except (CurvalignError, RuntimeError, ValueError) as err:
                 if str(err).startswith("interrupted"):
                     raise
@@ -372,11 +596,14 @@ def run_tuning(
                 study.tell(trial, state=optuna.trial.TrialState.FAIL)
                 notify(f"    failed: {err}")
             finally:
-                shutil.rmtree(run_dir, ignore_errors=True)
+                shutil.rmtree(out / "runs" / name / f"trial-{trial.number}", ignore_errors=True)
             new_trials += 1
-        result.counted[name] = len(_counted(study))
-        result.trial_seconds[name] = sum(
-            float(t.user_attrs.get("seconds", 0.0)) for t in _counted(study)
+        counted = _counted(study)
+        result.counted[name] = len(counted)
+        result.trial_seconds[name] = sum(float(t.user_attrs.get("seconds", 0.0)) for t in counted)
+        result.step0_fired[name] = (
+            sum(bool(t.user_attrs.get("step0")) for t in counted),
+            len(counted),
         )
         result.best[name] = _best_of(study, recipe_cls, name, spec, steps, per_recipe[name], out)
     shutil.rmtree(out / "runs", ignore_errors=True)
@@ -386,6 +613,63 @@ def run_tuning(
     result.wall_seconds = time.perf_counter() - started
     result.files["json"] = _write_tuning_json(result, out / "tuning.json")
     return result
+
+
+def _run_trial(
+    name: str,
+    store: FeatureStore,
+    run_dir: Path,
+    steps: int | None,
+    overrides: list[str],
+    seeds: Sequence[int],
+    metric: str,
+    trial: Any,
+    show_progress: bool,
+) -> list[dict[str, Any]]:
+    """Train one configuration once per seed (the first seed reports to ``trial`` for pruning;
+    the others run only when it was not pruned): per seed {"value", "best_step", "last_step",
+    "history", "val_every", "step0" (codes)}. Raises ``TrialPruned``."""
+    from curvalign.train.trainer import train
+
+    runs = []
+    for k, seed in enumerate(seeds):
+        hook = TrialHook(trial if k == 0 else None)
+        directory = run_dir / f"seed-{seed}"
+        try:
+            run = train(
+                name,
+                store,
+                directory,
+                steps=steps,
+                overrides=[*overrides, f"seed={seed}"],
+                overwrite=True,
+                show_progress=show_progress,
+                hooks=[hook],
+            )
+            if hook.pruned_at is not None:
+                pruned = TrialPruned(hook.pruned_at)
+                pruned.codes = step0_codes_of(hook.step0)  # type: ignore[attr-defined]
+                raise pruned
+            if run.best_val is None:
+                raise ConfigError("the trial ran without validation (val_every=0?)")
+            value = (
+                float(run.best_val)
+                if metric == DEFAULT_METRIC
+                else _metric_of_run(run, store, metric)
+            )
+            runs.append(
+                {
+                    "value": value,
+                    "best_step": run.best_step,
+                    "last_step": run.last_step,
+                    "history": [(int(s), float(v)) for s, v in run.val_history],
+                    "val_every": hook.val_every,
+                    "step0": step0_codes_of(hook.step0),
+                }
+            )
+        finally:
+            shutil.rmtree(directory, ignore_errors=True)
+    return runs
 
 
 def _check_metric(
@@ -437,7 +721,8 @@ def _lr_range(
     if saved is not None:
         return None if saved.get("uninformative") else saved
     # the ramp sets its own rates; only the paper's other settings and the user's overrides apply
-    kept = [o for o in overrides if o.split("=", 1)[0] not in ("lr", "train.lr", "val_every")]
+    ramp_keys = ("lr", "val_every", "patience")
+    kept = [o for o in overrides if _override_key(o) not in ramp_keys]
     try:
         found = lr_range_test(name, store, steps=steps, overrides=kept)
     except CurvalignError as err:
@@ -446,10 +731,12 @@ def _lr_range(
     notify(f"  lr range test: {found.describe()}")
     reading = found.to_json()
     if found.lrs and found.at_minimum <= found.lrs[0]:
-        # the loss rose from the ramp's first rate on: a curriculum or a schedule that changes
-        # the loss as the ramp runs (DualPath's phases), not the rate; nothing to read
+        # the curve rose from the ramp's first rate on: a curriculum or a schedule that changes
+        # the loss as the ramp runs (DualPath's phases), or a validation that no rate improved;
+        # nothing to read
         notify(
-            f"  {name}: the loss was lowest at the ramp's first rate; the declared lr range is used"
+            f"  {name}: the {found.curve_label} was lowest at the ramp's first rate; the "
+            "declared lr range is used"
         )
         study.set_user_attr("lr_range", {**reading, "uninformative": True})
         return None
@@ -457,6 +744,31 @@ def _lr_range(
     plot_lr_range(found, out / "lr_range" / f"{name}.png")
     study.set_user_attr("lr_range", reading)
     return reading
+
+
+def best_trial(study: Any) -> Any:
+    """The best completed trial: the highest value (lowest for a minimised metric), ties to the
+    earlier trial, so trial 0 (the defaults) wins every tie. None when no trial completed."""
+    from optuna.trial import TrialState
+
+    done = [t for t in _counted(study) if t.state == TrialState.COMPLETE and t.value is not None]
+    if not done:
+        return None
+    sign = -1.0 if study.direction.name.lower() == "minimize" else 1.0
+    return max(done, key=lambda t: (sign * float(t.value), -t.number))
+
+
+def _defaults_trial(study: Any) -> Any:
+    from optuna.trial import TrialState
+
+    return next(
+        (
+            t
+            for t in _counted(study)
+            if t.user_attrs.get("defaults") and t.state == TrialState.COMPLETE
+        ),
+        None,
+    )
 
 
 def _best_of(
@@ -469,55 +781,71 @@ def _best_of(
     out: Path,
 ) -> dict[str, Any] | None:
     """The best completed trial and its configuration written as ``best/NAME.yaml``."""
-    from optuna.trial import TrialState
-
     from curvalign.config import resolve_config
 
-    done = [t for t in _counted(study) if t.state == TrialState.COMPLETE]
-    if not done:
+    best = best_trial(study)
+    if best is None:
         return None
-    best = study.best_trial
-    tuned = recipe_cls.search_overrides(best.params)
+    # the overrides the trial ran with (none for the defaults trial; a factor knob resolved)
+    tuned = best.user_attrs.get("tuned")
+    if tuned is None:
+        tuned = recipe_cls.search_overrides(best.params)
     config = resolve_config(
         name, spec, steps=steps, overrides=overrides + override_strings(tuned)
     ).to_dict()
     path = out / "best" / f"{name}.yaml"
     path.parent.mkdir(parents=True, exist_ok=True)
+    what = "the default configuration, " if best.user_attrs.get("defaults") else ""
     header = (
-        f"# {name}: the best of {len(_counted(study))} tuning trials (trial {best.number}, "
+        f"# {name}: the best of {len(_counted(study))} tuning trials ({what}trial {best.number}, "
         f"value {best.value:.4f}); train it with: curvalign train --config {path.name} --out DIR\n"
     )
     tmp = path.with_suffix(".yaml.tmp")
     tmp.write_text(header + yaml.safe_dump(config, sort_keys=False))
     tmp.replace(path)
+    default = _defaults_trial(study)
     return {
         "trial": best.number,
         "value": best.value,
         "params": dict(best.params),
-        "overrides": tuned,
+        "overrides": dict(tuned),
         "config_file": path,
         "best_step": best.user_attrs.get("best_step"),
         "converged": best.user_attrs.get("converged"),
+        "defaults": bool(best.user_attrs.get("defaults")),
+        "step0": best.user_attrs.get("step0", ""),
+        "default_value": None if default is None else default.value,
     }
 
 
 def write_trials_csv(studies: Mapping[str, Any], path: Path, metric: str) -> Path:
-    """One row per trial of every study: recipe, trial, state, value, outcome, best step,
-    converged, seconds, then one column per knob."""
+    """One row per trial of every study: recipe, trial, defaults ("yes" for the default
+    configuration), state, value (the mean over seeds), the per-seed values, outcome, step-0
+    check ("ok" or the codes of its warnings), validation cadence, best step, converged,
+    seconds, then one column per knob."""
     rows, knobs = [], []
     for name, study in studies.items():
         for t in study.get_trials(deepcopy=False):
             for k in t.params:
                 if k not in knobs:
                     knobs.append(k)
+            finished = "outcome" in t.user_attrs
             rows.append(
                 {
                     "recipe": name,
                     "trial": t.number,
+                    "defaults": "yes" if t.user_attrs.get("defaults") else "",
                     "state": t.state.name.lower(),
                     "metric": metric,
                     "value": "" if t.value is None else f"{t.value:.6g}",
+                    "seed_values": " ".join(
+                        f"{v:.6g}" for v in t.user_attrs.get("seed_values", [])
+                    ),
                     "outcome": t.user_attrs.get("outcome", "cut off (not counted)"),
+                    "step0": (t.user_attrs.get("step0") or "ok")
+                    if finished and "step0" in t.user_attrs
+                    else "",
+                    "val_every": t.user_attrs.get("val_every", ""),
                     "best_step": t.user_attrs.get("best_step", ""),
                     "converged": t.user_attrs.get("converged", ""),
                     "seconds": f"{t.user_attrs.get('seconds', 0.0):.1f}",
@@ -527,10 +855,14 @@ def write_trials_csv(studies: Mapping[str, Any], path: Path, metric: str) -> Pat
     fields = [
         "recipe",
         "trial",
+        "defaults",
         "state",
         "metric",
         "value",
+        "seed_values",
         "outcome",
+        "step0",
+        "val_every",
         "best_step",
         "converged",
         "seconds",
@@ -576,18 +908,19 @@ def plot_history(studies: Mapping[str, Any], path: Path, metric: str) -> Path:
 
 
 def plot_lr_range(found: LRRangeResult, path: Path) -> Path:
-    """Loss against learning rate (log axis) of one range test, the suggested range shaded."""
+    """The curve read (validation error or training loss) against learning rate (log axis) of
+    one range test, the suggested range shaded."""
     from curvalign.report.plots import plt, save_figure  # plots chose the Agg backend
 
     fig, ax = plt.subplots(figsize=(6, 3.5))
-    ax.plot(found.lrs, found.losses, alpha=0.35, label="loss")
+    ax.plot(found.lrs, found.losses, alpha=0.35, label=found.curve_label)
     ax.plot(found.lrs, found.smoothed, label="smoothed")
     low, high = found.suggested
     ax.axvspan(low, high, alpha=0.15, color="green", label="suggested range")
     ax.axvline(found.at_minimum, ls="--", color="grey", lw=1, label="smoothed minimum")
     ax.set_xscale("log")
     ax.set_xlabel("learning rate")
-    ax.set_ylabel("training loss")
+    ax.set_ylabel(found.curve_label)
     ax.set_title(f"lr range test: {found.recipe}")
     ax.legend(fontsize=7)
     return save_figure(fig, path)
@@ -604,12 +937,20 @@ def _write_tuning_json(result: TuningResult, path: Path) -> Path:
             "trials": result.trials,
             "steps": result.steps,
             "seed": result.seed,
+            "seeds": result.seeds,
+            "startup_trials": startup_trials(result.trials),
             "data": result.data,
             "budget": result.budget_line(),
             "counted": result.counted,
             "best": result.best,
+            "widened": result.widened,
+            "step0_fired": {n: list(v) for n, v in result.step0_fired.items()},
             "lr_ranges": {
-                n: {k: v for k, v in r.items() if k in ("suggested", "at_minimum", "steepest")}
+                n: {
+                    k: v
+                    for k, v in r.items()
+                    if k in ("suggested", "at_minimum", "steepest", "read_on")
+                }
                 for n, r in result.lr_ranges.items()
             },
             "wall_seconds": result.wall_seconds,
@@ -619,6 +960,17 @@ def _write_tuning_json(result: TuningResult, path: Path) -> Path:
 
 
 # --- the benchmark of tuned configurations ----------------------------------------------------
+
+
+def tuned_description(best: Mapping[str, Any]) -> str:
+    """The tuned row's configuration cell: its knobs, "= the defaults" when the default
+    configuration won, and "⚠ step-0: CODES" when its step-0 check fired."""
+    text = describe_params(best["params"])
+    if best.get("defaults"):
+        text = f"= the defaults ({text})"
+    if best.get("step0"):
+        text += f" ⚠ step-0: {best['step0']}"
+    return text
 
 
 def _renamed(result: Any, arm: str, recipes: Sequence[str]) -> tuple[dict, dict, dict]:
@@ -753,12 +1105,15 @@ def run_tuned_benchmark(
         f"and each paper default re-trained over the same {seeds} seeds, evaluated once on "
         f"'{split}'.",
     ]
+    fired = [f"{n} {k}/{total}" for n, (k, total) in tuning.step0_fired.items() if k and total]
+    merged.notes.append(
+        "Trials whose step-0 health check fired (trials.csv, column step0): "
+        + (", ".join(fired) if fired else "none")
+        + "; a tuned configuration marked ⚠ fired it."
+    )
     merged.extra_columns = {
         "configuration": [(f"{n} (paper)", "paper defaults") for n in recipes]
-        + [
-            (f"{n} (tuned)", describe_params(tuning.best[n]["params"]))  # type: ignore[index]
-            for n in tuned_names
-        ]
+        + [(f"{n} (tuned)", tuned_description(tuning.best[n])) for n in tuned_names]  # type: ignore[arg-type]
     }
     merged.wall_seconds = time.perf_counter() - started
     merged.files = write_benchmark_outputs(

@@ -25,7 +25,8 @@ that follows (a run with hooks that only observe equals one without, bit for bit
 
 The two built-in hooks, installed by ``Trainer`` unless the caller passes its own instance of
 the same class: ``KeepBestWeights`` (the best validation weights, written as
-``best.safetensors``) and ``EarlyStopping`` (``train.patience``).
+``best.safetensors``), ``EarlyStopping`` (``train.patience``) and ``TrainUntilConverged``
+(``train.max_steps``: a run not converged at its last step trains on).
 """
 
 from __future__ import annotations
@@ -147,7 +148,34 @@ class EarlyStopping(TrainerHook):
         return Decision.STOP
 
 
-BUILTIN_HOOKS: tuple[type[TrainerHook], ...] = (KeepBestWeights, EarlyStopping)
+class TrainUntilConverged(TrainerHook):
+    """Lengthens a run whose validation has not converged at its last step (the shared rule,
+    ``curvalign.stats.curve_converged``; None, too few validations, counts as not converged)
+    by half its length (at least one validation interval), up to ``train.max_steps``; a run
+    without ``max_steps`` (``--steps`` given) is never lengthened. The store's default run
+    (``TrainConfig.default_steps``) sets ``max_steps``, so default rows are not cut while
+    validation still rises."""
+
+    def on_validation(
+        self, trainer: Trainer, event: ValidationEvent
+    ) -> tuple[Decision, int] | None:
+        from curvalign.stats import curve_converged
+
+        cfg = trainer.train_config
+        cap, total = cfg.max_steps, cfg.steps
+        if not cap or event.step != total or total >= cap:
+            return None
+        if curve_converged(event.history):
+            return None
+        more = min(cap - total, max(int(cfg.val_every or 1), total // 2))
+        trainer.notify_user(
+            f"validation has not converged at step {total}: training on to step "
+            f"{total + more} (max_steps {cap})"
+        )
+        return Decision.EXTEND, more
+
+
+BUILTIN_HOOKS: tuple[type[TrainerHook], ...] = (KeepBestWeights, EarlyStopping, TrainUntilConverged)
 
 
 def with_builtin_hooks(hooks: Iterable[TrainerHook]) -> list[TrainerHook]:
@@ -191,6 +219,7 @@ __all__ = [
     "EarlyStopping",
     "KeepBestWeights",
     "TrainerHook",
+    "TrainUntilConverged",
     "ValidationEvent",
     "best_of",
     "combine",

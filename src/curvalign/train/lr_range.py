@@ -1,21 +1,28 @@
 """The learning-rate range test (Smith 2017, "Cyclical Learning Rates", Sec. 3.3): train a fresh
-head for a few steps while the learning rate grows exponentially, and read the loss against it.
+head for a few steps while the learning rate grows exponentially, and read a curve against it.
 
-The loss first barely moves (rate too small), then falls fastest, reaches a minimum, then rises
-or diverges (rate too large). ``suggest_range`` reads the smoothed curve (a centred moving
-average, which does not lag):
+The curve read (``read_on``) is the *validation* error by default: 1 - the trainer's validation
+score (mean of T2I and I2T R@1 on the validation split, the number tuning selects on), measured
+about ``VAL_POINTS`` times along the ramp. The training loss (``read_on="train"``) keeps falling
+at rates where validation has already collapsed: on frozen features ``clip``, AtMG and AGR never
+diverge in training loss, and trials at the rates it suggested kept their step-0 weights. Where
+the run has no validation split the training loss is read (the result says so).
 
-    at_minimum   the rate at the smoothed loss's minimum (past it the loss rises)
-    steepest     the rate where the smoothed loss falls fastest per decade, before the minimum
+The curve first barely moves (rate too small), then falls fastest, reaches a minimum, then rises
+(rate too large). ``suggest_range`` reads the smoothed curve (a centred moving average, which
+does not lag):
+
+    at_minimum   the rate at the smoothed curve's minimum (past it the curve rises)
+    steepest     the rate where the smoothed curve falls fastest per decade, before the minimum
     suggested    [high / ``SPAN``, high] with high = at_minimum / ``BELOW_MINIMUM`` (the usual
                  reading, Smith 2017 and fastai: the rate at the minimum is already at the edge
-                 of stability over a long run): the tuner's learning-rate range
+                 of stability over a long run): the tuner widens its learning-rate range by it
 
-A ramp whose loss never rose (the minimum at its last step) did not find the divergence point:
+A ramp whose curve never rose (the minimum at its last point) did not find the divergence point:
 its ``reached_divergence`` is False and the suggested upper end is only a lower bound on it.
 
-The ramp trains on the store's train split only (never validation or test) and writes no run
-files; nothing of it is kept but the curve.
+The ramp trains on the store's train split only and validates on its validation split (never
+test); it writes no run files; nothing of it is kept but the curve.
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ import tempfile
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from curvalign.config import resolve_config
 from curvalign.data import load_store
@@ -39,13 +46,17 @@ BELOW_MINIMUM = 10.0
 SPAN = 30.0
 #: the smoothing window as a share of the ramp's points (centred moving average)
 WINDOW_FRACTION = 0.1
-#: the ramp stops once the smoothed loss exceeds this multiple of its minimum (diverged)
+#: the ramp stops once the smoothed training loss exceeds this multiple of its minimum (diverged)
 DIVERGENCE_FACTOR = 4.0
+#: validations along a ramp read on validation (one every ``steps // VAL_POINTS`` steps)
+VAL_POINTS = 20
 
 
 @dataclass
 class LRRangeResult:
-    """One ramp: the rates, raw and smoothed losses, and the reading of them."""
+    """One ramp: the rates, the curve read at them (``losses``: the validation error 1 - mean
+    R@1 when ``read_on`` is "validation", else the training loss), its smoothed values, and the
+    reading of them."""
 
     recipe: str
     lrs: list[float]
@@ -56,6 +67,13 @@ class LRRangeResult:
     suggested: tuple[float, float]
     reached_divergence: bool
     stopped_because: str
+    read_on: str = "train"
+
+    @property
+    def curve_label(self) -> str:
+        return (
+            "validation error (1 - mean R@1)" if self.read_on == "validation" else "training loss"
+        )
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
@@ -67,10 +85,10 @@ class LRRangeResult:
         note = (
             ""
             if self.reached_divergence
-            else " (the loss never rose: raise lr_end to find where it diverges)"
+            else " (the curve never rose: raise lr_end to find where it diverges)"
         )
         return (
-            f"{self.recipe}: loss lowest at lr {self.at_minimum:.2e}, falling fastest at "
+            f"{self.recipe}: {self.curve_label} lowest at lr {self.at_minimum:.2e}, falling fastest at "
             f"{self.steepest:.2e}; suggested lr range [{low:.2e}, {high:.2e}]{note}"
         )
 
@@ -124,12 +142,15 @@ def lr_range_test(
     lr_end: float = 1.0,
     overrides: Iterable[str] = (),
     notify: Callable[[str], None] | None = None,
+    read_on: Literal["validation", "train"] = "validation",
 ) -> LRRangeResult:
-    """Ramp the learning rate of a fresh ``recipe`` head (or the one ``config_file`` names) from ``lr_start`` to ``lr_end``
-    (exponentially, one rate per step, ``steps`` steps) on ``data``'s train split; stop early
-    when the loss becomes non-finite or its smoothed value exceeds ``DIVERGENCE_FACTOR`` times its
-    minimum. The recipe's config (``overrides``) applies, except that validation is off and the
-    schedule is the ramp."""
+    """Ramp the learning rate of a fresh ``recipe`` head (or the one ``config_file`` names) from
+    ``lr_start`` to ``lr_end`` (exponentially, one rate per step, ``steps`` steps) on ``data``'s
+    train split, reading the validation error about ``VAL_POINTS`` times along the ramp
+    (``read_on="validation"``, the default; the training loss where the run has no validation
+    split) or the training loss at every step (``read_on="train"``); stop early when the loss
+    becomes non-finite or its smoothed value exceeds ``DIVERGENCE_FACTOR`` times its minimum.
+    The recipe's config (``overrides``) applies, except that the schedule is the ramp."""
     from curvalign.train.trainer import NonFiniteLossError, Trainer
 
     if steps < 3:
@@ -138,23 +159,38 @@ def lr_range_test(
         raise ConfigError(
             f"the lr range test needs 0 < lr_start < lr_end, got {lr_start}, {lr_end}"
         )
+    if read_on not in ("validation", "train"):
+        raise ConfigError(f"read_on must be 'validation' or 'train', got {read_on!r}")
     notify = notify or (lambda message: None)
     spec = data if isinstance(data, str) or data is None else load_store(data)[1]
+    # a validation split is set up (val_every > 0) but only the ramp below validates
+    every = max(1, steps // VAL_POINTS)
     config = resolve_config(
         recipe,
         spec,
         steps=steps,
-        overrides=[*overrides, "val_every=0", "tensorboard=false", "checkpoint_every=0"],
+        overrides=[
+            *overrides,
+            f"val_every={every if read_on == 'validation' else 0}",
+            "patience=0",
+            "tensorboard=false",
+            "checkpoint_every=0",
+        ],
         config_file=config_file,
     )
     recipe = config.recipe
     store, _ = load_store(data if isinstance(data, FeatureStore) else config.data)
     with tempfile.TemporaryDirectory(prefix="curvalign-lr-range-") as tmp:
         trainer = Trainer(config, store, tmp, show_progress=False, notify=notify)
+        if read_on == "validation" and trainer.validation is None:
+            notify(f"lr range test of {recipe}: no validation split; reading the training loss")
+            read_on = "train"
         groups = trainer.optimizer.param_groups
         ratios = [g["lr"] / config.train.lr for g in groups]
         lrs: list[float] = []
         losses: list[float] = []
+        read_lrs: list[float] = []
+        read: list[float] = []
         stopped = "the ramp ended"
         ratio = (lr_end / lr_start) ** (1 / (steps - 1))
         for step in range(steps):
@@ -168,24 +204,30 @@ def lr_range_test(
                 break
             lrs.append(lr)
             losses.append(float(out.total.detach()))
+            if read_on == "validation" and ((step + 1) % every == 0 or step == steps - 1):
+                read_lrs.append(lr)
+                read.append(1.0 - float(trainer.validate()))
             smoothed = smooth(losses)
             if len(smoothed) > 3 and smoothed[-1] > DIVERGENCE_FACTOR * min(smoothed):
                 stopped = f"the smoothed loss exceeded {DIVERGENCE_FACTOR:g}x its minimum"
                 break
-    if len(lrs) < 3:
+    if read_on == "train":
+        read_lrs, read = lrs, losses
+    if len(read) < 3:
         raise ConfigError(
-            f"lr range test of {recipe}: the loss diverged within {len(lrs) + 1} steps "
-            f"(at lr {lr_start * ratio ** len(lrs):.2e}); lower lr_start"
+            f"lr range test of {recipe}: {len(read)} point(s) of the {read_on} curve before "
+            f"the ramp stopped ({stopped}); lower lr_start or raise steps"
         )
-    reading = suggest_range(lrs, losses)
+    reading = suggest_range(read_lrs, read)
     return LRRangeResult(
         recipe=recipe,
-        lrs=lrs,
-        losses=losses,
+        lrs=read_lrs,
+        losses=read,
         smoothed=reading["smoothed"],
         at_minimum=reading["at_minimum"],
         steepest=reading["steepest"],
         suggested=reading["suggested"],
         reached_divergence=reading["reached_divergence"] or stopped != "the ramp ended",
         stopped_because=stopped,
+        read_on=read_on,
     )

@@ -48,6 +48,7 @@ from curvalign.config import (
     RunConfig,
     TrainConfig,
     resolve_config,
+    resolve_steps,
     resolve_val_every,
 )
 from curvalign.data import load_store
@@ -355,6 +356,8 @@ class Trainer:
                 f"recipe {config.recipe!r} cannot be built with this config: {err}"
             ) from None
         self.model: nn.Module = self.recipe  # the distributed launcher may wrap it (DDP)
+        self.config = resolve_steps(self.config, train_store)  # unset steps: the store's default
+        self.train_config = self.config.train
         config, cfg = self.config, self.train_config
         self.val_history: list[tuple[int, float]] = []
         self.best_step: int | None = None
@@ -940,7 +943,7 @@ class Trainer:
             f"warning: the best validation step is 0 (the untrained head): {BEST_FILE} of "
             f"{self.run_dir} holds untrained weights; the validation split has {images} images "
             f"and {texts} captions, too few for recall@1 to tell the steps apart (raise "
-            "val_fraction, train longer, or use --weights last)"
+            "val_fraction or use --weights last)"
         )
 
     def result(self) -> TrainedRun:
