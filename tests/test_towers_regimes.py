@@ -44,12 +44,12 @@ def test_towers_export_on_the_command_line_gives_a_spec_extract_accepts(world, t
         out = tmp_path / f"exp{len(extra)}"
         result = runner.invoke(app, ["towers", "export", str(run), "--out", str(out), *extra])
         assert result.exit_code == 0, result.output
-        spec = next(
-            line.removeprefix("encoder spec: ")
-            for line in result.output.splitlines()
-            if line.startswith("encoder spec: ")
-        )
-        return spec, result.output
+        # stdout is the spec and nothing else (SPEC=$(curvalign towers export ...)); the
+        # notes go to stderr
+        assert result.stdout.count("\n") == 1, result.stdout
+        spec = result.stdout.strip()
+        assert spec and not spec.startswith(("exported", "encoder spec", "next")), spec
+        return spec, result.stderr
 
     best_spec, output = export()  # --weights best: the towers kept with the best validation
     assert output.startswith("exported the best towers")
