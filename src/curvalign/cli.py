@@ -1084,7 +1084,7 @@ def towers_export_command(
     note = "" if used == weights else " (the run kept no best towers)"
     # stdout is the spec alone, so that SPEC=$(curvalign towers export ...) captures it
     typer.echo(f"exported the {used} towers of {run}{note} to {out}", err=True)
-    typer.echo(f"next: curvalign extract --encoder \"$SPEC\" --images ... --out STORE", err=True)
+    typer.echo(f"next: curvalign extract --encoder '{spec}' --images ... --out STORE", err=True)
     typer.echo(spec)
 
 
