@@ -219,7 +219,7 @@ def test_fsdp2_shards_the_blocks_of_the_sides_that_train(world) -> None:  # noqa
     image_only = build_towers(TowersConfig(spec, image="full", strategy="fsdp"))
     assert transformer_blocks(image_only) == ["visual.transformer.resblocks.0"]
     assert transformer_blocks(build_towers(TowersConfig(spec))) == []
-    assert TowersConfig.parse(f"{spec};strategy=fsdp").strategy == "fsdp"
+    assert TowersConfig.parse(f"{spec};text=lora;strategy=fsdp").strategy == "fsdp"
     from curvalign.towers import TowerError
 
     with pytest.raises(TowerError, match="strategy='zero'"):

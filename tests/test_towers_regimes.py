@@ -344,6 +344,49 @@ def test_open_clip_towers_from_scratch_build_the_architecture_without_weights(wo
         build_towers(TowersConfig(world["spec"], init="random", image="full", text="full"))
 
 
+def test_a_pair_from_scratch_checks_init_random_on_its_own_sides(world) -> None:  # noqa: F811
+    """A pair's parts each leave their other side unused (locked): init=random is checked on
+    the pair's sides, so image=full;text=full builds, and a refusal names the side given."""
+    from curvalign.towers import TowerError
+
+    arch = _architecture(world)
+    pair = f"open_clip:{arch}+open_clip:{arch}"
+    towers = build_towers(TowersConfig.parse(f"{pair};init=random;image=full;text=full"))
+    trainable = {n for n, _ in towers.trainable_named_parameters()}
+    assert any(n.startswith("image_tower.model.visual.") for n in trainable)
+    assert any(n.startswith("text_tower.model.transformer.") for n in trainable)
+    with pytest.raises(TowerError, match="which image=lora would not train; set image=full"):
+        TowersConfig.parse(f"{pair};init=random;image=lora;text=full")
+
+
+def test_settings_that_would_train_nothing_or_ignore_a_target_are_one_error(world) -> None:  # noqa: F811
+    from curvalign.towers import TowerError
+
+    spec = world["spec"]
+    # no side named: both default to locked, nothing would train
+    for text in (spec, f"{spec};lr=1e-4;lora_rank=4"):
+        with pytest.raises(TowerError, match="no side trains .*add image=lora"):
+            TowersConfig.parse(text)
+    assert not TowersConfig.parse(f"{spec};image=locked;text=locked").trains  # said explicitly
+    # a LoRA target on a side that is not lora, or targets with no lora side at all
+    with pytest.raises(TowerError, match="'text:c_fc' names the text side, which is text=locked"):
+        TowersConfig.parse(f"{spec};image=lora;lora_targets=c_proj,text:c_fc")
+    with pytest.raises(TowerError, match="'image:c_fc' names the image side, which is image=full"):
+        TowersConfig.parse(f"{spec};image=full;text=lora;lora_targets=image:c_fc")
+    with pytest.raises(TowerError, match="no side is lora"):
+        TowersConfig.parse(f"{spec};image=full;text=full;lora_targets=c_fc")
+    with pytest.raises(TowerError, match="expected a module name, image:NAME or text:NAME"):
+        TowersConfig.parse(f"{spec};image=lora;lora_targets=vision:c_fc")
+    # a prefixed target reaches its side only (the other side takes the defaults)
+    towers = build_towers(
+        TowersConfig.parse(f"{spec};image=lora;text=lora;lora_targets=image:c_fc")
+    )
+    adapted = {n.rsplit(".lora_", 1)[0] for n, _ in towers.trainable_named_parameters()}
+    assert any(n.startswith("model.visual.") and n.endswith("c_fc") for n in adapted)
+    assert not any(n.startswith("model.visual.") and n.endswith("c_proj") for n in adapted)
+    assert any(n.startswith("model.transformer.") and n.endswith("c_proj") for n in adapted)
+
+
 def test_a_tower_run_from_scratch_trains_every_weight_with_the_papers_head_init(
     world,  # noqa: F811
     tmp_path,

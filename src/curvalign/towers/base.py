@@ -65,7 +65,8 @@ class TowersConfig:
     lora_targets names of the linear modules that get adapters (peft ``target_modules``);
                  empty: the adapter's default (open_clip: the MLP ``c_fc``, ``c_proj`` of every
                  block; HF CLIP: ``q_proj, k_proj, v_proj, out_proj, fc1, fc2``; BERT-like:
-                 ``query``, ``key``, ``value``)
+                 ``query``, ``key``, ``value``); ``image:NAME`` / ``text:NAME`` reach one side
+                 only, and must name a ``lora`` side (a target nothing would act on is refused)
     lr           learning rate of the tower parameters (the heads keep ``train.lr``); None:
                  ``train.lr``
     weight_decay decay of the tower matrices (never of biases, norms, embeddings of rank < 2);
@@ -146,7 +147,47 @@ class TowersConfig:
                         f"{getattr(self, side)} would not train; set {side}=full"
                     )
         self.lora_targets = list(self.lora_targets or [])
+        self._check_lora_targets()
         self._check_raw_rows()
+
+    def _check_lora_targets(self) -> None:
+        """A LoRA target acts on a ``lora`` side only: a target prefixed with a side that is not
+        ``lora`` (``text:query`` with text=locked), or targets with no ``lora`` side at all,
+        would be ignored; both are refused, naming the target."""
+        lora_sides = [side for side in SIDES if getattr(self, side) == "lora"]
+        for target in self.lora_targets:
+            prefix, sep, name = target.partition(":")
+            if not sep:
+                continue
+            if prefix not in SIDES or not name:
+                raise TowerError(
+                    f"towers: lora_targets {target!r}: expected a module name, image:NAME or "
+                    "text:NAME"
+                )
+            if prefix not in lora_sides:
+                raise TowerError(
+                    f"towers: lora_targets {target!r} names the {prefix} side, which is "
+                    f"{prefix}={getattr(self, prefix)}: adapters go on a lora side only; set "
+                    f"{prefix}=lora or drop that target"
+                )
+        if self.lora_targets and not lora_sides:
+            raise TowerError(
+                f"towers: lora_targets {','.join(self.lora_targets)} given but no side is lora "
+                f"(image={self.image}, text={self.text}); set image=lora or text=lora, or drop "
+                "lora_targets"
+            )
+
+    def side_targets(self, side: str) -> list[str]:
+        """The LoRA targets of ``side``: the unprefixed names and those prefixed ``side:``
+        (prefix removed); empty: the tower's defaults."""
+        picked = []
+        for target in self.lora_targets:
+            prefix, sep, name = target.partition(":")
+            if not sep:
+                picked.append(target)
+            elif prefix == side:
+                picked.append(name)
+        return picked
 
     def _check_raw_rows(self) -> None:
         if int(self.workers) < 0:
@@ -223,7 +264,15 @@ class TowersConfig:
                     f"towers {text!r}: {key}={value!r} is not a "
                     f"{'boolean' if key in ('checkpointing', 'augment') else 'number'}"
                 ) from None
-        return cls(**values)
+        config = cls(**values)
+        if "image" not in values and "text" not in values:
+            # both sides default to locked: such towers train nothing (0 parameters)
+            raise TowerError(
+                f"towers {text!r}: no side trains (image and text default to locked, 0 trainable "
+                "parameters); add image=lora|full and/or text=lora|full, or image=locked;"
+                "text=locked to re-encode with frozen towers"
+            )
+        return config
 
     def save(self, path: Path) -> None:
         from curvalign._io import atomic_write_text
@@ -369,7 +418,11 @@ class Towers(nn.Module):
         from curvalign.data.encoders import _require
 
         peft = _require("peft", "towers")
-        targets = list(self.config.lora_targets or self.default_lora_targets)
+        targets = self.config.side_targets(side) or list(self.default_lora_targets)
+        if self.shared_backbone:  # one backbone: a target of either side is the backbone's
+            targets = sorted(
+                {*self.config.side_targets("image"), *self.config.side_targets("text")}
+            ) or list(self.default_lora_targets)
         config = peft.LoraConfig(
             r=int(self.config.lora_rank),
             lora_alpha=float(self.config.lora_alpha),
