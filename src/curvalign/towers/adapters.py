@@ -423,6 +423,12 @@ class EfficientNetTowers(Towers):
         _plain_pointwise_convolutions(self.model)
         self._configure()
 
+    def _switch_off_dropout(self) -> None:
+        # drop-connect (stochastic depth) reads the network's global rate at forward time
+        super()._switch_off_dropout()
+        net = self.model.net
+        net._global_params = net._global_params._replace(drop_connect_rate=0.0)
+
     def _side_of(self, name: str) -> str | None:
         return None if name.startswith("net._fc.") else "image"
 
@@ -495,7 +501,7 @@ class PairedTowers(Towers):
             raise TowerError(f"towers {config.encoder!r}: expected IMAGE_SPEC+TEXT_SPEC")
         shared = {
             k: getattr(config, k)
-            for k in ("lora_rank", "lora_alpha", "lr", "weight_decay", "checkpointing")
+            for k in ("lora_rank", "lora_alpha", "lr", "weight_decay", "checkpointing", "dropout")
         }
 
         def part(spec: str, image: str, text: str, side: str) -> Towers:

@@ -47,6 +47,37 @@ SIDES = ("image", "text")
 STRATEGIES = ("ddp", "fsdp")
 #: where the tower weights start: the encoder's checkpoint, or random (from scratch)
 INITS = ("pretrained", "random")
+#: ``TowersConfig`` keys that take true / false
+BOOLEAN_KEYS = ("checkpointing", "augment", "dropout")
+#: plain float attributes through which modules apply dropout at forward time: HF CLIP's
+#: attention ``dropout``, ``nn.MultiheadAttention``'s ``dropout``, timm's DropPath
+#: ``drop_prob``, open_clip's PatchDropout ``prob``, and the like
+DROPOUT_ATTRIBUTES = ("dropout", "attention_dropout", "dropout_p", "dropout_prob", "drop_prob")
+
+
+def switch_off_dropout(model: nn.Module) -> int:
+    """Set every dropout probability of ``model`` to 0, in place: each ``nn.Dropout``-like
+    module's ``p`` (BERT's attention reads ``self.dropout.p`` at forward time) and the plain
+    float attributes of ``DROPOUT_ATTRIBUTES`` (and PatchDropout's ``prob``). Train mode stays
+    (activation checkpointing of HF models runs in train mode only). Returns how many were on.
+
+    The weights and the saved configs are untouched: an exported model keeps its dropout."""
+    switched = 0
+    for module in model.modules():
+        if isinstance(module, nn.modules.dropout._DropoutNd):
+            switched += module.p > 0
+            module.p = 0.0
+            continue
+        names = (
+            *DROPOUT_ATTRIBUTES,
+            *(("prob",) if type(module).__name__ == "PatchDropout" else ()),
+        )
+        for name in names:
+            value = vars(module).get(name)  # plain attributes only, never a submodule
+            if isinstance(value, float) and value > 0:
+                setattr(module, name, 0.0)
+                switched += 1
+    return switched
 
 
 class TowerError(CurvalignError, ValueError):
@@ -97,6 +128,12 @@ class TowersConfig:
     strategy     under torchrun: ddp (every rank holds the whole towers, gradients averaged)
                  or fsdp (FSDP2: every transformer block of a trained side and the rest of the
                  towers sharded over the ranks, distributed checkpoints); one process: ignored
+    dropout      keep the encoder's own dropout (and drop-path / drop-connect) while the towers
+                 train; off by default (``switch_off_dropout``): the towers are then a
+                 deterministic function of their weights, so W processes take the step one
+                 process takes on the global batch, and a LoRA side at step 0 gives exactly the
+                 extracted features the heads were initialised on. On, each rank draws its
+                 masks from (seed, rank, step): W processes then differ from one by the noise
     """
 
     encoder: str
@@ -117,6 +154,7 @@ class TowersConfig:
     shards: str | None = None
     strategy: str = "ddp"
     init: str = "pretrained"
+    dropout: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.encoder, str) or not self.encoder:
@@ -245,7 +283,7 @@ class TowersConfig:
                     values[key] = int(value)
                 elif key in ("lora_alpha", "lr", "weight_decay"):
                     values[key] = None if value.lower() == "none" else float(value)
-                elif key in ("checkpointing", "augment"):
+                elif key in BOOLEAN_KEYS:
                     if value.lower() not in ("true", "false", "1", "0"):
                         raise ValueError(value)
                     values[key] = value.lower() in ("true", "1")
@@ -262,7 +300,7 @@ class TowersConfig:
             except ValueError:
                 raise TowerError(
                     f"towers {text!r}: {key}={value!r} is not a "
-                    f"{'boolean' if key in ('checkpointing', 'augment') else 'number'}"
+                    f"{'boolean' if key in BOOLEAN_KEYS else 'number'}"
                 ) from None
         config = cls(**values)
         if "image" not in values and "text" not in values:
@@ -402,12 +440,18 @@ class Towers(nn.Module):
                 param.requires_grad_(True)
         if cfg.checkpointing:
             self._enable_checkpointing()
+        if not cfg.dropout:
+            self._switch_off_dropout()
         if unused:
             self.notes.append(
                 f"towers: {len(unused)} parameter(s) no encoding uses stay frozen "
                 f"({', '.join(unused[:4])}{', ...' if len(unused) > 4 else ''})"
             )
         self.train(self.training)
+
+    def _switch_off_dropout(self) -> None:
+        """``dropout=false``: the towers' dropout off (``switch_off_dropout`` on the model)."""
+        switch_off_dropout(self.model)
 
     def _enable_checkpointing(self) -> None:
         """Turn on the model's own activation checkpointing (non-reentrant, so gradients reach
@@ -515,4 +559,13 @@ class Towers(nn.Module):
         yield from self.model.parameters()
 
 
-__all__ = ["MODES", "SIDES", "STRATEGIES", "InputPreparer", "TowerError", "Towers", "TowersConfig"]
+__all__ = [
+    "MODES",
+    "SIDES",
+    "STRATEGIES",
+    "InputPreparer",
+    "TowerError",
+    "Towers",
+    "TowersConfig",
+    "switch_off_dropout",
+]
