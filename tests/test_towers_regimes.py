@@ -450,3 +450,51 @@ def test_the_shipped_minilm_builds_as_a_tower_with_extracts_features():
         tower = towers.encode_texts(texts)
     extracted = load_encoder("minilm").encode_texts(texts)
     torch.testing.assert_close(tower, extracted, rtol=1e-5, atol=1e-5)
+
+
+# --- re-encoding a store's zero-shot prompts (benchmark --towers) ---------------------------
+
+
+def test_zero_shot_prompts_re_encode_from_the_templates_the_store_records(world) -> None:  # noqa: F811
+    """A store whose prompts are templates x class names (as COCO-MINI's) is re-encoded from
+    those texts; without recorded templates a trained text side is one error naming the way
+    out, and a locked text side keeps the store's prompts."""
+    from curvalign.data import load_store
+    from curvalign.data.encoders import load_encoder
+    from curvalign.report.benchmark import check_towers_request
+    from curvalign.towers import TowerError
+    from curvalign.train.towers import check_reencodable, prompt_texts, reencode_store
+
+    store, _ = load_store(world["store"])
+    names, templates = ["red thing", "blue thing", "grey thing"], ["a photo of a {c}.", "a {c}"]
+    prompts = [t.replace("{c}", n) for n in names for t in templates]
+    with torch.no_grad():
+        features = load_encoder(world["spec"]).encode_texts(prompts)
+    classes = {
+        "class_names": names,
+        "prompt_features": features,
+        "prompt_to_class": torch.tensor([c for c in range(3) for _ in templates]),
+        "image_labels": torch.arange(store.num_images) % 3,
+    }
+    recorded = store.with_fields(**classes, meta={**store.meta, "prompt_templates": templates})
+    assert prompt_texts(recorded) == prompts
+    check_reencodable(recorded, "coco-like")
+    config = TowersConfig(world["spec"], image="lora", text="lora", lora_rank=2)
+    assert check_towers_request(config, ["clip"], recorded, "coco-like") == config
+    towers = build_towers(config)
+    with torch.no_grad():  # trained adapters: the re-encoded prompts move
+        for name, param in towers.named_parameters():
+            if "lora_B" in name:
+                param.normal_(0, 0.1)
+        expected = towers.eval().encode_texts(prompts)
+    again = reencode_store(recorded, towers, data="coco-like")
+    torch.testing.assert_close(again.prompt_features, expected)
+    assert not torch.allclose(again.prompt_features, features, atol=1e-4)
+    # the same prompts with no templates recorded
+    bare = store.with_fields(**classes)
+    assert prompt_texts(bare) is None
+    with pytest.raises(TowerError, match="zero-shot prompts .* keep the text side locked"):
+        check_reencodable(bare, "bare")
+    image_only = build_towers(TowersConfig(world["spec"], image="lora", text="locked"))
+    kept = reencode_store(bare, image_only, data="bare")
+    assert torch.equal(kept.prompt_features, bare.prompt_features)

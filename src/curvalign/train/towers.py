@@ -973,12 +973,38 @@ def _box_crops(store: FeatureStore, items: StoreItems, ids: list[int]) -> list[A
     ]
 
 
-def check_reencodable(store: FeatureStore, data: str = "the data") -> None:
+def prompt_texts(store: FeatureStore) -> list[str] | None:
+    """The texts of the store's zero-shot prompts, one per row of ``prompt_features``, when the
+    store records how it made them: ``meta["prompt_templates"]`` (each with ``{c}``) filled
+    with every class name, class by class (``prompt_to_class`` = 0,0,..,1,1,..), as
+    ``curvalign.data.coco.extract_coco`` writes them; None otherwise."""
+    templates = store.meta.get("prompt_templates")
+    names = store.class_names
+    if (
+        store.prompt_features is None
+        or store.prompt_to_class is None
+        or not names
+        or not isinstance(templates, list)
+        or not templates
+        or not all(isinstance(t, str) and "{c}" in t for t in templates)
+    ):
+        return None
+    order = [c for c in range(len(names)) for _ in templates]
+    if store.prompt_to_class.tolist() != order:
+        return None
+    return [t.replace("{c}", str(n)) for n in names for t in templates]
+
+
+def check_reencodable(
+    store: FeatureStore, data: str = "the data", text_locked: bool = False
+) -> None:
     """TowerError, one line naming the first part of ``store`` that ``reencode_store`` cannot
     rebuild from raw items: images need ``image_paths`` (+ ``meta["images_root"]``) or
-    ``image_texts``, captions ``texts``; prompts and gloss chains must be caption rows; text
-    pairs need their raw texts; boxes the image files, ``box_corners`` and ``box_phrases``; hard
-    negatives and stored token features are refused."""
+    ``image_texts``, captions ``texts``; prompts must be caption rows, or texts the store
+    records (``prompt_texts``), or stay as stored when ``text_locked`` (a locked text tower
+    gives the store's own text features); gloss chains must be caption rows; text pairs need
+    their raw texts; boxes the image files, ``box_corners`` and ``box_phrases``; hard negatives
+    and stored token features are refused."""
     StoreItems(store, data=data)
     if store.box_image_features is not None and (
         store.image_paths is None or store.box_corners is None or store.box_phrases is None
@@ -1003,13 +1029,26 @@ def check_reencodable(store: FeatureStore, data: str = "the data") -> None:
                 f"{data}: cannot re-encode {name} with trained towers: the store keeps no {raw}"
             )
     captions = store.text_features.float()
-    for name in ("prompt_features", "chain_features"):
-        part = store.field(name)
-        if part is not None and _caption_rows(part, captions) is None:
-            raise TowerError(
-                f"{data}: cannot re-encode {name} with trained towers: its rows are not caption "
-                "rows and the store keeps no texts for them"
-            )
+    chains = store.field("chain_features")
+    if chains is not None and _caption_rows(chains, captions) is None:
+        raise TowerError(
+            f"{data}: cannot re-encode chain_features with trained towers: its rows are not "
+            "caption rows and the store keeps no texts for them"
+        )
+    prompts = store.prompt_features
+    if (
+        prompts is not None
+        and not text_locked
+        and _caption_rows(prompts, captions) is None
+        and prompt_texts(store) is None
+    ):
+        raise TowerError(
+            f"{data}: cannot re-encode its zero-shot prompts (prompt_features) with a trained "
+            "text tower: they are not caption rows and the store records no prompt texts "
+            "(meta 'prompt_templates' filled with 'class_names', class by class); keep the "
+            "text side locked (text=locked: the store's prompts stay valid), or re-extract the "
+            "store so that it records its templates"
+        )
 
 
 def reencode_store(
@@ -1021,7 +1060,8 @@ def reencode_store(
     ``texts``, text pairs from their raw texts, and prompts / gloss chains (rows of the caption
     features, as a WordNet store keeps them) as the re-encoded caption rows they equal.
     ``check_reencodable``'s TowerError for a part it cannot rebuild."""
-    check_reencodable(store, data)
+    text_locked = towers.config.text == "locked"
+    check_reencodable(store, data, text_locked=text_locked)
     items = StoreItems(store, data=data)
 
     def encode(raw: list[Any], fn: Any, prepare: Any = list) -> Tensor:
@@ -1048,16 +1088,22 @@ def reencode_store(
             crops = functools.partial(_box_crops, store, items)  # a batch of crops at a time
             changes["box_image_features"] = encode(boxes, towers.encode_images, crops)
             changes["box_text_features"] = encode(list(store.box_phrases), towers.encode_texts)
+        captions = store.text_features.float()
+        for name in ("prompt_features", "chain_features"):
+            part = store.field(name)
+            if part is None:
+                continue
+            rows = _caption_rows(part, captions)
+            if rows is not None:  # caption rows (a WordNet store): the re-encoded captions
+                changes[name] = texts[rows].reshape((*part.shape[:-1], texts.shape[1]))
+                continue
+            raw = prompt_texts(store) if name == "prompt_features" else None
+            if raw is not None:  # the prompts' own texts (COCO: templates x class names)
+                changes[name] = encode(raw, towers.encode_texts)
+            else:  # a locked text tower: the store's own prompt features (check_reencodable)
+                assert name == "prompt_features" and text_locked
     finally:
         towers.train(was_training)
-    captions = store.text_features.float()
-    for name in ("prompt_features", "chain_features"):
-        part = store.field(name)
-        if part is not None:
-            rows = _caption_rows(part, captions)
-            assert rows is not None  # check_reencodable refused it otherwise
-            shape = (*part.shape[:-1], texts.shape[1])
-            changes[name] = texts[rows].reshape(shape)
     return store.with_fields(**changes)
 
 
@@ -1124,6 +1170,7 @@ __all__ = [
     "verify_sharded_checkpoint",
     "export_towers",
     "load_towers",
+    "prompt_texts",
     "reencode_store",
     "reshard",
     "shard_towers",
