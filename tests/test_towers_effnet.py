@@ -133,6 +133,11 @@ def test_full_fine_tuning_moves_the_convolutions_and_keeps_batchnorm_statistics(
     towers = build_towers(TowersConfig(SPEC, image="full", text="locked"))
     towers.train()
     net = towers.image_tower.model.net
+    with torch.no_grad():  # drop-connect off while training (dropout=false): one function
+        torch.manual_seed(1)
+        first = towers.encode_images(photos["images"][:2])
+        torch.manual_seed(2)
+        assert torch.equal(towers.encode_images(photos["images"][:2]), first)
     stats = {k: v.clone() for k, v in net.state_dict().items() if "running_" in k}
     weight = net._conv_head.weight.detach().clone()
     optimizer = torch.optim.SGD([p for _, p in towers.trainable_named_parameters()], lr=0.1)

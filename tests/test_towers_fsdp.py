@@ -13,6 +13,9 @@ import functools
 import importlib.util
 import json
 import math
+import os
+import pickle
+import shutil
 import tempfile
 
 import pytest
@@ -26,6 +29,8 @@ pytestmark = pytest.mark.skipif(
 )
 
 from _process_groups import mark_done, spawn_and_wait  # noqa: E402
+from curvalign.errors import CurvalignError  # noqa: E402
+from curvalign.runs import CheckpointError  # noqa: E402
 from curvalign.towers import TowersConfig, build_towers  # noqa: E402
 from curvalign.train.hooks import TrainerHook  # noqa: E402
 from test_towers import TRAIN, world  # noqa: E402, F401  (fixture: tiny open_clip + its store)
@@ -116,10 +121,36 @@ def _worker(rank: int, init_file: str, spec: str, store: str, root: str) -> None
         run(store, f"{root}/straight", towers, steps=4, overrides=validated)
         run(store, f"{root}/stopped", towers, steps=4, stop_at=2, overrides=validated)
         run(store, f"{root}/stopped", None, steps=4, resume=True, overrides=validated)
+        # a copy of that run with a planted pickle as its distributed checkpoint's .metadata:
+        # the resume refuses it (checksum) before torch's reader unpickles it
+        planted = f"{root}/planted"
+        if rank == 0:
+            shutil.copytree(f"{root}/stopped", planted)
+            metadata = f"{planted}/towers-dcp/step-00000004/.metadata"
+            with open(metadata, "wb") as handle:
+                pickle.dump(Payload(f"{root}/payload-ran"), handle)
+        dist.barrier()
+        try:
+            run(store, planted, None, steps=6, resume=True, overrides=validated)
+            outcome = "resumed"
+        except CurvalignError as err:
+            outcome = str(err)
+        with open(f"{root}/planted.{rank}", "w") as handle:
+            handle.write(outcome)
         dist.barrier()
         mark_done(root, rank)
     finally:
         dist.destroy_process_group()
+
+
+class Payload:
+    """A pickle that runs a command when loaded (it creates the file ``marker``)."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
 
 
 @pytest.fixture(scope="module")
@@ -210,6 +241,80 @@ def test_fsdp2_resume_from_the_distributed_checkpoint_equals_an_uninterrupted_ru
     assert towers["model.visual.conv1.weight"].shape == (32, 3, 16, 16)
 
 
+@pytest.mark.slow
+def test_fsdp2_resume_refuses_a_planted_distributed_checkpoint_metadata_before_reading_it(
+    fsdp_runs,
+) -> None:
+    for rank in range(WORLD):
+        outcome = (fsdp_runs / f"planted.{rank}").read_text()
+        assert "\n" not in outcome and "step-00000004/.metadata" in outcome, outcome
+        assert "changed after the run wrote it" in outcome, outcome
+    assert not (fsdp_runs / "payload-ran").exists()
+    # the run's checksums: every file of its distributed checkpoint, in state.pt and meta.json
+    resumed = fsdp_runs / "stopped"
+    state = torch.load(resumed / "state.pt", weights_only=True)
+    recorded = json.loads((resumed / "meta.json").read_text())["towers"]["sharded_sha256"]
+    files = sorted(p.name for p in (resumed / "towers-dcp" / "step-00000004").iterdir())
+    assert ".metadata" in files and len(files) == 1 + WORLD
+    assert sorted(recorded) == [f"towers-dcp/step-00000004/{f}" for f in files]
+    assert state["fsdp"]["sha256"] == recorded
+
+
+def test_a_planted_distributed_checkpoint_metadata_is_one_error_and_never_runs(tmp_path) -> None:
+    """The checks on their own, on a distributed checkpoint one process writes: the files'
+    checksums (from state.pt or meta.json), and the metadata read through an allow-list for a
+    run written before checksums."""
+    import torch.distributed.checkpoint as dcp
+
+    from curvalign.train.towers import (
+        read_sharded_metadata,
+        sharded_checksums,
+        sharded_reader,
+        verify_sharded_checkpoint,
+    )
+
+    run_dir, name = tmp_path / "run", "towers-dcp/step-00000002"
+    weights = torch.randn(3, 4)
+    dcp.save(
+        {"towers": {"w": weights}, "optimizer": {"w/exp_avg": torch.ones(3, 4)}},
+        checkpoint_id=str(run_dir / name),
+    )
+    digests = sharded_checksums(run_dir, name)
+    assert f"{name}/.metadata" in digests and len(digests) == 2
+    assert verify_sharded_checkpoint(run_dir, name, digests) is None
+    metadata = read_sharded_metadata(run_dir / name)
+    assert set(metadata.state_dict_metadata) == {"towers.w", "optimizer.w/exp_avg"}
+    loaded = {"towers": {"w": torch.zeros(3, 4)}}
+    dcp.load(loaded, storage_reader=sharded_reader(run_dir / name))
+    assert torch.equal(loaded["towers"]["w"], weights)
+
+    marker = tmp_path / "payload-ran"
+    genuine = (run_dir / name / ".metadata").read_bytes()
+    (run_dir / name / ".metadata").write_bytes(pickle.dumps(Payload(str(marker))))
+    with pytest.raises(CheckpointError) as refused:
+        verify_sharded_checkpoint(run_dir, name, digests)
+    message = str(refused.value)
+    assert "\n" not in message and f"{name}/.metadata is damaged or was changed" in message
+    meta = {"step": 2, "image_dim": 4, "text_dim": 4, "recipe": "clip"}
+    (run_dir / "meta.json").write_text(json.dumps({**meta, "towers": {"sharded_sha256": digests}}))
+    with pytest.raises(CheckpointError, match="changed after the run wrote it"):
+        verify_sharded_checkpoint(run_dir, name, None)  # meta.json's record alone
+    # a run written before checksums: a note, and the metadata itself refused without running
+    (run_dir / "meta.json").write_text(json.dumps(meta))
+    assert "without checksums" in verify_sharded_checkpoint(run_dir, name, None)
+    with pytest.raises(
+        CheckpointError, match=r"\.metadata is not the metadata .*system, which is refused"
+    ):
+        read_sharded_metadata(run_dir / name)
+    with pytest.raises(CheckpointError):
+        sharded_reader(run_dir / name).read_metadata()
+    assert not marker.exists()
+    (run_dir / name / ".metadata").write_bytes(genuine)
+    (run_dir / name / "__0_0.distcp").unlink()
+    with pytest.raises(CheckpointError, match="__0_0.distcp is missing"):
+        verify_sharded_checkpoint(run_dir, name, digests)
+
+
 def test_fsdp2_shards_the_blocks_of_the_sides_that_train(world) -> None:  # noqa: F811
     from curvalign.train.towers import transformer_blocks
 
@@ -219,7 +324,7 @@ def test_fsdp2_shards_the_blocks_of_the_sides_that_train(world) -> None:  # noqa
     image_only = build_towers(TowersConfig(spec, image="full", strategy="fsdp"))
     assert transformer_blocks(image_only) == ["visual.transformer.resblocks.0"]
     assert transformer_blocks(build_towers(TowersConfig(spec))) == []
-    assert TowersConfig.parse(f"{spec};strategy=fsdp").strategy == "fsdp"
+    assert TowersConfig.parse(f"{spec};text=lora;strategy=fsdp").strategy == "fsdp"
     from curvalign.towers import TowerError
 
     with pytest.raises(TowerError, match="strategy='zero'"):

@@ -44,12 +44,12 @@ def test_towers_export_on_the_command_line_gives_a_spec_extract_accepts(world, t
         out = tmp_path / f"exp{len(extra)}"
         result = runner.invoke(app, ["towers", "export", str(run), "--out", str(out), *extra])
         assert result.exit_code == 0, result.output
-        spec = next(
-            line.removeprefix("encoder spec: ")
-            for line in result.output.splitlines()
-            if line.startswith("encoder spec: ")
-        )
-        return spec, result.output
+        # stdout is the spec and nothing else (SPEC=$(curvalign towers export ...)); the
+        # notes go to stderr
+        assert result.stdout.count("\n") == 1, result.stdout
+        spec = result.stdout.strip()
+        assert spec and not spec.startswith(("exported", "encoder spec", "next")), spec
+        return spec, result.stderr
 
     best_spec, output = export()  # --weights best: the towers kept with the best validation
     assert output.startswith("exported the best towers")
@@ -344,6 +344,49 @@ def test_open_clip_towers_from_scratch_build_the_architecture_without_weights(wo
         build_towers(TowersConfig(world["spec"], init="random", image="full", text="full"))
 
 
+def test_a_pair_from_scratch_checks_init_random_on_its_own_sides(world) -> None:  # noqa: F811
+    """A pair's parts each leave their other side unused (locked): init=random is checked on
+    the pair's sides, so image=full;text=full builds, and a refusal names the side given."""
+    from curvalign.towers import TowerError
+
+    arch = _architecture(world)
+    pair = f"open_clip:{arch}+open_clip:{arch}"
+    towers = build_towers(TowersConfig.parse(f"{pair};init=random;image=full;text=full"))
+    trainable = {n for n, _ in towers.trainable_named_parameters()}
+    assert any(n.startswith("image_tower.model.visual.") for n in trainable)
+    assert any(n.startswith("text_tower.model.transformer.") for n in trainable)
+    with pytest.raises(TowerError, match="which image=lora would not train; set image=full"):
+        TowersConfig.parse(f"{pair};init=random;image=lora;text=full")
+
+
+def test_settings_that_would_train_nothing_or_ignore_a_target_are_one_error(world) -> None:  # noqa: F811
+    from curvalign.towers import TowerError
+
+    spec = world["spec"]
+    # no side named: both default to locked, nothing would train
+    for text in (spec, f"{spec};lr=1e-4;lora_rank=4"):
+        with pytest.raises(TowerError, match="no side trains .*add image=lora"):
+            TowersConfig.parse(text)
+    assert not TowersConfig.parse(f"{spec};image=locked;text=locked").trains  # said explicitly
+    # a LoRA target on a side that is not lora, or targets with no lora side at all
+    with pytest.raises(TowerError, match="'text:c_fc' names the text side, which is text=locked"):
+        TowersConfig.parse(f"{spec};image=lora;lora_targets=c_proj,text:c_fc")
+    with pytest.raises(TowerError, match="'image:c_fc' names the image side, which is image=full"):
+        TowersConfig.parse(f"{spec};image=full;text=lora;lora_targets=image:c_fc")
+    with pytest.raises(TowerError, match="no side is lora"):
+        TowersConfig.parse(f"{spec};image=full;text=full;lora_targets=c_fc")
+    with pytest.raises(TowerError, match="expected a module name, image:NAME or text:NAME"):
+        TowersConfig.parse(f"{spec};image=lora;lora_targets=vision:c_fc")
+    # a prefixed target reaches its side only (the other side takes the defaults)
+    towers = build_towers(
+        TowersConfig.parse(f"{spec};image=lora;text=lora;lora_targets=image:c_fc")
+    )
+    adapted = {n.rsplit(".lora_", 1)[0] for n, _ in towers.trainable_named_parameters()}
+    assert any(n.startswith("model.visual.") and n.endswith("c_fc") for n in adapted)
+    assert not any(n.startswith("model.visual.") and n.endswith("c_proj") for n in adapted)
+    assert any(n.startswith("model.transformer.") and n.endswith("c_proj") for n in adapted)
+
+
 def test_a_tower_run_from_scratch_trains_every_weight_with_the_papers_head_init(
     world,  # noqa: F811
     tmp_path,
@@ -407,3 +450,51 @@ def test_the_shipped_minilm_builds_as_a_tower_with_extracts_features():
         tower = towers.encode_texts(texts)
     extracted = load_encoder("minilm").encode_texts(texts)
     torch.testing.assert_close(tower, extracted, rtol=1e-5, atol=1e-5)
+
+
+# --- re-encoding a store's zero-shot prompts (benchmark --towers) ---------------------------
+
+
+def test_zero_shot_prompts_re_encode_from_the_templates_the_store_records(world) -> None:  # noqa: F811
+    """A store whose prompts are templates x class names (as COCO-MINI's) is re-encoded from
+    those texts; without recorded templates a trained text side is one error naming the way
+    out, and a locked text side keeps the store's prompts."""
+    from curvalign.data import load_store
+    from curvalign.data.encoders import load_encoder
+    from curvalign.report.benchmark import check_towers_request
+    from curvalign.towers import TowerError
+    from curvalign.train.towers import check_reencodable, prompt_texts, reencode_store
+
+    store, _ = load_store(world["store"])
+    names, templates = ["red thing", "blue thing", "grey thing"], ["a photo of a {c}.", "a {c}"]
+    prompts = [t.replace("{c}", n) for n in names for t in templates]
+    with torch.no_grad():
+        features = load_encoder(world["spec"]).encode_texts(prompts)
+    classes = {
+        "class_names": names,
+        "prompt_features": features,
+        "prompt_to_class": torch.tensor([c for c in range(3) for _ in templates]),
+        "image_labels": torch.arange(store.num_images) % 3,
+    }
+    recorded = store.with_fields(**classes, meta={**store.meta, "prompt_templates": templates})
+    assert prompt_texts(recorded) == prompts
+    check_reencodable(recorded, "coco-like")
+    config = TowersConfig(world["spec"], image="lora", text="lora", lora_rank=2)
+    assert check_towers_request(config, ["clip"], recorded, "coco-like") == config
+    towers = build_towers(config)
+    with torch.no_grad():  # trained adapters: the re-encoded prompts move
+        for name, param in towers.named_parameters():
+            if "lora_B" in name:
+                param.normal_(0, 0.1)
+        expected = towers.eval().encode_texts(prompts)
+    again = reencode_store(recorded, towers, data="coco-like")
+    torch.testing.assert_close(again.prompt_features, expected)
+    assert not torch.allclose(again.prompt_features, features, atol=1e-4)
+    # the same prompts with no templates recorded
+    bare = store.with_fields(**classes)
+    assert prompt_texts(bare) is None
+    with pytest.raises(TowerError, match="zero-shot prompts .* keep the text side locked"):
+        check_reencodable(bare, "bare")
+    image_only = build_towers(TowersConfig(world["spec"], image="lora", text="locked"))
+    kept = reencode_store(bare, image_only, data="bare")
+    assert torch.equal(kept.prompt_features, bare.prompt_features)

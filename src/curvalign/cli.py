@@ -1181,7 +1181,8 @@ def towers_export_command(
     ),
 ) -> None:
     """Write a tower run's towers (LoRA adapters merged) as an encoder that `curvalign extract
-    --encoder` (then eval, index, search) accepts; prints its encoder spec."""
+    --encoder` (then eval, index, search) accepts; prints its encoder spec, alone, on stdout
+    (SPEC=$(curvalign towers export RUN --out DIR)); notes go to stderr."""
     from curvalign.train.towers import TOWERS_BEST_FILE, export_towers
 
     if weights not in ("best", "last"):
@@ -1193,9 +1194,10 @@ def towers_export_command(
     with _command_errors(out):
         spec = export_towers(run, out, weights=used)
     note = "" if used == weights else " (the run kept no best towers)"
-    typer.echo(f"exported the {used} towers of {run}{note} to {out}")
-    typer.echo(f"encoder spec: {spec}")
-    typer.echo(f"next: curvalign extract --encoder '{spec}' --images ... --out STORE")
+    # stdout is the spec alone, so that SPEC=$(curvalign towers export ...) captures it
+    typer.echo(f"exported the {used} towers of {run}{note} to {out}", err=True)
+    typer.echo(f"next: curvalign extract --encoder '{spec}' --images ... --out STORE", err=True)
+    typer.echo(spec)
 
 
 # --- search an index from the terminal; serve it over HTTP with a search page ---------------------

@@ -336,7 +336,7 @@ def check_towers_request(
             check_recipe_parts(
                 recipe_class(name).requires, repr(name), streamed=config.shards is not None
             )
-        check_reencodable(store, data=spec)
+        check_reencodable(store, data=spec, text_locked=config.text == "locked")
     except TowerError as err:
         raise ConfigError(f"cannot benchmark with towers (nothing was trained): {err}") from None
     return config

@@ -18,7 +18,15 @@ from curvalign.towers.adapters import (
     build_towers,
     describe,
 )
-from curvalign.towers.base import MODES, SIDES, InputPreparer, TowerError, Towers, TowersConfig
+from curvalign.towers.base import (
+    MODES,
+    SIDES,
+    InputPreparer,
+    TowerError,
+    Towers,
+    TowersConfig,
+    switch_off_dropout,
+)
 from curvalign.towers.data import StoreItems, check_recipe_parts, tower_batch
 from curvalign.towers.loader import Augment, RawBatchLoader, StepRows, StoreRows
 from curvalign.towers.stream import WebDatasetRows
@@ -44,5 +52,6 @@ __all__ = [
     "build_towers",
     "check_recipe_parts",
     "describe",
+    "switch_off_dropout",
     "tower_batch",
 ]

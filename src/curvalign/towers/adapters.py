@@ -423,6 +423,12 @@ class EfficientNetTowers(Towers):
         _plain_pointwise_convolutions(self.model)
         self._configure()
 
+    def _switch_off_dropout(self) -> None:
+        # drop-connect (stochastic depth) reads the network's global rate at forward time
+        super()._switch_off_dropout()
+        net = self.model.net
+        net._global_params = net._global_params._replace(drop_connect_rate=0.0)
+
     def _side_of(self, name: str) -> str | None:
         return None if name.startswith("net._fc.") else "image"
 
@@ -495,39 +501,26 @@ class PairedTowers(Towers):
             raise TowerError(f"towers {config.encoder!r}: expected IMAGE_SPEC+TEXT_SPEC")
         shared = {
             k: getattr(config, k)
-            for k in ("lora_rank", "lora_alpha", "lr", "weight_decay", "checkpointing", "init")
+            for k in ("lora_rank", "lora_alpha", "lr", "weight_decay", "checkpointing", "dropout")
         }
 
-        def targets(side: str) -> list[str]:
-            picked = []
-            for target in config.lora_targets:
-                prefix, sep, name = target.partition(":")
-                if not sep:
-                    picked.append(target)
-                elif prefix == side:
-                    picked.append(name)
-            return picked
+        def part(spec: str, image: str, text: str, side: str) -> Towers:
+            # a part's targets: those of its side, when that side is lora (the pair's config
+            # refused a prefixed target on a side that is not)
+            targets = config.side_targets(side) if getattr(config, side) == "lora" else []
+            part_config = TowersConfig(spec, image=image, text=text, lora_targets=targets, **shared)
+            # the part's other side is unused (locked), which init=random would refuse as
+            # "set text=full": the pair's own sides were checked; the part's adapter then says
+            # whether it can start from random weights
+            part_config.init = config.init
+            return build_towers(part_config, device)
 
         text_kind = parts[1].partition(":")[0]
         text_image_mode = (
             config.text if text_kind in ("sentence-transformers", "minilm") else "locked"
         )
-        self.image_tower = build_towers(
-            TowersConfig(
-                parts[0], image=config.image, text="locked", lora_targets=targets("image"), **shared
-            ),
-            device,
-        )
-        self.text_tower = build_towers(
-            TowersConfig(
-                parts[1],
-                image=text_image_mode,
-                text=config.text,
-                lora_targets=targets("text"),
-                **shared,
-            ),
-            device,
-        )
+        self.image_tower = part(parts[0], config.image, "locked", "image")
+        self.text_tower = part(parts[1], text_image_mode, config.text, "text")
         self.spec = f"{self.image_tower.spec}+{self.text_tower.spec}"
         self.image_width = self.image_tower.image_width
         self.text_width = self.text_tower.text_width

@@ -47,6 +47,37 @@ SIDES = ("image", "text")
 STRATEGIES = ("ddp", "fsdp")
 #: where the tower weights start: the encoder's checkpoint, or random (from scratch)
 INITS = ("pretrained", "random")
+#: ``TowersConfig`` keys that take true / false
+BOOLEAN_KEYS = ("checkpointing", "augment", "dropout")
+#: plain float attributes through which modules apply dropout at forward time: HF CLIP's
+#: attention ``dropout``, ``nn.MultiheadAttention``'s ``dropout``, timm's DropPath
+#: ``drop_prob``, open_clip's PatchDropout ``prob``, and the like
+DROPOUT_ATTRIBUTES = ("dropout", "attention_dropout", "dropout_p", "dropout_prob", "drop_prob")
+
+
+def switch_off_dropout(model: nn.Module) -> int:
+    """Set every dropout probability of ``model`` to 0, in place: each ``nn.Dropout``-like
+    module's ``p`` (BERT's attention reads ``self.dropout.p`` at forward time) and the plain
+    float attributes of ``DROPOUT_ATTRIBUTES`` (and PatchDropout's ``prob``). Train mode stays
+    (activation checkpointing of HF models runs in train mode only). Returns how many were on.
+
+    The weights and the saved configs are untouched: an exported model keeps its dropout."""
+    switched = 0
+    for module in model.modules():
+        if isinstance(module, nn.modules.dropout._DropoutNd):
+            switched += module.p > 0
+            module.p = 0.0
+            continue
+        names = (
+            *DROPOUT_ATTRIBUTES,
+            *(("prob",) if type(module).__name__ == "PatchDropout" else ()),
+        )
+        for name in names:
+            value = vars(module).get(name)  # plain attributes only, never a submodule
+            if isinstance(value, float) and value > 0:
+                setattr(module, name, 0.0)
+                switched += 1
+    return switched
 
 
 class TowerError(CurvalignError, ValueError):
@@ -65,7 +96,8 @@ class TowersConfig:
     lora_targets names of the linear modules that get adapters (peft ``target_modules``);
                  empty: the adapter's default (open_clip: the MLP ``c_fc``, ``c_proj`` of every
                  block; HF CLIP: ``q_proj, k_proj, v_proj, out_proj, fc1, fc2``; BERT-like:
-                 ``query``, ``key``, ``value``)
+                 ``query``, ``key``, ``value``); ``image:NAME`` / ``text:NAME`` reach one side
+                 only, and must name a ``lora`` side (a target nothing would act on is refused)
     lr           learning rate of the tower parameters (the heads keep ``train.lr``); None:
                  ``train.lr``
     weight_decay decay of the tower matrices (never of biases, norms, embeddings of rank < 2);
@@ -96,6 +128,12 @@ class TowersConfig:
     strategy     under torchrun: ddp (every rank holds the whole towers, gradients averaged)
                  or fsdp (FSDP2: every transformer block of a trained side and the rest of the
                  towers sharded over the ranks, distributed checkpoints); one process: ignored
+    dropout      keep the encoder's own dropout (and drop-path / drop-connect) while the towers
+                 train; off by default (``switch_off_dropout``): the towers are then a
+                 deterministic function of their weights, so W processes take the step one
+                 process takes on the global batch, and a LoRA side at step 0 gives exactly the
+                 extracted features the heads were initialised on. On, each rank draws its
+                 masks from (seed, rank, step): W processes then differ from one by the noise
     """
 
     encoder: str
@@ -116,6 +154,7 @@ class TowersConfig:
     shards: str | None = None
     strategy: str = "ddp"
     init: str = "pretrained"
+    dropout: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.encoder, str) or not self.encoder:
@@ -146,7 +185,47 @@ class TowersConfig:
                         f"{getattr(self, side)} would not train; set {side}=full"
                     )
         self.lora_targets = list(self.lora_targets or [])
+        self._check_lora_targets()
         self._check_raw_rows()
+
+    def _check_lora_targets(self) -> None:
+        """A LoRA target acts on a ``lora`` side only: a target prefixed with a side that is not
+        ``lora`` (``text:query`` with text=locked), or targets with no ``lora`` side at all,
+        would be ignored; both are refused, naming the target."""
+        lora_sides = [side for side in SIDES if getattr(self, side) == "lora"]
+        for target in self.lora_targets:
+            prefix, sep, name = target.partition(":")
+            if not sep:
+                continue
+            if prefix not in SIDES or not name:
+                raise TowerError(
+                    f"towers: lora_targets {target!r}: expected a module name, image:NAME or "
+                    "text:NAME"
+                )
+            if prefix not in lora_sides:
+                raise TowerError(
+                    f"towers: lora_targets {target!r} names the {prefix} side, which is "
+                    f"{prefix}={getattr(self, prefix)}: adapters go on a lora side only; set "
+                    f"{prefix}=lora or drop that target"
+                )
+        if self.lora_targets and not lora_sides:
+            raise TowerError(
+                f"towers: lora_targets {','.join(self.lora_targets)} given but no side is lora "
+                f"(image={self.image}, text={self.text}); set image=lora or text=lora, or drop "
+                "lora_targets"
+            )
+
+    def side_targets(self, side: str) -> list[str]:
+        """The LoRA targets of ``side``: the unprefixed names and those prefixed ``side:``
+        (prefix removed); empty: the tower's defaults."""
+        picked = []
+        for target in self.lora_targets:
+            prefix, sep, name = target.partition(":")
+            if not sep:
+                picked.append(target)
+            elif prefix == side:
+                picked.append(name)
+        return picked
 
     def _check_raw_rows(self) -> None:
         if int(self.workers) < 0:
@@ -204,7 +283,7 @@ class TowersConfig:
                     values[key] = int(value)
                 elif key in ("lora_alpha", "lr", "weight_decay"):
                     values[key] = None if value.lower() == "none" else float(value)
-                elif key in ("checkpointing", "augment"):
+                elif key in BOOLEAN_KEYS:
                     if value.lower() not in ("true", "false", "1", "0"):
                         raise ValueError(value)
                     values[key] = value.lower() in ("true", "1")
@@ -221,9 +300,17 @@ class TowersConfig:
             except ValueError:
                 raise TowerError(
                     f"towers {text!r}: {key}={value!r} is not a "
-                    f"{'boolean' if key in ('checkpointing', 'augment') else 'number'}"
+                    f"{'boolean' if key in BOOLEAN_KEYS else 'number'}"
                 ) from None
-        return cls(**values)
+        config = cls(**values)
+        if "image" not in values and "text" not in values:
+            # both sides default to locked: such towers train nothing (0 parameters)
+            raise TowerError(
+                f"towers {text!r}: no side trains (image and text default to locked, 0 trainable "
+                "parameters); add image=lora|full and/or text=lora|full, or image=locked;"
+                "text=locked to re-encode with frozen towers"
+            )
+        return config
 
     def save(self, path: Path) -> None:
         from curvalign._io import atomic_write_text
@@ -353,12 +440,18 @@ class Towers(nn.Module):
                 param.requires_grad_(True)
         if cfg.checkpointing:
             self._enable_checkpointing()
+        if not cfg.dropout:
+            self._switch_off_dropout()
         if unused:
             self.notes.append(
                 f"towers: {len(unused)} parameter(s) no encoding uses stay frozen "
                 f"({', '.join(unused[:4])}{', ...' if len(unused) > 4 else ''})"
             )
         self.train(self.training)
+
+    def _switch_off_dropout(self) -> None:
+        """``dropout=false``: the towers' dropout off (``switch_off_dropout`` on the model)."""
+        switch_off_dropout(self.model)
 
     def _enable_checkpointing(self) -> None:
         """Turn on the model's own activation checkpointing (non-reentrant, so gradients reach
@@ -369,7 +462,11 @@ class Towers(nn.Module):
         from curvalign.data.encoders import _require
 
         peft = _require("peft", "towers")
-        targets = list(self.config.lora_targets or self.default_lora_targets)
+        targets = self.config.side_targets(side) or list(self.default_lora_targets)
+        if self.shared_backbone:  # one backbone: a target of either side is the backbone's
+            targets = sorted(
+                {*self.config.side_targets("image"), *self.config.side_targets("text")}
+            ) or list(self.default_lora_targets)
         config = peft.LoraConfig(
             r=int(self.config.lora_rank),
             lora_alpha=float(self.config.lora_alpha),
@@ -462,4 +559,13 @@ class Towers(nn.Module):
         yield from self.model.parameters()
 
 
-__all__ = ["MODES", "SIDES", "STRATEGIES", "InputPreparer", "TowerError", "Towers", "TowersConfig"]
+__all__ = [
+    "MODES",
+    "SIDES",
+    "STRATEGIES",
+    "InputPreparer",
+    "TowerError",
+    "Towers",
+    "TowersConfig",
+    "switch_off_dropout",
+]

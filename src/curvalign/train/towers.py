@@ -74,7 +74,7 @@ from curvalign.towers import (
     check_recipe_parts,
     describe,
 )
-from curvalign.towers.loader import Augment, RawBatchLoader, StoreRows
+from curvalign.towers.loader import Augment, RawBatchLoader, StoreRows, encode_prepared
 from curvalign.towers.stream import WebDatasetRows
 from curvalign.train.checkpoint import load_train_state, model_tensors
 from curvalign.train.trainer import (
@@ -217,6 +217,7 @@ class TowerTrainer(Trainer):
         #: FSDP2 only in a launch of several processes (one process holds the towers whole)
         self.sharded = towers_config.strategy == "fsdp" and getattr(gather, "world_size", 1) > 1
         self._fsdp_checkpoint: str | None = None  # the run's latest distributed checkpoint
+        self._fsdp_digests: dict[str, str] | None = None  # SHA-256 of its files (rank 0)
         self._loading = False
         if towers_config.strategy == "fsdp" and not self.sharded:
             self.towers.to(config.train.device)
@@ -297,7 +298,14 @@ class TowerTrainer(Trainer):
 
     def _next_batch(self) -> Batch:
         try:
-            return self.loader.next_batch(self.step)
+            if not (self.towers_config.dropout and self.towers.training):
+                return self.loader.next_batch(self.step)
+            # dropout=true: this rank's masks from (seed, rank, step), never the process-wide
+            # stream every rank shares (that would repeat one rank's masks on the others)
+            devices = [self.device] if self.device.type == "cuda" else []
+            with torch.random.fork_rng(devices=devices):
+                torch.manual_seed(dropout_seed(self.train_config.seed, self.gather.rank, self.step))
+                return self.loader.next_batch(self.step)
         except TowerError as err:  # an unreadable row: the trainer names the step and checkpoint
             raise SamplingError(str(err)) from None
 
@@ -387,21 +395,47 @@ class TowerTrainer(Trainer):
             self.recipe.train()
             self.towers.train()
             # on the device: FSDP2 towers are still whole on the CPU here (sharded after this)
-            batch = self._next_batch().to(self.device)
+            prepared = self.loader.next_prepared(self.step)
+            batch = encode_prepared(self.towers, prepared).to(self.device)
             out = self.recipe(batch, Progress(0, self.train_config.steps), self.gather)
             out.total.backward()
             unused = [n for n, p in self.towers.trainable_named_parameters() if p.grad is None]
+            random_by = None if self.towers_config.dropout else self._randomness(prepared)
         finally:
             for p in [*self.recipe.parameters(), *self.towers.parameters()]:
                 p.grad = None
             self.sampler.load_state_dict(sampler)
             set_rng_state(rng)
             self.loader.reset(self.step)
+        if random_by is not None and random_by > 1e-3:
+            self._note(
+                f"towers: dropout=false, yet two train-mode encodings of the first batch differ "
+                f"by up to {random_by:.1%} of their largest value: a module of this encoder draws random numbers that "
+                "switch_off_dropout does not reach, so several processes will not equal one"
+            )
         if unused:
             self.towers.freeze(unused, "that no encoding or loss uses (no gradient reaches them)")
             self._note(self.towers.notes[-1])
             self.optimizer = self._build_optimizer()
             self.scheduler = build_scheduler(self.optimizer, self.train_config)
+
+    def _randomness(self, prepared: dict[str, Any]) -> float:
+        """The largest difference between two train-mode encodings of ``prepared`` under two
+        seeds, relative to the largest value (0: the towers are a deterministic function of
+        their weights, as ``dropout=false`` makes them; a non-deterministic GPU kernel gives
+        rounding noise far below the 1e-3 that a note needs)."""
+        encodings = []
+        with torch.no_grad():
+            for seed in (1, 2):
+                torch.manual_seed(seed)
+                encodings.append(encode_prepared(self.towers, prepared))
+        worst = 0.0
+        for name, first in encodings[0].__dict__.items():
+            second = getattr(encodings[1], name)
+            if isinstance(first, Tensor) and first.is_floating_point() and first.numel():
+                scale = max(float(first.float().abs().max()), 1e-12)
+                worst = max(worst, float((first.float() - second.float()).abs().max()) / scale)
+        return worst
 
     # --- state ------------------------------------------------------------------------------
     def keep_best(self, step: int, score: float) -> None:
@@ -436,6 +470,8 @@ class TowerTrainer(Trainer):
         state["fsdp"] = {
             "trainable": [n for n, _ in self.towers.trainable_named_parameters()],
             "checkpoint": self._fsdp_checkpoint,
+            # the SHA-256 of its files: resume checks them before torch reads a byte
+            "sha256": self._fsdp_digests,
         }
         tower_slots = {index for index, _, _ in self._tower_optimizer_slots()}
         optimizer = state["optimizer"]
@@ -462,7 +498,7 @@ class TowerTrainer(Trainer):
         self._best_towers = state.get("best_towers")
         self._stream_state = state.get("stream")
         if self.sharded:
-            self._resume_sharded(state["fsdp"]["checkpoint"])
+            self._resume_sharded(state["fsdp"]["checkpoint"], state["fsdp"].get("sha256"))
             return
         try:
             self.towers.load_trainable_state(state["towers"])
@@ -503,26 +539,33 @@ class TowerTrainer(Trainer):
         towers = {n: p.detach() for _, n, p in self._tower_optimizer_slots()}
         return {"towers": towers, "optimizer": optimizer}
 
-    def _resume_sharded(self, checkpoint: str | None) -> None:
-        """Shard, load the shards of the distributed checkpoint ``checkpoint`` (a directory of
-        the run), then the rest of ``state.pt``, then the towers' optimizer state."""
+    def _resume_sharded(self, checkpoint: str | None, digests: dict[str, str] | None) -> None:
+        """Check the files of the distributed checkpoint ``checkpoint`` (a directory of the run)
+        against the SHA-256 recorded in ``state.pt`` (``digests``) and ``meta.json``, shard,
+        load its shards, then the rest of ``state.pt``, then the towers' optimizer state. The
+        metadata is read by ``read_sharded_metadata`` (no pickle of the file's choosing)."""
         import torch.distributed.checkpoint as dcp
 
         if checkpoint is None or not (self.run_dir / checkpoint).is_dir():
             raise CheckpointError(
                 f"cannot resume {self.run_dir}: its distributed checkpoint {checkpoint} is missing"
             )
+        note = verify_sharded_checkpoint(self.run_dir, checkpoint, digests)
+        if note:
+            self._note(note)
         path = str(self.run_dir / checkpoint)
+        # read here first: torch's loader would log a refusal as a warning and go on
+        metadata = read_sharded_metadata(path)
         self._shard()
-        self._fsdp_checkpoint = checkpoint
+        self._fsdp_checkpoint, self._fsdp_digests = checkpoint, digests
         tensors = self._sharded_state()["towers"]
-        dcp.load({"towers": tensors}, checkpoint_id=path)
+        dcp.load({"towers": tensors}, storage_reader=sharded_reader(path))
         self._loading = True  # a re-save of an incomplete checkpoint keeps this directory
         try:
             super()._load_state()
         finally:
             self._loading = False
-        stored = dcp.FileSystemReader(path).read_metadata().state_dict_metadata
+        stored = metadata.state_dict_metadata
         params = {n: p for _, n, p in self._tower_optimizer_slots()}
         slots: dict[str, Tensor] = {}
         for key, meta in stored.items():
@@ -536,7 +579,7 @@ class TowerTrainer(Trainer):
                 if tuple(meta.size) == tuple(like.shape)
                 else torch.zeros(tuple(meta.size), dtype=meta.properties.dtype)
             )
-        dcp.load({"optimizer": slots}, checkpoint_id=path)
+        dcp.load({"optimizer": slots}, storage_reader=sharded_reader(path))
         for key, value in slots.items():
             name, _, slot = key.rpartition("/")
             self.optimizer.state[params[name]][slot] = value
@@ -550,6 +593,8 @@ class TowerTrainer(Trainer):
         name = f"{TOWERS_DCP_DIR}/step-{self.step:08d}"
         dcp.save(self._sharded_state(), checkpoint_id=str(self.run_dir / name))
         self._fsdp_checkpoint = name
+        # the coordinator (rank 0) returns once every rank's files and the metadata are written
+        self._fsdp_digests = sharded_checksums(self.run_dir, name) if self.is_main else None
 
     def _drop_old_sharded(self) -> None:
         """Remove the distributed checkpoints the run's checkpoint no longer names."""
@@ -626,11 +671,149 @@ class TowerTrainer(Trainer):
         }
         if self.towers_config.trains:  # locked towers give the store's features
             extras["encoder"] = None
+        if self.sharded:  # the distributed checkpoint's files, as meta records the run's files
+            extras["towers"]["sharded_sha256"] = self._fsdp_digests
         loader = getattr(self, "loader", None)
         if loader is not None and isinstance(loader.source, WebDatasetRows):
             # the training rows came from the shards (the sampler summary is the store's)
             extras["towers"]["stream"] = loader.state_dict()
         return extras
+
+
+def sharded_checksums(run_dir: Path, checkpoint: str) -> dict[str, str]:
+    """``{"towers-dcp/step-N/FILE": SHA-256}`` of every file of the distributed checkpoint
+    ``checkpoint`` (a directory of ``run_dir``), ``.metadata`` included."""
+    from curvalign._io import sha256_file
+
+    root = Path(run_dir) / checkpoint
+    return {
+        f"{checkpoint}/{path.name}": sha256_file(path)
+        for path in sorted(root.iterdir())
+        if path.is_file()
+    }
+
+
+def verify_sharded_checkpoint(
+    run_dir: Path, checkpoint: str, digests: dict[str, str] | None
+) -> str | None:
+    """Check every file of the distributed checkpoint ``checkpoint`` against the SHA-256 that
+    ``state.pt`` recorded (``digests``) and that ``meta.json`` recorded for it
+    (``towers.sharded_sha256``), before torch's reader opens any of them (its ``.metadata`` is
+    a pickle; a ``.distcp`` file may hold pickled bytes). CheckpointError naming the file on a
+    mismatch or a missing file; a note (and no check) for a run written before checksums."""
+    from curvalign.runs import read_meta
+
+    records = [digests] if digests else []
+    try:
+        recorded = (read_meta(run_dir).get("towers") or {}).get("sharded_sha256") or {}
+    except CheckpointError:
+        recorded = {}
+    if any(name.startswith(f"{checkpoint}/") for name in recorded):
+        records.append(recorded)
+    if not records:
+        return (
+            f"{run_dir}/{checkpoint} was written without checksums (by an older curvalign): its "
+            "files are not verified (its metadata is still read without running any code)"
+        )
+    found = sharded_checksums(Path(run_dir), checkpoint)
+    for record in records:
+        for name, digest in record.items():
+            if not name.startswith(f"{checkpoint}/"):
+                continue
+            if name not in found:
+                raise CheckpointError(
+                    f"{Path(run_dir) / name} is missing: the distributed checkpoint is incomplete; "
+                    "restore the file or retrain"
+                )
+            if found[name] != digest:
+                raise CheckpointError(
+                    f"{Path(run_dir) / name} is damaged or was changed after the run wrote it: "
+                    f"its SHA-256 {found[name][:12]}... differs from the {digest[:12]}... "
+                    "recorded at its checkpoint; it is not read (restore the file or retrain)"
+                )
+    return None
+
+
+#: what a distributed checkpoint's ``.metadata`` pickle may name: torch's metadata records,
+#: torch.Size, dtypes, layouts, paths (never bytes items: curvalign writes tensors only)
+_METADATA_GLOBALS = {
+    "torch.distributed.checkpoint.metadata": {
+        "Metadata",
+        "TensorStorageMetadata",
+        "TensorProperties",
+        "ChunkStorageMetadata",
+        "MetadataIndex",
+        "StorageMeta",
+        "_MEM_FORMAT_ENCODING",
+    },
+    "torch.distributed.checkpoint.filesystem": {"_StorageInfo"},
+    "torch.serialization": {"_get_layout"},
+    "pathlib": {"Path", "PosixPath", "WindowsPath", "PurePosixPath", "PureWindowsPath"},
+    "collections": {"OrderedDict"},
+}
+
+
+def read_sharded_metadata(path: str | Path) -> Any:
+    """The ``Metadata`` of the distributed checkpoint in directory ``path``, unpickled with an
+    allow-list (``_METADATA_GLOBALS``, ``torch.Size`` and torch dtypes): a ``.metadata`` that
+    names anything else is refused with a CheckpointError, its code never run."""
+    import pickle
+
+    file = Path(path) / ".metadata"
+
+    class _Restricted(pickle.Unpickler):
+        def find_class(self, module: str, name: str) -> Any:
+            if name in _METADATA_GLOBALS.get(module, ()):
+                return super().find_class(module, name)
+            if module == "torch" and (
+                name == "Size" or isinstance(getattr(torch, name, None), torch.dtype)
+            ):
+                return getattr(torch, name)
+            raise pickle.UnpicklingError(f"{module}.{name}")
+
+    try:
+        with open(file, "rb") as handle:
+            metadata = _Restricted(handle).load()
+    except OSError as err:
+        raise CheckpointError(f"{file} cannot be read ({err.strerror or err})") from None
+    except pickle.UnpicklingError as err:
+        raise CheckpointError(
+            f"{file} is not the metadata of a distributed checkpoint curvalign wrote: it names "
+            f"{err}, which is refused without running it"
+        ) from None
+    except Exception as err:  # a damaged pickle raises many types
+        raise CheckpointError(f"{file} is corrupt ({type(err).__name__})") from None
+    from torch.distributed.checkpoint.metadata import Metadata
+
+    if not isinstance(metadata, Metadata):
+        raise CheckpointError(f"{file} is not the metadata of a distributed checkpoint")
+    return metadata
+
+
+def sharded_reader(path: str | Path) -> Any:
+    """torch's ``FileSystemReader`` for the distributed checkpoint in ``path``, its metadata
+    read by ``read_sharded_metadata`` instead of ``pickle.load``."""
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import StorageMeta
+
+    class _SafeReader(FileSystemReader):
+        def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
+            if kwargs.get("rank") is not None:  # per-rank metadata: curvalign writes none
+                raise CheckpointError(f"{path}: per-rank metadata is not read")
+            metadata = read_sharded_metadata(path)
+            if getattr(metadata, "storage_meta", None) is None:
+                metadata.storage_meta = StorageMeta()
+            metadata.storage_meta.load_id = self.load_id
+            return metadata
+
+    return _SafeReader(str(path))
+
+
+def dropout_seed(seed: int, rank: int, step: int) -> int:
+    """The seed of the tower dropout masks of (run seed, rank, step) under ``dropout=true``:
+    independent across ranks and steps, and a resumed run draws what an uninterrupted one
+    would."""
+    return (seed * 1_000_003 + rank * 7_919 + step * 104_729 + 17) % (2**63 - 1)
 
 
 def _average_gradient(param: Tensor) -> None:
@@ -795,12 +978,38 @@ def _box_crops(store: FeatureStore, items: StoreItems, ids: list[int]) -> list[A
     ]
 
 
-def check_reencodable(store: FeatureStore, data: str = "the data") -> None:
+def prompt_texts(store: FeatureStore) -> list[str] | None:
+    """The texts of the store's zero-shot prompts, one per row of ``prompt_features``, when the
+    store records how it made them: ``meta["prompt_templates"]`` (each with ``{c}``) filled
+    with every class name, class by class (``prompt_to_class`` = 0,0,..,1,1,..), as
+    ``curvalign.data.coco.extract_coco`` writes them; None otherwise."""
+    templates = store.meta.get("prompt_templates")
+    names = store.class_names
+    if (
+        store.prompt_features is None
+        or store.prompt_to_class is None
+        or not names
+        or not isinstance(templates, list)
+        or not templates
+        or not all(isinstance(t, str) and "{c}" in t for t in templates)
+    ):
+        return None
+    order = [c for c in range(len(names)) for _ in templates]
+    if store.prompt_to_class.tolist() != order:
+        return None
+    return [t.replace("{c}", str(n)) for n in names for t in templates]
+
+
+def check_reencodable(
+    store: FeatureStore, data: str = "the data", text_locked: bool = False
+) -> None:
     """TowerError, one line naming the first part of ``store`` that ``reencode_store`` cannot
     rebuild from raw items: images need ``image_paths`` (+ ``meta["images_root"]``) or
-    ``image_texts``, captions ``texts``; prompts and gloss chains must be caption rows; text
-    pairs need their raw texts; boxes the image files, ``box_corners`` and ``box_phrases``; hard
-    negatives and stored token features are refused."""
+    ``image_texts``, captions ``texts``; prompts must be caption rows, or texts the store
+    records (``prompt_texts``), or stay as stored when ``text_locked`` (a locked text tower
+    gives the store's own text features); gloss chains must be caption rows; text pairs need
+    their raw texts; boxes the image files, ``box_corners`` and ``box_phrases``; hard negatives
+    and stored token features are refused."""
     StoreItems(store, data=data)
     if store.box_image_features is not None and (
         store.image_paths is None or store.box_corners is None or store.box_phrases is None
@@ -825,13 +1034,26 @@ def check_reencodable(store: FeatureStore, data: str = "the data") -> None:
                 f"{data}: cannot re-encode {name} with trained towers: the store keeps no {raw}"
             )
     captions = store.text_features.float()
-    for name in ("prompt_features", "chain_features"):
-        part = store.field(name)
-        if part is not None and _caption_rows(part, captions) is None:
-            raise TowerError(
-                f"{data}: cannot re-encode {name} with trained towers: its rows are not caption "
-                "rows and the store keeps no texts for them"
-            )
+    chains = store.field("chain_features")
+    if chains is not None and _caption_rows(chains, captions) is None:
+        raise TowerError(
+            f"{data}: cannot re-encode chain_features with trained towers: its rows are not "
+            "caption rows and the store keeps no texts for them"
+        )
+    prompts = store.prompt_features
+    if (
+        prompts is not None
+        and not text_locked
+        and _caption_rows(prompts, captions) is None
+        and prompt_texts(store) is None
+    ):
+        raise TowerError(
+            f"{data}: cannot re-encode its zero-shot prompts (prompt_features) with a trained "
+            "text tower: they are not caption rows and the store records no prompt texts "
+            "(meta 'prompt_templates' filled with 'class_names', class by class); keep the "
+            "text side locked (text=locked: the store's prompts stay valid), or re-extract the "
+            "store so that it records its templates"
+        )
 
 
 def reencode_store(
@@ -843,7 +1065,8 @@ def reencode_store(
     ``texts``, text pairs from their raw texts, and prompts / gloss chains (rows of the caption
     features, as a WordNet store keeps them) as the re-encoded caption rows they equal.
     ``check_reencodable``'s TowerError for a part it cannot rebuild."""
-    check_reencodable(store, data)
+    text_locked = towers.config.text == "locked"
+    check_reencodable(store, data, text_locked=text_locked)
     items = StoreItems(store, data=data)
 
     def encode(raw: list[Any], fn: Any, prepare: Any = list) -> Tensor:
@@ -870,16 +1093,22 @@ def reencode_store(
             crops = functools.partial(_box_crops, store, items)  # a batch of crops at a time
             changes["box_image_features"] = encode(boxes, towers.encode_images, crops)
             changes["box_text_features"] = encode(list(store.box_phrases), towers.encode_texts)
+        captions = store.text_features.float()
+        for name in ("prompt_features", "chain_features"):
+            part = store.field(name)
+            if part is None:
+                continue
+            rows = _caption_rows(part, captions)
+            if rows is not None:  # caption rows (a WordNet store): the re-encoded captions
+                changes[name] = texts[rows].reshape((*part.shape[:-1], texts.shape[1]))
+                continue
+            raw = prompt_texts(store) if name == "prompt_features" else None
+            if raw is not None:  # the prompts' own texts (COCO: templates x class names)
+                changes[name] = encode(raw, towers.encode_texts)
+            else:  # a locked text tower: the store's own prompt features (check_reencodable)
+                assert name == "prompt_features" and text_locked
     finally:
         towers.train(was_training)
-    captions = store.text_features.float()
-    for name in ("prompt_features", "chain_features"):
-        part = store.field(name)
-        if part is not None:
-            rows = _caption_rows(part, captions)
-            assert rows is not None  # check_reencodable refused it otherwise
-            shape = (*part.shape[:-1], texts.shape[1])
-            changes[name] = texts[rows].reshape(shape)
     return store.with_fields(**changes)
 
 
@@ -939,8 +1168,14 @@ __all__ = [
     "TowerValidationSet",
     "average_tower_gradients",
     "check_reencodable",
+    "dropout_seed",
+    "read_sharded_metadata",
+    "sharded_checksums",
+    "sharded_reader",
+    "verify_sharded_checkpoint",
     "export_towers",
     "load_towers",
+    "prompt_texts",
     "reencode_store",
     "reshard",
     "shard_towers",
