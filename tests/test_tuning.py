@@ -327,6 +327,9 @@ def test_benchmark_tune_writes_paper_and_tuned_rows_with_the_budget(tmp_path):
     assert (out / "tuning" / "best" / "meru.yaml").exists()
     # tuned rows are compared with the baselines too
     assert "meru (tuned) − meru (tuned, step 0)" in md
+    # their gains count the test items as well as the seeds, in both arms
+    hows = {g["how"] for row in payload["gains"].values() for g in row.values()}
+    assert hows and "seeds only" not in hows, payload["gains"]
 
 
 def test_tuned_benchmarks_default_to_five_seeds(tmp_path, monkeypatch):

@@ -213,7 +213,9 @@ def test_the_lr_range_test_reads_validation(tiny_store):
     assert 3 <= len(found.lrs) <= 12 and all(0.0 <= v <= 1.0 for v in found.losses)
     assert found.lrs == sorted(found.lrs) and found.lrs[0] >= 1e-6
     train = lr_range_test("clip", tiny_store, steps=12, overrides=TINY_TRAIN, read_on="train")
-    assert train.read_on == "train" and len(train.lrs) == 12
+    # a warm-started head's training loss can diverge before the last step: at most 12 points
+    assert train.read_on == "train" and 3 <= len(train.lrs) <= 12
+    assert "validation" not in train.describe()
 
 
 def test_a_defaults_trial_cut_off_by_a_kill_runs_again_as_the_defaults(tmp_path):

@@ -973,15 +973,22 @@ def tuned_description(best: Mapping[str, Any]) -> str:
     return text
 
 
-def _renamed(result: Any, arm: str, recipes: Sequence[str]) -> tuple[dict, dict, dict]:
-    """(stats, results, rows) of one sub-benchmark with its recipe rows renamed by ``arm``:
-    "NAME (paper)", "NAME (paper, step 0)"; baselines keep their names."""
+def _arm_names(arm: str, recipes: Sequence[str]) -> dict[str, str]:
+    """{row of a sub-benchmark: its name in the merged table} for the recipe rows of ``arm``:
+    "NAME (arm)", "NAME (arm, step 0)"; baselines are not in it (they keep their names)."""
     from curvalign.report.benchmark import untrained_row
 
     names: dict[str, str] = {}
     for name in recipes:
         names[name] = f"{name} ({arm})"
         names[untrained_row(name)] = f"{name} ({arm}, step 0)"
+    return names
+
+
+def _renamed(result: Any, arm: str, recipes: Sequence[str]) -> tuple[dict, dict, dict]:
+    """(stats, results, rows) of one sub-benchmark with its recipe rows renamed by ``arm``:
+    "NAME (paper)", "NAME (paper, step 0)"; baselines keep their names."""
+    names = _arm_names(arm, recipes)
     stats = {names.get(k, k): v for k, v in result.stats.items()}
     results = {names.get(k, k): v for k, v in result.results.items()}
     rows = {}
@@ -1095,6 +1102,13 @@ def run_tuned_benchmark(
     for sub, arm in ((paper, "paper"), (tuned, "tuned")):
         if sub is None:
             continue
+        # the per-item results behind the gain intervals: recipe rows of both arms, the
+        # baselines from the paper arm (the tuned arm evaluates the same ones again)
+        names = _arm_names(arm, recipes if arm == "paper" else tuned_names)
+        for source, target in ((sub.items, merged.items), (sub.item_hits, merged.item_hits)):
+            for key, value in source.items():
+                if arm == "paper" or key in names:
+                    target[names.get(key, key)] = value
         for name, dirs in sub.run_dirs.items():
             merged.run_dirs[f"{name} ({arm})"] = dirs
             merged.train_seconds[f"{name} ({arm})"] = sub.train_seconds.get(name, 0.0)
