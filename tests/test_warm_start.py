@@ -216,6 +216,30 @@ def test_dualpath_start_does_not_depend_on_the_gate_and_keeps_text_cosine(stores
     assert torch.allclose(pairs @ pairs.T, _unit(texts) @ _unit(texts).T, atol=1e-5)
 
 
+@pytest.mark.parametrize(
+    ("name", "overrides"),
+    [
+        ("meru", ["embed_dim=16"]),  # narrower than the 32-d inputs: gain 1 all the same
+        ("meru", []),
+        ("agr", []),
+        ("phyclip", []),  # per factor
+    ],
+)
+def test_warm_start_tangent_norms_are_the_resolved_target(stores, name, overrides):
+    """The alignment's projections keep each side's mean norm (gain 1), so the data-aware
+    scales put the step-0 tangent vectors at their target (mean norm 1; PHyCLIP: per factor)."""
+    store = stores[("shared", "raw")]
+    model = _started(name, store, *overrides).recipe
+    head = {"agr": "image_lorentz"}.get(name, "image_head")
+    with torch.no_grad():
+        tangent = getattr(model, head).tangent(store.image_features.float())
+    if tangent.ndim == 3:  # PHyCLIP [N, k, d]: the factors' root mean square norm
+        norms = tangent.square().sum(-1).mean(-1).sqrt()
+    else:
+        norms = torch.linalg.vector_norm(tangent, dim=-1)
+    assert float(norms.mean()) == pytest.approx(1.0, rel=0.05)
+
+
 # --- data.alignment against an independent float64 reference -----------------------------------
 
 

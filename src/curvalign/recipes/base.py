@@ -788,6 +788,8 @@ def lorentz_head_scales(
         image = config.scale_init
         text = config.scale_init * config.text_radius_ratio
     else:
+        if config.head_init == "align":  # gain 1 at any width, narrower than the input too
+            image_dim = text_dim = config.embed_dim
         image = resolve_tangent_scale(target, image_norm, image_dim, config.embed_dim, preserving)
         text = resolve_tangent_scale(
             target * config.text_radius_ratio, text_norm, text_dim, config.embed_dim, preserving

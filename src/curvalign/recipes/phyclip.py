@@ -183,7 +183,8 @@ class Phyclip(HyperbolicRecipe):
         (``per_factor_scale``) or for the whole k*d vector, through the k*d projection
         (``resolve_tangent_scale``; None = the papers' features): the random one (gain
         ``sqrt(k d / D)``) under head_init=paper, the alignment's (gain 1 for the whole vector,
-        ``1/sqrt(k)`` per factor: ``warm_start`` spreads the signal evenly) under align."""
+        ``1/sqrt(k)`` per factor in root mean square: ``warm_start`` spreads the signal evenly)
+        under align."""
         if config.scale_init is not None:
             return config.scale_init
         k, d = config.num_factors, config.factor_dim
