@@ -101,6 +101,15 @@ class LinearAlignment:
         text_proj = text_proj * _norm_ratio(self._text_sample, text_proj, self.text_norm)
         return image_proj.float(), text_proj.float()
 
+    def train_pairs(self, max_texts: int = 1024) -> tuple[Tensor, Tensor, Tensor]:
+        """(images [Ni, D_img], texts [Nt, D_text], owner [Nt]) float64: up to ``max_texts``
+        of the train captions the fit read (the first ones of its strided sample) with their
+        distinct images, ``owner`` the local image of each caption. What a recipe's
+        ``warm_start`` measures its start against (``mean_r1``), never validation rows."""
+        rows = slice(0, min(max_texts, len(self._text_sample)))
+        images, owner = torch.unique(self._image_sample[rows], dim=0, return_inverse=True)
+        return images, self._text_sample[rows], owner
+
     def describe(self) -> str:
         """One line: which candidate, its strength and validation score."""
         what = (
@@ -164,13 +173,22 @@ def _unit(x: Tensor) -> Tensor:
 
 def cosine_mean_r1(images: Tensor, texts: Tensor, owner: Tensor) -> float:
     """Mean of T2I and I2T R@1 (%) of the cosine ranking: images [Ni, D], texts [Nt, D],
-    owner [Nt] the image of each text. An image counts as found (I2T) when its top text is one
-    of its captions; ties go to the lower index, as ``eval.retrieval`` breaks them."""
-    scores = _unit(texts.float()) @ _unit(images.float()).T  # [Nt, Ni]
+    owner [Nt] the image of each text (``mean_r1`` of the cosine matrix)."""
+    return mean_r1(_unit(texts.float()) @ _unit(images.float()).T, owner)
+
+
+def mean_r1(scores: Tensor, owner: Tensor, image_scores: Tensor | None = None) -> float:
+    """Mean of T2I and I2T R@1 (%) of a score matrix [Nt, Ni] (higher = closer), ``owner``
+    [Nt] the image of each text; ``image_scores`` [Nt, Ni] the matrix ranked for image queries
+    where it differs (a recipe whose score depends on the query side), default ``scores``. An
+    image counts as found (I2T) when its top text is one of its captions; ties go to the lower
+    index, as ``eval.retrieval`` breaks them."""
+    image_scores = scores if image_scores is None else image_scores
+    n_images = scores.shape[1]
     t2i = (scores.argmax(dim=1) == owner).float().mean()
-    has_caption = torch.zeros(images.shape[0], dtype=torch.bool)
+    has_caption = torch.zeros(n_images, dtype=torch.bool)
     has_caption[owner] = True
-    i2t = (owner[scores.argmax(dim=0)] == torch.arange(images.shape[0]))[has_caption]
+    i2t = (owner[image_scores.argmax(dim=0)] == torch.arange(n_images))[has_caption]
     return float(50.0 * (t2i + i2t.float().mean()))
 
 
@@ -234,6 +252,7 @@ __all__ = [
     "MAX_FIT_PAIRS",
     "cosine_mean_r1",
     "fit_alignment",
+    "mean_r1",
     "solve_ridge",
     "split_pairs",
 ]

@@ -169,6 +169,12 @@ class MixedCurvatureHead(nn.Module):
     forward(features [N, D], c, radius) -> {"hyperbolic": [N, dH], "euclidean": [N, dE],
     "sphere": [N, dS]} (only the parts with a positive dimension). ``dS`` is the ambient
     dimension of the sphere's points (the paper's ``r_S + 1``).
+
+    ``skip=True`` (the warm start's architecture) adds a linear path per part, ``skips[part]``
+    [d, D] without bias, and starts the MLP's last layer at zero: each part's output is
+    ``S f + MLP(f)`` with ``MLP(f) = 0`` at initialisation, so the head starts as the linear
+    map ``S`` (which ``warm_start`` sets) and the MLP learns a residual on it. Without it the
+    parameters are the paper's (``mlps.<part>.{0,2}.{weight,bias}``), as saved runs hold them.
     """
 
     PARTS = ("hyperbolic", "euclidean", "sphere")
@@ -180,6 +186,7 @@ class MixedCurvatureHead(nn.Module):
         euclidean_dim: int,
         sphere_dim: int,
         hidden_dim: int = 512,
+        skip: bool = False,
     ) -> None:
         super().__init__()
         dims = {"hyperbolic": hyperbolic_dim, "euclidean": euclidean_dim, "sphere": sphere_dim}
@@ -195,6 +202,23 @@ class MixedCurvatureHead(nn.Module):
         self.mlps = nn.ModuleDict(
             {part: _mlp(in_dim, hidden_dim, d) for part, d in dims.items() if d > 0}
         )
+        self.skips: nn.ModuleDict | None = None
+        if skip:
+            self.skips = nn.ModuleDict(
+                {part: _clip_style_linear(in_dim, d) for part, d in dims.items() if d > 0}
+            )
+            with torch.no_grad():  # the residual branch starts at zero
+                for mlp in self.mlps.values():
+                    mlp[-1].weight.zero_()
+                    mlp[-1].bias.zero_()
+
+    def part(self, name: str, features: Tensor) -> Tensor:
+        """The raw output [N, d] of one part before its map onto the manifold: the MLP's, plus
+        the linear skip path where there is one."""
+        out = self.mlps[name](features)
+        if self.skips is not None:
+            out = out + self.skips[name](features)
+        return out
 
     def forward(
         self, features: Tensor, c: float | Tensor, radius: float | Tensor
@@ -202,11 +226,11 @@ class MixedCurvatureHead(nn.Module):
         _check_features(features, self.in_dim, type(self).__name__)
         out: dict[str, Tensor] = {}
         if "hyperbolic" in self.mlps:
-            out["hyperbolic"] = lorentz.expmap0(self.mlps["hyperbolic"](features), c)
+            out["hyperbolic"] = lorentz.expmap0(self.part("hyperbolic", features), c)
         if "euclidean" in self.mlps:
-            out["euclidean"] = self.mlps["euclidean"](features)
+            out["euclidean"] = self.part("euclidean", features)
         if "sphere" in self.mlps:
-            out["sphere"] = sphere.project(self.mlps["sphere"](features), radius)
+            out["sphere"] = sphere.project(self.part("sphere", features), radius)
         return out
 
 

@@ -74,6 +74,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
+from curvalign.data.alignment import LinearAlignment
 from curvalign.data.statistics import FeatureNorms
 from curvalign.geometry import lorentz, sphere
 from curvalign.losses.contrastive import symmetric_info_nce
@@ -98,6 +99,7 @@ from curvalign.recipes.base import (
     Progress,
     Query,
     round_resolved,
+    start_agreement,
 )
 from curvalign.schedules import (
     AGRCurriculum,
@@ -152,6 +154,9 @@ class AGRConfig:
                             beta inside the correction as Algorithm 1 line 32 writes it;
                             "equation": Eqs. 16/21, ``Delta`` from the raw ``S_E`` (beta only
                             throttles what the router sees)
+    head_init               "align" (default): both experts start at the data's linear alignment,
+                            the router neutral (``AGR.warm_start``); "paper": random heads,
+                            ``nn.Linear``'s init for the frozen LoRA base (the paper gives none)
     tau_h_init, learn_tau_h hyperbolic temperature: ``S_H = -d_L / tau_H`` (Algorithm 1 lists
                             tau_H among the learnable scalars; Eq. 9 has none). Default 1.0,
                             fixed: ``S_H = -d_L`` as in Eq. 9; floor ``tau_h_min`` (0.01)
@@ -194,9 +199,14 @@ class AGRConfig:
     learn_tau_h: bool = False
     image_tangent_scale: float | None = None
     text_tangent_scale: float | None = None
+    head_init: str = "align"
 
     def __post_init__(self) -> None:
         checks = [
+            (
+                self.head_init in ("align", "paper"),
+                f"head_init must be 'align' or 'paper', got {self.head_init!r}",
+            ),
             (
                 self.delta_form in ("algorithm1", "equation"),
                 f"delta_form must be 'algorithm1' or 'equation', got {self.delta_form!r}",
@@ -303,6 +313,13 @@ class AGR(HyperbolicRecipe):
     trunk_gradient_keys = ("lorentz",)
     scale_knobs = ("tangent_scale", "image_tangent_scale", "text_tangent_scale")
     temperature_knob = "tau_h_init"
+    #: runs saved before head_init existed started at random heads
+    saved_config_defaults = {"head_init": "paper"}
+    #: how far (R@1 points) the step-0 validation mean R@1 may lie from the alignment's
+    #: (tests/test_warm_start.py): a fresh model ranks by the Lorentz expert alone (alpha = 0),
+    #: whose ``-d_L`` sees the mapped images' norm spread, as MERU's (``warm_start``); the
+    #: largest gap measured on the test stores over three world seeds is 2.5, plus a margin
+    warm_start_tolerance = 4.0
 
     @staticmethod
     def tangent_shrink(
@@ -310,13 +327,55 @@ class AGR(HyperbolicRecipe):
     ) -> float:
         """The factor on ``W_H`` of ``side``: given (``{side}_tangent_scale``, then
         ``tangent_scale``), or the one that puts the step-0 tangent norm at 1 for features of
-        mean norm ``feature_norm`` (None: the papers' features, norm sqrt(D))."""
+        mean norm ``feature_norm`` (None: the papers' features, norm sqrt(D)): through the
+        random projection (gain ``sqrt(embed_dim / D)``) under head_init=paper, through the
+        alignment's (gain 1: it keeps the mean norm) under align."""
         given = getattr(config, f"{side}_tangent_scale")
         if given is not None:
             return given
         if config.tangent_scale is not None:
             return config.tangent_scale
+        if config.head_init == "align":  # the alignment's projection keeps the mean norm
+            in_dim = config.embed_dim
         return resolve_tangent_scale(1.0, feature_norm, in_dim, config.embed_dim)
+
+    def warm_start(self, alignment: LinearAlignment) -> str:
+        """Both experts at ``alignment.projections(embed_dim)``: the Euclidean expert's frozen
+        LoRA base (its update ``B A`` starts at zero, so the expert's cosine is the alignment's,
+        exactly where ``embed_dim`` >= the text width), the Lorentz expert's ``W_H`` times the
+        resolved tangent scale (mean tangent norm 1, inside the clip radius). The router starts
+        neutral: its output layer at zero (``w = 0.5`` for every pair, the load-balance target)
+        and the query gates' weights at zero (``g = 0.5`` for every query; the calibration is
+        already the identity).
+
+        How close: a fresh model has ``alpha = 0``, so it ranks by ``S_H = -d_L`` of the
+        Lorentz expert alone: monotone in the alignment's angle for points at one radius, but
+        the ridge map spreads the images' norms (as for MERU), so close, not equal."""
+        cfg: AGRConfig = self.config
+        image_proj, text_proj = alignment.projections(cfg.embed_dim)
+        sides = (
+            ("image", image_proj, self.image_euclidean, self.image_lorentz, self.image_query),
+            ("text", text_proj, self.text_euclidean, self.text_lorentz, self.text_query),
+        )
+        with torch.no_grad():
+            for side, proj, euclidean, hyperbolic, query in sides:
+                if euclidean.in_features != proj.shape[0]:
+                    raise ValueError(
+                        f"agr: the warm start was fit on {proj.shape[0]}-d {side} features, "
+                        f"the heads take {euclidean.in_features}-d"
+                    )
+                euclidean.base_weight.copy_(proj.T.to(euclidean.base_weight.dtype))
+                euclidean.lora_B.zero_()
+                shrink = self.tangent_shrink(cfg, side, proj.shape[0])
+                weight = hyperbolic.proj.weight
+                weight.copy_((proj.T * shrink).to(weight.dtype))
+                query.gate.weight.zero_()
+                query.gate.bias.zero_()
+            self.router.tail[-1].weight.zero_()
+            self.router.tail[-1].bias.zero_()
+        return "experts at the alignment, router neutral (w = g = 0.5); " + start_agreement(
+            self, alignment
+        )
 
     @classmethod
     def resolve_init(cls, config: AGRConfig, norms: FeatureNorms) -> dict[str, Any]:

@@ -237,6 +237,11 @@ class Recipe(nn.Module):
     #: the Lorentz head only); tests check the declaration against autograd and tower runs
     #: record it in ``meta.json`` (docs/methods.md, "Regimes: what trains the encoders").
     trunk_gradient_keys: ClassVar[tuple[str, ...] | None] = None
+    #: how far (R@1 points) the step-0 validation mean R@1 of the recipe's own scores may lie
+    #: from the alignment's ``val_r1`` after ``warm_start`` (tests/test_warm_start.py): 0 where
+    #: the start ranks exactly like the alignment, a measured bound where the geometry cannot
+    #: hold it exactly (the recipe's ``warm_start`` says why); None: no warm start
+    warm_start_tolerance: ClassVar[float | None] = None
 
     def __init__(self, config, image_dim: int, text_dim: int) -> None:
         super().__init__()
@@ -570,6 +575,9 @@ class CosineRecipe(Recipe):
     index proxy. No origin (the sphere has none), so no hierarchy ordering."""
 
     embedding_geometry: ClassVar[Mapping[str, GeometryKind]] = {"point": "sphere"}
+    #: a cosine head at the alignment's projections ranks exactly like its cosine (only float
+    #: rounding can split a near-tie differently)
+    warm_start_tolerance: ClassVar[float | None] = 0.0
 
     def scores(self, texts: Embedding, images: Embedding, query: Query = "text") -> Tensor:
         return cosine_scores(texts["point"], images["point"])
@@ -610,6 +618,32 @@ def set_projections(heads: list[nn.Module], alignment: LinearAlignment) -> None:
             head.proj.weight.copy_(proj.T.to(head.proj.weight.dtype))
             if head.proj.bias is not None:
                 head.proj.bias.zero_()
+
+
+def start_agreement(recipe: Recipe, alignment: LinearAlignment, max_texts: int = 512) -> str:
+    """How close ``recipe``'s start ranks to ``alignment``, on train captions the alignment was
+    fit on (``LinearAlignment.train_pairs``): "train mean R@1 <recipe> vs <alignment>" (both
+    directions averaged; the recipe's own ``scores``, text and image queries). For the
+    ``warm_start`` line; the validation figures are the run's step-0 validation."""
+    from curvalign.data.alignment import cosine_mean_r1, mean_r1
+
+    images, texts, owner = alignment.train_pairs(max_texts)
+    was_training = recipe.training
+    recipe.eval()
+    try:
+        with torch.no_grad():
+            dtype = next(recipe.parameters()).dtype
+            emb_i = recipe.embed_images(images.to(dtype))
+            emb_t = recipe.embed_texts(texts.to(dtype))
+            score = mean_r1(
+                recipe.scores(emb_t, emb_i, "text").float(),
+                owner,
+                recipe.scores(emb_t, emb_i, "image").float(),
+            )
+    finally:
+        recipe.train(was_training)
+    reference = cosine_mean_r1(images @ alignment.image_map, texts, owner)
+    return f"train mean R@1 {score:.1f} vs the alignment's {reference:.1f}"
 
 
 def box_batch_points(
@@ -760,6 +794,8 @@ def lorentz_head_scales(
         image = config.scale_init
         text = config.scale_init * config.text_radius_ratio
     else:
+        if config.head_init == "align":  # gain 1 at any width, narrower than the input too
+            image_dim = text_dim = config.embed_dim
         image = resolve_tangent_scale(target, image_norm, image_dim, config.embed_dim, preserving)
         text = resolve_tangent_scale(
             target * config.text_radius_ratio, text_norm, text_dim, config.embed_dim, preserving
@@ -778,6 +814,11 @@ class LorentzRecipe(HyperbolicRecipe):
     embedding_geometry = {"point": "lorentz"}
     scale_knobs = ("scale_init", "image_scale_init", "text_scale_init")
     temperature_knob = "temperature_init"
+    #: ``-d_L`` ranks like the alignment's cosine only for points at one radius; the ridge
+    #: map spreads the images' norms (``warm_start``): the largest gap measured on the test
+    #: stores of tests/test_warm_start.py over three world seeds is 4.5 (MERU, HyCoCLIP; AtMG
+    #: 2.6), plus a margin of about three validation images
+    warm_start_tolerance = 6.0
 
     @classmethod
     def resolve_init(cls, config: LorentzConfig, norms: FeatureNorms) -> dict[str, Any]:

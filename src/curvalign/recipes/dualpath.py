@@ -33,6 +33,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
+from curvalign.data.alignment import LinearAlignment
 from curvalign.geometry import sphere
 from curvalign.losses.contrastive import symmetric_info_nce
 from curvalign.losses.multiloss import (
@@ -44,7 +45,15 @@ from curvalign.losses.multiloss import (
 from curvalign.nn.dualpath import TASKS, DualPathHead
 from curvalign.nn.pooling import AttentionPooling
 from curvalign.recipes import register
-from curvalign.recipes.base import Batch, CosineRecipe, Embedding, Gather, LossOutput, Progress
+from curvalign.recipes.base import (
+    Batch,
+    CosineRecipe,
+    Embedding,
+    Gather,
+    LossOutput,
+    Progress,
+    start_agreement,
+)
 from curvalign.schedules import (
     DualPathCurriculum,
     dualpath_gate_warmup,
@@ -77,6 +86,11 @@ class DualPathConfig:
                                       default: 1/7.5, 1000 x 512 / 7.5M, 1/7.5)
     temperature_*, score_weight_*, rank_weight_*         Sec. 4.4's ramps
     triplet_weight, triplet_margin    lambda_t and the triplet margin (not given: 1.0, 0.2)
+    head_init                         "align" (default: adapters and residual at the data's
+                                      linear alignment, both paths' output layers at zero;
+                                      ``DualPath.warm_start``) or "paper" (PyTorch's init);
+                                      with ``pool_tokens`` the head starts at "paper" (the
+                                      alignment is fit on the pooled text features)
     """
 
     model_dim: int = 512
@@ -102,8 +116,16 @@ class DualPathConfig:
     rank_weight_end: float = _CURRICULUM.rank_weight_end
     triplet_weight: float = 1.0
     triplet_margin: float = 0.2
+    head_init: str = "align"
 
     def __post_init__(self) -> None:
+        if self.head_init not in ("align", "paper"):
+            raise ValueError(f"head_init must be 'align' or 'paper', got {self.head_init!r}")
+        if self.head_init == "align" and not self.residual_init < 1.0:
+            raise ValueError(
+                "head_init=align starts the embedding on the residual branch (1 - a) W_r h: "
+                f"residual_init must be < 1, got {self.residual_init}"
+            )
         if min(self.model_dim, self.hidden_dim, self.embed_dim, self.pool_queries) <= 0:
             raise ValueError(
                 "model_dim, hidden_dim, embed_dim and pool_queries must be positive, got "
@@ -137,6 +159,8 @@ class DualPath(CosineRecipe):
     Config = DualPathConfig
     temperature_knob = "temperature_start"
     requires = frozenset({"text_pairs"})
+    #: runs saved before head_init existed started at PyTorch's init
+    saved_config_defaults = {"head_init": "paper"}
     #: viPolyQwen Sec. 5.2: projection-layer lr 1.2e-4, clipping "adaptive from 100 to 10" (the
     #: project clips at the final 10.0); weight decay and warm-up are not stated (project: 0.2, 5%)
     train_defaults = {
@@ -176,6 +200,61 @@ class DualPath(CosineRecipe):
     @classmethod
     def reads_text_tokens(cls, config: DualPathConfig) -> bool:
         return bool(config.pool_tokens)
+
+    @classmethod
+    def uses_alignment(cls, config: DualPathConfig) -> bool:
+        """head_init=align on pooled features: token inputs are not what the alignment maps."""
+        return config.head_init == "align" and not config.pool_tokens
+
+    def warm_start(self, alignment: LinearAlignment) -> str:
+        """The embedding starts on the residual branch at the alignment, both paths at zero.
+
+        Adapters ``A_m`` at ``alignment.projections(model_dim)`` (biases and task prefixes
+        zero), ``W_r`` [embed_dim, model_dim] the least-squares map taking the text adapter's
+        columns to ``alignment.projections(embed_dim)``'s (``pinv(A_text) T_text``: exact where
+        ``model_dim`` >= the text width, then ``W_r A_img`` is proportional to
+        ``T_img`` too), and the output layers ``W_2^text``, ``W_2^multi`` and their biases at
+        zero. Then ``z = 0`` for every input whatever the gate and the task, and
+        ``e = (1 - a) W_r A_m x``: the step-0 cosine is the alignment's (reduced to its
+        ``min(model_dim, embed_dim)`` leading directions where those are narrower than the
+        text width), for image-caption pairs and, by the same isometry, the frozen text
+        features' own cosine for text pairs.
+
+        Why the output layers and not ``a = 0``: with ``a = 0`` the paths get no gradient
+        until the scalar ``a`` has moved, about one learning rate a step under Adam (thousands
+        of steps to reach the paper's 0.5); with zero output layers ``a`` keeps the paper's
+        init, ``W_2`` takes its gradient at once and the shared expansion from the next step,
+        and the start does not depend on the gate or on the Phase-2 copy of the text path
+        into the multimodal path (both start at zero)."""
+        cfg: DualPathConfig = self.config
+        head = self.head
+        adapt_img, adapt_txt = alignment.projections(cfg.model_dim)  # [D, model_dim]
+        _, target_txt = alignment.projections(cfg.embed_dim)  # [Dt, embed_dim]
+        residual = torch.linalg.pinv(adapt_txt.double()) @ target_txt.double()  # [m, e]
+        with torch.no_grad():
+            for modality, proj in (("image", adapt_img), ("text", adapt_txt)):
+                adapter = head.adapters[modality]
+                if adapter.in_features != proj.shape[0]:
+                    raise ValueError(
+                        f"dualpath: the warm start was fit on {proj.shape[0]}-d {modality} "
+                        f"features, the adapter takes {adapter.in_features}-d"
+                    )
+                adapter.weight.copy_(proj.T)
+                adapter.bias.zero_()
+            if head.task_prefix is not None:
+                head.task_prefix.zero_()
+            head.residual.weight.copy_(residual.T.float())
+            for layer in (head.text_path, head.multi_path):
+                layer.weight.zero_()
+                layer.bias.zero_()
+        exact = min(cfg.model_dim, cfg.embed_dim) >= alignment.text_dim
+        how = (
+            "exactly" if exact else f"on its {min(cfg.model_dim, cfg.embed_dim)} leading directions"
+        )
+        return (
+            f"residual branch at the alignment ({how}), both paths at zero, a "
+            f"{float(head.mix.detach()):.2g}; " + start_agreement(self, alignment)
+        )
 
     # --- embeddings ---------------------------------------------------------------------------
     def _inputs(

@@ -3,7 +3,10 @@
 Embedding  {"hyperbolic": [N, dH] Lorentz space components, "euclidean": [N, dE],
             "sphere": [N, dS] points of the sphere of radius R}; a part of dimension 0 is left
            out (the single-geometry baselines of Sec. 3.2: e.g. hyperbolic_dim=192, the others 0).
-Head       ``MixedCurvatureHead``: one 2-layer MLP (hidden 512, ReLU) per part (Sec. 3.3).
+Head       ``MixedCurvatureHead``: one 2-layer MLP (hidden 512, ReLU) per part (Sec. 3.3). With
+           ``head_init="align"`` (default) each part is a linear skip path started at the data's
+           linear alignment plus the MLP as a residual branch starting at zero (``warm_start``);
+           ``head_init="paper"`` is the paper's MLP alone (the parameters saved runs hold).
 Score      ``s = -d_Z^2 = -(a_H d_H^2 + a_E |e1 - e2|^2 + a_S d_S^2)`` (Eq. 4, Sec. 2.2), the weights
            a learnable and positive (stored as logs, init 1).
 Loss       Eq. 5: symmetric InfoNCE on ``s / tau`` with tau = 0.07 fixed (Sec. 3.3), as the mean of
@@ -23,6 +26,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from curvalign.data.alignment import LinearAlignment
 from curvalign.geometry import lorentz, sphere
 from curvalign.losses import symmetric_info_nce
 from curvalign.nn.heads import MixedCurvatureHead
@@ -41,6 +45,7 @@ from curvalign.recipes.base import (
     check_scalar_range,
     learnable_curvature,
     learnable_temperature,
+    start_agreement,
 )
 from curvalign.scores import mixed_sqdist_pair_scores, mixed_sqdist_scores
 
@@ -61,6 +66,10 @@ class ProclipConfig:
     sphere_radius                              R of the spherical part (1.0)
     normalize_inputs                           L2-normalise both feature sets before the heads
                                                (Sec. 3.2: "embeddings are L2-normalized")
+    head_init                                  "align" (default: linear skip path at the data's
+                                               alignment + zero-started MLP, the weights chosen
+                                               to rank like it; ``Proclip.warm_start``) or
+                                               "paper" (the MLPs at PyTorch's init)
     """
 
     hyperbolic_dim: int = 64
@@ -79,8 +88,11 @@ class ProclipConfig:
     learn_curvature: bool = False
     sphere_radius: float = 1.0
     normalize_inputs: bool = True
+    head_init: str = "align"
 
     def __post_init__(self) -> None:
+        if self.head_init not in ("align", "paper"):
+            raise ValueError(f"head_init must be 'align' or 'paper', got {self.head_init!r}")
         dims = (self.hyperbolic_dim, self.euclidean_dim, self.sphere_dim)
         if min(dims) < 0 or max(dims) == 0:
             raise ValueError(f"part dimensions must be >= 0 with at least one positive, got {dims}")
@@ -113,8 +125,19 @@ class Proclip(HyperbolicRecipe):
         "min_lr_ratio": 0.0,
         "grad_clip": 0.0,
     }
-    #: runs saved before normalize_inputs existed fed raw features to the heads
-    saved_config_defaults = {"normalize_inputs": False}
+    #: runs saved before normalize_inputs existed fed raw features to the heads; before
+    #: head_init existed their heads were the paper's MLPs
+    saved_config_defaults = {"normalize_inputs": False, "head_init": "paper"}
+    #: how far (R@1 points) the step-0 validation mean R@1 may lie from the alignment's
+    #: (tests/test_warm_start.py): the spherical part ranks exactly like the alignment's
+    #: (reduced) cosine; the hyperbolic and Euclidean parts, kept at the weight ``warm_start``
+    #: chooses, add what the norm spread of the mapped images does to them. The largest gap
+    #: measured on the test stores over three world seeds is 4.4, plus a margin
+    warm_start_tolerance = 6.0
+    #: the hyperbolic and Euclidean weights' multiples of ``weight_init`` ``warm_start`` tries
+    WEIGHT_FRACTIONS = (1.0, 0.5, 0.2, 0.1, 0.05, 0.02, 0.01)
+    #: train R@1 points the chosen mixture may give up to keep larger H and E weights
+    WEIGHT_SLACK_R1 = 1.0
 
     def __init__(self, config: ProclipConfig, image_dim: int, text_dim: int) -> None:
         super().__init__(config, image_dim, text_dim)
@@ -123,6 +146,7 @@ class Proclip(HyperbolicRecipe):
             euclidean_dim=config.euclidean_dim,
             sphere_dim=config.sphere_dim,
             hidden_dim=config.hidden_dim,
+            skip=config.head_init == "align",
         )
         self.image_head = MixedCurvatureHead(image_dim, **dims)
         self.text_head = MixedCurvatureHead(text_dim, **dims)
@@ -135,6 +159,77 @@ class Proclip(HyperbolicRecipe):
         )
         self.temperature = learnable_temperature(config)
         self.curvature = learnable_curvature(config)
+
+    def warm_start(self, alignment: LinearAlignment) -> str:
+        """Each part's linear skip path at ``alignment.projections(d_part)`` (the same leading
+        directions for every part), scaled so that the (normalised, where ``normalize_inputs``)
+        train inputs map to mean norm 1: tangent norm about 1 at c = 1 for the hyperbolic part,
+        unit scale for the Euclidean one; the MLPs' residual branches start at zero
+        (``MixedCurvatureHead(skip=True)``).
+
+        The weights: the spherical part's distance is ``R arccos`` of the alignment's cosine
+        (exactly, where ``sphere_dim`` >= the text width; of its leading directions
+        otherwise), so it ranks like the alignment; the hyperbolic and Euclidean distances also
+        see the mapped images' norms, which the ridge map spreads. ``a_S`` stays at
+        ``weight_init`` and ``a_H = a_E`` take the largest multiple of it in
+        ``WEIGHT_FRACTIONS`` whose train mean R@1 lies within ``WEIGHT_SLACK_R1`` of the best
+        multiple's (a weight near its floor trains slowly: Adam moves its log about one
+        learning rate a step). Without a spherical part every weight stays at ``weight_init``.
+        """
+        from curvalign.data.alignment import mean_r1
+
+        cfg: ProclipConfig = self.config
+        images, texts, owner = alignment.train_pairs()
+        sides = (
+            (self.image_head, self._inputs(images.float()), 0),
+            (self.text_head, self._inputs(texts.float()), 1),
+        )
+        with torch.no_grad():
+            for part in self.parts:
+                projections = alignment.projections(self.image_head.dims[part])
+                for head, inputs, side in sides:
+                    proj = projections[side]
+                    if head.in_dim != proj.shape[0] or head.skips is None:
+                        raise ValueError(
+                            f"proclip: the warm start needs head_init=align heads on "
+                            f"{proj.shape[0]}-d features (the head takes {head.in_dim}-d)"
+                        )
+                    norm = float(torch.linalg.vector_norm(inputs @ proj, dim=-1).mean())
+                    head.skips[part].weight.copy_(proj.T / max(norm, 1e-12))
+            chosen = 1.0
+            if "sphere" in self.parts and len(self.parts) > 1:
+                c, radius = self.curvature(), cfg.sphere_radius
+                emb_i = self.image_head(sides[0][1], c, radius)
+                emb_t = self.text_head(sides[1][1], c, radius)
+                tried = []
+                for fraction in self.WEIGHT_FRACTIONS:
+                    w = self._start_weights(fraction)
+                    r1 = mean_r1(mixed_sqdist_scores(emb_t, emb_i, w, c, radius), owner)
+                    tried.append((fraction, r1))
+                best = max(r1 for _, r1 in tried)
+                chosen = max(f for f, r1 in tried if r1 >= best - self.WEIGHT_SLACK_R1)
+            for part, value in self._start_weights(chosen).items():
+                self.weights[part].log_value.fill_(float(value.log()))
+        weights = ", ".join(
+            f"a_{p[0].upper()} {float(w.value):.3g}" for p, w in self.weights.items()
+        )
+        return f"skip paths at the alignment, MLPs at zero, {weights}; " + start_agreement(
+            self, alignment
+        )
+
+    def _start_weights(self, fraction: float) -> dict[str, Tensor]:
+        """{part: weight}: ``weight_init`` for the sphere, ``fraction`` of it for the others,
+        inside the weights' bounds."""
+        cfg: ProclipConfig = self.config
+        return {
+            p: torch.tensor(
+                min(
+                    cfg.weight_max,
+                    max(cfg.weight_min, cfg.weight_init * (1.0 if p == "sphere" else fraction)),
+                )
+            )
+            for p in self.parts
+        }
 
     def logit_temperature(self, progress: Progress) -> float:
         return float(self.temperature.value)
