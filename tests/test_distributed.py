@@ -8,8 +8,8 @@ the gathering, the targets' offsets and the averaged batch statistics are what i
 
 from __future__ import annotations
 
-import os
 import tempfile
+from pathlib import Path
 
 import pytest
 import torch
@@ -79,9 +79,7 @@ def single_process_step(name: str, state: dict) -> tuple[float, dict[str, torch.
     return float(out.total.detach()), gradients(recipe)
 
 
-def _worker(rank: int, init_file: str, names: list[str], states_path: str, out_path: str) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD)
+def _recipes_on_rank(rank: int, names: list[str], states_path: str, out_path: str) -> None:
     states = torch.load(states_path)
     results = {}
     for name in names:
@@ -94,9 +92,28 @@ def _worker(rank: int, init_file: str, names: list[str], states_path: str, out_p
         results[name] = (float(loss) / WORLD, gradients(recipe))
     if rank == 0:
         torch.save(results, out_path)
+
+
+def _worker(rank: int, init_file: str, names: list[str], folder: str) -> None:
+    """One process group for every test of this file (a spawn costs two interpreter starts)."""
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD)
+    _recipes_on_rank(rank, names, f"{folder}/states.pt", f"{folder}/recipes.pt")
+    _global_loss_on_rank(rank, f"{folder}/global")
     dist.barrier()
-    mark_done(os.path.dirname(out_path), rank)
+    mark_done(folder, rank)
     dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def spawned(tmp_path_factory) -> tuple[Path, dict]:
+    """The workers run once: (their folder, the single-process states they started from)."""
+    folder = tmp_path_factory.mktemp("gloo")
+    states = {name: build(name).state_dict() for name in recipe_names()}
+    torch.save(states, folder / "states.pt")
+    init_file = tempfile.mktemp(prefix="curvalign-dist-", dir=str(folder))
+    spawn_and_wait(_worker, (init_file, recipe_names(), str(folder)), WORLD, folder)
+    return folder, states
 
 
 def test_every_method_is_registered():
@@ -112,14 +129,10 @@ def test_every_method_is_registered():
     }
 
 
-def test_two_processes_equal_one_process_on_the_global_batch(tmp_path):
+def test_two_processes_equal_one_process_on_the_global_batch(spawned):
+    folder, states = spawned
     names = recipe_names()
-    states = {name: build(name).state_dict() for name in names}
-    states_path, out_path = str(tmp_path / "states.pt"), str(tmp_path / "out.pt")
-    torch.save(states, states_path)
-    init_file = tempfile.mktemp(prefix="curvalign-dist-", dir=str(tmp_path))
-    spawn_and_wait(_worker, (init_file, names, states_path, out_path), WORLD, tmp_path)
-    distributed = torch.load(out_path)
+    distributed = torch.load(folder / "recipes.pt")
 
     failures = []
     for name in names:
@@ -149,11 +162,9 @@ class _LocalLoss(torch.nn.Module):
         )
 
 
-def _global_loss_worker(rank: int, init_file: str, out_path: str) -> None:
+def _global_loss_on_rank(rank: int, out_path: str) -> None:
     from curvalign.train.distributed import GlobalLossStep
 
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD)
     model = GlobalLossStep(
         DistributedDataParallel(_LocalLoss()), seed=0, rank=rank, device=torch.device("cpu")
     )
@@ -177,18 +188,14 @@ def _global_loss_worker(rank: int, init_file: str, out_path: str) -> None:
         },
         f"{out_path}.{rank}",
     )
-    dist.barrier()
-    mark_done(os.path.dirname(out_path), rank)
-    dist.destroy_process_group()
 
 
-def test_every_rank_reports_the_global_loss(tmp_path):
+def test_every_rank_reports_the_global_loss(spawned):
     """Values are the mean over ranks (so a NaN on one rank stops all of them at the same step);
     the gradient stays that of the local loss, which DDP averages."""
-    init_file = tempfile.mktemp(prefix="curvalign-dist-", dir=str(tmp_path))
-    spawn_and_wait(_global_loss_worker, (init_file, str(tmp_path / "out")), WORLD, tmp_path)
+    folder, _ = spawned
     for rank in range(WORLD):
-        result = torch.load(tmp_path / f"out.{rank}")
+        result = torch.load(folder / f"global.{rank}")
         assert result["total"] == pytest.approx(1.5) and result["term"] == pytest.approx(1.5)
         assert result["logs"] == {"rows": 2.0}
         assert result["grad"] == pytest.approx(1.5)  # mean over ranks of d(mean(w x))/dw = x

@@ -213,7 +213,9 @@ def test_save_load_round_trip_and_add(tmp_path, kind, method):
     loaded = load_index(path)
     d2, i2 = loaded.search(q, 7)
     np.testing.assert_array_equal(i1, i2)
-    np.testing.assert_array_equal(d1, d2)
+    # the loaded index scans its file's rows from another buffer than the built one's, so the
+    # float64 GEMM may sum in another order: distances agree to float64 rounding, not bit for bit
+    np.testing.assert_allclose(d1, d2, rtol=1e-12)
     if kind == "exact":  # adding equals building on everything at once
         ids_all = np.concatenate([np.arange(1000) * 2, np.arange(1000, 1500) * 2 + 1])
         d3, i3 = build_index(x, c, ids=ids_all).search(q, 7)

@@ -488,21 +488,27 @@ def test_study_learning_rate_is_a_stated_multiple_of_the_paper_rate(tmp_path):
     )
 
 
+# A small taxonomy: 4 families x 2**2 = 16 classes, 2 prompt templates (the default world has
+# 108 classes x 4 templates). Every validation of a study arm evaluates zero-shot per class and
+# per template, which was most of a tiny study's time; the studies' logic is the same.
+SMALL_TREE = "depth=2,branching=2,templates=2"
+
+
 def _tiny_world():
     from curvalign.data.synthetic import config_from_spec, make_world
 
-    return make_world(config_from_spec("images=160,text_pairs=0,captions_max=3"))
+    return make_world(config_from_spec(f"images=160,text_pairs=0,captions_max=3,{SMALL_TREE}"))
 
 
 # --- each study tiny -----------------------------------------------------------------------------
 
-TINY = "synthetic:images=160,text_pairs=60,captions_max=3"
+TINY = f"synthetic:images=160,text_pairs=60,captions_max=3,{SMALL_TREE}"
 TINY_TRAIN = ["batch_size=16", "pair_batch_size=16"]
 TINY_STUDIES = {
     "agr-curriculum": ({}, TINY),
     "dualpath-forgetting": (
         {},
-        "synthetic:images=160,text_pairs=60,captions_max=3,paraphrase_topics=8,heldout_pairs=40",
+        f"{TINY},paraphrase_topics=8,heldout_pairs=40",
     ),
     "atmg-curvature": ({"curvatures": (0.1, 1.0)}, TINY),
     "phyclip-factors": ({"total_dim": 8, "factors": (1, 4)}, TINY + ",leaf_pairs=4"),
@@ -1120,9 +1126,7 @@ def test_claims_about_a_method_are_decided_across_worlds(
             assert world["control"] == alone["control"]
 
 
-DUALPATH_TINY = (
-    "synthetic:images=160,text_pairs=60,captions_max=3,paraphrase_topics=8,heldout_pairs=40"
-)
+DUALPATH_TINY = f"{TINY},paraphrase_topics=8,heldout_pairs=40"
 
 
 def test_dualpath_claims_are_decided_across_worlds(tmp_path, one_thread, monkeypatch):
