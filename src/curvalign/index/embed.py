@@ -31,7 +31,6 @@ from curvalign._io import (
     file_checksums,
     read_json_file,
     staged_directory,
-    verify_file,
 )
 from curvalign.data.features import FeatureStore
 from curvalign.errors import (
@@ -41,6 +40,7 @@ from curvalign.errors import (
     NotFoundError,
     OverwriteError,
 )
+from curvalign.index.checked import STATS_KEY, check_file, seal_files
 from curvalign.index.rerank import RecipeIndex, as_torch_embedding
 from curvalign.index.search import (
     GEOMETRY,
@@ -169,6 +169,7 @@ def embed_store(
         written = [name for side_files in files.values() for name in side_files.values()]
         meta = {
             CHECKSUMS_KEY: file_checksums(tmp, [*written, "text_to_image.npy"]),
+            STATS_KEY: seal_files(tmp, [*written, "text_to_image.npy"]),
             "format_version": FORMAT_VERSION,
             "recipe": recipe.name,
             "counts": counts,
@@ -184,11 +185,16 @@ def embed_store(
 
 @dataclass
 class Embeddings:
-    """An embeddings directory, opened with memory maps (nothing is read until touched)."""
+    """An embeddings directory, opened with memory maps (nothing is read until touched).
+
+    ``verify``: hash every file it reads against ``embedding.json`` (otherwise a file whose
+    size and modification time are the recorded ones is not read to check it).
+    """
 
     path: Path
     meta: dict[str, Any]
     _verified: set[str] = field(default_factory=set, repr=False)
+    verify: bool = False
 
     @property
     def recipe_name(self) -> str:
@@ -213,12 +219,20 @@ class Embeddings:
         return self._load("text_to_image.npy")
 
     def _load(self, name: str, mmap_mode: str | None = None) -> np.ndarray:
-        """``np.load`` of one file, after its SHA-256 was checked against ``embedding.json``
-        (once per file and object); a damaged or truncated file is named in one line."""
+        """``np.load`` of one file, after it was checked against ``embedding.json`` (once per
+        file and object: by size and time, or its SHA-256 where those differ or ``verify``);
+        a damaged or truncated file is named in one line."""
         path = self.path / name
         redo = "write the embeddings again with `curvalign embed`"
         if name not in self._verified:
-            verify_file(path, self.meta.get(CHECKSUMS_KEY), str(self.path / META_FILE), redo)
+            check_file(
+                path,
+                self.meta.get(CHECKSUMS_KEY),
+                self.meta.get(STATS_KEY),
+                str(self.path / META_FILE),
+                redo,
+                full=self.verify,
+            )
             self._verified.add(name)
         try:
             return np.load(path, mmap_mode=mmap_mode)
@@ -232,7 +246,8 @@ class Embeddings:
         return self.meta["keys"].get(key, {}).get("geometry", "unknown")
 
 
-def load_embeddings(path: str | os.PathLike) -> Embeddings:
+def load_embeddings(path: str | os.PathLike, *, verify: bool = False) -> Embeddings:
+    """The embeddings directory ``path`` (``verify``: hash each file read, see ``Embeddings``)."""
     path = Path(path)
     if not (path / META_FILE).exists():
         raise NotFoundError(
@@ -245,7 +260,7 @@ def load_embeddings(path: str | os.PathLike) -> Embeddings:
         raise IndexMismatchError(
             f"{path}: embeddings format {meta.get('format_version')} is not supported"
         )
-    return Embeddings(path, meta)
+    return Embeddings(path, meta, verify=verify)
 
 
 # --- serving: build and search from an embeddings directory ---------------------------------------
@@ -322,6 +337,7 @@ def build_from_embeddings(
             json.dumps(
                 {
                     CHECKSUMS_KEY: file_checksums(tmp, ["proxy.faiss"]),
+                    STATS_KEY: seal_files(tmp, ["proxy.faiss"]),
                     "format_version": 1,
                     "geometry": "recipe",
                     "mode": "rerank",
@@ -363,8 +379,11 @@ class SearchResult:
     score_name: str  # "distance" or "score"
 
 
-def open_index(path: str | os.PathLike) -> tuple[dict[str, Any], LorentzIndex | None]:
-    """``(index.json contents, LorentzIndex or None for a rerank index)``."""
+def open_index(
+    path: str | os.PathLike, *, verify: bool = False
+) -> tuple[dict[str, Any], LorentzIndex | None]:
+    """``(index.json contents, LorentzIndex or None for a rerank index)``; ``verify``: hash its
+    files even where size and modification time match the recorded ones."""
     path = Path(path)
     if not (path / "index.json").exists():
         raise NotFoundError(
@@ -373,7 +392,7 @@ def open_index(path: str | os.PathLike) -> tuple[dict[str, Any], LorentzIndex | 
     raw = read_json_file(path / "index.json", "build the index again with `curvalign index build`")
     if isinstance(raw, dict) and raw.get("mode") == "rerank":
         return raw, None
-    index = load_index(path)
+    index = load_index(path, verify=verify)
     return {**raw, "meta": index.meta}, index
 
 
@@ -496,6 +515,7 @@ def add_embeddings(path: str | os.PathLike, emb: Embeddings) -> int:
         engine.save_proxy(str(tmp / "proxy.faiss"))
         updated = {**raw, "count": len(engine), "meta": {**meta, "sources": sources + [source]}}
         updated[CHECKSUMS_KEY] = file_checksums(tmp, ["proxy.faiss"])
+        updated[STATS_KEY] = seal_files(tmp, ["proxy.faiss"])
         updated["candidate_index"] = engine.candidate_index
         (tmp / "index.json").write_text(json.dumps(updated, indent=2))
     return m
@@ -511,9 +531,10 @@ def open_rerank_engine(path: str | os.PathLike, raw: dict[str, Any], run: Loaded
     database = source_side(index_sources(meta), meta["side"])
     proxy_file = Path(path) / "proxy.faiss"
     if proxy_file.exists():  # checked before faiss reads a byte of it
-        verify_file(
+        check_file(
             proxy_file,
             raw.get(CHECKSUMS_KEY),
+            raw.get(STATS_KEY),
             str(Path(path) / "index.json"),
             "build the index again with `curvalign index build`",
         )

@@ -50,7 +50,7 @@ from typing import Any, Literal
 import faiss
 import numpy as np
 
-from curvalign._io import file_checksums, read_json_file, staged_directory, verify_file
+from curvalign._io import file_checksums, read_json_file, staged_directory
 from curvalign.errors import (
     CurvalignError,
     DamagedFileError,
@@ -67,6 +67,7 @@ from curvalign.geometries import (
     poincare_ball,
     query_vectors,
 )
+from curvalign.index.checked import check_file, seal_files
 
 GEOMETRY = "lorentz"
 FORMAT_VERSION = 1
@@ -173,6 +174,8 @@ class IndexInfo:
     format_version: int = FORMAT_VERSION
     #: SHA-256 of index.faiss and ids.npy, checked before they are read (empty: older index)
     sha256: dict[str, str] = field(default_factory=dict)
+    #: [size, mtime_ns] of the same files when written: a match skips the hash at open
+    file_stats: dict[str, list[int]] = field(default_factory=dict)
 
 
 class LorentzIndex:
@@ -414,6 +417,7 @@ class LorentzIndex:
             faiss.write_index(in_memory(self._index), str(tmp / "index.faiss"))
             np.save(tmp / "ids.npy", np.asarray(self._ids))
             self.info.sha256 = file_checksums(tmp, ["index.faiss", "ids.npy"])
+            self.info.file_stats = seal_files(tmp, ["index.faiss", "ids.npy"])
             (tmp / "index.json").write_text(
                 json.dumps(self.info.__dict__, indent=2, sort_keys=True)
             )
@@ -423,8 +427,12 @@ class LorentzIndex:
         return path
 
 
-def load_index(path: str | os.PathLike) -> LorentzIndex:
-    """Read an index written by ``LorentzIndex.save``."""
+def load_index(path: str | os.PathLike, *, verify: bool = False) -> LorentzIndex:
+    """Read an index written by ``LorentzIndex.save``.
+
+    Its files are checked against ``index.json`` by size and modification time; their SHA-256
+    is computed only when those differ or ``verify`` is true (``curvalign.index.checked``).
+    """
     path = Path(path)
     meta_file = path / "index.json"
     if not meta_file.exists():
@@ -444,7 +452,7 @@ def load_index(path: str | os.PathLike) -> LorentzIndex:
     info = IndexInfo(**raw)
     redo = "build the index again with `curvalign index build`"
     for name in ("index.faiss", "ids.npy"):  # before faiss or numpy reads a byte of them
-        verify_file(path / name, info.sha256, str(meta_file), redo)
+        check_file(path / name, info.sha256, info.file_stats, str(meta_file), redo, full=verify)
     try:
         # a flat (exact) index is scanned from the file in chunks, never loaded whole
         faiss_index = read_flat_or_faiss(path / "index.faiss")
