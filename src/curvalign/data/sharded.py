@@ -11,6 +11,16 @@ boolean mask too), which returns a new ``torch.Tensor`` in the shards' dtype (fl
 float16). Operations on the whole array (``.float()``, arithmetic) are deliberately absent:
 they would copy it all.
 
+Kernel advice. A memory map's default read-ahead fits sequential reads: each page fault reads a
+window of pages around it. A training sampler gathers scattered rows, and on a layout larger
+than the page cache that window is read from disk for every row (for 1 KiB rows, hundreds of
+times the bytes the batch needs). ``advise("random")`` (the sampler calls it) tells the kernel
+(``madvise(MADV_RANDOM)``) to read only the page a row lies on; the rows drawn, and so the
+batches, do not change. A contiguous read of at least ``SEQUENTIAL_MIN_BYTES`` from one shard
+(embedding, importing, scanning values: all go through ``rows[a:b]``) switches that shard to
+``MADV_SEQUENTIAL`` for the copy and back to the advice it had afterwards, so those passes
+keep a full read-ahead whatever the sampler asked.
+
 ``ParquetColumn`` does the same for one string column of sharded parquet files (captions,
 URLs), read a shard at a time with pyarrow (an optional dependency: ``pip install
 'curvalign[parquet]'``); only the row counts are read when it is opened.
@@ -18,6 +28,7 @@ URLs), read a shard at a time with pyarrow (an optional dependency: ``pip instal
 
 from __future__ import annotations
 
+import mmap
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -32,6 +43,58 @@ from curvalign.errors import CurvalignError
 
 class ShardError(CurvalignError, ValueError):
     """Shards that cannot be read as one array (missing, unreadable, mismatched widths)."""
+
+
+#: contiguous reads of at least this many bytes from one shard are advised as sequential
+SEQUENTIAL_MIN_BYTES = 1 << 20
+
+_ADVICE = {
+    "normal": getattr(mmap, "MADV_NORMAL", None),
+    "random": getattr(mmap, "MADV_RANDOM", None),
+    "sequential": getattr(mmap, "MADV_SEQUENTIAL", None),
+}
+
+
+def _file_map(array: np.ndarray) -> mmap.mmap | None:
+    """The ``mmap`` under a memory-mapped numpy array (None for an array in memory)."""
+    base: Any = array
+    while base is not None:
+        found = getattr(base, "_mmap", None)
+        if isinstance(found, mmap.mmap):
+            return found
+        base = getattr(base, "base", None)
+    return None
+
+
+def _madvise(mapping: mmap.mmap, advice: int) -> None:
+    """``mapping.madvise(advice)`` over the whole map (one place, so tests can watch it)."""
+    mapping.madvise(advice)
+
+
+def advise_array(array: np.ndarray, pattern: str) -> bool:
+    """Advise the kernel of how a memory-mapped array will be read: ``"random"``,
+    ``"sequential"`` or ``"normal"``. False (and nothing done) for an array in memory or a
+    platform without ``madvise``."""
+    if pattern not in _ADVICE:
+        raise ValueError(f"access pattern {pattern!r}; expected one of {sorted(_ADVICE)}")
+    mapping, flag = _file_map(array), _ADVICE[pattern]
+    if mapping is None or flag is None or not hasattr(mapping, "madvise"):
+        return False
+    try:
+        _madvise(mapping, flag)
+    except (OSError, ValueError):  # a closed map or an unsupported flag: advice, not a must
+        return False
+    return True
+
+
+def advise_rows(value: Any, pattern: str) -> bool:
+    """``advise`` a store field's rows when they are memory-mapped shards (``ShardedRows``) or a
+    memory-mapped array; True when advice was given."""
+    if isinstance(value, ShardedRows):
+        return value.advise(pattern)
+    if isinstance(value, np.ndarray):
+        return advise_array(value, pattern)
+    return False
 
 
 _TORCH_DTYPES = {
@@ -69,6 +132,16 @@ class ShardedRows:
         self.names = names
         #: [S + 1] first global row of each shard, then N
         self.offsets = np.concatenate([[0], np.cumsum([len(s) for s in shards])]).astype(np.int64)
+        #: the access pattern last advised for every shard (``advise``)
+        self.advice = "normal"
+
+    def advise(self, pattern: str) -> bool:
+        """Advise the kernel how the shards will be read (``"random"``: gathers of scattered
+        rows, ``"sequential"``, ``"normal"``); see the module docstring. True if any shard is a
+        memory map that took the advice."""
+        took = [advise_array(shard, pattern) for shard in self.shards]
+        self.advice = pattern
+        return any(took)
 
     @classmethod
     def open(cls, paths: Sequence[str | os.PathLike[str]]) -> ShardedRows:
@@ -146,10 +219,19 @@ class ShardedRows:
         out = np.empty((stop - start, self.shape[1]), dtype=self.shards[0].dtype)
         first = int(np.searchsorted(self.offsets, start, side="right")) - 1
         k, row = max(first, 0), start
+        row_bytes = int(self.shards[0].shape[1]) * self.shards[0].dtype.itemsize
         while row < stop:
             lo, hi = int(self.offsets[k]), int(self.offsets[k + 1])
             end = min(stop, hi)
-            out[row - start : end - start] = self.shards[k][row - lo : end - lo]
+            # a long run of rows: full read-ahead for it, then the shard's own advice again
+            ahead = (end - row) * row_bytes >= SEQUENTIAL_MIN_BYTES and self.advice != "sequential"
+            if ahead:
+                advise_array(self.shards[k], "sequential")
+            try:
+                out[row - start : end - start] = self.shards[k][row - lo : end - lo]
+            finally:
+                if ahead:
+                    advise_array(self.shards[k], self.advice)
             row, k = end, k + 1
         return torch.from_numpy(out)
 
