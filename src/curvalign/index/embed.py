@@ -41,13 +41,16 @@ from curvalign.errors import (
     OverwriteError,
 )
 from curvalign.index.checked import STATS_KEY, check_file, seal_files
-from curvalign.index.rerank import RecipeIndex, as_torch_embedding
+from curvalign.index.rerank import RecipeIndex, as_torch_embedding, default_proxy
 from curvalign.index.search import (
     GEOMETRY,
     IndexMismatchError,
     LorentzIndex,
+    build_block_rows,
     build_index,
     load_index,
+    save_exact_index,
+    write_flat_index,
 )
 from curvalign.readout import check_input_widths, embed_store_rows
 from curvalign.recipes.base import Embedding, Recipe
@@ -294,16 +297,23 @@ def build_from_embeddings(
         "weights_sha256": emb.meta.get("weights_sha256"),
         "weights": emb.meta.get("weights"),
     }
+    block_rows = options.pop("block_rows", None)
     key = emb.meta.get("lorentz_index_key")
     if key is not None:
         points = emb.side(side)[key]
+        lorentz_meta = {**base_meta, "key": key, "mode": "lorentz"}
+        if kind == "exact":  # written block by block, never built in memory
+            return save_exact_index(
+                out, points, emb.curvature[0], meta=lorentz_meta, block_rows=block_rows
+            )
         index = build_index(
             points,
             emb.curvature[0],
             kind=kind,
             method=method,
             **options,
-            meta={**base_meta, "key": key, "mode": "lorentz"},
+            meta=lorentz_meta,
+            block_rows=block_rows,
         )
         return index.save(out)
     if kind != "exact" and method not in ("hnsw", "ivfpq"):
@@ -320,19 +330,26 @@ def build_from_embeddings(
     run = load_run(base_meta["run_dir"], weights=base_meta.get("weights") or "last")
     check_same_run(base_meta, run, f"the embeddings {emb.path}", "index build")
     known = ("M", "ef_construction", "ef_search") if method == "hnsw" else ("nlist", "nprobe")
-    engine = RecipeIndex(
-        run.recipe,
-        emb.side(side),
-        side,
-        candidate_index=method if kind == "ann" else "flat",
-        **{k: v for k, v in options.items() if k in known and v is not None},
-    )
     out = Path(out)
     if out.exists() and not (out / "index.json").exists() and any(out.iterdir()):
         raise OverwriteError(f"{out} exists and is not a curvalign index; not overwriting it")
     with staged_directory(out) as tmp:
         # The proxy vectors depend on the run's learned curvature / weights: computed once, here.
-        engine.save_proxy(str(tmp / "proxy.faiss"))
+        if kind == "exact":  # a flat proxy, written block by block (never whole in memory)
+            database = as_torch_embedding(emb.side(side))
+            proxy_file = write_proxy_blocks(
+                tmp / "proxy.faiss", run.recipe, database, block_rows=block_rows
+            )
+            engine = RecipeIndex(run.recipe, database, side, proxy_index=proxy_file)
+        else:
+            engine = RecipeIndex(
+                run.recipe,
+                emb.side(side),
+                side,
+                candidate_index=method,
+                **{k: v for k, v in options.items() if k in known and v is not None},
+            )
+            engine.save_proxy(str(tmp / "proxy.faiss"))
         (tmp / "index.json").write_text(
             json.dumps(
                 {
@@ -350,6 +367,25 @@ def build_from_embeddings(
             )
         )
     return out
+
+
+def write_proxy_blocks(
+    path: Path, recipe: Recipe, database: Embedding, *, block_rows: int | None = None
+) -> Any:
+    """Write the flat proxy index of ``database`` (one side's embedding, ``[N, ...]`` per key)
+    for ``recipe`` to ``path``, ``block_rows`` items at a time (default: 64 MiB of float32 per
+    block, ``build_block_rows``); returns it opened as a ``FlatFile``. Memory outside the
+    embedding's maps is one block of proxy vectors."""
+    proxy = default_proxy(recipe)
+    n = int(next(iter(database.values())).shape[0])
+    first = proxy.database({key: v[:1] for key, v in database.items()})
+    block = int(block_rows) if block_rows else build_block_rows(first.shape[1] - 1)
+
+    def vectors() -> Any:
+        for start in range(0, n, block):
+            yield proxy.database({key: v[start : start + block] for key, v in database.items()})
+
+    return write_flat_index(path, first.shape[1], vectors())
 
 
 def check_same_run(recorded: dict[str, Any], run: LoadedRun, what: str, redo: str) -> None:
