@@ -266,7 +266,80 @@ def require_pyarrow(what: str) -> Any:
     return pq
 
 
-class ParquetColumn(Sequence[str]):
+class LazyStrings(Sequence[str]):
+    """Per-row strings read on demand (not held as a Python list): ``len()``, ``[i]``,
+    ``[a:b]`` and ``take(ids)``. A store's type checks skip these: their rows are only read
+    when asked for."""
+
+    def take(self, ids: Sequence[int] | np.ndarray) -> list[str]:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+
+class IndexedStrings(LazyStrings):
+    """Strings stored as one UTF-8 file and the ``[n + 1]`` int64 byte offsets of their starts
+    (``write``): opening reads neither (the offsets are memory-mapped); ``[i]`` reads one
+    string. A native store keeps long item lists this way, so that it opens without parsing
+    every caption."""
+
+    def __init__(self, data: str | os.PathLike[str], offsets: str | os.PathLike[str]) -> None:
+        self.data = Path(data)
+        try:
+            self.offsets = np.load(offsets, mmap_mode="r", allow_pickle=False)
+        except (OSError, ValueError, EOFError) as exc:
+            raise ShardError(f"{offsets}: not readable string offsets ({exc})") from None
+        size = self.data.stat().st_size if self.data.is_file() else -1
+        if (
+            self.offsets.ndim != 1
+            or len(self.offsets) < 1
+            or self.offsets.dtype.kind != "i"
+            or int(self.offsets[0]) != 0
+            or int(self.offsets[-1]) != size
+        ):
+            raise ShardError(
+                f"{offsets} does not index {self.data} ({size} bytes): damaged; write the "
+                "store again"
+            )
+
+    @staticmethod
+    def write(values: Sequence[str], data: Path, offsets: Path) -> None:
+        """Write ``values`` (any sequence of strings, read once in order) as ``data`` +
+        ``offsets``, a bounded buffer at a time."""
+        ends = np.empty(len(values) + 1, dtype=np.int64)
+        ends[0] = 0
+        at = 0
+        with open(data, "wb") as fh:
+            for i in range(len(values)):
+                raw = str(values[i]).encode("utf-8")
+                fh.write(raw)
+                at += len(raw)
+                ends[i + 1] = at
+        np.save(offsets, ends, allow_pickle=False)
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def _read(self, fh: Any, i: int) -> str:
+        a, b = int(self.offsets[i]), int(self.offsets[i + 1])
+        fh.seek(a)
+        return fh.read(b - a).decode("utf-8")
+
+    def __getitem__(self, index: Any) -> Any:  # int -> str, slice -> list[str]
+        if isinstance(index, slice):
+            return self.take(range(*index.indices(len(self))))
+        i, n = int(index), len(self)
+        if not -n <= i < n:
+            raise IndexError(f"row {i} out of range for {n} rows")
+        with open(self.data, "rb") as fh:
+            return self._read(fh, i % n)
+
+    def take(self, ids: Sequence[int] | np.ndarray) -> list[str]:
+        """``[self[i] for i in ids]`` with the file opened once."""
+        n = len(self)
+        with open(self.data, "rb") as fh:
+            return [self._read(fh, int(i) % n) for i in np.asarray(ids, dtype=np.int64).tolist()]
+
+
+class ParquetColumn(LazyStrings):
     """One string column over sharded parquet files, ``len()`` from their footers, rows read a
     shard at a time on demand (the last shard read is kept). ``take(ids)`` reads each shard it
     needs once. A null value reads as ``""``."""
