@@ -74,3 +74,49 @@ def test_default_block_follows_the_budget():
     assert search_module.build_block_rows(511, 4 * 512 * 10) == 10
     with pytest.raises(Exception, match="budget must be positive"):
         search_module.build_block_rows(8, 0)
+
+
+def test_a_rerank_index_writes_its_flat_proxy_in_blocks(tmp_path: Path, monkeypatch):
+    import curvalign.index.embed as embed_module
+    from curvalign.index.embed import build_from_embeddings, embed_store, load_embeddings
+    from curvalign.index.queries import search_queries
+    from curvalign.index.search import FlatFile
+    from curvalign.runs import load_run
+    from curvalign.train.trainer import train
+
+    data = "synthetic:images=90,text_pairs=10,seed=4"
+    run = train(
+        "clip",
+        data,
+        tmp_path / "run",
+        steps=1,
+        overrides=["embed_dim=8", "batch_size=32"],
+        show_progress=False,
+    )
+    from curvalign.data import load_data
+
+    embed_store(load_run(run).recipe, load_data(data), tmp_path / "emb", info={"run_dir": str(run)})
+    emb = load_embeddings(tmp_path / "emb")
+    sizes: list[int] = []
+    real = embed_module.write_flat_index
+
+    def recording(path, d, chunks):
+        def seen():
+            for chunk in chunks:
+                sizes.append(len(chunk))
+                yield chunk
+
+        return real(path, d, seen())
+
+    monkeypatch.setattr(embed_module, "write_flat_index", recording)
+    build_from_embeddings(emb, tmp_path / "blocked", block_rows=16)
+    assert sizes == [16] * 5 + [10]
+    sizes.clear()
+    build_from_embeddings(emb, tmp_path / "whole")
+    assert sizes == [90]
+    a = FlatFile.open(tmp_path / "blocked" / "proxy.faiss").reconstruct_n(0, 90)
+    b = FlatFile.open(tmp_path / "whole" / "proxy.faiss").reconstruct_n(0, 90)
+    np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+    got = search_queries(tmp_path / "blocked", text_ids=[0, 3, 7], k=5).result
+    want = search_queries(tmp_path / "whole", text_ids=[0, 3, 7], k=5).result
+    np.testing.assert_array_equal(got.ids, want.ids)
