@@ -93,3 +93,16 @@ def test_arrays_in_memory_take_no_advice(advice):
     assert advice == []
     with pytest.raises(ValueError, match="access pattern"):
         sharded.advise_array(np.zeros(2), "sideways")
+
+
+def test_a_sparse_gather_reads_only_its_pages(tmp_path: Path, advice):
+    images, _, _, _ = write_layout(tmp_path)
+    rows = load_data(f"clip-retrieval:{tmp_path},val=10,test=10").image_features
+    advice.clear()
+    strided = np.arange(0, 70, 30)  # 3 rows over 61: a strided sample of one shard
+    assert torch.equal(rows[strided], torch.from_numpy(images[strided]))
+    assert [flag for _, flag in advice] == [mmap.MADV_RANDOM, mmap.MADV_NORMAL]
+    advice.clear()
+    dense = np.array([3, 4, 6, 8, 9])  # neighbours: the read-ahead is worth keeping
+    assert torch.equal(rows[dense], torch.from_numpy(images[dense]))
+    assert advice == []

@@ -16,7 +16,9 @@ window of pages around it. A training sampler gathers scattered rows, and on a l
 than the page cache that window is read from disk for every row (for 1 KiB rows, hundreds of
 times the bytes the batch needs). ``advise("random")`` (the sampler calls it) tells the kernel
 (``madvise(MADV_RANDOM)``) to read only the page a row lies on; the rows drawn, and so the
-batches, do not change. A contiguous read of at least ``SEQUENTIAL_MIN_BYTES`` from one shard
+batches, do not change. A gather of rows spread over more than ``SPARSE_GATHER`` times their
+count (the evenly strided sample of a store's statistics, a validation subset) is advised as
+random for that read whatever the shard's advice. A contiguous read of at least ``SEQUENTIAL_MIN_BYTES`` from one shard
 (embedding, importing, scanning values: all go through ``rows[a:b]``) switches that shard to
 ``MADV_SEQUENTIAL`` for the copy and back to the advice it had afterwards, so those passes
 keep a full read-ahead whatever the sampler asked.
@@ -47,6 +49,8 @@ class ShardError(CurvalignError, ValueError):
 
 #: contiguous reads of at least this many bytes from one shard are advised as sequential
 SEQUENTIAL_MIN_BYTES = 1 << 20
+#: a gather of rows spread over more than this many times their count is advised as random
+SPARSE_GATHER = 16
 
 _ADVICE = {
     "normal": getattr(mmap, "MADV_NORMAL", None),
@@ -246,7 +250,19 @@ class ShardedRows:
         bounds = np.flatnonzero(np.diff(shard[order])) + 1
         for part in np.split(order, bounds):
             k = int(shard[part[0]])
-            out[part] = self.shards[k][ids[part] - self.offsets[k]]
+            local = ids[part] - self.offsets[k]
+            # a sparse gather (a strided sample, a validation subset): read only the rows'
+            # pages, whatever advice the shard has, then give it back its own advice
+            sparse = (
+                self.advice != "random" and SPARSE_GATHER * len(local) < local[-1] - local[0] + 1
+            )
+            if sparse:
+                advise_array(self.shards[k], "random")
+            try:
+                out[part] = self.shards[k][local]
+            finally:
+                if sparse:
+                    advise_array(self.shards[k], self.advice)
         return torch.from_numpy(out)
 
 
