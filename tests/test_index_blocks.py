@@ -117,6 +117,17 @@ def test_a_rerank_index_writes_its_flat_proxy_in_blocks(tmp_path: Path, monkeypa
     a = FlatFile.open(tmp_path / "blocked" / "proxy.faiss").reconstruct_n(0, 90)
     b = FlatFile.open(tmp_path / "whole" / "proxy.faiss").reconstruct_n(0, 90)
     np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+    import mmap
+
+    import curvalign.data.sharded as sharded
+
+    advised: list[int] = []
+    real_madvise = sharded._madvise
+    monkeypatch.setattr(
+        sharded, "_madvise", lambda m, flag: advised.append(flag) or real_madvise(m, flag)
+    )
     got = search_queries(tmp_path / "blocked", text_ids=[0, 3, 7], k=5).result
+    # the rerank's scattered row reads: only their pages (MADV_RANDOM on the embeddings' maps)
+    assert mmap.MADV_RANDOM in advised
     want = search_queries(tmp_path / "whole", text_ids=[0, 3, 7], k=5).result
     np.testing.assert_array_equal(got.ids, want.ids)

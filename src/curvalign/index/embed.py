@@ -33,6 +33,7 @@ from curvalign._io import (
     staged_directory,
 )
 from curvalign.data.features import FeatureStore
+from curvalign.data.sharded import advise_array
 from curvalign.errors import (
     DamagedFileError,
     InputError,
@@ -565,6 +566,10 @@ def open_rerank_engine(path: str | os.PathLike, raw: dict[str, Any], run: Loaded
     meta = raw["meta"]
     check_same_run(meta, run, f"the index {path}", "embed and index build")
     database = source_side(index_sources(meta), meta["side"])
+    for rows in database.values():
+        # the rerank reads a few hundred scattered rows a query: their pages, not the kernel's
+        # read-ahead around each (which read the whole file from a cold cache)
+        advise_array(rows, "random")
     proxy_file = Path(path) / "proxy.faiss"
     if proxy_file.exists():  # checked before faiss reads a byte of it
         check_file(
