@@ -1,28 +1,33 @@
-"""Train and search at scale on clip-retrieval's layout: time and memory against N (issue 26).
+"""Train and search at scale on clip-retrieval's layout: CPU time, disk reads and memory against N.
 
-For each N in ``--pairs`` this writes N random unit-norm float16 pairs in clip-retrieval's
-layout (``img_emb/``, ``text_emb/``, ``metadata/`` shards, written shard by shard in chunks, so
-the writer's memory does not grow with N), then measures, each in its own process:
+For each N in ``--pairs`` this writes N distinct float16 pairs in clip-retrieval's layout
+(``img_emb/``, ``text_emb/``, ``metadata/`` shards of ``--shard-rows`` rows, the last one
+shorter; written in chunks, so the writer's memory does not grow with N). Images are random
+unit vectors; a text is its image through a fixed random mixing and an elementwise tanh plus
+noise (``text_of``), so the untrained heads do not rank the pairs perfectly and training has
+something to learn. Then, each in its own process and, where marked cold, after dropping the
+page cache of the files it reads (``posix_fadvise(POSIX_FADV_DONTNEED)`` on each file):
 
 - ``open``: ``load_data("clip-retrieval:DIR")`` (headers and parquet footers only);
+- ``gather``: ``--gather-steps`` batches of ``--gather-batch`` random rows of both sides read
+  from the maps with the kernel's default advice, with ``MADV_RANDOM`` (what the training
+  sampler gives), and as runs of ``CHUNK_ROWS`` contiguous rows (a chunk-shuffling sampler);
+- ``import`` into a native store and open it (with and without the forced value scan);
 - ``train <recipe>``: ``curvalign train --recipe R --data clip-retrieval:DIR --steps S`` with the
-  defaults (validation every 50 steps on the layout's seeded "val" split): time to the end of the
-  first step (opening, sampler, the step-0 validation, one step), seconds per step (the log's
-  ``pairs_per_s``), the time of each validation call, and peak memory;
-- ``embed``, ``index build``, ``index search`` (10 text queries) with the CLI, for the first
-  recipe (``--search-max`` caps the N at which these run: embedding 10M pairs on two shared cores
-  takes most of an hour);
-- ``flat search``: ``index search`` over a synthetic exact Lorentz index of N points written in
-  chunks (``write_flat_index``), so search memory is measured at every N without embedding it.
+  defaults (validation on the layout's seeded "val" split): time to the end of the first step,
+  seconds and CPU seconds per step, each validation call, the best validation step;
+- ``embed``, ``index build``, ``index search`` (10 text queries, cold and warm) with the CLI for
+  the first recipe up to ``--search-max``, and the search alone in a process that opened the
+  index first (what ``index search`` costs beyond the search); an IVF-PQ index and its
+  recall@10 against exact search;
+- ``flat search``: ``index search`` over a synthetic exact Lorentz index of N points.
 
-Memory: ``peak RSS`` is the kernel's high-water mark (``ru_maxrss``), which counts the pages of
-memory-mapped files the process touched; ``peak anon`` is the largest anonymous resident memory
-sampled every 50 ms from ``/proc/self/status`` (``RssAnon``): the memory outside the maps, the
-issue's target (< 2 GB at 10M). Times are wall seconds (CPU seconds beside them: the machine is
-shared, so wall times are inflated by other jobs).
+Per stage: wall and CPU seconds, ``read GiB`` (the process's ``read_bytes`` from
+``/proc/self/io``: what came from disk, not the page cache), ``peak RSS`` (``ru_maxrss``, which
+counts touched pages of memory-mapped files) and ``peak anon`` (the largest ``RssAnon`` sampled
+every 50 ms: the memory outside the maps).
 
-    python benchmarks/data_scale.py --pairs 1000000 --out /work/scale-bench
-    python benchmarks/data_scale.py --pairs 1000000,10000000 --out /work/scale-bench --search-max 1000000
+    python benchmarks/data_scale.py --pairs 100000,1000000 --threads 1 --out /work/scale-bench
 
 The data is deleted at the end unless ``--keep``. Disk: about 2 GB per million pairs at 512
 dimensions (float16), plus the embeddings and index of the search stages (about 8 GB at 1M) and
@@ -45,35 +50,50 @@ from pathlib import Path
 import numpy as np
 
 MARK = "DATA_SCALE_RESULT "
+#: rows per contiguous run of the chunk-shuffling reads compared in the ``gather`` stage
+CHUNK_ROWS = 64
 
 
 # --- the layout ---------------------------------------------------------------------------------
 
 
-def write_layout(
-    root: Path, n: int, dim: int, shard_rows: int, seed: int = 0, replicate: int = 1
-) -> float:
-    """N unit-norm float16 pairs in clip-retrieval's layout under ``root``; returns seconds.
+#: the noise added to a text, relative to its unit-norm signal: the pair cosine is about 0.2, so
+#: that ranking 5,000 validation images is imperfect at step 0 (a ridge map from images to
+#: texts fit on 20,000 such pairs finds the true image first for about 40%) and learning shows
+NOISE = 5.0
+#: gain of the elementwise tanh between the two sides (saturating: no linear map inverts it)
+GAIN = 3.0
 
-    Texts are their image plus noise (renormalised), so that training has something to learn.
-    Each shard is written through a memory map in chunks of 65,536 rows: the writer's memory
-    does not grow with N. ``replicate=R`` writes the first ``N / R`` pairs and hard-links
-    those shards R times (shard numbers continue): N rows for the reader, a 1/R of the disk,
-    and a page cache that holds all of it (so reads are warm: say so with the figures).
-    """
+
+def text_of(images: np.ndarray, mix: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """Texts ``[n, d]`` unit-norm of unit-norm ``images`` ``[n, d]``: a fixed random mixing
+    ``mix`` ``[d, d]``, an elementwise ``tanh`` (a nonlinear map), renormalised, plus Gaussian
+    noise of norm about ``NOISE``, renormalised."""
+    z = np.tanh(GAIN * (images @ mix))
+    z /= np.linalg.norm(z, axis=1, keepdims=True)
+    z += rng.standard_normal(z.shape, dtype=np.float32) * (NOISE / np.sqrt(z.shape[1]))
+    z /= np.linalg.norm(z, axis=1, keepdims=True)
+    return z
+
+
+def write_layout(root: Path, n: int, dim: int, shard_rows: int, seed: int = 0) -> float:
+    """N distinct unit-norm float16 pairs in clip-retrieval's layout under ``root``; returns
+    seconds. Shards of ``shard_rows`` rows (the last one shorter), each drawn from its own
+    seeded stream, so no two rows repeat. Each shard is written through a memory map in
+    chunks of 65,536 rows: the writer's memory does not grow with N."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    if shard_rows < 1:
+        raise SystemExit(f"--shard-rows must be positive, got {shard_rows}")
     started = time.perf_counter()
     for folder in ("img_emb", "text_emb", "metadata"):
         (root / folder).mkdir(parents=True, exist_ok=True)
     chunk = 1 << 16
-    unique = n // replicate
-    if unique * replicate != n or unique % shard_rows:
-        raise SystemExit(f"--replicate {replicate}: N / R must be a multiple of --shard-rows")
-    shards = 0
-    for k, start in enumerate(range(0, unique, shard_rows)):
-        rows = min(shard_rows, unique - start)
+    mix = np.random.default_rng([seed, 1 << 30]).standard_normal((dim, dim), dtype=np.float32)
+    mix /= np.sqrt(dim)
+    for k, start in enumerate(range(0, n, shard_rows)):
+        rows = min(shard_rows, n - start)
         rng = np.random.default_rng([seed, k])
         img = np.lib.format.open_memmap(
             root / "img_emb" / f"img_emb_{k}.npy", "w+", np.float16, (rows, dim)
@@ -86,9 +106,7 @@ def write_layout(
             x = rng.standard_normal((b - a, dim), dtype=np.float32)
             x /= np.linalg.norm(x, axis=1, keepdims=True)
             img[a:b] = x
-            x += rng.standard_normal((b - a, dim), dtype=np.float32) * (0.7 / np.sqrt(dim))
-            x /= np.linalg.norm(x, axis=1, keepdims=True)
-            txt[a:b] = x
+            txt[a:b] = text_of(x, mix, rng)
         img.flush()
         txt.flush()
         del img, txt
@@ -102,19 +120,36 @@ def write_layout(
             ),
             root / "metadata" / f"metadata_{k}.parquet",
         )
-        shards += 1
-    for copy in range(1, replicate):
-        for k in range(shards):
-            for folder, suffix in (
-                ("img_emb", ".npy"),
-                ("text_emb", ".npy"),
-                ("metadata", ".parquet"),
-            ):
-                os.link(
-                    root / folder / f"{folder}_{k}{suffix}",
-                    root / folder / f"{folder}_{copy * shards + k}{suffix}",
-                )
     return time.perf_counter() - started
+
+
+def drop_cache(root: Path) -> bool:
+    """Ask the kernel to drop the cached pages of every file under ``root``
+    (``posix_fadvise(POSIX_FADV_DONTNEED)``, which frees clean pages no process maps), so the
+    next stage reads from disk. False where the platform has no ``posix_fadvise``."""
+    if not hasattr(os, "posix_fadvise"):
+        return False
+    for path in root.rglob("*"):
+        if path.is_file():
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+    return True
+
+
+def read_bytes() -> int:
+    """Bytes this process caused to be read from storage (``/proc/self/io`` ``read_bytes``;
+    0 where the file is missing)."""
+    try:
+        with open("/proc/self/io") as fh:
+            for line in fh:
+                if line.startswith("read_bytes:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
 
 
 def write_synthetic_index(path: Path, n: int, dim: int, seed: int = 0) -> float:
@@ -207,6 +242,7 @@ def _child(argv: list[str]) -> None:
     from curvalign.train.validation import ValidationSet
 
     cpu0 = resource.getrusage(resource.RUSAGE_SELF)
+    io0 = read_bytes()
     started = time.perf_counter()
     if mode == "open":
         store = load_data(rest[0])
@@ -251,6 +287,50 @@ def _child(argv: list[str]) -> None:
             validation_s=validations,
             validation_images=(meta.get("validation") or {}).get("images"),
         )
+    elif mode == "gather":
+        # what a sampler's reads cost: random rows (default advice or MADV_RANDOM) or runs of
+        # CHUNK_ROWS contiguous rows at random places (a chunk-shuffling sampler), both sides
+        spec, how, steps, batch = rest
+        store = load_data(spec)
+        sides = (store.image_features, store.text_features)
+        n, steps, batch = len(sides[0]), int(steps), int(batch)
+        if how in ("normal", "random"):
+            for rows in sides:
+                rows.advise(how)
+        rng = np.random.default_rng(0)
+        cpu0, io0 = resource.getrusage(resource.RUSAGE_SELF), read_bytes()  # the gathers only
+        for _ in range(steps):
+            if how == "chunks":
+                first = rng.integers(0, n // CHUNK_ROWS, size=max(1, batch // CHUNK_ROWS))
+                ids = (first[:, None] * CHUNK_ROWS + np.arange(CHUNK_ROWS)).ravel()
+            else:
+                ids = rng.integers(0, n, size=batch)
+            for rows in sides:
+                rows[ids]
+        row_bytes = sum(int(r.shape[1]) * r.shards[0].dtype.itemsize for r in sides)
+        out["needed_gb"] = steps * batch * row_bytes / 2**30
+    elif mode == "faiss-search":
+        # the search of `index search` alone: the index opened and the queries read first
+        from curvalign.index.embed import load_embeddings, open_index, open_rerank_engine
+        from curvalign.index.rerank import as_torch_embedding
+        from curvalign.runs import load_run
+
+        path, count = rest
+        raw, lorentz = open_index(path)
+        meta = raw["meta"]
+        side = load_embeddings(meta["embeddings"]).side(
+            "texts" if meta["side"] == "images" else "images"
+        )
+        q = {key: np.asarray(v[: int(count)]) for key, v in side.items()}
+        if lorentz is not None:
+            search = lambda: lorentz.search(q[meta["key"]], 10)  # noqa: E731
+        else:
+            run = load_run(meta["run_dir"], weights=meta.get("weights") or "last")
+            engine = open_rerank_engine(path, raw, run)
+            search = lambda: engine.search(as_torch_embedding(q), 10, 200)  # noqa: E731
+        cpu0, io0 = resource.getrusage(resource.RUSAGE_SELF), read_bytes()
+        started = time.perf_counter()
+        search()
     elif mode == "cli":
         sys.argv = ["curvalign", *rest]
         try:
@@ -262,6 +342,7 @@ def _child(argv: list[str]) -> None:
     out["wall_s"] = time.perf_counter() - started
     cpu1 = resource.getrusage(resource.RUSAGE_SELF)
     out["cpu_s"] = (cpu1.ru_utime + cpu1.ru_stime) - (cpu0.ru_utime + cpu0.ru_stime)
+    out["read_gb"] = (read_bytes() - io0) / 2**30
     peak = peaks.stop()
     out["peak_rss_gb"] = cpu1.ru_maxrss / 2**20
     out["peak_anon_gb"] = peak["RssAnon"] / 2**20
@@ -277,9 +358,12 @@ def _batch_size(run_dir: str) -> int:
     return 256
 
 
-def measure(*args: str, threads: int, check: bool = False) -> dict:
+def measure(*args: str, threads: int, check: bool = False, cold: Path | None = None) -> dict:
     """Run ``_child(args)`` in a fresh process; its measurements. ``check``: as ``curvalign
-    --check`` (the NaN/inf scan forced on open)."""
+    --check`` (the NaN/inf scan forced on open). ``cold``: drop the page cache of every file
+    under it first (``drop_cache``)."""
+    if cold is not None:
+        drop_cache(cold)
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
     if check:
         env["CURVALIGN_CHECK_VALUES"] = "1"
@@ -299,15 +383,18 @@ def measure(*args: str, threads: int, check: bool = False) -> dict:
 
 
 def _row(n: int, stage: str, r: dict, note: str = "") -> list[str]:
-    return [
+    row = [
         f"{n:,}",
         stage,
         f"{r['wall_s']:.2f}",
-        f"{r['cpu_s']:.1f}",
+        f"{r['cpu_s']:.2f}",
+        f"{r['read_gb']:.2f}",
         f"{r['peak_rss_gb']:.2f}",
         f"{r['peak_anon_gb']:.2f}",
         note,
     ]
+    print(" | ".join(row), flush=True)
+    return row
 
 
 def _ann_rows(n: int, emb: Path, exact: Path, ann: Path, args: argparse.Namespace) -> list:
@@ -328,6 +415,7 @@ def _ann_rows(n: int, emb: Path, exact: Path, ann: Path, args: argparse.Namespac
         "--nprobe",
         str(args.nprobe),
         threads=args.threads,
+        cold=emb,
     )
     size = sum(f.stat().st_size for f in ann.rglob("*") if f.is_file()) / 2**30
     out = [_row(n, f"index build --ann ivfpq (nprobe {args.nprobe})", r, f"index {size:.2f} GB")]
@@ -346,13 +434,37 @@ def _ann_rows(n: int, emb: Path, exact: Path, ann: Path, args: argparse.Namespac
             threads=args.threads,
         )
         found[name] = [res["ids"] for res in json.loads(r["stdout"])["results"]]
-        out.append(_row(n, f"index search {name} ({len(queries)} texts)", r))
+        out.append(_row(n, f"index search {name} ({len(queries)} texts, warm)", r))
     recall = np.mean(
         [len(set(a) & set(b)) / len(b) for a, b in zip(found["ivfpq"], found["exact"], strict=True)]
     )
-    out[-1][-1] = f"recall@10 vs exact {recall:.3f}"
-    print(" | ".join(out[-1]), flush=True)
+    out[-1][-1] = f"recall@10 vs exact {recall:.3f} (random pairs: the worst case)"
     shutil.rmtree(ann, ignore_errors=True)
+    return out
+
+
+def _gather_rows(n: int, spec: str, data: Path, args: argparse.Namespace) -> list:
+    """Cold reads of ``--gather-steps`` batches of ``--gather-batch`` rows of both sides: random
+    rows with the kernel's default advice, random rows with ``MADV_RANDOM`` (what the sampler
+    does), and runs of ``CHUNK_ROWS`` contiguous rows (a chunk-shuffling sampler)."""
+    out = []
+    for how, label in (
+        ("normal", "random rows, default advice"),
+        ("random", "random rows, MADV_RANDOM"),
+        ("chunks", f"runs of {CHUNK_ROWS} rows"),
+    ):
+        r = measure(
+            "gather",
+            spec,
+            how,
+            str(args.gather_steps),
+            str(args.gather_batch),
+            threads=args.threads,
+            cold=data,
+        )
+        ratio = r["read_gb"] / r["needed_gb"] if r["needed_gb"] else float("nan")
+        note = f"{ratio:.1f}x the {r['needed_gb'] * 1024:.0f} MiB the rows hold"
+        out.append(_row(n, f"gather {args.gather_steps} x {args.gather_batch}: {label}", r, note))
     return out
 
 
@@ -367,27 +479,32 @@ def run(args: argparse.Namespace) -> list[list[str]]:
             shutil.rmtree(root)
         try:
             data = root / "clip-retrieval"
-            seconds = write_layout(data, n, args.dim, args.shard_rows, replicate=args.replicate)
+            seconds = write_layout(data, n, args.dim, args.shard_rows)
             gb = sum(f.stat().st_size for f in data.rglob("*") if f.is_file()) / 2**30
-            what = f"{gb:.1f} GB" + (
-                f" ({n // args.replicate:,} pairs written, linked {args.replicate}x)"
-                if args.replicate > 1
-                else ""
+            print(f"N={n:,}: wrote {gb:.1f} GB of distinct pairs in {seconds:.0f} s", flush=True)
+            rows.append(
+                [f"{n:,}", "write layout", f"{seconds:.1f}", "", "", "", "", f"{gb:.1f} GB"]
             )
-            print(f"N={n:,}: wrote {what} in {seconds:.0f} s", flush=True)
-            rows.append([f"{n:,}", "write layout", f"{seconds:.1f}", "", "", "", what])
             spec = f"clip-retrieval:{data}"
-            r = measure("open", spec, threads=args.threads)
-            rows.append(_row(n, "open clip-retrieval:DIR", r))
+            rows.append(
+                _row(
+                    n,
+                    "open clip-retrieval:DIR",
+                    measure("open", spec, threads=args.threads, cold=data),
+                )
+            )
+            if args.gather_steps:
+                rows += _gather_rows(n, spec, data, args)
             if n <= args.import_max:
                 native = root / "native"
-                r = measure("import", spec, str(native), threads=args.threads)
+                r = measure("import", spec, str(native), threads=args.threads, cold=data)
                 rows.append(_row(n, "import into a native store", r))
-                r = measure("open", f"features:{native}", threads=args.threads)
+                r = measure("open", f"features:{native}", threads=args.threads, cold=native)
                 rows.append(_row(n, "open features:PATH", r))
-                r = measure("open", f"features:{native}", threads=args.threads, check=True)
+                r = measure(
+                    "open", f"features:{native}", threads=args.threads, check=True, cold=native
+                )
                 rows.append(_row(n, "open features:PATH --check", r))
-                print(" | ".join(rows[-1]), flush=True)
                 shutil.rmtree(native, ignore_errors=True)
             for recipe in recipes:
                 run_dir = root / f"run_{recipe}"
@@ -399,6 +516,7 @@ def run(args: argparse.Namespace) -> list[list[str]]:
                     str(args.steps),
                     *args.override,
                     threads=args.threads,
+                    cold=data,
                 )
                 vals = r["validation_s"]
                 note = (
@@ -410,33 +528,43 @@ def run(args: argparse.Namespace) -> list[list[str]]:
                     if vals
                     else "no validation"
                 )
+                best = _best_step(run_dir)
+                if best is not None:
+                    note += f"; best validation step {best}"
                 rows.append(_row(n, f"train {recipe} ({args.steps} steps)", r, note))
-                print(" | ".join(rows[-1]), flush=True)
             if n <= args.search_max and recipes:
                 run_dir, emb, idx = root / f"run_{recipes[0]}", root / "emb", root / "index"
                 r = measure(
-                    "cli", "embed", str(run_dir), "--out", str(emb), "-q", threads=args.threads
+                    "cli",
+                    "embed",
+                    str(run_dir),
+                    "--out",
+                    str(emb),
+                    "-q",
+                    threads=args.threads,
+                    cold=data,
                 )
                 rows.append(_row(n, f"embed ({recipes[0]})", r))
                 r = measure(
-                    "cli", "index", "build", str(emb), "--out", str(idx), threads=args.threads
+                    "cli",
+                    "index",
+                    "build",
+                    str(emb),
+                    "--out",
+                    str(idx),
+                    threads=args.threads,
+                    cold=emb,
                 )
                 size = sum(f.stat().st_size for f in idx.rglob("*") if f.is_file()) / 2**30
                 rows.append(_row(n, "index build (exact)", r, f"index {size:.2f} GB"))
-                r = measure(
-                    "cli",
-                    "index",
-                    "search",
-                    str(idx),
-                    "--query-text-ids",
-                    ",".join(str(i) for i in range(10)),
-                    "--k",
-                    "10",
-                    "--json",
-                    threads=args.threads,
-                )
-                rows.append(_row(n, "index search (10 texts)", r, f"index {size:.2f} GB"))
-                print(" | ".join(rows[-1]), flush=True)
+                query = ("--query-text-ids", ",".join(str(i) for i in range(10)))
+                search = ("cli", "index", "search", str(idx), *query, "--k", "10", "--json")
+                r = measure(*search, threads=args.threads, cold=root)
+                rows.append(_row(n, "index search (10 texts, cold)", r, f"index {size:.2f} GB"))
+                r = measure(*search, threads=args.threads)
+                rows.append(_row(n, "index search (10 texts, warm)", r))
+                r = measure("faiss-search", str(idx), "10", threads=args.threads)
+                rows.append(_row(n, "the search alone (10 texts, in process)", r))
                 if args.ann_queries:
                     rows += _ann_rows(n, emb, idx, root / "index_ivfpq", args)
                 shutil.rmtree(emb, ignore_errors=True)
@@ -456,22 +584,33 @@ def run(args: argparse.Namespace) -> list[list[str]]:
                     "10",
                     "--json",
                     threads=args.threads,
+                    cold=flat,
                 )
                 rows.append(
                     _row(
                         n,
-                        f"flat search (d={args.flat_dim}, 10 queries)",
+                        f"flat search (d={args.flat_dim}, 10 queries, cold)",
                         r,
                         f"index {size:.2f} GB, written in {seconds:.0f} s",
                     )
                 )
-                print(" | ".join(rows[-1]), flush=True)
         finally:
             if not args.keep:
                 shutil.rmtree(root, ignore_errors=True)
     if not args.keep and not args.out:
         shutil.rmtree(base, ignore_errors=True)
     return rows
+
+
+def _best_step(run_dir: Path) -> int | None:
+    try:
+        meta = json.loads((Path(run_dir) / "meta.json").read_text())
+    except (OSError, ValueError):
+        return None
+    best = meta.get("best_step")
+    if best is None and isinstance(meta.get("validation"), dict):
+        best = meta["validation"].get("best_step")
+    return best
 
 
 def main() -> None:
@@ -512,16 +651,30 @@ def main() -> None:
     )
     parser.add_argument("--nprobe", type=int, default=32, help="IVF-PQ cells probed per query")
     parser.add_argument(
-        "--replicate",
+        "--gather-steps",
         type=int,
-        default=1,
-        help="write N/R pairs and hard-link their shards R times (disk and time for 10M)",
+        default=100,
+        help="batches of the cold gather comparison (0: skip it)",
+    )
+    parser.add_argument(
+        "--gather-batch", type=int, default=256, help="rows per gathered batch (default 256)"
     )
     parser.add_argument("--keep", action="store_true", help="keep the data written")
     parser.add_argument("override", nargs="*", help="key=value training overrides")
     args = parser.parse_args()
+    if args.shard_rows < 1:
+        parser.error(f"--shard-rows must be positive, got {args.shard_rows}")
+    print(
+        "page cache: "
+        + (
+            "dropped (posix_fadvise DONTNEED on each file) before every stage marked cold"
+            if hasattr(os, "posix_fadvise")
+            else "not dropped (no posix_fadvise here): read GiB shows what came from disk"
+        ),
+        flush=True,
+    )
     rows = run(args)
-    header = ["N", "stage", "wall s", "CPU s", "peak RSS GB", "peak anon GB", "notes"]
+    header = ["N", "stage", "wall s", "CPU s", "read GiB", "peak RSS GB", "peak anon GB", "notes"]
     widths = [max(len(str(r[i])) for r in rows + [header]) for i in range(len(header))]
     print()
     print("| " + " | ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)) + " |")

@@ -49,6 +49,7 @@ import faiss
 import numpy as np
 import torch
 
+from curvalign.errors import InputError
 from curvalign.geometry import lorentz
 from curvalign.index import RecipeIndex, build_index, exhaustive_topk, query_vectors
 from curvalign.recipes import get_recipe
@@ -669,6 +670,98 @@ def service_qps(args: argparse.Namespace) -> None:
     )
 
 
+def real_store(args: argparse.Namespace) -> None:
+    """Approximate against exact search on a real store: a MERU run trained ``--real-steps``
+    steps on ``--real-data``, its image side (Lorentz points) indexed, every text (up to
+    ``--real-queries``) a query. Recall@10 of HNSW (``ef_search`` grid) and of the
+    Lorentz-Voronoi IVF (``nprobe`` grid) against the exact index, and ms per query (a batch
+    of all queries, best of ``--repeat``)."""
+    import tempfile
+    from pathlib import Path
+
+    from curvalign.data import load_data
+    from curvalign.index.embed import embed_store, load_embeddings
+    from curvalign.runs import load_run
+    from curvalign.train.trainer import train
+
+    with tempfile.TemporaryDirectory() as root:
+        run_dir = train(
+            "meru",
+            args.real_data,
+            Path(root) / "run",
+            steps=args.real_steps,
+            show_progress=False,
+        )
+        run = load_run(run_dir, weights="best")
+        store = load_data(args.real_data)
+        embed_store(run.recipe, store, Path(root) / "emb")
+        emb = load_embeddings(Path(root) / "emb")
+        key = emb.meta["lorentz_index_key"]
+        points = np.asarray(emb.side("images")[key])
+        texts = np.asarray(emb.side("texts")[key])
+        c = float(emb.curvature[0])
+    rng = np.random.default_rng(0)
+    take = rng.choice(len(texts), size=min(len(texts), args.real_queries), replace=False)
+    queries = texts[np.sort(take)]
+    k = args.k
+    print(
+        f"\n{args.real_data}: {len(points):,} images indexed (Lorentz, d = {points.shape[1]}, "
+        f"c = {c:.3g}), {len(queries):,} text queries, meru trained {args.real_steps} steps, "
+        f"{faiss.omp_get_max_threads()} Faiss threads"
+    )
+    exact = build_index(points, c)
+    t_exact, (_, want) = timed(lambda: exact.search(queries, k), args.repeat)
+    ms = lambda t: 1000 * t / len(queries)  # noqa: E731
+    rows = [["exact", "", f"{ms(t_exact):.3f}", "1.000", ""]]
+    t0 = time.perf_counter()
+    hnsw = build_index(points, c, kind="ann", method="hnsw", M=args.M, ef_construction=80)
+    built = time.perf_counter() - t0
+    for ef in args.real_ef:
+        hnsw.set_options(ef_search=ef)
+        t, (_, got) = timed(lambda: hnsw.search(queries, k), args.repeat)
+        rows.append(
+            [
+                f"hnsw M={args.M}",
+                f"ef_search={ef}",
+                f"{ms(t):.3f}",
+                f"{recall(got, want):.3f}",
+                f"{built:.1f}",
+            ]
+        )
+    t0 = time.perf_counter()
+    ivf = build_index(points, c, kind="ann", method="ivf", nlist=args.nlist)
+    built = time.perf_counter() - t0
+    for nprobe in args.real_nprobe:
+        ivf.set_options(nprobe=nprobe)
+        try:
+            t, (_, got) = timed(lambda: ivf.search(queries, k), args.repeat)
+        except InputError:  # the probed cells hold fewer than k points for some query
+            rows.append(
+                [
+                    f"ivf nlist={ivf.info.options['nlist']}",
+                    f"nprobe={nprobe}",
+                    "",
+                    f"< {k} found",
+                    f"{built:.1f}",
+                ]
+            )
+            continue
+        rows.append(
+            [
+                f"ivf nlist={ivf.info.options['nlist']}",
+                f"nprobe={nprobe}",
+                f"{ms(t):.3f}",
+                f"{recall(got, want):.3f}",
+                f"{built:.1f}",
+            ]
+        )
+    table(
+        f"Approximate vs exact on {args.real_data}, recall@{k}",
+        ["index", "search option", "ms/query", f"recall@{k}", "build s"],
+        rows,
+    )
+
+
 def _free_port() -> int:
     import socket
 
@@ -722,7 +815,7 @@ def main() -> None:
         "--sections",
         nargs="+",
         default=None,
-        choices=["exact", "rerank", "candidates", "service"],
+        choices=["exact", "rerank", "candidates", "service", "real"],
         help="default: all four (--skip-exact: rerank only)",
     )
     p.add_argument("--candidates-n", type=int, default=50_000, help="items, section 4")
@@ -744,6 +837,13 @@ def main() -> None:
     p.add_argument("--service-candidates", type=int, default=200)
     p.add_argument("--rounds", type=int, default=4, help="interleaved rounds, sections 3 and 5")
     p.add_argument("--concurrency", type=int, default=8, help="HTTP clients, section 5")
+    p.add_argument(
+        "--real-data", default="wordnet:artifact.n.01", help="the store of --sections real"
+    )
+    p.add_argument("--real-steps", type=int, default=200, help="meru steps, --sections real")
+    p.add_argument("--real-queries", type=int, default=2000, help="text queries, --sections real")
+    p.add_argument("--real-ef", type=int, nargs="+", default=[16, 32, 64, 128, 256])
+    p.add_argument("--real-nprobe", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64])
     args = p.parse_args()
     if args.sections is None:
         args.sections = (
@@ -762,6 +862,8 @@ def main() -> None:
         recall_vs_candidates(args)
     if "service" in args.sections:
         service_qps(args)
+    if "real" in args.sections:
+        real_store(args)
 
 
 if __name__ == "__main__":

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -37,3 +39,27 @@ def test_kernel_builds_where_a_compiler_exists(name: str, monkeypatch: pytest.Mo
     assert library is not None, f"the {kernel.what} did not build: {kernel.failed}"
     assert kernel.available(torch.zeros(1))
     assert _native.enabled()
+
+
+def test_constant_under_compile_marks_a_function_as_torch_does() -> None:
+    from curvalign._native import constant_under_compile
+
+    def by_torch() -> int:
+        return 1
+
+    def by_curvalign() -> int:
+        return 1
+
+    assert torch.compiler.assume_constant_result(by_torch) is by_torch
+    assert constant_under_compile(by_curvalign) is by_curvalign
+    assert vars(by_curvalign) == vars(by_torch) and vars(by_torch)
+
+
+def test_importing_curvalign_does_not_import_dynamo() -> None:
+    # Dynamo's import is seconds of every process start; only torch.compile needs it
+    code = (
+        "import sys, curvalign.cli, curvalign.index, curvalign.geometry.product, "
+        "curvalign.recipes.phyclip; print('torch._dynamo' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False", out.stdout + out.stderr

@@ -28,6 +28,20 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+#: the attribute ``torch.compiler.assume_constant_result`` sets (torch 2.x); checked against it by
+#: tests/test_native_build.py, so a torch that marks functions differently fails a test
+_DYNAMO_CONSTANT_MARK = "_dynamo_marked_constant"
+
+
+def constant_under_compile(fn: Callable[..., object]) -> Callable[..., object]:
+    """``fn`` marked as ``torch.compiler.assume_constant_result`` marks it (its answer is taken
+    once, when a graph is traced), without importing ``torch._dynamo`` at import time: the public
+    decorator imports it, which costs about two seconds of every curvalign process's start,
+    although only a ``torch.compile`` ever reads the mark (and has imported Dynamo by then)."""
+    setattr(fn, _DYNAMO_CONSTANT_MARK, True)
+    return fn
+
+
 __all__ = ["NativeKernel", "UnsafeCacheError", "cache_dir", "check_cache_dir", "enabled"]
 
 _log = logging.getLogger(__name__)
@@ -149,7 +163,7 @@ class NativeKernel:
         # Under torch.compile the answer is taken once, when the graph is traced (Dynamo cannot
         # trace the build's lock, and the kernel's ops are opaque to it anyway): the switch and
         # a first build happen at compile time, not as a graph break.
-        self._ready = torch.compiler.assume_constant_result(ready)
+        self._ready = constant_under_compile(ready)
 
     def target(self) -> Path:
         """The cached library's path: named by the hash of source, headers, compiler and flags."""

@@ -107,7 +107,12 @@ import torch
 from torch import Tensor
 
 from curvalign._io import staged_directory
-from curvalign.data.sharded import ParquetColumn, ShardedRows, is_row_source
+from curvalign.data.sharded import (
+    IndexedStrings,
+    LazyStrings,
+    ShardedRows,
+    is_row_source,
+)
 from curvalign.errors import CurvalignError
 
 FORMAT_NAME = "curvalign.feature_store"
@@ -163,6 +168,9 @@ ITEM_FIELDS = (
     "pair_b_texts",
 )
 ITEMS_FILE = "items.json"
+#: item lists of at least this many rows are saved as ``IndexedStrings`` (read on demand), not
+#: in ``items.json`` (parsed whole when the store is opened)
+INDEXED_ITEMS_MIN = 10_000
 
 REQUIRED_FIELDS = ("image_features", "text_features", "text_to_image")
 # Optional groups: all of a group's fields are present, or none.
@@ -652,7 +660,14 @@ class FeatureStore:
                         _to_numpy(value, index=name in INDEX_FIELDS),
                         allow_pickle=False,
                     )
-            items = {f: list(getattr(self, f)) for f in ITEM_FIELDS if getattr(self, f) is not None}
+            items = {}
+            for f in ITEM_FIELDS:
+                value = getattr(self, f)
+                if value is not None and len(value) >= INDEXED_ITEMS_MIN:
+                    # long lists (a million captions): read lazily when the store is opened
+                    IndexedStrings.write(value, *_indexed_item_files(tmp, f))
+                elif value is not None:
+                    items[f] = list(value)
             if items:
                 (tmp / ITEMS_FILE).write_text(json.dumps(items))
             # validate() above scanned every float: record it with the sizes of the files it
@@ -895,9 +910,14 @@ def _load_field(
 def _read_items(root: Path, where: str) -> dict[str, Any]:
     """The per-row strings of ``items.json`` (optional: stores written before it existed have
     none, and then this is empty)."""
+    indexed = {
+        f: IndexedStrings(*_indexed_item_files(root, f))
+        for f in ITEM_FIELDS
+        if _indexed_item_files(root, f)[1].is_file()
+    }
     items_path = root / ITEMS_FILE
     if not items_path.is_file():
-        return {}
+        return indexed
     try:
         items = json.loads(items_path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -906,7 +926,13 @@ def _read_items(root: Path, where: str) -> dict[str, Any]:
         raise FeatureStoreError(
             f"{where}: {ITEMS_FILE} must be an object with keys among {list(ITEM_FIELDS)}"
         )
-    return items
+    return {**items, **indexed}
+
+
+def _indexed_item_files(root: Path, name: str) -> tuple[Path, Path]:
+    """The files of an item list kept as ``IndexedStrings``: ``items.NAME.txt`` and
+    ``items.NAME.offsets.npy``."""
+    return root / f"items.{name}.txt", root / f"items.{name}.offsets.npy"
 
 
 def _describe_on_disk(name: str) -> str:
@@ -931,7 +957,7 @@ def _save_rows(path: Path, rows: ShardedRows) -> None:
 
 def _take_items(values: Sequence[str], ids: Tensor) -> list[str]:
     """``[values[i] for i in ids]``; a lazy parquet column reads each of its shards once."""
-    if isinstance(values, ParquetColumn):
+    if isinstance(values, LazyStrings):
         return values.take(ids.numpy())
     return [values[i] for i in ids.tolist()]
 
@@ -1063,11 +1089,7 @@ def _list_types(store: FeatureStore, describe: Callable[[str], str]) -> Iterator
             yield f"{describe(name)} must be a list of strings"
     for name in ITEM_FIELDS:
         value = store.field(name)
-        if (
-            value is not None
-            and not isinstance(value, ParquetColumn)
-            and not _is_string_list(value)
-        ):
+        if value is not None and not isinstance(value, LazyStrings) and not _is_string_list(value):
             yield f"{describe(name)} must be a list of strings (one per row)"
 
 

@@ -23,6 +23,10 @@ Boxes. When the recipe requires boxes, only images with at least one box are tra
 box terms need a crop of every image in the batch); how many were left out is reported in
 ``summary``. Images without any caption cannot form a pair and are left out likewise.
 
+Reads. Memory-mapped shards (``ShardedRows``) are advised as randomly read
+(``madvise(MADV_RANDOM)``) when the sampler is made: a gathered row then costs the pages it lies
+on, not a read-ahead window around it. Which rows are drawn does not depend on it.
+
 State. ``state_dict`` holds the generator state, the current permutations and positions, so a
 resumed run draws exactly the batches an uninterrupted run would have drawn.
 """
@@ -37,7 +41,18 @@ from torch import Tensor
 
 from curvalign.data.batch import Batch
 from curvalign.data.features import TEXT_PARTS, FeatureStore
+from curvalign.data.sharded import advise_rows
 from curvalign.errors import CurvalignError
+
+#: the store fields a batch gathers rows from
+_ROW_FIELDS = (
+    "image_features",
+    "text_features",
+    "box_image_features",
+    "box_text_features",
+    "pair_a_features",
+    "pair_b_features",
+)
 
 
 class SamplingError(CurvalignError, ValueError):
@@ -198,6 +213,11 @@ class BatchSampler:
                     f"pair_batch_size {self.pair_batch_size} is larger than the {n_pairs} "
                     f"text pairs of data {data!r}; set pair_batch_size to at most {n_pairs}"
                 )
+
+        # Scattered rows from memory-mapped shards: read only their pages, not the kernel's
+        # read-ahead window around each (the rows drawn do not depend on it).
+        for name in _ROW_FIELDS:
+            advise_rows(getattr(store, name, None), "random")
 
         self.generator = torch.Generator().manual_seed(int(seed))
         self._images = _EpochStream(n, self.generator)

@@ -11,6 +11,18 @@ boolean mask too), which returns a new ``torch.Tensor`` in the shards' dtype (fl
 float16). Operations on the whole array (``.float()``, arithmetic) are deliberately absent:
 they would copy it all.
 
+Kernel advice. A memory map's default read-ahead fits sequential reads: each page fault reads a
+window of pages around it. A training sampler gathers scattered rows, and on a layout larger
+than the page cache that window is read from disk for every row (for 1 KiB rows, hundreds of
+times the bytes the batch needs). ``advise("random")`` (the sampler calls it) tells the kernel
+(``madvise(MADV_RANDOM)``) to read only the page a row lies on; the rows drawn, and so the
+batches, do not change. A gather of rows spread over more than ``SPARSE_GATHER`` times their
+count (the evenly strided sample of a store's statistics, a validation subset) is advised as
+random for that read whatever the shard's advice. A contiguous read of at least ``SEQUENTIAL_MIN_BYTES`` from one shard
+(embedding, importing, scanning values: all go through ``rows[a:b]``) switches that shard to
+``MADV_SEQUENTIAL`` for the copy and back to the advice it had afterwards, so those passes
+keep a full read-ahead whatever the sampler asked.
+
 ``ParquetColumn`` does the same for one string column of sharded parquet files (captions,
 URLs), read a shard at a time with pyarrow (an optional dependency: ``pip install
 'curvalign[parquet]'``); only the row counts are read when it is opened.
@@ -18,6 +30,7 @@ URLs), read a shard at a time with pyarrow (an optional dependency: ``pip instal
 
 from __future__ import annotations
 
+import mmap
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -32,6 +45,60 @@ from curvalign.errors import CurvalignError
 
 class ShardError(CurvalignError, ValueError):
     """Shards that cannot be read as one array (missing, unreadable, mismatched widths)."""
+
+
+#: contiguous reads of at least this many bytes from one shard are advised as sequential
+SEQUENTIAL_MIN_BYTES = 1 << 20
+#: a gather of rows spread over more than this many times their count is advised as random
+SPARSE_GATHER = 16
+
+_ADVICE = {
+    "normal": getattr(mmap, "MADV_NORMAL", None),
+    "random": getattr(mmap, "MADV_RANDOM", None),
+    "sequential": getattr(mmap, "MADV_SEQUENTIAL", None),
+}
+
+
+def _file_map(array: np.ndarray) -> mmap.mmap | None:
+    """The ``mmap`` under a memory-mapped numpy array (None for an array in memory)."""
+    base: Any = array
+    while base is not None:
+        found = getattr(base, "_mmap", None)
+        if isinstance(found, mmap.mmap):
+            return found
+        base = getattr(base, "base", None)
+    return None
+
+
+def _madvise(mapping: mmap.mmap, advice: int) -> None:
+    """``mapping.madvise(advice)`` over the whole map (one place, so tests can watch it)."""
+    mapping.madvise(advice)
+
+
+def advise_array(array: np.ndarray, pattern: str) -> bool:
+    """Advise the kernel of how a memory-mapped array will be read: ``"random"``,
+    ``"sequential"`` or ``"normal"``. False (and nothing done) for an array in memory or a
+    platform without ``madvise``."""
+    if pattern not in _ADVICE:
+        raise ValueError(f"access pattern {pattern!r}; expected one of {sorted(_ADVICE)}")
+    mapping, flag = _file_map(array), _ADVICE[pattern]
+    if mapping is None or flag is None or not hasattr(mapping, "madvise"):
+        return False
+    try:
+        _madvise(mapping, flag)
+    except (OSError, ValueError):  # a closed map or an unsupported flag: advice, not a must
+        return False
+    return True
+
+
+def advise_rows(value: Any, pattern: str) -> bool:
+    """``advise`` a store field's rows when they are memory-mapped shards (``ShardedRows``) or a
+    memory-mapped array; True when advice was given."""
+    if isinstance(value, ShardedRows):
+        return value.advise(pattern)
+    if isinstance(value, np.ndarray):
+        return advise_array(value, pattern)
+    return False
 
 
 _TORCH_DTYPES = {
@@ -72,6 +139,16 @@ class ShardedRows:
         self.check_values = False
         #: [S + 1] first global row of each shard, then N
         self.offsets = np.concatenate([[0], np.cumsum([len(s) for s in shards])]).astype(np.int64)
+        #: the access pattern last advised for every shard (``advise``)
+        self.advice = "normal"
+
+    def advise(self, pattern: str) -> bool:
+        """Advise the kernel how the shards will be read (``"random"``: gathers of scattered
+        rows, ``"sequential"``, ``"normal"``); see the module docstring. True if any shard is a
+        memory map that took the advice."""
+        took = [advise_array(shard, pattern) for shard in self.shards]
+        self.advice = pattern
+        return any(took)
 
     @classmethod
     def open(cls, paths: Sequence[str | os.PathLike[str]]) -> ShardedRows:
@@ -149,10 +226,19 @@ class ShardedRows:
         out = np.empty((stop - start, self.shape[1]), dtype=self.shards[0].dtype)
         first = int(np.searchsorted(self.offsets, start, side="right")) - 1
         k, row = max(first, 0), start
+        row_bytes = int(self.shards[0].shape[1]) * self.shards[0].dtype.itemsize
         while row < stop:
             lo, hi = int(self.offsets[k]), int(self.offsets[k + 1])
             end = min(stop, hi)
-            out[row - start : end - start] = self.shards[k][row - lo : end - lo]
+            # a long run of rows: full read-ahead for it, then the shard's own advice again
+            ahead = (end - row) * row_bytes >= SEQUENTIAL_MIN_BYTES and self.advice != "sequential"
+            if ahead:
+                advise_array(self.shards[k], "sequential")
+            try:
+                out[row - start : end - start] = self.shards[k][row - lo : end - lo]
+            finally:
+                if ahead:
+                    advise_array(self.shards[k], self.advice)
             row, k = end, k + 1
         if self.check_values:
             self._check(out, np.arange(start, stop, dtype=np.int64))
@@ -169,7 +255,19 @@ class ShardedRows:
         bounds = np.flatnonzero(np.diff(shard[order])) + 1
         for part in np.split(order, bounds):
             k = int(shard[part[0]])
-            out[part] = self.shards[k][ids[part] - self.offsets[k]]
+            local = ids[part] - self.offsets[k]
+            # a sparse gather (a strided sample, a validation subset): read only the rows'
+            # pages, whatever advice the shard has, then give it back its own advice
+            sparse = (
+                self.advice != "random" and SPARSE_GATHER * len(local) < local[-1] - local[0] + 1
+            )
+            if sparse:
+                advise_array(self.shards[k], "random")
+            try:
+                out[part] = self.shards[k][local]
+            finally:
+                if sparse:
+                    advise_array(self.shards[k], self.advice)
         if self.check_values:
             self._check(out, ids)
         return torch.from_numpy(out)
@@ -206,7 +304,80 @@ def require_pyarrow(what: str) -> Any:
     return pq
 
 
-class ParquetColumn(Sequence[str]):
+class LazyStrings(Sequence[str]):
+    """Per-row strings read on demand (not held as a Python list): ``len()``, ``[i]``,
+    ``[a:b]`` and ``take(ids)``. A store's type checks skip these: their rows are only read
+    when asked for."""
+
+    def take(self, ids: Sequence[int] | np.ndarray) -> list[str]:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+
+class IndexedStrings(LazyStrings):
+    """Strings stored as one UTF-8 file and the ``[n + 1]`` int64 byte offsets of their starts
+    (``write``): opening reads neither (the offsets are memory-mapped); ``[i]`` reads one
+    string. A native store keeps long item lists this way, so that it opens without parsing
+    every caption."""
+
+    def __init__(self, data: str | os.PathLike[str], offsets: str | os.PathLike[str]) -> None:
+        self.data = Path(data)
+        try:
+            self.offsets = np.load(offsets, mmap_mode="r", allow_pickle=False)
+        except (OSError, ValueError, EOFError) as exc:
+            raise ShardError(f"{offsets}: not readable string offsets ({exc})") from None
+        size = self.data.stat().st_size if self.data.is_file() else -1
+        if (
+            self.offsets.ndim != 1
+            or len(self.offsets) < 1
+            or self.offsets.dtype.kind != "i"
+            or int(self.offsets[0]) != 0
+            or int(self.offsets[-1]) != size
+        ):
+            raise ShardError(
+                f"{offsets} does not index {self.data} ({size} bytes): damaged; write the "
+                "store again"
+            )
+
+    @staticmethod
+    def write(values: Sequence[str], data: Path, offsets: Path) -> None:
+        """Write ``values`` (any sequence of strings, read once in order) as ``data`` +
+        ``offsets``, a bounded buffer at a time."""
+        ends = np.empty(len(values) + 1, dtype=np.int64)
+        ends[0] = 0
+        at = 0
+        with open(data, "wb") as fh:
+            for i in range(len(values)):
+                raw = str(values[i]).encode("utf-8")
+                fh.write(raw)
+                at += len(raw)
+                ends[i + 1] = at
+        np.save(offsets, ends, allow_pickle=False)
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def _read(self, fh: Any, i: int) -> str:
+        a, b = int(self.offsets[i]), int(self.offsets[i + 1])
+        fh.seek(a)
+        return fh.read(b - a).decode("utf-8")
+
+    def __getitem__(self, index: Any) -> Any:  # int -> str, slice -> list[str]
+        if isinstance(index, slice):
+            return self.take(range(*index.indices(len(self))))
+        i, n = int(index), len(self)
+        if not -n <= i < n:
+            raise IndexError(f"row {i} out of range for {n} rows")
+        with open(self.data, "rb") as fh:
+            return self._read(fh, i % n)
+
+    def take(self, ids: Sequence[int] | np.ndarray) -> list[str]:
+        """``[self[i] for i in ids]`` with the file opened once."""
+        n = len(self)
+        with open(self.data, "rb") as fh:
+            return [self._read(fh, int(i) % n) for i in np.asarray(ids, dtype=np.int64).tolist()]
+
+
+class ParquetColumn(LazyStrings):
     """One string column over sharded parquet files, ``len()`` from their footers, rows read a
     shard at a time on demand (the last shard read is kept). ``take(ids)`` reads each shard it
     needs once. A null value reads as ``""``."""

@@ -18,6 +18,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
+from curvalign._native import constant_under_compile
 from curvalign.geometry import _fused_l1, euclidean, lorentz, sphere
 from curvalign.geometry._numerics import (
     Curvature,
@@ -51,7 +52,7 @@ _TRITON_FOUND: list[bool] = []  # the probe's answer, once known (not functools.
 # traces through a cache wrapper, ignoring the marking below)
 
 
-@torch.compiler.assume_constant_result  # Dynamo (torch 2.11) cannot trace find_spec
+@constant_under_compile  # Dynamo (torch 2.11) cannot trace find_spec
 def _triton_installed() -> bool:
     """Whether ``triton`` can be found (without importing it: a CPU run never pays for it).
     A constant to ``torch.compile``: a model compiled with ``fullgraph=True`` on a GPU traces
@@ -77,7 +78,7 @@ def _triton_kernels() -> ModuleType | None:
         return None
 
 
-@torch.compiler.assume_constant_result
+@constant_under_compile
 def _triton_ready(device: torch.device, dtype: torch.dtype, width: int) -> bool:
     """Whether the Triton kernels import and run on ``device`` (compiled once, cached).
 

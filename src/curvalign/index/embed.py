@@ -31,9 +31,9 @@ from curvalign._io import (
     file_checksums,
     read_json_file,
     staged_directory,
-    verify_file,
 )
 from curvalign.data.features import FeatureStore
+from curvalign.data.sharded import advise_array
 from curvalign.errors import (
     DamagedFileError,
     InputError,
@@ -41,13 +41,17 @@ from curvalign.errors import (
     NotFoundError,
     OverwriteError,
 )
-from curvalign.index.rerank import RecipeIndex, as_torch_embedding
+from curvalign.index.checked import STATS_KEY, check_file, seal_files
+from curvalign.index.rerank import RecipeIndex, as_torch_embedding, default_proxy
 from curvalign.index.search import (
     GEOMETRY,
     IndexMismatchError,
     LorentzIndex,
+    build_block_rows,
     build_index,
     load_index,
+    save_exact_index,
+    write_flat_index,
 )
 from curvalign.readout import check_input_widths, embed_store_rows
 from curvalign.recipes.base import Embedding, Recipe
@@ -169,6 +173,7 @@ def embed_store(
         written = [name for side_files in files.values() for name in side_files.values()]
         meta = {
             CHECKSUMS_KEY: file_checksums(tmp, [*written, "text_to_image.npy"]),
+            STATS_KEY: seal_files(tmp, [*written, "text_to_image.npy"]),
             "format_version": FORMAT_VERSION,
             "recipe": recipe.name,
             "counts": counts,
@@ -184,11 +189,16 @@ def embed_store(
 
 @dataclass
 class Embeddings:
-    """An embeddings directory, opened with memory maps (nothing is read until touched)."""
+    """An embeddings directory, opened with memory maps (nothing is read until touched).
+
+    ``verify``: hash every file it reads against ``embedding.json`` (otherwise a file whose
+    size and modification time are the recorded ones is not read to check it).
+    """
 
     path: Path
     meta: dict[str, Any]
     _verified: set[str] = field(default_factory=set, repr=False)
+    verify: bool = False
 
     @property
     def recipe_name(self) -> str:
@@ -213,12 +223,20 @@ class Embeddings:
         return self._load("text_to_image.npy")
 
     def _load(self, name: str, mmap_mode: str | None = None) -> np.ndarray:
-        """``np.load`` of one file, after its SHA-256 was checked against ``embedding.json``
-        (once per file and object); a damaged or truncated file is named in one line."""
+        """``np.load`` of one file, after it was checked against ``embedding.json`` (once per
+        file and object: by size and time, or its SHA-256 where those differ or ``verify``);
+        a damaged or truncated file is named in one line."""
         path = self.path / name
         redo = "write the embeddings again with `curvalign embed`"
         if name not in self._verified:
-            verify_file(path, self.meta.get(CHECKSUMS_KEY), str(self.path / META_FILE), redo)
+            check_file(
+                path,
+                self.meta.get(CHECKSUMS_KEY),
+                self.meta.get(STATS_KEY),
+                str(self.path / META_FILE),
+                redo,
+                full=self.verify,
+            )
             self._verified.add(name)
         try:
             return np.load(path, mmap_mode=mmap_mode)
@@ -232,7 +250,8 @@ class Embeddings:
         return self.meta["keys"].get(key, {}).get("geometry", "unknown")
 
 
-def load_embeddings(path: str | os.PathLike) -> Embeddings:
+def load_embeddings(path: str | os.PathLike, *, verify: bool = False) -> Embeddings:
+    """The embeddings directory ``path`` (``verify``: hash each file read, see ``Embeddings``)."""
     path = Path(path)
     if not (path / META_FILE).exists():
         raise NotFoundError(
@@ -245,7 +264,7 @@ def load_embeddings(path: str | os.PathLike) -> Embeddings:
         raise IndexMismatchError(
             f"{path}: embeddings format {meta.get('format_version')} is not supported"
         )
-    return Embeddings(path, meta)
+    return Embeddings(path, meta, verify=verify)
 
 
 # --- serving: build and search from an embeddings directory ---------------------------------------
@@ -279,16 +298,23 @@ def build_from_embeddings(
         "weights_sha256": emb.meta.get("weights_sha256"),
         "weights": emb.meta.get("weights"),
     }
+    block_rows = options.pop("block_rows", None)
     key = emb.meta.get("lorentz_index_key")
     if key is not None:
         points = emb.side(side)[key]
+        lorentz_meta = {**base_meta, "key": key, "mode": "lorentz"}
+        if kind == "exact":  # written block by block, never built in memory
+            return save_exact_index(
+                out, points, emb.curvature[0], meta=lorentz_meta, block_rows=block_rows
+            )
         index = build_index(
             points,
             emb.curvature[0],
             kind=kind,
             method=method,
             **options,
-            meta={**base_meta, "key": key, "mode": "lorentz"},
+            meta=lorentz_meta,
+            block_rows=block_rows,
         )
         return index.save(out)
     if kind != "exact" and method not in ("hnsw", "ivfpq"):
@@ -305,23 +331,31 @@ def build_from_embeddings(
     run = load_run(base_meta["run_dir"], weights=base_meta.get("weights") or "last")
     check_same_run(base_meta, run, f"the embeddings {emb.path}", "index build")
     known = ("M", "ef_construction", "ef_search") if method == "hnsw" else ("nlist", "nprobe")
-    engine = RecipeIndex(
-        run.recipe,
-        emb.side(side),
-        side,
-        candidate_index=method if kind == "ann" else "flat",
-        **{k: v for k, v in options.items() if k in known and v is not None},
-    )
     out = Path(out)
     if out.exists() and not (out / "index.json").exists() and any(out.iterdir()):
         raise OverwriteError(f"{out} exists and is not a curvalign index; not overwriting it")
     with staged_directory(out) as tmp:
         # The proxy vectors depend on the run's learned curvature / weights: computed once, here.
-        engine.save_proxy(str(tmp / "proxy.faiss"))
+        if kind == "exact":  # a flat proxy, written block by block (never whole in memory)
+            database = as_torch_embedding(emb.side(side))
+            proxy_file = write_proxy_blocks(
+                tmp / "proxy.faiss", run.recipe, database, block_rows=block_rows
+            )
+            engine = RecipeIndex(run.recipe, database, side, proxy_index=proxy_file)
+        else:
+            engine = RecipeIndex(
+                run.recipe,
+                emb.side(side),
+                side,
+                candidate_index=method,
+                **{k: v for k, v in options.items() if k in known and v is not None},
+            )
+            engine.save_proxy(str(tmp / "proxy.faiss"))
         (tmp / "index.json").write_text(
             json.dumps(
                 {
                     CHECKSUMS_KEY: file_checksums(tmp, ["proxy.faiss"]),
+                    STATS_KEY: seal_files(tmp, ["proxy.faiss"]),
                     "format_version": 1,
                     "geometry": "recipe",
                     "mode": "rerank",
@@ -334,6 +368,25 @@ def build_from_embeddings(
             )
         )
     return out
+
+
+def write_proxy_blocks(
+    path: Path, recipe: Recipe, database: Embedding, *, block_rows: int | None = None
+) -> Any:
+    """Write the flat proxy index of ``database`` (one side's embedding, ``[N, ...]`` per key)
+    for ``recipe`` to ``path``, ``block_rows`` items at a time (default: 64 MiB of float32 per
+    block, ``build_block_rows``); returns it opened as a ``FlatFile``. Memory outside the
+    embedding's maps is one block of proxy vectors."""
+    proxy = default_proxy(recipe)
+    n = int(next(iter(database.values())).shape[0])
+    first = proxy.database({key: v[:1] for key, v in database.items()})
+    block = int(block_rows) if block_rows else build_block_rows(first.shape[1] - 1)
+
+    def vectors() -> Any:
+        for start in range(0, n, block):
+            yield proxy.database({key: v[start : start + block] for key, v in database.items()})
+
+    return write_flat_index(path, first.shape[1], vectors())
 
 
 def check_same_run(recorded: dict[str, Any], run: LoadedRun, what: str, redo: str) -> None:
@@ -363,8 +416,11 @@ class SearchResult:
     score_name: str  # "distance" or "score"
 
 
-def open_index(path: str | os.PathLike) -> tuple[dict[str, Any], LorentzIndex | None]:
-    """``(index.json contents, LorentzIndex or None for a rerank index)``."""
+def open_index(
+    path: str | os.PathLike, *, verify: bool = False
+) -> tuple[dict[str, Any], LorentzIndex | None]:
+    """``(index.json contents, LorentzIndex or None for a rerank index)``; ``verify``: hash its
+    files even where size and modification time match the recorded ones."""
     path = Path(path)
     if not (path / "index.json").exists():
         raise NotFoundError(
@@ -373,7 +429,7 @@ def open_index(path: str | os.PathLike) -> tuple[dict[str, Any], LorentzIndex | 
     raw = read_json_file(path / "index.json", "build the index again with `curvalign index build`")
     if isinstance(raw, dict) and raw.get("mode") == "rerank":
         return raw, None
-    index = load_index(path)
+    index = load_index(path, verify=verify)
     return {**raw, "meta": index.meta}, index
 
 
@@ -496,6 +552,7 @@ def add_embeddings(path: str | os.PathLike, emb: Embeddings) -> int:
         engine.save_proxy(str(tmp / "proxy.faiss"))
         updated = {**raw, "count": len(engine), "meta": {**meta, "sources": sources + [source]}}
         updated[CHECKSUMS_KEY] = file_checksums(tmp, ["proxy.faiss"])
+        updated[STATS_KEY] = seal_files(tmp, ["proxy.faiss"])
         updated["candidate_index"] = engine.candidate_index
         (tmp / "index.json").write_text(json.dumps(updated, indent=2))
     return m
@@ -509,11 +566,16 @@ def open_rerank_engine(path: str | os.PathLike, raw: dict[str, Any], run: Loaded
     meta = raw["meta"]
     check_same_run(meta, run, f"the index {path}", "embed and index build")
     database = source_side(index_sources(meta), meta["side"])
+    for rows in database.values():
+        # the rerank reads a few hundred scattered rows a query: their pages, not the kernel's
+        # read-ahead around each (which read the whole file from a cold cache)
+        advise_array(rows, "random")
     proxy_file = Path(path) / "proxy.faiss"
     if proxy_file.exists():  # checked before faiss reads a byte of it
-        verify_file(
+        check_file(
             proxy_file,
             raw.get(CHECKSUMS_KEY),
+            raw.get(STATS_KEY),
             str(Path(path) / "index.json"),
             "build the index again with `curvalign index build`",
         )

@@ -50,7 +50,7 @@ from typing import Any, Literal
 import faiss
 import numpy as np
 
-from curvalign._io import file_checksums, read_json_file, staged_directory, verify_file
+from curvalign._io import file_checksums, read_json_file, staged_directory
 from curvalign.errors import (
     CurvalignError,
     DamagedFileError,
@@ -67,6 +67,7 @@ from curvalign.geometries import (
     poincare_ball,
     query_vectors,
 )
+from curvalign.index.checked import check_file, seal_files
 
 GEOMETRY = "lorentz"
 FORMAT_VERSION = 1
@@ -76,6 +77,8 @@ _U64 = float(np.finfo(np.float64).eps) / 2
 _MAX_CANDIDATES = 4096
 #: float64 elements per work chunk (about 64 MiB)
 _CHUNK_ELEMENTS = 1 << 23
+#: default bytes of float32 points read per block when an index is built (``build_block_rows``)
+BUILD_BLOCK_BYTES = 1 << 26
 
 IndexKind = Literal["exact", "ann"]
 AnnMethod = Literal["hnsw", "ivf"]
@@ -154,6 +157,31 @@ def _check_curvature(c: float) -> float:
     return c
 
 
+def build_block_rows(dim: int, budget_bytes: int | None = None) -> int:
+    """Rows of ``dim`` float32 values per build block: ``budget_bytes`` (default
+    ``BUILD_BLOCK_BYTES``, 64 MiB) over the bytes of one transformed row ``4 (dim + 1)``."""
+    budget = BUILD_BLOCK_BYTES if budget_bytes is None else int(budget_bytes)
+    if budget < 1:
+        raise InputError(f"the build's memory budget must be positive, got {budget} bytes")
+    return max(1, budget // (4 * (dim + 1)))
+
+
+def point_blocks(points: Any, block_rows: int) -> Any:
+    """``(start, block)`` over ``points`` ``[N, d]`` (an array, a memory map, a tensor: anything
+    with ``shape`` and row slices), each block ``[<= block_rows, d]`` float32, checked
+    (``_as_points``). Only one block is in memory at a time."""
+    n = int(points.shape[0]) if hasattr(points, "shape") else len(points)
+    for start in range(0, n, block_rows):
+        yield start, _as_points(points[start : start + block_rows], "points")
+
+
+def _rows_of(points: Any) -> tuple[int, int]:
+    """``(N, d)`` of array-like points without reading them (a list is converted)."""
+    if hasattr(points, "shape") and len(points.shape) == 2:
+        return int(points.shape[0]), int(points.shape[1])
+    return _as_points(points, "points").shape
+
+
 # --- the index -----------------------------------------------------------------------------------
 
 
@@ -173,6 +201,8 @@ class IndexInfo:
     format_version: int = FORMAT_VERSION
     #: SHA-256 of index.faiss and ids.npy, checked before they are read (empty: older index)
     sha256: dict[str, str] = field(default_factory=dict)
+    #: [size, mtime_ns] of the same files when written: a match skips the hash at open
+    file_stats: dict[str, list[int]] = field(default_factory=dict)
 
 
 class LorentzIndex:
@@ -408,12 +438,12 @@ class LorentzIndex:
         Everything goes to a temporary sibling directory first, which then replaces ``path``.
         """
         path = Path(path)
-        if path.exists() and not (path / "index.json").exists() and any(path.iterdir()):
-            raise OverwriteError(f"{path} exists and is not a curvalign index; not overwriting it")
+        _refuse_foreign(path)
         with staged_directory(path) as tmp:
             faiss.write_index(in_memory(self._index), str(tmp / "index.faiss"))
             np.save(tmp / "ids.npy", np.asarray(self._ids))
             self.info.sha256 = file_checksums(tmp, ["index.faiss", "ids.npy"])
+            self.info.file_stats = seal_files(tmp, ["index.faiss", "ids.npy"])
             (tmp / "index.json").write_text(
                 json.dumps(self.info.__dict__, indent=2, sort_keys=True)
             )
@@ -423,8 +453,12 @@ class LorentzIndex:
         return path
 
 
-def load_index(path: str | os.PathLike) -> LorentzIndex:
-    """Read an index written by ``LorentzIndex.save``."""
+def load_index(path: str | os.PathLike, *, verify: bool = False) -> LorentzIndex:
+    """Read an index written by ``LorentzIndex.save``.
+
+    Its files are checked against ``index.json`` by size and modification time; their SHA-256
+    is computed only when those differ or ``verify`` is true (``curvalign.index.checked``).
+    """
     path = Path(path)
     meta_file = path / "index.json"
     if not meta_file.exists():
@@ -444,7 +478,7 @@ def load_index(path: str | os.PathLike) -> LorentzIndex:
     info = IndexInfo(**raw)
     redo = "build the index again with `curvalign index build`"
     for name in ("index.faiss", "ids.npy"):  # before faiss or numpy reads a byte of them
-        verify_file(path / name, info.sha256, str(meta_file), redo)
+        check_file(path / name, info.sha256, info.file_stats, str(meta_file), redo, full=verify)
     try:
         # a flat (exact) index is scanned from the file in chunks, never loaded whole
         faiss_index = read_flat_or_faiss(path / "index.faiss")
@@ -765,6 +799,7 @@ def build_index(
     nprobe: int = 16,
     seed: int = 0,
     meta: dict[str, Any] | None = None,
+    block_rows: int | None = None,
 ) -> LorentzIndex:
     """Index ``points`` ``[N, d]`` (Lorentz space components, curvature ``-c``).
 
@@ -774,17 +809,30 @@ def build_index(
                    exactly.
     ids            external int ids ``[N]`` (default ``0..N-1``), unique; returned by ``search``.
     meta           free JSON saved with the index (recipe, embedding key, run directory, ...).
+    block_rows     points read, checked and transformed per block (default: 64 MiB of float32,
+                   ``build_block_rows``). Exact and IVF builds hold one float32 copy of the
+                   transformed points (the index itself) plus one block, whatever ``points`` is
+                   (a memory map is read block by block); HNSW reads the points whole.
     """
     c = _check_curvature(c)
-    x = _as_points(points, "points")
-    N, d = x.shape
+    if kind == "ann" and method == "hnsw":
+        points = _as_points(points, "points")
+    N, d = _rows_of(points)
+    if not hasattr(points, "shape") or len(points.shape) != 2:
+        points = _as_points(points, "points")
+    block = int(block_rows) if block_rows else build_block_rows(d)
+    if block < 1:
+        raise InputError(f"block_rows must be positive, got {block_rows}")
+    max_norm = 0.0
     ext_ids = _as_ids(ids, N, 0)
     if len(np.unique(ext_ids)) != N:
         raise IndexMismatchError("ids contain duplicates; each point needs its own id")
     options: dict[str, Any] = {}
     if kind == "exact":
         index: faiss.Index = faiss.IndexFlatIP(d + 1)
-        index.add(database_vectors(x, c))
+        for _, xb in point_blocks(points, block):
+            index.add(database_vectors(xb, c))
+            max_norm = max(max_norm, _max_transformed_norm(xb, c))
         method_name = None
     elif kind == "ann":
         if method == "hnsw":
@@ -793,8 +841,9 @@ def build_index(
                 "ef_construction": int(ef_construction),
                 "ef_search": int(ef_search),
             }
-            index = _build_hnsw(x, c, M=M, ef_construction=ef_construction)
+            index = _build_hnsw(points, c, M=M, ef_construction=ef_construction)
             index.hnsw.efSearch = int(ef_search)
+            max_norm = _max_transformed_norm(points, c)
         elif method == "ivf":
             # 4 sqrt(N) cells, but at least 39 training points per cell (Faiss's k-means minimum)
             nlist = int(nlist or max(1, min(round(4 * math.sqrt(max(N, 1))), N // 39)))
@@ -804,9 +853,10 @@ def build_index(
                 )
             options = {"nlist": nlist, "nprobe": int(nprobe)}
             rng = np.random.default_rng(seed)
-            sample = x[
-                rng.choice(N, size=min(N, 40 * nlist), replace=False)
-            ]  # faiss wants >= 39 per cell
+            # faiss wants >= 39 per cell; only the sampled rows are read
+            sample = _as_points(
+                points[rng.choice(N, size=min(N, 40 * nlist), replace=False)], "points"
+            )
             kmeans = faiss.Kmeans(d, nlist, niter=10, seed=seed, verbose=False)
             kmeans.train(sample)
             quantizer = faiss.IndexFlatIP(d + 1)
@@ -816,7 +866,9 @@ def build_index(
             quantizer.this.disown()  # the IVF index owns (and frees, and saves) its quantizer
             index.is_trained = True
             index.make_direct_map(True)  # reconstruct_batch for the exact rerank
-            _ivf_add(index, x, c)
+            for _, xb in point_blocks(points, block):
+                _ivf_add(index, xb, c)
+                max_norm = max(max_norm, _max_transformed_norm(xb, c))
             index.nprobe = int(nprobe)
         else:
             raise InputError(f"unknown ANN method {method!r}; expected 'hnsw' or 'ivf'")
@@ -831,10 +883,66 @@ def build_index(
         kind=kind,
         method=method_name,
         options=options,
-        max_norm=_max_transformed_norm(x, c),
+        max_norm=max_norm,
         meta=dict(meta or {}),
     )
     return LorentzIndex(index, info, ext_ids)
+
+
+def _refuse_foreign(path: Path) -> None:
+    if path.exists() and not (path / "index.json").exists() and any(path.iterdir()):
+        raise OverwriteError(f"{path} exists and is not a curvalign index; not overwriting it")
+
+
+def save_exact_index(
+    path: str | os.PathLike,
+    points: Any,
+    c: float,
+    *,
+    meta: dict[str, Any] | None = None,
+    block_rows: int | None = None,
+) -> Path:
+    """Write the exact index of ``points`` ``[N, d]`` (ids ``0..N-1``) to ``path`` without
+    building it in memory: each block of ``block_rows`` rows (default ``build_block_rows``,
+    64 MiB of float32) is read, checked, transformed and appended to ``index.faiss``. Memory
+    outside the maps of ``points`` is one block, whatever N. The directory is the one
+    ``LorentzIndex.save`` writes (``load_index`` reads it; its search scans the file)."""
+    c = _check_curvature(c)
+    path = Path(path)
+    N, d = _rows_of(points)
+    block = int(block_rows) if block_rows else build_block_rows(d)
+    if block < 1:
+        raise InputError(f"block_rows must be positive, got {block_rows}")
+    _refuse_foreign(path)
+    max_norm = 0.0
+
+    def vectors() -> Any:
+        nonlocal max_norm
+        for _, xb in point_blocks(points, block):
+            max_norm = max(max_norm, _max_transformed_norm(xb, c))
+            yield database_vectors(xb, c)
+
+    with staged_directory(path) as tmp:
+        write_flat_index(tmp / "index.faiss", d + 1, vectors())
+        np.save(tmp / "ids.npy", np.arange(N, dtype=np.int64))
+        info = IndexInfo(
+            geometry=GEOMETRY,
+            curvature=c,
+            dim=d,
+            count=N,
+            kind="exact",
+            method=None,
+            options={},
+            max_norm=max_norm,
+            meta=dict(meta or {}),
+        )
+        info.sha256 = file_checksums(tmp, ["index.faiss", "ids.npy"])
+        info.file_stats = seal_files(tmp, ["index.faiss", "ids.npy"])
+        (tmp / "index.json").write_text(json.dumps(info.__dict__, indent=2, sort_keys=True))
+        for f in tmp.iterdir():
+            with open(f, "rb") as fh:
+                os.fsync(fh.fileno())
+    return path
 
 
 __all__ = [
@@ -853,5 +961,7 @@ __all__ = [
     "poincare_ball",
     "query_vectors",
     "read_flat_or_faiss",
+    "save_exact_index",
     "write_flat_index",
+    "build_block_rows",
 ]
