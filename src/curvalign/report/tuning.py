@@ -730,6 +730,8 @@ def _lr_range(
         return None
     notify(f"  lr range test: {found.describe()}")
     reading = found.to_json()
+    (out / "lr_range").mkdir(parents=True, exist_ok=True)
+    plot_lr_range(found, out / "lr_range" / f"{name}.png")  # the curve, used or not
     if found.lrs and found.at_minimum <= found.lrs[0]:
         # the curve rose from the ramp's first rate on: a curriculum or a schedule that changes
         # the loss as the ramp runs (DualPath's phases), or a validation that no rate improved;
@@ -740,8 +742,6 @@ def _lr_range(
         )
         study.set_user_attr("lr_range", {**reading, "uninformative": True})
         return None
-    (out / "lr_range").mkdir(parents=True, exist_ok=True)
-    plot_lr_range(found, out / "lr_range" / f"{name}.png")
     study.set_user_attr("lr_range", reading)
     return reading
 

@@ -1,7 +1,7 @@
 """One typed run: a ``RunSpec`` says what to train, ``fit`` trains it, a ``FitResult`` holds the
 trained model in memory with its record (docs/design.md, "One typed run").
 
-    spec = RunSpec.parse("meru", "synthetic", overrides=["lr=1e-3"], steps=300)
+    spec = RunSpec.parse(name, "synthetic", overrides=["lr=1e-3"], steps=300)  # a recipe
     spec = spec.with_train(seed=3)                 # typed, validated: no "key=value" strings
     result = fit(spec, "runs/meru-s3")
     result.recipe                                  # the best-validation weights, eval mode

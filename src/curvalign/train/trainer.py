@@ -939,6 +939,19 @@ class Trainer:
             return
         images = self.validation.num_images
         texts = int(self.validation.text_ids.shape[0])
+        if self.warm_start_info is not None:  # step 0 is the data's linear alignment, not noise
+            ceiling = self.best_val is not None and self.best_val >= 1.0
+            why = (
+                "it already ranks every validation caption first"
+                if ceiling
+                else "training did not improve on it"
+            )
+            self._note(
+                f"note: the best validation step is 0: {BEST_FILE} of {self.run_dir} holds the "
+                f"start, the data's linear alignment ({why}; the validation split has {images} "
+                f"images and {texts} captions)"
+            )
+            return
         self._note(
             f"warning: the best validation step is 0 (the untrained head): {BEST_FILE} of "
             f"{self.run_dir} holds untrained weights; the validation split has {images} images "
@@ -1121,7 +1134,11 @@ def _remove_unfinished(run_dir: Path, keep_dir: bool) -> None:
 
 
 def _is_main_rank() -> bool:
-    """True outside a torchrun launch and on its rank 0 (the rank that writes the run)."""
+    """True outside a multi-process launch and on its rank 0 (the rank that writes the run):
+    a torchrun launch says so in its environment, processes that joined a process group
+    themselves (``torch.multiprocessing.spawn``) through ``torch.distributed``."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank() == 0
     return int(os.environ.get("WORLD_SIZE", "1")) <= 1 or int(os.environ.get("RANK", "0")) == 0
 
 
