@@ -24,10 +24,16 @@ each, so that validation and evaluation cost does not grow with N), the rest "tr
 records the seed and the counts (``clip-retrieval:DIR,val=5000,test=5000,seed=1``), so the run's
 recorded data spec reproduces the split; ``meta["split"]`` holds the same.
 
-Opening reads the ``.npy`` headers and the parquet footers only: O(number of shards), not O(N).
+Opening reads the ``.npy`` headers, the parquet footers and a strided sample of rows (the norm
+note below): O(number of shards), not O(N).
 The NaN/inf scan is not run on open (the sampler checks every row it draws; ``check=True`` or
 ``curvalign --check`` scans every shard once); ``FeatureStore.save`` imports the data into a
 native store (chunk by chunk) and records the scan there.
+
+What opening finds that is not an error goes to ``meta["notes"]`` (one line each; training shows
+them as notes and keeps them in the run): metadata without a "caption" column (search then shows
+item ids), and image or text rows that are not unit-norm (checked on a strided sample of at most
+``NORM_SAMPLE`` rows per side, not on every row).
 """
 
 from __future__ import annotations
@@ -49,6 +55,11 @@ MAX_SPLIT_IMAGES = 10_000
 #: by default each of "val" and "test" takes N // SPLIT_DIVISOR images (up to MAX_SPLIT_IMAGES)
 SPLIT_DIVISOR = 20
 CAPTION_COLUMN = "caption"
+#: rows (evenly strided over the whole store) whose norms are checked on open
+NORM_SAMPLE = 256
+#: a sampled row whose L2 norm differs from 1 by more than this is "not unit-norm" (float16
+#: rounding of a normalised row stays far below it)
+NORM_TOLERANCE = 1e-2
 PATH_COLUMNS = ("image_path", "url")
 
 _SHARD_NUMBER = re.compile(r"_(\d+)\.[^.]+$")
@@ -67,6 +78,44 @@ def _numbered(folder: Path, prefix: str, suffix: str) -> dict[int, Path]:
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _sample_norms(rows: ShardedRows) -> np.ndarray:
+    """L2 norms of an evenly strided sample of ``rows`` (at most ``NORM_SAMPLE``), read straight
+    from the maps (no NaN check: a NaN row is the value check's to report; no copy of the rest)."""
+    n = len(rows)
+    if n == 0:  # an empty store is the split check's to refuse
+        return np.zeros(0, dtype=np.float32)
+    ids = np.unique(np.linspace(0, n - 1, min(n, NORM_SAMPLE)).astype(np.int64))
+    shard = np.searchsorted(rows.offsets, ids, side="right") - 1
+    sample = np.stack(
+        [np.asarray(rows.shards[k][i - rows.offsets[k]]) for i, k in zip(ids, shard, strict=True)]
+    ).astype(np.float32)
+    norms = np.linalg.norm(sample, axis=1)
+    return norms[np.isfinite(norms)]
+
+
+def _norm_note(images: ShardedRows, texts: ShardedRows) -> str | None:
+    """One note when the sampled image or text rows are not unit-norm; None when they are."""
+    found = []
+    for side, rows in (("image", images), ("text", texts)):
+        norms = _sample_norms(rows)
+        if norms.size and np.abs(norms - 1.0).max() > NORM_TOLERANCE:
+            found.append(
+                (
+                    side,
+                    f"{side}: mean norm {norms.mean():.3g}, range "
+                    f"{norms.min():.3g}..{norms.max():.3g} over {norms.size} sampled rows",
+                )
+            )
+    if not found:
+        return None
+    return (
+        f"{' and '.join(side for side, _ in found)} rows are not unit-norm "
+        f"({'; '.join(text for _, text in found)}): clip-retrieval writes L2-normalised "
+        "embeddings, so these may come from another tool; the heads read them as they are "
+        "(not normalised)"
+    )
 
 
 def default_split_size(n: int) -> int:
@@ -106,6 +155,8 @@ def read_sharded_embeddings(
                 "row r of a text shard is the caption of row r of its image shard"
             )
     n = len(images)
+    norm_note = _norm_note(images, texts)
+    notes = [norm_note] if norm_note else []
     items: dict[str, ParquetColumn] = {}
     if metadata_files:
         if len(metadata_files) != len(image_files):
@@ -121,6 +172,13 @@ def read_sharded_embeddings(
             ) from None
         if CAPTION_COLUMN in names:
             items["texts"] = ParquetColumn(metadata_files, CAPTION_COLUMN)
+        else:
+            notes.insert(
+                0,
+                f"metadata ({metadata_files[0]}) has no {CAPTION_COLUMN!r} column (it has "
+                f"{', '.join(sorted(names)[:8]) or 'none'}{', ...' if len(names) > 8 else ''}): "
+                "search shows item ids, not captions",
+            )
         path_column = next((c for c in PATH_COLUMNS if c in names), None)
         if path_column is not None:
             items["image_paths"] = ParquetColumn(metadata_files, path_column)
@@ -160,6 +218,7 @@ def read_sharded_embeddings(
             "pairs": n,
             "dtype": str(images.dtype).removeprefix("torch."),
             "split": {"seed": int(seed), "val": n_val, "test": n_test},
+            **({"notes": notes} if notes else {}),
         },
     )
     where = f"sharded embeddings ({image_files[0]}, ...)"

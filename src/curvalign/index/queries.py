@@ -77,12 +77,13 @@ class QueryResults:
         )
 
     def table_rows(self) -> Iterator[list[str]]:
-        """Rows of ``columns()``: the query label on its first hit, ``*`` after true hits."""
+        """Rows of ``columns()``: the query label on its first hit, ``*`` after true hits; every
+        distance or score with 4 decimals (one column format, as ``curvalign search`` prints)."""
         for i, q in enumerate(self.labels):
             hits = zip(self.result.ids[i], self.result.scores[i], strict=True)
             for rank, (item, value) in enumerate(hits, start=1):
                 mark = " *" if self.is_true_hit(i, item) else ""
-                row = [str(q) if rank == 1 else "", str(rank), f"{int(item)}{mark}", f"{value:.6g}"]
+                row = [str(q) if rank == 1 else "", str(rank), f"{int(item)}{mark}", f"{value:.4f}"]
                 if self.truth is not None:
                     row.append(str(int(self.truth[i])) if rank == 1 else "")
                 yield row

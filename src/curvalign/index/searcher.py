@@ -353,11 +353,7 @@ class Searcher:
     def encoder(self) -> Any:
         """The query encoder, loaded on first use."""
         if self._encoder is None:
-            raise SearchError(
-                f"the run {self.run.run_dir} records no encoder (its store was made before "
-                "encoders were recorded, or has no encoder: synthetic data); pass one, e.g. "
-                "--encoder open_clip:ARCH:CHECKPOINT"
-            )
+            raise SearchError(self._no_encoder_message())
         if isinstance(self._encoder, str):
             from curvalign.data.encoders import EncoderError, load_encoder
 
@@ -366,6 +362,35 @@ class Searcher:
             except EncoderError as exc:
                 raise SearchError(str(exc)) from None
         return self._encoder
+
+    def _no_encoder_message(self) -> str:
+        """Why a free-text or image query cannot be encoded for this run, and what can be done:
+        the message fits where the run's features came from (its recorded data spec)."""
+        data = str(self.run.meta.get("data") or "")
+        kind = self.query_modality
+        by_id = (
+            f"search with the row ids of embedded {kind}s instead (curvalign index search "
+            f"{self.index_dir} --query-{kind}-ids 0,5) or with precomputed {kind} features "
+            "(Searcher.search_features in Python)"
+        )
+        if data.startswith("synthetic"):
+            return (
+                f"the run {self.run.run_dir} was trained on synthetic data ({data}): no encoder "
+                f"made its features, so a {kind} query cannot be encoded; {by_id}"
+            )
+        message = (
+            f"the run {self.run.run_dir} was trained on {data or 'a store'}, whose features come "
+            "from an encoder curvalign does not know (the store records none); a "
+            f"{kind} query needs --encoder SPEC naming that same encoder (e.g. "
+            f"open_clip:ARCH:CHECKPOINT), or {by_id}"
+        )
+        if data.startswith("clip-retrieval:"):
+            # the README's promise: what search shows is the parquet's, whatever the encoder
+            message += (
+                "; the captions and paths in the results come from the layout's parquet "
+                "metadata, not from an encoder"
+            )
+        return message
 
     def _check_modality(self, modality: Modality) -> None:
         if modality != self.query_modality:

@@ -314,6 +314,8 @@ class Trainer:
         self.show_progress = show_progress
         self.notify = notify or (lambda message: None)
         self.notes: list[str] = []
+        for message in store.meta.get("notes") or ():  # what the store's reader found: not errors
+            self._note(str(message))
         cfg = self.train_config
         if cfg.batch_size % self.gather.world_size:
             raise ConfigError(
