@@ -16,7 +16,7 @@ from image features into the text space (fit on train, strength chosen on val) a
 frozen-features row, because the two encoders share no space.
 
     pip install "torch==2.13.0" -e ".[effnet,minilm]"
-    python benchmarks/coco_mini.py --out bench/coco_mini --tune 4 --steps 150 --seeds 3
+    python benchmarks/coco_mini.py --out bench/coco_mini --tune 4 --seeds 3
 
 Writes OUT/store (the feature store), OUT/results.json and OUT/results.md (with ``--tune``
 also OUT/tuning/: study.db, trials.csv, best/NAME.yaml, history.png; OUT/paper/, OUT/tuned/).
@@ -41,7 +41,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--coco", type=Path, default=DEFAULT_COCO, help="the COCO-MINI folder")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--encoder", default="efficientnet-lite0+minilm")
-    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument(
+        "--steps",
+        type=int,
+        default=None,
+        help="training steps (default: the store's rule, 20 epochs within [100, 1000], extended "
+        "while validation still rises)",
+    )
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument(
         "--tune",
@@ -133,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def result_title(args: argparse.Namespace) -> str:
     """The table's title: the data, the budget and the command that regenerates it."""
-    flags = f"--steps {args.steps} --seeds {args.seeds}"
+    flags = (f"--steps {args.steps} " if args.steps else "") + f"--seeds {args.seeds}"
     if args.tune:
         flags = f"--tune {args.tune} " + flags
         if args.lr_range_steps is not None:
@@ -144,7 +150,7 @@ def result_title(args: argparse.Namespace) -> str:
         flags += f" --recipes {args.recipes}"
     budget = f"{args.tune} trials per recipe, " if args.tune else ""
     return (
-        f"COCO-MINI: {args.encoder}, {budget}{args.steps} steps, {args.seeds} seeds "
+        f"COCO-MINI: {args.encoder}, {budget}{args.steps or 'default'} steps, {args.seeds} seeds "
         f"(python benchmarks/coco_mini.py --out {args.out} {flags})"
     )
 
