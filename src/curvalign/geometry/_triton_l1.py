@@ -57,9 +57,19 @@ BLOCKS = (32, 32)
 #: use and spills ptxas reports for sm_90 (``benchmarks/gpu_l1.py --ptxas``): every kernel under
 #: 255 registers with no spills (64 x 64 tiles spilled); to be tuned by timing on a GPU.
 LAUNCH = {
-    torch.float32: {"forward": (4, 3), "rows": (8, 1), "cols": (4, 3)},
-    torch.float64: {"forward": (8, 3), "rows": (8, 1), "cols": (4, 3)},
+    torch.float32: {"forward": (4, 3), "rows": (8, 1), "cols": (4, 3), "fused": (8, 1)},
+    torch.float64: {"forward": (8, 3), "rows": (8, 1), "cols": (4, 3), "fused": (8, 1)},
 }
+#: The backward: ``"fused"`` (one kernel: ``w`` once per element and factor, ``dP`` in registers,
+#: ``dQ`` as per-row-group partial sums added afterwards) or ``"split"`` (a row kernel and a
+#: column kernel, each recomputing ``w``; no partial sums).
+BACKWARD = "fused"
+#: Row groups of the fused backward (at most): each group owns one ``[k, d+1, M]`` partial of
+#: ``dQ`` (extra memory ``groups x k (d+1) M`` entries) and walks its share of the row tiles.
+ROW_GROUPS = 16
+#: ``input_precision`` of the backward's ``tl.dot`` (the gradient sums) per dtype: ``"ieee"``
+#: (FMAs) or ``"tf32x3"`` (float32 only: three TF32 tensor-core products, error near float32's).
+DOT_PRECISION = {torch.float32: "ieee", torch.float64: "ieee"}
 
 _INF = tl.constexpr(float("inf"))
 
@@ -226,6 +236,75 @@ def _l1_backward_cols_kernel(
     tl.store(g_ptr, minus_s * acc, mask=col_ok[:, None] & d_ok[None, :])
 
 
+@triton.jit
+def _l1_backward_fused_kernel(
+    Pt, Qt, s, r_floor_ptr, grad, gPt, gQ_part, gs_part, N, M, ROW_TILES,
+    D1: tl.constexpr, BD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
+    NEED_P: tl.constexpr, NEED_Q: tl.constexpr, PRECISION: tl.constexpr,
+):  # fmt: skip
+    """Program (row group, factor f): for each of the group's row tiles, ``w`` once per column
+    tile; ``dP_f`` of the tile's rows (``-s_f G Q_f``, over all columns, written once), the
+    group's partial ``G^T P_f`` of every column (``gQ_part[group, f]``, zeros on entry, unscaled;
+    the caller adds the groups and scales by ``-s_f``) and its share of ``ds_f``. Each output element is written
+    by one program (no atomics): the gradients do not depend on scheduling."""
+    group = tl.program_id(0)
+    groups = tl.num_programs(0)
+    f = tl.program_id(1).to(tl.int64)
+    k = tl.num_programs(1)
+    dd = tl.arange(0, BD)
+    d_ok = dd < D1
+    p_ptr = Pt + f * (D1 * N)
+    q_ptr = Qt + f * (D1 * M)
+    part = gQ_part + (group * k + f) * (D1 * M)
+    r_floor = tl.load(r_floor_ptr)
+    inv_floor = 1.0 / r_floor
+    minus_s = -tl.load(s + f)
+    gs = tl.zeros((BLOCK_N,), dtype=Pt.dtype.element_ty)
+    for tile in range(group, ROW_TILES, groups):
+        rows = tile * BLOCK_N + tl.arange(0, BLOCK_N)
+        row_ok = rows < N
+        g_rows = grad + rows.to(tl.int64)[:, None] * M
+        acc = tl.zeros((BLOCK_N, BD), dtype=Pt.dtype.element_ty)
+        if NEED_Q:
+            p = tl.load(
+                p_ptr + dd[None, :] * N + rows[:, None],
+                mask=row_ok[:, None] & d_ok[None, :],
+                other=0.0,
+            )  # [BLOCK_N, BD]
+        for m0 in range(0, M, BLOCK_M):
+            cols = m0 + tl.arange(0, BLOCK_M)
+            col_ok = cols < M
+            w = _minus_gram(p_ptr, q_ptr, rows, cols, row_ok, col_ok, N, M, D1)
+            u = tl.maximum(w, 0.0)
+            uu = u + u * u
+            r = tl.sqrt(uu)
+            g = tl.load(g_rows + cols[None, :], mask=row_ok[:, None] & col_ok[None, :], other=0.0)
+            gs += tl.sum(g * _acosh_1p2u(u, r), axis=1)
+            # g / max(r, r_floor) without a division (1 / sqrt(0) = inf meets the floor)
+            G = tl.where(u > 0.0, g * tl.minimum(tl.rsqrt(uu), inv_floor), 0.0)
+            if NEED_P:
+                q = tl.load(
+                    q_ptr + dd[None, :] * M + cols[:, None],
+                    mask=col_ok[:, None] & d_ok[None, :],
+                    other=0.0,
+                )  # [BLOCK_M, BD]
+                acc = tl.dot(G, q, acc, input_precision=PRECISION, out_dtype=acc.dtype)
+            if NEED_Q:
+                dq = tl.dot(tl.trans(G), p, input_precision=PRECISION, out_dtype=acc.dtype)
+                ptrs = part + dd[None, :] * M + cols[:, None]
+                ok = col_ok[:, None] & d_ok[None, :]
+                # the partial starts at zero and each of the group's tiles adds to it (this
+                # program alone owns these entries; the barrier orders one tile's store before
+                # the next one's load whichever thread holds an entry)
+                dq += tl.load(ptrs, mask=ok, other=0.0)
+                tl.store(ptrs, dq, mask=ok)
+                tl.debug_barrier()
+        if NEED_P:
+            g_ptr = gPt + f * (D1 * N) + dd[None, :] * N + rows[:, None]
+            tl.store(g_ptr, minus_s * acc, mask=row_ok[:, None] & d_ok[None, :])
+    tl.store(gs_part + f * groups + group, tl.sum(gs, axis=0))
+
+
 def _on(device: torch.device):  # noqa: ANN202
     """Launch on the tensors' GPU (Triton launches on the current device)."""
     return torch.cuda.device(device) if device.type == "cuda" else nullcontext()
@@ -295,6 +374,22 @@ def _triton_backward(
         return gPt, gQt, gs
     bd = _dot_width(width)
     with _on(Pt.device):
+        if BACKWARD == "fused":
+            row_tiles = triton.cdiv(N, block_n)
+            groups = min(row_tiles, ROW_GROUPS)
+            part = Pt.new_zeros(groups, k, width, M) if need_q else Pt.new_empty(0)
+            gs_part = Pt.new_empty(k, groups)
+            _l1_backward_fused_kernel[(groups, k)](
+                Pt, Qt, s, r_floor, grad, gPt if need_p else Pt.new_empty(0), part, gs_part,
+                N, M, row_tiles, D1=width, BD=bd, BLOCK_N=block_n, BLOCK_M=block_m,
+                NEED_P=need_p, NEED_Q=need_q, PRECISION=DOT_PRECISION[Pt.dtype],
+                **_launch(Pt.dtype, "fused"),
+            )  # fmt: skip
+            if need_q:
+                gQt = part.sum(0) * (-s)[:, None, None]
+            if need_s:
+                gs = gs_part.to(torch.float64).sum(1).to(Pt.dtype)
+            return gPt, gQt, gs
         if need_p or need_s:
             row_tiles = triton.cdiv(N, block_n)
             gs_part = Pt.new_empty(k, row_tiles)
@@ -435,6 +530,11 @@ def compile_for(
                  ["Pt", "Qt", "s", "r_floor_ptr", "grad", "gPt", "gs_part"], sizes, bwd_consts),
         "cols": (_l1_backward_cols_kernel,
                  ["Pt", "Qt", "s", "r_floor_ptr", "grad", "gQt"], sizes, bwd_consts),
+        "fused": (_l1_backward_fused_kernel,
+                  ["Pt", "Qt", "s", "r_floor_ptr", "grad", "gPt", "gQ_part", "gs_part"],
+                  {**sizes, "ROW_TILES": "i32"},
+                  {**bwd_consts, "NEED_P": True, "NEED_Q": True,
+                   "PRECISION": DOT_PRECISION[dtype]}),
     }  # fmt: skip
     target = GPUTarget("cuda", arch, 32)
     compiled = {}
