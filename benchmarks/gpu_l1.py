@@ -24,9 +24,9 @@ Before timing, the Triton path's value and gradients (X, Y, c) are compared with
     python benchmarks/gpu_l1.py --interpret              # no GPU needed: CPU smoke test
     python benchmarks/gpu_l1.py --sweep                  # the l1 case under each kernel setting
 
-``--sweep`` times the ``l1`` case once per kernel setting (backward ``split`` or ``fused``, tiles,
-row groups, the backward's dot precision, warps and stages of the fused backward; the list is
-``SWEEP`` below, or ``--sweep "fused:64x32:16:ieee:8x1,..."``) interleaved with ``cosine`` and
+``--sweep`` times the ``l1`` case once per kernel setting (tiles, row groups, the backward's dot
+precision, warps and stages of the backward and optionally of the forward; the list is ``SWEEP``
+below, or ``--sweep "64x32:16:ieee:8x1,..."``) interleaved with ``cosine`` and
 ``l1-compiled``, and checks each setting's value and gradients against the reference first: the
 measurement the defaults in ``geometry/_triton_l1.py`` were chosen from.
 
@@ -47,17 +47,18 @@ import sys
 import time
 
 CASES = ("cosine", "l1", "l1-ref", "l1-compiled")
-#: kernel settings of ``--sweep``: backward:BLOCK_NxBLOCK_M:row groups:dot precision:warpsxstages
+#: kernel settings of ``--sweep``: BLOCK_NxBLOCK_M:row groups:dot precision:warpsxstages of the
+#: backward[:warpsxstages of the forward]
 SWEEP = (
-    "split:32x32:0:ieee:8x1",
-    "fused:32x32:16:ieee:4x1",
-    "fused:32x32:64:ieee:4x1",
-    "fused:64x32:16:ieee:8x1",
-    "fused:32x32:8:tf32x3:4x1",
-    "fused:32x32:16:tf32x3:4x1",
-    "fused:32x32:64:tf32x3:4x1",
-    "fused:64x32:16:tf32x3:8x1",
-    "fused:64x32:32:tf32x3:8x1",
+    "32x32:16:ieee:4x1",
+    "32x32:8:tf32x3:4x1",
+    "32x32:16:tf32x3:4x1",
+    "32x32:32:tf32x3:4x1",
+    "32x32:16:tf32x3:4x2",
+    "32x32:16:tf32x3:4x1:8x2",
+    "64x32:16:tf32x3:8x1",
+    "64x64:16:tf32x3:4x1:8x3",
+    "32x64:16:tf32x3:4x1:4x3",
 )
 
 
@@ -245,24 +246,23 @@ def report_ptxas(arch: int, dtype_name: str, width: int, tiles: tuple[int, int])
 
 
 def apply_setting(setting: str, dtype) -> None:  # noqa: ANN001
-    """Set the kernels' module knobs from ``backward:NxM:groups:precision:warpsxstages``."""
+    """Set the kernels' module knobs from ``NxM:groups:precision:warpsxstages`` (the backward's;
+    optionally ``:warpsxstages`` of the forward kernel)."""
     from curvalign.geometry import _triton_l1
 
-    backward, tiles, groups, precision, launch = setting.split(":")
-    _triton_l1.BACKWARD = backward
+    tiles, groups, precision, launch, *forward = setting.split(":")
     _triton_l1.BLOCKS = tuple(int(t) for t in tiles.split("x"))
-    if int(groups):
-        _triton_l1.ROW_GROUPS = int(groups)
+    _triton_l1.ROW_GROUPS = int(groups)
     _triton_l1.DOT_PRECISION[dtype] = precision
-    warps, stages = (int(t) for t in launch.split("x"))
-    _triton_l1.LAUNCH[dtype]["fused" if backward == "fused" else "rows"] = (warps, stages)
+    _triton_l1.LAUNCH[dtype]["backward"] = tuple(int(t) for t in launch.split("x"))
+    if forward:
+        _triton_l1.LAUNCH[dtype]["forward"] = tuple(int(t) for t in forward[0].split("x"))
 
 
 def run_sweep(settings, batches, k, d, repeats, device, dtype, sync, clock) -> None:  # noqa: ANN001
     """The l1 case per kernel setting, interleaved with cosine and Inductor's compile."""
     import torch
 
-    rows = []
     for batch in batches:
         steps = {}
         for case in ("cosine", "l1-compiled"):
@@ -303,7 +303,6 @@ def run_sweep(settings, batches, k, d, repeats, device, dtype, sync, clock) -> N
                 else float("nan")
             )
             med = {case: statistics.median(t) for case, t in times.items()}
-            rows.append((batch, setting, med, peak))
             comp = med.get("l1-compiled")
             print(
                 f"B={batch:<5} {setting:<28} l1 {med['l1'] * 1e3:8.2f} ms  "
