@@ -22,6 +22,13 @@ Before timing, the Triton path's value and gradients (X, Y, c) are compared with
     python benchmarks/gpu_l1.py --ptxas 90               # no GPU needed: registers and spills
     python benchmarks/gpu_l1.py --ptxas 90 --tiles 64,64 # the same for other tiles
     python benchmarks/gpu_l1.py --interpret              # no GPU needed: CPU smoke test
+    python benchmarks/gpu_l1.py --sweep                  # the l1 case under each kernel setting
+
+``--sweep`` times the ``l1`` case once per kernel setting (tiles, row groups, the backward's dot
+precision, warps and stages of the backward and optionally of the forward; the list is ``SWEEP``
+below, or ``--sweep "64x32:16:ieee:8x1,..."``) interleaved with ``cosine`` and
+``l1-compiled``, and checks each setting's value and gradients against the reference first: the
+measurement the defaults in ``geometry/_triton_l1.py`` were chosen from.
 
 Without a CUDA GPU the timing run stops with a message. ``--ptxas ARCH`` compiles the kernels
 for compute capability ARCH with Triton's own compiler and prints their registers, spills and
@@ -40,6 +47,19 @@ import sys
 import time
 
 CASES = ("cosine", "l1", "l1-ref", "l1-compiled")
+#: kernel settings of ``--sweep``: BLOCK_NxBLOCK_M:row groups:dot precision:warpsxstages of the
+#: backward[:warpsxstages of the forward]
+SWEEP = (
+    "32x32:16:ieee:4x1",
+    "32x32:8:tf32x3:4x1",
+    "32x32:16:tf32x3:4x1",
+    "32x32:32:tf32x3:4x1",
+    "32x32:16:tf32x3:4x2",
+    "32x32:16:tf32x3:4x1:8x2",
+    "64x32:16:tf32x3:8x1",
+    "64x64:16:tf32x3:4x1:8x3",
+    "32x64:16:tf32x3:4x1:4x3",
+)
 
 
 def build_step(case: str, batch: int, k: int, d: int, device, dtype, forward_only=False):  # noqa: ANN001, ANN201
@@ -225,6 +245,74 @@ def report_ptxas(arch: int, dtype_name: str, width: int, tiles: tuple[int, int])
         )
 
 
+def apply_setting(setting: str, dtype) -> None:  # noqa: ANN001
+    """Set the kernels' module knobs from ``NxM:groups:precision:warpsxstages`` (the backward's;
+    optionally ``:warpsxstages`` of the forward kernel)."""
+    from curvalign.geometry import _triton_l1
+
+    tiles, groups, precision, launch, *forward = setting.split(":")
+    _triton_l1.BLOCKS = tuple(int(t) for t in tiles.split("x"))
+    _triton_l1.ROW_GROUPS = int(groups)
+    _triton_l1.DOT_PRECISION[dtype] = precision
+    _triton_l1.LAUNCH[dtype]["backward"] = tuple(int(t) for t in launch.split("x"))
+    if forward:
+        _triton_l1.LAUNCH[dtype]["forward"] = tuple(int(t) for t in forward[0].split("x"))
+
+
+def run_sweep(settings, batches, k, d, repeats, device, dtype, sync, clock) -> None:  # noqa: ANN001
+    """The l1 case per kernel setting, interleaved with cosine and Inductor's compile."""
+    import torch
+
+    for batch in batches:
+        steps = {}
+        for case in ("cosine", "l1-compiled"):
+            try:
+                steps[case] = build_step(case, batch, k, d, device, dtype)
+                steps[case]()
+            except Exception as exc:  # noqa: BLE001 - report, time the rest
+                print(f"B={batch} {case}: {type(exc).__name__}: {str(exc).splitlines()[0][:120]}")
+        for setting in settings:
+            apply_setting(setting, dtype)
+            try:
+                if batch == batches[0]:
+                    print(setting, check_triton_path(min(batch, 512), k, d, device, dtype))
+                step = build_step("l1", batch, k, d, device, dtype)
+                step()
+                sync()
+            except Exception as exc:  # noqa: BLE001 - report, time the rest
+                print(
+                    f"B={batch} {setting}: {type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
+                )
+                continue
+            times: dict[str, list[float]] = {"l1": []}
+            for case in steps:
+                times.setdefault(case, [])
+            for _ in range(repeats):
+                times["l1"].append(clock(step))
+                for case, other in steps.items():
+                    times[case].append(clock(other))
+            sync()
+            base = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
+            if device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(device)
+            step()
+            sync()
+            peak = (
+                (torch.cuda.max_memory_allocated(device) - base) / 2**20
+                if device.type == "cuda"
+                else float("nan")
+            )
+            med = {case: statistics.median(t) for case, t in times.items()}
+            comp = med.get("l1-compiled")
+            print(
+                f"B={batch:<5} {setting:<28} l1 {med['l1'] * 1e3:8.2f} ms  "
+                f"x cosine {med['l1'] / med['cosine']:6.2f}  "
+                + (f"x compiled {med['l1'] / comp:5.2f}  " if comp else "")
+                + f"peak {peak:7.0f} MiB",
+                flush=True,
+            )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--batches", default="1024,4096")
@@ -246,6 +334,13 @@ def main() -> None:
     )
     parser.add_argument(
         "--tiles", help="BLOCK_N,BLOCK_M of the Triton kernels (default: _triton_l1.BLOCKS)"
+    )
+    parser.add_argument(
+        "--sweep",
+        nargs="?",
+        const=",".join(SWEEP),
+        default=None,
+        help="time the l1 case under each kernel setting (default list: SWEEP)",
     )
     args = parser.parse_args()
     tiles = tuple(int(t) for t in args.tiles.split(",")) if args.tiles else None
@@ -306,6 +401,11 @@ def main() -> None:
             return start.elapsed_time(end) / 1e3
 
         what = f"{torch.cuda.get_device_name(device)}, CUDA events, median of {args.repeats}"
+    if args.sweep:
+        run_sweep(
+            args.sweep.split(","), batches, k, args.d, args.repeats, device, dtype, sync, clock
+        )
+        return
     if tiles:
         from curvalign.geometry import _triton_l1
 

@@ -11,19 +11,22 @@ rows are contiguous):
 - forward, one program per ``[BLOCK_N, BLOCK_M]`` tile of the output, looping over the ``k``
   factors: ``w = -P_f . Q_f - 1/2`` as ``d + 1`` outer-product FMAs, ``u = max(w, 0)``,
   ``r = sqrt(u + u^2)``, ``acosh(1 + 2u) = log1p(2 (u + r))`` and ``out += s_f acosh``;
-- backward, two kernels that recompute ``w`` (as the CPU kernel does: no ``[k, N, M]`` tensor in
-  either pass) with ``G = grad [u > 0] / max(r, r_floor)`` (the reference's floor):
-  one program per (row tile, factor) accumulates ``dP_f = -s_f G Q_f`` over all columns and a
-  partial ``ds_f = sum grad acosh``; one per (column tile, factor) accumulates
-  ``dQ_f = -s_f G^T P_f`` over all rows. Each output element is written by one program (no
-  atomics): the gradients do not depend on scheduling.
+- backward, one kernel, one program per (row group, factor f) walking the group's row tiles:
+  ``w`` once per element and factor (no ``[k, N, M]`` tensor is kept from the forward), with
+  ``G = grad [u > 0] / max(r, r_floor)`` (the reference's floor, as a clamped ``rsqrt``); per
+  row tile ``dP_f = -s_f G Q_f`` over all columns (in registers, written once), per column tile
+  the group's partial ``G^T P_f`` (added into the group's own ``[k, d+1, M]`` buffer; the groups
+  are summed afterwards) and a partial ``ds_f = sum grad acosh``. The two gradient sums are
+  ``tl.dot`` products (TF32x3 tensor-core products in float32). Each output element is written
+  by one program (no atomics): the gradients do not depend on scheduling.
 
 ``log1p`` is the CPU kernel's: ``log(a)``, ``a = 1 + v``, from the exponent split and an atanh
 series, plus ``(v - (a - 1)) / a`` (the rounding of ``1 + v`` corrected to first order); +inf and
 NaN pass through. Triton's CUDA ``log1p`` is a libdevice call, which the CPU interpreter cannot
 run, and the same code must run in both. The tests run these kernels under ``TRITON_INTERPRET=1``
-on CPU tensors and compile them for sm_90 with Triton's compiler
-(``tests/test_geometry_triton.py``); no GPU was available where they were written.
+on CPU tensors, compile them for sm_90 with Triton's compiler and, where a GPU is present, run
+them on it (``tests/test_geometry_triton.py``); the launch settings were chosen by timing on an
+H100 (``benchmarks/gpu_l1.py --sweep``).
 
 Importing this module imports ``triton``; :mod:`curvalign.geometry.product` imports it only for
 CUDA tensors (and only when ``triton`` is installed). :func:`ready` compiles the kernels once per
@@ -53,13 +56,22 @@ _log = logging.getLogger(__name__)
 MAX_WIDTH = 64
 #: ``(BLOCK_N, BLOCK_M)``: the output tile of the forward, the row x column tile of the backward.
 BLOCKS = (32, 32)
-#: ``(num_warps, num_stages)`` per dtype and kernel. Chosen without a GPU, from the register
-#: use and spills ptxas reports for sm_90 (``benchmarks/gpu_l1.py --ptxas``): every kernel under
-#: 255 registers with no spills (64 x 64 tiles spilled); to be tuned by timing on a GPU.
+#: ``(num_warps, num_stages)`` per dtype and kernel. Chosen by timing on an H100
+#: (``benchmarks/gpu_l1.py --sweep``, docs/results/gpu/): the backward's 32 x 32 tile at 4 warps
+#: is the largest that ptxas compiles without spills (``--ptxas 90``).
 LAUNCH = {
-    torch.float32: {"forward": (4, 3), "rows": (8, 1), "cols": (4, 3)},
-    torch.float64: {"forward": (8, 3), "rows": (8, 1), "cols": (4, 3)},
+    torch.float32: {"forward": (4, 3), "backward": (4, 1)},
+    torch.float64: {"forward": (8, 3), "backward": (8, 1)},
 }
+#: Row groups of the backward (at most): each group owns one ``[k, d+1, M]`` partial of ``dQ``
+#: (extra memory ``groups x k (d+1) M`` entries, 151 MB at k = 64, d = 8, M = 4096 in float32)
+#: and walks its share of the row tiles.
+ROW_GROUPS = 16
+#: ``input_precision`` of the backward's ``tl.dot`` (the gradient sums ``G Q`` and ``G^T P``)
+#: per dtype: float32 uses ``"tf32x3"`` (three TF32 tensor-core products: on an H100 the step
+#: at B = 4096 took 15 ms against 31 ms with FMAs, ``"ieee"``, and the errors against the float64
+#: truth were no larger, docs/results/gpu/h100-run5-sweep.txt); float64 has no tensor-core form.
+DOT_PRECISION = {torch.float32: "tf32x3", torch.float64: "ieee"}
 
 _INF = tl.constexpr(float("inf"))
 
@@ -154,76 +166,72 @@ def _l1_forward_kernel(
 
 
 @triton.jit
-def _l1_backward_rows_kernel(
-    Pt, Qt, s, r_floor_ptr, grad, gPt, gs_part, N, M,
+def _l1_backward_kernel(
+    Pt, Qt, s, r_floor_ptr, grad, gPt, gQ_part, gs_part, N, M, ROW_TILES,
     D1: tl.constexpr, BD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
+    NEED_P: tl.constexpr, NEED_Q: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
-    """Program (row tile, factor f): ``dP_f`` of its rows and its share of ``ds_f``."""
-    tile = tl.program_id(0)
+    """Program (row group, factor f): for each of the group's row tiles, ``w`` once per column
+    tile; ``dP_f`` of the tile's rows (``-s_f G Q_f``, over all columns, written once), the
+    group's partial ``G^T P_f`` of every column (``gQ_part[group, f]``, zeros on entry, unscaled;
+    the caller adds the groups and scales by ``-s_f``) and its share of ``ds_f``. Each output element is written
+    by one program (no atomics): the gradients do not depend on scheduling."""
+    group = tl.program_id(0)
+    groups = tl.num_programs(0)
     f = tl.program_id(1).to(tl.int64)
-    rows = tile * BLOCK_N + tl.arange(0, BLOCK_N)
-    row_ok = rows < N
+    k = tl.num_programs(1)
     dd = tl.arange(0, BD)
     d_ok = dd < D1
     p_ptr = Pt + f * (D1 * N)
     q_ptr = Qt + f * (D1 * M)
-    g_rows = grad + rows.to(tl.int64)[:, None] * M
+    part = gQ_part + (group * k + f) * (D1 * M)
     r_floor = tl.load(r_floor_ptr)
-    acc = tl.zeros((BLOCK_N, BD), dtype=Pt.dtype.element_ty)
+    inv_floor = 1.0 / r_floor
+    minus_s = -tl.load(s + f)
     gs = tl.zeros((BLOCK_N,), dtype=Pt.dtype.element_ty)
-    for m0 in range(0, M, BLOCK_M):
-        cols = m0 + tl.arange(0, BLOCK_M)
-        col_ok = cols < M
-        w = _minus_gram(p_ptr, q_ptr, rows, cols, row_ok, col_ok, N, M, D1)
-        u, r = _clamp_root(w)
-        g = tl.load(g_rows + cols[None, :], mask=row_ok[:, None] & col_ok[None, :], other=0.0)
-        gs += tl.sum(g * _acosh_1p2u(u, r), axis=1)
-        G = tl.where(u > 0.0, g / tl.maximum(r, r_floor), 0.0)
-        q = tl.load(
-            q_ptr + dd[None, :] * M + cols[:, None], mask=col_ok[:, None] & d_ok[None, :], other=0.0
-        )  # [BLOCK_M, BD]
-        acc = tl.dot(G, q, acc, input_precision="ieee", out_dtype=acc.dtype)
-    minus_s = -tl.load(s + f)
-    g_ptr = gPt + f * (D1 * N) + dd[None, :] * N + rows[:, None]
-    tl.store(g_ptr, minus_s * acc, mask=row_ok[:, None] & d_ok[None, :])
-    tl.store(gs_part + f * tl.num_programs(0) + tile, tl.sum(gs, axis=0))
-
-
-@triton.jit
-def _l1_backward_cols_kernel(
-    Pt, Qt, s, r_floor_ptr, grad, gQt, N, M,
-    D1: tl.constexpr, BD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
-):  # fmt: skip
-    """Program (column tile, factor f): ``dQ_f`` of its columns (``w`` built transposed)."""
-    tile = tl.program_id(0)
-    f = tl.program_id(1).to(tl.int64)
-    cols = tile * BLOCK_M + tl.arange(0, BLOCK_M)
-    col_ok = cols < M
-    dd = tl.arange(0, BD)
-    d_ok = dd < D1
-    p_ptr = Pt + f * (D1 * N)
-    q_ptr = Qt + f * (D1 * M)
-    r_floor = tl.load(r_floor_ptr)
-    acc = tl.zeros((BLOCK_M, BD), dtype=Pt.dtype.element_ty)
-    for n0 in range(0, N, BLOCK_N):
-        rows = n0 + tl.arange(0, BLOCK_N)
+    for tile in range(group, ROW_TILES, groups):
+        rows = tile * BLOCK_N + tl.arange(0, BLOCK_N)
         row_ok = rows < N
-        # the same products in the same order as the row kernel's w, transposed
-        wT = _minus_gram(q_ptr, p_ptr, cols, rows, col_ok, row_ok, M, N, D1)
-        u, r = _clamp_root(wT)
-        gT = tl.load(
-            grad + rows.to(tl.int64)[None, :] * M + cols[:, None],
-            mask=col_ok[:, None] & row_ok[None, :],
-            other=0.0,
-        )
-        GT = tl.where(u > 0.0, gT / tl.maximum(r, r_floor), 0.0)
-        p = tl.load(
-            p_ptr + dd[None, :] * N + rows[:, None], mask=row_ok[:, None] & d_ok[None, :], other=0.0
-        )  # [BLOCK_N, BD]
-        acc = tl.dot(GT, p, acc, input_precision="ieee", out_dtype=acc.dtype)
-    minus_s = -tl.load(s + f)
-    g_ptr = gQt + f * (D1 * M) + dd[None, :] * M + cols[:, None]
-    tl.store(g_ptr, minus_s * acc, mask=col_ok[:, None] & d_ok[None, :])
+        g_rows = grad + rows.to(tl.int64)[:, None] * M
+        acc = tl.zeros((BLOCK_N, BD), dtype=Pt.dtype.element_ty)
+        if NEED_Q:
+            p = tl.load(
+                p_ptr + dd[None, :] * N + rows[:, None],
+                mask=row_ok[:, None] & d_ok[None, :],
+                other=0.0,
+            )  # [BLOCK_N, BD]
+        for m0 in range(0, M, BLOCK_M):
+            cols = m0 + tl.arange(0, BLOCK_M)
+            col_ok = cols < M
+            w = _minus_gram(p_ptr, q_ptr, rows, cols, row_ok, col_ok, N, M, D1)
+            u = tl.maximum(w, 0.0)
+            uu = u + u * u
+            r = tl.sqrt(uu)
+            g = tl.load(g_rows + cols[None, :], mask=row_ok[:, None] & col_ok[None, :], other=0.0)
+            gs += tl.sum(g * _acosh_1p2u(u, r), axis=1)
+            # g / max(r, r_floor) without a division (1 / sqrt(0) = inf meets the floor)
+            G = tl.where(u > 0.0, g * tl.minimum(tl.rsqrt(uu), inv_floor), 0.0)
+            if NEED_P:
+                q = tl.load(
+                    q_ptr + dd[None, :] * M + cols[:, None],
+                    mask=col_ok[:, None] & d_ok[None, :],
+                    other=0.0,
+                )  # [BLOCK_M, BD]
+                acc = tl.dot(G, q, acc, input_precision=PRECISION, out_dtype=acc.dtype)
+            if NEED_Q:
+                dq = tl.dot(tl.trans(G), p, input_precision=PRECISION, out_dtype=acc.dtype)
+                ptrs = part + dd[None, :] * M + cols[:, None]
+                ok = col_ok[:, None] & d_ok[None, :]
+                # the partial starts at zero and each of the group's tiles adds to it (this
+                # program alone owns these entries; the barrier orders one tile's store before
+                # the next one's load whichever thread holds an entry)
+                dq += tl.load(ptrs, mask=ok, other=0.0)
+                tl.store(ptrs, dq, mask=ok)
+                tl.debug_barrier()
+        if NEED_P:
+            g_ptr = gPt + f * (D1 * N) + dd[None, :] * N + rows[:, None]
+            tl.store(g_ptr, minus_s * acc, mask=row_ok[:, None] & d_ok[None, :])
+    tl.store(gs_part + f * groups + group, tl.sum(gs, axis=0))
 
 
 def _on(device: torch.device):  # noqa: ANN202
@@ -295,22 +303,20 @@ def _triton_backward(
         return gPt, gQt, gs
     bd = _dot_width(width)
     with _on(Pt.device):
-        if need_p or need_s:
-            row_tiles = triton.cdiv(N, block_n)
-            gs_part = Pt.new_empty(k, row_tiles)
-            _l1_backward_rows_kernel[(row_tiles, k)](
-                Pt, Qt, s, r_floor, grad, gPt if need_p else torch.empty_like(Pt),
-                gs_part, N, M, D1=width, BD=bd, BLOCK_N=block_n, BLOCK_M=block_m,
-                **_launch(Pt.dtype, "rows"),
-            )  # fmt: skip
-            if need_s:
-                # the partial sums added in float64, as the CPU kernel does
-                gs = gs_part.to(torch.float64).sum(1).to(Pt.dtype)
+        row_tiles = triton.cdiv(N, block_n)
+        groups = min(row_tiles, ROW_GROUPS)
+        part = Pt.new_zeros(groups, k, width, M) if need_q else Pt.new_empty(0)
+        gs_part = Pt.new_empty(k, groups)
+        _l1_backward_kernel[(groups, k)](
+            Pt, Qt, s, r_floor, grad, gPt if need_p else Pt.new_empty(0), part, gs_part,
+            N, M, row_tiles, D1=width, BD=bd, BLOCK_N=block_n, BLOCK_M=block_m,
+            NEED_P=need_p, NEED_Q=need_q, PRECISION=DOT_PRECISION[Pt.dtype],
+            **_launch(Pt.dtype, "backward"),
+        )  # fmt: skip
         if need_q:
-            _l1_backward_cols_kernel[(triton.cdiv(M, block_m), k)](
-                Pt, Qt, s, r_floor, grad, gQt, N, M, D1=width, BD=bd, BLOCK_N=block_n,
-                BLOCK_M=block_m, **_launch(Pt.dtype, "cols"),
-            )  # fmt: skip
+            gQt = part.sum(0) * (-s)[:, None, None]
+        if need_s:
+            gs = gs_part.to(torch.float64).sum(1).to(Pt.dtype)
     return gPt, gQt, gs
 
 
@@ -431,10 +437,11 @@ def compile_for(
     bwd_consts = {**consts, "BD": _dot_width(width)}
     jobs = {
         "forward": (_l1_forward_kernel, ["Pt", "Qt", "s", "out"], {**sizes, "K": "i32"}, consts),
-        "rows": (_l1_backward_rows_kernel,
-                 ["Pt", "Qt", "s", "r_floor_ptr", "grad", "gPt", "gs_part"], sizes, bwd_consts),
-        "cols": (_l1_backward_cols_kernel,
-                 ["Pt", "Qt", "s", "r_floor_ptr", "grad", "gQt"], sizes, bwd_consts),
+        "backward": (_l1_backward_kernel,
+                     ["Pt", "Qt", "s", "r_floor_ptr", "grad", "gPt", "gQ_part", "gs_part"],
+                     {**sizes, "ROW_TILES": "i32"},
+                     {**bwd_consts, "NEED_P": True, "NEED_Q": True,
+                      "PRECISION": DOT_PRECISION[dtype]}),
     }  # fmt: skip
     target = GPUTarget("cuda", arch, 32)
     compiled = {}
