@@ -50,7 +50,7 @@ import importlib.util
 import os
 import sys
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -425,6 +425,8 @@ class MeanPooledTextEncoder(Encoder):
     encoding never uses (about 1.7 of the 11 CPU seconds of a SugarCrepe extraction with 3
     photos, docs/real-data.md)."""
 
+    text_dim: int
+
     def __init__(self, directory: Path, device: str | torch.device = "cpu", spec: str = "minilm"):
         import json
 
@@ -546,6 +548,12 @@ class ImageClassifierEncoder(Encoder):
     * timm: ``timm.data.resolve_data_config`` of the architecture's pretrained config.
     """
 
+    #: pixels [B, 3, S, S] -> pooled features [B, Di]; the classifier's head; PIL -> [3, S, S]
+    backbone: torch.nn.Module
+    head: torch.nn.Linear
+    preprocess: Callable[[Any], Tensor]
+    image_dim: int
+
     def __init__(
         self,
         kind: str,
@@ -646,7 +654,7 @@ class ImageClassifierEncoder(Encoder):
         self.spec = f"torchvision:{arch}:{path.resolve()}"
         if entry is not None and entry.name.startswith("IMAGENET1K"):
             # SWAG entries were pre-trained on Instagram images first: the name says so
-            data = IMAGENET_1K["data"] + ("" if "SWAG" not in entry.name else " after IG-3.6B")
+            data = str(IMAGENET_1K["data"]) + ("" if "SWAG" not in entry.name else " after IG-3.6B")
             self.trained_on = {
                 **IMAGENET_1K,
                 "data": data,
@@ -731,7 +739,7 @@ def _tf_center_crop(image: Any, size: int, mean: float, std: float) -> Tensor:
     crop = size / (size + 32) * min(w, h)
     left, top = (w - crop) / 2, (h - crop) / 2
     box = (round(left), round(top), round(left + crop), round(top + crop))
-    image = image.crop(box).resize((size, size), Image.BICUBIC)
+    image = image.crop(box).resize((size, size), Image.Resampling.BICUBIC)
     pixels = torch.from_numpy(np.asarray(image, dtype=np.float32).copy()).permute(2, 0, 1)
     return (pixels - mean) / std
 

@@ -100,7 +100,7 @@ import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -217,6 +217,17 @@ CHECK_ENV = "CURVALIGN_CHECK_VALUES"
 
 class FeatureStoreError(CurvalignError, ValueError):
     """A feature store (in memory or on disk) that breaks the format; the message names the field or file."""
+
+
+_T = TypeVar("_T")
+
+
+def present(value: _T | None, name: str) -> _T:
+    """``value``, a store field that a ``has_*`` check (or validation) guarantees, typed as
+    present; ``FeatureStoreError`` naming the field where it is absent after all."""
+    if value is None:
+        raise FeatureStoreError(f"the feature store has no {name}")
+    return value
 
 
 @dataclass(frozen=True, eq=False)  # eq: tensors have no single truth value

@@ -9,7 +9,7 @@ gradients. ``build_towers(config)`` picks the adapter from the encoder spec.
 from __future__ import annotations
 
 import shutil
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +18,23 @@ from torch import Tensor, nn
 
 from curvalign._encoder_spec import EncoderError
 from curvalign.towers.base import InputPreparer, TowerError, Towers, TowersConfig
+
+
+def _method(model: nn.Module, name: str) -> Callable[..., object]:
+    """Method ``name`` of a third-party model (``save_pretrained`` of a transformers model,
+    ``save`` of a SentenceTransformer): ``nn.Module``'s typing knows only submodules and
+    tensors as attributes."""
+    method = getattr(model, name, None)
+    if not callable(method):
+        raise TowerError(f"towers: {type(model).__name__} has no {name}() to export with")
+    return method
+
+
+def _text_width(width: int | None, spec: str) -> int:
+    """An encoder's text width; TowerError for an encoder without a text side."""
+    if width is None:
+        raise TowerError(f"towers: {spec!r} has no text side (its encoder embeds images only)")
+    return width
 
 
 class OpenClipTowers(Towers):
@@ -51,7 +68,7 @@ class OpenClipTowers(Towers):
             self.model = encoder.model
             self.preprocess = encoder.preprocess
             self.tokenizer = encoder.tokenizer
-            self.image_width = self.text_width = encoder.text_dim
+            self.image_width = self.text_width = _text_width(encoder.text_dim, encoder.spec)
         self._configure()
 
     def _build_random(self, arch: str, checkpoint: str, device: str | torch.device) -> None:
@@ -158,7 +175,7 @@ class _TextSide(nn.Module):
         super().__init__()
         self._parts = [m for n, m in model.named_children() if n != "visual"]
 
-    def eval(self) -> _TextSide:  # type: ignore[override]
+    def eval(self) -> _TextSide:
         for part in self._parts:
             part.eval()
         return self
@@ -208,7 +225,7 @@ class HFClipTowers(Towers):
             self.model = encoder.model
             self.tokenizer = encoder.tokenizer
             self.image_processor = encoder.image_processor
-            self.image_width = self.text_width = encoder.text_dim
+            self.image_width = self.text_width = _text_width(encoder.text_dim, encoder.spec)
         self._configure()
 
     def _build_random(self, directory: str, device: str | torch.device) -> None:
@@ -282,7 +299,7 @@ class HFClipTowers(Towers):
 
     def _export_model(self, model: nn.Module, directory: Path) -> str:
         target = directory / "hf-clip"
-        model.save_pretrained(target)
+        _method(model, "save_pretrained")(target)
         self.tokenizer.save_pretrained(target)
         self.image_processor.save_pretrained(target)
         return f"hf-clip:{target.resolve()}"
@@ -320,11 +337,12 @@ class SentenceTransformerTowers(Towers):
                 )
         except EncoderError as err:
             raise TowerError(f"towers: {err}") from None
-        if not hasattr(encoder.model, "tokenize") and not hasattr(encoder.model, "preprocess"):
+        model = getattr(encoder, "model", None)
+        if not hasattr(model, "tokenize") and not hasattr(model, "preprocess"):
             raise TowerError(f"towers: {config.encoder!r} is not a sentence-transformers model")
         self.spec = encoder.spec
-        self.model = encoder.model
-        self.image_width = self.text_width = encoder.text_dim
+        self.model = model
+        self.image_width = self.text_width = _text_width(encoder.text_dim, encoder.spec)
         self._configure()
 
     def _enable_checkpointing(self) -> None:
@@ -363,7 +381,7 @@ class SentenceTransformerTowers(Towers):
 
     def _export_model(self, model: nn.Module, directory: Path) -> str:
         target = directory / "sentence-transformers"
-        model.save(str(target))
+        _method(model, "save")(str(target))
         return f"sentence-transformers:{target.resolve()}"
 
 
@@ -396,7 +414,7 @@ class EfficientNetTowers(Towers):
 
     def __init__(self, config: TowersConfig, device: str | torch.device = "cpu") -> None:
         super().__init__(config)
-        from curvalign.data.encoders import _load_image, load_encoder
+        from curvalign.data.encoders import ImageClassifierEncoder, _load_image, load_encoder
 
         kind, _, weights = config.encoder.partition(":")
         if config.init == "random":
@@ -413,6 +431,8 @@ class EfficientNetTowers(Towers):
             encoder = load_encoder(config.encoder, device=device)
         except EncoderError as err:
             raise TowerError(f"towers: {err}") from None
+        if not isinstance(encoder, ImageClassifierEncoder):
+            raise TowerError(f"towers: {config.encoder!r} is not an image classifier backbone")
         self._load_image = _load_image
         self.variant = kind.removeprefix("efficientnet-")
         self.spec = encoder.spec
@@ -454,7 +474,9 @@ class EfficientNetTowers(Towers):
 
     def _export_model(self, model: nn.Module, directory: Path) -> str:
         path = directory / f"efficientnet-{self.variant}.pth"
-        torch.save({k: v.contiguous() for k, v in model.net.state_dict().items()}, path)
+        net = model.net
+        assert isinstance(net, nn.Module)  # the EfficientNet inside the pooled backbone
+        torch.save({k: v.contiguous() for k, v in net.state_dict().items()}, path)
         return f"efficientnet-{self.variant}:{path.resolve()}"
 
 

@@ -370,7 +370,7 @@ class RawBatchLoader:
         loader = torch.utils.data.DataLoader(
             self.preparer,  # type: ignore[arg-type]  # a map-style dataset keyed by StepRows
             batch_size=None,
-            sampler=_Steps(self),  # type: ignore[arg-type]
+            sampler=_Steps(self),
             num_workers=self.workers,
             # its own generator: creating the iterator must not draw from torch's global one
             generator=torch.Generator().manual_seed(self.seed),
