@@ -400,6 +400,7 @@ def entailment_stage(
                     slice_embedding(emb.images, specific),
                     "image",
                 )
+                assert scores is not None  # the probe above found an entailment quantity
                 taxonomy_metrics = entailment_metrics(scores.double().cpu(), positive)
     if has_chains:
         chains = present(store.chain_features, "chain features").float()
@@ -410,6 +411,7 @@ def entailment_stage(
             scores = recipe.entailment_scores(
                 slice_embedding(chain_emb, general), slice_embedding(chain_emb, specific), "text"
             )
+            assert scores is not None  # the probe above found an entailment quantity
             chains_metrics = entailment_metrics(scores.double().cpu(), positive)
     return EntailmentMetrics(recipe.entailment_measure, note, taxonomy_metrics, chains_metrics)
 

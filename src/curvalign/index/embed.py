@@ -32,7 +32,7 @@ from curvalign._io import (
     read_json_file,
     staged_directory,
 )
-from curvalign.data.features import FeatureStore
+from curvalign.data.features import FeatureStore, present
 from curvalign.data.sharded import advise_array
 from curvalign.errors import (
     DamagedFileError,
@@ -42,11 +42,18 @@ from curvalign.errors import (
     OverwriteError,
 )
 from curvalign.index.checked import STATS_KEY, check_file, seal_files
-from curvalign.index.rerank import RecipeIndex, as_torch_embedding, default_proxy
+from curvalign.index.rerank import (
+    ArrayEmbedding,
+    RecipeIndex,
+    as_torch_embedding,
+    default_proxy,
+)
 from curvalign.index.search import (
     GEOMETRY,
+    IndexKind,
     IndexMismatchError,
     LorentzIndex,
+    ann_method,
     build_block_rows,
     build_index,
     load_index,
@@ -127,7 +134,7 @@ def embed_store(
         ("texts", store.num_texts, rows_of("text")),
     ]
     if boxes:
-        n_boxes = int(store.box_image_features.shape[0])
+        n_boxes = int(present(store.box_image_features, "box image features").shape[0])
         parts += [
             ("box_images", n_boxes, rows_of("box_image")),
             ("box_texts", n_boxes, rows_of("box_text")),
@@ -144,8 +151,8 @@ def embed_store(
             advance = progress(f"embedding {side}", n) if progress else None
             for start in range(0, n, batch_size):
                 emb = embed_rows(slice(start, min(n, start + batch_size)))
-                for key, value in emb.items():
-                    value = value.detach().float().cpu().numpy()
+                for key, tensor in emb.items():
+                    value = tensor.detach().float().cpu().numpy()
                     if key not in maps:
                         name = f"{side}.{key}.npy"
                         maps[key] = NpyRowWriter(tmp / name, (n, *value.shape[1:]))
@@ -222,7 +229,7 @@ class Embeddings:
     def text_to_image(self) -> np.ndarray:
         return self._load("text_to_image.npy")
 
-    def _load(self, name: str, mmap_mode: str | None = None) -> np.ndarray:
+    def _load(self, name: str, mmap_mode: Literal["r"] | None = None) -> np.ndarray:
         """``np.load`` of one file, after it was checked against ``embedding.json`` (once per
         file and object: by size and time, or its SHA-256 where those differ or ``verify``);
         a damaged or truncated file is named in one line."""
@@ -270,12 +277,21 @@ def load_embeddings(path: str | os.PathLike, *, verify: bool = False) -> Embeddi
 # --- serving: build and search from an embeddings directory ---------------------------------------
 
 
+def index_side(name: str) -> Side:
+    """``name`` as the side of an embeddings directory an index holds; InputError otherwise."""
+    if name == "images":
+        return "images"
+    if name == "texts":
+        return "texts"
+    raise InputError(f"--side must be images or texts, got {name!r}")
+
+
 def build_from_embeddings(
     emb: Embeddings,
     out: str | os.PathLike,
     *,
     side: Side = "images",
-    kind: str = "exact",
+    kind: IndexKind = "exact",
     method: str = "hnsw",
     **options: Any,
 ) -> Path:
@@ -303,6 +319,8 @@ def build_from_embeddings(
     if key is not None:
         points = emb.side(side)[key]
         lorentz_meta = {**base_meta, "key": key, "mode": "lorentz"}
+        if emb.curvature is None:
+            raise InputError(f"{emb.path} names a Lorentz key but records no curvature")
         if kind == "exact":  # written block by block, never built in memory
             return save_exact_index(
                 out, points, emb.curvature[0], meta=lorentz_meta, block_rows=block_rows
@@ -311,7 +329,7 @@ def build_from_embeddings(
             points,
             emb.curvature[0],
             kind=kind,
-            method=method,
+            method=ann_method(method),
             **options,
             meta=lorentz_meta,
             block_rows=block_rows,
@@ -430,12 +448,17 @@ def open_index(
     if isinstance(raw, dict) and raw.get("mode") == "rerank":
         return raw, None
     index = load_index(path, verify=verify)
+    if not isinstance(raw, dict):
+        raise DamagedFileError(
+            f"{path / 'index.json'} is not a JSON object; build the index again with "
+            "`curvalign index build`"
+        )
     return {**raw, "meta": index.meta}, index
 
 
 def search_index(
     path: str | os.PathLike,
-    queries: Embedding,
+    queries: ArrayEmbedding,
     *,
     k: int = 10,
     candidates: int = 200,

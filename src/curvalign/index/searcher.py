@@ -114,7 +114,7 @@ class SearchResults:
     def table_rows(self) -> list[tuple[str, ...]]:
         """One row of strings per hit: rank, distance or score (4 decimals), the caption (or
         ``(row ID)``), the image path, the class (with its synset when that differs)."""
-        rows = []
+        rows: list[tuple[str, ...]] = []
         for hit in self.hits:
             value = hit.distance if hit.distance is not None else hit.score
             item = hit.item
@@ -145,6 +145,8 @@ class _StoreItems:
     def _image_facts(self, i: int) -> dict[str, Any]:
         s = self.store
         facts: dict[str, Any] = {}
+        if s is None:  # no store: the item has its id alone
+            return facts
         if s.image_paths is not None:
             facts["path"] = s.image_paths[i]
         if s.image_labels is not None and s.class_names is not None:

@@ -44,6 +44,10 @@ class OpenClipTowers(Towers):
     replace: no encoding uses them, so they never train (under DDP a trainable parameter
     without a gradient would silently desynchronise the ranks)."""
 
+    #: the open_clip model (a third-party module without type information: its
+    #: methods and submodules are read as Any)
+    model: Any
+
     default_lora_targets = (
         "c_fc",
         "c_proj",
@@ -205,6 +209,10 @@ class HFClipTowers(Towers):
     ``visual_projection`` are the image side, ``text_model`` and ``text_projection`` the text
     side; ``logit_scale`` belongs to CLIP's own loss and never trains."""
 
+    #: the transformers CLIP model (a third-party module without type information: its
+    #: methods and submodules are read as Any)
+    model: Any
+
     default_lora_targets = ("q_proj", "k_proj", "v_proj", "out_proj", "fc1", "fc2")
 
     def __init__(self, config: TowersConfig, device: str | torch.device = "cpu") -> None:
@@ -310,6 +318,10 @@ class SentenceTransformerTowers(Towers):
     only, so one backbone encodes both sides; images are the texts standing for them (a
     store's ``image_texts``, e.g. WordNet's lemma names)."""
 
+    #: the SentenceTransformer (a third-party module without type information: its
+    #: methods and submodules are read as Any)
+    model: Any
+
     default_lora_targets = ("query", "key", "value")  # BERT/MiniLM attention projections
     shared_backbone = True
 
@@ -409,6 +421,10 @@ class EfficientNetTowers(Towers):
     batches of contrastive steps would move them away from the statistics the exported spec
     evaluates with. The classifier ``_fc`` belongs to ImageNet's loss: no encoding uses it.
     """
+
+    #: the pooled EfficientNet backbone (around a third-party network without type
+    #: information, reached as ``model.net``: read as Any)
+    model: Any
 
     default_lora_targets = ("_expand_conv", "_project_conv", "_conv_head")
 

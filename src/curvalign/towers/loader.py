@@ -33,7 +33,7 @@ import torch
 from torch import Tensor
 
 from curvalign.data.batch import Batch
-from curvalign.data.features import FeatureStore
+from curvalign.data.features import FeatureStore, present
 from curvalign.data.sampling import BatchSampler
 from curvalign.towers.base import InputPreparer, TowerError, Towers
 from curvalign.towers.data import StoreItems
@@ -244,7 +244,8 @@ class StoreRows:
                     "files and each box's corners and phrase (manifest 'box_corners', "
                     "'box_phrases': extract the store again with this version)"
                 )
-            self._box_owner = [int(i) for i in store.box_to_image.tolist()]
+            owners = present(store.box_to_image, "box_to_image")
+            self._box_owner = [int(i) for i in owners.tolist()]
             self._box_corners = [_corners(c) for c in store.box_corners]
             self._box_phrases = list(store.box_phrases)
         self._pairs: tuple[list[str], list[str], Tensor] | None = None
@@ -255,7 +256,11 @@ class StoreRows:
                     "their texts (manifest 'pair_a_texts', 'pair_b_texts': extract the store "
                     "again with this version)"
                 )
-            self._pairs = (list(store.pair_a_texts), list(store.pair_b_texts), store.pair_scores)
+            self._pairs = (
+                list(store.pair_a_texts),
+                list(store.pair_b_texts),
+                present(store.pair_scores, "pair_scores"),
+            )
 
     def _local(self, ids: Tensor) -> tuple[Tensor, int]:
         size = len(ids) // self.world_size
@@ -367,14 +372,14 @@ class RawBatchLoader:
             step += 1
 
     def _start_iterator(self) -> Iterator[dict[str, Any]]:
-        loader = torch.utils.data.DataLoader(
+        loader: torch.utils.data.DataLoader[dict[str, Any]] = torch.utils.data.DataLoader(
             self.preparer,  # type: ignore[arg-type]  # a map-style dataset keyed by StepRows
             batch_size=None,
             sampler=_Steps(self),
             num_workers=self.workers,
             # its own generator: creating the iterator must not draw from torch's global one
             generator=torch.Generator().manual_seed(self.seed),
-            **({"prefetch_factor": 2} if self.workers else {}),
+            prefetch_factor=2 if self.workers else None,
         )
         return iter(loader)
 
