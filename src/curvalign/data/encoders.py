@@ -187,6 +187,12 @@ class Encoder(ABC):
     def encodes_texts(self) -> bool:
         return self.text_dim is not None
 
+    def text_width(self) -> int:
+        """``text_dim`` for a caller that encodes texts; EncoderError for an image-only one."""
+        if self.text_dim is None:
+            raise EncoderError(f"encoder {self.spec!r} encodes images only; it has no text side")
+        return self.text_dim
+
     @property
     def shares_space(self) -> bool:
         """Whether images and texts land in one space (one CLIP, one sentence encoder)."""
