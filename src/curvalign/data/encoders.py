@@ -80,7 +80,7 @@ def _set_offline() -> None:
     os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 
 
-def _require(module: str, extra: str) -> Any:
+def import_optional(module: str, extra: str) -> Any:
     """Import an optional dependency or fail with the extra that provides it."""
     _set_offline()
     if importlib.util.find_spec(module) is None:
@@ -141,7 +141,7 @@ def _existing(path: str | os.PathLike[str], what: str, *, directory: bool) -> Pa
     return existing_path(path, what, directory=directory)
 
 
-def _load_image(image: Any) -> Any:
+def load_image(image: Any) -> Any:
     """A PIL RGB image from a PIL image or a path (raises OSError for unreadable files)."""
     from PIL import Image
 
@@ -245,7 +245,7 @@ class OpenClipEncoder(Encoder):
         self, arch: str, checkpoint: str | os.PathLike[str], device: str | torch.device = "cpu"
     ):
         ckpt = _existing(checkpoint, f"open_clip checkpoint for {arch}", directory=False)
-        open_clip = _require("open_clip", "open_clip")
+        open_clip = import_optional("open_clip", "open_clip")
         name = arch
         if arch.endswith(".json"):
             config = _existing(arch, "open_clip model config", directory=False)
@@ -279,7 +279,7 @@ class OpenClipEncoder(Encoder):
 
     @torch.no_grad()
     def encode_images(self, images: Sequence[Any]) -> Tensor:
-        pixels = torch.stack([self.preprocess(_load_image(im)) for im in images]).to(self.device)
+        pixels = torch.stack([self.preprocess(load_image(im)) for im in images]).to(self.device)
         with self.autocast():
             return self.model.encode_image(pixels).float().cpu()
 
@@ -295,7 +295,7 @@ class HFClipEncoder(Encoder):
 
     def __init__(self, directory: str | os.PathLike[str], device: str | torch.device = "cpu"):
         root = _existing(directory, "Hugging Face model directory", directory=True)
-        transformers = _require("transformers", "hf")
+        transformers = import_optional("transformers", "hf")
         self.device = torch.device(device)
         try:
             self.model = (
@@ -333,9 +333,7 @@ class HFClipEncoder(Encoder):
 
     @torch.no_grad()
     def encode_images(self, images: Sequence[Any]) -> Tensor:
-        pixels = self.image_processor(
-            images=[_load_image(im) for im in images], return_tensors="pt"
-        )
+        pixels = self.image_processor(images=[load_image(im) for im in images], return_tensors="pt")
         with self.autocast():
             out = self.model.get_image_features(pixel_values=pixels["pixel_values"].to(self.device))
             return self._embedding(out).float().cpu()
@@ -364,7 +362,7 @@ class SentenceTransformerEncoder(Encoder):
         spec: str | None = None,
     ):
         root = _existing(directory, "sentence-transformers model directory", directory=True)
-        st = _require("sentence_transformers", "sentence")
+        st = import_optional("sentence_transformers", "sentence")
         self.device = torch.device(device)
         try:
             self.model = st.SentenceTransformer(
@@ -436,7 +434,7 @@ class MeanPooledTextEncoder(Encoder):
     def __init__(self, directory: Path, device: str | torch.device = "cpu", spec: str = "minilm"):
         import json
 
-        tr = _require("transformers", "minilm")
+        tr = import_optional("transformers", "minilm")
         self.device = torch.device(device)
         config = json.loads((directory / "sentence_bert_config.json").read_text())
         self.max_length = int(config.get("max_seq_length", 256))
@@ -605,7 +603,7 @@ class ImageClassifierEncoder(Encoder):
         else:
             path = _existing(weights, f"efficientnet-{variant} weights", directory=False)
             source = f"local file {path}"
-        lite = _require("efficientnet_lite_pytorch", "effnet")
+        lite = import_optional("efficientnet_lite_pytorch", "effnet")
         model = lite.EfficientNet.from_name(f"efficientnet-{variant}")
         # no set_swish(): the Lite models' activation is ReLU6, which set_swish would replace
         self._load_state(model, path)
@@ -633,7 +631,7 @@ class ImageClassifierEncoder(Encoder):
 
     def _load_torchvision(self, arch: str, checkpoint: str | os.PathLike[str] | None) -> None:
         path = _existing(checkpoint or "", f"torchvision checkpoint for {arch}", directory=False)
-        _require("torchvision", "open_clip")
+        import_optional("torchvision", "open_clip")
         import torchvision.models as tvm
 
         try:
@@ -671,7 +669,7 @@ class ImageClassifierEncoder(Encoder):
 
     def _load_timm(self, arch: str, checkpoint: str | os.PathLike[str] | None) -> None:
         path = _existing(checkpoint or "", f"timm checkpoint for {arch}", directory=False)
-        timm = _require("timm", "open_clip")
+        timm = import_optional("timm", "open_clip")
         try:
             model = timm.create_model(arch, pretrained=False)
         except RuntimeError as exc:
@@ -712,7 +710,7 @@ class ImageClassifierEncoder(Encoder):
 
     @torch.no_grad()
     def encode_images(self, images: Sequence[Any]) -> Tensor:
-        pixels = torch.stack([self.preprocess(_load_image(im)) for im in images]).to(self.device)
+        pixels = torch.stack([self.preprocess(load_image(im)) for im in images]).to(self.device)
         with self.autocast():
             return self.backbone(pixels).float().cpu()
 
@@ -740,7 +738,7 @@ def _tf_center_crop(image: Any, size: int, mean: float, std: float) -> Tensor:
     import numpy as np
     from PIL import Image
 
-    image = _load_image(image)
+    image = load_image(image)
     w, h = image.size
     crop = size / (size + 32) * min(w, h)
     left, top = (w - crop) / 2, (h - crop) / 2

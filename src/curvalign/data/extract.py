@@ -417,13 +417,19 @@ class _Shards:
         return np.load(self.root / f"{key}.{name}.npy", mmap_mode="r")
 
 
-def _crop(image: Any, box: tuple[float, float, float, float]) -> Any:
+def crop_box(image: Any, box: tuple[float, float, float, float]) -> Any:
+    """The PIL ``image`` cut to pixel corners ``box`` (x0, y0, x1, y1), clipped to the image;
+    ValueError for a box that leaves less than one pixel."""
     x0, y0, x1, y1 = box
     w, h = image.size
     x0, y0, x1, y1 = max(0.0, x0), max(0.0, y0), min(float(w), x1), min(float(h), y1)
     if x1 - x0 < 1 or y1 - y0 < 1:
         raise ValueError(f"box {list(box)} lies outside the {w}x{h} image")
     return image.crop((round(x0), round(y0), round(x1), round(y1)))
+
+
+#: the former private name, still imported by train/towers.py
+_crop = crop_box
 
 
 def extract_features(
@@ -540,7 +546,7 @@ def extract_features(
         lambda rows: _encode_images(
             enc,
             rows,
-            lambda i: _crop(open_image(image_path(plan.box_to_image[i])), plan.boxes[i].box),
+            lambda i: crop_box(open_image(image_path(plan.box_to_image[i])), plan.boxes[i].box),
             lambda i: f"box {i} of {plan.boxes[i].image_file}",
             batch_size,
         ),
@@ -1698,10 +1704,10 @@ def _class_name_rows(
     classes: str | os.PathLike[str], templates: str | os.PathLike[str]
 ) -> _TextOnlyRows:
     """Class names are the anchors; each class's first prompt is its text."""
-    from curvalign.data.readers import _read_string_list
+    from curvalign.data.readers import read_string_list
 
-    names = _read_string_list(classes, "classnames file", None)
-    prompt_templates = _read_string_list(templates, "templates file", None)
+    names = read_string_list(classes, "classnames file", None)
+    prompt_templates = read_string_list(templates, "templates file", None)
     bad = [t for t in prompt_templates if "{c}" not in t]
     if bad:
         raise ExtractError(f"templates file {templates}: {bad[0]!r} has no '{{c}}'")

@@ -626,7 +626,7 @@ class FeatureStore:
         ``check_values=False`` skips the scan of every float for NaN/inf (one pass over the data,
         the only check whose cost grows with the size of the features).
         """
-        _validate(self, lambda name: f"field {name!r}", "feature store", check_values)
+        validate_store(self, lambda name: f"field {name!r}", "feature store", check_values)
 
     # --- persistence --------------------------------------------------------------------------
 
@@ -724,7 +724,7 @@ class FeatureStore:
         store = cls(**_records(values, where), meta=meta)
         if check_values is None:
             check_values = forced_value_check() or not _values_recorded(root, header)
-        _validate(store, _describe_on_disk, where, check_values)
+        validate_store(store, _describe_on_disk, where, check_values)
         return store
 
     def _meta_json(self) -> dict[str, Any]:
@@ -1039,7 +1039,7 @@ def _records(values: dict[str, Any], where: str) -> dict[str, Any]:
 _Rule = Callable[[FeatureStore, Callable[[str], str]], Iterator[str]]
 
 
-def _validate(
+def validate_store(
     store: FeatureStore, describe: Callable[[str], str], where: str, check_values: bool
 ) -> None:
     """All of the format's rules (:data:`_STRUCTURE_RULES`, then :data:`_VALUE_RULES` when

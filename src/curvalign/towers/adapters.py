@@ -55,11 +55,11 @@ class OpenClipTowers(Towers):
 
     def __init__(self, config: TowersConfig, device: str | torch.device = "cpu") -> None:
         super().__init__(config)
-        from curvalign.data.encoders import OpenClipEncoder, _load_image
+        from curvalign.data.encoders import OpenClipEncoder, load_image
 
         kind, _, rest = config.encoder.partition(":")
         arch, _, checkpoint = rest.partition(":")
-        self._load_image = _load_image
+        self._load_image = load_image
         self.arch = arch
         if config.init == "random":
             self._build_random(arch, checkpoint, device)
@@ -78,7 +78,7 @@ class OpenClipTowers(Towers):
     def _build_random(self, arch: str, checkpoint: str, device: str | torch.device) -> None:
         """``open_clip.create_model(ARCH)`` without pretrained weights (towers from scratch):
         the architecture's own initialisation, drawn from torch's seeded generator."""
-        from curvalign.data.encoders import _require
+        from curvalign.data.encoders import import_optional
 
         if checkpoint:
             raise TowerError(
@@ -86,7 +86,7 @@ class OpenClipTowers(Towers):
                 "checkpoint (open_clip:ARCH) or drop init=random"
             )
         try:
-            open_clip = _require("open_clip", "open_clip")
+            open_clip = import_optional("open_clip", "open_clip")
         except EncoderError as err:
             raise TowerError(f"towers: {err}") from None
         name = arch
@@ -217,9 +217,9 @@ class HFClipTowers(Towers):
 
     def __init__(self, config: TowersConfig, device: str | torch.device = "cpu") -> None:
         super().__init__(config)
-        from curvalign.data.encoders import HFClipEncoder, _load_image
+        from curvalign.data.encoders import HFClipEncoder, load_image
 
-        self._load_image = _load_image
+        self._load_image = load_image
         self._embedding = HFClipEncoder._embedding
         directory = config.encoder.partition(":")[2]
         if config.init == "random":
@@ -239,13 +239,13 @@ class HFClipTowers(Towers):
     def _build_random(self, directory: str, device: str | torch.device) -> None:
         """The model of the directory's ``config.json`` with random weights (towers from
         scratch; no weight file is read), its tokenizer and image processor."""
-        from curvalign.data.encoders import _require
+        from curvalign.data.encoders import import_optional
 
         root = Path(directory)
         if not (root / "config.json").is_file():
             raise TowerError(f"towers: {directory} has no config.json to build a model from")
         try:
-            transformers = _require("transformers", "hf")
+            transformers = import_optional("transformers", "hf")
             model_config = transformers.AutoConfig.from_pretrained(root, local_files_only=True)
             self.model = transformers.AutoModel.from_config(model_config).to(device)
             self.tokenizer = transformers.AutoTokenizer.from_pretrained(root, local_files_only=True)
@@ -430,7 +430,7 @@ class EfficientNetTowers(Towers):
 
     def __init__(self, config: TowersConfig, device: str | torch.device = "cpu") -> None:
         super().__init__(config)
-        from curvalign.data.encoders import ImageClassifierEncoder, _load_image, load_encoder
+        from curvalign.data.encoders import ImageClassifierEncoder, load_encoder, load_image
 
         kind, _, weights = config.encoder.partition(":")
         if config.init == "random":
@@ -449,7 +449,7 @@ class EfficientNetTowers(Towers):
             raise TowerError(f"towers: {err}") from None
         if not isinstance(encoder, ImageClassifierEncoder):
             raise TowerError(f"towers: {config.encoder!r} is not an image classifier backbone")
-        self._load_image = _load_image
+        self._load_image = load_image
         self.variant = kind.removeprefix("efficientnet-")
         self.spec = encoder.spec
         self.model = encoder.backbone  # pixels [B, 3, S, S] -> pooled features [B, Di]

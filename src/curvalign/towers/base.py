@@ -461,9 +461,9 @@ class Towers(nn.Module):
         raise TowerError(f"towers {self.config.encoder!r}: no activation checkpointing here")
 
     def _add_lora(self, side: str) -> None:
-        from curvalign.data.encoders import _require
+        from curvalign.data.encoders import import_optional
 
-        peft = _require("peft", "towers")
+        peft = import_optional("peft", "towers")
         targets = self.config.side_targets(side) or list(self.default_lora_targets)
         if self.shared_backbone:  # one backbone: a target of either side is the backbone's
             targets = sorted(

@@ -123,7 +123,7 @@ class StepRows:
     pair_scores: Tensor | None = None
 
 
-def _decode(item: Any) -> Any:
+def decode_item(item: Any) -> Any:
     """A PIL RGB image from a path, a PIL image or encoded bytes (a webdataset member)."""
     import io
 
@@ -131,9 +131,9 @@ def _decode(item: Any) -> Any:
 
     if isinstance(item, bytes | bytearray):
         return open_image(io.BytesIO(item))
-    from curvalign.data.encoders import _load_image
+    from curvalign.data.encoders import load_image
 
-    return _load_image(item)
+    return load_image(item)
 
 
 class _RowError(Exception):
@@ -173,14 +173,14 @@ class RowPreparer:
     ) -> Any:
         """Decode ``items`` (cut ``crops`` from them), augment each by its global position
         ``offset + k``, then the tower's input transform."""
-        from curvalign.data.extract import _crop
+        from curvalign.data.extract import crop_box
 
         images = []
         for k, item in enumerate(items):
             try:
-                image = _decode(item)
+                image = decode_item(item)
                 if crops is not None:
-                    image = _crop(image, crops[k])
+                    image = crop_box(image, crops[k])
             except (OSError, ValueError) as err:
                 what = "a webdataset image" if isinstance(item, bytes | bytearray) else repr(item)
                 raise _RowError(f"{kind} {what} cannot be used ({err})") from None
@@ -216,10 +216,14 @@ class RowPreparer:
         return out
 
 
-def _corners(text: str) -> tuple[float, float, float, float]:
+def parse_corners(text: str) -> tuple[float, float, float, float]:
     """``"x0 y0 x1 y1"`` (a store's ``box_corners`` entry) -> the four numbers."""
     x0, y0, x1, y1 = (float(v) for v in text.split())
     return (x0, y0, x1, y1)
+
+
+#: the former private names, still imported by train/towers.py
+_decode, _corners = decode_item, parse_corners
 
 
 class StoreRows:
@@ -246,7 +250,7 @@ class StoreRows:
                 )
             owners = present(store.box_to_image, "box_to_image")
             self._box_owner = [int(i) for i in owners.tolist()]
-            self._box_corners = [_corners(c) for c in store.box_corners]
+            self._box_corners = [parse_corners(c) for c in store.box_corners]
             self._box_phrases = list(store.box_phrases)
         self._pairs: tuple[list[str], list[str], Tensor] | None = None
         if "text_pairs" in sampler.requires:
@@ -443,6 +447,8 @@ __all__ = [
     "RowPreparer",
     "StepRows",
     "StoreRows",
+    "decode_item",
     "encode_prepared",
+    "parse_corners",
     "row_generator",
 ]
