@@ -52,12 +52,15 @@ import sys
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
 
 from curvalign._encoder_spec import EncoderError, existing_path
+
+if TYPE_CHECKING:
+    from PIL.Image import Image as PILImage
 
 ENCODER_SPEC_HELP = (
     "open_clip:ARCH:CHECKPOINT, hf-clip:DIR, sentence-transformers:DIR, minilm, "
@@ -141,7 +144,7 @@ def _existing(path: str | os.PathLike[str], what: str, *, directory: bool) -> Pa
     return existing_path(path, what, directory=directory)
 
 
-def load_image(image: Any) -> Any:
+def load_image(image: PILImage | str | os.PathLike[str]) -> PILImage:
     """A PIL RGB image from a PIL image or a path (raises OSError for unreadable files)."""
     from PIL import Image
 

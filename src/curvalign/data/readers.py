@@ -45,9 +45,12 @@ import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from curvalign.errors import CurvalignError
+
+if TYPE_CHECKING:
+    from PIL.Image import Image as PILImage
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff")
 
@@ -510,7 +513,7 @@ def _is_number(text: str) -> bool:
     return True
 
 
-def open_image(source: Any) -> Any:
+def open_image(source: str | os.PathLike[str] | BinaryIO) -> PILImage:
     """A PIL RGB image from a path or a binary file object, decoded fully now, so a truncated
     file fails here and not inside the encoder (extract and the webdataset reader share it)."""
     from PIL import Image

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -50,6 +50,7 @@ from curvalign.index.rerank import (
 )
 from curvalign.index.search import (
     GEOMETRY,
+    FlatFile,
     IndexKind,
     IndexMismatchError,
     LorentzIndex,
@@ -390,7 +391,7 @@ def build_from_embeddings(
 
 def write_proxy_blocks(
     path: Path, recipe: Recipe, database: Embedding, *, block_rows: int | None = None
-) -> Any:
+) -> FlatFile:
     """Write the flat proxy index of ``database`` (one side's embedding, ``[N, ...]`` per key)
     for ``recipe`` to ``path``, ``block_rows`` items at a time (default: 64 MiB of float32 per
     block, ``build_block_rows``); returns it opened as a ``FlatFile``. Memory outside the
@@ -400,7 +401,7 @@ def write_proxy_blocks(
     first = proxy.database({key: v[:1] for key, v in database.items()})
     block = int(block_rows) if block_rows else build_block_rows(first.shape[1] - 1)
 
-    def vectors() -> Any:
+    def vectors() -> Iterator[np.ndarray]:
         for start in range(0, n, block):
             yield proxy.database({key: v[start : start + block] for key, v in database.items()})
 

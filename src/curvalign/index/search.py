@@ -43,6 +43,7 @@ from __future__ import annotations
 import json
 import math
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -166,7 +167,7 @@ def build_block_rows(dim: int, budget_bytes: int | None = None) -> int:
     return max(1, budget // (4 * (dim + 1)))
 
 
-def point_blocks(points: Any, block_rows: int) -> Any:
+def point_blocks(points: Any, block_rows: int) -> Iterator[tuple[int, np.ndarray]]:
     """``(start, block)`` over ``points`` ``[N, d]`` (an array, a memory map, a tensor: anything
     with ``shape`` and row slices), each block ``[<= block_rows, d]`` float32, checked
     (``_as_points``). Only one block is in memory at a time."""
@@ -940,7 +941,7 @@ def save_exact_index(
     _refuse_foreign(path)
     max_norm = 0.0
 
-    def vectors() -> Any:
+    def vectors() -> Iterator[np.ndarray]:
         nonlocal max_norm
         for _, xb in point_blocks(points, block):
             max_norm = max(max_norm, _max_transformed_norm(xb, c))

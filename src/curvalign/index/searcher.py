@@ -52,6 +52,7 @@ from curvalign.readout import embed_rows
 from curvalign.recipes.base import Embedding
 
 if TYPE_CHECKING:
+    from curvalign.data.encoders import Encoder
     from curvalign.data.features import FeatureStore
     from curvalign.recipes.base import Recipe
     from curvalign.runs import LoadedRun
@@ -251,7 +252,7 @@ class Searcher:
         raw: dict[str, Any],
         engine: Any,
         items: _Items,
-        encoder: Any,
+        encoder: Encoder | str | None,
         candidates: int,
         device: str,
     ) -> None:
@@ -277,7 +278,7 @@ class Searcher:
         run_dir: str | os.PathLike,
         index_dir: str | os.PathLike,
         *,
-        encoder: Any = None,
+        encoder: Encoder | str | None = None,
         candidates: int = 200,
         device: str = "cpu",
         items: bool = True,
@@ -352,7 +353,7 @@ class Searcher:
         }
 
     # -- encoding --
-    def encoder(self) -> Any:
+    def encoder(self) -> Encoder:
         """The query encoder, loaded on first use."""
         if self._encoder is None:
             raise SearchError(self._no_encoder_message())

@@ -45,7 +45,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, Protocol
 
 import torch
 from torch import Tensor, nn
@@ -696,7 +696,31 @@ def check_head_init(head_init: str, embed_dim: int) -> None:
         raise ValueError(f"embed_dim must be positive, got {embed_dim}")
 
 
-def learnable_temperature(config: Any) -> LearnableScalar:
+class TemperatureSettings(Protocol):
+    """The config fields of a learnable contrastive temperature (``learnable_temperature``)."""
+
+    @property
+    def temperature_init(self) -> float: ...
+    @property
+    def temperature_min(self) -> float | None: ...
+    @property
+    def learn_temperature(self) -> bool: ...
+
+
+class CurvatureSettings(Protocol):
+    """The config fields of a learnable curvature (``learnable_curvature``)."""
+
+    @property
+    def curvature_init(self) -> float: ...
+    @property
+    def curvature_min(self) -> float | None: ...
+    @property
+    def curvature_max(self) -> float | None: ...
+    @property
+    def learn_curvature(self) -> bool: ...
+
+
+def learnable_temperature(config: TemperatureSettings) -> LearnableScalar:
     """The contrastive temperature tau of a config with ``temperature_init``, ``temperature_min``
     and ``learn_temperature`` (no upper bound)."""
     return LearnableScalar(
@@ -704,7 +728,7 @@ def learnable_temperature(config: Any) -> LearnableScalar:
     )
 
 
-def learnable_curvature(config: Any, shape: tuple[int, ...] = ()) -> LearnableScalar:
+def learnable_curvature(config: CurvatureSettings, shape: tuple[int, ...] = ()) -> LearnableScalar:
     """The curvature c of a config with ``curvature_init``, ``_min``, ``_max`` and
     ``learn_curvature``: a scalar, or one per factor with ``shape=(k,)``."""
     return LearnableScalar(
