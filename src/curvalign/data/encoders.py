@@ -732,7 +732,9 @@ class ImageClassifierEncoder(Encoder):
         return {**super().describe(), "image_preprocessing": self.preprocessing}
 
 
-def _tf_center_crop(image: Any, size: int, mean: float, std: float) -> Tensor:
+def _tf_center_crop(
+    image: PILImage | str | os.PathLike[str], size: int, mean: float, std: float
+) -> Tensor:
     """TF's EfficientNet eval input: PIL image -> float32 ``[3, size, size]``.
 
     A centre crop of ``size / (size + 32)`` of the shorter side (``_decode_and_center_crop``,

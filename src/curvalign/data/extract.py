@@ -52,6 +52,8 @@ from curvalign.data.readers import (
 from curvalign.errors import CurvalignError
 
 if TYPE_CHECKING:
+    from PIL.Image import Image as PILImage
+
     from curvalign.data.webdataset import WdsDataset
 
 MANIFEST_VERSION = 1
@@ -247,7 +249,7 @@ class _Plan:
     captions_from_prompts: bool
 
 
-def _fingerprint_file(path: str | os.PathLike[str] | None) -> Any:
+def _fingerprint_file(path: str | os.PathLike[str] | None) -> list[str | int] | None:
     if path is None:
         return None
     p = Path(path).resolve()
@@ -417,7 +419,7 @@ class _Shards:
         return np.load(self.root / f"{key}.{name}.npy", mmap_mode="r")
 
 
-def crop_box(image: Any, box: tuple[float, float, float, float]) -> Any:
+def crop_box(image: PILImage, box: tuple[float, float, float, float]) -> PILImage:
     """The PIL ``image`` cut to pixel corners ``box`` (x0, y0, x1, y1), clipped to the image;
     ValueError for a box that leaves less than one pixel."""
     x0, y0, x1, y1 = box

@@ -25,9 +25,10 @@ from __future__ import annotations
 
 import hashlib
 import math
+import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
@@ -37,6 +38,9 @@ from curvalign.data.features import FeatureStore, present
 from curvalign.data.sampling import BatchSampler
 from curvalign.towers.base import InputPreparer, TowerError, Towers
 from curvalign.towers.data import StoreItems
+
+if TYPE_CHECKING:
+    from PIL.Image import Image as PILImage
 
 
 @dataclass(frozen=True)
@@ -51,7 +55,7 @@ class Augment:
     ratio: tuple[float, float] = (3 / 4, 4 / 3)
     flip: float = 0.0
 
-    def __call__(self, image: Any, generator: torch.Generator) -> Any:
+    def __call__(self, image: PILImage, generator: torch.Generator) -> PILImage:
         from PIL import Image
 
         width, height = image.size
@@ -123,7 +127,7 @@ class StepRows:
     pair_scores: Tensor | None = None
 
 
-def decode_item(item: Any) -> Any:
+def decode_item(item: PILImage | str | os.PathLike[str] | bytes | bytearray) -> PILImage:
     """A PIL RGB image from a path, a PIL image or encoded bytes (a webdataset member)."""
     import io
 
