@@ -701,7 +701,13 @@ def _max_transformed_norm(x: np.ndarray, c: float) -> float:
 
 def hnsw_graph(index: faiss.Index | FlatFile) -> faiss.IndexHNSW:
     """``index`` as the HNSW index it is (``faiss.downcast_index``, which Faiss's type stubs
-    declare as returning the base class); ``IndexMismatchError`` for any other kind."""
+    declare as returning the base class); ``IndexMismatchError`` for any other kind.
+
+    A downcast is a second Python view of the same C++ index, owned by ``index``: the caller
+    keeps ``index`` alive while it uses the result (an index Faiss read or deserialised is
+    already of its own class and is returned as it is)."""
+    if isinstance(index, faiss.IndexHNSW):
+        return index
     graph = None if isinstance(index, FlatFile) else faiss.downcast_index(index)
     if not isinstance(graph, faiss.IndexHNSW):
         raise IndexMismatchError(f"an HNSW index was expected, got {type(index).__name__}")
@@ -714,7 +720,8 @@ def _hnsw_with_storage(index: faiss.Index, vectors: np.ndarray, metric: int) -> 
     Faiss caches per-index state set up at construction; a serialisation round trip gives an
     index whose graph, storage and metric are consistent (swapping in place does not search).
     """
-    graph = hnsw_graph(faiss.deserialize_index(faiss.serialize_index(index)))
+    copy = faiss.deserialize_index(faiss.serialize_index(index))  # owns the graph below
+    graph = hnsw_graph(copy)
     storage = faiss.IndexFlat(vectors.shape[1], metric)
     storage.add(np.ascontiguousarray(vectors, dtype=np.float32))
     # Ownership: Python now frees both storages; the graph frees none.
