@@ -195,7 +195,7 @@ class PoincareInfoNCE(Recipe):
     def embed_images(self, features: Tensor) -> Embedding:
         return {"point": expmap0(self.image_head(features), self.curvature())}
 
-    def embed_texts(self, features: Tensor) -> Embedding:
+    def embed_texts(self, features: Tensor, mask: Tensor | None = None) -> Embedding:
         return {"point": expmap0(self.text_head(features), self.curvature())}
 
     def scores(self, texts: Embedding, images: Embedding, query: Query = "text") -> Tensor:

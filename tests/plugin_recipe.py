@@ -54,7 +54,7 @@ class EuclideanInfoNCE(Recipe):
     def embed_images(self, features: Tensor) -> Embedding:
         return {"euclidean": self.image_head(features)}
 
-    def embed_texts(self, features: Tensor) -> Embedding:
+    def embed_texts(self, features: Tensor, mask: Tensor | None = None) -> Embedding:
         return {"euclidean": self.text_head(features)}
 
     def scores(self, texts: Embedding, images: Embedding, query: Query = "text") -> Tensor:

@@ -3,6 +3,8 @@ the subcommands (`curvalign extract --encoder E --images DIR ...`) routed to the
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -102,3 +104,12 @@ def test_images_by_either_form_write_the_same_store(monkeypatch, tmp_path: Path)
         assert (value is None) == (other is None), name
         if value is not None and hasattr(value, "shape"):
             assert value.shape == other.shape and (value == other).all(), name
+
+
+def test_the_cli_imports_without_the_click_package() -> None:
+    """typer >= 0.29 vendors click (``typer._click``) and no longer installs the click package:
+    the command line (its extract group's ``parse_args``) must not import it."""
+    pytest.importorskip("typer._click", reason="typer < 0.29 imports the click package itself")
+    code = "import sys; sys.modules['click'] = None; import curvalign.cli"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr

@@ -169,8 +169,8 @@ def boxed(world, tmp_path_factory):  # noqa: F811
 @pytest.mark.parametrize("recipe", ["hycoclip", "phyclip", "dualpath"])
 def test_box_and_pair_recipes_train_a_step_from_raw_items(world, boxed, recipe, tmp_path) -> None:  # noqa: F811
     from curvalign.config import resolve_config
-    from curvalign.data.encoders import _load_image
-    from curvalign.data.extract import _crop
+    from curvalign.data.encoders import load_image
+    from curvalign.data.extract import crop_box
     from curvalign.train.towers import TowerTrainer
 
     store = load_data(boxed["store"])
@@ -195,8 +195,8 @@ def test_box_and_pair_recipes_train_a_step_from_raw_items(world, boxed, recipe, 
                 box_ids = indices["box"].tolist()
                 owners = store.box_to_image[box_ids].tolist()
                 crops = [
-                    _crop(
-                        _load_image(rows.items.images([o])[0]),
+                    crop_box(
+                        load_image(rows.items.images([o])[0]),
                         tuple(float(v) for v in store.box_corners[b].split()),
                     )
                     for o, b in zip(owners, box_ids, strict=True)

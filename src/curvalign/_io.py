@@ -148,8 +148,11 @@ class NpyRowWriter:
 
         self.path, self.shape, self.dtype = Path(path), tuple(shape), np.dtype(dtype)
         self.rows = 0
-        header = {"descr": np.lib.format.dtype_to_descr(self.dtype), "fortran_order": False}
-        header["shape"] = self.shape
+        header: dict[str, object] = {
+            "descr": np.lib.format.dtype_to_descr(self.dtype),
+            "fortran_order": False,
+            "shape": self.shape,
+        }
         row_items = int(np.prod(self.shape[1:], dtype=np.int64))
         check_free_space(self.path, self.shape[0] * row_items * self.dtype.itemsize + 4096)
         self._handle = open(self.path, "wb")  # noqa: SIM115 - closed by flush()
@@ -310,7 +313,7 @@ def staged_directory(target: Path) -> Iterator[Path]:
 # --- atomic files ---------------------------------------------------------------------------
 
 
-def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
+def atomic_write(path: Path, write: Callable[[Path], object]) -> None:
     """Call ``write(tmp)`` on a temporary file next to ``path``, fsync it, then move it onto
     ``path`` (with the mode the umask gives a new file). On any error the temporary file is
     removed and ``path`` is left as it was."""

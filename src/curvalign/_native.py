@@ -24,6 +24,7 @@ import threading
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 from torch import Tensor
@@ -33,7 +34,10 @@ from torch import Tensor
 _DYNAMO_CONSTANT_MARK = "_dynamo_marked_constant"
 
 
-def constant_under_compile(fn: Callable[..., object]) -> Callable[..., object]:
+_F = TypeVar("_F", bound=Callable[..., object])
+
+
+def constant_under_compile(fn: _F) -> _F:
     """``fn`` marked as ``torch.compiler.assume_constant_result`` marks it (its answer is taken
     once, when a graph is traced), without importing ``torch._dynamo`` at import time: the public
     decorator imports it, which costs about two seconds of every curvalign process's start,

@@ -11,9 +11,8 @@ import signal
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, NoReturn
 
-import click
 import typer
 from typer.core import TyperGroup
 
@@ -64,7 +63,7 @@ def _root(
         os.environ[CHECK_ENV] = "1"  # inherited by the processes of --nproc
 
 
-def fail(message: str, code: int = 2) -> None:
+def fail(message: str, code: int = 2) -> NoReturn:
     """One clear error line on stderr and exit status ``code`` (2); no traceback.
 
     Commands catch ``CurvalignError`` (bad input, named by its message) and pass its message
@@ -359,9 +358,10 @@ def _report_trained_run(run_dir: Path, quiet: bool) -> None:
     loss = f" (loss {last['loss']:.4f})" if isinstance(last.get("loss"), float) else ""
     typer.echo(f"trained to step {last.get('step', '?')}{loss}: {run_dir}")
     best_step = getattr(run_dir, "best_step", None)
-    if best_step is not None:
+    best_val = getattr(run_dir, "best_val", None)
+    if best_step is not None and best_val is not None:
         typer.echo(
-            f"best validation (mean R@1 {100 * run_dir.best_val:.1f}%) at step {best_step}: "
+            f"best validation (mean R@1 {100 * best_val:.1f}%) at step {best_step}: "
             "best.safetensors (what eval, embed and benchmark use by default)"
         )
     if not quiet:
@@ -1004,7 +1004,12 @@ def index_build_command(
     ),
 ) -> None:
     """Build an index over one side of an embeddings directory."""
-    from curvalign.index.embed import build_from_embeddings, index_build_options, load_embeddings
+    from curvalign.index.embed import (
+        build_from_embeddings,
+        index_build_options,
+        index_side,
+        load_embeddings,
+    )
 
     check_out(out)
     if not overwrite and (out / "index.json").exists():
@@ -1022,7 +1027,7 @@ def index_build_command(
         emb = load_embeddings(embeddings)
         # SIGTERM removes the half-built index like Ctrl-C
         with stoppable(f"{out} was left as it was before this command; run it again to write it"):
-            path = build_from_embeddings(emb, out, side=side, **options)
+            path = build_from_embeddings(emb, out, side=index_side(side), **options)
     except CurvalignError as err:
         fail(str(err))
     mode = f"approximate ({ann})" if ann else "exact"
@@ -1335,7 +1340,9 @@ class _ExtractGroup(TyperGroup):
     (``curvalign extract --encoder E --images DIR ...``) is routed to the kind its flags select,
     and a flag that kind does not read is named before anything is loaded."""
 
-    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+    # ctx: click's Context as the installed typer has it (typer >= 0.29 vendors click as
+    # typer._click and no longer installs the click package; earlier typer uses click's own)
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
         if args and args[0].startswith("-") and args[0] not in ctx.help_option_names:
             from curvalign._extract_kinds import kind_of_flags, not_read_message
 

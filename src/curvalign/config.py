@@ -37,6 +37,7 @@ from curvalign.errors import ConfigError
 
 if TYPE_CHECKING:
     from curvalign.data.features import FeatureStore
+    from curvalign.recipes.base import Recipe
 
 
 #: the most steps between two validations under the default epoch rule (``val_every`` unset)
@@ -273,7 +274,7 @@ class RunConfig:
 # --- resolution -----------------------------------------------------------------------------
 
 
-def recipe_class(name: str) -> type:
+def recipe_class(name: str) -> type[Recipe]:
     """The registered recipe class ``name``; ConfigError listing the known names otherwise."""
     from curvalign.recipes import get_recipe, recipe_names
 
@@ -480,7 +481,7 @@ def resolve_steps(config: RunConfig, store: FeatureStore) -> RunConfig:
     return dataclasses.replace(config, train=train)
 
 
-def recipe_train_defaults(recipe_cls: type) -> dict[str, Any]:
+def recipe_train_defaults(recipe_cls: type[Recipe]) -> dict[str, Any]:
     """The ``TrainConfig`` values recipe class ``recipe_cls`` declares (``train_defaults``)."""
     defaults = dict(getattr(recipe_cls, "train_defaults", None) or {})
     unknown = sorted(set(defaults) - set(_field_names(TrainConfig)))
@@ -621,8 +622,8 @@ def _build_dataclass(cls: type, values: Mapping[str, Any], where: str) -> Any:
 def _default_of(f: dataclasses.Field) -> Any:
     if f.default is not dataclasses.MISSING:
         return f.default
-    if f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
-        return f.default_factory()  # type: ignore[misc]
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
     return dataclasses.MISSING
 
 

@@ -22,7 +22,6 @@ here, once, one floor below them (and above ``runs``):
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
 
 import numpy as np
 import torch
@@ -63,8 +62,8 @@ def recipe_device(recipe: Recipe) -> torch.device:
 def embed_rows(
     recipe: Recipe,
     modality: str,
-    features: Any,
-    mask: Any = None,
+    features: Tensor | np.ndarray,
+    mask: Tensor | np.ndarray | None = None,
     device: torch.device | str | None = None,
 ) -> Embedding:
     """One batch through the recipe: ``features`` [n, D] pooled (``modality`` "image" or
@@ -154,10 +153,10 @@ def embed_store_part(
 @torch.no_grad()
 def embed_features(
     recipe: Recipe,
-    features: Any,
+    features: Tensor | np.ndarray,
     modality: str,
     batch_size: int = 1024,
-    mask: Any = None,
+    mask: Tensor | np.ndarray | None = None,
     device: torch.device | str | None = None,
 ) -> Embedding:
     """Feature rows ``features`` [N, D] (or text tokens [N, L, Dk] with ``mask`` [N, L]) of

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import random
 from dataclasses import dataclass
 from pathlib import Path
@@ -272,7 +273,9 @@ def build_started_recipe(
 
 
 def load_run(
-    run_dir: str | Path, map_location: str | torch.device = "cpu", weights: str = "best"
+    run_dir: str | os.PathLike[str],
+    map_location: str | torch.device = "cpu",
+    weights: str = "best",
 ) -> LoadedRun:
     """Load the recipe a run directory holds, in eval mode: its best-validation weights
     (``weights="best"``, the default) or its last ones (``"last"``). A run without

@@ -11,7 +11,10 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, overload
+
+if TYPE_CHECKING:
+    import numpy as np
 
 # Two-sided 95% quantiles t_{0.975, df} of Student's t distribution, df = 1..30 (standard
 # tables; checked against scipy.stats.t.ppf in the tests). Beyond 30 the normal 1.959964 is
@@ -436,7 +439,11 @@ class ItemTotals:
         """Number of clusters ``n`` (the resampling units)."""
         return int(self.sums.shape[1])
 
-    def statistic(self, weights: Any = None) -> Any:
+    @overload
+    def statistic(self, weights: None = None) -> float: ...
+    @overload
+    def statistic(self, weights: np.ndarray) -> np.ndarray: ...
+    def statistic(self, weights: np.ndarray | None = None) -> float | np.ndarray:
         """The statistic, or with bootstrap ``weights`` [R, n] (how often each cluster is drawn)
         the [R] statistics of the R resamples."""
         import numpy as np
@@ -460,7 +467,7 @@ class TwoLevelInterval(Interval):
     items: int = 0
 
 
-def _bootstrap_weights(rng: Any, n: int, size: int) -> Any:
+def _bootstrap_weights(rng: np.random.Generator, n: int, size: int) -> np.ndarray:
     """[size, n] counts of how often each of ``n`` clusters is drawn in ``size`` resamples of
     ``n`` draws with replacement (one ``bincount`` over offset indices: a multinomial draw per
     resample is several times slower)."""

@@ -213,10 +213,14 @@ def fit_alignment(
     candidates: list[tuple[AlignmentKind, float | None, Tensor]] = []
     if same_width:
         candidates.append(("identity", None, torch.eye(x.shape[1], dtype=torch.float64)))
-    for alpha in ALPHAS:
-        candidates.append(("ridge", alpha, solve_ridge(x, texts, alpha, intercept=False)[0]))
+    for strength in ALPHAS:
+        candidates.append(("ridge", strength, solve_ridge(x, texts, strength, intercept=False)[0]))
     has_val = val_split is not None and val_split in (store.split_names or [])
-    val = split_pairs(store, val_split, max_rows=MAX_VAL_IMAGES) if has_val else None
+    val = (
+        split_pairs(store, val_split, max_rows=MAX_VAL_IMAGES)
+        if has_val and val_split is not None
+        else None
+    )
     if val is None or len(val[1]) == 0:
         kind, alpha, image_map = next(
             c for c in candidates if c[0] == "identity" or c[1] == DEFAULT_ALPHA

@@ -47,7 +47,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from curvalign.data.features import FeatureStore, TextPart, _validate, forced_value_check
+from curvalign.data.features import FeatureStore, TextPart, forced_value_check, validate_store
 from curvalign.data.sharded import ParquetColumn, ShardedRows, ShardError, require_pyarrow
 
 #: at most this many images in each of the drawn "val" and "test" splits (by default)
@@ -223,7 +223,7 @@ def read_sharded_embeddings(
     )
     where = f"sharded embeddings ({image_files[0]}, ...)"
     scanned = forced_value_check() if check is None else check
-    _validate(store, lambda name: f"field {name!r}", where, scanned)
+    validate_store(store, lambda name: f"field {name!r}", where, scanned)
     # not scanned: every row read (a batch, a validation split, a sample) is checked instead
     images.check_values = texts.check_values = not scanned
     return store

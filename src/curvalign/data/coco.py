@@ -41,7 +41,7 @@ import torch
 from curvalign.data.encoders import Encoder, load_encoder, seen_in_training
 from curvalign.data.extract import ExtractError, ExtractSummary, extract_features
 from curvalign.data.features import FeatureStore
-from curvalign.data.readers import _read_json
+from curvalign.data.readers import read_json
 
 COCO_SPLITS = ("train2017", "val2017")
 DEFAULT_TEMPLATES = ("a photo of a {c}.", "a {c}.")
@@ -53,8 +53,8 @@ def _load_split(root: Path, split: str) -> dict[str, Any] | None:
     instances = root / "annotations" / f"instances_{split}.json"
     if not captions.is_file():
         return None
-    out = {"captions": _read_json(captions, "COCO captions file")}
-    out["instances"] = _read_json(instances, "COCO instances file") if instances.is_file() else None
+    out = {"captions": read_json(captions, "COCO captions file")}
+    out["instances"] = read_json(instances, "COCO instances file") if instances.is_file() else None
     return out
 
 

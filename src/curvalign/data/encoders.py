@@ -50,14 +50,17 @@ import importlib.util
 import os
 import sys
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
 
 from curvalign._encoder_spec import EncoderError, existing_path
+
+if TYPE_CHECKING:
+    from PIL.Image import Image as PILImage
 
 ENCODER_SPEC_HELP = (
     "open_clip:ARCH:CHECKPOINT, hf-clip:DIR, sentence-transformers:DIR, minilm, "
@@ -80,7 +83,7 @@ def _set_offline() -> None:
     os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 
 
-def _require(module: str, extra: str) -> Any:
+def import_optional(module: str, extra: str) -> Any:
     """Import an optional dependency or fail with the extra that provides it."""
     _set_offline()
     if importlib.util.find_spec(module) is None:
@@ -141,7 +144,7 @@ def _existing(path: str | os.PathLike[str], what: str, *, directory: bool) -> Pa
     return existing_path(path, what, directory=directory)
 
 
-def _load_image(image: Any) -> Any:
+def load_image(image: PILImage | str | os.PathLike[str]) -> PILImage:
     """A PIL RGB image from a PIL image or a path (raises OSError for unreadable files)."""
     from PIL import Image
 
@@ -186,6 +189,12 @@ class Encoder(ABC):
     @property
     def encodes_texts(self) -> bool:
         return self.text_dim is not None
+
+    def text_width(self) -> int:
+        """``text_dim`` for a caller that encodes texts; EncoderError for an image-only one."""
+        if self.text_dim is None:
+            raise EncoderError(f"encoder {self.spec!r} encodes images only; it has no text side")
+        return self.text_dim
 
     @property
     def shares_space(self) -> bool:
@@ -239,7 +248,7 @@ class OpenClipEncoder(Encoder):
         self, arch: str, checkpoint: str | os.PathLike[str], device: str | torch.device = "cpu"
     ):
         ckpt = _existing(checkpoint, f"open_clip checkpoint for {arch}", directory=False)
-        open_clip = _require("open_clip", "open_clip")
+        open_clip = import_optional("open_clip", "open_clip")
         name = arch
         if arch.endswith(".json"):
             config = _existing(arch, "open_clip model config", directory=False)
@@ -273,7 +282,7 @@ class OpenClipEncoder(Encoder):
 
     @torch.no_grad()
     def encode_images(self, images: Sequence[Any]) -> Tensor:
-        pixels = torch.stack([self.preprocess(_load_image(im)) for im in images]).to(self.device)
+        pixels = torch.stack([self.preprocess(load_image(im)) for im in images]).to(self.device)
         with self.autocast():
             return self.model.encode_image(pixels).float().cpu()
 
@@ -289,7 +298,7 @@ class HFClipEncoder(Encoder):
 
     def __init__(self, directory: str | os.PathLike[str], device: str | torch.device = "cpu"):
         root = _existing(directory, "Hugging Face model directory", directory=True)
-        transformers = _require("transformers", "hf")
+        transformers = import_optional("transformers", "hf")
         self.device = torch.device(device)
         try:
             self.model = (
@@ -327,9 +336,7 @@ class HFClipEncoder(Encoder):
 
     @torch.no_grad()
     def encode_images(self, images: Sequence[Any]) -> Tensor:
-        pixels = self.image_processor(
-            images=[_load_image(im) for im in images], return_tensors="pt"
-        )
+        pixels = self.image_processor(images=[load_image(im) for im in images], return_tensors="pt")
         with self.autocast():
             out = self.model.get_image_features(pixel_values=pixels["pixel_values"].to(self.device))
             return self._embedding(out).float().cpu()
@@ -358,7 +365,7 @@ class SentenceTransformerEncoder(Encoder):
         spec: str | None = None,
     ):
         root = _existing(directory, "sentence-transformers model directory", directory=True)
-        st = _require("sentence_transformers", "sentence")
+        st = import_optional("sentence_transformers", "sentence")
         self.device = torch.device(device)
         try:
             self.model = st.SentenceTransformer(
@@ -425,10 +432,12 @@ class MeanPooledTextEncoder(Encoder):
     encoding never uses (about 1.7 of the 11 CPU seconds of a SugarCrepe extraction with 3
     photos, docs/real-data.md)."""
 
+    text_dim: int
+
     def __init__(self, directory: Path, device: str | torch.device = "cpu", spec: str = "minilm"):
         import json
 
-        tr = _require("transformers", "minilm")
+        tr = import_optional("transformers", "minilm")
         self.device = torch.device(device)
         config = json.loads((directory / "sentence_bert_config.json").read_text())
         self.max_length = int(config.get("max_seq_length", 256))
@@ -546,6 +555,12 @@ class ImageClassifierEncoder(Encoder):
     * timm: ``timm.data.resolve_data_config`` of the architecture's pretrained config.
     """
 
+    #: pixels [B, 3, S, S] -> pooled features [B, Di]; the classifier's head; PIL -> [3, S, S]
+    backbone: torch.nn.Module
+    head: torch.nn.Linear
+    preprocess: Callable[[Any], Tensor]
+    image_dim: int
+
     def __init__(
         self,
         kind: str,
@@ -591,7 +606,7 @@ class ImageClassifierEncoder(Encoder):
         else:
             path = _existing(weights, f"efficientnet-{variant} weights", directory=False)
             source = f"local file {path}"
-        lite = _require("efficientnet_lite_pytorch", "effnet")
+        lite = import_optional("efficientnet_lite_pytorch", "effnet")
         model = lite.EfficientNet.from_name(f"efficientnet-{variant}")
         # no set_swish(): the Lite models' activation is ReLU6, which set_swish would replace
         self._load_state(model, path)
@@ -619,7 +634,7 @@ class ImageClassifierEncoder(Encoder):
 
     def _load_torchvision(self, arch: str, checkpoint: str | os.PathLike[str] | None) -> None:
         path = _existing(checkpoint or "", f"torchvision checkpoint for {arch}", directory=False)
-        _require("torchvision", "open_clip")
+        import_optional("torchvision", "open_clip")
         import torchvision.models as tvm
 
         try:
@@ -646,7 +661,7 @@ class ImageClassifierEncoder(Encoder):
         self.spec = f"torchvision:{arch}:{path.resolve()}"
         if entry is not None and entry.name.startswith("IMAGENET1K"):
             # SWAG entries were pre-trained on Instagram images first: the name says so
-            data = IMAGENET_1K["data"] + ("" if "SWAG" not in entry.name else " after IG-3.6B")
+            data = str(IMAGENET_1K["data"]) + ("" if "SWAG" not in entry.name else " after IG-3.6B")
             self.trained_on = {
                 **IMAGENET_1K,
                 "data": data,
@@ -657,7 +672,7 @@ class ImageClassifierEncoder(Encoder):
 
     def _load_timm(self, arch: str, checkpoint: str | os.PathLike[str] | None) -> None:
         path = _existing(checkpoint or "", f"timm checkpoint for {arch}", directory=False)
-        timm = _require("timm", "open_clip")
+        timm = import_optional("timm", "open_clip")
         try:
             model = timm.create_model(arch, pretrained=False)
         except RuntimeError as exc:
@@ -698,7 +713,7 @@ class ImageClassifierEncoder(Encoder):
 
     @torch.no_grad()
     def encode_images(self, images: Sequence[Any]) -> Tensor:
-        pixels = torch.stack([self.preprocess(_load_image(im)) for im in images]).to(self.device)
+        pixels = torch.stack([self.preprocess(load_image(im)) for im in images]).to(self.device)
         with self.autocast():
             return self.backbone(pixels).float().cpu()
 
@@ -717,7 +732,9 @@ class ImageClassifierEncoder(Encoder):
         return {**super().describe(), "image_preprocessing": self.preprocessing}
 
 
-def _tf_center_crop(image: Any, size: int, mean: float, std: float) -> Tensor:
+def _tf_center_crop(
+    image: PILImage | str | os.PathLike[str], size: int, mean: float, std: float
+) -> Tensor:
     """TF's EfficientNet eval input: PIL image -> float32 ``[3, size, size]``.
 
     A centre crop of ``size / (size + 32)`` of the shorter side (``_decode_and_center_crop``,
@@ -726,12 +743,12 @@ def _tf_center_crop(image: Any, size: int, mean: float, std: float) -> Tensor:
     import numpy as np
     from PIL import Image
 
-    image = _load_image(image)
+    image = load_image(image)
     w, h = image.size
     crop = size / (size + 32) * min(w, h)
     left, top = (w - crop) / 2, (h - crop) / 2
     box = (round(left), round(top), round(left + crop), round(top + crop))
-    image = image.crop(box).resize((size, size), Image.BICUBIC)
+    image = image.crop(box).resize((size, size), Image.Resampling.BICUBIC)
     pixels = torch.from_numpy(np.asarray(image, dtype=np.float32).copy()).permute(2, 0, 1)
     return (pixels - mean) / std
 

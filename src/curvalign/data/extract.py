@@ -52,6 +52,8 @@ from curvalign.data.readers import (
 from curvalign.errors import CurvalignError
 
 if TYPE_CHECKING:
+    from PIL.Image import Image as PILImage
+
     from curvalign.data.webdataset import WdsDataset
 
 MANIFEST_VERSION = 1
@@ -188,8 +190,10 @@ def _run_jobs(shards: _Shards, jobs: Sequence[_Job], title: str, progress: bool)
                 seconds += time.perf_counter() - start
                 items += out.items
                 if job.parts:
+                    assert isinstance(out.arrays, dict)  # a parts shard's named arrays
                     shards.save_parts(job.key, out.arrays, out.info, out.skipped)
                 else:
+                    assert not isinstance(out.arrays, dict)  # one [rows, dim] array
                     shards.save(job.key, out.arrays, out.skipped)
                 computed += 1
             bar.advance(task, job.size)
@@ -245,7 +249,7 @@ class _Plan:
     captions_from_prompts: bool
 
 
-def _fingerprint_file(path: str | os.PathLike[str] | None) -> Any:
+def _fingerprint_file(path: str | os.PathLike[str] | None) -> list[str | int] | None:
     if path is None:
         return None
     p = Path(path).resolve()
@@ -270,7 +274,11 @@ def _plan(
         raise ExtractError(
             "--taxonomy maps classes onto tree nodes: it needs --classes and --templates"
         )
-    folder = read_class_folder(images, classes, templates) if classes is not None else None
+    folder = (
+        read_class_folder(images, classes, templates)
+        if classes is not None and templates is not None  # both or neither (checked above)
+        else None
+    )
     labels: list[int] | None = None
     from_prompts = False
     if captions is not None:
@@ -411,13 +419,19 @@ class _Shards:
         return np.load(self.root / f"{key}.{name}.npy", mmap_mode="r")
 
 
-def _crop(image: Any, box: tuple[float, float, float, float]) -> Any:
+def crop_box(image: PILImage, box: tuple[float, float, float, float]) -> PILImage:
+    """The PIL ``image`` cut to pixel corners ``box`` (x0, y0, x1, y1), clipped to the image;
+    ValueError for a box that leaves less than one pixel."""
     x0, y0, x1, y1 = box
     w, h = image.size
     x0, y0, x1, y1 = max(0.0, x0), max(0.0, y0), min(float(w), x1), min(float(h), y1)
     if x1 - x0 < 1 or y1 - y0 < 1:
         raise ValueError(f"box {list(box)} lies outside the {w}x{h} image")
     return image.crop((round(x0), round(y0), round(x1), round(y1)))
+
+
+#: the former private name, still imported by train/towers.py
+_crop = crop_box
 
 
 def extract_features(
@@ -502,10 +516,12 @@ def extract_features(
 
     def encode_texts_shard(texts: Sequence[str]) -> _Encoded:
         return _Encoded(
-            _encode_batched(enc.encode_texts, texts, enc.text_dim, batch_size), len(texts)
+            _encode_batched(enc.encode_texts, texts, enc.text_width(), batch_size), len(texts)
         )
 
-    def add(kind: str, total: int, encode: Callable[[range], _Encoded], parts: bool = False):
+    def add(
+        kind: str, total: int, encode: Callable[[range], _Encoded], parts: bool = False
+    ) -> None:
         jobs.extend(_shard_jobs(kind, total, shard_size, encode, parts))
 
     jobs: list[_Job] = []
@@ -532,7 +548,7 @@ def extract_features(
         lambda rows: _encode_images(
             enc,
             rows,
-            lambda i: _crop(open_image(image_path(plan.box_to_image[i])), plan.boxes[i].box),
+            lambda i: crop_box(open_image(image_path(plan.box_to_image[i])), plan.boxes[i].box),
             lambda i: f"box {i} of {plan.boxes[i].image_file}",
             batch_size,
         ),
@@ -543,13 +559,13 @@ def extract_features(
         lambda rows: encode_texts_shard([plan.boxes[i].phrase for i in rows]),
     )
     add("prompts", len(prompts), lambda rows: encode_texts_shard([prompts[i] for i in rows]))
+
+    def encode_rows_of(texts: Sequence[str], rows: range) -> _Encoded:
+        return encode_texts_shard([texts[i] for i in rows])
+
     if text_pairs is not None:
-        for side, texts in (("pair_a", text_pairs.a), ("pair_b", text_pairs.b)):
-            add(
-                side,
-                len(texts),
-                lambda rows, texts=texts: encode_texts_shard([texts[i] for i in rows]),
-            )
+        for side, pair_texts in (("pair_a", text_pairs.a), ("pair_b", text_pairs.b)):
+            add(side, len(pair_texts), functools.partial(encode_rows_of, pair_texts))
 
     # token-level features of every text part but the box phrases (parts: tokens + mask)
     token_sources: dict[str, Sequence[str]] = {}
@@ -557,13 +573,15 @@ def extract_features(
         token_sources = {"caption": plan.captions, "prompt": prompts}
         if text_pairs is not None:
             token_sources.update(pair_a=text_pairs.a, pair_b=text_pairs.b)
-    for kind, texts in token_sources.items():
+
+    def encode_tokens_of(texts: Sequence[str], rows: range) -> _Encoded:
+        return _Encoded(_encode_tokens(enc, [texts[i] for i in rows], batch_size), len(rows))
+
+    for kind, token_texts in token_sources.items():
         add(
             f"{kind}_tokens",
-            len(texts),
-            lambda rows, texts=texts: _Encoded(
-                _encode_tokens(enc, [texts[i] for i in rows], batch_size), len(rows)
-            ),
+            len(token_texts),
+            functools.partial(encode_tokens_of, token_texts),
             parts=True,
         )
     counts = _run_jobs(shards, jobs, "rows", progress)
@@ -642,7 +660,7 @@ def _assemble(
 
     fields: dict[str, Any] = {
         "image_features": _gather(shards, jobs, "images", enc.image_dim or 0, image_ok),
-        "text_features": _gather(shards, jobs, "captions", enc.text_dim, caption_ok),
+        "text_features": _gather(shards, jobs, "captions", enc.text_width(), caption_ok),
         "text_to_image": torch.from_numpy(new_id[caption_owner[caption_ok]]),
     }
     # What a person recognises each kept row by (curvalign search shows it).
@@ -662,7 +680,7 @@ def _assemble(
         fields["box_image_features"] = _gather(
             shards, jobs, "box_images", enc.image_dim or 0, box_ok
         )
-        fields["box_text_features"] = _gather(shards, jobs, "box_phrases", enc.text_dim, box_ok)
+        fields["box_text_features"] = _gather(shards, jobs, "box_phrases", enc.text_width(), box_ok)
         fields["box_to_image"] = torch.from_numpy(new_id[owners[box_ok]])
         # the raw box items, so towers can train on the crops and phrases themselves
         kept_boxes = [b for b, ok in zip(plan.boxes, box_ok, strict=True) if ok]
@@ -672,7 +690,7 @@ def _assemble(
         assert plan.image_labels is not None
         fields["class_names"] = list(plan.classes.class_names)
         fields["prompt_features"] = _gather(
-            shards, jobs, "prompts", enc.text_dim, np.ones(len(prompts), dtype=bool)
+            shards, jobs, "prompts", enc.text_width(), np.ones(len(prompts), dtype=bool)
         )
         fields["prompt_to_class"] = torch.tensor(prompt_to_class, dtype=torch.long)
         fields["image_labels"] = torch.tensor(plan.image_labels, dtype=torch.long)[
@@ -680,8 +698,8 @@ def _assemble(
         ]
     if text_pairs is not None:
         every = np.ones(len(text_pairs.scores), dtype=bool)
-        fields["pair_a_features"] = _gather(shards, jobs, "pair_a", enc.text_dim, every)
-        fields["pair_b_features"] = _gather(shards, jobs, "pair_b", enc.text_dim, every)
+        fields["pair_a_features"] = _gather(shards, jobs, "pair_a", enc.text_width(), every)
+        fields["pair_b_features"] = _gather(shards, jobs, "pair_b", enc.text_width(), every)
         fields["pair_scores"] = torch.tensor(text_pairs.scores, dtype=torch.float32)
         fields["pair_a_texts"], fields["pair_b_texts"] = list(text_pairs.a), list(text_pairs.b)
     # token groups: captions follow their image (caption_ok); prompts and pairs are kept whole
@@ -903,7 +921,7 @@ def extract_webdataset(
     ]
     if prompts:
         encode_prompts = lambda: _Encoded(  # noqa: E731
-            {"prompts": _encode_batched(enc.encode_texts, prompts, enc.text_dim, batch_size)},
+            {"prompts": _encode_batched(enc.encode_texts, prompts, enc.text_width(), batch_size)},
             len(prompts),
         )
         jobs.append(_Job("prompts", 1, encode_prompts, parts=True))
@@ -935,7 +953,7 @@ def extract_webdataset(
         )
     else:
         fields.update(
-            text_features=_concat_parts(shards, keys, "captions", enc.text_dim),
+            text_features=_concat_parts(shards, keys, "captions", enc.text_width()),
             text_to_image=torch.tensor(owners, dtype=torch.long),
         )
     meta = {
@@ -1003,7 +1021,7 @@ def _encode_wds_shard(
             flush()
     flush()
     image_rows = np.concatenate(image_parts) if image_parts else empty_rows(enc.image_dim or 0)
-    caption_rows = _encode_batched(enc.encode_texts, captions, enc.text_dim, batch_size)
+    caption_rows = _encode_batched(enc.encode_texts, captions, enc.text_width(), batch_size)
     return _Encoded(  # _run_jobs times the whole call: reading, decoding and encoding
         {"images": image_rows, "captions": caption_rows},
         len(labels) + len(captions),
@@ -1166,7 +1184,7 @@ def extract_sugarcrepe(
 
     def encode_texts(texts: Sequence[str]) -> _Encoded:
         return _Encoded(
-            _encode_batched(enc.encode_texts, texts, enc.text_dim, batch_size), len(texts)
+            _encode_batched(enc.encode_texts, texts, enc.text_width(), batch_size), len(texts)
         )
 
     jobs = [
@@ -1322,16 +1340,15 @@ def extract_sugarcrepe_texts(
     shards = _Shards(target.parent / f"{target.name}.partial", fingerprint)
     dim = enc.text_dim or 0
     jobs: list[_Job] = []
-    for kind, texts in sources.items():
-        jobs += _shard_jobs(
-            kind,
-            len(texts),
-            shard_size,
-            lambda rows, texts=texts: _Encoded(
-                _encode_batched(enc.encode_texts, [texts[i] for i in rows], dim, batch_size),
-                len(rows),
-            ),
+
+    def encode_rows_of(texts: Sequence[str], rows: range) -> _Encoded:
+        return _Encoded(
+            _encode_batched(enc.encode_texts, [texts[i] for i in rows], dim, batch_size),
+            len(rows),
         )
+
+    for kind, texts in sources.items():
+        jobs += _shard_jobs(kind, len(texts), shard_size, functools.partial(encode_rows_of, texts))
     counts = _run_jobs(shards, jobs, "texts", progress)
     every_row = {k: np.ones(len(v), dtype=bool) for k, v in sources.items()}
     fields: dict[str, Any] = {
@@ -1393,7 +1410,7 @@ def _encode_text_parts(
 ) -> dict[str, np.ndarray]:
     """{"features": [n, Dt]} and, with ``tokens``, {"tokens": [n, L, Dk], "mask": [n, L]}
     (L = the longest text of this part; padding rows are zero, mask 0)."""
-    out = {"features": _encode_batched(enc.encode_texts, texts, enc.text_dim, batch_size)}
+    out = {"features": _encode_batched(enc.encode_texts, texts, enc.text_width(), batch_size)}
     if tokens:
         out.update(_encode_tokens(enc, texts, batch_size))
     return out
@@ -1411,10 +1428,10 @@ def _encode_tokens(enc: Encoder, texts: Sequence[str], batch_size: int) -> dict[
     out["tokens"] = np.zeros((len(texts), length, dim), dtype=np.float32)
     out["mask"] = np.zeros((len(texts), length), dtype=np.int64)
     row = 0
-    for hidden, mask in parts:
-        n, width = mask.shape
-        out["tokens"][row : row + n, :width] = hidden
-        out["mask"][row : row + n, :width] = mask
+    for hidden_rows, mask_rows in parts:
+        n, width = mask_rows.shape
+        out["tokens"][row : row + n, :width] = hidden_rows
+        out["mask"][row : row + n, :width] = mask_rows
         row += n
     return out
 
@@ -1533,7 +1550,7 @@ def extract_texts(
         jobs.extend(kind_jobs)
     counts = _run_jobs(shards, jobs, "texts", progress)
 
-    dim = enc.text_dim
+    dim = enc.text_width()
     fields: dict[str, Any] = {
         "image_features": _concat_parts(shards, keys["anchors"], "features", dim, "anchors"),
         "text_features": _concat_parts(shards, keys["texts"], "features", dim, "texts"),
@@ -1689,10 +1706,10 @@ def _class_name_rows(
     classes: str | os.PathLike[str], templates: str | os.PathLike[str]
 ) -> _TextOnlyRows:
     """Class names are the anchors; each class's first prompt is its text."""
-    from curvalign.data.readers import _read_string_list
+    from curvalign.data.readers import read_string_list
 
-    names = _read_string_list(classes, "classnames file", None)
-    prompt_templates = _read_string_list(templates, "templates file", None)
+    names = read_string_list(classes, "classnames file", None)
+    prompt_templates = read_string_list(templates, "templates file", None)
     bad = [t for t in prompt_templates if "{c}" not in t]
     if bad:
         raise ExtractError(f"templates file {templates}: {bad[0]!r} has no '{{c}}'")

@@ -100,7 +100,7 @@ import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -217,6 +217,17 @@ CHECK_ENV = "CURVALIGN_CHECK_VALUES"
 
 class FeatureStoreError(CurvalignError, ValueError):
     """A feature store (in memory or on disk) that breaks the format; the message names the field or file."""
+
+
+_T = TypeVar("_T")
+
+
+def present(value: _T | None, name: str) -> _T:
+    """``value``, a store field that a ``has_*`` check (or validation) guarantees, typed as
+    present; ``FeatureStoreError`` naming the field where it is absent after all."""
+    if value is None:
+        raise FeatureStoreError(f"the feature store has no {name}")
+    return value
 
 
 @dataclass(frozen=True, eq=False)  # eq: tensors have no single truth value
@@ -615,7 +626,7 @@ class FeatureStore:
         ``check_values=False`` skips the scan of every float for NaN/inf (one pass over the data,
         the only check whose cost grows with the size of the features).
         """
-        _validate(self, lambda name: f"field {name!r}", "feature store", check_values)
+        validate_store(self, lambda name: f"field {name!r}", "feature store", check_values)
 
     # --- persistence --------------------------------------------------------------------------
 
@@ -713,7 +724,7 @@ class FeatureStore:
         store = cls(**_records(values, where), meta=meta)
         if check_values is None:
             check_values = forced_value_check() or not _values_recorded(root, header)
-        _validate(store, _describe_on_disk, where, check_values)
+        validate_store(store, _describe_on_disk, where, check_values)
         return store
 
     def _meta_json(self) -> dict[str, Any]:
@@ -1028,7 +1039,7 @@ def _records(values: dict[str, Any], where: str) -> dict[str, Any]:
 _Rule = Callable[[FeatureStore, Callable[[str], str]], Iterator[str]]
 
 
-def _validate(
+def validate_store(
     store: FeatureStore, describe: Callable[[str], str], where: str, check_values: bool
 ) -> None:
     """All of the format's rules (:data:`_STRUCTURE_RULES`, then :data:`_VALUE_RULES` when

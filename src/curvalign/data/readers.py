@@ -45,9 +45,12 @@ import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from curvalign.errors import CurvalignError
+
+if TYPE_CHECKING:
+    from PIL.Image import Image as PILImage
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff")
 
@@ -103,7 +106,7 @@ class Box:
 
 
 @dataclass
-class _Where:
+class Location:
     file: Path
     line: int | None = None
     keys: list[str] = field(default_factory=list)
@@ -119,7 +122,7 @@ class _Where:
         return out
 
 
-def _read_json(path: str | os.PathLike[str], what: str) -> Any:
+def read_json(path: str | os.PathLike[str], what: str) -> Any:
     file = Path(path)
     if not file.is_file():
         raise ReaderError(f"{what} {file}: no such file")
@@ -133,7 +136,7 @@ def _read_json(path: str | os.PathLike[str], what: str) -> Any:
         ) from None
 
 
-def _get(obj: Any, key: str, kind: type | tuple[type, ...], where: _Where) -> Any:
+def get_key(obj: Any, key: str, kind: type | tuple[type, ...], where: Location) -> Any:
     if not isinstance(obj, dict):
         raise ReaderError(f"{where}: expected an object with key {key!r}, got {type(obj).__name__}")
     if key not in obj:
@@ -142,7 +145,7 @@ def _get(obj: Any, key: str, kind: type | tuple[type, ...], where: _Where) -> An
     if not isinstance(value, kind) or isinstance(value, bool):
         names = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
         raise ReaderError(
-            f"{_Where(where.file, where.line, [*where.keys, key])}: expected {names}, got {type(value).__name__}"
+            f"{Location(where.file, where.line, [*where.keys, key])}: expected {names}, got {type(value).__name__}"
         )
     return value
 
@@ -154,27 +157,27 @@ def read_coco_captions(path: str | os.PathLike[str]) -> CaptionedImages:
     not listed under ``images`` is an error.
     """
     file = Path(path)
-    data = _read_json(file, "COCO captions file")
-    top = _Where(file)
-    images = _get(data, "images", list, top)
-    annotations = _get(data, "annotations", list, top)
+    data = read_json(file, "COCO captions file")
+    top = Location(file)
+    images = get_key(data, "images", list, top)
+    annotations = get_key(data, "annotations", list, top)
     files: list[str] = []
     by_id: dict[Any, int] = {}
     for i, image in enumerate(images):
-        where = _Where(file, keys=["images", str(i)])
-        image_id = _get(image, "id", (int, str), where)
+        where = Location(file, keys=["images", str(i)])
+        image_id = get_key(image, "id", (int, str), where)
         if image_id in by_id:
             raise ReaderError(f"{where}: image id {image_id!r} appears twice")
         by_id[image_id] = len(files)
-        files.append(_get(image, "file_name", str, where))
+        files.append(get_key(image, "file_name", str, where))
     captions: list[str] = []
     owners: list[int] = []
     for i, annotation in enumerate(annotations):
-        where = _Where(file, keys=["annotations", str(i)])
-        image_id = _get(annotation, "image_id", (int, str), where)
+        where = Location(file, keys=["annotations", str(i)])
+        image_id = get_key(annotation, "image_id", (int, str), where)
         if image_id not in by_id:
             raise ReaderError(f"{where}: image_id {image_id!r} is not listed under 'images'")
-        captions.append(_get(annotation, "caption", str, where).strip())
+        captions.append(get_key(annotation, "caption", str, where).strip())
         owners.append(by_id[image_id])
     return CaptionedImages(files, captions, owners)
 
@@ -182,23 +185,25 @@ def read_coco_captions(path: str | os.PathLike[str]) -> CaptionedImages:
 def read_karpathy(path: str | os.PathLike[str]) -> CaptionedImages:
     """Karpathy split JSON -> images with their split and several captions each."""
     file = Path(path)
-    data = _read_json(file, "Karpathy split file")
-    images = _get(data, "images", list, _Where(file))
+    data = read_json(file, "Karpathy split file")
+    images = get_key(data, "images", list, Location(file))
     files: list[str] = []
     splits: list[str] = []
     captions: list[str] = []
     owners: list[int] = []
     for i, image in enumerate(images):
-        where = _Where(file, keys=["images", str(i)])
-        name = _get(image, "filename", str, where)
+        where = Location(file, keys=["images", str(i)])
+        name = get_key(image, "filename", str, where)
         folder = image.get("filepath", "") if isinstance(image, dict) else ""
         if not isinstance(folder, str):
-            raise ReaderError(f"{_Where(file, keys=['images', str(i), 'filepath'])}: expected str")
-        split = _get(image, "split", str, where)
-        sentences = _get(image, "sentences", list, where)
+            raise ReaderError(
+                f"{Location(file, keys=['images', str(i), 'filepath'])}: expected str"
+            )
+        split = get_key(image, "split", str, where)
+        sentences = get_key(image, "sentences", list, where)
         for j, sentence in enumerate(sentences):
-            raw = _get(
-                sentence, "raw", str, _Where(file, keys=["images", str(i), "sentences", str(j)])
+            raw = get_key(
+                sentence, "raw", str, Location(file, keys=["images", str(i), "sentences", str(j)])
             )
             captions.append(raw.strip())
             owners.append(len(files))
@@ -215,7 +220,7 @@ def read_captions(path: str | os.PathLike[str], layout: str | None = None) -> Ca
         return read_karpathy(path)
     if layout is not None:
         raise ReaderError(f"captions format {layout!r}: expected 'coco' or 'karpathy'")
-    data = _read_json(path, "captions file")
+    data = read_json(path, "captions file")
     if isinstance(data, dict) and "annotations" in data:
         return read_coco_captions(path)
     if isinstance(data, dict) and "images" in data:
@@ -225,7 +230,7 @@ def read_captions(path: str | os.PathLike[str], layout: str | None = None) -> Ca
     )
 
 
-def _read_string_list(path: str | os.PathLike[str], what: str, dataset: str | None) -> list[str]:
+def read_string_list(path: str | os.PathLike[str], what: str, dataset: str | None) -> list[str]:
     file = Path(path)
     if file.suffix.lower() != ".json":
         if not file.is_file():
@@ -233,7 +238,7 @@ def _read_string_list(path: str | os.PathLike[str], what: str, dataset: str | No
         lines = [line.strip() for line in file.read_text(encoding="utf-8").splitlines()]
         entries = [line for line in lines if line]
     else:
-        data = _read_json(file, what)
+        data = read_json(file, what)
         if isinstance(data, dict):
             if dataset in data:
                 data = data[dataset]
@@ -264,13 +269,13 @@ def read_class_folder(
     folders = sorted(p.name for p in root.iterdir() if p.is_dir())
     if not folders:
         raise ReaderError(f"images folder {root}: expected one sub-folder per class, found none")
-    names = _read_string_list(classnames, "classnames file", root.name)
+    names = read_string_list(classnames, "classnames file", root.name)
     if len(names) != len(folders):
         raise ReaderError(
             f"classnames file {classnames}: {len(names)} names for {len(folders)} class folders in {root} "
             "(the names follow the sorted folder names)"
         )
-    prompt_templates = _read_string_list(templates, "templates file", root.name)
+    prompt_templates = read_string_list(templates, "templates file", root.name)
     for i, template in enumerate(prompt_templates):
         if "{c}" not in template:
             raise ReaderError(
@@ -370,25 +375,25 @@ def read_boxes(path: str | os.PathLike[str]) -> list[Box]:
     if not file.is_file():
         raise ReaderError(f"boxes file {file}: no such file")
     text = file.read_text(encoding="utf-8")
-    records: list[tuple[_Where, Any]] = []
+    records: list[tuple[Location, Any]] = []
     if text.lstrip().startswith("["):
-        data = _read_json(file, "boxes file")
-        records = [(_Where(file, keys=[str(i)]), item) for i, item in enumerate(data)]
+        data = read_json(file, "boxes file")
+        records = [(Location(file, keys=[str(i)]), item) for i, item in enumerate(data)]
     else:
         for number, line in enumerate(text.splitlines(), start=1):
             if not line.strip():
                 continue
             try:
-                records.append((_Where(file, line=number), json.loads(line)))
+                records.append((Location(file, line=number), json.loads(line)))
             except json.JSONDecodeError as exc:
                 raise ReaderError(
                     f"boxes file {file}: line {number}: not a JSON object ({exc.msg})"
                 ) from None
     boxes: list[Box] = []
     for where, item in records:
-        image = _get(item, "image", str, where)
-        phrase = _get(item, "phrase", str, where).strip()
-        raw = _get(item, "box", list, where)
+        image = get_key(item, "image", str, where)
+        phrase = get_key(item, "phrase", str, where).strip()
+        raw = get_key(item, "box", list, where)
         if len(raw) != 4 or not all(
             isinstance(v, (int, float)) and not isinstance(v, bool) for v in raw
         ):
@@ -441,10 +446,10 @@ def read_text_pairs(path: str | os.PathLike[str], score_max: float = 1.0) -> Tex
     return TextPairs(a, b, scores)
 
 
-_PairRow = tuple[_Where, Any, Any, Any]  # where, text a, text b, raw score
+_PairRow = tuple[Location, Any, Any, Any]  # where, text a, text b, raw score
 
 
-def _pair_score(where: _Where, score: Any, score_max: float) -> float:
+def _pair_score(where: Location, score: Any, score_max: float) -> float:
     """``score / score_max``, which must be a number in [0, 1]."""
     try:
         value = float(score) / score_max
@@ -471,22 +476,22 @@ def _tsv_text_pairs(file: Path, text: str) -> Iterator[_PairRow]:
             )
         if number == 1 and not _is_number(parts[2]):
             continue  # a header
-        yield _Where(file, number), parts[0], parts[1], parts[2]
+        yield Location(file, number), parts[0], parts[1], parts[2]
 
 
 def _json_text_pairs(file: Path, text: str) -> Iterator[_PairRow]:
     """Rows of a JSON list or JSON Lines of ``{"a", "b", "score"}`` records (all parsed first)."""
     if text.lstrip().startswith("["):
         records = [
-            (_Where(file, keys=[str(i)]), r)
-            for i, r in enumerate(_read_json(file, "text pairs file"))
+            (Location(file, keys=[str(i)]), r)
+            for i, r in enumerate(read_json(file, "text pairs file"))
         ]
     else:
         records = []
         for number, line in enumerate(text.splitlines(), start=1):
             if line.strip():
                 try:
-                    records.append((_Where(file, number), json.loads(line)))
+                    records.append((Location(file, number), json.loads(line)))
                 except json.JSONDecodeError as exc:
                     raise ReaderError(
                         f"text pairs file {file}: line {number}: not JSON ({exc.msg})"
@@ -494,9 +499,9 @@ def _json_text_pairs(file: Path, text: str) -> Iterator[_PairRow]:
     for where, record in records:
         yield (
             where,
-            _get(record, "a", str, where),
-            _get(record, "b", str, where),
-            _get(record, "score", (int, float), where),
+            get_key(record, "a", str, where),
+            get_key(record, "b", str, where),
+            get_key(record, "score", (int, float), where),
         )
 
 
@@ -508,7 +513,7 @@ def _is_number(text: str) -> bool:
     return True
 
 
-def open_image(source: Any) -> Any:
+def open_image(source: str | os.PathLike[str] | BinaryIO) -> PILImage:
     """A PIL RGB image from a path or a binary file object, decoded fully now, so a truncated
     file fails here and not inside the encoder (extract and the webdataset reader share it)."""
     from PIL import Image

@@ -19,7 +19,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from curvalign.data.readers import ReaderError, _get, _read_json, _Where
+from curvalign.data.readers import Location, ReaderError, get_key, read_json
 
 #: the benchmark's kinds, in the order of its paper's table
 SUGARCREPE_KINDS = (
@@ -67,7 +67,7 @@ def read_sugarcrepe(path: str | os.PathLike[str]) -> tuple[list[SugarCrepeEntry]
     entries: list[SugarCrepeEntry] = []
     kinds: list[str] = []
     for file in sugarcrepe_files(path):
-        data = _read_json(file, "SugarCrepe file")
+        data = read_json(file, "SugarCrepe file")
         if not isinstance(data, dict) or not data:
             raise ReaderError(
                 f"SugarCrepe file {file}: expected a non-empty object {{id: {{filename, caption, "
@@ -75,14 +75,14 @@ def read_sugarcrepe(path: str | os.PathLike[str]) -> tuple[list[SugarCrepeEntry]
             )
         kinds.append(file.stem)
         for entry_id, item in data.items():
-            where = _Where(file, keys=[str(entry_id)])
+            where = Location(file, keys=[str(entry_id)])
             entries.append(
                 SugarCrepeEntry(
                     file.stem,
                     str(entry_id),
-                    _get(item, "filename", str, where),
-                    _get(item, "caption", str, where).strip(),
-                    _get(item, "negative_caption", str, where).strip(),
+                    get_key(item, "filename", str, where),
+                    get_key(item, "caption", str, where).strip(),
+                    get_key(item, "negative_caption", str, where).strip(),
                 )
             )
     return entries, kinds

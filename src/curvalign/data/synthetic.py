@@ -418,7 +418,8 @@ class _Draws:
     """Uniform numbers from a generator, handed out one at a time to the loops that need them."""
 
     def __init__(self, gen: torch.Generator, block: int = 1 << 14) -> None:
-        self.gen, self.block, self.buffer, self.i = gen, block, [], 0
+        self.gen, self.block, self.i = gen, block, 0
+        self.buffer: list[float] = []
 
     def uniform(self) -> float:
         if self.i == len(self.buffer):

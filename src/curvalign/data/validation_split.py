@@ -95,14 +95,14 @@ def validation_split(
     return out, {"source": "holdout", "images": count, "fraction": fraction, "seed": int(seed)}
 
 
-def _rows(features: Any, ids: Tensor) -> Iterator[tuple[Tensor, np.ndarray]]:
+def _rows(features: Tensor | np.ndarray, ids: Tensor) -> Iterator[tuple[Tensor, np.ndarray]]:
     """``(ids chunk, features[chunk] as a contiguous numpy array)``, a chunk at a time."""
     for start in range(0, len(ids), _CHUNK):
         chunk = ids[start : start + _CHUNK]
         yield chunk, np.ascontiguousarray(torch.as_tensor(features[chunk]).detach().cpu().numpy())
 
 
-def _digests(features: Any, ids: Tensor, split: str, data: str) -> list[bytes]:
+def _digests(features: Tensor | np.ndarray, ids: Tensor, split: str, data: str) -> list[bytes]:
     """One 16-byte digest per row ``features[ids]``; a ConfigError naming the first row that
     holds NaN or inf (rows of NaN are all alike: comparing them would call the split a copy)."""
     out: list[bytes] = []
@@ -118,7 +118,9 @@ def _digests(features: Any, ids: Tensor, split: str, data: str) -> list[bytes]:
     return out
 
 
-def _shared_rows(features: Any, a: Tensor, b: Tensor, data: str = "the data") -> int:
+def _shared_rows(
+    features: Tensor | np.ndarray, a: Tensor, b: Tensor, data: str = "the data"
+) -> int:
     """How many rows ``features[a]`` ("val") are byte-identical to some row ``features[b]``
     ("test")."""
     seen = set(_digests(features, b, "test", data))

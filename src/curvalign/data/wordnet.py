@@ -38,6 +38,7 @@ import os
 import random
 import warnings
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -113,9 +114,11 @@ def open_wordnet(root: Path | None = None) -> Any:
         f"{i:02d}\t{name}\t{_CATEGORY[name.split('.')[0]]}\n" for i, name in enumerate(_LEXNAMES)
     )
 
+    lexnames_file = root / "lexnames"
+
     class _Reader(WordNetCorpusReader):
         def open(self, file: str) -> Any:
-            if file == "lexnames" and not (root / "lexnames").is_file():
+            if file == "lexnames" and not lexnames_file.is_file():
                 return io.StringIO(lexnames)
             return super().open(file)
 
@@ -385,13 +388,14 @@ def load_wordnet_spec(argument: str) -> FeatureStore:
                 "val_fraction=F or cache=0/1"
             )
         try:
-            options[key] = {
+            parsers: dict[str, Callable[[str], object]] = {
                 "encoder": str,
                 "seed": int,
                 "test_fraction": float,
                 "val_fraction": float,
                 "cache": lambda v: v not in ("0", "false"),
-            }[key](value)
+            }
+            options[key] = parsers[key](value)
         except ValueError:
             raise WordNetError(f"wordnet spec item {item!r}: bad value") from None
     return wordnet_store(synset, **options)

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from curvalign.data.features import present
 from curvalign.eval.hierarchy import (
     Taxonomy,
     depth_metrics,
@@ -66,7 +67,9 @@ def chance_evaluation(
     labels = store.image_labels[image_ids].long() if store.image_labels is not None else None
     if store.has_classes and labels is not None and bool((labels >= 0).any()):
         n_class = (
-            len(store.class_names) if store.class_names else int(store.prompt_to_class.max()) + 1
+            len(store.class_names)
+            if store.class_names
+            else int(present(store.prompt_to_class, "prompt_to_class").max()) + 1
         )
         result["zeroshot"] = {
             "top1": 1 / n_class,
@@ -78,7 +81,7 @@ def chance_evaluation(
             gen = torch.Generator().manual_seed(seed)
             guesses = torch.randint(n_class, (draws, len(true)), generator=gen)
             class_to_node = store.class_to_node.long()
-            tax = Taxonomy(store.taxonomy_parents)
+            tax = Taxonomy(present(store.taxonomy_parents, "taxonomy_parents"))
             pred, truth = class_to_node[guesses.flatten()], class_to_node[true.repeat(draws)]
             result["hierarchy"] = {
                 **hierarchical_metrics(pred, truth, tax),

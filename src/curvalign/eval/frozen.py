@@ -40,7 +40,7 @@ class FrozenFeatures(CosineRecipe):
     def embed_images(self, features: Tensor) -> Embedding:
         return {"point": sphere.project(features.float(), 1.0)}
 
-    def embed_texts(self, features: Tensor) -> Embedding:
+    def embed_texts(self, features: Tensor, mask: Tensor | None = None) -> Embedding:
         return {"point": sphere.project(features.float(), 1.0)}
 
 

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from curvalign.data.features import FeatureStore
+from curvalign.data.features import FeatureStore, present
 from curvalign.errors import InputError
 from curvalign.eval.compositional import hard_negative_accuracy
 from curvalign.eval.diagnostics import (
@@ -178,7 +178,11 @@ def embed_split(
     texts = embed_text_part(recipe, store, "text", text_ids, batch_size)
     prompts = (
         embed_text_part(
-            recipe, store, "prompt", torch.arange(store.prompt_features.shape[0]), batch_size
+            recipe,
+            store,
+            "prompt",
+            torch.arange(present(store.prompt_features, "prompt features").shape[0]),
+            batch_size,
         )
         if store.has_classes and (not recipe.text_tokens or store.has_text_tokens("prompt"))
         else None
@@ -221,7 +225,9 @@ def retrieval_items(recipe: Recipe, emb: SplitEmbeddings) -> RetrievalItems:
 
 
 def _num_classes(store: FeatureStore) -> int:
-    return len(store.class_names) if store.class_names else int(store.prompt_to_class.max()) + 1
+    if store.class_names:
+        return len(store.class_names)
+    return int(present(store.prompt_to_class, "prompt_to_class").max()) + 1
 
 
 def class_scores_stage(recipe: Recipe, store: FeatureStore, emb: SplitEmbeddings) -> Tensor | None:
@@ -238,7 +244,10 @@ def class_scores_stage(recipe: Recipe, store: FeatureStore, emb: SplitEmbeddings
         return None
     return (
         recipe.zero_shot_scores(
-            emb.images, emb.prompts, store.prompt_to_class.long(), _num_classes(store)
+            emb.images,
+            emb.prompts,
+            present(store.prompt_to_class, "prompt_to_class").long(),
+            _num_classes(store),
         )
         .float()
         .cpu()
@@ -294,7 +303,7 @@ def prompt_sensitivity_stage(
     if emb.prompts is None or store.image_labels is None or ensemble is None:
         return None
     num_classes = _num_classes(store)
-    p2c = store.prompt_to_class.long()
+    p2c = present(store.prompt_to_class, "prompt_to_class").long()
     position = template_positions(p2c, num_classes)
     if position is None:
         return None
@@ -370,10 +379,10 @@ def entailment_stage(
     note = taxonomy_metrics = chains_metrics = None
     if has_taxonomy:
         assert tax is not None and emb.prompts is not None and store.class_to_node is not None
-        labels = store.image_labels[emb.image_ids].long()
+        labels = present(store.image_labels, "image_labels")[emb.image_ids].long()
         general, specific, positive = taxonomy_pairs(labels, store.class_to_node.long(), tax, seed)
         if len(positive):
-            p2c = store.prompt_to_class.long()
+            p2c = present(store.prompt_to_class, "prompt_to_class").long()
             try:
                 classes = cat_embeddings(
                     [
@@ -391,9 +400,10 @@ def entailment_stage(
                     slice_embedding(emb.images, specific),
                     "image",
                 )
+                assert scores is not None  # the probe above found an entailment quantity
                 taxonomy_metrics = entailment_metrics(scores.double().cpu(), positive)
     if has_chains:
-        chains = store.chain_features.float()
+        chains = present(store.chain_features, "chain features").float()
         n, length, dim = chains.shape
         general, specific, positive = chain_pairs(n, length, seed)
         if len(positive):
@@ -401,6 +411,7 @@ def entailment_stage(
             scores = recipe.entailment_scores(
                 slice_embedding(chain_emb, general), slice_embedding(chain_emb, specific), "text"
             )
+            assert scores is not None  # the probe above found an entailment quantity
             chains_metrics = entailment_metrics(scores.double().cpu(), positive)
     return EntailmentMetrics(recipe.entailment_measure, note, taxonomy_metrics, chains_metrics)
 
@@ -421,7 +432,7 @@ def compositional_items(
         return None, None
     text_local = torch.full((store.num_texts,), -1, dtype=torch.long)
     text_local[emb.text_ids] = torch.arange(len(emb.text_ids))
-    owner = text_local[store.negative_to_text.long()]
+    owner = text_local[present(store.negative_to_text, "negative_to_text").long()]
     keep = torch.nonzero(owner >= 0).flatten()
     if not len(keep):
         return None, None
@@ -453,19 +464,22 @@ def ordering_stage(
         )
     text = image = None
     if store.has_chains and not recipe.text_tokens:  # chains hold pooled features only
-        chains = store.chain_features
+        chains = present(store.chain_features, "chain features")
         n, length, dim = chains.shape
         chain_emb = embed(recipe, chains.reshape(n * length, dim), "text", batch_size)
-        text = ordering_accuracy(recipe.distance_to_origin(chain_emb).reshape(n, length))
+        d_chain = recipe.distance_to_origin(chain_emb)
+        assert d_chain is not None  # the geometry has an origin (checked above)
+        text = ordering_accuracy(d_chain.reshape(n, length))
     if store.has_boxes:
         local = torch.full((store.num_images,), -1, dtype=torch.long)
         local[emb.image_ids] = torch.arange(len(emb.image_ids))
-        owner = local[store.box_to_image.long()]
+        owner = local[present(store.box_to_image, "box_to_image").long()]
         keep = torch.nonzero(owner >= 0).flatten()
         if len(keep):
             crops = embed_store_part(recipe, store, "box_image", keep, batch_size)
             d_crop = recipe.distance_to_origin(crops)
             d_full = recipe.distance_to_origin(slice_embedding(emb.images, owner[keep]))
+            assert d_crop is not None and d_full is not None  # an origin (checked above)
             image = ordering_accuracy(torch.stack([d_crop, d_full], dim=1))
     return OrderingMetrics(
         text, image, "distance to the origin of the hyperbolic part, chains general -> specific"
@@ -524,10 +538,12 @@ def diagnostics_stage(
         activation = recipe.factor_activation(emb.prompts)
         if activation is not None:
             families = torch.tensor(_node_families(tax))
-            class_family = families[store.class_to_node.long()]
+            class_family = families[present(store.class_to_node, "class_to_node").long()]
             roots = sorted(set(class_family.tolist()))  # families that have classes
             family_of_class = torch.tensor([roots.index(int(f)) for f in class_family])
-            prompt_family = family_of_class[store.prompt_to_class.long()]
+            prompt_family = family_of_class[
+                present(store.prompt_to_class, "prompt_to_class").long()
+            ]
             per_family = factor_family_activation(activation, prompt_family, len(roots))
             out["factors"] = {
                 "family_names": [
@@ -539,10 +555,12 @@ def diagnostics_stage(
     a_img = recipe.factor_activation(emb.images)
     a_txt = recipe.factor_activation(emb.texts)
     arrays = DiagnosticArrays(
-        distance=None if d_img is None else {"image": d_img.numpy(), "text": d_txt.numpy()},
+        distance=None
+        if d_img is None or d_txt is None
+        else {"image": d_img.numpy(), "text": d_txt.numpy()},
         spectrum=spectra,
         factor_activation=None
-        if a_img is None
+        if a_img is None or a_txt is None
         else {"image": a_img.numpy(), "text": a_txt.numpy()},
     )
     return out, arrays
@@ -590,7 +608,11 @@ def run_evaluation(
         )
         items = retrieval_items(recipe, emb)
         retrieval = recall_from_ranks(items.t2i_rank, items.i2t_rank, ks=(1, 5, 10))
-        tax = Taxonomy(store.taxonomy_parents) if store.has_taxonomy else None
+        tax = (
+            Taxonomy(present(store.taxonomy_parents, "taxonomy_parents"))
+            if store.has_taxonomy
+            else None
+        )
         class_scores = class_scores_stage(recipe, store, emb)
         zeroshot, hierarchy = zero_shot_stage(recipe, store, emb, tax, class_scores)
         hits: dict[str, Tensor] = {}

@@ -38,6 +38,10 @@ ALPHAS = (1e-4, 1e-3, 1e-2, 1e-1, 1.0, 10.0)
 class RidgeMap(CosineRecipe):
     """Images mapped into the text space by a fitted linear map; texts as they are."""
 
+    #: the map [Di, Dt] and its bias [Dt] (buffers, registered in ``__init__``)
+    weight: Tensor
+    bias: Tensor
+
     name = "ridge"
 
     def __init__(self, weight: Tensor, bias: Tensor, alpha: float | None = None) -> None:
@@ -49,7 +53,7 @@ class RidgeMap(CosineRecipe):
     def embed_images(self, features: Tensor) -> Embedding:
         return {"point": sphere.project(features.float() @ self.weight + self.bias, 1.0)}
 
-    def embed_texts(self, features: Tensor) -> Embedding:
+    def embed_texts(self, features: Tensor, mask: Tensor | None = None) -> Embedding:
         return {"point": sphere.project(features.float(), 1.0)}
 
 

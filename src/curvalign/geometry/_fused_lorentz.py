@@ -228,7 +228,7 @@ def _dist_backward(
     return gX, gY, gc
 
 
-def _backward_fake(grad, X, Y, c, G, state, need_x, need_y, need_c):  # type: ignore[no-untyped-def]
+def _backward_fake(grad, X, Y, c, G, state, need_x, need_y, need_c):
     """Shapes of either backward op's gradients (empty where not needed)."""
     return tuple(
         torch.empty_like(t) if need else _unused(t)
@@ -239,7 +239,7 @@ def _backward_fake(grad, X, Y, c, G, state, need_x, need_y, need_c):  # type: ig
 _dist_backward.register_fake(_backward_fake)
 
 
-def _save_with_gram(ctx, inputs, output) -> None:  # type: ignore[no-untyped-def]
+def _save_with_gram(ctx, inputs, output) -> None:
     X, Y, c, _ = inputs
     _, G, state = output
     ctx.mark_non_differentiable(G, state)
@@ -250,7 +250,7 @@ def _save_with_gram(ctx, inputs, output) -> None:  # type: ignore[no-untyped-def
     ctx.gram, ctx.gram_state = G, state
 
 
-def _take_gram(ctx, X: Tensor, Y: Tensor) -> tuple[Tensor, Tensor]:  # type: ignore[no-untyped-def]
+def _take_gram(ctx, X: Tensor, Y: Tensor) -> tuple[Tensor, Tensor]:
     """The kept Gram matrix and its state for the backward op, released from ``ctx`` so that it
     does not outlive the backward while the output lives on; a second backward
     (``retain_graph=True``) gets a fresh buffer marked consumed, which the op fills first."""
@@ -262,7 +262,7 @@ def _take_gram(ctx, X: Tensor, Y: Tensor) -> tuple[Tensor, Tensor]:  # type: ign
     return G, state
 
 
-def _dist_grad(ctx, grad, _grad_gram, _grad_state):  # type: ignore[no-untyped-def]
+def _dist_grad(ctx, grad, _grad_gram, _grad_state):
     X, Y, c = ctx.saved_tensors
     G, state = _take_gram(ctx, X, Y)
     if grad is None:  # the output unused (grads are not materialised): no gradient
@@ -395,7 +395,7 @@ def _angle_backward(
 _angle_backward.register_fake(_backward_fake)
 
 
-def _angle_grad(ctx, grad, _grad_gram, _grad_state):  # type: ignore[no-untyped-def]
+def _angle_grad(ctx, grad, _grad_gram, _grad_state):
     X, Y, c = ctx.saved_tensors
     G, state = _take_gram(ctx, X, Y)
     if grad is None:  # the output unused (grads are not materialised): no gradient

@@ -25,7 +25,7 @@ def no_autocast(fn: F) -> F:
     """Run ``fn`` with autocast disabled on every device type (inputs are upcast by hand)."""
 
     @functools.wraps(fn)
-    def wrapper(*args, **kwargs):  # type: ignore[no-untyped-def]
+    def wrapper(*args, **kwargs):
         if torch.is_autocast_enabled("cpu") or (
             torch.cuda.is_available() and torch.is_autocast_enabled("cuda")
         ):
@@ -126,14 +126,14 @@ class _BoundedAtan2(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, a: Tensor, b: Tensor, floor: float) -> Tensor:  # type: ignore[override]
+    def forward(ctx, a: Tensor, b: Tensor, floor: float) -> Tensor:
         ctx.save_for_backward(a, b)
         ctx.floor = floor
         return torch.atan2(a, b)
 
     @staticmethod
     @no_autocast
-    def backward(ctx, grad: Tensor):  # type: ignore[override]
+    def backward(ctx, grad: Tensor):
         a, b = ctx.saved_tensors
         scale = grad / (a * a + b * b).clamp_min(ctx.floor * ctx.floor)
         return scale * b, -scale * a, None

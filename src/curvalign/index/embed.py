@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -32,7 +32,7 @@ from curvalign._io import (
     read_json_file,
     staged_directory,
 )
-from curvalign.data.features import FeatureStore
+from curvalign.data.features import FeatureStore, present
 from curvalign.data.sharded import advise_array
 from curvalign.errors import (
     DamagedFileError,
@@ -42,11 +42,19 @@ from curvalign.errors import (
     OverwriteError,
 )
 from curvalign.index.checked import STATS_KEY, check_file, seal_files
-from curvalign.index.rerank import RecipeIndex, as_torch_embedding, default_proxy
+from curvalign.index.rerank import (
+    ArrayEmbedding,
+    RecipeIndex,
+    as_torch_embedding,
+    default_proxy,
+)
 from curvalign.index.search import (
     GEOMETRY,
+    FlatFile,
+    IndexKind,
     IndexMismatchError,
     LorentzIndex,
+    ann_method,
     build_block_rows,
     build_index,
     load_index,
@@ -127,7 +135,7 @@ def embed_store(
         ("texts", store.num_texts, rows_of("text")),
     ]
     if boxes:
-        n_boxes = int(store.box_image_features.shape[0])
+        n_boxes = int(present(store.box_image_features, "box image features").shape[0])
         parts += [
             ("box_images", n_boxes, rows_of("box_image")),
             ("box_texts", n_boxes, rows_of("box_text")),
@@ -144,8 +152,8 @@ def embed_store(
             advance = progress(f"embedding {side}", n) if progress else None
             for start in range(0, n, batch_size):
                 emb = embed_rows(slice(start, min(n, start + batch_size)))
-                for key, value in emb.items():
-                    value = value.detach().float().cpu().numpy()
+                for key, tensor in emb.items():
+                    value = tensor.detach().float().cpu().numpy()
                     if key not in maps:
                         name = f"{side}.{key}.npy"
                         maps[key] = NpyRowWriter(tmp / name, (n, *value.shape[1:]))
@@ -222,7 +230,7 @@ class Embeddings:
     def text_to_image(self) -> np.ndarray:
         return self._load("text_to_image.npy")
 
-    def _load(self, name: str, mmap_mode: str | None = None) -> np.ndarray:
+    def _load(self, name: str, mmap_mode: Literal["r"] | None = None) -> np.ndarray:
         """``np.load`` of one file, after it was checked against ``embedding.json`` (once per
         file and object: by size and time, or its SHA-256 where those differ or ``verify``);
         a damaged or truncated file is named in one line."""
@@ -270,12 +278,21 @@ def load_embeddings(path: str | os.PathLike, *, verify: bool = False) -> Embeddi
 # --- serving: build and search from an embeddings directory ---------------------------------------
 
 
+def index_side(name: str) -> Side:
+    """``name`` as the side of an embeddings directory an index holds; InputError otherwise."""
+    if name == "images":
+        return "images"
+    if name == "texts":
+        return "texts"
+    raise InputError(f"--side must be images or texts, got {name!r}")
+
+
 def build_from_embeddings(
     emb: Embeddings,
     out: str | os.PathLike,
     *,
     side: Side = "images",
-    kind: str = "exact",
+    kind: IndexKind = "exact",
     method: str = "hnsw",
     **options: Any,
 ) -> Path:
@@ -303,6 +320,8 @@ def build_from_embeddings(
     if key is not None:
         points = emb.side(side)[key]
         lorentz_meta = {**base_meta, "key": key, "mode": "lorentz"}
+        if emb.curvature is None:
+            raise InputError(f"{emb.path} names a Lorentz key but records no curvature")
         if kind == "exact":  # written block by block, never built in memory
             return save_exact_index(
                 out, points, emb.curvature[0], meta=lorentz_meta, block_rows=block_rows
@@ -311,7 +330,7 @@ def build_from_embeddings(
             points,
             emb.curvature[0],
             kind=kind,
-            method=method,
+            method=ann_method(method),
             **options,
             meta=lorentz_meta,
             block_rows=block_rows,
@@ -372,7 +391,7 @@ def build_from_embeddings(
 
 def write_proxy_blocks(
     path: Path, recipe: Recipe, database: Embedding, *, block_rows: int | None = None
-) -> Any:
+) -> FlatFile:
     """Write the flat proxy index of ``database`` (one side's embedding, ``[N, ...]`` per key)
     for ``recipe`` to ``path``, ``block_rows`` items at a time (default: 64 MiB of float32 per
     block, ``build_block_rows``); returns it opened as a ``FlatFile``. Memory outside the
@@ -382,7 +401,7 @@ def write_proxy_blocks(
     first = proxy.database({key: v[:1] for key, v in database.items()})
     block = int(block_rows) if block_rows else build_block_rows(first.shape[1] - 1)
 
-    def vectors() -> Any:
+    def vectors() -> Iterator[np.ndarray]:
         for start in range(0, n, block):
             yield proxy.database({key: v[start : start + block] for key, v in database.items()})
 
@@ -430,12 +449,17 @@ def open_index(
     if isinstance(raw, dict) and raw.get("mode") == "rerank":
         return raw, None
     index = load_index(path, verify=verify)
+    if not isinstance(raw, dict):
+        raise DamagedFileError(
+            f"{path / 'index.json'} is not a JSON object; build the index again with "
+            "`curvalign index build`"
+        )
     return {**raw, "meta": index.meta}, index
 
 
 def search_index(
     path: str | os.PathLike,
-    queries: Embedding,
+    queries: ArrayEmbedding,
     *,
     k: int = 10,
     candidates: int = 200,

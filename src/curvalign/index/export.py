@@ -129,7 +129,7 @@ def export_points(
         )
     n, d = points.shape
     ids = np.arange(n) if ids is None else np.asarray(ids, dtype=np.int64)
-    if client is None:
+    if client is None and path is not None:  # exactly one of the two (checked above)
         Path(path).mkdir(parents=True, exist_ok=True)
         client = qc.QdrantClient(path=str(path))
     if client.collection_exists(collection):
@@ -313,7 +313,8 @@ def export_poincare(
                 dist0=dist0,
                 curvature=np.float64(c),
                 info=np.array(json.dumps(info)),
-                **{f"item_{k}": np.array(v, dtype=str) for k, v in strings.items()},
+                # numpy's stubs read ** as possibly `allow_pickle`; these keys are item_*
+                **{f"item_{k}": np.array(v, dtype=str) for k, v in strings.items()},  # type: ignore[arg-type]
             )
     else:
         d = ball.shape[1]

@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
@@ -71,6 +72,7 @@ from curvalign.index.search import (
     FlatFile,
     IndexMismatchError,
     build_hnsw_graph,
+    hnsw_graph,
     hnsw_insert_graph,
     in_memory,
 )
@@ -114,6 +116,15 @@ class Proxy:
     @property
     def exact(self) -> bool:
         return self.spec.exact
+
+    @property
+    def key(self) -> str:
+        """The embedding key the proxy reads (every kind but "mixed" names one)."""
+        if self.spec.key is None:
+            raise InputError(
+                f"proxy {self.name!r} of recipe {self.recipe.name!r} names no embedding key"
+            )
+        return self.spec.key
 
     @property
     def lift(self) -> Lift:
@@ -169,7 +180,11 @@ def default_proxy(recipe: Recipe, proxy: str | None = None) -> Proxy:
     return Proxy(recipe, proxy, proxies[proxy])
 
 
-def as_torch_embedding(emb: Embedding) -> Embedding:
+#: an Embedding whose values may also be numpy arrays (memory maps of ``curvalign embed``'s files)
+ArrayEmbedding = Mapping[str, Tensor | np.ndarray]
+
+
+def as_torch_embedding(emb: ArrayEmbedding) -> Embedding:
     """Every value as a torch tensor; numpy arrays and read-only memory maps are wrapped, not copied
     (nothing here writes to them)."""
     out = {}
@@ -225,13 +240,13 @@ class RecipeIndex:
     def __init__(
         self,
         recipe: Recipe,
-        database: Embedding,
+        database: ArrayEmbedding,
         side: Side = "images",
         *,
         proxy: str | None = None,
         ids: np.ndarray | None = None,
         score_batch: int = 1024,
-        proxy_index: faiss.Index | None = None,
+        proxy_index: faiss.Index | FlatFile | None = None,
         candidate_index: str = "flat",
         M: int = 32,
         ef_construction: int = 80,
@@ -302,7 +317,8 @@ class RecipeIndex:
         )
         d = sample.shape[1]
         padded = -(-d // 8) * 8
-        remap = faiss.RemapDimensionsTransform(d, padded, False)
+        # (d_in, d_out, uniform): an overload of the SWIG class that Faiss's stubs leave out
+        remap = faiss.RemapDimensionsTransform(d, padded, False)  # type: ignore[arg-type]
         quantizer = faiss.IndexFlatIP(padded)
         ivf = faiss.IndexIVFPQ(quantizer, padded, nlist, padded // 8, 8, faiss.METRIC_INNER_PRODUCT)
         index = faiss.IndexPreTransform(remap, ivf)
@@ -325,7 +341,7 @@ class RecipeIndex:
         float64 for a float64 database (whose far-out points float32 cannot separate), else
         float32 (then ``u`` replaces the copy of the Faiss vectors a flat scan reads)."""
         if self._angle_row_cache is None:
-            y = self.database[self.proxy.spec.key]
+            y = self.database[self.proxy.key]
             dtype = torch.float64 if y.dtype == torch.float64 else torch.float32
             y64 = y.double()
             c = float(_curvature(self.recipe)[0])
@@ -378,7 +394,7 @@ class RecipeIndex:
         """
         c = float(_curvature(self.recipe)[0])
         u, t_y, norm_y = self._angle_rows()
-        x = queries[self.proxy.spec.key].double()
+        x = queries[self.proxy.key].double()
         t_x = torch.sqrt(1.0 / c + (x * x).sum(1))[:, None]
         q_b = (c * torch.cat([-x, t_x], dim=1)).to(u.dtype)
         t_x = t_x.to(u.dtype)
@@ -415,9 +431,9 @@ class RecipeIndex:
         """HNSW candidate index: the search beam (at least the candidates asked for is used)."""
         if self.candidate_index != "hnsw":
             raise InputError("ef_search applies to an HNSW candidate index only")
-        faiss.downcast_index(self._index).hnsw.efSearch = int(ef_search)
+        hnsw_graph(self._index).hnsw.efSearch = int(ef_search)
 
-    def add(self, database: Embedding, ids: np.ndarray | None = None) -> None:
+    def add(self, database: ArrayEmbedding, ids: np.ndarray | None = None) -> None:
         """Append items ``database`` (an Embedding of the indexed side) without a rebuild.
 
         A flat candidate index appends the proxy vectors; an HNSW one inserts them into its

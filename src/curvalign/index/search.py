@@ -43,6 +43,7 @@ from __future__ import annotations
 import json
 import math
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -166,7 +167,7 @@ def build_block_rows(dim: int, budget_bytes: int | None = None) -> int:
     return max(1, budget // (4 * (dim + 1)))
 
 
-def point_blocks(points: Any, block_rows: int) -> Any:
+def point_blocks(points: Any, block_rows: int) -> Iterator[tuple[int, np.ndarray]]:
     """``(start, block)`` over ``points`` ``[N, d]`` (an array, a memory map, a tensor: anything
     with ``shape`` and row slices), each block ``[<= block_rows, d]`` float32, checked
     (``_as_points``). Only one block is in memory at a time."""
@@ -213,7 +214,9 @@ class LorentzIndex:
     ``load_index``. ``meta`` is free JSON (recipe, embedding key, run directory, ...).
     """
 
-    def __init__(self, faiss_index: faiss.Index, info: IndexInfo, ids: np.ndarray) -> None:
+    def __init__(
+        self, faiss_index: faiss.Index | FlatFile, info: IndexInfo, ids: np.ndarray
+    ) -> None:
         self._index = faiss_index
         self.info = info
         self._ids = ids
@@ -258,6 +261,7 @@ class LorentzIndex:
             if key == "ef_search" and self.info.method == "hnsw":
                 self._faiss_hnsw().hnsw.efSearch = int(value)
             elif key == "nprobe" and self.info.method == "ivf":
+                assert not isinstance(self._index, FlatFile)  # a flat file is exact, never IVF
                 faiss.extract_index_ivf(self._index).nprobe = int(value)
             else:
                 raise InputError(
@@ -267,7 +271,7 @@ class LorentzIndex:
             self.info.options[key] = int(value)
 
     def _faiss_hnsw(self) -> faiss.IndexHNSW:
-        return faiss.downcast_index(self._index)
+        return hnsw_graph(self._index)
 
     # -- adding --
     def add(self, points: Any, ids: Any = None) -> None:
@@ -558,7 +562,8 @@ class FlatFile:
         first rows when given, a buffer of at least ``m`` rows)."""
         m = max(0, stop - start)
         rows = np.empty((m, self.d), dtype=np.float32) if out is None else out[:m]
-        view = memoryview(rows.reshape(-1)).cast("B")
+        # numpy's stubs make ndarray a Buffer only for Python >= 3.12 (PEP 688); it is one
+        view = memoryview(rows.reshape(-1)).cast("B")  # type: ignore[arg-type]
         with open(self.path, "rb", buffering=0) as fh:
             fh.seek(self.offset + 4 * self.d * start)
             done = 0
@@ -694,21 +699,37 @@ def _max_transformed_norm(x: np.ndarray, c: float) -> float:
     return float(np.sqrt(2 * np.einsum("ij,ij->i", x64, x64).max() + 1 / c))
 
 
+def hnsw_graph(index: faiss.Index | FlatFile) -> faiss.IndexHNSW:
+    """``index`` as the HNSW index it is (``faiss.downcast_index``, which Faiss's type stubs
+    declare as returning the base class); ``IndexMismatchError`` for any other kind.
+
+    A downcast is a second Python view of the same C++ index, owned by ``index``: the caller
+    keeps ``index`` alive while it uses the result (an index Faiss read or deserialised is
+    already of its own class and is returned as it is)."""
+    if isinstance(index, faiss.IndexHNSW):
+        return index
+    graph = None if isinstance(index, FlatFile) else faiss.downcast_index(index)
+    if not isinstance(graph, faiss.IndexHNSW):
+        raise IndexMismatchError(f"an HNSW index was expected, got {type(index).__name__}")
+    return graph
+
+
 def _hnsw_with_storage(index: faiss.Index, vectors: np.ndarray, metric: int) -> faiss.IndexHNSW:
     """A copy of ``index``'s HNSW graph over a new flat storage of ``vectors`` with ``metric``.
 
     Faiss caches per-index state set up at construction; a serialisation round trip gives an
     index whose graph, storage and metric are consistent (swapping in place does not search).
     """
-    graph = faiss.deserialize_index(faiss.serialize_index(index))
+    copy = faiss.deserialize_index(faiss.serialize_index(index))  # owns the graph below
+    graph = hnsw_graph(copy)
     storage = faiss.IndexFlat(vectors.shape[1], metric)
     storage.add(np.ascontiguousarray(vectors, dtype=np.float32))
     # Ownership: Python now frees both storages; the graph frees none.
     graph.own_fields = False
-    graph.storage.this.own(True)
+    graph.storage.this.own(True)  # type: ignore[attr-defined]  # SWIG's handle: not in the stubs
     graph.storage = storage
     graph.metric_type = metric
-    return faiss.deserialize_index(faiss.serialize_index(graph))
+    return hnsw_graph(faiss.deserialize_index(faiss.serialize_index(graph)))
 
 
 def _pad_to(vectors: np.ndarray, width: int) -> np.ndarray:
@@ -751,8 +772,8 @@ def hnsw_insert_graph(
     """
     n = int(index.ntotal)
     graph_vectors_all = _pad_to(graph_vectors_all, index.d)
-    ef_search = faiss.downcast_index(index).hnsw.efSearch
-    stored = faiss.downcast_index(index).storage.reconstruct_n(0, n) if n else None
+    ef_search = hnsw_graph(index).hnsw.efSearch
+    stored = hnsw_graph(index).storage.reconstruct_n(0, n) if n else None
     graph = _hnsw_with_storage(index, graph_vectors_all[:n], faiss.METRIC_L2)
     graph.add(np.ascontiguousarray(graph_vectors_all[n:], dtype=np.float32))
     everything = search_vectors_new if stored is None else np.vstack([stored, search_vectors_new])
@@ -770,7 +791,7 @@ def _build_hnsw(x: np.ndarray, c: float, *, M: int, ef_construction: int) -> fai
 
 def _hnsw_insert(index: faiss.Index, x: np.ndarray, c: float) -> faiss.IndexHNSW:
     n, d = int(index.ntotal), x.shape[1]
-    stored = faiss.downcast_index(index).storage.reconstruct_n(0, n)[:, :d] if n else x[:0]
+    stored = hnsw_graph(index).storage.reconstruct_n(0, n)[:, :d] if n else x[:0]
     return hnsw_insert_graph(
         index, _ball_vectors(np.vstack([stored, x]), c), database_vectors(x, c)
     )
@@ -783,6 +804,15 @@ def _ivf_add(index: faiss.Index, x: np.ndarray, c: float) -> None:
     ivf = faiss.extract_index_ivf(index)
     _, assign = ivf.quantizer.search(query_vectors(x, c), 1)
     add_preassigned(ivf, database_vectors(x, c), assign.ravel())
+
+
+def ann_method(name: str) -> AnnMethod:
+    """``name`` as a Lorentz index's ANN method ("hnsw" or "ivf"); InputError otherwise."""
+    if name == "hnsw":
+        return "hnsw"
+    if name == "ivf":
+        return "ivf"
+    raise InputError(f"unknown ANN method {name!r}; expected 'hnsw' or 'ivf'")
 
 
 def build_index(
@@ -860,10 +890,12 @@ def build_index(
             kmeans = faiss.Kmeans(d, nlist, niter=10, seed=seed, verbose=False)
             kmeans.train(sample)
             quantizer = faiss.IndexFlatIP(d + 1)
+            assert kmeans.centroids is not None  # set by train()
             quantizer.add(database_vectors(kmeans.centroids, c))
             index = faiss.IndexIVFFlat(quantizer, d + 1, nlist, faiss.METRIC_INNER_PRODUCT)
             index.own_fields = True
-            quantizer.this.disown()  # the IVF index owns (and frees, and saves) its quantizer
+            # the IVF index owns (and frees, and saves) its quantizer; `this`: SWIG's handle
+            quantizer.this.disown()  # type: ignore[attr-defined]
             index.is_trained = True
             index.make_direct_map(True)  # reconstruct_batch for the exact rerank
             for _, xb in point_blocks(points, block):
@@ -916,7 +948,7 @@ def save_exact_index(
     _refuse_foreign(path)
     max_norm = 0.0
 
-    def vectors() -> Any:
+    def vectors() -> Iterator[np.ndarray]:
         nonlocal max_norm
         for _, xb in point_blocks(points, block):
             max_norm = max(max_norm, _max_transformed_norm(xb, c))

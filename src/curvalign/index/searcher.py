@@ -52,6 +52,7 @@ from curvalign.readout import embed_rows
 from curvalign.recipes.base import Embedding
 
 if TYPE_CHECKING:
+    from curvalign.data.encoders import Encoder
     from curvalign.data.features import FeatureStore
     from curvalign.recipes.base import Recipe
     from curvalign.runs import LoadedRun
@@ -114,7 +115,7 @@ class SearchResults:
     def table_rows(self) -> list[tuple[str, ...]]:
         """One row of strings per hit: rank, distance or score (4 decimals), the caption (or
         ``(row ID)``), the image path, the class (with its synset when that differs)."""
-        rows = []
+        rows: list[tuple[str, ...]] = []
         for hit in self.hits:
             value = hit.distance if hit.distance is not None else hit.score
             item = hit.item
@@ -145,6 +146,8 @@ class _StoreItems:
     def _image_facts(self, i: int) -> dict[str, Any]:
         s = self.store
         facts: dict[str, Any] = {}
+        if s is None:  # no store: the item has its id alone
+            return facts
         if s.image_paths is not None:
             facts["path"] = s.image_paths[i]
         if s.image_labels is not None and s.class_names is not None:
@@ -249,7 +252,7 @@ class Searcher:
         raw: dict[str, Any],
         engine: Any,
         items: _Items,
-        encoder: Any,
+        encoder: Encoder | str | None,
         candidates: int,
         device: str,
     ) -> None:
@@ -275,7 +278,7 @@ class Searcher:
         run_dir: str | os.PathLike,
         index_dir: str | os.PathLike,
         *,
-        encoder: Any = None,
+        encoder: Encoder | str | None = None,
         candidates: int = 200,
         device: str = "cpu",
         items: bool = True,
@@ -350,7 +353,7 @@ class Searcher:
         }
 
     # -- encoding --
-    def encoder(self) -> Any:
+    def encoder(self) -> Encoder:
         """The query encoder, loaded on first use."""
         if self._encoder is None:
             raise SearchError(self._no_encoder_message())

@@ -24,11 +24,14 @@ import socket
 from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 from curvalign._net import bind_port
-from curvalign.index.searcher import Searcher, SearchError
+from curvalign.index.searcher import Searcher, SearchError, SearchResults
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI, Request
 
 DEFAULT_MAX_UPLOAD = 8 * 1024 * 1024
 DEFAULT_MAX_K = 100
@@ -58,7 +61,7 @@ def _parse_k(value: Any, max_k: int) -> int:
     return k
 
 
-async def _bounded_body(request: Any, max_upload_bytes: int) -> bytes:
+async def _bounded_body(request: "Request", max_upload_bytes: int) -> bytes:
     """The request body, refused with 413 as soon as it passes ``max_upload_bytes``."""
     from fastapi import HTTPException
 
@@ -74,7 +77,7 @@ async def _bounded_body(request: Any, max_upload_bytes: int) -> bytes:
     return b"".join(chunks)
 
 
-async def _image_query(request: Any, body: bytes, max_k: int) -> tuple[bytes, int]:
+async def _image_query(request: "Request", body: bytes, max_k: int) -> tuple[bytes, int]:
     """``(image bytes, k)`` from a multipart form body already read (and bounded)."""
     from fastapi import HTTPException
     from starlette.datastructures import Headers
@@ -141,7 +144,7 @@ def make_app(
     *,
     max_upload_bytes: int = DEFAULT_MAX_UPLOAD,
     max_k: int = DEFAULT_MAX_K,
-) -> Any:
+) -> "FastAPI":
     """The FastAPI application serving ``searcher`` (see the module docstring)."""
     try:
         from fastapi import FastAPI, HTTPException, Request
@@ -156,7 +159,7 @@ def make_app(
     root = Path(searcher.images_root).resolve() if searcher.images_root else None
     page = _page()
 
-    def results_json(result: Any) -> dict[str, Any]:
+    def results_json(result: SearchResults) -> dict[str, Any]:
         out = result.to_dict()
         for hit in out["hits"]:
             hit["image_url"] = _image_url(hit["item"]["path"]) if root else None

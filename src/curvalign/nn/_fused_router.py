@@ -145,7 +145,7 @@ def _router_forward(
 
 
 @_router_forward.register_fake
-def _(se, sh, st, qt, si, qi, tp, ip, sm, w2, b2, w3, b3, seed, in_dim, eps, thr1, thr2):  # type: ignore[no-untyped-def]
+def _(se, sh, st, qt, si, qi, tp, ip, sm, w2, b2, w3, b3, seed, in_dim, eps, thr1, thr2):
     return se.new_empty(se.shape)
 
 
@@ -196,7 +196,7 @@ def _router_backward(
 
 
 @_router_backward.register_fake
-def _(grad, se, sh, st, qt, si, qi, tp, ip, sm, w2, b2, w3, b3, seed, *consts):  # type: ignore[no-untyped-def]
+def _(grad, se, sh, st, qt, si, qi, tp, ip, sm, w2, b2, w3, b3, seed, *consts):
     need_se, need_sh = consts[-2:]
     return [
         torch.empty_like(se) if need_se else se.new_empty(0),
@@ -205,12 +205,12 @@ def _(grad, se, sh, st, qt, si, qi, tp, ip, sm, w2, b2, w3, b3, seed, *consts): 
     ]
 
 
-def _router_setup(ctx, inputs, output) -> None:  # type: ignore[no-untyped-def]
+def _router_setup(ctx, inputs, output) -> None:
     ctx.save_for_backward(*inputs[:14])
     ctx.consts = inputs[14:]
 
 
-def _router_grad(ctx, grad):  # type: ignore[no-untyped-def]
+def _router_grad(ctx, grad):
     saved = ctx.saved_tensors
     need_se, need_sh = ctx.needs_input_grad[:2]
     grads = _router_backward(grad, *saved, *ctx.consts, need_se, need_sh)
@@ -307,7 +307,7 @@ def _routed_forward(
 
 
 @_routed_forward.register_fake
-def _(s_h, s_e, w, gt, ct, gi, ci, alpha, beta, max_delta):  # type: ignore[no-untyped-def]
+def _(s_h, s_e, w, gt, ct, gi, ci, alpha, beta, max_delta):
     return torch.empty_like(s_h), torch.empty_like(s_h)
 
 
@@ -342,16 +342,16 @@ def _routed_backward(
 
 
 @_routed_backward.register_fake
-def _(g1, g2, s_h, s_e, w, gt, ct, gi, ci, alpha, beta, max_delta):  # type: ignore[no-untyped-def]
+def _(g1, g2, s_h, s_e, w, gt, ct, gi, ci, alpha, beta, max_delta):
     return [torch.empty_like(x) for x in (s_h, s_e, w, gt, ct, gi, ci)]
 
 
-def _routed_setup(ctx, inputs, output) -> None:  # type: ignore[no-untyped-def]
+def _routed_setup(ctx, inputs, output) -> None:
     ctx.save_for_backward(*inputs[:7])
     ctx.consts = inputs[7:]
 
 
-def _routed_grad(ctx, g1, g2):  # type: ignore[no-untyped-def]
+def _routed_grad(ctx, g1, g2):
     saved = ctx.saved_tensors
     zero = saved[0].new_zeros(())
     g1 = zero if g1 is None else g1

@@ -56,6 +56,9 @@ class DualPathHead(nn.Module):
         tasks: task types with a learned prefix; empty for no prefixes.
     """
 
+    #: gate warm-up factor r (a buffer, registered in ``__init__``)
+    gate_warmup: Tensor
+
     def __init__(
         self,
         input_dims: Mapping[str, int],
@@ -98,6 +101,12 @@ class DualPathHead(nn.Module):
         # gate warm-up factor r in [0, 1]; set by the recipe from the curriculum, saved with the model
         self.register_buffer("gate_warmup", torch.zeros(()))
 
+    def adapter(self, modality: str) -> nn.Linear:
+        """The input adapter [D_m -> model_dim] of ``modality``."""
+        layer = self.adapters[modality]
+        assert isinstance(layer, nn.Linear)  # built as one in __init__
+        return layer
+
     def gate(self) -> Tensor:
         """``g = sigmoid(theta_0 + r k (theta - theta_0))``: the effective gate."""
         theta = self.gate_init + self.gate_warmup * self.gate_speed * (
@@ -116,7 +125,7 @@ class DualPathHead(nn.Module):
             raise ValueError(
                 f"DualPathHead: {modality} features must have shape [N, {d}], got {tuple(x.shape)}"
             )
-        h = self.adapters[modality](x)
+        h = self.adapter(modality)(x)
         if task is not None and self.task_prefix is not None:
             if task not in self.tasks:
                 raise ValueError(

@@ -209,8 +209,18 @@ class MixedCurvatureHead(nn.Module):
             )
             with torch.no_grad():  # the residual branch starts at zero
                 for mlp in self.mlps.values():
-                    mlp[-1].weight.zero_()
-                    mlp[-1].bias.zero_()
+                    last = mlp[-1] if isinstance(mlp, nn.Sequential) else None
+                    assert isinstance(last, nn.Linear)  # _mlp's output layer
+                    last.weight.zero_()
+                    last.bias.zero_()
+
+    def skip_layer(self, part: str) -> nn.Linear:
+        """The linear skip path of ``part`` (a head built with ``skip=True``); ValueError
+        otherwise."""
+        layer = None if self.skips is None else self.skips[part]
+        if not isinstance(layer, nn.Linear):
+            raise ValueError(f"this head has no linear skip path for part {part!r} (skip=False)")
+        return layer
 
     def part(self, name: str, features: Tensor) -> Tensor:
         """The raw output [N, d] of one part before its map onto the manifold: the MLP's, plus
@@ -270,6 +280,17 @@ def resolve_tangent_scale(
     return target_norm / (feature_norm * projection_gain(in_dim, out_dim, input_preserving))
 
 
+def linear_proj(head: nn.Module) -> nn.Linear:
+    """The linear ``proj`` layer of a head (``LorentzHead``, ``CosineHead``, a plug-in's own);
+    TypeError naming the head when it has none."""
+    proj = getattr(head, "proj", None)
+    if not isinstance(proj, nn.Linear):
+        raise TypeError(
+            f"a head's linear `proj` was expected; {type(head).__name__} has {type(proj).__name__}"
+        )
+    return proj
+
+
 def share_input_preserving_projection(heads: list[nn.Module]) -> bool:
     """Start every head's linear ``proj`` [d, D] at one shared matrix with orthonormal columns
     (d >= D; orthonormal rows when d < D), drawn from the global RNG (seed it first).
@@ -280,7 +301,7 @@ def share_input_preserving_projection(heads: list[nn.Module]) -> bool:
     ranks like them too (its distance is monotone in the angle at a fixed radius). Needs every
     head to take the same input dimension (the two sides in one space); returns False, changing
     nothing, when they do not."""
-    weights = [h.proj.weight for h in heads]
+    weights = [linear_proj(h).weight for h in heads]
     if len({tuple(w.shape) for w in weights}) != 1:
         return False
     out_dim, in_dim = weights[0].shape
@@ -298,6 +319,7 @@ __all__ = [
     "LorentzHead",
     "MixedCurvatureHead",
     "clip_tangent_norm",
+    "linear_proj",
     "projection_gain",
     "resolve_tangent_scale",
     "share_input_preserving_projection",

@@ -40,6 +40,10 @@ class LoRALinear(nn.Module):
             (a pretrained projection, when one exists, is passed here).
     """
 
+    #: the frozen ``W_0`` [out, in] and ``b_0`` [out] (buffers, registered in ``__init__``)
+    base_weight: Tensor
+    base_bias: Tensor | None
+
     def __init__(
         self,
         in_features: int,

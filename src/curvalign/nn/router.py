@@ -290,9 +290,13 @@ class PairwiseRouter(nn.Module):
         """All rows at once in the fused kernel (``_fused_router``): the same function as
         ``_chunk_logits``, its hidden layers never stored (recomputed per tile in backward)."""
         work = sh.dtype
-        fc2, fc3 = self.tail[2], self.tail[5]
-        drops = (self.tail[1], self.tail[4])
-        thresholds = tuple(d.threshold if d.training else 0 for d in drops)
+        fc2, fc3, drop2, drop3 = self.tail[2], self.tail[5], self.tail[1], self.tail[4]
+        assert isinstance(fc2, nn.Linear) and isinstance(fc3, nn.Linear)  # the tail of __init__
+        assert isinstance(drop2, BitDropout) and isinstance(drop3, BitDropout)
+        thresholds = (
+            drop2.threshold if drop2.training else 0,
+            drop3.threshold if drop3.training else 0,
+        )
         # the masks' seed from torch's generator: torch.manual_seed reproduces them
         # (a tensor, not an int: under torch.compile a Python int would be baked into the graph)
         seed = torch.randint(0, 2**62, (), dtype=torch.int64) if any(thresholds) else 0

@@ -44,13 +44,13 @@ class _InwardClamp(torch.autograd.Function):
     """clamp(x, lo, hi) whose gradient at a bound keeps only the inward-pointing part."""
 
     @staticmethod
-    def forward(ctx, x: Tensor, lo: float, hi: float) -> Tensor:  # type: ignore[override]
+    def forward(ctx, x: Tensor, lo: float, hi: float) -> Tensor:
         ctx.save_for_backward(x)
         ctx.lo, ctx.hi = lo, hi
         return x.clamp(lo, hi)
 
     @staticmethod
-    def backward(ctx, grad: Tensor):  # type: ignore[override]
+    def backward(ctx, grad: Tensor):
         (x,) = ctx.saved_tensors
         # Gradient descent moves x by -grad: at the lower bound that is inwards when grad < 0,
         # at the upper bound when grad > 0.
@@ -62,11 +62,11 @@ class _StraightThroughClamp(torch.autograd.Function):
     gradient by :func:`_outward_blocked` in the parameter's hook, not here."""
 
     @staticmethod
-    def forward(ctx, x: Tensor, lo: float, hi: float) -> Tensor:  # type: ignore[override]
+    def forward(ctx, x: Tensor, lo: float, hi: float) -> Tensor:
         return x.clamp(lo, hi)
 
     @staticmethod
-    def backward(ctx, grad: Tensor):  # type: ignore[override]
+    def backward(ctx, grad: Tensor):
         return grad, None, None
 
 

@@ -489,7 +489,7 @@ class AGR(HyperbolicRecipe):
             "image",
         )
 
-    def embed_texts(self, features: Tensor) -> Embedding:
+    def embed_texts(self, features: Tensor, mask: Tensor | None = None) -> Embedding:
         return self._embed(
             features,
             self.text_trunk,

@@ -40,6 +40,7 @@ from curvalign.recipes.base import (
     Progress,
     Query,
     check_batch,
+    sum_terms,
 )
 from curvalign.scores import (
     angle_at_image_pair_scores,
@@ -145,7 +146,7 @@ class Atmg(LorentzRecipe):
         queries: minus the angle at the text, now the database item, or with
         ``image_query_score="beta"`` plus the angle at the image, the query."""
         beta = self.config.image_query_score == "beta"
-        angle = {
+        angle: dict[Query, AngleScore] = {
             "text": AngleScore("query"),
             "image": AngleScore("query", larger_is_better=True) if beta else AngleScore("database"),
         }
@@ -211,7 +212,7 @@ class Atmg(LorentzRecipe):
         with torch.no_grad():
             logs["radius/text"] = float(lorentz.dist0(local["text"], c).mean())
             logs["radius/image"] = float(lorentz.dist0(local["image"], c).mean())
-        return LossOutput(total=sum(terms.values()), terms=terms, logs=logs)
+        return LossOutput(total=sum_terms(terms), terms=terms, logs=logs)
 
     @classmethod
     def search_space(cls) -> dict:

@@ -45,7 +45,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, Protocol
 
 import torch
 from torch import Tensor, nn
@@ -59,6 +59,7 @@ from curvalign.geometry import lorentz, sphere
 from curvalign.losses import symmetric_info_nce
 from curvalign.nn.heads import (
     LorentzHead,
+    linear_proj,
     resolve_tangent_scale,
     share_input_preserving_projection,
 )
@@ -170,6 +171,19 @@ class LossOutput:
     logs: dict[str, float] = field(default_factory=dict)
 
 
+def sum_terms(terms: Mapping[str, Tensor]) -> Tensor:
+    """``LossOutput.total`` of weighted ``terms``: their sum, in order (what ``sum`` gives,
+    typed as the tensor it is); ValueError for no terms."""
+    values = iter(terms.values())
+    try:
+        total = next(values)
+    except StopIteration:
+        raise ValueError("a loss needs at least one term") from None
+    for value in values:
+        total = total + value
+    return total
+
+
 class Gather:
     """Single-process gather: identity. ``train/distributed.py`` provides the multi-process one."""
 
@@ -269,15 +283,16 @@ class Recipe(nn.Module):
         """[N, Di] image features -> Embedding with N items."""
         raise NotImplementedError
 
-    def embed_texts(self, features: Tensor) -> Embedding:
-        """[N, Dt] text features -> Embedding with N items (a recipe that ``reads_text_tokens``
-        takes ``(tokens [N, L, Dk], mask [N, L])``)."""
+    def embed_texts(self, features: Tensor, mask: Tensor | None = None) -> Embedding:
+        """[N, Dt] text features -> Embedding with N items; a recipe that ``reads_text_tokens``
+        takes ``(tokens [N, L, Dk], mask [N, L])``. A recipe on pooled features is never given
+        a mask (callers pass one only where ``text_tokens`` holds) and may ignore it."""
         raise NotImplementedError
 
-    def embed_text_pairs(self, features: Tensor) -> Embedding:
+    def embed_text_pairs(self, features: Tensor, mask: Tensor | None = None) -> Embedding:
         """[N, Dt] texts embedded for text-text similarity (a method with task prefixes uses its
-        text-pair prefix). Default: ``embed_texts``."""
-        return self.embed_texts(features)
+        text-pair prefix), tokens + mask as in ``embed_texts``. Default: ``embed_texts``."""
+        return self.embed_texts(features, mask)
 
     # --- ranking ----------------------------------------------------------------------------
     def scores(self, texts: Embedding, images: Embedding, query: Query = "text") -> Tensor:
@@ -557,7 +572,7 @@ def cone_margin(general: Tensor, specific: Tensor, c: Tensor, eta: float, K: flo
 
 
 def eta_cone_margin(
-    recipe: Recipe, general: Embedding, specific: Embedding, specific_modality: Query
+    recipe: HyperbolicRecipe, general: Embedding, specific: Embedding, specific_modality: Query
 ) -> Tensor:
     """:func:`cone_margin` of ``{"point"}`` embeddings with the cone width of a recipe whose
     config names ``eta_inter`` (the specific item is an image), ``eta_intra`` (a text) and
@@ -603,21 +618,21 @@ HEAD_INITS = ("align", "paper", "input")
 def set_projections(heads: list[nn.Module], alignment: LinearAlignment) -> None:
     """Set the linear ``proj`` [width, D] of an (image head, text head) pair to the alignment's
     projections (``LinearAlignment.projections(width)``, transposed)."""
-    image_head, text_head = heads
-    width = image_head.proj.weight.shape[0]
-    if text_head.proj.weight.shape[0] != width:
+    image_layer, text_layer = (linear_proj(h) for h in heads)
+    width = image_layer.weight.shape[0]
+    if text_layer.weight.shape[0] != width:
         raise ValueError("the image and text heads of a warm start must have one width")
-    image_proj, text_proj = alignment.projections(width)
+    image_proj, text_proj = alignment.projections(int(width))
     with torch.no_grad():
-        for head, proj in ((image_head, image_proj), (text_head, text_proj)):
-            if head.proj.weight.shape[1] != proj.shape[0]:
+        for layer, proj in ((image_layer, image_proj), (text_layer, text_proj)):
+            if layer.weight.shape[1] != proj.shape[0]:
                 raise ValueError(
                     f"the warm start was fit on {proj.shape[0]}-d features, the head takes "
-                    f"{head.proj.weight.shape[1]}-d"
+                    f"{layer.weight.shape[1]}-d"
                 )
-            head.proj.weight.copy_(proj.T.to(head.proj.weight.dtype))
-            if head.proj.bias is not None:
-                head.proj.bias.zero_()
+            layer.weight.copy_(proj.T.to(layer.weight.dtype))
+            if layer.bias is not None:
+                layer.bias.zero_()
 
 
 def start_agreement(recipe: Recipe, alignment: LinearAlignment, max_texts: int = 512) -> str:
@@ -681,7 +696,31 @@ def check_head_init(head_init: str, embed_dim: int) -> None:
         raise ValueError(f"embed_dim must be positive, got {embed_dim}")
 
 
-def learnable_temperature(config: Any) -> LearnableScalar:
+class TemperatureSettings(Protocol):
+    """The config fields of a learnable contrastive temperature (``learnable_temperature``)."""
+
+    @property
+    def temperature_init(self) -> float: ...
+    @property
+    def temperature_min(self) -> float | None: ...
+    @property
+    def learn_temperature(self) -> bool: ...
+
+
+class CurvatureSettings(Protocol):
+    """The config fields of a learnable curvature (``learnable_curvature``)."""
+
+    @property
+    def curvature_init(self) -> float: ...
+    @property
+    def curvature_min(self) -> float | None: ...
+    @property
+    def curvature_max(self) -> float | None: ...
+    @property
+    def learn_curvature(self) -> bool: ...
+
+
+def learnable_temperature(config: TemperatureSettings) -> LearnableScalar:
     """The contrastive temperature tau of a config with ``temperature_init``, ``temperature_min``
     and ``learn_temperature`` (no upper bound)."""
     return LearnableScalar(
@@ -689,7 +728,7 @@ def learnable_temperature(config: Any) -> LearnableScalar:
     )
 
 
-def learnable_curvature(config: Any, shape: tuple[int, ...] = ()) -> LearnableScalar:
+def learnable_curvature(config: CurvatureSettings, shape: tuple[int, ...] = ()) -> LearnableScalar:
     """The curvature c of a config with ``curvature_init``, ``_min``, ``_max`` and
     ``learn_curvature``: a scalar, or one per factor with ``shape=(k,)``."""
     return LearnableScalar(
@@ -842,9 +881,20 @@ class LorentzRecipe(HyperbolicRecipe):
         scale_max = config.scale_max
         if scale_max is not None:
             scale_max = max(scale_max, image_scale, text_scale)
-        head = dict(scale_max=scale_max, clip_norm=config.clip_norm)
-        self.image_head = LorentzHead(image_dim, config.embed_dim, scale_init=image_scale, **head)
-        self.text_head = LorentzHead(text_dim, config.embed_dim, scale_init=text_scale, **head)
+        self.image_head = LorentzHead(
+            image_dim,
+            config.embed_dim,
+            scale_init=image_scale,
+            scale_max=scale_max,
+            clip_norm=config.clip_norm,
+        )
+        self.text_head = LorentzHead(
+            text_dim,
+            config.embed_dim,
+            scale_init=text_scale,
+            scale_max=scale_max,
+            clip_norm=config.clip_norm,
+        )
         if config.head_init == "input":
             share_input_preserving_projection([self.image_head, self.text_head])
         self.curvature = learnable_curvature(config)
@@ -862,7 +912,7 @@ class LorentzRecipe(HyperbolicRecipe):
     def embed_images(self, features: Tensor) -> Embedding:
         return {"point": self.image_head(features, self.curvature())}
 
-    def embed_texts(self, features: Tensor) -> Embedding:
+    def embed_texts(self, features: Tensor, mask: Tensor | None = None) -> Embedding:
         return {"point": self.text_head(features, self.curvature())}
 
     def scores(self, texts: Embedding, images: Embedding, query: Query = "text") -> Tensor:
@@ -953,7 +1003,7 @@ class Knob:
         """Whether ``value`` lies in this knob's range (or is one of its choices)."""
         if self.kind == "choice":
             return value in self.choices
-        return self.low <= value <= self.high  # type: ignore[operator]
+        return self.low <= value <= self.high
 
     @property
     def moves(self) -> tuple[str, ...]:
@@ -967,7 +1017,7 @@ class Knob:
 LR_RANGE_BELOW, LR_RANGE_ABOVE = 3.0, 30.0
 
 
-def config_field_defaults(cls: type) -> dict[str, Any]:
+def config_field_defaults(cls: type[Recipe]) -> dict[str, Any]:
     """{field: default} of a recipe's ``Config`` (fields without a plain default left out)."""
     import dataclasses
 
@@ -975,12 +1025,12 @@ def config_field_defaults(cls: type) -> dict[str, Any]:
     for f in dataclasses.fields(cls.Config):
         if f.default is not dataclasses.MISSING:
             out[f.name] = f.default
-        elif f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
-            out[f.name] = f.default_factory()  # type: ignore[misc]
+        elif f.default_factory is not dataclasses.MISSING:
+            out[f.name] = f.default_factory()
     return out
 
 
-def shared_search_space(cls: type) -> dict[str, Knob]:
+def shared_search_space(cls: type[Recipe]) -> dict[str, Knob]:
     """The nuisance knobs every recipe is tuned on, where its ``Config`` has them: learning rate
     (log, ``LR_RANGE_BELOW`` below to ``LR_RANGE_ABOVE`` above its paper rate), weight decay,
     temperature init, the head scale (the step-0 tangent norm the data-aware per-side scales aim

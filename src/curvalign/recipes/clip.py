@@ -93,7 +93,7 @@ class Clip(CosineRecipe):
     def embed_images(self, features: Tensor) -> Embedding:
         return {"point": self.image_head(features)}
 
-    def embed_texts(self, features: Tensor) -> Embedding:
+    def embed_texts(self, features: Tensor, mask: Tensor | None = None) -> Embedding:
         return {"point": self.text_head(features)}
 
     def loss(self, batch: Batch, progress: Progress, gather: Gather | None = None) -> LossOutput:

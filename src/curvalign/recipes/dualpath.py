@@ -53,6 +53,7 @@ from curvalign.recipes.base import (
     LossOutput,
     Progress,
     start_agreement,
+    sum_terms,
 )
 from curvalign.schedules import (
     DualPathCurriculum,
@@ -159,6 +160,8 @@ class DualPath(CosineRecipe):
     Config = DualPathConfig
     temperature_knob = "temperature_start"
     requires = frozenset({"text_pairs"})
+    #: True once Phase 2 has copied the text path (a buffer, registered in ``__init__``)
+    switched: Tensor
     #: runs saved before head_init existed started at PyTorch's init
     saved_config_defaults = {"head_init": "paper"}
     #: viPolyQwen Sec. 5.2: projection-layer lr 1.2e-4, clipping "adaptive from 100 to 10" (the
@@ -233,7 +236,7 @@ class DualPath(CosineRecipe):
         residual = torch.linalg.pinv(adapt_txt.double()) @ target_txt.double()  # [m, e]
         with torch.no_grad():
             for modality, proj in (("image", adapt_img), ("text", adapt_txt)):
-                adapter = head.adapters[modality]
+                adapter = head.adapter(modality)
                 if adapter.in_features != proj.shape[0]:
                     raise ValueError(
                         f"dualpath: the warm start was fit on {proj.shape[0]}-d {modality} "
@@ -391,7 +394,7 @@ class DualPath(CosineRecipe):
                 }
             )
 
-        total = sum(terms.values())
+        total = sum_terms(terms)
         logs.update(
             {
                 "dualpath_phase": float(phase),

@@ -29,10 +29,9 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
-from torch import Tensor
 
 from curvalign.data.batch import Batch
-from curvalign.recipes.base import Progress, Recipe
+from curvalign.recipes.base import Embedding, Progress, Recipe
 
 if TYPE_CHECKING:
     from curvalign.data.sampling import BatchSampler
@@ -118,7 +117,7 @@ def _knobs(keys: tuple[str, ...] | list[str]) -> str:
     return " / ".join(keys)
 
 
-def _embed_texts(recipe: Recipe, batch: Batch) -> dict[str, Tensor]:
+def _embed_texts(recipe: Recipe, batch: Batch) -> Embedding:
     if recipe.text_tokens:
         return recipe.embed_texts(batch.text, batch.text_mask)
     return recipe.embed_texts(batch.text)
@@ -167,7 +166,8 @@ def step0_health(recipe: Recipe, batch: Batch, total_steps: int = 1) -> Step0Hea
         "image": float(batch.image.double().norm(dim=-1).mean()),
         "text": float(batch.text.double().norm(dim=-1).mean()),
     }
-    radius = curved = None
+    radius: dict[str, float] | None = None
+    curved: dict[str, float] | None = None
     c_mean = None if c is None else float(c.double().mean())
     if r_image is not None and r_text is not None:
         radius = {"image": float(r_image.mean()), "text": float(r_text.mean())}
@@ -205,11 +205,9 @@ def step0_health(recipe: Recipe, batch: Batch, total_steps: int = 1) -> Step0Hea
                 f"uniform below {MIN_LOGIT_SPREAD:g}); raise {fix_flat}",
             )
         )
-    if curved is not None:
-        low = min(curved.values())
-        high = max(curved.values())
+    if curved is not None and radius is not None:
+        side, low = min(curved.items(), key=lambda kv: kv[1])
         if low < MIN_CURVED:
-            side = min(curved, key=curved.get)
             warnings.append(
                 Step0Warning(
                     "flat_geometry",
@@ -219,8 +217,8 @@ def step0_health(recipe: Recipe, batch: Batch, total_steps: int = 1) -> Step0Hea
                     f"change the distances; raise {scale or 'curvature_init'}",
                 )
             )
+        side, high = max(curved.items(), key=lambda kv: kv[1])
         if high > MAX_CURVED:
-            side = max(curved, key=curved.get)
             warnings.append(
                 Step0Warning(
                     "far_out",
@@ -229,7 +227,7 @@ def step0_health(recipe: Recipe, batch: Batch, total_steps: int = 1) -> Step0Hea
                     f"{MAX_CURVED:g}): distances saturate; lower {scale or 'curvature_init'}",
                 )
             )
-    if gap:
+    if gap and radius is not None:  # a gap is only found between two radii
         warnings.append(
             Step0Warning(
                 "equal_radii",

@@ -33,6 +33,7 @@ from curvalign.recipes.base import (
     box_batch_points,
     check_batch,
     eta_cone_margin,
+    sum_terms,
 )
 from curvalign.scores import lorentz_distance_scores
 
@@ -112,7 +113,7 @@ class Hycoclip(LorentzRecipe):
                 local[parent], local[child], c, eta=eta[kind], K=cfg.aperture_K
             )
             terms[name] = cfg.entailment_weight * 0.5 * cone
-        total = sum(terms.values())
+        total = sum_terms(terms)
         return LossOutput(
             total=total,
             terms=terms,

@@ -261,7 +261,7 @@ class Phyclip(HyperbolicRecipe):
     def embed_images(self, features: Tensor) -> Embedding:
         return {"point": self.image_head(features, self.curvature())}
 
-    def embed_texts(self, features: Tensor) -> Embedding:
+    def embed_texts(self, features: Tensor, mask: Tensor | None = None) -> Embedding:
         return {"point": self.text_head(features, self.curvature())}
 
     def scores(self, texts: Embedding, images: Embedding, query: Query = "text") -> Tensor:

@@ -141,15 +141,19 @@ class Proclip(HyperbolicRecipe):
 
     def __init__(self, config: ProclipConfig, image_dim: int, text_dim: int) -> None:
         super().__init__(config, image_dim, text_dim)
-        dims = dict(
-            hyperbolic_dim=config.hyperbolic_dim,
-            euclidean_dim=config.euclidean_dim,
-            sphere_dim=config.sphere_dim,
-            hidden_dim=config.hidden_dim,
-            skip=config.head_init == "align",
-        )
-        self.image_head = MixedCurvatureHead(image_dim, **dims)
-        self.text_head = MixedCurvatureHead(text_dim, **dims)
+
+        def head(in_dim: int) -> MixedCurvatureHead:
+            return MixedCurvatureHead(
+                in_dim,
+                hyperbolic_dim=config.hyperbolic_dim,
+                euclidean_dim=config.euclidean_dim,
+                sphere_dim=config.sphere_dim,
+                hidden_dim=config.hidden_dim,
+                skip=config.head_init == "align",
+            )
+
+        self.image_head = head(image_dim)
+        self.text_head = head(text_dim)
         self.parts = tuple(p for p in PARTS if self.image_head.dims[p] > 0)
         self.weights = torch.nn.ModuleDict(
             {
@@ -195,7 +199,7 @@ class Proclip(HyperbolicRecipe):
                             f"{proj.shape[0]}-d features (the head takes {head.in_dim}-d)"
                         )
                     norm = float(torch.linalg.vector_norm(inputs @ proj, dim=-1).mean())
-                    head.skips[part].weight.copy_(proj.T / max(norm, 1e-12))
+                    head.skip_layer(part).weight.copy_(proj.T / max(norm, 1e-12))
             chosen = 1.0
             if "sphere" in self.parts and len(self.parts) > 1:
                 c, radius = self.curvature(), cfg.sphere_radius
@@ -209,9 +213,9 @@ class Proclip(HyperbolicRecipe):
                 best = max(r1 for _, r1 in tried)
                 chosen = max(f for f, r1 in tried if r1 >= best - self.WEIGHT_SLACK_R1)
             for part, value in self._start_weights(chosen).items():
-                self.weights[part].log_value.fill_(float(value.log()))
+                self._weight(part).log_value.fill_(float(value.log()))
         weights = ", ".join(
-            f"a_{p[0].upper()} {float(w.value):.3g}" for p, w in self.weights.items()
+            f"a_{p[0].upper()} {float(self._weight(p).value):.3g}" for p in self.parts
         )
         return f"skip paths at the alignment, MLPs at zero, {weights}; " + start_agreement(
             self, alignment
@@ -234,8 +238,14 @@ class Proclip(HyperbolicRecipe):
     def logit_temperature(self, progress: Progress) -> float:
         return float(self.temperature.value)
 
+    def _weight(self, part: str) -> LearnableScalar:
+        """The learnable weight of ``part`` (an entry of the ``weights`` ModuleDict)."""
+        weight = self.weights[part]
+        assert isinstance(weight, LearnableScalar)
+        return weight
+
     def _weights(self) -> dict[str, Tensor]:
-        return {p: w() for p, w in self.weights.items()}
+        return {p: self._weight(p)() for p in self.parts}
 
     def index_proxies(self) -> dict[str, IndexProxy]:
         """``2 a_H <x,y>_L + a_E (2 e.e' - |e'|^2) + 2 a_S s.s'``: first-order in the hyperbolic and
@@ -253,7 +263,7 @@ class Proclip(HyperbolicRecipe):
     def embed_images(self, features: Tensor) -> Embedding:
         return self.image_head(self._inputs(features), self.curvature(), self.config.sphere_radius)
 
-    def embed_texts(self, features: Tensor) -> Embedding:
+    def embed_texts(self, features: Tensor, mask: Tensor | None = None) -> Embedding:
         return self.text_head(self._inputs(features), self.curvature(), self.config.sphere_radius)
 
     def scores(self, texts: Embedding, images: Embedding, query: Query = "text") -> Tensor:
@@ -311,8 +321,8 @@ class Proclip(HyperbolicRecipe):
 
     def log_values(self) -> dict[str, float]:
         out = {**self.temperature.summary("temperature"), **self.curvature.summary("curvature")}
-        for p, w in self.weights.items():
-            out.update(w.summary(f"weight/{p}"))
+        for p in self.parts:
+            out.update(self._weight(p).summary(f"weight/{p}"))
         return out
 
     @classmethod

@@ -200,10 +200,10 @@ def evaluate_on_suite(
         try:
             store = FeatureStore.load(path, mmap=True)
             check_inputs(recipe, store)  # another encoder's features (or no tokens): a skip
-            name = _store_protocol(store, None)
+            protocol = _store_protocol(store, None)
             used = _pick_split(store, split)
-            if name is not None:
-                store = protocol_store(store, get_protocol(name), used)
+            if protocol is not None:
+                store = protocol_store(store, get_protocol(protocol), used)
                 used = "test"
             notify(f"suite: {dataset} ({store.num_images} images, split {used})")
             result = evaluate(recipe, store, split=used, batch_size=batch_size, diagnostics=False)
@@ -219,7 +219,7 @@ def evaluate_on_suite(
             pretrained,
             getattr(recipe, "reported_recall_ks", (1, 5, 10)),
             tasks=tasks,
-            protocol=PROTOCOLS[name].title if name else "",
+            protocol=PROTOCOLS[protocol].title if protocol else "",
         )
         _disclose(out, dataset, store.meta, rows)
         out.rows.extend(rows)

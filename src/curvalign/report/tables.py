@@ -262,7 +262,7 @@ def stat_cell(stat: Mapping[str, Any] | None, kind: str) -> str:
     return f"{mean}±{scale * (high - low) / 2:.{digits}f}"
 
 
-def _gap(a: Mapping[str, Any], b: Mapping[str, Any]) -> tuple[Any, bool, str]:
+def gap_interval(a: Mapping[str, Any], b: Mapping[str, Any]) -> tuple[Any, bool, str]:
     """(interval of a - b, whether it excludes 0, how it was computed) for two rows' stats of one
     column: paired over seeds when both have the same seeds; against a constant (one-sample) when
     one side is a single deterministic value (frozen features, ridge, chance); else the two
@@ -281,6 +281,10 @@ def _gap(a: Mapping[str, Any], b: Mapping[str, Any]) -> tuple[Any, bool, str]:
         return diff, diff.excludes_zero(), "against the single value"
     ia, ib = (Interval(s["mean"], s["low"], s["high"], s["n"]) for s in (a, b))
     return mean_interval([a["mean"] - b["mean"]]), ia.separates_from(ib), "intervals"
+
+
+#: the former private name, still imported by report/benchmark.py
+_gap = gap_interval
 
 
 def resolvable_difference(a: Mapping[str, Any], b: Mapping[str, Any]) -> float:
@@ -374,7 +378,7 @@ def column_verdicts(
 
     def compare(x: str, y: str, path: str) -> tuple[Any, bool, str]:
         found = gap(x, y, path) if gap is not None else None
-        return found if found is not None else _gap(stats[x][path], stats[y][path])
+        return found if found is not None else gap_interval(stats[x][path], stats[y][path])
 
     for header, path, kind in columns:
         if path in UNRANKED:

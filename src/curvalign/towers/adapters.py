@@ -9,7 +9,7 @@ gradients. ``build_towers(config)`` picks the adapter from the encoder spec.
 from __future__ import annotations
 
 import shutil
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,12 +20,33 @@ from curvalign._encoder_spec import EncoderError
 from curvalign.towers.base import InputPreparer, TowerError, Towers, TowersConfig
 
 
+def _method(model: nn.Module, name: str) -> Callable[..., object]:
+    """Method ``name`` of a third-party model (``save_pretrained`` of a transformers model,
+    ``save`` of a SentenceTransformer): ``nn.Module``'s typing knows only submodules and
+    tensors as attributes."""
+    method = getattr(model, name, None)
+    if not callable(method):
+        raise TowerError(f"towers: {type(model).__name__} has no {name}() to export with")
+    return method
+
+
+def _text_width(width: int | None, spec: str) -> int:
+    """An encoder's text width; TowerError for an encoder without a text side."""
+    if width is None:
+        raise TowerError(f"towers: {spec!r} has no text side (its encoder embeds images only)")
+    return width
+
+
 class OpenClipTowers(Towers):
     """An open_clip model (``open_clip:ARCH:CHECKPOINT``): ``model.visual`` is the image side;
     the token embedding, text transformer, final norm and text projection the text side;
     ``logit_scale`` (and ``logit_bias``) belong to open_clip's own loss, which the recipes
     replace: no encoding uses them, so they never train (under DDP a trainable parameter
     without a gradient would silently desynchronise the ranks)."""
+
+    #: the open_clip model (a third-party module without type information: its
+    #: methods and submodules are read as Any)
+    model: Any
 
     default_lora_targets = (
         "c_fc",
@@ -34,11 +55,11 @@ class OpenClipTowers(Towers):
 
     def __init__(self, config: TowersConfig, device: str | torch.device = "cpu") -> None:
         super().__init__(config)
-        from curvalign.data.encoders import OpenClipEncoder, _load_image
+        from curvalign.data.encoders import OpenClipEncoder, load_image
 
         kind, _, rest = config.encoder.partition(":")
         arch, _, checkpoint = rest.partition(":")
-        self._load_image = _load_image
+        self._load_image = load_image
         self.arch = arch
         if config.init == "random":
             self._build_random(arch, checkpoint, device)
@@ -51,13 +72,13 @@ class OpenClipTowers(Towers):
             self.model = encoder.model
             self.preprocess = encoder.preprocess
             self.tokenizer = encoder.tokenizer
-            self.image_width = self.text_width = encoder.text_dim
+            self.image_width = self.text_width = _text_width(encoder.text_dim, encoder.spec)
         self._configure()
 
     def _build_random(self, arch: str, checkpoint: str, device: str | torch.device) -> None:
         """``open_clip.create_model(ARCH)`` without pretrained weights (towers from scratch):
         the architecture's own initialisation, drawn from torch's seeded generator."""
-        from curvalign.data.encoders import _require
+        from curvalign.data.encoders import import_optional
 
         if checkpoint:
             raise TowerError(
@@ -65,7 +86,7 @@ class OpenClipTowers(Towers):
                 "checkpoint (open_clip:ARCH) or drop init=random"
             )
         try:
-            open_clip = _require("open_clip", "open_clip")
+            open_clip = import_optional("open_clip", "open_clip")
         except EncoderError as err:
             raise TowerError(f"towers: {err}") from None
         name = arch
@@ -158,7 +179,7 @@ class _TextSide(nn.Module):
         super().__init__()
         self._parts = [m for n, m in model.named_children() if n != "visual"]
 
-    def eval(self) -> _TextSide:  # type: ignore[override]
+    def eval(self) -> _TextSide:
         for part in self._parts:
             part.eval()
         return self
@@ -188,13 +209,17 @@ class HFClipTowers(Towers):
     ``visual_projection`` are the image side, ``text_model`` and ``text_projection`` the text
     side; ``logit_scale`` belongs to CLIP's own loss and never trains."""
 
+    #: the transformers CLIP model (a third-party module without type information: its
+    #: methods and submodules are read as Any)
+    model: Any
+
     default_lora_targets = ("q_proj", "k_proj", "v_proj", "out_proj", "fc1", "fc2")
 
     def __init__(self, config: TowersConfig, device: str | torch.device = "cpu") -> None:
         super().__init__(config)
-        from curvalign.data.encoders import HFClipEncoder, _load_image
+        from curvalign.data.encoders import HFClipEncoder, load_image
 
-        self._load_image = _load_image
+        self._load_image = load_image
         self._embedding = HFClipEncoder._embedding
         directory = config.encoder.partition(":")[2]
         if config.init == "random":
@@ -208,19 +233,19 @@ class HFClipTowers(Towers):
             self.model = encoder.model
             self.tokenizer = encoder.tokenizer
             self.image_processor = encoder.image_processor
-            self.image_width = self.text_width = encoder.text_dim
+            self.image_width = self.text_width = _text_width(encoder.text_dim, encoder.spec)
         self._configure()
 
     def _build_random(self, directory: str, device: str | torch.device) -> None:
         """The model of the directory's ``config.json`` with random weights (towers from
         scratch; no weight file is read), its tokenizer and image processor."""
-        from curvalign.data.encoders import _require
+        from curvalign.data.encoders import import_optional
 
         root = Path(directory)
         if not (root / "config.json").is_file():
             raise TowerError(f"towers: {directory} has no config.json to build a model from")
         try:
-            transformers = _require("transformers", "hf")
+            transformers = import_optional("transformers", "hf")
             model_config = transformers.AutoConfig.from_pretrained(root, local_files_only=True)
             self.model = transformers.AutoModel.from_config(model_config).to(device)
             self.tokenizer = transformers.AutoTokenizer.from_pretrained(root, local_files_only=True)
@@ -282,7 +307,7 @@ class HFClipTowers(Towers):
 
     def _export_model(self, model: nn.Module, directory: Path) -> str:
         target = directory / "hf-clip"
-        model.save_pretrained(target)
+        _method(model, "save_pretrained")(target)
         self.tokenizer.save_pretrained(target)
         self.image_processor.save_pretrained(target)
         return f"hf-clip:{target.resolve()}"
@@ -292,6 +317,10 @@ class SentenceTransformerTowers(Towers):
     """A sentence-transformers directory (``sentence-transformers:DIR`` or ``minilm``): texts
     only, so one backbone encodes both sides; images are the texts standing for them (a
     store's ``image_texts``, e.g. WordNet's lemma names)."""
+
+    #: the SentenceTransformer (a third-party module without type information: its
+    #: methods and submodules are read as Any)
+    model: Any
 
     default_lora_targets = ("query", "key", "value")  # BERT/MiniLM attention projections
     shared_backbone = True
@@ -320,11 +349,12 @@ class SentenceTransformerTowers(Towers):
                 )
         except EncoderError as err:
             raise TowerError(f"towers: {err}") from None
-        if not hasattr(encoder.model, "tokenize") and not hasattr(encoder.model, "preprocess"):
+        model = getattr(encoder, "model", None)
+        if not hasattr(model, "tokenize") and not hasattr(model, "preprocess"):
             raise TowerError(f"towers: {config.encoder!r} is not a sentence-transformers model")
         self.spec = encoder.spec
-        self.model = encoder.model
-        self.image_width = self.text_width = encoder.text_dim
+        self.model = model
+        self.image_width = self.text_width = _text_width(encoder.text_dim, encoder.spec)
         self._configure()
 
     def _enable_checkpointing(self) -> None:
@@ -363,7 +393,7 @@ class SentenceTransformerTowers(Towers):
 
     def _export_model(self, model: nn.Module, directory: Path) -> str:
         target = directory / "sentence-transformers"
-        model.save(str(target))
+        _method(model, "save")(str(target))
         return f"sentence-transformers:{target.resolve()}"
 
 
@@ -392,11 +422,15 @@ class EfficientNetTowers(Towers):
     evaluates with. The classifier ``_fc`` belongs to ImageNet's loss: no encoding uses it.
     """
 
+    #: the pooled EfficientNet backbone (around a third-party network without type
+    #: information, reached as ``model.net``: read as Any)
+    model: Any
+
     default_lora_targets = ("_expand_conv", "_project_conv", "_conv_head")
 
     def __init__(self, config: TowersConfig, device: str | torch.device = "cpu") -> None:
         super().__init__(config)
-        from curvalign.data.encoders import _load_image, load_encoder
+        from curvalign.data.encoders import ImageClassifierEncoder, load_encoder, load_image
 
         kind, _, weights = config.encoder.partition(":")
         if config.init == "random":
@@ -413,7 +447,9 @@ class EfficientNetTowers(Towers):
             encoder = load_encoder(config.encoder, device=device)
         except EncoderError as err:
             raise TowerError(f"towers: {err}") from None
-        self._load_image = _load_image
+        if not isinstance(encoder, ImageClassifierEncoder):
+            raise TowerError(f"towers: {config.encoder!r} is not an image classifier backbone")
+        self._load_image = load_image
         self.variant = kind.removeprefix("efficientnet-")
         self.spec = encoder.spec
         self.model = encoder.backbone  # pixels [B, 3, S, S] -> pooled features [B, Di]
@@ -454,7 +490,9 @@ class EfficientNetTowers(Towers):
 
     def _export_model(self, model: nn.Module, directory: Path) -> str:
         path = directory / f"efficientnet-{self.variant}.pth"
-        torch.save({k: v.contiguous() for k, v in model.net.state_dict().items()}, path)
+        net = model.net
+        assert isinstance(net, nn.Module)  # the EfficientNet inside the pooled backbone
+        torch.save({k: v.contiguous() for k, v in net.state_dict().items()}, path)
         return f"efficientnet-{self.variant}:{path.resolve()}"
 
 

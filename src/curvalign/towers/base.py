@@ -350,6 +350,8 @@ class Towers(nn.Module):
     spec: str
     image_width: int
     text_width: int
+    #: the whole encoder (a submodule the subclass assigns in its ``__init__``)
+    model: nn.Module
     #: peft target modules when ``TowersConfig.lora_targets`` is empty
     default_lora_targets: tuple[str, ...] = ()
     #: one backbone for both sides (a text-only encoder encodes the texts standing for images)
@@ -428,14 +430,14 @@ class Towers(nn.Module):
         for side in sides:
             if self.mode(side) == "lora":
                 self._add_lora(side)
-        unused = []
+        unused: list[str] = []
         for name, param in self.model.named_parameters():
-            side = self._side_of(name)
-            if side is None:
+            owner = self._side_of(name)
+            if owner is None:
                 if self.mode("image") != "locked" or self.mode("text") != "locked":
                     unused.append(name)
                 continue
-            mode = self.mode(side)
+            mode = self.mode(owner)
             if mode == "full" or (mode == "lora" and "lora_" in name):
                 param.requires_grad_(True)
         if cfg.checkpointing:
@@ -459,9 +461,9 @@ class Towers(nn.Module):
         raise TowerError(f"towers {self.config.encoder!r}: no activation checkpointing here")
 
     def _add_lora(self, side: str) -> None:
-        from curvalign.data.encoders import _require
+        from curvalign.data.encoders import import_optional
 
-        peft = _require("peft", "towers")
+        peft = import_optional("peft", "towers")
         targets = self.config.side_targets(side) or list(self.default_lora_targets)
         if self.shared_backbone:  # one backbone: a target of either side is the backbone's
             targets = sorted(

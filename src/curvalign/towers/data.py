@@ -13,7 +13,7 @@ Training rows are decoded, cropped, augmented and tokenised by ``curvalign.tower
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -58,7 +58,7 @@ class StoreItems:
         return [self._texts[int(i)] for i in ids]
 
 
-def check_recipe_parts(requires: Sequence[str], recipe: str, streamed: bool = False) -> None:
+def check_recipe_parts(requires: Iterable[str], recipe: str, streamed: bool = False) -> None:
     """TowerError before any training when the recipe needs a part tower batches lack: boxes
     and text pairs when the pairs are streamed from webdataset shards (they hold images and
     captions only). Token-level text features need no check: the towers give the text tower's

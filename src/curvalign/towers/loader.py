@@ -25,18 +25,22 @@ from __future__ import annotations
 
 import hashlib
 import math
+import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
 
 from curvalign.data.batch import Batch
-from curvalign.data.features import FeatureStore
+from curvalign.data.features import FeatureStore, present
 from curvalign.data.sampling import BatchSampler
 from curvalign.towers.base import InputPreparer, TowerError, Towers
 from curvalign.towers.data import StoreItems
+
+if TYPE_CHECKING:
+    from PIL.Image import Image as PILImage
 
 
 @dataclass(frozen=True)
@@ -51,7 +55,7 @@ class Augment:
     ratio: tuple[float, float] = (3 / 4, 4 / 3)
     flip: float = 0.0
 
-    def __call__(self, image: Any, generator: torch.Generator) -> Any:
+    def __call__(self, image: PILImage, generator: torch.Generator) -> PILImage:
         from PIL import Image
 
         width, height = image.size
@@ -123,7 +127,7 @@ class StepRows:
     pair_scores: Tensor | None = None
 
 
-def _decode(item: Any) -> Any:
+def decode_item(item: PILImage | str | os.PathLike[str] | bytes | bytearray) -> PILImage:
     """A PIL RGB image from a path, a PIL image or encoded bytes (a webdataset member)."""
     import io
 
@@ -131,9 +135,9 @@ def _decode(item: Any) -> Any:
 
     if isinstance(item, bytes | bytearray):
         return open_image(io.BytesIO(item))
-    from curvalign.data.encoders import _load_image
+    from curvalign.data.encoders import load_image
 
-    return _load_image(item)
+    return load_image(item)
 
 
 class _RowError(Exception):
@@ -173,14 +177,14 @@ class RowPreparer:
     ) -> Any:
         """Decode ``items`` (cut ``crops`` from them), augment each by its global position
         ``offset + k``, then the tower's input transform."""
-        from curvalign.data.extract import _crop
+        from curvalign.data.extract import crop_box
 
         images = []
         for k, item in enumerate(items):
             try:
-                image = _decode(item)
+                image = decode_item(item)
                 if crops is not None:
-                    image = _crop(image, crops[k])
+                    image = crop_box(image, crops[k])
             except (OSError, ValueError) as err:
                 what = "a webdataset image" if isinstance(item, bytes | bytearray) else repr(item)
                 raise _RowError(f"{kind} {what} cannot be used ({err})") from None
@@ -216,10 +220,14 @@ class RowPreparer:
         return out
 
 
-def _corners(text: str) -> tuple[float, float, float, float]:
+def parse_corners(text: str) -> tuple[float, float, float, float]:
     """``"x0 y0 x1 y1"`` (a store's ``box_corners`` entry) -> the four numbers."""
     x0, y0, x1, y1 = (float(v) for v in text.split())
     return (x0, y0, x1, y1)
+
+
+#: the former private names, still imported by train/towers.py
+_decode, _corners = decode_item, parse_corners
 
 
 class StoreRows:
@@ -244,8 +252,9 @@ class StoreRows:
                     "files and each box's corners and phrase (manifest 'box_corners', "
                     "'box_phrases': extract the store again with this version)"
                 )
-            self._box_owner = [int(i) for i in store.box_to_image.tolist()]
-            self._box_corners = [_corners(c) for c in store.box_corners]
+            owners = present(store.box_to_image, "box_to_image")
+            self._box_owner = [int(i) for i in owners.tolist()]
+            self._box_corners = [parse_corners(c) for c in store.box_corners]
             self._box_phrases = list(store.box_phrases)
         self._pairs: tuple[list[str], list[str], Tensor] | None = None
         if "text_pairs" in sampler.requires:
@@ -255,7 +264,11 @@ class StoreRows:
                     "their texts (manifest 'pair_a_texts', 'pair_b_texts': extract the store "
                     "again with this version)"
                 )
-            self._pairs = (list(store.pair_a_texts), list(store.pair_b_texts), store.pair_scores)
+            self._pairs = (
+                list(store.pair_a_texts),
+                list(store.pair_b_texts),
+                present(store.pair_scores, "pair_scores"),
+            )
 
     def _local(self, ids: Tensor) -> tuple[Tensor, int]:
         size = len(ids) // self.world_size
@@ -367,14 +380,14 @@ class RawBatchLoader:
             step += 1
 
     def _start_iterator(self) -> Iterator[dict[str, Any]]:
-        loader = torch.utils.data.DataLoader(
+        loader: torch.utils.data.DataLoader[dict[str, Any]] = torch.utils.data.DataLoader(
             self.preparer,  # type: ignore[arg-type]  # a map-style dataset keyed by StepRows
             batch_size=None,
-            sampler=_Steps(self),  # type: ignore[arg-type]
+            sampler=_Steps(self),
             num_workers=self.workers,
             # its own generator: creating the iterator must not draw from torch's global one
             generator=torch.Generator().manual_seed(self.seed),
-            **({"prefetch_factor": 2} if self.workers else {}),
+            prefetch_factor=2 if self.workers else None,
         )
         return iter(loader)
 
@@ -438,6 +451,8 @@ __all__ = [
     "RowPreparer",
     "StepRows",
     "StoreRows",
+    "decode_item",
     "encode_prepared",
+    "parse_corners",
     "row_generator",
 ]

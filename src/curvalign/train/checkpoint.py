@@ -207,7 +207,7 @@ def load_train_state(
         raise CheckpointError(f"{path} is corrupt ({_load_failure(err)})") from None
     if not isinstance(state, dict) or "step" not in state or "model" not in state:
         raise CheckpointError(f"{path} is corrupt: not a curvalign training state")
-    if mismatch is not None:
+    if mismatch is not None and meta is not None:  # a mismatch is only found against meta
         if int(state["step"]) <= int(meta["step"]):
             raise mismatch
         notes.append(

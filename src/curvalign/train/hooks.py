@@ -34,14 +34,13 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from curvalign.errors import ConfigError, TrainError
 
-#: the ``trainer`` every hook method receives is a ``curvalign.train.trainer.Trainer`` (typed Any
-#: here: the trainer imports this module) and ``run`` a ``TrainedRun``
-Trainer = Any
-TrainedRun = Any
+if TYPE_CHECKING:
+    # the trainer imports this module: its types are read by the type checker only
+    from curvalign.train.trainer import TrainedRun, Trainer
 
 
 class Decision(enum.Enum):
