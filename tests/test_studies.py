@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from curvalign.report import studykit as kit
+from curvalign_lab import kit
 from curvalign.stats import Interval, mean_interval, paired_difference
 
 # --- the verdict rule, every outcome (hand-made numbers) -------------------------------------
@@ -308,7 +308,7 @@ def test_convergence_plateau():
 
 
 def test_spearman_with_ties():
-    from curvalign.report.studies import spearman
+    from curvalign_lab.common import spearman
 
     x = torch.tensor([1.0, 2.0, 3.0, 4.0])
     assert spearman(x, x * 10) == pytest.approx(1.0)
@@ -520,7 +520,7 @@ TINY_STUDIES = {
 
 @pytest.mark.parametrize("name", list(TINY_STUDIES))
 def test_each_study_runs_tiny_and_is_too_short(tmp_path, name, one_thread):
-    from curvalign.report.studies import run_study
+    from curvalign_lab.runner import run_study
 
     options, data = TINY_STUDIES[name]
     result = run_study(
@@ -566,21 +566,21 @@ def test_each_study_runs_tiny_and_is_too_short(tmp_path, name, one_thread):
 def test_wordnet_frozen_baseline_on_a_shared_space(tmp_path, one_thread):
     import dataclasses
 
-    from curvalign.report.studies import _frozen_baseline, _frozen_text, load_study_data
+    from curvalign_lab.common import frozen_baseline, frozen_text, load_study_data
 
     store, _ = load_study_data(TINY + ",image_dim=96")
     store = dataclasses.replace(store, meta={**store.meta, "shared_space": True})
-    frozen = _frozen_baseline(kit.Bench(tmp_path, store, "synthetic", 10, [], val_every=5))
+    frozen = frozen_baseline(kit.Bench(tmp_path, store, "synthetic", 10, [], val_every=5))
     assert frozen["row"] == "frozen features" and "absent" not in frozen
     for key in ("val mean R@1", "test mean R@1"):
         assert 0.0 <= frozen[key] <= 1.0
     assert "test hierarchy J" in frozen
-    assert f"test mean R@1 {100 * frozen['test mean R@1']:.1f}" in _frozen_text(frozen)
+    assert f"test mean R@1 {100 * frozen['test mean R@1']:.1f}" in frozen_text(frozen)
 
 
 def test_results_page_is_generated_from_the_json(tmp_path, one_thread):
-    from curvalign.report import results
-    from curvalign.report.studies import run_study
+    from curvalign_lab import results
+    from curvalign_lab.runner import run_study
 
     run_study(
         "proclip-product",
@@ -615,7 +615,7 @@ def test_results_page_is_generated_from_the_json(tmp_path, one_thread):
 
 
 def test_power_pilot_plans_the_seeds_and_says_so(tmp_path, one_thread):
-    from curvalign.report.studies import run_study
+    from curvalign_lab.runner import run_study
 
     result = run_study(
         "proclip-product",
@@ -846,7 +846,7 @@ def _tree_store(features, parents):
 
 def test_graph_reconstruction_ranks_the_closure_by_distance():
     from curvalign.eval.frozen import FrozenFeatures
-    from curvalign.report.studies import reconstruction
+    from curvalign_lab.common import reconstruction
 
     # root 0 with leaves 1 and 2: 0 is related to both, 1 and 2 are unrelated to each other
     parents = [-1, 0, 0]
@@ -864,7 +864,7 @@ def test_graph_reconstruction_ranks_the_closure_by_distance():
 
 
 def test_decay_rate_and_routing_class():
-    from curvalign.report.studies import decay_rate, routing_class
+    from curvalign_lab.studies.agr_curriculum import decay_rate, routing_class
 
     # L(t) = 2 exp(-0.01 t), logged every 10 steps; the rate is read up to step 100 only
     log = [{"step": t, "loss_euclidean": 2 * math.exp(-0.01 * t)} for t in range(10, 201, 10)]
@@ -879,7 +879,7 @@ def test_decay_rate_and_routing_class():
 def test_tangent_sum_composition_in_one_hyperbolic_space():
     from curvalign.geometry import lorentz
     from curvalign.recipes.phyclip import Phyclip, PhyclipConfig
-    from curvalign.report.studies import tangent_sum_compose
+    from curvalign_lab.studies.phyclip_factors import tangent_sum_compose
 
     torch.manual_seed(5)
     r = Phyclip(PhyclipConfig(num_factors=1, factor_dim=4), 10, 8)
@@ -895,7 +895,7 @@ def test_tangent_sum_composition_in_one_hyperbolic_space():
 
 
 def test_stability_check_flags_a_changed_verdict_unless_underpowered(tmp_path):
-    from curvalign.report import results
+    from curvalign_lab import results
 
     def write(base, verdicts):
         for name, claims in verdicts.items():
@@ -927,7 +927,7 @@ def test_stability_check_flags_a_changed_verdict_unless_underpowered(tmp_path):
 
 
 def test_world_inclusive_interval_trains_each_seed_on_its_own_world(tmp_path, one_thread):
-    from curvalign.report.studies import run_study
+    from curvalign_lab.runner import run_study
 
     result = run_study(
         "proclip-product",
@@ -950,7 +950,7 @@ def test_world_inclusive_interval_trains_each_seed_on_its_own_world(tmp_path, on
 
 
 def test_lr_table_marks_a_rate_at_the_grid_edge():
-    from curvalign.report import results
+    from curvalign_lab import results
 
     result = {
         "claims": [{"paper_source": "x"}],
@@ -1006,7 +1006,7 @@ def test_cached_value_computes_once_and_waits_for_a_run_in_progress(tmp_path):
 
 
 def test_world_inclusive_interval_re_decides_a_claim_and_keeps_the_seed_only_one():
-    from curvalign.report.studies import _with_world
+    from curvalign_lab.common import with_world
 
     seed_only = paired_difference([0.50, 0.52, 0.55], [0.40, 0.41, 0.43])  # clear gain
     claim = kit.claim_record(
@@ -1015,18 +1015,18 @@ def test_world_inclusive_interval_re_decides_a_claim_and_keeps_the_seed_only_one
     assert claim["verdict"] == kit.HOLDS
     # across worlds the gain is not there: the claim is decided on the world-inclusive interval
     worlds = mean_interval([0.08, -0.06, 0.01])
-    again = _with_world(claim, worlds, "synthetic")
+    again = with_world(claim, worlds, "synthetic")
     assert again["claim"] == "a beats b, world-inclusive"
     assert again["verdict"] != kit.HOLDS and again["effect"]["mean"] == pytest.approx(worlds.mean)
     assert again["seed_only"]["mean"] == pytest.approx(seed_only.mean)
     assert "seed-only (world synthetic)" in again["effect_text"]
     assert "which alone gives holds" in again["effect_text"]
     assert again["paper_effect_text"] == claim["paper_effect_text"]
-    assert _with_world(claim, None, "synthetic") is claim
+    assert with_world(claim, None, "synthetic") is claim
 
 
 def test_with_world_keeps_every_input_of_the_decision():
-    from curvalign.report.studies import _with_world
+    from curvalign_lab.common import with_world
 
     seed_only = mean_interval([0.05, 0.09, -0.04])  # contains 0 and -2 points: inconclusive
     worlds = mean_interval([0.001, -0.002, 0.0015, -0.001, 0.0005])  # tight around 0
@@ -1043,17 +1043,17 @@ def test_with_world_keeps_every_input_of_the_decision():
         control_min=0.15,
         role="exploratory",
     )
-    again = _with_world(claim, worlds, "synthetic")
+    again = with_world(claim, worlds, "synthetic")
     assert claim["verdict"] != kit.HOLDS and again["verdict"] == kit.HOLDS
     assert again["inputs"] == claim["inputs"] and again["role"] == "exploratory"
     assert again["unit"] == "pp" and " pp (95%" in again["effect_text"]
     assert again["mde_text"].endswith("pp at n=5")
     # an equivalence margin: equivalent within ±2 points only if delta is carried over
     margin = kit.claim_record("a equals b", seed_only, MOVED, "control", delta=0.02)
-    assert _with_world(margin, worlds, "synthetic")["verdict"] == kit.EQUIVALENT
+    assert with_world(margin, worlds, "synthetic")["verdict"] == kit.EQUIVALENT
     # the control's size is carried: a world-inclusive control below control_min fails
     small = paired_difference([0.30, 0.32, 0.35], [0.25, 0.26, 0.30])
-    worse = _with_world(claim, worlds, "synthetic", world_control=small)
+    worse = with_world(claim, worlds, "synthetic", world_control=small)
     assert small.low > 0 and not worse["control_ok"] and worse["verdict"] != kit.HOLDS
     assert worse["seed_only_control"]["mean"] == pytest.approx(MOVED.mean)
     assert worse["control_what"] == "control, world-inclusive"
@@ -1061,16 +1061,16 @@ def test_with_world_keeps_every_input_of_the_decision():
     # a precondition or a regime decides whatever the world-inclusive interval says
     for why in ({"precondition": "lambda_E <= 2 lambda_H"}, {"regime": "no encoder training"}):
         blocked = kit.claim_record("a beats b", CLEAR_GAIN, MOVED, "control", **why)
-        redone = _with_world(blocked, CLEAR_GAIN, "synthetic")
+        redone = with_world(blocked, CLEAR_GAIN, "synthetic")
         assert redone["verdict"] == kit.NOT_REPRODUCED and redone["inputs"] == blocked["inputs"]
         assert next(iter(why.values())) in redone["outcome"]
     # and a short budget stays too short
     short = kit.claim_record("a beats b", CLEAR_GAIN, MOVED, "control", budget_ok=False)
-    assert _with_world(short, CLEAR_GAIN, "synthetic")["outcome"] == kit.TOO_SHORT
+    assert with_world(short, CLEAR_GAIN, "synthetic")["outcome"] == kit.TOO_SHORT
 
 
 def _world_study(tmp_path, name, vary_world, steps=3, data=TINY, **options):
-    from curvalign.report.studies import parse_study_options, run_study
+    from curvalign_lab.runner import parse_study_options, run_study
 
     options |= parse_study_options(name, [f"vary_world={vary_world}"])
     return run_study(
@@ -1130,7 +1130,7 @@ DUALPATH_TINY = f"{TINY},paraphrase_topics=8,heldout_pairs=40"
 
 
 def test_dualpath_claims_are_decided_across_worlds(tmp_path, one_thread, monkeypatch):
-    from curvalign.report import studies
+    from curvalign_lab.studies import dualpath_forgetting as studies
     from curvalign.runs import load_run
 
     measured_on = []  # the held-out pair scores every skill measurement read
@@ -1193,9 +1193,32 @@ def test_dualpath_claims_are_decided_across_worlds(tmp_path, one_thread, monkeyp
 
 def test_agr_routing_claims_need_an_open_gate() -> None:
     """With the query gate shut the router is barely trained, so w̄ cannot test Theorem 5.3."""
-    from curvalign.report.studies import AGR_GATE_OPEN, agr_gate_precondition
+    from curvalign_lab.studies.agr_curriculum import AGR_GATE_OPEN, agr_gate_precondition
 
     assert agr_gate_precondition({"single": 0.997, "four-phase": AGR_GATE_OPEN}) is None
     shut = agr_gate_precondition({"single": 0.02, "four-phase": 0.9})
     assert shut is not None and "single g = 0.02" in shut and "four-phase" not in shut
     assert agr_gate_precondition({"single": float("nan")}) is not None
+
+
+def test_the_moved_study_modules_keep_a_deprecated_alias():
+    # the studies left the importable library for curvalign_lab; the old names still resolve,
+    # with a DeprecationWarning naming the new place
+    import importlib
+    import sys
+
+    from curvalign_lab import runner
+
+    for old, new in (
+        ("curvalign.report.studies", "curvalign_lab"),
+        ("curvalign.report.studykit", "curvalign_lab.kit"),
+        ("curvalign.report.results", "curvalign_lab.results"),
+    ):
+        sys.modules.pop(old, None)
+        with pytest.warns(DeprecationWarning, match=new):
+            module = importlib.import_module(old)
+        assert module is not None
+    from curvalign.report import studies as old_studies
+
+    assert old_studies.run_study is runner.run_study
+    assert old_studies.spearman is not None and old_studies.AGR_GATE_OPEN == 0.5

@@ -834,8 +834,9 @@ def study_command(
 ) -> None:
     """Test paper claims (one study, or `all` into OUT/NAME) and print each verdict.
 
-    Regenerate docs/results.md from the outputs with `python -m curvalign.report.results OUT`."""
-    from curvalign.report.studies import STUDIES, parse_study_options, run_all, run_study
+    Regenerate docs/results.md from the outputs with `python -m curvalign_lab.results OUT`."""
+    # the laboratory, a sibling package the library never imports: loaded only by this command
+    from curvalign_lab.runner import STUDIES, parse_study_options, run_all, run_study
 
     if name != "all" and name not in STUDIES:
         fail(f"unknown study {name!r}; studies: all, {', '.join(STUDIES)}")
