@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from curvalign_lab import kit
 from curvalign.stats import Interval, mean_interval, paired_difference
+from curvalign_lab import kit
 
 # --- the verdict rule, every outcome (hand-made numbers) -------------------------------------
 
@@ -64,46 +64,51 @@ def test_equivalent_within_delta_by_tost():
     assert kit.decide(tiny, None, delta=0.01).kind == kit.INCONCLUSIVE_KIND
 
 
-def test_underpowered_when_the_mde_exceeds_the_paper_effect():
-    # seed SD ~ 8 points: at 3 seeds the MDE is ~27 points, the paper claims 2
+UNDER_PLAN = {"underpowered": True, "cap": 10, "reason": "MDE 5 at the cap of 10 seeds"}
+POWERED_PLAN = {"underpowered": False, "cap": 10, "reason": "4 seeds give MDE 1.9 <= 2"}
+
+
+def test_underpowered_comes_from_the_plan_never_from_the_runs_own_sd():
+    # seed SD ~ 8 points: at 3 seeds the run's own MDE is ~29 points, the paper claims 2; with
+    # no plan that is not a verdict of "underpowered" (the run's SD cannot judge itself)
     noisy = mean_interval([0.10, -0.05, 0.08])
-    v = kit.decide(noisy, MOVED, paper_effect=0.02)
-    assert v.kind == kit.UNDERPOWERED
-    mde = kit.minimal_detectable(noisy)
-    assert f"MDE {mde * 100:.3g} vs claimed 2" in v.text and "at 3 seeds" in v.text
-    # the same interval against a paper effect larger than the MDE: plain inconclusive
-    assert kit.decide(noisy, MOVED, paper_effect=0.5).text == kit.INCONCLUSIVE
-    # a clear effect is decided even when the design is weak for the paper's effect
-    assert kit.decide(CLEAR_GAIN, MOVED, paper_effect=0.001).kind == kit.HOLDS
-    # one seed cannot detect anything
-    assert kit.decide(mean_interval([0.5]), MOVED, paper_effect=0.02).kind == kit.UNDERPOWERED
+    assert kit.decide(noisy, MOVED, paper_effect=0.02).text == kit.INCONCLUSIVE
+    v = kit.decide(noisy, MOVED, paper_effect=0.02, plan=UNDER_PLAN)
+    assert v.kind == kit.UNDERPOWERED and "by plan" in v.text and "n > 10" in v.text
+    # a powered plan: the same interval contains the paper's effect, so plain inconclusive
+    assert kit.decide(noisy, MOVED, paper_effect=0.02, plan=POWERED_PLAN).text == kit.INCONCLUSIVE
+    # a clear effect is decided even when the plan says the design is weak
+    assert kit.decide(CLEAR_GAIN, MOVED, paper_effect=0.001, plan=UNDER_PLAN).kind == kit.HOLDS
+    # a powered plan whose interval lies below the paper's effect: the effect is excluded
+    flat = mean_interval([0.001, -0.002, 0.0])
+    v = kit.decide(flat, MOVED, paper_effect=0.02, plan=POWERED_PLAN)
+    assert v.kind == kit.DOES_NOT_HOLD and "paper's effect (2) is excluded" in v.text
 
 
 def test_underpowered_says_when_the_control_did_not_separate_either():
     noisy = mean_interval([0.10, -0.05, 0.08])
-    v = kit.decide(noisy, STILL, paper_effect=0.02, control_min=0.02)
+    v = kit.decide(noisy, STILL, paper_effect=0.02, control_min=0.02, plan=UNDER_PLAN)
     assert v.kind == kit.UNDERPOWERED and v.text.endswith(kit.CONTROL_FAILED)
     # a control of the wrong size (right sign, mean below control_min) is named the same way
-    v = kit.decide(noisy, MOVED, paper_effect=0.02, control_min=0.5)
+    v = kit.decide(noisy, MOVED, paper_effect=0.02, control_min=0.5, plan=UNDER_PLAN)
     assert v.kind == kit.UNDERPOWERED and kit.CONTROL_FAILED in v.text
     # with a control that separated the text is the plain underpowered one
-    assert kit.CONTROL_FAILED not in kit.decide(noisy, MOVED, paper_effect=0.02).text
+    v = kit.decide(noisy, MOVED, paper_effect=0.02, plan=UNDER_PLAN)
+    assert kit.CONTROL_FAILED not in v.text
 
 
 def test_verdict_across_two_seed_bases():
     holds, fails = kit.Verdict(kit.HOLDS, kit.HOLDS), kit.Verdict(kit.DOES_NOT_HOLD, "does not")
-    under = kit.Verdict(kit.UNDERPOWERED, "underpowered at 3 seeds (MDE 4 vs claimed 2)")
+    under = kit.Verdict(kit.UNDERPOWERED, "underpowered by plan (n > 10)")
     inconclusive = kit.Verdict(kit.INCONCLUSIVE_KIND, kit.INCONCLUSIVE)
-    assert kit.across_seed_bases(holds, holds, 3) == holds
+    assert kit.across_seed_bases(holds, holds) == holds
     # the same class with different numbers in the text is an agreement (base A's text kept)
-    other = kit.Verdict(kit.UNDERPOWERED, "underpowered at 3 seeds (MDE 3 vs claimed 2)")
-    assert kit.across_seed_bases(under, other, 3) == under
-    assert kit.across_seed_bases(holds, under, 3) == under
-    assert kit.across_seed_bases(under, fails, 3) == under
-    flip = kit.across_seed_bases(holds, inconclusive, 3)
-    assert flip.kind == kit.UNSTABLE and "at 3 seeds" in flip.text
-    assert kit.HOLDS in flip.text and kit.INCONCLUSIVE in flip.text
-    assert kit.across_seed_bases(holds, fails, 5).kind == kit.UNSTABLE
+    other = kit.Verdict(kit.UNDERPOWERED, "underpowered by plan (n > 12)")
+    assert kit.across_seed_bases(under, other) == under
+    # holds on one base, underpowered on the other: a flip, shown as a flip
+    for a, b in ((holds, under), (under, fails), (holds, inconclusive), (holds, fails)):
+        flip = kit.across_seed_bases(a, b)
+        assert flip.kind == kit.UNSTABLE and a.text in flip.text and b.text in flip.text
 
 
 def test_lr_grid_climb_finds_an_interior_optimum_on_hand_made_curves():
@@ -141,16 +146,20 @@ def test_lr_grid_climb_finds_an_interior_optimum_on_hand_made_curves():
     assert chosen == 3e-3 and len(seen) == 2 and not kit.grid_interior((1e-3, 3e-3), chosen)
 
 
-def test_mde_matches_the_formula_on_hand_made_numbers():
+def test_mde_is_the_exact_noncentral_t_one():
     from curvalign.stats import interval_sd, minimal_detectable_effect, sample_sd
+    from curvalign_lab import rules
 
     values = [0.10, -0.05, 0.08]
     iv = mean_interval(values)
     assert interval_sd(iv) == pytest.approx(sample_sd(values))
-    # (t_.975,2 + t_.80,2) * sd / sqrt(3) = (4.302653 + 1.060660) * sd / sqrt(3)
-    expected = (4.302653 + 1.060660) * sample_sd(values) / math.sqrt(3)
-    assert kit.minimal_detectable(iv) == pytest.approx(expected)
-    assert minimal_detectable_effect(sample_sd(values), 3) == pytest.approx(expected)
+    exact = kit.minimal_detectable(iv)
+    assert exact == pytest.approx(rules.minimal_detectable(sample_sd(values), 3))
+    # at that effect the two-sided paired t test has 80% power (by construction) ...
+    assert rules.power(exact, sample_sd(values), 3) == pytest.approx(0.8, abs=1e-9)
+    # ... and the textbook shifted-central-t formula is about 5% too small at 3 seeds
+    approx = minimal_detectable_effect(sample_sd(values), 3)
+    assert 1.03 < exact / approx < 1.08
 
 
 def test_not_reproduced_in_this_regime_wins_over_everything():
@@ -179,7 +188,9 @@ def test_every_verdict_class_is_reachable():
         kit.decide(paired_difference([0.40, 0.41, 0.43], [0.50, 0.52, 0.55]), MOVED).kind,
         kit.decide(mean_interval([0.001, -0.002, 0.0015, -0.001]), MOVED, delta=0.01).kind,
         kit.decide(mean_interval([0.10, -0.05, 0.08]), MOVED).kind,
-        kit.decide(mean_interval([0.10, -0.05, 0.08]), MOVED, paper_effect=0.02).kind,
+        kit.decide(
+            mean_interval([0.10, -0.05, 0.08]), MOVED, paper_effect=0.02, plan=UNDER_PLAN
+        ).kind,
         kit.decide(CLEAR_GAIN, MOVED, regime="x").kind,
     }
     assert reached == set(kit.VERDICTS)
@@ -274,10 +285,23 @@ def test_holm_changes_the_verdicts_table():
     )
     kit.apply_holm(claims)
     assert claims[-1]["holm_verdict"] == kit.NOT_REPRODUCED and claims[0]["holm_family"] == 3
+    # so is a claim whose precondition is not met, and a precondition claim itself (decided by
+    # its own interval, not costing the others power)
+    claims.append(
+        kit.claim_record("p", mean_interval([0.1, 0.2, 0.3]), MOVED, "c", precondition="shut")
+    )
+    claims.append(
+        kit.claim_record("gate", mean_interval([0.10, 0.11, 0.12]), MOVED, "c", role="precondition")
+    )
+    kit.apply_holm(claims)
+    assert claims[0]["holm_family"] == 3 and "holm_family" not in claims[-1]
+    assert claims[-2]["holm_verdict"] == kit.NOT_REPRODUCED
+    assert claims[-1]["holm_verdict"] == kit.HOLDS
 
 
 def test_seeds_for_effect_and_the_pilot_plan():
     from curvalign.stats import minimal_detectable_effect, seeds_for_effect
+    from curvalign_lab import rules
 
     n = seeds_for_effect(0.05, 0.04)
     assert minimal_detectable_effect(0.05, n) <= 0.04 < minimal_detectable_effect(0.05, n - 1)
@@ -288,12 +312,39 @@ def test_seeds_for_effect_and_the_pilot_plan():
         kit.claim_record("small", mean_interval([0.01, 0.03, 0.0]), MOVED, "c", paper_effect=0.02),
         kit.claim_record("tiny", mean_interval([0.2, -0.2, 0.1]), MOVED, "c", paper_effect=1e-3),
         kit.claim_record("none", mean_interval([0.2, -0.2, 0.1]), MOVED, "c"),
+        # non-inferiority (threshold -margin): planned against the distance to the margin
+        kit.claim_record(
+            "flat",
+            mean_interval([-0.01, 0.0, -0.005]),
+            MOVED,
+            "c",
+            threshold=-0.02,
+            paper_effect=0.0055,
+        ),
+        # a precondition claim is not planned (and is outside the Holm family)
+        kit.claim_record(
+            "pre",
+            mean_interval([0.2, -0.2, 0.1]),
+            MOVED,
+            "c",
+            paper_effect=1e-3,
+            role="precondition",
+        ),
     ]
     plan = kit.plan_seeds(pilot, max_seeds=12)
-    small_sd = mean_interval([0.01, 0.03, 0.0])
-    assert plan["per_claim"]["small"] == seeds_for_effect(kit.interval_sd(small_sd), 0.02, 12)
-    assert plan["seeds"] == max(plan["per_claim"]["big"], plan["per_claim"]["small"])
-    assert plan["out_of_budget"] == ["tiny"] and "none" not in plan["per_claim"]
+    small_sd = kit.interval_sd(mean_interval([0.01, 0.03, 0.0]))
+    small = rules.plan_for_sd(small_sd, 3, kind="superiority", paper_effect=0.02, cap=12)
+    assert plan["per_claim"]["small"]["n"] == small.n and not small.underpowered
+    assert rules.minimal_detectable(small_sd, small.n) <= 0.02
+    assert rules.minimal_detectable(small_sd, small.n - 1) > 0.02
+    flat = plan["per_claim"]["flat"]
+    assert flat["kind"] == "non-inferiority" and flat["target"] == pytest.approx(0.0145)
+    assert plan["seeds"] == max(p["n"] for p in plan["per_claim"].values() if not p["underpowered"])
+    assert plan["out_of_budget"] == ["tiny"]
+    assert "none" not in plan["per_claim"] and "pre" not in plan["per_claim"]
+    # the plan, not the run, says "underpowered"
+    tiny = kit.with_plan(pilot[2], plan["per_claim"]["tiny"])
+    assert tiny["verdict"] == kit.UNDERPOWERED and tiny["planned_n_text"].startswith("> 12")
 
 
 # --- machinery ---------------------------------------------------------------------------------
@@ -894,7 +945,7 @@ def test_tangent_sum_composition_in_one_hyperbolic_space():
     assert not torch.allclose(composed, a["point"]) and not torch.allclose(composed, b["point"])
 
 
-def test_stability_check_flags_a_changed_verdict_unless_underpowered(tmp_path):
+def test_stability_check_shows_every_flip_as_a_flip(tmp_path):
     from curvalign_lab import results
 
     def write(base, verdicts):
@@ -905,25 +956,27 @@ def test_stability_check_flags_a_changed_verdict_unless_underpowered(tmp_path):
                 "name": name,
                 "seeds": [0, 1, 2] if base == "a" else [100, 101, 102],
                 "claims": [
-                    {"claim": c, "outcome": v, "holm_outcome": v, "holm_verdict": v.split(" at")[0]}
+                    {"claim": c, "outcome": v, "holm_outcome": v, "holm_verdict": v.split(" by")[0]}
                     for c, v in claims
                 ],
             }
             (d / "study.json").write_text(json.dumps(result))
 
-    write("a", {"s": [("x", kit.HOLDS), ("y", "underpowered at 3 seeds"), ("z", kit.EQUIVALENT)]})
-    write("b", {"s": [("x", kit.HOLDS), ("y", kit.HOLDS), ("z", kit.EQUIVALENT)]})
+    under = "underpowered by plan (n > 10)"
+    write("a", {"s": [("x", kit.HOLDS), ("y", under), ("z", kit.EQUIVALENT)]})
+    write("b", {"s": [("x", kit.HOLDS), ("y", under), ("z", kit.EQUIVALENT)]})
     rows, ok = results.stability(tmp_path / "a", tmp_path / "b")
-    assert ok and [r["agree"] for r in rows] == [True, False, True] and rows[1]["underpowered"]
+    assert ok and all(r["agree"] for r in rows)
+    assert rows[1]["across_kind"] == kit.UNDERPOWERED and rows[2]["across_kind"] == kit.EQUIVALENT
+    # holds on one base and underpowered on the other: unstable, not "underpowered"
     write("c", {"s": [("x", kit.DOES_NOT_HOLD), ("y", kit.HOLDS), ("z", kit.EQUIVALENT)]})
     rows, ok = results.stability(tmp_path / "a", tmp_path / "c")
     assert not ok
-    assert "NOT stable" in results.stability_markdown(rows, ok)
-    assert "| s | x | 0-2 |" in results.stability_markdown(rows, ok)
-    # the flip is marked by the code: unstable (underpowered at this budget), not a verdict
-    assert rows[0]["across_kind"] == kit.UNSTABLE and "at 3 seeds" in rows[0]["across"]
-    assert rows[1]["across_kind"] == kit.UNDERPOWERED and rows[2]["across_kind"] == kit.EQUIVALENT
-    assert "1 flip between bases" in results.stability_markdown(rows, ok)
+    assert [r["across_kind"] for r in rows] == [kit.UNSTABLE, kit.UNSTABLE, kit.EQUIVALENT]
+    assert under in rows[1]["across"] and kit.HOLDS in rows[1]["across"]
+    text = results.stability_markdown(rows, ok)
+    assert "NOT stable" in text and "| s | x | 0-2 |" in text
+    assert "2 flip between bases" in text
 
 
 def test_world_inclusive_interval_trains_each_seed_on_its_own_world(tmp_path, one_thread):
@@ -1047,7 +1100,7 @@ def test_with_world_keeps_every_input_of_the_decision():
     assert claim["verdict"] != kit.HOLDS and again["verdict"] == kit.HOLDS
     assert again["inputs"] == claim["inputs"] and again["role"] == "exploratory"
     assert again["unit"] == "pp" and " pp (95%" in again["effect_text"]
-    assert again["mde_text"].endswith("pp at n=5")
+    assert "pp at n=5" in again["mde_text"]
     # an equivalence margin: equivalent within ±2 points only if delta is carried over
     margin = kit.claim_record("a equals b", seed_only, MOVED, "control", delta=0.02)
     assert with_world(margin, worlds, "synthetic")["verdict"] == kit.EQUIVALENT
@@ -1130,8 +1183,8 @@ DUALPATH_TINY = f"{TINY},paraphrase_topics=8,heldout_pairs=40"
 
 
 def test_dualpath_claims_are_decided_across_worlds(tmp_path, one_thread, monkeypatch):
-    from curvalign_lab.studies import dualpath_forgetting as studies
     from curvalign.runs import load_run
+    from curvalign_lab.studies import dualpath_forgetting as studies
 
     measured_on = []  # the held-out pair scores every skill measurement read
     skill = studies._paraphrase_skill

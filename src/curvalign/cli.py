@@ -830,6 +830,12 @@ def study_command(
         help="Study option NAME=VALUE (a Python literal), e.g. "
         "curvatures=0.1,1,3 or factors=1,4,16 (see docs/evaluation.md).",
     ),
+    quick: bool = typer.Option(
+        False,
+        "--quick",
+        help="A smoke run: the study's tiny store, 2 seeds, a few steps, no learning-rate grid "
+        "and no pilot (checks that the study runs; its verdicts mean nothing).",
+    ),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No per-step progress bars."),
 ) -> None:
     """Test paper claims (one study, or `all` into OUT/NAME) and print each verdict.
@@ -857,6 +863,7 @@ def study_command(
                 seed_base=seed_base,
                 power=power,
                 max_seeds=max_seeds,
+                quick=quick,
                 overrides=overrides or [],
                 lr_cache=lr_cache,
                 show_progress=not quiet,
@@ -873,6 +880,7 @@ def study_command(
                     seed_base=seed_base,
                     power=power,
                     max_seeds=max_seeds,
+                    quick=quick,
                     overrides=overrides or [],
                     lr_cache=lr_cache,
                     show_progress=not quiet,

@@ -219,11 +219,8 @@ def study_result(
         f"({sum(c.get('holm_family') is not None for c in claims)} testable here), Holm at "
         f"family-wise alpha {kit.ALPHA:g}.\n\n"
     )
-    markdown = (
-        family
-        + claims_table(claims)
-        + "\n"
-        + tables
+    body = (
+        tables
         + f"\nConvergence ({val_what} every "
         + f"{bench.val_every} steps; converged = curvalign.stats.curve_converged: the best is not "
         + "the last validation and the last third of the curve rises by no more than its own "
@@ -233,6 +230,7 @@ def study_result(
         + f"on in segments of {bench.val_every} steps up to {bench.max_steps} steps (the "
         + "'stopped at' column).\n"
     )
+    markdown = family + claims_table(claims) + "\n" + body
     return {
         "name": name,
         "paper": paper,
@@ -257,6 +255,10 @@ def study_result(
         "lr_scale": bench.lr_scale,
         "max_steps": bench.max_steps,
         "markdown": markdown,
+        # the page's tables below its verdicts (``page.study_body``)
+        "tables": body,
+        "starts": {a: {str(s): r for s, r in v.items()} for a, v in bench.starts.items()},
+        "starts_fired": kit.starts_fired(bench.starts),
         "figures": [str(f) for f in figures],
         "wall_s": timer.seconds(),
         **extra,

@@ -10,7 +10,8 @@ The verdict rule (``decide``; written out again in every study's output)
              a non-inferiority claim such as "stays within a small margin")
     paper    the paper's own effect on this metric, quoted with the section it comes from
     MDE      minimal detectable effect at the run's own seed SD and number of seeds (paired t,
-             alpha 0.05, 80% power: ``curvalign.stats.minimal_detectable_effect``)
+             alpha 0.05, 80% power, exact noncentral t: ``rules.minimal_detectable``); descriptive,
+             the plan decides "underpowered"
     control  a *calibrated positive control*: an arm handicapped by a known amount of the size
              the claim is about (half the dimension, a known share of shuffled pairs), oriented
              so that the handicap shows as a positive difference; it separated when its 95%
@@ -23,11 +24,15 @@ The verdict rule (``decide``; written out again in every study's output)
        in the Holm column) and the control separated        -> "holds" / "does not hold"
     4. the 90% interval lies inside ±delta (TOST) and the
        control separated                                    -> "equivalent within ±delta"
-    5. the MDE exceeds the paper's effect                   -> "underpowered at n seeds (MDE x
-                                                                vs claimed y)"
-    6. the control did not separate                         -> "inconclusive: the calibrated
+    5. the plan says the claim needs more seeds than the
+       cap (``rules.plan_claim``, on a pilot of a disjoint
+       seed base; never the run's own SD)                   -> "underpowered by plan"
+    6. a powered plan and the interval excludes the
+       paper's effect (superiority)                         -> "does not hold: the paper's
+                                                                effect is excluded"
+    7. the control did not separate                         -> "inconclusive: the calibrated
                                                                 control did not separate"
-    7. otherwise                                            -> "inconclusive: the interval
+    8. otherwise                                            -> "inconclusive: the interval
                                                                 contains the threshold"
     With one seed there is no interval (``curvalign.stats``): never holds.
 
@@ -54,7 +59,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -70,9 +75,7 @@ from curvalign.stats import (
     holm,
     interval_sd,
     mean_interval,
-    minimal_detectable_effect,
     paired_difference,
-    seeds_for_effect,
     t_test_p,
 )
 from curvalign.train.hooks import Decision, TrainerHook, ValidationEvent
@@ -114,8 +117,10 @@ RULE = (
     "hold when the effect differs from the threshold (paired t, Holm-corrected over the study's "
     "claims) and the calibrated control separated with the right sign and at least its expected "
     "size; equivalent within ±delta when the 90% interval lies inside ±delta (TOST) and the "
-    "control separated; underpowered at n seeds when the minimal detectable effect (80% power, "
-    "alpha 0.05, the run's own seed SD) exceeds the paper's effect; inconclusive otherwise"
+    "control separated; underpowered by plan when a pilot on a disjoint seed base needs more "
+    "seeds than the cap for an MDE (exact noncentral t, 80% power) at the paper's effect, or at "
+    "the distance from it to the margin; does not hold when a powered plan's interval excludes "
+    "the paper's effect; inconclusive otherwise"
 )
 
 
@@ -128,9 +133,13 @@ class Verdict:
 
 
 def minimal_detectable(effect: Interval) -> float:
-    """The minimal detectable effect (80% power, alpha 0.05, paired t) at ``effect``'s own seed
-    SD and number of seeds; ``nan`` with fewer than two seeds."""
-    return minimal_detectable_effect(interval_sd(effect), effect.n)
+    """The minimal detectable effect (80% power, alpha 0.05, two-sided paired t; exact
+    noncentral t, ``rules.minimal_detectable``) at ``effect``'s own seed SD and number of
+    seeds; ``nan`` with fewer than two seeds. Descriptive only: whether a claim is underpowered
+    is decided by its plan (``plan_seeds``), never by this."""
+    from curvalign_lab.rules import minimal_detectable as exact
+
+    return exact(interval_sd(effect), effect.n)
 
 
 def control_separates(control: Interval | None, control_min: float = 0.0) -> bool:
@@ -152,6 +161,7 @@ def decide(
     precondition: str | None = None,
     regime: str | None = None,
     significant: bool | None = None,
+    plan: Mapping[str, Any] | None = None,
     scale: float = 100.0,
 ) -> Verdict:
     """The verdict of one claim (``RULE``). ``effect`` and ``control`` are oriented so that the
@@ -160,7 +170,9 @@ def decide(
     metric (for the power check); ``control_min``: the control's expected size; ``delta``: the
     equivalence margin (None: no equivalence verdict); ``precondition`` / ``regime``: why the
     claim cannot be tested here (None: it can); ``significant``: the Holm-corrected decision
-    (None: the effect's own 95% interval decides). ``scale`` only formats the texts."""
+    (None: the effect's own 95% interval decides); ``plan``: the claim's power plan
+    (``rules.Plan.as_dict()``; None: no plan, so never "underpowered" and never "the paper's
+    effect is excluded"). ``scale`` only formats the texts."""
     if regime is not None:
         return Verdict(NOT_REPRODUCED, f"{NOT_REPRODUCED} ({regime})")
     if precondition is not None:
@@ -177,14 +189,24 @@ def decide(
         return Verdict(DOES_NOT_HOLD, DOES_NOT_HOLD)
     if delta is not None and control_ok and equivalent_within(effect, delta):
         return Verdict(EQUIVALENT, f"equivalent within ±{delta * scale:.3g} (TOST, 90% interval)")
-    if paper_effect is not None:
-        mde = minimal_detectable(effect)
-        if not math.isfinite(mde) or mde > abs(paper_effect):
-            return Verdict(
-                UNDERPOWERED,
-                f"underpowered at {effect.n} seeds (MDE {mde * scale:.3g} vs claimed "
-                f"{abs(paper_effect) * scale:.3g})" + ("" if control_ok else CONTROL_FAILED),
-            )
+    if plan is not None and plan.get("underpowered"):
+        return Verdict(
+            UNDERPOWERED,
+            f"underpowered by plan (n > {plan['cap']}: {plan['reason']})"
+            + ("" if control_ok else CONTROL_FAILED),
+        )
+    if (
+        plan is not None
+        and paper_effect is not None
+        and delta is None
+        and control_ok
+        and effect.high < threshold + abs(paper_effect)
+    ):
+        return Verdict(
+            DOES_NOT_HOLD,
+            f"{DOES_NOT_HOLD}: the paper's effect ({abs(paper_effect) * scale:.3g}) is excluded "
+            f"(upper bound {(effect.high - threshold) * scale:.3g})",
+        )
     if not control_ok:
         return Verdict(INCONCLUSIVE_KIND, UNDETECTABLE)
     if alone:
@@ -192,22 +214,16 @@ def decide(
     return Verdict(INCONCLUSIVE_KIND, INCONCLUSIVE)
 
 
-def across_seed_bases(a: Verdict, b: Verdict, seeds: int) -> Verdict:
+def across_seed_bases(a: Verdict, b: Verdict, seeds: int = 0) -> Verdict:
     """The verdict of one claim decided on two disjoint seed bases (``a``, ``b``: each base's
-    Holm-adjusted verdict): the shared verdict where both agree (the same class; the texts may
-    differ in their numbers: ``a``'s text is kept), "underpowered" where either base is, and
-    otherwise ``UNSTABLE`` (the verdict flips with the seeds: at ``seeds`` seeds per base the
-    claim is underpowered in effect, whatever either base's interval says)."""
-    if a.kind == b.kind:
-        return a
-    if UNDERPOWERED in (a.kind, b.kind):
-        under = a if a.kind == UNDERPOWERED else b
-        return Verdict(UNDERPOWERED, under.text)
-    return Verdict(
-        UNSTABLE,
-        f"{UNSTABLE} at {seeds} seeds (one base: {a.text}; the other: {b.text}): underpowered "
-        "at this budget",
-    )
+    Holm-adjusted verdict): the shared verdict where both classes agree (``a``'s text is kept),
+    otherwise ``UNSTABLE``, whatever the labels (``rules.across_bases``): "holds" on one base
+    and "underpowered" on the other is a flip, shown as one. ``seeds`` is kept for callers of
+    the former signature and unused."""
+    from curvalign_lab.rules import across_bases
+
+    kind, text = across_bases((a.kind, a.text), (b.kind, b.text))
+    return Verdict(kind, text)
 
 
 def _interval_text(iv: Interval, scale: float, unit: str) -> str:
@@ -237,6 +253,7 @@ def claim_record(
     effect_values: Sequence[float] | None = None,
     sanity: Interval | None = None,
     sanity_what: str = "",
+    plan: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """One decided claim, JSON-ready: the verdict (before multiplicity correction; ``apply_holm``
     adds the Holm-adjusted one), both intervals, the paper's effect and where the paper states
@@ -250,6 +267,7 @@ def claim_record(
         "delta": delta,
         "precondition": precondition,
         "regime": regime,
+        "plan": dict(plan) if plan is not None else None,
         "scale": scale,
     }
     verdict = decide(effect, control, **inputs)
@@ -267,7 +285,11 @@ def claim_record(
         "effect_values": list(effect_values) if effect_values is not None else None,
         "p_value": t_test_p(effect, threshold),
         "mde": mde,
-        "mde_text": f"{mde * scale:.3g} {unit} at n={effect.n}" if math.isfinite(mde) else "n/a",
+        "mde_text": (
+            f"{mde * scale:.3g} {unit} at n={effect.n} (this run's SD; descriptive)"
+            if math.isfinite(mde)
+            else "n/a"
+        ),
         "paper_effect": paper_effect,
         "paper_source": paper_source,
         "paper_effect_text": (
@@ -302,9 +324,19 @@ def _interval_of(d: dict[str, Any] | None) -> Interval | None:
 def apply_holm(claims: list[dict[str, Any]], alpha: float = ALPHA) -> list[dict[str, Any]]:
     """Holm's correction over one study's family of claims (``claims``, in place and returned):
     each record gets ``holm_significant`` and the verdict re-decided with that decision
-    (``holm_verdict``, ``holm_outcome``). Claims whose mechanism is absent here (``regime``)
-    are tested nowhere and stay out of the family; the family's size is ``holm_family``."""
-    family = [c for c in claims if c["inputs"].get("regime") is None]
+    (``holm_verdict``, ``holm_outcome``). Only tested claims form the family
+    (``rules.in_holm_family``): precondition and regime claims, and claims whose precondition
+    is not met or whose mechanism is absent here, are decided outside a test and do not cost
+    the others power; the family's size is ``holm_family``."""
+    from curvalign_lab.rules import in_holm_family
+
+    family = [
+        c
+        for c in claims
+        if in_holm_family(
+            c.get("role", "primary"), c["inputs"].get("precondition"), c["inputs"].get("regime")
+        )
+    ]
     rejected = holm([c["p_value"] for c in family], alpha)
     for c, rej in zip(family, rejected, strict=True):
         c["holm_significant"] = rej
@@ -314,32 +346,89 @@ def apply_holm(claims: list[dict[str, Any]], alpha: float = ALPHA) -> list[dict[
         verdict = decide(
             _interval_of(c["effect"]),
             _interval_of(c["control"]),
-            significant=c.get("holm_significant", False),
+            # outside the family (a precondition or regime claim): its own interval decides
+            significant=c.get("holm_significant") if any(c is f for f in family) else None,
             **inputs,
         )
         c["holm_verdict"], c["holm_outcome"] = verdict.kind, verdict.text
     return claims
 
 
+def claim_kind(inputs: Mapping[str, Any]) -> tuple[str, float | None]:
+    """(kind, margin) of a recorded claim from its decision inputs: equivalence where it has a
+    ``delta``, non-inferiority where its threshold is below 0 (``-margin``), else
+    superiority."""
+    from curvalign_lab.rules import EQUIVALENCE, NON_INFERIORITY, SUPERIORITY
+
+    if inputs.get("delta") is not None:
+        return EQUIVALENCE, float(inputs["delta"])
+    if float(inputs.get("threshold") or 0.0) < 0:
+        return NON_INFERIORITY, -float(inputs["threshold"])
+    return SUPERIORITY, None
+
+
 def plan_seeds(claims: Sequence[dict[str, Any]], max_seeds: int) -> dict[str, Any]:
-    """The pilot-based choice of seeds (``--power``): per claim with a paper effect, the fewest
-    seeds whose MDE at the pilot's seed SD is at most the paper's effect (``seeds_for_effect``);
-    the study's choice is the largest of those within ``max_seeds`` (a claim that needs more is
-    named: it stays underpowered within this budget)."""
-    need: dict[str, int | None] = {}
+    """The plan of a confirmatory run from a *pilot* run's claims (``--power``; the pilot uses a
+    seed base disjoint from the confirmatory one): per testable claim with a paper effect,
+    ``rules.plan_for_sd`` at the pilot's per-seed SD (exact noncentral-t MDE against the
+    paper's effect, or against the distance to the margin for a non-inferiority or
+    equivalence claim), capped at ``max_seeds``. The run's seeds are the most any powered
+    claim needs; a claim that needs more than the cap is *underpowered by plan* (named in
+    ``out_of_budget``; its verdict says so whatever the confirmatory run's own SD)."""
+    from curvalign_lab.rules import in_holm_family, plan_for_sd, study_seeds
+
+    plans: dict[str, dict[str, Any]] = {}
+    chosen = []
     for c in claims:
-        if c.get("paper_effect") is None or c["inputs"].get("regime") is not None:
+        inputs = c["inputs"]
+        if not in_holm_family(
+            c.get("role", "primary"), inputs.get("precondition"), inputs.get("regime")
+        ):
             continue
-        sd = interval_sd(_interval_of(c["effect"]))
-        need[c["claim"]] = seeds_for_effect(sd, c["paper_effect"], max_seeds)
-    reachable = [n for n in need.values() if n is not None]
-    chosen = max(reachable, default=2)
+        if c.get("paper_effect") is None:
+            continue
+        kind, margin = claim_kind(inputs)
+        effect = _interval_of(c["effect"])
+        assert effect is not None
+        plan = plan_for_sd(
+            interval_sd(effect),
+            effect.n,
+            kind=kind,
+            paper_effect=c["paper_effect"],
+            margin=margin,
+            cap=max_seeds,
+        )
+        plans[base_claim(c["claim"])] = plan.as_dict() | {"kind": kind}
+        chosen.append(plan)
     return {
-        "per_claim": need,
-        "seeds": max(2, min(max_seeds, chosen)),
+        "per_claim": plans,
+        "seeds": min(max_seeds, study_seeds(chosen)),
         "max_seeds": max_seeds,
-        "out_of_budget": [k for k, n in need.items() if n is None],
+        "out_of_budget": [k for k, p in plans.items() if p["underpowered"]],
     }
+
+
+def base_claim(text: str) -> str:
+    """A claim's name without the ", world-inclusive" suffix (the same claim on every run)."""
+    return text.removesuffix(", world-inclusive")
+
+
+def with_plan(claim: dict[str, Any], plan: Mapping[str, Any] | None) -> dict[str, Any]:
+    """``claim`` re-decided with its power ``plan`` (``plan_seeds``'s entry; None: unchanged),
+    every other input kept."""
+    if plan is None:
+        return claim
+    inputs = dict(claim["inputs"]) | {"plan": dict(plan)}
+    verdict = decide(_interval_of(claim["effect"]), _interval_of(claim["control"]), **inputs)
+    claim = dict(claim)
+    claim["inputs"], claim["plan"] = inputs, dict(plan)
+    claim["verdict"], claim["outcome"] = verdict.kind, verdict.text
+    claim["planned_n_text"] = (
+        f"{plan['n']} (pilot SD {plan['pilot_sd'] * inputs['scale']:.3g}, cap {plan['cap']})"
+        if not plan["underpowered"]
+        else f"> {plan['cap']} (pilot SD {plan['pilot_sd'] * inputs['scale']:.3g})"
+    )
+    return claim
 
 
 #: the studies' learning rate as a multiple of each recipe's paper default (``train_defaults``)
@@ -550,6 +639,10 @@ class ArmResult:
     converged: bool | None
     budget: int
     max_steps: int
+    #: the run's step-0 health check (``recipes.health``) and the start it resolved to (the
+    #: warm-start alignment, ``FitResult.warm_start``), as ``fit`` recorded them
+    step0: Mapping[str, Any] | None = None
+    warm_start: Mapping[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         """Everything but the model, JSON-ready."""
@@ -666,6 +759,8 @@ class Bench:
         self.val_every = max(1, val_every)
         self.plateau_tol = plateau_tol
         self.show_progress, self.notify = show_progress, notify
+        #: arm label -> seed -> its step-0 health and resolved start (``start_record``)
+        self.starts: dict[str, dict[int, dict[str, Any]]] = {}
         out.mkdir(parents=True, exist_ok=True)
 
     def run_dir(self, label: str, seed: int) -> Path:
@@ -877,7 +972,7 @@ class Bench:
         )
         model = run.recipe if select_best else load_run(run.run_dir, weights="last").recipe
         history = run.val_history
-        return ArmResult(
+        result = ArmResult(
             run_dir=run.run_dir,
             recipe=model,
             last_step=run.last_step,
@@ -887,7 +982,11 @@ class Bench:
             converged=converged(history, self.plateau_tol),
             budget=steps,
             max_steps=max_steps,
+            step0=run.step0,
+            warm_start=run.warm_start,
         )
+        self.starts.setdefault(label, {})[seed] = start_record(result)
+        return result
 
     def untrained(self, recipe: str, extra: Iterable[str], seed: int) -> Recipe:
         """The recipe as a run with ``seed`` starts (the untrained-head baseline: the trained
@@ -904,6 +1003,38 @@ class Bench:
         from curvalign.eval import evaluate
 
         return evaluate(recipe, self.store, split="test", diagnostics=diagnostics)
+
+
+def start_record(arm: ArmResult) -> dict[str, Any]:
+    """One arm's start, JSON-ready: the step-0 health check's warning codes and messages (empty:
+    nothing fired), its measured radii and ``c r^2`` (the resolved start of a curved head), and
+    the warm-start alignment the heads started from (None: a random start)."""
+    step0 = dict(arm.step0 or {})
+    warnings = [
+        {"code": w.get("code"), "message": w.get("message")} for w in step0.get("warnings") or []
+    ]
+    return {
+        "checked": arm.step0 is not None,
+        "warnings": warnings,
+        "radius": step0.get("radius"),
+        "curvature_radius2": step0.get("curvature_radius2"),
+        "curvature": step0.get("curvature"),
+        "loss_ratio": step0.get("loss_ratio"),
+        "warm_start": dict(arm.warm_start) if arm.warm_start is not None else None,
+    }
+
+
+def starts_fired(starts: Mapping[str, Mapping[Any, Mapping[str, Any]]]) -> list[str]:
+    """One line per (arm, warning code) that fired at step 0 on any seed of a study's
+    ``Bench.starts``: "arm: code on seeds s1, s2" (empty: every arm started healthy)."""
+    lines = []
+    for arm, seeds in starts.items():
+        fired: dict[str, list[str]] = {}
+        for seed, rec in seeds.items():
+            for w in rec.get("warnings") or []:
+                fired.setdefault(str(w.get("code")), []).append(str(seed))
+        lines += [f"{arm}: {code} on seeds {', '.join(s)}" for code, s in fired.items()]
+    return lines
 
 
 def convergence_record(runs: dict[int, ArmResult]) -> dict[str, Any]:

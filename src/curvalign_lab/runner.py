@@ -24,12 +24,13 @@ Every study
   the world of seed s, ``world_inclusive``), the fixed-world (seed-only) interval reported
   beside it (``with_world``).
 
-Each study is ``study_NAME(out, *, steps, data, overrides, seeds, seed_base, lr_grid,
-show_progress, notify, **options)`` returning a JSON-ready dict; ``run_study`` writes
-``study.json`` and ``study.md`` into ``out`` (``power=True``: a pilot, then the seeds the
-paper's effects need within ``max_seeds``); ``run_all`` runs every study into ``out/NAME``;
-``curvalign_lab.results`` turns those JSON files into docs/results.md and compares two seed
-bases (``--stability``).
+Each study is one file under ``curvalign_lab/studies/`` defining ``STUDY``: a declared
+``declare.Study`` (claims, arms, measure, control handicap as data; run by
+``declare.run_declared``) or a ``declare.Scripted`` one (its own ``run`` function).
+``run_study`` runs either and writes ``study.json`` and ``study.md`` into ``out``
+(``power=True``: a pilot on a disjoint seed base plans the seeds; ``quick=True``: a smoke run on
+a tiny store); ``run_all`` runs every study into ``out/NAME``; ``curvalign_lab.results`` turns
+those JSON files into the results pages and compares two seed bases (``--stability``).
 
 Study definitions name the recipes they study and set their options (configuration); what a
 method computes (routing statistics, text-pair embeddings, factor-wise composition) is asked of
@@ -40,33 +41,22 @@ not a reproduction of the papers' tables.
 
 from __future__ import annotations
 
+import ast
+import inspect
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from curvalign.errors import ConfigError
 from curvalign.report.tables import write_json
-from curvalign_lab import kit
-from curvalign_lab.common import (
-    Notify,
-)
-from curvalign_lab.studies.agr_curriculum import study_agr_curriculum
-from curvalign_lab.studies.atmg_curvature import study_atmg_curvature
-from curvalign_lab.studies.dualpath_forgetting import study_dualpath_forgetting
-from curvalign_lab.studies.phyclip_factors import study_phyclip_factors
-from curvalign_lab.studies.proclip_product import study_proclip_product
-from curvalign_lab.studies.wordnet_dimensions import study_wordnet_dimensions
+from curvalign_lab import kit, page
+from curvalign_lab.declare import PILOT_OFFSET, Scripted, Study, run_declared
+from curvalign_lab.studies import registry
 
-# --- running ------------------------------------------------------------------------------------
+Notify = Callable[[str], None]
 
-STUDIES: dict[str, Callable[..., dict[str, Any]]] = {
-    "agr-curriculum": study_agr_curriculum,
-    "dualpath-forgetting": study_dualpath_forgetting,
-    "atmg-curvature": study_atmg_curvature,
-    "phyclip-factors": study_phyclip_factors,
-    "proclip-product": study_proclip_product,
-    "wordnet-dimensions": study_wordnet_dimensions,
-}
+#: every study by name (``studies.registry()``: one file each)
+STUDIES: dict[str, Study | Scripted] = registry()
 
 #: the order ``run_all`` runs them in (the page keeps ``STUDIES``' order): the studies whose
 #: verdicts moved between seed bases or whose controls did not separate first, the ones whose
@@ -102,13 +92,20 @@ def _literal(value: Any) -> str:
     )
 
 
+def study_options(name: str) -> set[str]:
+    """The ``--set`` options study ``name`` takes (a declared study: ``lr_grid`` only)."""
+    study = STUDIES[name]
+    if isinstance(study, Scripted):
+        return {p for p in inspect.signature(study.run).parameters if p not in _FIXED}
+    return {"lr_grid"}
+
+
 def parse_study_options(name: str, items: Sequence[str]) -> dict[str, Any]:
     """``["curvatures=0.1,1,3", "part_dim=16"]`` -> keyword options of study ``name``, checked
     against its signature (values are Python literals; a comma list becomes a tuple)."""
-    import ast
-    import inspect
-
-    allowed = {p for p in inspect.signature(STUDIES[name]).parameters if p not in _FIXED}
+    if name not in STUDIES:
+        raise ConfigError(f"unknown study {name!r}; studies: {', '.join(STUDIES)}")
+    allowed = study_options(name)
     out: dict[str, Any] = {}
     for item in items:
         key, sep, raw = item.partition("=")
@@ -126,6 +123,81 @@ def parse_study_options(name: str, items: Sequence[str]) -> dict[str, Any]:
     return out
 
 
+def _run_scripted(
+    study: Scripted,
+    out: Path,
+    *,
+    steps: int | None,
+    data: str | None,
+    overrides: Sequence[str],
+    seeds: int,
+    seed_base: int,
+    power: bool,
+    max_seeds: int,
+    lr_cache: str | Path | None,
+    quick: bool,
+    show_progress: bool,
+    notify: Notify,
+    options: dict[str, Any],
+) -> dict[str, Any]:
+    """A scripted study, planned on a pilot of a disjoint base when ``power`` (its claims
+    re-decided with their plans), or as a smoke run when ``quick``."""
+    from curvalign_lab.declare import QUICK_OVERRIDES, QUICK_SEEDS
+
+    if quick:
+        data, steps, seeds, power = study.quick_data, study.quick_steps, QUICK_SEEDS, False
+        overrides = [*QUICK_OVERRIDES, *overrides]
+        allowed = {p for p in inspect.signature(study.run).parameters}
+        options = {"lr_grid": ()} | dict(study.quick) | options
+        if "vary_world" in allowed:
+            options.setdefault("vary_world", False)
+
+    def once(n: int, base: int, where: Path) -> dict[str, Any]:
+        return study.run(
+            where,
+            steps=steps,
+            data=data,
+            overrides=list(overrides),
+            seeds=n,
+            seed_base=base,
+            show_progress=show_progress,
+            notify=notify,
+            **({"lr_cache": Path(lr_cache)} if lr_cache else {}),
+            **options,
+        )
+
+    if not power:
+        return once(seeds, seed_base, out)
+    # the pilot: a seed base disjoint from the confirmatory one (and from the other bases a
+    # stability check uses), so that the plan and the verdict never share a seed
+    pilot_base = seed_base + PILOT_OFFSET
+    pilot = once(seeds, pilot_base, out / "pilot")
+    plan = kit.plan_seeds(pilot["claims"], max_seeds) | {
+        "pilot_seeds": seeds,
+        "pilot_seed_base": pilot_base,
+        "pilot_wall_s": pilot["wall_s"],
+    }
+    notify(
+        f"{study.name}: pilot of {seeds} seeds (base {pilot_base}) -> {plan['seeds']} seeds"
+        + (
+            f"; underpowered by plan: {', '.join(plan['out_of_budget'])}"
+            if plan["out_of_budget"]
+            else ""
+        )
+    )
+    result = once(plan["seeds"], seed_base, out)
+    result["wall_s"] = round(result["wall_s"] + plan["pilot_wall_s"], 1)
+    result["claims"] = [
+        kit.with_plan(c, plan["per_claim"].get(kit.base_claim(c["claim"])))
+        for c in result["claims"]
+    ]
+    kit.apply_holm(result["claims"])
+    result["verdict"] = "; ".join(f"{c['claim']}: {c['holm_outcome']}" for c in result["claims"])
+    result["holds"] = all(c["holm_verdict"] == kit.HOLDS for c in result["claims"])
+    result["power_plan"] = plan
+    return result
+
+
 def run_study(
     name: str,
     out: str | Path,
@@ -138,6 +210,7 @@ def run_study(
     power: bool = False,
     max_seeds: int = 10,
     lr_cache: str | Path | None = None,
+    quick: bool = False,
     show_progress: bool = False,
     notify: Notify | None = None,
     **options: Any,
@@ -145,103 +218,79 @@ def run_study(
     """Run study ``name`` with seeds ``seed_base .. seed_base + seeds - 1`` and write
     ``study.json`` and ``study.md`` into ``out``.
 
-    ``power``: the ``seeds`` run is a pilot; from its per-seed SDs ``kit.plan_seeds`` picks the
-    fewest seeds that detect every claim's paper effect at 80% power within ``max_seeds`` (the
-    user's budget), and the study runs again with that many (the pilot's wall time and the
-    plan are in the output, ``power_plan``)."""
+    ``power``: first a pilot of ``seeds`` seeds on the disjoint base ``seed_base +
+    PILOT_OFFSET`` (a scripted study's into ``out/pilot``); from its per-seed SDs each claim is
+    planned (exact noncentral-t MDE at the paper's effect, or at the distance to the margin,
+    capped at ``max_seeds``), the study runs with the seeds the powered claims need, and each
+    claim is decided with its plan: "underpowered" only where the plan needs more than the
+    cap (``power_plan`` in the output holds the pilot's SDs, planned n and cap).
+    ``quick``: a smoke run (the study's tiny store, 2 seeds, a few steps, no learning-rate grid,
+    no pilot, no world-inclusive re-runs)."""
     if name not in STUDIES:
         raise ConfigError(f"unknown study {name!r}; studies: {', '.join(STUDIES)}")
     if seeds < 1:
         raise ConfigError(f"seeds must be >= 1, got {seeds}")
     if power and max_seeds < 2:
         raise ConfigError(f"max_seeds must be >= 2 with power, got {max_seeds}")
+    if power and seeds < 2:
+        raise ConfigError(f"a pilot needs at least 2 seeds for an SD, got {seeds}")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     notify = notify or (lambda m: None)
-
-    def once(n: int) -> dict[str, Any]:
-        return STUDIES[name](
+    study = STUDIES[name]
+    if isinstance(study, Scripted):
+        result = _run_scripted(
+            study,
             out,
             steps=steps,
             data=data,
-            overrides=list(overrides),
-            seeds=n,
+            overrides=overrides,
+            seeds=seeds,
             seed_base=seed_base,
+            power=power,
+            max_seeds=max_seeds,
+            lr_cache=lr_cache,
+            quick=quick,
             show_progress=show_progress,
             notify=notify,
-            **({"lr_cache": Path(lr_cache)} if lr_cache else {}),
-            **options,
+            options=options,
         )
-
-    result = once(seeds)
-    plan = None
-    if power:
-        plan = kit.plan_seeds(result["claims"], max_seeds) | {
-            "pilot_seeds": seeds,
-            "pilot_wall_s": result["wall_s"],
-        }
-        plan["estimated_wall_s"] = round(result["wall_s"] * plan["seeds"] / seeds, 1)
-        notify(
-            f"{name}: pilot of {seeds} seeds -> {plan['seeds']} seeds "
-            f"(about {plan['estimated_wall_s']:.0f} s)"
-            + (
-                f"; out of budget: {', '.join(plan['out_of_budget'])}"
-                if plan["out_of_budget"]
-                else ""
-            )
+    else:
+        result = run_declared(
+            study,
+            out,
+            steps=steps,
+            data=data,
+            overrides=overrides,
+            seeds=seeds,
+            seed_base=seed_base,
+            power=power,
+            max_seeds=max_seeds,
+            lr_grid=options.get("lr_grid", kit.LR_GRID),
+            lr_cache=Path(lr_cache) if lr_cache else None,
+            quick=quick,
+            show_progress=show_progress,
+            notify=notify,
         )
-        if plan["seeds"] != seeds:
-            result = once(plan["seeds"])
-            result["wall_s"] = round(result["wall_s"] + plan["pilot_wall_s"], 1)
-        result["power_plan"] = plan
     result["seed_base"] = seed_base
     result["command"] = (
-        f"curvalign study {name} --out {out} --seeds {seeds}"
+        f"curvalign study {name} --out {out}"
+        + (" --quick" if quick else f" --seeds {seeds}")
         + (f" --seed-base {seed_base}" if seed_base else "")
         + (f" --power --max-seeds {max_seeds}" if power else "")
-        + (f" --steps {steps}" if steps else "")
-        + (f" --data {data}" if data else "")
+        + (f" --steps {steps}" if steps and not quick else "")
+        + (f" --data {data}" if data and not quick else "")
         + "".join(f" --set {k}={_literal(v)}" for k, v in options.items())
         + "".join(f" {o}" for o in overrides)
     )
     write_json(out / "study.json", result)
-    (out / "study.md").write_text(study_markdown(result, heading="#"))
+    (out / "study.md").write_text(page.study_page(result, heading="#"))
     return result
 
 
 def study_markdown(result: dict[str, Any], heading: str = "##", figure_dir: str = "") -> str:
-    """One study's section: claim, setup, command, verdicts with intervals, tables, plots."""
-    md = [
-        f"{heading} {result['name']}",
-        "",
-        f"**The paper's claim.** {result['paper']}",
-        "",
-        f"**Setup.** {result['setup']} Seeds: {', '.join(map(str, result['seeds']))} (paired). "
-        f"Wall time: {result['wall_s']:.0f} s.",
-        "",
-        f"**Command.** `{result['command']}`",
-        "",
-        *(
-            [
-                f"**Seeds from the pilot.** {plan['pilot_seeds']} pilot seeds -> {plan['seeds']} "
-                f"seeds (budget {plan['max_seeds']}); seeds each claim needs for its paper effect: "
-                + ", ".join(
-                    f"{k}: {v if v else 'over budget'}" for k, v in plan["per_claim"].items()
-                )
-                + ".",
-                "",
-            ]
-            if (plan := result.get("power_plan"))
-            else []
-        ),
-        f"**Verdict rule.** {result['rule']}.",
-        "",
-        *([f"**What the measure means.** {result['notes']}", ""] if result.get("notes") else []),
-        result["markdown"],
-    ]
-    for f in result["figures"]:
-        md.append(f"![{Path(f).stem}]({figure_dir}{Path(f).name})")
-    return "\n".join(md) + "\n"
+    """One study's section (``page.study_page``)."""
+    return page.study_page(result, heading=heading, figure_dir=figure_dir)
 
 
 def run_all(
@@ -253,6 +302,7 @@ def run_all(
     seed_base: int = 0,
     power: bool = False,
     max_seeds: int = 10,
+    quick: bool = False,
     overrides: Sequence[str] = (),
     lr_cache: str | Path | None = None,
     show_progress: bool = False,
@@ -275,6 +325,7 @@ def run_all(
             seed_base=seed_base,
             power=power,
             max_seeds=max_seeds,
+            quick=quick,
             overrides=overrides,
             lr_cache=lr_cache,
             show_progress=show_progress,

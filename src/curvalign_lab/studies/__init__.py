@@ -1,10 +1,12 @@
-"""One module per study. ``modules()`` lists them (the registry reads each one's entry point)."""
+"""One module per study, each defining ``STUDY`` (a ``declare.Study`` or ``declare.Scripted``):
+``registry()`` finds them, so adding a study is adding a file."""
 
 from __future__ import annotations
 
 import importlib
 import pkgutil
 from types import ModuleType
+from typing import Any
 
 
 def modules() -> list[ModuleType]:
@@ -14,3 +16,13 @@ def modules() -> list[ModuleType]:
         for info in sorted(pkgutil.iter_modules(__path__), key=lambda i: i.name)
         if not info.name.startswith("_")
     ]
+
+
+def registry() -> dict[str, Any]:
+    """{name: STUDY} of every study module, in name order."""
+    found: dict[str, Any] = {}
+    for module in modules():
+        study = getattr(module, "STUDY", None)
+        if study is not None:
+            found[study.name] = study
+    return found

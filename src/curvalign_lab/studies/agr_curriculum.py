@@ -27,6 +27,7 @@ from curvalign_lab.common import (
     with_world,
     world_inclusive,
 )
+from curvalign_lab.declare import QUICK_WORLD, Scripted
 
 # --- agr-curriculum (seed 000, Definition 5.2, Theorem 5.3, Prop. 5.1) ---------------------------
 
@@ -439,3 +440,13 @@ def _agr_world_claims(
             f"{', '.join(routing_class(w) for w in ws)} |"
         )
     return decided, rows, classes
+
+
+#: the study as its runner sees it (``runner.run_study``); ``quick``: the smoke run's options
+STUDY = Scripted(
+    "agr-curriculum",
+    study_agr_curriculum,
+    quick={},
+    quick_data=QUICK_WORLD,
+    quick_steps=4,
+)

@@ -27,6 +27,7 @@ from curvalign_lab.common import (
     with_world,
     world_inclusive,
 )
+from curvalign_lab.declare import QUICK_WORLD, Scripted
 
 # --- atmg-curvature (seed 001, Table 5; Tables 3-4 as secondary evidence) ------------------------
 
@@ -318,3 +319,13 @@ def _atmg_world_claims(
         for a in (f"{MERU}-c{c:g}", f"{ATMG}-c{c:g}")
     }
     return decided, rows
+
+
+#: the study as its runner sees it (``runner.run_study``); ``quick``: the smoke run's options
+STUDY = Scripted(
+    "atmg-curvature",
+    study_atmg_curvature,
+    quick={"curvatures": (0.1, 1.0)},
+    quick_data=QUICK_WORLD,
+    quick_steps=4,
+)

@@ -26,6 +26,7 @@ from curvalign_lab.common import (
     with_world,
     world_inclusive,
 )
+from curvalign_lab.declare import QUICK_WORLD, Scripted
 
 # --- dualpath-forgetting (seed 004) ---------------------------------------------------------------
 
@@ -396,3 +397,13 @@ def _dualpath_world_claims(
         for key in ("spearman", "t2t@1", "image R@1", "gate")
     }
     return decided, rows
+
+
+#: the study as its runner sees it (``runner.run_study``); ``quick``: the smoke run's options
+STUDY = Scripted(
+    "dualpath-forgetting",
+    study_dualpath_forgetting,
+    quick={},
+    quick_data=QUICK_WORLD + ",paraphrase_topics=8,heldout_pairs=40",
+    quick_steps=4,
+)

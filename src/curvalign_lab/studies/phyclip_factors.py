@@ -29,6 +29,7 @@ from curvalign_lab.common import (
     with_world,
     world_inclusive,
 )
+from curvalign_lab.declare import QUICK_WORLD, Scripted
 
 # --- phyclip-factors (seed 002, Table 4, App. D.2) -----------------------------------------------
 
@@ -423,3 +424,13 @@ def study_phyclip_factors(
         figures=figures,
         notes=PHYCLIP_NOTES,
     )
+
+
+#: the study as its runner sees it (``runner.run_study``); ``quick``: the smoke run's options
+STUDY = Scripted(
+    "phyclip-factors",
+    study_phyclip_factors,
+    quick={"total_dim": 8, "factors": (1, 4)},
+    quick_data=QUICK_WORLD + ",leaf_pairs=4",
+    quick_steps=4,
+)

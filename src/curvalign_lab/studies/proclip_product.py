@@ -21,6 +21,7 @@ from curvalign_lab.common import (
     study_result,
     world_inclusive,
 )
+from curvalign_lab.declare import QUICK_WORLD, Scripted
 
 # --- proclip-product (seed 003, Table 1) ---------------------------------------------------------
 
@@ -189,3 +190,13 @@ def study_proclip_product(
         figures=figures,
         notes=PROCLIP_NOTES,
     )
+
+
+#: the study as its runner sees it (``runner.run_study``); ``quick``: the smoke run's options
+STUDY = Scripted(
+    "proclip-product",
+    study_proclip_product,
+    quick={"part_dim": 4},
+    quick_data=QUICK_WORLD,
+    quick_steps=4,
+)

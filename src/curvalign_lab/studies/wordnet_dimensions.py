@@ -24,6 +24,7 @@ from curvalign_lab.common import (
     reconstruction,
     study_result,
 )
+from curvalign_lab.declare import QUICK_WORLD, Scripted
 
 # --- wordnet-dimensions (real data; the claim seed 002 cites from Nickel & Kiela) ----------------
 
@@ -234,3 +235,13 @@ def study_wordnet_dimensions(
         notes=WORDNET_NOTES,
         frozen=frozen,
     )
+
+
+#: the study as its runner sees it (``runner.run_study``); ``quick``: the smoke run's options
+STUDY = Scripted(
+    "wordnet-dimensions",
+    study_wordnet_dimensions,
+    quick={"dims": (2, 4)},
+    quick_data=QUICK_WORLD,
+    quick_steps=4,
+)
