@@ -644,9 +644,10 @@ def test_results_page_is_generated_from_the_json(tmp_path, one_thread):
     )
     text = results.render(tmp_path)
     assert "## Verdicts" in text and "## proclip-product" in text
-    assert kit.TOO_SHORT in text and "wall time" in text
-    # the verdicts table carries the paper's effect, the MDE and the Holm-adjusted verdict
-    assert "Holm-adjusted" in text and "MDE at the seeds used" in text
+    assert kit.TOO_SHORT in text and "Wall time" in text
+    # the verdicts table carries the paper's effect (its source in a footnote), the planned n
+    # and the verdict in a few words, the whole reason in a footnote
+    assert "| planned n |" in text and "| inconclusive: too short [^" in text
     assert "+2 to +7 R@1 points" in text
     # the studies that were not run are named, never silently missing
     assert "Studies not run for this page" in text and "`agr-curriculum`" in text
@@ -663,6 +664,13 @@ def test_results_page_is_generated_from_the_json(tmp_path, one_thread):
     assert new.startswith(text.rstrip("\n")) and new.endswith("## Demo\nbenchmark table\n")
     assert "stale study" not in new
     assert results.main([str(copy), "--keep-from", str(page), "## Nope"]) == 2
+    # one page per study, linked from the table, instead of one long page
+    index = tmp_path / "studies.md"
+    assert results.main([str(copy), "--pages", str(copy), "-o", str(index)]) == 0
+    assert "[proclip-product](proclip-product/study.md)" in index.read_text()
+    assert "## proclip-product" not in index.read_text()
+    own = (copy / "proclip-product" / "study.md").read_text()
+    assert own.startswith("# proclip-product") and "Step-0 health" in own
 
 
 def test_power_pilot_plans_the_seeds_and_says_so(tmp_path, one_thread):

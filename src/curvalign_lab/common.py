@@ -3,6 +3,7 @@ world-inclusive intervals, the frozen-features baseline and the graph reconstruc
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -388,7 +389,7 @@ def world_inclusive(
                 select_best=select_best,
                 marks=marks if on_mark is not None else (),
                 on_mark=record if on_mark is not None else None,
-                val_fn=((lambda r, wb=world_bench: val_fn(wb, r)) if val_fn is not None else None),
+                val_fn=(functools.partial(_world_val, val_fn, world_bench) if val_fn else None),
             )
             if measure is not None:
                 values = marked | measure(world_bench, world, arm, run.recipe)
@@ -399,6 +400,10 @@ def world_inclusive(
             for row, value in values.items():
                 out.setdefault(row, {})[seed] = value
     return out
+
+
+def _world_val(val_fn: Callable[[kit.Bench, Any], float], bench: kit.Bench, recipe: Any) -> float:
+    return val_fn(bench, recipe)
 
 
 def with_world(

@@ -291,12 +291,21 @@ def train_arms(
                 clean_arm.recipe,
                 options,
                 seed,
-                store_from=lambda step, s=handicapped: s,
+                store_from=_constant(handicapped),
             )
             trained.runs.setdefault(label, {})[seed] = run
             r1 = kit.mean_r1(bench.evaluate(run.recipe))
             effects.setdefault(dose, {})[seed] = clean[seed] - r1
     return trained, effects
+
+
+def _constant(store: FeatureStore) -> Callable[[int], FeatureStore | None]:
+    """``store_from`` of an arm that trains on ``store`` from step 0 on."""
+
+    def store_from(step: int) -> FeatureStore | None:
+        return store
+
+    return store_from
 
 
 def claim_interval(measured: Measured, seeds: Sequence[int]) -> Interval:

@@ -259,7 +259,7 @@ def claim_record(
     adds the Holm-adjusted one), both intervals, the paper's effect and where the paper states
     it, the minimal detectable effect at these seeds, the control's expected size, the per-seed
     effects and a trained-vs-untrained ``sanity`` row (reported, never decisive)."""
-    inputs = {
+    inputs: dict[str, Any] = {
         "threshold": threshold,
         "budget_ok": budget_ok,
         "paper_effect": paper_effect,
@@ -321,6 +321,13 @@ def _interval_of(d: dict[str, Any] | None) -> Interval | None:
     return None if d is None else Interval(d["mean"], d["low"], d["high"], d["n"])
 
 
+def _effect_of(claim: Mapping[str, Any]) -> Interval:
+    effect = _interval_of(claim["effect"])
+    if effect is None:
+        raise ValueError(f"claim {claim.get('claim')!r} has no effect interval")
+    return effect
+
+
 def apply_holm(claims: list[dict[str, Any]], alpha: float = ALPHA) -> list[dict[str, Any]]:
     """Holm's correction over one study's family of claims (``claims``, in place and returned):
     each record gets ``holm_significant`` and the verdict re-decided with that decision
@@ -344,7 +351,7 @@ def apply_holm(claims: list[dict[str, Any]], alpha: float = ALPHA) -> list[dict[
     for c in claims:
         inputs = dict(c["inputs"])
         verdict = decide(
-            _interval_of(c["effect"]),
+            _effect_of(c),
             _interval_of(c["control"]),
             # outside the family (a precondition or regime claim): its own interval decides
             significant=c.get("holm_significant") if any(c is f for f in family) else None,
@@ -419,7 +426,7 @@ def with_plan(claim: dict[str, Any], plan: Mapping[str, Any] | None) -> dict[str
     if plan is None:
         return claim
     inputs = dict(claim["inputs"]) | {"plan": dict(plan)}
-    verdict = decide(_interval_of(claim["effect"]), _interval_of(claim["control"]), **inputs)
+    verdict = decide(_effect_of(claim), _interval_of(claim["control"]), **inputs)
     claim = dict(claim)
     claim["inputs"], claim["plan"] = inputs, dict(plan)
     claim["verdict"], claim["outcome"] = verdict.kind, verdict.text

@@ -82,6 +82,8 @@ def short_verdict(kind: str, text: str) -> str:
     """The verdict in a few words (the full text goes to a footnote)."""
     if kind == kit.INCONCLUSIVE_KIND:
         return _INCONCLUSIVE.get(text, "inconclusive")
+    if kind == kit.UNDERPOWERED and "by plan" not in text:
+        return "underpowered (older rule: the run's own SD)"
     return SHORT.get(kind, kind)
 
 
@@ -277,7 +279,8 @@ def study_body(result: Mapping[str, Any]) -> str:
             else []
         ),
         arms_table(result),
-        str(result.get("tables", "")),
+        # an older study.json has no separate tables: its whole former section stands here
+        str(result.get("tables", result.get("markdown", ""))),
     ]
     return "\n".join(p for p in parts if p)
 

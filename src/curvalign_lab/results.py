@@ -1,7 +1,13 @@
-"""docs/results.md from the JSON outputs of ``curvalign study all --out DIR``.
+"""The studies' results pages from the JSON outputs of ``curvalign study all --out DIR``.
 
     python -m curvalign_lab.results DIR [--figures PREFIX] [--copy-to docs/results]
-        [--keep-from docs/results.md "## Demo"] [--stability OTHER_DIR] [-o docs/results.md]
+        [--pages docs/results] [--keep-from docs/results.md "## Demo"]
+        [--stability OTHER_DIR] [-o docs/results/studies.md]
+
+The page is one short verdict table (``page.verdict_table``: no cell over 200 characters, the
+long reasons in footnotes) with, after ``--stability``, the verdict across the two seed bases
+and the stability table; ``--pages DIR`` writes one page per study to ``DIR/NAME/study.md``
+(the page links them).
 
 Every number in the page comes from ``DIR/*/study.json``; nothing is typed by hand. Figures are
 linked as ``PREFIX + file name`` (default ``results/``). ``--copy-to docs/results`` copies every
@@ -19,6 +25,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from curvalign_lab import page
 from curvalign_lab.kit import (
     LR_GRID,
     LR_START,
@@ -30,55 +37,41 @@ from curvalign_lab.kit import (
     across_seed_bases,
     grid_interior,
 )
-from curvalign_lab.runner import STUDIES, study_markdown
+from curvalign_lab.runner import STUDIES
 
 HEADER = """# Results: the papers' claims as studies that can fail
 
-Generated from the studies' JSON outputs; do not edit by hand. To reproduce everything:
+Generated from the studies' JSON outputs; do not edit by hand. To reproduce everything (hours
+on two CPU cores):
 
-    curvalign study all --out studies{seeds}
-    python -m curvalign_lab.results studies --copy-to docs/results \\
-        --keep-from docs/results.md "## Demo" -o docs/results.md
+    curvalign study all --power --out studies{seeds}
+    curvalign study all --power --out studies-100 --seed-base 100
+    python -m curvalign_lab.results studies --stability studies-100 --copy-to docs/results \\
+        --pages docs/results --figures "../" -o docs/results/studies.md
 
-or, from the committed JSON (`docs/results/NAME/study.json`) alone, the same second command with
-`docs/results` in place of `studies` and no `--copy-to`. Each section gives the exact command of
-its run (its `--out` was {out}); where that command sets `--steps` or `--set lr_grid=...`,
-the page's numbers come from that smaller budget, not from `study all`'s defaults. The sections from "Demo" on are kept verbatim from the
-previous page (`--keep-from`): they come from the benchmark commands they show.
+or, from the committed JSON (`docs/results/NAME/study.json`) alone, the same last command with
+`docs/results` in place of `studies` and no `--copy-to`. Each study's page gives the exact
+command of its run (its `--out` was {out}); a page whose command sets `--steps`, `--quick` or
+`--set lr_grid=...` comes from that smaller budget. A smoke run of one study (a tiny store, 2
+seeds, a few steps; its verdicts mean nothing) is `curvalign study NAME --quick`.
 
-Each study quotes its paper's claim and the paper's own effect size (with the seed file's
-section), trains every arm with the same seeds, compares arms by paired per-seed differences with
-95% Student-t intervals (`curvalign.stats`), and decides each claim by one rule
-(`curvalign_lab.kit.decide`, written out in each section): *not reproduced in this
-regime* where the claim's mechanism is absent here or its precondition is not met; *holds* /
-*does not hold* when the paired t test rejects (Holm-corrected over the study's claims in the
-"Holm" column) and a **calibrated positive control** (an arm handicapped by a known amount of the
-size the claim is about: a known share of train captions moved to another image, or forgetting
-made true on purpose) separated from its clean arm with the right sign and at least its expected
-size; *equivalent within ±delta* when the 90% interval lies inside ±delta (TOST); *underpowered
-at n seeds (MDE x vs claimed y)* when the minimal detectable effect at the run's own seed SD
-(paired t, alpha 0.05, 80% power) exceeds the paper's effect; *inconclusive* otherwise.
-Trained-vs-untrained differences are shown as sanity rows only. *converged* counts the (arm,
-seed) runs whose validation curve had stopped rising by the rule the benchmark and tuning share
-(`curvalign.stats.curve_converged`: the best is not the last validation and the tail rises by no
-more than the curve's own noise); an arm not converged at its budget trains on, one validation
-segment at a time, up to {max_factor:g}x the budget.
-
-**Stability check** (a verdict that changes with the seeds is no verdict): run the same
-studies on a second, disjoint seed base and compare; every claim not marked underpowered must
-keep its verdict (exit status 1 otherwise, and the table says which claim moved):
-
-    curvalign study all --out studies --seed-base 0
-    curvalign study all --out studies-100 --seed-base 100
-    python -m curvalign_lab.results studies --stability studies-100
-
-**Learning rate.** Each arm's learning rate is chosen on validation from one grid shared by
-every arm ({lr_grid}; a tuning seed no reported run uses; `curvalign_lab.kit.LR_GRID`),
-walked from {lr_start:g} until the best rate has a worse one on each side
-(`kit.climb_grid`), each rate trained for the same budget; each study's learning-rate table
-lists the choice, whether it lies inside the grid (a choice at the grid's edge is marked) and the
-validation value of every rate tried. Studies run without a grid fall back to {lr_scale:g}x the
-paper rate.
+**The rule** (`curvalign_lab.kit.decide`, the decision rules in `curvalign_lab.rules`). Each
+study quotes its paper's claim and the paper's effect (with the seed file's section), trains
+every arm with the same seeds and decides each claim on its paired per-seed effect, with an
+interval over seeds and, where the claim is about a test metric, the test items too (two-level
+bootstrap, `curvalign.stats.two_level_difference`): *not reproduced in this regime* where the
+mechanism is absent or the precondition is not met; *holds* / *does not hold* when the test
+rejects (Holm over the study's tested claims; precondition and regime claims are outside the
+family) and the **calibrated control** separated with at least the claim's size; *equivalent*
+when the 90% interval lies inside the margin (TOST); *underpowered by plan* when a **pilot** on a
+disjoint seed base (`--power`: base + 1000) needs more seeds than the cap for an exact
+noncentral-t MDE (80% power) at the paper's effect, or at the distance from it to the margin for
+non-inferiority and equivalence, never from the run's own SD; *does not hold* too when a powered
+plan's interval excludes the paper's effect; *inconclusive* otherwise. A claim decided
+differently on two seed bases is *unstable across seed bases*, whatever the two labels. Arms
+train until their validation curve is flat (`curvalign.stats.curve_converged`), up to
+{max_factor:g}x the budget; each arm's learning rate is chosen on validation from one grid
+({lr_grid}, walked from {lr_start:g}; {lr_scale:g}x the paper rate without a grid).
 
 The synthetic world is not the papers' data: a verdict here is evidence about the mechanism at
 this scale (and, for the WordNet study, on one real taxonomy), not a reproduction of the papers'
@@ -129,10 +122,16 @@ def lr_table(result: dict[str, Any]) -> str:
 
 
 def render(
-    out: Path, figures: str = "results/", across: dict[tuple[str, str], str] | None = None
+    out: Path,
+    figures: str = "results/",
+    across: dict[tuple[str, str], tuple[str, str]] | None = None,
+    pages: str = "",
+    sections: bool = True,
 ) -> str:
-    """The page from ``out``'s study.json files; ``across`` ((study, claim) -> the verdict
-    across two seed bases, ``stability``): an extra column of the verdicts table."""
+    """The page from ``out``'s study.json files: the header, one short verdict table and then,
+    with ``sections``, each study's section (``page.study_page``). ``across`` ((study, claim)
+    -> (class, text) of the verdict across two seed bases, ``stability``): an extra column.
+    ``pages``: per-study page links as ``pages.format(name=...)`` (e.g. "{name}/study.md")."""
     results = load_results(out)
     seeds = sorted({len(r["seeds"]) for r in results})
     lines = [
@@ -161,8 +160,7 @@ def render(
         "",
         *(
             [
-                "Studies not run for this page (their sections are absent, not carried over from "
-                "an older rule): "
+                "Studies not run for this page: "
                 + ", ".join(f"`{n}`" for n in missing)
                 + "; each runs with `curvalign study NAME --out DIR/NAME`.",
                 "",
@@ -172,59 +170,57 @@ def render(
         ),
         *(
             [
-                "Sections from an earlier version of the studies (their learning rates come from "
-                "the former grid, with no interior check; kept until re-run, each with its own "
-                "command): " + ", ".join(f"`{n}`" for n in older) + ".",
+                "Studies run under an earlier rule (no power plan on a pilot of a disjoint seed "
+                "base; their 'underpowered' came from the run's own SD), kept until re-run: "
+                + ", ".join(f"`{n}`" for n in older)
+                + ".",
                 "",
             ]
-            if (older := [r["name"] for r in results if not is_current(r)])
+            if (older := [r["name"] for r in results if not is_planned(r)])
             else []
         ),
         "## Verdicts",
         "",
-        "| study | claim | paper's effect | MDE at the seeds used | effect (95% interval) | "
-        "calibrated control | verdict | Holm-adjusted | "
-        + ("across both seed bases | " if across else "")
-        + "converged | wall time |",
-        "|---|---|---|---|---|---|---|---|" + ("---|" if across else "") + "---:|---:|",
-    ]
-    for r in results:
-        conv = r.get("convergence") or {}
-        done = sum(c["converged"] for c in conv.values())
-        total = sum(c["seeds"] for c in conv.values())
-        for c in r["claims"]:
-            ok = "separated" if c.get("control_ok") else "did not separate"
-            lines.append(
-                f"| {r['name']} | {c['claim']} ({c.get('role', 'primary')}) | "
-                f"{c.get('paper_effect_text', 'n/a')} | {c.get('mde_text', 'n/a')} | "
-                f"{c['effect_text']} | {c['control_what']}: {c['control_text']} ({ok}) | "
-                f"{c['outcome']} | **{c.get('holm_outcome', c['outcome'])}** | "
-                + (
-                    f"**{across.get((r['name'], c['claim']), 'not run on both')}** | "
-                    if across
-                    else ""
-                )
-                + f"{done}/{total} | {r['wall_s']:.0f} s |"
-            )
-    lines.append("")
-    lines.append(
-        "Multiplicity: each study's claims are one family, Holm-corrected at family-wise alpha "
-        "0.05 (claims not testable in this regime are outside it); the Holm-adjusted column is "
-        "the verdict"
+        page.verdict_table(results, across=across, link=pages),
+        "Multiplicity: each study's tested claims are one family, Holm-corrected at family-wise "
+        "alpha 0.05 (precondition and regime claims are decided outside it); the verdict column "
+        "is the Holm-adjusted verdict"
         + (
-            " of this seed base, and 'across both seed bases' the verdict of the claim "
-            "(`kit.across_seed_bases`: the shared verdict, underpowered where either base "
-            f"is, '{UNSTABLE}' where the two disagree)."
+            " of this seed base, and 'across seed bases' the verdict of the claim on both "
+            f"(`kit.across_seed_bases`: the shared verdict, '{UNSTABLE}' wherever the two "
+            "differ, whatever the labels)."
             if across
             else "."
-        )
-    )
-    lines.append("")
-    for r in results:
-        lines.append(study_markdown(r, heading="##", figure_dir=figures))
-        if is_current(r):
-            lines.append(lr_table(r))
+        ),
+        "",
+    ]
+    if sections:
+        for r in results:
+            lines.append(study_section(r, figures))
     return "\n".join(lines)
+
+
+def study_section(result: dict[str, Any], figures: str = "results/", heading: str = "##") -> str:
+    """One study's page or section: ``page.study_page`` and its learning-rate table."""
+    text = page.study_page(result, heading=heading, figure_dir=figures)
+    return text + ("\n" + lr_table(result) if is_current(result) else "")
+
+
+def is_planned(result: dict[str, Any]) -> bool:
+    """Whether a study.json was decided under the planned-power rule (a declared study, or one
+    whose claims carry a plan or that ran without --power under the current rule)."""
+    return bool(result.get("declared") or result.get("starts") is not None)
+
+
+def write_pages(out: Path, dest: Path, figures: str = "../") -> list[Path]:
+    """One page per study: ``dest/NAME/study.md`` from ``out/NAME/study.json``."""
+    written = []
+    for r in load_results(out):
+        path = dest / r["name"] / "study.md"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(study_section(r, figures, heading="#"))
+        written.append(path)
+    return written
 
 
 def _wall(out: Path) -> dict[str, Any] | None:
@@ -256,6 +252,8 @@ def stability(a: Path, b: Path) -> tuple[list[dict[str, Any]], bool]:
                 {
                     "study": name,
                     "claim": ca["claim"],
+                    "a_kind": va.kind,
+                    "b_kind": vb.kind,
                     "a": va.text,
                     "b": vb.text,
                     "seeds": (left[name]["seeds"], right[name]["seeds"]),
@@ -341,14 +339,22 @@ def main(argv: list[str] | None = None) -> int:
         help="the --out of the same studies on another seed base: add the stability table "
         "(exit status 1 when a claim not marked underpowered changes its verdict)",
     )
+    parser.add_argument(
+        "--pages",
+        type=Path,
+        metavar="DIR",
+        help="write one page per study to DIR/NAME/study.md and link them from the table "
+        "(instead of one long page with every study's section)",
+    )
     args = parser.parse_args(argv)
     stable = True
     try:
         rows: list[dict[str, Any]] = []
         if args.stability:
             rows, stable = stability(args.out, args.stability)
-        across = {(r["study"], r["claim"]): r["across"] for r in rows} or None
-        text = render(args.out, args.figures, across)
+        across = {(r["study"], r["claim"]): (r["across_kind"], r["across"]) for r in rows} or None
+        link = "{name}/study.md" if args.pages else ""
+        text = render(args.out, args.figures, across, pages=link, sections=not args.pages)
         if args.stability:
             text = (
                 text.rstrip("\n") + "\n\n" + stability_markdown(rows, stable, str(args.stability))
@@ -358,6 +364,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.copy_to:
         copy_outputs(args.out, args.copy_to)
+    if args.pages:
+        write_pages(args.out, args.pages)
     if args.keep_from:
         path, heading = Path(args.keep_from[0]), args.keep_from[1]
         lines = path.read_text().splitlines(keepends=True)
