@@ -222,6 +222,8 @@ class Study:
     notes: str = ""
     quick_data: str = QUICK_DATA
     quick_steps: int = QUICK_STEPS
+    #: overrides of the smoke run only (e.g. a narrower MLP), after the arms' own
+    quick_overrides: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         labels = [a.label for a in self.arms]
@@ -425,7 +427,8 @@ def run_declared(
     timer = kit.Timer()
     if quick:
         data, steps, seeds, power = study.quick_data, study.quick_steps, QUICK_SEEDS, False
-        overrides, lr_grid = [*QUICK_OVERRIDES, *overrides], None
+        overrides = [*QUICK_OVERRIDES, *study.quick_overrides, *overrides]
+        lr_grid = None
     data = data or study.data
     steps = steps or study.steps
     store, _ = load_study_data(data)
@@ -438,6 +441,8 @@ def run_declared(
         steps,
         overrides,
         val_every=max(1, steps // study.validations),
+        # a smoke run stops at its budget: no plateau extension
+        max_steps=steps if quick else None,
         lr_grid=lr_grid,
         lr_cache=lr_cache,
         notify=notify,

@@ -38,16 +38,16 @@ WORDNET_PAPER = (
 )
 #: Nickel & Kiela 2017, Table 1 (WordNet nouns reconstruction, d = 5): MAP 0.823 (Poincaré) vs
 #: 0.024 (Euclidean), as remembered: not a seed file (seed 002 Sec. 1 cites the paper, not the
-#: numbers), and no reachable copy of the table was found to check them against. What could be
-#: checked (a reproduction's introduction, deepai.org/publication/comparing-euclidean-and-
-#: hyperbolic-embeddings-on-the-wordnet-nouns-hypernymy-graph): Table 1 spans d = 5 to 200 and
-#: the Poincaré MAP beats the Euclidean one at every d (about 5x at d = 200); that reproduction
-#: finds Euclidean embeddings as good from d = 50 on
+#: numbers), and no reachable copy of the table was found to check them against. A published
+#: reproduction ("Comparing Euclidean and Hyperbolic Embeddings on the WordNet Nouns Hypernymy
+#: Graph") does not confirm the original's Euclidean numbers: it finds Euclidean embeddings as
+#: good as Poincaré ones from d = 50 on, so the hyperbolic advantage is a low-dimension claim
+#: (the study's d = 2 to 10), not one "at every d"
 WORDNET_EFFECT = 0.8
 WORDNET_SOURCE = (
     "Nickel & Kiela 2017, Table 1, cited by seed 002 Sec. 1: reconstruction MAP at d=5, "
-    "Poincaré 0.823 vs Euclidean 0.024 — quoted from memory, unverified (the direction, Poincaré "
-    "above Euclidean at every d from 5 to 200, is confirmed by a published reproduction)"
+    "Poincaré 0.823 vs Euclidean 0.024; quoted from memory, unverified; a published "
+    "reproduction finds Euclidean as good from d=50 on, so the claim is a low-dimension one"
 )
 WORDNET_NOTES = (
     "Reconstruction as Nickel & Kiela measure it: every synset's name (view A) is embedded by the "
