@@ -1164,7 +1164,10 @@ def test_claims_about_a_method_are_decided_across_worlds(
         assert "seed-only (world" in world["effect_text"] and world["seed_only"]["n"] == 2
         # the seed-only interval is the fixed-world study's own effect (same seeds, same world)
         assert world["seed_only"]["mean"] == pytest.approx(alone["effect"]["mean"], nan_ok=True)
-        assert world["inputs"] == alone["inputs"]
+        # every input but a measured regime reason (measured on the deciding interval)
+        assert {k: v for k, v in world["inputs"].items() if k != "regime"} == {
+            k: v for k, v in alone["inputs"].items() if k != "regime"
+        }
         # vary_world=False: the claims as they were, without world-inclusive parts
         assert "world-inclusive" not in alone["claim"] and "seed_only" not in alone
         assert "seed-only" not in alone["effect_text"]
@@ -1283,3 +1286,60 @@ def test_the_moved_study_modules_keep_a_deprecated_alias():
 
     assert old_studies.run_study is runner.run_study
     assert old_studies.spearman is not None and old_studies.AGR_GATE_OPEN == 0.5
+
+
+def test_atmg_regime_claims_are_measured_bounds() -> None:
+    """A claim about encoder training is not reproduced by heads on frozen features; the reason
+    says, from the data, whether the paper's effect is excluded here."""
+    from curvalign_lab.studies.atmg_curvature import (
+        ATMG_MERU_DROP,
+        ATMG_REGIME,
+        measured_regime,
+        with_measured_regime,
+    )
+
+    small = Interval(0.009, -0.006, 0.024, 3)
+    text = measured_regime(small, ATMG_MERU_DROP)
+    assert "28.4 points is excluded, upper bound 2.40" in text
+    wide = Interval(0.10, -0.20, 0.40, 3)
+    assert measured_regime(wide, ATMG_MERU_DROP).startswith(ATMG_REGIME)
+    assert "does not exclude 28.4" in measured_regime(wide, ATMG_MERU_DROP)
+    rec = kit.claim_record(
+        "MERU drops",
+        small,
+        MOVED,
+        "c",
+        paper_effect=ATMG_MERU_DROP,
+        regime=ATMG_REGIME,
+        role="regime",
+    )
+    again = with_measured_regime(rec)
+    assert again["verdict"] == kit.NOT_REPRODUCED and "upper bound 2.40" in again["outcome"]
+    # a regime claim is outside the Holm family
+    kit.apply_holm([again])
+    assert "holm_family" not in again
+
+
+def test_the_learning_rate_is_chosen_where_the_precondition_holds(tmp_path, monkeypatch):
+    """AGR's routing claims need an open query gate: a rate whose model keeps it shut scores
+    -inf on the grid, so the choice falls on a rate where the claim can be tested, and each
+    excluded rate is kept with its reason."""
+    import types
+
+    store = _tiny_world()
+    bench = kit.Bench(tmp_path, store, "synthetic", 4, [], val_every=2, lr_grid=(1e-3, 1e-2, 1e-1))
+
+    def fake_fit(label, recipe, extra, seed, **kwargs):
+        lr = float(next(e for e in extra if e.startswith("lr=")).split("=")[1])
+        # validation rises with the rate; the gate opens only below 0.05
+        return types.SimpleNamespace(best_val=lr, recipe=types.SimpleNamespace(gate=lr < 0.05))
+
+    monkeypatch.setattr(bench, "_fit", fake_fit)
+    chosen = bench.choose_lr(
+        "single", "agr", [], admissible=lambda m: None if m.gate else "gate shut"
+    )
+    assert chosen == 1e-2
+    assert bench.lr_choice["single"]["excluded"] == {"0.1": "gate shut"}
+    assert "rates excluded where the claim's precondition failed: 0.1" in bench.lr_text()
+    # without the precondition the top of the grid wins
+    assert bench.choose_lr("other", "agr", []) == 1e-1

@@ -62,9 +62,11 @@ def noisy_store(bench: kit.Bench, rate: float) -> Callable[[int], FeatureStore]:
     return lambda step: noisy
 
 
-def matched_test_pairs(store: FeatureStore) -> tuple[torch.Tensor, torch.Tensor]:
-    """(image ids, the first caption of each) of the test split: matched rows."""
-    images = store.split_image_ids("test")
+def matched_test_pairs(
+    store: FeatureStore, split: str = "test"
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(image ids, the first caption of each) of ``split``: matched rows."""
+    images = store.split_image_ids(split)
     t2i = store.text_to_image.long()
     first = torch.full((store.num_images,), -1, dtype=torch.long)
     order = torch.arange(len(t2i)).flip(0)
@@ -242,7 +244,12 @@ def study_result(
         "verdict": "; ".join(f"{c['claim']}: {c['holm_outcome']}" for c in claims),
         "holds": all(c["holm_verdict"] == kit.HOLDS for c in claims),
         "lr_choice": {
-            label: {"recipe": c["recipe"], "chosen": c["chosen"], "grid": list(c["grid"].items())}
+            label: {
+                "recipe": c["recipe"],
+                "chosen": c["chosen"],
+                "grid": list(c["grid"].items()),
+                "excluded": c.get("excluded", {}),
+            }
             for label, c in bench.lr_choice.items()
         },
         "lr_grid": list(bench.lr_grid or ()),

@@ -517,7 +517,12 @@ def run_declared(
         "verdict": "; ".join(f"{c['claim']}: {c['holm_outcome']}" for c in claims),
         "holds": all(c["holm_verdict"] == kit.HOLDS for c in claims),
         "lr_choice": {
-            label: {"recipe": c["recipe"], "chosen": c["chosen"], "grid": list(c["grid"].items())}
+            label: {
+                "recipe": c["recipe"],
+                "chosen": c["chosen"],
+                "grid": list(c["grid"].items()),
+                "excluded": c.get("excluded", {}),
+            }
             for label, c in bench.lr_choice.items()
         },
         "lr_grid": list(bench.lr_grid or ()),

@@ -804,6 +804,12 @@ class Bench:
                 + " (validation "
                 + ", ".join(f"{lr:g}: {100 * v:.1f}" for lr, v in c["grid"].items())
                 + ")"
+                + (
+                    f" (rates excluded where the claim's precondition failed: "
+                    f"{', '.join(c['excluded'])})"
+                    if c.get("excluded")
+                    else ""
+                )
                 for label, c in self.lr_choice.items()
             )
             edge = sum(not c.get("interior", True) for c in self.lr_choice.values())
@@ -832,17 +838,23 @@ class Bench:
         steps: int | None = None,
         val_fn: Callable[[Any], float] | None = None,
         store_from: Callable[[int], FeatureStore | None] | None = None,
+        admissible: Callable[[Recipe], str | None] | None = None,
     ) -> float:
         """The arm's learning rate from ``lr_grid``: one run per rate with ``tune_seed`` (a seed
         no reported run uses), walked by ``climb_grid`` from ``LR_START`` until the rate with the
         highest best validation value has a worse rate on both sides or is the grid's edge (a
         run whose loss diverges scores ``-inf``). Cached per arm label; ``interior`` says
-        whether the choice is inside the grid."""
+        whether the choice is inside the grid.
+
+        ``admissible(model)``: the claim's precondition on the rate's trained model (None: it
+        holds; else why not). A rate where it fails scores ``-inf``, so the rate is chosen where
+        the claim can be tested; each excluded rate and its reason are kept (``excluded``)."""
         from curvalign.train.trainer import NonFiniteLossError
 
         if label in self.lr_choice:
             return self.lr_choice[label]["chosen"]
         assert self.lr_grid
+        excluded: dict[float, str] = {}
 
         def fit(lr: float) -> float:
             try:
@@ -860,6 +872,12 @@ class Bench:
             except NonFiniteLossError as err:
                 self.notify(f"{label} at lr {lr:g} diverged ({err}): scored -inf")
                 return -math.inf
+            if admissible is not None:
+                reason = admissible(run.recipe)
+                if reason is not None:
+                    excluded[lr] = reason
+                    self.notify(f"{label} at lr {lr:g}: precondition not met ({reason})")
+                    return -math.inf
             return float(run.best_val) if run.best_val is not None else -math.inf
 
         def best_val(lr: float) -> float:
@@ -875,8 +893,12 @@ class Bench:
                 "overrides": [*self.overrides, *extra],
                 "lr": lr,
                 "seed": self.tune_seed,
+                "admissible": admissible is not None,
             }
-            return cached_value(self.lr_cache, key, lambda: fit(lr), self.notify)
+            value = cached_value(self.lr_cache, key, lambda: fit(lr), self.notify)
+            if admissible is not None and value == -math.inf:
+                excluded.setdefault(lr, "precondition not met or diverged (read from the cache)")
+            return value
 
         chosen, grid = climb_grid(self.lr_grid, LR_START, best_val)
         self.lr_choice[label] = {
@@ -884,7 +906,10 @@ class Bench:
             "grid": grid,
             "chosen": chosen,
             "interior": grid_interior(self.lr_grid, chosen),
+            "excluded": {f"{lr:g}": why for lr, why in excluded.items()},
         }
+        if excluded and chosen in excluded:
+            self.notify(f"{label}: no rate of the grid met the precondition; chose {chosen:g}")
         return chosen
 
     def train(
@@ -900,6 +925,7 @@ class Bench:
         on_mark: Callable[[int, Any], None] | None = None,
         val_fn: Callable[[Any], float] | None = None,
         store_from: Callable[[int], FeatureStore | None] | None = None,
+        admissible: Callable[[Recipe], str | None] | None = None,
     ) -> ArmResult:
         """Train one arm with one seed in one ``Trainer.fit``, validating every ``val_every``
         steps (``ArmHooks``: the study's validation, plateau extension, marks and data swap).
@@ -917,7 +943,13 @@ class Bench:
         extra = list(extra)
         if self.lr_grid and not self.sets_lr(recipe, extra):
             lr = self.choose_lr(
-                label, recipe, extra, steps=steps, val_fn=val_fn, store_from=store_from
+                label,
+                recipe,
+                extra,
+                steps=steps,
+                val_fn=val_fn,
+                store_from=store_from,
+                admissible=admissible,
             )
             extra = [*extra, f"lr={lr:g}"]
         return self._fit(

@@ -113,7 +113,12 @@ def lr_table(result: dict[str, Any]) -> str:
         "|---|---:|---|---|",
     ]
     for arm, c in choice.items():
-        tried = ", ".join(f"{lr:g}: {100 * v:.1f}" for lr, v in c["grid"])
+        excluded = c.get("excluded") or {}
+        tried = ", ".join(
+            f"{lr:g}: {100 * v:.1f}"
+            + (f" (excluded: {excluded[f'{lr:g}']})" if f"{lr:g}" in excluded else "")
+            for lr, v in c["grid"]
+        )
         inside = "yes" if grid_interior(grid, c["chosen"]) else "**no (edge)**"
         lines.append(f"| {arm} | {c['chosen']:g} | {inside} | {tried} |")
     edge = sum(not grid_interior(grid, c["chosen"]) for c in choice.values())

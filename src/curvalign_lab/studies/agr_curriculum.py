@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from pathlib import Path
@@ -77,6 +78,16 @@ AGR_M_CONTROL_MIN = 0.03
 #: the mean query gate g at T_w below which the routing claims are untestable (as DualPath's
 #: gate-opened precondition): the Euclidean correction reaches S_AGR only through alpha g w w_E
 AGR_GATE_OPEN = 0.5
+
+
+def gate_open(store: Any, image_ids: Any, text_ids: Any, recipe: Recipe) -> str | None:
+    """The routing claims' precondition on one trained model: None when its mean query gate g
+    on the test pairs is at least ``AGR_GATE_OPEN``, else why not (``Bench.choose_lr``'s
+    ``admissible``: the learning rate is chosen among the rates where the gate opens)."""
+    g = _routing_on(recipe, store, image_ids, text_ids).get("gate", math.nan)
+    if math.isfinite(g) and g >= AGR_GATE_OPEN:
+        return None
+    return f"query gate g = {g:.3g} < {AGR_GATE_OPEN:g}"
 
 
 def agr_gate_precondition(gates: dict[str, float]) -> str | None:
@@ -192,6 +203,8 @@ def study_agr_curriculum(
         "control (no beta throttle)": ["alpha_start=0", "beta_start=0", "beta_end=0"],
     }
     image_ids, text_ids = matched_test_pairs(bench.store)
+    # the learning rate's precondition is read on validation pairs, never on the test split
+    val_pairs = matched_test_pairs(bench.store, "val")
     stats: dict[str, dict[str, dict[int, dict[str, float]]]] = {a: {} for a in arms}
     conv, logs = {}, {}
     rates: dict[str, dict[int, float]] = {}
@@ -213,6 +226,8 @@ def study_agr_curriculum(
                 marks=(t_w, steps),
                 on_mark=measure,
                 select_best=False,
+                # the rate is chosen where the routing claims can be tested: the query gate open
+                admissible=functools.partial(gate_open, bench.store, *val_pairs),
             )
             log = read_log(runs[seed].run_dir)
             if seed == seed_list[0]:
