@@ -799,7 +799,7 @@ def study_command(
     name: str = typer.Argument(
         ...,
         help="all, agr-curriculum, dualpath-forgetting, atmg-curvature, phyclip-factors, "
-        "proclip-product, wordnet-dimensions",
+        "proclip-product, proclip-regime, wordnet-dimensions",
     ),
     overrides: list[str] = typer.Argument(
         None, metavar="KEY=VALUE", help="Overrides for every run of the study."

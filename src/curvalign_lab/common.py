@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from curvalign.data.features import FeatureStore
+from curvalign.eval.result import EvaluationResult
 from curvalign.recipes.atmg import Atmg
 from curvalign.recipes.base import Recipe
 from curvalign.recipes.meru import Meru
@@ -42,6 +43,12 @@ PHYCLIP_CONTROL_NOISE = 0.0
 
 
 # --- shared helpers -----------------------------------------------------------------------------
+
+
+def metric_of(result: EvaluationResult, path: str) -> float:
+    """``result.metric(path)`` as a float: ``nan`` where the evaluation has no number there."""
+    value = result.metric(path, math.nan)
+    return math.nan if value is None else float(value)
 
 
 def load_study_data(data: str) -> tuple[FeatureStore, Any]:
@@ -484,7 +491,7 @@ def frozen_baseline(bench: kit.Bench) -> dict[str, Any]:
         "row": ROW_NAME,
         "val mean R@1": kit.val_score(model, bench.store),
         "test mean R@1": kit.mean_r1(ev),
-        "test hierarchy J": ev.metric("hierarchy/J", math.nan),
+        "test hierarchy J": metric_of(ev, "hierarchy/J"),
         "reconstruction MAP": rec.get("map", math.nan),
         "reconstruction mean rank": rec.get("mean_rank", math.nan),
     }

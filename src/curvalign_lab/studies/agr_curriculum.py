@@ -394,7 +394,8 @@ def _routing_on(
     with torch.no_grad():
         t = embed_text_part(recipe, store, "text", text_ids)
         i = embed(recipe, store.image_features[image_ids].float(), "image")
-    return recipe.routing_summary(t, i)
+    model: Any = recipe  # an AGR recipe: its routing statistics
+    return dict(model.routing_summary(t, i))
 
 
 def _agr_world_claims(

@@ -20,6 +20,7 @@ from curvalign_lab.common import (
     finite_difference,
     load_study_data,
     make_bench,
+    metric_of,
     metric_table,
     nan_interval,
     noisy_store,
@@ -164,11 +165,9 @@ def study_atmg_curvature(
                     ("untrained", bench.untrained(recipe, extra, seed)),
                 ):
                     ev = bench.evaluate(model)
-                    zs.setdefault((recipe, c, kind), {})[seed] = ev.metric(
-                        "zeroshot/top1", math.nan
-                    )
-                    text = ev.metric("ordering/text/chain", math.nan)
-                    image = ev.metric("ordering/image/pairs", math.nan)
+                    zs.setdefault((recipe, c, kind), {})[seed] = metric_of(ev, "zeroshot/top1")
+                    text = metric_of(ev, "ordering/text/chain")
+                    image = metric_of(ev, "ordering/image/pairs")
                     for key, v in (
                         ("text chain", text),
                         ("image: crop nearer origin (HyCoCLIP)", image),
@@ -185,7 +184,7 @@ def study_atmg_curvature(
             noisy_arm, ATMG, extra, seed, store_from=noisy_store(bench, control_noise)
         )
         ev = bench.evaluate(runs[seed].recipe)
-        zs.setdefault((ATMG, low, "noisy"), {})[seed] = ev.metric("zeroshot/top1", math.nan)
+        zs.setdefault((ATMG, low, "noisy"), {})[seed] = metric_of(ev, "zeroshot/top1")
     conv[noisy_arm] = kit.convergence_record(runs)
 
     high = [c for c in curvatures if c >= 0.5]
@@ -262,10 +261,10 @@ def study_atmg_curvature(
                 for s in seeds_
             }
             vals = [v for v in kit.per_seed(diffs) if math.isfinite(v)]
-            text = mean_interval(vals).format(100.0, 1) if vals else "n/a"
+            cell = mean_interval(vals).format(100.0, 1) if vals else "n/a"
             untrained = [order[(r, c, "untrained", key)][s] for c in curvatures for s in seeds_]
             base = sum(untrained) / len(untrained)
-            secondary.append(f"| {r}, {key} (untrained {100 * base:.1f}) | {text} |")
+            secondary.append(f"| {r}, {key} (untrained {100 * base:.1f}) | {cell} |")
     figures = [
         plots.line_plot(
             list(curvatures),
@@ -334,7 +333,7 @@ def _atmg_world_claims(
             recipes[label] = recipe
 
     def measure(wb: kit.Bench, w: Any, arm: str, recipe: Recipe) -> dict[str, float]:
-        return {arm: wb.evaluate(recipe).metric("zeroshot/top1", math.nan)}
+        return {arm: metric_of(wb.evaluate(recipe), "zeroshot/top1")}
 
     wr = world_inclusive(bench, data, seed_list, arms, recipes, measure=measure)
     low = min(curvatures)

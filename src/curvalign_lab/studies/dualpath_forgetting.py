@@ -136,7 +136,7 @@ def study_dualpath_forgetting(
         lr_grid=lr_grid,
         lr_cache=lr_cache,
     )
-    assert bench.store.pair_b is not None
+    assert bench.store.pair_b is not None and store.pair_scores is not None
     conflicting = dataclasses.replace(
         bench.store,
         pair_b=bench.store.pair_b.take(
@@ -157,7 +157,7 @@ def study_dualpath_forgetting(
         "no phase-2 text pairs": [f"gate_speed={gate_speed}", "phase2_text_pairs=false"],
         "control (no gate, conflicting pairs)": ["gate_init=-30"],
     }
-    measured: dict[str, dict[str, dict[int, float]]] = {}
+    measured: dict[str, dict[int, float]] = {}
     conv, logs = {}, {}
     for arm, extra in arms.items():
         runs = {}
@@ -170,8 +170,7 @@ def study_dualpath_forgetting(
                     measured.setdefault(f"{arm}|{where}|{key}", {})[seed] = value
                 ev = bench.evaluate(recipe)
                 measured.setdefault(f"{arm}|{where}|image R@1", {})[seed] = kit.mean_r1(ev)
-                gate = recipe.gate_value()
-                measured.setdefault(f"{arm}|{where}|gate", {})[seed] = gate
+                measured.setdefault(f"{arm}|{where}|gate", {})[seed] = _gate(recipe)
 
             runs[seed] = bench.train(
                 arm,
@@ -312,6 +311,12 @@ def _paraphrase_skill(recipe: Recipe, heldout: Any, idx: torch.Tensor) -> dict[s
     return {"spearman": rho, "t2t@1": r1}
 
 
+def _gate(recipe: Any) -> float:
+    """The recipe's gate value sigma(theta) (``nan`` where it has none)."""
+    value = recipe.gate_value()
+    return math.nan if value is None else float(value)
+
+
 def _gate_opened(gates: dict[int, float]) -> str | None:
     """None when the mean end-of-run gate value over the seeds (``gates``: seed -> g) reached
     0.5, else why the gate claim's precondition fails."""
@@ -359,7 +364,7 @@ def _dualpath_world_claims(
         heldout, _, test_idx = split(wb)
         values = _paraphrase_skill(recipe, heldout, test_idx)
         values["image R@1"] = kit.mean_r1(wb.evaluate(recipe))
-        values["gate"] = recipe.gate_value()
+        values["gate"] = _gate(recipe)
         return {f"{arm}|{where}|{k}": v for k, v in values.items()}
 
     world = world_inclusive(

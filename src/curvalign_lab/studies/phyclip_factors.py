@@ -22,6 +22,7 @@ from curvalign_lab.common import (
     finite_difference,
     load_study_data,
     make_bench,
+    metric_of,
     metric_table,
     nan_interval,
     noisy_store,
@@ -48,8 +49,10 @@ def tangent_sum_compose(recipe: Recipe) -> Callable[[Any, Any], dict[str, torch.
     one hyperbolic space."""
     from curvalign.geometry import lorentz
 
+    model: Any = recipe  # a PHyCLIP recipe: its curvature per factor
+
     def compose(a: Any, b: Any) -> dict[str, torch.Tensor]:
-        c = recipe.curvature()
+        c = model.curvature()
         v = lorentz.logmap0(a["point"], c) + lorentz.logmap0(b["point"], c)
         return {"point": lorentz.expmap0(v, c)}
 
@@ -79,7 +82,9 @@ def composition_precision(
     if world is None or not hasattr(recipe, "factor_max_compose") or not store.has_classes:
         return None
     test_ids = store.split_image_ids("test")
-    leaves_of = [set() for _ in range(store.num_images)]
+    assert store.class_to_node is not None and store.prompt_features is not None
+    assert store.prompt_to_class is not None
+    leaves_of: list[set[int]] = [set() for _ in range(store.num_images)]
     for img, leaf in zip(world.object_image.tolist(), world.object_leaf.tolist(), strict=True):
         leaves_of[img].add(leaf)
     node_to_class = {int(n): c for c, n in enumerate(store.class_to_node.tolist())}
@@ -117,7 +122,8 @@ def composition_precision(
             idx = s.topk(min(top, s.shape[1]), dim=1).indices
             return contains.gather(1, idx).float().mean(dim=1)
 
-        compose = compose or recipe.factor_max_compose
+        model: Any = recipe  # a PHyCLIP recipe (hasattr checked above)
+        compose = compose or model.factor_max_compose
         composed = precision(compose(ea, eb))
         single = torch.maximum(precision(ea), precision(eb))
         control = precision(compose(ea, shifted))
@@ -292,8 +298,8 @@ def study_phyclip_factors(
                 )
             ev = bench.evaluate(recipe, diagnostics=arm == f"k={big}")
             r1.setdefault(arm, {})[seed] = kit.mean_r1(ev)
-            extra_rows.setdefault(f"{arm}: zero-shot top-1", {})[seed] = ev.metric(
-                "zeroshot/top1", math.nan
+            extra_rows.setdefault(f"{arm}: zero-shot top-1", {})[seed] = metric_of(
+                ev, "zeroshot/top1"
             )
             if arm == f"k={big}":
                 comp = composition_precision(recipe, bench.store, world)
