@@ -102,6 +102,7 @@ def test_a_toy_study_declared_in_one_file_runs_plans_and_writes_its_page(tmp_pat
         starts = result["starts"][arm]
         assert set(starts) >= {str(s) for s in result["seeds"]}
         assert all(s["checked"] for s in starts.values())
+        assert all(isinstance(s["resolved_init"], dict) for s in starts.values())
     json.dumps(result)  # JSON-ready
     text = page.study_page(result)
     assert "Power, planned on a pilot" in text and "toy-width" in text
@@ -137,16 +138,22 @@ def test_the_verdict_table_keeps_every_cell_short(tmp_path):
 
 
 def test_a_study_runs_with_quick(tmp_path, one_thread):
-    from curvalign_lab.runner import STUDIES, run_study
+    from typer.testing import CliRunner
+
+    from curvalign.cli import app
+    from curvalign_lab.runner import STUDIES
 
     # every registered study declares a smoke run
-    assert set(STUDIES) >= {"proclip-product", "agr-curriculum", "wordnet-dimensions"}
-    result = run_study("proclip-product", tmp_path / "q", quick=True)
+    assert set(STUDIES) >= {"proclip-product", "proclip-regime", "agr-curriculum"}
+    out = tmp_path / "q"
+    done = CliRunner().invoke(app, ["study", "proclip-product", "--quick", "--out", str(out), "-q"])
+    assert done.exit_code == 0, done.output
+    result = json.loads((out / "study.json").read_text())
     assert result["seeds"] == [0, 1] and result["steps"] == 4
     assert "--quick" in result["command"] and not result.get("power_plan")
     # no plan: no claim is called underpowered
     assert all(c["holm_verdict"] != kit.UNDERPOWERED for c in result["claims"])
-    text = (tmp_path / "q" / "study.md").read_text()
+    text = (out / "study.md").read_text()
     assert "No pilot ran" in text and "Step-0 health" in text
 
 

@@ -650,6 +650,9 @@ class ArmResult:
     #: warm-start alignment, ``FitResult.warm_start``), as ``fit`` recorded them
     step0: Mapping[str, Any] | None = None
     warm_start: Mapping[str, Any] | None = None
+    #: the recipe's start as the run resolved it (its ``*_init`` settings after the data-aware
+    #: resolution: head scales, curvature, temperature), from the run's saved config
+    resolved_init: Mapping[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         """Everything but the model, JSON-ready."""
@@ -1023,6 +1026,9 @@ class Bench:
             max_steps=max_steps,
             step0=run.step0,
             warm_start=run.warm_start,
+            resolved_init={
+                k: v for k, v in run.config.recipe_config.items() if k.endswith("_init")
+            },
         )
         self.starts.setdefault(label, {})[seed] = start_record(result)
         return result
@@ -1046,8 +1052,9 @@ class Bench:
 
 def start_record(arm: ArmResult) -> dict[str, Any]:
     """One arm's start, JSON-ready: the step-0 health check's warning codes and messages (empty:
-    nothing fired), its measured radii and ``c r^2`` (the resolved start of a curved head), and
-    the warm-start alignment the heads started from (None: a random start)."""
+    nothing fired), its measured radii and ``c r^2`` (the resolved start of a curved head), the
+    warm-start alignment the heads started from (None: a random start) and the recipe's
+    ``*_init`` settings as the run resolved them (``resolved_init``)."""
     step0 = dict(arm.step0 or {})
     warnings = [
         {"code": w.get("code"), "message": w.get("message")} for w in step0.get("warnings") or []
@@ -1060,6 +1067,7 @@ def start_record(arm: ArmResult) -> dict[str, Any]:
         "curvature": step0.get("curvature"),
         "loss_ratio": step0.get("loss_ratio"),
         "warm_start": dict(arm.warm_start) if arm.warm_start is not None else None,
+        "resolved_init": dict(arm.resolved_init) if arm.resolved_init is not None else None,
     }
 
 

@@ -150,7 +150,9 @@ PHYCLIP_L1_SOURCE = (
 )
 
 PHYCLIP_NOTES = (
-    "All arms use the recipe's default scale initialisation (1/sqrt(k·d) per modality). The "
+    "All arms use the recipe's default start: each side's head scale resolved from the train "
+    "features' mean norm so that the step-0 tangent norm per factor is the recipe's "
+    "tangent_norm_init (the values each run resolved are in study.json, `starts`). The "
     "world pins two-object images to a few leaf pairs (leaf_pairs), so each test pair has several "
     "images and precision@5 can reach 1. The composition control composes concept a with the "
     "partner b of another pair: if the composed query's precision for the true pair does not "
