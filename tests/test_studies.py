@@ -690,10 +690,18 @@ def test_power_pilot_plans_the_seeds_and_says_so(tmp_path, one_thread):
     )
     plan = result["power_plan"]
     assert plan["pilot_seeds"] == 2 and plan["max_seeds"] == 3 and 2 <= plan["seeds"] <= 3
-    assert len(result["seeds"]) == plan["seeds"] and plan["estimated_wall_s"] > 0
-    assert set(plan["per_claim"]) == {c["claim"] for c in result["claims"]}
+    assert len(result["seeds"]) == plan["seeds"] and plan["pilot_wall_s"] > 0
+    # the pilot ran on a disjoint seed base, into its own folder
+    assert plan["pilot_seed_base"] == 1000 and result["seeds"][0] == 0
+    pilot_runs = list((tmp_path / "p" / "pilot" / "runs").iterdir())
+    assert pilot_runs and all(r.name.endswith(("-s1000", "-s1001")) for r in pilot_runs)
+    assert set(plan["per_claim"]) == {kit.base_claim(c["claim"]) for c in result["claims"]}
+    for claim in result["claims"]:
+        planned = plan["per_claim"][kit.base_claim(claim["claim"])]
+        assert claim["plan"] == planned
+        assert claim["planned_n_text"]
     assert "--power --max-seeds 3" in result["command"]
-    assert "Seeds from the pilot" in (tmp_path / "p" / "study.md").read_text()
+    assert "Power, planned on a pilot" in (tmp_path / "p" / "study.md").read_text()
 
 
 def test_study_all_rejects_data_and_options():
