@@ -53,7 +53,9 @@ or, from the committed JSON (`docs/results/NAME/study.json`) alone, the same las
 `docs/results` in place of `studies` and no `--copy-to`. Each study's page gives the exact
 command of its run (its `--out` was {out}); a page whose command sets `--steps`, `--quick` or
 `--set lr_grid=...` comes from that smaller budget. A smoke run of one study (a tiny store, 2
-seeds, a few steps; its verdicts mean nothing) is `curvalign study NAME --quick`.
+seeds, a few steps; its verdicts mean nothing) is `curvalign study NAME --quick`. The studies
+live outside the library, in the `curvalign_lab` package: each is one file under
+`src/curvalign_lab/studies/` (its claims, arms, measure and control as data, `declare.Study`).
 
 **The rule** (`curvalign_lab.kit.decide`, the decision rules in `curvalign_lab.rules`). Each
 study quotes its paper's claim and the paper's effect (with the seed file's section), trains
