@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from curvalign.report import studykit as kit
 from curvalign.stats import Interval, mean_interval, paired_difference
+from curvalign_lab import kit
 
 # --- the verdict rule, every outcome (hand-made numbers) -------------------------------------
 
@@ -64,46 +64,51 @@ def test_equivalent_within_delta_by_tost():
     assert kit.decide(tiny, None, delta=0.01).kind == kit.INCONCLUSIVE_KIND
 
 
-def test_underpowered_when_the_mde_exceeds_the_paper_effect():
-    # seed SD ~ 8 points: at 3 seeds the MDE is ~27 points, the paper claims 2
+UNDER_PLAN = {"underpowered": True, "cap": 10, "reason": "MDE 5 at the cap of 10 seeds"}
+POWERED_PLAN = {"underpowered": False, "cap": 10, "reason": "4 seeds give MDE 1.9 <= 2"}
+
+
+def test_underpowered_comes_from_the_plan_never_from_the_runs_own_sd():
+    # seed SD ~ 8 points: at 3 seeds the run's own MDE is ~29 points, the paper claims 2; with
+    # no plan that is not a verdict of "underpowered" (the run's SD cannot judge itself)
     noisy = mean_interval([0.10, -0.05, 0.08])
-    v = kit.decide(noisy, MOVED, paper_effect=0.02)
-    assert v.kind == kit.UNDERPOWERED
-    mde = kit.minimal_detectable(noisy)
-    assert f"MDE {mde * 100:.3g} vs claimed 2" in v.text and "at 3 seeds" in v.text
-    # the same interval against a paper effect larger than the MDE: plain inconclusive
-    assert kit.decide(noisy, MOVED, paper_effect=0.5).text == kit.INCONCLUSIVE
-    # a clear effect is decided even when the design is weak for the paper's effect
-    assert kit.decide(CLEAR_GAIN, MOVED, paper_effect=0.001).kind == kit.HOLDS
-    # one seed cannot detect anything
-    assert kit.decide(mean_interval([0.5]), MOVED, paper_effect=0.02).kind == kit.UNDERPOWERED
+    assert kit.decide(noisy, MOVED, paper_effect=0.02).text == kit.INCONCLUSIVE
+    v = kit.decide(noisy, MOVED, paper_effect=0.02, plan=UNDER_PLAN)
+    assert v.kind == kit.UNDERPOWERED and "by plan" in v.text and "n > 10" in v.text
+    # a powered plan: the same interval contains the paper's effect, so plain inconclusive
+    assert kit.decide(noisy, MOVED, paper_effect=0.02, plan=POWERED_PLAN).text == kit.INCONCLUSIVE
+    # a clear effect is decided even when the plan says the design is weak
+    assert kit.decide(CLEAR_GAIN, MOVED, paper_effect=0.001, plan=UNDER_PLAN).kind == kit.HOLDS
+    # a powered plan whose interval lies below the paper's effect: the effect is excluded
+    flat = mean_interval([0.001, -0.002, 0.0])
+    v = kit.decide(flat, MOVED, paper_effect=0.02, plan=POWERED_PLAN)
+    assert v.kind == kit.DOES_NOT_HOLD and "paper's effect (2) is excluded" in v.text
 
 
 def test_underpowered_says_when_the_control_did_not_separate_either():
     noisy = mean_interval([0.10, -0.05, 0.08])
-    v = kit.decide(noisy, STILL, paper_effect=0.02, control_min=0.02)
+    v = kit.decide(noisy, STILL, paper_effect=0.02, control_min=0.02, plan=UNDER_PLAN)
     assert v.kind == kit.UNDERPOWERED and v.text.endswith(kit.CONTROL_FAILED)
     # a control of the wrong size (right sign, mean below control_min) is named the same way
-    v = kit.decide(noisy, MOVED, paper_effect=0.02, control_min=0.5)
+    v = kit.decide(noisy, MOVED, paper_effect=0.02, control_min=0.5, plan=UNDER_PLAN)
     assert v.kind == kit.UNDERPOWERED and kit.CONTROL_FAILED in v.text
     # with a control that separated the text is the plain underpowered one
-    assert kit.CONTROL_FAILED not in kit.decide(noisy, MOVED, paper_effect=0.02).text
+    v = kit.decide(noisy, MOVED, paper_effect=0.02, plan=UNDER_PLAN)
+    assert kit.CONTROL_FAILED not in v.text
 
 
 def test_verdict_across_two_seed_bases():
     holds, fails = kit.Verdict(kit.HOLDS, kit.HOLDS), kit.Verdict(kit.DOES_NOT_HOLD, "does not")
-    under = kit.Verdict(kit.UNDERPOWERED, "underpowered at 3 seeds (MDE 4 vs claimed 2)")
+    under = kit.Verdict(kit.UNDERPOWERED, "underpowered by plan (n > 10)")
     inconclusive = kit.Verdict(kit.INCONCLUSIVE_KIND, kit.INCONCLUSIVE)
-    assert kit.across_seed_bases(holds, holds, 3) == holds
+    assert kit.across_seed_bases(holds, holds) == holds
     # the same class with different numbers in the text is an agreement (base A's text kept)
-    other = kit.Verdict(kit.UNDERPOWERED, "underpowered at 3 seeds (MDE 3 vs claimed 2)")
-    assert kit.across_seed_bases(under, other, 3) == under
-    assert kit.across_seed_bases(holds, under, 3) == under
-    assert kit.across_seed_bases(under, fails, 3) == under
-    flip = kit.across_seed_bases(holds, inconclusive, 3)
-    assert flip.kind == kit.UNSTABLE and "at 3 seeds" in flip.text
-    assert kit.HOLDS in flip.text and kit.INCONCLUSIVE in flip.text
-    assert kit.across_seed_bases(holds, fails, 5).kind == kit.UNSTABLE
+    other = kit.Verdict(kit.UNDERPOWERED, "underpowered by plan (n > 12)")
+    assert kit.across_seed_bases(under, other) == under
+    # holds on one base, underpowered on the other: a flip, shown as a flip
+    for a, b in ((holds, under), (under, fails), (holds, inconclusive), (holds, fails)):
+        flip = kit.across_seed_bases(a, b)
+        assert flip.kind == kit.UNSTABLE and a.text in flip.text and b.text in flip.text
 
 
 def test_lr_grid_climb_finds_an_interior_optimum_on_hand_made_curves():
@@ -141,16 +146,20 @@ def test_lr_grid_climb_finds_an_interior_optimum_on_hand_made_curves():
     assert chosen == 3e-3 and len(seen) == 2 and not kit.grid_interior((1e-3, 3e-3), chosen)
 
 
-def test_mde_matches_the_formula_on_hand_made_numbers():
+def test_mde_is_the_exact_noncentral_t_one():
     from curvalign.stats import interval_sd, minimal_detectable_effect, sample_sd
+    from curvalign_lab import rules
 
     values = [0.10, -0.05, 0.08]
     iv = mean_interval(values)
     assert interval_sd(iv) == pytest.approx(sample_sd(values))
-    # (t_.975,2 + t_.80,2) * sd / sqrt(3) = (4.302653 + 1.060660) * sd / sqrt(3)
-    expected = (4.302653 + 1.060660) * sample_sd(values) / math.sqrt(3)
-    assert kit.minimal_detectable(iv) == pytest.approx(expected)
-    assert minimal_detectable_effect(sample_sd(values), 3) == pytest.approx(expected)
+    exact = kit.minimal_detectable(iv)
+    assert exact == pytest.approx(rules.minimal_detectable(sample_sd(values), 3))
+    # at that effect the two-sided paired t test has 80% power (by construction) ...
+    assert rules.power(exact, sample_sd(values), 3) == pytest.approx(0.8, abs=1e-9)
+    # ... and the textbook shifted-central-t formula is about 5% too small at 3 seeds
+    approx = minimal_detectable_effect(sample_sd(values), 3)
+    assert 1.03 < exact / approx < 1.08
 
 
 def test_not_reproduced_in_this_regime_wins_over_everything():
@@ -179,7 +188,9 @@ def test_every_verdict_class_is_reachable():
         kit.decide(paired_difference([0.40, 0.41, 0.43], [0.50, 0.52, 0.55]), MOVED).kind,
         kit.decide(mean_interval([0.001, -0.002, 0.0015, -0.001]), MOVED, delta=0.01).kind,
         kit.decide(mean_interval([0.10, -0.05, 0.08]), MOVED).kind,
-        kit.decide(mean_interval([0.10, -0.05, 0.08]), MOVED, paper_effect=0.02).kind,
+        kit.decide(
+            mean_interval([0.10, -0.05, 0.08]), MOVED, paper_effect=0.02, plan=UNDER_PLAN
+        ).kind,
         kit.decide(CLEAR_GAIN, MOVED, regime="x").kind,
     }
     assert reached == set(kit.VERDICTS)
@@ -274,10 +285,23 @@ def test_holm_changes_the_verdicts_table():
     )
     kit.apply_holm(claims)
     assert claims[-1]["holm_verdict"] == kit.NOT_REPRODUCED and claims[0]["holm_family"] == 3
+    # so is a claim whose precondition is not met, and a precondition claim itself (decided by
+    # its own interval, not costing the others power)
+    claims.append(
+        kit.claim_record("p", mean_interval([0.1, 0.2, 0.3]), MOVED, "c", precondition="shut")
+    )
+    claims.append(
+        kit.claim_record("gate", mean_interval([0.10, 0.11, 0.12]), MOVED, "c", role="precondition")
+    )
+    kit.apply_holm(claims)
+    assert claims[0]["holm_family"] == 3 and "holm_family" not in claims[-1]
+    assert claims[-2]["holm_verdict"] == kit.NOT_REPRODUCED
+    assert claims[-1]["holm_verdict"] == kit.HOLDS
 
 
 def test_seeds_for_effect_and_the_pilot_plan():
     from curvalign.stats import minimal_detectable_effect, seeds_for_effect
+    from curvalign_lab import rules
 
     n = seeds_for_effect(0.05, 0.04)
     assert minimal_detectable_effect(0.05, n) <= 0.04 < minimal_detectable_effect(0.05, n - 1)
@@ -288,12 +312,39 @@ def test_seeds_for_effect_and_the_pilot_plan():
         kit.claim_record("small", mean_interval([0.01, 0.03, 0.0]), MOVED, "c", paper_effect=0.02),
         kit.claim_record("tiny", mean_interval([0.2, -0.2, 0.1]), MOVED, "c", paper_effect=1e-3),
         kit.claim_record("none", mean_interval([0.2, -0.2, 0.1]), MOVED, "c"),
+        # non-inferiority (threshold -margin): planned against the distance to the margin
+        kit.claim_record(
+            "flat",
+            mean_interval([-0.01, 0.0, -0.005]),
+            MOVED,
+            "c",
+            threshold=-0.02,
+            paper_effect=0.0055,
+        ),
+        # a precondition claim is not planned (and is outside the Holm family)
+        kit.claim_record(
+            "pre",
+            mean_interval([0.2, -0.2, 0.1]),
+            MOVED,
+            "c",
+            paper_effect=1e-3,
+            role="precondition",
+        ),
     ]
     plan = kit.plan_seeds(pilot, max_seeds=12)
-    small_sd = mean_interval([0.01, 0.03, 0.0])
-    assert plan["per_claim"]["small"] == seeds_for_effect(kit.interval_sd(small_sd), 0.02, 12)
-    assert plan["seeds"] == max(plan["per_claim"]["big"], plan["per_claim"]["small"])
-    assert plan["out_of_budget"] == ["tiny"] and "none" not in plan["per_claim"]
+    small_sd = kit.interval_sd(mean_interval([0.01, 0.03, 0.0]))
+    small = rules.plan_for_sd(small_sd, 3, kind="superiority", paper_effect=0.02, cap=12)
+    assert plan["per_claim"]["small"]["n"] == small.n and not small.underpowered
+    assert rules.minimal_detectable(small_sd, small.n) <= 0.02
+    assert rules.minimal_detectable(small_sd, small.n - 1) > 0.02
+    flat = plan["per_claim"]["flat"]
+    assert flat["kind"] == "non-inferiority" and flat["target"] == pytest.approx(0.0145)
+    assert plan["seeds"] == max(p["n"] for p in plan["per_claim"].values() if not p["underpowered"])
+    assert plan["out_of_budget"] == ["tiny"]
+    assert "none" not in plan["per_claim"] and "pre" not in plan["per_claim"]
+    # the plan, not the run, says "underpowered"
+    tiny = kit.with_plan(pilot[2], plan["per_claim"]["tiny"])
+    assert tiny["verdict"] == kit.UNDERPOWERED and tiny["planned_n_text"].startswith("> 12")
 
 
 # --- machinery ---------------------------------------------------------------------------------
@@ -308,7 +359,7 @@ def test_convergence_plateau():
 
 
 def test_spearman_with_ties():
-    from curvalign.report.studies import spearman
+    from curvalign_lab.common import spearman
 
     x = torch.tensor([1.0, 2.0, 3.0, 4.0])
     assert spearman(x, x * 10) == pytest.approx(1.0)
@@ -520,7 +571,7 @@ TINY_STUDIES = {
 
 @pytest.mark.parametrize("name", list(TINY_STUDIES))
 def test_each_study_runs_tiny_and_is_too_short(tmp_path, name, one_thread):
-    from curvalign.report.studies import run_study
+    from curvalign_lab.runner import run_study
 
     options, data = TINY_STUDIES[name]
     result = run_study(
@@ -566,21 +617,21 @@ def test_each_study_runs_tiny_and_is_too_short(tmp_path, name, one_thread):
 def test_wordnet_frozen_baseline_on_a_shared_space(tmp_path, one_thread):
     import dataclasses
 
-    from curvalign.report.studies import _frozen_baseline, _frozen_text, load_study_data
+    from curvalign_lab.common import frozen_baseline, frozen_text, load_study_data
 
     store, _ = load_study_data(TINY + ",image_dim=96")
     store = dataclasses.replace(store, meta={**store.meta, "shared_space": True})
-    frozen = _frozen_baseline(kit.Bench(tmp_path, store, "synthetic", 10, [], val_every=5))
+    frozen = frozen_baseline(kit.Bench(tmp_path, store, "synthetic", 10, [], val_every=5))
     assert frozen["row"] == "frozen features" and "absent" not in frozen
     for key in ("val mean R@1", "test mean R@1"):
         assert 0.0 <= frozen[key] <= 1.0
     assert "test hierarchy J" in frozen
-    assert f"test mean R@1 {100 * frozen['test mean R@1']:.1f}" in _frozen_text(frozen)
+    assert f"test mean R@1 {100 * frozen['test mean R@1']:.1f}" in frozen_text(frozen)
 
 
 def test_results_page_is_generated_from_the_json(tmp_path, one_thread):
-    from curvalign.report import results
-    from curvalign.report.studies import run_study
+    from curvalign_lab import results
+    from curvalign_lab.runner import run_study
 
     run_study(
         "proclip-product",
@@ -593,9 +644,10 @@ def test_results_page_is_generated_from_the_json(tmp_path, one_thread):
     )
     text = results.render(tmp_path)
     assert "## Verdicts" in text and "## proclip-product" in text
-    assert kit.TOO_SHORT in text and "wall time" in text
-    # the verdicts table carries the paper's effect, the MDE and the Holm-adjusted verdict
-    assert "Holm-adjusted" in text and "MDE at the seeds used" in text
+    assert kit.TOO_SHORT in text and "Wall time" in text
+    # the verdicts table carries the paper's effect (its source in a footnote), the planned n
+    # and the verdict in a few words, the whole reason in a footnote
+    assert "| planned n |" in text and "| inconclusive: too short [^" in text
     assert "+2 to +7 R@1 points" in text
     # the studies that were not run are named, never silently missing
     assert "Studies not run for this page" in text and "`agr-curriculum`" in text
@@ -612,10 +664,17 @@ def test_results_page_is_generated_from_the_json(tmp_path, one_thread):
     assert new.startswith(text.rstrip("\n")) and new.endswith("## Demo\nbenchmark table\n")
     assert "stale study" not in new
     assert results.main([str(copy), "--keep-from", str(page), "## Nope"]) == 2
+    # one page per study, linked from the table, instead of one long page
+    index = tmp_path / "studies.md"
+    assert results.main([str(copy), "--pages", str(copy), "-o", str(index)]) == 0
+    assert "[proclip-product](proclip-product/study.md)" in index.read_text()
+    assert "## proclip-product" not in index.read_text()
+    own = (copy / "proclip-product" / "study.md").read_text()
+    assert own.startswith("# proclip-product") and "Step-0 health" in own
 
 
 def test_power_pilot_plans_the_seeds_and_says_so(tmp_path, one_thread):
-    from curvalign.report.studies import run_study
+    from curvalign_lab.runner import run_study
 
     result = run_study(
         "proclip-product",
@@ -631,10 +690,18 @@ def test_power_pilot_plans_the_seeds_and_says_so(tmp_path, one_thread):
     )
     plan = result["power_plan"]
     assert plan["pilot_seeds"] == 2 and plan["max_seeds"] == 3 and 2 <= plan["seeds"] <= 3
-    assert len(result["seeds"]) == plan["seeds"] and plan["estimated_wall_s"] > 0
-    assert set(plan["per_claim"]) == {c["claim"] for c in result["claims"]}
+    assert len(result["seeds"]) == plan["seeds"] and plan["pilot_wall_s"] > 0
+    # the pilot ran on a disjoint seed base, into its own folder
+    assert plan["pilot_seed_base"] == 1000 and result["seeds"][0] == 0
+    pilot_runs = list((tmp_path / "p" / "pilot" / "runs").iterdir())
+    assert pilot_runs and all(r.name.endswith(("-s1000", "-s1001")) for r in pilot_runs)
+    assert set(plan["per_claim"]) == {kit.base_claim(c["claim"]) for c in result["claims"]}
+    for claim in result["claims"]:
+        planned = plan["per_claim"][kit.base_claim(claim["claim"])]
+        assert claim["plan"] == planned
+        assert claim["planned_n_text"]
     assert "--power --max-seeds 3" in result["command"]
-    assert "Seeds from the pilot" in (tmp_path / "p" / "study.md").read_text()
+    assert "Power, planned on a pilot" in (tmp_path / "p" / "study.md").read_text()
 
 
 def test_study_all_rejects_data_and_options():
@@ -846,7 +913,7 @@ def _tree_store(features, parents):
 
 def test_graph_reconstruction_ranks_the_closure_by_distance():
     from curvalign.eval.frozen import FrozenFeatures
-    from curvalign.report.studies import reconstruction
+    from curvalign_lab.common import reconstruction
 
     # root 0 with leaves 1 and 2: 0 is related to both, 1 and 2 are unrelated to each other
     parents = [-1, 0, 0]
@@ -864,7 +931,7 @@ def test_graph_reconstruction_ranks_the_closure_by_distance():
 
 
 def test_decay_rate_and_routing_class():
-    from curvalign.report.studies import decay_rate, routing_class
+    from curvalign_lab.studies.agr_curriculum import decay_rate, routing_class
 
     # L(t) = 2 exp(-0.01 t), logged every 10 steps; the rate is read up to step 100 only
     log = [{"step": t, "loss_euclidean": 2 * math.exp(-0.01 * t)} for t in range(10, 201, 10)]
@@ -879,7 +946,7 @@ def test_decay_rate_and_routing_class():
 def test_tangent_sum_composition_in_one_hyperbolic_space():
     from curvalign.geometry import lorentz
     from curvalign.recipes.phyclip import Phyclip, PhyclipConfig
-    from curvalign.report.studies import tangent_sum_compose
+    from curvalign_lab.studies.phyclip_factors import tangent_sum_compose
 
     torch.manual_seed(5)
     r = Phyclip(PhyclipConfig(num_factors=1, factor_dim=4), 10, 8)
@@ -894,8 +961,8 @@ def test_tangent_sum_composition_in_one_hyperbolic_space():
     assert not torch.allclose(composed, a["point"]) and not torch.allclose(composed, b["point"])
 
 
-def test_stability_check_flags_a_changed_verdict_unless_underpowered(tmp_path):
-    from curvalign.report import results
+def test_stability_check_shows_every_flip_as_a_flip(tmp_path):
+    from curvalign_lab import results
 
     def write(base, verdicts):
         for name, claims in verdicts.items():
@@ -905,29 +972,31 @@ def test_stability_check_flags_a_changed_verdict_unless_underpowered(tmp_path):
                 "name": name,
                 "seeds": [0, 1, 2] if base == "a" else [100, 101, 102],
                 "claims": [
-                    {"claim": c, "outcome": v, "holm_outcome": v, "holm_verdict": v.split(" at")[0]}
+                    {"claim": c, "outcome": v, "holm_outcome": v, "holm_verdict": v.split(" by")[0]}
                     for c, v in claims
                 ],
             }
             (d / "study.json").write_text(json.dumps(result))
 
-    write("a", {"s": [("x", kit.HOLDS), ("y", "underpowered at 3 seeds"), ("z", kit.EQUIVALENT)]})
-    write("b", {"s": [("x", kit.HOLDS), ("y", kit.HOLDS), ("z", kit.EQUIVALENT)]})
+    under = "underpowered by plan (n > 10)"
+    write("a", {"s": [("x", kit.HOLDS), ("y", under), ("z", kit.EQUIVALENT)]})
+    write("b", {"s": [("x", kit.HOLDS), ("y", under), ("z", kit.EQUIVALENT)]})
     rows, ok = results.stability(tmp_path / "a", tmp_path / "b")
-    assert ok and [r["agree"] for r in rows] == [True, False, True] and rows[1]["underpowered"]
+    assert ok and all(r["agree"] for r in rows)
+    assert rows[1]["across_kind"] == kit.UNDERPOWERED and rows[2]["across_kind"] == kit.EQUIVALENT
+    # holds on one base and underpowered on the other: unstable, not "underpowered"
     write("c", {"s": [("x", kit.DOES_NOT_HOLD), ("y", kit.HOLDS), ("z", kit.EQUIVALENT)]})
     rows, ok = results.stability(tmp_path / "a", tmp_path / "c")
     assert not ok
-    assert "NOT stable" in results.stability_markdown(rows, ok)
-    assert "| s | x | 0-2 |" in results.stability_markdown(rows, ok)
-    # the flip is marked by the code: unstable (underpowered at this budget), not a verdict
-    assert rows[0]["across_kind"] == kit.UNSTABLE and "at 3 seeds" in rows[0]["across"]
-    assert rows[1]["across_kind"] == kit.UNDERPOWERED and rows[2]["across_kind"] == kit.EQUIVALENT
-    assert "1 flip between bases" in results.stability_markdown(rows, ok)
+    assert [r["across_kind"] for r in rows] == [kit.UNSTABLE, kit.UNSTABLE, kit.EQUIVALENT]
+    assert under in rows[1]["across"] and kit.HOLDS in rows[1]["across"]
+    text = results.stability_markdown(rows, ok)
+    assert "NOT stable" in text and "| s | x | 0-2 |" in text
+    assert "2 flip between bases" in text
 
 
 def test_world_inclusive_interval_trains_each_seed_on_its_own_world(tmp_path, one_thread):
-    from curvalign.report.studies import run_study
+    from curvalign_lab.runner import run_study
 
     result = run_study(
         "proclip-product",
@@ -950,7 +1019,7 @@ def test_world_inclusive_interval_trains_each_seed_on_its_own_world(tmp_path, on
 
 
 def test_lr_table_marks_a_rate_at_the_grid_edge():
-    from curvalign.report import results
+    from curvalign_lab import results
 
     result = {
         "claims": [{"paper_source": "x"}],
@@ -1006,7 +1075,7 @@ def test_cached_value_computes_once_and_waits_for_a_run_in_progress(tmp_path):
 
 
 def test_world_inclusive_interval_re_decides_a_claim_and_keeps_the_seed_only_one():
-    from curvalign.report.studies import _with_world
+    from curvalign_lab.common import with_world
 
     seed_only = paired_difference([0.50, 0.52, 0.55], [0.40, 0.41, 0.43])  # clear gain
     claim = kit.claim_record(
@@ -1015,18 +1084,18 @@ def test_world_inclusive_interval_re_decides_a_claim_and_keeps_the_seed_only_one
     assert claim["verdict"] == kit.HOLDS
     # across worlds the gain is not there: the claim is decided on the world-inclusive interval
     worlds = mean_interval([0.08, -0.06, 0.01])
-    again = _with_world(claim, worlds, "synthetic")
+    again = with_world(claim, worlds, "synthetic")
     assert again["claim"] == "a beats b, world-inclusive"
     assert again["verdict"] != kit.HOLDS and again["effect"]["mean"] == pytest.approx(worlds.mean)
     assert again["seed_only"]["mean"] == pytest.approx(seed_only.mean)
     assert "seed-only (world synthetic)" in again["effect_text"]
     assert "which alone gives holds" in again["effect_text"]
     assert again["paper_effect_text"] == claim["paper_effect_text"]
-    assert _with_world(claim, None, "synthetic") is claim
+    assert with_world(claim, None, "synthetic") is claim
 
 
 def test_with_world_keeps_every_input_of_the_decision():
-    from curvalign.report.studies import _with_world
+    from curvalign_lab.common import with_world
 
     seed_only = mean_interval([0.05, 0.09, -0.04])  # contains 0 and -2 points: inconclusive
     worlds = mean_interval([0.001, -0.002, 0.0015, -0.001, 0.0005])  # tight around 0
@@ -1043,17 +1112,17 @@ def test_with_world_keeps_every_input_of_the_decision():
         control_min=0.15,
         role="exploratory",
     )
-    again = _with_world(claim, worlds, "synthetic")
+    again = with_world(claim, worlds, "synthetic")
     assert claim["verdict"] != kit.HOLDS and again["verdict"] == kit.HOLDS
     assert again["inputs"] == claim["inputs"] and again["role"] == "exploratory"
     assert again["unit"] == "pp" and " pp (95%" in again["effect_text"]
-    assert again["mde_text"].endswith("pp at n=5")
+    assert "pp at n=5" in again["mde_text"]
     # an equivalence margin: equivalent within ±2 points only if delta is carried over
     margin = kit.claim_record("a equals b", seed_only, MOVED, "control", delta=0.02)
-    assert _with_world(margin, worlds, "synthetic")["verdict"] == kit.EQUIVALENT
+    assert with_world(margin, worlds, "synthetic")["verdict"] == kit.EQUIVALENT
     # the control's size is carried: a world-inclusive control below control_min fails
     small = paired_difference([0.30, 0.32, 0.35], [0.25, 0.26, 0.30])
-    worse = _with_world(claim, worlds, "synthetic", world_control=small)
+    worse = with_world(claim, worlds, "synthetic", world_control=small)
     assert small.low > 0 and not worse["control_ok"] and worse["verdict"] != kit.HOLDS
     assert worse["seed_only_control"]["mean"] == pytest.approx(MOVED.mean)
     assert worse["control_what"] == "control, world-inclusive"
@@ -1061,16 +1130,16 @@ def test_with_world_keeps_every_input_of_the_decision():
     # a precondition or a regime decides whatever the world-inclusive interval says
     for why in ({"precondition": "lambda_E <= 2 lambda_H"}, {"regime": "no encoder training"}):
         blocked = kit.claim_record("a beats b", CLEAR_GAIN, MOVED, "control", **why)
-        redone = _with_world(blocked, CLEAR_GAIN, "synthetic")
+        redone = with_world(blocked, CLEAR_GAIN, "synthetic")
         assert redone["verdict"] == kit.NOT_REPRODUCED and redone["inputs"] == blocked["inputs"]
         assert next(iter(why.values())) in redone["outcome"]
     # and a short budget stays too short
     short = kit.claim_record("a beats b", CLEAR_GAIN, MOVED, "control", budget_ok=False)
-    assert _with_world(short, CLEAR_GAIN, "synthetic")["outcome"] == kit.TOO_SHORT
+    assert with_world(short, CLEAR_GAIN, "synthetic")["outcome"] == kit.TOO_SHORT
 
 
 def _world_study(tmp_path, name, vary_world, steps=3, data=TINY, **options):
-    from curvalign.report.studies import parse_study_options, run_study
+    from curvalign_lab.runner import parse_study_options, run_study
 
     options |= parse_study_options(name, [f"vary_world={vary_world}"])
     return run_study(
@@ -1103,7 +1172,10 @@ def test_claims_about_a_method_are_decided_across_worlds(
         assert "seed-only (world" in world["effect_text"] and world["seed_only"]["n"] == 2
         # the seed-only interval is the fixed-world study's own effect (same seeds, same world)
         assert world["seed_only"]["mean"] == pytest.approx(alone["effect"]["mean"], nan_ok=True)
-        assert world["inputs"] == alone["inputs"]
+        # every input but a measured regime reason (measured on the deciding interval)
+        assert {k: v for k, v in world["inputs"].items() if k != "regime"} == {
+            k: v for k, v in alone["inputs"].items() if k != "regime"
+        }
         # vary_world=False: the claims as they were, without world-inclusive parts
         assert "world-inclusive" not in alone["claim"] and "seed_only" not in alone
         assert "seed-only" not in alone["effect_text"]
@@ -1130,8 +1202,8 @@ DUALPATH_TINY = f"{TINY},paraphrase_topics=8,heldout_pairs=40"
 
 
 def test_dualpath_claims_are_decided_across_worlds(tmp_path, one_thread, monkeypatch):
-    from curvalign.report import studies
     from curvalign.runs import load_run
+    from curvalign_lab.studies import dualpath_forgetting as studies
 
     measured_on = []  # the held-out pair scores every skill measurement read
     skill = studies._paraphrase_skill
@@ -1193,9 +1265,89 @@ def test_dualpath_claims_are_decided_across_worlds(tmp_path, one_thread, monkeyp
 
 def test_agr_routing_claims_need_an_open_gate() -> None:
     """With the query gate shut the router is barely trained, so w̄ cannot test Theorem 5.3."""
-    from curvalign.report.studies import AGR_GATE_OPEN, agr_gate_precondition
+    from curvalign_lab.studies.agr_curriculum import AGR_GATE_OPEN, agr_gate_precondition
 
     assert agr_gate_precondition({"single": 0.997, "four-phase": AGR_GATE_OPEN}) is None
     shut = agr_gate_precondition({"single": 0.02, "four-phase": 0.9})
     assert shut is not None and "single g = 0.02" in shut and "four-phase" not in shut
     assert agr_gate_precondition({"single": float("nan")}) is not None
+
+
+def test_the_moved_study_modules_keep_a_deprecated_alias():
+    # the studies left the importable library for curvalign_lab; the old names still resolve,
+    # with a DeprecationWarning naming the new place
+    import importlib
+    import sys
+
+    from curvalign_lab import runner
+
+    for old, new in (
+        ("curvalign.report.studies", "curvalign_lab"),
+        ("curvalign.report.studykit", "curvalign_lab.kit"),
+        ("curvalign.report.results", "curvalign_lab.results"),
+    ):
+        sys.modules.pop(old, None)
+        with pytest.warns(DeprecationWarning, match=new):
+            module = importlib.import_module(old)
+        assert module is not None
+    from curvalign.report import studies as old_studies
+
+    assert old_studies.run_study is runner.run_study
+    assert old_studies.spearman is not None and old_studies.AGR_GATE_OPEN == 0.5
+
+
+def test_atmg_regime_claims_are_measured_bounds() -> None:
+    """A claim about encoder training is not reproduced by heads on frozen features; the reason
+    says, from the data, whether the paper's effect is excluded here."""
+    from curvalign_lab.studies.atmg_curvature import (
+        ATMG_MERU_DROP,
+        ATMG_REGIME,
+        measured_regime,
+        with_measured_regime,
+    )
+
+    small = Interval(0.009, -0.006, 0.024, 3)
+    text = measured_regime(small, ATMG_MERU_DROP)
+    assert "28.4 points is excluded, upper bound 2.40" in text
+    wide = Interval(0.10, -0.20, 0.40, 3)
+    assert measured_regime(wide, ATMG_MERU_DROP).startswith(ATMG_REGIME)
+    assert "does not exclude 28.4" in measured_regime(wide, ATMG_MERU_DROP)
+    rec = kit.claim_record(
+        "MERU drops",
+        small,
+        MOVED,
+        "c",
+        paper_effect=ATMG_MERU_DROP,
+        regime=ATMG_REGIME,
+        role="regime",
+    )
+    again = with_measured_regime(rec)
+    assert again["verdict"] == kit.NOT_REPRODUCED and "upper bound 2.40" in again["outcome"]
+    # a regime claim is outside the Holm family
+    kit.apply_holm([again])
+    assert "holm_family" not in again
+
+
+def test_the_learning_rate_is_chosen_where_the_precondition_holds(tmp_path, monkeypatch):
+    """AGR's routing claims need an open query gate: a rate whose model keeps it shut scores
+    -inf on the grid, so the choice falls on a rate where the claim can be tested, and each
+    excluded rate is kept with its reason."""
+    import types
+
+    store = _tiny_world()
+    bench = kit.Bench(tmp_path, store, "synthetic", 4, [], val_every=2, lr_grid=(1e-3, 1e-2, 1e-1))
+
+    def fake_fit(label, recipe, extra, seed, **kwargs):
+        lr = float(next(e for e in extra if e.startswith("lr=")).split("=")[1])
+        # validation rises with the rate; the gate opens only below 0.05
+        return types.SimpleNamespace(best_val=lr, recipe=types.SimpleNamespace(gate=lr < 0.05))
+
+    monkeypatch.setattr(bench, "_fit", fake_fit)
+    chosen = bench.choose_lr(
+        "single", "agr", [], admissible=lambda m: None if m.gate else "gate shut"
+    )
+    assert chosen == 1e-2
+    assert bench.lr_choice["single"]["excluded"] == {"0.1": "gate shut"}
+    assert "rates excluded where the claim's precondition failed: 0.1" in bench.lr_text()
+    # without the precondition the top of the grid wins
+    assert bench.choose_lr("other", "agr", []) == 1e-1

@@ -799,7 +799,7 @@ def study_command(
     name: str = typer.Argument(
         ...,
         help="all, agr-curriculum, dualpath-forgetting, atmg-curvature, phyclip-factors, "
-        "proclip-product, wordnet-dimensions",
+        "proclip-product, proclip-regime, wordnet-dimensions",
     ),
     overrides: list[str] = typer.Argument(
         None, metavar="KEY=VALUE", help="Overrides for every run of the study."
@@ -830,12 +830,19 @@ def study_command(
         help="Study option NAME=VALUE (a Python literal), e.g. "
         "curvatures=0.1,1,3 or factors=1,4,16 (see docs/evaluation.md).",
     ),
+    quick: bool = typer.Option(
+        False,
+        "--quick",
+        help="A smoke run: the study's tiny store, 2 seeds, a few steps, no learning-rate grid "
+        "and no pilot (checks that the study runs; its verdicts mean nothing).",
+    ),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No per-step progress bars."),
 ) -> None:
     """Test paper claims (one study, or `all` into OUT/NAME) and print each verdict.
 
-    Regenerate docs/results.md from the outputs with `python -m curvalign.report.results OUT`."""
-    from curvalign.report.studies import STUDIES, parse_study_options, run_all, run_study
+    Regenerate docs/results.md from the outputs with `python -m curvalign_lab.results OUT`."""
+    # the laboratory, a sibling package the library never imports: loaded only by this command
+    from curvalign_lab.runner import STUDIES, parse_study_options, run_all, run_study
 
     if name != "all" and name not in STUDIES:
         fail(f"unknown study {name!r}; studies: all, {', '.join(STUDIES)}")
@@ -856,6 +863,7 @@ def study_command(
                 seed_base=seed_base,
                 power=power,
                 max_seeds=max_seeds,
+                quick=quick,
                 overrides=overrides or [],
                 lr_cache=lr_cache,
                 show_progress=not quiet,
@@ -872,6 +880,7 @@ def study_command(
                     seed_base=seed_base,
                     power=power,
                     max_seeds=max_seeds,
+                    quick=quick,
                     overrides=overrides or [],
                     lr_cache=lr_cache,
                     show_progress=not quiet,

@@ -1,0 +1,577 @@
+"""A study as a declaration, and the one runner that runs any of them.
+
+A study file under ``curvalign_lab/studies/`` defines ``STUDY``, either
+
+* a ``Study``: its claims (the paper's words and effect, with the seed file's section, the kind
+  of test and its margin), its arms (recipe and options), the control's handicap as data
+  (what it does, the doses a pilot scans, and the function that applies one to a store), its
+  baselines and preconditions in words, and ``measure``, which turns the trained arms into each
+  claim's per-seed effect (and, where the claim is about a test metric, the per-item totals of
+  the two rows it compares). ``run_declared`` trains every arm through ``kit.Bench`` (the
+  shared ``fit``), applies the decision rules (``rules``, ``kit.decide``, Holm) and writes
+  ``study.json`` and ``study.md``; or
+* a ``Scripted`` study: a function that trains and measures by itself (a study whose arms change
+  their data mid-run or measure during training), run by the same ``runner.run_study``, which
+  still plans its seeds on a pilot, re-decides its claims with the plan and writes its page.
+
+Adding a study is writing one file: ``studies.registry()`` finds it.
+
+The declared runner, step by step (``run_declared``):
+
+1. ``quick``: the study's tiny store, 2 seeds, its few quick steps, no learning-rate grid, no
+   pilot (a smoke run: every claim then says "no plan", never "underpowered").
+2. ``power``: a *pilot* on the disjoint seed base ``seed_base + PILOT_OFFSET`` trains every arm
+   and the control at each dose of its handicap's scan; each claim's plan
+   (``rules.plan_for_sd``: exact noncentral-t MDE at the paper's effect or at the distance to the
+   margin, capped) sets the seeds, and the control's dose is the one whose effect equals the
+   claim's size (``rules.dose_for_effect``; none reaches it: the control is reported as unable
+   to calibrate, and claims needing it cannot hold).
+3. The confirmatory run trains every arm and the control at the chosen dose with the planned
+   seeds; ``measure`` gives each claim's per-seed effects; the interval counts the seeds and,
+   where ``measure`` gives item totals, the test items too (``stats.two_level_difference``).
+4. Each claim is decided (``kit.claim_record`` with its plan), Holm over the tested claims
+   (``kit.apply_holm``), and the page written (``page.study_page``). Every arm's step-0 health
+   and resolved start are recorded (``starts``) and the page lists any warning that fired.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from curvalign.data.features import FeatureStore
+from curvalign.errors import ConfigError
+from curvalign.stats import Interval, ItemTotals, mean_interval
+from curvalign_lab import kit, rules
+
+if TYPE_CHECKING:
+    from curvalign.eval.pipeline import Evaluation
+
+Notify = Callable[[str], None]
+
+#: the pilot's seed base is the confirmatory one plus this: disjoint from bases 0, 100 and 200
+PILOT_OFFSET = 1000
+#: the smoke run's store (``--quick``): a tiny synthetic world
+QUICK_DATA = "synthetic:images=120,text_pairs=0,captions_max=3,val_fraction=0.25"
+#: the scripted studies' smoke world (a small taxonomy; each study adds what it needs)
+QUICK_WORLD = "synthetic:images=160,text_pairs=60,captions_max=3,depth=2,branching=2,templates=2"
+QUICK_SEEDS = 2
+QUICK_STEPS = 6
+QUICK_OVERRIDES = ("batch_size=16", "pair_batch_size=16")
+
+
+@dataclass(frozen=True)
+class Claim:
+    """One claim of a paper, as data.
+
+    key         a short identifier (the measure's output is keyed by it)
+    statement   what the study measures, one line (the verdict table's claim column)
+    words       the paper's words, quoted
+    source      the seed file and section the words and the effect come from
+    effect      the paper's effect on the study's metric, in the metric's units (a fraction for
+                R@1: 0.02 is 2 points); None: the paper gives no number
+    kind        ``rules.SUPERIORITY`` (effect > 0), ``NON_INFERIORITY`` (effect > -margin) or
+                ``EQUIVALENCE`` (|effect| < margin, TOST)
+    margin      the margin of a non-inferiority or equivalence claim
+    role        "primary" / "secondary" / "exploratory" (tested, in the Holm family) or
+                "precondition" / "regime" (decided outside the family)
+    min_steps   the budget below which the claim cannot be tested ("too short")
+    """
+
+    key: str
+    statement: str
+    words: str
+    source: str
+    effect: float | None
+    kind: str = rules.SUPERIORITY
+    margin: float | None = None
+    role: str = "primary"
+    unit: str = "points"
+    scale: float = 100.0
+    min_steps: int = 0
+
+    def __post_init__(self) -> None:
+        if self.kind not in rules.KINDS:
+            raise ConfigError(f"claim {self.key}: kind must be one of {rules.KINDS}")
+        if self.kind != rules.SUPERIORITY and self.margin is None:
+            raise ConfigError(f"claim {self.key}: a {self.kind} claim needs its margin")
+
+    @property
+    def threshold(self) -> float:
+        return -abs(self.margin) if self.kind == rules.NON_INFERIORITY and self.margin else 0.0
+
+    @property
+    def size(self) -> float:
+        """The effect a calibrated control must show: the paper's effect (superiority) or the
+        margin (a margin claim); 0 without either."""
+        if self.kind != rules.SUPERIORITY:
+            return abs(self.margin or 0.0)
+        return abs(self.effect) if self.effect is not None else 0.0
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One arm: a ``label``, the ``recipe`` it trains and its config ``options``."""
+
+    label: str
+    recipe: str
+    options: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Handicap:
+    """A control's handicap as data: ``what`` it does (one line, with "{dose}" where the dose
+    goes), the ``doses`` a pilot scans, the ``dose`` used without a scan, and ``apply(store,
+    dose, seed)`` that returns the handicapped training store."""
+
+    what: str
+    doses: tuple[float, ...]
+    dose: float
+    apply: Callable[[FeatureStore, float, int], FeatureStore]
+
+    def text(self, dose: float) -> str:
+        return self.what.format(dose=f"{dose:.3g}")
+
+
+def label_noise(
+    what: str = "{dose} of the train captions moved to another image",
+) -> Callable[[tuple[float, ...], float], Handicap]:
+    """A label-noise ``Handicap`` factory: ``label_noise()(doses, dose)``."""
+
+    def make(doses: tuple[float, ...], dose: float) -> Handicap:
+        return Handicap(what, doses, dose, lambda s, d, seed: kit.with_label_noise(s, d, seed))
+
+    return make
+
+
+@dataclass(frozen=True)
+class Control:
+    """The calibrated positive control: ``arm`` (the clean arm) trained with ``handicap``; its
+    effect (clean - handicapped, on the claims' metric) must separate with at least the size of
+    claim ``claim`` (``Claim.size``)."""
+
+    arm: str
+    handicap: Handicap
+    claim: str
+
+
+@dataclass
+class Measured:
+    """One claim measured: ``effect`` per seed (oriented: the claim says effect > threshold);
+    ``items`` the per-seed item totals of the two rows it compares (a, b), for an interval over
+    seeds and test items; ``precondition`` / ``regime``: why it cannot be tested here (None:
+    it can); ``note``: a measured bound or remark for the page."""
+
+    effect: dict[int, float]
+    items: tuple[Sequence[ItemTotals], Sequence[ItemTotals]] | None = None
+    precondition: str | None = None
+    regime: str | None = None
+    note: str = ""
+
+
+@dataclass
+class Trained:
+    """What ``measure`` receives: the bench, every arm's runs and test evaluations per seed."""
+
+    bench: kit.Bench
+    seeds: list[int]
+    runs: dict[str, dict[int, kit.ArmResult]] = field(default_factory=dict)
+    evals: dict[str, dict[int, Evaluation]] = field(default_factory=dict)
+
+    def r1(self, arm: str) -> dict[int, float]:
+        """Per seed: the arm's test mean R@1 (mean of T2I and I2T R@1)."""
+        return {s: kit.mean_r1(ev.metrics) for s, ev in self.evals[arm].items()}
+
+    def totals(self, arm: str, metric: str = "mean@1") -> list[ItemTotals]:
+        """Per seed (in ``seeds`` order): the arm's per-item totals on ``metric``."""
+        out = []
+        for s in self.seeds:
+            items = self.evals[arm][s].items
+            if items is None:
+                raise ConfigError(f"arm {arm}: its evaluation kept no per-item results")
+            out.append(items.totals(metric))
+        return out
+
+    def difference(self, a: str, b: str) -> Measured:
+        """The common measure: mean R@1 of ``a`` - ``b`` per seed, with its item totals."""
+        ra, rb = self.r1(a), self.r1(b)
+        return Measured(
+            {s: ra[s] - rb[s] for s in self.seeds}, items=(self.totals(a), self.totals(b))
+        )
+
+
+@dataclass(frozen=True)
+class Study:
+    """A declared study (module docstring)."""
+
+    name: str
+    paper: str
+    claims: tuple[Claim, ...]
+    arms: tuple[Arm, ...]
+    measure: Callable[[Trained], Mapping[str, Measured]]
+    control: Control | None = None
+    data: str = "synthetic:images=2500,val_fraction=0.2,text_pairs=0"
+    steps: int = 150
+    validations: int = 3
+    prepare: Callable[[FeatureStore], FeatureStore] | None = None
+    baselines: tuple[str, ...] = ()
+    preconditions: tuple[str, ...] = ()
+    notes: str = ""
+    quick_data: str = QUICK_DATA
+    quick_steps: int = QUICK_STEPS
+    #: overrides of the smoke run only (e.g. a narrower MLP), after the arms' own
+    quick_overrides: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        labels = [a.label for a in self.arms]
+        if len(set(labels)) != len(labels):
+            raise ConfigError(f"study {self.name}: arm labels must be unique, got {labels}")
+        if self.control is not None:
+            if self.control.arm not in labels:
+                raise ConfigError(f"study {self.name}: control arm {self.control.arm!r} unknown")
+            if self.control.claim not in {c.key for c in self.claims}:
+                raise ConfigError(f"study {self.name}: control claim {self.control.claim!r}")
+
+    def claim(self, key: str) -> Claim:
+        return next(c for c in self.claims if c.key == key)
+
+
+@dataclass(frozen=True)
+class Scripted:
+    """A study that trains and measures in its own function (``run(out, *, steps, data,
+    overrides, seeds, seed_base, lr_grid, show_progress, notify, **options)`` -> the result
+    dict); ``quick`` holds the options of its smoke run (``--quick``)."""
+
+    name: str
+    run: Callable[..., dict[str, Any]]
+    quick: Mapping[str, Any] = field(default_factory=dict)
+    quick_data: str = QUICK_DATA
+    quick_steps: int = QUICK_STEPS
+
+
+def control_label(study: Study, dose: float) -> str:
+    assert study.control is not None
+    return f"control: {study.control.arm}, {study.control.handicap.text(dose)}"
+
+
+def train_arms(
+    study: Study,
+    bench: kit.Bench,
+    seeds: Sequence[int],
+    doses: Sequence[float],
+) -> tuple[Trained, dict[float, dict[int, float]]]:
+    """Every arm with every seed, and the control at each of ``doses``: (the trained arms,
+    {dose: {seed: control effect}}), the control effect being clean - handicapped mean R@1."""
+    from curvalign.eval import run_evaluation
+
+    trained = Trained(bench, list(seeds))
+    for arm in study.arms:
+        for seed in seeds:
+            run = bench.train(arm.label, arm.recipe, arm.options, seed)
+            trained.runs.setdefault(arm.label, {})[seed] = run
+            trained.evals.setdefault(arm.label, {})[seed] = run_evaluation(
+                run.recipe, bench.store, "test", diagnostics=False
+            )
+    effects: dict[float, dict[int, float]] = {}
+    if study.control is None:
+        return trained, effects
+    clean_arm = next(a for a in study.arms if a.label == study.control.arm)
+    clean = trained.r1(clean_arm.label)
+    handicap = study.control.handicap
+    # the control trains at its clean arm's learning rate: the handicap is the only difference
+    chosen = bench.lr_choice.get(clean_arm.label, {}).get("chosen")
+    options = [*clean_arm.options, *([f"lr={chosen:g}"] if chosen is not None else [])]
+    for dose in doses:
+        label = control_label(study, dose)
+        for seed in seeds:
+            handicapped = handicap.apply(bench.store, dose, seed)
+            run = bench.train(
+                label,
+                clean_arm.recipe,
+                options,
+                seed,
+                store_from=_constant(handicapped),
+            )
+            trained.runs.setdefault(label, {})[seed] = run
+            r1 = kit.mean_r1(bench.evaluate(run.recipe))
+            effects.setdefault(dose, {})[seed] = clean[seed] - r1
+    return trained, effects
+
+
+def _constant(store: FeatureStore) -> Callable[[int], FeatureStore | None]:
+    """``store_from`` of an arm that trains on ``store`` from step 0 on."""
+
+    def store_from(step: int) -> FeatureStore | None:
+        return store
+
+    return store_from
+
+
+def claim_interval(measured: Measured, seeds: Sequence[int]) -> Interval:
+    """The claim's interval: over seeds and test items (``two_level_difference``) where the
+    measure gave item totals, else the paired t interval over seeds."""
+    from curvalign.stats import two_level_difference
+
+    values = [measured.effect[s] for s in seeds if s in measured.effect]
+    if measured.items is not None and len(values) >= 2:
+        a, b = measured.items
+        return two_level_difference(a, b, replicates=400)
+    return mean_interval(values) if values else Interval(math.nan, math.nan, math.nan, 0)
+
+
+def plan_study(
+    study: Study, pilot: Mapping[str, Measured], pilot_seeds: Sequence[int], cap: int
+) -> dict[str, rules.Plan]:
+    """Each tested claim's plan from the pilot's per-seed effects (``rules.plan_claim``)."""
+    plans = {}
+    for claim in study.claims:
+        m = pilot.get(claim.key)
+        if m is None or not rules.in_holm_family(claim.role, m.precondition, m.regime):
+            continue
+        values = [m.effect[s] for s in pilot_seeds if s in m.effect]
+        plans[claim.key] = rules.plan_claim(
+            values, kind=claim.kind, paper_effect=claim.effect, margin=claim.margin, cap=cap
+        )
+    return plans
+
+
+def choose_dose(study: Study, effects: Mapping[float, Mapping[int, float]]) -> dict[str, Any]:
+    """The control's dose from the pilot's scan (``rules.dose_for_effect``): the dose whose mean
+    effect equals the size of the claim it calibrates; the scan itself is kept."""
+    assert study.control is not None
+    target = study.claim(study.control.claim).size
+    doses = sorted(effects)
+    means = [sum(effects[d].values()) / max(1, len(effects[d])) for d in doses]
+    dose = rules.dose_for_effect(doses, means, target) if doses else None
+    return {
+        "target": target,
+        "scan": {f"{d:g}": m for d, m in zip(doses, means, strict=True)},
+        "dose": dose,
+        "calibrated": dose is not None,
+    }
+
+
+def decide_claims(
+    study: Study,
+    measured: Mapping[str, Measured],
+    control: Mapping[int, float] | None,
+    seeds: Sequence[int],
+    steps: int,
+    plans: Mapping[str, rules.Plan] | None,
+    control_what: str,
+) -> list[dict[str, Any]]:
+    """Every claim decided (``kit.claim_record`` with its plan), Holm over the tested ones."""
+    control_iv = (
+        mean_interval([control[s] for s in seeds])
+        if control is not None and all(s in control for s in seeds)
+        else None
+    )
+    out = []
+    for claim in study.claims:
+        m = measured.get(claim.key)
+        if m is None:
+            raise ConfigError(f"study {study.name}: measure gave no value for claim {claim.key!r}")
+        plan = plans.get(claim.key) if plans is not None else None
+        calibrated = study.control is not None and study.control.claim == claim.key
+        rec = kit.claim_record(
+            claim.statement,
+            claim_interval(m, seeds),
+            control_iv,
+            control_what,
+            threshold=claim.threshold,
+            budget_ok=steps >= claim.min_steps,
+            scale=claim.scale,
+            unit=claim.unit,
+            paper_effect=claim.effect,
+            paper_source=claim.source,
+            control_min=claim.size if calibrated else 0.0,
+            delta=claim.margin if claim.kind == rules.EQUIVALENCE else None,
+            precondition=m.precondition,
+            regime=m.regime,
+            role=claim.role,
+            effect_values=[m.effect[s] for s in seeds if s in m.effect],
+            plan=plan.as_dict() if plan is not None else None,
+        )
+        rec["key"], rec["words"], rec["kind"] = claim.key, claim.words, claim.kind
+        rec["note"] = m.note
+        rec["two_level"] = m.items is not None
+        if plan is not None:
+            rec = kit.with_plan(rec, plan.as_dict())
+        out.append(rec)
+    return kit.apply_holm(out)
+
+
+def run_declared(
+    study: Study,
+    out: Path,
+    *,
+    steps: int | None = None,
+    data: str | None = None,
+    overrides: Sequence[str] = (),
+    seeds: int = 3,
+    seed_base: int = 0,
+    power: bool = False,
+    max_seeds: int = 10,
+    lr_grid: Sequence[float] | None = kit.LR_GRID,
+    lr_cache: Path | None = None,
+    quick: bool = False,
+    show_progress: bool = False,
+    notify: Notify = lambda m: None,
+) -> dict[str, Any]:
+    """Run a declared study (module docstring) into ``out``; returns the JSON-ready result."""
+    from curvalign_lab.common import load_study_data
+
+    timer = kit.Timer()
+    if quick:
+        data, steps, seeds, power = study.quick_data, study.quick_steps, QUICK_SEEDS, False
+        overrides = [*QUICK_OVERRIDES, *study.quick_overrides, *overrides]
+        lr_grid = None
+    data = data or study.data
+    steps = steps or study.steps
+    store, _ = load_study_data(data)
+    if study.prepare is not None:
+        store = study.prepare(store)
+    bench = kit.Bench(
+        out,
+        store,
+        data,
+        steps,
+        overrides,
+        val_every=max(1, steps // study.validations),
+        # a smoke run stops at its budget: no plateau extension
+        max_steps=steps if quick else None,
+        lr_grid=lr_grid,
+        lr_cache=lr_cache,
+        notify=notify,
+        show_progress=show_progress,
+    )
+    handicap = study.control.handicap if study.control is not None else None
+    plans: dict[str, rules.Plan] | None = None
+    dose_choice: dict[str, Any] | None = None
+    plan_record: dict[str, Any] | None = None
+    n = seeds
+    if power:
+        pilot_seeds = list(range(seed_base + PILOT_OFFSET, seed_base + PILOT_OFFSET + seeds))
+        notify(f"{study.name}: pilot, seeds {pilot_seeds[0]}..{pilot_seeds[-1]}")
+        pilot, scan = train_arms(
+            study, bench, pilot_seeds, handicap.doses if handicap is not None else ()
+        )
+        plans = plan_study(study, study.measure(pilot), pilot_seeds, max_seeds)
+        n = rules.study_seeds(list(plans.values()))
+        if handicap is not None:
+            dose_choice = choose_dose(study, scan)
+        plan_record = {
+            "per_claim": {k: p.as_dict() for k, p in plans.items()},
+            "seeds": n,
+            "max_seeds": max_seeds,
+            "pilot_seeds": len(pilot_seeds),
+            "pilot_seed_base": pilot_seeds[0],
+            "out_of_budget": [k for k, p in plans.items() if p.underpowered],
+            "pilot_wall_s": timer.seconds(),
+        }
+    dose = handicap.dose if handicap is not None else 0.0
+    if dose_choice is not None and dose_choice["dose"] is not None:
+        dose = float(f"{dose_choice['dose']:.3g}")
+    seed_list = list(range(seed_base, seed_base + n))
+    trained, control_effects = train_arms(study, bench, seed_list, [dose] if handicap else [])
+    measured = study.measure(trained)
+    control_what = (
+        f"{study.control.arm} clean - {handicap.text(dose)}"
+        if study.control is not None and handicap is not None
+        else "no control"
+    )
+    claims = decide_claims(
+        study,
+        measured,
+        control_effects.get(dose) if handicap is not None else None,
+        seed_list,
+        steps,
+        plans,
+        control_what,
+    )
+    r1 = {arm: trained.r1(arm) for arm in trained.evals}
+    if handicap is not None:
+        clean = trained.r1(study.control.arm) if study.control else {}
+        r1[control_label(study, dose)] = {
+            s: clean[s] - e for s, e in control_effects.get(dose, {}).items()
+        }
+    from curvalign_lab import page
+
+    result: dict[str, Any] = {
+        "name": study.name,
+        "declared": True,
+        "paper": study.paper,
+        "setup": (
+            f"{data}, {steps} steps per run; arms: "
+            + "; ".join(f"{a.label} ({a.recipe} {' '.join(a.options)})".strip() for a in study.arms)
+            + (f"; baselines: {', '.join(study.baselines)}" if study.baselines else "")
+            + "."
+        ),
+        "preconditions": list(study.preconditions),
+        "notes": study.notes,
+        "rule": kit.RULE,
+        "claims": claims,
+        "verdict": "; ".join(f"{c['claim']}: {c['holm_outcome']}" for c in claims),
+        "holds": all(c["holm_verdict"] == kit.HOLDS for c in claims),
+        "lr_choice": {
+            label: {
+                "recipe": c["recipe"],
+                "chosen": c["chosen"],
+                "grid": list(c["grid"].items()),
+                "excluded": c.get("excluded", {}),
+            }
+            for label, c in bench.lr_choice.items()
+        },
+        "lr_grid": list(bench.lr_grid or ()),
+        "seeds": seed_list,
+        "seed_base": seed_base,
+        "steps": steps,
+        "data": data,
+        "quick": quick,
+        "arms": {arm: {str(s): v for s, v in vals.items()} for arm, vals in r1.items()},
+        "convergence": {arm: kit.convergence_record(runs) for arm, runs in trained.runs.items()},
+        "learning_rates": {
+            k: {"paper": p, "study": v} for k, (p, v) in bench.learning_rates.items()
+        },
+        "lr_scale": bench.lr_scale,
+        "max_steps": bench.max_steps,
+        "control": {
+            "what": handicap.what if handicap else None,
+            "dose": dose if handicap else None,
+            "doses_scanned": list(handicap.doses) if handicap else [],
+            "choice": dose_choice,
+        },
+        "starts": {a: {str(s): r for s, r in v.items()} for a, v in bench.starts.items()},
+        "starts_fired": kit.starts_fired(bench.starts),
+        "figures": [],
+        "wall_s": timer.seconds(),
+    }
+    if plan_record is not None:
+        result["power_plan"] = plan_record
+    result["markdown"] = page.study_body(result)
+    return result
+
+
+__all__ = [
+    "PILOT_OFFSET",
+    "QUICK_DATA",
+    "QUICK_WORLD",
+    "Arm",
+    "Claim",
+    "Control",
+    "Handicap",
+    "Measured",
+    "Scripted",
+    "Study",
+    "Trained",
+    "choose_dose",
+    "claim_interval",
+    "decide_claims",
+    "label_noise",
+    "plan_study",
+    "run_declared",
+    "train_arms",
+]

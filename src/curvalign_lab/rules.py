@@ -1,0 +1,351 @@
+"""The studies' decision rules as pure functions: power planned on a pilot, stability across seed
+bases, the Holm family, and the dose of a control sized by a dose-response scan.
+
+Power (``power``, ``minimal_detectable``): a claim's paired per-seed differences ``d_s`` (n
+seeds, standard deviation ``sd``) are tested with a t statistic ``T = mean(d) / (sd / sqrt(n))``
+on ``n - 1`` degrees of freedom. At a true mean difference ``effect`` it follows a *noncentral*
+t distribution with noncentrality ``delta = effect sqrt(n) / sd``, so the power is exact:
+
+    two-sided test (superiority, "a differs from b"):   P(T > t_{1-a/2}) + P(T < -t_{1-a/2})
+    one-sided test (non-inferiority, TOST's halves):     P(T > t_{1-a})
+
+and the minimal detectable effect (MDE) at n seeds is the smallest ``effect`` whose power
+reaches 80%. (The textbook ``(t_{1-a/2} + t_{0.8}) sd / sqrt(n)`` replaces the noncentral t by
+a shifted central one; at n = 3 it is about 5% too small.) The noncentral t CDF
+(``noncentral_t_cdf``) is integrated over the chi distribution of the SD estimate; the tests
+check it against scipy's.
+
+The plan (``plan_claim``): a *pilot* on a seed base disjoint from the confirmatory one gives each
+claim's per-seed SD; the claim needs the fewest seeds whose MDE is at most its *target*:
+
+    superiority       the paper's effect |e|
+    non-inferiority   the distance from the paper's effect to the margin, m - |e| (a drop of 0.55
+    / equivalence     points against a 2-point margin needs an MDE of 1.45, not 0.55)
+
+up to a stated ``cap``; a claim whose target needs more than the cap is *underpowered by plan*.
+That label comes from the plan alone, never from the confirmatory run's own SD (with 2 degrees
+of freedom that SD lies between 0.32x and 1.52x the true one in 80% of repetitions).
+
+Stability (``across_bases``): a claim decided on two disjoint seed bases keeps its verdict only
+when both bases agree on the verdict's class; any other pair, "holds" on one base and
+"underpowered" on the other included, is "unstable across seed bases".
+
+Control doses (``dose_for_effect``): the pilot trains the control arm at each dose of its
+handicap (a share of shuffled captions, a cut of the dimension, forced forgetting); the dose
+whose effect equals the claim's size is read off the monotone (isotonic) fit of the scan by
+linear interpolation, so the control is as large as the claim, neither a sure failure nor a
+sure pass.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from curvalign.stats import t_quantile
+
+#: the power every plan asks for
+POWER = 0.8
+#: the test level (two-sided for superiority, one-sided for a margin: the 90% interval of TOST)
+ALPHA = 0.05
+#: the kinds of claim a study states
+SUPERIORITY = "superiority"
+NON_INFERIORITY = "non-inferiority"
+EQUIVALENCE = "equivalence"
+KINDS = (SUPERIORITY, NON_INFERIORITY, EQUIVALENCE)
+#: roles that a claim can have; only ``TESTED_ROLES`` enter the Holm family
+TESTED_ROLES = ("primary", "secondary", "exploratory")
+OUTSIDE_ROLES = ("precondition", "regime", "sanity")
+
+#: verdict classes this module speaks of (the same strings as ``kit``)
+UNDERPOWERED = "underpowered"
+UNSTABLE = "unstable across seed bases"
+
+
+def _normal_cdf(x: float) -> float:
+    return 0.5 * math.erfc(-x / math.sqrt(2.0))
+
+
+def noncentral_t_cdf(t: float, df: float, delta: float, points: int = 801) -> float:
+    """``P(T <= t)`` for ``T`` noncentral t with ``df`` degrees of freedom and noncentrality
+    ``delta``: ``T = (Z + delta) / S`` with ``S = sqrt(V / df)``, ``V`` chi-squared(df), so
+
+        P(T <= t) = integral_0^inf Phi(t s - delta) f_S(s) ds,
+        f_S(s) = 2 df^(df/2) s^(df-1) exp(-df s^2 / 2) / (2^(df/2) Gamma(df/2)),
+
+    integrated by Simpson's rule over ``points`` nodes on [0, s_max], where s_max lies 12
+    standard deviations of ``S`` beyond its mode (the density left out is below 1e-30).
+    Accurate to about 1e-6 for df >= 1 (checked against scipy.stats.nct in the tests)."""
+    if df <= 0:
+        raise ValueError(f"degrees of freedom must be > 0, got {df}")
+    nodes, weights = _chi_nodes(float(df), points + (points % 2 == 0))
+    total = float((weights * torch.special.ndtr(t * nodes - delta)).sum())
+    return min(1.0, max(0.0, total))
+
+
+@functools.lru_cache(maxsize=256)
+def _chi_nodes(df: float, points: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Simpson nodes ``s`` [points] and weights (the density f_S(s) times Simpson's weights)
+    of ``noncentral_t_cdf``'s integral, float64; cached per degrees of freedom."""
+    spread = 1.0 / math.sqrt(2.0 * df)
+    s_max = max(1.0, math.sqrt(max(df - 1.0, 0.0) / df)) + 12.0 * max(spread, 0.6)
+    s = torch.linspace(0.0, s_max, points, dtype=torch.float64)
+    h = s_max / (points - 1)
+    log_norm = (df / 2.0) * math.log(df) - (df / 2.0 - 1.0) * math.log(2.0) - math.lgamma(df / 2)
+    density = torch.exp(log_norm + (df - 1.0) * torch.log(s.clamp_min(1e-300)) - df * s * s / 2)
+    density[0] = math.exp(log_norm) if df == 1.0 else 0.0  # df = 1: f_S(0) = sqrt(2/pi)
+    simpson = torch.full((points,), 2.0, dtype=torch.float64)
+    simpson[1::2] = 4.0
+    simpson[0] = simpson[-1] = 1.0
+    return s, density * simpson * (h / 3.0)
+
+
+def power(effect: float, sd: float, n: int, *, sided: int = 2, alpha: float = ALPHA) -> float:
+    """The exact power of the paired t test at ``n`` seeds when the true mean difference is
+    ``effect`` and the per-seed differences have SD ``sd`` (``sided`` 2: two-sided level
+    ``alpha``; 1: one-sided, rejecting towards positive effects). ``nan`` below 2 seeds."""
+    if n < 2 or not math.isfinite(sd) or not math.isfinite(effect):
+        return math.nan
+    if sided not in (1, 2):
+        raise ValueError(f"sided must be 1 or 2, got {sided}")
+    df = n - 1
+    if sd == 0.0:
+        return 1.0 if effect != 0.0 else alpha
+    delta = effect * math.sqrt(n) / abs(sd)
+    crit = t_quantile(1.0 - alpha / sided, df)
+    upper = 1.0 - noncentral_t_cdf(crit, df, delta)
+    if sided == 1:
+        return upper
+    return upper + noncentral_t_cdf(-crit, df, delta)
+
+
+def minimal_detectable(
+    sd: float, n: int, *, sided: int = 2, alpha: float = ALPHA, target_power: float = POWER
+) -> float:
+    """The smallest true mean difference that ``n`` seeds detect with ``target_power`` (exact
+    noncentral t, ``power``); ``nan`` below 2 seeds or for an unknown SD; 0 for a zero SD."""
+    if n < 2 or not math.isfinite(sd):
+        return math.nan
+    sd = abs(sd)
+    if sd == 0.0:
+        return 0.0
+    lo, hi = 0.0, sd
+    while power(hi, sd, n, sided=sided, alpha=alpha) < target_power:
+        hi *= 2.0
+        if hi > 1e6 * sd:
+            return math.inf
+    for _ in range(45):  # bisection to ~3e-14 of the bracket
+        mid = 0.5 * (lo + hi)
+        if power(mid, sd, n, sided=sided, alpha=alpha) < target_power:
+            lo = mid
+        else:
+            hi = mid
+    return hi
+
+
+def planning_target(kind: str, paper_effect: float | None, margin: float | None) -> float:
+    """The effect a claim's plan must be able to detect: the paper's effect for a superiority
+    claim; the distance from the paper's effect to the margin for a non-inferiority or
+    equivalence claim (``nan`` where that is not positive: the paper's own effect lies at or
+    beyond the margin, so no n can show the claim). ``nan`` without a paper effect."""
+    if kind not in KINDS:
+        raise ValueError(f"claim kind must be one of {KINDS}, got {kind!r}")
+    if paper_effect is None or not math.isfinite(paper_effect):
+        return math.nan
+    if kind == SUPERIORITY:
+        return abs(paper_effect)
+    if margin is None or not math.isfinite(margin):
+        raise ValueError(f"a {kind} claim needs its margin")
+    distance = abs(margin) - abs(paper_effect)
+    return distance if distance > 0 else math.nan
+
+
+def sided(kind: str) -> int:
+    """The sides of a claim's test: 2 for superiority, 1 for a margin (non-inferiority, and each
+    half of TOST)."""
+    return 2 if kind == SUPERIORITY else 1
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One claim's seeds, planned on a pilot: ``pilot_sd`` (per-seed SD of the claim's effect on
+    ``pilot_n`` seeds of a disjoint base), ``target`` (``planning_target``), ``n`` the fewest
+    seeds whose MDE is at most the target, or ``cap`` when none is (``underpowered`` True),
+    ``mde`` the MDE at ``n``."""
+
+    pilot_sd: float
+    pilot_n: int
+    target: float
+    n: int
+    cap: int
+    mde: float
+    underpowered: bool
+
+    @property
+    def reason(self) -> str:
+        """Why the plan says what it says, one short sentence."""
+        if not math.isfinite(self.target):
+            return "no target to plan for (no paper effect, or the effect lies beyond the margin)"
+        if not math.isfinite(self.pilot_sd):
+            return f"the pilot ({self.pilot_n} seeds) gave no SD"
+        if self.underpowered:
+            return (
+                f"MDE {self.mde:.3g} at the cap of {self.cap} seeds exceeds the target "
+                f"{self.target:.3g} (pilot SD {self.pilot_sd:.3g})"
+            )
+        return (
+            f"{self.n} seeds give MDE {self.mde:.3g} <= target {self.target:.3g} "
+            f"(pilot SD {self.pilot_sd:.3g}, {self.pilot_n} seeds)"
+        )
+
+    def as_dict(self) -> dict[str, float | int | bool | str]:
+        return {
+            "pilot_sd": self.pilot_sd,
+            "pilot_n": self.pilot_n,
+            "target": self.target,
+            "n": self.n,
+            "cap": self.cap,
+            "mde": self.mde,
+            "underpowered": self.underpowered,
+            "reason": self.reason,
+        }
+
+
+def plan_claim(
+    pilot_values: Sequence[float],
+    *,
+    kind: str,
+    paper_effect: float | None,
+    margin: float | None = None,
+    cap: int = 10,
+) -> Plan:
+    """The plan of one claim from its pilot's per-seed effects (``pilot_values``, a seed base
+    disjoint from the confirmatory one): n = the fewest seeds (>= 2) whose exact MDE at the
+    pilot's SD reaches the claim's ``planning_target``, at most ``cap``."""
+    values = [float(v) for v in pilot_values if math.isfinite(float(v))]
+    return plan_for_sd(
+        _sd(values), len(values), kind=kind, paper_effect=paper_effect, margin=margin, cap=cap
+    )
+
+
+def plan_for_sd(
+    sd: float,
+    pilot_n: int,
+    *,
+    kind: str,
+    paper_effect: float | None,
+    margin: float | None = None,
+    cap: int = 10,
+) -> Plan:
+    """``plan_claim`` from the pilot's per-seed SD ``sd`` (on ``pilot_n`` seeds) directly."""
+    if cap < 2:
+        raise ValueError(f"the seed cap must be >= 2, got {cap}")
+    target = planning_target(kind, paper_effect, margin)
+    side = sided(kind)
+    if not math.isfinite(target) or not math.isfinite(sd):
+        return Plan(sd, pilot_n, target, cap, cap, minimal_detectable(sd, cap, sided=side), True)
+    for n in range(2, cap + 1):
+        mde = minimal_detectable(sd, n, sided=side)
+        if mde <= target:
+            return Plan(sd, pilot_n, target, n, cap, mde, False)
+    return Plan(sd, pilot_n, target, cap, cap, minimal_detectable(sd, cap, sided=side), True)
+
+
+def _sd(values: Sequence[float]) -> float:
+    if len(values) < 2:
+        return math.nan
+    mean = math.fsum(values) / len(values)
+    return math.sqrt(math.fsum((v - mean) ** 2 for v in values) / (len(values) - 1))
+
+
+def study_seeds(plans: Sequence[Plan], floor: int = 2) -> int:
+    """The confirmatory run's seeds: the most any powered claim needs (a claim underpowered by
+    plan does not raise it: it would need more than the cap anyway), at least ``floor``."""
+    return max([floor, *(p.n for p in plans if not p.underpowered)])
+
+
+def in_holm_family(role: str, precondition: str | None, regime: str | None) -> bool:
+    """Whether a claim is one of its study's tested hypotheses: a primary or secondary claim
+    whose precondition holds and whose mechanism is present. Precondition and regime claims
+    (and claims blocked by either) are decided outside a test and do not cost the others
+    power."""
+    return role in TESTED_ROLES and precondition is None and regime is None
+
+
+def across_bases(a: tuple[str, str], b: tuple[str, str]) -> tuple[str, str]:
+    """The verdict of one claim decided on two disjoint seed bases, each as (class, text): the
+    shared verdict where both classes agree (``a``'s text); otherwise ``UNSTABLE``, whatever
+    the two labels are ("holds" on one base and "underpowered" on the other is a flip too: the
+    label underpowered comes from the plan, so it cannot absorb a disagreement)."""
+    if a[0] == b[0]:
+        return a
+    return UNSTABLE, f"{UNSTABLE} (one base: {a[1]}; the other: {b[1]})"
+
+
+def isotonic(values: Sequence[float]) -> list[float]:
+    """The non-decreasing sequence nearest ``values`` in least squares (pool adjacent
+    violators): a dose-response scan's noise must not make a larger handicap look smaller."""
+    blocks: list[list[float]] = []  # [sum, count]
+    for v in values:
+        blocks.append([float(v), 1.0])
+        while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
+            s, c = blocks.pop()
+            blocks[-1][0] += s
+            blocks[-1][1] += c
+    out: list[float] = []
+    for s, c in blocks:
+        out += [s / c] * int(c)
+    return out
+
+
+def dose_for_effect(
+    doses: Sequence[float], effects: Sequence[float], target: float
+) -> float | None:
+    """The handicap dose whose effect equals ``target`` (the claim's size), from a pilot's scan:
+    ``effects[i]`` the control's mean effect at ``doses[i]`` (oriented: a larger handicap, a
+    larger effect). The scan is fitted monotone (``isotonic``) and the crossing of ``target``
+    interpolated linearly between the bracketing doses (from 0 effect at dose 0 when the first
+    dose already exceeds it). None when no dose reaches the target: that control cannot show
+    an effect of the claim's size and must be replaced."""
+    if len(doses) != len(effects) or not doses:
+        raise ValueError("dose_for_effect needs one effect per dose")
+    pairs = sorted((float(d), float(e)) for d, e in zip(doses, effects, strict=True))
+    ds = [0.0] + [d for d, _ in pairs] if pairs[0][0] > 0 else [d for d, _ in pairs]
+    es = isotonic(([0.0] if pairs[0][0] > 0 else []) + [e for _, e in pairs])
+    if es[-1] < target:
+        return None
+    for i in range(1, len(ds)):
+        if es[i] >= target:
+            if es[i] == es[i - 1]:
+                return ds[i]
+            share = (target - es[i - 1]) / (es[i] - es[i - 1])
+            return ds[i - 1] + max(0.0, min(1.0, share)) * (ds[i] - ds[i - 1])
+    return ds[0]
+
+
+__all__ = [
+    "ALPHA",
+    "EQUIVALENCE",
+    "KINDS",
+    "NON_INFERIORITY",
+    "POWER",
+    "SUPERIORITY",
+    "UNSTABLE",
+    "Plan",
+    "across_bases",
+    "dose_for_effect",
+    "in_holm_family",
+    "isotonic",
+    "minimal_detectable",
+    "noncentral_t_cdf",
+    "plan_claim",
+    "plan_for_sd",
+    "planning_target",
+    "power",
+    "sided",
+    "study_seeds",
+]

@@ -1,0 +1,171 @@
+"""A study is a declaration in one file: a toy study declared here runs through the one runner
+(training through ``fit``, the decision rules, the page), with a pilot that plans its seeds and
+sizes its control by a dose-response scan; and a registered study runs with ``--quick``."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from curvalign_lab import declare, kit, page, rules
+
+TOY_DATA = "synthetic:images=120,text_pairs=0,captions_max=3,val_fraction=0.25"
+TOY_TRAIN = ("batch_size=16", "pair_batch_size=16")
+
+
+def _measure(trained: declare.Trained) -> dict[str, declare.Measured]:
+    # the claim: CLIP at 16 dimensions beats CLIP at 2 (on mean R@1), paired per seed; a
+    # precondition claim: the wide arm learns at all (trained - the step-0 validation value)
+    wide = trained.difference("clip d16", "clip d2")
+    learned = {
+        s: (run.best_val or 0.0) - (run.val_history[0][1] if run.val_history else 0.0)
+        for s, run in trained.runs["clip d16"].items()
+    }
+    return {"wider": wide, "learns": declare.Measured(learned)}
+
+
+TOY = declare.Study(
+    name="toy-width",
+    paper='"Wider heads retrieve better" (a toy claim, no paper).',
+    claims=(
+        declare.Claim(
+            "wider",
+            "clip d16 beats clip d2 (mean R@1)",
+            words="wider heads retrieve better",
+            source="toy, Sec. 1",
+            effect=0.05,
+            min_steps=2,
+        ),
+        declare.Claim(
+            "learns",
+            "clip d16 improves on its start (validation)",
+            words="training helps",
+            source="toy, Sec. 0",
+            effect=None,
+            role="precondition",
+        ),
+    ),
+    arms=(
+        declare.Arm("clip d16", "clip", ("embed_dim=16",)),
+        declare.Arm("clip d2", "clip", ("embed_dim=2",)),
+    ),
+    measure=_measure,
+    control=declare.Control("clip d16", declare.label_noise()((0.3, 0.9), 0.5), "wider"),
+    data=TOY_DATA,
+    steps=4,
+    validations=2,
+    baselines=("the step-0 head",),
+    preconditions=("the wide arm learns",),
+)
+
+
+def test_a_toy_study_declared_in_one_file_runs_plans_and_writes_its_page(tmp_path, one_thread):
+    result = declare.run_declared(
+        TOY,
+        tmp_path / "toy",
+        seeds=2,
+        seed_base=7,
+        power=True,
+        max_seeds=3,
+        overrides=TOY_TRAIN,
+        lr_grid=None,
+    )
+    plan = result["power_plan"]
+    # the pilot ran on a disjoint base and planned the tested claim only
+    assert plan["pilot_seed_base"] == 7 + declare.PILOT_OFFSET
+    assert set(plan["per_claim"]) == {"wider"}
+    wider = plan["per_claim"]["wider"]
+    assert wider["cap"] == 3 and wider["pilot_n"] == 2
+    assert result["seeds"] == list(range(7, 7 + plan["seeds"]))
+    assert plan["seeds"] == (2 if wider["underpowered"] else wider["n"])
+    # the control's dose came from the pilot's scan of both doses
+    control = result["control"]
+    assert set(control["choice"]["scan"]) == {"0.3", "0.9"}
+    assert control["choice"]["target"] == pytest.approx(0.05)
+    if control["choice"]["calibrated"]:
+        assert 0.0 < control["dose"] <= 0.9
+    else:
+        assert control["dose"] == 0.5
+    claims = {c["key"]: c for c in result["claims"]}
+    # the claim about a test metric counts seeds and test items
+    assert claims["wider"]["two_level"] and claims["wider"]["effect"]["n"] == len(result["seeds"])
+    assert claims["wider"]["holm_family"] == 1 and "holm_family" not in claims["learns"]
+    # underpowered only by plan
+    if wider["underpowered"]:
+        assert claims["wider"]["holm_verdict"] in (kit.UNDERPOWERED, kit.HOLDS, kit.DOES_NOT_HOLD)
+    else:
+        assert claims["wider"]["holm_verdict"] != kit.UNDERPOWERED
+    # every arm's start is recorded (step-0 health and resolved start)
+    for arm in ("clip d16", "clip d2"):
+        starts = result["starts"][arm]
+        assert set(starts) >= {str(s) for s in result["seeds"]}
+        assert all(s["checked"] for s in starts.values())
+        assert all(isinstance(s["resolved_init"], dict) for s in starts.values())
+    json.dumps(result)  # JSON-ready
+    text = page.study_page(result)
+    assert "Power, planned on a pilot" in text and "toy-width" in text
+    assert "Step-0 health" in text
+
+
+def test_the_verdict_table_keeps_every_cell_short(tmp_path):
+    long_reason = "because " + "the interval is wide and the control small; " * 20
+    claim = kit.claim_record(
+        "a claim whose statement is long " + "and longer " * 30,
+        kit.Interval(0.05, 0.01, 0.09, 3),
+        kit.Interval(0.04, 0.01, 0.07, 3),
+        "control",
+        paper_effect=0.02,
+        paper_source="seed 003, Sec. 4 / Table 1: " + "words " * 60,
+        control_min=0.02,
+    )
+    claim["holm_verdict"], claim["holm_outcome"] = kit.INCONCLUSIVE_KIND, long_reason
+    claim["planned_n_text"] = "4 (pilot SD 2.1, cap 10)"
+    table = page.verdict_table(
+        [{"name": "s", "claims": [claim]}],
+        across={("s", claim["claim"]): (kit.UNSTABLE, "unstable across seed bases " + long_reason)},
+    )
+    rows = [line for line in table.splitlines() if line.startswith("| s |")]
+    assert len(rows) == 1
+    cells = [c.strip() for c in rows[0].strip("|").split("|")]
+    assert len(cells) == 8
+    assert max(len(c) for c in cells) <= page.CELL_LIMIT
+    # the long texts are in footnotes, whole
+    assert long_reason.strip() in table and "[^" in cells[-2]
+    assert re.search(r"^\[\^n\d+\]: seed 003", table, re.M)
+    assert cells[-1].startswith("unstable across seed bases")
+
+
+def test_a_study_runs_with_quick(tmp_path, one_thread):
+    from typer.testing import CliRunner
+
+    from curvalign.cli import app
+    from curvalign_lab.runner import STUDIES
+
+    # every registered study declares a smoke run
+    assert set(STUDIES) >= {"proclip-product", "proclip-regime", "agr-curriculum"}
+    out = tmp_path / "q"
+    done = CliRunner().invoke(app, ["study", "proclip-product", "--quick", "--out", str(out), "-q"])
+    assert done.exit_code == 0, done.output
+    result = json.loads((out / "study.json").read_text())
+    assert result["seeds"] == [0, 1] and result["steps"] == 4
+    assert "--quick" in result["command"] and not result.get("power_plan")
+    # no plan: no claim is called underpowered
+    assert all(c["holm_verdict"] != kit.UNDERPOWERED for c in result["claims"])
+    text = (out / "study.md").read_text()
+    assert "No pilot ran" in text and "Step-0 health" in text
+
+
+def test_declarations_are_checked():
+    with pytest.raises(Exception, match="margin"):
+        declare.Claim("x", "x", "x", "x", 0.01, kind=rules.NON_INFERIORITY)
+    with pytest.raises(Exception, match="control arm"):
+        declare.Study(
+            "bad",
+            "p",
+            TOY.claims,
+            TOY.arms,
+            _measure,
+            control=declare.Control("nope", TOY.control.handicap, "wider"),
+        )

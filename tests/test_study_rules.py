@@ -1,0 +1,134 @@
+"""The studies' decision rules (curvalign_lab.rules) on hand-made numbers: pure functions."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from curvalign_lab import kit, rules
+
+
+def test_noncentral_t_cdf_against_known_values():
+    # delta = 0: the central t (curvalign.stats.t_cdf); df = 1, delta = 0: the Cauchy
+    from curvalign.stats import t_cdf
+
+    for df in (1, 2, 5, 30):
+        for x in (-2.5, -0.3, 0.0, 1.0, 4.0):
+            assert rules.noncentral_t_cdf(x, df, 0.0) == pytest.approx(t_cdf(x, df), abs=1e-6)
+    assert rules.noncentral_t_cdf(-1.0, 1, 0.0) == pytest.approx(0.25, abs=1e-6)
+    # P(T <= 0) = Phi(-delta) for any df (T <= 0 exactly when Z + delta <= 0)
+    for df in (1, 3, 12):
+        for delta in (-1.0, 0.7, 2.5):
+            phi = 0.5 * math.erfc(delta / math.sqrt(2))
+            assert rules.noncentral_t_cdf(0.0, df, delta) == pytest.approx(phi, abs=1e-7)
+    # monotone in t and in delta
+    assert rules.noncentral_t_cdf(1.0, 4, 1.0) < rules.noncentral_t_cdf(2.0, 4, 1.0)
+    assert rules.noncentral_t_cdf(1.0, 4, 2.0) < rules.noncentral_t_cdf(1.0, 4, 1.0)
+    with pytest.raises(ValueError, match="degrees of freedom"):
+        rules.noncentral_t_cdf(0.0, 0, 1.0)
+
+
+def test_noncentral_t_cdf_against_scipy():
+    stats = pytest.importorskip("scipy.stats")
+    worst = 0.0
+    for df in (1, 2, 4, 9, 29):
+        for delta in (-1.5, 0.0, 1.0, 3.0, 6.0):
+            for x in (-2.0, 0.5, 2.0, 4.5):
+                got = rules.noncentral_t_cdf(x, df, delta)
+                worst = max(worst, abs(got - float(stats.nct.cdf(x, df, delta))))
+    assert worst < 1e-6
+
+
+def test_power_and_mde_are_exact():
+    # the MDE is where the power crosses 80%, two-sided and one-sided
+    for n in (2, 3, 6):
+        for side in (1, 2):
+            mde = rules.minimal_detectable(0.03, n, sided=side)
+            assert rules.power(mde, 0.03, n, sided=side) == pytest.approx(0.8, abs=1e-9)
+            assert rules.power(0.9 * mde, 0.03, n, sided=side) < 0.8
+    # one-sided tests need less: the MDE of a margin claim is smaller
+    assert rules.minimal_detectable(1.0, 4, sided=1) < rules.minimal_detectable(1.0, 4)
+    # the MDE scales with the SD and falls with n; power at 0 is the test's level
+    assert rules.minimal_detectable(2.0, 5) == pytest.approx(2 * rules.minimal_detectable(1.0, 5))
+    assert rules.minimal_detectable(1.0, 8) < rules.minimal_detectable(1.0, 4)
+    assert rules.power(0.0, 1.0, 5) == pytest.approx(0.05, abs=1e-6)
+    assert rules.minimal_detectable(0.0, 3) == 0.0
+    assert math.isnan(rules.minimal_detectable(1.0, 1)) and math.isnan(rules.power(1.0, 1.0, 1))
+
+
+def test_the_plan_targets_the_paper_effect_or_the_distance_to_the_margin():
+    assert rules.planning_target("superiority", -0.02, None) == 0.02
+    # AtMG "almost constant": a 0.55-point drop against a 2-point margin needs 1.45 points
+    assert rules.planning_target("non-inferiority", 0.0055, 0.02) == pytest.approx(0.0145)
+    assert rules.planning_target("equivalence", 0.0055, 0.02) == pytest.approx(0.0145)
+    # the paper's own effect at or beyond the margin: no n shows the claim
+    assert math.isnan(rules.planning_target("non-inferiority", 0.03, 0.02))
+    assert math.isnan(rules.planning_target("superiority", None, None))
+    with pytest.raises(ValueError, match="margin"):
+        rules.planning_target("equivalence", 0.01, None)
+    with pytest.raises(ValueError, match="kind"):
+        rules.planning_target("better", 0.01, None)
+
+
+def test_plan_picks_the_fewest_seeds_and_says_underpowered_above_the_cap():
+    pilot = [0.01, 0.03, 0.02]  # SD 0.01
+    plan = rules.plan_claim(pilot, kind="superiority", paper_effect=0.02, cap=10)
+    assert not plan.underpowered and plan.pilot_n == 3
+    assert plan.pilot_sd == pytest.approx(0.01)
+    assert (
+        rules.minimal_detectable(0.01, plan.n) <= 0.02 < rules.minimal_detectable(0.01, plan.n - 1)
+    )
+    assert plan.mde == pytest.approx(rules.minimal_detectable(0.01, plan.n))
+    # a margin claim plans against the distance to the margin, with a one-sided test
+    margin = rules.plan_claim(pilot, kind="non-inferiority", paper_effect=0.0055, margin=0.02)
+    assert margin.target == pytest.approx(0.0145)
+    assert margin.mde == pytest.approx(rules.minimal_detectable(0.01, margin.n, sided=1))
+    # a small effect at this SD needs more than the cap: underpowered by plan
+    tiny = rules.plan_claim(pilot, kind="superiority", paper_effect=0.002, cap=6)
+    assert tiny.underpowered and tiny.n == 6 and tiny.mde > 0.002
+    assert "at the cap of 6 seeds" in tiny.reason
+    # a pilot of one seed has no SD: nothing can be planned
+    assert rules.plan_claim([0.01], kind="superiority", paper_effect=0.02).underpowered
+    # the study's seeds are what the powered claims need
+    assert rules.study_seeds([plan, tiny, margin]) == max(plan.n, margin.n)
+    assert rules.study_seeds([tiny]) == 2
+    with pytest.raises(ValueError, match="cap"):
+        rules.plan_claim(pilot, kind="superiority", paper_effect=0.02, cap=1)
+
+
+def test_holds_on_one_base_and_underpowered_on_the_other_is_unstable():
+    holds = (kit.HOLDS, kit.HOLDS)
+    under = (kit.UNDERPOWERED, "underpowered by plan (n > 10)")
+    kind, text = rules.across_bases(holds, under)
+    assert kind == rules.UNSTABLE == kit.UNSTABLE
+    assert kit.HOLDS in text and "underpowered by plan" in text
+    assert rules.across_bases(under, holds)[0] == rules.UNSTABLE
+    # the same class agrees, whatever the numbers in the texts
+    assert rules.across_bases(under, (kit.UNDERPOWERED, "underpowered (n > 12)")) == under
+    assert rules.across_bases(holds, holds) == holds
+
+
+def test_precondition_and_regime_claims_leave_the_holm_family():
+    assert rules.in_holm_family("primary", None, None)
+    assert rules.in_holm_family("secondary", None, None)
+    assert not rules.in_holm_family("precondition", None, None)
+    assert not rules.in_holm_family("regime", None, None)
+    assert not rules.in_holm_family("primary", "gate shut", None)
+    assert not rules.in_holm_family("primary", None, "no encoder training")
+
+
+def test_dose_response_picks_the_dose_of_the_claims_size():
+    # effects 0.4, 5, 20 points at 10%, 30%, 60% noise: 2 points lies between 10% and 30%
+    dose = rules.dose_for_effect([0.1, 0.3, 0.6], [0.004, 0.05, 0.2], 0.02)
+    assert dose == pytest.approx(0.1 + (0.02 - 0.004) / (0.05 - 0.004) * 0.2)
+    # from 0 at dose 0 when the first dose already exceeds the target
+    assert rules.dose_for_effect([0.5], [0.1], 0.02) == pytest.approx(0.1)
+    # a noisy scan is fitted monotone first: the dip at 0.3 cannot put the dose there
+    assert rules.isotonic([0.0, 0.05, 0.03, 0.2]) == pytest.approx([0.0, 0.04, 0.04, 0.2])
+    dose = rules.dose_for_effect([0.1, 0.2, 0.3, 0.6], [0.0, 0.05, 0.03, 0.2], 0.1)
+    assert 0.3 < dose < 0.6
+    # no dose reaches the claim's size: the control must be replaced
+    assert rules.dose_for_effect([0.1, 0.3], [0.0, 0.01], 0.02) is None
+    with pytest.raises(ValueError, match="one effect per dose"):
+        rules.dose_for_effect([0.1], [0.1, 0.2], 0.02)
