@@ -17,8 +17,9 @@ vectors ``[y, -t]`` have dot product ``<x, y>_L = -cosh(sqrt(c) d) / c``: an exa
 ball's distance. An approximate candidate graph is built on ``sqrt(c) p`` (the ball itself is
 conformal).
 
-Nothing in ``src/curvalign`` names it or its geometry: it registers itself, and answers the
-contract's questions through these objects.
+Nothing in ``src/curvalign`` names it or its geometry: it registers itself, and the recipe
+contract's defaults answer the geometry questions (scores, distance to the origin, tangent
+features, index proxy) from its ``geometries()``: the ball's distance is written once.
 """
 
 from __future__ import annotations
@@ -38,10 +39,8 @@ from curvalign.recipes.base import (
     Batch,
     Embedding,
     Gather,
-    IndexProxy,
     LossOutput,
     Progress,
-    Query,
     Recipe,
     check_batch,
 )
@@ -198,12 +197,6 @@ class PoincareInfoNCE(Recipe):
     def embed_texts(self, features: Tensor, mask: Tensor | None = None) -> Embedding:
         return {"point": expmap0(self.text_head(features), self.curvature())}
 
-    def scores(self, texts: Embedding, images: Embedding, query: Query = "text") -> Tensor:
-        return -pairwise_dist(texts["point"], images["point"], self.curvature())
-
-    def pair_scores(self, texts: Embedding, images: Embedding, query: Query = "text") -> Tensor:
-        return -dist(texts["point"], images["point"], self.curvature())
-
     def class_embedding(self, prompts: Embedding) -> Embedding:
         c = self.curvature()
         return {"point": expmap0(logmap0(prompts["point"], c).mean(0, keepdim=True), c)}
@@ -229,7 +222,8 @@ class PoincareInfoNCE(Recipe):
     def log_values(self) -> dict[str, float]:
         return self.curvature.summary("curvature")
 
-    # the contract's geometry questions, answered by the geometry object
+    # the contract's geometry questions (scores, distance to the origin, tangent features,
+    # index proxies) are answered from this one object by the recipe's defaults
     def geometries(self) -> dict[str, Geometry]:
         return {"point": PoincareBall(self.curvature_value(), self.curvature_bounds())}
 
@@ -239,13 +233,3 @@ class PoincareInfoNCE(Recipe):
 
     def curvature_bounds(self) -> tuple[float, float]:
         return (self.config.curvature_min, self.config.curvature_max)
-
-    def distance_to_origin(self, emb: Embedding) -> Tensor | None:
-        return self.geometries()["point"].distance_to_origin(emb["point"])
-
-    def tangent_features(self, emb: Embedding) -> Tensor:
-        return self.geometries()["point"].tangent(emb["point"])
-
-    def index_proxies(self) -> dict[str, IndexProxy]:
-        lift = self.geometries()["point"].lift("point")
-        return {"poincare": IndexProxy("poincare", "point", exact=True, lift=lift)}

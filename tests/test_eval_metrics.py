@@ -12,6 +12,7 @@ from curvalign.eval.hierarchy import Taxonomy, hierarchical_metrics
 from curvalign.eval.ordering import ordering_accuracy
 from curvalign.eval.retrieval import image_to_text_ranks, recall_at_k, text_to_image_ranks
 from curvalign.eval.zeroshot import predict, topk_accuracy
+from curvalign.geometries import Sphere
 
 # 4 captions, 3 images; captions 0 and 1 describe image 0
 SCORES = torch.tensor(
@@ -288,11 +289,16 @@ def test_evaluate_runs_every_supported_metric_with_the_recipe_score():
 
 
 class _IdentityNoOrigin(_IdentityLorentz):
-    """The same scores, but a recipe whose geometry has no origin (the Recipe default)."""
+    """The same scores, but a recipe whose geometry has no origin (a sphere), answered by the
+    Recipe defaults from ``geometries()``."""
 
     name = "_identity_no_origin"
+    embedding_geometry = {"point": "sphere"}
     distance_to_origin = Recipe.distance_to_origin
     tangent_features = Recipe.tangent_features
+
+    def geometries(self):  # noqa: ANN201
+        return {"point": Sphere()}
 
 
 def test_evaluate_reports_ordering_as_not_applicable_without_an_origin():

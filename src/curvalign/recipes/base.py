@@ -296,12 +296,27 @@ class Recipe(nn.Module):
 
     # --- ranking ----------------------------------------------------------------------------
     def scores(self, texts: Embedding, images: Embedding, query: Query = "text") -> Tensor:
-        """[Nt, Ni] ranking score, higher is better."""
-        raise NotImplementedError
+        """[Nt, Ni] ranking score, higher is better. Default: the score of the recipe's one
+        geometry (``geometries()``); a recipe with several embedding keys answers itself."""
+        key, geometry = self._sole_geometry("scores")
+        return geometry.scores(texts[key], images[key])
 
     def pair_scores(self, texts: Embedding, images: Embedding, query: Query = "text") -> Tensor:
-        """[n] score of matched rows (text i with image i); equals the diagonal of ``scores``."""
-        raise NotImplementedError
+        """[n] score of matched rows (text i with image i); equals the diagonal of ``scores``.
+        Default: as ``scores``, from the recipe's one geometry."""
+        key, geometry = self._sole_geometry("pair_scores")
+        return geometry.pair_scores(texts[key], images[key])
+
+    def _sole_geometry(self, question: str) -> tuple[str, Geometry]:
+        """The one ``(key, Geometry)`` of ``geometries()``, for the default answers."""
+        geometries = self.geometries()
+        if len(geometries) != 1:
+            raise NotImplementedError(
+                f"{type(self).__name__}.{question}: the default answers from a recipe's one "
+                f"geometry, and this recipe has {len(geometries)} embedding keys "
+                f"({sorted(geometries)}); define {question} in the recipe"
+            )
+        return next(iter(geometries.items()))
 
     def zero_shot_scores(
         self, images: Embedding, prompts: Embedding, prompt_to_class: Tensor, num_classes: int
@@ -369,16 +384,24 @@ class Recipe(nn.Module):
     def distance_to_origin(self, emb: Embedding) -> Tensor | None:
         """[N] float64 distance of each item to the origin of the recipe's geometry (hierarchy
         ordering: more specific items lie further out). None when the geometry has no origin
-        (a sphere has none): ordering then does not apply. Default: None; a recipe answers
-        from its ``geometries()`` (``Geometry.distance_to_origin``)."""
-        return None
+        (a sphere has none): ordering then does not apply. Default: the one geometry's
+        ``Geometry.distance_to_origin`` of its key; None for a recipe with several keys (which
+        answers itself where one of them has an origin)."""
+        geometries = self.geometries()
+        if len(geometries) != 1:
+            return None
+        key, geometry = next(iter(geometries.items()))
+        return geometry.distance_to_origin(emb[key]) if key in emb else None
 
     def tangent_features(self, emb: Embedding) -> Tensor:
         """[N, D] float64 flat vectors whose covariance spectrum describes the embedding (seed
-        001, Fig. 7). Default: every ``[N, ...]`` tensor of ``emb`` flattened, keys in sorted
-        order, concatenated; ``HyperbolicRecipe`` maps its Lorentz part to the tangent space
-        (``Geometry.tangent`` does the same per key)."""
-        return _flat_parts(emb, {})
+        001, Fig. 7). Default: every ``[N, ...]`` tensor of ``emb`` as its key's geometry maps
+        it to the tangent space at the origin (``Geometry.tangent``: the logarithmic map of a
+        Lorentz part, the vectors themselves elsewhere), flattened, keys in sorted order,
+        concatenated."""
+        geometries = self.geometries()
+        mapped = {key: geometries[key].tangent(emb[key]) for key in emb if key in geometries}
+        return _flat_parts(emb, mapped)
 
     def gate_value(self) -> float | None:
         """The scalar gate the method learns, as it acts now (DualPath's effective g, warm-up
@@ -400,8 +423,15 @@ class Recipe(nn.Module):
 
     def index_proxies(self) -> dict[str, IndexProxy]:
         """The proxies an index may hold for this recipe, by name; the first is the default.
-        Default: none (``index`` then refuses the recipe with a message naming it)."""
-        return {}
+        Default: the lift of each key's geometry (``Geometry.lift``), named by the geometry's
+        kind, in key order; none where no geometry has one (``index`` then refuses the recipe
+        with a message naming it)."""
+        proxies: dict[str, IndexProxy] = {}
+        for key, geometry in self.geometries().items():
+            lift = geometry.lift(key)
+            if lift is not None and geometry.kind not in proxies:
+                proxies[geometry.kind] = IndexProxy(geometry.kind, key, exact=lift.exact, lift=lift)
+        return proxies
 
     # --- initialisation and the step-0 health check (recipes/health.py asks these) -----------
     #: config keys that set the step-0 radius of the points (the scale before ``expmap0``):
