@@ -40,6 +40,7 @@ import logging
 import math
 import warnings
 from contextlib import nullcontext
+from typing import Any
 
 import torch
 import triton
@@ -321,20 +322,20 @@ def _triton_backward(
 
 
 @_triton_backward.register_fake
-def _(grad, Pt, Qt, s, block_n, block_m, need_p, need_q, need_s):  # type: ignore[no-untyped-def]
+def _(grad, Pt, Qt, s, block_n, block_m, need_p, need_q, need_s):  # noqa: ANN001, ANN202
     return tuple(
         torch.empty_like(t) if need else t.new_empty(0)
         for t, need in ((Pt, need_p), (Qt, need_q), (s, need_s))
     )
 
 
-def _triton_setup(ctx, inputs, output) -> None:  # type: ignore[no-untyped-def]
+def _triton_setup(ctx, inputs, output) -> None:  # noqa: ANN001
     Pt, Qt, s, block_n, block_m = inputs
     ctx.save_for_backward(Pt, Qt, s)
     ctx.blocks = (block_n, block_m)
 
 
-def _triton_grad(ctx, grad):  # type: ignore[no-untyped-def]
+def _triton_grad(ctx, grad):  # noqa: ANN001, ANN202
     Pt, Qt, s = ctx.saved_tensors
     needs = tuple(ctx.needs_input_grad[:3])
     grads = _triton_backward(grad, Pt, Qt, s, *ctx.blocks, *needs)
@@ -435,7 +436,7 @@ def compile_for(
     sizes = {"N": "i32", "M": "i32"}
     consts = {"D1": width, "BLOCK_N": bn, "BLOCK_M": bm}
     bwd_consts = {**consts, "BD": _dot_width(width)}
-    jobs = {
+    jobs: dict[str, tuple[Any, list[str], dict[str, str], dict[str, Any]]] = {
         "forward": (_l1_forward_kernel, ["Pt", "Qt", "s", "out"], {**sizes, "K": "i32"}, consts),
         "backward": (_l1_backward_kernel,
                      ["Pt", "Qt", "s", "r_floor_ptr", "grad", "gPt", "gQ_part", "gs_part"],
