@@ -177,7 +177,7 @@ def fit(
     itself when the caller holds it (else ``spec.data`` is loaded); ``hooks``: trainer events
     (``train.hooks``: pruning, marks, extra validations). A directory holding files is refused
     unless ``overwrite``. Errors are ``TrainError``/``ConfigError`` with one clear message."""
-    from curvalign.train.towers import train
+    from curvalign.train.trainer import train
 
     keep = _KeepTrainer()
     train(

@@ -1131,31 +1131,20 @@ def tower_trainer_factory(towers: TowersConfig | str | None, base: Any = None) -
     return factory
 
 
-def train(
-    recipe: str | None,
-    data: Any,
-    out_dir: str | Path,
-    *,
-    towers: TowersConfig | str | None = None,
-    **kw: Any,
-) -> Any:
-    """``curvalign.train.trainer.train`` with ``towers`` (a ``TowersConfig`` or its
-    ``"SPEC;key=value"`` string) trained in front of the recipe; without ``towers`` (and not
-    resuming a tower run) it is exactly that function. A resumed tower run reads its own
-    ``towers.json``. Errors are ``TrainError`` with one clear message."""
-    from curvalign.train.trainer import train as train_features
+def train(*args: Any, **kw: Any) -> TrainedRun:
+    """Deprecated: ``curvalign.train.train`` (``curvalign.train.trainer.train``) takes
+    ``towers=`` itself; this alias goes in 0.3.0."""
+    import warnings
 
-    run_dir = Path(out_dir)
-    resuming_towers = bool(kw.get("resume")) and (run_dir / TOWERS_CONFIG_FILE).exists()
-    if towers is None and not resuming_towers:
-        return train_features(recipe, data, out_dir, **kw)
-    if kw.get("overwrite") and not kw.get("resume"):
-        for name in TOWER_FILES:  # the feature trainer clears its own files
-            (run_dir / name).unlink(missing_ok=True)
-        shutil.rmtree(run_dir / TOWERS_DCP_DIR, ignore_errors=True)
-    base = kw.get("trainer_factory", Trainer)  # the distributed launcher passes its own
-    kw["trainer_factory"] = tower_trainer_factory(towers, None if base is Trainer else base)
-    return train_features(recipe, data, out_dir, **kw)
+    from curvalign.train.trainer import train as one_train
+
+    warnings.warn(
+        "curvalign.train.towers.train is deprecated and will be removed in 0.3.0: call "
+        "curvalign.train.train (from curvalign.train import train), which takes towers=",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    return one_train(*args, **kw)
 
 
 __all__ = [

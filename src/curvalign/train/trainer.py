@@ -32,7 +32,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -87,6 +87,9 @@ from curvalign.train.hooks import (
 )
 from curvalign.train.logging import RunLogger
 from curvalign.train.validation import ValidationSet, validation_store
+
+if TYPE_CHECKING:
+    from curvalign.towers import TowersConfig
 
 #: TrainConfig keys that may change when resuming (they do not change what is computed)
 RESUMABLE_KEYS = ("steps", "log_every", "checkpoint_every", "num_threads", "device", "tensorboard")
@@ -1273,23 +1276,27 @@ def train(
     stop_at: int | None = None,
     trainer_factory: Callable[..., Trainer] = Trainer,
     hooks: Iterable[TrainerHook] = (),
+    towers: TowersConfig | str | None = None,
 ) -> TrainedRun:
     """Train ``recipe`` on ``data`` (a spec such as ``"synthetic"``, ``"features:PATH"``, or a
-    FeatureStore) into ``out_dir``; returns the run directory.
+    FeatureStore) into ``out_dir``; returns the run directory. The one entry point for a run
+    (``curvalign.train.train``; ``train.fitting.fit`` is the typed one that returns the model).
 
     ``overrides``: ``"key=value"`` strings (or a mapping) on top of ``config_file``. ``resume``
     continues the run in ``out_dir`` (recipe and data default to the saved ones; ``steps`` may
     extend it); without it a directory that already holds files is refused unless ``overwrite``.
     ``stop_at`` ends the call early at that step with a checkpoint, as if the process were killed
     there. ``hooks``: trainer events (``curvalign.train.hooks``), passed to the Trainer.
-    Errors are ``TrainError`` with one clear message (encoders in front of the recipe:
-    ``curvalign.train.towers.train``, the same call with ``towers=``).
+    ``towers``: encoders trained in front of the recipe (a ``TowersConfig`` or its
+    ``"SPEC;key=value"`` string, ``curvalign.train.towers``); a resumed tower run reads its own
+    ``towers.json``. Errors are ``TrainError`` with one clear message.
     """
     run_dir = Path(out_dir)
     if resume and overwrite:
         raise ConfigError("--resume and --overwrite exclude each other")
     if run_dir.exists() and not run_dir.is_dir():
         raise ConfigError(f"output {run_dir} exists and is not a directory")
+    trainer_factory = _with_towers(trainer_factory, towers, run_dir, resume, overwrite)
     existed = run_dir.is_dir()
     fresh = not existed or not _holds_files(run_dir)
     with _run_lock(run_dir) as held:
@@ -1315,6 +1322,28 @@ def train(
             if held and fresh and not _has_checkpoint(run_dir):
                 _remove_unfinished(run_dir, keep_dir=existed)
             raise
+
+
+def _with_towers(
+    factory: Callable[..., Trainer],
+    towers: TowersConfig | str | None,
+    run_dir: Path,
+    resume: bool,
+    overwrite: bool,
+) -> Callable[..., Trainer]:
+    """``factory`` unchanged for a run on the store's features; for a tower run (``towers``
+    given, or a resumed run that holds ``towers.json``) a factory that gives the trainer its
+    towers (``train.towers``), the tower files of an overwritten run removed first."""
+    from curvalign.train import towers as tower_training
+
+    resuming_towers = resume and (run_dir / tower_training.TOWERS_CONFIG_FILE).exists()
+    if towers is None and not resuming_towers:
+        return factory
+    if overwrite and not resume:
+        for name in tower_training.TOWER_FILES:  # _clear_run_files clears the trainer's own
+            (run_dir / name).unlink(missing_ok=True)
+        shutil.rmtree(run_dir / tower_training.TOWERS_DCP_DIR, ignore_errors=True)
+    return tower_training.tower_trainer_factory(towers, None if factory is Trainer else factory)
 
 
 def _train_locked(
