@@ -442,6 +442,10 @@ class TowerTrainer(Trainer):
         super().keep_best(step, score)
         self._best_towers = self._tower_state()  # every rank: FSDP2 gathers the shards
 
+    def best_tower_state(self) -> dict[str, Tensor] | None:
+        """The towers' trained tensors kept at the best validation (``keep_best``), or None."""
+        return self._best_towers
+
     def _tower_state(self) -> dict[str, Tensor]:
         """The towers' trained tensors, whole, on the CPU (sharded: a collective, every rank)."""
         if not self.sharded:
@@ -638,7 +642,7 @@ class TowerTrainer(Trainer):
         if self.sharded:
             self._save_sharded()
         # the tower files first: the checkpoint's meta.json then records their checksums
-        if self.is_main:
+        if self.writes:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             self.towers_config.save(self.run_dir / TOWERS_CONFIG_FILE)
             for name, tensors in (

@@ -291,7 +291,9 @@ class Trainer:
     ``is_main`` are for multi-process training (see the module docstring); ``notify`` receives
     one-line notes for the user (images left out, resumed step). ``hooks``: trainer events
     (``curvalign.train.hooks``); the built-in ``KeepBestWeights`` and ``EarlyStopping`` are
-    added unless ``hooks`` holds an instance of the same class.
+    added unless ``hooks`` holds an instance of the same class. ``write=False``: nothing is
+    written (no folder, checkpoint or log; ``run_dir`` only names the run in notes): a run
+    kept in memory (``train.fitting.fit`` without ``out``, a tuning trial).
     """
 
     def __init__(
@@ -306,6 +308,7 @@ class Trainer:
         show_progress: bool = True,
         notify: Callable[[str], None] | None = None,
         hooks: Iterable[TrainerHook] = (),
+        write: bool = True,
     ) -> None:
         self.hooks = with_builtin_hooks(hooks)
         self.config = config
@@ -314,6 +317,8 @@ class Trainer:
         self.run_dir = Path(run_dir)
         self.gather = gather or Gather()
         self.is_main = is_main
+        #: whether this process writes the run's files (the main rank of a written run)
+        self.writes = is_main and write
         self.show_progress = show_progress
         self.notify = notify or (lambda message: None)
         self.notes: list[str] = []
@@ -526,7 +531,7 @@ class Trainer:
             self.optimizer.param_groups, self.scheduler.base_lrs, strict=False
         ):
             group["lr"] = base_lr * lr_multiplier(self.step, train)
-        if self.is_main:
+        if self.writes:
             self.config.save(self.run_dir)
 
     # --- state ------------------------------------------------------------------------------
@@ -612,8 +617,9 @@ class Trainer:
         }
 
     def save_checkpoint(self) -> None:
-        """Write the checkpoint for the current step (main rank only)."""
-        if self.is_main:
+        """Write the checkpoint for the current step (main rank only; nothing unless
+        ``writes``)."""
+        if self.writes:
             meta = {
                 "step": self.step,
                 "recipe": self.config.recipe,
@@ -786,7 +792,7 @@ class Trainer:
             return self.result()
         logger = (
             RunLogger(self.run_dir, resume_step=self.step, tensorboard=cfg.tensorboard)
-            if self.is_main
+            if self.writes
             else None
         )
         schedule = _HookSchedule.of(self.hooks)
@@ -845,7 +851,7 @@ class Trainer:
     def _open_run(self, end: int) -> bool:
         """Create the run folder (main process) and say whether there is training to do before
         ``end``; a run a hook stopped early, or already at ``end``, is left as it is."""
-        if self.is_main:
+        if self.writes:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             # temporaries of a writer killed mid-checkpoint (kill -9) would otherwise stay forever
             remove_stale_temp_files(self.run_dir, RUN_FILES)
@@ -1324,6 +1330,26 @@ def train(
             raise
 
 
+def trainer_factory_for(
+    factory: Callable[..., Trainer], towers: TowersConfig | str | None
+) -> Callable[..., Trainer]:
+    """``factory`` itself for a run on the store's features (``towers`` None); with ``towers``
+    (a ``TowersConfig`` or its ``"SPEC;key=value"`` string) the factory of a trainer with
+    towers in front of the recipe (``train.towers``)."""
+    if towers is None:
+        return factory
+    return _tower_factory(factory, towers)
+
+
+def _tower_factory(
+    factory: Callable[..., Trainer], towers: TowersConfig | str | None
+) -> Callable[..., Trainer]:
+    """The factory of a tower trainer (``towers`` None: a resumed run reads its own)."""
+    from curvalign.train.towers import tower_trainer_factory
+
+    return tower_trainer_factory(towers, None if factory is Trainer else factory)
+
+
 def _with_towers(
     factory: Callable[..., Trainer],
     towers: TowersConfig | str | None,
@@ -1331,9 +1357,8 @@ def _with_towers(
     resume: bool,
     overwrite: bool,
 ) -> Callable[..., Trainer]:
-    """``factory`` unchanged for a run on the store's features; for a tower run (``towers``
-    given, or a resumed run that holds ``towers.json``) a factory that gives the trainer its
-    towers (``train.towers``), the tower files of an overwritten run removed first."""
+    """``trainer_factory_for`` for a tower run (``towers`` given, or a resumed run that holds
+    ``towers.json``), the tower files of an overwritten run removed first; else ``factory``."""
     from curvalign.train import towers as tower_training
 
     resuming_towers = resume and (run_dir / tower_training.TOWERS_CONFIG_FILE).exists()
@@ -1343,7 +1368,7 @@ def _with_towers(
         for name in tower_training.TOWER_FILES:  # _clear_run_files clears the trainer's own
             (run_dir / name).unlink(missing_ok=True)
         shutil.rmtree(run_dir / tower_training.TOWERS_DCP_DIR, ignore_errors=True)
-    return tower_training.tower_trainer_factory(towers, None if factory is Trainer else factory)
+    return _tower_factory(factory, towers)
 
 
 def _train_locked(
