@@ -249,9 +249,10 @@ def _stats(evaluations: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     per_seed = [_leaves(e) for e in evaluations]
     out: dict[str, dict[str, Any]] = {}
     for path in per_seed[0]:
-        values = [leaves.get(path) for leaves in per_seed]
-        if any(v is None or v != v for v in values):
+        found = [leaves.get(path) for leaves in per_seed]
+        if any(v is None or v != v for v in found):
             continue
+        values = [v for v in found if v is not None]  # all of them (checked above)
         interval = mean_interval(values)
         out[path] = {**interval.as_dict(), "values": values}
     return out
@@ -322,7 +323,7 @@ def check_towers_request(
     ConfigError with one line otherwise; None without towers."""
     if towers is None:
         return None
-    from curvalign.config import recipe_class
+    from curvalign.recipes import get_recipe
     from curvalign.towers import TowerError, TowersConfig, check_recipe_parts
     from curvalign.train.towers import check_reencodable
 
@@ -330,7 +331,7 @@ def check_towers_request(
         config = towers if isinstance(towers, TowersConfig) else TowersConfig.parse(towers)
         for name in recipes:
             check_recipe_parts(
-                recipe_class(name).requires, repr(name), streamed=config.shards is not None
+                sorted(get_recipe(name).requires), repr(name), streamed=config.shards is not None
             )
         check_reencodable(store, data=spec, text_locked=config.text == "locked")
     except TowerError as err:
@@ -735,7 +736,7 @@ class ItemGaps:
 
     def __init__(self, result: BenchmarkResult, replicates: int = 1000, seed: int = 0):
         self.result, self.replicates, self.seed = result, replicates, seed
-        self._totals: dict[tuple[str, str], list[Any]] = {}
+        self._totals: dict[tuple[str, str], list[Any] | None] = {}
         self._boot: dict[str, dict[Any, Any]] = {}
         self._done: dict[tuple[str, str, str], Any] = {}
 
@@ -747,7 +748,7 @@ class ItemGaps:
         key = (row, path)
         if key in self._totals:
             return self._totals[key]
-        found = None
+        found: list[Any] | None = None
         if path in ITEM_PATHS:
             items = self.result.items.get(row)
             if items and all(i is not None for i in items):
@@ -1113,7 +1114,7 @@ def write_benchmark_outputs(
     verdicts = verdicts_of(result)
     comparisons = baseline_comparisons(result)
     gains = gains_of(result)
-    failed = {n: r.reason for n, r in result.rows.items() if r.status == "failed"}
+    failed = {n: str(r.reason) for n, r in result.rows.items() if r.status == "failed"}
     payload = {
         "data": result.data,
         "steps": result.steps,
@@ -1149,7 +1150,8 @@ def write_benchmark_outputs(
             {
                 "best step": best_step_cells(result),
                 "converged": converged_cells(result),
-                "step 0": step0_cells(result.rows),
+                # BenchmarkRow reads as a mapping (get, [])
+                "step 0": step0_cells(result.rows),  # type: ignore[arg-type]
                 **result.extra_columns,
             },
         )

@@ -153,6 +153,7 @@ def space_of(recipe: str, lr_range: tuple[float, float] | None = None) -> dict[s
     space = dict(get_recipe(recipe).search_space())
     if lr_range is not None and "lr" in space:
         declared = space["lr"]
+        assert declared.low is not None and declared.high is not None  # a float knob's range
         low, high = min(lr_range[0], declared.low), max(lr_range[1], declared.high)
         space["lr"] = Knob(
             "float", low, high, log=True, why=f"{declared.why}, widened by the lr range test"
@@ -365,7 +366,11 @@ def _open_study(
     from optuna.trial import TrialState
 
     study = optuna.create_study(
-        study_name=name, storage=storage, direction=direction, load_if_exists=True, pruner=pruner
+        study_name=name,
+        storage=storage,
+        direction=direction,  # type: ignore[arg-type]  # "minimize" or "maximize"
+        load_if_exists=True,
+        pruner=pruner,
     )
     saved = study.user_attrs.get("settings")
     if saved is None:

@@ -25,6 +25,8 @@ _EXPORTS = {
     # the one entry point; towers=... trains encoders in front of the recipe
     "train": "curvalign.train.trainer",
     "TowerTrainer": "curvalign.train.towers",
+    "TowerFeatures": "curvalign.train.towers",
+    "FeatureSource": "curvalign.train.sources",
     "export_towers": "curvalign.train.towers",
     "load_towers": "curvalign.train.towers",
     "read_log": "curvalign.runs",

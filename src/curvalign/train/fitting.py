@@ -315,12 +315,13 @@ def _fit_in_memory(
 
 def _best_towers(trainer: Trainer) -> Towers | None:
     """The trainer's towers with the weights of its best validation (eval mode), or None."""
-    from curvalign.train.towers import TowerTrainer
+    from curvalign.train.towers import TowerFeatures
 
-    if not isinstance(trainer, TowerTrainer):
+    source = trainer.features
+    if not isinstance(source, TowerFeatures):
         return None
-    towers = trainer.towers
-    best = trainer.best_tower_state()
+    towers = source.towers
+    best = source.best_tower_state()
     if best is not None:
         towers.load_trainable_state(best)
     return towers.eval()

@@ -58,7 +58,6 @@ from curvalign.data.validation_split import copies_of_train, describe_copies
 from curvalign.errors import ConfigError, TrainError
 from curvalign.recipes.base import Batch, Gather, LossOutput, Progress, Recipe
 from curvalign.recipes.health import META_KEY as STEP0_META_KEY
-from curvalign.recipes.health import check_step0
 from curvalign.runs import (
     BEST_FILE,
     CONFIG_FILE,
@@ -86,6 +85,7 @@ from curvalign.train.hooks import (
     with_builtin_hooks,
 )
 from curvalign.train.logging import RunLogger
+from curvalign.train.sources import FeatureSource
 from curvalign.train.validation import ValidationSet, validation_store
 
 if TYPE_CHECKING:
@@ -104,7 +104,17 @@ class NonFiniteLossError(TrainError):
 
 def lr_multiplier(step: int, train: TrainConfig) -> float:
     """Learning-rate factor for 0-based ``step``: linear warm-up, then cosine to ``min_lr_ratio``."""
-    return float(warmup_cosine(step, train.steps, train.warmup_steps, min_ratio=train.min_lr_ratio))
+    return float(
+        warmup_cosine(step, run_steps(train), train.warmup_steps, min_ratio=train.min_lr_ratio)
+    )
+
+
+def run_steps(train: TrainConfig) -> int:
+    """``train.steps`` of a run being trained: resolved from the store when unset
+    (``config.resolve_steps``) before any step, so an int here."""
+    if train.steps is None:
+        raise TrainError("train.steps is unset: resolve it from the store (resolve_steps) first")
+    return int(train.steps)
 
 
 def build_model(
@@ -169,13 +179,14 @@ def local_rows(batch: Batch, gather: Gather) -> Batch:
         size = t.shape[0] // gather.world_size
         return t[gather.rank * size : (gather.rank + 1) * size]
 
-    return Batch(**{k: part(v) for k, v in batch.__dict__.items()})
+    return Batch(**{k: part(v) for k, v in batch.__dict__.items()})  # type: ignore[arg-type]
 
 
 def rng_state() -> dict[str, Any]:
     """Every RNG's state, in types ``torch.load(weights_only=True)`` reads (numpy's key array
     as a tensor: no pickled numpy object in ``state.pt``)."""
-    kind, keys, pos, has_gauss, gauss = np.random.get_state()
+    kind, keys, pos, has_gauss, gauss = np.random.get_state(legacy=True)
+    assert isinstance(keys, np.ndarray)
     state = {
         "torch": torch.get_rng_state(),
         "numpy": (kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, gauss),
@@ -225,7 +236,7 @@ class _StopRequest:
 
     def __init__(self) -> None:
         self.requested = False
-        self.signum = signal.SIGINT
+        self.signum: int = signal.SIGINT
         self._previous: dict[int, Any] = {}
 
     def __enter__(self) -> _StopRequest:
@@ -293,7 +304,9 @@ class Trainer:
     (``curvalign.train.hooks``); the built-in ``KeepBestWeights`` and ``EarlyStopping`` are
     added unless ``hooks`` holds an instance of the same class. ``write=False``: nothing is
     written (no folder, checkpoint or log; ``run_dir`` only names the run in notes): a run
-    kept in memory (``train.fitting.fit`` without ``out``, a tuning trial).
+    kept in memory (``train.fitting.fit`` without ``out``, a tuning trial). ``features``:
+    what feeds the recipe (``train.sources.FeatureSource``, the default: the store's own
+    features; ``train.towers.TowerFeatures``: encoders trained in front of it).
     """
 
     def __init__(
@@ -309,6 +322,7 @@ class Trainer:
         notify: Callable[[str], None] | None = None,
         hooks: Iterable[TrainerHook] = (),
         write: bool = True,
+        features: FeatureSource | None = None,
     ) -> None:
         self.hooks = with_builtin_hooks(hooks)
         self.config = config
@@ -322,6 +336,8 @@ class Trainer:
         self.show_progress = show_progress
         self.notify = notify or (lambda message: None)
         self.notes: list[str] = []
+        self.features = features if features is not None else FeatureSource()
+        self.features.attach(self)
         for message in store.meta.get("notes") or ():  # what the store's reader found: not errors
             self._note(str(message))
         cfg = self.train_config
@@ -344,7 +360,7 @@ class Trainer:
 
         try:
             # the text width is the token width Dk when the recipe pools text tokens
-            self.input_dims = self._input_dims(config, store)
+            self.input_dims = self.features.input_dims(config, store)
         except FeatureStoreError as err:
             raise TrainError(f"recipe {config.recipe!r} on data {config.data!r}: {err}") from None
         train_store = self._set_up_validation(store)
@@ -383,7 +399,7 @@ class Trainer:
                 pair_batch_size=cfg.pair_batch_size,
                 recipe=repr(config.recipe),
                 data=config.data,
-                text_tokens=self._sampler_text_tokens(),
+                text_tokens=self.features.sampler_reads_tokens(self.recipe),
             )
         except SamplingError as err:
             raise TrainError(str(err)) from None
@@ -402,7 +418,8 @@ class Trainer:
         self.step = 0
         self.checkpoint_step: int | None = None
         if resume:
-            self._load_state()
+            self.features.load_state(self._load_state)
+        self.features.ready(resume)
 
     def _set_up_validation(self, store: FeatureStore) -> FeatureStore:
         """The store the run trains on: ``store`` with its validation split held out (the
@@ -438,30 +455,18 @@ class Trainer:
             )
         return train_store
 
-    # --- what a subclass that puts encoders in front of the recipe replaces (train/towers.py)
-    def _input_dims(self, config: RunConfig, store: FeatureStore) -> tuple[int, int]:
-        """(image, text) widths the recipe's heads take: the store's feature widths."""
-        return recipe_input_dims(config, store)
-
-    def _check_step0(self, total: int) -> dict[str, Any]:
-        """The step-0 check (``recipes.health``) on the next batch, not consuming it."""
-        return check_step0(self.recipe, self.sampler, total, self._note).to_json()
-
-    def _sampler_text_tokens(self) -> bool:
-        """Whether the sampler reads stored token features (the recipe pools text tokens); a
-        subclass whose encoders give the token states itself samples indices only."""
-        return self.recipe.text_tokens
-
+    # --- the optimizer: the recipe's groups and the feature source's ----------------------
     def _build_optimizer(self) -> torch.optim.Optimizer:
-        return build_optimizer(self.recipe, self.train_config)
+        optimizer = build_optimizer(self.recipe, self.train_config)
+        for group in self.features.param_groups(self.train_config):
+            optimizer.add_param_group(group)
+        return optimizer
 
-    def _next_batch(self) -> Batch:
-        """This rank's rows of the next global batch, on the device (called under autocast)."""
-        return local_rows(self.sampler.next_batch(), self.gather).to(self.device)
-
-    def _meta_extras(self) -> dict[str, Any]:
-        """Keys a subclass adds to (or replaces in) each checkpoint's meta.json."""
-        return {}
+    def rebuild_optimizer(self) -> None:
+        """A fresh optimizer and schedule over the parameters that train now (a feature source
+        froze or sharded some of its own)."""
+        self.optimizer = self._build_optimizer()
+        self.scheduler = build_scheduler(self.optimizer, self.train_config)
 
     def _note(self, message: str) -> None:
         self.notes.append(message)
@@ -478,6 +483,7 @@ class Trainer:
         self._best_state = {
             k: v.detach().to("cpu").clone() for k, v in self.recipe.state_dict().items()
         }
+        self.features.keep_best()
 
     def best_weights(self) -> dict[str, Tensor] | None:
         """The state dict kept at the best validation so far (``keep_best``), or None."""
@@ -487,6 +493,9 @@ class Trainer:
         """Train on ``store`` from the next step on (a control arm that changes its data mid-run):
         the sampler is rebuilt on it and continues its draws exactly where it was, as a resume on
         that store would. ``store`` must have the same images and splits."""
+        self.features.use_store(lambda: self._swap_store(store))
+
+    def _swap_store(self, store: FeatureStore) -> None:
         train_store = store
         if self.validation_info is not None and self.validation_info.get("source") != "none":
             train_store, _ = validation_store(
@@ -510,7 +519,7 @@ class Trainer:
                 pair_batch_size=self.train_config.pair_batch_size,
                 recipe=repr(self.config.recipe),
                 data=self.config.data,
-                text_tokens=self._sampler_text_tokens(),
+                text_tokens=self.features.sampler_reads_tokens(self.recipe),
             )
             sampler.load_state_dict(state)
         except SamplingError as err:
@@ -521,7 +530,9 @@ class Trainer:
         """Lengthen the run by ``steps``: ``train.steps`` grows and the learning-rate schedule is
         stretched over the new total from the current step on, exactly as resuming the run with
         more ``steps`` does."""
-        train = dataclasses.replace(self.train_config, steps=self.train_config.steps + int(steps))
+        train = dataclasses.replace(
+            self.train_config, steps=run_steps(self.train_config) + int(steps)
+        )
         self.config = dataclasses.replace(self.config, train=train)
         self.train_config = train
         self.scheduler.lr_lambdas = [
@@ -597,7 +608,7 @@ class Trainer:
             set_rng_state(rng)
 
     def state_dict(self) -> dict[str, Any]:
-        return {
+        state = {
             "step": self.step,
             "recipe": self.config.recipe,
             "image_dim": self.input_dims[0],
@@ -615,10 +626,17 @@ class Trainer:
                 "stopped_early": self.stopped_early,
             },
         }
+        self.features.add_state(state)
+        return state
 
     def save_checkpoint(self) -> None:
         """Write the checkpoint for the current step (main rank only; nothing unless
-        ``writes``)."""
+        ``writes``), the feature source's files first."""
+        self.features.before_checkpoint()
+        self._save_checkpoint()
+        self.features.after_checkpoint()
+
+    def _save_checkpoint(self) -> None:
         if self.writes:
             meta = {
                 "step": self.step,
@@ -641,7 +659,7 @@ class Trainer:
                 "stopped_early": self.stopped_early,
                 STEP0_META_KEY: getattr(self, "step0_health", None),
                 "warm_start": self.warm_start_info,
-                **self._meta_extras(),
+                **self.features.meta_extras(),
             }
             try:
                 save_checkpoint(
@@ -679,7 +697,7 @@ class Trainer:
         )
         try:
             with autocast:  # towers in front of the recipe encode under the same autocast
-                batch = self._next_batch()
+                batch = self.features.next_batch()
         except SamplingError as err:
             raise TrainError(f"step {progress.step + 1}: {err}; " + self._kept_message()) from None
         with autocast:
@@ -706,8 +724,11 @@ class Trainer:
 
     def _clip_gradients(self) -> Tensor:
         """Clip the global gradient norm of the optimized parameters to ``train.grad_clip``
-        (0: no clipping); returns the norm before clipping. (Towers sharded with FSDP2 replace
-        it: their gradients are DTensors, the recipe's plain tensors.)"""
+        (0: no clipping); returns the norm before clipping. (Towers sharded with FSDP2 clip
+        themselves: their gradients are DTensors, the recipe's plain tensors.)"""
+        own = self.features.clip_gradients()
+        if own is not None:
+            return own
         cfg = self.train_config
         params = [p for g in self.optimizer.param_groups for p in g["params"]]
         return torch.nn.utils.clip_grad_norm_(
@@ -785,8 +806,14 @@ class Trainer:
         killed run would have), writing checkpoints and logs and emitting the hooks' events
         (``curvalign.train.hooks``). Returns the run directory (with ``best_step``, ``best_val``
         and ``val_history``)."""
+        try:
+            return self._fit(stop_at)
+        finally:
+            self.features.close()  # e.g. the raw-row loader's worker processes
+
+    def _fit(self, stop_at: int | None) -> TrainedRun:
         cfg = self.train_config
-        total = cfg.steps
+        total = run_steps(cfg)
         end = total if stop_at is None else min(total, stop_at)
         if not self._open_run(end):
             return self.result()
@@ -800,7 +827,7 @@ class Trainer:
         for hook in self.hooks:
             hook.on_fit_start(self)
         if self.step == 0 and self.is_main:  # loss vs log B, logit spread, radii (step-0 check)
-            self.step0_health = self._check_step0(total)
+            self.step0_health = self.features.step0_check(total)
         # the history lives in meta.json (val_history), not the log
         if validates and cfg.validates and self.step == 0 and not self.val_history:
             self._validate()  # the untrained head: the baseline model selection must beat
@@ -835,7 +862,7 @@ class Trainer:
                         self.save_checkpoint()
                     if decision is Decision.EXTEND:
                         self.extend(more)
-                        cfg, total = self.train_config, self.train_config.steps
+                        cfg, total = self.train_config, run_steps(self.train_config)
                         end = total if stop_at is None else min(total, stop_at)
                         bar.extend(end)
         finally:
@@ -856,7 +883,7 @@ class Trainer:
             # temporaries of a writer killed mid-checkpoint (kill -9) would otherwise stay forever
             remove_stale_temp_files(self.run_dir, RUN_FILES)
             self.config.save(self.run_dir)
-        total = self.train_config.steps
+        total = run_steps(self.train_config)
         if self.stopped_early:
             self._note(
                 f"{self.run_dir} stopped early at step {self.step} (a trainer hook stopped it; "
@@ -936,7 +963,7 @@ class Trainer:
     def _validation_due(self, extra_steps: set[int]) -> bool:
         """Whether the current step validates: every ``val_every`` steps, at the last step of
         ``train.steps``, and at the steps a hook asked for."""
-        every = self.train_config.val_every
+        every = self.train_config.val_every or 0
         return (
             (every > 0 and self.step % every == 0)
             or self.step == self.train_config.steps
@@ -990,7 +1017,7 @@ class Trainer:
         return _Bar(self.config.recipe, self.step, end, enabled=self.show_progress and self.is_main)
 
 
-class TrainedRun(type(Path())):  # a concrete Path (PosixPath/WindowsPath) with the outcome
+class TrainedRun(type(Path())):  # type: ignore[misc]  # a concrete Path (PosixPath/WindowsPath) with the outcome
     """What ``train`` returns: the run directory, plus ``best_step`` / ``best_val`` (None without
     validation), ``val_history`` [(step, mean R@1)], ``last_step`` and ``stopped_early``."""
 
