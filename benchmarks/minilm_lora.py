@@ -48,7 +48,8 @@ def run_arm(arm: str, lr: float, seed: int, args: argparse.Namespace, store: Any
     """Train one (arm, lr, seed) cell (reusing a finished run) and evaluate it on the test split."""
     from curvalign.eval import evaluate
     from curvalign.runs import load_run
-    from curvalign.train.towers import load_towers, reencode_store, train
+    from curvalign.train import train
+    from curvalign.train.towers import load_towers, reencode_store
 
     out = Path(args.out) / arm / f"lr{lr:g}" / f"seed{seed}"
     overrides = [

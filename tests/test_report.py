@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 
 from curvalign.report import plots
-from curvalign.report.benchmark import split_overrides
 from curvalign.report.tables import (
     lookup,
     markdown_table,
@@ -62,15 +61,19 @@ def test_json_has_no_nan(tmp_path):
 
 
 def test_overrides_split_per_recipe():
-    got = split_overrides(["lr=1e-3", "phyclip.num_factors=4", "train.seed=1"], ["clip", "phyclip"])
+    from curvalign.train.fitting import per_recipe_overrides
+
+    got = per_recipe_overrides(
+        ["lr=1e-3", "phyclip.num_factors=4", "train.seed=1"], ["clip", "phyclip"]
+    )
     assert got == {
-        "clip": ["lr=1e-3", "train.seed=1"],
-        "phyclip": ["lr=1e-3", "num_factors=4", "train.seed=1"],
+        "clip": {"lr": "1e-3", "train.seed": "1"},
+        "phyclip": {"lr": "1e-3", "num_factors": "4", "train.seed": "1"},
     }
-    with pytest.raises(ValueError, match="not in this benchmark"):
-        split_overrides(["meru.lr=1"], ["clip"])
+    with pytest.raises(ValueError, match="not in this run"):
+        per_recipe_overrides(["meru.lr=1"], ["clip"])
     with pytest.raises(ValueError, match="key=value"):
-        split_overrides(["lr"], ["clip"])
+        per_recipe_overrides(["lr"], ["clip"])
 
 
 def test_plots_write_png_files(tmp_path):

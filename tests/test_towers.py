@@ -94,7 +94,7 @@ def towers_config(world, image="locked", text="locked", **kw) -> TowersConfig:
 
 
 def train_towers(world, out: Path, towers, steps=6, **kw):
-    from curvalign.train.towers import train
+    from curvalign.train import train
 
     return train(
         kw.pop("recipe", "meru"),
@@ -214,7 +214,7 @@ def test_bad_tower_settings_are_one_clear_error(world, tmp_path) -> None:
     # boxes train from raw crops (tests/test_towers_data.py); this store has none
     with pytest.raises(TrainError, match="box-level pairs; data .* has none"):
         train_towers(world, tmp_path / "r", towers_config(world, text="lora"), recipe="hycoclip")
-    from curvalign.train.towers import train
+    from curvalign.train import train
 
     with pytest.raises(TrainError, match="caption strings"):  # features without a manifest
         train("clip", "synthetic", tmp_path / "s", steps=2, towers=towers_config(world))
@@ -477,7 +477,8 @@ def test_sentence_transformer_towers_lora_start_frozen_and_train_on_texts_standi
     tiny_sentence_transformer, tmp_path
 ) -> None:
     from curvalign.data.features import FeatureStore, TextPart
-    from curvalign.train.towers import export_towers, train
+    from curvalign.train import train
+    from curvalign.train.towers import export_towers
 
     spec = tiny_sentence_transformer
     frozen = encoders.load_encoder(spec)

@@ -366,7 +366,7 @@ def test_an_unreadable_image_in_a_worker_is_one_clear_error(world, tmp_path) -> 
     broken = dataclasses.replace(store, image_paths=[f"gone/{p}" for p in store.image_paths])
     broken.save(tmp_path / "store")
     from curvalign.errors import TrainError
-    from curvalign.train.towers import train
+    from curvalign.train import train
 
     with pytest.raises(
         TrainError, match=r"step 1: image '.*gone/img\d+\.png' cannot be used"

@@ -159,7 +159,7 @@ def test_an_encoder_that_stays_random_with_dropout_off_gets_a_note(
     """A random module ``switch_off_dropout`` does not reach (here: all of them, the switch
     disabled) is found by the probe at the start of the run."""
     from curvalign.towers import base
-    from curvalign.train.towers import train
+    from curvalign.train import train
 
     monkeypatch.setattr(base, "switch_off_dropout", lambda model: 0)
     notes: list[str] = []

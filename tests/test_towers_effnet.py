@@ -96,7 +96,8 @@ def test_lora_on_the_pointwise_convolutions_starts_at_the_extracted_features(pho
 def test_a_tiny_lora_run_trains_and_export_extract_reproduce_its_features(photos, tmp_path) -> None:
     from curvalign.data import load_store
     from curvalign.data.extract import extract_features
-    from curvalign.train.towers import export_towers, load_towers, train
+    from curvalign.train import train
+    from curvalign.train.towers import export_towers, load_towers
 
     run = train(
         "clip",

@@ -67,10 +67,10 @@ class CaptureGradients(TrainerHook):
 
 
 def run(store, out, towers, hooks=(), **kw):
-    """A tower run (``curvalign.train.towers.train``) in this process; under an initialised
+    """A tower run (``curvalign.train.train`` with ``towers=``) in this process; under an initialised
     process group, the distributed trainer of ``curvalign.train.distributed`` (as torchrun)."""
+    from curvalign.train import train
     from curvalign.train.distributed import DistributedContext, build_distributed_trainer
-    from curvalign.train.towers import train
 
     if dist.is_initialized():
         context = DistributedContext(dist.get_rank(), dist.get_rank(), dist.get_world_size())

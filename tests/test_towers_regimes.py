@@ -275,7 +275,7 @@ def test_dualpath_with_pool_tokens_trains_validates_and_resumes_on_the_towers_to
     and stop-and-resume equals the uninterrupted run."""
     from safetensors.torch import load_file
 
-    from curvalign.train.towers import train
+    from curvalign.train import train
 
     store = _dualpath_store(tiny_sentence_transformer)
     assert not store.has_text_tokens("text")

@@ -28,6 +28,7 @@ from curvalign.data.features import FeatureStore  # noqa: E402
 from curvalign.recipes import get_recipe, recipe_names  # noqa: E402
 from curvalign.recipes.base import Knob  # noqa: E402
 from curvalign.report import tuning  # noqa: E402
+from curvalign.train.fitting import RunSpec  # noqa: E402
 from curvalign.train.lr_range import suggest_range  # noqa: E402
 
 TINY = "synthetic:images=120,text_pairs=60,captions_max=3"
@@ -56,7 +57,7 @@ def tiny_store() -> FeatureStore:
 @pytest.mark.parametrize("name", recipe_names())
 def test_every_recipe_declares_a_space_whose_every_point_configures_it(name, tiny_store):
     cls = get_recipe(name)
-    defaults = tuning.default_config(name, tiny_store, TINY, None, [])
+    defaults = tuning.default_config(RunSpec.parse(name, TINY), tiny_store)
     space = cls.search_space()
     assert {"lr", "weight_decay"} <= set(space)
     lr = space["lr"]  # a log range around the paper's rate
@@ -241,15 +242,15 @@ def test_killed_tuning_continues_where_it_stopped(tmp_path):
     script = textwrap.dedent(
         f"""
         import time
-        import curvalign.train.trainer as trainer
+        import curvalign.train.fitting as fitting
         from curvalign.report.tuning import run_tuning
-        real_train, calls = trainer.train, []
-        def train(*args, **kwargs):
+        real_fit, calls = fitting.fit, []
+        def fit(*args, **kwargs):
             calls.append(1)
             if len(calls) == 5:
                 time.sleep(600)
-            return real_train(*args, **kwargs)
-        trainer.train = train
+            return real_fit(*args, **kwargs)
+        fitting.fit = fit
         run_tuning(["clip"], {TINY!r}, {str(out)!r}, trials=4, steps=6,
                    overrides={TINY_TRAIN!r}, lr_range_steps=0)
         """
@@ -406,8 +407,8 @@ def test_a_range_test_whose_loss_only_rises_leaves_the_declared_range(tmp_path, 
     monkeypatch.setattr(lr_range, "lr_range_test", fake)
     study = optuna.create_study(direction="maximize")
     notes = []
-    assert tuning._lr_range("clip", TINY, tmp_path, study, [], 8, notes.append) is None
+    assert tuning._lr_range("clip", TINY, tmp_path, study, RunSpec.parse("clip", TINY), 8, notes.append) is None
     assert any("declared lr range" in n for n in notes)
     assert study.user_attrs["lr_range"]["uninformative"] is True
-    assert tuning._lr_range("clip", TINY, tmp_path, study, [], 8, notes.append) is None
+    assert tuning._lr_range("clip", TINY, tmp_path, study, RunSpec.parse("clip", TINY), 8, notes.append) is None
     assert len(calls) == 1  # read once, kept in the study

@@ -21,6 +21,7 @@ from curvalign.recipes import get_recipe, recipe_names  # noqa: E402
 from curvalign.recipes.base import Knob  # noqa: E402
 from curvalign.report import tuning  # noqa: E402
 from curvalign.runs import recipe_input_dims  # noqa: E402
+from curvalign.train.fitting import RunSpec  # noqa: E402
 from curvalign.train.hooks import Decision  # noqa: E402
 from curvalign.train.trainer import build_model  # noqa: E402
 
@@ -46,7 +47,7 @@ def _health_knobs(recipe) -> set[str]:
 
 @pytest.mark.parametrize("name", recipe_names())
 def test_every_knob_the_step0_check_can_name_is_in_the_search_space(name, tiny_store):
-    config = tuning.default_config(name, tiny_store, TINY, None, [])
+    config = tuning.default_config(RunSpec.parse(name, TINY), tiny_store)
     recipe = build_model(config, *recipe_input_dims(config, tiny_store))
     space = get_recipe(name).search_space()
     held = set(space) | {key for knob in space.values() for key in knob.moves}
@@ -58,7 +59,8 @@ def test_every_knob_the_step0_check_can_name_is_in_the_search_space(name, tiny_s
 @pytest.mark.parametrize("name", recipe_names())
 def test_the_default_point_is_the_default_configuration(name, tiny_store):
     cls = get_recipe(name)
-    defaults = tuning.default_config(name, tiny_store, TINY, None, [])
+    spec = RunSpec.parse(name, TINY)
+    defaults = tuning.default_config(spec, tiny_store)
     space = cls.search_space()
     point = tuning.default_point(space, defaults)
     fitted, widened = tuning.fit_defaults(space, point)
@@ -66,7 +68,7 @@ def test_the_default_point_is_the_default_configuration(name, tiny_store):
     assert all(fitted[k].contains(v) for k, v in point.items())
     # the point, configured as any sampled point is, gives back the defaults
     overrides = tuning.trial_overrides(cls, fitted, point, defaults)
-    again = tuning.default_config(name, tiny_store, TINY, None, tuning.override_strings(overrides))
+    again = tuning.default_config(spec.with_values(overrides), tiny_store)
     assert again.train == defaults.train
     for key, value in defaults.recipe_config.items():
         got = again.recipe_config[key]

@@ -669,7 +669,8 @@ def benchmark_command(
         "--towers",
         help="Train the encoders too, every recipe with the same settings (as `curvalign train "
         "--towers`, e.g. 'ENCODER_SPEC;image=lora;text=lora;lora_rank=8'); each run is evaluated "
-        "on the store re-encoded by its best towers (docs/training.md, 'Train the towers').",
+        "on the store re-encoded by its best towers (docs/training.md, 'Train the towers'). With "
+        "--tune every trial trains them too (selected on mean_r1, no lr range test).",
     ),
     columns: str = typer.Option("headline", "--columns", help=COLUMNS_HELP),
 ) -> None:
@@ -688,8 +689,8 @@ def benchmark_command(
         fail(f"--seeds must be >= 1 (training runs per recipe), got {seeds}")
     if steps is not None and steps < 1:
         fail(f"--steps must be >= 1, got {steps}")
-    if towers is not None and (tune or suite is not None):
-        fail("--towers trains and evaluates on re-encoded features: not with --tune or --suite")
+    if towers is not None and suite is not None:
+        fail("--towers trains and evaluates on re-encoded features: not with --suite")
     check_out(out)
     names = [r.strip() for r in recipes.split(",") if r.strip()]
     console = _stderr_console()
@@ -716,6 +717,7 @@ def benchmark_command(
                 lr_range_steps=lr_range_steps,
                 show_progress=not quiet and not json_output,
                 notify=console.print,
+                towers=towers,
             )
         else:
             result = run_benchmark(

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from curvalign.eval.ridge import RidgeMap
     from curvalign.runs import LoadedRun
     from curvalign.towers import TowersConfig
+    from curvalign.train.fitting import RunSpec
 
 Notify = Callable[[str], None]
 
@@ -58,10 +59,12 @@ DEMO_OVERRIDES = (
 
 def demo_overrides(recipes: Sequence[str]) -> list[str]:
     """``DEMO_OVERRIDES`` without the per-recipe ones of recipes the demo does not run."""
+    from curvalign.config import parse_override
+
     out = []
     for item in DEMO_OVERRIDES:
-        head = item.split("=", 1)[0].partition(".")
-        if head[2] and head[0] not in recipes:
+        head, _, rest = parse_override(item)[0].partition(".")
+        if rest and head not in recipes:
             continue
         out.append(item)
     return out
@@ -170,27 +173,6 @@ class BenchmarkResult:
     cache: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
 
-def split_overrides(overrides: Iterable[str], recipes: Sequence[str]) -> dict[str, list[str]]:
-    """{recipe: overrides for it}: plain ``key=value`` for all, ``NAME.key=value`` for NAME only."""
-    out: dict[str, list[str]] = {name: [] for name in recipes}
-    for item in overrides:
-        if "=" not in item:
-            raise ConfigError(f"override {item!r} is not key=value")
-        key, value = item.split("=", 1)
-        head, _, rest = key.partition(".")
-        if rest and head in out:
-            out[head].append(f"{rest}={value}")
-        elif rest and head not in ("train", "recipe"):
-            raise ConfigError(
-                f"override {item!r} names recipe {head!r}, which is not in this benchmark "
-                f"({', '.join(recipes)})"
-            )
-        else:
-            for name in recipes:
-                out[name].append(item)
-    return out
-
-
 def log_curve_keys(logs: dict[str, list[dict[str, Any]]]) -> list[str]:
     """Logged scalar keys worth plotting: first ``loss``, curvature, temperature, AGR's routing
     weight and gates, then the other matching keys (per-factor summaries, alpha, beta, ...)."""
@@ -267,34 +249,50 @@ def _stats(evaluations: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     per_seed = [_leaves(e) for e in evaluations]
     out: dict[str, dict[str, Any]] = {}
     for path in per_seed[0]:
-        values = [leaves.get(path) for leaves in per_seed]
-        if any(v is None or v != v for v in values):
+        found = [leaves.get(path) for leaves in per_seed]
+        if any(v is None or v != v for v in found):
             continue
+        values = [v for v in found if v is not None]  # all of them (checked above)
         interval = mean_interval(values)
         out[path] = {**interval.as_dict(), "values": values}
     return out
 
 
 def check_recipes_against_data(
-    recipes: Sequence[str], store: FeatureStore, spec: str, per_recipe: dict[str, list[str]]
-) -> dict[str, Any]:
-    """Resolve every recipe's config and check what it needs of the data, before any training:
-    one error listing every recipe that cannot run. Returns {recipe: RunConfig}."""
-    from curvalign.config import resolve_config
+    recipes: Sequence[str],
+    store: FeatureStore,
+    spec: str,
+    overrides: Iterable[str] = (),
+    *,
+    steps: int | None = None,
+    towers: TowersConfig | None = None,
+    specs: Mapping[str, RunSpec] | None = None,
+) -> dict[str, RunSpec]:
+    """Every recipe's ``RunSpec`` (parsed once from the command's ``key=value`` / ``NAME.key=
+    value`` strings, ``train.fitting.per_recipe_overrides``, or the typed ``specs`` given) and
+    a check of what it needs of the data, before any training: one error listing every recipe
+    that cannot run. Returns {recipe: RunSpec}."""
+    from curvalign.recipes import get_recipe
+    from curvalign.train.fitting import RunSpec, per_recipe_overrides
 
     needs = {
         "boxes": (store.has_boxes, "box-level pairs (box_image_features, box_text_features)"),
         "text_pairs": (store.has_text_pairs, "scored text pairs (pair_a/pair_b_features)"),
     }
-    configs, problems, refused = {}, [], set()
+    per_recipe = per_recipe_overrides(overrides, recipes) if specs is None else {}
+    out: dict[str, RunSpec] = {}
+    problems: list[str] = []
+    refused: set[str] = set()
     for name in recipes:
         try:
-            config = resolve_config(name, spec, overrides=per_recipe[name])
+            out[name] = (
+                RunSpec.parse(name, spec, overrides=per_recipe[name], steps=steps, towers=towers)
+                if specs is None
+                else dataclasses.replace(specs[name], towers=towers)
+            )
         except CurvalignError as err:
             problems.append(f"{name}: {err}")
             continue
-        from curvalign.recipes import get_recipe
-
         missing = [
             what
             for part, (has, what) in needs.items()
@@ -303,9 +301,8 @@ def check_recipes_against_data(
         if missing:
             problems.append(f"{name} trains on {' and '.join(missing)}, which {spec} has none of")
             refused.add(name)
-        configs[name] = config
     if problems:
-        runnable = [name for name in recipes if name in configs and name not in refused]
+        runnable = [name for name in recipes if name in out and name not in refused]
         hint = (
             f"; to benchmark the {len(runnable)} that can run, pass --recipes {','.join(runnable)}"
             if runnable and len(runnable) + len(problems) == len(recipes)
@@ -314,7 +311,7 @@ def check_recipes_against_data(
         raise ConfigError(
             "cannot benchmark on this data (nothing was trained): " + "; ".join(problems) + hint
         )
-    return configs
+    return out
 
 
 def check_towers_request(
@@ -326,7 +323,7 @@ def check_towers_request(
     ConfigError with one line otherwise; None without towers."""
     if towers is None:
         return None
-    from curvalign.config import recipe_class
+    from curvalign.recipes import get_recipe
     from curvalign.towers import TowerError, TowersConfig, check_recipe_parts
     from curvalign.train.towers import check_reencodable
 
@@ -334,7 +331,7 @@ def check_towers_request(
         config = towers if isinstance(towers, TowersConfig) else TowersConfig.parse(towers)
         for name in recipes:
             check_recipe_parts(
-                recipe_class(name).requires, repr(name), streamed=config.shards is not None
+                sorted(get_recipe(name).requires), repr(name), streamed=config.shards is not None
             )
         check_reencodable(store, data=spec, text_locked=config.text == "locked")
     except TowerError as err:
@@ -487,23 +484,20 @@ def _evaluate_seed(
 
 def _train_recipe(
     bench: _Bench,
-    name: str,
+    spec: RunSpec,
     label: str,
     seeds: list[int],
-    overrides: list[str],
     result: BenchmarkResult,
     plot_inputs: tuple[dict[str, Any], dict[str, Any]],
 ) -> _SeedRuns:
-    """Train and evaluate recipe ``name`` with each seed into ``out/runs/NAME/seed-S``; the
-    first failure stops its seeds and marks it failed (Ctrl-C stops the whole benchmark).
-    Times and run folders go to ``result``; the first seed's arrays and log to ``plot_inputs``
-    (``(arrays, logs)``)."""
+    """Train and evaluate ``spec`` (one recipe, its towers included) with each seed into
+    ``out/runs/NAME/seed-S``; the first failure stops its seeds and marks it failed (Ctrl-C
+    stops the whole benchmark). Times and run folders go to ``result``; the first seed's arrays
+    and log to ``plot_inputs`` (``(arrays, logs)``)."""
     from curvalign.runs import read_log
-    from curvalign.train.fitting import RunSpec, fit
+    from curvalign.train.fitting import fit
 
-    data = load_store(bench.store)[1]  # the store's spec: what config.json records
-    spec = RunSpec.parse(name, data, overrides=overrides, steps=bench.steps)
-    spec = dataclasses.replace(spec, towers=bench.towers)
+    name = spec.recipe
     runs = _SeedRuns()
     result.run_dirs[name] = []
     result.train_seconds[name] = result.eval_seconds[name] = 0.0
@@ -605,6 +599,7 @@ def run_benchmark(
     plots: bool = True,
     title: str = "benchmark",
     towers: str | TowersConfig | None = None,
+    specs: Mapping[str, RunSpec] | None = None,
 ) -> BenchmarkResult:
     """Train each recipe with ``seeds`` seeds (the same ones for every recipe: base seed + 0..N-1)
     on ``data`` into ``out_dir/runs/NAME/seed-S`` (replacing earlier runs there), evaluate its best
@@ -620,6 +615,9 @@ def run_benchmark(
     towers (``reencode_store``); the step-0, frozen-features, ridge and chance rows read the
     plain store, i.e. the frozen towers' features. The tower settings, the recipes' parts and
     the store's re-encodable parts are checked before any training.
+
+    ``specs``: each recipe's typed ``RunSpec`` (a tuned configuration) instead of ``overrides``
+    (which must then be empty); their towers are ``towers``.
     """
     from curvalign.eval.frozen import ROW_NAME
 
@@ -627,7 +625,9 @@ def run_benchmark(
     notify = notify or (lambda message: None)
     recipes = list(recipes)
     _check_benchmark_request(recipes, seeds)
-    per_recipe = split_overrides(list(overrides), recipes)
+    overrides = list(overrides)
+    if specs is not None and overrides:
+        raise ConfigError("run_benchmark takes specs or overrides, not both")
     out = Path(out_dir)
 
     t0 = time.perf_counter()
@@ -636,9 +636,11 @@ def run_benchmark(
         f"data {spec}: {store.num_images} images, {store.num_texts} captions "
         f"({time.perf_counter() - t0:.1f}s)"
     )
-    configs = check_recipes_against_data(recipes, store, spec, per_recipe)
     towers_config = check_towers_request(towers, recipes, store, spec)
-    base_seed = {name: configs[name].train.seed for name in recipes}
+    run_specs = check_recipes_against_data(
+        recipes, store, spec, overrides, steps=steps, towers=towers_config, specs=specs
+    )
+    base_seed = {name: run_specs[name].seed for name in recipes}
     out.mkdir(parents=True, exist_ok=True)
 
     bench = _Bench(store, split, out, steps, show_progress, notify, plots, towers_config)
@@ -656,10 +658,9 @@ def run_benchmark(
     for i, name in enumerate(recipes, 1):
         runs = _train_recipe(
             bench,
-            name,
+            run_specs[name],
             f"[{i}/{len(recipes)}]",
             [base_seed[name] + offset for offset in result.seeds],
-            per_recipe[name],
             result,
             (arrays, logs),
         )
@@ -735,7 +736,7 @@ class ItemGaps:
 
     def __init__(self, result: BenchmarkResult, replicates: int = 1000, seed: int = 0):
         self.result, self.replicates, self.seed = result, replicates, seed
-        self._totals: dict[tuple[str, str], list[Any]] = {}
+        self._totals: dict[tuple[str, str], list[Any] | None] = {}
         self._boot: dict[str, dict[Any, Any]] = {}
         self._done: dict[tuple[str, str, str], Any] = {}
 
@@ -747,7 +748,7 @@ class ItemGaps:
         key = (row, path)
         if key in self._totals:
             return self._totals[key]
-        found = None
+        found: list[Any] | None = None
         if path in ITEM_PATHS:
             items = self.result.items.get(row)
             if items and all(i is not None for i in items):
@@ -1113,7 +1114,7 @@ def write_benchmark_outputs(
     verdicts = verdicts_of(result)
     comparisons = baseline_comparisons(result)
     gains = gains_of(result)
-    failed = {n: r.reason for n, r in result.rows.items() if r.status == "failed"}
+    failed = {n: str(r.reason) for n, r in result.rows.items() if r.status == "failed"}
     payload = {
         "data": result.data,
         "steps": result.steps,
@@ -1149,7 +1150,8 @@ def write_benchmark_outputs(
             {
                 "best step": best_step_cells(result),
                 "converged": converged_cells(result),
-                "step 0": step0_cells(result.rows),
+                # BenchmarkRow reads as a mapping (get, [])
+                "step 0": step0_cells(result.rows),  # type: ignore[arg-type]
                 **result.extra_columns,
             },
         )

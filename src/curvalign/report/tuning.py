@@ -48,7 +48,6 @@ import csv
 import dataclasses
 import json
 import math
-import shutil
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -64,7 +63,10 @@ from curvalign.errors import ConfigError, CurvalignError
 from curvalign.train.hooks import Decision, TrainerHook, ValidationEvent
 
 if TYPE_CHECKING:
+    from curvalign.config import RunConfig
     from curvalign.recipes.base import Recipe
+    from curvalign.towers import TowersConfig
+    from curvalign.train.fitting import FitResult, RunSpec
     from curvalign.train.lr_range import LRRangeResult
 
 Notify = Callable[[str], None]
@@ -81,8 +83,9 @@ DEFAULT_TRIAL_SEEDS = 2
 #: share of a trial's steps before which it is never pruned (the same for every recipe; a
 #: curriculum's last phase boundary moves it later, ``Recipe.phase_steps``)
 PRUNE_WARMUP = 0.25
-#: the version of the tuning protocol; a study made under another is not resumed
-PROTOCOL = 2
+#: the version of the tuning protocol; a study made under another is not resumed (3: the
+#: settings hold each recipe's chosen settings as typed values)
+PROTOCOL = 3
 STUDY_DB = "study.db"
 TRIALS_CSV = "trials.csv"
 #: what a study must agree on to be resumed
@@ -150,6 +153,7 @@ def space_of(recipe: str, lr_range: tuple[float, float] | None = None) -> dict[s
     space = dict(get_recipe(recipe).search_space())
     if lr_range is not None and "lr" in space:
         declared = space["lr"]
+        assert declared.low is not None and declared.high is not None  # a float knob's range
         low, high = min(lr_range[0], declared.low), max(lr_range[1], declared.high)
         space["lr"] = Knob(
             "float", low, high, log=True, why=f"{declared.why}, widened by the lr range test"
@@ -164,15 +168,13 @@ def startup_trials(trials: int) -> int:
     return max(1, trials // 3)
 
 
-def default_config(
-    name: str, store: FeatureStore, spec: str, steps: int | None, overrides: Sequence[str]
-) -> Any:
-    """The recipe's default configuration on ``store`` as a run resolves it (the user's
-    ``overrides`` applied, the data-dependent initial values resolved from the train features):
-    a ``RunConfig``."""
-    from curvalign.config import resolve_config, resolve_data_init
+def default_config(spec: RunSpec, store: FeatureStore) -> RunConfig:
+    """The recipe's default configuration on ``store`` as a run resolves it: ``spec`` (the
+    user's settings applied) with the data-dependent initial values resolved from the train
+    features."""
+    from curvalign.config import resolve_data_init
 
-    return resolve_data_init(resolve_config(name, spec, steps=steps, overrides=overrides), store)
+    return resolve_data_init(spec.config, store)
 
 
 def _config_value(config: Any, key: str) -> Any:
@@ -264,15 +266,6 @@ def suggest(trial: Any, space: Mapping[str, Any]) -> dict[str, Any]:
         else:
             params[name] = trial.suggest_categorical(name, list(knob.choices))
     return params
-
-
-def override_strings(values: Mapping[str, Any], prefix: str = "") -> list[str]:
-    """``key=value`` strings the config parser reads back to the same values."""
-    out = []
-    for key, value in values.items():
-        text = ("true" if value else "false") if isinstance(value, bool) else repr(value)
-        out.append(f"{prefix}{key}={text}")
-    return out
 
 
 def describe_params(params: Mapping[str, Any]) -> str:
@@ -373,7 +366,11 @@ def _open_study(
     from optuna.trial import TrialState
 
     study = optuna.create_study(
-        study_name=name, storage=storage, direction=direction, load_if_exists=True, pruner=pruner
+        study_name=name,
+        storage=storage,
+        direction=direction,  # type: ignore[arg-type]  # "minimize" or "maximize"
+        load_if_exists=True,
+        pruner=pruner,
     )
     saved = study.user_attrs.get("settings")
     if saved is None:
@@ -396,31 +393,25 @@ def _open_study(
     return study
 
 
-def _override_key(override: str) -> str:
-    """The field an override sets: ``"meru.num_threads=1"`` -> ``"num_threads"``."""
-    return override.split("=", 1)[0].rsplit(".", 1)[-1]
-
-
 class TrialPruned(Exception):
-    """A trial's first seed was stopped by the pruner at ``step``."""
+    """A trial's first seed was stopped by the pruner at ``step``; ``codes``: the step-0
+    check's warnings of that seed."""
 
-    def __init__(self, step: int) -> None:
+    def __init__(self, step: int, codes: Sequence[str] = ()) -> None:
         super().__init__(f"pruned at step {step}")
         self.step = step
+        self.codes = list(codes)
 
 
 class TrialHook(TrainerHook):
-    """One trial run's trainer hook: reports each validation to the Optuna ``trial`` and stops
-    the run (``Decision.STOP``) when the pruner says so, never before ``warmup`` of the run's
-    steps nor before the recipe's last phase boundary (``Recipe.phase_steps``); ``trial`` None:
-    no pruning. Keeps what the run resolved (``steps``, ``val_every``) and its step-0 report."""
+    """One trial run's trainer hook (``fit``'s ``hooks``): reports each validation to the
+    Optuna ``trial`` (``trial.report``) and stops the run (``Decision.STOP``) when the pruner
+    says so (``trial.should_prune``), never before ``warmup`` of the run's steps nor before the
+    recipe's last phase boundary (``Recipe.phase_steps``); ``trial`` None: no pruning."""
 
     def __init__(self, trial: Any = None, warmup: float = PRUNE_WARMUP) -> None:
         self.trial, self.warmup = trial, warmup
         self.pruned_at: int | None = None
-        self.step0: dict[str, Any] | None = None
-        self.steps: int | None = None
-        self.val_every: int | None = None
 
     def not_before(self, trainer: Any) -> int:
         """The first step at which this run may be pruned."""
@@ -437,17 +428,22 @@ class TrialHook(TrainerHook):
             return Decision.STOP
         return None
 
-    def on_fit_end(self, trainer: Any, run: Any) -> None:
-        self.step0 = getattr(trainer, "step0_health", None)
-        self.steps = int(trainer.train_config.steps)
-        self.val_every = trainer.train_config.val_every
-
 
 def step0_codes_of(report: Mapping[str, Any] | None) -> list[str]:
     """The codes of the warnings of a step-0 report (``meta.json``'s ``step0_health``)."""
     if not report:
         return []
     return [str(w.get("code")) for w in report.get("warnings", [])]
+
+
+def _study_overrides(spec: RunSpec) -> dict[str, Any]:
+    """What a study records of the user's settings for one recipe: the chosen ones with their
+    typed values, without those that say how to run (``RUNTIME_KEYS``)."""
+    return {
+        key: value
+        for key, value in spec.chosen_values().items()
+        if key.partition(".")[2] not in RUNTIME_KEYS
+    }
 
 
 def run_tuning(
@@ -465,12 +461,23 @@ def run_tuning(
     show_progress: bool = False,
     notify: Notify | None = None,
     max_trials_this_call: int | None = None,
+    towers: str | TowersConfig | None = None,
+    keep_runs: bool = False,
 ) -> TuningResult:
     """Tune every recipe with ``trials`` trials on ``data``'s train/validation images (module
     docstring), each trial the mean over ``seeds`` training seeds, writing into ``out_dir``. A
     second call on the same ``out_dir`` continues each study until it holds ``trials`` counted
-    trials (``max_trials_this_call`` stops this call after that many new trials, for tests)."""
-    from curvalign.report.benchmark import check_recipes_against_data, split_overrides
+    trials (``max_trials_this_call`` stops this call after that many new trials, for tests).
+
+    ``overrides``: ``key=value`` for every recipe, ``NAME.key=value`` for recipe NAME, parsed
+    once into each recipe's ``RunSpec``; a trial is that spec with its point's values
+    (``RunSpec.with_values``), trained by ``train.fitting.fit`` in memory (``keep_runs``: each
+    seed's run written under ``out/runs/NAME/trial-N/seed-S`` and kept). ``towers`` (a
+    ``TowersConfig`` or its string): every trial trains them in front of the heads; the
+    selection metric is then the validation curve (``mean_r1``, re-encoded by the trial's
+    towers) and there is no learning-rate range test (it ramps heads on the store's features).
+    """
+    from curvalign.report.benchmark import check_recipes_against_data, check_towers_request
     from curvalign.stats import curve_converged
 
     started = time.perf_counter()
@@ -481,14 +488,23 @@ def run_tuning(
         raise ConfigError(f"--tune needs a number of trials >= 1, got {trials!r}")
     if isinstance(seeds, bool) or not isinstance(seeds, int) or seeds < 1:
         raise ConfigError(f"tuning needs a number of seeds per trial >= 1, got {seeds!r}")
-    overrides = list(overrides)
-    per_recipe = split_overrides(overrides, recipes)
     full, spec = load_store(data)
     store = tuning_store(full, seed=seed)
-    check_recipes_against_data(recipes, store, spec, per_recipe)
+    towers_config = check_towers_request(towers, recipes, store, spec)
+    if towers_config is not None and metric != DEFAULT_METRIC:
+        raise ConfigError(
+            f"tuning with towers selects on {DEFAULT_METRIC} (the validation curve, re-encoded "
+            f"by each trial's towers), not {metric!r}"
+        )
+    specs = check_recipes_against_data(
+        recipes, store, spec, overrides, steps=steps, towers=towers_config
+    )
     direction = metric_direction(metric)
     if metric != DEFAULT_METRIC:
-        _check_metric(metric, recipes[0], store, spec, per_recipe[recipes[0]])
+        _check_metric(metric, specs[recipes[0]], store)
+    if towers_config is not None and lr_range_steps > 0:
+        notify("  no lr range test with towers (it ramps heads on the store's features)")
+        lr_range_steps = 0
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     storage = f"sqlite:///{(out / STUDY_DB).resolve()}"
@@ -503,7 +519,8 @@ def run_tuning(
         "seeds": seeds,
         "protocol": PROTOCOL,
         "data": spec,
-        "overrides": [o for o in overrides if _override_key(o) not in RUNTIME_KEYS],
+        "overrides": {name: _study_overrides(specs[name]) for name in recipes},
+        "towers": None if towers_config is None else towers_config.to_dict(),
     }
     startup = startup_trials(trials)
     prune = metric == DEFAULT_METRIC
@@ -516,10 +533,10 @@ def run_tuning(
         pruner = optuna.pruners.MedianPruner(n_startup_trials=startup) if prune else None
         study = _open_study(name, storage, direction, settings, notify, pruner)
         studies[name] = study
-        lr_range = _lr_range(name, store, out, study, per_recipe[name], lr_range_steps, notify)
+        lr_range = _lr_range(name, store, out, study, specs[name], lr_range_steps, notify)
         if lr_range is not None:
             result.lr_ranges[name] = lr_range
-        defaults = default_config(name, store, spec, steps, per_recipe[name])
+        defaults = default_config(specs[name], store)
         space = space_of(name, tuple(lr_range["suggested"]) if lr_range else None)
         point = default_point(space, defaults)
         space, widened = fit_defaults(space, point)
@@ -547,14 +564,11 @@ def run_tuning(
             )
             t0 = time.perf_counter()
             trial.set_user_attr("tuned", json.loads(json.dumps(tuned)))
-            trial.set_user_attr("overrides", override_strings(tuned))
             try:
                 runs = _run_trial(
-                    name,
+                    specs[name].with_values(tuned),
                     store,
-                    out / "runs" / name / f"trial-{trial.number}",
-                    steps,
-                    per_recipe[name] + override_strings(tuned),
+                    out / "runs" / name / f"trial-{trial.number}" if keep_runs else None,
                     [seed + k for k in range(seeds)],
                     metric,
                     trial if prune and not is_default else None,
@@ -581,7 +595,7 @@ def run_tuning(
                 )
             except TrialPruned as pruned:
                 trial.set_user_attr("seconds", time.perf_counter() - t0)
-                trial.set_user_attr("step0", "; ".join(getattr(pruned, "codes", [])))
+                trial.set_user_attr("step0", "; ".join(pruned.codes))
                 trial.set_user_attr(
                     "outcome",
                     f"pruned at step {pruned.step} (below the median of earlier trials there)",
@@ -595,8 +609,6 @@ def run_tuning(
                 trial.set_user_attr("outcome", f"failed: {err}")
                 study.tell(trial, state=optuna.trial.TrialState.FAIL)
                 notify(f"    failed: {err}")
-            finally:
-                shutil.rmtree(out / "runs" / name / f"trial-{trial.number}", ignore_errors=True)
             new_trials += 1
         counted = _counted(study)
         result.counted[name] = len(counted)
@@ -605,8 +617,7 @@ def run_tuning(
             sum(bool(t.user_attrs.get("step0")) for t in counted),
             len(counted),
         )
-        result.best[name] = _best_of(study, recipe_cls, name, spec, steps, per_recipe[name], out)
-    shutil.rmtree(out / "runs", ignore_errors=True)
+        result.best[name] = _best_of(study, recipe_cls, specs[name], out)
     result.files["study"] = out / STUDY_DB
     result.files["trials_csv"] = write_trials_csv(studies, out / TRIALS_CSV, metric)
     result.files["history_png"] = plot_history(studies, out / "history.png", metric)
@@ -616,73 +627,56 @@ def run_tuning(
 
 
 def _run_trial(
-    name: str,
+    spec: RunSpec,
     store: FeatureStore,
-    run_dir: Path,
-    steps: int | None,
-    overrides: list[str],
+    run_dir: Path | None,
     seeds: Sequence[int],
     metric: str,
     trial: Any,
     show_progress: bool,
 ) -> list[dict[str, Any]]:
-    """Train one configuration once per seed (the first seed reports to ``trial`` for pruning;
-    the others run only when it was not pruned): per seed {"value", "best_step", "last_step",
-    "history", "val_every", "step0" (codes)}. Raises ``TrialPruned``."""
-    from curvalign.train.trainer import train
+    """Train one configuration (``spec``) once per seed with ``fit`` (in memory; ``run_dir``:
+    each seed's run written under ``run_dir/seed-S`` and kept); the first seed reports to
+    ``trial`` for pruning (``TrialHook`` among ``fit``'s hooks), the others run only when it
+    was not pruned. Per seed {"value" (read from the ``FitResult``), "best_step",
+    "last_step", "history", "val_every", "step0" (codes)}. Raises ``TrialPruned``."""
+    from curvalign.train.fitting import fit
 
     runs = []
     for k, seed in enumerate(seeds):
         hook = TrialHook(trial if k == 0 else None)
-        directory = run_dir / f"seed-{seed}"
-        try:
-            run = train(
-                name,
-                store,
-                directory,
-                steps=steps,
-                overrides=[*overrides, f"seed={seed}"],
-                overwrite=True,
-                show_progress=show_progress,
-                hooks=[hook],
-            )
-            if hook.pruned_at is not None:
-                pruned = TrialPruned(hook.pruned_at)
-                pruned.codes = step0_codes_of(hook.step0)  # type: ignore[attr-defined]
-                raise pruned
-            if run.best_val is None:
-                raise ConfigError("the trial ran without validation (val_every=0?)")
-            value = (
-                float(run.best_val)
-                if metric == DEFAULT_METRIC
-                else _metric_of_run(run, store, metric)
-            )
-            runs.append(
-                {
-                    "value": value,
-                    "best_step": run.best_step,
-                    "last_step": run.last_step,
-                    "history": [(int(s), float(v)) for s, v in run.val_history],
-                    "val_every": hook.val_every,
-                    "step0": step0_codes_of(hook.step0),
-                }
-            )
-        finally:
-            shutil.rmtree(directory, ignore_errors=True)
+        result = fit(
+            spec.with_train(seed=seed),
+            None if run_dir is None else run_dir / f"seed-{seed}",
+            data=store,
+            hooks=[hook],
+            overwrite=True,
+            show_progress=show_progress,
+        )
+        if hook.pruned_at is not None:
+            raise TrialPruned(hook.pruned_at, step0_codes_of(result.step0))
+        if result.best_val is None:
+            raise ConfigError("the trial ran without validation (val_every=0?)")
+        runs.append(
+            {
+                "value": _value_of(result, store, metric),
+                "best_step": result.best_step,
+                "last_step": result.last_step,
+                "history": [list(item) for item in result.val_history],
+                "val_every": result.config.train.val_every,
+                "step0": step0_codes_of(result.step0),
+            }
+        )
     return runs
 
 
-def _check_metric(
-    metric: str, recipe: str, store: FeatureStore, spec: str, overrides: list[str]
-) -> None:
+def _check_metric(metric: str, spec: RunSpec, store: FeatureStore) -> None:
     """Fail before any training when ``metric`` is not a number ``evaluate`` gives on this data."""
-    from curvalign.config import resolve_config
     from curvalign.eval import evaluate
     from curvalign.report.benchmark import _leaves
     from curvalign.train.trainer import start_of_run
 
-    config = resolve_config(recipe, spec, overrides=overrides)
-    model = start_of_run(config, store)
+    model = start_of_run(spec.config, store)
     leaves = _leaves(evaluate(model, store, split="val", diagnostics=False).to_json())
     if leaves.get(metric) is None:
         known = ", ".join(sorted(k for k, v in leaves.items() if v is not None))
@@ -692,12 +686,15 @@ def _check_metric(
         )
 
 
-def _metric_of_run(run: Path, store: FeatureStore, metric: str) -> float:
+def _value_of(result: FitResult, store: FeatureStore, metric: str) -> float:
+    """A trial seed's value: the best validation (``mean_r1``) of the ``FitResult``, or
+    ``metric`` of its best validation weights (``result.recipe``) on the validation split."""
     from curvalign.eval import evaluate
-    from curvalign.runs import load_run
 
-    loaded = load_run(run)  # the best validation weights
-    value = evaluate(loaded.recipe, store, split="val", diagnostics=False).metric(metric)
+    if metric == DEFAULT_METRIC:
+        assert result.best_val is not None
+        return float(result.best_val)
+    value = evaluate(result.recipe, store, split="val", diagnostics=False).metric(metric)
     if value is None or not math.isfinite(float(value)):
         raise ConfigError(f"selection metric {metric!r} is not a finite number for this trial")
     return float(value)
@@ -708,7 +705,7 @@ def _lr_range(
     store: FeatureStore,
     out: Path,
     study: Any,
-    overrides: list[str],
+    spec: RunSpec,
     steps: int,
     notify: Notify,
 ) -> dict[str, Any] | None:
@@ -720,9 +717,10 @@ def _lr_range(
     saved = study.user_attrs.get("lr_range")
     if saved is not None:
         return None if saved.get("uninformative") else saved
-    # the ramp sets its own rates; only the paper's other settings and the user's overrides apply
-    ramp_keys = ("lr", "val_every", "patience")
-    kept = [o for o in overrides if _override_key(o) not in ramp_keys]
+    # the ramp sets its own rates and length; only the paper's other settings and the user's
+    # chosen ones apply
+    ramp_keys = {"train.lr", "train.val_every", "train.patience", "train.steps"}
+    kept = {k: v for k, v in spec.chosen_values().items() if k not in ramp_keys}
     try:
         found = lr_range_test(name, store, steps=steps, overrides=kept)
     except CurvalignError as err:
@@ -772,27 +770,19 @@ def _defaults_trial(study: Any) -> Any:
 
 
 def _best_of(
-    study: Any,
-    recipe_cls: type[Recipe],
-    name: str,
-    spec: str,
-    steps: int | None,
-    overrides: list[str],
-    out: Path,
+    study: Any, recipe_cls: type[Recipe], spec: RunSpec, out: Path
 ) -> dict[str, Any] | None:
-    """The best completed trial and its configuration written as ``best/NAME.yaml``."""
-    from curvalign.config import resolve_config
-
+    """The best completed trial and its configuration (``spec`` with the trial's values)
+    written as ``best/NAME.yaml``."""
     best = best_trial(study)
     if best is None:
         return None
-    # the overrides the trial ran with (none for the defaults trial; a factor knob resolved)
+    name = spec.recipe
+    # the values the trial ran with (none for the defaults trial; a factor knob resolved)
     tuned = best.user_attrs.get("tuned")
     if tuned is None:
         tuned = recipe_cls.search_overrides(best.params)
-    config = resolve_config(
-        name, spec, steps=steps, overrides=overrides + override_strings(tuned)
-    ).to_dict()
+    config = spec.with_values(tuned).config.to_dict()
     path = out / "best" / f"{name}.yaml"
     path.parent.mkdir(parents=True, exist_ok=True)
     what = "the default configuration, " if best.user_attrs.get("defaults") else ""
@@ -1000,6 +990,13 @@ def _renamed(result: Any, arm: str, recipes: Sequence[str]) -> tuple[dict, dict,
     return stats, results, rows
 
 
+def _best(tuning: TuningResult, name: str) -> dict[str, Any]:
+    """The best trial of recipe ``name`` (``TuningResult.best``), which finished."""
+    best = tuning.best.get(name)
+    assert best is not None, name
+    return best
+
+
 def run_tuned_benchmark(
     recipes: Sequence[str],
     data: str | FeatureStore,
@@ -1015,14 +1012,23 @@ def run_tuned_benchmark(
     lr_range_steps: int = DEFAULT_LR_RANGE_STEPS,
     show_progress: bool = False,
     notify: Notify | None = None,
+    towers: str | TowersConfig | None = None,
 ) -> Any:
     """``run_tuning`` into ``out/tuning``, then a benchmark of the paper defaults (``out/paper``)
     and of each recipe's best configuration (``out/tuned``) over the same ``seeds`` seeds
     (paired), both evaluated once on ``split``; writes ``out/results.md`` / ``results.json``
     with, per recipe, the paper-default row and the tuned row (its configuration beside it), the
     step-0, frozen (or ridge) and chance rows, and the tuning budget in the header. Returns the
-    merged ``BenchmarkResult``."""
-    from curvalign.report.benchmark import BenchmarkResult, run_benchmark, write_benchmark_outputs
+    merged ``BenchmarkResult``. ``towers``: every trial and every re-trained run trains them in
+    front of the heads (``run_tuning``, ``run_benchmark``). The tuned arm trains each recipe's
+    ``RunSpec`` with its best trial's values (``RunSpec.with_values``)."""
+    from curvalign.report.benchmark import (
+        BenchmarkResult,
+        check_recipes_against_data,
+        check_towers_request,
+        run_benchmark,
+        write_benchmark_outputs,
+    )
 
     started = time.perf_counter()
     notify = notify or (lambda message: None)
@@ -1044,6 +1050,7 @@ def run_tuned_benchmark(
         lr_range_steps=lr_range_steps,
         show_progress=show_progress,
         notify=notify,
+        towers=towers,
     )
     notify(f"paper defaults: {seeds} seed(s) per recipe")
     paper = run_benchmark(
@@ -1058,6 +1065,7 @@ def run_tuned_benchmark(
         notify=notify,
         plots=False,
         title="paper defaults",
+        towers=towers,
     )
     tuned_names = [n for n in recipes if tuning.best.get(n)]
     merged = BenchmarkResult({}, {}, {}, {}, data=spec, steps=steps, seeds=list(paper.seeds))
@@ -1065,17 +1073,20 @@ def run_tuned_benchmark(
     tuned = None
     if tuned_names:
         notify(f"tuned configurations: {seeds} seed(s) per recipe")
-        extra = [
-            o
-            for n in tuned_names
-            for o in override_strings(tuning.best[n]["overrides"], prefix=f"{n}.")  # type: ignore[index]
-        ]
+        towers_config = check_towers_request(towers, tuned_names, store, spec)
+        paper_specs = check_recipes_against_data(
+            tuned_names, store, spec, overrides, steps=steps, towers=towers_config
+        )
+        tuned_specs = {
+            n: paper_specs[n].with_values(_best(tuning, n)["overrides"]) for n in tuned_names
+        }
         tuned = run_benchmark(
             tuned_names,
             store,
             out / "tuned",
             steps=steps,
-            overrides=overrides + extra,
+            specs=tuned_specs,
+            towers=towers_config,
             split=split,
             seeds=seeds,
             show_progress=show_progress,
@@ -1127,7 +1138,7 @@ def run_tuned_benchmark(
     )
     merged.extra_columns = {
         "configuration": [(f"{n} (paper)", "paper defaults") for n in recipes]
-        + [(f"{n} (tuned)", tuned_description(tuning.best[n])) for n in tuned_names]  # type: ignore[arg-type]
+        + [(f"{n} (tuned)", tuned_description(_best(tuning, n))) for n in tuned_names]
     }
     merged.wall_seconds = time.perf_counter() - started
     merged.files = write_benchmark_outputs(

@@ -22,9 +22,11 @@ _EXPORTS = {
     "CheckpointError": "curvalign.runs",
     "Trainer": "curvalign.train.trainer",
     "NonFiniteLossError": "curvalign.train.trainer",
-    # train(..., towers=...) trains encoders too; without towers it is trainer.train
-    "train": "curvalign.train.towers",
+    # the one entry point; towers=... trains encoders in front of the recipe
+    "train": "curvalign.train.trainer",
     "TowerTrainer": "curvalign.train.towers",
+    "TowerFeatures": "curvalign.train.towers",
+    "FeatureSource": "curvalign.train.sources",
     "export_towers": "curvalign.train.towers",
     "load_towers": "curvalign.train.towers",
     "read_log": "curvalign.runs",

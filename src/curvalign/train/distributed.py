@@ -36,8 +36,7 @@ from curvalign.config import RunConfig
 from curvalign.data.features import FeatureStore
 from curvalign.errors import ConfigError
 from curvalign.recipes.base import Batch, Embedding, Gather, LossOutput, Progress
-from curvalign.train.towers import train  # with towers=..., encoders train in front
-from curvalign.train.trainer import Trainer, _clear_run_files
+from curvalign.train.trainer import Trainer, _clear_run_files, train
 
 
 class _AllGatherWithGrad(torch.autograd.Function):

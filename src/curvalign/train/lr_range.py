@@ -29,12 +29,12 @@ from __future__ import annotations
 
 import math
 import tempfile
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from curvalign.config import resolve_config
+from curvalign.config import parse_override, resolve_config
 from curvalign.data import load_store
 from curvalign.data.features import FeatureStore
 from curvalign.errors import ConfigError
@@ -140,7 +140,7 @@ def lr_range_test(
     steps: int = 100,
     lr_start: float = 1e-6,
     lr_end: float = 1.0,
-    overrides: Iterable[str] = (),
+    overrides: Iterable[str] | Mapping[str, Any] = (),
     notify: Callable[[str], None] | None = None,
     read_on: Literal["validation", "train"] = "validation",
 ) -> LRRangeResult:
@@ -165,18 +165,21 @@ def lr_range_test(
     spec = data if isinstance(data, str) or data is None else load_store(data)[1]
     # a validation split is set up (val_every > 0) but only the ramp below validates
     every = max(1, steps // VAL_POINTS)
+    ramp = {
+        "val_every": every if read_on == "validation" else 0,
+        "patience": 0,
+        "tensorboard": False,
+        "checkpoint_every": 0,
+    }
+    given = (
+        dict(overrides)
+        if isinstance(overrides, Mapping)
+        else dict(parse_override(o) for o in overrides)
+    )
+    # the ramp's settings win over a user's, however the key is spelled
+    given = {k: v for k, v in given.items() if k.removeprefix("train.") not in ramp}
     config = resolve_config(
-        recipe,
-        spec,
-        steps=steps,
-        overrides=[
-            *overrides,
-            f"val_every={every if read_on == 'validation' else 0}",
-            "patience=0",
-            "tensorboard=false",
-            "checkpoint_every=0",
-        ],
-        config_file=config_file,
+        recipe, spec, steps=steps, overrides={**given, **ramp}, config_file=config_file
     )
     recipe = config.recipe
     store, _ = load_store(data if isinstance(data, FeatureStore) else config.data)

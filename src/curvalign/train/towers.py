@@ -1,5 +1,8 @@
 """Training ``towers + recipe``: the trainer's loop, hooks, checkpoints and resume, with the
 features of every step computed by towers (``curvalign.towers``) from the store's raw items.
+The towers are a component the trainer is given, ``TowerFeatures`` (a
+``train.sources.FeatureSource``), which the trainer calls at its fixed points;
+``TowerTrainer`` only builds it (``Trainer(features=TowerFeatures(...))``).
 
 What changes against the feature-store trainer, and nothing else:
 
@@ -47,16 +50,16 @@ import dataclasses
 import functools
 import math
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from safetensors.torch import save_file
 from torch import Tensor, nn
 
 from curvalign._io import atomic_write
-from curvalign.config import RunConfig, recipe_class
+from curvalign.config import RunConfig, TrainConfig, recipe_class
 from curvalign.data.batch import Batch
 from curvalign.data.features import FeatureStore
 from curvalign.data.sampling import SamplingError
@@ -77,12 +80,12 @@ from curvalign.towers import (
 from curvalign.towers.loader import Augment, RawBatchLoader, StoreRows, encode_prepared
 from curvalign.towers.stream import WebDatasetRows
 from curvalign.train.checkpoint import load_train_state, model_tensors
+from curvalign.train.sources import FeatureSource
 from curvalign.train.trainer import (
     TrainedRun,
     Trainer,
-    build_optimizer,
-    build_scheduler,
     rng_state,
+    run_steps,
     seed_everything,
     set_rng_state,
 )
@@ -169,9 +172,13 @@ class TowerValidationSet(ValidationSet):
         return embed_features(recipe, images, "image", self.batch_size), cat_embeddings(parts)
 
 
-class TowerTrainer(Trainer):
-    """``Trainer`` with ``towers`` in front of the recipe (see the module docstring): the same
-    arguments, plus ``towers`` (a ``TowersConfig``; on resume, the run's own ``towers.json``)."""
+class TowerFeatures(FeatureSource):
+    """Towers in front of the recipe, the component a ``Trainer`` is given
+    (``Trainer(features=TowerFeatures(...))``; see the module docstring): batches encoded from
+    raw rows, the tower parameter groups, validation re-encoded by the current towers, the
+    tower tensors beside each checkpoint, and averaging or FSDP2 sharding over several
+    processes. Built before the trainer: ``config`` is the run's config as the trainer must
+    receive it (random towers: the heads start at the paper's projections)."""
 
     def __init__(
         self,
@@ -181,7 +188,7 @@ class TowerTrainer(Trainer):
         *,
         towers: TowersConfig | None = None,
         resume: bool = False,
-        **kw: Any,
+        gather: Any = None,
     ) -> None:
         run_dir = Path(run_dir)
         saved = run_dir / TOWERS_CONFIG_FILE
@@ -197,10 +204,10 @@ class TowerTrainer(Trainer):
         else:
             towers_config = towers
         self.towers_config = towers_config
-        recipe_cls = recipe_class(config.recipe)
+        recipe_cls = cast("type[Recipe]", recipe_class(config.recipe))
         try:
             check_recipe_parts(
-                recipe_cls.requires,
+                sorted(recipe_cls.requires),
                 repr(config.recipe),
                 streamed=towers_config.shards is not None,
             )
@@ -211,9 +218,9 @@ class TowerTrainer(Trainer):
             self.towers = build_towers(towers_config, device)
         except TowerError as err:
             raise TrainError(str(err)) from None
+        self.loader: RawBatchLoader | None = None  # built in ready(), after the sampler
         self._best_towers: dict[str, Tensor] | None = None
         self._stream_state: dict[str, Any] | None = None  # a resumed stream position
-        gather = kw.get("gather")
         #: FSDP2 only in a launch of several processes (one process holds the towers whole)
         self.sharded = towers_config.strategy == "fsdp" and getattr(gather, "world_size", 1) > 1
         self._fsdp_checkpoint: str | None = None  # the run's latest distributed checkpoint
@@ -221,7 +228,7 @@ class TowerTrainer(Trainer):
         self._loading = False
         if towers_config.strategy == "fsdp" and not self.sharded:
             self.towers.to(config.train.device)
-        scratch_note = None
+        self._scratch_note: str | None = None
         if towers_config.init == "random" and config.recipe_config.get("head_init") in (
             "input",
             "align",
@@ -231,39 +238,49 @@ class TowerTrainer(Trainer):
             config = dataclasses.replace(
                 config, recipe_config={**config.recipe_config, "head_init": "paper"}
             )
-            scratch_note = (
+            self._scratch_note = (
                 "towers from scratch (init=random): head_init=paper (head_init=input and align assume "
                 "a shared pretrained space)"
             )
-        super().__init__(config, store, run_dir, resume=resume, **kw)
-        if scratch_note is not None:
-            self._note(scratch_note)
+        self.config = config
+
+    def ready(self, resume: bool) -> None:
+        """The raw-row loader, the notes, validation re-encoded by the towers, the unused
+        parameters frozen (a new run), then FSDP2 or gradient averaging over the processes."""
+        trainer = self.trainer
+        if self._scratch_note is not None:
+            trainer.notify_user(self._scratch_note)
         self.loader = self._raw_loader()
         for note in self.towers.notes:
-            self._note(note)
+            trainer.notify_user(note)
+        store = trainer.store
         if store.meta.get("encoder") not in (None, self.towers.spec):
-            self._note(
+            trainer.notify_user(
                 f"the store was extracted with {store.meta.get('encoder')!r}, the towers are "
                 f"{self.towers.spec!r}: the head initialisation and the step-0 check read the "
                 "store's features"
             )
-        if self.validation is not None:
-            self.validation = TowerValidationSet(
-                self.validation_store,
+        if trainer.validation is not None:
+            trainer.validation = TowerValidationSet(
+                trainer.sampler.store,  # the sampler's store: its hold-out is marked
                 self.towers,
                 self.items,
-                text_tokens=self.recipe.text_tokens,
+                text_tokens=trainer.recipe.text_tokens,
             )
         if not resume:
             self._freeze_unused()
         if self.sharded:
-            if not resume:  # resume shards in _load_state, before the optimizer state loads
+            if not resume:  # resume shards in load_state, before the optimizer state loads
                 self._shard()
-        elif self.gather.world_size > 1:  # DDP averages the recipe's gradients, this the towers'
-            average_tower_gradients(self.towers, self.gather.world_size)
+        elif trainer.gather.world_size > 1:  # DDP averages the recipe's gradients, this the towers'
+            average_tower_gradients(self.towers, trainer.gather.world_size)
 
-    # --- Trainer's extension points -------------------------------------------------------
-    def _input_dims(self, config: RunConfig, store: FeatureStore) -> tuple[int, int]:
+    def best_tower_state(self) -> dict[str, Tensor] | None:
+        """The towers' trained tensors kept at the best validation (``keep_best``), or None."""
+        return self._best_towers
+
+    # --- the trainer's points (train.sources.FeatureSource) ---------------------------------
+    def input_dims(self, config: RunConfig, store: FeatureStore) -> tuple[int, int]:
         if not reads_text_tokens(config):
             return (self.towers.image_width, self.towers.text_width)
         width = self.towers.text_token_width
@@ -276,58 +293,64 @@ class TowerTrainer(Trainer):
             )
         return (self.towers.image_width, int(width))
 
-    def _sampler_text_tokens(self) -> bool:
+    def sampler_reads_tokens(self, recipe: Recipe) -> bool:
         # the towers give the token states: the sampler draws indices, never stored tokens
         return False
 
-    def _build_optimizer(self) -> torch.optim.Optimizer:
-        optimizer = build_optimizer(self.recipe, self.train_config)
-        cfg, tcfg = self.train_config, self.towers_config
+    def param_groups(self, train: TrainConfig) -> list[dict[str, Any]]:
+        """Two tower groups after the recipe's: ``towers.lr`` (default ``train.lr``), decay on
+        matrices, none on vectors and scalars."""
+        tcfg = self.towers_config
         named = self.towers.trainable_named_parameters()
-        lr = cfg.lr if tcfg.lr is None else float(tcfg.lr)
-        decay = cfg.weight_decay if tcfg.weight_decay is None else float(tcfg.weight_decay)
+        lr = train.lr if tcfg.lr is None else float(tcfg.lr)
+        decay = train.weight_decay if tcfg.weight_decay is None else float(tcfg.weight_decay)
+        groups: list[dict[str, Any]] = []
         for params, weight_decay in (
             ([p for _, p in named if p.ndim >= 2], decay),
             ([p for _, p in named if p.ndim < 2], 0.0),
         ):
             if params:
-                optimizer.add_param_group(
-                    {"params": params, "lr": lr, "weight_decay": weight_decay}
-                )
-        return optimizer
+                groups.append({"params": params, "lr": lr, "weight_decay": weight_decay})
+        return groups
 
-    def _next_batch(self) -> Batch:
+    def next_batch(self) -> Batch:
+        assert self.loader is not None  # built in ready()
         try:
             if not (self.towers_config.dropout and self.towers.training):
-                return self.loader.next_batch(self.step)
+                return self.loader.next_batch(self.trainer.step)
             # dropout=true: this rank's masks from (seed, rank, step), never the process-wide
             # stream every rank shares (that would repeat one rank's masks on the others)
-            devices = [self.device] if self.device.type == "cuda" else []
+            devices = [self.trainer.device] if self.trainer.device.type == "cuda" else []
             with torch.random.fork_rng(devices=devices):
-                torch.manual_seed(dropout_seed(self.train_config.seed, self.gather.rank, self.step))
-                return self.loader.next_batch(self.step)
+                torch.manual_seed(
+                    dropout_seed(
+                        self.trainer.train_config.seed, self.trainer.gather.rank, self.trainer.step
+                    )
+                )
+                return self.loader.next_batch(self.trainer.step)
         except TowerError as err:  # an unreadable row: the trainer names the step and checkpoint
             raise SamplingError(str(err)) from None
 
-    def _check_step0(self, total: int) -> dict[str, Any]:
-        if not self.recipe.text_tokens:  # the store's features fit the heads
-            return super()._check_step0(total)
+    def step0_check(self, total: int) -> dict[str, Any]:
+        if not self.trainer.recipe.text_tokens:  # the store's features fit the heads
+            return super().step0_check(total)
+        assert self.loader is not None
         # the store holds pooled texts: a recipe that pools tokens is checked on the towers'
         # first batch (eval mode, no gradients; random states, sampler and loader restored)
-        rng, sampler = rng_state(), self.sampler.state_dict()
+        rng, sampler = rng_state(), self.trainer.sampler.state_dict()
         was_training = self.towers.training
         try:
             self.towers.eval()
             with torch.no_grad():
-                batch = self._next_batch().to(self.device)
+                batch = self.next_batch().to(self.trainer.device)
         finally:
             self.towers.train(was_training)
-            self.sampler.load_state_dict(sampler)
+            self.trainer.sampler.load_state_dict(sampler)
             set_rng_state(rng)
-            self.loader.reset(self.step)
-        report = step0_health(self.recipe, batch, total)
+            self.loader.reset(self.trainer.step)
+        report = step0_health(self.trainer.recipe, batch, total)
         for warning in report.warnings:
-            self._note(warning_line(warning))
+            self.trainer.notify_user(warning_line(warning))
         return report.to_json()
 
     # --- raw rows (curvalign.towers.loader) --------------------------------------------------
@@ -335,8 +358,8 @@ class TowerTrainer(Trainer):
         """This rank's raw rows of each step: the sampler's index stream over the store's
         manifest, or the stream of ``towers.shards``; decoded, augmented and tokenised by
         ``towers.workers`` DataLoader workers."""
-        cfg, tcfg = self.train_config, self.towers_config
-        rank, world = self.gather.rank, self.gather.world_size
+        cfg, tcfg = self.trainer.train_config, self.towers_config
+        rank, world = self.trainer.gather.rank, self.trainer.gather.world_size
         try:
             if tcfg.shards is not None:
                 source: Any = WebDatasetRows(
@@ -345,44 +368,40 @@ class TowerTrainer(Trainer):
                 if self._stream_state is not None:
                     source.load_state_dict(self._stream_state)
             else:
-                data = f"data {self.config.data!r}"
-                source = StoreRows(self.sampler, rank, world, data=data)
+                data = f"data {self.trainer.config.data!r}"
+                source = StoreRows(self.trainer.sampler, rank, world, data=data)
         except TowerError as err:
             raise TrainError(str(err)) from None
         augment = (
-            Augment(tuple(tcfg.crop_scale), tuple(tcfg.crop_ratio), tcfg.flip)
+            Augment(_pair(tcfg.crop_scale), _pair(tcfg.crop_ratio), tcfg.flip)
             if tcfg.augment
             else None
         )
         if augment is not None and getattr(source, "images_are_texts", False):
-            self._note("towers: augment has no effect: the images are texts (a text-only encoder)")
+            self.trainer.notify_user(
+                "towers: augment has no effect: the images are texts (a text-only encoder)"
+            )
         loader = RawBatchLoader(
             self.towers,
             source,
             workers=tcfg.workers,
             augment=augment,
             seed=cfg.seed,
-            text_tokens=self.recipe.text_tokens,
+            text_tokens=self.trainer.recipe.text_tokens,
         )
-        loader.reset(self.step)
+        loader.reset(self.trainer.step)
         return loader
 
-    def fit(self, stop_at: int | None = None) -> TrainedRun:
-        try:
-            return super().fit(stop_at)
-        finally:
+    def close(self) -> None:
+        if self.loader is not None:
             self.loader.close()  # the worker processes end with the fit
 
-    def use_store(self, store: FeatureStore) -> None:
+    def use_store(self, swap: Callable[[], None]) -> None:
         # the sampler back to the last step trained (the loader drew ahead), then a new loader
-        self.loader.close()
-        super().use_store(store)
+        if self.loader is not None:
+            self.loader.close()
+        swap()
         self.loader = self._raw_loader()
-
-    @property
-    def validation_store(self) -> FeatureStore:
-        """The store with its validation split (the sampler's store: the hold-out is marked)."""
-        return self.sampler.store
 
     # --- unused parameters ------------------------------------------------------------------
     def _freeze_unused(self) -> None:
@@ -390,34 +409,36 @@ class TowerTrainer(Trainer):
         parameters that train but get no gradient are frozen, with a note."""
         if not self.towers.trainable_named_parameters():
             return
-        rng, sampler = rng_state(), self.sampler.state_dict()
+        assert self.loader is not None
+        rng, sampler = rng_state(), self.trainer.sampler.state_dict()
         try:
-            self.recipe.train()
+            self.trainer.recipe.train()
             self.towers.train()
             # on the device: FSDP2 towers are still whole on the CPU here (sharded after this)
-            prepared = self.loader.next_prepared(self.step)
-            batch = encode_prepared(self.towers, prepared).to(self.device)
-            out = self.recipe(batch, Progress(0, self.train_config.steps), self.gather)
+            prepared = self.loader.next_prepared(self.trainer.step)
+            batch = encode_prepared(self.towers, prepared).to(self.trainer.device)
+            out = self.trainer.recipe(
+                batch, Progress(0, run_steps(self.trainer.train_config)), self.trainer.gather
+            )
             out.total.backward()
             unused = [n for n, p in self.towers.trainable_named_parameters() if p.grad is None]
             random_by = None if self.towers_config.dropout else self._randomness(prepared)
         finally:
-            for p in [*self.recipe.parameters(), *self.towers.parameters()]:
+            for p in [*self.trainer.recipe.parameters(), *self.towers.parameters()]:
                 p.grad = None
-            self.sampler.load_state_dict(sampler)
+            self.trainer.sampler.load_state_dict(sampler)
             set_rng_state(rng)
-            self.loader.reset(self.step)
+            self.loader.reset(self.trainer.step)
         if random_by is not None and random_by > 1e-3:
-            self._note(
+            self.trainer.notify_user(
                 f"towers: dropout=false, yet two train-mode encodings of the first batch differ "
                 f"by up to {random_by:.1%} of their largest value: a module of this encoder draws random numbers that "
                 "switch_off_dropout does not reach, so several processes will not equal one"
             )
         if unused:
             self.towers.freeze(unused, "that no encoding or loss uses (no gradient reaches them)")
-            self._note(self.towers.notes[-1])
-            self.optimizer = self._build_optimizer()
-            self.scheduler = build_scheduler(self.optimizer, self.train_config)
+            self.trainer.notify_user(self.towers.notes[-1])
+            self.trainer.rebuild_optimizer()
 
     def _randomness(self, prepared: dict[str, Any]) -> float:
         """The largest difference between two train-mode encodings of ``prepared`` under two
@@ -438,8 +459,7 @@ class TowerTrainer(Trainer):
         return worst
 
     # --- state ------------------------------------------------------------------------------
-    def keep_best(self, step: int, score: float) -> None:
-        super().keep_best(step, score)
+    def keep_best(self) -> None:
         self._best_towers = self._tower_state()  # every rank: FSDP2 gathers the shards
 
     def _tower_state(self) -> dict[str, Tensor]:
@@ -449,11 +469,10 @@ class TowerTrainer(Trainer):
         reshard(self.towers)
         return {n: _whole(p).cpu().clone() for n, p in self.towers.trainable_named_parameters()}
 
-    def state_dict(self) -> dict[str, Any]:
-        state = super().state_dict()
+    def add_state(self, state: dict[str, Any]) -> None:
         # the rows of the last step trained (the loader's workers draw ahead of it); no loader
         # yet while a resume rewrites its checkpoint: the loaded state is that position
-        loader = getattr(self, "loader", None)
+        loader = self.loader
         if loader is None:
             if self._stream_state is not None:
                 state["stream"] = self._stream_state
@@ -464,7 +483,7 @@ class TowerTrainer(Trainer):
         state["best_towers"] = self._best_towers
         if not self.sharded:
             state["towers"] = self.towers.trainable_state()
-            return state
+            return
         # the shards and their optimizer state are in the distributed checkpoint
         state["towers"] = {}
         state["fsdp"] = {
@@ -476,54 +495,51 @@ class TowerTrainer(Trainer):
         tower_slots = {index for index, _, _ in self._tower_optimizer_slots()}
         optimizer = state["optimizer"]
         optimizer["state"] = {k: v for k, v in optimizer["state"].items() if k not in tower_slots}
-        return state
 
-    def _load_state(self) -> None:
-        state = load_train_state(self.run_dir)
+    def load_state(self, load: Callable[[], None]) -> None:
+        state = load_train_state(self.trainer.run_dir)
         if "towers" not in state:
-            raise CheckpointError(f"the checkpoint in {self.run_dir} holds no tower state")
+            raise CheckpointError(f"the checkpoint in {self.trainer.run_dir} holds no tower state")
         if self.sharded != ("fsdp" in state):
             raise CheckpointError(
-                f"the run in {self.run_dir} was trained with {state.get('world_size', 1)} "
+                f"the run in {self.trainer.run_dir} was trained with {state.get('world_size', 1)} "
                 f"process(es) and tower strategy {self.towers_config.strategy}; resume it with "
-                f"the same number (--nproc {state.get('world_size', 1)}), not {self.gather.world_size}"
+                f"the same number (--nproc {state.get('world_size', 1)}), not {self.trainer.gather.world_size}"
             )
         trained = state["fsdp"]["trainable"] if self.sharded else state["towers"]
         frozen = [n for n, _ in self.towers.trainable_named_parameters() if n not in trained]
         if frozen:  # what the run froze before its first step (no gradient reached them)
             self.towers.freeze(frozen, "as the run did (no gradient reaches them)")
-            self._note(self.towers.notes[-1])
-            self.optimizer = self._build_optimizer()
-            self.scheduler = build_scheduler(self.optimizer, self.train_config)
+            self.trainer.notify_user(self.towers.notes[-1])
+            self.trainer.rebuild_optimizer()
         self._best_towers = state.get("best_towers")
         self._stream_state = state.get("stream")
         if self.sharded:
-            self._resume_sharded(state["fsdp"]["checkpoint"], state["fsdp"].get("sha256"))
+            self._resume_sharded(state["fsdp"]["checkpoint"], state["fsdp"].get("sha256"), load)
             return
         try:
             self.towers.load_trainable_state(state["towers"])
         except TowerError as err:
-            raise CheckpointError(f"cannot resume {self.run_dir}: {err}") from None
-        super()._load_state()
+            raise CheckpointError(f"cannot resume {self.trainer.run_dir}: {err}") from None
+        load()
 
     # --- FSDP2 ------------------------------------------------------------------------------
     def _shard(self) -> None:
         """Shard the towers (``shard_towers``) and rebuild the optimizer on the sharded
         parameters (FSDP2 replaces every parameter by a DTensor one)."""
-        blocks = shard_towers(self.towers, self.device)
-        self._note(
-            f"towers: FSDP2 over {self.gather.world_size} processes, {len(blocks)} "
+        blocks = shard_towers(self.towers, self.trainer.device)
+        self.trainer.notify_user(
+            f"towers: FSDP2 over {self.trainer.gather.world_size} processes, {len(blocks)} "
             "transformer block(s) sharded one by one"
         )
-        self.optimizer = self._build_optimizer()
-        self.scheduler = build_scheduler(self.optimizer, self.train_config)
+        self.trainer.rebuild_optimizer()
 
     def _tower_optimizer_slots(self) -> Iterator[tuple[int, str, nn.Parameter]]:
         """(index in ``optimizer.state_dict()``, name, parameter) of every tower parameter."""
         reshard(self.towers)
         names = {id(p): n for n, p in self.towers.trainable_named_parameters()}
         index = 0
-        for group in self.optimizer.param_groups:
+        for group in self.trainer.optimizer.param_groups:
             for param in group["params"]:
                 if id(param) in names:
                     yield index, names[id(param)], param
@@ -534,26 +550,28 @@ class TowerTrainer(Trainer):
         writes its shard) and their optimizer state (``NAME/KEY``)."""
         optimizer = {}
         for _, name, param in self._tower_optimizer_slots():
-            for key, value in self.optimizer.state.get(param, {}).items():
+            for key, value in self.trainer.optimizer.state.get(param, {}).items():
                 optimizer[f"{name}/{key}"] = value
         towers = {n: p.detach() for _, n, p in self._tower_optimizer_slots()}
         return {"towers": towers, "optimizer": optimizer}
 
-    def _resume_sharded(self, checkpoint: str | None, digests: dict[str, str] | None) -> None:
+    def _resume_sharded(
+        self, checkpoint: str | None, digests: dict[str, str] | None, load: Callable[[], None]
+    ) -> None:
         """Check the files of the distributed checkpoint ``checkpoint`` (a directory of the run)
         against the SHA-256 recorded in ``state.pt`` (``digests``) and ``meta.json``, shard,
         load its shards, then the rest of ``state.pt``, then the towers' optimizer state. The
         metadata is read by ``read_sharded_metadata`` (no pickle of the file's choosing)."""
         import torch.distributed.checkpoint as dcp
 
-        if checkpoint is None or not (self.run_dir / checkpoint).is_dir():
+        if checkpoint is None or not (self.trainer.run_dir / checkpoint).is_dir():
             raise CheckpointError(
-                f"cannot resume {self.run_dir}: its distributed checkpoint {checkpoint} is missing"
+                f"cannot resume {self.trainer.run_dir}: its distributed checkpoint {checkpoint} is missing"
             )
-        note = verify_sharded_checkpoint(self.run_dir, checkpoint, digests)
+        note = verify_sharded_checkpoint(self.trainer.run_dir, checkpoint, digests)
         if note:
-            self._note(note)
-        path = str(self.run_dir / checkpoint)
+            self.trainer.notify_user(note)
+        path = str(self.trainer.run_dir / checkpoint)
         # read here first: torch's loader would log a refusal as a warning and go on
         metadata = read_sharded_metadata(path)
         self._shard()
@@ -562,7 +580,7 @@ class TowerTrainer(Trainer):
         dcp.load({"towers": tensors}, storage_reader=sharded_reader(path))
         self._loading = True  # a re-save of an incomplete checkpoint keeps this directory
         try:
-            super()._load_state()
+            load()
         finally:
             self._loading = False
         stored = metadata.state_dict_metadata
@@ -582,7 +600,7 @@ class TowerTrainer(Trainer):
         dcp.load({"optimizer": slots}, storage_reader=sharded_reader(path))
         for key, value in slots.items():
             name, _, slot = key.rpartition("/")
-            self.optimizer.state[params[name]][slot] = value
+            self.trainer.optimizer.state[params[name]][slot] = value
 
     def _save_sharded(self) -> None:
         """Every rank writes its shards into a new ``towers-dcp/step-N`` directory."""
@@ -590,75 +608,90 @@ class TowerTrainer(Trainer):
 
         if self._loading:
             return
-        name = f"{TOWERS_DCP_DIR}/step-{self.step:08d}"
-        dcp.save(self._sharded_state(), checkpoint_id=str(self.run_dir / name))
+        name = f"{TOWERS_DCP_DIR}/step-{self.trainer.step:08d}"
+        dcp.save(self._sharded_state(), checkpoint_id=str(self.trainer.run_dir / name))
         self._fsdp_checkpoint = name
         # the coordinator (rank 0) returns once every rank's files and the metadata are written
-        self._fsdp_digests = sharded_checksums(self.run_dir, name) if self.is_main else None
+        self._fsdp_digests = (
+            sharded_checksums(self.trainer.run_dir, name) if self.trainer.is_main else None
+        )
 
     def _drop_old_sharded(self) -> None:
         """Remove the distributed checkpoints the run's checkpoint no longer names."""
-        root = self.run_dir / TOWERS_DCP_DIR
-        keep = self.run_dir / self._fsdp_checkpoint if self._fsdp_checkpoint else None
+        root = self.trainer.run_dir / TOWERS_DCP_DIR
+        keep = self.trainer.run_dir / self._fsdp_checkpoint if self._fsdp_checkpoint else None
         for path in root.glob("step-*") if root.is_dir() else ():
             if path != keep:
                 shutil.rmtree(path, ignore_errors=True)
 
-    def _clip_gradients(self) -> Tensor:
+    def clip_gradients(self) -> Tensor | None:
         """The global gradient norm (before clipping) over the recipe's plain tensors and the
-        towers' sharded ones (each rank sums the squares of its shards; one all-reduce)."""
+        towers' sharded ones (each rank sums the squares of its shards; one all-reduce); None
+        unsharded (the trainer clips)."""
         if not self.sharded:
-            return super()._clip_gradients()
+            return None
         import torch.distributed as dist
         from torch.distributed.tensor import DTensor
 
         grads = [
-            p.grad for g in self.optimizer.param_groups for p in g["params"] if p.grad is not None
+            p.grad
+            for g in self.trainer.optimizer.param_groups
+            for p in g["params"]
+            if p.grad is not None
         ]
         plain = [g for g in grads if not isinstance(g, DTensor)]
         shards = [g.to_local() for g in grads if isinstance(g, DTensor)]
         sharded = sum(
-            (s.float().square().sum() for s in shards), torch.zeros((), device=self.device)
+            (s.float().square().sum() for s in shards), torch.zeros((), device=self.trainer.device)
         )
         dist.all_reduce(sharded)
         total = torch.sqrt(
             sharded
-            + sum((g.float().square().sum() for g in plain), torch.zeros((), device=self.device))
+            + sum(
+                (g.float().square().sum() for g in plain),
+                torch.zeros((), device=self.trainer.device),
+            )
         )
-        limit = self.train_config.grad_clip if self.train_config.grad_clip > 0 else math.inf
+        limit = (
+            self.trainer.train_config.grad_clip
+            if self.trainer.train_config.grad_clip > 0
+            else math.inf
+        )
         if bool(torch.isfinite(total)) and float(total) > limit:
             scale = limit / (float(total) + 1e-6)
             for g in plain + shards:
                 g.mul_(scale)
         return total
 
-    def save_checkpoint(self) -> None:
+    def before_checkpoint(self) -> None:
         # every rank: FSDP2 gathers the whole tensors and writes its shards (collectives)
-        current = self._tower_state() if self.sharded or self.is_main else None
+        current = self._tower_state() if self.sharded or self.trainer.is_main else None
         if self.sharded:
             self._save_sharded()
         # the tower files first: the checkpoint's meta.json then records their checksums
-        if self.is_main:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
-            self.towers_config.save(self.run_dir / TOWERS_CONFIG_FILE)
+        if self.trainer.writes:
+            self.trainer.run_dir.mkdir(parents=True, exist_ok=True)
+            self.towers_config.save(self.trainer.run_dir / TOWERS_CONFIG_FILE)
             for name, tensors in (
                 (TOWERS_FILE, current),
                 (TOWERS_BEST_FILE, self._best_towers),
             ):
                 if tensors is None:
                     continue
-                data = model_tensors(tensors) or {"_empty": torch.zeros(0)}
                 atomic_write(
-                    self.run_dir / name,
-                    lambda tmp, data=data: save_file(
-                        data, str(tmp), metadata={"step": str(self.step)}
+                    self.trainer.run_dir / name,
+                    functools.partial(
+                        _save_tensors,
+                        model_tensors(tensors) or {"_empty": torch.zeros(0)},
+                        {"step": str(self.trainer.step)},
                     ),
                 )
-        super().save_checkpoint()
-        if self.sharded and self.is_main and not self._loading:
+
+    def after_checkpoint(self) -> None:
+        if self.sharded and self.trainer.is_main and not self._loading:
             self._drop_old_sharded()
 
-    def _meta_extras(self) -> dict[str, Any]:
+    def meta_extras(self) -> dict[str, Any]:
         # the store's encoder no longer makes this run's features: no encoder is recorded, so
         # search cannot encode queries with the frozen one; export the towers and re-extract
         extras: dict[str, Any] = {
@@ -666,18 +699,59 @@ class TowerTrainer(Trainer):
                 **describe(self.towers),
                 "export": "curvalign.train.export_towers(RUN, DIR) -> an encoder spec",
                 # the recipe's embedding keys the towers' gradient comes through (None: all)
-                "trained_through": _listed(self.recipe.trunk_gradient_keys),
+                "trained_through": _listed(self.trainer.recipe.trunk_gradient_keys),
             }
         }
         if self.towers_config.trains:  # locked towers give the store's features
             extras["encoder"] = None
         if self.sharded:  # the distributed checkpoint's files, as meta records the run's files
             extras["towers"]["sharded_sha256"] = self._fsdp_digests
-        loader = getattr(self, "loader", None)
+        loader = self.loader
         if loader is not None and isinstance(loader.source, WebDatasetRows):
             # the training rows came from the shards (the sampler summary is the store's)
             extras["towers"]["stream"] = loader.state_dict()
         return extras
+
+
+class TowerTrainer(Trainer):
+    """A ``Trainer`` given ``TowerFeatures`` (towers in front of the recipe): the same
+    arguments, plus ``towers`` (a ``TowersConfig``; on resume, the run's own ``towers.json``).
+    It only builds the component; the trainer calls it at its fixed points."""
+
+    def __init__(
+        self,
+        config: RunConfig,
+        store: FeatureStore,
+        run_dir: str | Path,
+        *,
+        towers: TowersConfig | None = None,
+        resume: bool = False,
+        **kw: Any,
+    ) -> None:
+        source = TowerFeatures(
+            config, store, run_dir, towers=towers, resume=resume, gather=kw.get("gather")
+        )
+        self.tower_features = source
+        super().__init__(source.config, store, run_dir, resume=resume, features=source, **kw)
+
+    @property
+    def towers(self) -> Towers:
+        """The towers in front of the recipe."""
+        return self.tower_features.towers
+
+    @property
+    def towers_config(self) -> TowersConfig:
+        return self.tower_features.towers_config
+
+    @property
+    def loader(self) -> RawBatchLoader | None:
+        """The raw-row loader of this rank's batches."""
+        return self.tower_features.loader
+
+    @property
+    def sharded(self) -> bool:
+        """Whether the towers are sharded with FSDP2 over the processes."""
+        return self.tower_features.sharded
 
 
 def sharded_checksums(run_dir: Path, checkpoint: str) -> dict[str, str]:
@@ -809,6 +883,16 @@ def sharded_reader(path: str | Path) -> Any:
     return _SafeReader(str(path))
 
 
+def _pair(values: Any) -> tuple[float, float]:
+    """A two-number setting (``crop_scale``, ``crop_ratio``) as a pair of floats."""
+    low, high = values
+    return float(low), float(high)
+
+
+def _save_tensors(tensors: dict[str, Tensor], metadata: dict[str, str], path: Path) -> None:
+    save_file(tensors, str(path), metadata=metadata)
+
+
 def dropout_seed(seed: int, rank: int, step: int) -> int:
     """The seed of the tower dropout masks of (run seed, rank, step) under ``dropout=true``:
     independent across ranks and steps, and a resumed run draws what an uninterrupted one
@@ -820,8 +904,10 @@ def _average_gradient(param: Tensor) -> None:
     """Average ``param.grad`` over the ranks in place (a post-accumulate-grad hook)."""
     import torch.distributed as dist
 
-    dist.all_reduce(param.grad)
-    param.grad.div_(dist.get_world_size())
+    grad = param.grad
+    assert grad is not None  # a post-accumulate-grad hook runs once the gradient exists
+    dist.all_reduce(grad)
+    grad.div_(dist.get_world_size())
 
 
 def _listed(keys: tuple[str, ...] | None) -> list[str] | None:
@@ -832,13 +918,15 @@ def average_tower_gradients(towers: Towers, world_size: int) -> None:
     """Average the gradient of every trainable tower parameter over the ``world_size`` ranks as
     soon as it is accumulated (what DDP does for the recipe's parameters): each rank encodes
     its own rows, so W processes then take the step one process takes on the global batch.
-    Every rank must train the same parameter set (``TowerTrainer`` freezes the parameters no
+    Every rank must train the same parameter set (``TowerFeatures`` freezes the parameters no
     gradient reaches before the first step), or the all-reduces would not pair up."""
     import torch.distributed as dist
 
     def hook(param: Tensor) -> None:
-        dist.all_reduce(param.grad)
-        param.grad.div_(world_size)
+        grad = param.grad
+        assert grad is not None  # a post-accumulate-grad hook runs once the gradient exists
+        dist.all_reduce(grad)
+        grad.div_(world_size)
 
     for _, param in towers.trainable_named_parameters():
         param.register_post_accumulate_grad_hook(hook)
@@ -848,7 +936,8 @@ def _whole(param: Tensor) -> Tensor:
     """A parameter's whole value: a DTensor's shards gathered (a collective), else itself."""
     from torch.distributed.tensor import DTensor
 
-    return param.detach().full_tensor() if isinstance(param, DTensor) else param.detach()
+    detached = param.detach()
+    return detached.full_tensor() if isinstance(detached, DTensor) else detached
 
 
 def transformer_blocks(towers: Towers) -> list[str]:
@@ -856,7 +945,8 @@ def transformer_blocks(towers: Towers) -> list[str]:
     items of every ``nn.ModuleList`` of one module class with parameters (open_clip's
     ``resblocks``, HF CLIP's ``layers``, BERT's ``layer``), outermost lists only."""
     found: list[str] = []
-    for name, module in towers.model.named_modules():
+    model = cast(nn.Module, towers.model)
+    for name, module in model.named_modules():
         if not isinstance(module, nn.ModuleList) or not len(module):
             continue
         if any(name.startswith(f"{block}.") for block in found):
@@ -899,7 +989,7 @@ def shard_towers(towers: Towers, device: torch.device) -> list[str]:
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     blocks = transformer_blocks(towers)
     for name in blocks:
-        fully_shard(towers.model.get_submodule(name), mesh=mesh)
+        fully_shard(cast(nn.Module, towers.model).get_submodule(name), mesh=mesh)
     # FSDP2 cannot shard a 0-d parameter (open_clip's logit_scale): it stays whole on every
     # rank, on the device, its gradient (if it trains) averaged as under DDP
     scalars = {p for p in towers.parameters() if p.ndim == 0}
@@ -1092,6 +1182,7 @@ def reencode_store(
             boxes = list(range(int(store.box_image_features.shape[0])))
             crops = functools.partial(_box_crops, store, items)  # a batch of crops at a time
             changes["box_image_features"] = encode(boxes, towers.encode_images, crops)
+            assert store.box_phrases is not None  # check_reencodable
             changes["box_text_features"] = encode(list(store.box_phrases), towers.encode_texts)
         captions = store.text_features.float()
         for name in ("prompt_features", "chain_features"):
@@ -1102,9 +1193,9 @@ def reencode_store(
             if rows is not None:  # caption rows (a WordNet store): the re-encoded captions
                 changes[name] = texts[rows].reshape((*part.shape[:-1], texts.shape[1]))
                 continue
-            raw = prompt_texts(store) if name == "prompt_features" else None
-            if raw is not None:  # the prompts' own texts (COCO: templates x class names)
-                changes[name] = encode(raw, towers.encode_texts)
+            own = prompt_texts(store) if name == "prompt_features" else None
+            if own is not None:  # the prompts' own texts (COCO: templates x class names)
+                changes[name] = encode(own, towers.encode_texts)
             else:  # a locked text tower: the store's own prompt features (check_reencodable)
                 assert name == "prompt_features" and text_locked
     finally:
@@ -1131,31 +1222,20 @@ def tower_trainer_factory(towers: TowersConfig | str | None, base: Any = None) -
     return factory
 
 
-def train(
-    recipe: str | None,
-    data: Any,
-    out_dir: str | Path,
-    *,
-    towers: TowersConfig | str | None = None,
-    **kw: Any,
-) -> Any:
-    """``curvalign.train.trainer.train`` with ``towers`` (a ``TowersConfig`` or its
-    ``"SPEC;key=value"`` string) trained in front of the recipe; without ``towers`` (and not
-    resuming a tower run) it is exactly that function. A resumed tower run reads its own
-    ``towers.json``. Errors are ``TrainError`` with one clear message."""
-    from curvalign.train.trainer import train as train_features
+def train(*args: Any, **kw: Any) -> TrainedRun:
+    """Deprecated: ``curvalign.train.train`` (``curvalign.train.trainer.train``) takes
+    ``towers=`` itself; this alias goes in 0.3.0."""
+    import warnings
 
-    run_dir = Path(out_dir)
-    resuming_towers = bool(kw.get("resume")) and (run_dir / TOWERS_CONFIG_FILE).exists()
-    if towers is None and not resuming_towers:
-        return train_features(recipe, data, out_dir, **kw)
-    if kw.get("overwrite") and not kw.get("resume"):
-        for name in TOWER_FILES:  # the feature trainer clears its own files
-            (run_dir / name).unlink(missing_ok=True)
-        shutil.rmtree(run_dir / TOWERS_DCP_DIR, ignore_errors=True)
-    base = kw.get("trainer_factory", Trainer)  # the distributed launcher passes its own
-    kw["trainer_factory"] = tower_trainer_factory(towers, None if base is Trainer else base)
-    return train_features(recipe, data, out_dir, **kw)
+    from curvalign.train.trainer import train as one_train
+
+    warnings.warn(
+        "curvalign.train.towers.train is deprecated and will be removed in 0.3.0: call "
+        "curvalign.train.train (from curvalign.train import train), which takes towers=",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    return one_train(*args, **kw)
 
 
 __all__ = [
@@ -1164,6 +1244,7 @@ __all__ = [
     "TOWERS_FILE",
     "TOWERS_DCP_DIR",
     "TOWER_FILES",
+    "TowerFeatures",
     "TowerTrainer",
     "TowerValidationSet",
     "average_tower_gradients",

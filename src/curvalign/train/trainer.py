@@ -32,7 +32,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -58,7 +58,6 @@ from curvalign.data.validation_split import copies_of_train, describe_copies
 from curvalign.errors import ConfigError, TrainError
 from curvalign.recipes.base import Batch, Gather, LossOutput, Progress, Recipe
 from curvalign.recipes.health import META_KEY as STEP0_META_KEY
-from curvalign.recipes.health import check_step0
 from curvalign.runs import (
     BEST_FILE,
     CONFIG_FILE,
@@ -86,7 +85,11 @@ from curvalign.train.hooks import (
     with_builtin_hooks,
 )
 from curvalign.train.logging import RunLogger
+from curvalign.train.sources import FeatureSource
 from curvalign.train.validation import ValidationSet, validation_store
+
+if TYPE_CHECKING:
+    from curvalign.towers import TowersConfig
 
 #: TrainConfig keys that may change when resuming (they do not change what is computed)
 RESUMABLE_KEYS = ("steps", "log_every", "checkpoint_every", "num_threads", "device", "tensorboard")
@@ -101,7 +104,17 @@ class NonFiniteLossError(TrainError):
 
 def lr_multiplier(step: int, train: TrainConfig) -> float:
     """Learning-rate factor for 0-based ``step``: linear warm-up, then cosine to ``min_lr_ratio``."""
-    return float(warmup_cosine(step, train.steps, train.warmup_steps, min_ratio=train.min_lr_ratio))
+    return float(
+        warmup_cosine(step, run_steps(train), train.warmup_steps, min_ratio=train.min_lr_ratio)
+    )
+
+
+def run_steps(train: TrainConfig) -> int:
+    """``train.steps`` of a run being trained: resolved from the store when unset
+    (``config.resolve_steps``) before any step, so an int here."""
+    if train.steps is None:
+        raise TrainError("train.steps is unset: resolve it from the store (resolve_steps) first")
+    return int(train.steps)
 
 
 def build_model(
@@ -166,13 +179,14 @@ def local_rows(batch: Batch, gather: Gather) -> Batch:
         size = t.shape[0] // gather.world_size
         return t[gather.rank * size : (gather.rank + 1) * size]
 
-    return Batch(**{k: part(v) for k, v in batch.__dict__.items()})
+    return Batch(**{k: part(v) for k, v in batch.__dict__.items()})  # type: ignore[arg-type]
 
 
 def rng_state() -> dict[str, Any]:
     """Every RNG's state, in types ``torch.load(weights_only=True)`` reads (numpy's key array
     as a tensor: no pickled numpy object in ``state.pt``)."""
-    kind, keys, pos, has_gauss, gauss = np.random.get_state()
+    kind, keys, pos, has_gauss, gauss = np.random.get_state(legacy=True)
+    assert isinstance(keys, np.ndarray)
     state = {
         "torch": torch.get_rng_state(),
         "numpy": (kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, gauss),
@@ -222,7 +236,7 @@ class _StopRequest:
 
     def __init__(self) -> None:
         self.requested = False
-        self.signum = signal.SIGINT
+        self.signum: int = signal.SIGINT
         self._previous: dict[int, Any] = {}
 
     def __enter__(self) -> _StopRequest:
@@ -288,7 +302,11 @@ class Trainer:
     ``is_main`` are for multi-process training (see the module docstring); ``notify`` receives
     one-line notes for the user (images left out, resumed step). ``hooks``: trainer events
     (``curvalign.train.hooks``); the built-in ``KeepBestWeights`` and ``EarlyStopping`` are
-    added unless ``hooks`` holds an instance of the same class.
+    added unless ``hooks`` holds an instance of the same class. ``write=False``: nothing is
+    written (no folder, checkpoint or log; ``run_dir`` only names the run in notes): a run
+    kept in memory (``train.fitting.fit`` without ``out``, a tuning trial). ``features``:
+    what feeds the recipe (``train.sources.FeatureSource``, the default: the store's own
+    features; ``train.towers.TowerFeatures``: encoders trained in front of it).
     """
 
     def __init__(
@@ -303,6 +321,8 @@ class Trainer:
         show_progress: bool = True,
         notify: Callable[[str], None] | None = None,
         hooks: Iterable[TrainerHook] = (),
+        write: bool = True,
+        features: FeatureSource | None = None,
     ) -> None:
         self.hooks = with_builtin_hooks(hooks)
         self.config = config
@@ -311,9 +331,13 @@ class Trainer:
         self.run_dir = Path(run_dir)
         self.gather = gather or Gather()
         self.is_main = is_main
+        #: whether this process writes the run's files (the main rank of a written run)
+        self.writes = is_main and write
         self.show_progress = show_progress
         self.notify = notify or (lambda message: None)
         self.notes: list[str] = []
+        self.features = features if features is not None else FeatureSource()
+        self.features.attach(self)
         for message in store.meta.get("notes") or ():  # what the store's reader found: not errors
             self._note(str(message))
         cfg = self.train_config
@@ -336,7 +360,7 @@ class Trainer:
 
         try:
             # the text width is the token width Dk when the recipe pools text tokens
-            self.input_dims = self._input_dims(config, store)
+            self.input_dims = self.features.input_dims(config, store)
         except FeatureStoreError as err:
             raise TrainError(f"recipe {config.recipe!r} on data {config.data!r}: {err}") from None
         train_store = self._set_up_validation(store)
@@ -375,7 +399,7 @@ class Trainer:
                 pair_batch_size=cfg.pair_batch_size,
                 recipe=repr(config.recipe),
                 data=config.data,
-                text_tokens=self._sampler_text_tokens(),
+                text_tokens=self.features.sampler_reads_tokens(self.recipe),
             )
         except SamplingError as err:
             raise TrainError(str(err)) from None
@@ -394,7 +418,8 @@ class Trainer:
         self.step = 0
         self.checkpoint_step: int | None = None
         if resume:
-            self._load_state()
+            self.features.load_state(self._load_state)
+        self.features.ready(resume)
 
     def _set_up_validation(self, store: FeatureStore) -> FeatureStore:
         """The store the run trains on: ``store`` with its validation split held out (the
@@ -430,30 +455,18 @@ class Trainer:
             )
         return train_store
 
-    # --- what a subclass that puts encoders in front of the recipe replaces (train/towers.py)
-    def _input_dims(self, config: RunConfig, store: FeatureStore) -> tuple[int, int]:
-        """(image, text) widths the recipe's heads take: the store's feature widths."""
-        return recipe_input_dims(config, store)
-
-    def _check_step0(self, total: int) -> dict[str, Any]:
-        """The step-0 check (``recipes.health``) on the next batch, not consuming it."""
-        return check_step0(self.recipe, self.sampler, total, self._note).to_json()
-
-    def _sampler_text_tokens(self) -> bool:
-        """Whether the sampler reads stored token features (the recipe pools text tokens); a
-        subclass whose encoders give the token states itself samples indices only."""
-        return self.recipe.text_tokens
-
+    # --- the optimizer: the recipe's groups and the feature source's ----------------------
     def _build_optimizer(self) -> torch.optim.Optimizer:
-        return build_optimizer(self.recipe, self.train_config)
+        optimizer = build_optimizer(self.recipe, self.train_config)
+        for group in self.features.param_groups(self.train_config):
+            optimizer.add_param_group(group)
+        return optimizer
 
-    def _next_batch(self) -> Batch:
-        """This rank's rows of the next global batch, on the device (called under autocast)."""
-        return local_rows(self.sampler.next_batch(), self.gather).to(self.device)
-
-    def _meta_extras(self) -> dict[str, Any]:
-        """Keys a subclass adds to (or replaces in) each checkpoint's meta.json."""
-        return {}
+    def rebuild_optimizer(self) -> None:
+        """A fresh optimizer and schedule over the parameters that train now (a feature source
+        froze or sharded some of its own)."""
+        self.optimizer = self._build_optimizer()
+        self.scheduler = build_scheduler(self.optimizer, self.train_config)
 
     def _note(self, message: str) -> None:
         self.notes.append(message)
@@ -470,6 +483,7 @@ class Trainer:
         self._best_state = {
             k: v.detach().to("cpu").clone() for k, v in self.recipe.state_dict().items()
         }
+        self.features.keep_best()
 
     def best_weights(self) -> dict[str, Tensor] | None:
         """The state dict kept at the best validation so far (``keep_best``), or None."""
@@ -479,6 +493,9 @@ class Trainer:
         """Train on ``store`` from the next step on (a control arm that changes its data mid-run):
         the sampler is rebuilt on it and continues its draws exactly where it was, as a resume on
         that store would. ``store`` must have the same images and splits."""
+        self.features.use_store(lambda: self._swap_store(store))
+
+    def _swap_store(self, store: FeatureStore) -> None:
         train_store = store
         if self.validation_info is not None and self.validation_info.get("source") != "none":
             train_store, _ = validation_store(
@@ -502,7 +519,7 @@ class Trainer:
                 pair_batch_size=self.train_config.pair_batch_size,
                 recipe=repr(self.config.recipe),
                 data=self.config.data,
-                text_tokens=self._sampler_text_tokens(),
+                text_tokens=self.features.sampler_reads_tokens(self.recipe),
             )
             sampler.load_state_dict(state)
         except SamplingError as err:
@@ -513,7 +530,9 @@ class Trainer:
         """Lengthen the run by ``steps``: ``train.steps`` grows and the learning-rate schedule is
         stretched over the new total from the current step on, exactly as resuming the run with
         more ``steps`` does."""
-        train = dataclasses.replace(self.train_config, steps=self.train_config.steps + int(steps))
+        train = dataclasses.replace(
+            self.train_config, steps=run_steps(self.train_config) + int(steps)
+        )
         self.config = dataclasses.replace(self.config, train=train)
         self.train_config = train
         self.scheduler.lr_lambdas = [
@@ -523,7 +542,7 @@ class Trainer:
             self.optimizer.param_groups, self.scheduler.base_lrs, strict=False
         ):
             group["lr"] = base_lr * lr_multiplier(self.step, train)
-        if self.is_main:
+        if self.writes:
             self.config.save(self.run_dir)
 
     # --- state ------------------------------------------------------------------------------
@@ -589,7 +608,7 @@ class Trainer:
             set_rng_state(rng)
 
     def state_dict(self) -> dict[str, Any]:
-        return {
+        state = {
             "step": self.step,
             "recipe": self.config.recipe,
             "image_dim": self.input_dims[0],
@@ -607,10 +626,18 @@ class Trainer:
                 "stopped_early": self.stopped_early,
             },
         }
+        self.features.add_state(state)
+        return state
 
     def save_checkpoint(self) -> None:
-        """Write the checkpoint for the current step (main rank only)."""
-        if self.is_main:
+        """Write the checkpoint for the current step (main rank only; nothing unless
+        ``writes``), the feature source's files first."""
+        self.features.before_checkpoint()
+        self._save_checkpoint()
+        self.features.after_checkpoint()
+
+    def _save_checkpoint(self) -> None:
+        if self.writes:
             meta = {
                 "step": self.step,
                 "recipe": self.config.recipe,
@@ -632,7 +659,7 @@ class Trainer:
                 "stopped_early": self.stopped_early,
                 STEP0_META_KEY: getattr(self, "step0_health", None),
                 "warm_start": self.warm_start_info,
-                **self._meta_extras(),
+                **self.features.meta_extras(),
             }
             try:
                 save_checkpoint(
@@ -670,7 +697,7 @@ class Trainer:
         )
         try:
             with autocast:  # towers in front of the recipe encode under the same autocast
-                batch = self._next_batch()
+                batch = self.features.next_batch()
         except SamplingError as err:
             raise TrainError(f"step {progress.step + 1}: {err}; " + self._kept_message()) from None
         with autocast:
@@ -697,8 +724,11 @@ class Trainer:
 
     def _clip_gradients(self) -> Tensor:
         """Clip the global gradient norm of the optimized parameters to ``train.grad_clip``
-        (0: no clipping); returns the norm before clipping. (Towers sharded with FSDP2 replace
-        it: their gradients are DTensors, the recipe's plain tensors.)"""
+        (0: no clipping); returns the norm before clipping. (Towers sharded with FSDP2 clip
+        themselves: their gradients are DTensors, the recipe's plain tensors.)"""
+        own = self.features.clip_gradients()
+        if own is not None:
+            return own
         cfg = self.train_config
         params = [p for g in self.optimizer.param_groups for p in g["params"]]
         return torch.nn.utils.clip_grad_norm_(
@@ -776,14 +806,20 @@ class Trainer:
         killed run would have), writing checkpoints and logs and emitting the hooks' events
         (``curvalign.train.hooks``). Returns the run directory (with ``best_step``, ``best_val``
         and ``val_history``)."""
+        try:
+            return self._fit(stop_at)
+        finally:
+            self.features.close()  # e.g. the raw-row loader's worker processes
+
+    def _fit(self, stop_at: int | None) -> TrainedRun:
         cfg = self.train_config
-        total = cfg.steps
+        total = run_steps(cfg)
         end = total if stop_at is None else min(total, stop_at)
         if not self._open_run(end):
             return self.result()
         logger = (
             RunLogger(self.run_dir, resume_step=self.step, tensorboard=cfg.tensorboard)
-            if self.is_main
+            if self.writes
             else None
         )
         schedule = _HookSchedule.of(self.hooks)
@@ -791,7 +827,7 @@ class Trainer:
         for hook in self.hooks:
             hook.on_fit_start(self)
         if self.step == 0 and self.is_main:  # loss vs log B, logit spread, radii (step-0 check)
-            self.step0_health = self._check_step0(total)
+            self.step0_health = self.features.step0_check(total)
         # the history lives in meta.json (val_history), not the log
         if validates and cfg.validates and self.step == 0 and not self.val_history:
             self._validate()  # the untrained head: the baseline model selection must beat
@@ -826,7 +862,7 @@ class Trainer:
                         self.save_checkpoint()
                     if decision is Decision.EXTEND:
                         self.extend(more)
-                        cfg, total = self.train_config, self.train_config.steps
+                        cfg, total = self.train_config, run_steps(self.train_config)
                         end = total if stop_at is None else min(total, stop_at)
                         bar.extend(end)
         finally:
@@ -842,12 +878,12 @@ class Trainer:
     def _open_run(self, end: int) -> bool:
         """Create the run folder (main process) and say whether there is training to do before
         ``end``; a run a hook stopped early, or already at ``end``, is left as it is."""
-        if self.is_main:
+        if self.writes:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             # temporaries of a writer killed mid-checkpoint (kill -9) would otherwise stay forever
             remove_stale_temp_files(self.run_dir, RUN_FILES)
             self.config.save(self.run_dir)
-        total = self.train_config.steps
+        total = run_steps(self.train_config)
         if self.stopped_early:
             self._note(
                 f"{self.run_dir} stopped early at step {self.step} (a trainer hook stopped it; "
@@ -927,7 +963,7 @@ class Trainer:
     def _validation_due(self, extra_steps: set[int]) -> bool:
         """Whether the current step validates: every ``val_every`` steps, at the last step of
         ``train.steps``, and at the steps a hook asked for."""
-        every = self.train_config.val_every
+        every = self.train_config.val_every or 0
         return (
             (every > 0 and self.step % every == 0)
             or self.step == self.train_config.steps
@@ -981,7 +1017,7 @@ class Trainer:
         return _Bar(self.config.recipe, self.step, end, enabled=self.show_progress and self.is_main)
 
 
-class TrainedRun(type(Path())):  # a concrete Path (PosixPath/WindowsPath) with the outcome
+class TrainedRun(type(Path())):  # type: ignore[misc]  # a concrete Path (PosixPath/WindowsPath) with the outcome
     """What ``train`` returns: the run directory, plus ``best_step`` / ``best_val`` (None without
     validation), ``val_history`` [(step, mean R@1)], ``last_step`` and ``stopped_early``."""
 
@@ -1273,23 +1309,27 @@ def train(
     stop_at: int | None = None,
     trainer_factory: Callable[..., Trainer] = Trainer,
     hooks: Iterable[TrainerHook] = (),
+    towers: TowersConfig | str | None = None,
 ) -> TrainedRun:
     """Train ``recipe`` on ``data`` (a spec such as ``"synthetic"``, ``"features:PATH"``, or a
-    FeatureStore) into ``out_dir``; returns the run directory.
+    FeatureStore) into ``out_dir``; returns the run directory. The one entry point for a run
+    (``curvalign.train.train``; ``train.fitting.fit`` is the typed one that returns the model).
 
     ``overrides``: ``"key=value"`` strings (or a mapping) on top of ``config_file``. ``resume``
     continues the run in ``out_dir`` (recipe and data default to the saved ones; ``steps`` may
     extend it); without it a directory that already holds files is refused unless ``overwrite``.
     ``stop_at`` ends the call early at that step with a checkpoint, as if the process were killed
     there. ``hooks``: trainer events (``curvalign.train.hooks``), passed to the Trainer.
-    Errors are ``TrainError`` with one clear message (encoders in front of the recipe:
-    ``curvalign.train.towers.train``, the same call with ``towers=``).
+    ``towers``: encoders trained in front of the recipe (a ``TowersConfig`` or its
+    ``"SPEC;key=value"`` string, ``curvalign.train.towers``); a resumed tower run reads its own
+    ``towers.json``. Errors are ``TrainError`` with one clear message.
     """
     run_dir = Path(out_dir)
     if resume and overwrite:
         raise ConfigError("--resume and --overwrite exclude each other")
     if run_dir.exists() and not run_dir.is_dir():
         raise ConfigError(f"output {run_dir} exists and is not a directory")
+    trainer_factory = _with_towers(trainer_factory, towers, run_dir, resume, overwrite)
     existed = run_dir.is_dir()
     fresh = not existed or not _holds_files(run_dir)
     with _run_lock(run_dir) as held:
@@ -1315,6 +1355,47 @@ def train(
             if held and fresh and not _has_checkpoint(run_dir):
                 _remove_unfinished(run_dir, keep_dir=existed)
             raise
+
+
+def trainer_factory_for(
+    factory: Callable[..., Trainer], towers: TowersConfig | str | None
+) -> Callable[..., Trainer]:
+    """``factory`` itself for a run on the store's features (``towers`` None); with ``towers``
+    (a ``TowersConfig`` or its ``"SPEC;key=value"`` string) the factory of a trainer with
+    towers in front of the recipe (``train.towers``)."""
+    if towers is None:
+        return factory
+    return _tower_factory(factory, towers)
+
+
+def _tower_factory(
+    factory: Callable[..., Trainer], towers: TowersConfig | str | None
+) -> Callable[..., Trainer]:
+    """The factory of a tower trainer (``towers`` None: a resumed run reads its own)."""
+    from curvalign.train.towers import tower_trainer_factory
+
+    return tower_trainer_factory(towers, None if factory is Trainer else factory)
+
+
+def _with_towers(
+    factory: Callable[..., Trainer],
+    towers: TowersConfig | str | None,
+    run_dir: Path,
+    resume: bool,
+    overwrite: bool,
+) -> Callable[..., Trainer]:
+    """``trainer_factory_for`` for a tower run (``towers`` given, or a resumed run that holds
+    ``towers.json``), the tower files of an overwritten run removed first; else ``factory``."""
+    from curvalign.train import towers as tower_training
+
+    resuming_towers = resume and (run_dir / tower_training.TOWERS_CONFIG_FILE).exists()
+    if towers is None and not resuming_towers:
+        return factory
+    if overwrite and not resume:
+        for name in tower_training.TOWER_FILES:  # _clear_run_files clears the trainer's own
+            (run_dir / name).unlink(missing_ok=True)
+        shutil.rmtree(run_dir / tower_training.TOWERS_DCP_DIR, ignore_errors=True)
+    return _tower_factory(factory, towers)
 
 
 def _train_locked(
