@@ -407,8 +407,18 @@ def test_a_range_test_whose_loss_only_rises_leaves_the_declared_range(tmp_path, 
     monkeypatch.setattr(lr_range, "lr_range_test", fake)
     study = optuna.create_study(direction="maximize")
     notes = []
-    assert tuning._lr_range("clip", TINY, tmp_path, study, RunSpec.parse("clip", TINY), 8, notes.append) is None
+    assert (
+        tuning._lr_range(
+            "clip", TINY, tmp_path, study, RunSpec.parse("clip", TINY), 8, notes.append
+        )
+        is None
+    )
     assert any("declared lr range" in n for n in notes)
     assert study.user_attrs["lr_range"]["uninformative"] is True
-    assert tuning._lr_range("clip", TINY, tmp_path, study, RunSpec.parse("clip", TINY), 8, notes.append) is None
+    assert (
+        tuning._lr_range(
+            "clip", TINY, tmp_path, study, RunSpec.parse("clip", TINY), 8, notes.append
+        )
+        is None
+    )
     assert len(calls) == 1  # read once, kept in the study

@@ -52,7 +52,7 @@ import math
 import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import torch
 from safetensors.torch import save_file
@@ -204,7 +204,7 @@ class TowerFeatures(FeatureSource):
         else:
             towers_config = towers
         self.towers_config = towers_config
-        recipe_cls = cast("type[Recipe]", recipe_class(config.recipe))
+        recipe_cls = recipe_class(config.recipe)
         try:
             check_recipe_parts(
                 sorted(recipe_cls.requires),
@@ -945,7 +945,7 @@ def transformer_blocks(towers: Towers) -> list[str]:
     items of every ``nn.ModuleList`` of one module class with parameters (open_clip's
     ``resblocks``, HF CLIP's ``layers``, BERT's ``layer``), outermost lists only."""
     found: list[str] = []
-    model = cast(nn.Module, towers.model)
+    model = towers.model
     for name, module in model.named_modules():
         if not isinstance(module, nn.ModuleList) or not len(module):
             continue
@@ -989,7 +989,7 @@ def shard_towers(towers: Towers, device: torch.device) -> list[str]:
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     blocks = transformer_blocks(towers)
     for name in blocks:
-        fully_shard(cast(nn.Module, towers.model).get_submodule(name), mesh=mesh)
+        fully_shard(towers.model.get_submodule(name), mesh=mesh)
     # FSDP2 cannot shard a 0-d parameter (open_clip's logit_scale): it stays whole on every
     # rank, on the device, its gradient (if it trains) averaged as under DDP
     scalars = {p for p in towers.parameters() if p.ndim == 0}
