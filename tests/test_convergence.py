@@ -78,7 +78,7 @@ def test_mde_shrinks_with_seeds_and_grows_with_sd():
 
 def test_benchmark_health_uses_the_same_rule():
     from curvalign.eval.health import health
-    from curvalign.report.studykit import converged as study_converged
+    from curvalign_lab.kit import converged as study_converged
 
     rising = curve([0.10, 0.20, 0.30, 0.40, 0.50, 0.60], every=20)
     plateau = curve([0.10, 0.30, 0.40, 0.42, 0.38, 0.43, 0.39, 0.42, 0.40, 0.41], every=10)

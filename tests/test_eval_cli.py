@@ -157,7 +157,7 @@ def test_study_command_rejects_unknown_name():
 
 
 def test_study_options_are_parsed_and_checked():
-    from curvalign.report.studies import parse_study_options
+    from curvalign_lab.runner import parse_study_options
 
     assert parse_study_options("atmg-curvature", ["curvatures=0.1,1,3"]) == {
         "curvatures": (0.1, 1, 3)

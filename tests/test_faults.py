@@ -613,7 +613,8 @@ def test_extract_checks_the_model_path_before_scanning_images(tmp_path, monkeypa
 def test_a_short_study_says_it_is_too_short(tmp_path):
     # each study checks its own budget (studykit.decide): below its need every claim is
     # "too short to test the claim", whatever the numbers at that length say
-    from curvalign.report import studies, studykit
+    from curvalign_lab import kit as studykit
+    from curvalign_lab import runner as studies
 
     result = studies.run_study(
         "proclip-product",

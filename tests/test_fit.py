@@ -77,7 +77,7 @@ def test_the_untrained_row_is_the_trained_runs_step_0(tmp_path, raw_store, recip
 
 @pytest.mark.parametrize("features", ["unit-norm", "unnormalised"])
 def test_a_studys_untrained_arm_is_its_trained_arms_step_0(tmp_path, raw_store, features):
-    from curvalign.report import studykit as kit
+    from curvalign_lab import kit
 
     store = _unit(raw_store) if features == "unit-norm" else raw_store
     bench = kit.Bench(tmp_path, store, TINY, 2, TINY_TRAIN, val_every=1)
