@@ -118,3 +118,14 @@ def test_a_build_in_small_blocks_finds_what_the_default_build_finds(built, tmp_p
     small = json.loads(_cli("index", "search", tmp_path / "small", *query))["results"]
     default = json.loads(_cli("index", "search", built / "idx", *query))["results"]
     assert [r["ids"] for r in small] == [r["ids"] for r in default]
+
+
+def test_embed_digests_its_files_as_it_writes_them(built, tmp_path, hashed):
+    _cli("embed", built / "run", "--out", tmp_path / "emb", "-q")
+    # only the small id map is hashed after writing; the embeddings are not read back
+    assert {name for name, _ in hashed} == {"text_to_image.npy"}
+    hashed.clear()
+    emb = load_embeddings(tmp_path / "emb", verify=True)  # the full hash agrees with the record
+    for side in ("images", "texts"):
+        assert all(np.isfinite(v).all() for v in emb.side(side).values())
+    assert any(name.startswith("images.") for name, _ in hashed)
