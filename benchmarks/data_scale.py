@@ -30,6 +30,9 @@ every 50 ms: the memory outside the maps).
 
     python benchmarks/data_scale.py --pairs 100000,1000000 --threads 1 --out /work/scale-bench
 
+``--keep`` leaves a layout in place and ``--reuse`` measures it again without writing it (a
+complete layout carries ``layout.json``); docs/scale.md gives the commands of its figures.
+
 The data is deleted at the end unless ``--keep``. Disk: about 2 GB per million pairs at 512
 dimensions (float16), plus the embeddings and index of the search stages (about 8 GB at 1M) and
 the synthetic flat index (4 (d + 1) bytes per point).

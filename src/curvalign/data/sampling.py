@@ -304,9 +304,9 @@ class BatchSampler:
         self.skipped_without_caption = int((~usable).sum())
         self.skipped_without_box = 0
         if "boxes" in self.requires:
-            self._box_order, self._box_start, box_count = _grouped(
-                store.box_to_image, store.num_images
-            )
+            box_to_image = store.box_to_image
+            assert box_to_image is not None  # has_boxes was checked above
+            self._box_order, self._box_start, box_count = _grouped(box_to_image, store.num_images)
             self._box_count = box_count
             has_box = box_count[split_ids] > 0
             self.skipped_without_box = int((usable & ~has_box).sum())
