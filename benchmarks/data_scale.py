@@ -9,9 +9,10 @@ something to learn. Then, each in its own process and, where marked cold, after 
 page cache of the files it reads (``posix_fadvise(POSIX_FADV_DONTNEED)`` on each file):
 
 - ``open``: ``load_data("clip-retrieval:DIR")`` (headers and parquet footers only);
-- ``gather``: ``--gather-steps`` batches of ``--gather-batch`` random rows of both sides read
-  from the maps with the kernel's default advice, with ``MADV_RANDOM`` (what the training
-  sampler gives), and as runs of ``CHUNK_ROWS`` contiguous rows (a chunk-shuffling sampler);
+- ``gather``: ``--gather-steps`` batches of ``--gather-batch`` rows of both sides: random rows
+  read from the maps with the kernel's default advice, and the training sampler's batches
+  (``MADV_RANDOM``) with its uniform ``shuffle="rows"`` and its default ``shuffle="chunks"``
+  (runs of neighbouring rows; docs/scale.md, "Reads");
 - ``import`` into a native store and open it (with and without the forced value scan);
 - ``train <recipe>``: ``curvalign train --recipe R --data clip-retrieval:DIR --steps S`` with the
   defaults (validation on the layout's seeded "val" split): time to the end of the first step,
@@ -28,6 +29,9 @@ counts touched pages of memory-mapped files) and ``peak anon`` (the largest ``Rs
 every 50 ms: the memory outside the maps).
 
     python benchmarks/data_scale.py --pairs 100000,1000000 --threads 1 --out /work/scale-bench
+
+``--keep`` leaves a layout in place and ``--reuse`` measures it again without writing it (a
+complete layout carries ``layout.json``); docs/scale.md gives the commands of its figures.
 
 The data is deleted at the end unless ``--keep``. Disk: about 2 GB per million pairs at 512
 dimensions (float16), plus the embeddings and index of the search stages (about 8 GB at 1M) and
@@ -50,8 +54,8 @@ from pathlib import Path
 import numpy as np
 
 MARK = "DATA_SCALE_RESULT "
-#: rows per contiguous run of the chunk-shuffling reads compared in the ``gather`` stage
-CHUNK_ROWS = 64
+#: written beside a complete layout (what it holds), read by ``--reuse``
+LAYOUT_FILE = "layout.json"
 
 
 # --- the layout ---------------------------------------------------------------------------------
@@ -76,11 +80,14 @@ def text_of(images: np.ndarray, mix: np.ndarray, rng: np.random.Generator) -> np
     return z
 
 
-def write_layout(root: Path, n: int, dim: int, shard_rows: int, seed: int = 0) -> float:
+def write_layout(
+    root: Path, n: int, dim: int, shard_rows: int, seed: int = 0, shards: list[int] | None = None
+) -> float:
     """N distinct unit-norm float16 pairs in clip-retrieval's layout under ``root``; returns
     seconds. Shards of ``shard_rows`` rows (the last one shorter), each drawn from its own
     seeded stream, so no two rows repeat. Each shard is written through a memory map in
-    chunks of 65,536 rows: the writer's memory does not grow with N."""
+    chunks of 65,536 rows: the writer's memory does not grow with N. ``shards``: write only
+    these shard numbers (the others' processes write the rest; no ``LAYOUT_FILE`` then)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -93,6 +100,8 @@ def write_layout(root: Path, n: int, dim: int, shard_rows: int, seed: int = 0) -
     mix = np.random.default_rng([seed, 1 << 30]).standard_normal((dim, dim), dtype=np.float32)
     mix /= np.sqrt(dim)
     for k, start in enumerate(range(0, n, shard_rows)):
+        if shards is not None and k not in shards:
+            continue
         rows = min(shard_rows, n - start)
         rng = np.random.default_rng([seed, k])
         img = np.lib.format.open_memmap(
@@ -120,7 +129,24 @@ def write_layout(root: Path, n: int, dim: int, shard_rows: int, seed: int = 0) -
             ),
             root / "metadata" / f"metadata_{k}.parquet",
         )
-    return time.perf_counter() - started
+    seconds = time.perf_counter() - started
+    if shards is not None:  # a part of the layout (several processes write one): no marker
+        return seconds
+    # written last: a layout without it (an interrupted write) is never reused
+    info = {"pairs": n, "dim": dim, "shard_rows": shard_rows, "seed": seed, "seconds": seconds}
+    (root / LAYOUT_FILE).write_text(json.dumps(info))
+    return seconds
+
+
+def _written(root: Path) -> dict | None:
+    """What the complete layout under ``root`` holds (``LAYOUT_FILE`` less its seconds), or
+    None where there is none."""
+    try:
+        info = json.loads((root / LAYOUT_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    info.pop("seconds", None)
+    return info
 
 
 def drop_cache(root: Path) -> bool:
@@ -288,23 +314,27 @@ def _child(argv: list[str]) -> None:
             validation_images=(meta.get("validation") or {}).get("images"),
         )
     elif mode == "gather":
-        # what a sampler's reads cost: random rows (default advice or MADV_RANDOM) or runs of
-        # CHUNK_ROWS contiguous rows at random places (a chunk-shuffling sampler), both sides
+        # what a sampler's reads cost: random rows with the kernel's default advice, or the
+        # training sampler's batches (MADV_RANDOM) with its row or chunk shuffle, both sides
+        from curvalign.data.sampling import BatchSampler
+
         spec, how, steps, batch = rest
         store = load_data(spec)
         sides = (store.image_features, store.text_features)
         n, steps, batch = len(sides[0]), int(steps), int(batch)
-        if how in ("normal", "random"):
+        rng = np.random.default_rng(0)
+        sampler = None
+        if how == "normal":
             for rows in sides:
                 rows.advise(how)
-        rng = np.random.default_rng(0)
+        else:
+            sampler = BatchSampler(store, batch, seed=0, shuffle=how)
         cpu0, io0 = resource.getrusage(resource.RUSAGE_SELF), read_bytes()  # the gathers only
         for _ in range(steps):
-            if how == "chunks":
-                first = rng.integers(0, n // CHUNK_ROWS, size=max(1, batch // CHUNK_ROWS))
-                ids = (first[:, None] * CHUNK_ROWS + np.arange(CHUNK_ROWS)).ravel()
-            else:
-                ids = rng.integers(0, n, size=batch)
+            if sampler is not None:
+                sampler.next_batch()
+                continue
+            ids = rng.integers(0, n, size=batch)
             for rows in sides:
                 rows[ids]
         row_bytes = sum(int(r.shape[1]) * r.shards[0].dtype.itemsize for r in sides)
@@ -445,14 +475,17 @@ def _ann_rows(n: int, emb: Path, exact: Path, ann: Path, args: argparse.Namespac
 
 def _gather_rows(n: int, spec: str, data: Path, args: argparse.Namespace) -> list:
     """Cold reads of ``--gather-steps`` batches of ``--gather-batch`` rows of both sides: random
-    rows with the kernel's default advice, random rows with ``MADV_RANDOM`` (what the sampler
-    does), and runs of ``CHUNK_ROWS`` contiguous rows (a chunk-shuffling sampler)."""
+    rows with the kernel's default advice (up to ``--gather-default-max`` pairs: at 10M they
+    read several GiB a step), and the training sampler's batches (``MADV_RANDOM``) with its
+    uniform row shuffle and with its chunk shuffle."""
     out = []
     for how, label in (
         ("normal", "random rows, default advice"),
-        ("random", "random rows, MADV_RANDOM"),
-        ("chunks", f"runs of {CHUNK_ROWS} rows"),
+        ("rows", "sampler, shuffle=rows"),
+        ("chunks", "sampler, shuffle=chunks"),
     ):
+        if how == "normal" and n > args.gather_default_max:
+            continue
         r = measure(
             "gather",
             spec,
@@ -463,7 +496,7 @@ def _gather_rows(n: int, spec: str, data: Path, args: argparse.Namespace) -> lis
             cold=data,
         )
         ratio = r["read_gb"] / r["needed_gb"] if r["needed_gb"] else float("nan")
-        note = f"{ratio:.1f}x the {r['needed_gb'] * 1024:.0f} MiB the rows hold"
+        note = f"{ratio:.2f}x the {r['needed_gb'] * 1024:.0f} MiB the rows hold"
         out.append(_row(n, f"gather {args.gather_steps} x {args.gather_batch}: {label}", r, note))
     return out
 
@@ -475,16 +508,21 @@ def run(args: argparse.Namespace) -> list[list[str]]:
     recipes = [r for r in args.recipes.split(",") if r]
     for n in (int(p) for p in args.pairs.split(",")):
         root = base / f"pairs_{n}"
-        if root.exists():
+        data = root / "clip-retrieval"
+        wanted = {"pairs": n, "dim": args.dim, "shard_rows": args.shard_rows, "seed": 0}
+        reuse = args.reuse and _written(data) == wanted
+        if root.exists() and not reuse:
             shutil.rmtree(root)
         try:
-            data = root / "clip-retrieval"
-            seconds = write_layout(data, n, args.dim, args.shard_rows)
+            if reuse:
+                seconds = float(json.loads((data / LAYOUT_FILE).read_text())["seconds"])
+                label = "layout (written before)"
+            else:
+                seconds = write_layout(data, n, args.dim, args.shard_rows)
+                label = "write layout"
             gb = sum(f.stat().st_size for f in data.rglob("*") if f.is_file()) / 2**30
-            print(f"N={n:,}: wrote {gb:.1f} GB of distinct pairs in {seconds:.0f} s", flush=True)
-            rows.append(
-                [f"{n:,}", "write layout", f"{seconds:.1f}", "", "", "", "", f"{gb:.1f} GB"]
-            )
+            print(f"N={n:,}: {label}: {gb:.1f} GB of distinct pairs, {seconds:.0f} s", flush=True)
+            rows.append([f"{n:,}", label, f"{seconds:.1f}", "", "", "", "", f"{gb:.1f} GB"])
             spec = f"clip-retrieval:{data}"
             rows.append(
                 _row(
@@ -528,6 +566,9 @@ def run(args: argparse.Namespace) -> list[list[str]]:
                     if vals
                     else "no validation"
                 )
+                # what the batches hold: an image and a caption row per pair (float16)
+                needed = args.steps * _batch_size(str(run_dir)) * 2 * args.dim * 2 / 2**30
+                note += f"; read {r['read_gb'] / needed:.2f}x the batches' {needed * 1024:.0f} MiB"
                 best = _best_step(run_dir)
                 if best is not None:
                     note += f"; best validation step {best}"
@@ -653,13 +694,26 @@ def main() -> None:
     parser.add_argument(
         "--gather-steps",
         type=int,
-        default=100,
-        help="batches of the cold gather comparison (0: skip it)",
+        default=128,
+        help="batches of the cold gather comparison (0: skip it; default 128: whole windows "
+        "of the chunk shuffle)",
     )
     parser.add_argument(
         "--gather-batch", type=int, default=256, help="rows per gathered batch (default 256)"
     )
+    parser.add_argument(
+        "--gather-default-max",
+        type=int,
+        default=1_000_000,
+        help="gather random rows with the default advice only for N up to this (default 1M)",
+    )
     parser.add_argument("--keep", action="store_true", help="keep the data written")
+    parser.add_argument(
+        "--reuse",
+        action="store_true",
+        help="use a complete layout of the same N, dim and shard rows left under --out by "
+        "--keep instead of writing it again",
+    )
     parser.add_argument("override", nargs="*", help="key=value training overrides")
     args = parser.parse_args()
     if args.shard_rows < 1:

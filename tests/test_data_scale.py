@@ -64,3 +64,21 @@ def test_a_bad_shard_size_names_its_flag(tmp_path: Path):
         text=True,
     )
     assert proc.returncode == 2 and "--shard-rows must be positive" in proc.stderr
+
+
+def test_shards_written_apart_make_the_layout_and_only_a_whole_one_is_reused(bench, tmp_path):
+    bench.write_layout(tmp_path / "whole", 700, 16, 256)
+    assert bench._written(tmp_path / "whole") == {
+        "pairs": 700,
+        "dim": 16,
+        "shard_rows": 256,
+        "seed": 0,
+    }
+    for k in (2, 0, 1):  # any order, any process: each shard from its own seeded stream
+        bench.write_layout(tmp_path / "parts", 700, 16, 256, shards=[k])
+    assert bench._written(tmp_path / "parts") is None  # no marker: never taken as complete
+    for k in range(3):
+        name = f"img_emb/img_emb_{k}.npy"
+        assert np.array_equal(
+            np.load(tmp_path / "whole" / name), np.load(tmp_path / "parts" / name)
+        )

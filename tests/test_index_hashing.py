@@ -98,3 +98,34 @@ def test_a_copy_without_its_times_is_hashed_once_per_process(built, tmp_path, ha
     again = load_embeddings(emb).side("images")["point"]
     assert len(hashed) == n_hashed
     np.testing.assert_array_equal(first, again)
+
+
+def test_verify_on_the_command_line_hashes_what_the_search_reads(built, hashed):
+    args = ("index", "search", built / "idx", "--query-text-ids", "0,1", "--k", "3", "--json")
+    plain = json.loads(_cli(*args))
+    assert hashed == []
+    assert json.loads(_cli(*args, "--verify")) == plain
+    names = {name for name, _ in hashed}
+    # the index's files and the embedded queries' files, each hashed in full
+    assert {"index.faiss", "ids.npy"} <= names and any(n.startswith("texts.") for n in names)
+
+
+def test_a_build_in_small_blocks_finds_what_the_default_build_finds(built, tmp_path, hashed):
+    _cli("index", "build", built / "emb", "--out", tmp_path / "small", "--block-rows", "7")
+    # the embeddings' recorded size and time: not hashed again to build (only what it wrote)
+    assert {name for name, _ in hashed} == {"index.faiss", "ids.npy"}
+    query = ("--query-text-ids", "0,4,9", "--k", "5", "--json")
+    small = json.loads(_cli("index", "search", tmp_path / "small", *query))["results"]
+    default = json.loads(_cli("index", "search", built / "idx", *query))["results"]
+    assert [r["ids"] for r in small] == [r["ids"] for r in default]
+
+
+def test_embed_digests_its_files_as_it_writes_them(built, tmp_path, hashed):
+    _cli("embed", built / "run", "--out", tmp_path / "emb", "-q")
+    # only the small id map is hashed after writing; the embeddings are not read back
+    assert {name for name, _ in hashed} == {"text_to_image.npy"}
+    hashed.clear()
+    emb = load_embeddings(tmp_path / "emb", verify=True)  # the full hash agrees with the record
+    for side in ("images", "texts"):
+        assert all(np.isfinite(v).all() for v in emb.side(side).values())
+    assert any(name.startswith("images.") for name, _ in hashed)

@@ -152,3 +152,76 @@ def test_store_without_splits_trains_on_all_images():
     store.image_split = store.split_names = None
     sampler = BatchSampler(store, 3)
     assert sorted(torch.cat([d["image"] for d in _draw(sampler, 2)]).tolist()) == list(range(6))
+
+
+# --- the chunk shuffle: runs of neighbouring rows, for memory-mapped shards ----------------------
+
+
+def test_the_row_shuffle_draws_the_batches_it_always_drew():
+    # a store in memory keeps the uniform shuffle: the first batch is torch.randperm's prefix
+    store = toy_store(num_images=50, captions=1)
+    sampler = BatchSampler(store, 8, seed=11)
+    assert sampler.shuffle == "rows" and "shuffle" not in sampler.summary()
+    expected = torch.randperm(50, generator=torch.Generator().manual_seed(11))[:8]
+    assert torch.equal(sampler.next_indices()["image"], sampler.image_ids[expected])
+
+
+@settings(max_examples=20, deadline=None)
+@given(n=st.integers(8, 120), chunk=st.integers(1, 9), window=st.integers(1, 5), data=st.data())
+def test_the_chunk_shuffle_visits_each_image_once_in_windows_of_whole_runs(n, chunk, window, data):
+    batch = data.draw(st.integers(2, min(n, 16)))
+    store = toy_store(num_images=n, captions=1)
+    sampler = BatchSampler(
+        store,
+        batch,
+        seed=data.draw(st.integers(0, 50)),
+        shuffle="chunks",
+        chunk_rows=chunk,
+        window_chunks=window,
+    )
+    order = sampler._images.order  # the first epoch, before any batch moves it
+    assert sorted(order.tolist()) == list(range(n))
+    # read in windows of `window` runs of `chunk` consecutive rows, each run whole (the last
+    # run of the rows may be short), the rows of a window in any order
+    size = {r: min(chunk, n - r * chunk) for r in range(-(-n // chunk))}
+    at, runs = 0, order // chunk
+    while at < n:
+        seen: dict[int, int] = {}
+        while at < n and not (len(seen) == window and all(seen[r] == size[r] for r in seen)):
+            seen[int(runs[at])] = seen.get(int(runs[at]), 0) + 1
+            at += 1
+        assert all(seen[r] == size[r] for r in seen) and len(seen) <= window
+    stream = torch.cat([sampler.next_indices()["image"] for _ in range(-(-2 * n // batch))])
+    for e in range(2):
+        assert sorted(stream[e * n : (e + 1) * n].tolist()) == sorted(sampler.image_ids.tolist())
+    for d in [stream[i : i + batch] for i in range(0, len(stream) - batch + 1, batch)]:
+        assert len(set(d.tolist())) == batch
+
+
+def test_the_chunk_shuffle_resumes_exactly_and_an_old_state_keeps_its_shuffle():
+    store = toy_store(num_images=90, captions=2)
+    a = BatchSampler(store, 16, seed=4, shuffle="chunks", chunk_rows=8, window_chunks=3)
+    for _ in range(7):  # past the first epoch's end
+        a.next_indices()
+    b = BatchSampler(store, 16, seed=99, shuffle="chunks", chunk_rows=8, window_chunks=3)
+    b.load_state_dict(a.state_dict())
+    for _ in range(9):
+        x, y = a.next_indices(), b.next_indices()
+        assert torch.equal(x["image"], y["image"]) and torch.equal(x["text"], y["text"])
+    # a run saved with the row shuffle resumes with it, whatever this sampler would pick
+    rows = BatchSampler(store, 16, seed=4, shuffle="rows")
+    rows.next_indices()
+    state = rows.state_dict()
+    del state["images"]["shuffle"]  # as saved before there was a choice
+    c = BatchSampler(store, 16, seed=0, shuffle="chunks")
+    c.load_state_dict(state)
+    assert c.shuffle == "rows"
+    assert torch.equal(c.next_indices()["image"], rows.next_indices()["image"])
+
+
+def test_a_bad_shuffle_is_one_clear_error():
+    store = toy_store(num_images=20, captions=1)
+    with pytest.raises(SamplingError, match="shuffle 'pages'"):
+        BatchSampler(store, 4, shuffle="pages")
+    with pytest.raises(SamplingError, match="chunk_rows"):
+        BatchSampler(store, 4, shuffle="chunks", chunk_rows=0)

@@ -106,3 +106,17 @@ def test_a_sparse_gather_reads_only_its_pages(tmp_path: Path, advice):
     dense = np.array([3, 4, 6, 8, 9])  # neighbours: the read-ahead is worth keeping
     assert torch.equal(rows[dense], torch.from_numpy(images[dense]))
     assert advice == []
+
+
+def test_the_sampler_reads_runs_of_neighbouring_rows_from_shards(tmp_path: Path):
+    # rows from the disk: the chunk shuffle by default (a page read once an epoch, not once a
+    # row); the uniform row shuffle stays available and draws what it always drew
+    write_layout(tmp_path)
+    store = load_data(f"clip-retrieval:{tmp_path},val=10,test=10")
+    auto = BatchSampler(store, batch_size=40, seed=7, chunk_rows=8, window_chunks=2)
+    assert auto.shuffle == "chunks" and auto.summary()["shuffle"]["chunk_rows"] == 8
+    order = auto._images.order
+    assert len(set((order[:16] // 8).tolist())) == 2  # one window: two whole runs of 8
+    rows = BatchSampler(store, batch_size=40, seed=7, shuffle="rows")
+    first = torch.randperm(len(rows.image_ids), generator=torch.Generator().manual_seed(7))[:40]
+    assert torch.equal(rows.next_indices()["image"], rows.image_ids[first])

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import io
 import os
 import shutil
 import signal
@@ -141,7 +142,9 @@ class NpyRowWriter:
     checked against the free space first (``check_free_space``).
 
     ``writer[start:stop] = rows`` appends ``rows`` (``start`` must be the number of rows written
-    so far), as a memory map would be assigned; ``flush()`` closes the file."""
+    so far), as a memory map would be assigned; ``flush()`` closes the file. ``sha256()`` is
+    the digest of the bytes written, kept as they are written: recording it does not read the
+    file back (from disk, once a file larger than the free page cache was evicted)."""
 
     def __init__(self, path: Path, shape: tuple[int, ...], dtype: str = "float32") -> None:
         import numpy as np
@@ -156,7 +159,10 @@ class NpyRowWriter:
         row_items = int(np.prod(self.shape[1:], dtype=np.int64))
         check_free_space(self.path, self.shape[0] * row_items * self.dtype.itemsize + 4096)
         self._handle = open(self.path, "wb")  # noqa: SIM115 - closed by flush()
-        np.lib.format.write_array_header_1_0(self._handle, header)
+        self._digest = hashlib.sha256()
+        head = io.BytesIO()
+        np.lib.format.write_array_header_1_0(head, header)
+        self._write(head.getvalue())
 
     def __setitem__(self, rows: slice, value: object) -> None:
         import numpy as np
@@ -168,8 +174,16 @@ class NpyRowWriter:
             raise ValueError(
                 f"{self.path}: a block of shape {block.shape} does not fit {self.shape}"
             )
-        self._handle.write(block.tobytes())
+        self._write(block.tobytes())
         self.rows += len(block)
+
+    def _write(self, data: bytes) -> None:
+        self._handle.write(data)
+        self._digest.update(data)
+
+    def sha256(self) -> str:
+        """Hex SHA-256 of every byte written so far (the whole file once ``flush``ed)."""
+        return self._digest.hexdigest()
 
     def flush(self) -> None:
         """Close the file (every row must have been written)."""

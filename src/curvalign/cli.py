@@ -1013,8 +1013,19 @@ def index_build_command(
     overwrite: bool = typer.Option(
         False, "--overwrite", help="Replace what --out already holds (an index built before)."
     ),
+    block_rows: int = typer.Option(
+        None,
+        "--block-rows",
+        min=1,
+        help="Items read and transformed at a time (the build's memory outside the maps is "
+        "about this many float32 rows; default: 64 MiB of them).",
+    ),
+    verify: bool = typer.Option(
+        False, "--verify", help="Hash every embeddings file read, even where size and time match."
+    ),
 ) -> None:
     """Build an index over one side of an embeddings directory."""
+    from curvalign.index.checked import verifying
     from curvalign.index.embed import (
         build_from_embeddings,
         index_build_options,
@@ -1035,9 +1046,14 @@ def index_build_command(
             nlist=nlist,
             nprobe=nprobe,
         )
-        emb = load_embeddings(embeddings)
+        if block_rows is not None:
+            options["block_rows"] = block_rows
         # SIGTERM removes the half-built index like Ctrl-C
-        with stoppable(f"{out} was left as it was before this command; run it again to write it"):
+        with (
+            verifying() if verify else contextlib.nullcontext(),
+            stoppable(f"{out} was left as it was before this command; run it again to write it"),
+        ):
+            emb = load_embeddings(embeddings, verify=verify)
             path = build_from_embeddings(emb, out, side=index_side(side), **options)
     except CurvalignError as err:
         fail(str(err))
@@ -1074,25 +1090,33 @@ def index_search_command(
         200, "--candidates", min=1, help="Rerank indexes: proxy candidates per query."
     ),
     json_output: bool = typer.Option(False, "--json", help="Print one JSON object on stdout."),
+    verify: bool = typer.Option(
+        False,
+        "--verify",
+        help="Hash every index and embeddings file read (by default a file whose size and "
+        "modification time are the recorded ones is not read to check it).",
+    ),
 ) -> None:
     """Search an index with embedded texts or images (or a .npy of points); prints a table or JSON."""
     import json
 
+    from curvalign.index.checked import verifying
     from curvalign.index.queries import search_queries
 
     text_ids = _ids_option(query_text_ids, "--query-text-ids")
     image_ids = _ids_option(query_image_ids, "--query-image-ids")
     try:
-        found = search_queries(
-            index,
-            text_ids=text_ids,
-            image_ids=image_ids,
-            queries=queries,
-            query_npy=query_npy,
-            all_queries=all_queries,
-            k=k,
-            candidates=candidates,
-        )
+        with verifying() if verify else contextlib.nullcontext():
+            found = search_queries(
+                index,
+                text_ids=text_ids,
+                image_ids=image_ids,
+                queries=queries,
+                query_npy=query_npy,
+                all_queries=all_queries,
+                k=k,
+                candidates=candidates,
+            )
     except CurvalignError as err:
         fail(str(err))
     if json_output:

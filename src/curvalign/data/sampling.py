@@ -23,9 +23,23 @@ Boxes. When the recipe requires boxes, only images with at least one box are tra
 box terms need a crop of every image in the batch); how many were left out is reported in
 ``summary``. Images without any caption cannot form a pair and are left out likewise.
 
-Reads. Memory-mapped shards (``ShardedRows``) are advised as randomly read
-(``madvise(MADV_RANDOM)``) when the sampler is made: a gathered row then costs the pages it lies
-on, not a read-ahead window around it. Which rows are drawn does not depend on it.
+Shuffles. ``shuffle="rows"`` draws each epoch's images in a uniform random permutation.
+``shuffle="chunks"`` cuts the train images (in row order) into runs of ``chunk_rows``
+consecutive rows (default 64), puts the runs in a seeded random order and shuffles the rows
+within each window of ``window_chunks`` consecutive runs of that order (default 64 runs, 4,096
+rows): still every image once per epoch, but a batch of 256 holds rows of about 64 runs (about 4
+neighbouring rows of each) and 16 consecutive batches share one window's 4,096 rows. Why:
+memory-mapped shards (``ShardedRows``) are advised as randomly read (``madvise(MADV_RANDOM)``)
+so that a gathered row costs the page it lies on, not a read-ahead window around it; a 4 KiB
+page holds 4 rows of 512-d float16, so on data larger than the page cache uniformly random rows
+read about 4 times the bytes they hold (each page is read again for each of its rows), where
+runs read each page once an epoch (about 1.06 times, a run's first and last page shared with its
+neighbours). The cost to the shuffle: rows that lie next to each other in the files (an
+embedding dump's order, often a crawl's: same site, same language) meet in one batch and one
+window more often than by chance; in-batch negatives are then slightly more alike.
+``shuffle="auto"`` (the default) takes "chunks" where a batch's rows come from memory-mapped
+shards (``clip-retrieval:DIR``) and "rows" otherwise: stores in memory draw the batches they
+always did.
 
 State. ``state_dict`` holds the generator state, the current permutations and positions, so a
 resumed run draws exactly the batches an uninterrupted run would have drawn.
@@ -41,7 +55,7 @@ from torch import Tensor
 
 from curvalign.data.batch import Batch
 from curvalign.data.features import TEXT_PARTS, FeatureStore
-from curvalign.data.sharded import advise_rows
+from curvalign.data.sharded import ShardedRows, advise_rows
 from curvalign.errors import CurvalignError
 
 #: the store fields a batch gathers rows from
@@ -59,22 +73,38 @@ class SamplingError(CurvalignError, ValueError):
     """The store cannot feed the requested batches (missing part, too few items, bad values)."""
 
 
+#: the shuffles ``BatchSampler`` offers (``shuffle=``); "auto" picks one from the store
+SHUFFLES = ("auto", "rows", "chunks")
+#: "chunks": rows of the train images taken together, in file order (64 rows of 512-d float16
+#: are 64 KiB: 16 pages, so a run costs about 17/16 of its bytes from a cold cache)
+CHUNK_ROWS = 64
+#: "chunks": runs shuffled together, each window of this many runs in a random order of its rows
+WINDOW_CHUNKS = 64
+
+
 class _EpochStream:
     """Indices ``0..n-1`` in a new random order per epoch, served in chunks of ``size`` that never
     repeat an index within one chunk."""
+
+    #: what ``state_dict`` records as the order's kind (a resumed run keeps the one it had)
+    shuffle = "rows"
 
     def __init__(self, n: int, generator: torch.Generator) -> None:
         self.n = n
         self.generator = generator
         self.epoch = 0
         self.position = 0
-        self.order = torch.randperm(n, generator=generator)
+        self.order = self._permutation()
+
+    def _permutation(self) -> Tensor:
+        """One epoch's order of ``0..n-1`` (a uniform permutation)."""
+        return torch.randperm(self.n, generator=self.generator)
 
     def take(self, size: int) -> Tensor:
         chunk = self.order[self.position : self.position + size]
         self.position += len(chunk)
         if len(chunk) < size:
-            order = torch.randperm(self.n, generator=self.generator)
+            order = self._permutation()
             seen = torch.isin(order, chunk)
             self.order = torch.cat([order[~seen], order[seen]])  # the chunk's indices go last
             self.epoch += 1
@@ -83,12 +113,16 @@ class _EpochStream:
             self.position = rest
         return chunk
 
+    def options(self) -> dict[str, Any]:
+        return {"shuffle": self.shuffle}
+
     def state_dict(self) -> dict[str, Any]:
         return {
             "n": self.n,
             "epoch": self.epoch,
             "position": self.position,
             "order": self.order.clone(),
+            **self.options(),
         }
 
     def load_state_dict(self, state: dict[str, Any], what: str) -> None:
@@ -100,6 +134,81 @@ class _EpochStream:
         self.epoch = int(state["epoch"])
         self.position = int(state["position"])
         self.order = state["order"].clone()
+
+
+class _ChunkedEpochStream(_EpochStream):
+    """``_EpochStream`` whose epoch order keeps neighbouring indices near each other: ``0..n-1``
+    cut into runs of ``chunk_rows`` consecutive indices, the runs in a random order, and each
+    window of ``window_chunks`` consecutive runs of that order in a random order of its indices.
+    Every index is still drawn once per epoch; a batch of ``B`` drawn inside a window holds
+    about ``B / window_chunks`` indices of each of up to ``window_chunks`` runs."""
+
+    shuffle = "chunks"
+
+    def __init__(
+        self, n: int, generator: torch.Generator, chunk_rows: int, window_chunks: int
+    ) -> None:
+        if chunk_rows < 1 or window_chunks < 1:
+            raise SamplingError(
+                f"chunk_rows and window_chunks must be positive, got {chunk_rows}, {window_chunks}"
+            )
+        self.chunk_rows, self.window_chunks = int(chunk_rows), int(window_chunks)
+        super().__init__(n, generator)
+
+    def _permutation(self) -> Tensor:
+        runs = -(-self.n // self.chunk_rows)
+        starts = torch.randperm(runs, generator=self.generator) * self.chunk_rows
+        order = (starts[:, None] + torch.arange(self.chunk_rows)).reshape(-1)
+        order = order[order < self.n]  # the last run may be short
+        # windows of whole runs, wherever the short run fell in the order
+        lengths = (self.n - starts).clamp(max=self.chunk_rows)
+        padded = torch.nn.functional.pad(lengths, (0, -runs % self.window_chunks))
+        sizes = padded.reshape(-1, self.window_chunks).sum(dim=1).tolist()
+        parts = [
+            part[torch.randperm(len(part), generator=self.generator)]
+            for part in torch.split(order, sizes)
+        ]
+        return torch.cat(parts)
+
+    def options(self) -> dict[str, Any]:
+        return {
+            "shuffle": self.shuffle,
+            "chunk_rows": self.chunk_rows,
+            "window_chunks": self.window_chunks,
+        }
+
+
+def _stream(n: int, generator: torch.Generator, options: dict[str, Any]) -> _EpochStream:
+    """The epoch stream ``options`` (``_EpochStream.options()``) describe."""
+    if options.get("shuffle", "rows") == "chunks":
+        return _ChunkedEpochStream(
+            n, generator, int(options["chunk_rows"]), int(options["window_chunks"])
+        )
+    return _EpochStream(n, generator)
+
+
+def _memory_mapped(value: Any) -> bool:
+    """True for rows read from memory-mapped shards (``ShardedRows``)."""
+    return isinstance(value, ShardedRows)
+
+
+def _shuffle_options(
+    store: FeatureStore, shuffle: str, chunk_rows: int, window_chunks: int
+) -> dict[str, Any]:
+    """The stream options of ``shuffle`` on ``store``: "auto" is "chunks" where a batch's rows
+    come from memory-mapped shards (the disk), "rows" otherwise."""
+    if shuffle not in SHUFFLES:
+        raise SamplingError(f"shuffle {shuffle!r}; expected one of {list(SHUFFLES)}")
+    if shuffle == "auto":
+        mapped = any(_memory_mapped(getattr(store, name, None)) for name in _ROW_FIELDS)
+        shuffle = "chunks" if mapped else "rows"
+    if shuffle == "rows":
+        return {"shuffle": "rows"}
+    if chunk_rows < 1 or window_chunks < 1:
+        raise SamplingError(
+            f"chunk_rows and window_chunks must be positive, got {chunk_rows}, {window_chunks}"
+        )
+    return {"shuffle": "chunks", "chunk_rows": int(chunk_rows), "window_chunks": int(window_chunks)}
 
 
 def _grouped(owner: Tensor, n_owners: int) -> tuple[Tensor, Tensor, Tensor]:
@@ -147,6 +256,9 @@ class BatchSampler:
         recipe: str = "this recipe",
         data: str = "this data",
         text_tokens: bool = False,
+        shuffle: str = "auto",
+        chunk_rows: int = CHUNK_ROWS,
+        window_chunks: int = WINDOW_CHUNKS,
     ) -> None:
         self.store = store
         self.text_tokens = bool(text_tokens)
@@ -192,9 +304,9 @@ class BatchSampler:
         self.skipped_without_caption = int((~usable).sum())
         self.skipped_without_box = 0
         if "boxes" in self.requires:
-            self._box_order, self._box_start, box_count = _grouped(
-                store.box_to_image, store.num_images
-            )
+            box_to_image = store.box_to_image
+            assert box_to_image is not None  # has_boxes was checked above
+            self._box_order, self._box_start, box_count = _grouped(box_to_image, store.num_images)
             self._box_count = box_count
             has_box = box_count[split_ids] > 0
             self.skipped_without_box = int((usable & ~has_box).sum())
@@ -206,8 +318,9 @@ class BatchSampler:
                 f"batch_size {self.batch_size} is larger than the {n} usable {split} images "
                 f"of data {data!r}; set batch_size to at most {n}"
             )
+        n_pairs = 0
         if "text_pairs" in self.requires:
-            n_pairs = int(store.pair_a_features.shape[0])
+            n_pairs = len(store.field("pair_a_features"))
             if n_pairs < self.pair_batch_size:
                 raise SamplingError(
                     f"pair_batch_size {self.pair_batch_size} is larger than the {n_pairs} "
@@ -219,10 +332,12 @@ class BatchSampler:
         for name in _ROW_FIELDS:
             advise_rows(getattr(store, name, None), "random")
 
+        #: the stream options (``_EpochStream.options``) of this sampler's shuffle
+        self.options = _shuffle_options(store, shuffle, chunk_rows, window_chunks)
         self.generator = torch.Generator().manual_seed(int(seed))
-        self._images = _EpochStream(n, self.generator)
+        self._images = _stream(n, self.generator, self.options)
         self._pairs = (
-            _EpochStream(int(store.pair_a_features.shape[0]), self.generator)
+            _stream(n_pairs, self.generator, self.options)
             if "text_pairs" in self.requires
             else None
         )
@@ -234,13 +349,15 @@ class BatchSampler:
 
     def summary(self) -> dict[str, Any]:
         """What the sampler trains on, for meta.json and the user's notes."""
-        out = {
+        out: dict[str, Any] = {
             "train_images": len(self.image_ids),
             "skipped_without_caption": self.skipped_without_caption,
             "skipped_without_box": self.skipped_without_box,
         }
         if self._pairs is not None:
             out["text_pairs"] = self._pairs.n
+        if self.shuffle != "rows":
+            out["shuffle"] = dict(self.options)
         return out
 
     def _pick(self, owners: Tensor, order: Tensor, start: Tensor, count: Tensor) -> Tensor:
@@ -296,7 +413,26 @@ class BatchSampler:
             state["pairs"] = self._pairs.state_dict()
         return state
 
+    @property
+    def shuffle(self) -> str:
+        """The shuffle the batches are drawn with: "rows" or "chunks" (module docstring)."""
+        return self._images.shuffle
+
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue where ``state`` (``state_dict``) left off: the same batches an uninterrupted
+        run draws next, with the shuffle the state was saved with (a state without one was
+        saved by the row shuffle, the only one there was)."""
+        saved = {
+            k: v
+            for k, v in state["images"].items()
+            if k in ("shuffle", "chunk_rows", "window_chunks")
+        }
+        saved.setdefault("shuffle", "rows")
+        if saved != self._images.options():
+            self.options = saved
+            self._images = _stream(self._images.n, self.generator, saved)
+            if self._pairs is not None:
+                self._pairs = _stream(self._pairs.n, self.generator, saved)
         self._images.load_state_dict(state["images"], "train images")
         if self._pairs is not None:
             if "pairs" not in state:

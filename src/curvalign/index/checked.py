@@ -15,13 +15,17 @@ keeps the bytes too. A file whose recorded time was deliberately restored after 
 changed is only caught by ``full=True``.
 
 A digest checked in this process is remembered by (path, inode, size, mtime), so an index
-copied without its times is hashed once per process, not once per call.
+copied without its times is hashed once per process, not once per call. Inside ``verifying()``
+(``curvalign index search --verify``, ``index build --verify``) every file checked is hashed
+whatever its size and time.
 """
 
 from __future__ import annotations
 
 import os
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from curvalign._io import verify_file
@@ -33,6 +37,20 @@ STATS_KEY = "file_stats"
 _BACKDATE_S = 2
 
 _checked: dict[tuple[str, int, int, int], str] = {}
+#: nesting depth of ``verifying()``: above 0, every ``check_file`` hashes the whole file
+_verifying = 0
+
+
+@contextmanager
+def verifying() -> Iterator[None]:
+    """Within it, ``check_file`` hashes every file it checks (as ``full=True``), however it
+    was opened: the full check a user asks for with ``--verify``."""
+    global _verifying
+    _verifying += 1
+    try:
+        yield
+    finally:
+        _verifying -= 1
 
 
 def seal_files(directory: Path, names: list[str]) -> dict[str, list[int]]:
@@ -67,6 +85,7 @@ def check_file(
     path = Path(path)
     if not sha256 or path.name not in sha256:
         return
+    full = full or _verifying > 0
     try:
         st = path.stat()
     except OSError as err:
@@ -82,4 +101,4 @@ def check_file(
     _checked[key] = sha256[path.name]
 
 
-__all__ = ["STATS_KEY", "check_file", "seal_files"]
+__all__ = ["STATS_KEY", "check_file", "seal_files", "verifying"]

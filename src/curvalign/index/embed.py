@@ -142,6 +142,9 @@ def embed_store(
         ]
     keys: dict[str, dict[str, Any]] = {}
     counts: dict[str, int] = {}
+    # digests taken as the files are written: hashing them afterwards read back 4 GB at 1M
+    # pairs (512-d float32 per side), from disk once they no longer fit the page cache
+    digests: dict[str, str] = {}
     files: dict[str, dict[str, str]] = {}
     geometry = {key: g.kind for key, g in recipe.geometries().items()}
     with staged_directory(out) as tmp:
@@ -176,11 +179,12 @@ def embed_store(
                     advance(min(n, start + batch_size) - start)
             for m in maps.values():
                 m.flush()
+                digests[m.path.name] = m.sha256()
             del maps
         np.save(tmp / "text_to_image.npy", np.asarray(store.text_to_image, dtype=np.int64))
         written = [name for side_files in files.values() for name in side_files.values()]
         meta = {
-            CHECKSUMS_KEY: file_checksums(tmp, [*written, "text_to_image.npy"]),
+            CHECKSUMS_KEY: {**digests, **file_checksums(tmp, ["text_to_image.npy"])},
             STATS_KEY: seal_files(tmp, [*written, "text_to_image.npy"]),
             "format_version": FORMAT_VERSION,
             "recipe": recipe.name,
