@@ -310,3 +310,30 @@ def test_projections_keep_the_alignment_cosine_when_wide_enough(stores, extra):
     assert float((train_texts @ a_txt.double()).norm(dim=-1).mean()) == pytest.approx(
         alignment.text_norm, rel=0.02
     )
+
+
+def test_a_capped_split_is_read_in_runs_of_consecutive_rows():
+    # a memory-mapped shard reads whole pages: a cap drawn as runs of neighbouring rows reads
+    # each page once, where an evenly strided sample would read one page per row
+    from types import SimpleNamespace
+
+    from curvalign.data import alignment
+
+    n = 10 * alignment.SAMPLE_RUN_ROWS * 7
+    features = torch.arange(n, dtype=torch.float64)[:, None].repeat(1, 3)
+    store = SimpleNamespace(
+        split_image_ids=lambda split: torch.arange(n),
+        num_images=n,
+        text_to_image=torch.arange(n),
+        image_features=features,
+        text_features=features,
+    )
+    images, texts, owner, _ = alignment.split_pairs(
+        store, "train", max_rows=10 * alignment.SAMPLE_RUN_ROWS
+    )
+    rows = images[:, 0].long()
+    assert len(rows) == 10 * alignment.SAMPLE_RUN_ROWS
+    assert torch.equal(texts[owner, 0], images[owner, 0])  # each text beside its own image
+    steps = rows.diff()
+    assert int((steps != 1).sum()) == 9  # ten runs, nine jumps between them
+    assert rows.min() == 0 and rows.max() == n - 1  # the runs span the whole split
