@@ -113,12 +113,12 @@ def _(P: Tensor, Qi: Tensor, s: Tensor, grad: Tensor) -> tuple[Tensor, Tensor, T
     return torch.empty_like(P), torch.empty_like(Qi), torch.empty_like(s)
 
 
-def _l1_setup(ctx, inputs, output) -> None:  # type: ignore[no-untyped-def]  # noqa: ANN001
+def _l1_setup(ctx, inputs, output) -> None:  # noqa: ANN001
     P, Qi, s, _ = inputs
     ctx.save_for_backward(P, Qi, s)
 
 
-def _l1_grad(ctx, grad: Tensor):  # type: ignore[no-untyped-def]  # noqa: ANN001, ANN202
+def _l1_grad(ctx, grad: Tensor):  # noqa: ANN001, ANN202
     P, Qi, s = ctx.saved_tensors
     return (*_l1_backward(P, Qi, s, grad), None)
 

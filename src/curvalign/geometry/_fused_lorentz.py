@@ -244,7 +244,7 @@ def _dist_backward(
     return gX, gY, gc
 
 
-def _backward_fake(grad, X, Y, c, G, state, need_x, need_y, need_c, scale=1.0):  # type: ignore[no-untyped-def]
+def _backward_fake(grad, X, Y, c, G, state, need_x, need_y, need_c, scale=1.0):
     """Shapes of either backward op's gradients (empty where not needed)."""
     return tuple(
         torch.empty_like(t) if need else _unused(t)
@@ -255,7 +255,7 @@ def _backward_fake(grad, X, Y, c, G, state, need_x, need_y, need_c, scale=1.0): 
 _dist_backward.register_fake(_backward_fake)
 
 
-def _save_with_gram(ctx, inputs, output) -> None:  # type: ignore[no-untyped-def]
+def _save_with_gram(ctx, inputs, output) -> None:
     X, Y, c = inputs[:3]
     ctx.scale = inputs[4] if len(inputs) > 4 else 1.0
     _, G, state = output
@@ -267,7 +267,7 @@ def _save_with_gram(ctx, inputs, output) -> None:  # type: ignore[no-untyped-def
     ctx.gram, ctx.gram_state = G, state
 
 
-def _take_gram(ctx, X: Tensor, Y: Tensor) -> tuple[Tensor, Tensor]:  # type: ignore[no-untyped-def]
+def _take_gram(ctx, X: Tensor, Y: Tensor) -> tuple[Tensor, Tensor]:
     """The kept Gram matrix and its state for the backward op, released from ``ctx`` so that it
     does not outlive the backward while the output lives on; a second backward
     (``retain_graph=True``) gets a fresh buffer marked consumed, which the op fills first."""
@@ -279,7 +279,7 @@ def _take_gram(ctx, X: Tensor, Y: Tensor) -> tuple[Tensor, Tensor]:  # type: ign
     return G, state
 
 
-def _dist_grad(ctx, grad, _grad_gram, _grad_state):  # type: ignore[no-untyped-def]
+def _dist_grad(ctx, grad, _grad_gram, _grad_state):
     X, Y, c = ctx.saved_tensors
     G, state = _take_gram(ctx, X, Y)
     if grad is None:  # the output unused (grads are not materialised): no gradient
@@ -438,7 +438,7 @@ def _angle_kernel_backward(
 _angle_backward.register_fake(_backward_fake)
 
 
-def _angle_grad(ctx, grad, _grad_gram, _grad_state):  # type: ignore[no-untyped-def]
+def _angle_grad(ctx, grad, _grad_gram, _grad_state):
     X, Y, c = ctx.saved_tensors
     G, state = _take_gram(ctx, X, Y)
     if grad is None:  # the output unused (grads are not materialised): no gradient
@@ -528,11 +528,11 @@ def _pair_backward(
 
 
 @_pair_backward.register_fake
-def _(grad_xy, grad_yx, X, Y, c, G, Gt, state):  # type: ignore[no-untyped-def]
+def _(grad_xy, grad_yx, X, Y, c, G, Gt, state):
     return torch.empty_like(X), torch.empty_like(Y), torch.empty_like(c)
 
 
-def _pair_setup(ctx, inputs, output) -> None:  # type: ignore[no-untyped-def]
+def _pair_setup(ctx, inputs, output) -> None:
     X, Y, c = inputs
     _, _, G, Gt, state = output
     ctx.mark_non_differentiable(G, Gt, state)
@@ -541,7 +541,7 @@ def _pair_setup(ctx, inputs, output) -> None:  # type: ignore[no-untyped-def]
     ctx.gram = (G, Gt, state)  # written over by the backward: not saved tensors (see above)
 
 
-def _pair_grad(ctx, grad_xy, grad_yx, _g, _gt, _state):  # type: ignore[no-untyped-def]
+def _pair_grad(ctx, grad_xy, grad_yx, _g, _gt, _state):
     X, Y, c = ctx.saved_tensors
     G, Gt, state = ctx.gram if ctx.gram is not None else (None, None, None)
     ctx.gram = None

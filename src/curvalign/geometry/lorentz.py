@@ -129,14 +129,14 @@ class _Expmap0(torch.autograd.Function):
     formed. ``v: [..., d]``, ``c`` broadcast to ``[..., 1]`` (working dtype)."""
 
     @staticmethod
-    def forward(ctx, v: Tensor, c: Tensor, sq: Tensor) -> Tensor:  # type: ignore[override]
+    def forward(ctx, v: Tensor, c: Tensor, sq: Tensor) -> Tensor:
         r = torch.sqrt(c * sq)
         f, df_over_r = _sinhc_terms(r, v.dtype)
         ctx.save_for_backward(v, c, sq, f, df_over_r)
         return v * f
 
     @staticmethod
-    def backward(ctx, g: Tensor) -> tuple[Tensor | None, Tensor | None, None]:  # type: ignore[override]
+    def backward(ctx, g: Tensor) -> tuple[Tensor | None, Tensor | None, None]:
         v, c, sq, f, df_over_r = ctx.saved_tensors
         gv_dot = torch.linalg.vecdot(g, v).unsqueeze(-1)  # [..., 1]
         kappa = gv_dot * df_over_r
@@ -459,7 +459,7 @@ class _PairwiseAcosh(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, P: Tensor, Q: Tensor, s: Tensor, reduce_sum: bool, block: int) -> Tensor:  # type: ignore[override]
+    def forward(ctx, P: Tensor, Q: Tensor, s: Tensor, reduce_sum: bool, block: int) -> Tensor:
         k, N, _ = P.shape
         M = Q.shape[1]
         ctx.reduce_sum, ctx.block, ctx.w0 = reduce_sum, block, eps(P.dtype)
@@ -483,7 +483,7 @@ class _PairwiseAcosh(torch.autograd.Function):
 
     @staticmethod
     @no_autocast  # the backward runs outside the forward's context: keep float32 here too
-    def backward(ctx, grad: Tensor):  # type: ignore[override]
+    def backward(ctx, grad: Tensor):
         need_p, need_q, need_s = ctx.needs_input_grad[:3]
         w0 = ctx.w0
         if not ctx.reduce_sum:
@@ -522,17 +522,20 @@ class _PairwiseAcosh(torch.autograd.Function):
                 r = torch.addcmul(u, u, u).sqrt_()
                 if need_s:  # sum over the block of grad * acosh, as a matrix-vector product
                     acosh = torch.add(r, u).mul_(2.0).log1p_()
+                    assert gs is not None
                     gs[j0:j1] += acosh.flatten(1) @ g.reshape(-1)
                     del acosh
                 G = r.clamp_min_(r_floor).reciprocal_().masked_fill_(u == 0.0, 0.0).mul_(g)
                 del w, u, r
                 s3b = s3[j0:j1]
                 if need_p:
+                    assert gP is not None and Qt is not None
                     gP[j0:j1, i0:i1] = torch.bmm(Qt[j0:j1], G.transpose(1, 2)).transpose(1, 2)
                     gP[j0:j1, i0:i1] *= -s3b
                 if need_q:
+                    assert gQt is not None and Pt is not None
                     gQt[j0:j1] -= torch.bmm(Pt[j0:j1, :, i0:i1], G).mul_(s3b)
-        if need_q:
+        if gQt is not None:
             gQ = gQt.transpose(1, 2)
         return gP, gQ, gs, None, None
 
@@ -600,7 +603,7 @@ class _PairwiseExteriorAngle(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, Xs, Y, txs, u, a, ty):  # type: ignore[no-untyped-def, override]
+    def forward(ctx, Xs, Y, txs, u, a, ty):
         e = eps(Xs.dtype)
         q_min = e * (1.0 + e)
         Gs = torch.bmm(Xs, Y.transpose(1, 2))
@@ -619,7 +622,7 @@ class _PairwiseExteriorAngle(torch.autograd.Function):
 
     @staticmethod
     @no_autocast  # the backward runs outside the forward's context: keep float32 here too
-    def backward(ctx, grad):  # type: ignore[no-untyped-def, override]
+    def backward(ctx, grad):
         Xs, Y, txs, u, a, ty, h, den, cos, floored = ctx.saved_tensors
         r = torch.addcmul(torch.ones_like(cos), cos, cos, value=-1.0).rsqrt_().mul_(grad)
         p = r * den  # -dL/dn

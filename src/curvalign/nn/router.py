@@ -291,8 +291,13 @@ class PairwiseRouter(nn.Module):
         ``_chunk_logits``, its hidden layers never stored (recomputed per tile in backward)."""
         work = sh.dtype
         fc2, fc3 = self.tail[2], self.tail[5]
-        drops = (self.tail[1], self.tail[4])
-        thresholds = tuple(d.threshold if d.training else 0 for d in drops)
+        assert isinstance(fc2, nn.Linear) and isinstance(fc3, nn.Linear)
+        drop1, drop2 = self.tail[1], self.tail[4]
+        assert isinstance(drop1, BitDropout) and isinstance(drop2, BitDropout)
+        thresholds = (
+            drop1.threshold if drop1.training else 0,
+            drop2.threshold if drop2.training else 0,
+        )
         # the masks' seed from torch's generator: torch.manual_seed reproduces them
         # (a tensor, not an int: under torch.compile a Python int would be baked into the graph)
         seed = torch.randint(0, 2**62, (), dtype=torch.int64) if any(thresholds) else 0

@@ -16,6 +16,7 @@ Loss (docs/design.md; the HyCoCLIP code as reused by PHyCLIP)
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
 
 from torch import Tensor
 
@@ -119,7 +120,7 @@ class Hycoclip(LorentzRecipe):
                 local[parent], local[child], c, eta=eta[kind], K=cfg.aperture_K
             )
             terms[name] = cfg.entailment_weight * 0.5 * cone
-        total = sum(terms.values())
+        total = cast(Tensor, sum(terms.values()))
         return LossOutput(
             total=total,
             terms=terms,
