@@ -100,7 +100,7 @@ def build_loss_path(case: str, batch: int, dim: int, k: int):  # noqa: ANN201 - 
             return lorentz.expmap0(v.unflatten(-1, (k, dim // k)) * scale, c)
         return lorentz.expmap0(v * scale, c)
 
-    def step() -> None:
+    def step() -> torch.Tensor:
         a, b = inputs
         if case == "cosine-loss":
             s = S.cosine_scores(F.normalize(a, dim=-1), F.normalize(b, dim=-1))
@@ -117,8 +117,11 @@ def build_loss_path(case: str, batch: int, dim: int, k: int):  # noqa: ANN201 - 
         else:
             raise ValueError(case)
         loss.backward()
+        finite = all(bool(torch.isfinite(t.grad).all()) for t in inputs if t.grad is not None)
+        reached = all(t.grad is not None for t in inputs)
         for t in (*inputs, tau, c, scale):
             t.grad = None
+        return torch.tensor([float(loss.detach()), float(finite and reached)])
 
     return prepare, step
 

@@ -14,6 +14,8 @@ float64 reference; edges x = y, tiny and huge norms, c at 0.1 and 10; bf16 autoc
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -283,3 +285,23 @@ def test_recipes_use_the_fused_loss_path(name: str, node: str, count: int) -> No
     names = [type(n).__name__ for n in _nodes(list(out.terms.values()))]
     assert sum(node in n for n in names) == count, f"{name}: {sorted(names)}"
     assert any("Expmap0" in n for n in names), f"{name}: no fused exponential map"
+
+
+def test_benchmark_loss_path_cases_run_and_reach_every_input() -> None:
+    """``benchmarks/geometry.py --loss-path``: each case runs forward + backward on fresh
+    features (tiny here) through the public functions, the gradients reach the features."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "geometry.py"
+    spec = importlib.util.spec_from_file_location("bench_geometry", path)
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    assert bench.LOSS_CASES == ("cosine-loss", "lorentz-loss", "exterior-loss", "l1-loss")
+    for case in bench.LOSS_CASES:
+        prepare, step = bench.build_loss_path(case, 6, 16, 4)
+        prepare()
+        loss, grads_ok = step().tolist()
+        assert math.isfinite(loss) and loss > 0, case  # InfoNCE of 6 pairs: positive
+        assert grads_ok == 1.0, f"{case}: a feature got no or a non-finite gradient"
