@@ -159,6 +159,18 @@ def test_l1_scale_folded_into_the_kernel(dtype: torch.dtype) -> None:
     _check(S.product_average_distance_scores, ref, [X, Y, c], [w], dtype)
 
 
+@needs_kernel
+def test_scaled_distances_gradcheck_tiny_case() -> None:
+    X = _points(20, (4, 3)).requires_grad_()
+    Y = _points(21, (3, 3), 2.0).requires_grad_()
+    c = torch.tensor(0.7, dtype=f64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda X, Y, c: L.pairwise_dist(X, Y, c, scale=-0.5), (X, Y, c))
+    Xk = _points(22, (4, 2, 3)).requires_grad_()
+    Yk = _points(23, (3, 2, 3), 2.0).requires_grad_()
+    ck = torch.tensor([0.3, 3.0], dtype=f64, requires_grad=True)
+    assert torch.autograd.gradcheck(S.product_average_distance_scores, (Xk, Yk, ck))
+
+
 # --- both exterior angles from one Gram matrix ------------------------------------------------
 
 
