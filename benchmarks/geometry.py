@@ -22,6 +22,7 @@ the median per case is reported; the ratios to cosine come from that one run.
 
     python benchmarks/geometry.py                       # B=4096, D=512, k=64, d=8
     python benchmarks/geometry.py --batch 1024 --repeats 3
+    python benchmarks/geometry.py --loss-path --repeats 5   # the whole loss path a user runs
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ import sys
 import time
 
 CASES = ("cosine", "lorentz", "lorentz-ref", "exterior", "exterior-ref", "l1", "l1-ref")
+#: the whole loss path a user runs (``--loss-path``): fresh tangent features in, loss out
+LOSS_CASES = ("cosine-loss", "lorentz-loss", "exterior-loss", "l1-loss")
 
 
 def _rss_kib(field: str) -> int:
@@ -52,6 +55,75 @@ def _reset_peak() -> bool:
         return True
     except OSError:
         return False
+
+
+def build_loss_path(case: str, batch: int, dim: int, k: int):  # noqa: ANN201 - two closures
+    """``(prepare, step)`` for one whole-loss-path case: ``prepare`` makes fresh tangent features
+    (untimed), ``step`` runs what a recipe runs on them, forward + backward, through the public
+    functions (so it times whatever path the recipes take):
+
+      cosine-loss    CLIP: ``F.normalize`` both sides, ``cosine_scores``, symmetric InfoNCE
+      lorentz-loss   MERU: ``expmap0(s v, c)`` both sides (learnable scale ``s``, curvature
+                     ``c``), ``lorentz_distance_scores``, symmetric InfoNCE on one matrix and
+                     its transpose (``recipes/base.py``'s distance InfoNCE)
+      exterior-loss  AtMG: ``expmap0(s v, c)``, ``losses.angle_contrastive_loss`` (the angle
+                     at the text and the angle at the image, AtMG Eq. 11)
+      l1-loss        PHyCLIP: ``[B, k, d]`` tangents, a scale per factor, ``expmap0`` with
+                     ``c: [k]``, ``product_average_distance_scores``, symmetric InfoNCE
+
+    Features have norm about ``sqrt(D)`` and the scales start at the recipes' step-0 values
+    (tangent norm about 1: ``1/sqrt(D)``, per factor ``1/sqrt(d)``); temperature 0.07, learnable.
+    """
+    import torch
+    import torch.nn.functional as F
+
+    from curvalign import scores as S
+    from curvalign.geometry import lorentz
+    from curvalign.losses import angle_contrastive_loss, info_nce, symmetric_info_nce
+
+    torch.manual_seed(0)
+    tau = torch.tensor(0.07, requires_grad=True)
+    is_l1 = case == "l1-loss"
+    c = torch.ones(k, requires_grad=True) if is_l1 else torch.tensor(1.0, requires_grad=True)
+    scale = (
+        torch.full((k, 1), (dim // k) ** -0.5, requires_grad=True)
+        if is_l1
+        else torch.tensor(dim**-0.5, requires_grad=True)
+    )
+    inputs: list[torch.Tensor] = []
+
+    def prepare() -> None:
+        inputs[:] = [torch.randn(batch, dim).requires_grad_() for _ in range(2)]
+
+    def points(v: torch.Tensor) -> torch.Tensor:
+        if is_l1:
+            return lorentz.expmap0(v.unflatten(-1, (k, dim // k)) * scale, c)
+        return lorentz.expmap0(v * scale, c)
+
+    def step() -> torch.Tensor:
+        a, b = inputs
+        if case == "cosine-loss":
+            s = S.cosine_scores(F.normalize(a, dim=-1), F.normalize(b, dim=-1))
+            loss = symmetric_info_nce(s, s.T, tau)
+        elif case == "lorentz-loss":
+            s = S.lorentz_distance_scores(points(a), points(b), c)
+            loss = symmetric_info_nce(s, s.T, tau)
+        elif case == "exterior-loss":
+            t, y = points(a), points(b)
+            loss = angle_contrastive_loss(t, y, t, y, c, tau)
+        elif case == "l1-loss":
+            s = S.product_average_distance_scores(points(a), points(b), c)
+            loss = 0.5 * (info_nce(s, tau) + info_nce(s.T, tau))
+        else:
+            raise ValueError(case)
+        loss.backward()
+        finite = all(bool(torch.isfinite(t.grad).all()) for t in inputs if t.grad is not None)
+        reached = all(t.grad is not None for t in inputs)
+        for t in (*inputs, tau, c, scale):
+            t.grad = None
+        return torch.tensor([float(loss.detach()), float(finite and reached)])
+
+    return prepare, step
 
 
 def build_step(case: str, batch: int, dim: int, k: int):  # noqa: ANN201 - returns a closure
@@ -154,6 +226,50 @@ def time_round_robin(
     return {case: statistics.median(ts) for case, ts in times.items()}
 
 
+def time_loss_paths(
+    cases: list[str], batch: int, dim: int, k: int, repeats: int
+) -> dict[str, dict[str, float]]:
+    """Best and median fwd + bwd time per whole-loss-path case, fresh inputs every call (made
+    before the clock starts), the cases interleaved in each round."""
+    built = {case: build_loss_path(case, batch, dim, k) for case in cases}
+    for prepare, step in built.values():
+        prepare()
+        step()  # warm-up
+    times: dict[str, list[float]] = {case: [] for case in cases}
+    for _ in range(repeats):
+        for case, (prepare, step) in built.items():
+            prepare()
+            t0 = time.perf_counter()
+            step()
+            times[case].append(time.perf_counter() - t0)
+    return {case: {"best": min(ts), "median": statistics.median(ts)} for case, ts in times.items()}
+
+
+def loss_path_report(args: argparse.Namespace) -> None:
+    """``--loss-path``: the whole loss path of each geometry against cosine, one run."""
+    import torch
+
+    targets = {"lorentz-loss": 1.10, "exterior-loss": 1.10, "l1-loss": 4.5}
+    t = time_loss_paths(list(LOSS_CASES), args.batch, args.dim, args.factors, args.repeats)
+    print(
+        f"whole loss path (fresh tangent features -> expmap0 -> scores -> symmetric InfoNCE), "
+        f"fwd+bwd, B={args.batch}, D={args.dim}, k={args.factors}, d={args.dim // args.factors},"
+        f" {torch.get_num_threads()} thread(s), {args.repeats} interleaved rounds; load "
+        f"{os.getloadavg()[0]:.2f}"
+    )
+    print(f"{'case':<14} {'best (s)':>9} {'x cosine':>9} {'median':>9} {'x cosine':>9}  target")
+    base = t["cosine-loss"]
+    for case in LOSS_CASES:
+        rb = t[case]["best"] / base["best"]
+        rm = t[case]["median"] / base["median"]
+        tgt = targets.get(case)
+        verdict = "" if tgt is None else f"<= {tgt}x " + ("met" if rb <= tgt else "MISSED")
+        print(
+            f"{case:<14} {t[case]['best']:9.3f} {rb:9.2f} {t[case]['median']:9.3f} {rm:9.2f}  "
+            f"{verdict}"
+        )
+
+
 def _spawn_memory(case: str, args: argparse.Namespace, batch: int) -> dict:
     cmd = [
         sys.executable,
@@ -192,6 +308,12 @@ def main() -> None:
     p.add_argument(
         "--cases", default=",".join(CASES), help="comma-separated subset of " + ",".join(CASES)
     )
+    p.add_argument(
+        "--loss-path",
+        action="store_true",
+        help="time the whole loss path (tangent features in) of each geometry against cosine "
+        "instead (best and median of --repeats interleaved rounds)",
+    )
     p.add_argument("--_case", default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.dim % args.factors:
@@ -207,6 +329,10 @@ def main() -> None:
 
     if args.threads:
         torch.set_num_threads(args.threads)
+
+    if args.loss_path:
+        loss_path_report(args)
+        return
 
     cases = [c.strip() for c in args.cases.split(",") if c.strip()]
     unknown = set(cases) - set(CASES)

@@ -1,4 +1,5 @@
-"""Where a training step's time goes: head, score, router, loss, optimiser (benchmarks/scale.py)."""
+"""Where a training step's time goes: head, score, router, loss, optimiser (benchmarks/scale.py),
+and PHyCLIP's loss part by part (``python benchmarks/step_parts.py --batch 1024``)."""
 
 from __future__ import annotations
 
@@ -130,3 +131,114 @@ def part_breakdown(trainer, progress) -> dict[str, float]:  # noqa: ANN001 - Tra
     seconds["loss"] += max((b0 - start) - sum(forward.values()), 0.0)
     seconds["total"] = total
     return seconds
+
+
+# --- PHyCLIP's loss, part by part -------------------------------------------------------------
+
+
+def phyclip_loss_parts(batch: int, k: int, d: int, rounds: int) -> dict[str, float]:
+    """Best seconds (forward + backward, fresh inputs, interleaved rounds) of the pieces of
+    PHyCLIP's loss against a cosine InfoNCE of the same batch and width ``k d``: ``cosine``
+    (CLIP's score + both InfoNCE directions), ``l1 score`` (one ``product_average_distance_scores``
+    matrix + both directions; a step has two), ``l1 forward`` and ``l1 backward`` (the kernel's
+    two passes under an incoming gradient), ``entailment`` (one ``entailment_cone_loss`` on
+    ``[B, k, d]``; a step has four) and ``expmap0`` (one head's map; a step has four)."""
+    import torch.nn.functional as F
+
+    from curvalign.geometry import lorentz, product
+    from curvalign.losses import entailment_cone_loss, info_nce
+    from curvalign.scores import cosine_scores, product_average_distance_scores
+
+    torch.manual_seed(0)
+    c = torch.ones(k, requires_grad=True)
+
+    def points() -> torch.Tensor:
+        return lorentz.expmap0(torch.randn(batch, k, d) / d**0.5, 1.0).requires_grad_()
+
+    def timed(fn) -> float:  # noqa: ANN001
+        start = time.perf_counter()
+        fn()
+        return time.perf_counter() - start
+
+    def cosine() -> float:
+        a, b = (torch.randn(batch, k * d).requires_grad_() for _ in range(2))
+
+        def run() -> None:
+            s = cosine_scores(F.normalize(a, dim=-1), F.normalize(b, dim=-1))
+            (0.5 * (info_nce(s, 0.07) + info_nce(s.T, 0.07))).backward()
+
+        return timed(run)
+
+    def l1_score() -> float:
+        a, b = points(), points()
+
+        def run() -> None:
+            s = product_average_distance_scores(a, b, c)
+            (0.5 * (info_nce(s, 0.07) + info_nce(s.T, 0.07))).backward()
+
+        return timed(run)
+
+    split: dict[str, float] = {}
+
+    def l1_forward() -> float:
+        a, b = points(), points()
+        start = time.perf_counter()
+        out = product.l1_pairwise_dist(a, b, c)
+        split["forward"] = time.perf_counter() - start
+        grad = torch.randn(batch, batch)
+        start = time.perf_counter()
+        out.backward(grad)
+        split["backward"] = time.perf_counter() - start
+        return split["forward"]
+
+    def entailment() -> float:
+        a, b = points(), points()
+        return timed(lambda: entailment_cone_loss(a, b, c, eta=0.7).backward())
+
+    def expmap0() -> float:
+        v = torch.randn(batch, k, d, requires_grad=True)
+        return timed(lambda: lorentz.expmap0(v * 0.3, c).sum().backward())
+
+    cases = {
+        "cosine": cosine,
+        "l1 score": l1_score,
+        "l1 forward": l1_forward,
+        "l1 backward": lambda: split["backward"],
+        "entailment": entailment,
+        "expmap0": expmap0,
+    }
+    for fn in cases.values():
+        fn()  # warm-up (and the kernels' build on first use)
+    best = dict.fromkeys(cases, float("inf"))
+    for _ in range(rounds):
+        for name, fn in cases.items():
+            best[name] = min(best[name], fn())
+    return best
+
+
+def main() -> None:
+    import argparse
+    import os
+
+    p = argparse.ArgumentParser(
+        description="PHyCLIP's loss part by part against cosine InfoNCE (best of interleaved "
+        "rounds). The per-part breakdown of whole training steps is in benchmarks/scale.py."
+    )
+    p.add_argument("--batch", type=int, default=1024)
+    p.add_argument("--factors", type=int, default=64)
+    p.add_argument("--factor-dim", type=int, default=8)
+    p.add_argument("--rounds", type=int, default=5)
+    args = p.parse_args()
+    best = phyclip_loss_parts(args.batch, args.factors, args.factor_dim, args.rounds)
+    print(
+        f"PHyCLIP loss parts, B={args.batch}, k={args.factors}, d={args.factor_dim}, "
+        f"{torch.get_num_threads()} thread(s), best of {args.rounds} interleaved rounds, "
+        f"load {os.getloadavg()[0]:.2f}"
+    )
+    print(f"{'part':<12} {'best (s)':>9} {'x cosine':>9}")
+    for name, seconds in best.items():
+        print(f"{name:<12} {seconds:9.4f} {seconds / best['cosine']:9.2f}")
+
+
+if __name__ == "__main__":
+    main()

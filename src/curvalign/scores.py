@@ -44,7 +44,7 @@ def cosine_pair_scores(x: Tensor, y: Tensor) -> Tensor:
 # --- Lorentz distance (MERU, HyCoCLIP) ---------------------------------------------------------
 def lorentz_distance_scores(x: Tensor, y: Tensor, c: Curvature) -> Tensor:
     """[N, d], [M, d] -> [N, M] ``-d_L(x_i, y_j)`` (MERU Eq. 3 uses it as the contrastive logit)."""
-    return -lorentz.pairwise_dist(x, y, c)
+    return lorentz.pairwise_dist(x, y, c, scale=-1.0)  # the sign folded into the kernel
 
 
 def lorentz_distance_pair_scores(x: Tensor, y: Tensor, c: Curvature) -> Tensor:
@@ -74,6 +74,14 @@ def angle_at_image_scores(images: Tensor, texts: Tensor, c: Curvature) -> Tensor
     return lorentz.pairwise_exterior_angle(images, texts, c)
 
 
+def angle_scores_both(texts: Tensor, images: Tensor, c: Curvature) -> tuple[Tensor, Tensor]:
+    """``(angle_at_text_scores(texts, images, c), angle_at_image_scores(images, texts, c))``:
+    [Nt, Ni] ``-alpha`` and [Ni, Nt] ``+beta`` from one Gram matrix
+    (``lorentz.pairwise_exterior_angles``; on CPU one GEMM forward and two backward for both)."""
+    alpha, beta = lorentz.pairwise_exterior_angles(texts, images, c)
+    return -alpha, beta
+
+
 def angle_at_image_pair_scores(images: Tensor, texts: Tensor, c: Curvature) -> Tensor:
     """[n, d], [n, d] -> [n] ``+beta(y_i, t_i)``."""
     return lorentz.exterior_angle(images, texts, c)
@@ -84,7 +92,7 @@ def product_average_distance_scores(x: Tensor, y: Tensor, c: Tensor) -> Tensor:
     """[N, k, d], [M, k, d], c [k] -> [N, M] ``-d_avg = -(1/k) sum_i d_{H_i}(x_i, y_i)``
     (PHyCLIP Eq. 2). The mean over factors keeps the logit scale independent of ``k``."""
     k = x.shape[-2]
-    return -product.l1_pairwise_dist(x, y, c) / k
+    return product.l1_pairwise_dist(x, y, c, scale=-1.0 / k)  # -1/k folded into the kernel
 
 
 def product_average_distance_pair_scores(x: Tensor, y: Tensor, c: Tensor) -> Tensor:
@@ -122,6 +130,7 @@ __all__ = [
     "angle_at_image_scores",
     "angle_at_text_pair_scores",
     "angle_at_text_scores",
+    "angle_scores_both",
     "cosine_pair_scores",
     "cosine_scores",
     "lorentz_distance_pair_scores",

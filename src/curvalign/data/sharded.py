@@ -195,7 +195,7 @@ class ShardedRows:
         ``(rows, cols)`` selects rows first, then indexes the result with ``cols``."""
         if isinstance(index, tuple):
             rows, *rest = index
-            return self[rows][(slice(None), *rest)]
+            return self[rows][(slice(None),) + tuple(rest)]
         n = len(self)
         if isinstance(index, (int, np.integer)) or (isinstance(index, Tensor) and index.dim() == 0):
             i = int(index)

@@ -126,11 +126,13 @@ def _l1_grad(ctx, grad: Tensor):  # noqa: ANN001, ANN202
 _l1_forward.register_autograd(_l1_grad, setup_context=_l1_setup)
 
 
-def l1_pairwise_dist_fused(X: Tensor, Y: Tensor, c: Tensor) -> Tensor:
+def l1_pairwise_dist_fused(X: Tensor, Y: Tensor, c: Tensor, scale: float = 1.0) -> Tensor:
     """``X: [k, N, d]``, ``Y: [k, M, d]`` (working dtype, any strides), ``c: [k]`` -> ``[N, M]``.
 
-    The sum over factors of the Lorentz distances, as the reference
-    ``factor_pairwise_dist(X, Y, c, reduce_sum=True)``. Call :func:`available` first.
+    ``scale`` times the sum over factors of the Lorentz distances, as the reference
+    ``factor_pairwise_dist(X, Y, c, reduce_sum=True)``; the constant is folded into the
+    per-factor ``s = 1/sqrt(c)`` (a score's ``-1/k`` costs no pass over the matrix). Call
+    :func:`available` first.
     """
     from curvalign.geometry.lorentz import _minkowski_operands
 
@@ -148,5 +150,5 @@ def l1_pairwise_dist_fused(X: Tensor, Y: Tensor, c: Tensor) -> Tensor:
     if Mb * _LANES != M:
         Q = torch.cat([Q, Q.new_zeros(k, Mb * _LANES - M, width)], 1)
     Qi = Q.reshape(k, Mb, _LANES, width).permute(1, 0, 3, 2).contiguous()  # [Mb, k, d+1, 8]
-    s = torch.rsqrt(c).contiguous()
+    s = torch.rsqrt(c).mul(scale).contiguous()
     return _l1_forward(P, Qi, s, M)

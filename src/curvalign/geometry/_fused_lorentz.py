@@ -36,7 +36,14 @@ from torch import Tensor
 from curvalign._native import NativeKernel
 from curvalign.geometry._numerics import eps
 
-__all__ = ["KERNEL", "available", "load_kernel", "pairwise_dist_fused", "pairwise_angle_fused"]
+__all__ = [
+    "KERNEL",
+    "available",
+    "load_kernel",
+    "pairwise_angle_fused",
+    "pairwise_angles_both_fused",
+    "pairwise_dist_fused",
+]
 
 _SOURCE = Path(__file__).with_name("_lorentz_kernel.cpp")
 
@@ -145,25 +152,30 @@ def _grads_or_none(grads: tuple[Tensor, ...], needs: tuple[bool, ...]) -> list[T
     return [g if need else None for g, need in zip(grads, needs, strict=True)]
 
 
-def _dist_operands(X: Tensor, Y: Tensor, c: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """``t_x [k, N]``, ``t_y [k, M]``, ``a = c/2``, ``s = 1/sqrt(c)`` (``[k]``)."""
+def _dist_operands(
+    X: Tensor, Y: Tensor, c: Tensor, scale: float = 1.0
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``t_x [k, N]``, ``t_y [k, M]``, ``a = c/2``, ``s = scale/sqrt(c)`` (``[k]``)."""
     cv = c.view(-1, 1)
     tx = torch.sqrt(cv.reciprocal() + torch.linalg.vecdot(X, X))
     ty = torch.sqrt(cv.reciprocal() + torch.linalg.vecdot(Y, Y))
-    return tx, ty, 0.5 * c, torch.rsqrt(c)
+    return tx, ty, 0.5 * c, torch.rsqrt(c).mul_(scale)
 
 
 @torch.library.custom_op("curvalign::lorentz_dist", mutates_args=())
-def _dist_forward(X: Tensor, Y: Tensor, c: Tensor, squeeze: bool) -> tuple[Tensor, Tensor, Tensor]:
+def _dist_forward(
+    X: Tensor, Y: Tensor, c: Tensor, squeeze: bool, scale: float
+) -> tuple[Tensor, Tensor, Tensor]:
     """``d = s acosh(1 + 2 max(w, 0))``, ``w = a (t_x t_y - X Y^T) - 1/2`` per factor, with
-    ``a = c/2``, ``s = 1/sqrt(c)``, ``t = sqrt(1/c + |x|^2)``.
+    ``a = c/2``, ``s = scale/sqrt(c)``, ``t = sqrt(1/c + |x|^2)``: ``scale`` times the distance
+    (a score's sign folded into the kernel's factor instead of a pass over the matrix).
 
     ``X: [k, N, d]``, ``Y: [k, M, d]``, ``c: [k]`` (contiguous) -> (``[k, N, M]``, or
     ``[N, M]`` with ``squeeze``; the Gram matrix ``[k, N, M]``; its state).
     """
     k, N, _ = X.shape
     M = Y.shape[1]
-    tx, ty, a, s = _dist_operands(X, Y, c)
+    tx, ty, a, s = _dist_operands(X, Y, c, scale)
     G = _gram(X, Y)
     out = G.new_empty((N, M) if squeeze else (k, N, M))
     _fn("dist_forward", X.dtype)(
@@ -175,7 +187,9 @@ def _dist_forward(X: Tensor, Y: Tensor, c: Tensor, squeeze: bool) -> tuple[Tenso
 
 
 @_dist_forward.register_fake
-def _(X: Tensor, Y: Tensor, c: Tensor, squeeze: bool) -> tuple[Tensor, Tensor, Tensor]:
+def _(
+    X: Tensor, Y: Tensor, c: Tensor, squeeze: bool, scale: float
+) -> tuple[Tensor, Tensor, Tensor]:
     return _pair_outputs(X, Y, squeeze)
 
 
@@ -190,6 +204,7 @@ def _dist_backward(
     need_x: bool,
     need_y: bool,
     need_c: bool,
+    scale: float = 1.0,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """With ``H = s grad dacosh/dw`` (computed over the Gram matrix ``G``, in place) and the
     kernel's sums ``row_i = sum_j H t_yj``, ``col_j = sum_i H t_xi``,
@@ -202,7 +217,7 @@ def _dist_backward(
     M = Y.shape[1]
     _restore_gram(X, Y, G, state)
     H = G
-    tx, ty, a, s = _dist_operands(X, Y, c)
+    tx, ty, a, s = _dist_operands(X, Y, c, scale)
     w0 = eps(X.dtype)
     r_floor = math.sqrt(w0 * (1.0 + w0))  # the reference's floor of dacosh/dw
     grad, *strides = _grad_view(grad, X.dtype)  # [k, N, M] or [N, M], any strides
@@ -224,11 +239,12 @@ def _dist_backward(
     gc = _unused(c)
     if need_c:
         times = row_t.sum(-1) + col_t.sum(-1)
-        gc = 0.5 * ga - 0.5 * s**3 * gs - a / (2.0 * c * c) * times
+        # ds/dc = -s^3 / (2 scale^2) for s = scale / sqrt(c)
+        gc = 0.5 * ga - 0.5 * s**3 / scale**2 * gs - a / (2.0 * c * c) * times
     return gX, gY, gc
 
 
-def _backward_fake(grad, X, Y, c, G, state, need_x, need_y, need_c):
+def _backward_fake(grad, X, Y, c, G, state, need_x, need_y, need_c, scale=1.0):
     """Shapes of either backward op's gradients (empty where not needed)."""
     return tuple(
         torch.empty_like(t) if need else _unused(t)
@@ -240,7 +256,8 @@ _dist_backward.register_fake(_backward_fake)
 
 
 def _save_with_gram(ctx, inputs, output) -> None:
-    X, Y, c, _ = inputs
+    X, Y, c = inputs[:3]
+    ctx.scale = inputs[4] if len(inputs) > 4 else 1.0
     _, G, state = output
     ctx.mark_non_differentiable(G, state)
     ctx.set_materialize_grads(False)  # no zero [k, N, M] "gradient" for the Gram matrix
@@ -266,9 +283,10 @@ def _dist_grad(ctx, grad, _grad_gram, _grad_state):
     X, Y, c = ctx.saved_tensors
     G, state = _take_gram(ctx, X, Y)
     if grad is None:  # the output unused (grads are not materialised): no gradient
-        return None, None, None, None
+        return None, None, None, None, None
     needs = tuple(ctx.needs_input_grad[:3])
-    return (*_grads_or_none(_dist_backward(grad, X, Y, c, G, state, *needs), needs), None)
+    grads = _dist_backward(grad, X, Y, c, G, state, *needs, ctx.scale)
+    return (*_grads_or_none(grads, needs), None, None)
 
 
 _dist_forward.register_autograd(_dist_grad, setup_context=_save_with_gram)
@@ -284,7 +302,9 @@ def _addbmm_neg(C: Tensor, A: Tensor, B: Tensor) -> Tensor:
     return C
 
 
-def pairwise_dist_fused(X: Tensor, Y: Tensor, c: Tensor, squeeze: bool = False) -> Tensor:
+def pairwise_dist_fused(
+    X: Tensor, Y: Tensor, c: Tensor, squeeze: bool = False, scale: float = 1.0
+) -> Tensor:
     """``X: [k, N, d]``, ``Y: [k, M, d]`` (working dtype, any strides), ``c: [k]`` -> ``[k, N, M]``
     (``[N, M]`` with ``squeeze`` and ``k = 1``).
 
@@ -293,7 +313,7 @@ def pairwise_dist_fused(X: Tensor, Y: Tensor, c: Tensor, squeeze: bool = False) 
     """
     k = X.shape[0]
     cv = c.reshape(-1).expand(k).contiguous()
-    return _dist_forward(_c(X), _c(Y), cv, squeeze and k == 1)[0]
+    return _dist_forward(_c(X), _c(Y), cv, squeeze and k == 1, float(scale))[0]
 
 
 def _angle_operands(X: Tensor, Y: Tensor, c: Tensor) -> tuple[Tensor, ...]:
@@ -321,15 +341,22 @@ def _angle_forward(X: Tensor, Y: Tensor, c: Tensor, squeeze: bool) -> tuple[Tens
     """
     k, N, _ = X.shape
     M = Y.shape[1]
-    e = eps(X.dtype)
-    hc, _, _, ty, _, txs, u, a = _angle_operands(X, Y, c)
     G = _gram(X, Y)
     out = G.new_empty((N, M) if squeeze else (k, N, M))
+    _angle_kernel_forward(G, X, Y, c, out)
+    return out, G, torch.zeros((), dtype=torch.uint8)
+
+
+def _angle_kernel_forward(G: Tensor, X: Tensor, Y: Tensor, c: Tensor, out: Tensor) -> None:
+    """The forward pass: the angles at the rows of ``X`` towards the rows of ``Y`` from their
+    Gram matrix ``G: [k, N, M]`` (kept), into ``out`` (``[k, N, M]`` or ``[N, M]``)."""
+    k, N, _ = X.shape
+    M = Y.shape[1]
+    hc, _, _, ty, _, txs, u, a = _angle_operands(X, Y, c)
     _fn("angle_forward", X.dtype)(
         G.data_ptr(), out.data_ptr(), hc.data_ptr(), txs.data_ptr(), u.data_ptr(),
-        a.data_ptr(), ty.data_ptr(), k, N, M, e, torch.get_num_threads(),
+        a.data_ptr(), ty.data_ptr(), k, N, M, eps(X.dtype), torch.get_num_threads(),
     )  # fmt: skip
-    return out, G, torch.zeros((), dtype=torch.uint8)
 
 
 @_angle_forward.register_fake
@@ -355,17 +382,43 @@ def _angle_backward(
     own share of ``dL/dhc``, ``sum dL/dGs * G = -sum_i x_i . (mG Y)_i``, from the backward GEMM.
     A gradient not needed comes back empty.
     """
+    _restore_gram(X, Y, G, state)
+    coef_x, coef_y, d_hc, times = _angle_kernel_backward(grad, X, Y, c, G)
+    mG = G
+    hc3 = (0.5 * c).view(-1, 1, 1)
+    gX, gY, gc = _unused(X), _unused(Y), _unused(c)
+    if need_x or need_c:
+        P = _bmm(mG, Y)  # -dL/dGs Y
+        if need_c:
+            d_hc = d_hc - torch.linalg.vecdot(X, P).sum(-1)
+        if need_x:
+            gX = P.mul_(-hc3).addcmul_(X, coef_x.unsqueeze(-1))
+    if need_y:
+        gY = _bmm(mG.transpose(1, 2), X).mul_(-hc3).addcmul_(Y, coef_y.unsqueeze(-1))
+    if need_c:
+        gc = 0.5 * d_hc - times / (2.0 * c * c)
+    return gX, gY, gc
+
+
+def _angle_kernel_backward(
+    grad: Tensor, X: Tensor, Y: Tensor, c: Tensor, G: Tensor
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The backward pass over an intact Gram matrix ``G`` (``[k, N, M]``, overwritten with
+    ``mG = -dL/dGs``) and the chain through the row and column operands.
+
+    Returns ``coef_x [k, N]`` and ``coef_y [k, M]`` (``dL/dX = -hc mG Y + coef_x X``, ``dL/dY =
+    -hc mG^T X + coef_y Y``), and the curvature's parts ``d_hc [k]`` (without the Gram
+    matrix's own share ``-sum mG * G``) and ``times [k]`` (``dL/dc = d_hc / 2 - times / (2
+    c^2)``, once that share is added to ``d_hc``)."""
     k, N, _ = X.shape
     M = Y.shape[1]
     e = eps(X.dtype)
-    _restore_gram(X, Y, G, state)
-    mG = G
     hc, sqx, tx, ty, nx, txs, u, a = _angle_operands(X, Y, c)
     grad, *strides = _grad_view(grad, X.dtype)
     row_rc, g_txs, row_a = (tx.new_empty(k, N) for _ in range(3))
     g_ty = ty.new_empty(k, M)
     _fn("angle_backward", X.dtype)(
-        mG.data_ptr(), grad.data_ptr(), *strides, hc.data_ptr(), txs.data_ptr(), u.data_ptr(),
+        G.data_ptr(), grad.data_ptr(), *strides, hc.data_ptr(), txs.data_ptr(), u.data_ptr(),
         a.data_ptr(), ty.data_ptr(), k, N, M, e, row_rc.data_ptr(), g_txs.data_ptr(),
         row_a.data_ptr(), g_ty.data_ptr(), torch.get_num_threads(),
     )  # fmt: skip
@@ -376,20 +429,10 @@ def _angle_backward(
     d_tx = g_txs * hcv + g_u / nx - g_a * hcv * nx * nx / (tx * tx)
     d_nx = (g_a * 2.0 * hcv * nx / tx - g_u * tx / (nx * nx)) * (sqx >= e * e)
     coef_x = d_tx / tx + d_nx / nx  # 2 dL/d|x|^2
-    hc3 = hc.view(-1, 1, 1)
-    gX, gY, gc = _unused(X), _unused(Y), _unused(c)
-    if need_x or need_c:
-        P = _bmm(mG, Y)  # -dL/dGs Y
-        if need_c:
-            d_hc = (g_txs * tx + g_a * nx * nx / tx).sum(-1) - torch.linalg.vecdot(X, P).sum(-1)
-        if need_x:
-            gX = P.mul_(-hc3).addcmul_(X, coef_x.unsqueeze(-1))
-    if need_y:
-        gY = _bmm(mG.transpose(1, 2), X).mul_(-hc3).addcmul_(Y, (g_ty / ty).unsqueeze(-1))
-    if need_c:
-        times = (d_tx / tx).sum(-1) + (g_ty / ty).sum(-1)
-        gc = 0.5 * d_hc - times / (2.0 * c * c)
-    return gX, gY, gc
+    coef_y = g_ty / ty
+    d_hc = (g_txs * tx + g_a * nx * nx / tx).sum(-1)
+    times = (d_tx / tx).sum(-1) + coef_y.sum(-1)
+    return coef_x, coef_y, d_hc, times
 
 
 _angle_backward.register_fake(_backward_fake)
@@ -415,3 +458,113 @@ def pairwise_angle_fused(X: Tensor, Y: Tensor, c: Tensor, squeeze: bool = False)
     k = X.shape[0]
     cv = c.reshape(-1).expand(k).contiguous()
     return _angle_forward(_c(X), _c(Y), cv, squeeze and k == 1)[0]
+
+
+# --- both directions from one Gram matrix ---------------------------------------------------
+# AtMG's loss scores texts against images with the angle at the text and images against texts
+# with the angle at the image: two [N, M] angle matrices whose Gram matrices are one matrix and
+# its transpose. One GEMM forward (the transpose is a copy) and, since the two angles' gradients
+# with respect to that Gram matrix add (``mG_a + mG_b^T``), two GEMMs backward, where two
+# separate calls take three each.
+
+
+@torch.library.custom_op("curvalign::lorentz_exterior_angle_pair", mutates_args=())
+def _pair_forward(X: Tensor, Y: Tensor, c: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """``X: [N, d]``, ``Y: [M, d]``, ``c: [1]`` (contiguous) -> (``ext(x_i, y_j)`` ``[N, M]``,
+    ``ext(y_j, x_i)`` ``[M, N]``, the Gram matrix ``[N, M]`` and its transpose (kept for
+    backward), their state)."""
+    G = torch.mm(X, Y.t())
+    Gt = G.t().clone(memory_format=torch.contiguous_format)  # never a view of G (1 x 1)
+    X3, Y3 = X.unsqueeze(0), Y.unsqueeze(0)
+    out_xy, out_yx = G.new_empty(G.shape), G.new_empty(Gt.shape)
+    _angle_kernel_forward(G.unsqueeze(0), X3, Y3, c, out_xy)
+    _angle_kernel_forward(Gt.unsqueeze(0), Y3, X3, c, out_yx)
+    return out_xy, out_yx, G, Gt, torch.zeros((), dtype=torch.uint8)
+
+
+@_pair_forward.register_fake
+def _(X: Tensor, Y: Tensor, c: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    N, M = X.shape[0], Y.shape[0]
+    return (
+        X.new_empty(N, M),
+        X.new_empty(M, N),
+        X.new_empty(N, M),
+        X.new_empty(M, N),
+        torch.zeros((), dtype=torch.uint8),
+    )
+
+
+@torch.library.custom_op(
+    "curvalign::lorentz_exterior_angle_pair_backward", mutates_args=("G", "Gt", "state")
+)
+def _pair_backward(
+    grad_xy: Tensor,
+    grad_yx: Tensor,
+    X: Tensor,
+    Y: Tensor,
+    c: Tensor,
+    G: Tensor,
+    Gt: Tensor,
+    state: Tensor,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Both kernel backward passes (each writes its ``-dL/dGs`` over its Gram matrix), their
+    sum ``M = mG_xy + mG_yx^T`` (into ``G``), then ``dL/dX = -hc M Y + ...`` and ``dL/dY =
+    -hc M^T X + ...``: two GEMMs for both directions."""
+    if int(state.item()) != 0:  # consumed by an earlier backward: recompute both
+        torch.mm(X, Y.t(), out=G)
+        Gt.copy_(G.t())
+    state.fill_(1)
+    X3, Y3 = X.unsqueeze(0), Y.unsqueeze(0)
+    cx_a, cy_a, dhc_a, times_a = _angle_kernel_backward(grad_xy, X3, Y3, c, G.unsqueeze(0))
+    cy_b, cx_b, dhc_b, times_b = _angle_kernel_backward(grad_yx, Y3, X3, c, Gt.unsqueeze(0))
+    Msum = G.add_(Gt.t())
+    hc = 0.5 * c
+    P = torch.mm(Msum, Y)
+    d_hc = dhc_a + dhc_b - torch.linalg.vecdot(X, P).sum()
+    gX = P.mul_(-hc).addcmul_(X, (cx_a + cx_b)[0].unsqueeze(-1))
+    gY = torch.mm(Msum.t(), X).mul_(-hc).addcmul_(Y, (cy_a + cy_b)[0].unsqueeze(-1))
+    gc = 0.5 * d_hc - (times_a + times_b) / (2.0 * c * c)
+    return gX, gY, gc
+
+
+@_pair_backward.register_fake
+def _(grad_xy, grad_yx, X, Y, c, G, Gt, state):
+    return torch.empty_like(X), torch.empty_like(Y), torch.empty_like(c)
+
+
+def _pair_setup(ctx, inputs, output) -> None:
+    X, Y, c = inputs
+    _, _, G, Gt, state = output
+    ctx.mark_non_differentiable(G, Gt, state)
+    ctx.set_materialize_grads(False)  # no zero [N, M] "gradients" for the Gram matrices
+    ctx.save_for_backward(X, Y, c)
+    ctx.gram = (G, Gt, state)  # written over by the backward: not saved tensors (see above)
+
+
+def _pair_grad(ctx, grad_xy, grad_yx, _g, _gt, _state):
+    X, Y, c = ctx.saved_tensors
+    G, Gt, state = ctx.gram if ctx.gram is not None else (None, None, None)
+    ctx.gram = None
+    if G is None:  # a second backward: fresh buffers, marked consumed
+        G, Gt = X.new_empty(X.shape[0], Y.shape[0]), X.new_empty(Y.shape[0], X.shape[0])
+        state = torch.ones((), dtype=torch.uint8)
+    if grad_xy is None and grad_yx is None:
+        return None, None, None
+    N, M = X.shape[0], Y.shape[0]
+    grad_xy = X.new_zeros(N, M) if grad_xy is None else grad_xy
+    grad_yx = X.new_zeros(M, N) if grad_yx is None else grad_yx
+    gX, gY, gc = _pair_backward(grad_xy, grad_yx, X, Y, c, G, Gt, state)
+    needs = ctx.needs_input_grad
+    return (gX if needs[0] else None, gY if needs[1] else None, gc if needs[2] else None)
+
+
+_pair_forward.register_autograd(_pair_grad, setup_context=_pair_setup)
+
+
+def pairwise_angles_both_fused(X: Tensor, Y: Tensor, c: Tensor) -> tuple[Tensor, Tensor]:
+    """``X: [N, d]``, ``Y: [M, d]`` (working dtype), ``c: [1]`` -> (``ext(x_i, y_j)`` ``[N, M]``,
+    ``ext(y_j, x_i)`` ``[M, N]``): the two exterior-angle matrices of
+    ``lorentz.pairwise_exterior_angle(X, Y)`` and ``(Y, X)`` from one Gram matrix. Call
+    :func:`available` first."""
+    out_xy, out_yx, *_ = _pair_forward(_c(X), _c(Y), c.reshape(1).contiguous())
+    return out_xy, out_yx

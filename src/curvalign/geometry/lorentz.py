@@ -53,6 +53,7 @@ __all__ = [
     "half_aperture",
     "exterior_angle",
     "pairwise_exterior_angle",
+    "pairwise_exterior_angles",
     "einstein_midpoint",
     "tangent_mean",
 ]
@@ -101,16 +102,56 @@ def time(x: Tensor, c: Curvature) -> Tensor:
     return _time(x, c)
 
 
-@no_autocast
-def expmap0(v: Tensor, c: Curvature) -> Tensor:
-    """Space part of the exponential map at the origin, ``sinh(sqrt(c)|v|) / (sqrt(c)|v|) * v``.
+def _sinhc_terms(r: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    """``f(r) = sinh(min(r, R)) / r`` and ``f'(r) / r`` for radii ``r >= 0`` (``R`` =
+    :data:`MAX_SQRT_C_RADIUS`), both finite at ``r = 0``: below the dtype's series threshold
+    ``f = 1 + r^2/6 + r^4/120`` and ``f'/r = 1/3 + r^2/30``; above ``R``, where the value is
+    clamped, ``f' = -f / r`` (the slope of ``sinh(R) / r``)."""
+    r_small = (5040.0 * eps(dtype)) ** (1.0 / 6.0)
+    r2 = r.clamp_max(r_small).square()
+    r_big = r.clamp_min(r_small)
+    rc = r_big.clamp_max(MAX_SQRT_C_RADIUS)
+    sh = torch.sinh(rc)
+    f_big = sh / r_big
+    # f'(r) = (cosh r - f) / r below R; -f / r above (sinh is clamped there)
+    df_big = torch.where(r_big > MAX_SQRT_C_RADIUS, -f_big, torch.cosh(rc) - f_big) / r_big
+    small = r < r_small
+    f = torch.where(small, 1.0 + r2 / 6.0 + r2 * r2 / 120.0, f_big)
+    df_over_r = torch.where(small, 1.0 / 3.0 + r2 / 30.0, df_big / r_big)
+    return f, df_over_r
 
-    ``v: [..., d]`` tangent vectors at the origin (their time component is 0) -> ``[..., d]``.
-    ``sqrt(c)|v|`` is clamped to ``asinh(2^15)`` so ``sinh`` cannot overflow; below the
-    dtype's series threshold ``sinh(r)/r`` is its Taylor series (no 0/0 at ``v = 0``).
-    """
-    check_points(v, "v")
-    v, c, _ = _prep(v, c)
+
+class _Expmap0(torch.autograd.Function):
+    """``x = f(r) v`` with ``r = sqrt(c) |v|`` (one row norm and one scaling pass), and its
+    backward in two passes: ``dv = f g + c (f'(r)/r) (g.v) v``, ``dc = sum (g.v) (f'(r)/r) |v|^2 / 2``
+    (``dr/dv = c v / r``, ``dr/dc = r / (2c)``). The row terms are ``[..., 1]`` tensors, so
+    the eager composition's dozen ``[..., d]`` temporaries (robust norm, series, where) are not
+    formed. ``v: [..., d]``, ``c`` broadcast to ``[..., 1]`` (working dtype)."""
+
+    @staticmethod
+    def forward(ctx, v: Tensor, c: Tensor, sq: Tensor) -> Tensor:
+        r = torch.sqrt(c * sq)
+        f, df_over_r = _sinhc_terms(r, v.dtype)
+        ctx.save_for_backward(v, c, sq, f, df_over_r)
+        return v * f
+
+    @staticmethod
+    def backward(ctx, g: Tensor) -> tuple[Tensor | None, Tensor | None, None]:
+        v, c, sq, f, df_over_r = ctx.saved_tensors
+        gv_dot = torch.linalg.vecdot(g, v).unsqueeze(-1)  # [..., 1]
+        kappa = gv_dot * df_over_r
+        dv = None
+        if ctx.needs_input_grad[0]:
+            dv = torch.addcmul(g * f, v, kappa * c)
+        dc = None
+        if ctx.needs_input_grad[1]:
+            dc = (0.5 * kappa * sq).sum_to_size(c.shape)
+        return dv, dc, None
+
+
+def _expmap0_reference(v: Tensor, c: Tensor) -> Tensor:
+    """The eager composition :class:`_Expmap0` is tested against (robust to norms whose square
+    overflows). ``v: [..., d]`` and ``c`` in the working dtype."""
     cb = c.unsqueeze(-1) if c.dim() else c
     r = torch.sqrt(cb) * _robust_norm(v)
     # Taylor series 1 + r^2/6 + r^4/120 is exact to the dtype below r^6/5040 < eps.
@@ -120,6 +161,29 @@ def expmap0(v: Tensor, c: Curvature) -> Tensor:
     r_big = r.clamp_min(r_small)
     ratio = torch.sinh(r_big.clamp_max(MAX_SQRT_C_RADIUS)) / r_big
     return torch.where(r < r_small, series, ratio) * v
+
+
+@no_autocast
+def expmap0(v: Tensor, c: Curvature, fused: bool | None = None) -> Tensor:
+    """Space part of the exponential map at the origin, ``sinh(sqrt(c)|v|) / (sqrt(c)|v|) * v``.
+
+    ``v: [..., d]`` tangent vectors at the origin (their time component is 0) -> ``[..., d]``.
+    ``sqrt(c)|v|`` is clamped to ``asinh(2^15)`` so ``sinh`` cannot overflow; below the
+    dtype's series threshold ``sinh(r)/r`` is its Taylor series (no 0/0 at ``v = 0``).
+
+    On CPU the default path is one hand-differentiated function (:class:`_Expmap0`: a row
+    norm and a scaling pass forward, two passes backward); where a row's squared norm
+    overflows the dtype, on other devices, or with ``fused=False``, the eager reference
+    (norms scaled by the row's largest entry first).
+    """
+    check_points(v, "v")
+    v, c, _ = _prep(v, c)
+    if fused is not False and v.device.type == "cpu":
+        sq = torch.linalg.vecdot(v.detach(), v.detach()).unsqueeze(-1)
+        if bool(torch.isfinite(sq).all()):
+            cb = c.unsqueeze(-1) if c.dim() else c
+            return _Expmap0.apply(v, cb, sq)
+    return _expmap0_reference(v, c)
 
 
 @no_autocast
@@ -395,7 +459,7 @@ class _PairwiseAcosh(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, P: Tensor, Q: Tensor, s: Tensor, reduce_sum: bool, block: int) -> Tensor:  # type: ignore[override]
+    def forward(ctx, P: Tensor, Q: Tensor, s: Tensor, reduce_sum: bool, block: int) -> Tensor:
         k, N, _ = P.shape
         M = Q.shape[1]
         ctx.reduce_sum, ctx.block, ctx.w0 = reduce_sum, block, eps(P.dtype)
@@ -419,7 +483,7 @@ class _PairwiseAcosh(torch.autograd.Function):
 
     @staticmethod
     @no_autocast  # the backward runs outside the forward's context: keep float32 here too
-    def backward(ctx, grad: Tensor):  # type: ignore[override]
+    def backward(ctx, grad: Tensor):
         need_p, need_q, need_s = ctx.needs_input_grad[:3]
         w0 = ctx.w0
         if not ctx.reduce_sum:
@@ -458,17 +522,20 @@ class _PairwiseAcosh(torch.autograd.Function):
                 r = torch.addcmul(u, u, u).sqrt_()
                 if need_s:  # sum over the block of grad * acosh, as a matrix-vector product
                     acosh = torch.add(r, u).mul_(2.0).log1p_()
+                    assert gs is not None
                     gs[j0:j1] += acosh.flatten(1) @ g.reshape(-1)
                     del acosh
                 G = r.clamp_min_(r_floor).reciprocal_().masked_fill_(u == 0.0, 0.0).mul_(g)
                 del w, u, r
                 s3b = s3[j0:j1]
                 if need_p:
+                    assert gP is not None and Qt is not None
                     gP[j0:j1, i0:i1] = torch.bmm(Qt[j0:j1], G.transpose(1, 2)).transpose(1, 2)
                     gP[j0:j1, i0:i1] *= -s3b
                 if need_q:
+                    assert gQt is not None and Pt is not None
                     gQt[j0:j1] -= torch.bmm(Pt[j0:j1, :, i0:i1], G).mul_(s3b)
-        if need_q:
+        if gQt is not None:
             gQ = gQt.transpose(1, 2)
         return gP, gQ, gs, None, None
 
@@ -489,7 +556,9 @@ def factor_pairwise_dist(
 
 
 @no_autocast
-def pairwise_dist(X: Tensor, Y: Tensor, c: Curvature, fused: bool | None = None) -> Tensor:
+def pairwise_dist(
+    X: Tensor, Y: Tensor, c: Curvature, fused: bool | None = None, scale: float = 1.0
+) -> Tensor:
     """All geodesic distances ``acosh(-c<x_i,y_j>_L) / sqrt(c)`` (AtMG Eq. 4).
 
     ``X: [N, d]``, ``Y: [M, d]`` -> ``[N, M]`` (factor layout ``[N, k, d]`` -> ``[k, N, M]``).
@@ -504,15 +573,19 @@ def pairwise_dist(X: Tensor, Y: Tensor, c: Curvature, fused: bool | None = None)
     map one pass forward and one backward; compiled once on first use and cached).
     ``fused=False`` or ``CURVALIGN_FUSED=0`` selects the eager reference it is tested against
     (also used for CUDA tensors and, after one warning, when the kernel cannot be built).
+
+    ``scale`` (a constant) multiplies the result: the fused kernel folds it into its
+    ``1/sqrt(c)`` factor, so a score ``-d`` (``scale=-1``) costs no extra pass over the matrix.
     """
     X, Y, c = _pairwise_prep(X, Y, c)
     squeeze = X.dim() == 2
     if squeeze:
         X, Y = X.unsqueeze(0), Y.unsqueeze(0)
     if fused is not False and _fused_lorentz.available(X, Y, c):
-        return _fused_lorentz.pairwise_dist_fused(X, Y, c.reshape(-1), squeeze)
+        return _fused_lorentz.pairwise_dist_fused(X, Y, c.reshape(-1), squeeze, scale)
     out = factor_pairwise_dist(X, Y, c.reshape(-1))
-    return out[0] if squeeze else out
+    out = out[0] if squeeze else out
+    return out if scale == 1.0 else out * scale
 
 
 class _PairwiseExteriorAngle(torch.autograd.Function):
@@ -530,7 +603,7 @@ class _PairwiseExteriorAngle(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, Xs, Y, txs, u, a, ty):  # type: ignore[no-untyped-def, override]
+    def forward(ctx, Xs, Y, txs, u, a, ty):
         e = eps(Xs.dtype)
         q_min = e * (1.0 + e)
         Gs = torch.bmm(Xs, Y.transpose(1, 2))
@@ -549,7 +622,7 @@ class _PairwiseExteriorAngle(torch.autograd.Function):
 
     @staticmethod
     @no_autocast  # the backward runs outside the forward's context: keep float32 here too
-    def backward(ctx, grad):  # type: ignore[no-untyped-def, override]
+    def backward(ctx, grad):
         Xs, Y, txs, u, a, ty, h, den, cos, floored = ctx.saved_tensors
         r = torch.addcmul(torch.ones_like(cos), cos, cos, value=-1.0).rsqrt_().mul_(grad)
         p = r * den  # -dL/dn
@@ -601,6 +674,29 @@ def pairwise_exterior_angle(
         X * half_c.unsqueeze(-1), Y, half_c * tx, tx / nx, half_c * nx * nx / tx, ty
     )
     return out[0] if squeeze else out
+
+
+@no_autocast
+def pairwise_exterior_angles(
+    X: Tensor, Y: Tensor, c: Curvature, fused: bool | None = None
+) -> tuple[Tensor, Tensor]:
+    """Both ways at once: ``(pairwise_exterior_angle(X, Y, c), pairwise_exterior_angle(Y, X, c))``,
+    the angles at every ``x_i`` towards every ``y_j`` ``[N, M]`` and at every ``y_j`` towards
+    every ``x_i`` ``[M, N]`` (AtMG Eq. 9; its loss, Eq. 11, takes one at the text and one at the
+    image).
+
+    ``X: [N, d]``, ``Y: [M, d]``, scalar ``c``. The two Gram matrices are one matrix and its
+    transpose, and the two angles' gradients with respect to it add: on the fused CPU path
+    (:mod:`curvalign.geometry._fused_lorentz`) one GEMM forward and two backward, where two
+    calls take three each. Otherwise (``fused=False``, CUDA, the factor layout) the two calls.
+    """
+    Xp, Yp, cc = _pairwise_prep(X, Y, c)
+    if fused is not False and Xp.dim() == 2 and _fused_lorentz.available(Xp, Yp, cc):
+        return _fused_lorentz.pairwise_angles_both_fused(Xp, Yp, cc.reshape(1))
+    return (
+        pairwise_exterior_angle(X, Y, c, fused=fused),
+        pairwise_exterior_angle(Y, X, c, fused=fused),
+    )
 
 
 # ----------------------------------------------------------------------------------------

@@ -110,7 +110,12 @@ def _l1_path(
 
 @no_autocast
 def l1_pairwise_dist(
-    X: Tensor, Y: Tensor, c: Curvature, block: int = 1 << 18, fused: bool | None = None
+    X: Tensor,
+    Y: Tensor,
+    c: Curvature,
+    block: int = 1 << 18,
+    fused: bool | None = None,
+    scale: float = 1.0,
 ) -> Tensor:
     """PHyCLIP's l1-product distance: ``sum_k d_k(x_i^(k), y_j^(k))`` for all pairs.
 
@@ -130,6 +135,9 @@ def l1_pairwise_dist(
     the backward: no ``[k, N, M]`` tensor is held in either pass; the peak beyond the
     ``[N, M]`` output and its gradient is about ``4 * block`` elements plus ``O((N + M) k d)``.
     PHyCLIP's ``d_avg`` is this divided by ``k``.
+
+    ``scale`` (a constant) multiplies the result; the fused CPU kernel folds it into its
+    per-factor ``1/sqrt(c)`` (PHyCLIP's score ``-d_avg`` is ``scale=-1/k``, no extra pass).
     """
     _check_factor_points(X, Y, row_wise=False)
     dtype = work_dtype(X, Y, c)
@@ -144,12 +152,14 @@ def l1_pairwise_dist(
     width = X.shape[-1] + 1
     path = "reference" if fused is False else _l1_path(X.device, dtype, width)
     if path == "cpu" and _fused_l1.available(Xk, Yk, cc):
-        return _fused_l1.l1_pairwise_dist_fused(Xk, Yk, cc.reshape(-1))
+        return _fused_l1.l1_pairwise_dist_fused(Xk, Yk, cc.reshape(-1), scale)
     if path == "triton" and _triton_ready(X.device, dtype, width):
         from curvalign.geometry import _triton_l1  # imported by _triton_ready
 
-        return _triton_l1.l1_pairwise_dist_triton(Xk, Yk, cc.reshape(-1))
-    return lorentz.factor_pairwise_dist(Xk, Yk, cc.reshape(-1), reduce_sum=True, block=block)
+        out = _triton_l1.l1_pairwise_dist_triton(Xk, Yk, cc.reshape(-1))
+    else:
+        out = lorentz.factor_pairwise_dist(Xk, Yk, cc.reshape(-1), reduce_sum=True, block=block)
+    return out if scale == 1.0 else out * scale
 
 
 @no_autocast

@@ -38,6 +38,7 @@ from curvalign.scores import (
     angle_at_image_scores,
     angle_at_text_pair_scores,
     angle_at_text_scores,
+    angle_scores_both,
 )
 
 
@@ -55,8 +56,12 @@ def angle_contrastive_loss(
     texts, images          [B, d]         this process's matched pairs (row i with row i)
     all_texts, all_images  [B_global, d]  the gathered batch; local row i is global row i + offset
     """
-    text_to_image = angle_at_text_scores(texts, all_images, c)  # [B, B_global]  -alpha
-    image_to_text = angle_at_image_scores(images, all_texts, c)  # [B, B_global]  +beta
+    if texts is all_texts and images is all_images:
+        # one process: both matrices score the same pairs, from one Gram matrix
+        text_to_image, image_to_text = angle_scores_both(texts, images, c)
+    else:
+        text_to_image = angle_at_text_scores(texts, all_images, c)  # [B, B_global]  -alpha
+        image_to_text = angle_at_image_scores(images, all_texts, c)  # [B, B_global]  +beta
     return symmetric_info_nce(text_to_image, image_to_text, temperature, offset)
 
 

@@ -68,8 +68,9 @@ Logged     routing_weight (mean w), gate (and gate/text, gate/image), alpha, bet
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import torch
 from torch import Tensor, nn
@@ -306,6 +307,10 @@ class AGR(HyperbolicRecipe):
     }
     Config = AGRConfig
     embedding_geometry = {"euclidean": "sphere", "lorentz": "lorentz", "context": "features"}
+    # buffers (registered in __init__): the curriculum of the last step, and w at warm-up's end
+    alpha: Tensor
+    beta: Tensor
+    routing_weight_at_warmup_end: Tensor
     hyperbolic_key = "lorentz"
     #: Table 1: only the hyperbolic head sends gradient into the backbone (the Euclidean LoRA
     #: reads ``sg(h)``, router, contexts, gates and calibration read ``sg(h)`` and detached
@@ -364,15 +369,19 @@ class AGR(HyperbolicRecipe):
                         f"agr: the warm start was fit on {proj.shape[0]}-d {side} features, "
                         f"the heads take {euclidean.in_features}-d"
                     )
-                euclidean.base_weight.copy_(proj.T.to(euclidean.base_weight.dtype))
+                base = euclidean.base_weight
+                assert isinstance(base, Tensor)
+                base.copy_(proj.T.to(base.dtype))
                 euclidean.lora_B.zero_()
                 shrink = self.tangent_shrink(cfg, side, proj.shape[0])
                 weight = hyperbolic.proj.weight
                 weight.copy_((proj.T * shrink).to(weight.dtype))
                 query.gate.weight.zero_()
                 query.gate.bias.zero_()
-            self.router.tail[-1].weight.zero_()
-            self.router.tail[-1].bias.zero_()
+            out_layer = self.router.tail[-1]
+            assert isinstance(out_layer, nn.Linear)
+            out_layer.weight.zero_()
+            out_layer.bias.zero_()
         return "experts at the alignment, router neutral (w = g = 0.5); " + start_agreement(
             self, alignment
         )
@@ -409,9 +418,17 @@ class AGR(HyperbolicRecipe):
         # the clip radius kappa / sqrt(c) = 3.2 at c = 0.1: the clip is then the safety bound it is
         # meant to be; at the default Linear scale every point would start clipped onto one
         # sphere around the origin, where the distance to the origin carries nothing.
-        lorentz_head = dict(scale_init=1.0, scale_max=None, learn_scale=False, clip_norm=None)
-        self.image_lorentz = LorentzHead(image_dim, cfg.embed_dim, **lorentz_head)
-        self.text_lorentz = LorentzHead(text_dim, cfg.embed_dim, **lorentz_head)
+        self.image_lorentz, self.text_lorentz = (
+            LorentzHead(
+                dim,
+                cfg.embed_dim,
+                scale_init=1.0,
+                scale_max=None,
+                learn_scale=False,
+                clip_norm=None,
+            )
+            for dim in (image_dim, text_dim)
+        )
         with torch.no_grad():
             self.image_lorentz.proj.weight.mul_(self.tangent_shrink(cfg, "image", image_dim))
             self.text_lorentz.proj.weight.mul_(self.tangent_shrink(cfg, "text", text_dim))
@@ -432,7 +449,7 @@ class AGR(HyperbolicRecipe):
             image_dim,
             text_dim,
             context_dim=cfg.context_dim,
-            hidden_dims=tuple(cfg.router_hidden),
+            hidden_dims=(cfg.router_hidden[0], cfg.router_hidden[1]),
             dropout=cfg.router_dropout,
             gate_temperature=cfg.gate_temperature,
             min_gate_temperature=cfg.gate_temperature_min,
@@ -455,7 +472,7 @@ class AGR(HyperbolicRecipe):
         euclidean: LoRALinear,
         hyperbolic: LorentzHead,
         query: QueryConditioner,
-        context: nn.Module,
+        context: Callable[[Tensor], Tensor],
         dim: int,
         what: str,
     ) -> Embedding:
@@ -693,7 +710,7 @@ class AGR(HyperbolicRecipe):
         if cfg.expert_weight > 0:
             terms["expert_euclidean"] = cfg.expert_weight * loss_e
             terms["expert_hyperbolic"] = cfg.expert_weight * loss_h
-        total = sum(terms.values())
+        total = cast(Tensor, sum(terms.values()))
 
         mean_w_value = float(mean_w.detach())
         if math.isnan(

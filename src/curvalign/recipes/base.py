@@ -974,6 +974,11 @@ class LorentzRecipe(HyperbolicRecipe):
         offset: int,
     ) -> Tensor:
         """Symmetric InfoNCE on ``-d_L / tau``: local images vs all texts, local texts vs all images."""
+        if everyone["text"] is local["text"] and everyone["image"] is local["image"]:
+            # one process: the two directions score the same pairs and the distance is
+            # symmetric, so one matrix and its transpose (half the B x B work)
+            scores = lorentz_distance_scores(local["image"], local["text"], c)
+            return symmetric_info_nce(scores, scores.T, temperature=tau, offset=offset)
         return symmetric_info_nce(
             lorentz_distance_scores(local["image"], everyone["text"], c),
             lorentz_distance_scores(local["text"], everyone["image"], c),

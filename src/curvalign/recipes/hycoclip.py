@@ -104,8 +104,15 @@ class Hycoclip(LorentzRecipe):
         everyone = gather({"image": local["image"], "text": local["text"]})
         offset = gather.offset(batch.image.shape[0])
         terms = {}
+        matrices: dict[tuple[str, str], Tensor] = {}
         for name, rows, cols in CONTRASTIVE_PAIRS:
-            scores = lorentz_distance_scores(local[rows], everyone[cols], c)
+            if gather.world_size == 1 and (cols, rows) in matrices:
+                # one process: the reverse direction's pairs, and the distance is symmetric:
+                # its matrix transposed (half the B x B work)
+                scores = matrices[(cols, rows)].T
+            else:
+                scores = lorentz_distance_scores(local[rows], everyone[cols], c)
+            matrices[(rows, cols)] = scores
             terms[name] = 0.25 * info_nce(scores, temperature=tau, offset=offset)
         eta = {"inter": cfg.eta_inter, "intra": cfg.eta_intra}
         for name, parent, child, kind in ENTAILMENT_PAIRS:

@@ -26,7 +26,7 @@ Analysis   ``factor_norms`` (factor-wise distance to the origin) and ``factor_ma
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import torch
 from torch import Tensor
@@ -246,14 +246,17 @@ class Phyclip(HyperbolicRecipe):
         scale_max = config.scale_max
         if scale_max is not None:
             scale_max = max(scale_max, image_scale, text_scale)
-        head = dict(
-            num_factors=config.num_factors,
-            factor_dim=config.factor_dim,
-            scale_max=scale_max,
-            per_factor_scale=config.per_factor_scale,
+        self.image_head, self.text_head = (
+            FactorizedLorentzHead(
+                dim,
+                num_factors=config.num_factors,
+                factor_dim=config.factor_dim,
+                scale_init=scale,
+                scale_max=scale_max,
+                per_factor_scale=config.per_factor_scale,
+            )
+            for dim, scale in ((image_dim, image_scale), (text_dim, text_scale))
         )
-        self.image_head = FactorizedLorentzHead(image_dim, scale_init=image_scale, **head)
-        self.text_head = FactorizedLorentzHead(text_dim, scale_init=text_scale, **head)
         self.curvature = learnable_curvature(config, shape=(config.num_factors,))
         self.temperature = learnable_temperature(config)
 
@@ -316,7 +319,10 @@ class Phyclip(HyperbolicRecipe):
     def factor_max_compose(self, a: Embedding, b: Embedding) -> Embedding:
         """Fig. 7 / App. D.2: per factor, keep whichever of ``a``'s and ``b``'s points lies further
         from the origin (a Boolean OR when each factor is a bit). Shapes [N, k, d] -> [N, k, d]."""
-        pick_a = self.factor_activation(a) >= self.factor_activation(b)
+        norm_a, norm_b = self.factor_activation(a), self.factor_activation(b)
+        if norm_a is None or norm_b is None:
+            raise ValueError("factor_max_compose: expected embeddings with points [N, k, d]")
+        pick_a = norm_a >= norm_b
         return {"point": torch.where(pick_a.unsqueeze(-1), a["point"], b["point"])}
 
     # --- training -----------------------------------------------------------------------------
@@ -346,7 +352,7 @@ class Phyclip(HyperbolicRecipe):
             )
             terms[name] = cfg.entailment_weight * cone
         logs = {"temperature": float(tau.detach()), **self.curvature.summary("curvature")}
-        return LossOutput(total=sum(terms.values()), terms=terms, logs=logs)
+        return LossOutput(total=cast(Tensor, sum(terms.values())), terms=terms, logs=logs)
 
     def log_values(self) -> dict[str, float]:
         return {
