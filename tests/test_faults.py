@@ -615,26 +615,15 @@ def test_extract_checks_the_model_path_before_scanning_images(tmp_path, monkeypa
         )
 
 
-@pytest.mark.slow  # a whole study end to end
-def test_a_short_study_says_it_is_too_short(tmp_path):
+@pytest.mark.slow  # a whole study end to end (shared with test_studies: conftest.short_study)
+def test_a_short_study_says_it_is_too_short(short_study):
     # each study checks its own budget (studykit.decide): below its need every claim is
-    # "too short to test the claim", whatever the numbers at that length say. A small taxonomy
-    # (16 classes, 2 templates: every validation evaluates zero-shot per class and template)
-    # and the study's fixed rate (lr_grid=()): the budget rule does not depend on either.
-    from curvalign.report import studies, studykit
+    # "too short to test the claim", whatever the numbers at that length say
+    from curvalign.report import studykit
 
-    result = studies.run_study(
-        "proclip-product",
-        tmp_path / "a",
-        steps=2,
-        seeds=2,
-        data="synthetic:images=120,text_pairs=0,captions_max=3,depth=2,branching=2,templates=2",
-        overrides=["batch_size=16"],
-        part_dim=4,
-        lr_grid=(),
-    )
+    root, result = short_study
     assert [c["outcome"] for c in result["claims"]] == [studykit.TOO_SHORT]
-    assert studykit.TOO_SHORT in (tmp_path / "a" / "study.md").read_text()
+    assert studykit.TOO_SHORT in (root / "proclip-product" / "study.md").read_text()
 
 
 def test_disk_full_in_a_benchmark_is_one_line(tmp_path, monkeypatch):
