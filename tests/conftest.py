@@ -13,3 +13,38 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+#: the tiny synthetic world of the shared short study: a small taxonomy (16 classes, 2 prompt
+#: templates), since every validation scores zero-shot per class and template
+SHORT_STUDY_DATA = (
+    "synthetic:images=160,text_pairs=60,captions_max=3,depth=2,branching=2,templates=2"
+)
+
+
+@pytest.fixture(scope="session")
+def short_study(tmp_path_factory):
+    """``(root, result)``: the proclip-product study run once, far too short (2 steps, 2 seeds,
+    a two-rate grid, each seed also on its own world), written to ``root / "proclip-product"``.
+    Read by the tests of its budget verdict, its world-inclusive interval and the results page;
+    none of them writes into ``root``."""
+    from curvalign_lab.runner import run_study
+
+    root = tmp_path_factory.mktemp("short-study")
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        result = run_study(
+            "proclip-product",
+            root / "proclip-product",
+            steps=2,
+            seeds=2,
+            data=SHORT_STUDY_DATA,
+            overrides=["batch_size=16", "pair_batch_size=16"],
+            part_dim=4,
+            lr_grid=(1e-3, 3e-3),
+            vary_world=True,
+        )
+    finally:
+        torch.set_num_threads(before)
+    return root, result

@@ -46,7 +46,13 @@ def _cli(*args) -> subprocess.CompletedProcess:
 
 
 def _invoke(*args):
-    result = runner.invoke(app, [str(a) for a in args])
+    import torch
+
+    threads = torch.get_num_threads()
+    try:
+        result = runner.invoke(app, [str(a) for a in args])
+    finally:
+        torch.set_num_threads(threads)  # a run's num_threads= must not outlive it
     return result.exit_code, result.stdout + (
         result.stderr if result.stderr_bytes is not None else ""
     )
@@ -196,8 +202,8 @@ def test_sigterm_checkpoints_exactly_and_the_run_resumes(tmp_path):
     assert (run_dir / "model.safetensors").read_bytes() == (
         reference / "model.safetensors"
     ).read_bytes()
-    resumed = _cli("train", "--out", run_dir, "--resume", "--steps", stopped + 3, "-q")
-    assert resumed.returncode == 0, resumed.stderr
+    code, text = _invoke("train", "--out", run_dir, "--resume", "--steps", stopped + 3, "-q")
+    assert code == 0, text
     assert read_meta(run_dir)["step"] == stopped + 3
 
 
@@ -609,24 +615,15 @@ def test_extract_checks_the_model_path_before_scanning_images(tmp_path, monkeypa
         )
 
 
-@pytest.mark.slow  # a whole study end to end (56 s of a loaded 2-core machine)
-def test_a_short_study_says_it_is_too_short(tmp_path):
+@pytest.mark.slow  # a whole study end to end (shared with test_studies: conftest.short_study)
+def test_a_short_study_says_it_is_too_short(short_study):
     # each study checks its own budget (studykit.decide): below its need every claim is
     # "too short to test the claim", whatever the numbers at that length say
     from curvalign_lab import kit as studykit
-    from curvalign_lab import runner as studies
 
-    result = studies.run_study(
-        "proclip-product",
-        tmp_path / "a",
-        steps=2,
-        seeds=2,
-        data="synthetic:images=120,text_pairs=0,captions_max=3",
-        overrides=["batch_size=16"],
-        part_dim=4,
-    )
+    root, result = short_study
     assert [c["outcome"] for c in result["claims"]] == [studykit.TOO_SHORT]
-    assert studykit.TOO_SHORT in (tmp_path / "a" / "study.md").read_text()
+    assert studykit.TOO_SHORT in (root / "proclip-product" / "study.md").read_text()
 
 
 def test_disk_full_in_a_benchmark_is_one_line(tmp_path, monkeypatch):
@@ -700,17 +697,18 @@ def test_a_read_only_out_is_refused_before_any_work(read_only_filesystem):
     ]
 
 
-@pytest.mark.slow  # a CLI subprocess training onto a full tmpfs
 def test_training_onto_a_full_disk_is_one_error_line(tiny_filesystem):
+    # the command line's own entry in this process (the error path is the command's, not the
+    # interpreter's); a small store: the checkpoint's size is the model's, at its default width
     out = tiny_filesystem / "run"
-    result = _cli(
-        "train", "--recipe", "clip", "--data", "synthetic", "--steps", "30", "--out", out,
-        "-q", "checkpoint_every=10",
+    code, text = _invoke(
+        "train", "--recipe", "clip", "--data", DATA, "--steps", "30", "--out", out,
+        "-q", "checkpoint_every=10", "batch_size=32",
     )  # fmt: skip
-    assert result.returncode == 2, result.stderr
-    (line,) = _error_lines(result.stderr)
+    assert code == 2, text
+    (line,) = _error_lines(text)
     assert "the checkpoint of step 10 could not be written" in line
-    assert "no space left on the device" in line and "Traceback" not in result.stderr
+    assert "no space left on the device" in line and "Traceback" not in text
     assert not list(out.glob(".*.tmp"))  # no half-written temporary left behind
 
 

@@ -629,20 +629,11 @@ def test_wordnet_frozen_baseline_on_a_shared_space(tmp_path, one_thread):
     assert f"test mean R@1 {100 * frozen['test mean R@1']:.1f}" in frozen_text(frozen)
 
 
-def test_results_page_is_generated_from_the_json(tmp_path, one_thread):
+def test_results_page_is_generated_from_the_json(tmp_path, short_study):
     from curvalign_lab import results
-    from curvalign_lab.runner import run_study
 
-    run_study(
-        "proclip-product",
-        tmp_path / "proclip-product",
-        steps=2,
-        seeds=2,
-        data=TINY,
-        overrides=TINY_TRAIN,
-        part_dim=4,
-    )
-    text = results.render(tmp_path)
+    root, _ = short_study  # proclip-product, too short, with a learning-rate grid
+    text = results.render(root)
     assert "## Verdicts" in text and "## proclip-product" in text
     assert kit.TOO_SHORT in text and "Wall time" in text
     # the verdicts table carries the paper's effect (its source in a footnote), the planned n
@@ -653,7 +644,7 @@ def test_results_page_is_generated_from_the_json(tmp_path, one_thread):
     assert "Studies not run for this page" in text and "`agr-curriculum`" in text
     assert results.main([str(tmp_path / "nothing-here")]) == 2
     copy = tmp_path / "docs"
-    assert results.main([str(tmp_path), "--copy-to", str(copy)]) == 0
+    assert results.main([str(root), "--copy-to", str(copy)]) == 0
     assert (copy / "proclip-product" / "study.json").exists() and list(copy.glob("*.png"))
     assert results.render(copy) == text  # the committed JSON regenerates the same page
     page = tmp_path / "results.md"
@@ -995,25 +986,14 @@ def test_stability_check_shows_every_flip_as_a_flip(tmp_path):
     assert "2 flip between bases" in text
 
 
-def test_world_inclusive_interval_trains_each_seed_on_its_own_world(tmp_path, one_thread):
-    from curvalign_lab.runner import run_study
-
-    result = run_study(
-        "proclip-product",
-        tmp_path / "p",
-        steps=2,
-        seeds=2,
-        data=TINY,
-        overrides=TINY_TRAIN,
-        part_dim=4,
-        lr_grid=(),
-        vary_world=True,
-    )
+def test_world_inclusive_interval_trains_each_seed_on_its_own_world(short_study):
+    root, result = short_study  # proclip-product with vary_world=True
     claim = result["claims"][0]
     assert claim["claim"].endswith("world-inclusive") and claim["seed_only"]["n"] == 2
     assert "seed-only (world" in claim["effect_text"]
     # the two worlds differ: seed 1's world is not seed 0's
-    assert (tmp_path / "p" / "world-0").is_dir() and (tmp_path / "p" / "world-1").is_dir()
+    study = root / "proclip-product"
+    assert (study / "world-0").is_dir() and (study / "world-1").is_dir()
     rows = result["markdown"]
     assert "product H x E x S (world of its seed)" in rows
 

@@ -570,6 +570,7 @@ def test_curvalign_train_nproc_2_with_towers_ends_with_the_weights_of_one_proces
     import subprocess
     import sys
 
+    threads = torch.get_num_threads()
     towers = f"{world['spec']};image=lora;text=lora;lora_rank=2;lr=1e-2"
     common = [
         "--recipe",
@@ -582,15 +583,23 @@ def test_curvalign_train_nproc_2_with_towers_ends_with_the_weights_of_one_proces
         "--towers",
         towers,
     ]
-    for n in (1, 2):
-        done = subprocess.run(
-            [sys.executable, "-m", "curvalign", "train", "--nproc", str(n), *common]
-            + ["--out", str(tmp_path / f"n{n}"), "--", *TRAIN],
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        assert done.returncode == 0, done.stderr[-3000:]
+    from typer.testing import CliRunner
+
+    from curvalign.cli import app
+
+    # one process: the command line's entry in this process (what --nproc 1 runs), a Python,
+    # torch and open_clip start saved; two processes: the launcher in a process of its own
+    one = CliRunner().invoke(app, ["train", *common, "--out", str(tmp_path / "n1"), "--", *TRAIN])
+    torch.set_num_threads(threads)  # TRAIN's num_threads=1 must not outlive the run
+    assert one.exit_code == 0, one.output[-3000:]
+    done = subprocess.run(
+        [sys.executable, "-m", "curvalign", "train", "--nproc", "2", *common]
+        + ["--out", str(tmp_path / "n2"), "--", *TRAIN],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
     for name in ("model.safetensors", "towers.safetensors"):
         one, two = load_file(str(tmp_path / "n1" / name)), load_file(str(tmp_path / "n2" / name))
         assert one.keys() == two.keys()
