@@ -401,8 +401,11 @@ def test_two_processes_with_towers_equal_one_process_on_the_global_batch(world, 
             ("head", recipe_grads, ddp_recipe),
         ):
             for key, grad in one.items():
-                if not torch.allclose(many[key], grad, rtol=1e-4, atol=1e-6):
-                    err = (many[key] - grad).abs().max().item()
+                # N processes sum the batch in another order than one: float32 rounding of a
+                # sum over the batch, judged against the tensor's largest entry (an entry near 0
+                # carries the rounding of its large neighbours' sums)
+                err = (many[key] - grad).abs().max().item()
+                if err > 1e-5 * grad.abs().max().item() + 1e-6:
                     failures.append(
                         f"{name}: {what} gradient of {key} differs by {err:.2e} (norm {grad.norm():.2e})"
                     )
