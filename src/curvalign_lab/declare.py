@@ -32,6 +32,15 @@ The declared runner, step by step (``run_declared``):
 4. Each claim is decided (``kit.claim_record`` with its plan), Holm over the tested claims
    (``kit.apply_holm``), and the page written (``page.study_page``). Every arm's step-0 health
    and resolved start are recorded (``starts``) and the page lists any warning that fired.
+
+Optional parts of a declaration (each off by default): ``schedule`` (options every arm gets that
+depend on the step budget, e.g. a curriculum in steps), ``During`` (values measured at marks
+during training through the shared ``fit``'s trainer hooks, ``kit.ArmHooks``, kept in
+``Trained.during``), ``select_best`` (False: the arms' last weights), ``admissible`` (the claims'
+precondition per learning rate: the rate is chosen among the rates where it holds,
+``Bench.choose_lr``), ``Handicap.options`` (a handicap of the training rather than of the data),
+``Control.effect`` (a control measured on the claims' own statistic rather than on mean R@1),
+``tables`` (extra Markdown for the page) and ``figures``.
 """
 
 from __future__ import annotations
@@ -44,6 +53,7 @@ from typing import TYPE_CHECKING, Any
 
 from curvalign.data.features import FeatureStore
 from curvalign.errors import ConfigError
+from curvalign.recipes.base import Recipe
 from curvalign.stats import Interval, ItemTotals, mean_interval
 from curvalign_lab import kit, rules
 
@@ -125,12 +135,15 @@ class Arm:
 class Handicap:
     """A control's handicap as data: ``what`` it does (one line, with "{dose}" where the dose
     goes), the ``doses`` a pilot scans, the ``dose`` used without a scan, and ``apply(store,
-    dose, seed)`` that returns the handicapped training store."""
+    dose, seed)`` that returns the handicapped training store. ``options(dose, steps)``: the
+    options the dose adds to the clean arm's (after them), for a handicap of the training rather
+    than of the data (``apply`` may then return the store unchanged)."""
 
     what: str
     doses: tuple[float, ...]
     dose: float
     apply: Callable[[FeatureStore, float, int], FeatureStore]
+    options: Callable[[float, int], tuple[str, ...]] | None = None
 
     def text(self, dose: float) -> str:
         return self.what.format(dose=f"{dose:.3g}")
@@ -151,11 +164,27 @@ def label_noise(
 class Control:
     """The calibrated positive control: ``arm`` (the clean arm) trained with ``handicap``; its
     effect (clean - handicapped, on the claims' metric) must separate with at least the size of
-    claim ``claim`` (``Claim.size``)."""
+    claim ``claim`` (``Claim.size``). ``effect(trained, label, seed)``: the control's effect on
+    one seed, oriented so that the handicap shows as a positive number, from the trained arms
+    and the control's own runs under ``label`` (None: clean - handicapped test mean R@1)."""
 
     arm: str
     handicap: Handicap
     claim: str
+    effect: Callable[[Trained, str, int], float] | None = None
+
+
+@dataclass(frozen=True)
+class During:
+    """Values measured during training, through the shared ``fit``'s trainer hooks (the marks
+    of ``kit.ArmHooks``): ``marks(steps)`` the steps to measure at for a budget of ``steps`` (a
+    mark at or past the budget: the last step, after any plateau extension), ``measure(bench,
+    model)`` the values recorded there (hooks run with the model in eval mode and gradients
+    off, so measuring cannot change the training). ``Trained.during[arm][seed][mark]`` holds
+    them, for every arm and for the control."""
+
+    marks: Callable[[int], tuple[int, ...]]
+    measure: Callable[[kit.Bench, Recipe], Mapping[str, float]]
 
 
 @dataclass
@@ -180,6 +209,10 @@ class Trained:
     seeds: list[int]
     runs: dict[str, dict[int, kit.ArmResult]] = field(default_factory=dict)
     evals: dict[str, dict[int, Evaluation]] = field(default_factory=dict)
+    #: ``During``'s values: arm (or control) label -> seed -> mark -> {name: value}
+    during: dict[str, dict[int, dict[int, dict[str, float]]]] = field(default_factory=dict)
+    #: the control's test mean R@1: label -> seed -> value
+    control_r1: dict[str, dict[int, float]] = field(default_factory=dict)
 
     def r1(self, arm: str) -> dict[int, float]:
         """Per seed: the arm's test mean R@1 (mean of T2I and I2T R@1)."""
@@ -224,6 +257,20 @@ class Study:
     quick_steps: int = QUICK_STEPS
     #: overrides of the smoke run only (e.g. a narrower MLP), after the arms' own
     quick_overrides: tuple[str, ...] = ()
+    #: options every arm and the control get from the step budget (before the arm's own)
+    schedule: Callable[[int], tuple[str, ...]] | None = None
+    #: values measured during training (``During``), for ``measure`` and ``Control.effect``
+    during: During | None = None
+    #: the arms' model: the best validation weights (True) or the last ones
+    select_best: bool = True
+    #: the claims' precondition per learning rate: ``admissible(bench)(model)`` is None where it
+    #: holds, else why not; the rate is chosen among the rates where it holds and each excluded
+    #: rate is kept with its reason (``Bench.choose_lr``, the result's ``lr_choice``)
+    admissible: Callable[[kit.Bench], Callable[[Recipe], str | None]] | None = None
+    #: extra Markdown for the page (tables of what was measured) from the trained arms
+    tables: Callable[[Trained, Mapping[str, Measured]], str] | None = None
+    #: the page's figures: ``figures(trained, out)`` writes them into ``out``, returns the paths
+    figures: Callable[[Trained, Path], Sequence[Path]] | None = None
 
     def __post_init__(self) -> None:
         labels = [a.label for a in self.arms]
@@ -264,13 +311,14 @@ def train_arms(
     doses: Sequence[float],
 ) -> tuple[Trained, dict[float, dict[int, float]]]:
     """Every arm with every seed, and the control at each of ``doses``: (the trained arms,
-    {dose: {seed: control effect}}), the control effect being clean - handicapped mean R@1."""
+    {dose: {seed: control effect}}), the control effect being clean - handicapped mean R@1
+    (or ``Control.effect``)."""
     from curvalign.eval import run_evaluation
 
     trained = Trained(bench, list(seeds))
     for arm in study.arms:
         for seed in seeds:
-            run = bench.train(arm.label, arm.recipe, arm.options, seed)
+            run = _train_one(study, bench, trained, arm.label, arm.recipe, arm.options, seed)
             trained.runs.setdefault(arm.label, {})[seed] = run
             trained.evals.setdefault(arm.label, {})[seed] = run_evaluation(
                 run.recipe, bench.store, "test", diagnostics=False
@@ -286,19 +334,63 @@ def train_arms(
     options = [*clean_arm.options, *([f"lr={chosen:g}"] if chosen is not None else [])]
     for dose in doses:
         label = control_label(study, dose)
+        extra = [*options, *(handicap.options(dose, bench.steps) if handicap.options else ())]
         for seed in seeds:
             handicapped = handicap.apply(bench.store, dose, seed)
-            run = bench.train(
+            run = _train_one(
+                study,
+                bench,
+                trained,
                 label,
                 clean_arm.recipe,
-                options,
+                extra,
                 seed,
                 store_from=_constant(handicapped),
             )
             trained.runs.setdefault(label, {})[seed] = run
             r1 = kit.mean_r1(bench.evaluate(run.recipe))
-            effects.setdefault(dose, {})[seed] = clean[seed] - r1
+            trained.control_r1.setdefault(label, {})[seed] = r1
+            effects.setdefault(dose, {})[seed] = (
+                study.control.effect(trained, label, seed)
+                if study.control.effect is not None
+                else clean[seed] - r1
+            )
     return trained, effects
+
+
+def _train_one(
+    study: Study,
+    bench: kit.Bench,
+    trained: Trained,
+    label: str,
+    recipe: str,
+    options: Sequence[str],
+    seed: int,
+    store_from: Callable[[int], FeatureStore | None] | None = None,
+) -> kit.ArmResult:
+    """One arm, one seed through ``bench.train`` with the study's optional parts: its
+    ``schedule`` options, ``During``'s marks (recorded into ``trained.during``), its
+    ``select_best`` and its learning-rate precondition (``admissible``)."""
+    extra = [*(study.schedule(bench.steps) if study.schedule is not None else ()), *options]
+    during = study.during
+    on_mark: Callable[[int, Any], None] | None = None
+    if during is not None:
+        record = trained.during.setdefault(label, {}).setdefault(seed, {})
+
+        def on_mark(step: int, model: Any) -> None:
+            record[step] = dict(during.measure(bench, model))
+
+    return bench.train(
+        label,
+        recipe,
+        extra,
+        seed,
+        select_best=study.select_best,
+        marks=during.marks(bench.steps) if during is not None else (),
+        on_mark=on_mark,
+        store_from=store_from,
+        admissible=study.admissible(bench) if study.admissible is not None else None,
+    )
 
 
 def _constant(store: FeatureStore) -> Callable[[int], FeatureStore | None]:
@@ -494,10 +586,8 @@ def run_declared(
     )
     r1 = {arm: trained.r1(arm) for arm in trained.evals}
     if handicap is not None:
-        clean = trained.r1(study.control.arm) if study.control else {}
-        r1[control_label(study, dose)] = {
-            s: clean[s] - e for s, e in control_effects.get(dose, {}).items()
-        }
+        label = control_label(study, dose)
+        r1[label] = dict(trained.control_r1.get(label, {}))
     from curvalign_lab import page
 
     result: dict[str, Any] = {
@@ -546,7 +636,10 @@ def run_declared(
         },
         "starts": {a: {str(s): r for s, r in v.items()} for a, v in bench.starts.items()},
         "starts_fired": kit.starts_fired(bench.starts),
-        "figures": [],
+        "figures": [str(f) for f in study.figures(trained, out)] if study.figures else [],
+        # the study's own tables (``Study.tables``); present, so that a page never repeats
+        # the body under "markdown" in their place (``page.study_body``)
+        "tables": study.tables(trained, measured) if study.tables is not None else "",
         "wall_s": timer.seconds(),
     }
     if plan_record is not None:
@@ -562,6 +655,7 @@ __all__ = [
     "Arm",
     "Claim",
     "Control",
+    "During",
     "Handicap",
     "Measured",
     "Scripted",

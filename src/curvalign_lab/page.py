@@ -274,9 +274,9 @@ def study_body(result: Mapping[str, Any]) -> str:
         control_text(result),
         starts_text(result),
         *(
-            [f"**Measured notes.** {c['claim']}: {c['note']}\n" for c in result["claims"]]
-            if any(c.get("note") for c in result["claims"])
-            else []
+            f"**Measured notes.** {c['claim']}: {c['note']}\n"
+            for c in result["claims"]
+            if c.get("note")
         ),
         arms_table(result),
         # an older study.json has no separate tables: its whole former section stands here
