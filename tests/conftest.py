@@ -25,9 +25,8 @@ SHORT_STUDY_DATA = (
 @pytest.fixture(scope="session")
 def short_study(tmp_path_factory):
     """``(root, result)``: the proclip-product study run once, far too short (2 steps, 2 seeds,
-    a two-rate grid, each seed also on its own world), written to ``root / "proclip-product"``.
-    Read by the tests of its budget verdict, its world-inclusive interval and the results page;
-    none of them writes into ``root``."""
+    a two-rate grid, a narrow MLP), written to ``root / "proclip-product"``. Read by the tests
+    of its budget verdict and the results page; none of them writes into ``root``."""
     from curvalign_lab.runner import run_study
 
     root = tmp_path_factory.mktemp("short-study")
@@ -40,10 +39,8 @@ def short_study(tmp_path_factory):
             steps=2,
             seeds=2,
             data=SHORT_STUDY_DATA,
-            overrides=["batch_size=16", "pair_batch_size=16"],
-            part_dim=4,
+            overrides=["batch_size=16", "pair_batch_size=16", "hidden_dim=16"],
             lr_grid=(1e-3, 3e-3),
-            vary_world=True,
         )
     finally:
         torch.set_num_threads(before)

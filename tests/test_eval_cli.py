@@ -165,7 +165,7 @@ def test_study_options_are_parsed_and_checked():
     with pytest.raises(ValueError, match="no option 'bogus'"):
         parse_study_options("atmg-curvature", ["bogus=1"])
     with pytest.raises(ValueError, match="Python literal"):
-        parse_study_options("proclip-product", ["part_dim=abc"])
+        parse_study_options("proclip-product", ["lr_grid=abc"])
     result = runner.invoke(app, ["study", "proclip-product", "--set", "part_dim"])
     assert result.exit_code == 2 and "NAME=VALUE" in result.output
 
