@@ -19,8 +19,8 @@ Every study
   the output), Holm-corrected over the study's claims (``kit.apply_holm``): holds / does
   not hold / equivalent within ±delta / inconclusive / underpowered at n seeds / not reproduced
   in this regime.
-* on a synthetic world, decides each claim about a method (PHyCLIP's, ProCLIP's, AtMG's, AGR's,
-  DualPath's) on a *world-inclusive* interval (``vary_world``: seed s trains and is evaluated on
+* on a synthetic world, decides each claim about a method (PHyCLIP's, AtMG's, DualPath's) on a
+  *world-inclusive* interval (``vary_world``: seed s trains and is evaluated on
   the world of seed s, ``world_inclusive``), the fixed-world (seed-only) interval reported
   beside it (``with_world``).
 
