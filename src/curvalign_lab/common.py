@@ -35,11 +35,6 @@ CONTROL_NOISE = 0.1
 #: -0.4 ± 1.9 points (it did not separate); a pilot (one seed each, 150 steps at lr 1e-2) lost
 #: about 5 points at 30% and 20 at 60%, so 30% is the smallest pilot rate clearly above 2
 PROCLIP_CONTROL_NOISE = 0.3
-#: PHyCLIP's control, sized to its k claim (+1.5 R@1 points): its heads barely feel label noise
-#: (10%: -0.1 ± 1.9 points; the pilot above: about 0.4 at 30%, 0.6 and 3.8 at 60%, too noisy to
-#: calibrate), while the largest k at half the total dimension lost about 4 points on both pilot
-#: seeds: the control halves k·d (no label noise unless ``control_noise`` > 0)
-PHYCLIP_CONTROL_NOISE = 0.0
 
 
 # --- shared helpers -----------------------------------------------------------------------------
