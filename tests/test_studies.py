@@ -562,7 +562,7 @@ TINY_STUDIES = {
         f"{TINY},paraphrase_topics=8,heldout_pairs=40",
     ),
     "atmg-curvature": ({"curvatures": (0.1, 1.0)}, TINY),
-    "phyclip-factors": ({"total_dim": 8, "factors": (1, 4)}, TINY + ",leaf_pairs=4"),
+    "phyclip-factors": ({}, TINY + ",leaf_pairs=4"),
     "proclip-product": ({}, TINY),
     # the real-data study's machinery on a synthetic store (WordNet needs the MiniLM and nltk)
     "wordnet-dimensions": ({"dims": (2, 4)}, TINY),
@@ -598,9 +598,10 @@ def test_each_study_runs_tiny_and_is_too_short(tmp_path, name, one_thread):
     assert result["lr_grid"] == [1e-3, 3e-3] and result["lr_choice"]
     for choice in result["lr_choice"].values():
         assert choice["chosen"] in (1e-3, 3e-3) and len(choice["grid"]) == 2
-    # a scripted study's page or a declared one's
-    md = result["markdown"]
-    assert "Family for the multiplicity correction" in md or "Holm family:" in md
+    # a scripted study's page names its Holm family in its own words, a declared one's in one line
+    assert any(
+        f in result["markdown"] for f in ("Family for the multiplicity correction", "Holm family")
+    )
     assert all(Path(f).exists() for f in result["figures"])
     assert set(result["convergence"]) and all(
         c["seeds"] == 2 for c in result["convergence"].values()
@@ -892,24 +893,6 @@ def test_graph_reconstruction_ranks_the_closure_by_distance():
     assert worse["mean_rank"] == pytest.approx((1 + 1 + 2 + 2) / 4)
 
 
-def test_tangent_sum_composition_in_one_hyperbolic_space():
-    from curvalign.geometry import lorentz
-    from curvalign.recipes.phyclip import Phyclip, PhyclipConfig
-    from curvalign_lab.studies.phyclip_factors import tangent_sum_compose
-
-    torch.manual_seed(5)
-    r = Phyclip(PhyclipConfig(num_factors=1, factor_dim=4), 10, 8)
-    a = r.embed_texts(torch.randn(3, 8))
-    b = r.embed_texts(torch.randn(3, 8))
-    c = float(r.curvature().detach()[0])
-    composed = tangent_sum_compose(r)(a, b)["point"]
-    assert composed.shape == a["point"].shape == (3, 1, 4)
-    va, vb = lorentz.logmap0(a["point"][:, 0], c), lorentz.logmap0(b["point"][:, 0], c)
-    torch.testing.assert_close(composed[:, 0], lorentz.expmap0(va + vb, c), rtol=1e-4, atol=1e-5)
-    # unlike the factor-wise max, the sum is neither input when both are nonzero
-    assert not torch.allclose(composed, a["point"]) and not torch.allclose(composed, b["point"])
-
-
 def test_stability_check_shows_every_flip_as_a_flip(tmp_path):
     from curvalign_lab import results
 
@@ -1113,71 +1096,6 @@ def test_claims_about_a_method_are_decided_across_worlds(
     # the label-noise control stays on the study's world: the same interval both ways
     for world, alone in zip(varied["claims"], fixed["claims"], strict=True):
         assert world["control"] == alone["control"]
-
-
-DUALPATH_TINY = f"{TINY},paraphrase_topics=8,heldout_pairs=40"
-
-
-def test_dualpath_claims_are_decided_across_worlds(tmp_path, one_thread, monkeypatch):
-    from curvalign.runs import load_run
-    from curvalign_lab.studies import dualpath_forgetting as studies
-
-    measured_on = []  # the held-out pair scores every skill measurement read
-    skill = studies._paraphrase_skill
-
-    def recording(recipe, heldout, idx):
-        measured_on.append(heldout.scores)
-        return skill(recipe, heldout, idx)
-
-    monkeypatch.setattr(studies, "_paraphrase_skill", recording)
-    varied = _world_study(tmp_path, "dualpath-forgetting", True, steps=4, data=DUALPATH_TINY)
-    # the runs on the world of seed 1 are measured on that world's held-out pairs
-    world_1 = studies.load_study_data(f"{DUALPATH_TINY},seed=1")[1].heldout_pairs.scores
-    base = studies.load_study_data(DUALPATH_TINY)[1].heldout_pairs.scores
-    assert not torch.equal(world_1, base)
-    assert any(torch.equal(s, world_1) for s in measured_on)
-    monkeypatch.undo()
-    fixed = _world_study(tmp_path, "dualpath-forgetting", False, steps=4, data=DUALPATH_TINY)
-    assert len(varied["claims"]) == len(fixed["claims"]) == 4
-    for world, alone in zip(varied["claims"], fixed["claims"], strict=True):
-        assert world["claim"] == alone["claim"] + ", world-inclusive"
-        assert "seed-only (world" in world["effect_text"] and world["seed_only"]["n"] == 2
-        # the seed-only interval is the fixed-world study's own change difference
-        assert world["seed_only"]["mean"] == pytest.approx(alone["effect"]["mean"], nan_ok=True)
-        # every input but the gate precondition (measured on the worlds' runs) is the claim's
-        assert {k: v for k, v in world["inputs"].items() if k != "precondition"} == {
-            k: v for k, v in alone["inputs"].items() if k != "precondition"
-        }
-        # the conflicting-pairs control stays on the study's world
-        assert world["control"] == alone["control"]
-        assert "world-inclusive" not in alone["claim"] and "seed_only" not in alone
-        assert "seed-only" not in alone["effect_text"]
-    root = tmp_path / "dualpath-forgetting-True"
-    for seed in (0, 1):
-        runs = root / f"world-{seed}" / "runs"
-        # the four compared arms train on the world of each seed; the control does not
-        assert {p.name for p in runs.iterdir()} == {
-            f"{arm}-s{seed}" for arm in ("full", "gate-open", "no-gate", "no-phase-2-text-pairs")
-        }
-    # the gate-opened precondition is evaluated on the gate of the worlds' runs (last weights)
-    for claim, arm in ((varied["claims"][1], "full"), (varied["claims"][2], "gate-open")):
-        g = [
-            load_run(
-                root / f"world-{s}" / "runs" / f"{arm}-s{s}", weights="last"
-            ).recipe.gate_value()
-            for s in (0, 1)
-        ]
-        mean = sum(g) / 2
-        expected = None if mean >= 0.5 else f"g = {mean:.3f} < 0.5"
-        precondition = claim["inputs"]["precondition"]
-        assert precondition is None if expected is None else expected in precondition
-    # the per-world rows of the metric table
-    for row in ("full @ end: spearman", "gate open @ phase 1: gate", "no gate @ end: image R@1"):
-        assert f"{row} (world of its seed)" in varied["markdown"]
-    assert "world of its seed" not in fixed["markdown"]
-    assert "world-inclusive" in varied["setup"] and "world-inclusive" not in fixed["setup"]
-    assert "control (conflicting pairs) is trained on this world only" in varied["setup"]
-    assert not (tmp_path / "dualpath-forgetting-False" / "world-0").exists()
 
 
 def test_the_moved_study_modules_keep_a_deprecated_alias():

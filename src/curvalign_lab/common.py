@@ -31,11 +31,6 @@ STUDY_WORLD = "synthetic:images=2500,val_fraction=0.2,text_pairs=0"
 
 #: the calibrated control's handicap: this share of the train captions describe another image
 CONTROL_NOISE = 0.1
-#: PHyCLIP's control, sized to its k claim (+1.5 R@1 points): its heads barely feel label noise
-#: (10%: -0.1 ± 1.9 points; the pilot above: about 0.4 at 30%, 0.6 and 3.8 at 60%, too noisy to
-#: calibrate), while the largest k at half the total dimension lost about 4 points on both pilot
-#: seeds: the control halves k·d (no label noise unless ``control_noise`` > 0)
-PHYCLIP_CONTROL_NOISE = 0.0
 
 
 # --- shared helpers -----------------------------------------------------------------------------

@@ -41,6 +41,24 @@ precondition per learning rate: the rate is chosen among the rates where it hold
 ``Bench.choose_lr``), ``Handicap.options`` (a handicap of the training rather than of the data),
 ``Control.effect`` (a control measured on the claims' own statistic rather than on mean R@1),
 ``tables`` (extra Markdown for the page) and ``figures``.
+
+Optional parts a study may declare (each a field with a default; a study without them runs as
+above):
+
+* ``Study.phases`` (``Phases``): a run in phases whose claim compares the model at a mark (e.g.
+  the end of Phase 1) with the end of the run: the arms' budget-dependent options, the marks,
+  a ``probe`` measured at each mark and at the end (``Trained.probes``), the validation value
+  and whether the last weights are kept. The control's handicapped store can start at a step
+  (``Handicap.start``, e.g. forced forgetting from the Phase-1 end on) and its effect can be
+  measured on the claim's own metric (``Control.metric``).
+* ``Study.measured_controls`` (``MeasuredControl``): a control applied when measuring, not when
+  training (e.g. a share of a composed query's factors taken from a wrong partner); the pilot
+  scans its doses on the trained arms and picks, as for ``Control``, the dose whose effect
+  equals the calibrated claim's size; the claims it names use it instead of the study's control.
+* ``Measured.interval``: an interval the measure computed itself (e.g. a two-level bootstrap of
+  a statistic that is not a sum over test items, such as a Spearman correlation).
+* ``Claim.report_equivalence``: a superiority or non-inferiority claim whose test is not
+  significant also reports equivalence within ±``margin`` (TOST).
 """
 
 from __future__ import annotations
@@ -59,6 +77,7 @@ from curvalign_lab import kit, rules
 
 if TYPE_CHECKING:
     from curvalign.eval.pipeline import Evaluation
+    from curvalign.recipes.base import Recipe
 
 Notify = Callable[[str], None]
 
@@ -102,12 +121,16 @@ class Claim:
     unit: str = "points"
     scale: float = 100.0
     min_steps: int = 0
+    #: also report equivalence within ±margin (TOST) when the test is not significant
+    report_equivalence: bool = False
 
     def __post_init__(self) -> None:
         if self.kind not in rules.KINDS:
             raise ConfigError(f"claim {self.key}: kind must be one of {rules.KINDS}")
         if self.kind != rules.SUPERIORITY and self.margin is None:
             raise ConfigError(f"claim {self.key}: a {self.kind} claim needs its margin")
+        if self.report_equivalence and self.margin is None:
+            raise ConfigError(f"claim {self.key}: reporting equivalence needs its margin")
 
     @property
     def threshold(self) -> float:
@@ -137,13 +160,16 @@ class Handicap:
     goes), the ``doses`` a pilot scans, the ``dose`` used without a scan, and ``apply(store,
     dose, seed)`` that returns the handicapped training store. ``options(dose, steps)``: the
     options the dose adds to the clean arm's (after them), for a handicap of the training rather
-    than of the data (``apply`` may then return the store unchanged)."""
+    than of the data (``apply`` may then return the store unchanged); ``start(steps)``: the step
+    from which the control trains on it at a budget of ``steps`` (None: from step 0), e.g.
+    forced forgetting from the end of Phase 1 on."""
 
     what: str
     doses: tuple[float, ...]
     dose: float
     apply: Callable[[FeatureStore, float, int], FeatureStore]
     options: Callable[[float, int], tuple[str, ...]] | None = None
+    start: Callable[[int], int] | None = None
 
     def text(self, dose: float) -> str:
         return self.what.format(dose=f"{dose:.3g}")
@@ -166,12 +192,15 @@ class Control:
     effect (clean - handicapped, on the claims' metric) must separate with at least the size of
     claim ``claim`` (``Claim.size``). ``effect(trained, label, seed)``: the control's effect on
     one seed, oriented so that the handicap shows as a positive number, from the trained arms
-    and the control's own runs under ``label`` (None: clean - handicapped test mean R@1)."""
+    and the control's own runs under ``label`` (None: clean - handicapped test mean R@1). ``metric(trained, label, seed)``: instead, the
+    per-run value the effect is measured on, e.g. the change of a skill between two marks
+    (``Phases``), oriented so that the handicap lowers it."""
 
     arm: str
     handicap: Handicap
     claim: str
     effect: Callable[[Trained, str, int], float] | None = None
+    metric: Callable[[Trained, str, int], float] | None = None
 
 
 @dataclass(frozen=True)
@@ -192,18 +221,23 @@ class Measured:
     """One claim measured: ``effect`` per seed (oriented: the claim says effect > threshold);
     ``items`` the per-seed item totals of the two rows it compares (a, b), for an interval over
     seeds and test items; ``precondition`` / ``regime``: why it cannot be tested here (None:
-    it can); ``note``: a measured bound or remark for the page."""
+    it can); ``note``: a measured bound or remark for the page; ``interval``: the claim's
+    interval where the measure computed it itself (e.g. over seeds and test items for a
+    statistic that is not a sum over items; None: ``claim_interval`` computes it)."""
 
     effect: dict[int, float]
     items: tuple[Sequence[ItemTotals], Sequence[ItemTotals]] | None = None
     precondition: str | None = None
     regime: str | None = None
     note: str = ""
+    interval: Interval | None = None
 
 
 @dataclass
 class Trained:
-    """What ``measure`` receives: the bench, every arm's runs and test evaluations per seed."""
+    """What ``measure`` receives: the bench, every arm's runs and test evaluations per seed;
+    with ``Study.phases``, ``probes[label][seed][mark]`` (the probe's values at each named mark
+    and at "end") and the synthetic ``world`` the store came from (None for a stored one)."""
 
     bench: kit.Bench
     seeds: list[int]
@@ -213,6 +247,8 @@ class Trained:
     during: dict[str, dict[int, dict[int, dict[str, float]]]] = field(default_factory=dict)
     #: the control's test mean R@1: label -> seed -> value
     control_r1: dict[str, dict[int, float]] = field(default_factory=dict)
+    probes: dict[str, dict[int, dict[str, dict[str, Any]]]] = field(default_factory=dict)
+    world: Any = None
 
     def r1(self, arm: str) -> dict[int, float]:
         """Per seed: the arm's test mean R@1 (mean of T2I and I2T R@1)."""
@@ -234,6 +270,45 @@ class Trained:
         return Measured(
             {s: ra[s] - rb[s] for s in self.seeds}, items=(self.totals(a), self.totals(b))
         )
+
+
+@dataclass(frozen=True)
+class Phases:
+    """Training in phases (module docstring), for every arm and the control.
+
+    options(steps)   extra options of every arm at a budget of ``steps`` (e.g. the step of the
+                     phase switch), after the arm's own
+    marks(steps)     {name: step}: where ``probe`` measures each run during training
+    probe(recipe, world)   the values measured at each mark and, on the final weights, at "end"
+                     (``Trained.probes``); ``world``: the synthetic world (None: a stored one)
+    validate(recipe, store, world)   the validation value (None: validation mean R@1)
+    select_best      False: each run keeps its last weights (a claim about the end of the run)
+    """
+
+    marks: Callable[[int], Mapping[str, int]]
+    probe: Callable[[Recipe, Any], dict[str, Any]]
+    options: Callable[[int], tuple[str, ...]] = lambda steps: ()
+    validate: Callable[[Recipe, FeatureStore, Any], float] | None = None
+    select_best: bool = False
+
+
+@dataclass(frozen=True)
+class MeasuredControl:
+    """A control applied when measuring, not when training: ``effect(trained, dose)`` gives its
+    per-seed effect at a dose (oriented: the handicap shows as a positive difference) on the
+    trained arms; ``what`` (with "{dose}"), the ``doses`` a pilot scans and the ``dose`` used
+    without a scan as in ``Handicap``. It is calibrated on claim ``claim`` (its size, as for
+    ``Control``) and is the control of every claim in ``claims`` (``claim`` among them)."""
+
+    claim: str
+    claims: tuple[str, ...]
+    what: str
+    doses: tuple[float, ...]
+    dose: float
+    effect: Callable[[Trained, float], dict[int, float]]
+
+    def text(self, dose: float) -> str:
+        return self.what.format(dose=f"{dose:.3g}")
 
 
 @dataclass(frozen=True)
@@ -271,16 +346,35 @@ class Study:
     tables: Callable[[Trained, Mapping[str, Measured]], str] | None = None
     #: the page's figures: ``figures(trained, out)`` writes them into ``out``, returns the paths
     figures: Callable[[Trained, Path], Sequence[Path]] | None = None
+    #: training in phases, measured at marks (``Phases``; None: one phase, no marks)
+    phases: Phases | None = None
+    #: controls applied when measuring (``MeasuredControl``), each for the claims it names
+    measured_controls: tuple[MeasuredControl, ...] = ()
 
     def __post_init__(self) -> None:
         labels = [a.label for a in self.arms]
         if len(set(labels)) != len(labels):
             raise ConfigError(f"study {self.name}: arm labels must be unique, got {labels}")
+        if self.during is not None and self.phases is not None:
+            raise ConfigError(
+                f"study {self.name}: declare either `during` or `phases` (both measure at marks)"
+            )
         if self.control is not None:
+            if self.control.effect is not None and self.control.metric is not None:
+                raise ConfigError(
+                    f"study {self.name}: the control takes either `effect` or `metric`, not both"
+                )
             if self.control.arm not in labels:
                 raise ConfigError(f"study {self.name}: control arm {self.control.arm!r} unknown")
             if self.control.claim not in {c.key for c in self.claims}:
                 raise ConfigError(f"study {self.name}: control claim {self.control.claim!r}")
+        keys = {c.key for c in self.claims}
+        for mc in self.measured_controls:
+            if mc.claim not in mc.claims or not set(mc.claims) <= keys:
+                raise ConfigError(
+                    f"study {self.name}: measured control claims {mc.claims} (calibrated on "
+                    f"{mc.claim!r}) must be claims of the study, the calibrated one among them"
+                )
 
     def claim(self, key: str) -> Claim:
         return next(c for c in self.claims if c.key == key)
@@ -309,17 +403,18 @@ def train_arms(
     bench: kit.Bench,
     seeds: Sequence[int],
     doses: Sequence[float],
+    world: Any = None,
 ) -> tuple[Trained, dict[float, dict[int, float]]]:
     """Every arm with every seed, and the control at each of ``doses``: (the trained arms,
     {dose: {seed: control effect}}), the control effect being clean - handicapped mean R@1
-    (or ``Control.effect``)."""
+    (or ``Control.effect``, or the change of ``Control.metric``). ``world``: the synthetic world
+    of the store, handed to ``Phases.probe`` and kept in ``Trained.world``."""
     from curvalign.eval import run_evaluation
 
-    trained = Trained(bench, list(seeds))
+    trained = Trained(bench, list(seeds), world=world)
     for arm in study.arms:
         for seed in seeds:
             run = _train_one(study, bench, trained, arm.label, arm.recipe, arm.options, seed)
-            trained.runs.setdefault(arm.label, {})[seed] = run
             trained.evals.setdefault(arm.label, {})[seed] = run_evaluation(
                 run.recipe, bench.store, "test", diagnostics=False
             )
@@ -329,6 +424,8 @@ def train_arms(
     clean_arm = next(a for a in study.arms if a.label == study.control.arm)
     clean = trained.r1(clean_arm.label)
     handicap = study.control.handicap
+    metric = study.control.metric
+    start = handicap.start(bench.steps) if handicap.start is not None else 0
     # the control trains at its clean arm's learning rate: the handicap is the only difference
     chosen = bench.lr_choice.get(clean_arm.label, {}).get("chosen")
     options = [*clean_arm.options, *([f"lr={chosen:g}"] if chosen is not None else [])]
@@ -345,16 +442,17 @@ def train_arms(
                 clean_arm.recipe,
                 extra,
                 seed,
-                store_from=_constant(handicapped),
+                store_from=_constant(handicapped, start),
             )
-            trained.runs.setdefault(label, {})[seed] = run
             r1 = kit.mean_r1(bench.evaluate(run.recipe))
             trained.control_r1.setdefault(label, {})[seed] = r1
-            effects.setdefault(dose, {})[seed] = (
-                study.control.effect(trained, label, seed)
-                if study.control.effect is not None
-                else clean[seed] - r1
-            )
+            if study.control.effect is not None:
+                effect = study.control.effect(trained, label, seed)
+            elif metric is not None:
+                effect = metric(trained, clean_arm.label, seed) - metric(trained, label, seed)
+            else:
+                effect = clean[seed] - r1
+            effects.setdefault(dose, {})[seed] = effect
     return trained, effects
 
 
@@ -368,36 +466,69 @@ def _train_one(
     seed: int,
     store_from: Callable[[int], FeatureStore | None] | None = None,
 ) -> kit.ArmResult:
-    """One arm, one seed through ``bench.train`` with the study's optional parts: its
-    ``schedule`` options, ``During``'s marks (recorded into ``trained.during``), its
-    ``select_best`` and its learning-rate precondition (``admissible``)."""
-    extra = [*(study.schedule(bench.steps) if study.schedule is not None else ()), *options]
-    during = study.during
+    """One arm, one seed through ``bench.train``, kept in ``trained.runs``, with the study's
+    optional parts: its ``schedule`` options, ``During``'s marks (recorded into
+    ``trained.during``) or ``Phases`` (options, marks, probes into ``trained.probes``,
+    validation, weights choice), ``select_best`` and its learning-rate precondition
+    (``admissible``)."""
+    phases, during, world = study.phases, study.during, trained.world
+    extra = [
+        *(study.schedule(bench.steps) if study.schedule is not None else ()),
+        *options,
+        *(phases.options(bench.steps) if phases is not None else ()),
+    ]
+    marks: tuple[int, ...] = ()
     on_mark: Callable[[int, Any], None] | None = None
+    val_fn: Callable[[Any], float] | None = None
+    select_best = study.select_best
+    probes: dict[str, dict[str, Any]] = {}
     if during is not None:
         record = trained.during.setdefault(label, {}).setdefault(seed, {})
+        marks = tuple(during.marks(bench.steps))
 
         def on_mark(step: int, model: Any) -> None:
             record[step] = dict(during.measure(bench, model))
 
-    return bench.train(
+    elif phases is not None:
+        phase_marks = dict(phases.marks(bench.steps))
+        names = {step: name for name, step in phase_marks.items()}
+        probes = trained.probes.setdefault(label, {}).setdefault(seed, {})
+        marks = tuple(phase_marks.values())
+        select_best = phases.select_best
+
+        def on_mark(step: int, model: Any) -> None:
+            probes[names.get(step, "end")] = phases.probe(model, world)
+
+        validate = phases.validate
+        if validate is not None:
+
+            def val_fn(model: Any) -> float:
+                return validate(model, bench.store, world)
+
+    run = bench.train(
         label,
         recipe,
         extra,
         seed,
-        select_best=study.select_best,
-        marks=during.marks(bench.steps) if during is not None else (),
+        select_best=select_best,
+        marks=marks,
         on_mark=on_mark,
+        val_fn=val_fn,
         store_from=store_from,
         admissible=study.admissible(bench) if study.admissible is not None else None,
     )
+    if phases is not None:
+        probes["end"] = phases.probe(run.recipe, world)
+    trained.runs.setdefault(label, {})[seed] = run
+    return run
 
 
-def _constant(store: FeatureStore) -> Callable[[int], FeatureStore | None]:
-    """``store_from`` of an arm that trains on ``store`` from step 0 on."""
+def _constant(store: FeatureStore, start: int = 0) -> Callable[[int], FeatureStore | None]:
+    """``store_from`` of an arm that trains on ``store`` from step ``start`` on (before it: the
+    study's store)."""
 
     def store_from(step: int) -> FeatureStore | None:
-        return store
+        return store if step >= start else None
 
     return store_from
 
@@ -407,6 +538,8 @@ def claim_interval(measured: Measured, seeds: Sequence[int]) -> Interval:
     measure gave item totals, else the paired t interval over seeds."""
     from curvalign.stats import two_level_difference
 
+    if measured.interval is not None:
+        return measured.interval
     values = [measured.effect[s] for s in seeds if s in measured.effect]
     if measured.items is not None and len(values) >= 2:
         a, b = measured.items
@@ -434,7 +567,11 @@ def choose_dose(study: Study, effects: Mapping[float, Mapping[int, float]]) -> d
     """The control's dose from the pilot's scan (``rules.dose_for_effect``): the dose whose mean
     effect equals the size of the claim it calibrates; the scan itself is kept."""
     assert study.control is not None
-    target = study.claim(study.control.claim).size
+    return _dose_choice(study.claim(study.control.claim).size, effects)
+
+
+def _dose_choice(target: float, effects: Mapping[float, Mapping[int, float]]) -> dict[str, Any]:
+    """``choose_dose`` for a target size: the scan's means and the dose that reaches it."""
     doses = sorted(effects)
     means = [sum(effects[d].values()) / max(1, len(effects[d])) for d in doses]
     dose = rules.dose_for_effect(doses, means, target) if doses else None
@@ -454,13 +591,18 @@ def decide_claims(
     steps: int,
     plans: Mapping[str, rules.Plan] | None,
     control_what: str,
+    measured_controls: Mapping[str, tuple[Mapping[int, float], str, bool]] | None = None,
 ) -> list[dict[str, Any]]:
-    """Every claim decided (``kit.claim_record`` with its plan), Holm over the tested ones."""
-    control_iv = (
-        mean_interval([control[s] for s in seeds])
-        if control is not None and all(s in control for s in seeds)
-        else None
-    )
+    """Every claim decided (``kit.claim_record`` with its plan), Holm over the tested ones.
+    ``measured_controls``: {claim key: (per-seed effect, what, calibrated on this claim)} of the
+    claims whose control is a ``MeasuredControl`` (instead of ``control``)."""
+
+    def interval(effects: Mapping[int, float] | None) -> Interval | None:
+        if effects is None or not all(s in effects for s in seeds):
+            return None
+        return mean_interval([effects[s] for s in seeds])
+
+    control_iv = interval(control)
     out = []
     for claim in study.claims:
         m = measured.get(claim.key)
@@ -468,11 +610,16 @@ def decide_claims(
             raise ConfigError(f"study {study.name}: measure gave no value for claim {claim.key!r}")
         plan = plans.get(claim.key) if plans is not None else None
         calibrated = study.control is not None and study.control.claim == claim.key
+        claim_control, claim_what = control_iv, control_what
+        if measured_controls and claim.key in measured_controls:
+            effects, claim_what, calibrated = measured_controls[claim.key]
+            claim_control = interval(effects)
+        equivalence = claim.kind == rules.EQUIVALENCE or claim.report_equivalence
         rec = kit.claim_record(
             claim.statement,
             claim_interval(m, seeds),
-            control_iv,
-            control_what,
+            claim_control,
+            claim_what,
             threshold=claim.threshold,
             budget_ok=steps >= claim.min_steps,
             scale=claim.scale,
@@ -480,7 +627,7 @@ def decide_claims(
             paper_effect=claim.effect,
             paper_source=claim.source,
             control_min=claim.size if calibrated else 0.0,
-            delta=claim.margin if claim.kind == rules.EQUIVALENCE else None,
+            delta=claim.margin if equivalence else None,
             precondition=m.precondition,
             regime=m.regime,
             role=claim.role,
@@ -523,7 +670,7 @@ def run_declared(
         lr_grid = None
     data = data or study.data
     steps = steps or study.steps
-    store, _ = load_study_data(data)
+    store, world = load_study_data(data)
     if study.prepare is not None:
         store = study.prepare(store)
     bench = kit.Bench(
@@ -544,17 +691,21 @@ def run_declared(
     plans: dict[str, rules.Plan] | None = None
     dose_choice: dict[str, Any] | None = None
     plan_record: dict[str, Any] | None = None
+    measured_choices: dict[str, dict[str, Any]] = {}
     n = seeds
     if power:
         pilot_seeds = list(range(seed_base + PILOT_OFFSET, seed_base + PILOT_OFFSET + seeds))
         notify(f"{study.name}: pilot, seeds {pilot_seeds[0]}..{pilot_seeds[-1]}")
         pilot, scan = train_arms(
-            study, bench, pilot_seeds, handicap.doses if handicap is not None else ()
+            study, bench, pilot_seeds, handicap.doses if handicap is not None else (), world
         )
         plans = plan_study(study, study.measure(pilot), pilot_seeds, max_seeds)
         n = rules.study_seeds(list(plans.values()))
         if handicap is not None:
             dose_choice = choose_dose(study, scan)
+        for mc in study.measured_controls:
+            mc_scan = {d: mc.effect(pilot, d) for d in mc.doses}
+            measured_choices[mc.claim] = _dose_choice(study.claim(mc.claim).size, mc_scan)
         plan_record = {
             "per_claim": {k: p.as_dict() for k, p in plans.items()},
             "seeds": n,
@@ -568,8 +719,21 @@ def run_declared(
     if dose_choice is not None and dose_choice["dose"] is not None:
         dose = float(f"{dose_choice['dose']:.3g}")
     seed_list = list(range(seed_base, seed_base + n))
-    trained, control_effects = train_arms(study, bench, seed_list, [dose] if handicap else [])
+    trained, control_effects = train_arms(
+        study, bench, seed_list, [dose] if handicap else [], world
+    )
     measured = study.measure(trained)
+    measured_doses: dict[str, float] = {}
+    per_claim: dict[str, tuple[Mapping[int, float], str, bool]] = {}
+    for mc in study.measured_controls:
+        choice = measured_choices.get(mc.claim)
+        mc_dose = mc.dose
+        if choice is not None and choice["dose"] is not None:
+            mc_dose = float(f"{choice['dose']:.3g}")
+        measured_doses[mc.claim] = mc_dose
+        mc_effects = mc.effect(trained, mc_dose)
+        for key in mc.claims:
+            per_claim[key] = (mc_effects, mc.text(mc_dose), key == mc.claim)
     control_what = (
         f"{study.control.arm} clean - {handicap.text(dose)}"
         if study.control is not None and handicap is not None
@@ -583,6 +747,7 @@ def run_declared(
         steps,
         plans,
         control_what,
+        per_claim,
     )
     r1 = {arm: trained.r1(arm) for arm in trained.evals}
     if handicap is not None:
@@ -634,6 +799,16 @@ def run_declared(
             "doses_scanned": list(handicap.doses) if handicap else [],
             "choice": dose_choice,
         },
+        "measured_controls": [
+            {
+                "what": mc.what,
+                "claims": list(mc.claims),
+                "dose": measured_doses[mc.claim],
+                "doses_scanned": list(mc.doses),
+                "choice": measured_choices.get(mc.claim),
+            }
+            for mc in study.measured_controls
+        ],
         "starts": {a: {str(s): r for s, r in v.items()} for a, v in bench.starts.items()},
         "starts_fired": kit.starts_fired(bench.starts),
         "figures": [str(f) for f in study.figures(trained, out)] if study.figures else [],
@@ -658,6 +833,8 @@ __all__ = [
     "During",
     "Handicap",
     "Measured",
+    "MeasuredControl",
+    "Phases",
     "Scripted",
     "Study",
     "Trained",

@@ -227,6 +227,28 @@ def control_text(result: Mapping[str, Any]) -> str:
     return line + ".\n"
 
 
+def measured_controls_text(result: Mapping[str, Any]) -> str:
+    """The controls applied when measuring (``declare.MeasuredControl``): what, for which
+    claims, the dose and the pilot's scan."""
+    lines = []
+    for mc in result.get("measured_controls") or []:
+        line = f"**Control of {', '.join(mc['claims'])} (applied when measuring).** " + mc[
+            "what"
+        ].format(dose=f"{mc['dose']:.3g}")
+        choice = mc.get("choice")
+        if choice:
+            scan = ", ".join(f"{d}: {100 * m:.2f}" for d, m in choice["scan"].items())
+            line += (
+                f"; dose chosen on the pilot's scan (dose: effect x100: {scan}) for the claim's "
+                f"size {100 * choice['target']:.3g}"
+                + ("" if choice["calibrated"] else ": no dose reached it, it cannot calibrate")
+            )
+        else:
+            line += " (the declared dose: no pilot scan ran)"
+        lines.append(line + ".\n")
+    return "\n".join(lines)
+
+
 def starts_text(result: Mapping[str, Any]) -> str:
     """The arms' step-0 health: which warnings fired (or that none did)."""
     if "starts" not in result:
@@ -272,6 +294,7 @@ def study_body(result: Mapping[str, Any]) -> str:
         f"regime claims are decided outside it), family-wise alpha {kit.ALPHA:g}.\n",
         plan_text(result),
         control_text(result),
+        measured_controls_text(result),
         starts_text(result),
         *(
             f"**Measured notes.** {c['claim']}: {c['note']}\n"
@@ -314,6 +337,7 @@ __all__ = [
     "Footnotes",
     "control_cell",
     "effect_cell",
+    "measured_controls_text",
     "short_verdict",
     "study_body",
     "study_page",
