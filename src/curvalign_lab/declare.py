@@ -14,7 +14,12 @@ A study file under ``curvalign_lab/studies/`` defines ``STUDY``, either
   their data mid-run or measure during training), run by the same ``runner.run_study``, which
   still plans its seeds on a pilot, re-decides its claims with the plan and writes its page.
 
-Adding a study is writing one file: ``studies.registry()`` finds it.
+Adding a study is writing one file: ``studies.registry()`` finds it. Optional parts of a
+``Study``: ``metric`` (the claims' test metric path, e.g. "zeroshot/top1", where it is not mean
+R@1: the control's effect, the arms table and ``Trained.difference`` read it), ``report`` (extra
+Markdown of secondary evidence for the page), ``configure`` with ``quick_options`` (the study
+rebuilt from ``--set`` options, e.g. its curvatures) and ``Claim.also_equivalence`` (a
+non-inferiority claim also decided as equivalence within its margin).
 
 The declared runner, step by step (``run_declared``):
 
@@ -49,6 +54,7 @@ from curvalign_lab import kit, rules
 
 if TYPE_CHECKING:
     from curvalign.eval.pipeline import Evaluation
+    from curvalign.eval.result import EvaluationResult
 
 Notify = Callable[[str], None]
 
@@ -79,6 +85,9 @@ class Claim:
     role        "primary" / "secondary" / "exploratory" (tested, in the Holm family) or
                 "precondition" / "regime" (decided outside the family)
     min_steps   the budget below which the claim cannot be tested ("too short")
+    also_equivalence
+                a non-inferiority claim also decided as equivalence within ±margin (TOST)
+                where its one-sided test is not significant (an "almost constant" claim)
     """
 
     key: str
@@ -92,6 +101,7 @@ class Claim:
     unit: str = "points"
     scale: float = 100.0
     min_steps: int = 0
+    also_equivalence: bool = False
 
     def __post_init__(self) -> None:
         if self.kind not in rules.KINDS:
@@ -172,14 +182,43 @@ class Measured:
     note: str = ""
 
 
+def metric_value(result: EvaluationResult, metric: str | None) -> float:
+    """One evaluation's value of a study's ``metric``: mean R@1 when None, else the numeric
+    leaf at the metric path (e.g. "zeroshot/top1"); nan where the evaluation has none."""
+    if metric is None:
+        return kit.mean_r1(result)
+    value = result.metric(metric, math.nan)
+    return math.nan if value is None else float(value)
+
+
 @dataclass
 class Trained:
-    """What ``measure`` receives: the bench, every arm's runs and test evaluations per seed."""
+    """What ``measure`` receives: the bench, every arm's runs and test evaluations per seed;
+    ``metric`` the study's metric path (``Study.metric``; None: mean R@1)."""
 
     bench: kit.Bench
     seeds: list[int]
     runs: dict[str, dict[int, kit.ArmResult]] = field(default_factory=dict)
     evals: dict[str, dict[int, Evaluation]] = field(default_factory=dict)
+    metric: str | None = None
+
+    def value(self, arm: str) -> dict[int, float]:
+        """Per seed: the arm's test value of the study's metric (``r1`` when it has none)."""
+        return {s: metric_value(ev.metrics, self.metric) for s, ev in self.evals[arm].items()}
+
+    def item_totals(self, arm: str) -> list[ItemTotals]:
+        """Per seed (in ``seeds`` order): the arm's per-item totals of the study's metric:
+        ``totals`` of mean R@1 when it has none, else the evaluation's per-item hits of the
+        metric path (``Evaluation.hits``, e.g. one 0/1 per labelled test image)."""
+        if self.metric is None:
+            return self.totals(arm)
+        out = []
+        for s in self.seeds:
+            hits = self.evals[arm][s].hits.get(self.metric)
+            if hits is None:
+                raise ConfigError(f"arm {arm}: its evaluation kept no per-item {self.metric!r}")
+            out.append(ItemTotals.from_values(hits.double().cpu().tolist()))
+        return out
 
     def r1(self, arm: str) -> dict[int, float]:
         """Per seed: the arm's test mean R@1 (mean of T2I and I2T R@1)."""
@@ -196,10 +235,12 @@ class Trained:
         return out
 
     def difference(self, a: str, b: str) -> Measured:
-        """The common measure: mean R@1 of ``a`` - ``b`` per seed, with its item totals."""
-        ra, rb = self.r1(a), self.r1(b)
+        """The common measure: the study's metric (mean R@1 without one) of ``a`` - ``b`` per
+        seed, with its item totals."""
+        ra, rb = self.value(a), self.value(b)
         return Measured(
-            {s: ra[s] - rb[s] for s in self.seeds}, items=(self.totals(a), self.totals(b))
+            {s: ra[s] - rb[s] for s in self.seeds},
+            items=(self.item_totals(a), self.item_totals(b)),
         )
 
 
@@ -224,6 +265,17 @@ class Study:
     quick_steps: int = QUICK_STEPS
     #: overrides of the smoke run only (e.g. a narrower MLP), after the arms' own
     quick_overrides: tuple[str, ...] = ()
+    #: the claims' test metric path (e.g. "zeroshot/top1"): the control's effect, the arms
+    #: table and ``Trained.difference`` read it; None: mean R@1
+    metric: str | None = None
+    #: extra Markdown for the page from the confirmatory arms (secondary evidence, reported and
+    #: never decided: e.g. a sanity row or an ordering table); None: none
+    report: Callable[[Trained], str] | None = None
+    #: the study rebuilt with keyword options (``curvalign study NAME --set KEY=VALUE``; its
+    #: parameters are the options); None: a study without options
+    configure: Callable[..., Study] | None = None
+    #: the options of the smoke run (``--quick``), through ``configure``
+    quick_options: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         labels = [a.label for a in self.arms]
@@ -252,6 +304,34 @@ class Scripted:
     quick_steps: int = QUICK_STEPS
 
 
+def option_names(study: Study) -> set[str]:
+    """The ``--set`` options a declared study takes: ``lr_grid`` and ``configure``'s
+    parameters."""
+    import inspect
+
+    names = {"lr_grid"}
+    if study.configure is not None:
+        names |= set(inspect.signature(study.configure).parameters)
+    return names
+
+
+def configured(study: Study, options: Mapping[str, Any], quick: bool = False) -> Study:
+    """``study`` with its options applied through ``configure`` (``quick``: its smoke run's
+    ``quick_options`` first, the given ones winning); ``lr_grid`` is the runner's, not the
+    study's. An option the study does not take is one ``ConfigError``."""
+    chosen = {**(study.quick_options if quick else {}), **options}
+    chosen.pop("lr_grid", None)
+    if not chosen:
+        return study
+    unknown = set(chosen) - option_names(study)
+    if study.configure is None or unknown:
+        raise ConfigError(
+            f"study {study.name} has no option {', '.join(sorted(unknown or set(chosen)))}; "
+            f"options: {', '.join(sorted(option_names(study)))}"
+        )
+    return study.configure(**chosen)
+
+
 def control_label(study: Study, dose: float) -> str:
     assert study.control is not None
     return f"control: {study.control.arm}, {study.control.handicap.text(dose)}"
@@ -264,10 +344,11 @@ def train_arms(
     doses: Sequence[float],
 ) -> tuple[Trained, dict[float, dict[int, float]]]:
     """Every arm with every seed, and the control at each of ``doses``: (the trained arms,
-    {dose: {seed: control effect}}), the control effect being clean - handicapped mean R@1."""
+    {dose: {seed: control effect}}), the control effect being clean - handicapped on the
+    study's metric (mean R@1 without one)."""
     from curvalign.eval import run_evaluation
 
-    trained = Trained(bench, list(seeds))
+    trained = Trained(bench, list(seeds), metric=study.metric)
     for arm in study.arms:
         for seed in seeds:
             run = bench.train(arm.label, arm.recipe, arm.options, seed)
@@ -279,7 +360,7 @@ def train_arms(
     if study.control is None:
         return trained, effects
     clean_arm = next(a for a in study.arms if a.label == study.control.arm)
-    clean = trained.r1(clean_arm.label)
+    clean = trained.value(clean_arm.label)
     handicap = study.control.handicap
     # the control trains at its clean arm's learning rate: the handicap is the only difference
     chosen = bench.lr_choice.get(clean_arm.label, {}).get("chosen")
@@ -296,8 +377,8 @@ def train_arms(
                 store_from=_constant(handicapped),
             )
             trained.runs.setdefault(label, {})[seed] = run
-            r1 = kit.mean_r1(bench.evaluate(run.recipe))
-            effects.setdefault(dose, {})[seed] = clean[seed] - r1
+            value = metric_value(bench.evaluate(run.recipe), study.metric)
+            effects.setdefault(dose, {})[seed] = clean[seed] - value
     return trained, effects
 
 
@@ -388,7 +469,9 @@ def decide_claims(
             paper_effect=claim.effect,
             paper_source=claim.source,
             control_min=claim.size if calibrated else 0.0,
-            delta=claim.margin if claim.kind == rules.EQUIVALENCE else None,
+            delta=(
+                claim.margin if claim.kind == rules.EQUIVALENCE or claim.also_equivalence else None
+            ),
             precondition=m.precondition,
             regime=m.regime,
             role=claim.role,
@@ -492,9 +575,9 @@ def run_declared(
         plans,
         control_what,
     )
-    r1 = {arm: trained.r1(arm) for arm in trained.evals}
+    r1 = {arm: trained.value(arm) for arm in trained.evals}
     if handicap is not None:
-        clean = trained.r1(study.control.arm) if study.control else {}
+        clean = trained.value(study.control.arm) if study.control else {}
         r1[control_label(study, dose)] = {
             s: clean[s] - e for s, e in control_effects.get(dose, {}).items()
         }
@@ -549,6 +632,12 @@ def run_declared(
         "figures": [],
         "wall_s": timer.seconds(),
     }
+    if study.metric is not None:
+        result["arms_metric"] = f"test {study.metric}"
+    # the page's extra tables ("" without a report: the page then shows the body once, not
+    # again in place of an older study.json's tables)
+    result["tables"] = study.report(trained) if study.report is not None else ""
+    result["wall_s"] = timer.seconds()
     if plan_record is not None:
         result["power_plan"] = plan_record
     result["markdown"] = page.study_body(result)
@@ -569,8 +658,11 @@ __all__ = [
     "Trained",
     "choose_dose",
     "claim_interval",
+    "configured",
     "decide_claims",
     "label_noise",
+    "metric_value",
+    "option_names",
     "plan_study",
     "run_declared",
     "train_arms",

@@ -247,7 +247,8 @@ def arms_table(result: Mapping[str, Any]) -> str:
     arms = result.get("arms")
     if not arms:
         return ""
-    lines = ["| arm | test mean R@1 x100, mean ± 95% | per seed |", "|---|---:|---|"]
+    metric = result.get("arms_metric", "test mean R@1")
+    lines = [f"| arm | {metric} x100, mean ± 95% | per seed |", "|---|---:|---|"]
     from curvalign.stats import mean_interval
 
     for arm, values in arms.items():
@@ -274,9 +275,9 @@ def study_body(result: Mapping[str, Any]) -> str:
         control_text(result),
         starts_text(result),
         *(
-            [f"**Measured notes.** {c['claim']}: {c['note']}\n" for c in result["claims"]]
-            if any(c.get("note") for c in result["claims"])
-            else []
+            f"**Measured notes.** {c['claim']}: {c['note']}\n"
+            for c in result["claims"]
+            if c.get("note")
         ),
         arms_table(result),
         # an older study.json has no separate tables: its whole former section stands here
