@@ -1171,10 +1171,6 @@ def test_claims_about_a_method_are_decided_across_worlds(
         # the premise stays on the study's world, and the setup says so
         assert varied["premise"] == fixed["premise"]
         assert "(lambda_E > 2 lambda_H) is measured on this world only" in varied["setup"]
-    else:
-        # the label-noise control stays on the study's world: the same interval both ways
-        for world, alone in zip(varied["claims"], fixed["claims"], strict=True):
-            assert world["control"] == alone["control"]
 
 
 DUALPATH_TINY = f"{TINY},paraphrase_topics=8,heldout_pairs=40"

@@ -134,6 +134,12 @@ def test_the_flat_start_fires_and_the_study_start_does_not(tmp_path, one_thread)
     assert "flat_geometry" not in fired["study start"]
     texts = bench.starts["study start"][0]["curvature_radius2"]["text"]
     assert texts >= 0.01
+    # a start that fires is listed on the study's page
+    text = page.starts_text(
+        {"starts": bench.starts, "starts_fired": kit.starts_fired(bench.starts)}
+    )
+    assert "warnings that fired" in text and "- library start: flat_geometry on seeds 0" in text
+    assert "study start" not in text
 
 
 def test_options_rebuild_the_study() -> None:
