@@ -187,7 +187,10 @@ def test_the_pilot_plans_scans_and_the_page_shows_the_starts(tmp_path, one_threa
     assert all(c["two_level"] for c in claims.values())
     for key in ("atmg_vs_meru", "meru_drops"):
         assert claims[key]["holm_verdict"] == kit.NOT_REPRODUCED
-        assert "a drop of 28.4 points is" in claims[key]["note"]
+        # the bound is the upper end of the interval the page shows (seeds and test items)
+        high = 100 * claims[key]["effect"]["high"]
+        assert "a drop of 28.4 points is " in claims[key]["note"]
+        assert f"upper bound {high:.2f}" in claims[key]["note"]
     assert claims["stable"]["holm_outcome"] == kit.TOO_SHORT  # 2 steps < 50
     # the arms' metric is the claim's: zero-shot top-1, between 0 and 1
     assert result["arms_metric"] == "test zeroshot/top1"

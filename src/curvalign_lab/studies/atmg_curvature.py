@@ -147,10 +147,11 @@ def pooled(trained: Trained, arms: Sequence[str]) -> tuple[dict[int, float], lis
     top-1 and its per-test-image totals (each image's hits averaged over the arms: every arm is
     evaluated on the same test images, so resampling an image takes all of its arms along)."""
     values = {s: sum(trained.value(a)[s] for a in arms) / len(arms) for s in trained.seeds}
-    totals = []
-    for i in range(len(trained.seeds)):
-        per_arm = [trained.item_totals(a)[i].sums[0] for a in arms]
-        totals.append(ItemTotals.from_values(np.mean(per_arm, axis=0)))
+    per_arm = [trained.item_totals(a) for a in arms]  # [arm][seed]: one part, [n] images each
+    totals = [
+        ItemTotals.from_values(np.mean([t[i].sums[0] for t in per_arm], axis=0).tolist())
+        for i in range(len(trained.seeds))
+    ]
     return values, totals
 
 
