@@ -142,6 +142,23 @@ def test_the_flat_start_fires_and_the_study_start_does_not(tmp_path, one_thread)
     assert "study start" not in text
 
 
+def test_a_flat_arm_leaves_the_stability_claim_untested() -> None:
+    """Comparing curvatures with an arm that starts flat compares a Euclidean head with curved
+    ones: the measure names such runs and the claim's precondition is not met."""
+    flat = {"warnings": [{"code": "flat_geometry", "message": "flat"}]}
+    healthy = {"warnings": [{"code": "flat_logits", "message": "other"}]}
+    starts = {"atmg c=0.1": {0: flat, 1: healthy}, "atmg c=1": {0: healthy, 1: healthy}}
+    labels = ["atmg c=0.1", "atmg c=1"]
+    assert atmg.flat_starts(starts, labels, [0, 1]) == ["atmg c=0.1 seed 0"]
+    assert atmg.flat_starts(starts, labels, [1]) == []
+    measured = {k: _measured([0.0, 0.01, 0.0]) for k in ("atmg_vs_meru", "meru_drops")}
+    stable = _measured([0.004, 0.006, 0.005])
+    stable.precondition = "AtMG arms started flat (step-0 flat_geometry): ['atmg c=0.1 seed 0']"
+    claim = _decide(atmg.STUDY, {**measured, "stable": stable}, control=0.05)["stable"]
+    assert claim["holm_verdict"] == kit.NOT_REPRODUCED and "started flat" in claim["holm_outcome"]
+    assert "holm_family" not in claim
+
+
 def test_options_rebuild_the_study() -> None:
     from curvalign_lab.runner import parse_study_options
 
