@@ -1047,57 +1047,6 @@ def test_with_world_keeps_every_input_of_the_decision():
     assert with_world(short, CLEAR_GAIN, "synthetic")["outcome"] == kit.TOO_SHORT
 
 
-def _world_study(tmp_path, name, vary_world, steps=3, data=TINY, **options):
-    from curvalign_lab.runner import parse_study_options, run_study
-
-    options |= parse_study_options(name, [f"vary_world={vary_world}"])
-    return run_study(
-        name,
-        tmp_path / f"{name}-{vary_world}",
-        steps=steps,
-        seeds=2,
-        data=data,
-        overrides=TINY_TRAIN,
-        lr_grid=(),
-        **options,
-    )
-
-
-@pytest.mark.parametrize(
-    ("name", "options", "world_row"),
-    [
-        ("atmg-curvature", {"curvatures": (0.1, 1.0)}, "atmg c=1 trained: zero-shot top-1"),
-    ],
-)
-def test_claims_about_a_method_are_decided_across_worlds(
-    tmp_path, one_thread, name, options, world_row
-):
-    varied = _world_study(tmp_path, name, True, **options)
-    fixed = _world_study(tmp_path, name, False, **options)
-    assert len(varied["claims"]) == len(fixed["claims"]) == 3
-    for world, alone in zip(varied["claims"], fixed["claims"], strict=True):
-        assert world["claim"] == alone["claim"] + ", world-inclusive"
-        assert "seed-only (world" in world["effect_text"] and world["seed_only"]["n"] == 2
-        # the seed-only interval is the fixed-world study's own effect (same seeds, same world)
-        assert world["seed_only"]["mean"] == pytest.approx(alone["effect"]["mean"], nan_ok=True)
-        # every input but a measured regime reason (measured on the deciding interval)
-        assert {k: v for k, v in world["inputs"].items() if k != "regime"} == {
-            k: v for k, v in alone["inputs"].items() if k != "regime"
-        }
-        # vary_world=False: the claims as they were, without world-inclusive parts
-        assert "world-inclusive" not in alone["claim"] and "seed_only" not in alone
-        assert "seed-only" not in alone["effect_text"]
-    root = tmp_path / f"{name}-True"
-    assert (root / "world-0").is_dir() and (root / "world-1").is_dir()
-    assert f"{world_row} (world of its seed)" in varied["markdown"]
-    assert "world of its seed" not in fixed["markdown"]
-    assert "world-inclusive" in varied["setup"] and "world-inclusive" not in fixed["setup"]
-    assert not (tmp_path / f"{name}-False" / "world-0").exists()
-    # the label-noise control stays on the study's world: the same interval both ways
-    for world, alone in zip(varied["claims"], fixed["claims"], strict=True):
-        assert world["control"] == alone["control"]
-
-
 def test_the_moved_study_modules_keep_a_deprecated_alias():
     # the studies left the importable library for curvalign_lab; the old names still resolve,
     # with a DeprecationWarning naming the new place
@@ -1119,35 +1068,3 @@ def test_the_moved_study_modules_keep_a_deprecated_alias():
 
     assert old_studies.run_study is runner.run_study
     assert old_studies.spearman is not None and old_studies.AGR_GATE_OPEN == 0.5
-
-
-def test_atmg_regime_claims_are_measured_bounds() -> None:
-    """A claim about encoder training is not reproduced by heads on frozen features; the reason
-    says, from the data, whether the paper's effect is excluded here."""
-    from curvalign_lab.studies.atmg_curvature import (
-        ATMG_MERU_DROP,
-        ATMG_REGIME,
-        measured_regime,
-        with_measured_regime,
-    )
-
-    small = Interval(0.009, -0.006, 0.024, 3)
-    text = measured_regime(small, ATMG_MERU_DROP)
-    assert "28.4 points is excluded, upper bound 2.40" in text
-    wide = Interval(0.10, -0.20, 0.40, 3)
-    assert measured_regime(wide, ATMG_MERU_DROP).startswith(ATMG_REGIME)
-    assert "does not exclude 28.4" in measured_regime(wide, ATMG_MERU_DROP)
-    rec = kit.claim_record(
-        "MERU drops",
-        small,
-        MOVED,
-        "c",
-        paper_effect=ATMG_MERU_DROP,
-        regime=ATMG_REGIME,
-        role="regime",
-    )
-    again = with_measured_regime(rec)
-    assert again["verdict"] == kit.NOT_REPRODUCED and "upper bound 2.40" in again["outcome"]
-    # a regime claim is outside the Holm family
-    kit.apply_holm([again])
-    assert "holm_family" not in again

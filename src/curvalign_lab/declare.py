@@ -14,7 +14,12 @@ A study file under ``curvalign_lab/studies/`` defines ``STUDY``, either
   their data mid-run or measure during training), run by the same ``runner.run_study``, which
   still plans its seeds on a pilot, re-decides its claims with the plan and writes its page.
 
-Adding a study is writing one file: ``studies.registry()`` finds it.
+Adding a study is writing one file: ``studies.registry()`` finds it. Optional parts of a
+``Study``: ``metric`` (the claims' test metric path, e.g. "zeroshot/top1", where it is not mean
+R@1: the control's effect, the arms table and ``Trained.difference`` read it), ``report`` (extra
+Markdown of secondary evidence for the page), ``configure`` with ``quick_options`` (the study
+rebuilt from ``--set`` options, e.g. its curvatures) and ``Claim.report_equivalence`` (a
+non-inferiority claim also decided as equivalence within its margin).
 
 The declared runner, step by step (``run_declared``):
 
@@ -77,6 +82,7 @@ from curvalign_lab import kit, rules
 
 if TYPE_CHECKING:
     from curvalign.eval.pipeline import Evaluation
+    from curvalign.eval.result import EvaluationResult
     from curvalign.recipes.base import Recipe
 
 Notify = Callable[[str], None]
@@ -108,6 +114,9 @@ class Claim:
     role        "primary" / "secondary" / "exploratory" (tested, in the Holm family) or
                 "precondition" / "regime" (decided outside the family)
     min_steps   the budget below which the claim cannot be tested ("too short")
+    report_equivalence
+                a superiority or non-inferiority claim also decided as equivalence within
+                ±margin (TOST) where its test is not significant (an "almost constant" claim)
     """
 
     key: str
@@ -233,11 +242,21 @@ class Measured:
     interval: Interval | None = None
 
 
+def metric_value(result: EvaluationResult, metric: str | None) -> float:
+    """One evaluation's value of a study's ``metric``: mean R@1 when None, else the numeric
+    leaf at the metric path (e.g. "zeroshot/top1"); nan where the evaluation has none."""
+    if metric is None:
+        return kit.mean_r1(result)
+    value = result.metric(metric, math.nan)
+    return math.nan if value is None else float(value)
+
+
 @dataclass
 class Trained:
     """What ``measure`` receives: the bench, every arm's runs and test evaluations per seed;
     with ``Study.phases``, ``probes[label][seed][mark]`` (the probe's values at each named mark
-    and at "end") and the synthetic ``world`` the store came from (None for a stored one)."""
+    and at "end") and the synthetic ``world`` the store came from (None for a stored one);
+    ``metric`` the study's metric path (``Study.metric``; None: mean R@1)."""
 
     bench: kit.Bench
     seeds: list[int]
@@ -245,10 +264,29 @@ class Trained:
     evals: dict[str, dict[int, Evaluation]] = field(default_factory=dict)
     #: ``During``'s values: arm (or control) label -> seed -> mark -> {name: value}
     during: dict[str, dict[int, dict[int, dict[str, float]]]] = field(default_factory=dict)
-    #: the control's test mean R@1: label -> seed -> value
+    #: the control's test value of the study's metric: label -> seed -> value
     control_r1: dict[str, dict[int, float]] = field(default_factory=dict)
     probes: dict[str, dict[int, dict[str, dict[str, Any]]]] = field(default_factory=dict)
     world: Any = None
+    metric: str | None = None
+
+    def value(self, arm: str) -> dict[int, float]:
+        """Per seed: the arm's test value of the study's metric (``r1`` when it has none)."""
+        return {s: metric_value(ev.metrics, self.metric) for s, ev in self.evals[arm].items()}
+
+    def item_totals(self, arm: str) -> list[ItemTotals]:
+        """Per seed (in ``seeds`` order): the arm's per-item totals of the study's metric:
+        ``totals`` of mean R@1 when it has none, else the evaluation's per-item hits of the
+        metric path (``Evaluation.hits``, e.g. one 0/1 per labelled test image)."""
+        if self.metric is None:
+            return self.totals(arm)
+        out = []
+        for s in self.seeds:
+            hits = self.evals[arm][s].hits.get(self.metric)
+            if hits is None:
+                raise ConfigError(f"arm {arm}: its evaluation kept no per-item {self.metric!r}")
+            out.append(ItemTotals.from_values(hits.double().cpu().tolist()))
+        return out
 
     def r1(self, arm: str) -> dict[int, float]:
         """Per seed: the arm's test mean R@1 (mean of T2I and I2T R@1)."""
@@ -265,10 +303,12 @@ class Trained:
         return out
 
     def difference(self, a: str, b: str) -> Measured:
-        """The common measure: mean R@1 of ``a`` - ``b`` per seed, with its item totals."""
-        ra, rb = self.r1(a), self.r1(b)
+        """The common measure: the study's metric (mean R@1 without one) of ``a`` - ``b`` per
+        seed, with its item totals."""
+        ra, rb = self.value(a), self.value(b)
         return Measured(
-            {s: ra[s] - rb[s] for s in self.seeds}, items=(self.totals(a), self.totals(b))
+            {s: ra[s] - rb[s] for s in self.seeds},
+            items=(self.item_totals(a), self.item_totals(b)),
         )
 
 
@@ -350,6 +390,17 @@ class Study:
     phases: Phases | None = None
     #: controls applied when measuring (``MeasuredControl``), each for the claims it names
     measured_controls: tuple[MeasuredControl, ...] = ()
+    #: the claims' test metric path (e.g. "zeroshot/top1"): the control's effect, the arms
+    #: table and ``Trained.difference`` read it; None: mean R@1
+    metric: str | None = None
+    #: extra Markdown for the page from the confirmatory arms (secondary evidence, reported and
+    #: never decided: e.g. a sanity row or an ordering table); None: none
+    report: Callable[[Trained], str] | None = None
+    #: the study rebuilt with keyword options (``curvalign study NAME --set KEY=VALUE``; its
+    #: parameters are the options); None: a study without options
+    configure: Callable[..., Study] | None = None
+    #: the options of the smoke run (``--quick``), through ``configure``
+    quick_options: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         labels = [a.label for a in self.arms]
@@ -393,6 +444,34 @@ class Scripted:
     quick_steps: int = QUICK_STEPS
 
 
+def option_names(study: Study) -> set[str]:
+    """The ``--set`` options a declared study takes: ``lr_grid`` and ``configure``'s
+    parameters."""
+    import inspect
+
+    names = {"lr_grid"}
+    if study.configure is not None:
+        names |= set(inspect.signature(study.configure).parameters)
+    return names
+
+
+def configured(study: Study, options: Mapping[str, Any], quick: bool = False) -> Study:
+    """``study`` with its options applied through ``configure`` (``quick``: its smoke run's
+    ``quick_options`` first, the given ones winning); ``lr_grid`` is the runner's, not the
+    study's. An option the study does not take is one ``ConfigError``."""
+    chosen = {**(study.quick_options if quick else {}), **options}
+    chosen.pop("lr_grid", None)
+    if not chosen:
+        return study
+    unknown = set(chosen) - option_names(study)
+    if study.configure is None or unknown:
+        raise ConfigError(
+            f"study {study.name} has no option {', '.join(sorted(unknown or set(chosen)))}; "
+            f"options: {', '.join(sorted(option_names(study)))}"
+        )
+    return study.configure(**chosen)
+
+
 def control_label(study: Study, dose: float) -> str:
     assert study.control is not None
     return f"control: {study.control.arm}, {study.control.handicap.text(dose)}"
@@ -406,12 +485,13 @@ def train_arms(
     world: Any = None,
 ) -> tuple[Trained, dict[float, dict[int, float]]]:
     """Every arm with every seed, and the control at each of ``doses``: (the trained arms,
-    {dose: {seed: control effect}}), the control effect being clean - handicapped mean R@1
-    (or ``Control.effect``, or the change of ``Control.metric``). ``world``: the synthetic world
-    of the store, handed to ``Phases.probe`` and kept in ``Trained.world``."""
+    {dose: {seed: control effect}}), the control effect being clean - handicapped on the
+    study's metric (mean R@1 without one), or ``Control.effect``, or the change of
+    ``Control.metric``. ``world``: the synthetic world of the store, handed to
+    ``Phases.probe`` and kept in ``Trained.world``."""
     from curvalign.eval import run_evaluation
 
-    trained = Trained(bench, list(seeds), world=world)
+    trained = Trained(bench, list(seeds), world=world, metric=study.metric)
     for arm in study.arms:
         for seed in seeds:
             run = _train_one(study, bench, trained, arm.label, arm.recipe, arm.options, seed)
@@ -422,7 +502,7 @@ def train_arms(
     if study.control is None:
         return trained, effects
     clean_arm = next(a for a in study.arms if a.label == study.control.arm)
-    clean = trained.r1(clean_arm.label)
+    clean = trained.value(clean_arm.label)
     handicap = study.control.handicap
     metric = study.control.metric
     start = handicap.start(bench.steps) if handicap.start is not None else 0
@@ -444,14 +524,14 @@ def train_arms(
                 seed,
                 store_from=_constant(handicapped, start),
             )
-            r1 = kit.mean_r1(bench.evaluate(run.recipe))
-            trained.control_r1.setdefault(label, {})[seed] = r1
+            value = metric_value(bench.evaluate(run.recipe), study.metric)
+            trained.control_r1.setdefault(label, {})[seed] = value
             if study.control.effect is not None:
                 effect = study.control.effect(trained, label, seed)
             elif metric is not None:
                 effect = metric(trained, clean_arm.label, seed) - metric(trained, label, seed)
             else:
-                effect = clean[seed] - r1
+                effect = clean[seed] - value
             effects.setdefault(dose, {})[seed] = effect
     return trained, effects
 
@@ -749,7 +829,7 @@ def run_declared(
         control_what,
         per_claim,
     )
-    r1 = {arm: trained.r1(arm) for arm in trained.evals}
+    r1 = {arm: trained.value(arm) for arm in trained.evals}
     if handicap is not None:
         label = control_label(study, dose)
         r1[label] = dict(trained.control_r1.get(label, {}))
@@ -812,11 +892,17 @@ def run_declared(
         "starts": {a: {str(s): r for s, r in v.items()} for a, v in bench.starts.items()},
         "starts_fired": kit.starts_fired(bench.starts),
         "figures": [str(f) for f in study.figures(trained, out)] if study.figures else [],
-        # the study's own tables (``Study.tables``); present, so that a page never repeats
-        # the body under "markdown" in their place (``page.study_body``)
-        "tables": study.tables(trained, measured) if study.tables is not None else "",
-        "wall_s": timer.seconds(),
     }
+    if study.metric is not None:
+        result["arms_metric"] = f"test {study.metric}"
+    # the page's extra tables (``Study.tables``, ``Study.report``); present even when empty, so
+    # that a page never repeats the body under "markdown" in their place (``page.study_body``)
+    extra = (
+        study.tables(trained, measured) if study.tables is not None else "",
+        study.report(trained) if study.report is not None else "",
+    )
+    result["tables"] = "\n\n".join(t for t in extra if t)
+    result["wall_s"] = timer.seconds()
     if plan_record is not None:
         result["power_plan"] = plan_record
     result["markdown"] = page.study_body(result)
@@ -840,8 +926,11 @@ __all__ = [
     "Trained",
     "choose_dose",
     "claim_interval",
+    "configured",
     "decide_claims",
     "label_noise",
+    "metric_value",
+    "option_names",
     "plan_study",
     "run_declared",
     "train_arms",

@@ -19,7 +19,7 @@ Every study
   the output), Holm-corrected over the study's claims (``kit.apply_holm``): holds / does
   not hold / equivalent within ±delta / inconclusive / underpowered at n seeds / not reproduced
   in this regime.
-* on a synthetic world, decides each claim about a method (PHyCLIP's, AtMG's, DualPath's) on a
+* on a synthetic world, a scripted study may decide each claim about a method on a
   *world-inclusive* interval (``vary_world``: seed s trains and is evaluated on
   the world of seed s, ``world_inclusive``), the fixed-world (seed-only) interval reported
   beside it (``with_world``).
@@ -50,7 +50,14 @@ from typing import Any
 from curvalign.errors import ConfigError
 from curvalign.report.tables import write_json
 from curvalign_lab import kit, page
-from curvalign_lab.declare import PILOT_OFFSET, Scripted, Study, run_declared
+from curvalign_lab.declare import (
+    PILOT_OFFSET,
+    Scripted,
+    Study,
+    configured,
+    option_names,
+    run_declared,
+)
 from curvalign_lab.studies import registry
 
 Notify = Callable[[str], None]
@@ -93,11 +100,12 @@ def _literal(value: Any) -> str:
 
 
 def study_options(name: str) -> set[str]:
-    """The ``--set`` options study ``name`` takes (a declared study: ``lr_grid`` only)."""
+    """The ``--set`` options study ``name`` takes (a declared study: ``lr_grid`` and its
+    ``configure`` parameters, ``declare.option_names``)."""
     study = STUDIES[name]
     if isinstance(study, Scripted):
         return {p for p in inspect.signature(study.run).parameters if p not in _FIXED}
-    return {"lr_grid"}
+    return option_names(study)
 
 
 def parse_study_options(name: str, items: Sequence[str]) -> dict[str, Any]:
@@ -257,7 +265,7 @@ def run_study(
         )
     else:
         result = run_declared(
-            study,
+            configured(study, options, quick),
             out,
             steps=steps,
             data=data,
