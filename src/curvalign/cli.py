@@ -369,7 +369,7 @@ def _report_trained_run(run_dir: Path, quiet: bool) -> None:
         from curvalign.runs import load_run
 
         try:
-            for warning in health_of_run(load_run(run_dir))["warnings"]:
+            for warning in health_of_run(load_run(run_dir)).warnings:
                 typer.secho(f"warning: {warning}", err=True, fg=typer.colors.YELLOW)
         except CurvalignError as err:
             fail(str(err))
@@ -488,7 +488,7 @@ def eval_command(
     if json_output:
         typer.echo(json.dumps(to_jsonable(result.to_json())))
         return
-    for warning in (result.health or {}).get("warnings", []):
+    for warning in result.health.warnings if result.health is not None else ():
         typer.secho(f"warning: {warning}", err=True, fg=typer.colors.YELLOW)
     typer.echo(
         f"{run.config.recipe}, {run.describe()}, on {spec} ({split}: "

@@ -283,10 +283,6 @@ def gap_interval(a: Mapping[str, Any], b: Mapping[str, Any]) -> tuple[Any, bool,
     return mean_interval([a["mean"] - b["mean"]]), ia.separates_from(ib), "intervals"
 
 
-#: the former private name, still imported by report/benchmark.py
-_gap = gap_interval
-
-
 def resolvable_difference(a: Mapping[str, Any], b: Mapping[str, Any]) -> float:
     """The minimal detectable effect of a paired comparison of two rows' per-seed values (80%
     power, 95% interval) at the SD of their per-seed differences; nan when not paired."""

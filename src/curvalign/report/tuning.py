@@ -65,6 +65,7 @@ from curvalign.train.hooks import Decision, TrainerHook, ValidationEvent
 if TYPE_CHECKING:
     from curvalign.config import RunConfig
     from curvalign.recipes.base import Recipe
+    from curvalign.recipes.health import Step0Health
     from curvalign.towers import TowersConfig
     from curvalign.train.fitting import FitResult, RunSpec
     from curvalign.train.lr_range import LRRangeResult
@@ -429,11 +430,9 @@ class TrialHook(TrainerHook):
         return None
 
 
-def step0_codes_of(report: Mapping[str, Any] | None) -> list[str]:
-    """The codes of the warnings of a step-0 report (``meta.json``'s ``step0_health``)."""
-    if not report:
-        return []
-    return [str(w.get("code")) for w in report.get("warnings", [])]
+def step0_codes_of(report: Step0Health | None) -> list[str]:
+    """The codes of the warnings of a step-0 report (``FitResult.step0``); [] without one."""
+    return [] if report is None else report.codes
 
 
 def _study_overrides(spec: RunSpec) -> dict[str, Any]:
@@ -673,11 +672,11 @@ def _run_trial(
 def _check_metric(metric: str, spec: RunSpec, store: FeatureStore) -> None:
     """Fail before any training when ``metric`` is not a number ``evaluate`` gives on this data."""
     from curvalign.eval import evaluate
-    from curvalign.report.benchmark import _leaves
+    from curvalign.report.benchmark import metric_leaves
     from curvalign.train.trainer import start_of_run
 
     model = start_of_run(spec.config, store)
-    leaves = _leaves(evaluate(model, store, split="val", diagnostics=False).to_json())
+    leaves = metric_leaves(evaluate(model, store, split="val", diagnostics=False).to_json())
     if leaves.get(metric) is None:
         known = ", ".join(sorted(k for k, v in leaves.items() if v is not None))
         raise ConfigError(
