@@ -123,7 +123,7 @@ def test_phyclip_resolved_scale_puts_each_factor_at_unit_tangent_norm(store) -> 
 
 
 def test_the_old_default_on_unit_norm_features_is_tiny_and_the_new_one_is_not() -> None:
-    old, _ = _built("meru", UNIT, f"scale_init={512**-0.5}")
+    old, _ = _built("meru", UNIT, f"image_scale_init={512**-0.5}", f"text_scale_init={512**-0.5}")
     new, config = _built("meru", UNIT)
     assert _radii(old, UNIT)[0] == pytest.approx(512**-0.5, rel=0.05)
     assert _radii(new, UNIT)[0] == pytest.approx(1.0, rel=0.05)
@@ -181,13 +181,14 @@ def test_step0_check_is_silent_on_the_new_defaults() -> None:
 
 
 def test_step0_check_fires_on_the_papers_scale_on_unit_norm_features() -> None:
-    model, _ = _built("meru", UNIT, f"scale_init={512**-0.5}")
+    model, _ = _built("meru", UNIT, f"image_scale_init={512**-0.5}", f"text_scale_init={512**-0.5}")
     report = _check(model, UNIT)
     assert {"loss_at_chance", "flat_logits", "flat_geometry", "inert_curvature"} <= set(
         report.codes
     )
     flat = next(w for w in report.warnings if w.code == "flat_logits")
-    assert "scale_init" in flat.knob and "scale_init" in flat.message
+    assert flat.knobs[:2] == ("tangent_norm_init", "image_scale_init")
+    assert "tangent_norm_init" in flat.message and flat.value < flat.threshold
 
 
 def test_step0_check_fires_on_equal_radii_for_an_angle_loss() -> None:
