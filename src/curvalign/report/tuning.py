@@ -52,6 +52,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -63,12 +64,15 @@ from curvalign.errors import ConfigError, CurvalignError
 from curvalign.train.hooks import Decision, TrainerHook, ValidationEvent
 
 if TYPE_CHECKING:
+    import optuna
+
     from curvalign.config import RunConfig
     from curvalign.recipes.base import Recipe
     from curvalign.recipes.health import Step0Health
     from curvalign.towers import TowersConfig
     from curvalign.train.fitting import FitResult, RunSpec
     from curvalign.train.lr_range import LRRangeResult
+    from curvalign.train.trainer import Trainer
 
 Notify = Callable[[str], None]
 
@@ -282,7 +286,7 @@ def describe_params(params: Mapping[str, Any]) -> str:
     return ", ".join(parts)
 
 
-def require_optuna() -> Any:
+def require_optuna() -> ModuleType:
     """The ``optuna`` module, or one clear error naming the extra that installs it."""
     try:
         import optuna
@@ -410,17 +414,19 @@ class TrialHook(TrainerHook):
     says so (``trial.should_prune``), never before ``warmup`` of the run's steps nor before the
     recipe's last phase boundary (``Recipe.phase_steps``); ``trial`` None: no pruning."""
 
-    def __init__(self, trial: Any = None, warmup: float = PRUNE_WARMUP) -> None:
+    def __init__(self, trial: optuna.Trial | None = None, warmup: float = PRUNE_WARMUP) -> None:
         self.trial, self.warmup = trial, warmup
         self.pruned_at: int | None = None
 
-    def not_before(self, trainer: Any) -> int:
+    def not_before(self, trainer: Trainer) -> int:
         """The first step at which this run may be pruned."""
-        total = int(trainer.train_config.steps)
+        from curvalign.train.trainer import run_steps
+
+        total = run_steps(trainer.train_config)
         phases = tuple(trainer.recipe.phase_steps(total))
         return max(math.ceil(self.warmup * total), max(phases, default=0))
 
-    def on_validation(self, trainer: Any, event: ValidationEvent) -> Decision | None:
+    def on_validation(self, trainer: Trainer, event: ValidationEvent) -> Decision | None:
         if self.trial is None or event.step == 0:
             return None
         self.trial.report(float(event.score), int(event.step))

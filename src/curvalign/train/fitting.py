@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from curvalign.recipes.base import Recipe
     from curvalign.recipes.health import Step0Health
     from curvalign.towers.base import Towers, TowersConfig
-    from curvalign.train.trainer import Trainer
+    from curvalign.train.trainer import TrainedRun, Trainer
 
 
 @dataclass(frozen=True)
@@ -227,7 +227,7 @@ class _KeepTrainer(TrainerHook):
 
     trainer: Trainer | None = None
 
-    def on_fit_end(self, trainer: Trainer, run: Any) -> None:
+    def on_fit_end(self, trainer: Trainer, run: TrainedRun) -> None:
         self.trainer = trainer
 
 
