@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import signal
 import sys
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -1649,6 +1650,9 @@ def _echo_extracted(summary: ExtractSummary, contents: str, skipped: str = "") -
 
 
 def main() -> None:
+    # Python hides a DeprecationWarning raised inside a library; a deprecated setting passed on
+    # the command line (``scale_init=...``) is the user's own, so show curvalign's once each
+    warnings.filterwarnings("default", category=DeprecationWarning, module="curvalign")
     app()
 
 
