@@ -67,7 +67,7 @@ if TYPE_CHECKING:
     import optuna
 
     from curvalign.config import RunConfig
-    from curvalign.recipes.base import Recipe
+    from curvalign.recipes.base import Knob, Recipe
     from curvalign.recipes.health import Step0Health
     from curvalign.towers import TowersConfig
     from curvalign.train.fitting import FitResult, RunSpec
@@ -182,13 +182,13 @@ def default_config(spec: RunSpec, store: FeatureStore) -> RunConfig:
     return resolve_data_init(spec.config, store)
 
 
-def _config_value(config: Any, key: str) -> Any:
+def _config_value(config: RunConfig, key: str) -> Any:
     if key in {f.name for f in dataclasses.fields(config.train)}:
         return getattr(config.train, key)
     return config.recipe_config.get(key)
 
 
-def default_point(space: Mapping[str, Any], config: Any) -> dict[str, Any]:
+def default_point(space: Mapping[str, Knob], config: RunConfig) -> dict[str, Any]:
     """The point of ``space`` that is the configuration ``config`` (a ``RunConfig``, e.g.
     ``default_config``): each knob's config value, a knob's own ``default`` where it is not a
     config field (a factor: 1.0)."""
@@ -214,8 +214,8 @@ def default_point(space: Mapping[str, Any], config: Any) -> dict[str, Any]:
 
 
 def fit_defaults(
-    space: Mapping[str, Any], point: Mapping[str, Any]
-) -> tuple[dict[str, Any], list[str]]:
+    space: Mapping[str, Knob], point: Mapping[str, Any]
+) -> tuple[dict[str, Knob], list[str]]:
     """``space`` with every knob widened to hold its default in ``point`` (a range's end moved
     to the default, a missing choice added): trial 0 must be a point of the space TPE models.
     Returns the space and one line per widened knob."""
@@ -241,7 +241,10 @@ def fit_defaults(
 
 
 def trial_overrides(
-    recipe_cls: type[Recipe], space: Mapping[str, Any], params: Mapping[str, Any], config: Any
+    recipe_cls: type[Recipe],
+    space: Mapping[str, Knob],
+    params: Mapping[str, Any],
+    config: RunConfig,
 ) -> dict[str, Any]:
     """Config overrides {key: value} of one sampled point: a factor knob (``Knob.factor_of``)
     times the data-resolved values of its keys in ``config``, the other knobs through the
