@@ -83,11 +83,11 @@ def test_benchmark_health_uses_the_same_rule():
     rising = curve([0.10, 0.20, 0.30, 0.40, 0.50, 0.60], every=20)
     plateau = curve([0.10, 0.30, 0.40, 0.42, 0.38, 0.43, 0.39, 0.42, 0.40, 0.41], every=10)
     out = health([], rising, last_step=100, bounds=set())
-    assert out["converged"] is False and any("still rising" in w for w in out["warnings"])
-    assert health([], plateau, last_step=90, bounds=set())["converged"] is True
+    assert out.converged is False and any("still rising" in w for w in out.warnings)
+    assert health([], plateau, last_step=90, bounds=set()).converged is True
     for history in (rising, plateau):
         assert study_converged(history, tol=0.005) == curve_converged(history)
-        assert health([], history, history[-1][0], set())["converged"] == curve_converged(history)
+        assert health([], history, history[-1][0], set()).converged == curve_converged(history)
 
 
 def test_a_curve_climbing_back_after_a_dip_is_still_moving_and_says_why():

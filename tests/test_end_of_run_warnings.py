@@ -19,7 +19,7 @@ def _curve(values, every=10):
 
 def _lines(history):
     out = health([], history, history[-1][0], set())
-    return out, [w for w in out["warnings"] if any(k in w for k in KINDS)]
+    return out, [w for w in out.warnings if any(k in w for k in KINDS)]
 
 
 def test_a_curve_that_dipped_and_recovers_below_its_best_is_not_told_to_train_longer():
@@ -27,13 +27,13 @@ def test_a_curve_that_dipped_and_recovers_below_its_best_is_not_told_to_train_lo
     # contradiction: "still moving up ... best at step 78 of 300 ... train longer")
     history = _curve([0.30, 0.40, 0.35, 0.30, 0.31, 0.33, 0.35, 0.37])
     out, lines = _lines(history)
-    assert out["converged"] is False and len(lines) == 1
+    assert out.converged is False and len(lines) == 1
     assert "fell after its best (step 10 of 70)" in lines[0] and ADVICE not in lines[0]
 
 
 def test_a_curve_rising_to_its_end_is_told_to_train_longer():
     out, lines = _lines(_curve([0.1, 0.2, 0.3, 0.4, 0.5, 0.6]))
-    assert out["converged"] is False and len(lines) == 1
+    assert out.converged is False and len(lines) == 1
     assert "still rising" in lines[0] and ADVICE in lines[0] and "best at step 50 of 50" in lines[0]
 
 
@@ -57,12 +57,12 @@ def test_the_warnings_agree_with_the_curve_on_random_curves():
         last = history[-1][0]
         assert sum(k in line for k in KINDS) == 1
         if ADVICE in line:  # the advice only where the best is in the rising tail
-            assert out["converged"] is False and best_step >= reading["tail_start"]
+            assert out.converged is False and best_step >= reading["tail_start"]
         if "stopped improving early" in line:
-            assert out["converged"] is True and best_step <= last / 2
+            assert out.converged is True and best_step <= last / 2
         if "still rising" in line:
             assert ADVICE in line
         if "fell after its best" in line:  # the best before the tail: no advice to train on
-            assert out["converged"] is False and best_step < reading["tail_start"]
+            assert out.converged is False and best_step < reading["tail_start"]
             assert ADVICE not in line
     assert seen == set(KINDS)  # every kind of line was exercised

@@ -16,7 +16,7 @@ from curvalign.data.features import FeatureStore, TextPart
 from curvalign.data.sampling import BatchSampler
 from curvalign.data.statistics import feature_norms
 from curvalign.errors import ConfigError
-from curvalign.eval.health import curvature_bounds, health_of_run
+from curvalign.eval.health import RunHealth, curvature_bounds, health_of_run
 from curvalign.nn.heads import resolve_tangent_scale
 from curvalign.recipes.health import (
     Step0Health,
@@ -123,7 +123,7 @@ def test_phyclip_resolved_scale_puts_each_factor_at_unit_tangent_norm(store) -> 
 
 
 def test_the_old_default_on_unit_norm_features_is_tiny_and_the_new_one_is_not() -> None:
-    old, _ = _built("meru", UNIT, f"scale_init={512**-0.5}")
+    old, _ = _built("meru", UNIT, f"image_scale_init={512**-0.5}", f"text_scale_init={512**-0.5}")
     new, config = _built("meru", UNIT)
     assert _radii(old, UNIT)[0] == pytest.approx(512**-0.5, rel=0.05)
     assert _radii(new, UNIT)[0] == pytest.approx(1.0, rel=0.05)
@@ -181,13 +181,14 @@ def test_step0_check_is_silent_on_the_new_defaults() -> None:
 
 
 def test_step0_check_fires_on_the_papers_scale_on_unit_norm_features() -> None:
-    model, _ = _built("meru", UNIT, f"scale_init={512**-0.5}")
+    model, _ = _built("meru", UNIT, f"image_scale_init={512**-0.5}", f"text_scale_init={512**-0.5}")
     report = _check(model, UNIT)
     assert {"loss_at_chance", "flat_logits", "flat_geometry", "inert_curvature"} <= set(
         report.codes
     )
     flat = next(w for w in report.warnings if w.code == "flat_logits")
-    assert "scale_init" in flat.knob and "scale_init" in flat.message
+    assert flat.knobs[:2] == ("tangent_norm_init", "image_scale_init")
+    assert "tangent_norm_init" in flat.message and flat.value < flat.threshold
 
 
 def test_step0_check_fires_on_equal_radii_for_an_angle_loss() -> None:
@@ -237,9 +238,41 @@ def test_report_round_trips_and_its_lines_carry_their_codes() -> None:
     report = step0_health(model, batch)
     assert report.log_b == pytest.approx(math.log(64))
     assert Step0Health.from_json(report.to_json()) == report
+    assert report.codes == ["loss_at_chance", "equal_radii"]
+    chance, equal = report.warnings
+    # each warning carries what it measured and the bound that failed
+    assert chance.value == pytest.approx(report.loss_ratio) and chance.value >= chance.threshold
+    assert equal.knobs == ("text_radius_ratio",) and equal.value <= equal.threshold
     lines = [f"seed 2: {warning_line(w)}" for w in report.warnings]
     assert step0_codes(lines) == report.codes
     assert step0_codes(["seed 1: validation stopped improving early"]) == []
+
+
+def test_a_report_saved_before_warnings_carried_their_values_still_loads() -> None:
+    old = {
+        "batch_size": 8,
+        "log_b": math.log(8),
+        "loss": 2.0,
+        "loss_ratio": 2.0 / math.log(8),
+        "recall_at_1": 0.5,
+        "logit_spread": 0.3,
+        "feature_norm": {"image": 1.0, "text": 1.0},
+        "radius": {"image": 0.04, "text": 0.04},
+        "curvature": 1.0,
+        "curvature_radius2": {"image": 0.0016, "text": 0.0016},
+        "sensitivity": {"curvature": 0.0},
+        "warnings": [
+            {"code": "flat_logits", "knob": "scale_init / temperature_init", "message": "m"}
+        ],
+    }
+    report = Step0Health.from_json(old)
+    (warning,) = report.warnings
+    assert warning.knobs == ("scale_init", "temperature_init") and warning.value is None
+    saved = report.to_json()
+    assert {k: v for k, v in saved.items() if k != "warnings"} == {
+        k: v for k, v in old.items() if k != "warnings"
+    }
+    assert saved["warnings"][0] == {**old["warnings"][0], "value": None, "threshold": None}
 
 
 # --- the run records it; the benchmark table marks it ------------------------------------------
@@ -260,13 +293,17 @@ def test_training_records_resolved_scales_and_the_report(tmp_path) -> None:
     )
     report = loaded.meta["step0_health"]
     assert [w["code"] for w in report["warnings"]] == ["loss_at_chance", "equal_radii"]
+    resumed = train("atmg", RAW, run, steps=3, resume=True, show_progress=False)
+    assert load_run(resumed).meta["step0_health"] == report  # a resumed run keeps its report
     health = health_of_run(loaded)
-    assert step0_codes(health["warnings"]) == ["loss_at_chance", "equal_radii"]
+    assert step0_codes(list(health.warnings)) == ["loss_at_chance", "equal_radii"]
+    assert health.step0 is not None and health.step0.codes == ["loss_at_chance", "equal_radii"]
+    assert RunHealth.from_json(health.to_json()) == health
     rows = {
         "atmg": {
             "kind": "trained",
             "seeds": [0, 1],
-            "warnings": [f"seed 0: {health['warnings'][0]}"],
+            "warnings": [f"seed 0: {health.warnings[0]}"],
         },
         "clip": {"kind": "trained", "seeds": [0, 1], "warnings": []},
         "frozen features": {"kind": "baseline"},

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import signal
 import sys
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -369,7 +370,7 @@ def _report_trained_run(run_dir: Path, quiet: bool) -> None:
         from curvalign.runs import load_run
 
         try:
-            for warning in health_of_run(load_run(run_dir))["warnings"]:
+            for warning in health_of_run(load_run(run_dir)).warnings:
                 typer.secho(f"warning: {warning}", err=True, fg=typer.colors.YELLOW)
         except CurvalignError as err:
             fail(str(err))
@@ -488,7 +489,7 @@ def eval_command(
     if json_output:
         typer.echo(json.dumps(to_jsonable(result.to_json())))
         return
-    for warning in (result.health or {}).get("warnings", []):
+    for warning in result.health.warnings if result.health is not None else ():
         typer.secho(f"warning: {warning}", err=True, fg=typer.colors.YELLOW)
     typer.echo(
         f"{run.config.recipe}, {run.describe()}, on {spec} ({split}: "
@@ -1649,6 +1650,9 @@ def _echo_extracted(summary: ExtractSummary, contents: str, skipped: str = "") -
 
 
 def main() -> None:
+    # Python hides a DeprecationWarning raised inside a library; a deprecated setting passed on
+    # the command line (``scale_init=...``) is the user's own, so show curvalign's once each
+    warnings.filterwarnings("default", category=DeprecationWarning, module="curvalign")
     app()
 
 

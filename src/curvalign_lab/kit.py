@@ -69,6 +69,7 @@ import torch
 from curvalign.data.features import FeatureStore
 from curvalign.eval.result import EvaluationResult
 from curvalign.recipes.base import Recipe
+from curvalign.recipes.health import Step0Health
 from curvalign.stats import (
     Interval,
     equivalent_within,
@@ -648,7 +649,7 @@ class ArmResult:
     max_steps: int
     #: the run's step-0 health check (``recipes.health``) and the start it resolved to (the
     #: warm-start alignment, ``FitResult.warm_start``), as ``fit`` recorded them
-    step0: Mapping[str, Any] | None = None
+    step0: Step0Health | None = None
     warm_start: Mapping[str, Any] | None = None
     #: the recipe's start as the run resolved it (its ``*_init`` settings after the data-aware
     #: resolution: head scales, curvature, temperature), from the run's saved config
@@ -1055,7 +1056,7 @@ def start_record(arm: ArmResult) -> dict[str, Any]:
     nothing fired), its measured radii and ``c r^2`` (the resolved start of a curved head), the
     warm-start alignment the heads started from (None: a random start) and the recipe's
     ``*_init`` settings as the run resolved them (``resolved_init``)."""
-    step0 = dict(arm.step0 or {})
+    step0 = arm.step0.to_json() if arm.step0 is not None else {}
     warnings = [
         {"code": w.get("code"), "message": w.get("message")} for w in step0.get("warnings") or []
     ]

@@ -52,6 +52,7 @@ import sys
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -83,7 +84,7 @@ def _set_offline() -> None:
     os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 
 
-def import_optional(module: str, extra: str) -> Any:
+def import_optional(module: str, extra: str) -> ModuleType:
     """Import an optional dependency or fail with the extra that provides it."""
     _set_offline()
     if importlib.util.find_spec(module) is None:

@@ -430,10 +430,6 @@ def crop_box(image: PILImage, box: tuple[float, float, float, float]) -> PILImag
     return image.crop((round(x0), round(y0), round(x1), round(y1)))
 
 
-#: the former private name, still imported by train/towers.py
-_crop = crop_box
-
-
 def extract_features(
     encoder: Encoder | str,
     images: str | os.PathLike[str],

@@ -34,6 +34,7 @@ import mmap
 import os
 from collections.abc import Sequence
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -91,7 +92,7 @@ def advise_array(array: np.ndarray, pattern: str) -> bool:
     return True
 
 
-def advise_rows(value: Any, pattern: str) -> bool:
+def advise_rows(value: object, pattern: str) -> bool:
     """``advise`` a store field's rows when they are memory-mapped shards (``ShardedRows``) or a
     memory-mapped array; True when advice was given."""
     if isinstance(value, ShardedRows):
@@ -288,12 +289,12 @@ class ShardedRows:
         )
 
 
-def is_row_source(value: Any) -> bool:
+def is_row_source(value: object) -> bool:
     """True for what a store's feature field may hold: a tensor or ``ShardedRows``."""
     return isinstance(value, (Tensor, ShardedRows))
 
 
-def require_pyarrow(what: str) -> Any:
+def require_pyarrow(what: str) -> ModuleType:
     """The ``pyarrow.parquet`` module, or a ShardError saying how to install it."""
     try:
         import pyarrow.parquet as pq

@@ -9,7 +9,8 @@
   line: "still rising, train longer" only when the best lies in the curve's tail; a curve that
   fell after an early best and rises again below it is "not converged" without that advice.
 
-``converged`` is True, False (still improving) or None (too few validations to tell).
+``health`` and ``health_of_run`` return a ``RunHealth`` record: ``converged`` is True, False
+(still improving) or None (too few validations to tell).
 Curvature bounds come from the recipe contract (``Recipe.curvature_bounds()``), so no recipe
 and no parameter is named here. The step-0 check's report, recorded in ``meta.json`` by the
 trainer (``recipes/health.py``), is passed on: its warnings join the run's (``step0`` holds
@@ -19,6 +20,8 @@ the report).
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from curvalign.errors import CurvalignError
@@ -37,6 +40,41 @@ TAIL = 0.2
 MIN_GAIN = 0.005
 
 
+@dataclass(frozen=True)
+class RunHealth:
+    """A trained run's health (see the module docstring).
+
+    converged  True, False (still improving at the end) or None (too few validations)
+    warnings   one line per signal, the step-0 check's first (``recipes.health.warning_line``)
+    step0      the step-0 check's report, None for a run written before the check (or for
+               ``health`` on bare records)
+    """
+
+    converged: bool | None
+    warnings: tuple[str, ...] = ()
+    step0: Step0Health | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """{"converged", "warnings", "step0"}: what ``curvalign eval --json`` prints under
+        "health" ("step0" as ``Step0Health.to_json()``, or None)."""
+        return {
+            "converged": self.converged,
+            "warnings": list(self.warnings),
+            "step0": None if self.step0 is None else self.step0.to_json(),
+        }
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> RunHealth:
+        """Inverse of ``to_json``."""
+        step0 = raw.get("step0")
+        converged = raw.get("converged")
+        return cls(
+            converged=None if converged is None else bool(converged),
+            warnings=tuple(str(w) for w in raw.get("warnings") or ()),
+            step0=Step0Health.from_json(step0) if isinstance(step0, Mapping) else None,
+        )
+
+
 def curvature_bounds(recipe: Recipe) -> set[float]:
     """Clamp bounds of the recipe's learned curvature (``Recipe.curvature_bounds()``; empty
     when it learns none)."""
@@ -51,9 +89,9 @@ def health(
     val_history: list[tuple[int, float]],
     last_step: int,
     bounds: set[float],
-) -> dict[str, Any]:
-    """{"converged": bool | None, "warnings": [str]} from a run's log records, its validation
-    history [(step, value)], its last step and its curvature clamp bounds."""
+) -> RunHealth:
+    """The health (convergence and warnings; no step-0 report) from a run's log records, its
+    validation history [(step, value)], its last step and its curvature clamp bounds."""
     warnings: list[str] = []
     tail_start = (1 - TAIL) * last_step
     tail = [
@@ -75,11 +113,11 @@ def health(
     line = convergence_warning(reading, val_history, last_step)
     if line:
         warnings.append(line)
-    return {"converged": reading["converged"], "warnings": warnings}
+    return RunHealth(reading["converged"], tuple(warnings))
 
 
 def convergence_warning(
-    reading: dict[str, Any], val_history: list[tuple[int, float]], last_step: int
+    reading: Mapping[str, Any], val_history: list[tuple[int, float]], last_step: int
 ) -> str | None:
     """The one end-of-run line on a validation curve, from ``curve_convergence``'s reading: at
     most one of three, so they never contradict each other.
@@ -114,18 +152,29 @@ def convergence_warning(
     return None
 
 
-def health_of_run(run: LoadedRun) -> dict[str, Any]:
+def health_of_run(run: LoadedRun) -> RunHealth:
     """``health`` of a ``LoadedRun`` (its log, validation history and recipe), with the
-    step-0 check's report under "step0" (None for a run written before the check) and its
-    warnings first among "warnings"."""
+    step-0 check's report as ``step0`` (None for a run written before the check) and its
+    warnings first among ``warnings``."""
     try:
         records = read_log(run.run_dir)
     except CurvalignError:  # a damaged log: no curvature signal, the rest still applies
         records = []
     out = health(records, list(run.val_history), int(run.last_step), curvature_bounds(run.recipe))
     report = (getattr(run, "meta", None) or {}).get(STEP0_META_KEY)
-    out["step0"] = report
-    if isinstance(report, dict):
-        step0 = Step0Health.from_json(report)
-        out["warnings"] = [warning_line(w) for w in step0.warnings] + out["warnings"]
-    return out
+    if not isinstance(report, Mapping):
+        return out
+    step0 = Step0Health.from_json(report)
+    lines = tuple(warning_line(w) for w in step0.warnings)
+    return RunHealth(out.converged, lines + out.warnings, step0)
+
+
+__all__ = [
+    "MIN_GAIN",
+    "TAIL",
+    "RunHealth",
+    "convergence_warning",
+    "curvature_bounds",
+    "health",
+    "health_of_run",
+]

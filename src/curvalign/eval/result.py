@@ -14,7 +14,10 @@ from __future__ import annotations
 import copy
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from curvalign.eval.health import RunHealth
 
 
 @dataclass(frozen=True)
@@ -115,9 +118,6 @@ class OrderingMetrics:
         }
 
 
-_RECORDS = (ZeroShotMetrics, PromptSensitivity, EntailmentMetrics, OrderingMetrics)
-
-
 def _leaf(node: Any, path: str) -> float | None:
     for part in path.split("/"):
         if not isinstance(node, Mapping) or part not in node:
@@ -153,14 +153,14 @@ class EvaluationResult:
     compositional: Mapping[str, float] | None = None
     ordering: OrderingMetrics | None = None
     diagnostics: Mapping[str, Any] | None = None
-    health: Mapping[str, Any] | None = None
+    health: RunHealth | None = None
 
     @property
     def mean_r1(self) -> float:
         """mean(t2i@1, i2t@1): the retrieval number studies and tuning select on."""
         return 0.5 * (self.retrieval["t2i@1"] + self.retrieval["i2t@1"])
 
-    def with_run(self, health: Mapping[str, Any] | None = None, **run: Any) -> EvaluationResult:
+    def with_run(self, health: RunHealth | None = None, **run: Any) -> EvaluationResult:
         """This result with ``run`` added to ``meta.run`` (where the weights came from) and,
         when given, the run's ``health``."""
         meta = replace(self.meta, run={**self.meta.run, **run})
@@ -184,9 +184,7 @@ class EvaluationResult:
         for key, value in parts:
             if value is None:
                 continue
-            out[key] = (
-                value.to_json() if isinstance(value, _RECORDS) else copy.deepcopy(dict(value))
-            )
+            out[key] = copy.deepcopy(dict(value)) if isinstance(value, Mapping) else value.to_json()
         return out
 
     def metric(self, path: str, default: float | None = None) -> float | None:

@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from curvalign.errors import InputError, OverwriteError
 from curvalign.index.embed import index_sources, open_index, source_side
@@ -71,7 +72,7 @@ def qdrant_query_vector(y: np.ndarray, c: float) -> np.ndarray:
     return query_vectors(np.atleast_2d(np.asarray(y, dtype=np.float32)), c)
 
 
-def distance_from_score(score: Any, c: float) -> np.ndarray:
+def distance_from_score(score: ArrayLike, c: float) -> np.ndarray:
     """Qdrant's DOT score ``s = <x,y>_L`` -> Lorentz distance ``acosh(-c s) / sqrt(c)``."""
     arg = np.maximum(-c * np.asarray(score, dtype=np.float64), 1.0)
     return np.arccosh(arg) / math.sqrt(c)

@@ -50,6 +50,7 @@ from typing import Any, Literal
 
 import faiss
 import numpy as np
+from numpy.typing import ArrayLike
 
 from curvalign._io import file_checksums, read_json_file, staged_directory
 from curvalign.errors import (
@@ -98,7 +99,7 @@ class IndexMismatchError(CurvalignError, ValueError):
 # --- input checks --------------------------------------------------------------------------------
 
 
-def _as_points(points: Any, name: str, dim: int | None = None) -> np.ndarray:
+def _as_points(points: ArrayLike, name: str, dim: int | None = None) -> np.ndarray:
     """Array-like ``[n, d]`` (a single ``[d]`` row is promoted) -> C-contiguous float32, checked."""
     if isinstance(points, dict):
         raise IndexMismatchError(
@@ -134,7 +135,7 @@ def _as_points(points: Any, name: str, dim: int | None = None) -> np.ndarray:
     return arr
 
 
-def _as_ids(ids: Any, n: int, start: int) -> np.ndarray:
+def _as_ids(ids: ArrayLike | None, n: int, start: int) -> np.ndarray:
     if ids is None:
         return np.arange(start, start + n, dtype=np.int64)
     if hasattr(ids, "detach"):
@@ -274,7 +275,7 @@ class LorentzIndex:
         return hnsw_graph(self._index)
 
     # -- adding --
-    def add(self, points: Any, ids: Any = None) -> None:
+    def add(self, points: ArrayLike, ids: ArrayLike | None = None) -> None:
         """Add ``points`` ``[m, d]`` with external ``ids`` ``[m]`` (default: continue from N).
 
         Ids must be unique across the index. No index is rebuilt: a flat index appends, IVF files
@@ -307,7 +308,12 @@ class LorentzIndex:
 
     # -- search --
     def search(
-        self, queries: Any, k: int, *, geometry: str | None = None, curvature: float | None = None
+        self,
+        queries: ArrayLike,
+        k: int,
+        *,
+        geometry: str | None = None,
+        curvature: float | None = None,
     ) -> tuple[np.ndarray, np.ndarray]:
         """``k`` nearest stored points of each query ``[n, d]``.
 
@@ -819,7 +825,7 @@ def build_index(
     points: Any,
     c: float,
     kind: IndexKind = "exact",
-    ids: Any = None,
+    ids: ArrayLike | None = None,
     *,
     method: AnnMethod = "hnsw",
     M: int = 32,

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import torch
+from numpy.typing import ArrayLike
 
 from curvalign.errors import CurvalignError
 from curvalign.index.embed import (
@@ -52,10 +53,15 @@ from curvalign.readout import embed_rows
 from curvalign.recipes.base import Embedding
 
 if TYPE_CHECKING:
+    from PIL.Image import Image as PILImage
+
     from curvalign.data.encoders import Encoder
     from curvalign.data.features import FeatureStore
     from curvalign.recipes.base import Recipe
     from curvalign.runs import LoadedRun
+
+    #: an image query: a path, raw bytes or a PIL image
+    ImageQuery = str | os.PathLike[str] | bytes | bytearray | PILImage
 
 Modality = Literal["text", "image"]
 
@@ -434,7 +440,7 @@ class Searcher:
     def search_text(self, text: str, k: int = 10) -> SearchResults:
         return self.search_texts([text], k)[0]
 
-    def search_image(self, image: Any, k: int = 10) -> SearchResults:
+    def search_image(self, image: ImageQuery, k: int = 10) -> SearchResults:
         """``image``: a path, raw bytes or a PIL image."""
         return self.search_images([image], k)[0]
 
@@ -444,7 +450,7 @@ class Searcher:
             raise SearchError("text queries must be non-empty strings")
         return self._search(texts, [t for t in texts], "text", k)
 
-    def search_images(self, images: Sequence[Any], k: int = 10) -> list[SearchResults]:
+    def search_images(self, images: Sequence[ImageQuery], k: int = 10) -> list[SearchResults]:
         images = list(images)
         labels = [
             "uploaded image"
@@ -455,7 +461,11 @@ class Searcher:
         return self._search(images, labels, "image", k)
 
     def search_features(
-        self, features: Any, modality: Modality, k: int = 10, labels: Sequence[str] | None = None
+        self,
+        features: ArrayLike,
+        modality: Modality,
+        k: int = 10,
+        labels: Sequence[str] | None = None,
     ) -> list[SearchResults]:
         """Search with precomputed encoder features ``[n, D]`` (the encoder step excluded)."""
         self._check_modality(modality)

@@ -43,7 +43,8 @@ Distributed training
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import warnings
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, Protocol
 
@@ -770,6 +771,74 @@ def learnable_curvature(config: CurvatureSettings, shape: tuple[int, ...] = ()) 
     )
 
 
+class HeadScaleSettings(Protocol):
+    """The config fields that set a curved head's scale before ``expmap0`` (``head_scales``)."""
+
+    scale_init: float | None
+    image_scale_init: float | None
+    text_scale_init: float | None
+    tangent_norm_init: float
+    text_radius_ratio: float
+
+
+#: the config keys of the head-scale rule (``head_scales``): its input, then the per-side
+#: overrides; the step-0 check names them when the points start too near the origin
+HEAD_SCALE_KNOBS = ("tangent_norm_init", "image_scale_init", "text_scale_init")
+
+
+def check_head_scale_settings(config: HeadScaleSettings) -> None:
+    """Validate the head-scale fields (a config's ``__post_init__`` calls this) and fold the
+    deprecated ``scale_init`` into the per-side overrides: ``scale_init=v`` reads as
+    ``image_scale_init=v``, ``text_scale_init=v * text_radius_ratio`` (what it meant before),
+    for a side not set itself, with a ``DeprecationWarning``; ``scale_init`` is then None, so a
+    run saves only the per-side values. A saved config whose per-side values are both set
+    (every run resolves them) loads without the warning."""
+    for name in ("scale_init", "image_scale_init", "text_scale_init"):
+        value = getattr(config, name)
+        if value is not None and not 0 < value < float("inf"):
+            raise ValueError(f"{name} must be positive or None, got {value}")
+    for name in ("tangent_norm_init", "text_radius_ratio"):
+        value = getattr(config, name)
+        if not 0 < value < float("inf"):
+            raise ValueError(f"{name} must be positive, got {value}")
+    old = config.scale_init
+    if old is None:
+        return
+    if config.image_scale_init is None or config.text_scale_init is None:
+        warnings.warn(
+            f"scale_init is deprecated (removed in 0.3.0): scale_init={old:g} is read as "
+            f"image_scale_init={old:g}, text_scale_init={old * config.text_radius_ratio:g}; set "
+            "those (the explicit per-side scales), or tangent_norm_init (the images' step-0 "
+            "radius) and text_radius_ratio for the data-aware rule (docs/methods.md, 'The rule')",
+            DeprecationWarning,
+            stacklevel=4,
+        )
+    if config.image_scale_init is None:
+        config.image_scale_init = old
+    if config.text_scale_init is None:
+        config.text_scale_init = old * config.text_radius_ratio
+    config.scale_init = None
+
+
+def head_scales(
+    config: HeadScaleSettings, resolve: Callable[[str, float], float]
+) -> tuple[float, float]:
+    """(image, text) scale of a curved head pair: **the one rule** (docs/methods.md, "The rule").
+
+    Each side's explicit scale wins (``image_scale_init``, ``text_scale_init``: also what a run
+    records as its resolved start); a side left unset is resolved from the data so that its
+    mean step-0 tangent norm (= distance to the origin) is ``tangent_norm_init`` for the
+    images and ``text_radius_ratio`` times that for the texts: ``resolve(side, target)`` is
+    the recipe's resolution (``nn.heads.resolve_tangent_scale`` through its projection)."""
+    image = config.image_scale_init
+    text = config.text_scale_init
+    if image is None:
+        image = resolve("image", config.tangent_norm_init)
+    if text is None:
+        text = resolve("text", config.tangent_norm_init * config.text_radius_ratio)
+    return float(image), float(text)
+
+
 @dataclass
 class LorentzConfig:
     """Fields shared by the Lorentz recipes (MERU, HyCoCLIP, AtMG); defaults from MERU/HyCoCLIP.
@@ -778,18 +847,17 @@ class LorentzConfig:
     curvature_*       c init 1.0, learnable, clamped to [0.1, 10] (docs/design.md; MERU's code: init/10,
                       init*10); ``learn_curvature=False`` fixes it (the curvature study)
     temperature_*     tau init 0.07, learnable, floored at 0.01
-    scale_init        one scale before ``expmap0`` for both sides when set (the text side's
-                      times ``text_radius_ratio``); None (default): each side's scale is resolved
-                      from the features (``image_scale_init``, ``text_scale_init``)
-    image_scale_init, text_scale_init
-                      each side's scale; None: resolved from the train rows' mean feature norm
-                      so that the step-0 tangent vectors have mean norm ``tangent_norm_init``
-                      (texts: times ``text_radius_ratio``); ``nn.heads.resolve_tangent_scale``,
-                      docs/methods.md. Without feature statistics (a recipe built by hand) the
-                      rule reads the papers' features, norm sqrt(D): MERU's 1/sqrt(embed_dim)
-    tangent_norm_init the target mean tangent norm (= distance to the origin) of the images at
-                      step 0 (1.0: MERU's init on MERU's features)
+    tangent_norm_init the images' mean step-0 tangent norm (= distance to the origin) the
+                      head scales are resolved for (1.0: MERU's init on MERU's features)
     text_radius_ratio texts' step-0 radius over the images' (1.0; AtMG: a gap, see atmg.py)
+    image_scale_init, text_scale_init
+                      each side's scale before ``expmap0``; None: resolved by the rule above
+                      from the train rows' mean feature norm (``head_scales``,
+                      ``nn.heads.resolve_tangent_scale``, docs/methods.md); a run records the
+                      resolved values here. Without feature statistics (a recipe built by hand)
+                      the rule reads the papers' features, norm sqrt(D): MERU's 1/sqrt(embed_dim)
+    scale_init        deprecated: ``scale_init=v`` reads as ``image_scale_init=v``,
+                      ``text_scale_init=v * text_radius_ratio`` (``check_head_scale_settings``)
     scale_max         the scale's upper bound (MERU: 1, it may only shrink features); raised to
                       the resolved scale where that lies above it (features of norm < 1)
     clip_norm         optional bound kappa on the tangent norm before ``expmap0`` (None = off)
@@ -820,14 +888,7 @@ class LorentzConfig:
 
     def __post_init__(self) -> None:
         check_head_init(self.head_init, self.embed_dim)
-        for name in ("scale_init", "image_scale_init", "text_scale_init"):
-            value = getattr(self, name)
-            if value is not None and not 0 < value < float("inf"):
-                raise ValueError(f"{name} must be positive or None, got {value}")
-        if not 0 < self.tangent_norm_init < float("inf"):
-            raise ValueError(f"tangent_norm_init must be positive, got {self.tangent_norm_init}")
-        if not 0 < self.text_radius_ratio < float("inf"):
-            raise ValueError(f"text_radius_ratio must be positive, got {self.text_radius_ratio}")
+        check_head_scale_settings(self)
         check_scalar_range("curvature", self.curvature_init, self.curvature_min, self.curvature_max)
         check_scalar_range("temperature", self.temperature_init, self.temperature_min)
         if self.aperture_K <= 0:
@@ -849,31 +910,22 @@ def lorentz_head_scales(
 ) -> tuple[float, float]:
     """(image, text) scale of the Lorentz heads of ``config`` for features of widths
     ``image_dim``/``text_dim`` and mean norms ``image_norm``/``text_norm`` (None: the papers'
-    features, norm sqrt(D)). Given values win: ``image_scale_init``/``text_scale_init``, then
-    ``scale_init`` (the text side's times ``text_radius_ratio``); otherwise the rule of
-    ``nn.heads.resolve_tangent_scale``: images at mean tangent norm ``tangent_norm_init``,
-    texts at ``text_radius_ratio`` times it."""
+    features, norm sqrt(D)), by ``head_scales``; a side's target tangent norm is reached
+    through the head's projection (``nn.heads.resolve_tangent_scale``)."""
     # the warm start's projections keep each side's mean norm (gain 1), as the shared
     # orthonormal projection does where the two sides share a width
     preserving = config.head_init == "align" or (
         config.head_init == "input" and image_dim == text_dim
     )
-    target = config.tangent_norm_init
-    if config.scale_init is not None:
-        image = config.scale_init
-        text = config.scale_init * config.text_radius_ratio
-    else:
-        if config.head_init == "align":  # gain 1 at any width, narrower than the input too
-            image_dim = text_dim = config.embed_dim
-        image = resolve_tangent_scale(target, image_norm, image_dim, config.embed_dim, preserving)
-        text = resolve_tangent_scale(
-            target * config.text_radius_ratio, text_norm, text_dim, config.embed_dim, preserving
-        )
-    if config.image_scale_init is not None:
-        image = config.image_scale_init
-    if config.text_scale_init is not None:
-        text = config.text_scale_init
-    return float(image), float(text)
+    if config.head_init == "align":  # gain 1 at any width, narrower than the input too
+        image_dim = text_dim = config.embed_dim
+    inputs = {"image": (image_dim, image_norm), "text": (text_dim, text_norm)}
+
+    def resolve(side: str, target: float) -> float:
+        dim, norm = inputs[side]
+        return resolve_tangent_scale(target, norm, dim, config.embed_dim, preserving)
+
+    return head_scales(config, resolve)
 
 
 class LorentzRecipe(HyperbolicRecipe):
@@ -881,7 +933,7 @@ class LorentzRecipe(HyperbolicRecipe):
     Ranked by ``-d_L`` of ``point``: a Lorentz index answers exactly."""
 
     embedding_geometry = {"point": "lorentz"}
-    scale_knobs = ("scale_init", "image_scale_init", "text_scale_init")
+    scale_knobs = HEAD_SCALE_KNOBS
     temperature_knob = "temperature_init"
     #: ``-d_L`` ranks like the alignment's cosine only for points at one radius; the ridge
     #: map spreads the images' norms (``warm_start``): the largest gap measured on the test
@@ -1098,7 +1150,7 @@ def shared_search_space(cls: type[Recipe]) -> dict[str, Knob]:
             3.0,
             log=True,
             why="step-0 tangent norm the per-side scales aim at",
-            covers=tuple(getattr(cls, "scale_knobs", ())),
+            covers=tuple(k for k in getattr(cls, "scale_knobs", ()) if k != "tangent_norm_init"),
         )
     elif "scale_init" in fields:
         cap = fields.get("scale_max") or 1.0

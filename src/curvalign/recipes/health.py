@@ -16,16 +16,19 @@ name, and measures:
 - ``|dL / d log v|`` for the learned curvature and temperature: a knob whose gradient is
   nil cannot move the loss.
 
-Each failed test adds a ``Step0Warning`` naming the config key that fixes it. ``Step0Health``
-is a frozen dataclass with ``to_json()``; the trainer records it in ``meta.json``
-(``step0_health``) and its warnings in the run's notes.
+Each failed test adds a ``Step0Warning``: the test's code, the value it measured, the threshold
+that value failed and the config keys that fix it. ``Step0Health`` is the frozen record of the
+whole check; ``Trainer.fit`` keeps it (``FitResult.step0``) and records ``to_json()`` in
+``meta.json`` (``step0_health``; ``from_json`` reads it back, also from older runs) and its
+warnings in the run's notes.
 """
 
 from __future__ import annotations
 
+import copy
 import math
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -62,22 +65,71 @@ WARNING_PREFIX = "step-0 check "
 
 @dataclass(frozen=True)
 class Step0Warning:
-    """One failed test: ``code`` names the test ("loss_at_chance", "flat_logits",
-    "flat_geometry", "far_out", "equal_radii", "inert_curvature", "inert_temperature"),
-    ``knob`` the config key(s) that fix it, ``message`` the line for the user."""
+    """One failed test of the step-0 check.
+
+    code       the test: "loss_at_chance", "flat_logits", "flat_geometry", "far_out",
+               "equal_radii", "inert_curvature" or "inert_temperature"
+    knobs      the config keys that fix it, in the order to try them (empty where the recipe
+               declares none: ``message`` then says what to change)
+    message    the line for the user (``warning_line`` prefixes it)
+    value      what the test measured (loss / log B, the logit span, ``c r^2``, the relative
+               radius gap, ``|dL / d log v|``); None in a report saved before it was recorded
+    threshold  the bound ``value`` failed (``LOSS_AT_CHANCE``, ``MIN_LOGIT_SPREAD``, ...)
+    """
 
     code: str
-    knob: str
+    knobs: tuple[str, ...]
     message: str
+    value: float | None = None
+    threshold: float | None = None
+
+    @property
+    def knob(self) -> str:
+        """The knobs as one line, "a / b" (how ``meta.json`` holds them under "knob")."""
+        return _knobs(self.knobs)
+
+    def to_json(self) -> dict[str, Any]:
+        """{"code", "knob", "message", "value", "threshold"}: "knob" joins ``knobs`` with
+        " / ", the form reports saved before the other keys existed hold."""
+        return {
+            "code": self.code,
+            "knob": self.knob,
+            "message": self.message,
+            "value": self.value,
+            "threshold": self.threshold,
+        }
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> Step0Warning:
+        """Inverse of ``to_json``; reads a report saved before "value" and "threshold" existed
+        (None)."""
+        knob = str(raw.get("knob") or "")
+        return cls(
+            code=str(raw["code"]),
+            knobs=tuple(k for k in knob.split(" / ") if k),
+            message=str(raw.get("message", "")),
+            value=_optional_float(raw.get("value")),
+            threshold=_optional_float(raw.get("threshold")),
+        )
 
 
 @dataclass(frozen=True)
 class Step0Health:
     """What the step-0 check measured on one batch of B pairs (see the module docstring).
 
+    batch_size, log_b          B and log B (the loss of a B-way softmax at chance)
+    loss, loss_ratio           the recipe's step-0 loss and loss / log B
+    recall_at_1                the step-0 ranking's text-to-image recall@1 on the batch
+    logit_spread               mean over text rows of max - min of ``scores / temperature``
+    feature_norm               {"image", "text"} -> mean input feature norm
     radius, curvature_radius2  {"image", "text"} -> mean distance to the origin / c r^2
                                (None for a geometry without an origin)
+    curvature                  the mean curvature c (None for a recipe without one)
     sensitivity                {"curvature", "temperature"} -> |dL / d log v| of the learned ones
+    warnings                   the failed tests, in the order they were run
+
+    ``to_json`` is the form ``meta.json`` holds under ``META_KEY``; ``from_json`` reads it back
+    (also from runs saved before the warnings carried their value and threshold).
     """
 
     batch_size: int
@@ -102,18 +154,34 @@ class Step0Health:
         return [w.code for w in self.warnings]
 
     def to_json(self) -> dict[str, Any]:
-        out = asdict(self)
-        out["warnings"] = [asdict(w) for w in self.warnings]
+        """The report as a JSON-ready dict: the fields by name, ``warnings`` a list of
+        ``Step0Warning.to_json()``."""
+        out: dict[str, Any] = {
+            f.name: copy.deepcopy(getattr(self, f.name))
+            for f in fields(self)
+            if f.name != "warnings"
+        }
+        out["warnings"] = [w.to_json() for w in self.warnings]
         return out
 
     @classmethod
-    def from_json(cls, raw: dict[str, Any]) -> Step0Health:
-        values = dict(raw)
-        values["warnings"] = tuple(Step0Warning(**w) for w in raw.get("warnings", []))
-        return cls(**values)
+    def from_json(cls, raw: Mapping[str, Any]) -> Step0Health:
+        """Inverse of ``to_json`` (keys it does not know are left out: a report written by a
+        later version still loads)."""
+        names = {f.name for f in fields(cls)} - {"warnings"}
+        values: dict[str, Any] = {k: v for k, v in raw.items() if k in names}
+        return cls(
+            **values,
+            warnings=tuple(Step0Warning.from_json(w) for w in raw.get("warnings") or ()),
+        )
+
+
+def _optional_float(value: float | None) -> float | None:
+    return None if value is None else float(value)
 
 
 def _knobs(keys: tuple[str, ...] | list[str]) -> str:
+    """Config keys as one line, \"a / b\"."""
     return " / ".join(keys)
 
 
@@ -175,34 +243,34 @@ def step0_health(recipe: Recipe, batch: Batch, total_steps: int = 1) -> Step0Hea
             curved = {k: c_mean * v**2 for k, v in radius.items()}
 
     warnings: list[Step0Warning] = []
-    scale = _knobs(recipe.scale_knobs)
-    fix_flat = (
-        _knobs(
-            [*recipe.scale_knobs, *([recipe.temperature_knob] if recipe.temperature_knob else [])]
-        )
-        or "the recipe's scale or temperature"
-    )
+    scale_knobs = tuple(recipe.scale_knobs)
+    flat_knobs = (*scale_knobs, *((recipe.temperature_knob,) if recipe.temperature_knob else ()))
+    fix_flat = _knobs(flat_knobs) or "the recipe's scale or temperature"
+    radius_knobs = scale_knobs or ("curvature_init",)
     ratio = loss / log_b
     gap = recipe.radius_gap_knob if recipe.radius_gap_knob and _equal(radius) else None
     if ratio >= LOSS_AT_CHANCE and recall >= INFORMATIVE_RANKING / b:
-        knob = gap or fix_flat
         why = f"set {gap} below 1 (texts nearer the origin)" if gap else f"raise {fix_flat}"
         warnings.append(
             Step0Warning(
                 "loss_at_chance",
-                knob,
+                (gap,) if gap else flat_knobs,
                 f"the step-0 loss is {loss:.3f} = {100 * ratio:.0f}% of log B ({log_b:.3f}) "
                 f"although the step-0 ranking finds {100 * recall:.0f}% of the batch's matches "
                 f"(chance {100 / b:.1f}%): the loss does not read the ranking; {why}",
+                value=ratio,
+                threshold=LOSS_AT_CHANCE,
             )
         )
     if spread < MIN_LOGIT_SPREAD:
         warnings.append(
             Step0Warning(
                 "flat_logits",
-                fix_flat,
+                flat_knobs,
                 f"the step-0 logits span {spread:.2f} on average (a softmax over {b} is nearly "
                 f"uniform below {MIN_LOGIT_SPREAD:g}); raise {fix_flat}",
+                value=spread,
+                threshold=MIN_LOGIT_SPREAD,
             )
         )
     if curved is not None and radius is not None:
@@ -211,10 +279,12 @@ def step0_health(recipe: Recipe, batch: Batch, total_steps: int = 1) -> Step0Hea
             warnings.append(
                 Step0Warning(
                     "flat_geometry",
-                    scale or "curvature_init",
+                    radius_knobs,
                     f"the {side} points start at radius {radius[side]:.3g} (c r^2 = {low:.2g} < "
                     f"{MIN_CURVED:g}): there the hyperboloid is flat and the curvature cannot "
-                    f"change the distances; raise {scale or 'curvature_init'}",
+                    f"change the distances; raise {_knobs(radius_knobs)}",
+                    value=low,
+                    threshold=MIN_CURVED,
                 )
             )
         side, high = max(curved.items(), key=lambda kv: kv[1])
@@ -222,26 +292,30 @@ def step0_health(recipe: Recipe, batch: Batch, total_steps: int = 1) -> Step0Hea
             warnings.append(
                 Step0Warning(
                     "far_out",
-                    scale or "curvature_init",
+                    radius_knobs,
                     f"the {side} points start at radius {radius[side]:.3g} (c r^2 = {high:.3g} > "
-                    f"{MAX_CURVED:g}): distances saturate; lower {scale or 'curvature_init'}",
+                    f"{MAX_CURVED:g}): distances saturate; lower {_knobs(radius_knobs)}",
+                    value=high,
+                    threshold=MAX_CURVED,
                 )
             )
     if gap and radius is not None:  # a gap is only found between two radii
         warnings.append(
             Step0Warning(
                 "equal_radii",
-                gap,
+                (gap,),
                 f"texts and images start at one radius ({radius['text']:.3g} vs "
                 f"{radius['image']:.3g}): there the angle at the text equals the angle at the "
-                f"image and the loss's two directions cancel; set {recipe.radius_gap_knob} "
-                "below 1",
+                f"image and the loss's two directions cancel; set {gap} below 1",
+                value=_relative_gap(radius),
+                threshold=EQUAL_RADII,
             )
         )
     for role, value in sensitivity.items():
         if value < MIN_SENSITIVITY:
             key = learned[role][1]
-            fix = scale if role == "curvature" and scale else key
+            by_radius = role == "curvature" and bool(scale_knobs)
+            fix = scale_knobs if by_radius else (key,)
             warnings.append(
                 Step0Warning(
                     f"inert_{role}",
@@ -249,10 +323,12 @@ def step0_health(recipe: Recipe, batch: Batch, total_steps: int = 1) -> Step0Hea
                     f"the learned {role} cannot move the step-0 loss (|dL/d log {role}| = "
                     f"{value:.1e} < {MIN_SENSITIVITY:g}); "
                     + (
-                        f"the points sit too near the origin: raise {fix}"
-                        if role == "curvature" and scale
-                        else f"change {fix}"
+                        f"the points sit too near the origin: raise {_knobs(fix)}"
+                        if by_radius
+                        else f"change {_knobs(fix)}"
                     ),
+                    value=value,
+                    threshold=MIN_SENSITIVITY,
                 )
             )
     return Step0Health(
@@ -271,11 +347,14 @@ def step0_health(recipe: Recipe, batch: Batch, total_steps: int = 1) -> Step0Hea
     )
 
 
-def _equal(radius: dict[str, float] | None) -> bool:
-    if not radius:
-        return False
+def _relative_gap(radius: Mapping[str, float]) -> float:
+    """|r_image - r_text| as a share of the larger radius."""
     a, b = radius["image"], radius["text"]
-    return abs(a - b) <= EQUAL_RADII * max(abs(a), abs(b), 1e-12)
+    return abs(a - b) / max(abs(a), abs(b), 1e-12)
+
+
+def _equal(radius: dict[str, float] | None) -> bool:
+    return bool(radius) and _relative_gap(radius or {}) <= EQUAL_RADII
 
 
 def check_step0(

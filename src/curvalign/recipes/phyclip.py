@@ -38,6 +38,7 @@ from curvalign.losses import entailment_cone_loss, info_nce
 from curvalign.nn.heads import FactorizedLorentzHead, resolve_tangent_scale
 from curvalign.recipes import register
 from curvalign.recipes.base import (
+    HEAD_SCALE_KNOBS,
     Batch,
     Embedding,
     Gather,
@@ -48,8 +49,10 @@ from curvalign.recipes.base import (
     Query,
     box_batch_points,
     check_batch,
+    check_head_scale_settings,
     check_scalar_range,
     eta_cone_margin,
+    head_scales,
     learnable_curvature,
     learnable_temperature,
     round_resolved,
@@ -85,16 +88,17 @@ class PhyclipConfig:
     num_factors, factor_dim  k = 64 factors of d = 8 dimensions (total 512)
     curvature_*              per-factor curvature init 1.0, clamped to [0.1, 10], learnable
     temperature_*            tau init 0.07, floor 0.01, learnable
-    scale_init               one scale for both sides when set (App. C.3's 1/sqrt(k d); the
-                             authors' code 1/sqrt(d) per factor); None (default): each side's
-                             scale is resolved from the train features' mean norm so that
-                             every factor's step-0 tangent norm is about 1 (``per_factor_scale``,
-                             the authors' code) or the whole k*d vector's is 1 (one scale, App.
-                             C.3): for the papers' features (norm sqrt(D)) the rule gives the
-                             papers' values (``nn.heads.resolve_tangent_scale``)
-    image_scale_init, text_scale_init   each side's scale (None: ``scale_init`` or resolved)
-    tangent_norm_init        the step-0 tangent norm the resolved scales aim at (1.0, per factor
-                             or for the whole vector as above; what tuning searches)
+    tangent_norm_init        the images' step-0 tangent norm the resolved scales aim at (1.0):
+                             every factor's (``per_factor_scale``, the authors' code) or the
+                             whole k*d vector's (one scale, App. C.3); for the papers' features
+                             (norm sqrt(D)) the rule gives the papers' values, 1/sqrt(d) and
+                             App. C.3's 1/sqrt(k d) (``nn.heads.resolve_tangent_scale``); what
+                             tuning searches
+    text_radius_ratio        texts' step-0 radius over the images' (1.0)
+    image_scale_init, text_scale_init   each side's scale (None: resolved by that rule,
+                             ``recipes.base.head_scales``; a run records the resolved values)
+    scale_init               deprecated: ``scale_init=v`` reads as ``image_scale_init=v``,
+                             ``text_scale_init=v * text_radius_ratio``
     scale_max                its upper bound (1, as MERU)
     per_factor_scale         one scale per factor (the authors' code, default: measured better at
                              k=16, docs/methods.md) instead of App. C.3's one per modality
@@ -129,14 +133,14 @@ class PhyclipConfig:
     text_scale_init: float | None = None
     tangent_norm_init: float = 1.0
     head_init: str = "align"
+    text_radius_ratio: float = 1.0
 
     def __post_init__(self) -> None:
         if self.head_init not in HEAD_INITS_PHYCLIP:
             raise ValueError(
                 f"head_init must be one of {', '.join(HEAD_INITS_PHYCLIP)}, got {self.head_init!r}"
             )
-        if not 0 < self.tangent_norm_init < float("inf"):
-            raise ValueError(f"tangent_norm_init must be positive, got {self.tangent_norm_init}")
+        check_head_scale_settings(self)
         if self.product_metric not in ("l1", "l2"):
             raise ValueError(f"product_metric must be 'l1' or 'l2', got {self.product_metric!r}")
         if self.num_factors <= 0 or self.factor_dim <= 0:
@@ -166,7 +170,7 @@ class Phyclip(HyperbolicRecipe):
         "grad_clip": 0.0,
     }
 
-    scale_knobs = ("scale_init", "image_scale_init", "text_scale_init")
+    scale_knobs = HEAD_SCALE_KNOBS
     temperature_knob = "temperature_init"
     #: runs saved before head_init existed started at the paper's random projection
     saved_config_defaults = {"head_init": "paper"}
@@ -177,21 +181,30 @@ class Phyclip(HyperbolicRecipe):
     warm_start_tolerance = 7.0
 
     @staticmethod
-    def head_scale(config: PhyclipConfig, in_dim: int, feature_norm: float | None) -> float:
-        """A head's scale: ``scale_init`` when set, else the target tangent norm
-        ``tangent_norm_init`` (1) per factor
-        (``per_factor_scale``) or for the whole k*d vector, through the k*d projection
-        (``resolve_tangent_scale``; None = the papers' features): the random one (gain
-        ``sqrt(k d / D)``) under head_init=paper, the alignment's (gain 1 for the whole vector,
-        ``1/sqrt(k)`` per factor in root mean square: ``warm_start`` spreads the signal evenly)
-        under align."""
-        if config.scale_init is not None:
-            return config.scale_init
+    def head_scales_for(
+        config: PhyclipConfig,
+        image_dim: int,
+        text_dim: int,
+        image_norm: float | None = None,
+        text_norm: float | None = None,
+    ) -> tuple[float, float]:
+        """(image, text) scale by the one rule (``recipes.base.head_scales``), a side's
+        target tangent norm reached per factor (``per_factor_scale``) or for the whole k*d
+        vector, through the k*d projection (``resolve_tangent_scale``; a norm None = the papers'
+        features): the random one (gain ``sqrt(k d / D)``) under head_init=paper, the
+        alignment's (gain 1 for the whole vector, ``1/sqrt(k)`` per factor in root mean square:
+        ``warm_start`` spreads the signal evenly) under align."""
         k, d = config.num_factors, config.factor_dim
         width = d if config.per_factor_scale else k * d
-        if config.head_init == "align":  # the projection keeps the mean norm: gain 1 over k*d
-            in_dim = k * d
-        return resolve_tangent_scale(config.tangent_norm_init, feature_norm, in_dim, width)
+        inputs = {"image": (image_dim, image_norm), "text": (text_dim, text_norm)}
+
+        def resolve(side: str, target: float) -> float:
+            in_dim, norm = inputs[side]
+            if config.head_init == "align":  # the projection keeps the mean norm: gain 1 over k*d
+                in_dim = k * d
+            return resolve_tangent_scale(target, norm, in_dim, width)
+
+        return head_scales(config, resolve)
 
     def warm_start(self, alignment: LinearAlignment) -> str:
         """Both k*d projections at ``alignment.projections(k*d)``, sliced into k factors with
@@ -226,8 +239,9 @@ class Phyclip(HyperbolicRecipe):
 
     @classmethod
     def resolve_init(cls, config: PhyclipConfig, norms: FeatureNorms) -> dict[str, Any]:
-        image = config.image_scale_init or cls.head_scale(config, norms.image_dim, norms.image_norm)
-        text = config.text_scale_init or cls.head_scale(config, norms.text_dim, norms.text_norm)
+        image, text = cls.head_scales_for(
+            config, norms.image_dim, norms.text_dim, norms.image_norm, norms.text_norm
+        )
         out: dict[str, Any] = {
             "image_scale_init": round_resolved(image),
             "text_scale_init": round_resolved(text),
@@ -241,8 +255,7 @@ class Phyclip(HyperbolicRecipe):
 
     def __init__(self, config: PhyclipConfig, image_dim: int, text_dim: int) -> None:
         super().__init__(config, image_dim, text_dim)
-        image_scale = config.image_scale_init or self.head_scale(config, image_dim, None)
-        text_scale = config.text_scale_init or self.head_scale(config, text_dim, None)
+        image_scale, text_scale = self.head_scales_for(config, image_dim, text_dim)
         scale_max = config.scale_max
         if scale_max is not None:
             scale_max = max(scale_max, image_scale, text_scale)

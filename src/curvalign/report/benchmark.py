@@ -202,8 +202,10 @@ def untrained_row(name: str) -> str:
     return f"{name} (step 0)"
 
 
-def _leaves(result: Any, prefix: str = "") -> dict[str, float | None]:
-    """{"a/b": number or None} of the numeric leaves of a nested result dict (meta left out)."""
+def metric_leaves(result: object, prefix: str = "") -> dict[str, float | None]:
+    """{"a/b": number or None} of the numeric leaves of a nested result dict
+    (``EvaluationResult.to_json()``; its "meta" and "diagnostics" left out): the metric paths
+    a benchmark summarises and tuning may select on. Anything but a dict gives {}."""
     out: dict[str, float | None] = {}
     if not isinstance(result, dict):
         return out
@@ -212,7 +214,7 @@ def _leaves(result: Any, prefix: str = "") -> dict[str, float | None]:
             continue
         path = f"{prefix}{key}"
         if isinstance(value, dict):
-            out.update(_leaves(value, path + "/"))
+            out.update(metric_leaves(value, path + "/"))
         elif value is None:
             out[path] = None
         elif isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -246,7 +248,7 @@ def _stats(evaluations: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """{metric path: mean, 95% interval over seeds and per-seed values} of numeric leaves."""
     from curvalign.stats import mean_interval
 
-    per_seed = [_leaves(e) for e in evaluations]
+    per_seed = [metric_leaves(e) for e in evaluations]
     out: dict[str, dict[str, Any]] = {}
     for path in per_seed[0]:
         found = [leaves.get(path) for leaves in per_seed]
@@ -467,8 +469,8 @@ def _evaluate_seed(
     runs.seeds.append(seed)
     runs.best_step.append(loaded.step)
     runs.last_step.append(loaded.last_step)
-    runs.converged.append(health["converged"])
-    runs.warnings += [f"seed {seed}: {w}" for w in health["warnings"]]
+    runs.converged.append(health.converged)
+    runs.warnings += [f"seed {seed}: {w}" for w in health.warnings]
     runs.trained.append(evaluation)
     runs.trained_items.append(full.items)
     runs.trained_hits.append(full.hits)
@@ -834,7 +836,7 @@ def gains_of(result: BenchmarkResult) -> dict[str, dict[str, dict[str, Any]]]:
     own sampling noise included) where the per-item ranks are at hand, else over seeds only
     ("how" says which); "better" True / False where the interval excludes 0 in the row's
     favour / against it, None where it does not."""
-    from curvalign.report.tables import _gap
+    from curvalign.report.tables import gap_interval
 
     gaps = item_gaps(result)
     path = f"retrieval/{GAIN_METRIC}"
@@ -852,7 +854,7 @@ def gains_of(result: BenchmarkResult) -> dict[str, dict[str, dict[str, Any]]]:
                 a, b = _seed_gain_stat(result.stats[name]), _seed_gain_stat(result.stats[base])
                 if a is None or b is None:
                     continue
-                diff, separated, _ = _gap(a, b)
+                diff, separated, _ = gap_interval(a, b)
                 found = (diff, separated, "seeds only")
             diff, separated, how = found
             better = (diff.mean > 0) if separated else None
@@ -968,7 +970,7 @@ def baseline_comparisons(result: BenchmarkResult) -> dict[str, dict[str, dict[st
     value for frozen/ridge); "better" is True / False when the 95% interval excludes 0 in the
     row's favour / against it, None when it does not, and absent for the unranked columns
     (leaf rate, depths, counts)."""
-    from curvalign.report.tables import LOWER_IS_BETTER, UNRANKED, _gap
+    from curvalign.report.tables import LOWER_IS_BETTER, UNRANKED, gap_interval
 
     gaps = item_gaps(result)
 
@@ -985,7 +987,7 @@ def baseline_comparisons(result: BenchmarkResult) -> dict[str, dict[str, dict[st
                 other = result.stats[base].get(path)
                 if other is None:
                     continue
-                diff, separated, _ = gaps.gap(name, base, path) or _gap(stat, other)
+                diff, separated, _ = gaps.gap(name, base, path) or gap_interval(stat, other)
                 if path in UNRANKED:  # no better direction: the difference, no verdict
                     cells[path] = {**diff.as_dict()}
                     continue

@@ -237,7 +237,7 @@ def to_jsonable(value: Any) -> Any:
     return value
 
 
-def write_json(path: str | Path, obj: Any) -> Path:
+def write_json(path: str | Path, obj: object) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(path.suffix + ".tmp")
@@ -281,10 +281,6 @@ def gap_interval(a: Mapping[str, Any], b: Mapping[str, Any]) -> tuple[Any, bool,
         return diff, diff.excludes_zero(), "against the single value"
     ia, ib = (Interval(s["mean"], s["low"], s["high"], s["n"]) for s in (a, b))
     return mean_interval([a["mean"] - b["mean"]]), ia.separates_from(ib), "intervals"
-
-
-#: the former private name, still imported by report/benchmark.py
-_gap = gap_interval
 
 
 def resolvable_difference(a: Mapping[str, Any], b: Mapping[str, Any]) -> float:

@@ -52,6 +52,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -63,11 +64,15 @@ from curvalign.errors import ConfigError, CurvalignError
 from curvalign.train.hooks import Decision, TrainerHook, ValidationEvent
 
 if TYPE_CHECKING:
+    import optuna
+
     from curvalign.config import RunConfig
-    from curvalign.recipes.base import Recipe
+    from curvalign.recipes.base import Knob, Recipe
+    from curvalign.recipes.health import Step0Health
     from curvalign.towers import TowersConfig
     from curvalign.train.fitting import FitResult, RunSpec
     from curvalign.train.lr_range import LRRangeResult
+    from curvalign.train.trainer import Trainer
 
 Notify = Callable[[str], None]
 
@@ -177,13 +182,13 @@ def default_config(spec: RunSpec, store: FeatureStore) -> RunConfig:
     return resolve_data_init(spec.config, store)
 
 
-def _config_value(config: Any, key: str) -> Any:
+def _config_value(config: RunConfig, key: str) -> Any:
     if key in {f.name for f in dataclasses.fields(config.train)}:
         return getattr(config.train, key)
     return config.recipe_config.get(key)
 
 
-def default_point(space: Mapping[str, Any], config: Any) -> dict[str, Any]:
+def default_point(space: Mapping[str, Knob], config: RunConfig) -> dict[str, Any]:
     """The point of ``space`` that is the configuration ``config`` (a ``RunConfig``, e.g.
     ``default_config``): each knob's config value, a knob's own ``default`` where it is not a
     config field (a factor: 1.0)."""
@@ -209,8 +214,8 @@ def default_point(space: Mapping[str, Any], config: Any) -> dict[str, Any]:
 
 
 def fit_defaults(
-    space: Mapping[str, Any], point: Mapping[str, Any]
-) -> tuple[dict[str, Any], list[str]]:
+    space: Mapping[str, Knob], point: Mapping[str, Any]
+) -> tuple[dict[str, Knob], list[str]]:
     """``space`` with every knob widened to hold its default in ``point`` (a range's end moved
     to the default, a missing choice added): trial 0 must be a point of the space TPE models.
     Returns the space and one line per widened knob."""
@@ -236,7 +241,10 @@ def fit_defaults(
 
 
 def trial_overrides(
-    recipe_cls: type[Recipe], space: Mapping[str, Any], params: Mapping[str, Any], config: Any
+    recipe_cls: type[Recipe],
+    space: Mapping[str, Knob],
+    params: Mapping[str, Any],
+    config: RunConfig,
 ) -> dict[str, Any]:
     """Config overrides {key: value} of one sampled point: a factor knob (``Knob.factor_of``)
     times the data-resolved values of its keys in ``config``, the other knobs through the
@@ -281,7 +289,7 @@ def describe_params(params: Mapping[str, Any]) -> str:
     return ", ".join(parts)
 
 
-def require_optuna() -> Any:
+def require_optuna() -> ModuleType:
     """The ``optuna`` module, or one clear error naming the extra that installs it."""
     try:
         import optuna
@@ -409,17 +417,19 @@ class TrialHook(TrainerHook):
     says so (``trial.should_prune``), never before ``warmup`` of the run's steps nor before the
     recipe's last phase boundary (``Recipe.phase_steps``); ``trial`` None: no pruning."""
 
-    def __init__(self, trial: Any = None, warmup: float = PRUNE_WARMUP) -> None:
+    def __init__(self, trial: optuna.Trial | None = None, warmup: float = PRUNE_WARMUP) -> None:
         self.trial, self.warmup = trial, warmup
         self.pruned_at: int | None = None
 
-    def not_before(self, trainer: Any) -> int:
+    def not_before(self, trainer: Trainer) -> int:
         """The first step at which this run may be pruned."""
-        total = int(trainer.train_config.steps)
+        from curvalign.train.trainer import run_steps
+
+        total = run_steps(trainer.train_config)
         phases = tuple(trainer.recipe.phase_steps(total))
         return max(math.ceil(self.warmup * total), max(phases, default=0))
 
-    def on_validation(self, trainer: Any, event: ValidationEvent) -> Decision | None:
+    def on_validation(self, trainer: Trainer, event: ValidationEvent) -> Decision | None:
         if self.trial is None or event.step == 0:
             return None
         self.trial.report(float(event.score), int(event.step))
@@ -429,11 +439,9 @@ class TrialHook(TrainerHook):
         return None
 
 
-def step0_codes_of(report: Mapping[str, Any] | None) -> list[str]:
-    """The codes of the warnings of a step-0 report (``meta.json``'s ``step0_health``)."""
-    if not report:
-        return []
-    return [str(w.get("code")) for w in report.get("warnings", [])]
+def step0_codes_of(report: Step0Health | None) -> list[str]:
+    """The codes of the warnings of a step-0 report (``FitResult.step0``); [] without one."""
+    return [] if report is None else report.codes
 
 
 def _study_overrides(spec: RunSpec) -> dict[str, Any]:
@@ -673,11 +681,11 @@ def _run_trial(
 def _check_metric(metric: str, spec: RunSpec, store: FeatureStore) -> None:
     """Fail before any training when ``metric`` is not a number ``evaluate`` gives on this data."""
     from curvalign.eval import evaluate
-    from curvalign.report.benchmark import _leaves
+    from curvalign.report.benchmark import metric_leaves
     from curvalign.train.trainer import start_of_run
 
     model = start_of_run(spec.config, store)
-    leaves = _leaves(evaluate(model, store, split="val", diagnostics=False).to_json())
+    leaves = metric_leaves(evaluate(model, store, split="val", diagnostics=False).to_json())
     if leaves.get(metric) is None:
         known = ", ".join(sorted(k for k, v in leaves.items() if v is not None))
         raise ConfigError(

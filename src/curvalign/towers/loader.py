@@ -226,10 +226,6 @@ def parse_corners(text: str) -> tuple[float, float, float, float]:
     return (x0, y0, x1, y1)
 
 
-#: the former private names, still imported by train/towers.py
-_decode, _corners = decode_item, parse_corners
-
-
 class StoreRows:
     """The rows of a feature store's manifest, in the order of the store sampler's index stream
     (``BatchSampler.next_indices``, the same draws as a feature-store run); this rank's share."""

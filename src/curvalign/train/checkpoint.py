@@ -53,7 +53,7 @@ from curvalign.runs import (
 )
 
 
-def atomic_torch_save(path: Path, obj: Any) -> None:
+def atomic_torch_save(path: Path, obj: object) -> None:
     """``torch.save(obj, path)``, atomically."""
     buffer = io.BytesIO()
     torch.save(obj, buffer)

@@ -36,7 +36,7 @@ from curvalign.config import RunConfig
 from curvalign.data.features import FeatureStore
 from curvalign.errors import ConfigError
 from curvalign.recipes.base import Batch, Embedding, Gather, LossOutput, Progress
-from curvalign.train.trainer import Trainer, _clear_run_files, train
+from curvalign.train.trainer import Trainer, clear_run_files, train
 
 
 class _AllGatherWithGrad(torch.autograd.Function):
@@ -255,7 +255,7 @@ def run_training(
         ):
             # rank 0 clears the old run files before any rank looks at the directory, so that
             # no two ranks delete the same files at once
-            _clear_run_files(Path(out_dir))
+            clear_run_files(Path(out_dir))
         dist.barrier()
         factory = functools.partial(build_distributed_trainer, context=context)
         return train(

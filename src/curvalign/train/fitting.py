@@ -37,8 +37,9 @@ from curvalign.train.hooks import TrainerHook
 if TYPE_CHECKING:
     from curvalign.data.features import FeatureStore
     from curvalign.recipes.base import Recipe
+    from curvalign.recipes.health import Step0Health
     from curvalign.towers.base import Towers, TowersConfig
-    from curvalign.train.trainer import Trainer
+    from curvalign.train.trainer import TrainedRun, Trainer
 
 
 @dataclass(frozen=True)
@@ -199,7 +200,7 @@ class FitResult:
     last_step: int
     stopped_early: bool
     val_history: tuple[tuple[int, float], ...]
-    step0: Mapping[str, Any] | None
+    step0: Step0Health | None
     warm_start: Mapping[str, Any] | None
     towers: Towers | None = None
 
@@ -226,7 +227,7 @@ class _KeepTrainer(TrainerHook):
 
     trainer: Trainer | None = None
 
-    def on_fit_end(self, trainer: Trainer, run: Any) -> None:
+    def on_fit_end(self, trainer: Trainer, run: TrainedRun) -> None:
         self.trainer = trainer
 
 
@@ -279,7 +280,7 @@ def fit(
         last_step=int(trainer.step),
         stopped_early=bool(trainer.stopped_early),
         val_history=tuple((int(s), float(v)) for s, v in trainer.val_history),
-        step0=getattr(trainer, "step0_health", None),
+        step0=trainer.step0_health,
         warm_start=trainer.warm_start_info,
         towers=_best_towers(trainer),
     )

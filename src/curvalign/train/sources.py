@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from torch import Tensor
 
-from curvalign.recipes.health import check_step0
+from curvalign.recipes.health import Step0Health, check_step0
 from curvalign.runs import recipe_input_dims
 
 if TYPE_CHECKING:
@@ -71,10 +71,10 @@ class FeatureSource:
     def ready(self, resume: bool) -> None:
         """The trainer is built (resumed when ``resume``)."""
 
-    def step0_check(self, total: int) -> dict[str, Any]:
+    def step0_check(self, total: int) -> Step0Health:
         """The step-0 check (``recipes.health``) on the next batch, not consuming it."""
         t = self.trainer
-        return check_step0(t.recipe, t.sampler, total, t.notify_user).to_json()
+        return check_step0(t.recipe, t.sampler, total, t.notify_user)
 
     def next_batch(self) -> Batch:
         """This rank's rows of the next global batch, on the device (called under autocast)."""

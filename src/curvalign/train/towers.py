@@ -66,7 +66,7 @@ from curvalign.data.sampling import SamplingError
 from curvalign.errors import TrainError
 from curvalign.readout import embed_features
 from curvalign.recipes.base import Progress, Recipe, cat_embeddings
-from curvalign.recipes.health import step0_health, warning_line
+from curvalign.recipes.health import Step0Health, step0_health, warning_line
 from curvalign.runs import CheckpointError, reads_text_tokens
 from curvalign.towers import (
     StoreItems,
@@ -331,7 +331,7 @@ class TowerFeatures(FeatureSource):
         except TowerError as err:  # an unreadable row: the trainer names the step and checkpoint
             raise SamplingError(str(err)) from None
 
-    def step0_check(self, total: int) -> dict[str, Any]:
+    def step0_check(self, total: int) -> Step0Health:
         if not self.trainer.recipe.text_tokens:  # the store's features fit the heads
             return super().step0_check(total)
         assert self.loader is not None
@@ -351,7 +351,7 @@ class TowerFeatures(FeatureSource):
         report = step0_health(self.trainer.recipe, batch, total)
         for warning in report.warnings:
             self.trainer.notify_user(warning_line(warning))
-        return report.to_json()
+        return report
 
     # --- raw rows (curvalign.towers.loader) --------------------------------------------------
     def _raw_loader(self) -> RawBatchLoader:
@@ -1058,13 +1058,14 @@ def _caption_rows(features: Tensor, captions: Tensor) -> Tensor | None:
 def _box_crops(store: FeatureStore, items: StoreItems, ids: list[int]) -> list[Any]:
     """Boxes ``ids`` of ``store`` as PIL images cut at their stored corners from their images, as
     ``curvalign extract --boxes`` and the raw-row loader cut them."""
-    from curvalign.data.extract import _crop
-    from curvalign.towers.loader import _corners, _decode
+    from curvalign.data.extract import crop_box
+    from curvalign.towers.loader import decode_item, parse_corners
 
     assert store.box_to_image is not None and store.box_corners is not None
     owners = items.images([int(store.box_to_image[i]) for i in ids])
     return [
-        _crop(_decode(o), _corners(store.box_corners[i])) for o, i in zip(owners, ids, strict=True)
+        crop_box(decode_item(o), parse_corners(store.box_corners[i]))
+        for o, i in zip(owners, ids, strict=True)
     ]
 
 

@@ -58,6 +58,7 @@ from curvalign.data.validation_split import copies_of_train, describe_copies
 from curvalign.errors import ConfigError, TrainError
 from curvalign.recipes.base import Batch, Gather, LossOutput, Progress, Recipe
 from curvalign.recipes.health import META_KEY as STEP0_META_KEY
+from curvalign.recipes.health import Step0Health
 from curvalign.runs import (
     BEST_FILE,
     CONFIG_FILE,
@@ -365,6 +366,9 @@ class Trainer:
             raise TrainError(f"recipe {config.recipe!r} on data {config.data!r}: {err}") from None
         train_store = self._set_up_validation(store)
         self.warm_start_info: dict[str, Any] | None = None
+        #: the step-0 health check's report (``recipes.health``): measured at step 0, read
+        #: back from ``meta.json`` on resume
+        self.step0_health: Step0Health | None = None
         try:
             if resume:  # the saved state replaces every parameter
                 self.recipe = build_model(self.config, *self.input_dims, self.device)
@@ -600,6 +604,9 @@ class Trainer:
             saved_meta = read_meta(self.run_dir)
             checkpoint_complete = saved_meta["step"] == self.step
             self.warm_start_info = saved_meta.get("warm_start")
+            saved_step0 = saved_meta.get(STEP0_META_KEY)
+            if isinstance(saved_step0, dict):
+                self.step0_health = Step0Health.from_json(saved_step0)
         except CheckpointError:
             checkpoint_complete = False
         if not checkpoint_complete:  # state.pt was written, the rest of its checkpoint was not
@@ -657,7 +664,7 @@ class Trainer:
                 "best_step": self.best_step,
                 "best_val": self.best_val,
                 "stopped_early": self.stopped_early,
-                STEP0_META_KEY: getattr(self, "step0_health", None),
+                STEP0_META_KEY: None if self.step0_health is None else self.step0_health.to_json(),
                 "warm_start": self.warm_start_info,
                 **self.features.meta_extras(),
             }
@@ -1138,7 +1145,10 @@ class _Bar:
 # --- the entry point ------------------------------------------------------------------------
 
 
-def _clear_run_files(run_dir: Path) -> None:
+def clear_run_files(run_dir: Path) -> None:
+    """Remove the files a run writes (``RUN_FILES``) and its TensorBoard folder from
+    ``run_dir``, leaving anything else there (a lock, a user's own files): the start of a fresh
+    run in a directory that held one (``--overwrite``), on one process or on rank 0."""
     for name in RUN_FILES:
         (run_dir / name).unlink(missing_ok=True)
     if (run_dir / TB_DIR).is_dir():
@@ -1168,7 +1178,7 @@ def _remove_unfinished(run_dir: Path, keep_dir: bool) -> None:
     if not keep_dir:
         shutil.rmtree(run_dir, ignore_errors=True)
         return
-    _clear_run_files(run_dir)
+    clear_run_files(run_dir)
 
 
 def _is_main_rank() -> bool:
@@ -1392,7 +1402,7 @@ def _with_towers(
     if towers is None and not resuming_towers:
         return factory
     if overwrite and not resume:
-        for name in tower_training.TOWER_FILES:  # _clear_run_files clears the trainer's own
+        for name in tower_training.TOWER_FILES:  # clear_run_files clears the trainer's own
             (run_dir / name).unlink(missing_ok=True)
         shutil.rmtree(run_dir / tower_training.TOWERS_DCP_DIR, ignore_errors=True)
     return _tower_factory(factory, towers)
@@ -1444,7 +1454,7 @@ def _train_locked(
                 raise ConfigError(
                     f"output directory {run_dir} is not empty; choose a new directory or pass --overwrite"
                 )
-            _clear_run_files(run_dir)
+            clear_run_files(run_dir)
         config = resolve_config(
             recipe,
             data_spec or ("<in-memory FeatureStore>" if data is not None else None),
