@@ -247,7 +247,8 @@ def arms_table(result: Mapping[str, Any]) -> str:
     arms = result.get("arms")
     if not arms:
         return ""
-    lines = ["| arm | test mean R@1 x100, mean ± 95% | per seed |", "|---|---:|---|"]
+    metric = result.get("arms_metric", "test mean R@1")
+    lines = [f"| arm | {metric} x100, mean ± 95% | per seed |", "|---|---:|---|"]
     from curvalign.stats import mean_interval
 
     for arm, values in arms.items():
