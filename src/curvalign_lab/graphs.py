@@ -148,8 +148,8 @@ class EmbedConfig:
     dim           d, the embedding's degrees of freedom (the Lorentz point's space part)
     lr            Adam's learning rate on the parameters (tangent vectors for Lorentz)
     batch_size    closure pairs per step
-    negatives     unrelated nodes sampled per pair (Nickel & Kiela: 10 in the paper, 50 in
-                  their code)
+    negatives     nodes sampled per pair, those related to u masked (Nickel & Kiela's paper:
+                  10)
     init_radius   the start: each parameter ~ N(0, init_radius^2 / d I), so the mean squared
                   distance to the origin is ``init_radius^2`` (Lorentz: c r^2 ~ c init_radius^2;
                   well above the flat 0.01 of the step-0 check)
@@ -160,7 +160,7 @@ class EmbedConfig:
     dim: int = 2
     lr: float = 0.1
     batch_size: int = 256
-    negatives: int = 50
+    negatives: int = 10
     curvature: float = 1.0
     init_radius: float = 1.0
     burn_in: float = 0.1

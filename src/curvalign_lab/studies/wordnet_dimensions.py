@@ -75,7 +75,7 @@ WORDNET_NOTES = (
     "Table 1). Each arm: one parameter in R^d per node; the hyperbolic point is expmap0 of it on "
     "the Lorentz model with curvature -1 (plain Adam trains the tangent parameter), the "
     "Euclidean point is the parameter; loss: for each closure pair (u, v) the softmax of -d(u, v) "
-    "against 50 sampled nodes unrelated to u (Nickel & Kiela Eq. 6). Start: parameters drawn "
+    "against 10 sampled nodes (those related to u masked) (Nickel & Kiela Eq. 6). Start: parameters drawn "
     "from N(0, I/d), mean squared distance to the origin 1 (hyperbolic: c r^2 about 1, recorded "
     "per run in `starts`; Nickel & Kiela start in a ball of radius 0.001 and rely on a burn-in); "
     "the first tenth of the steps runs at a tenth of the learning rate (their burn-in). Both "
