@@ -9,7 +9,10 @@ A study file under ``curvalign_lab/studies/`` defines ``STUDY``, either
   claim's per-seed effect (and, where the claim is about a test metric, the per-item totals of
   the two rows it compares). ``run_declared`` trains every arm through ``kit.Bench`` (the
   shared ``fit``), applies the decision rules (``rules``, ``kit.decide``, Holm) and writes
-  ``study.json`` and ``study.md``; or
+  ``study.json`` and ``study.md``. A ``Study`` whose arms are not recipes on a feature store
+  (one embedding per node of a graph) gives its own arm trainer (``Study.trainer``, an
+  ``ArmTrainer``: load its world, train one arm with one seed, handicap the world by a dose);
+  ``run_own`` then takes the same steps without ``kit.Bench``; or
 * a ``Scripted`` study: a function that trains and measures by itself (a study whose arms change
   their data mid-run or measure during training), run by the same ``runner.run_study``, which
   still plans its seeds on a pilot, re-decides its claims with the plan and writes its page.
@@ -338,7 +341,10 @@ def train_arms(
     chosen = bench.lr_choice.get(clean_arm.label, {}).get("chosen")
     options = [*clean_arm.options, *([f"lr={chosen:g}"] if chosen is not None else [])]
     if handicap.apply is None:
-        raise ConfigError(f"study {study.name}: its control's handicap has no apply(store, ...)")
+        raise ConfigError(
+            f"study {study.name}: its control's handicap needs apply(store, dose, seed) "
+            "(or the study its own trainer, Study.trainer, whose handicap applies the dose)"
+        )
     for dose in doses:
         label = control_label(study, dose)
         for seed in seeds:
