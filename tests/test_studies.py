@@ -564,8 +564,6 @@ TINY_STUDIES = {
     "atmg-curvature": ({"curvatures": (0.1, 1.0)}, TINY),
     "phyclip-factors": ({}, TINY + ",leaf_pairs=4"),
     "proclip-product": ({}, TINY),
-    # the real-data study's machinery on a synthetic store (WordNet needs the MiniLM and nltk)
-    "wordnet-dimensions": ({"dims": (2, 4)}, TINY),
 }
 
 
@@ -609,27 +607,6 @@ def test_each_study_runs_tiny_and_is_too_short(tmp_path, name, one_thread):
     saved = json.loads((tmp_path / name / "study.json").read_text())
     assert saved["verdict"] == result["verdict"] and saved["command"].startswith("curvalign study")
     assert "Verdict rule" in (tmp_path / name / "study.md").read_text()
-    if name == "wordnet-dimensions":
-        # the frozen-features row is in the JSON; on this synthetic store (image dim 128, text
-        # dim 96) it is absent, with the reason (on wordnet: data both sides share MiniLM)
-        assert saved["frozen"]["row"] == "frozen features"
-        assert "different dimensions" in saved["frozen"]["absent"]
-        assert "Baseline 'frozen features': absent" in saved["markdown"]
-
-
-def test_wordnet_frozen_baseline_on_a_shared_space(tmp_path, one_thread):
-    import dataclasses
-
-    from curvalign_lab.common import frozen_baseline, frozen_text, load_study_data
-
-    store, _ = load_study_data(TINY + ",image_dim=96")
-    store = dataclasses.replace(store, meta={**store.meta, "shared_space": True})
-    frozen = frozen_baseline(kit.Bench(tmp_path, store, "synthetic", 10, [], val_every=5))
-    assert frozen["row"] == "frozen features" and "absent" not in frozen
-    for key in ("val mean R@1", "test mean R@1"):
-        assert 0.0 <= frozen[key] <= 1.0
-    assert "test hierarchy J" in frozen
-    assert f"test mean R@1 {100 * frozen['test mean R@1']:.1f}" in frozen_text(frozen)
 
 
 def test_results_page_is_generated_from_the_json(tmp_path, short_study):
@@ -853,44 +830,6 @@ def test_label_noise_control_moves_a_known_share_of_train_captions_only():
 
 
 # --- the claim-specific measures, on hand-made inputs --------------------------------------------
-
-
-def _tree_store(features, parents):
-    """One 'image' per taxonomy node (label = node), ``parents`` the tree."""
-    from curvalign.data.features import FeatureStore, TextPart
-
-    n = features.shape[0]
-    return FeatureStore(
-        image_features=features,
-        text=TextPart(features.clone()),
-        text_to_image=torch.arange(n),
-        class_names=[f"n{i}" for i in range(n)],
-        prompt=TextPart(features.clone()),
-        prompt_to_class=torch.arange(n),
-        image_labels=torch.arange(n),
-        taxonomy_names=[f"n{i}" for i in range(n)],
-        taxonomy_parents=torch.tensor(parents),
-        class_to_node=torch.arange(n),
-    )
-
-
-def test_graph_reconstruction_ranks_the_closure_by_distance():
-    from curvalign.eval.frozen import FrozenFeatures
-    from curvalign_lab.common import reconstruction
-
-    # root 0 with leaves 1 and 2: 0 is related to both, 1 and 2 are unrelated to each other
-    parents = [-1, 0, 0]
-    model = FrozenFeatures(2, 2)
-    good = torch.tensor([[1.0, 1.0], [1.0, 0.2], [0.2, 1.0]])
-    rec = reconstruction(model, _tree_store(good, parents))
-    # cos(1, 0) = 0.83 > cos(1, 2) = 0.38: every related node ranks first
-    assert rec == {"mean_rank": pytest.approx(1.0), "map": pytest.approx(1.0), "nodes": 3}
-    # the root moved away: cos(1, 0) = -0.20 and cos(2, 0) = -0.98 are below cos(1, 2) = 0.38,
-    # so for u = 1 and u = 2 the root ranks 2nd (AP 1/2); u = 0 has no unrelated node (AP 1)
-    bad = torch.tensor([[0.0, -1.0], [1.0, 0.2], [0.2, 1.0]])
-    worse = reconstruction(model, _tree_store(bad, parents))
-    assert worse["map"] == pytest.approx((0.5 + 0.5 + 1.0) / 3)
-    assert worse["mean_rank"] == pytest.approx((1 + 1 + 2 + 2) / 4)
 
 
 def test_stability_check_shows_every_flip_as_a_flip(tmp_path):

@@ -11,6 +11,8 @@ beside ``open_clip``): it drives the library (``curvalign.train.fitting.fit``,
               t), stability across seed bases, the dose-response sizing of a control
 ``declare``   a study as a declaration (claims, arms, measures, control) and its runner
 ``studies``   one file per study
+``graphs``    graph embedding from a hierarchy's edges (Nickel & Kiela's task), the trainer of
+              ``wordnet-dimensions``
 ``runner``    ``run_study`` / ``run_all`` (``curvalign study NAME``)
 ``results``   the results pages from the studies' JSON (``python -m curvalign_lab.results``)
 """

@@ -1,5 +1,5 @@
 """What the studies share: their world, data loading, the tables of their pages, the
-world-inclusive intervals, the frozen-features baseline and the graph reconstruction."""
+world-inclusive intervals and the graph reconstruction."""
 
 from __future__ import annotations
 
@@ -306,9 +306,21 @@ def reconstruction(recipe: Recipe, store: FeatureStore) -> dict[str, float] | No
     with torch.no_grad():
         emb = embed(recipe, store.image_features[keep].float(), "image")
         scores = score_matrix(recipe, emb, emb, query="text")
+    return rank_closure(scores, related)
+
+
+def rank_closure(scores: torch.Tensor, related: torch.Tensor) -> dict[str, float] | None:
+    """Graph reconstruction (Nickel & Kiela 2017, Sec. 4.1) from a score matrix ``[n, n]``
+    (higher = nearer; ``-distance`` for an embedding) and the closure ``related: [n, n]`` (bool,
+    symmetric; the diagonal is ignored): for every node u and every related v, the rank of v
+    among the nodes unrelated to u (1 = nearer than all of them), and u's average precision
+    of its related nodes among all others. ``{"mean_rank", "map", "nodes"}``; None when no
+    node has a related one."""
+    n = scores.shape[0]
+    eye = torch.eye(n, dtype=torch.bool)
+    related = related & ~eye
     ranks, precisions = [], []
-    eye = torch.eye(len(nodes), dtype=torch.bool)
-    for i in range(len(nodes)):
+    for i in range(n):
         rel = related[i]
         if not rel.any():
             continue
@@ -316,7 +328,7 @@ def reconstruction(recipe: Recipe, store: FeatureStore) -> dict[str, float] | No
         unrelated = row[~rel & ~eye[i]]
         # rank of each related v among the unrelated nodes (1 = nearer than all of them)
         ranks.append(1.0 + (unrelated[None, :] > row[rel][:, None]).sum(1).float())
-        order = torch.argsort(row, descending=True)[: len(nodes) - 1]
+        order = torch.argsort(row, descending=True)[: n - 1]
         hits = rel[order].float()
         cum = hits.cumsum(0) / torch.arange(1, len(hits) + 1)
         precisions.append(float((cum * hits).sum() / hits.sum()))
@@ -325,7 +337,7 @@ def reconstruction(recipe: Recipe, store: FeatureStore) -> dict[str, float] | No
     return {
         "mean_rank": float(torch.cat(ranks).mean()),
         "map": sum(precisions) / len(precisions),
-        "nodes": len(nodes),
+        "nodes": n,
     }
 
 
@@ -463,39 +475,3 @@ def with_world(
             "none" if control_iv is None else control_iv.format(scale, 2)
         )
     return again
-
-
-def frozen_baseline(bench: kit.Bench) -> dict[str, Any]:
-    """The frozen-features baseline (``curvalign.eval.frozen``) on the study's store: the input
-    features ranked by cosine, nothing trained, so one value (no seeds). Its validation and test
-    mean R@1 and test hierarchy J, the metrics the arms report; ``absent`` (why) where the two
-    sides do not share one space."""
-    from curvalign.eval.frozen import ROW_NAME, FrozenFeatures, shared_space_reason
-
-    reason = shared_space_reason(bench.store)
-    if reason is not None:
-        return {"row": ROW_NAME, "absent": reason}
-    model = FrozenFeatures(bench.store.image_dim, bench.store.text_dim)
-    ev = bench.evaluate(model)
-    rec = reconstruction(model, bench.store) or {}
-    return {
-        "row": ROW_NAME,
-        "val mean R@1": kit.val_score(model, bench.store),
-        "test mean R@1": kit.mean_r1(ev),
-        "test hierarchy J": metric_of(ev, "hierarchy/J"),
-        "reconstruction MAP": rec.get("map", math.nan),
-        "reconstruction mean rank": rec.get("mean_rank", math.nan),
-    }
-
-
-def frozen_text(frozen: dict[str, Any]) -> str:
-    if "absent" in frozen:
-        return f"Baseline '{frozen['row']}': absent ({frozen['absent']}).\n"
-    return (
-        f"Baseline '{frozen['row']}' (the input features ranked by cosine; nothing trained, one "
-        f"value, no seeds; x100): test mean R@1 {100 * frozen['test mean R@1']:.1f}, "
-        f"hierarchy J {100 * frozen['test hierarchy J']:.1f}; validation mean R@1 "
-        f"{100 * frozen['val mean R@1']:.1f}; reconstruction MAP "
-        f"{100 * frozen.get('reconstruction MAP', math.nan):.1f}, mean rank "
-        f"{frozen.get('reconstruction mean rank', math.nan):.1f}.\n"
-    )

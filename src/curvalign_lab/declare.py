@@ -9,7 +9,10 @@ A study file under ``curvalign_lab/studies/`` defines ``STUDY``, either
   claim's per-seed effect (and, where the claim is about a test metric, the per-item totals of
   the two rows it compares). ``run_declared`` trains every arm through ``kit.Bench`` (the
   shared ``fit``), applies the decision rules (``rules``, ``kit.decide``, Holm) and writes
-  ``study.json`` and ``study.md``; or
+  ``study.json`` and ``study.md``. A ``Study`` whose arms are not recipes on a feature store
+  (one embedding per node of a graph) gives its own arm trainer (``Study.trainer``, an
+  ``ArmTrainer``: load its world, train one arm with one seed, handicap the world by a dose);
+  ``run_own`` then takes the same steps without ``kit.Bench``; or
 * a ``Scripted`` study: a function that trains and measures by itself (a study whose arms change
   their data mid-run or measure during training), run by the same ``runner.run_study``, which
   still plans its seeds on a pilot, re-decides its claims with the plan and writes its page.
@@ -72,7 +75,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
 from curvalign.data.features import FeatureStore
 from curvalign.errors import ConfigError
@@ -86,6 +89,8 @@ if TYPE_CHECKING:
     from curvalign.recipes.base import Recipe
 
 Notify = Callable[[str], None]
+#: the world a study's own trainer loads (``ArmTrainer``)
+W = TypeVar("W")
 
 #: the pilot's seed base is the confirmatory one plus this: disjoint from bases 0, 100 and 200
 PILOT_OFFSET = 1000
@@ -167,7 +172,8 @@ class Arm:
 class Handicap:
     """A control's handicap as data: ``what`` it does (one line, with "{dose}" where the dose
     goes), the ``doses`` a pilot scans, the ``dose`` used without a scan, and ``apply(store,
-    dose, seed)`` that returns the handicapped training store. ``options(dose, steps)``: the
+    dose, seed)`` that returns the handicapped training store (None where the study's own
+    trainer handicaps its world, ``ArmTrainer.handicap``). ``options(dose, steps)``: the
     options the dose adds to the clean arm's (after them), for a handicap of the training rather
     than of the data (``apply`` may then return the store unchanged); ``start(steps)``: the step
     from which the control trains on it at a budget of ``steps`` (None: from step 0), e.g.
@@ -176,7 +182,8 @@ class Handicap:
     what: str
     doses: tuple[float, ...]
     dose: float
-    apply: Callable[[FeatureStore, float, int], FeatureStore]
+    #: None for a study with its own trainer (``ArmTrainer.handicap`` applies the dose)
+    apply: Callable[[FeatureStore, float, int], FeatureStore] | None = None
     options: Callable[[float, int], tuple[str, ...]] | None = None
     start: Callable[[int], int] | None = None
 
@@ -256,7 +263,8 @@ class Trained:
     """What ``measure`` receives: the bench, every arm's runs and test evaluations per seed;
     with ``Study.phases``, ``probes[label][seed][mark]`` (the probe's values at each named mark
     and at "end") and the synthetic ``world`` the store came from (None for a stored one);
-    ``metric`` the study's metric path (``Study.metric``; None: mean R@1)."""
+    ``metric`` the study's metric path (``Study.metric``; None: mean R@1); a study with its own
+    trainer: its runs in ``own``."""
 
     bench: kit.Bench
     seeds: list[int]
@@ -269,6 +277,9 @@ class Trained:
     probes: dict[str, dict[int, dict[str, dict[str, Any]]]] = field(default_factory=dict)
     world: Any = None
     metric: str | None = None
+    #: a study with its own trainer (``Study.trainer``): every arm's runs per seed; such a
+    #: study has no bench (``bench`` is None there) and no ``runs`` / ``evals``
+    own: dict[str, dict[int, OwnRun]] = field(default_factory=dict)
 
     def value(self, arm: str) -> dict[int, float]:
         """Per seed: the arm's test value of the study's metric (``r1`` when it has none)."""
@@ -310,6 +321,48 @@ class Trained:
             {s: ra[s] - rb[s] for s in self.seeds},
             items=(self.item_totals(a), self.item_totals(b)),
         )
+
+
+@dataclass
+class OwnRun:
+    """One arm trained with one seed by a study's own trainer (``ArmTrainer.train``): its
+    measures (``values``, e.g. {"map": ..., "mean_rank": ...}), its start in the shape of
+    ``kit.start_record`` (``checked``, ``warnings`` [{code, message}], ``radius``,
+    ``curvature_radius2``, ...), its (step, loss) ``history`` and the ``steps`` it trained."""
+
+    values: dict[str, float]
+    start: dict[str, Any]
+    history: list[tuple[int, float]] = field(default_factory=list)
+    steps: int = 0
+
+
+@dataclass(frozen=True)
+class ArmTrainer(Generic[W]):
+    """A study's own arm trainer, for arms that are not recipes on a feature store (e.g. one
+    embedding per node of a graph, trained from its edges). ``run_declared`` hands such a study
+    to ``run_own``: the same quick / pilot / plan / dose scan / confirmatory steps, claims
+    decided by ``decide_claims``, with these in place of ``kit.Bench``:
+
+    load(data)                          the world (``W``) of a data spec (``Study.data``)
+    train(train_world, test_world, arm, overrides, seed, steps, notify) -> OwnRun
+                                        one arm, one seed: trained on ``train_world``,
+                                        measured on ``test_world`` (the clean one)
+    handicap(world, dose, seed)         the control's handicapped training world
+    score                               the key of ``OwnRun.values`` that the learning-rate
+                                        choice maximises and the control's effect (clean -
+                                        handicapped) is measured on
+    table(trained)                      the page's table of the arms (optional)
+    metric                              the arms table's name for ``score``
+
+    A learning-rate grid (``lr_grid``, not in a smoke run) is walked per arm as ``kit.climb_grid``
+    does, on ``score`` with ``kit.TUNE_SEED``; the arm then trains with ``lr=CHOSEN``."""
+
+    load: Callable[[str], W]
+    train: Callable[[W, W, Arm, Sequence[str], int, int, Notify], OwnRun]
+    handicap: Callable[[W, float, int], W]
+    score: str
+    table: Callable[[Trained], str] | None = None
+    metric: str = "score"
 
 
 @dataclass(frozen=True)
@@ -401,6 +454,9 @@ class Study:
     configure: Callable[..., Study] | None = None
     #: the options of the smoke run (``--quick``), through ``configure``
     quick_options: Mapping[str, Any] = field(default_factory=dict)
+    #: the study's own arm trainer (``ArmTrainer``; ``run_own``): arms that are not recipes
+    #: trained on a feature store (None: every arm trains through ``kit.Bench``)
+    trainer: ArmTrainer[Any] | None = None
 
     def __post_init__(self) -> None:
         labels = [a.label for a in self.arms]
@@ -509,6 +565,11 @@ def train_arms(
     # the control trains at its clean arm's learning rate: the handicap is the only difference
     chosen = bench.lr_choice.get(clean_arm.label, {}).get("chosen")
     options = [*clean_arm.options, *([f"lr={chosen:g}"] if chosen is not None else [])]
+    if handicap.apply is None:
+        raise ConfigError(
+            f"study {study.name}: its control's handicap needs apply(store, dose, seed) "
+            "(or the study its own trainer, Study.trainer, whose handicap applies the dose)"
+        )
     for dose in doses:
         label = control_label(study, dose)
         extra = [*options, *(handicap.options(dose, bench.steps) if handicap.options else ())]
@@ -740,9 +801,26 @@ def run_declared(
     show_progress: bool = False,
     notify: Notify = lambda m: None,
 ) -> dict[str, Any]:
-    """Run a declared study (module docstring) into ``out``; returns the JSON-ready result."""
+    """Run a declared study (module docstring) into ``out``; returns the JSON-ready result. A
+    study with its own trainer (``Study.trainer``) runs through ``run_own``."""
     from curvalign_lab.common import load_study_data
 
+    if study.trainer is not None:
+        return run_own(
+            study,
+            study.trainer,
+            out,
+            steps=steps,
+            data=data,
+            overrides=overrides,
+            seeds=seeds,
+            seed_base=seed_base,
+            power=power,
+            max_seeds=max_seeds,
+            lr_grid=lr_grid,
+            quick=quick,
+            notify=notify,
+        )
     timer = kit.Timer()
     if quick:
         data, steps, seeds, power = study.quick_data, study.quick_steps, QUICK_SEEDS, False
@@ -909,11 +987,239 @@ def run_declared(
     return result
 
 
+def train_own(
+    study: Study,
+    trainer: ArmTrainer[W],
+    world: W,
+    seeds: Sequence[int],
+    doses: Sequence[float],
+    *,
+    steps: int,
+    overrides: Sequence[str],
+    lr_choice: dict[str, dict[str, Any]],
+    lr_grid: Sequence[float] | None,
+    notify: Notify,
+) -> tuple[Trained, dict[float, dict[int, float]]]:
+    """``train_arms`` for a study with its own trainer: every arm with every seed, and the
+    control at each of ``doses`` (trained on ``trainer.handicap(world, dose, seed)``, measured
+    on ``world``); the control's effect is clean - handicapped on ``trainer.score``. With
+    ``lr_grid``, each arm's rate is chosen first (``kit.climb_grid`` on ``score`` with
+    ``kit.TUNE_SEED``; cached in ``lr_choice``) and the control trains at its arm's rate."""
+    # the measure reads ``own``: a study with its own trainer has no bench
+    trained = Trained(cast("kit.Bench", None), list(seeds))
+
+    def run(label: str, arm: Arm, options: Sequence[str], seed: int, on: W) -> OwnRun:
+        notify(f"{label} seed {seed}: {steps} steps")
+        return trainer.train(on, world, arm, options, seed, steps, notify)
+
+    def options_of(arm: Arm) -> list[str]:
+        options = [*overrides]
+        if lr_grid:
+            if arm.label not in lr_choice:
+
+                def fit(lr: float) -> float:
+                    out = run(
+                        f"{arm.label} lr {lr:g}",
+                        arm,
+                        [*options, f"lr={lr:g}"],
+                        kit.TUNE_SEED,
+                        world,
+                    )
+                    value = out.values.get(trainer.score, math.nan)
+                    return value if math.isfinite(value) else -math.inf
+
+                chosen, grid = kit.climb_grid(lr_grid, kit.LR_START, fit)
+                lr_choice[arm.label] = {
+                    "recipe": "own trainer",
+                    "grid": grid,
+                    "chosen": chosen,
+                    "interior": kit.grid_interior(lr_grid, chosen),
+                }
+            options.append(f"lr={lr_choice[arm.label]['chosen']:g}")
+        return options
+
+    for arm in study.arms:
+        options = options_of(arm)
+        for seed in seeds:
+            trained.own.setdefault(arm.label, {})[seed] = run(arm.label, arm, options, seed, world)
+    effects: dict[float, dict[int, float]] = {}
+    if study.control is None:
+        return trained, effects
+    clean_arm = next(a for a in study.arms if a.label == study.control.arm)
+    options = options_of(clean_arm)
+    for dose in doses:
+        label = control_label(study, dose)
+        for seed in seeds:
+            handicapped = trainer.handicap(world, dose, seed)
+            out = run(label, clean_arm, options, seed, handicapped)
+            trained.own.setdefault(label, {})[seed] = out
+            clean = trained.own[clean_arm.label][seed].values[trainer.score]
+            effects.setdefault(dose, {})[seed] = clean - out.values[trainer.score]
+    return trained, effects
+
+
+def run_own(
+    study: Study,
+    trainer: ArmTrainer[W],
+    out: Path,
+    *,
+    steps: int | None = None,
+    data: str | None = None,
+    overrides: Sequence[str] = (),
+    seeds: int = 3,
+    seed_base: int = 0,
+    power: bool = False,
+    max_seeds: int = 10,
+    lr_grid: Sequence[float] | None = kit.LR_GRID,
+    quick: bool = False,
+    notify: Notify = lambda m: None,
+) -> dict[str, Any]:
+    """``run_declared``'s steps (module docstring) for a study whose arms its own ``trainer``
+    trains (``ArmTrainer``): quick smoke, pilot plan and dose scan, confirmatory run, claims
+    decided and the page written; every arm's start (``OwnRun.start``) is recorded in
+    ``starts`` and the page lists any warning that fired. ``out`` is created; the trainer
+    writes nothing there (its runs are small: their values are in the result)."""
+    timer = kit.Timer()
+    out.mkdir(parents=True, exist_ok=True)
+    if quick:
+        data, steps, seeds, power = study.quick_data, study.quick_steps, QUICK_SEEDS, False
+        # the recipes' smoke overrides (QUICK_OVERRIDES) are not this trainer's settings
+        overrides = [*study.quick_overrides, *overrides]
+        lr_grid = None
+    data = data or study.data
+    steps = steps or study.steps
+    world = trainer.load(data)
+    handicap = study.control.handicap if study.control is not None else None
+    lr_choice: dict[str, dict[str, Any]] = {}
+    common: dict[str, Any] = {
+        "steps": steps,
+        "overrides": list(overrides),
+        "lr_choice": lr_choice,
+        "lr_grid": tuple(lr_grid) if lr_grid else None,
+        "notify": notify,
+    }
+    plans: dict[str, rules.Plan] | None = None
+    dose_choice: dict[str, Any] | None = None
+    plan_record: dict[str, Any] | None = None
+    n = seeds
+    if power:
+        pilot_seeds = list(range(seed_base + PILOT_OFFSET, seed_base + PILOT_OFFSET + seeds))
+        notify(f"{study.name}: pilot, seeds {pilot_seeds[0]}..{pilot_seeds[-1]}")
+        pilot, scan = train_own(
+            study, trainer, world, pilot_seeds, handicap.doses if handicap else (), **common
+        )
+        plans = plan_study(study, study.measure(pilot), pilot_seeds, max_seeds)
+        n = rules.study_seeds(list(plans.values()))
+        if handicap is not None:
+            dose_choice = choose_dose(study, scan)
+        plan_record = {
+            "per_claim": {k: p.as_dict() for k, p in plans.items()},
+            "seeds": n,
+            "max_seeds": max_seeds,
+            "pilot_seeds": len(pilot_seeds),
+            "pilot_seed_base": pilot_seeds[0],
+            "out_of_budget": [k for k, p in plans.items() if p.underpowered],
+            "pilot_wall_s": timer.seconds(),
+        }
+    dose = handicap.dose if handicap is not None else 0.0
+    if dose_choice is not None and dose_choice["dose"] is not None:
+        dose = float(f"{dose_choice['dose']:.3g}")
+    seed_list = list(range(seed_base, seed_base + n))
+    trained, control_effects = train_own(
+        study, trainer, world, seed_list, [dose] if handicap else [], **common
+    )
+    measured = study.measure(trained)
+    control_what = (
+        f"{study.control.arm} clean - {handicap.text(dose)}"
+        if study.control is not None and handicap is not None
+        else "no control"
+    )
+    claims = decide_claims(
+        study,
+        measured,
+        control_effects.get(dose) if handicap is not None else None,
+        seed_list,
+        steps,
+        plans,
+        control_what,
+    )
+    from curvalign_lab import page
+
+    starts = {
+        label: {str(s): dict(r.start) for s, r in runs.items()}
+        for label, runs in trained.own.items()
+    }
+    result: dict[str, Any] = {
+        "name": study.name,
+        "declared": True,
+        "own_trainer": True,
+        "paper": study.paper,
+        "setup": (
+            f"{data}, {steps} steps per run; arms: "
+            + "; ".join(f"{a.label} ({' '.join(a.options)})".strip() for a in study.arms)
+            + (f"; overrides: {' '.join(overrides)}" if overrides else "")
+            + (f"; baselines: {', '.join(study.baselines)}" if study.baselines else "")
+            + "."
+        ),
+        "preconditions": list(study.preconditions),
+        "notes": study.notes,
+        "rule": kit.RULE,
+        "claims": claims,
+        "verdict": "; ".join(f"{c['claim']}: {c['holm_outcome']}" for c in claims),
+        "holds": all(c["holm_verdict"] == kit.HOLDS for c in claims),
+        "lr_choice": {
+            label: {
+                "recipe": c["recipe"],
+                "chosen": c["chosen"],
+                "grid": list(c["grid"].items()),
+                "excluded": {},
+            }
+            for label, c in lr_choice.items()
+        },
+        "lr_grid": list(lr_grid or ()),
+        "seeds": seed_list,
+        "seed_base": seed_base,
+        "steps": steps,
+        "data": data,
+        "quick": quick,
+        "arms": {
+            label: {str(s): r.values.get(trainer.score) for s, r in runs.items()}
+            for label, runs in trained.own.items()
+        },
+        "arms_metric": trainer.metric,
+        "values": {
+            label: {str(s): dict(r.values) for s, r in runs.items()}
+            for label, runs in trained.own.items()
+        },
+        "loss_history": {
+            label: {str(s): [list(h) for h in r.history] for s, r in runs.items()}
+            for label, runs in trained.own.items()
+        },
+        "control": {
+            "what": handicap.what if handicap else None,
+            "dose": dose if handicap else None,
+            "doses_scanned": list(handicap.doses) if handicap else [],
+            "choice": dose_choice,
+        },
+        "starts": starts,
+        "starts_fired": kit.starts_fired(starts),
+        "figures": [],
+        "wall_s": timer.seconds(),
+    }
+    if trainer.table is not None:
+        result["tables"] = trainer.table(trained)
+    if plan_record is not None:
+        result["power_plan"] = plan_record
+    result["markdown"] = page.study_body(result)
+    return result
+
+
 __all__ = [
     "PILOT_OFFSET",
     "QUICK_DATA",
     "QUICK_WORLD",
     "Arm",
+    "ArmTrainer",
     "Claim",
     "Control",
     "During",
@@ -921,6 +1227,7 @@ __all__ = [
     "Measured",
     "MeasuredControl",
     "Phases",
+    "OwnRun",
     "Scripted",
     "Study",
     "Trained",
@@ -933,5 +1240,7 @@ __all__ = [
     "option_names",
     "plan_study",
     "run_declared",
+    "run_own",
     "train_arms",
+    "train_own",
 ]

@@ -93,7 +93,7 @@ _FIXED = (
 
 def _literal(value: Any) -> str:
     return (
-        ",".join(f"{v:g}" if isinstance(v, float) else str(v) for v in value)
+        (",".join(f"{v:g}" if isinstance(v, float) else str(v) for v in value) or "()")
         if isinstance(value, (tuple, list))
         else str(value)
     )
