@@ -361,7 +361,7 @@ def drawn(monkeypatch):
     from curvalign.report import plots
 
     figures = []
-    real = plots._save
+    real = plots.save_figure  # the real PNG (conftest draws the others only)
 
     def keep(fig, path, layout=True):
         out = real(fig, path, layout)
