@@ -19,11 +19,15 @@ def live_server(app):
     """Run ``app`` on 127.0.0.1:<free port> until the block ends; yields the base URL."""
     import uvicorn
 
-    port = free_port()
+    # the server is handed the socket this process bound: no other process (another xdist
+    # worker) can take the port between choosing it and listening on it
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
     server = uvicorn.Server(
         uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off")
     )
-    thread = threading.Thread(target=server.run, daemon=True)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + 30
     while not server.started:
@@ -35,3 +39,4 @@ def live_server(app):
     finally:
         server.should_exit = True
         thread.join(timeout=10)
+        sock.close()

@@ -219,7 +219,7 @@ def test_a_recipe_failing_mid_run_is_reported_and_the_others_are_written(tmp_pat
 
 def _capture(monkeypatch):
     figures = []
-    real = plots._save
+    real = plots.save_figure  # the real PNG (conftest draws the others only)
 
     def keep(fig, path, layout=True):
         figures.append(fig)

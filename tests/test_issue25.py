@@ -37,9 +37,9 @@ def test_resume_without_the_state_that_meta_records_is_refused(trained, tmp_path
     run = _copy_run(trained, tmp_path / "run")
     (run / "state.pt").unlink()
     before = {name: sha256_file(run / name) for name in ("model.safetensors", "best.safetensors")}
-    result = _cli("train", "--out", run, "--resume", "--steps", "8", "-q")
-    assert result.returncode == 2, result.stderr
-    (line,) = _error_lines(result.stderr)
+    code, text = _invoke("train", "--out", run, "--resume", "--steps", "8", "-q")
+    assert code == 2, text
+    (line,) = _error_lines(text)
     assert "meta.json records step 4" in line and str(run / "state.pt") in line, line
     assert "nothing was overwritten" in line
     assert {name: sha256_file(run / name) for name in before} == before
@@ -68,9 +68,10 @@ def test_a_planted_pickle_in_state_pt_is_never_executed(trained, tmp_path, check
         (run / "meta.json").write_text(json.dumps(meta))
     else:  # meta.json written after state.pt, as a complete checkpoint has it
         os.utime(run / "meta.json")
-    result = _cli("train", "--out", run, "--resume", "--steps", "8", "-q")
-    assert result.returncode == 2, result.stderr
-    (line,) = _error_lines(result.stderr)
+    # in this process: were the pickle unpickled, its os.system would leave the marker here too
+    code, text = _invoke("train", "--out", run, "--resume", "--steps", "8", "-q")
+    assert code == 2, text
+    (line,) = _error_lines(text)
     assert str(run / "state.pt") in line, line
     assert not marker.exists()
 
@@ -98,6 +99,8 @@ else:
 
 
 def _kernel(cache: Path, what: str) -> str:
+    """``what="load"``: the kernel loaded from ``cache`` by a fresh process (a library once
+    loaded stays in its process: never in the test's)."""
     result = _run_python(_LOAD, what, env={"TORCH_EXTENSIONS_DIR": str(cache)})
     assert result.returncode == 0, result.stderr
     return result.stdout.strip()
@@ -118,14 +121,18 @@ def _run_python(code: str, *args: str, env: dict[str, str]):
 
 
 @pytest.mark.parametrize("how", ["unrecorded", "open-directory"])
-def test_a_planted_kernel_library_is_never_loaded(tmp_path, how):
+def test_a_planted_kernel_library_is_never_loaded(tmp_path, how, monkeypatch):
     if shutil.which("gcc") is None:
         pytest.skip("no C compiler to build the planted library")
     import subprocess
 
+    from curvalign.geometry import _fused_l1
+
     cache = tmp_path / "cache"
     marker = tmp_path / "planted-ran"
-    target = Path(_kernel(cache, "target"))
+    with monkeypatch.context() as env:  # the name the loading process computes (same env)
+        env.setenv("TORCH_EXTENSIONS_DIR", str(cache))
+        target = _fused_l1.KERNEL.target()
     target.parent.mkdir(parents=True)
     source = tmp_path / "plant.c"
     source.write_text(_PLANT.replace("MARKER", json.dumps(str(marker))))
@@ -354,7 +361,7 @@ def drawn(monkeypatch):
     from curvalign.report import plots
 
     figures = []
-    real = plots._save
+    real = plots.save_figure  # the real PNG (conftest draws the others only)
 
     def keep(fig, path, layout=True):
         out = real(fig, path, layout)
@@ -414,21 +421,19 @@ def test_the_image_histogram_is_not_hidden_under_the_text_one(drawn, tmp_path):
 # --- item 9: output off a terminal, a clean stop, an unknown recipe ------------------------------
 
 
-def test_a_benchmark_table_off_a_terminal_has_every_column(tmp_path):
-    import subprocess
-    import sys
+def test_a_benchmark_table_off_a_terminal_has_every_column(tmp_path, monkeypatch):
+    from test_faults import DATA, SMALL
 
-    from test_faults import DATA, SMALL, _env
-
-    env = {k: v for k, v in _env().items() if k != "COLUMNS"}  # as `curvalign demo > log`
-    result = subprocess.run(
-        [sys.executable, "-m", "curvalign", "benchmark", "--recipes", "clip,meru", "--data", DATA,
-         "--steps", "2", "--seeds", "1", "--out", str(tmp_path / "b"), "-q", "--columns", "all", *SMALL],
-        env=env, capture_output=True, text=True,
+    # as `curvalign demo > log`: the command's output is no terminal (the runner's stream) and
+    # no COLUMNS says a width; the table's console is made when the table is printed
+    monkeypatch.delenv("COLUMNS", raising=False)
+    code, text = _invoke(
+        "benchmark", "--recipes", "clip,meru", "--data", DATA, "--steps", "2", "--seeds", "1",
+        "--out", tmp_path / "b", "-q", "--columns", "all", *SMALL,
     )  # fmt: skip
-    assert result.returncode == 0, result.stderr
-    assert "not shown (terminal too narrow)" not in result.stdout, result.stdout
-    header = next(line for line in result.stdout.splitlines() if "T2I R@1" in line)
+    assert code == 0, text
+    assert "not shown (terminal too narrow)" not in text, text
+    header = next(line for line in text.splitlines() if "T2I R@1" in line)
     for column in ("ZS top1", "TIE", "HardNeg", "Order img", "conv"):
         assert column in header, header
 
