@@ -191,9 +191,8 @@ void backward_impl(const T* P, const T* Q, const T* s, const T* grad, T* gP, T* 
 //   rows inner), so the FMAs, not the loads, bound them;
 // - columns are walked in chunks of CB blocks (Q and its gradient for a chunk stay in L2 while
 //   a thread's rows pass over it) instead of streaming all of Q for every row tile;
-// - the map avoids the two divisions of log1p_pos and the square root with its division: r =
-//   q / sqrt(q) with q = u + u^2 from the approximate reciprocal square root and one Newton
-//   step (relative error about 2^-22), 1 / r is that same number, log1p is log1p_pos8;
+// - the map avoids the divisions: log1p is log1p_pos8, and the backward's 1 / max(r, r_floor)
+//   comes from the reciprocal estimate and one Newton step;
 // - the backward writes G = grad [u > 0] / max(r, r_floor) of an R x CB tile to an L1 buffer,
 //   then forms dP (lanes summed per row) and dQ (rows summed per lane) from it as two small
 //   register-blocked products, instead of read-modify-writing [R, k, D1, 8] accumulators.
@@ -204,12 +203,11 @@ using curvalign_vecmath::log1p_pos8;
 constexpr int64_t CB = 16;  // 8-column blocks per chunk
 
 // acosh(1 + 2u) = log1p(2 (u + r)), r = sqrt(u + u^2), u = max(w, 0) on NV vectors of 8 lanes,
-// in place over w. The forward takes r from the square root; the backward (`inv` given) from
-// the approximate reciprocal square root y ~ 1/r with one Newton step (relative error about
-// 2^-22) as r = (u + u^2) y, and writes 1 / max(r, r_floor) = min(y, 1 / r_floor) where u > 0
-// and r is finite (else 0) to inv[i]: one approximation serves the value and the derivative.
+// in place over w. With `inv` (the backward) also 1 / max(r, r_floor) where u > 0, else 0, to
+// inv[i], from the reciprocal estimate and one Newton step (relative error about 2^-22; 0 where
+// r = inf, as 1 / inf).
 template <int NV>
-static inline void acosh8(__m256* w, __m256* inv = nullptr, __m256 inv_rf = __m256()) {
+static inline void acosh8(__m256* w, __m256* inv = nullptr, float r_floor = 0.0f) {
   const __m256 zero = _mm256_setzero_ps();
   __m256 u[NV], q[NV];
   for (int i = 0; i < NV; ++i) {
@@ -222,18 +220,17 @@ static inline void acosh8(__m256* w, __m256* inv = nullptr, __m256 inv_rf = __m2
       w[i] = _mm256_add_ps(ur, ur);
     }
   } else {
-    const __m256 qmin = _mm256_set1_ps(std::numeric_limits<float>::min());
-    const __m256 qmax = _mm256_set1_ps(std::numeric_limits<float>::max());
+    const __m256 rf = _mm256_set1_ps(r_floor);
+    const __m256 rmax = _mm256_set1_ps(std::numeric_limits<float>::max());
     for (int i = 0; i < NV; ++i) {
-      const __m256 qc = _mm256_min_ps(_mm256_max_ps(q[i], qmin), qmax);
-      const __m256 r0 = _mm256_rsqrt_ps(qc);
-      const __m256 h = _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(0.5f), qc), r0);
-      const __m256 y = _mm256_mul_ps(r0, _mm256_fnmadd_ps(h, r0, _mm256_set1_ps(1.5f)));
-      const __m256 ur = _mm256_fmadd_ps(q[i], y, u[i]);  // r = q y: 0 at q = 0, inf at inf
+      const __m256 r = _mm256_sqrt_ps(q[i]);
+      const __m256 ur = _mm256_add_ps(u[i], r);
       w[i] = _mm256_add_ps(ur, ur);
-      const __m256 keep = _mm256_and_ps(_mm256_cmp_ps(u[i], zero, _CMP_GT_OQ),
-                                        _mm256_cmp_ps(q[i], qmax, _CMP_LE_OQ));
-      inv[i] = _mm256_and_ps(_mm256_min_ps(y, inv_rf), keep);
+      // 1 / max(r, r_floor): the reciprocal estimate and one Newton step (0 where r = inf)
+      const __m256 rc = _mm256_min_ps(_mm256_max_ps(r, rf), rmax);
+      const __m256 y0 = _mm256_rcp_ps(rc);
+      const __m256 y = _mm256_mul_ps(y0, _mm256_fnmadd_ps(rc, y0, _mm256_set1_ps(2.0f)));
+      inv[i] = _mm256_and_ps(y, _mm256_cmp_ps(u[i], zero, _CMP_GT_OQ));
     }
   }
   log1p_pos8<NV>(w);
@@ -319,7 +316,6 @@ void backward(const float* P, const float* Q, const float* s, const float* grad,
   std::vector<float> gPt(k * D1 * Npad, 0.0f);
   std::vector<std::vector<float>> gQ_parts(nparts);
   std::vector<std::vector<double>> gs_parts(nparts, std::vector<double>(k, 0.0));
-  const __m256 inv_rf = _mm256_set1_ps(1.0f / r_floor);
 #pragma omp parallel for num_threads(int(nparts)) schedule(static, 1)
   for (int64_t part = 0; part < nparts; ++part) {
     std::vector<float>& gQl = gQ_parts[part];
@@ -356,7 +352,7 @@ void backward(const float* P, const float* Q, const float* s, const float* grad,
             }
             for (int64_t h = 0; h < R; h += RM) {
               __m256 ir[RM];
-              acosh8<RM>(w + h, ir, inv_rf);
+              acosh8<RM>(w + h, ir, r_floor);
               for (int64_t r = h; r < h + RM; ++r) {
                 const __m256 g = _mm256_load_ps(gbuf[r][b]);
                 gsacc = _mm256_fmadd_ps(g, w[r], gsacc);
@@ -378,19 +374,18 @@ void backward(const float* P, const float* Q, const float* s, const float* grad,
             _mm256_storeu_ps(dst, _mm256_add_ps(_mm256_loadu_ps(dst), hsum8x8(acc)));
           }
           // dQ (before -s_f): block b, column t: sum over the tile's rows of G[r] * p_r[t]
-          for (int64_t b = 0; b < nb; ++b) {
-            __m256 G[R];
-            for (int64_t r = 0; r < R; ++r) G[r] = _mm256_load_ps(Gbuf[r][b]);
-            float* dst = gQl.data() + ((jb0 + b) * k + f) * D1 * 8;
-            for (int64_t t = 0; t < D1; ++t) {
-              __m256 a0 = _mm256_mul_ps(G[0], _mm256_broadcast_ss(prow[0] + f * D1 + t));
-              __m256 a1 = _mm256_mul_ps(G[1], _mm256_broadcast_ss(prow[1] + f * D1 + t));
+          for (int64_t t = 0; t < D1; ++t) {
+            __m256 pb[R];
+            for (int64_t r = 0; r < R; ++r) pb[r] = _mm256_broadcast_ss(prow[r] + f * D1 + t);
+            for (int64_t b = 0; b < nb; ++b) {
+              __m256 a0 = _mm256_mul_ps(_mm256_load_ps(Gbuf[0][b]), pb[0]);
+              __m256 a1 = _mm256_mul_ps(_mm256_load_ps(Gbuf[1][b]), pb[1]);
               for (int64_t r = 2; r < R; r += 2) {
-                a0 = _mm256_fmadd_ps(G[r], _mm256_broadcast_ss(prow[r] + f * D1 + t), a0);
-                a1 = _mm256_fmadd_ps(G[r + 1], _mm256_broadcast_ss(prow[r + 1] + f * D1 + t), a1);
+                a0 = _mm256_fmadd_ps(_mm256_load_ps(Gbuf[r][b]), pb[r], a0);
+                a1 = _mm256_fmadd_ps(_mm256_load_ps(Gbuf[r + 1][b]), pb[r + 1], a1);
               }
-              _mm256_storeu_ps(dst + t * 8,
-                               _mm256_add_ps(_mm256_loadu_ps(dst + t * 8), _mm256_add_ps(a0, a1)));
+              float* dst = gQl.data() + ((jb0 + b) * k + f) * D1 * 8 + t * 8;
+              _mm256_storeu_ps(dst, _mm256_add_ps(_mm256_loadu_ps(dst), _mm256_add_ps(a0, a1)));
             }
           }
         }
