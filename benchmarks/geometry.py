@@ -23,6 +23,7 @@ the median per case is reported; the ratios to cosine come from that one run.
     python benchmarks/geometry.py                       # B=4096, D=512, k=64, d=8
     python benchmarks/geometry.py --batch 1024 --repeats 3
     python benchmarks/geometry.py --loss-path --repeats 5   # the whole loss path a user runs
+    python benchmarks/geometry.py --loss-path --threads 1 --cpu-time   # its CPU seconds
 """
 
 from __future__ import annotations
@@ -227,10 +228,12 @@ def time_round_robin(
 
 
 def time_loss_paths(
-    cases: list[str], batch: int, dim: int, k: int, repeats: int
+    cases: list[str], batch: int, dim: int, k: int, repeats: int, cpu_time: bool = False
 ) -> dict[str, dict[str, float]]:
     """Best and median fwd + bwd time per whole-loss-path case, fresh inputs every call (made
-    before the clock starts), the cases interleaved in each round."""
+    before the clock starts), the cases interleaved in each round. ``cpu_time``: this process's
+    CPU seconds (``time.process_time``) instead of wall-clock seconds."""
+    clock = time.process_time if cpu_time else time.perf_counter
     built = {case: build_loss_path(case, batch, dim, k) for case in cases}
     for prepare, step in built.values():
         prepare()
@@ -239,9 +242,9 @@ def time_loss_paths(
     for _ in range(repeats):
         for case, (prepare, step) in built.items():
             prepare()
-            t0 = time.perf_counter()
+            t0 = clock()
             step()
-            times[case].append(time.perf_counter() - t0)
+            times[case].append(clock() - t0)
     return {case: {"best": min(ts), "median": statistics.median(ts)} for case, ts in times.items()}
 
 
@@ -250,11 +253,14 @@ def loss_path_report(args: argparse.Namespace) -> None:
     import torch
 
     targets = {"lorentz-loss": 1.10, "exterior-loss": 1.10, "l1-loss": 4.5}
-    t = time_loss_paths(list(LOSS_CASES), args.batch, args.dim, args.factors, args.repeats)
+    t = time_loss_paths(
+        list(LOSS_CASES), args.batch, args.dim, args.factors, args.repeats, args.cpu_time
+    )
     print(
         f"whole loss path (fresh tangent features -> expmap0 -> scores -> symmetric InfoNCE), "
         f"fwd+bwd, B={args.batch}, D={args.dim}, k={args.factors}, d={args.dim // args.factors},"
-        f" {torch.get_num_threads()} thread(s), {args.repeats} interleaved rounds; load "
+        f" {torch.get_num_threads()} thread(s), {args.repeats} interleaved rounds"
+        f"{', CPU seconds of this process' if args.cpu_time else ''}; load "
         f"{os.getloadavg()[0]:.2f}"
     )
     print(f"{'case':<14} {'best (s)':>9} {'x cosine':>9} {'median':>9} {'x cosine':>9}  target")
@@ -313,6 +319,13 @@ def main() -> None:
         action="store_true",
         help="time the whole loss path (tangent features in) of each geometry against cosine "
         "instead (best and median of --repeats interleaved rounds)",
+    )
+    p.add_argument(
+        "--cpu-time",
+        action="store_true",
+        help="with --loss-path: time in CPU seconds of this process instead of wall-clock "
+        "seconds (on a loaded machine, with --threads 1, the work each case does; with more "
+        "threads it includes OpenMP's spin-waiting)",
     )
     p.add_argument("--_case", default=None, help=argparse.SUPPRESS)
     args = p.parse_args()

@@ -177,3 +177,101 @@ def test_fused_with_several_threads_equals_one() -> None:
         torch.set_num_threads(before)
     for a, b in zip(one, three, strict=True):
         assert_close(a, b, f64, "threads")
+
+
+# --- the float32 AVX2 loops (the default path for float32 where the build has AVX2 + FMA) ---
+# Their tiles are 4 rows (forward) / 8 rows (backward) by chunks of 16 blocks of 8 columns:
+# the shapes below cross every boundary (partial row tiles, a partial column block, two column
+# chunks) at PHyCLIP's factor width d = 8 (d + 1 = 9) and at an odd narrow one.
+
+
+def tile_case(N: int, M: int, k: int, d: int, near: bool):  # noqa: ANN201
+    X, Y = points(N + M, N, k, d, torch.float32), points(7 * M, M, k, d, torch.float32, 2.0)
+    if near:  # pairs at distance about 1e-2 per factor on the diagonal
+        n = min(N, M) // 3
+        Y[:n] = L.expmap0(L.logmap0(X[:n], 1.0) + 1e-2 / d**0.5, 1.0)
+    c = torch.logspace(-1, 1, k)
+    w = torch.randn(N, M, generator=torch.Generator().manual_seed(3))
+    return X, Y, c, w
+
+
+TILE_SHAPES = [(45, 150, 7, 8), (9, 131, 3, 3), (8, 8, 64, 8)]
+
+
+@needs_kernel
+@pytest.mark.parametrize(("N", "M", "k", "d"), TILE_SHAPES)
+def test_fused_float32_tiles_match_reference(N: int, M: int, k: int, d: int) -> None:
+    X, Y, c, w = tile_case(N, M, k, d, near=False)
+    fused = value_and_grads(X, Y, c, w, fused=True)
+    ref = value_and_grads(X, Y, c, w, fused=False)
+    for name, a, b in zip(("value", "dX", "dY", "dc"), fused, ref, strict=True):
+        assert_close(a, b, torch.float32, name)
+
+
+@needs_kernel
+@pytest.mark.parametrize(("N", "M", "k", "d"), TILE_SHAPES)
+def test_fused_float32_near_pairs_as_accurate_as_reference(N: int, M: int, k: int, d: int) -> None:
+    """Near pairs make the gradient ill-conditioned in float32 (1/r amplifies the rounding of
+    the inner product): both paths then differ from float64 by up to about 1e-3 of the largest
+    entry; the kernel's error must stay within a small factor of the reference's."""
+    X, Y, c, w = tile_case(N, M, k, d, near=True)
+    fused = value_and_grads(X, Y, c, w, fused=True)
+    ref = value_and_grads(X, Y, c, w, fused=False)
+    exact = value_and_grads(X.double(), Y.double(), c.double(), w.double(), fused=False)
+    for name, a, b, e in zip(("value", "dX", "dY", "dc"), fused, ref, exact, strict=True):
+        e = e.detach()
+        scale = e.abs().max().clamp_min(1.0)
+        err_fused = float((a.detach().double() - e).abs().max() / scale)
+        err_ref = float((b.detach().double() - e).abs().max() / scale)
+        assert err_fused <= 4 * err_ref + 2e-5, f"{name}: {err_fused:.3g} vs {err_ref:.3g}"
+
+
+@needs_kernel
+def test_fused_float32_takes_the_avx2_loops_where_built_for_them() -> None:
+    from curvalign._native import isa_flags
+
+    assert FL.avx2_float32() == ("-mavx2" in isa_flags())
+
+
+@needs_kernel
+def test_fused_float32_with_several_threads_equals_one() -> None:
+    X, Y = points(13, 29, 5, 8, torch.float32), points(14, 140, 5, 8, torch.float32)
+    c = torch.tensor([0.3, 1.0, 4.0, 0.1, 10.0])
+    w = torch.randn(29, 140, generator=torch.Generator().manual_seed(4))
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = value_and_grads(X, Y, c, w, True)
+        torch.set_num_threads(3)
+        three = value_and_grads(X, Y, c, w, True)
+    finally:
+        torch.set_num_threads(before)
+    # Rows are split between threads, each row's sums the same: value and dX bit for bit. dY
+    # adds per-thread partial sums, and dc, which sums N M k terms that largely cancel, with it.
+    assert torch.equal(one[0], three[0]) and torch.equal(one[1], three[1])
+    assert_close(three[2], one[2], torch.float32, "dY")
+    err = float((three[3] - one[3]).abs().max() / one[3].abs().max())
+    assert err < 1e-4, f"dc: {err:.3g}"
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, f64])
+def test_fused_overflowing_distance_is_inf_as_the_reference(dtype: torch.dtype) -> None:
+    """u + u^2 past the dtype's range (norms 1e12 in float32, 1e160 in float64, c = 10): the
+    distance is +inf and its derivative 0 on both paths; the other pairs are unaffected."""
+    big = 1e12 if dtype == torch.float32 else 1e160
+    X = points(21, 3, 2, 3, dtype)
+    Y = points(22, 4, 2, 3, dtype)
+    X[0, 0] = torch.tensor([big, 0.0, 0.0], dtype=dtype)
+    Y[1, 0] = torch.tensor([-big, 0.0, 0.0], dtype=dtype)
+    c = torch.tensor([10.0, 1.0], dtype=dtype)
+    w = torch.ones(3, 4, dtype=dtype)
+    fused = value_and_grads(X, Y, c, w, fused=True)
+    ref = value_and_grads(X, Y, c, w, fused=False)
+    assert torch.isinf(ref[0][0, 1]) and torch.equal(torch.isinf(fused[0]), torch.isinf(ref[0]))
+    finite = torch.isfinite(ref[0])
+    assert_close(fused[0][finite], ref[0][finite], dtype, "value")
+    for name, a, b in zip(("dX", "dY"), fused[1:3], ref[1:3], strict=True):
+        assert torch.equal(torch.isfinite(a), torch.isfinite(b)), name
+        ok = torch.isfinite(b)
+        assert_close(a[ok], b[ok], dtype, name)

@@ -317,3 +317,19 @@ def test_benchmark_loss_path_cases_run_and_reach_every_input() -> None:
         loss, grads_ok = step().tolist()
         assert math.isfinite(loss) and loss > 0, case  # InfoNCE of 6 pairs: positive
         assert grads_ok == 1.0, f"{case}: a feature got no or a non-finite gradient"
+
+
+def test_benchmark_loss_path_times_in_cpu_seconds() -> None:
+    """``--cpu-time``: the same rounds timed by this process's CPU clock (best <= median)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "geometry.py"
+    spec = importlib.util.spec_from_file_location("bench_geometry", path)
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    times = bench.time_loss_paths(["cosine-loss", "l1-loss"], 6, 16, 4, 2, cpu_time=True)
+    assert set(times) == {"cosine-loss", "l1-loss"}
+    for case, t in times.items():
+        assert 0.0 < t["best"] <= t["median"], (case, t)
