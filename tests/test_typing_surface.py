@@ -9,12 +9,8 @@ from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "curvalign"
 
-#: (importing file, name) pairs still allowed: the fused Lorentz kernels of geometry/ share the
-#: Minkowski operands' private helper inside that package
-ALLOWED = {
-    ("geometry/_fused_l1.py", "_minkowski_operands"),
-    ("geometry/_triton_l1.py", "_minkowski_operands"),
-}
+#: (importing file, name) pairs still allowed: none
+ALLOWED: set[tuple[str, str]] = set()
 
 
 def _private_imports(root: Path) -> list[tuple[str, str]]:

@@ -152,7 +152,7 @@ def l1_pairwise_dist_fused(X: Tensor, Y: Tensor, c: Tensor, scale: float = 1.0) 
     per-factor ``s = 1/sqrt(c)`` (a score's ``-1/k`` costs no pass over the matrix). Call
     :func:`available` first.
     """
-    from curvalign.geometry.lorentz import _minkowski_operands
+    from curvalign.geometry.lorentz import minkowski_operands
 
     k, width = X.shape[0], X.shape[2] + 1
     M = Y.shape[1]
@@ -161,7 +161,7 @@ def l1_pairwise_dist_fused(X: Tensor, Y: Tensor, c: Tensor, scale: float = 1.0) 
             f"X: factor width d = {width - 1} is above the fused kernel's {_MAX_WIDTH - 1}"
         )
     c = c.reshape(-1).expand(k)
-    P, Q = _minkowski_operands(X, Y, c)  # [k, N, d+1], [k, M, d+1], with autograd
+    P, Q = minkowski_operands(X, Y, c)  # [k, N, d+1], [k, M, d+1], with autograd
     P = P[..., :width].transpose(0, 1).contiguous()  # rows [N, k, d+1]
     Mb = -(-M // _LANES)
     Q = Q[..., :width]

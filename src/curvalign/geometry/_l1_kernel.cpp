@@ -1,6 +1,6 @@
 // Fused CPU kernel for PHyCLIP's l1-product distance (curvalign.geometry._fused_l1).
 //
-// Inputs are the time-augmented operands of curvalign.geometry.lorentz._minkowski_operands,
+// Inputs are the time-augmented operands of curvalign.geometry.lorentz.minkowski_operands,
 // re-laid out for the CPU:
 //   P  [N, k, D1]         rows:     (c_f / 2) [x, t_x]
 //   Q  [Mb, k, D1, 8]     columns interleaved by 8 (zero-padded to Mb * 8 columns): [y, -t_y]

@@ -355,7 +355,7 @@ def l1_pairwise_dist_triton(
     powers of two >= 16 (default :data:`BLOCKS`; the tests use 16 x 16 so that small inputs
     span several tiles). Call :func:`ready` first on a GPU.
     """
-    from curvalign.geometry.lorentz import _minkowski_operands
+    from curvalign.geometry.lorentz import minkowski_operands
 
     k, width = X.shape[0], X.shape[2] + 1
     if width > MAX_WIDTH:
@@ -367,7 +367,7 @@ def l1_pairwise_dist_triton(
         if b < 16 or b & (b - 1):
             raise ValueError(f"blocks: expected powers of two >= 16, got {blocks}")
     c = c.reshape(-1).expand(k)
-    P, Q = _minkowski_operands(X, Y, c)  # [k, N, d+1], [k, M, d+1], with autograd
+    P, Q = minkowski_operands(X, Y, c)  # [k, N, d+1], [k, M, d+1], with autograd
     Pt = P[..., :width].transpose(1, 2).contiguous()  # [k, d+1, N]
     Qt = Q[..., :width].transpose(1, 2).contiguous()  # [k, d+1, M]
     s = torch.rsqrt(c).contiguous()

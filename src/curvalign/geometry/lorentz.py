@@ -49,6 +49,7 @@ __all__ = [
     "poincare",
     "pairwise_inner",
     "pairwise_dist",
+    "minkowski_operands",
     "dist0",
     "half_aperture",
     "exterior_angle",
@@ -385,7 +386,7 @@ def pairwise_inner(X: Tensor, Y: Tensor, c: Curvature) -> Tensor:
     )
 
 
-def _minkowski_operands(X: Tensor, Y: Tensor, c: Tensor) -> tuple[Tensor, Tensor]:
+def minkowski_operands(X: Tensor, Y: Tensor, c: Tensor) -> tuple[Tensor, Tensor]:
     """``P = (c/2) [x, t_x]`` and ``Q = [y, -t_y]`` for ``X: [k, N, d]``, ``Y: [k, M, d]``, ``c: [k]``.
 
     ``-P.Q - 1/2 = (-c<x,y>_L - 1) / 2 = w``: the Minkowski Gram matrix is one batched matrix
@@ -551,7 +552,7 @@ def factor_pairwise_dist(
     """
     k = X.shape[0]
     c = c.reshape(-1).expand(k)
-    P, Q = _minkowski_operands(X, Y, c)
+    P, Q = minkowski_operands(X, Y, c)
     return _PairwiseAcosh.apply(P, Q, torch.rsqrt(c), reduce_sum, int(block))
 
 
