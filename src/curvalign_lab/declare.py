@@ -1,21 +1,18 @@
 """A study as a declaration, and the one runner that runs any of them.
 
-A study file under ``curvalign_lab/studies/`` defines ``STUDY``, either
-
-* a ``Study``: its claims (the paper's words and effect, with the seed file's section, the kind
-  of test and its margin), its arms (recipe and options), the control's handicap as data
-  (what it does, the doses a pilot scans, and the function that applies one to a store), its
-  baselines and preconditions in words, and ``measure``, which turns the trained arms into each
-  claim's per-seed effect (and, where the claim is about a test metric, the per-item totals of
-  the two rows it compares). ``run_declared`` trains every arm through ``kit.Bench`` (the
-  shared ``fit``), applies the decision rules (``rules``, ``kit.decide``, Holm) and writes
-  ``study.json`` and ``study.md``. A ``Study`` whose arms are not recipes on a feature store
-  (one embedding per node of a graph) gives its own arm trainer (``Study.trainer``, an
-  ``ArmTrainer``: load its world, train one arm with one seed, handicap the world by a dose);
-  ``run_own`` then takes the same steps without ``kit.Bench``; or
-* a ``Scripted`` study: a function that trains and measures by itself (a study whose arms change
-  their data mid-run or measure during training), run by the same ``runner.run_study``, which
-  still plans its seeds on a pilot, re-decides its claims with the plan and writes its page.
+A study file under ``curvalign_lab/studies/`` defines ``STUDY``, a ``Study``: its claims (the
+paper's words and effect, with the seed file's section, the kind of test and its margin), its
+arms (recipe and options), the control's handicap as data (what it does, the doses a pilot
+scans, and the function that applies one to a store), its baselines and preconditions in words,
+and ``measure``, which turns the trained arms into each claim's per-seed effect (and, where the
+claim is about a test metric, the per-item totals of the two rows it compares). ``run_declared``
+trains every arm through ``kit.Bench`` (the shared ``fit``), applies the decision rules
+(``rules``, ``kit.decide``, Holm) and writes ``study.json`` and ``study.md``. A ``Study`` whose
+arms are not recipes on a feature store (one embedding per node of a graph) gives its own arm
+trainer (``Study.trainer``, an ``ArmTrainer``: load its world, train one arm with one seed,
+handicap the world by a dose); ``run_own`` then takes the same steps without ``kit.Bench``. Arms
+that change their data mid-run or are measured during training declare it (``Phases``,
+``During``).
 
 Adding a study is writing one file: ``studies.registry()`` finds it. Optional parts of a
 ``Study``: ``metric`` (the claims' test metric path, e.g. "zeroshot/top1", where it is not mean
@@ -96,7 +93,7 @@ W = TypeVar("W")
 PILOT_OFFSET = 1000
 #: the smoke run's store (``--quick``): a tiny synthetic world
 QUICK_DATA = "synthetic:images=120,text_pairs=0,captions_max=3,val_fraction=0.25"
-#: the scripted studies' smoke world (a small taxonomy; each study adds what it needs)
+#: the smoke world of studies about a taxonomy (a small taxonomy; each study adds what it needs)
 QUICK_WORLD = "synthetic:images=160,text_pairs=60,captions_max=3,depth=2,branching=2,templates=2"
 QUICK_SEEDS = 2
 QUICK_STEPS = 6
@@ -485,19 +482,6 @@ class Study:
 
     def claim(self, key: str) -> Claim:
         return next(c for c in self.claims if c.key == key)
-
-
-@dataclass(frozen=True)
-class Scripted:
-    """A study that trains and measures in its own function (``run(out, *, steps, data,
-    overrides, seeds, seed_base, lr_grid, show_progress, notify, **options)`` -> the result
-    dict); ``quick`` holds the options of its smoke run (``--quick``)."""
-
-    name: str
-    run: Callable[..., dict[str, Any]]
-    quick: Mapping[str, Any] = field(default_factory=dict)
-    quick_data: str = QUICK_DATA
-    quick_steps: int = QUICK_STEPS
 
 
 def option_names(study: Study) -> set[str]:
@@ -1228,7 +1212,6 @@ __all__ = [
     "MeasuredControl",
     "Phases",
     "OwnRun",
-    "Scripted",
     "Study",
     "Trained",
     "choose_dose",

@@ -14,20 +14,15 @@ Every study
   claim's mechanism is absent (encoder training),
 * chooses each arm's learning rate on validation from one shared grid (``kit.LR_GRID``) and
   decides convergence by the shared noise-aware rule (``curvalign.stats.curve_converged``),
-* reports paired effect sizes with 95% intervals (``curvalign.stats``), the minimal detectable
-  effect at the run's own seed SD, and decides each claim by ``kit.decide`` (written into
-  the output), Holm-corrected over the study's claims (``kit.apply_holm``): holds / does
-  not hold / equivalent within ±delta / inconclusive / underpowered at n seeds / not reproduced
-  in this regime.
-* on a synthetic world, a scripted study may decide each claim about a method on a
-  *world-inclusive* interval (``vary_world``: seed s trains and is evaluated on
-  the world of seed s, ``world_inclusive``), the fixed-world (seed-only) interval reported
-  beside it (``with_world``).
+* reports paired effect sizes with 95% intervals over seeds and, where a claim is about a test
+  metric, test items (``curvalign.stats``), plans its seeds on a pilot (``power``), and decides
+  each claim by ``kit.decide`` (written into the output), Holm-corrected over the study's tested
+  claims (``kit.apply_holm``): holds / does not hold / equivalent within ±delta / inconclusive /
+  underpowered by plan / not reproduced in this regime.
 
-Each study is one file under ``curvalign_lab/studies/`` defining ``STUDY``: a declared
+Each study is one file under ``curvalign_lab/studies/`` defining ``STUDY``, a declared
 ``declare.Study`` (claims, arms, measure, control handicap as data; run by
-``declare.run_declared``) or a ``declare.Scripted`` one (its own ``run`` function).
-``run_study`` runs either and writes ``study.json`` and ``study.md`` into ``out``
+``declare.run_declared``). ``run_study`` runs one and writes ``study.json`` and ``study.md`` into ``out``
 (``power=True``: a pilot on a disjoint seed base plans the seeds; ``quick=True``: a smoke run on
 a tiny store); ``run_all`` runs every study into ``out/NAME``; ``curvalign_lab.results`` turns
 those JSON files into the results pages and compares two seed bases (``--stability``).
@@ -42,7 +37,6 @@ not a reproduction of the papers' tables.
 from __future__ import annotations
 
 import ast
-import inspect
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -51,8 +45,6 @@ from curvalign.errors import ConfigError
 from curvalign.report.tables import write_json
 from curvalign_lab import kit, page
 from curvalign_lab.declare import (
-    PILOT_OFFSET,
-    Scripted,
     Study,
     configured,
     option_names,
@@ -63,7 +55,7 @@ from curvalign_lab.studies import registry
 Notify = Callable[[str], None]
 
 #: every study by name (``studies.registry()``: one file each)
-STUDIES: dict[str, Study | Scripted] = registry()
+STUDIES: dict[str, Study] = registry()
 
 #: the order ``run_all`` runs them in (the page keeps ``STUDIES``' order): the studies whose
 #: verdicts moved between seed bases or whose controls did not separate first, the ones whose
@@ -78,18 +70,6 @@ RUN_ORDER = (
     "wordnet-dimensions",
 )
 
-_FIXED = (
-    "out",
-    "lr_cache",
-    "steps",
-    "data",
-    "overrides",
-    "seeds",
-    "seed_base",
-    "show_progress",
-    "notify",
-)
-
 
 def _literal(value: Any) -> str:
     return (
@@ -102,10 +82,7 @@ def _literal(value: Any) -> str:
 def study_options(name: str) -> set[str]:
     """The ``--set`` options study ``name`` takes (a declared study: ``lr_grid`` and its
     ``configure`` parameters, ``declare.option_names``)."""
-    study = STUDIES[name]
-    if isinstance(study, Scripted):
-        return {p for p in inspect.signature(study.run).parameters if p not in _FIXED}
-    return option_names(study)
+    return option_names(STUDIES[name])
 
 
 def parse_study_options(name: str, items: Sequence[str]) -> dict[str, Any]:
@@ -131,81 +108,6 @@ def parse_study_options(name: str, items: Sequence[str]) -> dict[str, Any]:
     return out
 
 
-def _run_scripted(
-    study: Scripted,
-    out: Path,
-    *,
-    steps: int | None,
-    data: str | None,
-    overrides: Sequence[str],
-    seeds: int,
-    seed_base: int,
-    power: bool,
-    max_seeds: int,
-    lr_cache: str | Path | None,
-    quick: bool,
-    show_progress: bool,
-    notify: Notify,
-    options: dict[str, Any],
-) -> dict[str, Any]:
-    """A scripted study, planned on a pilot of a disjoint base when ``power`` (its claims
-    re-decided with their plans), or as a smoke run when ``quick``."""
-    from curvalign_lab.declare import QUICK_OVERRIDES, QUICK_SEEDS
-
-    if quick:
-        data, steps, seeds, power = study.quick_data, study.quick_steps, QUICK_SEEDS, False
-        overrides = [*QUICK_OVERRIDES, *overrides]
-        allowed = {p for p in inspect.signature(study.run).parameters}
-        options = {"lr_grid": ()} | dict(study.quick) | options
-        if "vary_world" in allowed:
-            options.setdefault("vary_world", False)
-
-    def once(n: int, base: int, where: Path) -> dict[str, Any]:
-        return study.run(
-            where,
-            steps=steps,
-            data=data,
-            overrides=list(overrides),
-            seeds=n,
-            seed_base=base,
-            show_progress=show_progress,
-            notify=notify,
-            **({"lr_cache": Path(lr_cache)} if lr_cache else {}),
-            **options,
-        )
-
-    if not power:
-        return once(seeds, seed_base, out)
-    # the pilot: a seed base disjoint from the confirmatory one (and from the other bases a
-    # stability check uses), so that the plan and the verdict never share a seed
-    pilot_base = seed_base + PILOT_OFFSET
-    pilot = once(seeds, pilot_base, out / "pilot")
-    plan = kit.plan_seeds(pilot["claims"], max_seeds) | {
-        "pilot_seeds": seeds,
-        "pilot_seed_base": pilot_base,
-        "pilot_wall_s": pilot["wall_s"],
-    }
-    notify(
-        f"{study.name}: pilot of {seeds} seeds (base {pilot_base}) -> {plan['seeds']} seeds"
-        + (
-            f"; underpowered by plan: {', '.join(plan['out_of_budget'])}"
-            if plan["out_of_budget"]
-            else ""
-        )
-    )
-    result = once(plan["seeds"], seed_base, out)
-    result["wall_s"] = round(result["wall_s"] + plan["pilot_wall_s"], 1)
-    result["claims"] = [
-        kit.with_plan(c, plan["per_claim"].get(kit.base_claim(c["claim"])))
-        for c in result["claims"]
-    ]
-    kit.apply_holm(result["claims"])
-    result["verdict"] = "; ".join(f"{c['claim']}: {c['holm_outcome']}" for c in result["claims"])
-    result["holds"] = all(c["holm_verdict"] == kit.HOLDS for c in result["claims"])
-    result["power_plan"] = plan
-    return result
-
-
 def run_study(
     name: str,
     out: str | Path,
@@ -227,13 +129,13 @@ def run_study(
     ``study.json`` and ``study.md`` into ``out``.
 
     ``power``: first a pilot of ``seeds`` seeds on the disjoint base ``seed_base +
-    PILOT_OFFSET`` (a scripted study's into ``out/pilot``); from its per-seed SDs each claim is
+    PILOT_OFFSET``; from its per-seed SDs each claim is
     planned (exact noncentral-t MDE at the paper's effect, or at the distance to the margin,
     capped at ``max_seeds``), the study runs with the seeds the powered claims need, and each
     claim is decided with its plan: "underpowered" only where the plan needs more than the
     cap (``power_plan`` in the output holds the pilot's SDs, planned n and cap).
     ``quick``: a smoke run (the study's tiny store, 2 seeds, a few steps, no learning-rate grid,
-    no pilot, no world-inclusive re-runs)."""
+    no pilot)."""
     if name not in STUDIES:
         raise ConfigError(f"unknown study {name!r}; studies: {', '.join(STUDIES)}")
     if seeds < 1:
@@ -246,40 +148,22 @@ def run_study(
     out.mkdir(parents=True, exist_ok=True)
     notify = notify or (lambda m: None)
     study = STUDIES[name]
-    if isinstance(study, Scripted):
-        result = _run_scripted(
-            study,
-            out,
-            steps=steps,
-            data=data,
-            overrides=overrides,
-            seeds=seeds,
-            seed_base=seed_base,
-            power=power,
-            max_seeds=max_seeds,
-            lr_cache=lr_cache,
-            quick=quick,
-            show_progress=show_progress,
-            notify=notify,
-            options=options,
-        )
-    else:
-        result = run_declared(
-            configured(study, options, quick),
-            out,
-            steps=steps,
-            data=data,
-            overrides=overrides,
-            seeds=seeds,
-            seed_base=seed_base,
-            power=power,
-            max_seeds=max_seeds,
-            lr_grid=options.get("lr_grid", kit.LR_GRID),
-            lr_cache=Path(lr_cache) if lr_cache else None,
-            quick=quick,
-            show_progress=show_progress,
-            notify=notify,
-        )
+    result = run_declared(
+        configured(study, options, quick),
+        out,
+        steps=steps,
+        data=data,
+        overrides=overrides,
+        seeds=seeds,
+        seed_base=seed_base,
+        power=power,
+        max_seeds=max_seeds,
+        lr_grid=options.get("lr_grid", kit.LR_GRID),
+        lr_cache=Path(lr_cache) if lr_cache else None,
+        quick=quick,
+        show_progress=show_progress,
+        notify=notify,
+    )
     result["seed_base"] = seed_base
     result["command"] = (
         f"curvalign study {name} --out {out}"

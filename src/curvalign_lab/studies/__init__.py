@@ -1,4 +1,4 @@
-"""One module per study, each defining ``STUDY`` (a ``declare.Study`` or ``declare.Scripted``):
+"""One module per study, each defining ``STUDY`` (a ``declare.Study``):
 ``registry()`` finds them, so adding a study is adding a file."""
 
 from __future__ import annotations
