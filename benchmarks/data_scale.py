@@ -575,6 +575,30 @@ def run(args: argparse.Namespace) -> list[list[str]]:
                 rows.append(_row(n, f"train {recipe} ({args.steps} steps)", r, note))
             if n <= args.search_max and recipes:
                 run_dir, emb, idx = root / f"run_{recipes[0]}", root / "emb", root / "index"
+                if args.search_overrides:
+                    # the search stages on a run of their own (a narrower head: embeddings
+                    # and index of N pairs then fit beside the layout), trained as above
+                    run_dir = root / f"run_{recipes[0]}_search"
+                    extra = args.search_overrides.split(",")
+                    r = measure(
+                        "train",
+                        recipes[0],
+                        spec,
+                        str(run_dir),
+                        str(args.steps),
+                        *args.override,
+                        *extra,
+                        threads=args.threads,
+                        cold=data,
+                    )
+                    rows.append(
+                        _row(
+                            n,
+                            f"train {recipes[0]} {' '.join(extra)} ({args.steps} steps)",
+                            r,
+                            "the run the search stages below embed",
+                        )
+                    )
                 r = measure(
                     "cli",
                     "embed",
@@ -671,6 +695,13 @@ def main() -> None:
         type=int,
         default=1_000_000,
         help="run embed / index build / index search only for N up to this (default 1M)",
+    )
+    parser.add_argument(
+        "--search-overrides",
+        default="",
+        help="comma-separated key=value training overrides of a run of its own for the search "
+        "stages (e.g. embed_dim=128: float32 embeddings of both sides and an exact index take "
+        "12 (2 + 1) bytes per pair per dimension, 15 GB at 10M pairs and 128-d, 61 GB at 512-d)",
     )
     parser.add_argument(
         "--import-max",
