@@ -278,6 +278,8 @@ def _child(argv: list[str]) -> None:
     elif mode == "train":
         recipe, spec, run_dir, steps, *overrides = rest
         first: list[float] = []
+        first_cpu: list[float] = []
+        cpu_start = time.process_time()
         step_cpu: list[float] = []  # process CPU seconds (all threads) of each step
         validations: list[float] = []
         original_step = trainer_module.Trainer.train_step
@@ -291,6 +293,7 @@ def _child(argv: list[str]) -> None:
             step_cpu.append(time.process_time() - cpu)
             if not first:
                 first.append(time.perf_counter() - started)
+                first_cpu.append(time.process_time() - cpu_start)  # to the end of step 1
             return result
 
         def validate(self, *args, **kwargs):
@@ -308,6 +311,7 @@ def _child(argv: list[str]) -> None:
         rates = [r["pairs_per_s"] for r in log if "pairs_per_s" in r]
         out.update(
             first_step_s=first[0] if first else None,
+            first_step_cpu_s=first_cpu[0] if first_cpu else None,
             s_per_step=float(np.median([batch / r for r in rates])) if rates else None,
             cpu_s_per_step=float(np.median(step_cpu)) if step_cpu else None,
             validation_s=validations,
@@ -558,7 +562,8 @@ def run(args: argparse.Namespace) -> list[list[str]]:
                 )
                 vals = r["validation_s"]
                 note = (
-                    f"first step {r['first_step_s']:.1f} s; {r['s_per_step']:.3f} s/step "
+                    f"first step {r['first_step_s']:.1f} s "
+                    f"({r.get('first_step_cpu_s') or 0:.1f} CPU s); {r['s_per_step']:.3f} s/step "
                     f"({r.get('cpu_s_per_step') or 0:.3f} CPU s); "
                 ) + (
                     f"{len(vals)} validations of {r['validation_images']} images, "
@@ -575,6 +580,30 @@ def run(args: argparse.Namespace) -> list[list[str]]:
                 rows.append(_row(n, f"train {recipe} ({args.steps} steps)", r, note))
             if n <= args.search_max and recipes:
                 run_dir, emb, idx = root / f"run_{recipes[0]}", root / "emb", root / "index"
+                if args.search_overrides:
+                    # the search stages on a run of their own (a narrower head: embeddings
+                    # and index of N pairs then fit beside the layout), trained as above
+                    run_dir = root / f"run_{recipes[0]}_search"
+                    extra = args.search_overrides.split(",")
+                    r = measure(
+                        "train",
+                        recipes[0],
+                        spec,
+                        str(run_dir),
+                        str(args.steps),
+                        *args.override,
+                        *extra,
+                        threads=args.threads,
+                        cold=data,
+                    )
+                    rows.append(
+                        _row(
+                            n,
+                            f"train {recipes[0]} {' '.join(extra)} ({args.steps} steps)",
+                            r,
+                            "the run the search stages below embed",
+                        )
+                    )
                 r = measure(
                     "cli",
                     "embed",
@@ -671,6 +700,13 @@ def main() -> None:
         type=int,
         default=1_000_000,
         help="run embed / index build / index search only for N up to this (default 1M)",
+    )
+    parser.add_argument(
+        "--search-overrides",
+        default="",
+        help="comma-separated key=value training overrides of a run of its own for the search "
+        "stages (e.g. embed_dim=128: float32 embeddings of both sides and an exact index take "
+        "12 (2 + 1) bytes per pair per dimension, 15 GB at 10M pairs and 128-d, 61 GB at 512-d)",
     )
     parser.add_argument(
         "--import-max",

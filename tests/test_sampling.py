@@ -213,7 +213,7 @@ def test_the_chunk_shuffle_resumes_exactly_and_an_old_state_keeps_its_shuffle():
     rows.next_indices()
     state = rows.state_dict()
     del state["images"]["shuffle"]  # as saved before there was a choice
-    c = BatchSampler(store, 16, seed=0, shuffle="chunks")
+    c = BatchSampler(store, 16, seed=0, shuffle="auto")
     c.load_state_dict(state)
     assert c.shuffle == "rows"
     assert torch.equal(c.next_indices()["image"], rows.next_indices()["image"])

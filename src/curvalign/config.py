@@ -49,6 +49,8 @@ DEFAULT_STEPS_MIN, DEFAULT_STEPS_START_MAX = 100, 1000
 #: ... then longer while validation has not converged (the shared rule,
 #: ``curvalign.stats.curve_converged``), up to this cap (``max_steps``)
 DEFAULT_STEPS_CAP = 3000
+#: the sampler's shuffles (``TrainConfig.shuffle``; ``curvalign.data.sampling.SHUFFLES``)
+SHUFFLES = ("auto", "rows", "chunks")
 
 
 @dataclass
@@ -89,6 +91,12 @@ class TrainConfig:
     val_max_images   most validation images scored per validation: a larger split is scored on
                      a subsample of this size (seeded by ``seed``, recorded in meta.json), so a
                      validation costs the same at any store size; 0 = every image
+    shuffle          the order the sampler draws train images in (``data.sampling``): "rows"
+                     a uniform random permutation per epoch; "chunks" runs of 64 neighbouring
+                     rows in a seeded order, shuffled together 4,096 rows at a time (each
+                     page of memory-mapped shards read once an epoch); "auto" (the default)
+                     "chunks" on memory-mapped shards (``clip-retrieval:DIR``), "rows" on
+                     stores held in memory. A resumed run keeps the shuffle it was saved with
     """
 
     steps: int | None = None
@@ -111,6 +119,7 @@ class TrainConfig:
     val_fraction: float = 0.1
     val_max_images: int = 5000
     max_steps: int | None = None
+    shuffle: Literal["auto", "rows", "chunks"] = "auto"
 
     def __post_init__(self) -> None:
         for name in ("lr", "weight_decay", "warmup", "min_lr_ratio", "grad_clip"):
@@ -145,6 +154,10 @@ class TrainConfig:
                 f"{self.val_fraction}",
             ),
             (self.val_max_images >= 0, "val_max_images must be >= 0 (0 = every image)"),
+            (
+                self.shuffle in SHUFFLES,
+                f"shuffle must be one of {list(SHUFFLES)}, got {self.shuffle!r}",
+            ),
             (
                 self.patience == 0 or self.val_every != 0,
                 f"patience={self.patience} needs validation: set val_every > 0 or leave it unset "

@@ -155,17 +155,26 @@ def solve_ridge(x: Tensor, y: Tensor, alpha: float, intercept: bool) -> tuple[Te
     return weight, bias
 
 
+def spread_runs(ids: Tensor, max_rows: int) -> Tensor:
+    """At most ``max_rows`` of ``ids`` ``[N]`` (all of them when there are no more): runs of
+    ``SAMPLE_RUN_ROWS`` consecutive entries at evenly spaced starts, in order. The warm start's
+    fit and the check for held-out images copied from train take the same train rows, so a
+    memory-mapped store reads their pages once."""
+    if len(ids) <= max_rows:
+        return ids
+    run = min(SAMPLE_RUN_ROWS, max_rows)
+    starts = torch.linspace(0, len(ids) - run, -(-max_rows // run)).round().long()
+    return ids[(starts[:, None] + torch.arange(run)).flatten().unique()[:max_rows]]
+
+
 def split_pairs(store: FeatureStore, split: str, max_rows: int | None = None) -> tuple[Tensor, ...]:
     """(image features [Ni, Di], text features [Nt, Dt], text_to_image [Nt] local ids, caption
     image rows [Nt, Di]) of ``split``, float64; ``max_rows`` caps the images: runs of
     ``SAMPLE_RUN_ROWS`` consecutive ids at evenly spaced starts (a memory-mapped shard then
     reads whole pages of wanted rows, not one page per row)."""
     image_ids = store.split_image_ids(split)
-    if max_rows is not None and len(image_ids) > max_rows:
-        run = min(SAMPLE_RUN_ROWS, max_rows)
-        starts = torch.linspace(0, len(image_ids) - run, -(-max_rows // run)).round().long()
-        picks = (starts[:, None] + torch.arange(run)).flatten().unique()[:max_rows]
-        image_ids = image_ids[picks]
+    if max_rows is not None:
+        image_ids = spread_runs(image_ids, max_rows)
     local = torch.full((store.num_images,), -1, dtype=torch.long)
     local[image_ids] = torch.arange(len(image_ids))
     owner = local[torch.as_tensor(store.text_to_image).long()]
@@ -268,4 +277,5 @@ __all__ = [
     "mean_r1",
     "solve_ridge",
     "split_pairs",
+    "spread_runs",
 ]

@@ -332,6 +332,8 @@ class BatchSampler:
         for name in _ROW_FIELDS:
             advise_rows(getattr(store, name, None), "random")
 
+        #: the shuffle asked for ("auto" lets a resumed state keep its own; load_state_dict)
+        self.requested_shuffle = shuffle
         #: the stream options (``_EpochStream.options``) of this sampler's shuffle
         self.options = _shuffle_options(store, shuffle, chunk_rows, window_chunks)
         self.generator = torch.Generator().manual_seed(int(seed))
@@ -421,13 +423,22 @@ class BatchSampler:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue where ``state`` (``state_dict``) left off: the same batches an uninterrupted
         run draws next, with the shuffle the state was saved with (a state without one was
-        saved by the row shuffle, the only one there was)."""
+        saved by the row shuffle, the only one there was). A shuffle asked for by name ("rows",
+        "chunks") that is not the state's is a SamplingError; "auto" takes the state's."""
         saved = {
             k: v
             for k, v in state["images"].items()
             if k in ("shuffle", "chunk_rows", "window_chunks")
         }
         saved.setdefault("shuffle", "rows")
+        if self.requested_shuffle not in ("auto", saved["shuffle"]):
+            # an explicit shuffle that the state was not drawn with: continuing would draw other
+            # batches than the saved run, switching would ignore the request
+            raise SamplingError(
+                f"the sampler state was saved with shuffle {saved['shuffle']!r}, not the "
+                f"{self.requested_shuffle!r} asked for; resume with shuffle="
+                f"{saved['shuffle']} or 'auto' (the state's own)"
+            )
         if saved != self._images.options():
             self.options = saved
             self._images = _stream(self._images.n, self.generator, saved)

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from curvalign.data.alignment import MAX_FIT_PAIRS, spread_runs
 from curvalign.data.features import FeatureStore
 from curvalign.errors import ConfigError
 
@@ -26,9 +27,10 @@ VAL_SPLIT = "val"
 MAX_SHARED = 0.05
 #: a seeded hold-out must leave at least this many train images (else no validation, with a note)
 MIN_TRAIN_IMAGES = 8
-#: train images compared with the held-out splits by ``copies_of_train`` (evenly spaced runs of
-#: consecutive images above it): one pass of a vectorised 64-bit fingerprint over at most this many rows
-TRAIN_ROWS_CHECKED = 100_000
+#: train images compared with the held-out splits by ``copies_of_train`` (above it, evenly spaced
+#: runs of consecutive images, ``alignment.spread_runs``: the rows the warm start's fit reads,
+#: so a memory-mapped store reads them once): one pass of a 64-bit fingerprint over these rows
+TRAIN_ROWS_CHECKED = MAX_FIT_PAIRS
 #: rows read at a time by the duplicate checks (memory bounded, not by N)
 _CHUNK = 4096
 
@@ -157,12 +159,9 @@ def copies_of_train(
     features = store.image_features
     train_ids = store.split_image_ids("train")
     total = len(train_ids)
-    if total > limit:
-        # evenly spaced runs of consecutive train images: sequential reads of a memory-mapped
-        # store (scattered rows would each cost a page fault), spread over the whole of it
-        runs = max(1, limit // _CHUNK)
-        starts = np.linspace(0, total - _CHUNK, runs).astype(np.int64)
-        train_ids = torch.cat([train_ids[int(a) : int(a) + _CHUNK] for a in starts])
+    # runs of consecutive train images spread over the whole store, the warm start's sample
+    # (long runs under the maps' default read-around read several times their bytes)
+    train_ids = spread_runs(train_ids, limit)
     out: dict[str, Any] = {"train_checked": len(train_ids), "train": total}
     targets = {name: store.split_image_ids(name) for name in held}
     digests = {name: _digests(features, ids, name, data) for name, ids in targets.items()}

@@ -404,6 +404,7 @@ class Trainer:
                 recipe=repr(config.recipe),
                 data=config.data,
                 text_tokens=self.features.sampler_reads_tokens(self.recipe),
+                shuffle=cfg.shuffle,
             )
         except SamplingError as err:
             raise TrainError(str(err)) from None
@@ -524,6 +525,7 @@ class Trainer:
                 recipe=repr(self.config.recipe),
                 data=self.config.data,
                 text_tokens=self.features.sampler_reads_tokens(self.recipe),
+                shuffle=self.train_config.shuffle,
             )
             sampler.load_state_dict(state)
         except SamplingError as err:
