@@ -555,37 +555,24 @@ def _tiny_world():
 
 TINY = f"synthetic:images=160,text_pairs=60,captions_max=3,{SMALL_TREE}"
 TINY_TRAIN = ["batch_size=16", "pair_batch_size=16"]
-TINY_STUDIES = {
-    "agr-curriculum": ({}, TINY),
-    "dualpath-forgetting": (
-        {},
-        f"{TINY},paraphrase_topics=8,heldout_pairs=40",
-    ),
-    "atmg-curvature": ({"curvatures": (0.1, 1.0)}, TINY),
-    "phyclip-factors": ({}, TINY + ",leaf_pairs=4"),
-    "proclip-product": ({}, TINY),
-}
-GRID_STUDY = "proclip-product"
 
 
-@pytest.mark.parametrize("name", list(TINY_STUDIES))
-def test_each_study_runs_tiny_and_is_too_short(tmp_path, name, one_thread):
+def test_the_runner_runs_a_study_tiny_and_it_is_too_short(tmp_path, one_thread):
+    """The runner's own checks at tiny size, on one study (the cheapest, with a learning-rate
+    grid); every study's own file (tests/test_study_NAME.py) runs it through the runner at tiny
+    size with a pilot and checks that its claims are too short there."""
     from curvalign_lab.runner import run_study
 
-    options, data = TINY_STUDIES[name]
-    # the learning-rate grid is the shared runner's (``kit.Bench.choose_lr``): walked for one
-    # study; the others train at their rate, which halves their cost
-    grid = (1e-3, 3e-3) if name == GRID_STUDY else ()
+    name = "proclip-product"
     result = run_study(
         name,
         tmp_path / name,
         steps=4,
         seeds=2,
         seed_base=5,
-        data=data,
+        data=TINY,
         overrides=TINY_TRAIN,
-        lr_grid=grid,
-        **options,
+        lr_grid=(1e-3, 3e-3),
     )
     assert result["claims"]
     for claim in result["claims"]:
@@ -596,17 +583,11 @@ def test_each_study_runs_tiny_and_is_too_short(tmp_path, name, one_thread):
         assert "mde_text" in claim and "paper_effect_text" in claim
     assert result["seeds"] == [5, 6] and result["wall_s"] > 0
     assert "--seed-base 5" in result["command"]
-    if grid:
-        # every arm's learning rate came from the shared grid, chosen on validation
-        assert result["lr_grid"] == [1e-3, 3e-3] and result["lr_choice"]
-        for choice in result["lr_choice"].values():
-            assert choice["chosen"] in (1e-3, 3e-3) and len(choice["grid"]) == 2
-    else:
-        assert not result["lr_grid"]
-    # a scripted study's page names its Holm family in its own words, a declared one's in one line
-    assert any(
-        f in result["markdown"] for f in ("Family for the multiplicity correction", "Holm family")
-    )
+    # every arm's learning rate came from the shared grid, chosen on validation
+    assert result["lr_grid"] == [1e-3, 3e-3] and result["lr_choice"]
+    for choice in result["lr_choice"].values():
+        assert choice["chosen"] in (1e-3, 3e-3) and len(choice["grid"]) == 2
+    assert "Holm family" in result["markdown"]
     assert all(Path(f).exists() for f in result["figures"])
     assert set(result["convergence"]) and all(
         c["seeds"] == 2 for c in result["convergence"].values()
