@@ -319,7 +319,7 @@ def test_seeds_for_effect_and_the_pilot_plan():
             MOVED,
             "c",
             threshold=-0.02,
-            paper_effect=0.0055,
+            paper_effect=-0.0055,
         ),
         # a precondition claim is not planned (and is outside the Holm family)
         kit.claim_record(

@@ -60,10 +60,15 @@ def test_power_and_mde_are_exact():
 def test_the_plan_targets_the_paper_effect_or_the_distance_to_the_margin():
     assert rules.planning_target("superiority", -0.02, None) == 0.02
     # AtMG "almost constant": a 0.55-point drop against a 2-point margin needs 1.45 points
-    assert rules.planning_target("non-inferiority", 0.0055, 0.02) == pytest.approx(0.0145)
+    assert rules.planning_target("non-inferiority", -0.0055, 0.02) == pytest.approx(0.0145)
     assert rules.planning_target("equivalence", 0.0055, 0.02) == pytest.approx(0.0145)
+    assert rules.planning_target("equivalence", -0.0055, 0.02) == pytest.approx(0.0145)
+    # a non-inferiority claim whose paper effect is an advantage: its distance to the margin
+    # (hyperbolic d = 5 65 MAP points above Euclidean d = 10, margin 5)
+    assert rules.planning_target("non-inferiority", 0.65, 0.05) == pytest.approx(0.70)
+    assert rules.planning_target("non-inferiority", 0.0, 0.02) == pytest.approx(0.02)
     # the paper's own effect at or beyond the margin: no n shows the claim
-    assert math.isnan(rules.planning_target("non-inferiority", 0.03, 0.02))
+    assert math.isnan(rules.planning_target("non-inferiority", -0.03, 0.02))
     assert math.isnan(rules.planning_target("superiority", None, None))
     with pytest.raises(ValueError, match="margin"):
         rules.planning_target("equivalence", 0.01, None)
@@ -81,7 +86,7 @@ def test_plan_picks_the_fewest_seeds_and_says_underpowered_above_the_cap():
     )
     assert plan.mde == pytest.approx(rules.minimal_detectable(0.01, plan.n))
     # a margin claim plans against the distance to the margin, with a one-sided test
-    margin = rules.plan_claim(pilot, kind="non-inferiority", paper_effect=0.0055, margin=0.02)
+    margin = rules.plan_claim(pilot, kind="non-inferiority", paper_effect=-0.0055, margin=0.02)
     assert margin.target == pytest.approx(0.0145)
     assert margin.mde == pytest.approx(rules.minimal_detectable(0.01, margin.n, sided=1))
     # a small effect at this SD needs more than the cap: underpowered by plan

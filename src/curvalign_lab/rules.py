@@ -151,7 +151,11 @@ def planning_target(kind: str, paper_effect: float | None, margin: float | None)
     """The effect a claim's plan must be able to detect: the paper's effect for a superiority
     claim; the distance from the paper's effect to the margin for a non-inferiority or
     equivalence claim (``nan`` where that is not positive: the paper's own effect lies at or
-    beyond the margin, so no n can show the claim). ``nan`` without a paper effect."""
+    beyond the margin, so no n can show the claim). ``nan`` without a paper effect.
+
+    A non-inferiority claim (effect > -margin) takes the paper's *signed* effect on the claim's
+    statistic: a 0.55-point drop is -0.0055 (distance 0.02 - 0.0055), a 65-point advantage
+    +0.65 (distance 0.65 + 0.05). An equivalence claim (|effect| < margin) takes its size."""
     if kind not in KINDS:
         raise ValueError(f"claim kind must be one of {KINDS}, got {kind!r}")
     if paper_effect is None or not math.isfinite(paper_effect):
@@ -160,7 +164,10 @@ def planning_target(kind: str, paper_effect: float | None, margin: float | None)
         return abs(paper_effect)
     if margin is None or not math.isfinite(margin):
         raise ValueError(f"a {kind} claim needs its margin")
-    distance = abs(margin) - abs(paper_effect)
+    if kind == NON_INFERIORITY:
+        distance = paper_effect + abs(margin)
+    else:
+        distance = abs(margin) - abs(paper_effect)
     return distance if distance > 0 else math.nan
 
 
