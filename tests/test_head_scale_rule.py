@@ -87,3 +87,12 @@ def test_the_step0_check_and_tuning_name_the_rules_knobs() -> None:
     space = Phyclip.search_space()
     assert set(space["tangent_norm_init"].covers) == set(HEAD_SCALE_KNOBS) - {"tangent_norm_init"}
     assert Phyclip.scale_knobs == HEAD_SCALE_KNOBS
+
+
+def test_the_old_phyclip_head_scale_warns_and_gives_the_image_side():
+    from curvalign.recipes.phyclip import Phyclip, PhyclipConfig
+
+    config = PhyclipConfig(num_factors=4, factor_dim=8)
+    with pytest.warns(DeprecationWarning, match="head_scales_for"):
+        old = Phyclip.head_scale(config, 16, 3.0)
+    assert old == Phyclip.head_scales_for(config, 16, 16, 3.0, 3.0)[0]

@@ -25,6 +25,7 @@ Analysis   ``factor_norms`` (factor-wise distance to the origin) and ``factor_ma
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Any, Literal, cast
 
@@ -179,6 +180,18 @@ class Phyclip(HyperbolicRecipe):
     #: alignment's angle (see ``warm_start``); the largest gap measured on the test stores over
     #: three world seeds is 5.5, plus a margin of about three validation images
     warm_start_tolerance = 7.0
+
+    @staticmethod
+    def head_scale(config: PhyclipConfig, in_dim: int, feature_norm: float | None) -> float:
+        """Deprecated (removed in 0.3.0): the image side of ``head_scales_for``, which gives both
+        sides' scales by the one rule."""
+        warnings.warn(
+            "Phyclip.head_scale is deprecated and removed in 0.3.0: use "
+            "Phyclip.head_scales_for (both sides' scales by the one rule)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return Phyclip.head_scales_for(config, in_dim, in_dim, feature_norm, feature_norm)[0]
 
     @staticmethod
     def head_scales_for(
