@@ -13,10 +13,13 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import torch
+
+if TYPE_CHECKING:
+    from curvalign_lab.records import StudyResult
 
 #: set by pytest-xdist in its worker processes
 _XDIST_WORKER = os.environ.get("PYTEST_XDIST_WORKER")
@@ -114,7 +117,7 @@ SHORT_STUDY_DATA = (
 )
 
 
-def _run_short_study(root: Path) -> dict[str, Any]:
+def _run_short_study(root: Path) -> StudyResult:
     from curvalign_lab.runner import run_study
 
     before = torch.get_num_threads()
@@ -134,7 +137,7 @@ def _run_short_study(root: Path) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="session")
-def short_study(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
+def short_study(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, StudyResult]:
     """``(root, result)``: the proclip-product study run once, far too short (2 steps, 2 seeds,
     a two-rate grid, a narrow MLP), written to ``root / "proclip-product"``. Read by the tests
     of its budget verdict and the results page; none of them writes into ``root``.
@@ -153,7 +156,7 @@ def short_study(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[st
     done = shared / "short-study.pickle"
     with FileLock(str(shared / "short-study.lock")):
         if done.is_file():
-            shared_result: tuple[Path, dict[str, Any]] = pickle.loads(done.read_bytes())
+            shared_result: tuple[Path, StudyResult] = pickle.loads(done.read_bytes())
             return shared_result
         root = tmp_path_factory.mktemp("short-study")  # this worker's (a failed run stays apart)
         made = root, _run_short_study(root)

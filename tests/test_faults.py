@@ -622,7 +622,7 @@ def test_a_short_study_says_it_is_too_short(short_study):
     from curvalign_lab import kit as studykit
 
     root, result = short_study
-    assert [c["outcome"] for c in result["claims"]] == [studykit.TOO_SHORT]
+    assert [c.outcome for c in result.claims] == [studykit.TOO_SHORT]
     assert studykit.TOO_SHORT in (root / "proclip-product" / "study.md").read_text()
 
 

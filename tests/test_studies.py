@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -9,8 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from curvalign.errors import InputError
 from curvalign.stats import Interval, mean_interval, paired_difference
 from curvalign_lab import kit
+from curvalign_lab.records import ClaimResult, StudyResult
 
 # --- the verdict rule, every outcome (hand-made numbers) -------------------------------------
 
@@ -207,14 +210,18 @@ def test_claim_record_carries_intervals_power_and_the_paper_effect():
         paper_source="seed 003, Sec. 4",
         control_min=0.05,
     )
-    assert rec["verdict"] == kit.HOLDS and rec["outcome"] == kit.HOLDS
-    assert rec["effect"] == effect.as_dict() and "[1.00, 9.00]" in rec["effect_text"]
-    assert rec["control"]["n"] == 3 and rec["control_what"] == "control - x"
-    assert rec["control_ok"] and "expected > 0 and >= 5" in rec["control_text"]
-    assert rec["paper_effect_text"] == "2 points (seed 003, Sec. 4)"
-    assert rec["mde"] == pytest.approx(kit.minimal_detectable(effect))
-    assert 0 < rec["p_value"] < 0.05
-    json.dumps(rec)
+    assert rec.verdict == kit.HOLDS and rec.outcome == kit.HOLDS
+    assert rec.effect == effect and "[1.00, 9.00]" in rec.effect_text
+    assert rec.control is not None and rec.control.n == 3 and rec.control_what == "control - x"
+    assert rec.control_ok and "expected > 0 and >= 5" in rec.control_text
+    assert rec.paper_effect_text == "2 points (seed 003, Sec. 4)"
+    assert rec.mde == pytest.approx(kit.minimal_detectable(effect))
+    assert 0 < rec.p_value < 0.05
+    data = rec.to_json()
+    assert data["effect"] == effect.as_dict() and data["inputs"]["plan"] is None
+    # not yet Holm-corrected: no Holm keys, and the record reads back equal
+    assert "holm_verdict" not in data and "holm_family" not in data
+    assert ClaimResult.from_json(json.loads(json.dumps(data))) == rec
 
 
 # --- statistics behind the rule, on hand-made numbers -----------------------------------------
@@ -270,21 +277,23 @@ def test_holm_changes_the_verdicts_table():
         rec([0.10, 0.11, 0.12], "strong"),  # p = 0.0027
         rec([0.04, 0.02, 0.035], "b"),
     ]
-    assert all(c["verdict"] == kit.HOLDS for c in claims)
-    kit.apply_holm(claims)
-    assert [c["holm_verdict"] for c in claims] == [
+    assert all(c.verdict == kit.HOLDS for c in claims)
+    claims = kit.apply_holm(claims)
+    assert [c.holm_verdict for c in claims] == [
         kit.INCONCLUSIVE_KIND,
         kit.HOLDS,
         kit.INCONCLUSIVE_KIND,
     ]
-    assert claims[0]["holm_outcome"] == kit.NOT_SIGNIFICANT
-    assert all(c["holm_family"] == 3 for c in claims)
+    assert claims[0].holm_outcome == kit.NOT_SIGNIFICANT
+    assert all(c.holm_family == 3 for c in claims)
+    # the verdict before Holm is kept beside the Holm-adjusted one
+    assert claims[0].verdict == kit.HOLDS and claims[0].final_verdict == kit.INCONCLUSIVE_KIND
     # a claim not testable in this regime is outside the family
     claims.append(
         kit.claim_record("r", mean_interval([0.1, 0.2, 0.3]), MOVED, "c", regime="no encoder")
     )
-    kit.apply_holm(claims)
-    assert claims[-1]["holm_verdict"] == kit.NOT_REPRODUCED and claims[0]["holm_family"] == 3
+    claims = kit.apply_holm(claims)
+    assert claims[-1].holm_verdict == kit.NOT_REPRODUCED and claims[0].holm_family == 3
     # so is a claim whose precondition is not met, and a precondition claim itself (decided by
     # its own interval, not costing the others power)
     claims.append(
@@ -293,10 +302,11 @@ def test_holm_changes_the_verdicts_table():
     claims.append(
         kit.claim_record("gate", mean_interval([0.10, 0.11, 0.12]), MOVED, "c", role="precondition")
     )
-    kit.apply_holm(claims)
-    assert claims[0]["holm_family"] == 3 and "holm_family" not in claims[-1]
-    assert claims[-2]["holm_verdict"] == kit.NOT_REPRODUCED
-    assert claims[-1]["holm_verdict"] == kit.HOLDS
+    claims = kit.apply_holm(claims)
+    assert claims[0].holm_family == 3 and "holm_family" not in claims[-1].to_json()
+    assert claims[-1].holm_significant is None
+    assert claims[-2].holm_verdict == kit.NOT_REPRODUCED
+    assert claims[-1].holm_verdict == kit.HOLDS
 
 
 def test_seeds_for_effect_and_the_pilot_plan():
@@ -334,17 +344,20 @@ def test_seeds_for_effect_and_the_pilot_plan():
     plan = kit.plan_seeds(pilot, max_seeds=12)
     small_sd = kit.interval_sd(mean_interval([0.01, 0.03, 0.0]))
     small = rules.plan_for_sd(small_sd, 3, kind="superiority", paper_effect=0.02, cap=12)
-    assert plan["per_claim"]["small"]["n"] == small.n and not small.underpowered
+    assert plan["per_claim"]["small"].n == small.n and not small.underpowered
     assert rules.minimal_detectable(small_sd, small.n) <= 0.02
     assert rules.minimal_detectable(small_sd, small.n - 1) > 0.02
     flat = plan["per_claim"]["flat"]
-    assert flat["kind"] == "non-inferiority" and flat["target"] == pytest.approx(0.0145)
-    assert plan["seeds"] == max(p["n"] for p in plan["per_claim"].values() if not p["underpowered"])
+    assert flat.kind == "non-inferiority" and flat.target == pytest.approx(0.0145)
+    assert plan["seeds"] == max(p.n for p in plan["per_claim"].values() if not p.underpowered)
     assert plan["out_of_budget"] == ["tiny"]
     assert "none" not in plan["per_claim"] and "pre" not in plan["per_claim"]
-    # the plan, not the run, says "underpowered"
+    # the plan, not the run, says "underpowered"; re-deciding keeps every other field
     tiny = kit.with_plan(pilot[2], plan["per_claim"]["tiny"])
-    assert tiny["verdict"] == kit.UNDERPOWERED and tiny["planned_n_text"].startswith("> 12")
+    assert tiny.verdict == kit.UNDERPOWERED and (tiny.planned_n_text or "").startswith("> 12")
+    assert tiny.inputs.plan == tiny.plan == plan["per_claim"]["tiny"]
+    assert tiny.effect == pilot[2].effect and pilot[2].verdict != kit.UNDERPOWERED
+    assert tiny.to_json()["inputs"]["plan"]["kind"] == "superiority"
 
 
 # --- machinery ---------------------------------------------------------------------------------
@@ -574,26 +587,27 @@ def test_the_runner_runs_a_study_tiny_and_it_is_too_short(tmp_path, one_thread):
         overrides=TINY_TRAIN,
         lr_grid=(1e-3, 3e-3),
     )
-    assert result["claims"]
-    for claim in result["claims"]:
+    assert result.claims
+    for claim in result.claims:
         # 4 steps is below every study's need, unless the claim is not testable here at all
-        assert claim["outcome"] == kit.TOO_SHORT or claim["verdict"] == kit.NOT_REPRODUCED
-        assert claim["holm_verdict"] in kit.VERDICTS
-        assert claim["effect"]["n"] in (0, 2)
-        assert "mde_text" in claim and "paper_effect_text" in claim
-    assert result["seeds"] == [5, 6] and result["wall_s"] > 0
-    assert "--seed-base 5" in result["command"]
+        assert claim.outcome == kit.TOO_SHORT or claim.verdict == kit.NOT_REPRODUCED
+        assert claim.holm_verdict in kit.VERDICTS
+        assert claim.effect.n in (0, 2)
+        assert claim.mde_text and claim.paper_effect_text
+    assert result.seeds == (5, 6) and result.wall_s > 0
+    assert result.command is not None and "--seed-base 5" in result.command
     # every arm's learning rate came from the shared grid, chosen on validation
-    assert result["lr_grid"] == [1e-3, 3e-3] and result["lr_choice"]
-    for choice in result["lr_choice"].values():
-        assert choice["chosen"] in (1e-3, 3e-3) and len(choice["grid"]) == 2
-    assert "Holm family" in result["markdown"]
-    assert all(Path(f).exists() for f in result["figures"])
-    assert set(result["convergence"]) and all(
-        c["seeds"] == 2 for c in result["convergence"].values()
-    )
+    assert result.lr_grid == (1e-3, 3e-3) and result.lr_choice
+    for choice in result.lr_choice.values():
+        assert choice.chosen in (1e-3, 3e-3) and len(choice.grid) == 2
+    assert "Holm family" in result.markdown
+    assert all(Path(f).exists() for f in result.figures)
+    assert result.convergence and all(c.seeds == 2 for c in result.convergence.values())
     saved = json.loads((tmp_path / name / "study.json").read_text())
-    assert saved["verdict"] == result["verdict"] and saved["command"].startswith("curvalign study")
+    assert saved["verdict"] == result.verdict and saved["command"].startswith("curvalign study")
+    # the file is the record's JSON, and reads back as the same record
+    assert saved == json.loads(json.dumps(result.to_json()))
+    assert StudyResult.from_json(saved).to_json() == saved
     assert "Verdict rule" in (tmp_path / name / "study.md").read_text()
 
 
@@ -820,6 +834,21 @@ def test_label_noise_control_moves_a_known_share_of_train_captions_only():
 # --- the claim-specific measures, on hand-made inputs --------------------------------------------
 
 
+def _study_record(name: str, seeds, verdicts) -> StudyResult:
+    """A study result with one claim per (claim, Holm-adjusted verdict text)."""
+    claims = tuple(
+        dataclasses.replace(
+            kit.claim_record(c, mean_interval([0.1, 0.2, 0.3]), MOVED, "c"),
+            holm_outcome=v,
+            holm_verdict=v.split(" by")[0],
+        )
+        for c, v in verdicts
+    )
+    return StudyResult(
+        name=name, paper="p", setup="s", claims=claims, verdict="", holds=False, seeds=seeds
+    )
+
+
 def test_stability_check_shows_every_flip_as_a_flip(tmp_path):
     from curvalign_lab import results
 
@@ -827,15 +856,9 @@ def test_stability_check_shows_every_flip_as_a_flip(tmp_path):
         for name, claims in verdicts.items():
             d = tmp_path / base / name
             d.mkdir(parents=True)
-            result = {
-                "name": name,
-                "seeds": [0, 1, 2] if base == "a" else [100, 101, 102],
-                "claims": [
-                    {"claim": c, "outcome": v, "holm_outcome": v, "holm_verdict": v.split(" by")[0]}
-                    for c, v in claims
-                ],
-            }
-            (d / "study.json").write_text(json.dumps(result))
+            seeds = (0, 1, 2) if base == "a" else (100, 101, 102)
+            result = _study_record(name, seeds, claims)
+            (d / "study.json").write_text(json.dumps(result.to_json()))
 
     under = "underpowered by plan (n > 10)"
     write("a", {"s": [("x", kit.HOLDS), ("y", under), ("z", kit.EQUIVALENT)]})
@@ -856,20 +879,26 @@ def test_stability_check_shows_every_flip_as_a_flip(tmp_path):
 
 def test_lr_table_marks_a_rate_at_the_grid_edge():
     from curvalign_lab import results
+    from curvalign_lab.records import LrChoice
 
-    result = {
-        "claims": [{"paper_source": "x"}],
-        "lr_grid": [3e-4, 1e-3, 3e-3, 1e-2, 3e-2],
-        "lr_choice": {
-            "a": {"chosen": 1e-2, "grid": [[3e-3, 0.30], [1e-2, 0.35], [3e-2, 0.31]]},
-            "b": {"chosen": 3e-2, "grid": [[1e-2, 0.30], [3e-2, 0.40]]},
+    result = dataclasses.replace(
+        _study_record("s", (0, 1), [("x", kit.HOLDS)]),
+        lr_grid=(3e-4, 1e-3, 3e-3, 1e-2, 3e-2),
+        lr_choice={
+            "a": LrChoice("clip", 1e-2, ((3e-3, 0.30), (1e-2, 0.35), (3e-2, 0.31))),
+            "b": LrChoice("clip", 3e-2, ((1e-2, 0.30), (3e-2, 0.40))),
         },
-    }
+    )
     table = results.lr_table(result)
     assert "| a | 0.01 | yes | 0.003: 30.0, 0.01: 35.0, 0.03: 31.0 |" in table
     assert "| b | 0.03 | **no (edge)** |" in table
     assert "1 of 2 arms chose a rate inside the grid" in table
-    assert results.is_current(result) and not results.is_current({"claims": [{"claim": "old"}]})
+    assert results.is_current(result)
+    # a claim without the keys every recorded claim has is one clear error naming the key
+    data = result.to_json()
+    del data["claims"][0]["paper_source"]
+    with pytest.raises(InputError, match="claim 'x' has no 'paper_source'"):
+        StudyResult.from_json(data)
 
 
 def test_cached_value_computes_once_and_waits_for_a_run_in_progress(tmp_path):

@@ -160,11 +160,11 @@ def test_a_control_that_cannot_reach_the_claim_size_makes_the_claims_unable_to_h
     study = agr.STUDY
     weak = {0.25: {0: 0.05, 1: 0.07}, 0.5: {0: 0.1, 1: 0.12}, 1.0: {0: 0.3, 1: 0.2}}
     choice = declare.choose_dose(study, weak)
-    assert choice["target"] == pytest.approx(0.78) and not choice["calibrated"]
+    assert choice.target == pytest.approx(0.78) and not choice.calibrated
     strong = {0.25: {0: 0.3, 1: 0.3}, 0.5: {0: 0.7, 1: 0.9}, 1.0: {0: 0.9, 1: 0.95}}
     good = declare.choose_dose(study, strong)
-    assert good["calibrated"] and 0.25 < good["dose"] < 1.0
-    assert good["dose"] == pytest.approx(
+    assert good.calibrated and 0.25 < good.dose < 1.0
+    assert good.dose == pytest.approx(
         rules.dose_for_effect([0.25, 0.5, 1.0], [0.3, 0.8, 0.925], 0.78)
     )
     clear = {
@@ -173,11 +173,11 @@ def test_a_control_that_cannot_reach_the_claim_size_makes_the_claims_unable_to_h
     }
     weak_control = {0: 0.3, 1: 0.2, 2: 0.25}
     claims = declare.decide_claims(study, clear, weak_control, [0, 1, 2], 450, None, "control")
-    sized = next(c for c in claims if c["key"] == "single>four")
-    assert sized["holm_verdict"] != kit.HOLDS and not sized["control_ok"]
+    sized = next(c for c in claims if c.key == "single>four")
+    assert sized.holm_verdict != kit.HOLDS and not sized.control_ok
     strong_control = {0: 0.8, 1: 0.85, 2: 0.9}
     claims = declare.decide_claims(study, clear, strong_control, [0, 1, 2], 450, None, "control")
-    assert next(c for c in claims if c["key"] == "single>four")["holm_verdict"] == kit.HOLDS
+    assert next(c for c in claims if c.key == "single>four").holm_verdict == kit.HOLDS
 
 
 def test_the_pilot_scans_the_control_and_plans_the_seeds_at_tiny_size(
@@ -200,14 +200,14 @@ def test_the_pilot_scans_the_control_and_plans_the_seeds_at_tiny_size(
         power=True,
         max_seeds=2,
     )
-    plan = result["power_plan"]
-    assert plan["pilot_seed_base"] == declare.PILOT_OFFSET and result["seeds"] == [0, 1]
-    scan = result["control"]["choice"]["scan"]
+    plan = result.power_plan
+    assert plan.pilot_seed_base == declare.PILOT_OFFSET and result.seeds == (0, 1)
+    scan = result.control.choice.scan
     assert set(scan) == {"0.25", "0.5", "1"}
     # 3 steps is below the claims' budget; the routing statistics were measured at T_w = 2
-    for claim in result["claims"]:
-        assert claim["outcome"] == kit.TOO_SHORT or claim["verdict"] == kit.NOT_REPRODUCED
-    assert result["starts"]["four-phase"] and result["starts"]["single"]
+    for claim in result.claims:
+        assert claim.outcome == kit.TOO_SHORT or claim.verdict == kit.NOT_REPRODUCED
+    assert result.starts["four-phase"] and result.starts["single"]
     md = (tmp_path / "agr" / "study.md").read_text()
     assert "Learning rate and its precondition" in md and "| four-phase | T_w |" in md
     assert "Definition 5.2" in md and "Power, planned on a pilot" in md

@@ -12,6 +12,7 @@ import pytest
 from curvalign.errors import ConfigError
 from curvalign.stats import Interval
 from curvalign_lab import declare, kit, page, rules
+from curvalign_lab.records import ClaimResult, StudyResult
 from curvalign_lab.studies import atmg_curvature as atmg
 
 #: a tiny world with classes (zero-shot needs them): 4 families x 2 leaves, 1 prompt template
@@ -26,7 +27,7 @@ def _measured(effects: list[float]) -> declare.Measured:
     return declare.Measured(dict(zip(SEEDS, effects, strict=True)))
 
 
-def _decide(study: declare.Study, measured, control: float) -> dict[str, dict]:
+def _decide(study: declare.Study, measured, control: float) -> dict[str, ClaimResult]:
     claims = declare.decide_claims(
         study,
         measured,
@@ -36,7 +37,7 @@ def _decide(study: declare.Study, measured, control: float) -> dict[str, dict]:
         None,
         "control",
     )
-    return {c["key"]: c for c in claims}
+    return {c.key: c for c in claims}
 
 
 def test_atmg_regime_claims_are_measured_bounds() -> None:
@@ -65,14 +66,14 @@ def test_atmg_regime_claims_are_measured_bounds() -> None:
         atmg.STUDY, {"atmg_vs_meru": near, "meru_drops": far, "stable": stable}, control=0.05
     )
     for key in ("atmg_vs_meru", "meru_drops"):
-        assert claims[key]["holm_verdict"] == kit.NOT_REPRODUCED
-        assert "holm_family" not in claims[key]
-    assert f"upper bound {100 * iv.high:.2f}" in claims["atmg_vs_meru"]["holm_outcome"]
-    assert "does not exclude 28.4" in claims["meru_drops"]["holm_outcome"]
+        assert claims[key].holm_verdict == kit.NOT_REPRODUCED
+        assert claims[key].holm_family is None
+    assert f"upper bound {100 * iv.high:.2f}" in claims["atmg_vs_meru"].holm_outcome
+    assert "does not exclude 28.4" in claims["meru_drops"].holm_outcome
     # the one tested claim: non-inferiority at the margin, its family of one
-    assert claims["stable"]["holm_family"] == 1
-    assert claims["stable"]["kind"] == rules.NON_INFERIORITY
-    assert claims["stable"]["threshold"] == pytest.approx(-atmg.STABLE_MARGIN)
+    assert claims["stable"].holm_family == 1
+    assert claims["stable"].kind == rules.NON_INFERIORITY
+    assert claims["stable"].threshold == pytest.approx(-atmg.STABLE_MARGIN)
 
 
 def test_the_label_noise_control_is_scanned_and_can_fail() -> None:
@@ -86,9 +87,9 @@ def test_the_label_noise_control_is_scanned_and_can_fail() -> None:
     scan = {0.1: {0: 0.0, 1: 0.01}, 0.3: {0: 0.02, 1: 0.03}, 0.6: {0: 0.08, 1: 0.1}}
     choice = declare.choose_dose(study, scan)
     # 0.1 costs 0.5 points, 0.3 costs 2.5: the 2-point crossing lies between them
-    assert choice["calibrated"] and 0.1 < choice["dose"] < 0.3
+    assert choice.calibrated and 0.1 < choice.dose < 0.3
     weak = {d: {s: v / 10 for s, v in e.items()} for d, e in scan.items()}
-    assert declare.choose_dose(study, weak) == {
+    assert declare.choose_dose(study, weak).to_json() == {
         "target": pytest.approx(0.02),
         "scan": {
             "0.1": pytest.approx(0.0005),
@@ -101,9 +102,9 @@ def test_the_label_noise_control_is_scanned_and_can_fail() -> None:
     regime = {k: _measured([0.0, 0.01, 0.0]) for k in ("atmg_vs_meru", "meru_drops")}
     measured = {**regime, "stable": _measured([0.004, 0.006, 0.005])}
     failed = _decide(study, measured, control=0.005)["stable"]
-    assert not failed["control_ok"] and failed["holm_outcome"] == kit.UNDETECTABLE
+    assert not failed.control_ok and failed.holm_outcome == kit.UNDETECTABLE
     separated = _decide(study, measured, control=0.05)["stable"]
-    assert separated["control_ok"] and separated["holm_verdict"] == kit.HOLDS
+    assert separated.control_ok and separated.holm_verdict == kit.HOLDS
 
 
 def test_small_curvature_arms_start_curved() -> None:
@@ -135,9 +136,17 @@ def test_the_flat_start_fires_and_the_study_start_does_not(tmp_path, one_thread)
     texts = bench.starts["study start"][0]["curvature_radius2"]["text"]
     assert texts >= 0.01
     # a start that fires is listed on the study's page
-    text = page.starts_text(
-        {"starts": bench.starts, "starts_fired": kit.starts_fired(bench.starts)}
+    record = StudyResult(
+        name="s",
+        paper="p",
+        setup="s",
+        claims=(),
+        verdict="",
+        holds=True,
+        starts=bench.starts,
+        starts_fired=tuple(kit.starts_fired(bench.starts)),
     )
+    text = page.starts_text(record)
     assert "warnings that fired" in text and "- library start: flat_geometry on seeds 0" in text
     assert "study start" not in text
 
@@ -155,8 +164,8 @@ def test_a_flat_arm_leaves_the_stability_claim_untested() -> None:
     stable = _measured([0.004, 0.006, 0.005])
     stable.precondition = "AtMG arms started flat (step-0 flat_geometry): ['atmg c=0.1 seed 0']"
     claim = _decide(atmg.STUDY, {**measured, "stable": stable}, control=0.05)["stable"]
-    assert claim["holm_verdict"] == kit.NOT_REPRODUCED and "started flat" in claim["holm_outcome"]
-    assert "holm_family" not in claim
+    assert claim.holm_verdict == kit.NOT_REPRODUCED and "started flat" in claim.holm_outcome
+    assert claim.holm_family is None
 
 
 def test_options_rebuild_the_study() -> None:
@@ -190,33 +199,33 @@ def test_the_pilot_plans_scans_and_the_page_shows_the_starts(tmp_path, one_threa
         max_seeds=2,
         lr_grid=None,
     )
-    plan = result["power_plan"]
-    assert plan["pilot_seed_base"] == 3 + declare.PILOT_OFFSET
-    assert set(plan["per_claim"]) == {"stable"}  # regime claims are not planned
-    assert result["seeds"] == [3, 4]
-    choice = result["control"]["choice"]
-    assert set(choice["scan"]) == {"0.3", "0.9"}
-    assert choice["target"] == pytest.approx(atmg.STABLE_MARGIN)
-    assert result["control"]["dose"] == (
-        pytest.approx(choice["dose"], abs=1e-3) if choice["calibrated"] else 0.3
+    plan = result.power_plan
+    assert plan.pilot_seed_base == 3 + declare.PILOT_OFFSET
+    assert set(plan.per_claim) == {"stable"}  # regime claims are not planned
+    assert result.seeds == (3, 4)
+    choice = result.control.choice
+    assert set(choice.scan) == {"0.3", "0.9"}
+    assert choice.target == pytest.approx(atmg.STABLE_MARGIN)
+    assert result.control.dose == (
+        pytest.approx(choice.dose, abs=1e-3) if choice.calibrated else 0.3
     )
-    claims = {c["key"]: c for c in result["claims"]}
-    assert all(c["two_level"] for c in claims.values())
+    claims = {c.key: c for c in result.claims}
+    assert all(c.two_level for c in claims.values())
     for key in ("atmg_vs_meru", "meru_drops"):
-        assert claims[key]["holm_verdict"] == kit.NOT_REPRODUCED
+        assert claims[key].holm_verdict == kit.NOT_REPRODUCED
         # the bound is the upper end of the interval the page shows (seeds and test items)
-        high = 100 * claims[key]["effect"]["high"]
-        assert "a drop of 28.4 points is " in claims[key]["note"]
-        assert f"upper bound {high:.2f}" in claims[key]["note"]
-    assert claims["stable"]["holm_outcome"] == kit.TOO_SHORT  # 2 steps < 50
+        high = 100 * claims[key].effect.high
+        assert "a drop of 28.4 points is " in claims[key].note
+        assert f"upper bound {high:.2f}" in claims[key].note
+    assert claims["stable"].holm_outcome == kit.TOO_SHORT  # 2 steps < 50
     # the arms' metric is the claim's: zero-shot top-1, between 0 and 1
-    assert result["arms_metric"] == "test zeroshot/top1"
-    assert all(0 <= v <= 1 for arm in result["arms"].values() for v in arm.values())
+    assert result.arms_metric == "test zeroshot/top1"
+    assert all(0 <= v <= 1 for arm in result.arms.values() for v in arm.values())
     for arm in study.arms:
-        starts = result["starts"][arm.label]
+        starts = result.starts[arm.label]
         assert {"3", "4"} <= set(starts) and all(s["checked"] for s in starts.values())
         assert all(s["resolved_init"] for s in starts.values())
-    low = result["starts"]["atmg c=0.1"]
+    low = result.starts["atmg c=0.1"]
     assert all("flat_geometry" not in [w["code"] for w in s["warnings"]] for s in low.values())
     assert all(s["resolved_init"]["tangent_norm_init"] > 1 for s in low.values())
     json.dumps(result)
@@ -224,4 +233,4 @@ def test_the_pilot_plans_scans_and_the_page_shows_the_starts(tmp_path, one_threa
     assert "Step-0 health" in text and "Power, planned on a pilot" in text
     assert "hierarchy ordering" in text and "test zeroshot/top1" in text
     assert text.count("| study | claim |") == 1  # the verdict table once
-    assert math.isfinite(claims["stable"]["effect"]["mean"])
+    assert math.isfinite(claims["stable"].effect.mean)

@@ -4,12 +4,15 @@ sizes its control by a dose-response scan; and a registered study runs with ``--
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 
 import pytest
 
+from curvalign.report.tables import to_jsonable
 from curvalign_lab import declare, kit, page, rules
+from curvalign_lab.records import PlanRecord, StudyResult
 
 TOY_DATA = "synthetic:images=120,text_pairs=0,captions_max=3,val_fraction=0.25"
 TOY_TRAIN = ("batch_size=16", "pair_batch_size=16")
@@ -72,38 +75,51 @@ def test_a_toy_study_declared_in_one_file_runs_plans_and_writes_its_page(tmp_pat
         overrides=TOY_TRAIN,
         lr_grid=None,
     )
-    plan = result["power_plan"]
+    plan = result.power_plan
+    assert plan is not None
     # the pilot ran on a disjoint base and planned the tested claim only
-    assert plan["pilot_seed_base"] == 7 + declare.PILOT_OFFSET
-    assert set(plan["per_claim"]) == {"wider"}
-    wider = plan["per_claim"]["wider"]
-    assert wider["cap"] == 3 and wider["pilot_n"] == 2
-    assert result["seeds"] == list(range(7, 7 + plan["seeds"]))
-    assert plan["seeds"] == (2 if wider["underpowered"] else wider["n"])
+    assert plan.pilot_seed_base == 7 + declare.PILOT_OFFSET
+    assert set(plan.per_claim) == {"wider"}
+    wider = plan.per_claim["wider"]
+    assert isinstance(wider, PlanRecord)
+    assert wider.cap == 3 and wider.pilot_n == 2
+    assert result.seeds == tuple(range(7, 7 + plan.seeds))
+    assert plan.seeds == (2 if wider.underpowered else wider.n)
     # the control's dose came from the pilot's scan of both doses
-    control = result["control"]
-    assert set(control["choice"]["scan"]) == {"0.3", "0.9"}
-    assert control["choice"]["target"] == pytest.approx(0.05)
-    if control["choice"]["calibrated"]:
-        assert 0.0 < control["dose"] <= 0.9
+    control = result.control
+    assert control is not None and control.choice is not None
+    assert set(control.choice.scan) == {"0.3", "0.9"}
+    assert control.choice.target == pytest.approx(0.05)
+    if control.choice.calibrated:
+        assert control.dose is not None and 0.0 < control.dose <= 0.9
     else:
-        assert control["dose"] == 0.5
-    claims = {c["key"]: c for c in result["claims"]}
+        assert control.dose == 0.5
+    claims = {c.key: c for c in result.claims}
     # the claim about a test metric counts seeds and test items
-    assert claims["wider"]["two_level"] and claims["wider"]["effect"]["n"] == len(result["seeds"])
-    assert claims["wider"]["holm_family"] == 1 and "holm_family" not in claims["learns"]
+    assert claims["wider"].two_level and claims["wider"].effect.n == len(result.seeds)
+    assert claims["wider"].holm_family == 1 and claims["learns"].holm_family is None
+    # the claim carries its plan, and was decided with it
+    assert claims["wider"].plan == wider and claims["wider"].inputs.plan == wider
     # underpowered only by plan
-    if wider["underpowered"]:
-        assert claims["wider"]["holm_verdict"] in (kit.UNDERPOWERED, kit.HOLDS, kit.DOES_NOT_HOLD)
+    if wider.underpowered:
+        assert claims["wider"].holm_verdict in (kit.UNDERPOWERED, kit.HOLDS, kit.DOES_NOT_HOLD)
     else:
-        assert claims["wider"]["holm_verdict"] != kit.UNDERPOWERED
+        assert claims["wider"].holm_verdict != kit.UNDERPOWERED
     # every arm's start is recorded (step-0 health and resolved start)
+    assert result.starts is not None
     for arm in ("clip d16", "clip d2"):
-        starts = result["starts"][arm]
-        assert set(starts) >= {str(s) for s in result["seeds"]}
+        starts = result.starts[arm]
+        assert set(starts) >= {str(s) for s in result.seeds}
         assert all(s["checked"] for s in starts.values())
         assert all(isinstance(s["resolved_init"], dict) for s in starts.values())
-    json.dumps(result)  # JSON-ready
+    # JSON-ready, and read back as the same record (also through the JSON text)
+    data = result.to_json()
+    assert StudyResult.from_json(data) == result
+    text_json = json.dumps(to_jsonable(data))
+    again = StudyResult.from_json(json.loads(text_json))
+    assert json.dumps(to_jsonable(again.to_json())) == text_json
+    assert data["power_plan"]["per_claim"]["wider"] == wider.to_json()
+    assert "holm_family" not in data["claims"][1] and "plan" in data["claims"][0]["inputs"]
     text = page.study_page(result)
     assert "Power, planned on a pilot" in text and "toy-width" in text
     assert "Step-0 health" in text
@@ -120,11 +136,18 @@ def test_the_verdict_table_keeps_every_cell_short(tmp_path):
         paper_source="seed 003, Sec. 4 / Table 1: " + "words " * 60,
         control_min=0.02,
     )
-    claim["holm_verdict"], claim["holm_outcome"] = kit.INCONCLUSIVE_KIND, long_reason
-    claim["planned_n_text"] = "4 (pilot SD 2.1, cap 10)"
+    claim = dataclasses.replace(
+        claim,
+        holm_verdict=kit.INCONCLUSIVE_KIND,
+        holm_outcome=long_reason,
+        planned_n_text="4 (pilot SD 2.1, cap 10)",
+    )
+    study = StudyResult(
+        name="s", paper="p", setup="s", claims=(claim,), verdict="", holds=False, seeds=(0, 1, 2)
+    )
     table = page.verdict_table(
-        [{"name": "s", "claims": [claim]}],
-        across={("s", claim["claim"]): (kit.UNSTABLE, "unstable across seed bases " + long_reason)},
+        [study],
+        across={("s", claim.claim): (kit.UNSTABLE, "unstable across seed bases " + long_reason)},
     )
     rows = [line for line in table.splitlines() if line.startswith("| s |")]
     assert len(rows) == 1

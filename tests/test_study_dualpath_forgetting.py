@@ -14,6 +14,7 @@ from curvalign.errors import ConfigError
 from curvalign.stats import Interval, mean_interval
 from curvalign_lab import declare, kit
 from curvalign_lab.common import load_study_data
+from curvalign_lab.records import ClaimResult
 from curvalign_lab.studies import dualpath_forgetting as dp
 
 DATA = declare.QUICK_WORLD + ",paraphrase_topics=8,heldout_pairs=40"
@@ -74,7 +75,7 @@ def test_forced_forgetting_starts_at_the_end_of_phase_1(tmp_path, one_thread):
     assert (same.mean, same.low, same.high) == (0.0, 0.0, 0.0)
 
 
-def _decide(control_effect: float) -> dict[str, dict]:
+def _decide(control_effect: float) -> dict[str, ClaimResult]:
     """The study's claims decided on clear per-seed effects (every claim's interval well above
     its threshold) with a control whose effect is ``control_effect`` on every seed but one."""
     seeds = [0, 1, 2, 3]
@@ -88,24 +89,24 @@ def _decide(control_effect: float) -> dict[str, dict]:
     claims = declare.decide_claims(
         dp.STUDY, measured, control, seeds, steps=400, plans=None, control_what="forced"
     )
-    return {c["key"]: c for c in claims}
+    return {c.key: c for c in claims}
 
 
 def test_the_forgetting_control_fails_to_separate_below_the_margin():
     # a control whose forgetting stays under the margin (2 points) cannot let a claim hold, however
     # clear the claim's own interval: the control can fail
     weak = _decide(0.01)
-    assert not weak["kept"]["control_ok"] and weak["kept"]["control_min"] == dp.MARGIN
-    assert weak["kept"]["outcome"] == kit.UNDETECTABLE
+    assert not weak["kept"].control_ok and weak["kept"].control_min == dp.MARGIN
+    assert weak["kept"].outcome == kit.UNDETECTABLE
     strong = _decide(0.03)
-    assert strong["kept"]["control_ok"] and strong["kept"]["verdict"] == kit.HOLDS
+    assert strong["kept"].control_ok and strong["kept"].verdict == kit.HOLDS
     # the other claims are controlled by its sign; none of them is calibrated on it
-    assert all(strong[k]["control_min"] == 0.0 for k in ("gate", "opened", "pairs"))
+    assert all(strong[k].control_min == 0.0 for k in ("gate", "opened", "pairs"))
     # a scan that never reaches the margin: no dose, the control cannot calibrate
     choice = declare.choose_dose(dp.STUDY, {0.02: {0: 0.001}, 0.4: {0: 0.01}})
-    assert choice["dose"] is None and not choice["calibrated"]
+    assert choice.dose is None and not choice.calibrated
     choice = declare.choose_dose(dp.STUDY, {0.02: {0: 0.01}, 0.4: {0: 0.05}})
-    assert choice["calibrated"] and 0.02 < choice["dose"] < 0.4
+    assert choice.calibrated and 0.02 < choice.dose < 0.4
 
 
 def test_the_pilot_scans_the_dose_and_plans_the_seeds(tmp_path, one_thread):
@@ -126,20 +127,20 @@ def test_the_pilot_scans_the_dose_and_plans_the_seeds(tmp_path, one_thread):
         max_seeds=2,
         lr_grid=None,
     )
-    choice = result["control"]["choice"]
-    assert set(choice["scan"]) == {"1"} and choice["target"] == pytest.approx(dp.MARGIN)
-    assert result["control"]["dose"] == (
-        pytest.approx(choice["dose"], rel=1e-2) if choice["calibrated"] else handicap.dose
+    choice = result.control.choice
+    assert set(choice.scan) == {"1"} and choice.target == pytest.approx(dp.MARGIN)
+    assert result.control.dose == (
+        pytest.approx(choice.dose, rel=1e-2) if choice.calibrated else handicap.dose
     )
-    plan = result["power_plan"]
-    assert "kept" in plan["per_claim"] and plan["pilot_seed_base"] == declare.PILOT_OFFSET
-    claims = {c["key"]: c for c in result["claims"]}
+    plan = result.power_plan
+    assert "kept" in plan.per_claim and plan.pilot_seed_base == declare.PILOT_OFFSET
+    claims = {c.key: c for c in result.claims}
     assert set(claims) == {"kept", "gate", "opened", "pairs"}
-    assert all("shuffled" in c["control_what"] for c in claims.values())
+    assert all("shuffled" in c.control_what for c in claims.values())
     assert all(
-        c["outcome"] == kit.TOO_SHORT or c["verdict"] == kit.NOT_REPRODUCED for c in claims.values()
+        c.outcome == kit.TOO_SHORT or c.verdict == kit.NOT_REPRODUCED for c in claims.values()
     )
     # every arm and the control went through the step-0 check
-    assert set(result["starts"]) >= {a.label for a in dp.STUDY.arms}
-    assert any(k.startswith("control:") for k in result["starts"])
-    assert all(math.isfinite(v) for v in result["arms"][dp.FULL].values())
+    assert set(result.starts) >= {a.label for a in dp.STUDY.arms}
+    assert any(k.startswith("control:") for k in result.starts)
+    assert all(math.isfinite(v) for v in result.arms[dp.FULL].values())

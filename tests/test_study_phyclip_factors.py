@@ -14,6 +14,7 @@ from curvalign.recipes.phyclip import Phyclip
 from curvalign.stats import Interval
 from curvalign_lab import declare, kit
 from curvalign_lab.common import load_study_data
+from curvalign_lab.records import ClaimResult
 from curvalign_lab.studies import phyclip_factors as ph
 
 DATA = declare.QUICK_WORLD + ",leaf_pairs=4"
@@ -55,7 +56,7 @@ def test_a_share_of_wrong_factors_is_the_composition_handicap(tmp_path, one_thre
     assert ph.composition_precision(recipe, store, None) is None
 
 
-def _decide(control_effect: float) -> dict[str, dict]:
+def _decide(control_effect: float) -> dict[str, ClaimResult]:
     """The study's claims decided on clear effects, the composition claims' measured control
     at ``control_effect`` (every seed but one a little above it), the retrieval control strong."""
     seeds = [0, 1, 2, 3]
@@ -78,23 +79,23 @@ def _decide(control_effect: float) -> dict[str, dict]:
         control_what="noise",
         measured_controls=per_claim,
     )
-    return {c["key"]: c for c in claims}
+    return {c.key: c for c in claims}
 
 
 def test_the_composition_control_fails_to_separate_below_the_claims_size():
     # the composition control degrades P@5 by less than the claim's size (5 points): however clear
     # the composition effect, the claim cannot hold; the retrieval claims keep their own control
     weak = _decide(0.02)
-    assert not weak["composition"]["control_ok"]
-    assert weak["composition"]["control_min"] == pytest.approx(ph.COMPOSITION_EFFECT)
-    assert weak["composition"]["outcome"] == kit.UNDETECTABLE
-    assert "factors" in weak["composition"]["control_what"]
-    assert weak["k"]["control_ok"] and weak["k"]["verdict"] == kit.HOLDS
+    assert not weak["composition"].control_ok
+    assert weak["composition"].control_min == pytest.approx(ph.COMPOSITION_EFFECT)
+    assert weak["composition"].outcome == kit.UNDETECTABLE
+    assert "factors" in weak["composition"].control_what
+    assert weak["k"].control_ok and weak["k"].verdict == kit.HOLDS
     strong = _decide(0.06)
-    assert strong["composition"]["control_ok"] and strong["composition"]["verdict"] == kit.HOLDS
+    assert strong["composition"].control_ok and strong["composition"].verdict == kit.HOLDS
     # the second composition claim uses the same control, calibrated on the first
-    assert strong["composition-vs-sum"]["control"] == strong["composition"]["control"]
-    assert strong["composition-vs-sum"]["control_min"] == 0.0
+    assert strong["composition-vs-sum"].control == strong["composition"].control
+    assert strong["composition-vs-sum"].control_min == 0.0
 
 
 def test_measured_controls_are_checked():
@@ -129,20 +130,20 @@ def test_the_pilot_scans_both_controls(tmp_path, one_thread):
         max_seeds=2,
         lr_grid=None,
     )
-    (mc,) = result["measured_controls"]
-    assert mc["claims"] == ["composition", "composition-vs-sum"]
-    scan = mc["choice"]["scan"]
+    (mc,) = result.measured_controls
+    assert mc.claims == ("composition", "composition-vs-sum")
+    scan = mc.choice.scan
     assert set(scan) == {f"{d:g}" for d in ph.STUDY.measured_controls[0].doses}
-    assert mc["choice"]["target"] == pytest.approx(ph.COMPOSITION_EFFECT)
-    if mc["choice"]["calibrated"]:
-        assert mc["dose"] == pytest.approx(mc["choice"]["dose"], rel=1e-2)
+    assert mc.choice.target == pytest.approx(ph.COMPOSITION_EFFECT)
+    if mc.choice.calibrated:
+        assert mc.dose == pytest.approx(mc.choice.dose, rel=1e-2)
     else:
-        assert mc["dose"] == ph.STUDY.measured_controls[0].dose
-    assert set(result["control"]["choice"]["scan"]) == {"0.9"}
-    claims = {c["key"]: c for c in result["claims"]}
+        assert mc.dose == ph.STUDY.measured_controls[0].dose
+    assert set(result.control.choice.scan) == {"0.9"}
+    claims = {c.key: c for c in result.claims}
     # intervals over seeds and test items (test images, test leaf pairs) for every claim
-    assert all(c["two_level"] for c in claims.values())
-    assert "factors" in claims["composition"]["control_what"]
-    assert "captions" in claims["k"]["control_what"]
-    assert all(c["outcome"] == kit.TOO_SHORT for c in claims.values())
-    assert "applied when measuring" in result["markdown"]
+    assert all(c.two_level for c in claims.values())
+    assert "factors" in claims["composition"].control_what
+    assert "captions" in claims["k"].control_what
+    assert all(c.outcome == kit.TOO_SHORT for c in claims.values())
+    assert "applied when measuring" in result.markdown

@@ -56,15 +56,15 @@ def test_a_label_noise_control_that_costs_less_than_two_points_cannot_calibrate(
     # the noise costs 0.5 to 1.9 points at every scanned share: no dose reaches the 2 points
     weak = {d: {0: e, 1: e} for d, e in ((0.1, 0.005), (0.3, 0.012), (0.6, 0.019))}
     choice = declare.choose_dose(study, weak)
-    assert choice["target"] == pytest.approx(0.02) and not choice["calibrated"]
+    assert choice.target == pytest.approx(0.02) and not choice.calibrated
     clear = {"product": declare.Measured({0: 0.05, 1: 0.06, 2: 0.055})}
     claims = declare.decide_claims(
         study, clear, {0: 0.019, 1: 0.018, 2: 0.02}, [0, 1, 2], 150, None, "control"
     )
-    assert claims[0]["verdict"] != kit.HOLDS and claims[0]["outcome"] == kit.UNDETECTABLE
+    assert claims[0].verdict != kit.HOLDS and claims[0].outcome == kit.UNDETECTABLE
     strong = {d: {0: e, 1: e} for d, e in ((0.1, 0.004), (0.3, 0.05), (0.6, 0.2))}
     good = declare.choose_dose(study, strong)
-    assert good["calibrated"] and 0.1 < good["dose"] < 0.3
+    assert good.calibrated and 0.1 < good.dose < 0.3
 
 
 def test_the_pilot_scans_the_noise_and_plans_the_seeds_at_tiny_size(tmp_path, one_thread):
@@ -81,18 +81,18 @@ def test_the_pilot_scans_the_noise_and_plans_the_seeds_at_tiny_size(tmp_path, on
         power=True,
         max_seeds=2,
     )
-    plan = result["power_plan"]
-    assert plan["pilot_seeds"] == 2 and plan["max_seeds"] == 2 and plan["seeds"] == 2
-    assert plan["pilot_seed_base"] == declare.PILOT_OFFSET and result["seeds"] == [0, 1]
-    assert set(plan["per_claim"]) == {"product"}
-    assert set(result["control"]["choice"]["scan"]) == {"0.1", "0.3", "0.6"}
-    claim = result["claims"][0]
-    assert claim["two_level"] and claim["outcome"] == kit.TOO_SHORT and claim["planned_n_text"]
+    plan = result.power_plan
+    assert plan.pilot_seeds == 2 and plan.max_seeds == 2 and plan.seeds == 2
+    assert plan.pilot_seed_base == declare.PILOT_OFFSET and result.seeds == (0, 1)
+    assert set(plan.per_claim) == {"product"}
+    assert set(result.control.choice.scan) == {"0.1", "0.3", "0.6"}
+    claim = result.claims[0]
+    assert claim.two_level and claim.outcome == kit.TOO_SHORT and claim.planned_n_text
     # every arm went through the step-0 check, with its warm start recorded
-    starts = result["starts"][pp.PRODUCT]
+    starts = result.starts[pp.PRODUCT]
     assert all(s["checked"] and s["warm_start"] is not None for s in starts.values())
     runs = {p.name for p in (tmp_path / "p" / "runs").iterdir()}
     assert any(n.endswith("-s1000") for n in runs) and any(n.endswith("-s0") for n in runs)
-    assert "--power --max-seeds 2" in result["command"]
+    assert "--power --max-seeds 2" in result.command
     md = (tmp_path / "p" / "study.md").read_text()
     assert "Power, planned on a pilot" in md and "proclip_arms" in md

@@ -195,11 +195,11 @@ def test_rewiring_control_separates_by_dose_and_fails_when_it_cannot_reach_the_s
 
     reachable = scan(_one_arm_study(effect=0.15))
     # more rewiring costs more MAP on the clean closure, and the scan reaches the claim's size
-    assert reachable["scan"]["1"] > reachable["scan"]["0.5"] > 0
-    assert reachable["calibrated"] and 0.0 < reachable["dose"] <= 1.0
+    assert reachable.scan["1"] > reachable.scan["0.5"] > 0
+    assert reachable.calibrated and 0.0 < reachable.dose <= 1.0
     # a claim of 0.8 MAP is more than rewiring every pair costs here: the control cannot
     # calibrate (and a claim needing it cannot hold)
-    assert not scan(_one_arm_study(effect=0.8))["calibrated"]
+    assert not scan(_one_arm_study(effect=0.8)).calibrated
 
 
 # --- the declared study, through its own trainer -------------------------------------------------
@@ -209,15 +209,15 @@ def test_quick_study_records_curved_starts_and_is_too_short(tmp_path, one_thread
     from curvalign_lab.runner import run_study
 
     result = run_study("wordnet-dimensions", tmp_path / "q", quick=True)
-    assert result["data"] == wd.QUICK_TREE and result["seeds"] == [0, 1] and result["quick"]
-    assert {c["key"] for c in result["claims"]} == {"low-d", "few-dims"}
-    for claim in result["claims"]:
-        assert claim["outcome"] == kit.TOO_SHORT  # 30 steps < the claims' 200
+    assert result.data == wd.QUICK_TREE and result.seeds == (0, 1) and result.quick
+    assert {c.key for c in result.claims} == {"low-d", "few-dims"}
+    for claim in result.claims:
+        assert claim.outcome == kit.TOO_SHORT  # 30 steps < the claims' 200
     labels = {a.label for a in wd.STUDY.arms}
     assert labels == {f"{g} d={d}" for g in ("hyperbolic", "euclidean") for d in wd.DIMS}
     # every run's start is recorded; the hyperbolic ones are curved (c r^2 > 0.01), none fired
-    starts = result["starts"]
-    assert labels <= set(starts) and result["starts_fired"] == []
+    starts = result.starts
+    assert labels <= set(starts) and result.starts_fired == ()
     for d in wd.DIMS:
         for rec in starts[f"hyperbolic d={d}"].values():
             assert rec["curvature_radius2"] > 0.1
@@ -245,15 +245,15 @@ def test_pilot_plans_and_scans_the_control_at_tiny_size(tmp_path, one_thread):
         overrides=FAST,
         lr_grid=(0.03, 0.1),
     )
-    plan = result["power_plan"]
-    assert plan["pilot_seed_base"] == 5 + declare.PILOT_OFFSET and 2 <= plan["seeds"] <= 3
-    assert set(plan["per_claim"]) == {"low-d", "few-dims"}
-    choice = result["control"]["choice"]
-    assert set(choice["scan"]) == {"0.25", "0.5", "0.75", "1"} and choice["target"] == 0.8
+    plan = result.power_plan
+    assert plan.pilot_seed_base == 5 + declare.PILOT_OFFSET and 2 <= plan.seeds <= 3
+    assert set(plan.per_claim) == {"low-d", "few-dims"}
+    choice = result.control.choice
+    assert set(choice.scan) == {"0.25", "0.5", "0.75", "1"} and choice.target == 0.8
     # 4 steps cannot cost 0.8 MAP: the control does not calibrate, no claim holds
-    assert not choice["calibrated"]
-    assert all(c["holm_verdict"] != kit.HOLDS for c in result["claims"])
+    assert not choice.calibrated
+    assert all(c.holm_verdict != kit.HOLDS for c in result.claims)
     # each arm's rate was chosen on the graph's reconstruction with the tuning seed
-    assert set(result["lr_choice"]) == {a.label for a in wd.STUDY.arms}
-    assert all(c["chosen"] in (0.03, 0.1) for c in result["lr_choice"].values())
-    assert result["seeds"] == list(range(5, 5 + plan["seeds"]))
+    assert set(result.lr_choice) == {a.label for a in wd.STUDY.arms}
+    assert all(c.chosen in (0.03, 0.1) for c in result.lr_choice.values())
+    assert result.seeds == tuple(range(5, 5 + plan.seeds))

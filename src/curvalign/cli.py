@@ -892,8 +892,8 @@ def study_command(
                 )
             }
     for key, result in results.items():
-        typer.echo(result["markdown"])
-        typer.echo(f"{key}: {result['verdict']} ({result['wall_s']:.0f} s)")
+        typer.echo(result.markdown)
+        typer.echo(f"{key}: {result.verdict} ({result.wall_s:.0f} s)")
     if name == "all" and (out / "wall.json").exists():
         import json
 

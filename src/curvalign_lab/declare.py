@@ -68,6 +68,7 @@ above):
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -79,6 +80,17 @@ from curvalign.errors import ConfigError
 from curvalign.recipes.base import Recipe
 from curvalign.stats import Interval, ItemTotals, mean_interval
 from curvalign_lab import kit, rules
+from curvalign_lab.records import (
+    ClaimResult,
+    ControlRecord,
+    DoseChoice,
+    LrChoice,
+    MeasuredControlRecord,
+    PlanRecord,
+    PowerPlan,
+    RecipeRate,
+    StudyResult,
+)
 
 if TYPE_CHECKING:
     from curvalign.eval.pipeline import Evaluation
@@ -688,24 +700,24 @@ def plan_study(
     return plans
 
 
-def choose_dose(study: Study, effects: Mapping[float, Mapping[int, float]]) -> dict[str, Any]:
+def choose_dose(study: Study, effects: Mapping[float, Mapping[int, float]]) -> DoseChoice:
     """The control's dose from the pilot's scan (``rules.dose_for_effect``): the dose whose mean
     effect equals the size of the claim it calibrates; the scan itself is kept."""
     assert study.control is not None
     return _dose_choice(study.claim(study.control.claim).size, effects)
 
 
-def _dose_choice(target: float, effects: Mapping[float, Mapping[int, float]]) -> dict[str, Any]:
+def _dose_choice(target: float, effects: Mapping[float, Mapping[int, float]]) -> DoseChoice:
     """``choose_dose`` for a target size: the scan's means and the dose that reaches it."""
     doses = sorted(effects)
     means = [sum(effects[d].values()) / max(1, len(effects[d])) for d in doses]
     dose = rules.dose_for_effect(doses, means, target) if doses else None
-    return {
-        "target": target,
-        "scan": {f"{d:g}": m for d, m in zip(doses, means, strict=True)},
-        "dose": dose,
-        "calibrated": dose is not None,
-    }
+    return DoseChoice(
+        target=target,
+        scan={f"{d:g}": m for d, m in zip(doses, means, strict=True)},
+        dose=dose,
+        calibrated=dose is not None,
+    )
 
 
 def decide_claims(
@@ -717,7 +729,7 @@ def decide_claims(
     plans: Mapping[str, rules.Plan] | None,
     control_what: str,
     measured_controls: Mapping[str, tuple[Mapping[int, float], str, bool]] | None = None,
-) -> list[dict[str, Any]]:
+) -> list[ClaimResult]:
     """Every claim decided (``kit.claim_record`` with its plan), Holm over the tested ones.
     ``measured_controls``: {claim key: (per-seed effect, what, calibrated on this claim)} of the
     claims whose control is a ``MeasuredControl`` (instead of ``control``)."""
@@ -740,6 +752,7 @@ def decide_claims(
             effects, claim_what, calibrated = measured_controls[claim.key]
             claim_control = interval(effects)
         equivalence = claim.kind == rules.EQUIVALENCE or claim.report_equivalence
+        plan_record = PlanRecord.from_plan(plan) if plan is not None else None
         rec = kit.claim_record(
             claim.statement,
             claim_interval(m, seeds),
@@ -757,14 +770,17 @@ def decide_claims(
             regime=m.regime,
             role=claim.role,
             effect_values=[m.effect[s] for s in seeds if s in m.effect],
-            plan=plan.as_dict() if plan is not None else None,
+            plan=plan_record,
         )
-        rec["key"], rec["words"], rec["kind"] = claim.key, claim.words, claim.kind
-        rec["note"] = m.note
-        rec["two_level"] = m.items is not None
-        if plan is not None:
-            rec = kit.with_plan(rec, plan.as_dict())
-        out.append(rec)
+        rec = dataclasses.replace(
+            rec,
+            key=claim.key,
+            words=claim.words,
+            kind=claim.kind,
+            note=m.note,
+            two_level=m.items is not None,
+        )
+        out.append(kit.with_plan(rec, plan_record))
     return kit.apply_holm(out)
 
 
@@ -784,9 +800,10 @@ def run_declared(
     quick: bool = False,
     show_progress: bool = False,
     notify: Notify = lambda m: None,
-) -> dict[str, Any]:
-    """Run a declared study (module docstring) into ``out``; returns the JSON-ready result. A
-    study with its own trainer (``Study.trainer``) runs through ``run_own``."""
+) -> StudyResult:
+    """Run a declared study (module docstring) into ``out``; returns its result (``to_json()``:
+    the study.json). A study with its own trainer (``Study.trainer``) runs through
+    ``run_own``."""
     from curvalign_lab.common import load_study_data
 
     if study.trainer is not None:
@@ -831,9 +848,9 @@ def run_declared(
     )
     handicap = study.control.handicap if study.control is not None else None
     plans: dict[str, rules.Plan] | None = None
-    dose_choice: dict[str, Any] | None = None
-    plan_record: dict[str, Any] | None = None
-    measured_choices: dict[str, dict[str, Any]] = {}
+    dose_choice: DoseChoice | None = None
+    plan_record: PowerPlan | None = None
+    measured_choices: dict[str, DoseChoice] = {}
     n = seeds
     if power:
         pilot_seeds = list(range(seed_base + PILOT_OFFSET, seed_base + PILOT_OFFSET + seeds))
@@ -848,18 +865,10 @@ def run_declared(
         for mc in study.measured_controls:
             mc_scan = {d: mc.effect(pilot, d) for d in mc.doses}
             measured_choices[mc.claim] = _dose_choice(study.claim(mc.claim).size, mc_scan)
-        plan_record = {
-            "per_claim": {k: p.as_dict() for k, p in plans.items()},
-            "seeds": n,
-            "max_seeds": max_seeds,
-            "pilot_seeds": len(pilot_seeds),
-            "pilot_seed_base": pilot_seeds[0],
-            "out_of_budget": [k for k, p in plans.items() if p.underpowered],
-            "pilot_wall_s": timer.seconds(),
-        }
+        plan_record = _power_plan(plans, n, max_seeds, pilot_seeds, timer.seconds())
     dose = handicap.dose if handicap is not None else 0.0
-    if dose_choice is not None and dose_choice["dose"] is not None:
-        dose = float(f"{dose_choice['dose']:.3g}")
+    if dose_choice is not None and dose_choice.dose is not None:
+        dose = float(f"{dose_choice.dose:.3g}")
     seed_list = list(range(seed_base, seed_base + n))
     trained, control_effects = train_arms(
         study, bench, seed_list, [dose] if handicap else [], world
@@ -870,8 +879,8 @@ def run_declared(
     for mc in study.measured_controls:
         choice = measured_choices.get(mc.claim)
         mc_dose = mc.dose
-        if choice is not None and choice["dose"] is not None:
-            mc_dose = float(f"{choice['dose']:.3g}")
+        if choice is not None and choice.dose is not None:
+            mc_dose = float(f"{choice.dose:.3g}")
         measured_doses[mc.claim] = mc_dose
         mc_effects = mc.effect(trained, mc_dose)
         for key in mc.claims:
@@ -897,78 +906,101 @@ def run_declared(
         r1[label] = dict(trained.control_r1.get(label, {}))
     from curvalign_lab import page
 
-    result: dict[str, Any] = {
-        "name": study.name,
-        "declared": True,
-        "paper": study.paper,
-        "setup": (
-            f"{data}, {steps} steps per run; arms: "
-            + "; ".join(f"{a.label} ({a.recipe} {' '.join(a.options)})".strip() for a in study.arms)
-            + (f"; baselines: {', '.join(study.baselines)}" if study.baselines else "")
-            + "."
-        ),
-        "preconditions": list(study.preconditions),
-        "notes": study.notes,
-        "rule": kit.RULE,
-        "claims": claims,
-        "verdict": "; ".join(f"{c['claim']}: {c['holm_outcome']}" for c in claims),
-        "holds": all(c["holm_verdict"] == kit.HOLDS for c in claims),
-        "lr_choice": {
-            label: {
-                "recipe": c["recipe"],
-                "chosen": c["chosen"],
-                "grid": list(c["grid"].items()),
-                "excluded": c.get("excluded", {}),
-            }
-            for label, c in bench.lr_choice.items()
-        },
-        "lr_grid": list(bench.lr_grid or ()),
-        "seeds": seed_list,
-        "seed_base": seed_base,
-        "steps": steps,
-        "data": data,
-        "quick": quick,
-        "arms": {arm: {str(s): v for s, v in vals.items()} for arm, vals in r1.items()},
-        "convergence": {arm: kit.convergence_record(runs) for arm, runs in trained.runs.items()},
-        "learning_rates": {
-            k: {"paper": p, "study": v} for k, (p, v) in bench.learning_rates.items()
-        },
-        "lr_scale": bench.lr_scale,
-        "max_steps": bench.max_steps,
-        "control": {
-            "what": handicap.what if handicap else None,
-            "dose": dose if handicap else None,
-            "doses_scanned": list(handicap.doses) if handicap else [],
-            "choice": dose_choice,
-        },
-        "measured_controls": [
-            {
-                "what": mc.what,
-                "claims": list(mc.claims),
-                "dose": measured_doses[mc.claim],
-                "doses_scanned": list(mc.doses),
-                "choice": measured_choices.get(mc.claim),
-            }
-            for mc in study.measured_controls
-        ],
-        "starts": {a: {str(s): r for s, r in v.items()} for a, v in bench.starts.items()},
-        "starts_fired": kit.starts_fired(bench.starts),
-        "figures": [str(f) for f in study.figures(trained, out)] if study.figures else [],
-    }
-    if study.metric is not None:
-        result["arms_metric"] = f"test {study.metric}"
     # the page's extra tables (``Study.tables``, ``Study.report``); present even when empty, so
     # that a page never repeats the body under "markdown" in their place (``page.study_body``)
     extra = (
         study.tables(trained, measured) if study.tables is not None else "",
         study.report(trained) if study.report is not None else "",
     )
-    result["tables"] = "\n\n".join(t for t in extra if t)
-    result["wall_s"] = timer.seconds()
-    if plan_record is not None:
-        result["power_plan"] = plan_record
-    result["markdown"] = page.study_body(result)
-    return result
+    result = StudyResult(
+        name=study.name,
+        declared=True,
+        paper=study.paper,
+        setup=(
+            f"{data}, {steps} steps per run; arms: "
+            + "; ".join(f"{a.label} ({a.recipe} {' '.join(a.options)})".strip() for a in study.arms)
+            + (f"; baselines: {', '.join(study.baselines)}" if study.baselines else "")
+            + "."
+        ),
+        preconditions=tuple(study.preconditions),
+        notes=study.notes,
+        rule=kit.RULE,
+        claims=tuple(claims),
+        verdict=_verdict_line(claims),
+        holds=all(c.final_verdict == kit.HOLDS for c in claims),
+        lr_choice=_lr_choices(bench.lr_choice),
+        lr_grid=tuple(bench.lr_grid or ()),
+        seeds=tuple(seed_list),
+        seed_base=seed_base,
+        steps=steps,
+        data=data,
+        quick=quick,
+        arms={arm: {str(s): v for s, v in vals.items()} for arm, vals in r1.items()},
+        convergence={arm: kit.convergence_record(runs) for arm, runs in trained.runs.items()},
+        learning_rates={k: RecipeRate(p, v) for k, (p, v) in bench.learning_rates.items()},
+        lr_scale=bench.lr_scale,
+        max_steps=bench.max_steps,
+        control=ControlRecord(
+            what=handicap.what if handicap else None,
+            dose=dose if handicap else None,
+            doses_scanned=tuple(handicap.doses) if handicap else (),
+            choice=dose_choice,
+        ),
+        measured_controls=tuple(
+            MeasuredControlRecord(
+                what=mc.what,
+                claims=tuple(mc.claims),
+                dose=measured_doses[mc.claim],
+                doses_scanned=tuple(mc.doses),
+                choice=measured_choices.get(mc.claim),
+            )
+            for mc in study.measured_controls
+        ),
+        starts={a: {str(s): r for s, r in v.items()} for a, v in bench.starts.items()},
+        starts_fired=tuple(kit.starts_fired(bench.starts)),
+        figures=tuple(str(f) for f in study.figures(trained, out)) if study.figures else (),
+        arms_metric=f"test {study.metric}" if study.metric is not None else None,
+        tables="\n\n".join(t for t in extra if t),
+        wall_s=timer.seconds(),
+        power_plan=plan_record,
+    )
+    return dataclasses.replace(result, markdown=page.study_body(result))
+
+
+def _verdict_line(claims: Sequence[ClaimResult]) -> str:
+    return "; ".join(f"{c.claim}: {c.final_outcome}" for c in claims)
+
+
+def _lr_choices(choices: Mapping[str, Mapping[str, Any]]) -> dict[str, LrChoice]:
+    """The arms' learning-rate choices (``Bench.lr_choice``) as records."""
+    return {
+        label: LrChoice(
+            recipe=c["recipe"],
+            chosen=c["chosen"],
+            grid=tuple(c["grid"].items()),
+            excluded=dict(c.get("excluded", {})),
+        )
+        for label, c in choices.items()
+    }
+
+
+def _power_plan(
+    plans: Mapping[str, rules.Plan],
+    seeds: int,
+    max_seeds: int,
+    pilot_seeds: Sequence[int],
+    wall_s: float,
+) -> PowerPlan:
+    """The study's power plan from its pilot's per-claim plans."""
+    return PowerPlan(
+        per_claim={k: PlanRecord.from_plan(p) for k, p in plans.items()},
+        seeds=seeds,
+        max_seeds=max_seeds,
+        pilot_seeds=len(pilot_seeds),
+        pilot_seed_base=pilot_seeds[0],
+        out_of_budget=tuple(k for k, p in plans.items() if p.underpowered),
+        pilot_wall_s=wall_s,
+    )
 
 
 def train_own(
@@ -1057,7 +1089,7 @@ def run_own(
     lr_grid: Sequence[float] | None = kit.LR_GRID,
     quick: bool = False,
     notify: Notify = lambda m: None,
-) -> dict[str, Any]:
+) -> StudyResult:
     """``run_declared``'s steps (module docstring) for a study whose arms its own ``trainer``
     trains (``ArmTrainer``): quick smoke, pilot plan and dose scan, confirmatory run, claims
     decided and the page written; every arm's start (``OwnRun.start``) is recorded in
@@ -1083,8 +1115,8 @@ def run_own(
         "notify": notify,
     }
     plans: dict[str, rules.Plan] | None = None
-    dose_choice: dict[str, Any] | None = None
-    plan_record: dict[str, Any] | None = None
+    dose_choice: DoseChoice | None = None
+    plan_record: PowerPlan | None = None
     n = seeds
     if power:
         pilot_seeds = list(range(seed_base + PILOT_OFFSET, seed_base + PILOT_OFFSET + seeds))
@@ -1096,18 +1128,10 @@ def run_own(
         n = rules.study_seeds(list(plans.values()))
         if handicap is not None:
             dose_choice = choose_dose(study, scan)
-        plan_record = {
-            "per_claim": {k: p.as_dict() for k, p in plans.items()},
-            "seeds": n,
-            "max_seeds": max_seeds,
-            "pilot_seeds": len(pilot_seeds),
-            "pilot_seed_base": pilot_seeds[0],
-            "out_of_budget": [k for k, p in plans.items() if p.underpowered],
-            "pilot_wall_s": timer.seconds(),
-        }
+        plan_record = _power_plan(plans, n, max_seeds, pilot_seeds, timer.seconds())
     dose = handicap.dose if handicap is not None else 0.0
-    if dose_choice is not None and dose_choice["dose"] is not None:
-        dose = float(f"{dose_choice['dose']:.3g}")
+    if dose_choice is not None and dose_choice.dose is not None:
+        dose = float(f"{dose_choice.dose:.3g}")
     seed_list = list(range(seed_base, seed_base + n))
     trained, control_effects = train_own(
         study, trainer, world, seed_list, [dose] if handicap else [], **common
@@ -1133,69 +1157,59 @@ def run_own(
         label: {str(s): dict(r.start) for s, r in runs.items()}
         for label, runs in trained.own.items()
     }
-    result: dict[str, Any] = {
-        "name": study.name,
-        "declared": True,
-        "own_trainer": True,
-        "paper": study.paper,
-        "setup": (
+    result = StudyResult(
+        name=study.name,
+        declared=True,
+        own_trainer=True,
+        paper=study.paper,
+        setup=(
             f"{data}, {steps} steps per run; arms: "
             + "; ".join(f"{a.label} ({' '.join(a.options)})".strip() for a in study.arms)
             + (f"; overrides: {' '.join(overrides)}" if overrides else "")
             + (f"; baselines: {', '.join(study.baselines)}" if study.baselines else "")
             + "."
         ),
-        "preconditions": list(study.preconditions),
-        "notes": study.notes,
-        "rule": kit.RULE,
-        "claims": claims,
-        "verdict": "; ".join(f"{c['claim']}: {c['holm_outcome']}" for c in claims),
-        "holds": all(c["holm_verdict"] == kit.HOLDS for c in claims),
-        "lr_choice": {
-            label: {
-                "recipe": c["recipe"],
-                "chosen": c["chosen"],
-                "grid": list(c["grid"].items()),
-                "excluded": {},
-            }
-            for label, c in lr_choice.items()
-        },
-        "lr_grid": list(lr_grid or ()),
-        "seeds": seed_list,
-        "seed_base": seed_base,
-        "steps": steps,
-        "data": data,
-        "quick": quick,
-        "arms": {
+        preconditions=tuple(study.preconditions),
+        notes=study.notes,
+        rule=kit.RULE,
+        claims=tuple(claims),
+        verdict=_verdict_line(claims),
+        holds=all(c.final_verdict == kit.HOLDS for c in claims),
+        # the own trainer excludes no rate (no precondition per rate)
+        lr_choice=_lr_choices({k: {**c, "excluded": {}} for k, c in lr_choice.items()}),
+        lr_grid=tuple(lr_grid or ()),
+        seeds=tuple(seed_list),
+        seed_base=seed_base,
+        steps=steps,
+        data=data,
+        quick=quick,
+        arms={
             label: {str(s): r.values.get(trainer.score) for s, r in runs.items()}
             for label, runs in trained.own.items()
         },
-        "arms_metric": trainer.metric,
-        "values": {
+        arms_metric=trainer.metric,
+        values={
             label: {str(s): dict(r.values) for s, r in runs.items()}
             for label, runs in trained.own.items()
         },
-        "loss_history": {
-            label: {str(s): [list(h) for h in r.history] for s, r in runs.items()}
+        loss_history={
+            label: {str(s): tuple(tuple(h) for h in r.history) for s, r in runs.items()}
             for label, runs in trained.own.items()
         },
-        "control": {
-            "what": handicap.what if handicap else None,
-            "dose": dose if handicap else None,
-            "doses_scanned": list(handicap.doses) if handicap else [],
-            "choice": dose_choice,
-        },
-        "starts": starts,
-        "starts_fired": kit.starts_fired(starts),
-        "figures": [],
-        "wall_s": timer.seconds(),
-    }
-    if trainer.table is not None:
-        result["tables"] = trainer.table(trained)
-    if plan_record is not None:
-        result["power_plan"] = plan_record
-    result["markdown"] = page.study_body(result)
-    return result
+        control=ControlRecord(
+            what=handicap.what if handicap else None,
+            dose=dose if handicap else None,
+            doses_scanned=tuple(handicap.doses) if handicap else (),
+            choice=dose_choice,
+        ),
+        starts=starts,
+        starts_fired=tuple(kit.starts_fired(starts)),
+        figures=(),
+        wall_s=timer.seconds(),
+        tables=trainer.table(trained) if trainer.table is not None else None,
+        power_plan=plan_record,
+    )
+    return dataclasses.replace(result, markdown=page.study_body(result))
 
 
 __all__ = [

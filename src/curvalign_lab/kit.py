@@ -80,6 +80,7 @@ from curvalign.stats import (
     t_test_p,
 )
 from curvalign.train.hooks import Decision, TrainerHook, ValidationEvent
+from curvalign_lab.records import ClaimResult, Convergence, DecisionInputs, PlanRecord, Start
 
 if TYPE_CHECKING:
     from curvalign.train.trainer import TrainedRun, Trainer
@@ -162,7 +163,7 @@ def decide(
     precondition: str | None = None,
     regime: str | None = None,
     significant: bool | None = None,
-    plan: Mapping[str, Any] | None = None,
+    plan: PlanRecord | Mapping[str, Any] | None = None,
     scale: float = 100.0,
 ) -> Verdict:
     """The verdict of one claim (``RULE``). ``effect`` and ``control`` are oriented so that the
@@ -172,8 +173,11 @@ def decide(
     equivalence margin (None: no equivalence verdict); ``precondition`` / ``regime``: why the
     claim cannot be tested here (None: it can); ``significant``: the Holm-corrected decision
     (None: the effect's own 95% interval decides); ``plan``: the claim's power plan
-    (``rules.Plan.as_dict()``; None: no plan, so never "underpowered" and never "the paper's
-    effect is excluded"). ``scale`` only formats the texts."""
+    (``records.PlanRecord``, or a mapping with its ``underpowered``, ``cap`` and ``reason``;
+    None: no plan, so never "underpowered" and never "the paper's effect is excluded").
+    ``scale`` only formats the texts."""
+    if isinstance(plan, PlanRecord):
+        plan = plan.to_json()
     if regime is not None:
         return Verdict(NOT_REPRODUCED, f"{NOT_REPRODUCED} ({regime})")
     if precondition is not None:
@@ -254,165 +258,168 @@ def claim_record(
     effect_values: Sequence[float] | None = None,
     sanity: Interval | None = None,
     sanity_what: str = "",
-    plan: Mapping[str, Any] | None = None,
-) -> dict[str, Any]:
-    """One decided claim, JSON-ready: the verdict (before multiplicity correction; ``apply_holm``
-    adds the Holm-adjusted one), both intervals, the paper's effect and where the paper states
-    it, the minimal detectable effect at these seeds, the control's expected size, the per-seed
-    effects and a trained-vs-untrained ``sanity`` row (reported, never decisive)."""
-    inputs: dict[str, Any] = {
-        "threshold": threshold,
-        "budget_ok": budget_ok,
-        "paper_effect": paper_effect,
-        "control_min": control_min,
-        "delta": delta,
-        "precondition": precondition,
-        "regime": regime,
-        "plan": dict(plan) if plan is not None else None,
-        "scale": scale,
-    }
-    verdict = decide(effect, control, **inputs)
+    plan: PlanRecord | None = None,
+) -> ClaimResult:
+    """One decided claim (``records.ClaimResult``): the verdict (before multiplicity
+    correction; ``apply_holm`` adds the Holm-adjusted one), both intervals, the paper's effect
+    and where the paper states it, the minimal detectable effect at these seeds, the control's
+    expected size, the per-seed effects and a trained-vs-untrained ``sanity`` row (reported,
+    never decisive)."""
+    inputs = DecisionInputs(
+        threshold=threshold,
+        budget_ok=budget_ok,
+        paper_effect=paper_effect,
+        control_min=control_min,
+        delta=delta,
+        precondition=precondition,
+        regime=regime,
+        plan=plan,
+        scale=scale,
+    )
+    verdict = decide_inputs(effect, control, inputs)
     mde = minimal_detectable(effect)
-    return {
-        "claim": what,
-        "role": role,
+    return ClaimResult(
+        claim=what,
+        role=role,
         # the unit of the texts (``_interval_text``): kept so that a re-decided claim says it too
-        "unit": unit,
-        "outcome": verdict.text,
-        "verdict": verdict.kind,
-        "inputs": inputs,
-        "effect": effect.as_dict(),
-        "effect_text": _interval_text(effect, scale, unit),
-        "effect_values": list(effect_values) if effect_values is not None else None,
-        "p_value": t_test_p(effect, threshold),
-        "mde": mde,
-        "mde_text": (
+        unit=unit,
+        outcome=verdict.text,
+        verdict=verdict.kind,
+        inputs=inputs,
+        effect=effect,
+        effect_text=_interval_text(effect, scale, unit),
+        effect_values=tuple(effect_values) if effect_values is not None else None,
+        p_value=t_test_p(effect, threshold),
+        mde=mde,
+        mde_text=(
             f"{mde * scale:.3g} {unit} at n={effect.n} (this run's SD; descriptive)"
             if math.isfinite(mde)
             else "n/a"
         ),
-        "paper_effect": paper_effect,
-        "paper_source": paper_source,
-        "paper_effect_text": (
+        paper_effect=paper_effect,
+        paper_source=paper_source,
+        paper_effect_text=(
             f"{paper_effect * scale:.3g} {unit} ({paper_source})"
             if paper_effect is not None
             else f"no number ({paper_source})"
             if paper_source
             else "no number"
         ),
-        "threshold": threshold,
-        "control": control.as_dict() if control is not None else None,
-        "control_what": control_what,
-        "control_min": control_min,
-        "control_ok": control_separates(control, control_min),
-        "control_text": (
+        threshold=threshold,
+        control=control,
+        control_what=control_what,
+        control_min=control_min,
+        control_ok=control_separates(control, control_min),
+        control_text=(
             _interval_text(control, scale, unit)
             + f"; expected > 0 and >= {control_min * scale:.3g}"
             if control is not None
             else "no control"
         ),
-        "sanity": sanity.as_dict() if sanity is not None else None,
-        "sanity_text": f"{sanity_what}: {_interval_text(sanity, scale, unit)}"
+        sanity=sanity,
+        sanity_text=f"{sanity_what}: {_interval_text(sanity, scale, unit)}"
         if sanity is not None
         else "",
-    }
+    )
 
 
-def _interval_of(d: dict[str, Any] | None) -> Interval | None:
-    return None if d is None else Interval(d["mean"], d["low"], d["high"], d["n"])
+def decide_inputs(
+    effect: Interval,
+    control: Interval | None,
+    inputs: DecisionInputs,
+    significant: bool | None = None,
+) -> Verdict:
+    """``decide`` with a claim's recorded ``inputs`` (``significant``: Holm's decision)."""
+    return decide(
+        effect,
+        control,
+        threshold=inputs.threshold,
+        budget_ok=inputs.budget_ok,
+        paper_effect=inputs.paper_effect,
+        control_min=inputs.control_min,
+        delta=inputs.delta,
+        precondition=inputs.precondition,
+        regime=inputs.regime,
+        significant=significant,
+        plan=inputs.plan,
+        scale=inputs.scale,
+    )
 
 
-def _effect_of(claim: Mapping[str, Any]) -> Interval:
-    effect = _interval_of(claim["effect"])
-    if effect is None:
-        raise ValueError(f"claim {claim.get('claim')!r} has no effect interval")
-    return effect
-
-
-def apply_holm(claims: list[dict[str, Any]], alpha: float = ALPHA) -> list[dict[str, Any]]:
-    """Holm's correction over one study's family of claims (``claims``, in place and returned):
-    each record gets ``holm_significant`` and the verdict re-decided with that decision
-    (``holm_verdict``, ``holm_outcome``). Only tested claims form the family
-    (``rules.in_holm_family``): precondition and regime claims, and claims whose precondition
-    is not met or whose mechanism is absent here, are decided outside a test and do not cost
-    the others power; the family's size is ``holm_family``."""
+def apply_holm(claims: Sequence[ClaimResult], alpha: float = ALPHA) -> list[ClaimResult]:
+    """Holm's correction over one study's family of claims: each claim re-decided with that
+    decision (``holm_verdict``, ``holm_outcome``), those in the family with
+    ``holm_significant`` and the family's size ``holm_family``. Only tested claims form the
+    family (``rules.in_holm_family``): precondition and regime claims, and claims whose
+    precondition is not met or whose mechanism is absent here, are decided outside a test and
+    do not cost the others power."""
     from curvalign_lab.rules import in_holm_family
 
-    family = [
-        c
-        for c in claims
-        if in_holm_family(
-            c.get("role", "primary"), c["inputs"].get("precondition"), c["inputs"].get("regime")
-        )
-    ]
-    rejected = holm([c["p_value"] for c in family], alpha)
-    for c, rej in zip(family, rejected, strict=True):
-        c["holm_significant"] = rej
-        c["holm_family"] = len(family)
-    for c in claims:
-        inputs = dict(c["inputs"])
-        verdict = decide(
-            _effect_of(c),
-            _interval_of(c["control"]),
+    tested = [in_holm_family(c.role, c.inputs.precondition, c.inputs.regime) for c in claims]
+    rejected = iter(holm([c.p_value for c, t in zip(claims, tested, strict=True) if t], alpha))
+    size = sum(tested)
+    out = []
+    for claim, in_family in zip(claims, tested, strict=True):
+        if in_family:
+            claim = dataclasses.replace(claim, holm_significant=next(rejected), holm_family=size)
+        verdict = decide_inputs(
+            claim.effect,
+            claim.control,
+            claim.inputs,
             # outside the family (a precondition or regime claim): its own interval decides
-            significant=c.get("holm_significant") if any(c is f for f in family) else None,
-            **inputs,
+            significant=claim.holm_significant if in_family else None,
         )
-        c["holm_verdict"], c["holm_outcome"] = verdict.kind, verdict.text
-    return claims
+        out.append(dataclasses.replace(claim, holm_verdict=verdict.kind, holm_outcome=verdict.text))
+    return out
 
 
-def claim_kind(inputs: Mapping[str, Any]) -> tuple[str, float | None]:
+def claim_kind(inputs: DecisionInputs) -> tuple[str, float | None]:
     """(kind, margin) of a recorded claim from its decision inputs: equivalence where it has a
     ``delta``, non-inferiority where its threshold is below 0 (``-margin``), else
     superiority."""
     from curvalign_lab.rules import EQUIVALENCE, NON_INFERIORITY, SUPERIORITY
 
-    if inputs.get("delta") is not None:
-        return EQUIVALENCE, float(inputs["delta"])
-    if float(inputs.get("threshold") or 0.0) < 0:
-        return NON_INFERIORITY, -float(inputs["threshold"])
+    if inputs.delta is not None:
+        return EQUIVALENCE, float(inputs.delta)
+    if float(inputs.threshold or 0.0) < 0:
+        return NON_INFERIORITY, -float(inputs.threshold)
     return SUPERIORITY, None
 
 
-def plan_seeds(claims: Sequence[dict[str, Any]], max_seeds: int) -> dict[str, Any]:
+def plan_seeds(claims: Sequence[ClaimResult], max_seeds: int) -> dict[str, Any]:
     """The plan of a confirmatory run from a *pilot* run's claims (``--power``; the pilot uses a
     seed base disjoint from the confirmatory one): per testable claim with a paper effect,
     ``rules.plan_for_sd`` at the pilot's per-seed SD (exact noncentral-t MDE against the
     paper's effect, or against the distance to the margin for a non-inferiority or
-    equivalence claim), capped at ``max_seeds``. The run's seeds are the most any powered
-    claim needs; a claim that needs more than the cap is *underpowered by plan* (named in
-    ``out_of_budget``; its verdict says so whatever the confirmatory run's own SD)."""
+    equivalence claim), capped at ``max_seeds`` (``per_claim``: {claim: ``PlanRecord``}). The
+    run's seeds are the most any powered claim needs; a claim that needs more than the cap is
+    *underpowered by plan* (named in ``out_of_budget``; its verdict says so whatever the
+    confirmatory run's own SD)."""
     from curvalign_lab.rules import in_holm_family, plan_for_sd, study_seeds
 
-    plans: dict[str, dict[str, Any]] = {}
+    plans: dict[str, PlanRecord] = {}
     chosen = []
     for c in claims:
-        inputs = c["inputs"]
-        if not in_holm_family(
-            c.get("role", "primary"), inputs.get("precondition"), inputs.get("regime")
-        ):
+        if not in_holm_family(c.role, c.inputs.precondition, c.inputs.regime):
             continue
-        if c.get("paper_effect") is None:
+        if c.paper_effect is None:
             continue
-        kind, margin = claim_kind(inputs)
-        effect = _interval_of(c["effect"])
-        assert effect is not None
+        kind, margin = claim_kind(c.inputs)
         plan = plan_for_sd(
-            interval_sd(effect),
-            effect.n,
+            interval_sd(c.effect),
+            c.effect.n,
             kind=kind,
-            paper_effect=c["paper_effect"],
+            paper_effect=c.paper_effect,
             margin=margin,
             cap=max_seeds,
         )
-        plans[base_claim(c["claim"])] = plan.as_dict() | {"kind": kind}
+        plans[base_claim(c.claim)] = PlanRecord.from_plan(plan, kind=kind)
         chosen.append(plan)
     return {
         "per_claim": plans,
         "seeds": min(max_seeds, study_seeds(chosen)),
         "max_seeds": max_seeds,
-        "out_of_budget": [k for k, p in plans.items() if p["underpowered"]],
+        "out_of_budget": [k for k, p in plans.items() if p.underpowered],
     }
 
 
@@ -421,22 +428,26 @@ def base_claim(text: str) -> str:
     return text.removesuffix(", world-inclusive")
 
 
-def with_plan(claim: dict[str, Any], plan: Mapping[str, Any] | None) -> dict[str, Any]:
-    """``claim`` re-decided with its power ``plan`` (``plan_seeds``'s entry; None: unchanged),
-    every other input kept."""
+def with_plan(claim: ClaimResult, plan: PlanRecord | None) -> ClaimResult:
+    """``claim`` re-decided with its power ``plan`` (None: unchanged), every other input
+    kept."""
     if plan is None:
         return claim
-    inputs = dict(claim["inputs"]) | {"plan": dict(plan)}
-    verdict = decide(_effect_of(claim), _interval_of(claim["control"]), **inputs)
-    claim = dict(claim)
-    claim["inputs"], claim["plan"] = inputs, dict(plan)
-    claim["verdict"], claim["outcome"] = verdict.kind, verdict.text
-    claim["planned_n_text"] = (
-        f"{plan['n']} (pilot SD {plan['pilot_sd'] * inputs['scale']:.3g}, cap {plan['cap']})"
-        if not plan["underpowered"]
-        else f"> {plan['cap']} (pilot SD {plan['pilot_sd'] * inputs['scale']:.3g})"
+    inputs = dataclasses.replace(claim.inputs, plan=plan, plan_recorded=True)
+    verdict = decide_inputs(claim.effect, claim.control, inputs)
+    sd = plan.pilot_sd * inputs.scale
+    return dataclasses.replace(
+        claim,
+        inputs=inputs,
+        plan=plan,
+        verdict=verdict.kind,
+        outcome=verdict.text,
+        planned_n_text=(
+            f"{plan.n} (pilot SD {sd:.3g}, cap {plan.cap})"
+            if not plan.underpowered
+            else f"> {plan.cap} (pilot SD {sd:.3g})"
+        ),
     )
-    return claim
 
 
 #: the studies' learning rate as a multiple of each recipe's paper default (``train_defaults``)
@@ -1072,7 +1083,7 @@ def start_record(arm: ArmResult) -> dict[str, Any]:
     }
 
 
-def starts_fired(starts: Mapping[str, Mapping[Any, Mapping[str, Any]]]) -> list[str]:
+def starts_fired(starts: Mapping[str, Mapping[Any, Start]]) -> list[str]:
     """One line per (arm, warning code) that fired at step 0 on any seed of a study's
     ``Bench.starts``: "arm: code on seeds s1, s2" (empty: every arm started healthy)."""
     lines = []
@@ -1085,16 +1096,18 @@ def starts_fired(starts: Mapping[str, Mapping[Any, Mapping[str, Any]]]) -> list[
     return lines
 
 
-def convergence_record(runs: dict[int, ArmResult]) -> dict[str, Any]:
+def convergence_record(runs: Mapping[int, ArmResult]) -> Convergence:
     """Per arm: how many seeds converged, best steps and the validation curves."""
     flags = [r.converged for r in runs.values()]
-    return {
-        "converged": sum(bool(f) for f in flags),
-        "seeds": len(flags),
-        "best_steps": [r.best_step for r in runs.values()],
-        "last_steps": [r.last_step for r in runs.values()],
-        "val_history": {str(s): r.to_json()["val_history"] for s, r in runs.items()},
-    }
+    return Convergence(
+        converged=sum(bool(f) for f in flags),
+        seeds=len(flags),
+        best_steps=tuple(r.best_step for r in runs.values()),
+        last_steps=tuple(r.last_step for r in runs.values()),
+        val_history={
+            str(s): tuple((step, value) for step, value in r.val_history) for s, r in runs.items()
+        },
+    )
 
 
 class Timer:

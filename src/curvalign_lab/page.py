@@ -1,6 +1,8 @@
 """The studies' pages: one short verdict table (no cell over ``CELL_LIMIT`` characters, the long
 reasons in footnotes) and one page per study.
 
+Each reads the typed records (``records.StudyResult``, ``records.ClaimResult``).
+
 ``verdict_table(results)``  the index's table: study, claim, paper effect, planned n, effect with
                             its interval, control, verdict in a few words (and the verdict across
                             two seed bases where a stability check ran)
@@ -14,9 +16,9 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 from curvalign_lab import kit
+from curvalign_lab.records import ClaimResult, DoseChoice, PlanRecord, StudyResult
 
 #: no cell of a verdict table is longer than this (characters); longer texts go to footnotes
 CELL_LIMIT = 200
@@ -91,59 +93,54 @@ def _num(value: float, scale: float) -> str:
     return "n/a" if not math.isfinite(value) else f"{value * scale:.2f}"
 
 
-def effect_cell(claim: Mapping[str, Any]) -> str:
+def effect_cell(claim: ClaimResult) -> str:
     """ "mean [low, high], n=3" (x scale), and "seeds + items" where the interval counts the
     test items too."""
-    iv = claim["effect"]
-    scale = float(claim.get("inputs", {}).get("scale", 100.0))
-    if not iv or iv.get("n", 0) == 0:
+    iv = claim.effect
+    scale = float(claim.inputs.scale)
+    if iv.n == 0:
         return "n/a"
-    text = (
-        f"{_num(iv['mean'], scale)} [{_num(iv['low'], scale)}, {_num(iv['high'], scale)}], "
-        f"n={iv['n']}"
-    )
-    return text + (" (seeds + items)" if claim.get("two_level") else "")
+    text = f"{_num(iv.mean, scale)} [{_num(iv.low, scale)}, {_num(iv.high, scale)}], n={iv.n}"
+    return text + (" (seeds + items)" if claim.two_level else "")
 
 
-def control_cell(claim: Mapping[str, Any]) -> str:
+def control_cell(claim: ClaimResult) -> str:
     """ "separated: 5.1 [2.0, 8.2] >= 2" or "did not separate: ..." or "none"."""
-    iv = claim.get("control")
-    if not iv:
+    iv = claim.control
+    if iv is None:
         return "none"
-    scale = float(claim.get("inputs", {}).get("scale", 100.0))
-    verdict = "separated" if claim.get("control_ok") else "did not separate"
-    need = claim.get("control_min") or 0.0
-    return (
-        f"{verdict}: {_num(iv['mean'], scale)} [{_num(iv['low'], scale)}, "
-        f"{_num(iv['high'], scale)}]" + (f", needs >= {need * scale:.3g}" if need else "")
+    scale = float(claim.inputs.scale)
+    verdict = "separated" if claim.control_ok else "did not separate"
+    need = claim.control_min or 0.0
+    return f"{verdict}: {_num(iv.mean, scale)} [{_num(iv.low, scale)}, {_num(iv.high, scale)}]" + (
+        f", needs >= {need * scale:.3g}" if need else ""
     )
 
 
-def paper_cell(claim: Mapping[str, Any], notes: Footnotes) -> str:
-    effect = claim.get("paper_effect")
-    scale = float(claim.get("inputs", {}).get("scale", 100.0))
-    source = claim.get("paper_source") or ""
-    text = "no number" if effect is None else f"{abs(effect) * scale:.3g} {claim.get('unit', '')}"
+def paper_cell(claim: ClaimResult, notes: Footnotes) -> str:
+    effect = claim.paper_effect
+    scale = float(claim.inputs.scale)
+    source = claim.paper_source or ""
+    text = "no number" if effect is None else f"{abs(effect) * scale:.3g} {claim.unit}"
     return text.strip() + (f" {notes.ref(source)}" if source else "")
 
 
-def planned_cell(claim: Mapping[str, Any]) -> str:
-    if claim.get("planned_n_text"):
-        return str(claim["planned_n_text"])
-    return "no plan" if claim.get("holm_family") is not None else "not tested"
+def planned_cell(claim: ClaimResult) -> str:
+    if claim.planned_n_text:
+        return claim.planned_n_text
+    return "no plan" if claim.holm_family is not None else "not tested"
 
 
 def verdict_cells(
-    claim: Mapping[str, Any], notes: Footnotes, across: tuple[str, str] | None = None
+    claim: ClaimResult, notes: Footnotes, across: tuple[str, str] | None = None
 ) -> list[str]:
     """The cells of one claim's row (without the study column)."""
-    kind = claim.get("holm_verdict", claim.get("verdict", ""))
-    text = claim.get("holm_outcome", claim.get("outcome", ""))
-    verdict = short_verdict(kind, text)
+    text = claim.final_outcome
+    verdict = short_verdict(claim.final_verdict, text)
     if text and text != verdict:
         verdict += f" {notes.ref(text)}"
     cells = [
-        notes.cell(claim["claim"] + f" ({claim.get('role', 'primary')})"),
+        notes.cell(f"{claim.claim} ({claim.role})"),
         notes.cell(paper_cell(claim, notes)),
         notes.cell(planned_cell(claim)),
         notes.cell(effect_cell(claim)),
@@ -158,90 +155,92 @@ def verdict_cells(
 
 
 def verdict_table(
-    results: Sequence[Mapping[str, Any]],
+    results: Sequence[StudyResult],
     across: Mapping[tuple[str, str], tuple[str, str]] | None = None,
     notes: Footnotes | None = None,
     link: str = "",
 ) -> str:
-    """One short table over ``results`` (the studies' JSON); ``across``: (study, claim) ->
-    (class, text) of the verdict across two seed bases; ``link``: per-study page links as
-    ``link.format(name=...)`` (empty: no links). The footnotes follow the table."""
+    """One short table over ``results``; ``across``: (study, claim) -> (class, text) of the
+    verdict across two seed bases; ``link``: per-study page links as ``link.format(name=...)``
+    (empty: no links). The footnotes follow the table."""
     notes = notes or Footnotes()
     head = ["study", "claim", "paper's effect", "planned n", "effect (95%)", "control", "verdict"]
     if across is not None:
         head.append("across seed bases")
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in results:
-        name = f"[{r['name']}]({link.format(name=r['name'])})" if link else r["name"]
-        for c in r["claims"]:
+        name = f"[{r.name}]({link.format(name=r.name)})" if link else r.name
+        for c in r.claims:
             both = None
             if across is not None:
-                both = across.get((r["name"], c["claim"]), ("not run on both", "not run on both"))
+                both = across.get((r.name, c.claim), ("not run on both", "not run on both"))
             lines.append("| " + " | ".join([name, *verdict_cells(c, notes, both)]) + " |")
     return "\n".join(lines) + "\n\n" + notes.markdown()
 
 
-def plan_text(result: Mapping[str, Any]) -> str:
+def plan_text(result: StudyResult) -> str:
     """The power plan in a few lines: pilot base and seeds, each claim's SD, n and cap."""
-    plan = result.get("power_plan")
-    if not plan:
+    plan = result.power_plan
+    if plan is None:
         return (
             "**Power.** No pilot ran (`--power` plans each claim's seeds on a pilot of a disjoint "
             "seed base): no claim is called underpowered.\n"
         )
     lines = [
-        f"**Power, planned on a pilot** of {plan.get('pilot_seeds')} seeds"
-        + (f" (seed base {plan['pilot_seed_base']})" if "pilot_seed_base" in plan else "")
-        + f"; seeds used: {plan['seeds']}, cap {plan['max_seeds']}.",
+        f"**Power, planned on a pilot** of {plan.pilot_seeds} seeds"
+        + (f" (seed base {plan.pilot_seed_base})" if plan.pilot_seed_base is not None else "")
+        + f"; seeds used: {plan.seeds}, cap {plan.max_seeds}.",
         "",
         "| claim | kind | pilot SD | target | planned n | MDE at n | underpowered by plan |",
         "|---|---|---:|---:|---:|---:|---|",
     ]
-    for claim, p in plan.get("per_claim", {}).items():
-        if not isinstance(p, Mapping):  # an older study.json: seeds only
+    for claim, p in plan.per_claim.items():
+        if not isinstance(p, PlanRecord):  # an older study.json: seeds only
             lines.append(f"| {claim} | | | | {p} | | |")
             continue
         lines.append(
-            f"| {claim} | {p.get('kind', '')} | {100 * p['pilot_sd']:.3g} | "
-            f"{100 * p['target']:.3g} | {p['n']} | {100 * p['mde']:.3g} | "
-            f"{'yes' if p['underpowered'] else 'no'} |"
+            f"| {claim} | {p.kind or ''} | {100 * p.pilot_sd:.3g} | "
+            f"{100 * p.target:.3g} | {p.n} | {100 * p.mde:.3g} | "
+            f"{'yes' if p.underpowered else 'no'} |"
         )
     return "\n".join(lines) + "\n"
 
 
-def control_text(result: Mapping[str, Any]) -> str:
-    control = result.get("control")
-    if not isinstance(control, Mapping) or not control.get("what"):
+def _scan_text(choice: DoseChoice) -> str:
+    return ", ".join(f"{d}: {100 * m:.2f}" for d, m in choice.scan.items())
+
+
+def control_text(result: StudyResult) -> str:
+    control = result.control
+    if control is None or not control.what:
         return ""
-    choice = control.get("choice")
-    line = f"**Control.** {control['what'].format(dose=control['dose'])}"
+    choice = control.choice
+    line = f"**Control.** {control.what.format(dose=control.dose)}"
     if choice:
-        scan = ", ".join(f"{d}: {100 * m:.2f}" for d, m in choice["scan"].items())
         line += (
-            f"; dose chosen on the pilot's scan (dose: effect x100: {scan}) for the claim's size "
-            f"{100 * choice['target']:.3g}"
-            + ("" if choice["calibrated"] else ": no dose reached it, the control cannot calibrate")
+            f"; dose chosen on the pilot's scan (dose: effect x100: {_scan_text(choice)}) for the "
+            f"claim's size {100 * choice.target:.3g}"
+            + ("" if choice.calibrated else ": no dose reached it, the control cannot calibrate")
         )
     else:
         line += " (the declared dose: no pilot scan ran)"
     return line + ".\n"
 
 
-def measured_controls_text(result: Mapping[str, Any]) -> str:
+def measured_controls_text(result: StudyResult) -> str:
     """The controls applied when measuring (``declare.MeasuredControl``): what, for which
     claims, the dose and the pilot's scan."""
     lines = []
-    for mc in result.get("measured_controls") or []:
-        line = f"**Control of {', '.join(mc['claims'])} (applied when measuring).** " + mc[
-            "what"
-        ].format(dose=f"{mc['dose']:.3g}")
-        choice = mc.get("choice")
+    for mc in result.measured_controls or ():
+        line = f"**Control of {', '.join(mc.claims)} (applied when measuring).** " + mc.what.format(
+            dose=f"{mc.dose:.3g}"
+        )
+        choice = mc.choice
         if choice:
-            scan = ", ".join(f"{d}: {100 * m:.2f}" for d, m in choice["scan"].items())
             line += (
-                f"; dose chosen on the pilot's scan (dose: effect x100: {scan}) for the claim's "
-                f"size {100 * choice['target']:.3g}"
-                + ("" if choice["calibrated"] else ": no dose reached it, it cannot calibrate")
+                f"; dose chosen on the pilot's scan (dose: effect x100: {_scan_text(choice)}) for "
+                f"the claim's size {100 * choice.target:.3g}"
+                + ("" if choice.calibrated else ": no dose reached it, it cannot calibrate")
             )
         else:
             line += " (the declared dose: no pilot scan ran)"
@@ -249,11 +248,11 @@ def measured_controls_text(result: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def starts_text(result: Mapping[str, Any]) -> str:
+def starts_text(result: StudyResult) -> str:
     """The arms' step-0 health: which warnings fired (or that none did)."""
-    if "starts" not in result:
+    if result.starts is None:
         return ""
-    fired = result.get("starts_fired") or []
+    fired = result.starts_fired or ()
     if not fired:
         return (
             "**Step-0 health.** Every arm's step-0 check passed on every seed (the resolved start "
@@ -265,11 +264,11 @@ def starts_text(result: Mapping[str, Any]) -> str:
     )
 
 
-def arms_table(result: Mapping[str, Any]) -> str:
-    arms = result.get("arms")
+def arms_table(result: StudyResult) -> str:
+    arms = result.arms
     if not arms:
         return ""
-    metric = result.get("arms_metric", "test mean R@1")
+    metric = result.arms_metric or "test mean R@1"
     lines = [f"| arm | {metric} x100, mean ± 95% | per seed |", "|---|---:|---|"]
     from curvalign.stats import mean_interval
 
@@ -286,49 +285,45 @@ def arms_table(result: Mapping[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def study_body(result: Mapping[str, Any]) -> str:
+def study_body(result: StudyResult) -> str:
     """One study's tables (``study_page`` adds the claim, setup and command)."""
-    family = [c for c in result["claims"] if c.get("holm_family") is not None]
+    family = [c for c in result.claims if c.holm_family is not None]
     parts = [
-        verdict_table([result], notes=Footnotes(f"{result['name']}-")),
-        f"Holm family: {len(family)} of the {len(result['claims'])} claims (precondition and "
+        verdict_table([result], notes=Footnotes(f"{result.name}-")),
+        f"Holm family: {len(family)} of the {len(result.claims)} claims (precondition and "
         f"regime claims are decided outside it), family-wise alpha {kit.ALPHA:g}.\n",
         plan_text(result),
         control_text(result),
         measured_controls_text(result),
         starts_text(result),
-        *(
-            f"**Measured notes.** {c['claim']}: {c['note']}\n"
-            for c in result["claims"]
-            if c.get("note")
-        ),
+        *(f"**Measured notes.** {c.claim}: {c.note}\n" for c in result.claims if c.note),
         arms_table(result),
         # an older study.json has no separate tables: its whole former section stands here
-        str(result.get("tables", result.get("markdown", ""))),
+        result.tables if result.tables is not None else result.markdown,
     ]
     return "\n".join(p for p in parts if p)
 
 
-def study_page(result: Mapping[str, Any], heading: str = "#", figure_dir: str = "") -> str:
+def study_page(result: StudyResult, heading: str = "#", figure_dir: str = "") -> str:
     """A study's page: the paper's claim, setup, command, rule, then ``study_body``."""
     md = [
-        f"{heading} {result['name']}",
+        f"{heading} {result.name}",
         "",
-        f"**The paper's claim.** {result['paper']}",
+        f"**The paper's claim.** {result.paper}",
         "",
-        f"**Setup.** {result['setup']} Seeds: {', '.join(map(str, result['seeds']))} (paired). "
-        f"Wall time: {result['wall_s']:.0f} s.",
+        f"**Setup.** {result.setup} Seeds: {', '.join(map(str, result.seeds))} (paired). "
+        f"Wall time: {result.wall_s:.0f} s.",
         "",
     ]
-    if result.get("command"):
-        md += [f"**Command.** `{result['command']}`", ""]
-    if result.get("preconditions"):
-        md += ["**Preconditions.** " + "; ".join(result["preconditions"]) + ".", ""]
-    md += [f"**Verdict rule.** {result['rule']}.", ""]
-    if result.get("notes"):
-        md += [f"**What the measure means.** {result['notes']}", ""]
+    if result.command:
+        md += [f"**Command.** `{result.command}`", ""]
+    if result.preconditions:
+        md += ["**Preconditions.** " + "; ".join(result.preconditions) + ".", ""]
+    md += [f"**Verdict rule.** {result.rule}.", ""]
+    if result.notes:
+        md += [f"**What the measure means.** {result.notes}", ""]
     md.append(study_body(result))
-    for f in result.get("figures", []):
+    for f in result.figures:
         md.append(f"![{Path(f).stem}]({figure_dir}{Path(f).name})")
     return "\n".join(md) + "\n"
 

@@ -25,6 +25,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from curvalign.errors import InputError
 from curvalign_lab import page
 from curvalign_lab.kit import (
     LR_GRID,
@@ -37,6 +38,7 @@ from curvalign_lab.kit import (
     across_seed_bases,
     grid_interior,
 )
+from curvalign_lab.records import StudyResult
 from curvalign_lab.runner import STUDIES
 
 HEADER = """# Results: the papers' claims as studies that can fail
@@ -81,30 +83,40 @@ tables. Timings were taken on a shared 2-core machine under load.
 """
 
 
-def load_results(out: Path) -> list[dict[str, Any]]:
+def load_result(path: Path) -> StudyResult:
+    """One study.json (``StudyResult.from_json``); a file that is not one is one ``InputError``
+    naming it."""
+    try:
+        return StudyResult.from_json(json.loads(Path(path).read_text()))
+    except (InputError, json.JSONDecodeError) as err:
+        raise InputError(f"{path}: {err}") from None
+
+
+def load_results(out: Path) -> list[StudyResult]:
     """The study.json files under ``out``, in the order of ``STUDIES``."""
     found = {}
     for path in sorted(Path(out).glob("*/study.json")):
-        result = json.loads(path.read_text())
-        found[result["name"]] = (result, path.parent)
+        result = load_result(path)
+        found[result.name] = result
     if not found:
         raise FileNotFoundError(
             f"no */study.json under {out}: run `curvalign study all --out {out}`"
         )
     order = [n for n in STUDIES if n in found] + sorted(set(found) - set(STUDIES))
-    return [found[n][0] | {"_dir": str(found[n][1])} for n in order]
+    return [found[n] for n in order]
 
 
-def is_current(result: dict[str, Any]) -> bool:
+def is_current(result: StudyResult) -> bool:
     """Whether a study.json comes from the current studies (its claims name their paper source,
-    ``kit.claim_record``), not from an earlier version."""
-    return all("paper_source" in c for c in result.get("claims", []))
+    ``kit.claim_record``), not from an earlier version. Every record read has one (its
+    ``paper_source`` is required): kept for callers."""
+    return all(c.paper_source is not None for c in result.claims)
 
 
-def lr_table(result: dict[str, Any]) -> str:
+def lr_table(result: StudyResult) -> str:
     """Per arm: the learning rate chosen on validation, whether it lies inside the study's grid
     (``kit.grid_interior``) and the validation value of every rate tried (x100)."""
-    choice, grid = result.get("lr_choice") or {}, result.get("lr_grid") or []
+    choice, grid = result.lr_choice, result.lr_grid
     if not choice:
         return ""
     lines = [
@@ -115,15 +127,15 @@ def lr_table(result: dict[str, Any]) -> str:
         "|---|---:|---|---|",
     ]
     for arm, c in choice.items():
-        excluded = c.get("excluded") or {}
+        excluded = c.excluded or {}
         tried = ", ".join(
             f"{lr:g}: {100 * v:.1f}"
             + (f" (excluded: {excluded[f'{lr:g}']})" if f"{lr:g}" in excluded else "")
-            for lr, v in c["grid"]
+            for lr, v in c.grid
         )
-        inside = "yes" if grid_interior(grid, c["chosen"]) else "**no (edge)**"
-        lines.append(f"| {arm} | {c['chosen']:g} | {inside} | {tried} |")
-    edge = sum(not grid_interior(grid, c["chosen"]) for c in choice.values())
+        inside = "yes" if grid_interior(grid, c.chosen) else "**no (edge)**"
+        lines.append(f"| {arm} | {c.chosen:g} | {inside} | {tried} |")
+    edge = sum(not grid_interior(grid, c.chosen) for c in choice.values())
     lines += ["", f"{len(choice) - edge} of {len(choice)} arms chose a rate inside the grid.", ""]
     return "\n".join(lines)
 
@@ -140,7 +152,7 @@ def render(
     -> (class, text) of the verdict across two seed bases, ``stability``): an extra column.
     ``pages``: per-study page links as ``pages.format(name=...)`` (e.g. "{name}/study.md")."""
     results = load_results(out)
-    seeds = sorted({len(r["seeds"]) for r in results})
+    seeds = sorted({len(r.seeds) for r in results})
     lines = [
         HEADER.format(
             max_factor=MAX_STEPS_FACTOR,
@@ -150,13 +162,13 @@ def render(
             out=", ".join(
                 f"`{d}/NAME`"
                 for d in dict.fromkeys(
-                    str(Path(r["command"].split("--out ")[1].split()[0]).parent) for r in results
+                    str(Path(_command(r).split("--out ")[1].split()[0]).parent) for r in results
                 )
             ),
             seeds=f" --seeds {seeds[0]}" if len(seeds) == 1 and seeds[0] != 3 else "",
         ),
         f"Wall time of the {len(results)} studies: "
-        f"{sum(r['wall_s'] for r in results) / 60:.1f} min in all"
+        f"{sum(r.wall_s for r in results) / 60:.1f} min in all"
         + (
             f" (`study all`: {wall['wall_s'] / 60:.1f} min"
             + ("" if wall.get("complete", True) else f", cut short after {len(wall['studies'])}")
@@ -172,7 +184,7 @@ def render(
                 + "; each runs with `curvalign study NAME --out DIR/NAME`.",
                 "",
             ]
-            if (missing := [n for n in STUDIES if n not in {r["name"] for r in results}])
+            if (missing := [n for n in STUDIES if n not in {r.name for r in results}])
             else []
         ),
         *(
@@ -183,7 +195,7 @@ def render(
                 + ".",
                 "",
             ]
-            if (older := [r["name"] for r in results if not is_planned(r)])
+            if (older := [r.name for r in results if not is_planned(r)])
             else []
         ),
         "## Verdicts",
@@ -207,23 +219,29 @@ def render(
     return "\n".join(lines)
 
 
-def study_section(result: dict[str, Any], figures: str = "results/", heading: str = "##") -> str:
+def _command(result: StudyResult) -> str:
+    if result.command is None:
+        raise InputError(f"study.json of {result.name!r} has no 'command' (run_study writes it)")
+    return result.command
+
+
+def study_section(result: StudyResult, figures: str = "results/", heading: str = "##") -> str:
     """One study's page or section: ``page.study_page`` and its learning-rate table."""
     text = page.study_page(result, heading=heading, figure_dir=figures)
     return text + ("\n" + lr_table(result) if is_current(result) else "")
 
 
-def is_planned(result: dict[str, Any]) -> bool:
+def is_planned(result: StudyResult) -> bool:
     """Whether a study.json was decided under the planned-power rule (a declared study, or one
     whose claims carry a plan or that ran without --power under the current rule)."""
-    return bool(result.get("declared") or result.get("starts") is not None)
+    return bool(result.declared or result.starts is not None)
 
 
 def write_pages(out: Path, dest: Path, figures: str = "../") -> list[Path]:
     """One page per study: ``dest/NAME/study.md`` from ``out/NAME/study.json``."""
     written = []
     for r in load_results(out):
-        path = dest / r["name"] / "study.md"
+        path = dest / r.name / "study.md"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(study_section(r, figures, heading="#"))
         written.append(path)
@@ -241,29 +259,23 @@ def stability(a: Path, b: Path) -> tuple[list[dict[str, Any]], bool]:
     both Holm-adjusted verdicts, whether either run marks it underpowered (those may differ), and
     whether they agree. ``ok``: every claim agrees; a claim decided differently on the two bases
     is "unstable across seed bases", whatever the two labels (``kit.across_seed_bases``)."""
-    left = {r["name"]: r for r in load_results(a)}
-    right = {r["name"]: r for r in load_results(b)}
+    left = {r.name: r for r in load_results(a)}
+    right = {r.name: r for r in load_results(b)}
     rows = []
     for name in [n for n in left if n in right]:
-        for ca, cb in zip(left[name]["claims"], right[name]["claims"], strict=False):
-            va = Verdict(
-                ca.get("holm_verdict", ca.get("verdict")), ca.get("holm_outcome", ca["outcome"])
-            )
-            vb = Verdict(
-                cb.get("holm_verdict", cb.get("verdict")), cb.get("holm_outcome", cb["outcome"])
-            )
-            both = across_seed_bases(
-                va, vb, min(len(left[name]["seeds"]), len(right[name]["seeds"]))
-            )
+        for ca, cb in zip(left[name].claims, right[name].claims, strict=False):
+            va = Verdict(ca.final_verdict, ca.final_outcome)
+            vb = Verdict(cb.final_verdict, cb.final_outcome)
+            both = across_seed_bases(va, vb, min(len(left[name].seeds), len(right[name].seeds)))
             rows.append(
                 {
                     "study": name,
-                    "claim": ca["claim"],
+                    "claim": ca.claim,
                     "a_kind": va.kind,
                     "b_kind": vb.kind,
                     "a": va.text,
                     "b": vb.text,
-                    "seeds": (left[name]["seeds"], right[name]["seeds"]),
+                    "seeds": (left[name].seeds, right[name].seeds),
                     "underpowered": UNDERPOWERED in (va.kind, vb.kind),
                     "agree": va.kind == vb.kind,
                     "across": both.text,
@@ -366,7 +378,7 @@ def main(argv: list[str] | None = None) -> int:
             text = (
                 text.rstrip("\n") + "\n\n" + stability_markdown(rows, stable, str(args.stability))
             )
-    except FileNotFoundError as err:
+    except (FileNotFoundError, InputError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     if args.copy_to:

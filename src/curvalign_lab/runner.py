@@ -37,6 +37,7 @@ not a reproduction of the papers' tables.
 from __future__ import annotations
 
 import ast
+import dataclasses
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -50,6 +51,7 @@ from curvalign_lab.declare import (
     option_names,
     run_declared,
 )
+from curvalign_lab.records import StudyResult
 from curvalign_lab.studies import registry
 
 Notify = Callable[[str], None]
@@ -124,9 +126,10 @@ def run_study(
     show_progress: bool = False,
     notify: Notify | None = None,
     **options: Any,
-) -> dict[str, Any]:
-    """Run study ``name`` with seeds ``seed_base .. seed_base + seeds - 1`` and write
-    ``study.json`` and ``study.md`` into ``out``.
+) -> StudyResult:
+    """Run study ``name`` with seeds ``seed_base .. seed_base + seeds - 1``, write
+    ``study.json`` (``StudyResult.to_json``) and ``study.md`` into ``out`` and return the
+    result.
 
     ``power``: first a pilot of ``seeds`` seeds on the disjoint base ``seed_base +
     PILOT_OFFSET``; from its per-seed SDs each claim is
@@ -164,8 +167,7 @@ def run_study(
         show_progress=show_progress,
         notify=notify,
     )
-    result["seed_base"] = seed_base
-    result["command"] = (
+    command = (
         f"curvalign study {name} --out {out}"
         + (" --quick" if quick else f" --seeds {seeds}")
         + (f" --seed-base {seed_base}" if seed_base else "")
@@ -175,12 +177,13 @@ def run_study(
         + "".join(f" --set {k}={_literal(v)}" for k, v in options.items())
         + "".join(f" {o}" for o in overrides)
     )
-    write_json(out / "study.json", result)
+    result = dataclasses.replace(result, seed_base=seed_base, command=command)
+    write_json(out / "study.json", result.to_json())
     (out / "study.md").write_text(page.study_page(result, heading="#"))
     return result
 
 
-def study_markdown(result: dict[str, Any], heading: str = "##", figure_dir: str = "") -> str:
+def study_markdown(result: StudyResult, heading: str = "##", figure_dir: str = "") -> str:
     """One study's section (``page.study_page``)."""
     return page.study_page(result, heading=heading, figure_dir=figure_dir)
 
@@ -199,13 +202,13 @@ def run_all(
     lr_cache: str | Path | None = None,
     show_progress: bool = False,
     notify: Notify | None = None,
-) -> dict[str, dict[str, Any]]:
+) -> dict[str, StudyResult]:
     """Every study (or ``names``) into ``out/NAME``; ``steps`` (if given) for each. The wall
     time of the whole run is written to ``out/wall.json``."""
     out = Path(out)
     notify = notify or (lambda m: None)
     timer = kit.Timer()
-    results = {}
+    results: dict[str, StudyResult] = {}
     order = list(names or [*RUN_ORDER, *(n for n in STUDIES if n not in RUN_ORDER)])
     for name in order:
         notify(f"study {name}")
