@@ -228,7 +228,8 @@ def test_the_pilot_plans_scans_and_the_page_shows_the_starts(tmp_path, one_threa
     low = result.starts["atmg c=0.1"]
     assert all("flat_geometry" not in [w["code"] for w in s["warnings"]] for s in low.values())
     assert all(s["resolved_init"]["tangent_norm_init"] > 1 for s in low.values())
-    json.dumps(result)
+    json.dumps(result.to_json())  # JSON-ready, and read back as the same record
+    assert StudyResult.from_json(result.to_json()) == result
     text = page.study_page(result)
     assert "Step-0 health" in text and "Power, planned on a pilot" in text
     assert "hierarchy ordering" in text and "test zeroshot/top1" in text

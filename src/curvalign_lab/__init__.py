@@ -14,5 +14,6 @@ beside ``open_clip``): it drives the library (``curvalign.train.fitting.fit``,
 ``graphs``    graph embedding from a hierarchy's edges (Nickel & Kiela's task), the trainer of
               ``wordnet-dimensions``
 ``runner``    ``run_study`` / ``run_all`` (``curvalign study NAME``)
+``records``   a study's result as typed records (``StudyResult``, ``ClaimResult``) and its JSON
 ``results``   the results pages from the studies' JSON (``python -m curvalign_lab.results``)
 """
