@@ -62,7 +62,7 @@ def test_the_learning_rate_is_chosen_where_the_precondition_holds(tmp_path, monk
         "single", "agr", [], admissible=lambda m: None if m.gate else "gate shut"
     )
     assert chosen == 1e-2
-    assert bench.lr_choice["single"]["excluded"] == {"0.1": "gate shut"}
+    assert bench.lr_choice["single"].excluded == {"0.1": "gate shut"}
     assert "rates excluded where the claim's precondition failed: 0.1" in bench.lr_text()
     # without the precondition the top of the grid wins
     assert bench.choose_lr("other", "agr", []) == 1e-1

@@ -559,7 +559,8 @@ def train_arms(
     metric = study.control.metric
     start = handicap.start(bench.steps) if handicap.start is not None else 0
     # the control trains at its clean arm's learning rate: the handicap is the only difference
-    chosen = bench.lr_choice.get(clean_arm.label, {}).get("chosen")
+    clean_choice = bench.lr_choice.get(clean_arm.label)
+    chosen = clean_choice.chosen if clean_choice is not None else None
     options = [*clean_arm.options, *([f"lr={chosen:g}"] if chosen is not None else [])]
     if handicap.apply is None:
         raise ConfigError(
@@ -928,7 +929,7 @@ def run_declared(
         claims=tuple(claims),
         verdict=_verdict_line(claims),
         holds=all(c.final_verdict == kit.HOLDS for c in claims),
-        lr_choice=_lr_choices(bench.lr_choice),
+        lr_choice=dict(bench.lr_choice),
         lr_grid=tuple(bench.lr_grid or ()),
         seeds=tuple(seed_list),
         seed_base=seed_base,
@@ -971,19 +972,6 @@ def _verdict_line(claims: Sequence[ClaimResult]) -> str:
     return "; ".join(f"{c.claim}: {c.final_outcome}" for c in claims)
 
 
-def _lr_choices(choices: Mapping[str, Mapping[str, Any]]) -> dict[str, LrChoice]:
-    """The arms' learning-rate choices (``Bench.lr_choice``) as records."""
-    return {
-        label: LrChoice(
-            recipe=c["recipe"],
-            chosen=c["chosen"],
-            grid=tuple(c["grid"].items()),
-            excluded=dict(c.get("excluded", {})),
-        )
-        for label, c in choices.items()
-    }
-
-
 def _power_plan(
     plans: Mapping[str, rules.Plan],
     seeds: int,
@@ -1012,7 +1000,7 @@ def train_own(
     *,
     steps: int,
     overrides: Sequence[str],
-    lr_choice: dict[str, dict[str, Any]],
+    lr_choice: dict[str, LrChoice],
     lr_grid: Sequence[float] | None,
     notify: Notify,
 ) -> tuple[Trained, dict[float, dict[int, float]]]:
@@ -1045,13 +1033,9 @@ def train_own(
                     return value if math.isfinite(value) else -math.inf
 
                 chosen, grid = kit.climb_grid(lr_grid, kit.LR_START, fit)
-                lr_choice[arm.label] = {
-                    "recipe": "own trainer",
-                    "grid": grid,
-                    "chosen": chosen,
-                    "interior": kit.grid_interior(lr_grid, chosen),
-                }
-            options.append(f"lr={lr_choice[arm.label]['chosen']:g}")
+                # the own trainer has no precondition per rate: no rate is excluded
+                lr_choice[arm.label] = LrChoice("own trainer", chosen, tuple(grid.items()), {})
+            options.append(f"lr={lr_choice[arm.label].chosen:g}")
         return options
 
     for arm in study.arms:
@@ -1106,7 +1090,7 @@ def run_own(
     steps = steps or study.steps
     world = trainer.load(data)
     handicap = study.control.handicap if study.control is not None else None
-    lr_choice: dict[str, dict[str, Any]] = {}
+    lr_choice: dict[str, LrChoice] = {}
     common: dict[str, Any] = {
         "steps": steps,
         "overrides": list(overrides),
@@ -1175,8 +1159,7 @@ def run_own(
         claims=tuple(claims),
         verdict=_verdict_line(claims),
         holds=all(c.final_verdict == kit.HOLDS for c in claims),
-        # the own trainer excludes no rate (no precondition per rate)
-        lr_choice=_lr_choices({k: {**c, "excluded": {}} for k, c in lr_choice.items()}),
+        lr_choice=dict(lr_choice),
         lr_grid=tuple(lr_grid or ()),
         seeds=tuple(seed_list),
         seed_base=seed_base,

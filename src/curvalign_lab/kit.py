@@ -80,7 +80,14 @@ from curvalign.stats import (
     t_test_p,
 )
 from curvalign.train.hooks import Decision, TrainerHook, ValidationEvent
-from curvalign_lab.records import ClaimResult, Convergence, DecisionInputs, PlanRecord, Start
+from curvalign_lab.records import (
+    ClaimResult,
+    Convergence,
+    DecisionInputs,
+    LrChoice,
+    PlanRecord,
+    Start,
+)
 
 if TYPE_CHECKING:
     from curvalign.train.trainer import TrainedRun, Trainer
@@ -775,7 +782,8 @@ class Bench:
         self.lr_grid = tuple(float(v) for v in lr_grid) if lr_grid else None
         self.tune_seed = tune_seed
         #: arm label -> {"recipe", "grid": {lr: best validation}, "chosen"}
-        self.lr_choice: dict[str, dict[str, Any]] = {}
+        #: arm label -> its learning rate chosen on the grid (``choose_lr``)
+        self.lr_choice: dict[str, LrChoice] = {}
         self.store = with_val_split(store)
         self.overrides = list(COMMON_OVERRIDES) + list(overrides)
         self.val_every = max(1, val_every)
@@ -813,21 +821,22 @@ class Bench:
         """One line for the study's output: each arm's chosen learning rate (grid) or each
         recipe's paper and study learning rate (``lr_scale``)."""
         if self.lr_choice:
+            grid = self.lr_grid or ()
             arms = "; ".join(
-                f"{label} {c['chosen']:g}"
-                + ("" if c.get("interior", True) else " (grid edge)")
+                f"{label} {c.chosen:g}"
+                + ("" if grid_interior(grid, c.chosen) else " (grid edge)")
                 + " (validation "
-                + ", ".join(f"{lr:g}: {100 * v:.1f}" for lr, v in c["grid"].items())
+                + ", ".join(f"{lr:g}: {100 * v:.1f}" for lr, v in c.grid)
                 + ")"
                 + (
                     f" (rates excluded where the claim's precondition failed: "
-                    f"{', '.join(c['excluded'])})"
-                    if c.get("excluded")
+                    f"{', '.join(c.excluded)})"
+                    if c.excluded
                     else ""
                 )
                 for label, c in self.lr_choice.items()
             )
-            edge = sum(not c.get("interior", True) for c in self.lr_choice.values())
+            edge = sum(not grid_interior(grid, c.chosen) for c in self.lr_choice.values())
             return (
                 f"learning rate per arm chosen on validation (best value, tuning seed "
                 f"{self.tune_seed}, not a reported seed) from the shared grid "
@@ -858,8 +867,8 @@ class Bench:
         """The arm's learning rate from ``lr_grid``: one run per rate with ``tune_seed`` (a seed
         no reported run uses), walked by ``climb_grid`` from ``LR_START`` until the rate with the
         highest best validation value has a worse rate on both sides or is the grid's edge (a
-        run whose loss diverges scores ``-inf``). Cached per arm label; ``interior`` says
-        whether the choice is inside the grid.
+        run whose loss diverges scores ``-inf``). Cached per arm label in ``lr_choice``
+        (``records.LrChoice``); ``grid_interior`` says whether the choice is inside the grid.
 
         ``admissible(model)``: the claim's precondition on the rate's trained model (None: it
         holds; else why not). A rate where it fails scores ``-inf``, so the rate is chosen where
@@ -867,7 +876,7 @@ class Bench:
         from curvalign.train.trainer import NonFiniteLossError
 
         if label in self.lr_choice:
-            return self.lr_choice[label]["chosen"]
+            return self.lr_choice[label].chosen
         assert self.lr_grid
         excluded: dict[float, str] = {}
 
@@ -916,13 +925,12 @@ class Bench:
             return value
 
         chosen, grid = climb_grid(self.lr_grid, LR_START, best_val)
-        self.lr_choice[label] = {
-            "recipe": recipe,
-            "grid": grid,
-            "chosen": chosen,
-            "interior": grid_interior(self.lr_grid, chosen),
-            "excluded": {f"{lr:g}": why for lr, why in excluded.items()},
-        }
+        self.lr_choice[label] = LrChoice(
+            recipe=recipe,
+            chosen=chosen,
+            grid=tuple(grid.items()),
+            excluded={f"{lr:g}": why for lr, why in excluded.items()},
+        )
         if excluded and chosen in excluded:
             self.notify(f"{label}: no rate of the grid met the precondition; chose {chosen:g}")
         return chosen

@@ -593,8 +593,7 @@ class MeasuredControlRecord:
 
 
 _POWER_KEYS = frozenset(
-    ("per_claim", "seeds", "max_seeds", "pilot_seeds", "pilot_seed_base", "out_of_budget")
-    + ("pilot_wall_s",)
+    "per_claim seeds max_seeds pilot_seeds pilot_seed_base out_of_budget pilot_wall_s".split()
 )
 
 

@@ -292,13 +292,13 @@ def tables(trained: Trained, measured: Mapping[str, Measured]) -> str:
     ]
     choice = trained.bench.lr_choice
     for arm, c in choice.items():
-        for lr, value in c["grid"].items():
-            reason = c.get("excluded", {}).get(f"{lr:g}")
+        for lr, value in c.grid:
+            reason = (c.excluded or {}).get(f"{lr:g}")
             lines.append(
                 f"| {arm} | {lr:g} | "
                 + (f"{100 * value:.1f}" if math.isfinite(value) else "-")
                 + f" | {'not met: ' + reason if reason else 'met'} | "
-                + ("yes" if lr == c["chosen"] else "")
+                + ("yes" if lr == c.chosen else "")
                 + " |"
             )
     if not choice:
