@@ -16,7 +16,7 @@ was given), ``PlanRecord`` (a claim's power plan), ``PowerPlan``, ``LrChoice``, 
 older ``study.json`` lacks is ``None`` here and stays absent; keys this module does not know,
 such as the former scripted studies' own entries, are kept in ``extra`` and written back), and
 ``from_json(d)`` reads every ``study.json`` the studies wrote. JSON has no NaN: a non-finite
-float is written as ``null`` (``report.tables.write_json``) and read back as ``nan`` where the
+float is written as ``null`` (``curvalign.report.tables.write_json``) and read back as ``nan`` where the
 field is a number.
 """
 
@@ -881,7 +881,7 @@ class StudyResult:
             learning_rates=records("learning_rates", RecipeRate.from_json),
             lr_scale=d.get("lr_scale"),
             max_steps=d.get("max_steps"),
-            control=ControlRecord.from_json(d["control"]) if d.get("control") else None,
+            control=ControlRecord.from_json(d["control"]) if d.get("control") is not None else None,
             measured_controls=(
                 tuple(MeasuredControlRecord.from_json(m) for m in measured)
                 if measured is not None
@@ -892,7 +892,9 @@ class StudyResult:
             figures=tuple(need("figures")),
             tables=d.get("tables"),
             wall_s=need("wall_s"),
-            power_plan=PowerPlan.from_json(d["power_plan"]) if d.get("power_plan") else None,
+            power_plan=(
+                PowerPlan.from_json(d["power_plan"]) if d.get("power_plan") is not None else None
+            ),
             markdown=need("markdown"),
             command=d.get("command"),
             extra=_extra(d, _STUDY_KEYS),
