@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import shutil
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,7 @@ import pytest
 from curvalign.errors import InputError
 from curvalign.report.tables import to_jsonable
 from curvalign.stats import Interval, TwoLevelInterval
-from curvalign_lab import kit, page
+from curvalign_lab import kit, page, results
 from curvalign_lab.records import (
     ClaimResult,
     ControlRecord,
@@ -48,7 +49,6 @@ def test_every_committed_study_json_reads_back_and_writes_the_same_json(path):
 
 
 def test_the_committed_pages_regenerate_byte_for_byte(tmp_path, monkeypatch):
-    from curvalign_lab import results
 
     # the command of the page's header (HEADER, results.py), run from the repository's root
     monkeypatch.chdir(ROOT)
@@ -131,7 +131,6 @@ def test_an_older_record_keeps_what_this_one_does_not_know():
 
 
 def test_a_file_that_is_not_a_study_result_is_one_clear_error(tmp_path):
-    from curvalign_lab import results
 
     good = StudyResult(name="s", paper="p", setup="s", claims=(), verdict="", holds=True)
     data = good.to_json()
@@ -145,3 +144,24 @@ def test_a_file_that_is_not_a_study_result_is_one_clear_error(tmp_path):
     data = good.to_json() | {"claims": [{"claim": "c", "effect": {"mean": 1}}]}
     with pytest.raises(InputError, match="claim 'c' has no 'role'"):
         StudyResult.from_json(data)
+
+
+def test_a_second_run_of_one_study_is_listed_under_its_folder(tmp_path):
+    """Two runs of one study in one results folder (its own world, and a real store under
+    NAME-SUFFIX) are two rows and two pages, in the order of the studies, none dropped."""
+    source = Path("docs/results/proclip-product/study.json")
+    other = Path("docs/results/atmg-curvature/study.json")
+    for folder, src in (
+        ("proclip-product-coco", source),
+        ("proclip-product", source),
+        ("atmg-curvature", other),
+    ):
+        (tmp_path / folder).mkdir()
+        shutil.copyfile(src, tmp_path / folder / "study.json")
+    loaded = results.load_results(tmp_path)
+    assert [r.name for r in loaded] == ["atmg-curvature", "proclip-product", "proclip-product-coco"]
+    written = results.write_pages(tmp_path, tmp_path / "pages")
+    assert sorted(p.parent.name for p in written) == sorted(r.name for r in loaded)
+    assert (
+        "# proclip-product-coco" in (tmp_path / "pages/proclip-product-coco/study.md").read_text()
+    )

@@ -22,6 +22,7 @@ import argparse
 import json
 import shutil
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -93,17 +94,26 @@ def load_result(path: Path) -> StudyResult:
 
 
 def load_results(out: Path) -> list[StudyResult]:
-    """The study.json files under ``out``, in the order of ``STUDIES``."""
-    found = {}
+    """The study.json files under ``out``, in the order of ``STUDIES``, each listed under its
+    folder's name: ``study all`` writes ``OUT/NAME``, and a second run of one study (on other
+    data: ``curvalign study proclip-regime --data ... --out OUT/proclip-regime-coco``) is a row
+    and a page of its own, after the study's own run, instead of replacing it."""
+    found: dict[str, StudyResult] = {}
     for path in sorted(Path(out).glob("*/study.json")):
         result = load_result(path)
-        found[result.name] = result
+        folder = path.parent.name
+        found[folder] = result if folder == result.name else replace(result, name=folder)
     if not found:
         raise FileNotFoundError(
             f"no */study.json under {out}: run `curvalign study all --out {out}`"
         )
-    order = [n for n in STUDIES if n in found] + sorted(set(found) - set(STUDIES))
-    return [found[n] for n in order]
+    rank = {name: i for i, name in enumerate(STUDIES)}
+
+    def position(folder: str) -> tuple[int, str]:
+        study = next((n for n in STUDIES if folder == n or folder.startswith(f"{n}-")), None)
+        return (rank[study] if study is not None else len(rank), folder)
+
+    return [found[folder] for folder in sorted(found, key=position)]
 
 
 def is_current(result: StudyResult) -> bool:
