@@ -15,8 +15,11 @@ page cache of the files it reads (``posix_fadvise(POSIX_FADV_DONTNEED)`` on each
   (runs of neighbouring rows; docs/scale.md, "Reads");
 - ``import`` into a native store and open it (with and without the forced value scan);
 - ``train <recipe>``: ``curvalign train --recipe R --data clip-retrieval:DIR --steps S`` with the
-  defaults (validation on the layout's seeded "val" split): time to the end of the first step,
-  seconds and CPU seconds per step, each validation call, the best validation step;
+  defaults (validation on the layout's seeded "val" split; ``--steps default`` passes no steps:
+  the store's default run, as long as ``curvalign train`` makes it): time to the end of the
+  first step, seconds and CPU seconds per step, each validation call, the best validation step,
+  the steps taken, the bytes read before the first step (and, printed, by each stage of the
+  run's start) and all bytes read against the bytes its batches hold;
 - ``embed``, ``index build``, ``index search`` (10 text queries, cold and warm) with the CLI for
   the first recipe up to ``--search-max``, and the search alone in a process that opened the
   index first (what ``index search`` costs beyond the search); an IVF-PQ index and its
