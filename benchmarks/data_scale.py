@@ -15,8 +15,11 @@ page cache of the files it reads (``posix_fadvise(POSIX_FADV_DONTNEED)`` on each
   (runs of neighbouring rows; docs/scale.md, "Reads");
 - ``import`` into a native store and open it (with and without the forced value scan);
 - ``train <recipe>``: ``curvalign train --recipe R --data clip-retrieval:DIR --steps S`` with the
-  defaults (validation on the layout's seeded "val" split): time to the end of the first step,
-  seconds and CPU seconds per step, each validation call, the best validation step;
+  defaults (validation on the layout's seeded "val" split; ``--steps default`` passes no steps:
+  the store's default run, as long as ``curvalign train`` makes it): time to the end of the
+  first step, seconds and CPU seconds per step, each validation call, the best validation step,
+  the steps taken, the bytes read before the first step (and, printed, by each stage of the
+  run's start) and all bytes read against the bytes its batches hold;
 - ``embed``, ``index build``, ``index search`` (10 text queries, cold and warm) with the CLI for
   the first recipe up to ``--search-max``, and the search alone in a process that opened the
   index first (what ``index search`` costs beyond the search); an IVF-PQ index and its
@@ -287,9 +290,16 @@ def _child(argv: list[str]) -> None:
         # hooks' path, so the trainer's public validate() is not where to time it)
         original_validate = ValidationSet.score
 
+        before_first: list[int] = []  # bytes read when the first step starts
+        first_step_reads: list[int] = []
+
         def train_step(self, *args, **kwargs):
             cpu = time.process_time()
+            if not before_first:
+                before_first.append(read_bytes() - io0)
             result = original_step(self, *args, **kwargs)
+            if not first_step_reads:
+                first_step_reads.append(read_bytes() - io0 - before_first[0])
             step_cpu.append(time.process_time() - cpu)
             if not first:
                 first.append(time.perf_counter() - started)
@@ -302,9 +312,44 @@ def _child(argv: list[str]) -> None:
             validations.append(time.perf_counter() - t)
             return result
 
+        # bytes read from disk by each stage of the run's start (inclusive of what it calls)
+        import curvalign.data.alignment as alignment_module
+        import curvalign.data.sampling as sampling_module
+        import curvalign.data.statistics as statistics_module
+
+        stage_reads: dict[str, int] = {}
+
+        def counted(owner: object, name: str, label: str) -> None:
+            original = getattr(owner, name)
+
+            def wrapper(*args, **kwargs):
+                before = read_bytes()
+                try:
+                    return original(*args, **kwargs)
+                finally:
+                    if not first:  # the start only
+                        stage_reads[label] = stage_reads.get(label, 0) + read_bytes() - before
+
+            setattr(owner, name, wrapper)
+
+        counted(statistics_module, "feature_norms", "norm statistics")
+        counted(trainer_module, "copies_of_train", "copy check")
+        counted(trainer_module, "validation_store", "validation split")
+        counted(ValidationSet, "__init__", "validation set")
+        counted(alignment_module, "fit_alignment", "warm start fit")
+        counted(sampling_module.BatchSampler, "__init__", "sampler")
+        counted(ValidationSet, "score", "validation before step 1")
+        original_validate = ValidationSet.score
         trainer_module.Trainer.train_step = train_step
         ValidationSet.score = validate
-        train(recipe, spec, run_dir, steps=int(steps), overrides=overrides, show_progress=False)
+        train(
+            recipe,
+            spec,
+            run_dir,
+            steps=None if steps == "default" else int(steps),
+            overrides=overrides,
+            show_progress=False,
+        )
         log = [json.loads(line) for line in (Path(run_dir) / "log.jsonl").read_text().splitlines()]
         meta = json.loads((Path(run_dir) / "meta.json").read_text())
         batch = _batch_size(run_dir)
@@ -316,6 +361,12 @@ def _child(argv: list[str]) -> None:
             cpu_s_per_step=float(np.median(step_cpu)) if step_cpu else None,
             validation_s=validations,
             validation_images=(meta.get("validation") or {}).get("images"),
+            steps=len(step_cpu),
+            before_first_step_gb=before_first[0] / 2**30 if before_first else None,
+            start_reads_gb={
+                **{k: v / 2**30 for k, v in stage_reads.items()},
+                "first step": first_step_reads[0] / 2**30 if first_step_reads else None,
+            },
         )
     elif mode == "gather":
         # what a sampler's reads cost: random rows with the kernel's default advice, or the
@@ -550,6 +601,7 @@ def run(args: argparse.Namespace) -> list[list[str]]:
                 shutil.rmtree(native, ignore_errors=True)
             for recipe in recipes:
                 run_dir = root / f"run_{recipe}"
+                shutil.rmtree(run_dir, ignore_errors=True)  # a run left by --keep: start anew
                 r = measure(
                     "train",
                     recipe,
@@ -571,19 +623,35 @@ def run(args: argparse.Namespace) -> list[list[str]]:
                     if vals
                     else "no validation"
                 )
-                # what the batches hold: an image and a caption row per pair (float16)
-                needed = args.steps * _batch_size(str(run_dir)) * 2 * args.dim * 2 / 2**30
-                note += f"; read {r['read_gb'] / needed:.2f}x the batches' {needed * 1024:.0f} MiB"
+                # what the batches hold: an image and a caption row per pair (float16), for the
+                # steps the run took (the default length resolves and may extend them)
+                steps = r["steps"]
+                needed = steps * _batch_size(str(run_dir)) * 2 * args.dim * 2 / 2**30
+                note += (
+                    f"; {steps} steps; read {r['before_first_step_gb']:.2f} GiB before step 1, "
+                    f"{r['read_gb'] / needed:.2f}x the batches' {needed * 1024:.0f} MiB in all"
+                )
+                stages = dict(r["start_reads_gb"])
+                stages["other (open, config)"] = r["before_first_step_gb"] - sum(
+                    v for k, v in stages.items() if k != "first step" and v is not None
+                )
+                print(
+                    f"N={n:,} train {recipe}: GiB read before step 1 by stage: "
+                    + ", ".join(f"{k} {v:.3f}" for k, v in stages.items() if v is not None),
+                    flush=True,
+                )
                 best = _best_step(run_dir)
                 if best is not None:
                     note += f"; best validation step {best}"
-                rows.append(_row(n, f"train {recipe} ({args.steps} steps)", r, note))
+                length = "default length" if args.steps == "default" else f"{args.steps} steps"
+                rows.append(_row(n, f"train {recipe} ({length})", r, note))
             if n <= args.search_max and recipes:
                 run_dir, emb, idx = root / f"run_{recipes[0]}", root / "emb", root / "index"
                 if args.search_overrides:
                     # the search stages on a run of their own (a narrower head: embeddings
                     # and index of N pairs then fit beside the layout), trained as above
                     run_dir = root / f"run_{recipes[0]}_search"
+                    shutil.rmtree(run_dir, ignore_errors=True)
                     extra = args.search_overrides.split(",")
                     r = measure(
                         "train",
@@ -692,7 +760,12 @@ def main() -> None:
     parser.add_argument("--dim", type=int, default=512, help="feature width (default 512)")
     parser.add_argument("--shard-rows", type=int, default=500_000, help="rows per shard")
     parser.add_argument("--out", default=None, help="directory for the data (default: a temp dir)")
-    parser.add_argument("--steps", type=int, default=50, help="training steps (default 50)")
+    parser.add_argument(
+        "--steps",
+        default="50",
+        help="training steps (default 50), or 'default': no --steps, the store's default run "
+        "(its length resolved and extended as `curvalign train` does; the steps taken reported)",
+    )
     parser.add_argument("--recipes", default="clip,meru")
     parser.add_argument("--threads", type=int, default=2, help="OMP threads per stage")
     parser.add_argument(
@@ -752,6 +825,8 @@ def main() -> None:
     )
     parser.add_argument("override", nargs="*", help="key=value training overrides")
     args = parser.parse_args()
+    if args.steps != "default" and not (args.steps.isdigit() and int(args.steps) > 0):
+        parser.error(f"--steps must be a positive integer or 'default', got {args.steps!r}")
     if args.shard_rows < 1:
         parser.error(f"--shard-rows must be positive, got {args.shard_rows}")
     print(

@@ -66,6 +66,16 @@ def test_a_bad_shard_size_names_its_flag(tmp_path: Path):
     assert proc.returncode == 2 and "--shard-rows must be positive" in proc.stderr
 
 
+@pytest.mark.parametrize("steps", ["ten", "0", "-5"])
+def test_steps_is_a_positive_count_or_default(steps: str, tmp_path: Path):
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "--pairs", "10", "--steps", steps, "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 2 and "--steps must be a positive integer or 'default'" in proc.stderr
+
+
 def test_shards_written_apart_make_the_layout_and_only_a_whole_one_is_reused(bench, tmp_path):
     bench.write_layout(tmp_path / "whole", 700, 16, 256)
     assert bench._written(tmp_path / "whole") == {

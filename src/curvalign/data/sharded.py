@@ -17,7 +17,7 @@ than the page cache that window is read from disk for every row (for 1 KiB rows,
 times the bytes the batch needs). ``advise("random")`` (the sampler calls it) tells the kernel
 (``madvise(MADV_RANDOM)``) to read only the page a row lies on; the rows drawn, and so the
 batches, do not change. A gather of rows spread over more than ``SPARSE_GATHER`` times their
-count (the evenly strided sample of a store's statistics, a validation subset) is advised as
+count (the runs sampled for a store's statistics, a validation subset) is advised as
 random for that read whatever the shard's advice. A contiguous read of at least ``SEQUENTIAL_MIN_BYTES`` from one shard
 (embedding, importing, scanning values: all go through ``rows[a:b]``) switches that shard to
 ``MADV_SEQUENTIAL`` for the copy and back to the advice it had afterwards, so those passes
