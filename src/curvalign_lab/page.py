@@ -105,7 +105,7 @@ def effect_cell(claim: ClaimResult) -> str:
 
 
 def control_cell(claim: ClaimResult) -> str:
-    """ "separated: 5.1 [2.0, 8.2] >= 2" or "did not separate: ..." or "none"."""
+    """ "separated: 2.1 [0.9, 3.3], claim size 2" or "did not separate: ..." or "none"."""
     iv = claim.control
     if iv is None:
         return "none"
@@ -113,7 +113,7 @@ def control_cell(claim: ClaimResult) -> str:
     verdict = "separated" if claim.control_ok else "did not separate"
     need = claim.control_min or 0.0
     return f"{verdict}: {_num(iv.mean, scale)} [{_num(iv.low, scale)}, {_num(iv.high, scale)}]" + (
-        f", needs >= {need * scale:.3g}" if need else ""
+        f", claim size {need * scale:.3g}" if need else ""
     )
 
 

@@ -32,12 +32,14 @@ from curvalign_lab.kit import (
     LR_GRID,
     LR_START,
     MAX_STEPS_FACTOR,
+    RULE,
     STUDY_LR_SCALE,
     UNDERPOWERED,
     UNSTABLE,
     Verdict,
     across_seed_bases,
     grid_interior,
+    redecide,
 )
 from curvalign_lab.records import StudyResult
 from curvalign_lab.runner import STUDIES
@@ -67,13 +69,15 @@ interval over seeds and, where the claim is about a test metric, the test items 
 bootstrap, `curvalign.stats.two_level_difference`): *not reproduced in this regime* where the
 mechanism is absent or the precondition is not met; *holds* / *does not hold* when the test
 rejects (Holm over the study's tested claims; precondition and regime claims are outside the
-family) and the **calibrated control** separated with at least the claim's size; *equivalent*
+family) and the **calibrated control** (its dose chosen on the pilot so that its effect is the
+claim's size) separated: its interval above 0 and not wholly above that size; *equivalent*
 when the 90% interval lies inside the margin (TOST); *underpowered by plan* when a **pilot** on a
 disjoint seed base (`--power`: base + 1000) needs more seeds than the cap for an exact
 noncentral-t MDE (80% power) at the paper's effect, or at the distance from it to the margin for
 non-inferiority and equivalence, never from the run's own SD; *does not hold* too when a powered
 plan's interval excludes the paper's effect; *inconclusive* otherwise. A claim decided
-differently on two seed bases is *unstable across seed bases*, whatever the two labels. Arms
+differently on two seed bases is *unstable across seed bases*, whatever the two labels. The
+page decides every run by this rule from what it recorded (`kit.redecide`). Arms
 train until their validation curve is flat (`curvalign.stats.curve_converged`), up to
 {max_factor:g}x the budget; each arm's learning rate is chosen on validation from one grid
 ({lr_grid}, walked from {lr_start:g}; {lr_scale:g}x the paper rate without a grid).
@@ -94,7 +98,9 @@ def load_result(path: Path) -> StudyResult:
 
 
 def load_results(out: Path) -> list[StudyResult]:
-    """The study.json files under ``out``, in the order of ``STUDIES``, each listed under its
+    """The study.json files under ``out``, a run recorded under an earlier rule decided again by
+    this one (``kit.redecide``, from its recorded effects, controls and inputs), in the order of
+    ``STUDIES``, each listed under its
     folder's name: ``study all`` writes ``OUT/NAME``, and a second run of one study (on other
     data: ``curvalign study proclip-regime --data ... --out OUT/proclip-regime-coco``) is a row
     and a page of its own, after the study's own run, instead of replacing it."""
@@ -102,6 +108,9 @@ def load_results(out: Path) -> list[StudyResult]:
     for path in sorted(Path(out).glob("*/study.json")):
         result = load_result(path)
         folder = path.parent.name
+        if result.rule != RULE:
+            # a run recorded under an earlier rule: decided by this one from what it recorded
+            result = redecide(result)
         found[folder] = result if folder == result.name else replace(result, name=folder)
     if not found:
         raise FileNotFoundError(
