@@ -200,6 +200,26 @@ def _eager_with_masks(kw: dict, thresholds, seed: int, in_dim: int, eps: float):
 
 
 @needs_kernel
+def test_kernel_gelu_error_is_bounded() -> None:
+    """The float32 kernel's division-free GELU and derivative against the exact (float64) ones
+    over [-12, 12] and beyond: within 2e-7 max(1, |x|) and 2.5e-7 (torch's own float GELU,
+    A&S 7.1.26, is within about 1.6e-7), the sign of gelu kept, NaN carried through."""
+    x = torch.linspace(-12.0, 12.0, 240_001).to(f32)
+    x = torch.cat([x, torch.tensor([-40.0, -6.5, -5.0, 5.0, 6.5, 40.0])])
+    y, dy = FR.kernel_gelu(x)
+    x64 = x.double()
+    cdf = 0.5 * (1.0 + torch.erf(x64 / math.sqrt(2.0)))
+    ref, dref = x64 * cdf, cdf + x64 * torch.exp(-0.5 * x64**2) / math.sqrt(2.0 * math.pi)
+    err = ((y.double() - ref).abs() / x64.abs().clamp_min(1.0)).max()
+    derr = (dy.double() - dref).abs().max()
+    assert err < 2e-7, float(err)
+    assert derr < 2.5e-7, float(derr)
+    assert bool((y[x < 0] <= 0).all()) and bool((y[x > 0] > 0).all())
+    y_nan, dy_nan = FR.kernel_gelu(torch.tensor([float("nan")]))
+    assert bool(y_nan.isnan().all()) and bool(dy_nan.isnan().all())
+
+
+@needs_kernel
 def test_dropout_masks_are_replayed_in_backward() -> None:
     """Dropout on: the kernel's logits and gradients equal an eager MLP that applies the masks
     the kernel reports, so forward and backward used the same masks with the exact scale."""

@@ -17,9 +17,9 @@
 // two 16-bit words; a unit is dropped where its word is below thr (p rounded to 2^-16, the
 // scale 1 / (1 - thr / 2^16) exact: the distribution of curvalign.nn.router.BitDropout).
 //
-// float: erf by Abramowitz-Stegun 7.1.26 and exp by a Cody-Waite reduction and a degree-6
-// polynomial, written so that gcc vectorises them (the formulas torch's own vectorised float
-// GELU and its backward use: gelu = x Phi(x), gelu' = Phi(x) + x phi(x), one exp for both).
+// float: a division-free GELU (gelu_block: Phi from exp(-x^2 / 2) times a polynomial, both
+// by Estrin's scheme, within 2e-7 of the exact GELU), applied to a whole layer of the tile at
+// once, so that several units' dependency chains overlap; its exponential also gives gelu'.
 // double: libm's erf and exp (the float64 path is for tests; it is exact, not fast).
 //
 // Layouts (C-contiguous): se, sh, out, gout [Nt, Ni]; st, qt [Nt], si, qi [Nip] (double);
@@ -108,34 +108,68 @@ inline void exp_lanes(const float* __restrict x, float* __restrict out) {
   for (int64_t l = 0; l < L; ++l) out[l] = p[l] * s[l];
 }
 
+// GELU and its derivative over a block of n values (n a multiple of L), without division
+// or branch (the loop vectorises; a whole layer at once keeps several units in flight):
+//   Phi(x) = 1 - Q(|x|) for x >= 0 and Q(|x|) for x < 0,   Q(a) = exp(-a^2 / 2) M(a),
+// M(a) = Q(a) e^(a^2 / 2) (half the scaled complementary error function erfcx(a / sqrt 2)) by a
+// degree-11 polynomial fitted on [0, 6] to minimise the error of Phi weighted by max(1, a);
+// beyond |x| = 5 (where the fit, weighted by exp(-a^2 / 2), leaves M's shape) M is held at its
+// value at 5 (within 1% of M(5); Q(5) = 3e-7, so Q's error stays below 1e-8). The error of
+// Phi is below 2e-7 and that of gelu = x Phi below 2e-7 max(1, |x|) (torch's vectorised float
+// GELU uses A&S 7.1.26, whose erf is within 1.5e-7); tests/test_router_fused.py bounds both
+// against the exact GELU. The exponential is shared with the density: gelu' = Phi + x phi,
+// phi = exp(-x^2 / 2) / sqrt(2 pi). exp(-x^2 / 2) = 2^t: k the nearest integer to t, a degree-5
+// polynomial of 2^(t - k) (relative error 2.3e-7 in float), k added to the exponent bits. Both
+// polynomials by Estrin's scheme: independent products, short dependency chains (the latency
+// of a long Horner chain, not the count of multiply-adds, bounded this loop).
+inline float bits_to_float(uint32_t b) { return __builtin_bit_cast(float, b); }
+inline uint32_t float_to_bits(float f) { return __builtin_bit_cast(uint32_t, f); }
+
 template <bool GRAD>
-inline void gelu_lanes(const float* __restrict x, float* __restrict y, float* __restrict dy) {
-  constexpr float SQRT1_2 = 0.70710678118654752440f, BETA = 0.39894228040143267794f;
-  constexpr float P = 0.3275911f, P1 = 0.254829592f, P2 = -0.284496736f, P3 = 1.421413741f,
-                  P4 = -1.453152027f, P5 = 1.061405429f;
-  float z2[L], e[L];
+inline void gelu_block(const float* __restrict x, float* __restrict y, float* __restrict dy,
+                       int64_t n) {
+  constexpr float NEG_HALF_LOG2E = -0.72134752044448170368f, BETA = 0.39894228040143267794f;
 #pragma omp simd
-  for (int64_t l = 0; l < L; ++l) {
-    const float z = x[l] * SQRT1_2;
-    z2[l] = -(z * z);
-  }
-  exp_lanes(z2, e);  // exp(-x^2 / 2), shared by erf and the density
-#pragma omp simd
-  for (int64_t l = 0; l < L; ++l) {
-    const float z = x[l] * SQRT1_2;
-    const float t = 1.0f / fmadd(P, std::fabs(z), 1.0f);
-    const float r = fmadd(fmadd(fmadd(fmadd(P5, t, P4), t, P3), t, P2), t, P1) * t;
-    const float erfa = fmadd(-r, e[l], 1.0f);
-    const float cdf = 0.5f * (1.0f + (z < 0.0f ? -erfa : erfa));
-    y[l] = x[l] * cdf;
-    if (GRAD) dy[l] = fmadd(x[l], BETA * e[l], cdf);
+  for (int64_t l = 0; l < n; ++l) {
+    const float v = x[l];
+    const float a = std::fabs(v);
+    const float ac = a < 5.0f ? a : 5.0f;  // NaN: 5 here, and v carries it into y and dy
+    // e = exp(-v^2 / 2) = 2^t, t in [-125, 0]
+    float t = (v * v) * NEG_HALF_LOG2E;
+    t = t > -125.0f ? t : -125.0f;
+    const float k = (t + 12582912.0f) - 12582912.0f;  // round to nearest
+    const float f = t - k;                            // [-0.5, 0.5]
+    const float f2 = f * f;
+    const float p01 = fmadd(6.931469673e-01f, f, 1.000000071e+00f);
+    const float p23 = fmadd(5.550713317e-02f, f, 2.402212059e-01f);
+    const float p45 = fmadd(1.327632099e-03f, f, 9.675496566e-03f);
+    const float p = fmadd(fmadd(p45, f2, p23), f2, p01);
+    const float e = bits_to_float(float_to_bits(p) + (uint32_t(int32_t(k)) << 23));
+    // M(ac)
+    const float a2 = ac * ac, a4 = a2 * a2;
+    const float m01 = fmadd(-3.989393346e-01f, ac, 4.999999676e-01f);
+    const float m23 = fmadd(-1.327188551e-01f, ac, 2.499555720e-01f);
+    const float m45 = fmadd(-2.514752086e-02f, ac, 6.170143967e-02f);
+    const float m67 = fmadd(-2.429460693e-03f, ac, 8.715895730e-03f);
+    const float m89 = fmadd(-7.273314113e-05f, ac, 5.072860895e-04f);
+    const float mab = fmadd(-2.440394372e-07f, ac, 6.283735582e-06f);
+    const float m03 = fmadd(m23, a2, m01);
+    const float m47 = fmadd(m67, a2, m45);
+    const float m8b = fmadd(mab, a2, m89);
+    const float m = fmadd(fmadd(m8b, a4, m47), a4, m03);
+    const float q = e * m;
+    const float cdf = v < 0.0f ? q : 1.0f - q;
+    y[l] = v * cdf;
+    if (GRAD) dy[l] = fmadd(v, BETA * e, cdf);
   }
 }
 
+// double: libm's erf and exp (the float64 path is for tests; it is exact, not fast)
 template <bool GRAD>
-inline void gelu_lanes(const double* __restrict x, double* __restrict y, double* __restrict dy) {
+inline void gelu_block(const double* __restrict x, double* __restrict y, double* __restrict dy,
+                       int64_t n) {
   constexpr double SQRT1_2 = 0.70710678118654752440, BETA = 0.39894228040143267794;
-  for (int64_t l = 0; l < L; ++l) {
+  for (int64_t l = 0; l < n; ++l) {
     const double cdf = 0.5 * (1.0 + std::erf(x[l] * SQRT1_2));
     y[l] = x[l] * cdf;
     if (GRAD) dy[l] = cdf + x[l] * (BETA * std::exp(-0.5 * x[l] * x[l]));
@@ -164,8 +198,17 @@ struct Tile {
   bool var_ok[L];
   uint32_t pk[L];
   std::vector<T> u, d1s, g1, h2;  // [H1, L], [S, H1, L], [H1, L], [H2, L]
+  std::vector<T> h, a, da, m;     // a layer's GELU input, value, derivative; masks [H1 + H2, L]
   T* d1;                          // this tile's slot of d1s
-  Tile(int64_t H1, int64_t H2) : u(H1 * L), d1s(S * H1 * L), g1(H1 * L), h2(H2 * L) {
+  Tile(int64_t H1, int64_t H2)
+      : u(H1 * L),
+        d1s(S * H1 * L),
+        g1(H1 * L),
+        h2(H2 * L),
+        h(H1 * L),
+        a(std::max(H1, H2) * L),
+        da(std::max(H1, H2) * L),
+        m((H1 + H2) * L) {
     d1 = d1s.data();
   }
 };
@@ -192,37 +235,50 @@ inline void load_tile(const Router<T>& R, Tile<T>& tl, int64_t t, int64_t i0, in
   }
 }
 
+// The tile's dropout multipliers (0 or scale) of every hidden unit: tl.m [H1 + H2, L] (H1 is
+// a multiple of 8, so no hash group straddles the two layers).
+template <typename T>
+inline void tile_masks(const Router<T>& R, Tile<T>& tl) {
+  const int64_t G = (R.H1 + R.H2) / 2;
+  for (int64_t g = 0; g < G; ++g) {
+    const bool first = 2 * g < R.H1;
+    group_masks(tl.pk, g, first ? R.thr1 : R.thr2, first ? R.scale1 : R.scale2,
+                tl.m.data() + 2 * g * L, tl.m.data() + (2 * g + 1) * L);
+  }
+}
+
 // Layer 1 (folded LayerNorm + fc1), GELU and dropout: tl.d1 (and tl.u, tl.g1 = m gelu'(h1)).
+// The pre-activations of the whole layer first, then one GELU pass over them (independent
+// units in flight together), then the masks.
 template <typename T, bool GRAD, bool DROP>
 inline void layer1(const Router<T>& R, Tile<T>& tl, int64_t t, int64_t ib) {
   const int64_t H1 = R.H1;
   const T* tp = R.TP + t * H1;
   const T* ip = R.IP + ib * H1 * L;
-  T h[L], a[L], da[L], m[2][L];
-  for (int64_t k = 0; k < H1; k += 2) {
-    if (DROP) group_masks(tl.pk, k >> 1, R.thr1, R.scale1, m[0], m[1]);
-    for (int64_t kk = 0; kk < 2; ++kk) {
-      const int64_t q = k + kk;
-      const T wE = R.SM[q], wH = R.SM[H1 + q], kq = R.SM[2 * H1 + q], c = R.SM[3 * H1 + q];
-      const T tq = tp[q];
-      const T* ipq = ip + q * L;
-      T* uq = tl.u.data() + q * L;
+  for (int64_t q = 0; q < H1; ++q) {
+    const T wE = R.SM[q], wH = R.SM[H1 + q], kq = R.SM[2 * H1 + q], c = R.SM[3 * H1 + q];
+    const T tq = tp[q];
+    const T* ipq = ip + q * L;
+    T* uq = tl.u.data() + q * L;
+    T* hq = tl.h.data() + q * L;
 #pragma omp simd
-      for (int64_t l = 0; l < L; ++l) {
-        const T uu = fmadd(tl.se[l], wE, fmadd(tl.sh[l], wH, fmadd(-tl.mean[l], kq, tq + ipq[l])));
-        if (GRAD) uq[l] = uu;
-        h[l] = fmadd(uu, tl.rstd[l], c);
-      }
-      gelu_lanes<GRAD>(h, a, da);
-      T* d1q = tl.d1 + q * L;
-      T* g1q = tl.g1.data() + q * L;
-#pragma omp simd
-      for (int64_t l = 0; l < L; ++l) {
-        const T mq = DROP ? m[kk][l] : T(1);
-        d1q[l] = a[l] * mq;
-        if (GRAD) g1q[l] = da[l] * mq;
-      }
+    for (int64_t l = 0; l < L; ++l) {
+      const T uu = fmadd(tl.se[l], wE, fmadd(tl.sh[l], wH, fmadd(-tl.mean[l], kq, tq + ipq[l])));
+      if (GRAD) uq[l] = uu;
+      hq[l] = fmadd(uu, tl.rstd[l], c);
     }
+  }
+  gelu_block<GRAD>(tl.h.data(), tl.a.data(), tl.da.data(), H1 * L);
+  const T* a = tl.a.data();
+  const T* da = tl.da.data();
+  const T* m = tl.m.data();
+  T* d1 = tl.d1;
+  T* g1 = tl.g1.data();
+#pragma omp simd
+  for (int64_t x = 0; x < H1 * L; ++x) {
+    const T mq = DROP ? m[x] : T(1);
+    d1[x] = a[x] * mq;
+    if (GRAD) g1[x] = da[x] * mq;
   }
 }
 
@@ -291,26 +347,26 @@ void forward_rows(const Router<T>& R, T* out, int nthreads) {
 #pragma omp parallel num_threads(nthreads)
   {
     Tile<T> tl(R.H1, R.H2);
-    T a[L], da[L], o[L], m[2][L];
+    T o[L];
 #pragma omp for schedule(static)
     for (int64_t t = 0; t < R.Nt; ++t) {
       const uint32_t rk = row_key(t, R.seed_lo);
       for (int64_t ib = 0; ib < Nib; ++ib) {
         const int64_t i0 = ib * L, nl = std::min(L, R.Ni - i0);
         load_tile(R, tl, t, i0, nl, rk);
+        if (DROP) tile_masks(R, tl);
         layer1<T, false, DROP>(R, tl, t, ib);
         layer2(R, tl);
+        gelu_block<false>(tl.h2.data(), tl.a.data(), tl.da.data(), R.H2 * L);
+        const T* m2 = tl.m.data() + R.H1 * L;
         for (int64_t l = 0; l < L; ++l) o[l] = R.b3;
-        for (int64_t j = 0; j < R.H2; j += 2) {
-          if (DROP) group_masks(tl.pk, (R.H1 + j) >> 1, R.thr2, R.scale2, m[0], m[1]);
-          for (int64_t jj = 0; jj < 2; ++jj) {
-            gelu_lanes<false>(tl.h2.data() + (j + jj) * L, a, da);
-            const T w3 = R.w3[j + jj];
+        for (int64_t j = 0; j < R.H2; ++j) {
+          const T w3 = R.w3[j];
+          const T* aj = tl.a.data() + j * L;
 #pragma omp simd
-            for (int64_t l = 0; l < L; ++l) {
-              const T mq = DROP ? m[jj][l] : T(1);
-              o[l] = fmadd(w3, a[l] * mq, o[l]);
-            }
+          for (int64_t l = 0; l < L; ++l) {
+            const T mq = DROP ? m2[j * L + l] : T(1);
+            o[l] = fmadd(w3, aj[l] * mq, o[l]);
           }
         }
         for (int64_t l = 0; l < nl; ++l) out[t * R.Ni + i0 + l] = o[l];
@@ -354,7 +410,7 @@ void backward_rows(const Router<T>& R, const T* gout, const Grads<T>& G, int nth
       std::vector<T> rW2(nW * L), rSM(nS * L), rb2(H2 * L), rw3(H2 * L), rTP(H1 * L);
       std::vector<T> gh2s(S * H2 * L), gd1(H1 * L);
       int64_t ns = 0;  // tiles buffered for the next dW2 update
-      T rb3[L], a[L], da[L], g[L], m[2][L];
+      T rb3[L], g[L];
       const int64_t tb = R.Nt * th / nth, te = R.Nt * (th + 1) / nth;
       for (int64_t t = tb; t < te; ++t) {
         std::fill(rW2.begin(), rW2.end(), T(0));
@@ -371,26 +427,26 @@ void backward_rows(const Router<T>& R, const T* gout, const Grads<T>& G, int nth
           tl.d1 = tl.d1s.data() + ns * H1 * L;
           T* gh2 = gh2s.data() + ns * H2 * L;
           load_tile(R, tl, t, i0, nl, rk);
+          if (DROP) tile_masks(R, tl);
           layer1<T, true, DROP>(R, tl, t, ib);
           layer2(R, tl);
           // layer 2 activation and output layer: gh2 = g w3 m2 gelu'(h2)
           for (int64_t l = 0; l < L; ++l) rb3[l] += g[l];
-          for (int64_t j = 0; j < H2; j += 2) {
-            if (DROP) group_masks(tl.pk, (H1 + j) >> 1, R.thr2, R.scale2, m[0], m[1]);
-            for (int64_t jj = 0; jj < 2; ++jj) {
-              const int64_t q = j + jj;
-              gelu_lanes<true>(tl.h2.data() + q * L, a, da);
-              const T w3 = R.w3[q];
-              T* gq = gh2 + q * L;
-              T* rw3q = rw3.data() + q * L;
-              T* rb2q = rb2.data() + q * L;
+          gelu_block<true>(tl.h2.data(), tl.a.data(), tl.da.data(), H2 * L);
+          const T* m2 = tl.m.data() + H1 * L;
+          for (int64_t q = 0; q < H2; ++q) {
+            const T w3 = R.w3[q];
+            const T* aq = tl.a.data() + q * L;
+            const T* daq = tl.da.data() + q * L;
+            T* gq = gh2 + q * L;
+            T* rw3q = rw3.data() + q * L;
+            T* rb2q = rb2.data() + q * L;
 #pragma omp simd
-              for (int64_t l = 0; l < L; ++l) {
-                const T mq = DROP ? m[jj][l] : T(1);
-                rw3q[l] += g[l] * (a[l] * mq);
-                gq[l] = g[l] * w3 * (da[l] * mq);
-                rb2q[l] += gq[l];
-              }
+            for (int64_t l = 0; l < L; ++l) {
+              const T mq = DROP ? m2[q * L + l] : T(1);
+              rw3q[l] += g[l] * (aq[l] * mq);
+              gq[l] = g[l] * w3 * (daq[l] * mq);
+              rb2q[l] += gq[l];
             }
           }
           // dW2 += gh2 d1^T (lanes kept apart), every S tiles and at the end of the row
@@ -562,6 +618,12 @@ Router<T> make_router(const T* se, const T* sh, const double* st, const double* 
 
 CURVALIGN_ROUTER_EXPORT(float, f32)
 CURVALIGN_ROUTER_EXPORT(double, f64)
+
+// The float GELU and its derivative over n values (tests bound their error): n is padded to
+// a multiple of L by the caller.
+extern "C" void curvalign_router_gelu_f32(const float* x, float* y, float* dy, int64_t n) {
+  gelu_block<true>(x, y, dy, n);
+}
 
 // The keep masks themselves (tests): keep[t, i, q] for q < H1 + H2 (layer 1 then layer 2).
 extern "C" void curvalign_router_keep_masks(uint8_t* keep, int64_t Nt, int64_t Ni, int64_t H1,
