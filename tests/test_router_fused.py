@@ -220,6 +220,20 @@ def test_kernel_gelu_error_is_bounded() -> None:
 
 
 @needs_kernel
+def test_kernel_gelu_vector_and_portable_loops_agree() -> None:
+    """The AVX2 loop (where built) does the portable loop's operations in the same order: the
+    same bits, NaN and infinities included; a length that is not a multiple of 8 runs the
+    portable loop on the tail."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.cat([8 * torch.randn(4099, generator=g), torch.tensor([0.0, -0.0, 5.0, -5.0])])
+    x = torch.cat([x, torch.tensor([float("nan"), float("inf"), -float("inf")])])
+    fast, plain = FR.kernel_gelu(x), FR.kernel_gelu(x, portable=True)
+    for a, b in zip(fast, plain, strict=True):
+        assert torch.equal(a.nan_to_num(), b.nan_to_num())
+        assert torch.equal(a.isnan(), b.isnan())
+
+
+@needs_kernel
 def test_dropout_masks_are_replayed_in_backward() -> None:
     """Dropout on: the kernel's logits and gradients equal an eager MLP that applies the masks
     the kernel reports, so forward and backward used the same masks with the exact scale."""

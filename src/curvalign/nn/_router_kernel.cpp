@@ -27,6 +27,9 @@
 // contiguous memory); SM [4, H1] = (wE, wH, k, c); W2 [H2, H1], W2T [H1, H2]; b2, w3 [H2].
 // H1 and H2 are multiples of 8 (zero-padded by the caller), Nip = Ni rounded up to 8.
 #include <algorithm>
+#ifdef __AVX2__
+#include <immintrin.h>
+#endif
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -126,11 +129,11 @@ inline float bits_to_float(uint32_t b) { return __builtin_bit_cast(float, b); }
 inline uint32_t float_to_bits(float f) { return __builtin_bit_cast(uint32_t, f); }
 
 template <bool GRAD>
-inline void gelu_block(const float* __restrict x, float* __restrict y, float* __restrict dy,
-                       int64_t n) {
+inline void gelu_block_portable(const float* __restrict x, float* __restrict y, float* __restrict dy,
+                                int64_t n0, int64_t n) {
   constexpr float NEG_HALF_LOG2E = -0.72134752044448170368f, BETA = 0.39894228040143267794f;
 #pragma omp simd
-  for (int64_t l = 0; l < n; ++l) {
+  for (int64_t l = n0; l < n; ++l) {
     const float v = x[l];
     const float a = std::fabs(v);
     const float ac = a < 5.0f ? a : 5.0f;  // NaN: 5 here, and v carries it into y and dy
@@ -162,6 +165,65 @@ inline void gelu_block(const float* __restrict x, float* __restrict y, float* __
     y[l] = v * cdf;
     if (GRAD) dy[l] = fmadd(v, BETA * e, cdf);
   }
+}
+
+#ifdef __AVX2__
+// The same arithmetic in AVX2 intrinsics, operation for operation (the results are identical to
+// the portable loop's): gcc's vectorisation of that loop reloads its ~20 constants with a
+// broadcast each iteration (register pressure), here they are full-width memory operands.
+template <bool GRAD>
+inline int64_t gelu_block_avx2(const float* __restrict x, float* __restrict y,
+                               float* __restrict dy, int64_t n) {
+  const __m256 sign = _mm256_set1_ps(-0.0f), five = _mm256_set1_ps(5.0f);
+  const __m256 lo = _mm256_set1_ps(-125.0f), magic = _mm256_set1_ps(12582912.0f);
+  const __m256 zero = _mm256_setzero_ps(), one = _mm256_set1_ps(1.0f);
+  auto c = [](float v) { return _mm256_set1_ps(v); };
+  int64_t l = 0;
+  for (; l + 8 <= n; l += 8) {
+    const __m256 v = _mm256_loadu_ps(x + l);
+    const __m256 a = _mm256_andnot_ps(sign, v);
+    const __m256 ac = _mm256_min_ps(a, five);  // NaN: 5 (minps returns its second operand)
+    __m256 t = _mm256_mul_ps(_mm256_mul_ps(v, v), c(-0.72134752044448170368f));
+    t = _mm256_max_ps(t, lo);  // t > -125 ? t : -125, NaN to -125 as in the portable loop
+    const __m256 k = _mm256_sub_ps(_mm256_add_ps(t, magic), magic);
+    const __m256 f = _mm256_sub_ps(t, k);
+    const __m256 f2 = _mm256_mul_ps(f, f);
+    const __m256 p01 = _mm256_fmadd_ps(c(6.931469673e-01f), f, c(1.000000071e+00f));
+    const __m256 p23 = _mm256_fmadd_ps(c(5.550713317e-02f), f, c(2.402212059e-01f));
+    const __m256 p45 = _mm256_fmadd_ps(c(1.327632099e-03f), f, c(9.675496566e-03f));
+    const __m256 p = _mm256_fmadd_ps(_mm256_fmadd_ps(p45, f2, p23), f2, p01);
+    const __m256i ki = _mm256_slli_epi32(_mm256_cvttps_epi32(k), 23);
+    const __m256 e = _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(p), ki));
+    const __m256 a2 = _mm256_mul_ps(ac, ac), a4 = _mm256_mul_ps(a2, a2);
+    const __m256 m01 = _mm256_fmadd_ps(c(-3.989393346e-01f), ac, c(4.999999676e-01f));
+    const __m256 m23 = _mm256_fmadd_ps(c(-1.327188551e-01f), ac, c(2.499555720e-01f));
+    const __m256 m45 = _mm256_fmadd_ps(c(-2.514752086e-02f), ac, c(6.170143967e-02f));
+    const __m256 m67 = _mm256_fmadd_ps(c(-2.429460693e-03f), ac, c(8.715895730e-03f));
+    const __m256 m89 = _mm256_fmadd_ps(c(-7.273314113e-05f), ac, c(5.072860895e-04f));
+    const __m256 mab = _mm256_fmadd_ps(c(-2.440394372e-07f), ac, c(6.283735582e-06f));
+    const __m256 m03 = _mm256_fmadd_ps(m23, a2, m01);
+    const __m256 m47 = _mm256_fmadd_ps(m67, a2, m45);
+    const __m256 m8b = _mm256_fmadd_ps(mab, a2, m89);
+    const __m256 m = _mm256_fmadd_ps(_mm256_fmadd_ps(m8b, a4, m47), a4, m03);
+    const __m256 q = _mm256_mul_ps(e, m);
+    const __m256 cdf = _mm256_blendv_ps(_mm256_sub_ps(one, q), q, _mm256_cmp_ps(v, zero, _CMP_LT_OQ));
+    _mm256_storeu_ps(y + l, _mm256_mul_ps(v, cdf));
+    if (GRAD)
+      _mm256_storeu_ps(dy + l,
+                       _mm256_fmadd_ps(v, _mm256_mul_ps(c(0.39894228040143267794f), e), cdf));
+  }
+  return l;
+}
+#endif
+
+template <bool GRAD>
+inline void gelu_block(const float* __restrict x, float* __restrict y, float* __restrict dy,
+                       int64_t n) {
+#ifdef __AVX2__
+  gelu_block_portable<GRAD>(x, y, dy, gelu_block_avx2<GRAD>(x, y, dy, n), n);
+#else
+  gelu_block_portable<GRAD>(x, y, dy, 0, n);
+#endif
 }
 
 // double: libm's erf and exp (the float64 path is for tests; it is exact, not fast)
@@ -619,10 +681,14 @@ Router<T> make_router(const T* se, const T* sh, const double* st, const double* 
 CURVALIGN_ROUTER_EXPORT(float, f32)
 CURVALIGN_ROUTER_EXPORT(double, f64)
 
-// The float GELU and its derivative over n values (tests bound their error): n is padded to
-// a multiple of L by the caller.
-extern "C" void curvalign_router_gelu_f32(const float* x, float* y, float* dy, int64_t n) {
-  gelu_block<true>(x, y, dy, n);
+// The float GELU and its derivative over n values (tests bound their error); portable: the
+// plain loop even where the AVX2 version is built (tests compare the two).
+extern "C" void curvalign_router_gelu_f32(const float* x, float* y, float* dy, int64_t n,
+                                          int portable) {
+  if (portable)
+    gelu_block_portable<true>(x, y, dy, 0, n);
+  else
+    gelu_block<true>(x, y, dy, n);
 }
 
 // The keep masks themselves (tests): keep[t, i, q] for q < H1 + H2 (layer 1 then layer 2).
