@@ -67,7 +67,7 @@ def _bind(lib: ctypes.CDLL) -> None:
         bwd.argtypes = [p] * 16 + [i64, i64, f64, f64, f64, i32]
         bwd.restype = None
     gelu = lib.curvalign_router_gelu_f32
-    gelu.argtypes = [p, p, p, i64, i32]
+    gelu.argtypes = [p, p, p, p, i64, i32]
     gelu.restype = None
     masks = lib.curvalign_router_keep_masks
     masks.argtypes = [p, i64, i64, i64, i64, i64, i64, u64]
@@ -411,14 +411,17 @@ def keep_masks(
     return keep.bool()
 
 
-def kernel_gelu(x: Tensor, portable: bool = False) -> tuple[Tensor, Tensor]:
-    """The kernel's float32 GELU and its derivative at ``x`` (any shape, cast to float32): the
-    division-free approximation the float32 router uses, for tests that bound its error.
-    ``portable``: the plain C++ loop, not the AVX2 one (where the build has it)."""
+def kernel_gelu(x: Tensor, portable: bool = False) -> tuple[Tensor, Tensor, Tensor]:
+    """The kernel's float32 GELU at ``x`` (any shape, cast to float32), for tests that bound its
+    error: ``(value, derivative, forward_value)``, the first two as the backward computes them
+    (one exponential shared), the third as the forward does (value alone, fewer operations).
+    ``portable``: the plain C++ loops, not the AVX2 ones (where the build has them)."""
     lib = KERNEL.load()
     assert lib is not None
     flat = x.detach().to(torch.float32).reshape(-1).contiguous()
     n = flat.numel()
-    y, dy = torch.empty_like(flat), torch.empty_like(flat)
-    lib.curvalign_router_gelu_f32(flat.data_ptr(), y.data_ptr(), dy.data_ptr(), n, int(portable))
-    return y.reshape(x.shape), dy.reshape(x.shape)
+    y, dy, value = torch.empty_like(flat), torch.empty_like(flat), torch.empty_like(flat)
+    lib.curvalign_router_gelu_f32(
+        flat.data_ptr(), y.data_ptr(), dy.data_ptr(), value.data_ptr(), n, int(portable)
+    )
+    return y.reshape(x.shape), dy.reshape(x.shape), value.reshape(x.shape)
