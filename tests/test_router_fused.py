@@ -197,8 +197,8 @@ def _eager_with_masks(kw: dict, thresholds, seed: int, in_dim: int, eps: float):
         + kw["image_part"][None]
     )
     d1 = F.gelu(u * rstd[..., None] + c) * m1
-    d2 = F.gelu(d1 @ kw["w2"].T + kw["b2"]) * m2
-    return (d2 @ kw["w3"].reshape(-1, 1)).squeeze(-1) + kw["b3"]
+    d2 = F.gelu(d1 @ kw["w2"].double().T + kw["b2"]) * m2  # float64 (the parameters may be float32)
+    return (d2 @ kw["w3"].double().reshape(-1, 1)).squeeze(-1) + kw["b3"]
 
 
 @needs_kernel
@@ -238,12 +238,18 @@ def test_kernel_gelu_vector_and_portable_loops_agree() -> None:
 
 
 @needs_kernel
-def test_dropout_masks_are_replayed_in_backward() -> None:
+@pytest.mark.parametrize("dtype", [f64, f32])
+def test_dropout_masks_are_replayed_in_backward(dtype) -> None:  # noqa: ANN001
     """Dropout on: the kernel's logits and gradients equal an eager MLP that applies the masks
-    the kernel reports, so forward and backward used the same masks with the exact scale."""
+    the kernel reports, so forward and backward used the same masks with the exact scale (in
+    float32 too, whose masks come from the vectorised hash where the build has AVX2)."""
     thresholds, seed = (6554, 6554), 123456789123
-    inputs = _kernel_inputs(5, 13, 64, 32, seed=4)
-    weight = torch.randn(5, 13, generator=torch.Generator().manual_seed(5), dtype=f64)
+    stats = ("sum_t", "sq_t", "sum_i", "sq_i")  # float64 in both dtypes
+    inputs = {
+        n: t if n in stats else t.to(dtype)
+        for n, t in _kernel_inputs(5, 37, 64, 32, seed=4).items()
+    }
+    weight = torch.randn(5, 37, generator=torch.Generator().manual_seed(5), dtype=dtype)
     outs = []
     for fn in ("fused", "eager"):
         kw = {n: t.detach().clone().requires_grad_() for n, t in inputs.items()}
@@ -256,9 +262,9 @@ def test_dropout_masks_are_replayed_in_backward() -> None:
         grads = torch.autograd.grad((weight * out).sum(), list(kw.values()))
         outs.append((out.detach(), grads))
     (a, ga), (b, gb) = outs
-    _assert_close(a, b, f64, "logits")
+    _assert_close(a, b, dtype, "logits")
     for name, x, y in zip(inputs, ga, gb, strict=True):
-        _assert_close(x, y, f64, name)
+        _assert_close(x, y, dtype, name)
     # and the masks matter: without them the values differ
     no_drop = _eager_with_masks(inputs, (0, 0), seed, 34, 1e-5)
     assert (no_drop - a).abs().max() > 1e-3
