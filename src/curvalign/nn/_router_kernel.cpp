@@ -135,8 +135,8 @@ inline float bits_to_float(uint32_t b) { return __builtin_bit_cast(float, b); }
 inline uint32_t float_to_bits(float f) { return __builtin_bit_cast(uint32_t, f); }
 
 template <bool GRAD>
-inline void gelu_block_portable(const float* __restrict x, float* __restrict y, float* __restrict dy,
-                                int64_t n0, int64_t n) {
+inline void gelu_block_portable(const float* __restrict x, float* __restrict y,
+                                float* __restrict dy, int64_t n0, int64_t n) {
   constexpr float NEG_HALF_LOG2E = -0.72134752044448170368f, BETA = 0.39894228040143267794f;
 #pragma omp simd
   for (int64_t l = n0; l < n; ++l) {
@@ -228,8 +228,8 @@ inline int64_t gelu_block_avx2(const float* __restrict x, float* __restrict y,
       const __m256 cdf =
           _mm256_blendv_ps(_mm256_sub_ps(one, q), q, _mm256_cmp_ps(v[u], zero, _CMP_LT_OQ));
       _mm256_storeu_ps(y + l + 8 * u, _mm256_mul_ps(v[u], cdf));
-      _mm256_storeu_ps(dy + l + 8 * u, _mm256_fmadd_ps(
-                                           v[u], _mm256_mul_ps(c(0.39894228040143267794f), e[u]), cdf));
+      const __m256 density = _mm256_mul_ps(c(0.39894228040143267794f), e[u]);
+      _mm256_storeu_ps(dy + l + 8 * u, _mm256_fmadd_ps(v[u], density, cdf));
     }
   }
   return l;
