@@ -8,6 +8,12 @@ Both paths run in one process on the same inputs, so the ratios are measured in 
 
     python benchmarks/router.py                 # B = 512
     python benchmarks/router.py --batch 1024 --threads 2
+    python benchmarks/router.py --kernel --batch 1024 --threads 1   # the folded path alone
+
+``--kernel`` times only the folded path (on CPU the fused kernel, dropout on as in training),
+its forward and its backward apart, in CPU seconds of this process (``time.process_time``: the
+steadier figure on a loaded machine with one thread; with several it sums their time), median
+and best of ``--repeats`` after a warm-up.
 """
 
 from __future__ import annotations
@@ -43,6 +49,21 @@ def median_time(fn, repeats: int) -> float:
     return statistics.median(times)
 
 
+def kernel_times(fn, weight: torch.Tensor, repeats: int) -> tuple[list[float], list[float]]:
+    """CPU seconds of ``fn()`` (the forward) and of its backward with ``weight`` as the
+    gradient, ``repeats`` times after one warm-up."""
+    fn().backward(weight)
+    forward, backward = [], []
+    for _ in range(repeats):
+        start = time.process_time()
+        out = fn()
+        mid = time.process_time()
+        out.backward(weight)
+        forward.append(mid - start)
+        backward.append(time.process_time() - mid)
+    return forward, backward
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=512)
@@ -51,6 +72,11 @@ def main() -> None:
     )
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument(
+        "--kernel",
+        action="store_true",
+        help="only the folded path: forward and backward apart, CPU seconds",
+    )
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -67,6 +93,17 @@ def main() -> None:
         return router.pair_logits(
             s_e, s_h, router.text_context(h_t)[:, None], router.image_context(h_i)[None]
         )
+
+    if args.kernel:
+        weight = torch.randn(b, b)
+        fwd, bwd = kernel_times(folded, weight, args.repeats)
+        print(
+            f"B = {b}, {torch.get_num_threads()} thread(s), training mode (dropout 0.1), "
+            "CPU seconds, "
+            f"median / best of {args.repeats}: forward {statistics.median(fwd):.3f} / "
+            f"{min(fwd):.3f} s, backward {statistics.median(bwd):.3f} / {min(bwd):.3f} s"
+        )
+        return
 
     rows = []
     for name, fn in (

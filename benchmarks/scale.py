@@ -7,6 +7,7 @@ factor count, and two gloo processes against one, all measured in one run on cac
     python benchmarks/scale.py --profile agr --batches 1024   # only: the ops of one AGR step
     python benchmarks/scale.py --interleave meru,agr --batches 1024   # only: ratios, interleaved
     python benchmarks/scale.py --interleave meru,agr,router-floor --batches 1024   # + AGR's floor
+    python benchmarks/scale.py --interleave meru,agr --batches 1024 --threads 1 --cpu-time   # CPU s
 
 A synthetic feature store (``--world``) is generated once and saved; every case then runs in a
 fresh subprocess that loads it, builds the Trainer (the recipes' paper-default dimensions unless
@@ -173,7 +174,9 @@ def router_floor_step(batch: int):  # noqa: ANN201
 
 def run_interleaved_case(spec: dict) -> dict:
     """Several recipes' Trainers in one process, their steps timed in interleaved rounds (a
-    change of the machine's load hits every recipe alike): median seconds a step per recipe."""
+    change of the machine's load hits every recipe alike): median seconds a step per recipe
+    (``cpu_time``: this process's CPU seconds, ``time.process_time``, the steadier figure on a
+    loaded machine with one thread; with several threads it sums them)."""
     import statistics
 
     import torch
@@ -210,11 +213,12 @@ def run_interleaved_case(spec: dict) -> dict:
             steps[r] = lambda step, trainer=trainer: trainer.train_step(Progress(step, 1000))
         for run in steps.values():
             run(0)  # warm-up
+        clock = time.process_time if spec.get("cpu_time") else time.perf_counter
         for step in range(1, spec["rounds"] + 1):
             for r, run in steps.items():
-                start = time.perf_counter()
+                start = clock()
                 run(step)
-                times.setdefault(r, []).append(time.perf_counter() - start)
+                times.setdefault(r, []).append(clock() - start)
     return {r: statistics.median(ts) for r, ts in times.items()}
 
 
@@ -511,6 +515,12 @@ def main(argv: list[str] | None = None) -> int:
         "cannot avoid in one step, see router_floor_step)",
     )
     parser.add_argument("--rounds", type=int, default=3, help="rounds of --interleave")
+    parser.add_argument(
+        "--cpu-time",
+        action="store_true",
+        help="--interleave: CPU seconds of the process instead of wall-clock seconds (steadier "
+        "under load with --threads 1; with more threads it sums their CPU time)",
+    )
     parser.add_argument("--case", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.case:  # a measured case, in its own process
@@ -607,13 +617,15 @@ def main(argv: list[str] | None = None) -> int:
                         "kind": "interleaved",
                         "recipes": names,
                         "rounds": args.rounds,
+                        "cpu_time": args.cpu_time,
                     }
                 )
                 if "error" in result:
                     print(f"B={batch}: error {result['error']}")
                     continue
                 print(
-                    f"B={batch}, median of {args.rounds} interleaved rounds: "
+                    f"B={batch}, median of {args.rounds} interleaved rounds"
+                    f"{' (CPU seconds)' if args.cpu_time else ''}: "
                     + ", ".join(
                         f"{r} {result[r]:.3f} s ({result[r] / result[names[0]]:.1f}x {names[0]})"
                         for r in names

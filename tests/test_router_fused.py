@@ -76,7 +76,9 @@ def _assert_close(got, ref, dtype, what: str) -> None:  # noqa: ANN001
 
 @needs_kernel
 @pytest.mark.parametrize("dtype", [f32, f64])
-@pytest.mark.parametrize("nt,ni", [(7, 9), (1, 1), (13, 8), (33, 21)])
+# (3, 150): 19 tiles a row, so the backward's buffered dW2 updates run mid-row and the last
+# tile is processed alone (tiles go two at a time)
+@pytest.mark.parametrize("nt,ni", [(7, 9), (1, 1), (13, 8), (33, 21), (3, 150)])
 def test_fused_matches_reference_values_and_gradients(dtype, nt: int, ni: int) -> None:
     fused, reference = _pair(dtype, dropout=0.0, jitter=0.0)
     fused.train(), reference.train()
@@ -195,17 +197,59 @@ def _eager_with_masks(kw: dict, thresholds, seed: int, in_dim: int, eps: float):
         + kw["image_part"][None]
     )
     d1 = F.gelu(u * rstd[..., None] + c) * m1
-    d2 = F.gelu(d1 @ kw["w2"].T + kw["b2"]) * m2
-    return (d2 @ kw["w3"].reshape(-1, 1)).squeeze(-1) + kw["b3"]
+    d2 = F.gelu(d1 @ kw["w2"].double().T + kw["b2"]) * m2  # float64 (the parameters may be float32)
+    return (d2 @ kw["w3"].double().reshape(-1, 1)).squeeze(-1) + kw["b3"]
 
 
 @needs_kernel
-def test_dropout_masks_are_replayed_in_backward() -> None:
+def test_kernel_gelu_error_is_bounded() -> None:
+    """The float32 kernel's division-free GELU (the backward's value and derivative, and the
+    forward's value alone) against the exact (float64) one over [-12, 12] and beyond: within
+    2e-7 max(1, |x|) and 2.5e-7 (torch's own float GELU, A&S 7.1.26, is within about 1.6e-7),
+    the sign of gelu kept, NaN carried through."""
+    x = torch.linspace(-12.0, 12.0, 240_001).to(f32)
+    x = torch.cat([x, torch.tensor([-40.0, -6.5, -6.0, -5.0, 5.0, 6.0, 6.5, 40.0])])
+    y, dy, value = FR.kernel_gelu(x)
+    x64 = x.double()
+    cdf = 0.5 * (1.0 + torch.erf(x64 / math.sqrt(2.0)))
+    ref, dref = x64 * cdf, cdf + x64 * torch.exp(-0.5 * x64**2) / math.sqrt(2.0 * math.pi)
+    for got, what in ((y, "backward's value"), (value, "forward's value")):
+        err = ((got.double() - ref).abs() / x64.abs().clamp_min(1.0)).max()
+        assert err < 2e-7, (what, float(err))
+        assert bool((got[x < 0] <= 0).all()) and bool((got[x > 0] > 0).all()), what
+    derr = (dy.double() - dref).abs().max()
+    assert derr < 2.5e-7, float(derr)
+    nan = FR.kernel_gelu(torch.tensor([float("nan")]))
+    assert all(bool(t.isnan().all()) for t in nan)
+
+
+@needs_kernel
+def test_kernel_gelu_vector_and_portable_loops_agree() -> None:
+    """The AVX2 loops (where built) do the portable loops' operations in the same order: the
+    same bits, NaN and infinities included; a length that is not a multiple of 8 runs the
+    portable loops on the tail."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.cat([8 * torch.randn(4099, generator=g), torch.tensor([0.0, -0.0, 5.0, -5.0])])
+    x = torch.cat([x, torch.tensor([6.0, -6.0, float("nan"), float("inf"), -float("inf")])])
+    fast, plain = FR.kernel_gelu(x), FR.kernel_gelu(x, portable=True)
+    for a, b in zip(fast, plain, strict=True):
+        assert torch.equal(a.nan_to_num(), b.nan_to_num())
+        assert torch.equal(a.isnan(), b.isnan())
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [f64, f32])
+def test_dropout_masks_are_replayed_in_backward(dtype) -> None:  # noqa: ANN001
     """Dropout on: the kernel's logits and gradients equal an eager MLP that applies the masks
-    the kernel reports, so forward and backward used the same masks with the exact scale."""
+    the kernel reports, so forward and backward used the same masks with the exact scale (in
+    float32 too, whose masks come from the vectorised hash where the build has AVX2)."""
     thresholds, seed = (6554, 6554), 123456789123
-    inputs = _kernel_inputs(5, 13, 64, 32, seed=4)
-    weight = torch.randn(5, 13, generator=torch.Generator().manual_seed(5), dtype=f64)
+    stats = ("sum_t", "sq_t", "sum_i", "sq_i")  # float64 in both dtypes
+    inputs = {
+        n: t if n in stats else t.to(dtype)
+        for n, t in _kernel_inputs(5, 37, 64, 32, seed=4).items()
+    }
+    weight = torch.randn(5, 37, generator=torch.Generator().manual_seed(5), dtype=dtype)
     outs = []
     for fn in ("fused", "eager"):
         kw = {n: t.detach().clone().requires_grad_() for n, t in inputs.items()}
@@ -218,9 +262,9 @@ def test_dropout_masks_are_replayed_in_backward() -> None:
         grads = torch.autograd.grad((weight * out).sum(), list(kw.values()))
         outs.append((out.detach(), grads))
     (a, ga), (b, gb) = outs
-    _assert_close(a, b, f64, "logits")
+    _assert_close(a, b, dtype, "logits")
     for name, x, y in zip(inputs, ga, gb, strict=True):
-        _assert_close(x, y, f64, name)
+        _assert_close(x, y, dtype, name)
     # and the masks matter: without them the values differ
     no_drop = _eager_with_masks(inputs, (0, 0), seed, 34, 1e-5)
     assert (no_drop - a).abs().max() > 1e-3

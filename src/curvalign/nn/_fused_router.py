@@ -30,7 +30,14 @@ from torch import Tensor
 
 from curvalign._native import NativeKernel
 
-__all__ = ["KERNEL", "available", "keep_masks", "routed_scores_both_fused", "router_logits_fused"]
+__all__ = [
+    "KERNEL",
+    "available",
+    "kernel_gelu",
+    "keep_masks",
+    "routed_scores_both_fused",
+    "router_logits_fused",
+]
 
 _SOURCE = Path(__file__).with_name("_router_kernel.cpp")
 _LANES = 8  # pairs per tile (L in the C++ source)
@@ -59,6 +66,9 @@ def _bind(lib: ctypes.CDLL) -> None:
         bwd = getattr(lib, f"curvalign_routed_backward_{suffix}")
         bwd.argtypes = [p] * 16 + [i64, i64, f64, f64, f64, i32]
         bwd.restype = None
+    gelu = lib.curvalign_router_gelu_f32
+    gelu.argtypes = [p, p, p, p, i64, i32]
+    gelu.restype = None
     masks = lib.curvalign_router_keep_masks
     masks.argtypes = [p, i64, i64, i64, i64, i64, i64, u64]
     masks.restype = None
@@ -399,3 +409,19 @@ def keep_masks(
         keep.data_ptr(), nt, ni, h1p, h2p, thresholds[0], thresholds[1], seed & (2**64 - 1)
     )
     return keep.bool()
+
+
+def kernel_gelu(x: Tensor, portable: bool = False) -> tuple[Tensor, Tensor, Tensor]:
+    """The kernel's float32 GELU at ``x`` (any shape, cast to float32), for tests that bound its
+    error: ``(value, derivative, forward_value)``, the first two as the backward computes them
+    (one exponential shared), the third as the forward does (value alone, fewer operations).
+    ``portable``: the plain C++ loops, not the AVX2 ones (where the build has them)."""
+    lib = KERNEL.load()
+    assert lib is not None
+    flat = x.detach().to(torch.float32).reshape(-1).contiguous()
+    n = flat.numel()
+    y, dy, value = torch.empty_like(flat), torch.empty_like(flat), torch.empty_like(flat)
+    lib.curvalign_router_gelu_f32(
+        flat.data_ptr(), y.data_ptr(), dy.data_ptr(), value.data_ptr(), n, int(portable)
+    )
+    return y.reshape(x.shape), dy.reshape(x.shape), value.reshape(x.shape)
