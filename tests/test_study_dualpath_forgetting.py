@@ -75,9 +75,9 @@ def test_forced_forgetting_starts_at_the_end_of_phase_1(tmp_path, one_thread):
     assert (same.mean, same.low, same.high) == (0.0, 0.0, 0.0)
 
 
-def _decide(control_effect: float) -> dict[str, ClaimResult]:
+def _decide(control_effect: float, spread: float = 0.001) -> dict[str, ClaimResult]:
     """The study's claims decided on clear per-seed effects (every claim's interval well above
-    its threshold) with a control whose effect is ``control_effect`` on every seed but one."""
+    its threshold) with a control whose effect is ``control_effect`` give or take ``spread``."""
     seeds = [0, 1, 2, 3]
     measured = {
         c.key: declare.Measured(
@@ -85,19 +85,22 @@ def _decide(control_effect: float) -> dict[str, ClaimResult]:
         )
         for c in dp.STUDY.claims
     }
-    control = {s: control_effect + 0.001 * s for s in seeds}
+    control = {s: control_effect + spread * (s - 1.5) for s in seeds}
     claims = declare.decide_claims(
         dp.STUDY, measured, control, seeds, steps=400, plans=None, control_what="forced"
     )
     return {c.key: c for c in claims}
 
 
-def test_the_forgetting_control_fails_to_separate_below_the_margin():
-    # a control whose forgetting stays under the margin (2 points) cannot let a claim hold, however
-    # clear the claim's own interval: the control can fail
-    weak = _decide(0.01)
+def test_the_forgetting_control_fails_when_a_margin_sized_effect_would_not_separate():
+    # a control whose interval is wider than the margin (2 points) on each side cannot let a
+    # claim hold, however clear the claim's own interval: at that noise a 2-point effect would
+    # not separate (a large forced forgetting, 31 points give or take 5, is such a control)
+    weak = _decide(0.31, spread=0.03)
     assert not weak["kept"].control_ok and weak["kept"].control_min == dp.MARGIN
     assert weak["kept"].outcome == kit.UNDETECTABLE
+    # one that does not leave 0 fails too
+    assert not _decide(0.01, spread=0.02)["kept"].control_ok
     strong = _decide(0.03)
     assert strong["kept"].control_ok and strong["kept"].verdict == kit.HOLDS
     # the other claims are controlled by its sign; none of them is calibrated on it

@@ -59,7 +59,7 @@ def test_a_label_noise_control_that_costs_less_than_two_points_cannot_calibrate(
     assert choice.target == pytest.approx(0.02) and not choice.calibrated
     clear = {"product": declare.Measured({0: 0.05, 1: 0.06, 2: 0.055})}
     claims = declare.decide_claims(
-        study, clear, {0: 0.019, 1: 0.018, 2: 0.02}, [0, 1, 2], 150, None, "control"
+        study, clear, {0: 0.019, 1: -0.01, 2: 0.04}, [0, 1, 2], 150, None, "control"
     )
     assert claims[0].verdict != kit.HOLDS and claims[0].outcome == kit.UNDETECTABLE
     strong = {d: {0: e, 1: e} for d, e in ((0.1, 0.004), (0.3, 0.05), (0.6, 0.2))}

@@ -16,8 +16,8 @@ The verdict rule (``decide``; written out again in every study's output)
              the claim is about (half the dimension, a known share of shuffled pairs), oriented
              so that the handicap shows as a positive difference, its dose chosen on the pilot
              so that its effect is the claim's size; it separated when its 95% interval lies
-             above 0 (it was detected) and does not lie wholly above ``control_min`` (a control
-             shown larger than the claim would separate whatever the study can detect).
+             above 0 (it was detected) and its half-width is below ``control_min`` (at the
+             control's noise an effect of the claim's size would separate too).
              Trained - untrained is kept only as a sanity row (it always passes)
     1. the claim's mechanism is absent in this regime, or its
        precondition is not met                              -> "not reproduced in this regime"
@@ -127,8 +127,8 @@ RULE = (
     "not reproduced in this regime where the claim's mechanism is absent or its precondition is "
     "not met; inconclusive (too short) if the budget is below the study's need; holds / does not "
     "hold when the effect differs from the threshold (paired t, Holm-corrected over the study's "
-    "claims) and the calibrated control separated (its interval above 0 and not wholly above the "
-    "claim's size); equivalent within ±delta when the 90% interval lies inside ±delta (TOST) and the "
+    "claims) and the calibrated control separated (its interval above 0 and its half-width below "
+    "the claim's size); equivalent within ±delta when the 90% interval lies inside ±delta (TOST) and the "
     "control separated; underpowered by plan when a pilot on a disjoint seed base needs more "
     "seeds than the cap for an MDE (exact noncentral t, 80% power) at the paper's effect, or at "
     "the distance from it to the margin; does not hold when a powered plan's interval excludes "
@@ -157,24 +157,25 @@ def minimal_detectable(effect: Interval) -> float:
 def control_separates(control: Interval | None, control_min: float = 0.0) -> bool:
     """A calibrated control separated: oriented so that its handicap should show as a positive
     difference, its 95% interval lies above 0 (the study detected it) and, where the claim has
-    a size (``control_min`` > 0), the interval does not lie wholly above that size.
+    a size (``control_min`` > 0), its half-width is below that size: at the control's own
+    noise, an effect of the claim's size would have separated from 0 too.
 
     Why not "its mean is at least the size": the pilot chooses the dose whose effect *equals*
     the claim's size (``rules.dose_for_effect``), so a confirmatory mean at or above it is a coin
-    toss whatever the study's sensitivity. What the control must show is that an effect of the
-    claim's size is detected: a control of about that size (or smaller) that separates from 0
-    shows it; one shown larger than the claim proves nothing (it separates at any sensitivity:
-    a forgetting control of 31 points against a 2-point margin)."""
+    toss whatever the study can detect; and a large control separates at any noise (31 points
+    of forgetting against a 2-point margin, half-width 5 points), which says nothing about an
+    effect of 2. What the control must show is the claim's size detectable at the study's
+    noise, which its sign and its width show."""
     if control is None or not control.low > 0:
         return False
-    return control_min <= 0 or control.low <= control_min
+    return control_min <= 0 or (control.high - control.low) / 2 < control_min
 
 
 def control_expectation(control_min: float, scale: float) -> str:
     """What a control was expected to show (``control_separates``), for its text."""
     if control_min <= 0:
         return "expected > 0"
-    return f"expected > 0 and not wholly above the claim's size {control_min * scale:.3g}"
+    return f"expected > 0, half-width below the claim's size {control_min * scale:.3g}"
 
 
 def decide(

@@ -105,7 +105,7 @@ def effect_cell(claim: ClaimResult) -> str:
 
 
 def control_cell(claim: ClaimResult) -> str:
-    """ "separated: 2.1 [0.9, 3.3], claim size 2" or "did not separate: ..." or "none"."""
+    """ "separated: 2.1 [0.9, 3.3], claim size 2" (above 0, half-width below the size) or "did not separate: ..." or "none"."""
     iv = claim.control
     if iv is None:
         return "none"

@@ -70,7 +70,7 @@ bootstrap, `curvalign.stats.two_level_difference`): *not reproduced in this regi
 mechanism is absent or the precondition is not met; *holds* / *does not hold* when the test
 rejects (Holm over the study's tested claims; precondition and regime claims are outside the
 family) and the **calibrated control** (its dose chosen on the pilot so that its effect is the
-claim's size) separated: its interval above 0 and not wholly above that size; *equivalent*
+claim's size) separated: its interval above 0, its half-width below that size; *equivalent*
 when the 90% interval lies inside the margin (TOST); *underpowered by plan* when a **pilot** on a
 disjoint seed base (`--power`: base + 1000) needs more seeds than the cap for an exact
 noncentral-t MDE (80% power) at the paper's effect, or at the distance from it to the margin for
