@@ -84,7 +84,7 @@ def test_a_toy_study_declared_in_one_file_runs_plans_and_writes_its_page(tmp_pat
     assert isinstance(wider, PlanRecord)
     assert wider.cap == 3 and wider.pilot_n == 2
     assert result.seeds == tuple(range(7, 7 + plan.seeds))
-    assert plan.seeds == (2 if wider.underpowered else wider.n)
+    assert plan.seeds == (min(rules.MIN_SEEDS, 3) if wider.underpowered else wider.n)
     # the control's dose came from the pilot's scan of both doses
     control = result.control
     assert control is not None and control.choice is not None

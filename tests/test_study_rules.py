@@ -97,7 +97,13 @@ def test_plan_picks_the_fewest_seeds_and_says_underpowered_above_the_cap():
     assert rules.plan_claim([0.01], kind="superiority", paper_effect=0.02).underpowered
     # the study's seeds are what the powered claims need
     assert rules.study_seeds([plan, tiny, margin]) == max(plan.n, margin.n)
-    assert rules.study_seeds([tiny]) == 2
+    assert rules.study_seeds([tiny]) == rules.MIN_SEEDS == 3
+    # a clear claim still runs on 3 seeds: the plan does not size the control's interval
+    easy = rules.plan_claim(pilot, kind="superiority", paper_effect=0.5, cap=10)
+    assert easy.n == rules.MIN_SEEDS and rules.minimal_detectable(0.01, 2) <= 0.5
+    # identical pilot effects (SD 0) plan nothing: the cap, not 2 seeds
+    flat = rules.plan_claim([0.05, 0.05, 0.05], kind="superiority", paper_effect=0.02, cap=6)
+    assert flat.n == 6 and not flat.underpowered and "SD 0" in flat.reason
     with pytest.raises(ValueError, match="cap"):
         rules.plan_claim(pilot, kind="superiority", paper_effect=0.02, cap=1)
 

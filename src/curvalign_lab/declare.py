@@ -860,7 +860,8 @@ def run_declared(
             study, bench, pilot_seeds, handicap.doses if handicap is not None else (), world
         )
         plans = plan_study(study, study.measure(pilot), pilot_seeds, max_seeds)
-        n = rules.study_seeds(list(plans.values()))
+        # the plans' seeds, at least rules.MIN_SEEDS, never above the cap
+        n = min(max_seeds, rules.study_seeds(list(plans.values())))
         if handicap is not None:
             dose_choice = choose_dose(study, scan)
         for mc in study.measured_controls:
@@ -1109,7 +1110,8 @@ def run_own(
             study, trainer, world, pilot_seeds, handicap.doses if handicap else (), **common
         )
         plans = plan_study(study, study.measure(pilot), pilot_seeds, max_seeds)
-        n = rules.study_seeds(list(plans.values()))
+        # the plans' seeds, at least rules.MIN_SEEDS, never above the cap
+        n = min(max_seeds, rules.study_seeds(list(plans.values())))
         if handicap is not None:
             dose_choice = choose_dose(study, scan)
         plan_record = _power_plan(plans, n, max_seeds, pilot_seeds, timer.seconds())

@@ -177,6 +177,15 @@ def sided(kind: str) -> int:
     return 2 if kind == SUPERIORITY else 1
 
 
+#: the fewest seeds a confirmatory run has, whatever its claims' plans say: a plan covers the
+#: claims' noise, not the control's, and a control's 95% interval on 2 seeds (1 degree of
+#: freedom, t = 12.7) is three times as wide as on 3 (t = 4.3), wide enough that a control of
+#: the claim's size cannot separate
+MIN_SEEDS = 3
+#: a pilot SD at or below this is identical per-seed effects up to rounding (metrics are fractions)
+ZERO_SD = 1e-12
+
+
 @dataclass(frozen=True)
 class Plan:
     """One claim's seeds, planned on a pilot: ``pilot_sd`` (per-seed SD of the claim's effect on
@@ -199,6 +208,11 @@ class Plan:
             return "no target to plan for (no paper effect, or the effect lies beyond the margin)"
         if not math.isfinite(self.pilot_sd):
             return f"the pilot ({self.pilot_n} seeds) gave no SD"
+        if self.pilot_sd <= ZERO_SD:
+            return (
+                f"the pilot's {self.pilot_n} seeds gave identical effects (SD 0): nothing to plan "
+                f"from, so the cap of {self.cap} seeds"
+            )
         if self.underpowered:
             return (
                 f"MDE {self.mde:.3g} at the cap of {self.cap} seeds exceeds the target "
@@ -231,7 +245,7 @@ def plan_claim(
     cap: int = 10,
 ) -> Plan:
     """The plan of one claim from its pilot's per-seed effects (``pilot_values``, a seed base
-    disjoint from the confirmatory one): n = the fewest seeds (>= 2) whose exact MDE at the
+    disjoint from the confirmatory one): n = the fewest seeds (at least ``MIN_SEEDS``) whose exact MDE at the
     pilot's SD reaches the claim's ``planning_target``, at most ``cap``."""
     values = [float(v) for v in pilot_values if math.isfinite(float(v))]
     return plan_for_sd(
@@ -255,7 +269,11 @@ def plan_for_sd(
     side = sided(kind)
     if not math.isfinite(target) or not math.isfinite(sd):
         return Plan(sd, pilot_n, target, cap, cap, minimal_detectable(sd, cap, sided=side), True)
-    for n in range(2, cap + 1):
+    if sd <= ZERO_SD:
+        # identical per-seed effects on a few seeds say nothing about the spread the
+        # confirmatory run will see (a discrete metric, a saturated one): run at the cap
+        return Plan(sd, pilot_n, target, cap, cap, 0.0, False)
+    for n in range(min(MIN_SEEDS, cap), cap + 1):
         mde = minimal_detectable(sd, n, sided=side)
         if mde <= target:
             return Plan(sd, pilot_n, target, n, cap, mde, False)
@@ -269,9 +287,10 @@ def _sd(values: Sequence[float]) -> float:
     return math.sqrt(math.fsum((v - mean) ** 2 for v in values) / (len(values) - 1))
 
 
-def study_seeds(plans: Sequence[Plan], floor: int = 2) -> int:
+def study_seeds(plans: Sequence[Plan], floor: int = MIN_SEEDS) -> int:
     """The confirmatory run's seeds: the most any powered claim needs (a claim underpowered by
-    plan does not raise it: it would need more than the cap anyway), at least ``floor``."""
+    plan does not raise it: it would need more than the cap anyway), at least ``floor``
+    (``MIN_SEEDS``)."""
     return max([floor, *(p.n for p in plans if not p.underpowered)])
 
 
@@ -338,6 +357,7 @@ __all__ = [
     "ALPHA",
     "EQUIVALENCE",
     "KINDS",
+    "MIN_SEEDS",
     "NON_INFERIORITY",
     "POWER",
     "SUPERIORITY",
