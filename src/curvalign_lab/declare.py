@@ -928,8 +928,8 @@ def run_declared(
         notes=study.notes,
         rule=kit.RULE,
         claims=tuple(claims),
-        verdict=_verdict_line(claims),
-        holds=all(c.final_verdict == kit.HOLDS for c in claims),
+        verdict=kit.verdict_line(claims),
+        holds=kit.all_hold(claims),
         lr_choice=dict(bench.lr_choice),
         lr_grid=tuple(bench.lr_grid or ()),
         seeds=tuple(seed_list),
@@ -967,10 +967,6 @@ def run_declared(
         power_plan=plan_record,
     )
     return dataclasses.replace(result, markdown=page.study_body(result))
-
-
-def _verdict_line(claims: Sequence[ClaimResult]) -> str:
-    return "; ".join(f"{c.claim}: {c.final_outcome}" for c in claims)
 
 
 def _power_plan(
@@ -1159,8 +1155,8 @@ def run_own(
         notes=study.notes,
         rule=kit.RULE,
         claims=tuple(claims),
-        verdict=_verdict_line(claims),
-        holds=all(c.final_verdict == kit.HOLDS for c in claims),
+        verdict=kit.verdict_line(claims),
+        holds=kit.all_hold(claims),
         lr_choice=dict(lr_choice),
         lr_grid=tuple(lr_grid or ()),
         seeds=tuple(seed_list),

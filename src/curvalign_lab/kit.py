@@ -428,10 +428,20 @@ def redecide(result: StudyResult) -> StudyResult:
     return dataclasses.replace(
         result,
         claims=tuple(decided),
-        verdict="; ".join(f"{c.claim}: {c.holm_outcome}" for c in decided),
-        holds=all(c.holm_verdict == HOLDS for c in decided),
+        verdict=verdict_line(decided),
+        holds=all_hold(decided),
         rule=RULE,
     )
+
+
+def verdict_line(claims: Sequence[ClaimResult]) -> str:
+    """A study's one-line verdict: each claim with its (Holm-adjusted) outcome."""
+    return "; ".join(f"{c.claim}: {c.final_outcome}" for c in claims)
+
+
+def all_hold(claims: Sequence[ClaimResult]) -> bool:
+    """Whether every claim of a study holds (after Holm's correction)."""
+    return all(c.final_verdict == HOLDS for c in claims)
 
 
 def claim_kind(inputs: DecisionInputs) -> tuple[str, float | None]:
