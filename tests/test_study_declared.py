@@ -84,7 +84,13 @@ def test_a_toy_study_declared_in_one_file_runs_plans_and_writes_its_page(tmp_pat
     assert isinstance(wider, PlanRecord)
     assert wider.cap == 3 and wider.pilot_n == 2
     assert result.seeds == tuple(range(7, 7 + plan.seeds))
-    assert plan.seeds == (min(rules.MIN_SEEDS, 3) if wider.underpowered else wider.n)
+    # the control's seeds are planned on its own pilot noise; the run takes the most any
+    # powered plan needs, at least MIN_SEEDS
+    control_plan = plan.controls["wider"]
+    assert control_plan.kind == "control" and control_plan.target == pytest.approx(0.05)
+    assert control_plan.cap == 3 and control_plan.pilot_n in (2, 4)
+    needs = [p.n for p in (wider, control_plan) if not p.underpowered]
+    assert plan.seeds == min(3, max([rules.MIN_SEEDS, *needs]))
     # the control's dose came from the pilot's scan of both doses
     control = result.control
     assert control is not None and control.choice is not None
@@ -119,9 +125,11 @@ def test_a_toy_study_declared_in_one_file_runs_plans_and_writes_its_page(tmp_pat
     again = StudyResult.from_json(json.loads(text_json))
     assert json.dumps(to_jsonable(again.to_json())) == text_json
     assert data["power_plan"]["per_claim"]["wider"] == wider.to_json()
+    assert data["power_plan"]["controls"]["wider"] == control_plan.to_json()
     assert "holm_family" not in data["claims"][1] and "plan" in data["claims"][0]["inputs"]
     text = page.study_page(result)
     assert "Power, planned on a pilot" in text and "toy-width" in text
+    assert "| control of wider | control |" in text
     assert "Step-0 health" in text
 
 

@@ -143,3 +143,48 @@ def test_dose_response_picks_the_dose_of_the_claims_size():
     assert rules.dose_for_effect([0.1, 0.3], [0.0, 0.01], 0.02) is None
     with pytest.raises(ValueError, match="one effect per dose"):
         rules.dose_for_effect([0.1], [0.1, 0.2], 0.02)
+
+
+def _sd(values):
+    mean = sum(values) / len(values)
+    return math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
+
+
+def test_control_noise_is_pooled_over_the_doses_that_bracket_the_chosen_one():
+    scan = {
+        0.1: {0: 0.00, 1: 0.01, 2: 0.02},  # quiet at a small dose
+        0.3: {0: 0.03, 1: 0.05, 2: 0.07},
+        0.6: {0: 0.10, 1: 0.20, 2: 0.30},  # loud at a large one
+    }
+    sd, n = rules.control_sd(scan, 0.2)
+    pooled = math.sqrt((_sd([0.0, 0.01, 0.02]) ** 2 + _sd([0.03, 0.05, 0.07]) ** 2) / 2)
+    assert sd == pytest.approx(pooled) and n == 6
+    # a dose on the scan reads that dose alone; outside the scan, the nearest dose
+    assert rules.control_sd(scan, 0.6) == (pytest.approx(_sd([0.1, 0.2, 0.3])), 3)
+    assert rules.control_sd(scan, 0.05) == (pytest.approx(_sd([0.0, 0.01, 0.02])), 3)
+    # no dose reached the target: the control runs at its largest dose, so that dose's noise
+    assert rules.control_sd(scan, None)[0] == pytest.approx(_sd([0.1, 0.2, 0.3]))
+    # one seed per dose: no SD
+    assert math.isnan(rules.control_sd({0.1: {0: 0.01}}, 0.1)[0])
+
+
+def test_a_noisy_control_plans_more_seeds_and_one_beyond_reach_is_underpowered():
+    quiet = {0.3: {0: 0.019, 1: 0.020, 2: 0.021}}
+    loud = {0.3: {0: 0.0, 1: 0.02, 2: 0.04}}
+    q = rules.plan_control(quiet, 0.3, 0.02, cap=10)
+    lo = rules.plan_control(loud, 0.3, 0.02, cap=10)
+    assert q.n == rules.MIN_SEEDS and not q.underpowered
+    assert lo.n > q.n and not lo.underpowered
+    # the plan's seeds detect the claim's size with 80% power at the control's noise
+    assert rules.power(0.02, lo.pilot_sd, lo.n) >= rules.POWER
+    assert rules.power(0.02, lo.pilot_sd, lo.n - 1) < rules.POWER
+    # and at that n the 95% half-width is below the size: the control can separate
+    from curvalign.stats import t_quantile
+
+    half = t_quantile(0.975, lo.n - 1) * lo.pilot_sd / math.sqrt(lo.n)
+    assert half < 0.02
+    beyond = rules.plan_control({0.3: {0: -0.2, 1: 0.02, 2: 0.24}}, 0.3, 0.02, cap=6)
+    assert beyond.underpowered and beyond.n == 6
+    # the study's seeds: the most any powered plan needs, claims' and the control's alike
+    assert rules.study_seeds([q, lo]) == lo.n
+    assert rules.study_seeds([q, beyond]) == rules.MIN_SEEDS

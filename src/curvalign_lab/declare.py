@@ -30,7 +30,9 @@ The declared runner, step by step (``run_declared``):
    (``rules.plan_for_sd``: exact noncentral-t MDE at the paper's effect or at the distance to the
    margin, capped) sets the seeds, and the control's dose is the one whose effect equals the
    claim's size (``rules.dose_for_effect``; none reaches it: the control is reported as unable
-   to calibrate, and claims needing it cannot hold).
+   to calibrate, and claims needing it cannot hold). The control's own seeds are planned too,
+   at its pilot noise near that dose (``rules.plan_control``): the run takes the most seeds any
+   claim or control needs (``plan_on_pilot``).
 3. The confirmatory run trains every arm and the control at the chosen dose with the planned
    seeds; ``measure`` gives each claim's per-seed effects; the interval counts the seeds and,
    where ``measure`` gives item totals, the test items too (``stats.two_level_difference``).
@@ -859,15 +861,9 @@ def run_declared(
         pilot, scan = train_arms(
             study, bench, pilot_seeds, handicap.doses if handicap is not None else (), world
         )
-        plans = plan_study(study, study.measure(pilot), pilot_seeds, max_seeds)
-        # the plans' seeds, at least rules.MIN_SEEDS, never above the cap
-        n = min(max_seeds, rules.study_seeds(list(plans.values())))
-        if handicap is not None:
-            dose_choice = choose_dose(study, scan)
-        for mc in study.measured_controls:
-            mc_scan = {d: mc.effect(pilot, d) for d in mc.doses}
-            measured_choices[mc.claim] = _dose_choice(study.claim(mc.claim).size, mc_scan)
-        plan_record = _power_plan(plans, n, max_seeds, pilot_seeds, timer.seconds())
+        planned = plan_on_pilot(study, pilot, scan, pilot_seeds, max_seeds, timer)
+        plans, n, dose_choice = planned.plans, planned.seeds, planned.dose_choice
+        measured_choices, plan_record = dict(planned.measured_choices), planned.record
     dose = handicap.dose if handicap is not None else 0.0
     if dose_choice is not None and dose_choice.dose is not None:
         dose = float(f"{dose_choice.dose:.3g}")
@@ -969,23 +965,57 @@ def run_declared(
     return dataclasses.replace(result, markdown=page.study_body(result))
 
 
-def _power_plan(
-    plans: Mapping[str, rules.Plan],
-    seeds: int,
-    max_seeds: int,
+@dataclass(frozen=True)
+class PilotPlan:
+    """What a pilot decides before the confirmatory run: each tested claim's plan, each
+    calibrated control's dose and plan, the seeds of the confirmatory run and the record."""
+
+    plans: dict[str, rules.Plan]
+    seeds: int
+    dose_choice: DoseChoice | None
+    measured_choices: Mapping[str, DoseChoice]
+    record: PowerPlan
+
+
+def plan_on_pilot(
+    study: Study,
+    pilot: Trained,
+    scan: Mapping[float, Mapping[int, float]],
     pilot_seeds: Sequence[int],
-    wall_s: float,
-) -> PowerPlan:
-    """The study's power plan from its pilot's per-claim plans."""
-    return PowerPlan(
+    max_seeds: int,
+    timer: kit.Timer,
+) -> PilotPlan:
+    """The confirmatory run planned on a pilot (module docstring): each tested claim's seeds
+    (``plan_study``); the control's dose from its scan (``choose_dose``) and the seeds it needs
+    to separate at its own pilot noise (``rules.plan_control``), the same for every measured
+    control; the run takes the most seeds any powered plan needs, claims' and controls' alike,
+    at least ``rules.MIN_SEEDS``, never above ``max_seeds``."""
+    plans = plan_study(study, study.measure(pilot), pilot_seeds, max_seeds)
+    controls: dict[str, rules.Plan] = {}
+    dose_choice = None
+    if study.control is not None and scan:
+        dose_choice = choose_dose(study, scan)
+        controls[study.control.claim] = rules.plan_control(
+            scan, dose_choice.dose, dose_choice.target, max_seeds
+        )
+    measured_choices = {}
+    for mc in study.measured_controls:
+        mc_scan = {d: mc.effect(pilot, d) for d in mc.doses}
+        choice = _dose_choice(study.claim(mc.claim).size, mc_scan)
+        measured_choices[mc.claim] = choice
+        controls[mc.claim] = rules.plan_control(mc_scan, choice.dose, choice.target, max_seeds)
+    n = min(max_seeds, rules.study_seeds([*plans.values(), *controls.values()]))
+    record = PowerPlan(
         per_claim={k: PlanRecord.from_plan(p) for k, p in plans.items()},
-        seeds=seeds,
+        seeds=n,
         max_seeds=max_seeds,
         pilot_seeds=len(pilot_seeds),
         pilot_seed_base=pilot_seeds[0],
         out_of_budget=tuple(k for k, p in plans.items() if p.underpowered),
-        pilot_wall_s=wall_s,
+        pilot_wall_s=timer.seconds(),
+        controls={k: PlanRecord.from_plan(p, kind="control") for k, p in controls.items()},
     )
+    return PilotPlan(plans, n, dose_choice, measured_choices, record)
 
 
 def train_own(
@@ -1105,12 +1135,13 @@ def run_own(
         pilot, scan = train_own(
             study, trainer, world, pilot_seeds, handicap.doses if handicap else (), **common
         )
-        plans = plan_study(study, study.measure(pilot), pilot_seeds, max_seeds)
-        # the plans' seeds, at least rules.MIN_SEEDS, never above the cap
-        n = min(max_seeds, rules.study_seeds(list(plans.values())))
-        if handicap is not None:
-            dose_choice = choose_dose(study, scan)
-        plan_record = _power_plan(plans, n, max_seeds, pilot_seeds, timer.seconds())
+        planned = plan_on_pilot(study, pilot, scan, pilot_seeds, max_seeds, timer)
+        plans, n, dose_choice, plan_record = (
+            planned.plans,
+            planned.seeds,
+            planned.dose_choice,
+            planned.record,
+        )
     dose = handicap.dose if handicap is not None else 0.0
     if dose_choice is not None and dose_choice.dose is not None:
         dose = float(f"{dose_choice.dose:.3g}")
@@ -1207,6 +1238,7 @@ __all__ = [
     "MeasuredControl",
     "Phases",
     "OwnRun",
+    "PilotPlan",
     "Study",
     "Trained",
     "choose_dose",
@@ -1216,6 +1248,7 @@ __all__ = [
     "label_noise",
     "metric_value",
     "option_names",
+    "plan_on_pilot",
     "plan_study",
     "run_declared",
     "run_own",

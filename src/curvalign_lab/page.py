@@ -203,6 +203,12 @@ def plan_text(result: StudyResult) -> str:
             f"{100 * p.target:.3g} | {p.n} | {100 * p.mde:.3g} | "
             f"{'yes' if p.underpowered else 'no'} |"
         )
+    for claim, p in plan.controls.items():
+        # the control's target is the claim's size: it separates when narrower than that
+        lines.append(
+            f"| control of {claim} | control | {100 * p.pilot_sd:.3g} | {100 * p.target:.3g} | "
+            f"{p.n} | {100 * p.mde:.3g} | {'yes' if p.underpowered else 'no'} |"
+        )
     return "\n".join(lines) + "\n"
 
 

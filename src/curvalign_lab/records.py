@@ -593,7 +593,7 @@ class MeasuredControlRecord:
 
 
 _POWER_KEYS = frozenset(
-    "per_claim seeds max_seeds pilot_seeds pilot_seed_base out_of_budget pilot_wall_s".split()
+    "per_claim seeds max_seeds pilot_seeds pilot_seed_base out_of_budget pilot_wall_s controls".split()
 )
 
 
@@ -602,8 +602,9 @@ class PowerPlan:
     """The study's plan from its pilot (``--power``): each tested claim's ``PlanRecord`` (an
     older record: its planned seeds only, an int, or None), the seeds used and their cap, the
     pilot's number of seeds and seed base (None: an older record without it), the claims
-    underpowered by plan and the pilot's wall time; ``extra`` keeps an older record's other
-    keys."""
+    underpowered by plan and the pilot's wall time; ``controls``: the seeds each calibrated
+    control needs to separate (``rules.plan_control``), keyed by the claim it calibrates (empty
+    in an older record); ``extra`` keeps an older record's other keys."""
 
     per_claim: Mapping[str, PlanRecord | int | None]
     seeds: int
@@ -612,6 +613,7 @@ class PowerPlan:
     out_of_budget: tuple[str, ...]
     pilot_wall_s: float
     pilot_seed_base: int | None = None
+    controls: Mapping[str, PlanRecord] = field(default_factory=dict)
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> JSON:
@@ -628,6 +630,8 @@ class PowerPlan:
             out["pilot_seed_base"] = self.pilot_seed_base
         out["out_of_budget"] = list(self.out_of_budget)
         out["pilot_wall_s"] = self.pilot_wall_s
+        if self.controls:
+            out["controls"] = {k: p.to_json() for k, p in self.controls.items()}
         return out | dict(self.extra)
 
     @classmethod
@@ -645,6 +649,7 @@ class PowerPlan:
             out_of_budget=tuple(_need(d, "out_of_budget", what)),
             pilot_wall_s=_need(d, "pilot_wall_s", what),
             pilot_seed_base=d.get("pilot_seed_base"),
+            controls={k: PlanRecord.from_json(p) for k, p in d.get("controls", {}).items()},
             extra=_extra(d, _POWER_KEYS),
         )
 

@@ -35,13 +35,19 @@ handicap (a share of shuffled captions, a cut of the dimension, forced forgettin
 whose effect equals the claim's size is read off the monotone (isotonic) fit of the scan by
 linear interpolation, so the control is as large as the claim, neither a sure failure nor a
 sure pass.
+
+Control seeds (``plan_control``): a calibrated control separates when its interval lies above 0
+and is narrower than the claim's size. Its seeds are planned like a superiority claim whose
+effect is that size, on the control's own noise: the per-seed SD of the scan's effects at the
+doses that bracket the chosen one, pooled. At the planned n an effect of the claim's size is
+detected with 80% power, and the 95% interval's half-width is then about 0.7 times the size.
 """
 
 from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -177,10 +183,10 @@ def sided(kind: str) -> int:
     return 2 if kind == SUPERIORITY else 1
 
 
-#: the fewest seeds a confirmatory run has, whatever its claims' plans say: a plan covers the
-#: claims' noise, not the control's, and a control's 95% interval on 2 seeds (1 degree of
-#: freedom, t = 12.7) is three times as wide as on 3 (t = 4.3), wide enough that a control of
-#: the claim's size cannot separate
+#: the fewest seeds a confirmatory run has, whatever its plans say: a control's 95% interval on
+#: 2 seeds (1 degree of freedom, t = 12.7) is three times as wide as on 3 (t = 4.3), wide
+#: enough that a control of the claim's size cannot separate even where its pilot (a few seeds)
+#: happened to look quiet
 MIN_SEEDS = 3
 #: a pilot SD at or below this is identical per-seed effects up to rounding (metrics are fractions)
 ZERO_SD = 1e-12
@@ -294,6 +300,48 @@ def study_seeds(plans: Sequence[Plan], floor: int = MIN_SEEDS) -> int:
     return max([floor, *(p.n for p in plans if not p.underpowered)])
 
 
+def control_sd(
+    effects: Mapping[float, Mapping[int, float]], dose: float | None
+) -> tuple[float, int]:
+    """The control's per-seed SD near ``dose``, from a pilot's scan (``effects``: dose -> seed
+    -> effect): the SD pooled over the scanned doses that bracket ``dose`` (the nearest one
+    where ``dose`` lies outside the scan; the largest when ``dose`` is None: no dose reached
+    the target, so the control runs at its largest). Returns (SD, the seeds it pools); (nan, n)
+    when fewer than two seeds share a dose."""
+    doses = sorted(d for d in effects if len(effects[d]) > 0)
+    if not doses:
+        return math.nan, 0
+    if dose is None:
+        near = [doses[-1]]
+    else:
+        below = [d for d in doses if d <= dose]
+        above = [d for d in doses if d >= dose]
+        near = sorted({*(below[-1:]), *(above[:1])})
+    squares, df, seeds = 0.0, 0, 0
+    for d in near:
+        values = [float(v) for v in effects[d].values() if math.isfinite(float(v))]
+        seeds += len(values)
+        if len(values) < 2:
+            continue
+        mean = math.fsum(values) / len(values)
+        squares += math.fsum((v - mean) ** 2 for v in values)
+        df += len(values) - 1
+    return (math.sqrt(squares / df) if df > 0 else math.nan), seeds
+
+
+def plan_control(
+    effects: Mapping[float, Mapping[int, float]],
+    dose: float | None,
+    size: float,
+    cap: int = 10,
+) -> Plan:
+    """The seeds a calibrated control needs to separate (module docstring): ``plan_for_sd`` at
+    the control's own pilot SD near ``dose`` (``control_sd``) for a superiority effect of the
+    claim's ``size``."""
+    sd, n = control_sd(effects, dose)
+    return plan_for_sd(sd, n, kind=SUPERIORITY, paper_effect=size, cap=cap)
+
+
 def in_holm_family(role: str, precondition: str | None, regime: str | None) -> bool:
     """Whether a claim is one of its study's tested hypotheses: a primary or secondary claim
     whose precondition holds and whose mechanism is present. Precondition and regime claims
@@ -364,12 +412,14 @@ __all__ = [
     "UNSTABLE",
     "Plan",
     "across_bases",
+    "control_sd",
     "dose_for_effect",
     "in_holm_family",
     "isotonic",
     "minimal_detectable",
     "noncentral_t_cdf",
     "plan_claim",
+    "plan_control",
     "plan_for_sd",
     "planning_target",
     "power",
