@@ -883,67 +883,38 @@ def run_declared(
         mc_effects = mc.effect(trained, mc_dose)
         for key in mc.claims:
             per_claim[key] = (mc_effects, mc.text(mc_dose), key == mc.claim)
-    control_what = (
-        f"{study.control.arm} clean - {handicap.text(dose)}"
-        if study.control is not None and handicap is not None
-        else "no control"
-    )
-    claims = decide_claims(
-        study,
-        measured,
-        control_effects.get(dose) if handicap is not None else None,
-        seed_list,
-        steps,
-        plans,
-        control_what,
-        per_claim,
-    )
     r1 = {arm: trained.value(arm) for arm in trained.evals}
     if handicap is not None:
         label = control_label(study, dose)
         r1[label] = dict(trained.control_r1.get(label, {}))
-    from curvalign_lab import page
-
     # the page's extra tables (``Study.tables``, ``Study.report``); present even when empty, so
     # that a page never repeats the body under "markdown" in their place (``page.study_body``)
     extra = (
         study.tables(trained, measured) if study.tables is not None else "",
         study.report(trained) if study.report is not None else "",
     )
-    result = StudyResult(
-        name=study.name,
-        declared=True,
-        paper=study.paper,
+    return decided_result(
+        study,
+        measured,
+        control_effects,
+        Confirmatory(data, steps, seed_base, tuple(seed_list), quick, dose, dose_choice),
+        plans,
+        plan_record,
+        timer,
+        per_claim=per_claim,
         setup=(
             f"{data}, {steps} steps per run; arms: "
             + "; ".join(f"{a.label} ({a.recipe} {' '.join(a.options)})".strip() for a in study.arms)
             + (f"; baselines: {', '.join(study.baselines)}" if study.baselines else "")
             + "."
         ),
-        preconditions=tuple(study.preconditions),
-        notes=study.notes,
-        rule=kit.RULE,
-        claims=tuple(claims),
-        verdict=kit.verdict_line(claims),
-        holds=kit.all_hold(claims),
         lr_choice=dict(bench.lr_choice),
         lr_grid=tuple(bench.lr_grid or ()),
-        seeds=tuple(seed_list),
-        seed_base=seed_base,
-        steps=steps,
-        data=data,
-        quick=quick,
         arms={arm: {str(s): v for s, v in vals.items()} for arm, vals in r1.items()},
         convergence={arm: kit.convergence_record(runs) for arm, runs in trained.runs.items()},
         learning_rates={k: RecipeRate(p, v) for k, (p, v) in bench.learning_rates.items()},
         lr_scale=bench.lr_scale,
         max_steps=bench.max_steps,
-        control=ControlRecord(
-            what=handicap.what if handicap else None,
-            dose=dose if handicap else None,
-            doses_scanned=tuple(handicap.doses) if handicap else (),
-            choice=dose_choice,
-        ),
         measured_controls=tuple(
             MeasuredControlRecord(
                 what=mc.what,
@@ -955,12 +926,86 @@ def run_declared(
             for mc in study.measured_controls
         ),
         starts={a: {str(s): r for s, r in v.items()} for a, v in bench.starts.items()},
-        starts_fired=tuple(kit.starts_fired(bench.starts)),
         figures=tuple(str(f) for f in study.figures(trained, out)) if study.figures else (),
         arms_metric=f"test {study.metric}" if study.metric is not None else None,
         tables="\n\n".join(t for t in extra if t),
+    )
+
+
+@dataclass(frozen=True)
+class Confirmatory:
+    """What the confirmatory run was: its data, step budget, seed base and seeds, whether it is
+    a smoke (``quick``), and its control's dose (with the pilot's choice, if a pilot ran)."""
+
+    data: str
+    steps: int
+    seed_base: int
+    seeds: tuple[int, ...]
+    quick: bool
+    dose: float
+    dose_choice: DoseChoice | None
+
+
+def decided_result(
+    study: Study,
+    measured: Mapping[str, Measured],
+    control_effects: Mapping[float, Mapping[int, float]],
+    run: Confirmatory,
+    plans: Mapping[str, rules.Plan] | None,
+    plan_record: PowerPlan | None,
+    timer: kit.Timer,
+    *,
+    per_claim: Mapping[str, tuple[Mapping[int, float], str, bool]] | None = None,
+    starts: Mapping[str, Mapping[str, Any]],
+    **fields: Any,
+) -> StudyResult:
+    """The claims decided (``decide_claims``) and the study's record, with its page body: what
+    both runners share; ``fields`` are the runner's own ``StudyResult`` fields (its arms'
+    values, setup line, learning rates, tables)."""
+    from curvalign_lab import page
+
+    handicap = study.control.handicap if study.control is not None else None
+    control_what = (
+        f"{study.control.arm} clean - {handicap.text(run.dose)}"
+        if study.control is not None and handicap is not None
+        else "no control"
+    )
+    claims = decide_claims(
+        study,
+        measured,
+        control_effects.get(run.dose) if handicap is not None else None,
+        run.seeds,
+        run.steps,
+        plans,
+        control_what,
+        per_claim,
+    )
+    result = StudyResult(
+        name=study.name,
+        declared=True,
+        paper=study.paper,
+        preconditions=tuple(study.preconditions),
+        notes=study.notes,
+        rule=kit.RULE,
+        claims=tuple(claims),
+        verdict=kit.verdict_line(claims),
+        holds=kit.all_hold(claims),
+        seeds=run.seeds,
+        seed_base=run.seed_base,
+        steps=run.steps,
+        data=run.data,
+        quick=run.quick,
+        control=ControlRecord(
+            what=handicap.what if handicap else None,
+            dose=run.dose if handicap else None,
+            doses_scanned=tuple(handicap.doses) if handicap else (),
+            choice=run.dose_choice,
+        ),
+        starts=starts,
+        starts_fired=tuple(kit.starts_fired(starts)),
         wall_s=timer.seconds(),
         power_plan=plan_record,
+        **fields,
     )
     return dataclasses.replace(result, markdown=page.study_body(result))
 
@@ -1150,31 +1195,19 @@ def run_own(
         study, trainer, world, seed_list, [dose] if handicap else [], **common
     )
     measured = study.measure(trained)
-    control_what = (
-        f"{study.control.arm} clean - {handicap.text(dose)}"
-        if study.control is not None and handicap is not None
-        else "no control"
-    )
-    claims = decide_claims(
-        study,
-        measured,
-        control_effects.get(dose) if handicap is not None else None,
-        seed_list,
-        steps,
-        plans,
-        control_what,
-    )
-    from curvalign_lab import page
-
     starts = {
         label: {str(s): dict(r.start) for s, r in runs.items()}
         for label, runs in trained.own.items()
     }
-    result = StudyResult(
-        name=study.name,
-        declared=True,
+    return decided_result(
+        study,
+        measured,
+        control_effects,
+        Confirmatory(data, steps, seed_base, tuple(seed_list), quick, dose, dose_choice),
+        plans,
+        plan_record,
+        timer,
         own_trainer=True,
-        paper=study.paper,
         setup=(
             f"{data}, {steps} steps per run; arms: "
             + "; ".join(f"{a.label} ({' '.join(a.options)})".strip() for a in study.arms)
@@ -1182,19 +1215,8 @@ def run_own(
             + (f"; baselines: {', '.join(study.baselines)}" if study.baselines else "")
             + "."
         ),
-        preconditions=tuple(study.preconditions),
-        notes=study.notes,
-        rule=kit.RULE,
-        claims=tuple(claims),
-        verdict=kit.verdict_line(claims),
-        holds=kit.all_hold(claims),
         lr_choice=dict(lr_choice),
         lr_grid=tuple(lr_grid or ()),
-        seeds=tuple(seed_list),
-        seed_base=seed_base,
-        steps=steps,
-        data=data,
-        quick=quick,
         arms={
             label: {str(s): r.values.get(trainer.score) for s, r in runs.items()}
             for label, runs in trained.own.items()
@@ -1208,20 +1230,10 @@ def run_own(
             label: {str(s): tuple(tuple(h) for h in r.history) for s, r in runs.items()}
             for label, runs in trained.own.items()
         },
-        control=ControlRecord(
-            what=handicap.what if handicap else None,
-            dose=dose if handicap else None,
-            doses_scanned=tuple(handicap.doses) if handicap else (),
-            choice=dose_choice,
-        ),
         starts=starts,
-        starts_fired=tuple(kit.starts_fired(starts)),
         figures=(),
-        wall_s=timer.seconds(),
         tables=trainer.table(trained) if trainer.table is not None else None,
-        power_plan=plan_record,
     )
-    return dataclasses.replace(result, markdown=page.study_body(result))
 
 
 __all__ = [
@@ -1231,6 +1243,7 @@ __all__ = [
     "Arm",
     "ArmTrainer",
     "Claim",
+    "Confirmatory",
     "Control",
     "During",
     "Handicap",
@@ -1245,6 +1258,7 @@ __all__ = [
     "claim_interval",
     "configured",
     "decide_claims",
+    "decided_result",
     "label_noise",
     "metric_value",
     "option_names",
