@@ -188,3 +188,36 @@ def test_a_noisy_control_plans_more_seeds_and_one_beyond_reach_is_underpowered()
     # the study's seeds: the most any powered plan needs, claims' and the control's alike
     assert rules.study_seeds([q, lo]) == lo.n
     assert rules.study_seeds([q, beyond]) == rules.MIN_SEEDS
+
+
+def test_a_control_underpowered_by_plan_makes_its_claim_underpowered_not_inconclusive():
+    from curvalign_lab.records import DecisionInputs, PlanRecord
+
+    effect = kit.Interval(-0.05, -0.09, -0.02, 3)
+    failed = kit.Interval(0.03, -0.08, 0.14, 3)  # the control did not separate
+    beyond = PlanRecord.from_plan(
+        rules.plan_control({0.1: {0: -0.02, 1: 0.02, 2: 0.06}}, 0.1, 0.02, cap=6), kind="control"
+    )
+    within = PlanRecord.from_plan(
+        rules.plan_control({0.1: {0: 0.019, 1: 0.02, 2: 0.021}}, 0.1, 0.02, cap=6),
+        kind="control",
+    )
+    assert beyond.underpowered and not within.underpowered
+    v = kit.decide(effect, failed, control_min=0.02, control_plan=beyond)
+    assert v.kind == kit.UNDERPOWERED and "its control needs n > 6" in v.text
+    # a control whose plan was within the cap and still failed: inconclusive, as before
+    assert kit.decide(effect, failed, control_min=0.02, control_plan=within).text == (
+        kit.UNDETECTABLE
+    )
+    assert kit.decide(effect, failed, control_min=0.02).text == kit.UNDETECTABLE
+    # a control that separated decides the claim whatever its plan said
+    separated = kit.Interval(0.02, 0.01, 0.03, 6)
+    assert kit.decide(effect, separated, control_min=0.02, control_plan=beyond).kind == (
+        kit.DOES_NOT_HOLD
+    )
+    # the inputs carry the control's plan through JSON, and a claim without one writes no key
+    inputs = DecisionInputs(control_min=0.02, control_plan=beyond)
+    assert DecisionInputs.from_json(inputs.to_json()) == inputs
+    assert "control_plan" not in DecisionInputs(control_min=0.02).to_json()
+    v2 = kit.decide_inputs(effect, failed, DecisionInputs.from_json(inputs.to_json()))
+    assert v2 == v

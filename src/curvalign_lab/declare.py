@@ -732,10 +732,12 @@ def decide_claims(
     plans: Mapping[str, rules.Plan] | None,
     control_what: str,
     measured_controls: Mapping[str, tuple[Mapping[int, float], str, bool]] | None = None,
+    control_plans: Mapping[str, PlanRecord] | None = None,
 ) -> list[ClaimResult]:
     """Every claim decided (``kit.claim_record`` with its plan), Holm over the tested ones.
     ``measured_controls``: {claim key: (per-seed effect, what, calibrated on this claim)} of the
-    claims whose control is a ``MeasuredControl`` (instead of ``control``)."""
+    claims whose control is a ``MeasuredControl`` (instead of ``control``); ``control_plans``:
+    {claim key: the seeds its calibrated control needs} (``PowerPlan.controls``)."""
 
     def interval(effects: Mapping[int, float] | None) -> Interval | None:
         if effects is None or not all(s in effects for s in seeds):
@@ -774,6 +776,7 @@ def decide_claims(
             role=claim.role,
             effect_values=[m.effect[s] for s in seeds if s in m.effect],
             plan=plan_record,
+            control_plan=(control_plans or {}).get(claim.key) if calibrated else None,
         )
         rec = dataclasses.replace(
             rec,
@@ -979,6 +982,7 @@ def decided_result(
         plans,
         control_what,
         per_claim,
+        plan_record.controls if plan_record is not None else None,
     )
     result = StudyResult(
         name=study.name,

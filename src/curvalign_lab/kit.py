@@ -131,8 +131,9 @@ RULE = (
     "the claim's size); equivalent within ±delta when the 90% interval lies inside ±delta (TOST) and the "
     "control separated; underpowered by plan when a pilot on a disjoint seed base needs more "
     "seeds than the cap for an MDE (exact noncentral t, 80% power) at the paper's effect, or at "
-    "the distance from it to the margin; does not hold when a powered plan's interval excludes "
-    "the paper's effect; inconclusive otherwise"
+    "the distance from it to the margin, or when the calibrated control did not separate and "
+    "its own plan (at its pilot noise, for the claim's size) needs more seeds than the cap; does "
+    "not hold when a powered plan's interval excludes the paper's effect; inconclusive otherwise"
 )
 
 
@@ -192,6 +193,7 @@ def decide(
     significant: bool | None = None,
     plan: PlanRecord | Mapping[str, Any] | None = None,
     scale: float = 100.0,
+    control_plan: PlanRecord | None = None,
 ) -> Verdict:
     """The verdict of one claim (``RULE``). ``effect`` and ``control`` are oriented so that the
     claim says ``effect > threshold`` and the control's handicap shows as a positive difference
@@ -201,8 +203,10 @@ def decide(
     claim cannot be tested here (None: it can); ``significant``: the Holm-corrected decision
     (None: the effect's own 95% interval decides); ``plan``: the claim's power plan
     (``records.PlanRecord``, or a mapping with its ``underpowered``, ``cap`` and ``reason``;
-    None: no plan, so never "underpowered" and never "the paper's effect is excluded").
-    ``scale`` only formats the texts."""
+    None: no plan, so never "underpowered" and never "the paper's effect is excluded");
+    ``control_plan``: the seeds the calibrated control needs (``rules.plan_control``): a
+    control that did not separate where that plan is over the cap makes the claim
+    underpowered by plan, not inconclusive. ``scale`` only formats the texts."""
     if isinstance(plan, PlanRecord):
         plan = plan.to_json()
     if regime is not None:
@@ -226,6 +230,12 @@ def decide(
             UNDERPOWERED,
             f"underpowered by plan (n > {plan['cap']}: {plan['reason']})"
             + ("" if control_ok else CONTROL_FAILED),
+        )
+    if not control_ok and control_plan is not None and control_plan.underpowered:
+        return Verdict(
+            UNDERPOWERED,
+            f"underpowered by plan: its control needs n > {control_plan.cap} to separate "
+            f"({control_plan.reason})",
         )
     if (
         plan is not None
@@ -286,6 +296,7 @@ def claim_record(
     sanity: Interval | None = None,
     sanity_what: str = "",
     plan: PlanRecord | None = None,
+    control_plan: PlanRecord | None = None,
 ) -> ClaimResult:
     """One decided claim (``records.ClaimResult``): the verdict (before multiplicity
     correction; ``apply_holm`` adds the Holm-adjusted one), both intervals, the paper's effect
@@ -302,6 +313,7 @@ def claim_record(
         regime=regime,
         plan=plan,
         scale=scale,
+        control_plan=control_plan,
     )
     verdict = decide_inputs(effect, control, inputs)
     mde = minimal_detectable(effect)
@@ -369,6 +381,7 @@ def decide_inputs(
         significant=significant,
         plan=inputs.plan,
         scale=inputs.scale,
+        control_plan=inputs.control_plan,
     )
 
 

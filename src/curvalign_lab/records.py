@@ -147,7 +147,9 @@ class PlanRecord:
 class DecisionInputs:
     """What ``kit.decide`` decided a claim from, besides its intervals (``kit.decide``'s keyword
     arguments). ``plan_recorded``: False only for a claim written before claims carried a plan
-    (its JSON has no ``plan`` key)."""
+    (its JSON has no ``plan`` key). ``control_plan``: the seeds the claim's calibrated control
+    needs to separate (``rules.plan_control``; None: no pilot, or a claim it does not
+    calibrate)."""
 
     threshold: float = 0.0
     budget_ok: bool = True
@@ -159,6 +161,7 @@ class DecisionInputs:
     plan: PlanRecord | None = None
     scale: float = 100.0
     plan_recorded: bool = True
+    control_plan: PlanRecord | None = None
 
     def to_json(self) -> JSON:
         out: JSON = {
@@ -173,12 +176,15 @@ class DecisionInputs:
         if self.plan_recorded:
             out["plan"] = self.plan.to_json() if self.plan is not None else None
         out["scale"] = self.scale
+        if self.control_plan is not None:
+            out["control_plan"] = self.control_plan.to_json()
         return out
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> DecisionInputs:
         what = "a claim's inputs"
         plan = d.get("plan")
+        control_plan = d.get("control_plan")
         return cls(
             threshold=_need(d, "threshold", what),
             budget_ok=_need(d, "budget_ok", what),
@@ -190,6 +196,7 @@ class DecisionInputs:
             plan=PlanRecord.from_json(plan) if plan is not None else None,
             scale=_need(d, "scale", what),
             plan_recorded="plan" in d,
+            control_plan=PlanRecord.from_json(control_plan) if control_plan is not None else None,
         )
 
 
