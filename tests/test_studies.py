@@ -264,6 +264,30 @@ def test_redecide_keeps_a_result_of_this_rule_and_applies_it_to_an_older_one():
     assert not any(c.control_ok for c in once.claims if c.inputs.control_min > 0)
 
 
+def test_redecide_reads_the_controls_plan_from_the_power_plan_of_an_older_run():
+    from curvalign_lab import results, rules
+    from curvalign_lab.records import PlanRecord
+
+    path = Path("docs/results/dualpath-forgetting/study.json")
+    if not path.exists():
+        pytest.skip("no committed dualpath-forgetting result")
+    older = results.load_result(path)
+    assert older.power_plan is not None
+    calibrated = [c for c in older.claims if c.inputs.control_min > 0]
+    assert calibrated and all(c.inputs.control_plan is None for c in calibrated)
+    key = calibrated[0].key
+    beyond = rules.plan_control({0.5: {0: -0.1, 1: 0.02, 2: 0.14}}, 0.5, 0.02, cap=6)
+    plan = dataclasses.replace(
+        older.power_plan, controls={key: PlanRecord.from_plan(beyond, kind="control")}
+    )
+    once = kit.redecide(dataclasses.replace(older, power_plan=plan, rule="an earlier rule"))
+    claim = next(c for c in once.claims if c.key == key)
+    assert not claim.control_ok and claim.inputs.control_plan == plan.controls[key]
+    assert claim.verdict == kit.UNDERPOWERED and "its control needs n > 6" in claim.outcome
+    # written with its plan, it is read and decided again the same way
+    assert kit.redecide(once) == once
+
+
 # --- statistics behind the rule, on hand-made numbers -----------------------------------------
 
 

@@ -416,10 +416,19 @@ def redecide(result: StudyResult) -> StudyResult:
     """``result`` decided again by this rule (``decide``, ``apply_holm``) from what it recorded:
     each claim's effect, control, p-value and decision inputs (its plan included). A result
     written by this rule comes back equal; one written under an earlier rule gets this rule's
-    verdicts, control texts and ``rule``."""
+    verdicts, control texts and ``rule``. A calibrated claim recorded before claims carried
+    their control's plan takes it from the study's power plan (``PowerPlan.controls``)."""
     claims = []
+    control_plans = result.power_plan.controls if result.power_plan is not None else {}
     for claim in result.claims:
         scale = float(claim.inputs.scale)
+        if (
+            claim.inputs.control_plan is None
+            and claim.key in control_plans
+            and float(claim.inputs.control_min or 0.0) > 0
+        ):
+            inputs = dataclasses.replace(claim.inputs, control_plan=control_plans[claim.key])
+            claim = dataclasses.replace(claim, inputs=inputs)
         verdict = decide_inputs(claim.effect, claim.control, claim.inputs)
         control_min = float(claim.inputs.control_min or 0.0)
         claims.append(
