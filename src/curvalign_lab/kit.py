@@ -424,6 +424,7 @@ def redecide(result: StudyResult) -> StudyResult:
         scale = float(claim.inputs.scale)
         if (
             claim.inputs.control_plan is None
+            and claim.key is not None
             and claim.key in control_plans
             and float(claim.inputs.control_min or 0.0) > 0
         ):
