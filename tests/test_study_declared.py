@@ -95,6 +95,11 @@ def test_a_toy_study_declared_in_one_file_runs_plans_and_writes_its_page(tmp_pat
     control = result.control
     assert control is not None and control.choice is not None
     assert set(control.choice.scan) == {"0.3", "0.9"}
+    # the scan keeps its per-seed effects: the control's plan pools them near the chosen dose
+    assert set(control.choice.per_seed) == {"0.3", "0.9"}
+    for dose, by_seed in control.choice.per_seed.items():
+        assert set(by_seed) == {"1007", "1008"}
+        assert control.choice.scan[dose] == pytest.approx(sum(by_seed.values()) / 2)
     assert control.choice.target == pytest.approx(0.05)
     if control.choice.calibrated:
         assert control.dose is not None and 0.0 < control.dose <= 0.9

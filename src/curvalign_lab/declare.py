@@ -720,6 +720,7 @@ def _dose_choice(target: float, effects: Mapping[float, Mapping[int, float]]) ->
         scan={f"{d:g}": m for d, m in zip(doses, means, strict=True)},
         dose=dose,
         calibrated=dose is not None,
+        per_seed={f"{d:g}": {str(s): v for s, v in effects[d].items()} for d in doses},
     )
 
 

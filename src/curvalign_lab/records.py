@@ -506,20 +506,26 @@ class RecipeRate:
 class DoseChoice:
     """A control's dose chosen on the pilot's scan (``declare.choose_dose``): the claim's size
     it must reach (``target``), the scan's mean effect per dose ({dose text: mean}), the chosen
-    ``dose`` (None: no dose reached the target) and whether it ``calibrated``."""
+    ``dose`` (None: no dose reached the target) and whether it ``calibrated``;
+    ``per_seed``: the scan's effects per dose and pilot seed ({dose text: {seed text: effect}},
+    from which the control's seeds are planned; empty in an older record)."""
 
     target: float
     scan: Mapping[str, float]
     dose: float | None
     calibrated: bool
+    per_seed: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
 
     def to_json(self) -> JSON:
-        return {
+        out: JSON = {
             "target": self.target,
             "scan": dict(self.scan),
             "dose": self.dose,
             "calibrated": self.calibrated,
         }
+        if self.per_seed:
+            out["per_seed"] = {d: dict(v) for d, v in self.per_seed.items()}
+        return out
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> DoseChoice:
@@ -529,6 +535,7 @@ class DoseChoice:
             {k: _num(v) for k, v in _need(d, "scan", what).items()},
             _need(d, "dose", what),
             _need(d, "calibrated", what),
+            {k: {s: _num(x) for s, x in v.items()} for k, v in d.get("per_seed", {}).items()},
         )
 
 
