@@ -82,7 +82,7 @@ def test_a_toy_study_declared_in_one_file_runs_plans_and_writes_its_page(tmp_pat
     assert set(plan.per_claim) == {"wider"}
     wider = plan.per_claim["wider"]
     assert isinstance(wider, PlanRecord)
-    assert wider.cap == 3 and wider.pilot_n == 2
+    assert wider.cap == 3 and wider.pilot_n == 2 and wider.kind == rules.SUPERIORITY
     assert result.seeds == tuple(range(7, 7 + plan.seeds))
     # the control's seeds are planned on its own pilot noise; the run takes the most any
     # powered plan needs, at least MIN_SEEDS

@@ -758,7 +758,7 @@ def decide_claims(
             effects, claim_what, calibrated = measured_controls[claim.key]
             claim_control = interval(effects)
         equivalence = claim.kind == rules.EQUIVALENCE or claim.report_equivalence
-        plan_record = PlanRecord.from_plan(plan) if plan is not None else None
+        plan_record = PlanRecord.from_plan(plan, kind=claim.kind) if plan is not None else None
         rec = kit.claim_record(
             claim.statement,
             claim_interval(m, seeds),
@@ -1056,7 +1056,7 @@ def plan_on_pilot(
         controls[mc.claim] = rules.plan_control(mc_scan, choice.dose, choice.target, max_seeds)
     n = min(max_seeds, rules.study_seeds([*plans.values(), *controls.values()]))
     record = PowerPlan(
-        per_claim={k: PlanRecord.from_plan(p) for k, p in plans.items()},
+        per_claim={k: PlanRecord.from_plan(p, kind=study.claim(k).kind) for k, p in plans.items()},
         seeds=n,
         max_seeds=max_seeds,
         pilot_seeds=len(pilot_seeds),
