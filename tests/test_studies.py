@@ -244,13 +244,33 @@ def test_a_calibrated_control_separates_when_the_claims_size_would_separate_at_i
     assert kit.control_separates(Interval(0.31, 0.26, 0.36, 3), 0.0)
 
 
-def test_redecide_keeps_a_result_of_this_rule_and_applies_it_to_an_older_one():
-    from curvalign_lab import results
+def _older_run(control: Interval, power_plan=None) -> StudyResult:
+    """A run recorded under an earlier rule: one calibrated claim (size 2 points) decided
+    "holds" whatever its control showed, and one claim the control does not calibrate."""
+    effect = Interval(0.05, 0.03, 0.07, 3)
+    claims = []
+    for key, size in (("calibrated", 0.02), ("other", 0.0)):
+        rec = kit.claim_record(key, effect, control, "c", paper_effect=0.02, control_min=size)
+        claims.append(
+            dataclasses.replace(rec, key=key, verdict=kit.HOLDS, outcome=kit.HOLDS, control_ok=True)
+        )
+    return StudyResult(
+        name="older",
+        paper="p",
+        setup="s",
+        claims=tuple(kit.apply_holm(claims)),
+        verdict="",
+        holds=True,
+        seeds=(0, 1, 2),
+        rule="an earlier rule",
+        power_plan=power_plan,
+    )
 
-    path = Path("docs/results/dualpath-forgetting/study.json")
-    if not path.exists():
-        pytest.skip("no committed dualpath-forgetting result")
-    older = results.load_result(path)
+
+def test_redecide_keeps_a_result_of_this_rule_and_applies_it_to_an_older_one():
+    # a control far larger than the claim, and wide: it separates from 0 but says nothing
+    # about an effect of 2 points (half-width 5 points)
+    older = _older_run(Interval(0.31, 0.26, 0.36, 3))
     once = kit.redecide(older)
     assert kit.redecide(once) == once and once.rule == kit.RULE
     for before, after in zip(older.claims, once.claims, strict=True):
@@ -260,32 +280,42 @@ def test_redecide_keeps_a_result_of_this_rule_and_applies_it_to_an_older_one():
             before.control,
             before.p_value,
         )
-    # its forgetting control (31 [26, 36] points against a 2-point claim) no longer separates
-    assert not any(c.control_ok for c in once.claims if c.inputs.control_min > 0)
+    calibrated, other = once.claims
+    assert not calibrated.control_ok and calibrated.outcome == kit.UNDETECTABLE
+    # the claim it does not calibrate needs only its sign
+    assert other.control_ok and other.verdict == kit.HOLDS
 
 
 def test_redecide_reads_the_controls_plan_from_the_power_plan_of_an_older_run():
-    from curvalign_lab import results, rules
-    from curvalign_lab.records import PlanRecord
+    from curvalign_lab import rules
+    from curvalign_lab.records import PlanRecord, PowerPlan
 
-    path = Path("docs/results/dualpath-forgetting/study.json")
-    if not path.exists():
-        pytest.skip("no committed dualpath-forgetting result")
-    older = results.load_result(path)
-    assert older.power_plan is not None
-    calibrated = [c for c in older.claims if c.inputs.control_min > 0]
-    assert calibrated and all(c.inputs.control_plan is None for c in calibrated)
-    key = calibrated[0].key
     beyond = rules.plan_control({0.5: {0: -0.1, 1: 0.02, 2: 0.14}}, 0.5, 0.02, cap=6)
-    plan = dataclasses.replace(
-        older.power_plan, controls={key: PlanRecord.from_plan(beyond, kind="control")}
+    plan = PowerPlan(
+        per_claim={},
+        seeds=3,
+        max_seeds=6,
+        pilot_seeds=3,
+        out_of_budget=(),
+        pilot_wall_s=0.0,
+        controls={"calibrated": PlanRecord.from_plan(beyond, kind="control")},
     )
-    once = kit.redecide(dataclasses.replace(older, power_plan=plan, rule="an earlier rule"))
-    claim = next(c for c in once.claims if c.key == key)
-    assert not claim.control_ok and claim.inputs.control_plan == plan.controls[key]
-    assert claim.verdict == kit.UNDERPOWERED and "its control needs n > 6" in claim.outcome
+    failed = Interval(0.018, -0.001, 0.036, 3)  # not above 0
+    older = _older_run(failed, plan)
+    assert all(c.inputs.control_plan is None for c in older.claims)
+    once = kit.redecide(older)
+    calibrated, other = once.claims
+    assert (
+        not calibrated.control_ok and calibrated.inputs.control_plan == plan.controls["calibrated"]
+    )
+    assert (
+        calibrated.verdict == kit.UNDERPOWERED and "its control needs n > 6" in calibrated.outcome
+    )
+    # the plan belongs to the claim the control calibrates, not to the others sharing it
+    assert other.inputs.control_plan is None and other.outcome == kit.UNDETECTABLE
     # written with its plan, it is read and decided again the same way
     assert kit.redecide(once) == once
+    assert StudyResult.from_json(json.loads(json.dumps(once.to_json()))) == once
 
 
 # --- statistics behind the rule, on hand-made numbers -----------------------------------------
@@ -946,6 +976,14 @@ def test_stability_check_shows_every_flip_as_a_flip(tmp_path):
     text = results.stability_markdown(rows, ok)
     assert "NOT stable" in text and "| s | x | 0-2 |" in text
     assert "2 flip between bases" in text
+    # the short table: a few words per base and across both, seeds in brackets
+    table = results.across_table(rows)
+    flip = "| s | y | underpowered by plan (0-2) | holds (100-102) | unstable across seed bases |"
+    assert flip in table
+    assert "| s | z | equivalent (0-2) | equivalent (100-102) | equivalent |" in table
+    assert results.main([str(tmp_path / "a"), "--stability", str(tmp_path / "c"), "--across"]) == 1
+    with pytest.raises(SystemExit):
+        results.main([str(tmp_path / "a"), "--across"])
 
 
 def test_lr_table_marks_a_rate_at_the_grid_edge():

@@ -100,6 +100,14 @@ def test_the_label_noise_control_is_scanned_and_can_fail() -> None:
         },
         "dose": None,
         "calibrated": False,
+        "per_seed": {
+            d: {s: pytest.approx(v) for s, v in by_seed.items()}
+            for d, by_seed in {
+                "0.1": {"0": 0.0, "1": 0.001},
+                "0.3": {"0": 0.002, "1": 0.003},
+                "0.6": {"0": 0.008, "1": 0.01},
+            }.items()
+        },
     }
     regime = {k: _measured([0.0, 0.01, 0.0]) for k in ("atmg_vs_meru", "meru_drops")}
     measured = {**regime, "stable": _measured([0.004, 0.006, 0.005])}

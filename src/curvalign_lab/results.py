@@ -74,7 +74,10 @@ claim's size) separated: its interval above 0, its half-width below that size; *
 when the 90% interval lies inside the margin (TOST); *underpowered by plan* when a **pilot** on a
 disjoint seed base (`--power`: base + 1000) needs more seeds than the cap for an exact
 noncentral-t MDE (80% power) at the paper's effect, or at the distance from it to the margin for
-non-inferiority and equivalence, never from the run's own SD; *does not hold* too when a powered
+non-inferiority and equivalence, never from the run's own SD, or when its control did not
+separate and the control's own plan (its pilot SD near the chosen dose, for an effect of the
+claim's size) needs more seeds than the cap; the run takes the most seeds any claim or control
+needs, at least 3; *does not hold* too when a powered
 plan's interval excludes the paper's effect; *inconclusive* otherwise. A claim decided
 differently on two seed bases is *unstable across seed bases*, whatever the two labels. The
 page decides every run by this rule from what it recorded (`kit.redecide`). Arms
@@ -340,6 +343,28 @@ def stability_markdown(rows: list[dict[str, Any]], ok: bool, other: str = "") ->
     return "\n".join(lines) + "\n"
 
 
+def across_table(rows: list[dict[str, Any]]) -> str:
+    """The stability rows as one short table (``stability``): each claim's verdict in a few
+    words (``page.short_verdict``) on each seed base and across both; the reasons are on the
+    studies page."""
+    from curvalign_lab.page import Footnotes, short_verdict
+
+    cell = Footnotes().cell
+    lines = [
+        "| study | claim | first base | second base | across both |",
+        "|---|---|---|---|---|",
+    ]
+    for r in rows:
+        sa, sb = r["seeds"]
+        lines.append(
+            f"| {r['study']} | {cell(r['claim'], 120)} | "
+            f"{short_verdict(r['a_kind'], r['a'])} ({sa[0]}-{sa[-1]}) | "
+            f"{short_verdict(r['b_kind'], r['b'])} ({sb[0]}-{sb[-1]}) | "
+            f"{short_verdict(r['across_kind'], r['across'])} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 def copy_outputs(out: Path, dest: Path) -> None:
     """study.json files to ``dest/NAME/``, figures to ``dest/``."""
     dest.mkdir(parents=True, exist_ok=True)
@@ -384,12 +409,23 @@ def main(argv: list[str] | None = None) -> int:
         help="write one page per study to DIR/NAME/study.md and link them from the table "
         "(instead of one long page with every study's section)",
     )
+    parser.add_argument(
+        "--across",
+        action="store_true",
+        help="with --stability: print only the short table of each claim's verdict on both "
+        "bases (seeds in brackets) and across them",
+    )
     args = parser.parse_args(argv)
+    if args.across and not args.stability:
+        parser.error("--across needs --stability OTHER (the second seed base's --out)")
     stable = True
     try:
         rows: list[dict[str, Any]] = []
         if args.stability:
             rows, stable = stability(args.out, args.stability)
+        if args.across:
+            sys.stdout.write(across_table(rows))
+            return 0 if stable else 1
         across = {(r["study"], r["claim"]): (r["across_kind"], r["across"]) for r in rows} or None
         link = "{name}/study.md" if args.pages else ""
         text = render(args.out, args.figures, across, pages=link, sections=not args.pages)
