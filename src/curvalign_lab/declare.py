@@ -906,11 +906,8 @@ def run_declared(
         plan_record,
         timer,
         per_claim=per_claim,
-        setup=(
-            f"{data}, {steps} steps per run; arms: "
-            + "; ".join(f"{a.label} ({a.recipe} {' '.join(a.options)})".strip() for a in study.arms)
-            + (f"; baselines: {', '.join(study.baselines)}" if study.baselines else "")
-            + "."
+        setup=setup_line(
+            study, data, steps, [f"{a.recipe} {' '.join(a.options)}" for a in study.arms]
         ),
         lr_choice=dict(bench.lr_choice),
         lr_grid=tuple(bench.lr_grid or ()),
@@ -933,6 +930,26 @@ def run_declared(
         figures=tuple(str(f) for f in study.figures(trained, out)) if study.figures else (),
         arms_metric=f"test {study.metric}" if study.metric is not None else None,
         tables="\n\n".join(t for t in extra if t),
+    )
+
+
+def setup_line(
+    study: Study,
+    data: str,
+    steps: int,
+    arm_settings: Sequence[str],
+    overrides: Sequence[str] = (),
+) -> str:
+    """The study's setup in one line: its data and budget, each arm with ``arm_settings`` (one
+    per arm: what trains it), the overrides every run got and the baselines."""
+    arms = "; ".join(
+        f"{a.label} ({text})".strip() for a, text in zip(study.arms, arm_settings, strict=True)
+    )
+    return (
+        f"{data}, {steps} steps per run; arms: {arms}"
+        + (f"; overrides: {' '.join(overrides)}" if overrides else "")
+        + (f"; baselines: {', '.join(study.baselines)}" if study.baselines else "")
+        + "."
     )
 
 
@@ -1213,13 +1230,7 @@ def run_own(
         plan_record,
         timer,
         own_trainer=True,
-        setup=(
-            f"{data}, {steps} steps per run; arms: "
-            + "; ".join(f"{a.label} ({' '.join(a.options)})".strip() for a in study.arms)
-            + (f"; overrides: {' '.join(overrides)}" if overrides else "")
-            + (f"; baselines: {', '.join(study.baselines)}" if study.baselines else "")
-            + "."
-        ),
+        setup=setup_line(study, data, steps, [" ".join(a.options) for a in study.arms], overrides),
         lr_choice=dict(lr_choice),
         lr_grid=tuple(lr_grid or ()),
         arms={
