@@ -556,8 +556,9 @@ def _gather_rows(n: int, spec: str, data: Path, args: argparse.Namespace) -> lis
     return out
 
 
-def run(args: argparse.Namespace) -> list[list[str]]:
-    rows: list[list[str]] = []
+def run(args: argparse.Namespace, rows: list[list[str]]) -> None:
+    """Every stage for every N of ``args.pairs``; appends a table row per stage to ``rows`` as it
+    finishes (so a stage that fails leaves the rows measured before it)."""
     base = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="data_scale_"))
     base.mkdir(parents=True, exist_ok=True)
     recipes = [r for r in args.recipes.split(",") if r]
@@ -737,7 +738,6 @@ def run(args: argparse.Namespace) -> list[list[str]]:
                 shutil.rmtree(root, ignore_errors=True)
     if not args.keep and not args.out:
         shutil.rmtree(base, ignore_errors=True)
-    return rows
 
 
 def _best_step(run_dir: Path) -> int | None:
@@ -838,7 +838,16 @@ def main() -> None:
         ),
         flush=True,
     )
-    rows = run(args)
+    rows: list[list[str]] = []
+    try:
+        run(args, rows)
+    finally:  # the table of what was measured, also when a stage failed
+        if rows:
+            print_table(rows)
+
+
+def print_table(rows: list[list[str]]) -> None:
+    """``rows`` as a Markdown table (the columns of ``_row``)."""
     header = ["N", "stage", "wall s", "CPU s", "read GiB", "peak RSS GB", "peak anon GB", "notes"]
     widths = [max(len(str(r[i])) for r in rows + [header]) for i in range(len(header))]
     print()
