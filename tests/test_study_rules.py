@@ -130,9 +130,18 @@ def test_precondition_and_regime_claims_leave_the_holm_family():
 
 
 def test_dose_response_picks_the_dose_of_the_claims_size():
-    # effects 0.4, 5, 20 points at 10%, 30%, 60% noise: 2 points lies between 10% and 30%
+    # effects 0.4, 5, 20 points at 10%, 30%, 60% noise: 2 points lies between 10% and 30%,
+    # interpolated in log effect (both bracketing effects are positive)
     dose = rules.dose_for_effect([0.1, 0.3, 0.6], [0.004, 0.05, 0.2], 0.02)
-    assert dose == pytest.approx(0.1 + (0.02 - 0.004) / (0.05 - 0.004) * 0.2)
+    assert dose == pytest.approx(0.1 + math.log(0.02 / 0.004) / math.log(0.05 / 0.004) * 0.2)
+    # on a convex response the log dose reaches the target where the linear one falls short:
+    # effect = d**3 scanned at 0.3 and 0.6 (0.027, 0.216), target 0.1 (true dose 0.464)
+    convex = rules.dose_for_effect([0.3, 0.6], [0.3**3, 0.6**3], 0.1)
+    linear = 0.3 + (0.1 - 0.3**3) / (0.6**3 - 0.3**3) * 0.3
+    assert linear**3 < 0.08 and 0.1 <= convex**3 < 0.13
+    # a bracket that starts at an effect of 0 is interpolated linearly
+    dose = rules.dose_for_effect([0.3, 0.6], [0.0, 0.05], 0.02)
+    assert dose == pytest.approx(0.3 + 0.02 / 0.05 * 0.3)
     # from 0 at dose 0 when the first dose already exceeds the target
     assert rules.dose_for_effect([0.5], [0.1], 0.02) == pytest.approx(0.1)
     # a noisy scan is fitted monotone first: the dip at 0.3 cannot put the dose there

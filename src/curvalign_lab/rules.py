@@ -382,9 +382,18 @@ def dose_for_effect(
     """The handicap dose whose effect equals ``target`` (the claim's size), from a pilot's scan:
     ``effects[i]`` the control's mean effect at ``doses[i]`` (oriented: a larger handicap, a
     larger effect). The scan is fitted monotone (``isotonic``) and the crossing of ``target``
-    interpolated linearly between the bracketing doses (from 0 effect at dose 0 when the first
-    dose already exceeds it). None when no dose reaches the target: that control cannot show
-    an effect of the claim's size and must be replaced."""
+    interpolated between the bracketing doses: in log effect where both bracketing effects are
+    positive, linearly otherwise (from 0 effect at dose 0 when the first dose already exceeds
+    it, where the response is known to pass through the origin).
+
+    Why log: a handicap's cost usually grows faster than its dose over a scan (a little label
+    noise costs almost nothing, more costs more than in proportion), and on such a convex
+    response the chord of a linear interpolation lies above the curve, so the linear dose
+    undershoots: its effect falls short of the target and the control, planned for the target,
+    misses. An exponential segment through the two bracketing effects is convex; where the
+    response is concave it overshoots instead, towards a control somewhat larger than the
+    claim's size, which separates more easily rather than less. None when no dose reaches the
+    target: that control cannot show an effect of the claim's size and must be replaced."""
     if len(doses) != len(effects) or not doses:
         raise ValueError("dose_for_effect needs one effect per dose")
     pairs = sorted((float(d), float(e)) for d, e in zip(doses, effects, strict=True))
@@ -396,7 +405,10 @@ def dose_for_effect(
         if es[i] >= target:
             if es[i] == es[i - 1]:
                 return ds[i]
-            share = (target - es[i - 1]) / (es[i] - es[i - 1])
+            if es[i - 1] > 0 and target > 0:
+                share = math.log(target / es[i - 1]) / math.log(es[i] / es[i - 1])
+            else:
+                share = (target - es[i - 1]) / (es[i] - es[i - 1])
             return ds[i - 1] + max(0.0, min(1.0, share)) * (ds[i] - ds[i - 1])
     return ds[0]
 
