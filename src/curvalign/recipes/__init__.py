@@ -53,17 +53,22 @@ def register(cls: type[Recipe]) -> type[Recipe]:
     return cls
 
 
+def _import_recipe_module(module: str) -> None:
+    """Import the package's recipe module ``module`` (RecipeImportError naming it on failure)."""
+    name = f"{__name__}.{module}"
+    try:
+        importlib.import_module(name)
+    except Exception as err:
+        raise RecipeImportError(f"recipe module {name} failed to import: {err}") from err
+
+
 def _load_all() -> None:
     """Import every recipe module of the package and every entry point, once."""
     global _loaded
     if _loaded:
         return
     for module in recipe_module_names():
-        name = f"{__name__}.{module}"
-        try:
-            importlib.import_module(name)
-        except Exception as err:
-            raise RecipeImportError(f"recipe module {name} failed to import: {err}") from err
+        _import_recipe_module(module)
     for point in recipe_entry_points():
         try:
             obj = point.load()
@@ -84,8 +89,15 @@ def recipe_names() -> list[str]:
 
 
 def get_recipe(name: str) -> type[Recipe]:
-    """The Recipe class registered as ``name``; UnknownRecipeError listing the known names."""
-    _load_all()
+    """The Recipe class registered as ``name``; UnknownRecipeError listing the known names.
+
+    A built-in recipe's module carries the recipe's name, so that module alone is imported
+    first: a command that runs one recipe (``index search`` reading its run) does not import
+    the other seven and every entry point. Any other name discovers them all."""
+    if name not in _REGISTRY and not _loaded and name in recipe_module_names():
+        _import_recipe_module(name)
+    if name not in _REGISTRY:
+        _load_all()
     if name not in _REGISTRY:
         raise UnknownRecipeError(
             f"unknown recipe {name!r}; known recipes: {', '.join(sorted(_REGISTRY))}"
