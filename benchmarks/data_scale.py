@@ -644,8 +644,7 @@ def run(args: argparse.Namespace, rows: list[list[str]]) -> None:
                 best = _best_step(run_dir)
                 if best is not None:
                     note += f"; best validation step {best}"
-                length = "default length" if args.steps == "default" else f"{args.steps} steps"
-                rows.append(_row(n, f"train {recipe} ({length})", r, note))
+                rows.append(_row(n, f"train {recipe} ({_length(args.steps)})", r, note))
             if n <= args.search_max and recipes:
                 run_dir, emb, idx = root / f"run_{recipes[0]}", root / "emb", root / "index"
                 if args.search_overrides:
@@ -668,7 +667,7 @@ def run(args: argparse.Namespace, rows: list[list[str]]) -> None:
                     rows.append(
                         _row(
                             n,
-                            f"train {recipes[0]} {' '.join(extra)} ({args.steps} steps)",
+                            f"train {recipes[0]} {' '.join(extra)} ({_length(args.steps)})",
                             r,
                             "the run the search stages below embed",
                         )
@@ -738,6 +737,11 @@ def run(args: argparse.Namespace, rows: list[list[str]]) -> None:
                 shutil.rmtree(root, ignore_errors=True)
     if not args.keep and not args.out:
         shutil.rmtree(base, ignore_errors=True)
+
+
+def _length(steps: str) -> str:
+    """A training row's length: ``--steps`` as the table names it."""
+    return "default length" if steps == "default" else f"{steps} steps"
 
 
 def _best_step(run_dir: Path) -> int | None:
