@@ -93,7 +93,7 @@ def get_recipe(name: str) -> type[Recipe]:
 
     A built-in recipe's module carries the recipe's name, so that module alone is imported
     first: a command that runs one recipe (``index search`` reading its run) does not import
-    the other seven and every entry point. Any other name discovers them all."""
+    the other recipes and every entry point. Any other name discovers them all."""
     if name not in _REGISTRY and not _loaded and name in recipe_module_names():
         _import_recipe_module(name)
     if name not in _REGISTRY:
