@@ -70,6 +70,38 @@ def test_equivalent_within_delta_by_tost():
     assert kit.decide(tiny, None, delta=0.01).kind == kit.INCONCLUSIVE_KIND
 
 
+def test_equivalence_is_never_granted_below_the_claims_own_level():
+    from curvalign.stats import t_test_p, tost_interval
+
+    # a non-inferiority claim (margin 2 points) with SD 1.8 points on 5 seeds: its 90% interval
+    # fits inside ±2, its 95% interval does not, and its own test (p 0.07) fails; calling it
+    # "equivalent", the stronger statement, would grant at 90% what the claim was refused at 95%
+    wide = mean_interval([-0.0228, -0.0114, 0.0, 0.0114, 0.0228])
+    low90, high90 = tost_interval(wide, alpha=0.05)
+    assert -0.02 < low90 and high90 < 0.02
+    assert wide.low < -0.02 and t_test_p(wide, -0.02) > 0.05
+    verdict = kit.decide(wide, MOVED, threshold=-0.02, delta=0.02)
+    assert verdict.kind == kit.INCONCLUSIVE_KIND
+    # SD 1.3 points: the 95% interval fits, so alone it is non-inferior (p 0.026)
+    tight = mean_interval([-0.0164, -0.0082, 0.0, 0.0082, 0.0164])
+    assert -0.02 < tight.low and tight.high < 0.02 and 0.02 < t_test_p(tight, -0.02) < 0.05
+    alone = kit.claim_record("kept", tight, MOVED, "c", threshold=-0.02, delta=0.02)
+    assert alone.verdict == kit.HOLDS
+    # in a Holm family of 3 its test fails (0.026 > 0.05/3), and its equivalence is read at
+    # the family's level too: the 1 - 0.05/3 interval is wider than ±2, so not "equivalent"
+    others = [kit.claim_record(k, mean_interval([0.1, -0.1, 0.05]), MOVED, "c") for k in "ab"]
+    family = kit.apply_holm([alone, *others])
+    assert family[0].holm_family == 3 and family[0].holm_significant is False
+    assert family[0].holm_verdict == kit.INCONCLUSIVE_KIND
+    low, high = tost_interval(tight, alpha=0.025 / 3)
+    assert low < -0.02 < high
+    # a family of one reads the 95% interval: equivalent, and the text names that level
+    solo = kit.decide(tight, MOVED, threshold=-0.02, delta=0.02, significant=False)
+    assert solo.kind == kit.EQUIVALENT and "95% interval" in solo.text
+    with pytest.raises(ValueError, match="family"):
+        kit.decide(tight, MOVED, delta=0.02, family=0)
+
+
 UNDER_PLAN = {"underpowered": True, "cap": 10, "reason": "MDE 5 at the cap of 10 seeds"}
 POWERED_PLAN = {"underpowered": False, "cap": 10, "reason": "4 seeds give MDE 1.9 <= 2"}
 

@@ -88,7 +88,15 @@ def test_plan_picks_the_fewest_seeds_and_says_underpowered_above_the_cap():
     # a margin claim plans against the distance to the margin, with a one-sided test
     margin = rules.plan_claim(pilot, kind="non-inferiority", paper_effect=-0.0055, margin=0.02)
     assert margin.target == pytest.approx(0.0145)
-    assert margin.mde == pytest.approx(rules.minimal_detectable(0.01, margin.n, sided=1))
+    # ... at the level it is decided at (its 95% interval's bound: one-sided 0.025), which needs
+    # at least the seeds a one-sided 0.05 plan would promise
+    assert margin.mde == pytest.approx(
+        rules.minimal_detectable(0.01, margin.n, sided=1, alpha=0.025)
+    )
+    assert rules.minimal_detectable(0.01, margin.n - 1, sided=1, alpha=0.025) > 0.0145 or (
+        margin.n == rules.MIN_SEEDS
+    )
+    assert margin.mde > rules.minimal_detectable(0.01, margin.n, sided=1, alpha=0.05)
     # a small effect at this SD needs more than the cap: underpowered by plan
     tiny = rules.plan_claim(pilot, kind="superiority", paper_effect=0.002, cap=6)
     assert tiny.underpowered and tiny.n == 6 and tiny.mde > 0.002

@@ -363,20 +363,26 @@ def holm(p_values: Sequence[float], alpha: float = 0.05) -> list[bool]:
     return rejected
 
 
-def tost_interval(interval: Interval) -> tuple[float, float]:
-    """The 90% interval (``mean ± t_{0.95, n-1} sd / sqrt(n)``) that two one-sided tests at
-    alpha 0.05 read: the mean is *equivalent to 0 within ±delta* when it lies inside
-    ``(-delta, delta)`` (Schuirmann's TOST). ``(nan, nan)`` with fewer than two values."""
+def tost_interval(interval: Interval, alpha: float = 0.025) -> tuple[float, float]:
+    """The ``1 - 2 alpha`` interval (``mean ± t_{1-alpha, n-1} sd / sqrt(n)``) that two one-sided
+    tests at level ``alpha`` each read: the mean is *equivalent to 0 within ±delta* when it lies
+    inside ``(-delta, delta)`` (Schuirmann's TOST). The default 0.025 reads the 95% interval,
+    the level of a claim decided by its own 95% interval (a margin claim is one-sided 0.025); a
+    family of ``m`` claims under Bonferroni or Holm passes ``0.025 / m``. ``sd`` is the per-seed
+    SD behind the 95% interval (``interval_sd``). ``(nan, nan)`` with fewer than two values."""
+    if not 0.0 < alpha < 0.5:
+        raise ValueError(f"each one-sided test's level must be in (0, 0.5), got {alpha}")
     sd = interval_sd(interval)
     if not math.isfinite(sd):
         return math.nan, math.nan
-    half = t_quantile(0.95, interval.n - 1) * sd / math.sqrt(interval.n)
+    half = t_quantile(1.0 - alpha, interval.n - 1) * sd / math.sqrt(interval.n)
     return interval.mean - half, interval.mean + half
 
 
-def equivalent_within(interval: Interval, delta: float) -> bool:
-    """TOST at alpha 0.05: the 90% interval lies strictly inside ``(-delta, delta)``."""
-    low, high = tost_interval(interval)
+def equivalent_within(interval: Interval, delta: float, alpha: float = 0.025) -> bool:
+    """TOST with each one-sided test at level ``alpha``: the ``1 - 2 alpha`` interval
+    (``tost_interval``) lies strictly inside ``(-delta, delta)``."""
+    low, high = tost_interval(interval, alpha)
     return math.isfinite(low) and -delta < low and high < delta
 
 

@@ -24,8 +24,9 @@ The verdict rule (``decide``; written out again in every study's output)
     2. the study's budget is below what it needs            -> "inconclusive: too short"
     3. the effect differs from the threshold (two-sided paired t; Holm over the study's claims
        in the Holm column) and the control separated        -> "holds" / "does not hold"
-    4. the 90% interval lies inside ±delta (TOST) and the
-       control separated                                    -> "equivalent within ±delta"
+    4. the interval at the claim's level lies inside ±delta
+       (TOST: the 95% interval alone, 1 - 0.05/m in a Holm
+       family of m) and the control separated              -> "equivalent within ±delta"
     5. the plan says the claim needs more seeds than the
        cap (``rules.plan_claim``, on a pilot of a disjoint
        seed base; never the run's own SD)                   -> "underpowered by plan"
@@ -128,8 +129,9 @@ RULE = (
     "not met; inconclusive (too short) if the budget is below the study's need; holds / does not "
     "hold when the effect differs from the threshold (paired t, Holm-corrected over the study's "
     "claims) and the calibrated control separated (its interval above 0 and its half-width below "
-    "the claim's size); equivalent within ±delta when the 90% interval lies inside ±delta (TOST) and the "
-    "control separated; underpowered by plan when a pilot on a disjoint seed base needs more "
+    "the claim's size); equivalent within ±delta when the interval at the claim's level lies inside "
+    "±delta (TOST at the same level as the claims' tests: the 95% interval, the 1 - 0.05/m interval "
+    "in a Holm family of m claims) and the control separated; underpowered by plan when a pilot on a disjoint seed base needs more "
     "seeds than the cap for an MDE (exact noncentral t, 80% power) at the paper's effect, or at "
     "the distance from it to the margin, or when the calibrated control did not separate and "
     "its own plan (at its pilot noise, for the claim's size) needs more seeds than the cap; does "
@@ -194,6 +196,7 @@ def decide(
     plan: PlanRecord | Mapping[str, Any] | None = None,
     scale: float = 100.0,
     control_plan: PlanRecord | None = None,
+    family: int = 1,
 ) -> Verdict:
     """The verdict of one claim (``RULE``). ``effect`` and ``control`` are oriented so that the
     claim says ``effect > threshold`` and the control's handicap shows as a positive difference
@@ -206,7 +209,12 @@ def decide(
     None: no plan, so never "underpowered" and never "the paper's effect is excluded");
     ``control_plan``: the seeds the calibrated control needs (``rules.plan_control``): a
     control that did not separate where that plan is over the cap makes the claim
-    underpowered by plan, not inconclusive. ``scale`` only formats the texts."""
+    underpowered by plan, not inconclusive. ``family``: the size of the Holm family the claim
+    is tested in (1: alone); an equivalence is a finding of that family too, so its TOST reads
+    the ``1 - ALPHA / family`` interval (Bonferroni, the level Holm gives its first test), the
+    same level and sidedness as the claims' own 95% tests: never the laxer 90% interval, which
+    could call "equivalent" a claim whose non-inferiority failed Holm's correction. ``scale``
+    only formats the texts."""
     if isinstance(plan, PlanRecord):
         plan = plan.to_json()
     if regime is not None:
@@ -223,8 +231,15 @@ def decide(
         if effect.mean > threshold:
             return Verdict(HOLDS, HOLDS)
         return Verdict(DOES_NOT_HOLD, DOES_NOT_HOLD)
-    if delta is not None and control_ok and equivalent_within(effect, delta):
-        return Verdict(EQUIVALENT, f"equivalent within ±{delta * scale:.3g} (TOST, 90% interval)")
+    if family < 1:
+        raise ValueError(f"a claim's Holm family has at least 1 member, got {family}")
+    side_alpha = ALPHA / (2 * family)
+    if delta is not None and control_ok and equivalent_within(effect, delta, side_alpha):
+        return Verdict(
+            EQUIVALENT,
+            f"equivalent within ±{delta * scale:.3g} (TOST, "
+            f"{100 * (1 - 2 * side_alpha):.4g}% interval)",
+        )
     if plan is not None and plan.get("underpowered"):
         return Verdict(
             UNDERPOWERED,
@@ -366,8 +381,10 @@ def decide_inputs(
     control: Interval | None,
     inputs: DecisionInputs,
     significant: bool | None = None,
+    family: int = 1,
 ) -> Verdict:
-    """``decide`` with a claim's recorded ``inputs`` (``significant``: Holm's decision)."""
+    """``decide`` with a claim's recorded ``inputs`` (``significant``: Holm's decision,
+    ``family``: the size of the Holm family it was made in)."""
     return decide(
         effect,
         control,
@@ -382,6 +399,7 @@ def decide_inputs(
         plan=inputs.plan,
         scale=inputs.scale,
         control_plan=inputs.control_plan,
+        family=family,
     )
 
 
@@ -407,6 +425,7 @@ def apply_holm(claims: Sequence[ClaimResult], alpha: float = ALPHA) -> list[Clai
             claim.inputs,
             # outside the family (a precondition or regime claim): its own interval decides
             significant=claim.holm_significant if in_family else None,
+            family=size if in_family else 1,
         )
         out.append(dataclasses.replace(claim, holm_verdict=verdict.kind, holm_outcome=verdict.text))
     return out

@@ -71,7 +71,8 @@ mechanism is absent or the precondition is not met; *holds* / *does not hold* wh
 rejects (Holm over the study's tested claims; precondition and regime claims are outside the
 family) and the **calibrated control** (its dose chosen on the pilot so that its effect is the
 claim's size) separated: its interval above 0, its half-width below that size; *equivalent*
-when the 90% interval lies inside the margin (TOST); *underpowered by plan* when a **pilot** on a
+when the interval at the claim's level lies inside the margin (TOST at the level of the claims'
+own tests: the 95% interval, or 1 - 0.05/m in a Holm family of m); *underpowered by plan* when a **pilot** on a
 disjoint seed base (`--power`: base + 1000) needs more seeds than the cap for an exact
 noncentral-t MDE (80% power) at the paper's effect, or at the distance from it to the margin for
 non-inferiority and equivalence, never from the run's own SD, or when its control did not

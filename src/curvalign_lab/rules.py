@@ -7,9 +7,11 @@ on ``n - 1`` degrees of freedom. At a true mean difference ``effect`` it follows
 t distribution with noncentrality ``delta = effect sqrt(n) / sd``, so the power is exact:
 
     two-sided test (superiority, "a differs from b"):   P(T > t_{1-a/2}) + P(T < -t_{1-a/2})
-    one-sided test (non-inferiority, TOST's halves):     P(T > t_{1-a})
+    one-sided test (non-inferiority, TOST's halves):     P(T > t_{1-a'})
 
-and the minimal detectable effect (MDE) at n seeds is the smallest ``effect`` whose power
+with ``a = 0.05`` and ``a' = a / 2``: every claim is decided by its 95% interval (a margin claim
+by that interval's bound beyond the margin, a one-sided test at 0.025), so every plan is made at
+that level too (``plan_alpha``). The minimal detectable effect (MDE) at n seeds is the smallest ``effect`` whose power
 reaches 80%. (The textbook ``(t_{1-a/2} + t_{0.8}) sd / sqrt(n)`` replaces the noncentral t by
 a shifted central one; at n = 3 it is about 5% too small.) The noncentral t CDF
 (``noncentral_t_cdf``) is integrated over the chi distribution of the SD estimate; the tests
@@ -56,7 +58,8 @@ from curvalign.stats import t_quantile
 
 #: the power every plan asks for
 POWER = 0.8
-#: the test level (two-sided for superiority, one-sided for a margin: the 90% interval of TOST)
+#: the test level: two-sided for superiority; a margin's one-sided test (and each half of TOST)
+#: runs at ALPHA / 2, so that both read the claim's 95% interval (``plan_alpha``)
 ALPHA = 0.05
 #: the kinds of claim a study states
 SUPERIORITY = "superiority"
@@ -183,6 +186,14 @@ def sided(kind: str) -> int:
     return 2 if kind == SUPERIORITY else 1
 
 
+def plan_alpha(side: int) -> float:
+    """The level a plan uses for a test with ``side`` sides: ``ALPHA`` two-sided, ``ALPHA / 2``
+    one-sided. Either way the critical value is the 95% interval's, the interval the claim is
+    decided by (``kit.decide``): planning a margin claim at a one-sided 0.05 would promise 80%
+    power for a test it does not run."""
+    return ALPHA if side == 2 else ALPHA / 2
+
+
 #: the fewest seeds a confirmatory run has, whatever its plans say: a control's 95% interval on
 #: 2 seeds (1 degree of freedom, t = 12.7) is three times as wide as on 3 (t = 4.3), wide
 #: enough that a control of the claim's size cannot separate even where its pilot (a few seeds)
@@ -271,19 +282,32 @@ def plan_for_sd(
     """``plan_claim`` from the pilot's per-seed SD ``sd`` (on ``pilot_n`` seeds) directly."""
     if cap < 2:
         raise ValueError(f"the seed cap must be >= 2, got {cap}")
-    target = planning_target(kind, paper_effect, margin)
+    return plan_for_target(
+        sd, pilot_n, kind=kind, target=planning_target(kind, paper_effect, margin), cap=cap
+    )
+
+
+def plan_for_target(sd: float, pilot_n: int, *, kind: str, target: float, cap: int = 10) -> Plan:
+    """``plan_for_sd`` from the claim's ``target`` (``planning_target``) directly: what a
+    recorded plan is re-made from (``kit.redecide``)."""
+    if cap < 2:
+        raise ValueError(f"the seed cap must be >= 2, got {cap}")
     side = sided(kind)
+
+    def mde_at(n: int) -> float:
+        return minimal_detectable(sd, n, sided=side, alpha=plan_alpha(side))
+
     if not math.isfinite(target) or not math.isfinite(sd):
-        return Plan(sd, pilot_n, target, cap, cap, minimal_detectable(sd, cap, sided=side), True)
+        return Plan(sd, pilot_n, target, cap, cap, mde_at(cap), True)
     if sd <= ZERO_SD:
         # identical per-seed effects on a few seeds say nothing about the spread the
         # confirmatory run will see (a discrete metric, a saturated one): run at the cap
         return Plan(sd, pilot_n, target, cap, cap, 0.0, False)
     for n in range(min(MIN_SEEDS, cap), cap + 1):
-        mde = minimal_detectable(sd, n, sided=side)
+        mde = mde_at(n)
         if mde <= target:
             return Plan(sd, pilot_n, target, n, cap, mde, False)
-    return Plan(sd, pilot_n, target, cap, cap, minimal_detectable(sd, cap, sided=side), True)
+    return Plan(sd, pilot_n, target, cap, cap, mde_at(cap), True)
 
 
 def _sd(values: Sequence[float]) -> float:
