@@ -957,6 +957,30 @@ def test_label_noise_control_moves_a_known_share_of_train_captions_only():
     assert torch.equal(kit.with_label_noise(store, 0.0).text_to_image, store.text_to_image)
 
 
+def test_a_label_noise_control_trains_every_seed_on_one_nested_draw():
+    from curvalign_lab.declare import label_noise
+
+    store = kit.with_val_split(_tiny_world())
+    shared = label_noise()((0.3, 0.6), 0.3).apply
+    fresh = label_noise(draw=None)((0.3, 0.6), 0.3).apply
+    assert shared is not None and fresh is not None
+    # one draw for every run seed (common random numbers) ...
+    a, b = shared(store, 0.3, 1000), shared(store, 0.3, 1001)
+    assert torch.equal(a.text_to_image, b.text_to_image)
+    assert not torch.equal(a.text_to_image, store.text_to_image)
+    # ... where a fresh draw per seed differs from seed to seed
+    assert not torch.equal(fresh(store, 0.3, 1000).text_to_image, fresh(store, 0.3, 1001).text_to_image)
+    # nested doses: the larger share moves at least every caption of the smaller one's choice
+    train = store.texts_of_split("train")
+    perm = torch.randperm(len(train), generator=torch.Generator().manual_seed(2_000_003))
+    small = set(train[perm[: round(0.3 * len(train))]].tolist())
+    large = set(train[perm[: round(0.6 * len(train))]].tolist())
+    moved_small = set(torch.nonzero(a.text_to_image != store.text_to_image).flatten().tolist())
+    moved_large = shared(store, 0.6, 7).text_to_image != store.text_to_image
+    assert moved_small <= small <= large
+    assert set(torch.nonzero(moved_large).flatten().tolist()) <= large
+
+
 # --- the claim-specific measures, on hand-made inputs --------------------------------------------
 
 

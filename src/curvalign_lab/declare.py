@@ -202,13 +202,29 @@ class Handicap:
         return self.what.format(dose=f"{dose:.3g}")
 
 
+#: the seed of the one label-noise draw every seed of a control trains on (``label_noise``)
+NOISE_DRAW = 0
+
+
 def label_noise(
-    what: str = "{dose} of the train captions moved to another image",
+    what: str = "{dose} of the train captions moved to another image (one draw for every seed)",
+    draw: int | None = NOISE_DRAW,
 ) -> Callable[[tuple[float, ...], float], Handicap]:
-    """A label-noise ``Handicap`` factory: ``label_noise()(doses, dose)``."""
+    """A label-noise ``Handicap`` factory: ``label_noise()(doses, dose)``.
+
+    ``draw``: the seed of the one corruption (``kit.with_label_noise``) that every seed's
+    control trains on, the pilot's scan included. With common random numbers the control
+    differs from its clean arm by the same handicap on every seed, so its seed-to-seed spread
+    is training's alone, like the claim's, and the pilot calibrates the very corruption the
+    confirmatory run trains on; the shares are nested (a larger dose moves the captions of the
+    smaller one and more). ``None``: a fresh draw per run seed, whose spread adds the draw's
+    own (``benchmarks/label_noise_draw.py`` measures both)."""
+
+    def apply(store: FeatureStore, dose: float, seed: int) -> FeatureStore:
+        return kit.with_label_noise(store, dose, seed if draw is None else draw)
 
     def make(doses: tuple[float, ...], dose: float) -> Handicap:
-        return Handicap(what, doses, dose, lambda s, d, seed: kit.with_label_noise(s, d, seed))
+        return Handicap(what, doses, dose, apply)
 
     return make
 

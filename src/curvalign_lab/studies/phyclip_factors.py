@@ -289,7 +289,7 @@ STUDY = Study(
     measure=measure,
     control=Control(
         f"k={BIG}",
-        label_noise("{dose} of the train captions moved to another image")((0.3, 0.6, 0.9), 0.6),
+        label_noise()((0.3, 0.6, 0.9), 0.6),
         "k",
     ),
     measured_controls=(
