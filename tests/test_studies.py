@@ -469,10 +469,15 @@ def test_seeds_for_effect_and_the_pilot_plan():
     ]
     plan = kit.plan_seeds(pilot, max_seeds=12)
     small_sd = kit.interval_sd(mean_interval([0.01, 0.03, 0.0]))
-    small = rules.plan_for_sd(small_sd, 3, kind="superiority", paper_effect=0.02, cap=12)
+    # five claims form the Holm family (the one without a paper effect counts, the precondition
+    # claim does not), so each plan is made at Holm's first level, 0.05 / 5
+    small = rules.plan_for_sd(small_sd, 3, kind="superiority", paper_effect=0.02, cap=12, family=5)
     assert plan["per_claim"]["small"].n == small.n and not small.underpowered
-    assert rules.minimal_detectable(small_sd, small.n) <= 0.02
-    assert rules.minimal_detectable(small_sd, small.n - 1) > 0.02
+    assert plan["per_claim"]["small"].family == 5 and "Holm's level for 5" in small.reason
+    assert rules.minimal_detectable(small_sd, small.n, alpha=0.01) <= 0.02
+    assert rules.minimal_detectable(small_sd, small.n - 1, alpha=0.01) > 0.02
+    alone = rules.plan_for_sd(small_sd, 3, kind="superiority", paper_effect=0.02, cap=12)
+    assert alone.n < small.n and alone.family == 1 and "Holm" not in alone.reason
     flat = plan["per_claim"]["flat"]
     assert flat.kind == "non-inferiority" and flat.target == pytest.approx(0.0145)
     assert plan["seeds"] == max(p.n for p in plan["per_claim"].values() if not p.underpowered)
@@ -969,7 +974,9 @@ def test_a_label_noise_control_trains_every_seed_on_one_nested_draw():
     assert torch.equal(a.text_to_image, b.text_to_image)
     assert not torch.equal(a.text_to_image, store.text_to_image)
     # ... where a fresh draw per seed differs from seed to seed
-    assert not torch.equal(fresh(store, 0.3, 1000).text_to_image, fresh(store, 0.3, 1001).text_to_image)
+    assert not torch.equal(
+        fresh(store, 0.3, 1000).text_to_image, fresh(store, 0.3, 1001).text_to_image
+    )
     # nested doses: the larger share moves at least every caption of the smaller one's choice
     train = store.texts_of_split("train")
     perm = torch.randperm(len(train), generator=torch.Generator().manual_seed(2_000_003))

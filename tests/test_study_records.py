@@ -93,7 +93,15 @@ def test_a_record_round_trips_with_every_optional_part():
         control=ControlRecord(
             "{dose} moved", 0.3, (0.1, 0.5), DoseChoice(0.02, {"0.1": 0.01, "0.5": 0.04}, 0.3, True)
         ),
-        power_plan=PowerPlan({"k": plan}, 4, 10, 3, ("x",), 12.5, pilot_seed_base=1000),
+        power_plan=PowerPlan(
+            {"k": plan, "h": dataclasses.replace(plan, family=3)},
+            4,
+            10,
+            3,
+            ("x",),
+            12.5,
+            pilot_seed_base=1000,
+        ),
         arms={"a": {"0": 0.5, "1": None}},
         starts={"a": {"0": {"checked": True, "warnings": []}}},
         starts_fired=(),

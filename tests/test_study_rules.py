@@ -97,6 +97,14 @@ def test_plan_picks_the_fewest_seeds_and_says_underpowered_above_the_cap():
         margin.n == rules.MIN_SEEDS
     )
     assert margin.mde > rules.minimal_detectable(0.01, margin.n, sided=1, alpha=0.05)
+    # in a Holm family of 4 the plan is made at Holm's first level (0.05 / 4): more seeds, and
+    # at its n the MDE at that level reaches the target
+    four = rules.plan_claim(pilot, kind="superiority", paper_effect=0.02, cap=10, family=4)
+    assert four.n > plan.n and four.family == 4
+    assert four.mde == pytest.approx(rules.minimal_detectable(0.01, four.n, alpha=0.0125))
+    assert four.mde <= 0.02 < rules.minimal_detectable(0.01, four.n - 1, alpha=0.0125)
+    with pytest.raises(ValueError, match="family"):
+        rules.plan_claim(pilot, kind="superiority", paper_effect=0.02, family=0)
     # a small effect at this SD needs more than the cap: underpowered by plan
     tiny = rules.plan_claim(pilot, kind="superiority", paper_effect=0.002, cap=6)
     assert tiny.underpowered and tiny.n == 6 and tiny.mde > 0.002

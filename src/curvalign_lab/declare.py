@@ -706,15 +706,25 @@ def claim_interval(measured: Measured, seeds: Sequence[int]) -> Interval:
 def plan_study(
     study: Study, pilot: Mapping[str, Measured], pilot_seeds: Sequence[int], cap: int
 ) -> dict[str, rules.Plan]:
-    """Each tested claim's plan from the pilot's per-seed effects (``rules.plan_claim``)."""
+    """Each tested claim's plan from the pilot's per-seed effects (``rules.plan_claim``), at
+    the level of the Holm family the tested claims form on the pilot (``apply_holm``'s)."""
+    tested = [
+        claim
+        for claim in study.claims
+        if (m := pilot.get(claim.key)) is not None
+        and rules.in_holm_family(claim.role, m.precondition, m.regime)
+    ]
     plans = {}
-    for claim in study.claims:
-        m = pilot.get(claim.key)
-        if m is None or not rules.in_holm_family(claim.role, m.precondition, m.regime):
-            continue
+    for claim in tested:
+        m = pilot[claim.key]
         values = [m.effect[s] for s in pilot_seeds if s in m.effect]
         plans[claim.key] = rules.plan_claim(
-            values, kind=claim.kind, paper_effect=claim.effect, margin=claim.margin, cap=cap
+            values,
+            kind=claim.kind,
+            paper_effect=claim.effect,
+            margin=claim.margin,
+            cap=cap,
+            family=len(tested),
         )
     return plans
 

@@ -132,7 +132,8 @@ RULE = (
     "the claim's size); equivalent within ±delta when the interval at the claim's level lies inside "
     "±delta (TOST at the same level as the claims' tests: the 95% interval, the 1 - 0.05/m interval "
     "in a Holm family of m claims) and the control separated; underpowered by plan when a pilot on a disjoint seed base needs more "
-    "seeds than the cap for an MDE (exact noncentral t, 80% power) at the paper's effect, or at "
+    "seeds than the cap for an MDE (exact noncentral t, 80% power, at the level of Holm's first "
+    "step for the study's tested claims) at the paper's effect, or at "
     "the distance from it to the margin, or when the calibrated control did not separate and "
     "its own plan (at its pilot noise, for the claim's size) needs more seeds than the cap; does "
     "not hold when a powered plan's interval excludes the paper's effect; inconclusive otherwise"
@@ -504,7 +505,9 @@ def plan_seeds(claims: Sequence[ClaimResult], max_seeds: int) -> dict[str, Any]:
     seed base disjoint from the confirmatory one): per testable claim with a paper effect,
     ``rules.plan_for_sd`` at the pilot's per-seed SD (exact noncentral-t MDE against the
     paper's effect, or against the distance to the margin for a non-inferiority or
-    equivalence claim), capped at ``max_seeds`` (``per_claim``: {claim: ``PlanRecord``}). The
+    equivalence claim), at the level of Holm's first step for the pilot's tested claims (every
+    claim in the family counts, with a paper effect or not), capped at ``max_seeds``
+    (``per_claim``: {claim: ``PlanRecord``}). The
     run's seeds are the most any powered claim needs; a claim that needs more than the cap is
     *underpowered by plan* (named in ``out_of_budget``; its verdict says so whatever the
     confirmatory run's own SD)."""
@@ -512,9 +515,8 @@ def plan_seeds(claims: Sequence[ClaimResult], max_seeds: int) -> dict[str, Any]:
 
     plans: dict[str, PlanRecord] = {}
     chosen = []
-    for c in claims:
-        if not in_holm_family(c.role, c.inputs.precondition, c.inputs.regime):
-            continue
+    family = [c for c in claims if in_holm_family(c.role, c.inputs.precondition, c.inputs.regime)]
+    for c in family:
         if c.paper_effect is None:
             continue
         kind, margin = claim_kind(c.inputs)
@@ -525,6 +527,7 @@ def plan_seeds(claims: Sequence[ClaimResult], max_seeds: int) -> dict[str, Any]:
             paper_effect=c.paper_effect,
             margin=margin,
             cap=max_seeds,
+            family=len(family),
         )
         plans[base_claim(c.claim)] = PlanRecord.from_plan(plan, kind=kind)
         chosen.append(plan)

@@ -203,11 +203,24 @@ def plan_text(result: StudyResult) -> str:
             f"{100 * p.target:.3g} | {p.n} | {100 * p.mde:.3g} | "
             f"{'yes' if p.underpowered else 'no'} |"
         )
+    families = {p.family for p in plan.per_claim.values() if isinstance(p, PlanRecord)}
     for claim, p in plan.controls.items():
         # the control's target is the claim's size: it separates when narrower than that
         lines.append(
             f"| control of {claim} | control | {100 * p.pilot_sd:.3g} | {100 * p.target:.3g} | "
             f"{p.n} | {100 * p.mde:.3g} | {'yes' if p.underpowered else 'no'} |"
+        )
+    if max(families, default=1) > 1:
+        m = max(families)
+        lines.append(
+            f"\nThe claims' plans are made at the level of Holm's first step for the study's {m} "
+            f"tested claims (alpha 0.05/{m}); the controls' at 0.05 (they are not in the family)."
+        )
+    elif len(families) == 1 and len(plan.per_claim) > 1:
+        lines.append(
+            "\nThese plans were made at the unadjusted level 0.05 (a record from before plans "
+            "took the level of Holm's first step): a claim planned here may need more seeds "
+            "to be decided after Holm's correction."
         )
     return "\n".join(lines) + "\n"
 

@@ -96,6 +96,9 @@ class PlanRecord:
     underpowered: bool
     reason: str
     kind: str | None = None
+    #: the size of the Holm family the plan was made for (1: alone, or a record made before
+    #: plans were made at the family's level)
+    family: int = 1
 
     @classmethod
     def from_plan(cls, plan: Any, kind: str | None = None) -> PlanRecord:
@@ -110,6 +113,7 @@ class PlanRecord:
             plan.underpowered,
             plan.reason,
             kind,
+            getattr(plan, "family", 1),
         )
 
     def to_json(self) -> JSON:
@@ -125,6 +129,8 @@ class PlanRecord:
         }
         if self.kind is not None:
             out["kind"] = self.kind
+        if self.family != 1:
+            out["family"] = self.family
         return out
 
     @classmethod
@@ -140,6 +146,7 @@ class PlanRecord:
             _need(d, "underpowered", what),
             _need(d, "reason", what),
             d.get("kind"),
+            int(d.get("family", 1)),
         )
 
 

@@ -25,6 +25,9 @@ claim's per-seed SD; the claim needs the fewest seeds whose MDE is at most its *
     / equivalence     points against a 2-point margin needs an MDE of 1.45, not 0.55)
 
 up to a stated ``cap``; a claim whose target needs more than the cap is *underpowered by plan*.
+A study tests its claims as one Holm family of ``m``, so each plan is made at the level of Holm's
+first step, ``alpha / m`` (``plan_for_target``'s ``family``): planned at the unadjusted level, a
+claim would come back "inconclusive after Holm" at the very seeds its plan promised.
 That label comes from the plan alone, never from the confirmatory run's own SD (with 2 degrees
 of freedom that SD lies between 0.32x and 1.52x the true one in 80% of repetitions).
 
@@ -208,7 +211,8 @@ class Plan:
     """One claim's seeds, planned on a pilot: ``pilot_sd`` (per-seed SD of the claim's effect on
     ``pilot_n`` seeds of a disjoint base), ``target`` (``planning_target``), ``n`` the fewest
     seeds whose MDE is at most the target, or ``cap`` when none is (``underpowered`` True),
-    ``mde`` the MDE at ``n``."""
+    ``mde`` the MDE at ``n``; ``family`` the size of the Holm family the claim is tested in (its
+    test runs at the family's level, so the plan does too: ``plan_for_target``)."""
 
     pilot_sd: float
     pilot_n: int
@@ -217,6 +221,12 @@ class Plan:
     cap: int
     mde: float
     underpowered: bool
+    family: int = 1
+
+    @property
+    def level(self) -> str:
+        """The level the plan was made at, for its texts (empty for a claim tested alone)."""
+        return f", at Holm's level for {self.family} claims" if self.family > 1 else ""
 
     @property
     def reason(self) -> str:
@@ -233,11 +243,11 @@ class Plan:
         if self.underpowered:
             return (
                 f"MDE {self.mde:.3g} at the cap of {self.cap} seeds exceeds the target "
-                f"{self.target:.3g} (pilot SD {self.pilot_sd:.3g})"
+                f"{self.target:.3g} (pilot SD {self.pilot_sd:.3g}{self.level})"
             )
         return (
             f"{self.n} seeds give MDE {self.mde:.3g} <= target {self.target:.3g} "
-            f"(pilot SD {self.pilot_sd:.3g}, {self.pilot_n} seeds)"
+            f"(pilot SD {self.pilot_sd:.3g}, {self.pilot_n} seeds{self.level})"
         )
 
     def as_dict(self) -> dict[str, float | int | bool | str]:
@@ -250,6 +260,7 @@ class Plan:
             "mde": self.mde,
             "underpowered": self.underpowered,
             "reason": self.reason,
+            "family": self.family,
         }
 
 
@@ -260,13 +271,20 @@ def plan_claim(
     paper_effect: float | None,
     margin: float | None = None,
     cap: int = 10,
+    family: int = 1,
 ) -> Plan:
     """The plan of one claim from its pilot's per-seed effects (``pilot_values``, a seed base
     disjoint from the confirmatory one): n = the fewest seeds (at least ``MIN_SEEDS``) whose exact MDE at the
     pilot's SD reaches the claim's ``planning_target``, at most ``cap``."""
     values = [float(v) for v in pilot_values if math.isfinite(float(v))]
     return plan_for_sd(
-        _sd(values), len(values), kind=kind, paper_effect=paper_effect, margin=margin, cap=cap
+        _sd(values),
+        len(values),
+        kind=kind,
+        paper_effect=paper_effect,
+        margin=margin,
+        cap=cap,
+        family=family,
     )
 
 
@@ -278,36 +296,53 @@ def plan_for_sd(
     paper_effect: float | None,
     margin: float | None = None,
     cap: int = 10,
+    family: int = 1,
 ) -> Plan:
     """``plan_claim`` from the pilot's per-seed SD ``sd`` (on ``pilot_n`` seeds) directly."""
     if cap < 2:
         raise ValueError(f"the seed cap must be >= 2, got {cap}")
     return plan_for_target(
-        sd, pilot_n, kind=kind, target=planning_target(kind, paper_effect, margin), cap=cap
+        sd,
+        pilot_n,
+        kind=kind,
+        target=planning_target(kind, paper_effect, margin),
+        cap=cap,
+        family=family,
     )
 
 
-def plan_for_target(sd: float, pilot_n: int, *, kind: str, target: float, cap: int = 10) -> Plan:
-    """``plan_for_sd`` from the claim's ``target`` (``planning_target``) directly: what a
-    recorded plan is re-made from (``kit.redecide``)."""
+def plan_for_target(
+    sd: float, pilot_n: int, *, kind: str, target: float, cap: int = 10, family: int = 1
+) -> Plan:
+    """``plan_for_sd`` from the claim's ``target`` (``planning_target``) directly.
+
+    ``family``: the size of the Holm family the claim is tested in. Holm's first step tests at
+    ``ALPHA / family``, so the plan asks for 80% power at that level (Bonferroni's, the
+    conservative end of Holm's): a plan at the unadjusted level promises power the corrected
+    test does not have, and its claims come back "inconclusive after Holm"."""
     if cap < 2:
         raise ValueError(f"the seed cap must be >= 2, got {cap}")
+    if family < 1:
+        raise ValueError(f"a claim's Holm family has at least 1 member, got {family}")
     side = sided(kind)
 
     def mde_at(n: int) -> float:
-        return minimal_detectable(sd, n, sided=side, alpha=plan_alpha(side))
+        return minimal_detectable(sd, n, sided=side, alpha=plan_alpha(side) / family)
+
+    def plan(n: int, mde: float, underpowered: bool) -> Plan:
+        return Plan(sd, pilot_n, target, n, cap, mde, underpowered, family)
 
     if not math.isfinite(target) or not math.isfinite(sd):
-        return Plan(sd, pilot_n, target, cap, cap, mde_at(cap), True)
+        return plan(cap, mde_at(cap), True)
     if sd <= ZERO_SD:
         # identical per-seed effects on a few seeds say nothing about the spread the
         # confirmatory run will see (a discrete metric, a saturated one): run at the cap
-        return Plan(sd, pilot_n, target, cap, cap, 0.0, False)
+        return plan(cap, 0.0, False)
     for n in range(min(MIN_SEEDS, cap), cap + 1):
         mde = mde_at(n)
         if mde <= target:
-            return Plan(sd, pilot_n, target, n, cap, mde, False)
-    return Plan(sd, pilot_n, target, cap, cap, mde_at(cap), True)
+            return plan(n, mde, False)
+    return plan(cap, mde_at(cap), True)
 
 
 def _sd(values: Sequence[float]) -> float:
