@@ -728,17 +728,26 @@ def with_val_split(store: FeatureStore, fraction: float = 0.1, seed: int = 0) ->
 
 def with_label_noise(store: FeatureStore, rate: float, seed: int = 0) -> FeatureStore:
     """A copy of ``store`` in which a seeded share ``rate`` of the "train" captions describe
-    another train image (their ``text_to_image`` entries permuted among themselves): a
-    calibrated handicap of known size for a positive control. Validation and test captions are
-    untouched, so the handicapped arm is evaluated on the same pairs as every other arm."""
+    another train image: a calibrated handicap of known size for a positive control. Validation
+    and test captions are untouched, so the handicapped arm is evaluated on the same pairs as
+    every other arm.
+
+    The draw is nested in ``rate``: ``seed`` fixes an order of the train captions and, for each,
+    the train caption whose image it takes when moved; a rate moves the first ``rate`` share of
+    that order. A larger rate therefore moves the smaller one's captions to the same images and
+    more, so the handicap's cost grows with the rate on one draw, and a dose between two scanned
+    ones is a corruption between theirs (a draw per rate would make each dose its own random
+    corruption, whose cost varies by several points from one draw to the next)."""
     if not 0.0 <= rate <= 1.0:
         raise ValueError(f"label-noise rate must be in [0, 1], got {rate}")
     t2i = store.text_to_image.long()
     train = store.texts_of_split("train")
     gen = torch.Generator().manual_seed(2_000_003 + seed)
-    chosen = train[torch.randperm(len(train), generator=gen)[: int(round(rate * len(train)))]]
+    order = torch.randperm(len(train), generator=gen)
+    partner = torch.randperm(len(train), generator=gen)  # caption i takes train[partner[i]]'s image
+    moved = order[: int(round(rate * len(train)))]
     noisy = t2i.clone()
-    noisy[chosen] = t2i[chosen[torch.randperm(len(chosen), generator=gen)]]
+    noisy[train[moved]] = t2i[train[partner[moved]]]
     return dataclasses.replace(store, text_to_image=noisy.to(store.text_to_image.dtype))
 
 
