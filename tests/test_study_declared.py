@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import re
 
 import pytest
@@ -91,12 +92,21 @@ def test_a_toy_study_declared_in_one_file_runs_plans_and_writes_its_page(tmp_pat
     assert control_plan.cap == 3 and control_plan.pilot_n in (2, 4)
     needs = [p.n for p in (wider, control_plan) if not p.underpowered]
     assert plan.seeds == min(3, max([rules.MIN_SEEDS, *needs]))
-    # the control's dose came from the pilot's scan of both doses
+    # the control's dose came from the pilot's scan of both doses, and of the dose first read
+    # off them where that is a new one (one refinement, declare.DOSE_REFINEMENTS)
     control = result.control
     assert control is not None and control.choice is not None
-    assert set(control.choice.scan) == {"0.3", "0.9"}
+    scanned = set(control.choice.scan)
+    assert scanned >= {"0.3", "0.9"} and len(scanned) <= 2 + declare.DOSE_REFINEMENTS
+    assert control.doses_scanned == tuple(float(d) for d in control.choice.scan)
+    if len(scanned) == 2:  # nothing new to measure: no dose read, or a scanned one
+        first = control.choice.dose
+        assert first is None or any(math.isclose(float(f"{first:.3g}"), d) for d in (0.3, 0.9))
+    else:
+        (extra,) = scanned - {"0.3", "0.9"}
+        assert 0.0 < float(extra) < 0.9
     # the scan keeps its per-seed effects: the control's plan pools them near the chosen dose
-    assert set(control.choice.per_seed) == {"0.3", "0.9"}
+    assert set(control.choice.per_seed) == scanned
     for dose, by_seed in control.choice.per_seed.items():
         assert set(by_seed) == {"1007", "1008"}
         assert control.choice.scan[dose] == pytest.approx(sum(by_seed.values()) / 2)
