@@ -84,6 +84,8 @@ def test_a_toy_study_declared_in_one_file_runs_plans_and_writes_its_page(tmp_pat
     wider = plan.per_claim["wider"]
     assert isinstance(wider, PlanRecord)
     assert wider.cap == 3 and wider.pilot_n == 2 and wider.kind == rules.SUPERIORITY
+    # the claim counts its test items, so its plan counts their SE (more seeds do not shrink it)
+    assert wider.item_se > 0
     assert result.seeds == tuple(range(7, 7 + plan.seeds))
     # the control's seeds are planned on its own pilot noise; the run takes the most any
     # powered plan needs, at least MIN_SEEDS

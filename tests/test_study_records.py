@@ -94,7 +94,7 @@ def test_a_record_round_trips_with_every_optional_part():
             "{dose} moved", 0.3, (0.1, 0.5), DoseChoice(0.02, {"0.1": 0.01, "0.5": 0.04}, 0.3, True)
         ),
         power_plan=PowerPlan(
-            {"k": plan, "h": dataclasses.replace(plan, family=3)},
+            {"k": plan, "h": dataclasses.replace(plan, family=3, item_se=0.004)},
             4,
             10,
             3,

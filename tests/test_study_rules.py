@@ -105,6 +105,7 @@ def test_plan_picks_the_fewest_seeds_and_says_underpowered_above_the_cap():
     assert four.mde <= 0.02 < rules.minimal_detectable(0.01, four.n - 1, alpha=0.0125)
     with pytest.raises(ValueError, match="family"):
         rules.plan_claim(pilot, kind="superiority", paper_effect=0.02, family=0)
+
     # a small effect at this SD needs more than the cap: underpowered by plan
     tiny = rules.plan_claim(pilot, kind="superiority", paper_effect=0.002, cap=6)
     assert tiny.underpowered and tiny.n == 6 and tiny.mde > 0.002
@@ -122,6 +123,24 @@ def test_plan_picks_the_fewest_seeds_and_says_underpowered_above_the_cap():
     assert flat.n == 6 and not flat.underpowered and "SD 0" in flat.reason
     with pytest.raises(ValueError, match="cap"):
         rules.plan_claim(pilot, kind="superiority", paper_effect=0.02, cap=1)
+
+
+def test_a_plan_counts_the_test_items_that_more_seeds_do_not_shrink():
+    pilot = [0.01, 0.03, 0.02]  # SD 0.01
+    seeds_only = rules.plan_claim(pilot, kind="superiority", paper_effect=0.02, cap=10)
+    # an items' SE of 0.004 adds 0.004^2 to the mean's variance whatever n: more seeds
+    items = rules.plan_claim(pilot, kind="superiority", paper_effect=0.02, cap=10, item_se=0.004)
+    assert items.n > seeds_only.n and not items.underpowered and items.item_se == 0.004
+    spread = math.sqrt(0.01**2 + items.n * 0.004**2)
+    assert items.mde == pytest.approx(rules.minimal_detectable(spread, items.n))
+    assert "test items' SE 0.004" in items.reason
+    # an items' floor above the target: no cap reaches it, and the reason says so
+    floor = rules.plan_claim(pilot, kind="superiority", paper_effect=0.02, cap=50, item_se=0.009)
+    assert floor.underpowered and floor.item_floor > 0.02 and floor.mde > floor.item_floor
+    assert "no number of seeds reaches it" in floor.reason
+    # 2.8 SEs at 80% power and a two-sided 0.05 (normal limit)
+    assert floor.item_floor == pytest.approx((1.959964 + 0.841621) * 0.009, rel=1e-5)
+    assert seeds_only.item_floor == 0.0 and "items" not in seeds_only.reason
 
 
 def test_holds_on_one_base_and_underpowered_on_the_other_is_unstable():

@@ -723,7 +723,9 @@ def plan_study(
     study: Study, pilot: Mapping[str, Measured], pilot_seeds: Sequence[int], cap: int
 ) -> dict[str, rules.Plan]:
     """Each tested claim's plan from the pilot's per-seed effects (``rules.plan_claim``), at
-    the level of the Holm family the tested claims form on the pilot (``apply_holm``'s)."""
+    the level of the Holm family the tested claims form on the pilot (``apply_holm``'s), with
+    the test items' standard error of the pilot's interval where the claim counts its test
+    items (``claim_interval``): more seeds do not shrink that share."""
     tested = [
         claim
         for claim in study.claims
@@ -734,6 +736,7 @@ def plan_study(
     for claim in tested:
         m = pilot[claim.key]
         values = [m.effect[s] for s in pilot_seeds if s in m.effect]
+        item_se = getattr(claim_interval(m, pilot_seeds), "item_se", 0.0)
         plans[claim.key] = rules.plan_claim(
             values,
             kind=claim.kind,
@@ -741,6 +744,7 @@ def plan_study(
             margin=claim.margin,
             cap=cap,
             family=len(tested),
+            item_se=item_se,
         )
     return plans
 

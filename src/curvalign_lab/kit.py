@@ -75,6 +75,7 @@ from curvalign.recipes.base import Recipe
 from curvalign.recipes.health import Step0Health
 from curvalign.stats import (
     Interval,
+    TwoLevelInterval,
     equivalent_within,
     holm,
     interval_sd,
@@ -133,7 +134,8 @@ RULE = (
     "±delta (TOST at the same level as the claims' tests: the 95% interval, the 1 - 0.05/m interval "
     "in a Holm family of m claims) and the control separated; underpowered by plan when a pilot on a disjoint seed base needs more "
     "seeds than the cap for an MDE (exact noncentral t, 80% power, at the level of Holm's first "
-    "step for the study's tested claims) at the paper's effect, or at "
+    "step for the study's tested claims, counting the test items' share that seeds do not "
+    "shrink) at the paper's effect, or at "
     "the distance from it to the margin, or when the calibrated control did not separate and "
     "its own plan (at its pilot noise, for the claim's size) needs more seeds than the cap; does "
     "not hold when a powered plan's interval excludes the paper's effect; inconclusive otherwise"
@@ -520,14 +522,21 @@ def plan_seeds(claims: Sequence[ClaimResult], max_seeds: int) -> dict[str, Any]:
         if c.paper_effect is None:
             continue
         kind, margin = claim_kind(c.inputs)
+        # a two-level interval: its seeds' share (SD over seeds) apart from its test items'
+        effect = c.effect
+        if isinstance(effect, TwoLevelInterval) and math.isfinite(effect.seed_se):
+            sd, item_se = effect.seed_se * math.sqrt(effect.n), effect.item_se
+        else:
+            sd, item_se = interval_sd(effect), 0.0
         plan = plan_for_sd(
-            interval_sd(c.effect),
+            sd,
             c.effect.n,
             kind=kind,
             paper_effect=c.paper_effect,
             margin=margin,
             cap=max_seeds,
             family=len(family),
+            item_se=item_se,
         )
         plans[base_claim(c.claim)] = PlanRecord.from_plan(plan, kind=kind)
         chosen.append(plan)

@@ -191,15 +191,27 @@ def plan_text(result: StudyResult) -> str:
         + (f" (seed base {plan.pilot_seed_base})" if plan.pilot_seed_base is not None else "")
         + f"; seeds used: {plan.seeds}, cap {plan.max_seeds}.",
         "",
-        "| claim | kind | pilot SD | target | planned n | MDE at n | underpowered by plan |",
-        "|---|---|---:|---:|---:|---:|---|",
     ]
+    # the test items' SE, where a plan counted it (a record from before plans did has none)
+    items = any(isinstance(p, PlanRecord) and p.item_se > 0 for p in plan.per_claim.values())
+    if items:
+        lines += [
+            "| claim | kind | pilot SD | test items' SE | target | planned n | MDE at n "
+            "| underpowered by plan |",
+            "|---|---|---:|---:|---:|---:|---:|---|",
+        ]
+    else:
+        lines += [
+            "| claim | kind | pilot SD | target | planned n | MDE at n | underpowered by plan |",
+            "|---|---|---:|---:|---:|---:|---|",
+        ]
     for claim, p in plan.per_claim.items():
         if not isinstance(p, PlanRecord):  # an older study.json: seeds only
             lines.append(f"| {claim} | | | | {p} | | |")
             continue
+        item_cell = f" {100 * p.item_se:.3g} |" if items else ""
         lines.append(
-            f"| {claim} | {p.kind or ''} | {100 * p.pilot_sd:.3g} | "
+            f"| {claim} | {p.kind or ''} | {100 * p.pilot_sd:.3g} |{item_cell} "
             f"{100 * p.target:.3g} | {p.n} | {100 * p.mde:.3g} | "
             f"{'yes' if p.underpowered else 'no'} |"
         )
@@ -207,8 +219,10 @@ def plan_text(result: StudyResult) -> str:
     for claim, p in plan.controls.items():
         # the control's target is the claim's size: it separates when narrower than that
         lines.append(
-            f"| control of {claim} | control | {100 * p.pilot_sd:.3g} | {100 * p.target:.3g} | "
-            f"{p.n} | {100 * p.mde:.3g} | {'yes' if p.underpowered else 'no'} |"
+            f"| control of {claim} | control | {100 * p.pilot_sd:.3g} |"
+            + (" |" if items else "")
+            + f" {100 * p.target:.3g} | {p.n} | {100 * p.mde:.3g} | "
+            f"{'yes' if p.underpowered else 'no'} |"
         )
     if max(families, default=1) > 1:
         m = max(families)

@@ -99,6 +99,8 @@ class PlanRecord:
     #: the size of the Holm family the plan was made for (1: alone, or a record made before
     #: plans were made at the family's level)
     family: int = 1
+    #: the test items' standard error the plan counted (0: seeds only, or an older record)
+    item_se: float = 0.0
 
     @classmethod
     def from_plan(cls, plan: Any, kind: str | None = None) -> PlanRecord:
@@ -114,6 +116,7 @@ class PlanRecord:
             plan.reason,
             kind,
             getattr(plan, "family", 1),
+            getattr(plan, "item_se", 0.0),
         )
 
     def to_json(self) -> JSON:
@@ -131,6 +134,8 @@ class PlanRecord:
             out["kind"] = self.kind
         if self.family != 1:
             out["family"] = self.family
+        if self.item_se:
+            out["item_se"] = self.item_se
         return out
 
     @classmethod
@@ -147,6 +152,7 @@ class PlanRecord:
             _need(d, "reason", what),
             d.get("kind"),
             int(d.get("family", 1)),
+            float(d.get("item_se", 0.0)),
         )
 
 

@@ -75,7 +75,8 @@ when the interval at the claim's level lies inside the margin (TOST at the level
 own tests: the 95% interval, or 1 - 0.05/m in a Holm family of m); *underpowered by plan* when a **pilot** on a
 disjoint seed base (`--power`: base + 1000) needs more seeds than the cap for an exact
 noncentral-t MDE (80% power, at the level of Holm's first step, 0.05/m for the study's m tested
-claims) at the paper's effect, or at the distance from it to the margin for
+claims; where the interval counts test items, their standard error too, which no number of
+seeds shrinks) at the paper's effect, or at the distance from it to the margin for
 non-inferiority and equivalence, never from the run's own SD, or when its control did not
 separate and the control's own plan (its pilot SD near the chosen dose, for an effect of the
 claim's size) needs more seeds than the cap; the run takes the most seeds any claim or control

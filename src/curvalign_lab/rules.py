@@ -27,7 +27,10 @@ claim's per-seed SD; the claim needs the fewest seeds whose MDE is at most its *
 up to a stated ``cap``; a claim whose target needs more than the cap is *underpowered by plan*.
 A study tests its claims as one Holm family of ``m``, so each plan is made at the level of Holm's
 first step, ``alpha / m`` (``plan_for_target``'s ``family``): planned at the unadjusted level, a
-claim would come back "inconclusive after Holm" at the very seeds its plan promised.
+claim would come back "inconclusive after Holm" at the very seeds its plan promised. Where the
+claim's interval counts its fixed test items too (a two-level interval), the plan counts their
+standard error as well: seeds do not shrink it, so it sets a floor under the MDE, and a target
+below that floor is underpowered at any cap (the fix is a larger test set, not more seeds).
 That label comes from the plan alone, never from the confirmatory run's own SD (with 2 degrees
 of freedom that SD lies between 0.32x and 1.52x the true one in 80% of repetitions).
 
@@ -212,7 +215,9 @@ class Plan:
     ``pilot_n`` seeds of a disjoint base), ``target`` (``planning_target``), ``n`` the fewest
     seeds whose MDE is at most the target, or ``cap`` when none is (``underpowered`` True),
     ``mde`` the MDE at ``n``; ``family`` the size of the Holm family the claim is tested in (its
-    test runs at the family's level, so the plan does too: ``plan_for_target``)."""
+    test runs at the family's level, so the plan does too: ``plan_for_target``); ``item_se`` the
+    standard error the pilot's fixed test items add to the claim's interval (0: an interval over
+    seeds only), which more seeds do not shrink."""
 
     pilot_sd: float
     pilot_n: int
@@ -222,11 +227,28 @@ class Plan:
     mde: float
     underpowered: bool
     family: int = 1
+    item_se: float = 0.0
 
     @property
     def level(self) -> str:
-        """The level the plan was made at, for its texts (empty for a claim tested alone)."""
-        return f", at Holm's level for {self.family} claims" if self.family > 1 else ""
+        """The level the plan was made at and the test items' share, for its texts (empty for
+        a claim tested alone over seeds only)."""
+        items = f", test items' SE {self.item_se:.3g}" if self.item_se > 0 else ""
+        holm = f", at Holm's level for {self.family} claims" if self.family > 1 else ""
+        return items + holm
+
+    @property
+    def item_floor(self) -> float:
+        """The MDE that no number of seeds goes below: the test items' SE alone, at the plan's
+        level and power (normal quantiles, the limit of the t test's many degrees of freedom);
+        0 for an interval over seeds only."""
+        if self.item_se <= 0:
+            return 0.0
+        z = torch.distributions.Normal(0.0, 1.0)
+        alpha = ALPHA / self.family  # two-sided superiority and a one-sided margin alike
+        return float(z.icdf(torch.tensor(1 - alpha / 2)) + z.icdf(torch.tensor(POWER))) * (
+            self.item_se
+        )
 
     @property
     def reason(self) -> str:
@@ -241,9 +263,15 @@ class Plan:
                 f"from, so the cap of {self.cap} seeds"
             )
         if self.underpowered:
+            floor = self.item_floor
             return (
                 f"MDE {self.mde:.3g} at the cap of {self.cap} seeds exceeds the target "
                 f"{self.target:.3g} (pilot SD {self.pilot_sd:.3g}{self.level})"
+                + (
+                    f"; no number of seeds reaches it: the test items alone give {floor:.3g}"
+                    if floor > self.target
+                    else ""
+                )
             )
         return (
             f"{self.n} seeds give MDE {self.mde:.3g} <= target {self.target:.3g} "
@@ -261,6 +289,7 @@ class Plan:
             "underpowered": self.underpowered,
             "reason": self.reason,
             "family": self.family,
+            "item_se": self.item_se,
         }
 
 
@@ -272,6 +301,7 @@ def plan_claim(
     margin: float | None = None,
     cap: int = 10,
     family: int = 1,
+    item_se: float = 0.0,
 ) -> Plan:
     """The plan of one claim from its pilot's per-seed effects (``pilot_values``, a seed base
     disjoint from the confirmatory one): n = the fewest seeds (at least ``MIN_SEEDS``) whose exact MDE at the
@@ -285,6 +315,7 @@ def plan_claim(
         margin=margin,
         cap=cap,
         family=family,
+        item_se=item_se,
     )
 
 
@@ -297,6 +328,7 @@ def plan_for_sd(
     margin: float | None = None,
     cap: int = 10,
     family: int = 1,
+    item_se: float = 0.0,
 ) -> Plan:
     """``plan_claim`` from the pilot's per-seed SD ``sd`` (on ``pilot_n`` seeds) directly."""
     if cap < 2:
@@ -308,29 +340,46 @@ def plan_for_sd(
         target=planning_target(kind, paper_effect, margin),
         cap=cap,
         family=family,
+        item_se=item_se,
     )
 
 
 def plan_for_target(
-    sd: float, pilot_n: int, *, kind: str, target: float, cap: int = 10, family: int = 1
+    sd: float,
+    pilot_n: int,
+    *,
+    kind: str,
+    target: float,
+    cap: int = 10,
+    family: int = 1,
+    item_se: float = 0.0,
 ) -> Plan:
     """``plan_for_sd`` from the claim's ``target`` (``planning_target``) directly.
 
     ``family``: the size of the Holm family the claim is tested in. Holm's first step tests at
     ``ALPHA / family``, so the plan asks for 80% power at that level (Bonferroni's, the
     conservative end of Holm's): a plan at the unadjusted level promises power the corrected
-    test does not have, and its claims come back "inconclusive after Holm"."""
+    test does not have, and its claims come back "inconclusive after Holm".
+
+    ``item_se``: the standard error the claim's fixed test items add to its interval (the
+    two-level interval's ``item_se`` on the pilot). Seeds shrink only the seeds' share, so at
+    ``n`` seeds the mean's variance is ``sd^2 / n + item_se^2``: the MDE at ``n`` is the exact
+    one at the per-seed SD ``sqrt(sd^2 + n item_se^2)``, which falls towards the items' floor
+    (``Plan.item_floor``) and never below it; a target under that floor is underpowered at any
+    cap. Planned on seeds alone, such a claim was promised power its interval cannot have."""
     if cap < 2:
         raise ValueError(f"the seed cap must be >= 2, got {cap}")
     if family < 1:
         raise ValueError(f"a claim's Holm family has at least 1 member, got {family}")
+    item_se = item_se if math.isfinite(item_se) and item_se > 0 else 0.0
     side = sided(kind)
 
     def mde_at(n: int) -> float:
-        return minimal_detectable(sd, n, sided=side, alpha=plan_alpha(side) / family)
+        spread = math.sqrt(sd * sd + n * item_se * item_se)
+        return minimal_detectable(spread, n, sided=side, alpha=plan_alpha(side) / family)
 
     def plan(n: int, mde: float, underpowered: bool) -> Plan:
-        return Plan(sd, pilot_n, target, n, cap, mde, underpowered, family)
+        return Plan(sd, pilot_n, target, n, cap, mde, underpowered, family, item_se)
 
     if not math.isfinite(target) or not math.isfinite(sd):
         return plan(cap, mde_at(cap), True)
