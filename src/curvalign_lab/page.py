@@ -236,6 +236,12 @@ def plan_text(result: StudyResult) -> str:
             "took the level of Holm's first step): a claim planned here may need more seeds "
             "to be decided after Holm's correction."
         )
+    if not items and any(c.two_level and c.plan is not None for c in result.claims):
+        lines.append(
+            "\nThese plans count the seeds only (a record from before plans counted the test "
+            "items' standard error, which more seeds do not shrink): a claim whose interval "
+            "counts its test items may need more seeds than planned, or a larger test set."
+        )
     return "\n".join(lines) + "\n"
 
 
