@@ -215,7 +215,10 @@ def test_the_pilot_plans_scans_and_the_page_shows_the_starts(tmp_path, one_threa
     assert set(plan.per_claim) == {"stable"}  # regime claims are not planned
     assert result.seeds == (3, 4)
     choice = result.control.choice
-    assert set(choice.scan) == {"0.3", "0.9"}
+    # the declared doses, and the dose first read off them where it is a new one (refinement)
+    extra = set(choice.scan) - {"0.3", "0.9"}
+    assert set(choice.scan) >= {"0.3", "0.9"} and len(extra) <= declare.DOSE_REFINEMENTS
+    assert all(0.0 < float(d) < 0.9 for d in extra)
     assert choice.target == pytest.approx(atmg.STABLE_MARGIN)
     assert result.control.dose == (
         pytest.approx(choice.dose, abs=1e-3) if choice.calibrated else 0.3
