@@ -1035,6 +1035,13 @@ def test_stability_check_shows_every_flip_as_a_flip(tmp_path):
     text = results.stability_markdown(rows, ok)
     assert "NOT stable" in text and "| s | x | 0-2 |" in text
     assert "2 flip between bases" in text
+    # a long verdict is cut at a clause, its whole text in a footnote under the table
+    long_rows = [dict(rows[1], a=under + "; " + "why " * 80)]
+    long_text = results.stability_markdown(long_rows, False)
+    cells = [
+        c for line in long_text.splitlines() if line.startswith("| s |") for c in line.split("|")
+    ]
+    assert max(len(c.strip()) for c in cells) <= 200 and "[^s1]: " + under in long_text
     # the short table: a few words per base and across both, seeds in brackets
     table = results.across_table(rows)
     flip = "| s | y | underpowered by plan (0-2) | holds (100-102) | unstable across seed bases |"

@@ -312,6 +312,12 @@ def stability(a: Path, b: Path) -> tuple[list[dict[str, Any]], bool]:
 
 
 def stability_markdown(rows: list[dict[str, Any]], ok: bool, other: str = "") -> str:
+    """The stability table: each claim's verdict on both seed bases and across them, every
+    cell at most ``page.CELL_LIMIT`` characters (a longer verdict is cut at a clause, its whole
+    text in a footnote under the table)."""
+    from curvalign_lab.page import Footnotes
+
+    notes = Footnotes("s")
     lines = [
         "## Stability across seed bases",
         "",
@@ -333,8 +339,9 @@ def stability_markdown(rows: list[dict[str, Any]], ok: bool, other: str = "") ->
         sa, sb = r["seeds"]
         flag = "yes" if r["agree"] else "**no**"
         lines.append(
-            f"| {r['study']} | {r['claim']} | {sa[0]}-{sa[-1]} | {r['a']} | {sb[0]}-{sb[-1]} | "
-            f"{r['b']} | {flag} | {r.get('across', '')} |"
+            f"| {r['study']} | {r['claim']} | {sa[0]}-{sa[-1]} | {notes.cell(r['a'])} | "
+            f"{sb[0]}-{sb[-1]} | {notes.cell(r['b'])} | {flag} | "
+            f"{notes.cell(r.get('across', ''))} |"
         )
     unstable = sum(r.get("across_kind") == UNSTABLE for r in rows)
     lines.append("")
@@ -343,6 +350,8 @@ def stability_markdown(rows: list[dict[str, Any]], ok: bool, other: str = "") ->
         f"flip between bases (marked '{UNSTABLE}' by `kit.across_seed_bases`, whatever the "
         "two labels)."
     )
+    if notes.notes:
+        lines += ["", notes.markdown().rstrip("\n")]
     return "\n".join(lines) + "\n"
 
 
