@@ -112,9 +112,10 @@ def test_plan_picks_the_fewest_seeds_and_says_underpowered_above_the_cap():
     assert "at the cap of 6 seeds" in tiny.reason
     # a pilot of one seed has no SD: nothing can be planned
     assert rules.plan_claim([0.01], kind="superiority", paper_effect=0.02).underpowered
-    # the study's seeds are what the powered claims need
-    assert rules.study_seeds([plan, tiny, margin]) == max(plan.n, margin.n)
-    assert rules.study_seeds([tiny]) == rules.MIN_SEEDS == 3
+    # the study's seeds are the most any plan asks: the cap where a plan is underpowered
+    assert rules.study_seeds([plan, margin]) == max(plan.n, margin.n)
+    assert rules.study_seeds([plan, tiny, margin]) == tiny.n == 6
+    assert rules.study_seeds([]) == rules.MIN_SEEDS == 3
     # a clear claim still runs on 3 seeds: the plan does not size the control's interval
     easy = rules.plan_claim(pilot, kind="superiority", paper_effect=0.5, cap=10)
     assert easy.n == rules.MIN_SEEDS and rules.minimal_detectable(0.01, 2) <= 0.5
@@ -215,8 +216,9 @@ def test_control_noise_is_pooled_over_the_doses_that_bracket_the_chosen_one():
 def test_a_noisy_control_plans_more_seeds_and_one_beyond_reach_is_underpowered():
     quiet = {0.3: {0: 0.019, 1: 0.020, 2: 0.021}}
     loud = {0.3: {0: 0.0, 1: 0.02, 2: 0.04}}
-    q = rules.plan_control(quiet, 0.3, 0.02, cap=10)
-    lo = rules.plan_control(loud, 0.3, 0.02, cap=10)
+    # at the point estimate (confidence 0); the default limit is checked below
+    q = rules.plan_control(quiet, 0.3, 0.02, cap=10, confidence=0)
+    lo = rules.plan_control(loud, 0.3, 0.02, cap=10, confidence=0)
     assert q.n == rules.MIN_SEEDS and not q.underpowered
     assert lo.n > q.n and not lo.underpowered
     # the plan's seeds detect the claim's size with 80% power at the control's noise
@@ -227,11 +229,11 @@ def test_a_noisy_control_plans_more_seeds_and_one_beyond_reach_is_underpowered()
 
     half = t_quantile(0.975, lo.n - 1) * lo.pilot_sd / math.sqrt(lo.n)
     assert half < 0.02
-    beyond = rules.plan_control({0.3: {0: -0.2, 1: 0.02, 2: 0.24}}, 0.3, 0.02, cap=6)
+    beyond = rules.plan_control({0.3: {0: -0.2, 1: 0.02, 2: 0.24}}, 0.3, 0.02, cap=6, confidence=0)
     assert beyond.underpowered and beyond.n == 6
     # the study's seeds: the most any powered plan needs, claims' and the control's alike
     assert rules.study_seeds([q, lo]) == lo.n
-    assert rules.study_seeds([q, beyond]) == rules.MIN_SEEDS
+    assert rules.study_seeds([q, beyond]) == beyond.n == 6
 
 
 def test_a_control_underpowered_by_plan_makes_its_claim_underpowered_not_inconclusive():
@@ -265,3 +267,65 @@ def test_a_control_underpowered_by_plan_makes_its_claim_underpowered_not_inconcl
     assert "control_plan" not in DecisionInputs(control_min=0.02).to_json()
     v2 = kit.decide_inputs(effect, failed, DecisionInputs.from_json(inputs.to_json()))
     assert v2 == v
+
+
+def test_a_control_is_planned_at_the_upper_confidence_limit_of_its_pilot_sd():
+    import scipy.stats
+
+    for df in (1, 2, 4, 9):
+        for p in (0.2, 0.5, 0.975):
+            assert rules.chi2_quantile(p, df) == pytest.approx(
+                scipy.stats.chi2.ppf(p, df), rel=1e-9
+            )
+    # 6 pilot seeds over two doses: 4 degrees of freedom; the 80% limit is sd sqrt(4 / chi2_0.2)
+    scan = {0.2: {0: 0.010, 1: 0.020, 2: 0.030}, 0.3: {0: 0.015, 1: 0.025, 2: 0.035}}
+    sd, n = rules.control_sd(scan, 0.25)
+    upper = sd * math.sqrt(4 / scipy.stats.chi2.ppf(0.2, 4))
+    assert rules.sd_upper_limit(sd, 4, 0.8) == pytest.approx(upper)
+    plan = rules.plan_control(scan, 0.25, 0.02, cap=10)
+    point = rules.plan_control(scan, 0.25, 0.02, cap=10, confidence=0)
+    assert plan.pilot_sd == pytest.approx(sd) and plan.planned_sd == pytest.approx(upper)
+    assert math.isnan(point.planned_sd) and point.n < plan.n
+    # the seeds are the fewest whose power reaches 80% at the limit, not at the point estimate
+    assert rules.power(0.02, upper, plan.n) >= rules.POWER > rules.power(0.02, upper, plan.n - 1)
+    assert "80% upper confidence limit" in plan.reason
+    # the record keeps the limit (and an older record without it reads as nan)
+    from curvalign_lab.records import PlanRecord
+
+    record = PlanRecord.from_plan(plan, kind="control")
+    assert PlanRecord.from_json(record.to_json()) == record
+    assert record.to_json()["planned_sd"] == pytest.approx(upper)
+    older = {k: v for k, v in record.to_json().items() if k != "planned_sd"}
+    assert math.isnan(PlanRecord.from_json(older).planned_sd)
+
+
+def test_an_interval_that_excludes_the_papers_effect_decides_even_under_an_underpowered_plan():
+    underpowered = {"underpowered": True, "cap": 10, "reason": "MDE 0.03 at the cap"}
+    control = kit.Interval(0.03, 0.02, 0.04, 10)
+    # the 95% interval lies below the paper's 2 points: excluded, whatever the plan said
+    below = kit.Interval(0.005, -0.008, 0.018, 10)
+    verdict = kit.decide(below, control, paper_effect=0.02, control_min=0.02, plan=underpowered)
+    assert verdict.kind == kit.DOES_NOT_HOLD and "excluded (upper bound 1.8)" in verdict.text
+    # in a Holm family of 4 the bound is read at 1 - 0.05/4: wider, so no longer excluded
+    family = kit.decide(
+        below,
+        control,
+        paper_effect=0.02,
+        control_min=0.02,
+        plan=underpowered,
+        family=4,
+        significant=False,
+    )
+    assert family.kind == kit.UNDERPOWERED
+    # an interval that reaches the paper's effect stays underpowered by plan
+    wide = kit.Interval(0.001, -0.03, 0.032, 10)
+    assert (
+        kit.decide(wide, control, paper_effect=0.02, control_min=0.02, plan=underpowered).kind
+        == kit.UNDERPOWERED
+    )
+    # without a separated control nothing is excluded
+    dead = kit.Interval(0.0, -0.01, 0.01, 10)
+    assert (
+        kit.decide(below, dead, paper_effect=0.02, control_min=0.02, plan=underpowered).kind
+        == kit.UNDERPOWERED
+    )

@@ -31,8 +31,9 @@ The declared runner, step by step (``run_declared``):
    margin, capped) sets the seeds, and the control's dose is the one whose effect equals the
    claim's size (``rules.dose_for_effect``; none reaches it: the control is reported as unable
    to calibrate, and claims needing it cannot hold). The control's own seeds are planned too,
-   at its pilot noise near that dose (``rules.plan_control``): the run takes the most seeds any
-   claim or control needs (``plan_on_pilot``).
+   at the 80% upper confidence limit of its pilot noise near that dose (``rules.plan_control``):
+   the run takes the most seeds any claim or control asks, the cap where a plan is
+   underpowered (``plan_on_pilot``).
 3. The confirmatory run trains every arm and the control at the chosen dose with the planned
    seeds; ``measure`` gives each claim's per-seed effects; the interval counts the seeds and,
    where ``measure`` gives item totals, the test items too (``stats.two_level_difference``).
@@ -1120,8 +1121,9 @@ def plan_on_pilot(
     """The confirmatory run planned on a pilot (module docstring): each tested claim's seeds
     (``plan_study``); the control's dose from its scan (``choose_dose``) and the seeds it needs
     to separate at its own pilot noise (``rules.plan_control``), the same for every measured
-    control; the run takes the most seeds any powered plan needs, claims' and controls' alike,
-    at least ``rules.MIN_SEEDS``, never above ``max_seeds``."""
+    control; the run takes the most seeds any plan asks, claims' and controls' alike (the cap
+    for an underpowered one: ``rules.study_seeds``), at least ``rules.MIN_SEEDS``, never above
+    ``max_seeds``."""
     plans = plan_study(study, study.measure(pilot), pilot_seeds, max_seeds)
     controls: dict[str, rules.Plan] = {}
     dose_choice = None

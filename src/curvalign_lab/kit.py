@@ -27,12 +27,14 @@ The verdict rule (``decide``; written out again in every study's output)
     4. the interval at the claim's level lies inside ±delta
        (TOST: the 95% interval alone, 1 - 0.05/m in a Holm
        family of m) and the control separated              -> "equivalent within ±delta"
-    5. the plan says the claim needs more seeds than the
+    5. a plan, the control separated, and the interval at
+       the claim's level (Holm's 1 - 0.05/m in a family)
+       excludes the paper's effect (superiority): a valid
+       one-sided test whatever the plan promised           -> "does not hold: the paper's
+                                                                effect is excluded"
+    6. the plan says the claim needs more seeds than the
        cap (``rules.plan_claim``, on a pilot of a disjoint
        seed base; never the run's own SD)                   -> "underpowered by plan"
-    6. a powered plan and the interval excludes the
-       paper's effect (superiority)                         -> "does not hold: the paper's
-                                                                effect is excluded"
     7. the control did not separate                         -> "inconclusive: the calibrated
                                                                 control did not separate"
     8. otherwise                                            -> "inconclusive: the interval
@@ -82,6 +84,7 @@ from curvalign.stats import (
     mean_interval,
     paired_difference,
     t_test_p,
+    tost_interval,
 )
 from curvalign.train.hooks import Decision, TrainerHook, ValidationEvent
 from curvalign_lab.records import (
@@ -243,6 +246,19 @@ def decide(
             f"equivalent within ±{delta * scale:.3g} (TOST, "
             f"{100 * (1 - 2 * side_alpha):.4g}% interval)",
         )
+    upper = _upper_bound_below(effect, threshold, paper_effect, side_alpha, family)
+    if (
+        plan is not None
+        and paper_effect is not None
+        and delta is None
+        and control_ok
+        and upper is not None
+    ):
+        return Verdict(
+            DOES_NOT_HOLD,
+            f"{DOES_NOT_HOLD}: the paper's effect ({abs(paper_effect) * scale:.3g}) is "
+            f"excluded (upper bound {(upper - threshold) * scale:.3g})",
+        )
     if plan is not None and plan.get("underpowered"):
         return Verdict(
             UNDERPOWERED,
@@ -255,23 +271,28 @@ def decide(
             f"underpowered by plan: its control needs n > {control_plan.cap} to separate "
             f"({control_plan.reason})",
         )
-    if (
-        plan is not None
-        and paper_effect is not None
-        and delta is None
-        and control_ok
-        and effect.high < threshold + abs(paper_effect)
-    ):
-        return Verdict(
-            DOES_NOT_HOLD,
-            f"{DOES_NOT_HOLD}: the paper's effect ({abs(paper_effect) * scale:.3g}) is excluded "
-            f"(upper bound {(effect.high - threshold) * scale:.3g})",
-        )
     if not control_ok:
         return Verdict(INCONCLUSIVE_KIND, UNDETECTABLE)
     if alone:
         return Verdict(INCONCLUSIVE_KIND, NOT_SIGNIFICANT)
     return Verdict(INCONCLUSIVE_KIND, INCONCLUSIVE)
+
+
+def _upper_bound_below(
+    effect: Interval,
+    threshold: float,
+    paper_effect: float | None,
+    side_alpha: float,
+    family: int,
+) -> float | None:
+    """The effect's upper bound at the claim's level (its 95% interval alone, ``1 - 0.05/m``
+    in a Holm family of m) where it lies below ``threshold + |paper_effect|``, else None. The
+    exclusion is a one-sided test at the claim's level, valid whatever a plan promised, so it
+    decides before "underpowered by plan"."""
+    if paper_effect is None:
+        return None
+    upper = tost_interval(effect, side_alpha)[1] if family > 1 else effect.high
+    return upper if upper < threshold + abs(paper_effect) else None
 
 
 def across_seed_bases(a: Verdict, b: Verdict, seeds: int = 0) -> Verdict:
@@ -510,9 +531,10 @@ def plan_seeds(claims: Sequence[ClaimResult], max_seeds: int) -> dict[str, Any]:
     equivalence claim), at the level of Holm's first step for the pilot's tested claims (every
     claim in the family counts, with a paper effect or not), capped at ``max_seeds``
     (``per_claim``: {claim: ``PlanRecord``}). The
-    run's seeds are the most any powered claim needs; a claim that needs more than the cap is
-    *underpowered by plan* (named in ``out_of_budget``; its verdict says so whatever the
-    confirmatory run's own SD)."""
+    run's seeds are the most any plan asks (``rules.study_seeds``); a claim that needs more
+    than the cap is *underpowered by plan* (named in ``out_of_budget``): the run takes the cap
+    for it, and its verdict says underpowered unless its interval decides anyway
+    (``decide``), whatever the confirmatory run's own SD."""
     from curvalign_lab.rules import in_holm_family, plan_for_sd, study_seeds
 
     plans: dict[str, PlanRecord] = {}

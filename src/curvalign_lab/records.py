@@ -101,6 +101,9 @@ class PlanRecord:
     family: int = 1
     #: the test items' standard error the plan counted (0: seeds only, or an older record)
     item_se: float = 0.0
+    #: the SD the seeds were planned at where it is not ``pilot_sd`` (a control's upper
+    #: confidence limit, ``rules.plan_control``; nan: the pilot's SD, or an older record)
+    planned_sd: float = math.nan
 
     @classmethod
     def from_plan(cls, plan: Any, kind: str | None = None) -> PlanRecord:
@@ -117,6 +120,7 @@ class PlanRecord:
             kind,
             getattr(plan, "family", 1),
             getattr(plan, "item_se", 0.0),
+            getattr(plan, "planned_sd", math.nan),
         )
 
     def to_json(self) -> JSON:
@@ -136,6 +140,8 @@ class PlanRecord:
             out["family"] = self.family
         if self.item_se:
             out["item_se"] = self.item_se
+        if math.isfinite(self.planned_sd):
+            out["planned_sd"] = self.planned_sd
         return out
 
     @classmethod
@@ -153,6 +159,7 @@ class PlanRecord:
             d.get("kind"),
             int(d.get("family", 1)),
             float(d.get("item_se", 0.0)),
+            _num(d.get("planned_sd", math.nan)),
         )
 
 

@@ -47,12 +47,19 @@ sure pass.
 Control seeds (``plan_control``): a calibrated control separates when its interval lies above 0
 and is narrower than the claim's size. Its seeds are planned like a superiority claim whose
 effect is that size, on the control's own noise: the per-seed SD of the scan's effects at the
-doses that bracket the chosen one, pooled. At the planned n an effect of the claim's size is
-detected with 80% power, and the 95% interval's half-width is then about 0.7 times the size.
+doses that bracket the chosen one, pooled, taken at its 80% upper confidence limit
+(``sd_upper_limit``, Browne's rule): a pilot of a few seeds gives that SD on 2 to 5 degrees of
+freedom, and planned at the point estimate the control misses in about half of the runs (its
+realised SD comes out larger than the pilot's as often as not), which leaves every claim of its
+study undecided; at the limit the plan holds in 4 runs out of 5. At the planned n an effect of
+the claim's size is detected with 80% power, and the 95% interval's half-width is then about 0.7
+times the size. The run takes the most seeds any plan asks (``study_seeds``): the cap where a
+plan is underpowered.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from collections.abc import Mapping, Sequence
@@ -205,6 +212,9 @@ def plan_alpha(side: int) -> float:
 #: enough that a control of the claim's size cannot separate even where its pilot (a few seeds)
 #: happened to look quiet
 MIN_SEEDS = 3
+#: the confidence of the upper limit of the pilot SD a control's seeds are planned at
+#: (``plan_control``; Browne 1995's rule for pilot-based sample sizes)
+CONTROL_SD_CONFIDENCE = 0.8
 #: a pilot SD at or below this is identical per-seed effects up to rounding (metrics are fractions)
 ZERO_SD = 1e-12
 
@@ -228,6 +238,9 @@ class Plan:
     underpowered: bool
     family: int = 1
     item_se: float = 0.0
+    #: the SD the seeds were planned at where it is not ``pilot_sd`` (a control's: the pilot
+    #: SD's upper confidence limit, ``plan_control``); nan: the pilot's SD itself
+    planned_sd: float = math.nan
 
     @property
     def level(self) -> str:
@@ -266,7 +279,7 @@ class Plan:
             floor = self.item_floor
             return (
                 f"MDE {self.mde:.3g} at the cap of {self.cap} seeds exceeds the target "
-                f"{self.target:.3g} (pilot SD {self.pilot_sd:.3g}{self.level})"
+                f"{self.target:.3g} (pilot SD {self.pilot_sd:.3g}{self.level}{self._upper})"
                 + (
                     f"; no number of seeds reaches it: the test items alone give {floor:.3g}"
                     if floor > self.target
@@ -275,7 +288,16 @@ class Plan:
             )
         return (
             f"{self.n} seeds give MDE {self.mde:.3g} <= target {self.target:.3g} "
-            f"(pilot SD {self.pilot_sd:.3g}, {self.pilot_n} seeds{self.level})"
+            f"(pilot SD {self.pilot_sd:.3g}, {self.pilot_n} seeds{self.level}{self._upper})"
+        )
+
+    @property
+    def _upper(self) -> str:
+        if not math.isfinite(self.planned_sd):
+            return ""
+        return (
+            f"; planned at its {CONTROL_SD_CONFIDENCE:.0%} upper confidence limit "
+            f"{self.planned_sd:.3g}"
         )
 
     def as_dict(self) -> dict[str, float | int | bool | str]:
@@ -290,6 +312,7 @@ class Plan:
             "reason": self.reason,
             "family": self.family,
             "item_se": self.item_se,
+            **({"planned_sd": self.planned_sd} if math.isfinite(self.planned_sd) else {}),
         }
 
 
@@ -402,10 +425,12 @@ def _sd(values: Sequence[float]) -> float:
 
 
 def study_seeds(plans: Sequence[Plan], floor: int = MIN_SEEDS) -> int:
-    """The confirmatory run's seeds: the most any powered claim needs (a claim underpowered by
-    plan does not raise it: it would need more than the cap anyway), at least ``floor``
-    (``MIN_SEEDS``)."""
-    return max([floor, *(p.n for p in plans if not p.underpowered)])
+    """The confirmatory run's seeds: the most any plan asks, at least ``floor``
+    (``MIN_SEEDS``). A plan underpowered by its pilot asks for its cap: its label stays
+    "underpowered" unless the interval decides anyway (significant, equivalent, or the paper's
+    effect excluded), and a control that needs more than the cap separates, if at all, only
+    at the most seeds the study may spend."""
+    return max([floor, *(p.n for p in plans)])
 
 
 def control_sd(
@@ -416,9 +441,17 @@ def control_sd(
     where ``dose`` lies outside the scan; the largest when ``dose`` is None: no dose reached
     the target, so the control runs at its largest). Returns (SD, the seeds it pools); (nan, n)
     when fewer than two seeds share a dose."""
+    sd, seeds, _ = _pooled_sd(effects, dose)
+    return sd, seeds
+
+
+def _pooled_sd(
+    effects: Mapping[float, Mapping[int, float]], dose: float | None
+) -> tuple[float, int, int]:
+    """``control_sd`` and the pooled SD's degrees of freedom."""
     doses = sorted(d for d in effects if len(effects[d]) > 0)
     if not doses:
-        return math.nan, 0
+        return math.nan, 0, 0
     if dose is None:
         near = [doses[-1]]
     else:
@@ -434,7 +467,35 @@ def control_sd(
         mean = math.fsum(values) / len(values)
         squares += math.fsum((v - mean) ** 2 for v in values)
         df += len(values) - 1
-    return (math.sqrt(squares / df) if df > 0 else math.nan), seeds
+    return (math.sqrt(squares / df) if df > 0 else math.nan), seeds, df
+
+
+def chi2_quantile(p: float, df: int) -> float:
+    """The ``p`` quantile of the chi-square distribution on ``df`` degrees of freedom (its CDF,
+    the regularised lower incomplete gamma ``P(df/2, x/2)``, inverted by bisection)."""
+    if not 0.0 < p < 1.0 or df < 1:
+        raise ValueError(f"chi2_quantile needs 0 < p < 1 and df >= 1, got p={p}, df={df}")
+
+    def cdf(x: float) -> float:
+        a = torch.tensor(df / 2.0, dtype=torch.float64)
+        return float(torch.special.gammainc(a, torch.tensor(x / 2.0, dtype=torch.float64)))
+
+    low, high = 0.0, float(df)
+    while cdf(high) < p:
+        high *= 2.0
+    for _ in range(100):
+        mid = 0.5 * (low + high)
+        low, high = (mid, high) if cdf(mid) < p else (low, mid)
+    return 0.5 * (low + high)
+
+
+def sd_upper_limit(sd: float, df: int, confidence: float = 0.8) -> float:
+    """The one-sided ``confidence`` upper limit of a normal SD estimated as ``sd`` on ``df``
+    degrees of freedom: ``sd sqrt(df / chi2_{1 - confidence}(df))`` (``(df) s^2 / sigma^2``
+    is chi-square on ``df``). nan where there is no SD to bound."""
+    if not math.isfinite(sd) or df < 1:
+        return math.nan
+    return sd * math.sqrt(df / chi2_quantile(1.0 - confidence, df))
 
 
 def plan_control(
@@ -442,12 +503,19 @@ def plan_control(
     dose: float | None,
     size: float,
     cap: int = 10,
+    confidence: float = CONTROL_SD_CONFIDENCE,
 ) -> Plan:
-    """The seeds a calibrated control needs to separate (module docstring): ``plan_for_sd`` at
-    the control's own pilot SD near ``dose`` (``control_sd``) for a superiority effect of the
-    claim's ``size``."""
-    sd, n = control_sd(effects, dose)
-    return plan_for_sd(sd, n, kind=SUPERIORITY, paper_effect=size, cap=cap)
+    """The seeds a calibrated control needs to separate (module docstring): ``plan_for_sd`` for
+    a superiority effect of the claim's ``size`` at the ``confidence`` upper limit of the
+    control's pilot SD near ``dose`` (``control_sd``, ``sd_upper_limit``; ``confidence`` 0
+    plans at the point estimate). The plan keeps the pilot's SD as ``pilot_sd`` and the limit
+    as ``planned_sd``."""
+    sd, n, df = _pooled_sd(effects, dose)
+    if confidence <= 0 or not math.isfinite(sd) or sd <= ZERO_SD:
+        return plan_for_sd(sd, n, kind=SUPERIORITY, paper_effect=size, cap=cap)
+    upper = sd_upper_limit(sd, df, confidence)
+    plan = plan_for_sd(upper, n, kind=SUPERIORITY, paper_effect=size, cap=cap)
+    return dataclasses.replace(plan, pilot_sd=sd, planned_sd=upper)
 
 
 def in_holm_family(role: str, precondition: str | None, regime: str | None) -> bool:
@@ -523,6 +591,7 @@ def dose_for_effect(
 
 __all__ = [
     "ALPHA",
+    "CONTROL_SD_CONFIDENCE",
     "EQUIVALENCE",
     "KINDS",
     "MIN_SEEDS",
@@ -532,6 +601,7 @@ __all__ = [
     "UNSTABLE",
     "Plan",
     "across_bases",
+    "chi2_quantile",
     "control_sd",
     "dose_for_effect",
     "in_holm_family",
@@ -543,6 +613,7 @@ __all__ = [
     "plan_for_sd",
     "planning_target",
     "power",
+    "sd_upper_limit",
     "sided",
     "study_seeds",
 ]
