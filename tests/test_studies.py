@@ -98,6 +98,10 @@ def test_equivalence_is_never_granted_below_the_claims_own_level():
     # a family of one reads the 95% interval: equivalent, and the text names that level
     solo = kit.decide(tight, MOVED, threshold=-0.02, delta=0.02, significant=False)
     assert solo.kind == kit.EQUIVALENT and "95% interval" in solo.text
+    # a family tested at a stricter level reads its equivalence at that level too
+    strict = kit.apply_holm([alone], alpha=0.01)
+    assert strict[0].holm_significant is False and strict[0].holm_verdict != kit.EQUIVALENT
+    assert tost_interval(tight, alpha=0.005)[0] < -0.02
     with pytest.raises(ValueError, match="family"):
         kit.decide(tight, MOVED, delta=0.02, family=0)
 

@@ -203,6 +203,7 @@ def decide(
     scale: float = 100.0,
     control_plan: PlanRecord | None = None,
     family: int = 1,
+    alpha: float = ALPHA,
 ) -> Verdict:
     """The verdict of one claim (``RULE``). ``effect`` and ``control`` are oriented so that the
     claim says ``effect > threshold`` and the control's handicap shows as a positive difference
@@ -219,8 +220,9 @@ def decide(
     is tested in (1: alone); an equivalence is a finding of that family too, so its TOST reads
     the ``1 - ALPHA / family`` interval (Bonferroni, the level Holm gives its first test), the
     same level and sidedness as the claims' own 95% tests: never the laxer 90% interval, which
-    could call "equivalent" a claim whose non-inferiority failed Holm's correction. ``scale``
-    only formats the texts."""
+    could call "equivalent" a claim whose non-inferiority failed Holm's correction. ``alpha``:
+    the family's level (``apply_holm``'s), which those intervals read too. ``scale`` only
+    formats the texts."""
     if isinstance(plan, PlanRecord):
         plan = plan.to_json()
     if regime is not None:
@@ -239,7 +241,7 @@ def decide(
         return Verdict(DOES_NOT_HOLD, DOES_NOT_HOLD)
     if family < 1:
         raise ValueError(f"a claim's Holm family has at least 1 member, got {family}")
-    side_alpha = ALPHA / (2 * family)
+    side_alpha = alpha / (2 * family)
     if delta is not None and control_ok and equivalent_within(effect, delta, side_alpha):
         return Verdict(
             EQUIVALENT,
@@ -406,9 +408,10 @@ def decide_inputs(
     inputs: DecisionInputs,
     significant: bool | None = None,
     family: int = 1,
+    alpha: float = ALPHA,
 ) -> Verdict:
     """``decide`` with a claim's recorded ``inputs`` (``significant``: Holm's decision,
-    ``family``: the size of the Holm family it was made in)."""
+    ``family``: the size of the Holm family it was made in, ``alpha``: its level)."""
     return decide(
         effect,
         control,
@@ -424,6 +427,7 @@ def decide_inputs(
         scale=inputs.scale,
         control_plan=inputs.control_plan,
         family=family,
+        alpha=alpha,
     )
 
 
@@ -450,6 +454,7 @@ def apply_holm(claims: Sequence[ClaimResult], alpha: float = ALPHA) -> list[Clai
             # outside the family (a precondition or regime claim): its own interval decides
             significant=claim.holm_significant if in_family else None,
             family=size if in_family else 1,
+            alpha=alpha,
         )
         out.append(dataclasses.replace(claim, holm_verdict=verdict.kind, holm_outcome=verdict.text))
     return out
