@@ -87,13 +87,14 @@ def test_a_toy_study_declared_in_one_file_runs_plans_and_writes_its_page(tmp_pat
     # the claim counts its test items, so its plan counts their SE (more seeds do not shrink it)
     assert wider.item_se > 0
     assert result.seeds == tuple(range(7, 7 + plan.seeds))
-    # the control's seeds are planned on its own pilot noise; the run takes the most any
-    # powered plan needs, at least MIN_SEEDS
+    # the control's seeds are planned on its own pilot noise, at that SD's 80% upper limit; the
+    # run takes the most any plan asks (the cap for an underpowered one), at least MIN_SEEDS
     control_plan = plan.controls["wider"]
     assert control_plan.kind == "control" and control_plan.target == pytest.approx(0.05)
     assert control_plan.cap == 3 and control_plan.pilot_n in (2, 4)
-    needs = [p.n for p in (wider, control_plan) if not p.underpowered]
-    assert plan.seeds == min(3, max([rules.MIN_SEEDS, *needs]))
+    if control_plan.pilot_sd > 0:
+        assert control_plan.planned_sd > control_plan.pilot_sd
+    assert plan.seeds == min(3, max(rules.MIN_SEEDS, wider.n, control_plan.n))
     # the control's dose came from the pilot's scan of both doses, and of the dose first read
     # off them where that is a new one (one refinement, declare.DOSE_REFINEMENTS)
     control = result.control
@@ -147,6 +148,9 @@ def test_a_toy_study_declared_in_one_file_runs_plans_and_writes_its_page(tmp_pat
     text = page.study_page(result)
     assert "Power, planned on a pilot" in text and "toy-width" in text
     assert "| control of wider | control |" in text
+    if control_plan.pilot_sd > 0:
+        assert f"(planned at {100 * control_plan.planned_sd:.3g})" in text
+        assert "80% upper confidence limit of their pilot SD" in text
     assert "Step-0 health" in text
 
 

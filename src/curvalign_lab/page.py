@@ -218,11 +218,22 @@ def plan_text(result: StudyResult) -> str:
     families = {p.family for p in plan.per_claim.values() if isinstance(p, PlanRecord)}
     for claim, p in plan.controls.items():
         # the control's target is the claim's size: it separates when narrower than that
+        upper = f" (planned at {100 * p.planned_sd:.3g})" if math.isfinite(p.planned_sd) else ""
         lines.append(
-            f"| control of {claim} | control | {100 * p.pilot_sd:.3g} |"
+            f"| control of {claim} | control | {100 * p.pilot_sd:.3g}{upper} |"
             + (" |" if items else "")
             + f" {100 * p.target:.3g} | {p.n} | {100 * p.mde:.3g} | "
             f"{'yes' if p.underpowered else 'no'} |"
+        )
+    if plan.controls:
+        older = not all(math.isfinite(p.planned_sd) for p in plan.controls.values())
+        lines.append(
+            "\nThe controls' seeds are planned at their pilot SD itself (a record from before "
+            "controls were planned at its upper confidence limit): a pilot SD on a few degrees "
+            "of freedom falls below the true one more often than not."
+            if older
+            else "\nThe controls' seeds are planned at the 80% upper confidence limit of their "
+            "pilot SD (in brackets), which lies above the true SD in 80% of pilots."
         )
     if max(families, default=1) > 1:
         m = max(families)
