@@ -288,7 +288,7 @@ def test_a_control_is_planned_at_the_upper_confidence_limit_of_its_pilot_sd():
     assert math.isnan(point.planned_sd) and point.n < plan.n
     # the seeds are the fewest whose power reaches 80% at the limit, not at the point estimate
     assert rules.power(0.02, upper, plan.n) >= rules.POWER > rules.power(0.02, upper, plan.n - 1)
-    assert "80% upper confidence limit" in plan.reason
+    assert f"upper confidence limit {upper:.3g}" in plan.reason
     # the record keeps the limit (and an older record without it reads as nan)
     from curvalign_lab.records import PlanRecord
 

@@ -248,7 +248,7 @@ def decide(
             f"equivalent within ±{delta * scale:.3g} (TOST, "
             f"{100 * (1 - 2 * side_alpha):.4g}% interval)",
         )
-    upper = _upper_bound_below(effect, threshold, paper_effect, side_alpha, family)
+    upper = _upper_bound_below(effect, threshold, paper_effect, side_alpha)
     if (
         plan is not None
         and paper_effect is not None
@@ -281,19 +281,15 @@ def decide(
 
 
 def _upper_bound_below(
-    effect: Interval,
-    threshold: float,
-    paper_effect: float | None,
-    side_alpha: float,
-    family: int,
+    effect: Interval, threshold: float, paper_effect: float | None, side_alpha: float
 ) -> float | None:
-    """The effect's upper bound at the claim's level (its 95% interval alone, ``1 - 0.05/m``
-    in a Holm family of m) where it lies below ``threshold + |paper_effect|``, else None. The
-    exclusion is a one-sided test at the claim's level, valid whatever a plan promised, so it
-    decides before "underpowered by plan"."""
+    """The effect's upper bound at the claim's level (the ``1 - 2 side_alpha`` interval: the
+    95% one alone, ``1 - 0.05/m`` in a Holm family of m) where it lies below ``threshold +
+    |paper_effect|``, else None. The exclusion is a one-sided test at the claim's level, valid
+    whatever a plan promised, so it decides before "underpowered by plan"."""
     if paper_effect is None:
         return None
-    upper = tost_interval(effect, side_alpha)[1] if family > 1 else effect.high
+    upper = tost_interval(effect, side_alpha)[1]
     return upper if upper < threshold + abs(paper_effect) else None
 
 
