@@ -90,18 +90,22 @@ def test_the_declared_precondition_reads_the_gate_on_validation_pairs(tmp_path, 
     assert not set(val_ids.tolist()) & set(bench.store.split_image_ids("test").tolist())
 
 
-def test_the_control_dose_moves_the_throttle_and_dose_zero_is_the_clean_arm():
-    clean = dict(o.split("=") for o in agr.curriculum(450))
-    assert agr.throttle_removed(1.0, 450) == ("alpha_start=0", "beta_start=0", "beta_end=0")
-    for option in agr.throttle_removed(0.0, 450):
-        key, value = option.split("=")
-        assert clean[key] == value
-    half = dict(o.split("=") for o in agr.throttle_removed(0.5, 450))
-    assert int(half["beta_start"]) == round(int(clean["beta_start"]) / 2)
-    # the handicap is of the training: the store is left as it is
+def test_the_control_flattens_the_hyperbolic_score_at_a_fixed_temperature():
+    """The handicap is of the training (the store is left as it is): a fixed tau_H at the dose,
+    never learnt back to the paper's 1, read by the recipe's own config parser."""
+    from curvalign.config import resolve_config
+
     assert agr.STUDY.control is not None
     handicap = agr.STUDY.control.handicap
-    assert handicap.options is agr.throttle_removed and len(handicap.doses) >= 3
+    assert handicap.options is agr.hyperbolic_flattened and len(handicap.doses) >= 3
+    assert min(handicap.doses) > 1.0 and handicap.dose == max(handicap.doses)
+    options = agr.hyperbolic_flattened(10.0, 450)
+    assert options == ("tau_h_init=10", "learn_tau_h=false")
+    config = resolve_config("agr", "synthetic", overrides=[*agr.curriculum(450), *options])
+    assert config.recipe_config["tau_h_init"] == 10.0
+    assert config.recipe_config["learn_tau_h"] is False
+    store = object()
+    assert handicap.apply(store, 10.0, 0) is store
 
 
 def _fake_trained(tmp_path, w, gates, losses):
@@ -155,17 +159,17 @@ def test_measure_reads_the_marks_and_the_premise_from_the_logs(tmp_path):
 
 
 def test_a_control_that_cannot_reach_the_claim_size_makes_the_claims_unable_to_hold():
-    """The pilot's scan: a throttle removal that never moves w̄ by the claim's 0.78 is not
+    """The pilot's scan: a flattening that never moves w̄ by the claim's 0.78 is not
     calibrated, and with it the claim it sizes cannot hold however clear its effect."""
     study = agr.STUDY
-    weak = {0.25: {0: 0.05, 1: 0.07}, 0.5: {0: 0.1, 1: 0.12}, 1.0: {0: 0.3, 1: 0.2}}
+    weak = {3.0: {0: 0.05, 1: 0.07}, 10.0: {0: 0.1, 1: 0.12}, 30.0: {0: 0.3, 1: 0.2}}
     choice = declare.choose_dose(study, weak)
     assert choice.target == pytest.approx(0.78) and not choice.calibrated
-    strong = {0.25: {0: 0.3, 1: 0.3}, 0.5: {0: 0.7, 1: 0.9}, 1.0: {0: 0.9, 1: 0.95}}
+    strong = {3.0: {0: 0.3, 1: 0.3}, 10.0: {0: 0.7, 1: 0.9}, 30.0: {0: 0.9, 1: 0.95}}
     good = declare.choose_dose(study, strong)
-    assert good.calibrated and 0.25 < good.dose < 1.0
+    assert good.calibrated and 3.0 < good.dose < 30.0
     assert good.dose == pytest.approx(
-        rules.dose_for_effect([0.25, 0.5, 1.0], [0.3, 0.8, 0.925], 0.78)
+        rules.dose_for_effect([3.0, 10.0, 30.0], [0.3, 0.8, 0.925], 0.78)
     )
     clear = {
         s: declare.Measured({0: 0.8, 1: 0.82, 2: 0.79})
@@ -204,7 +208,7 @@ def test_the_pilot_scans_the_control_and_plans_the_seeds_at_tiny_size(
     plan = result.power_plan
     assert plan.pilot_seed_base == declare.PILOT_OFFSET and result.seeds == (0, 1)
     scan = result.control.choice.scan
-    assert set(scan) == {"0.25", "0.5", "1"}
+    assert set(scan) == {"3", "10", "30"}
     # 3 steps is below the claims' budget; the routing statistics were measured at T_w = 2
     for claim in result.claims:
         assert claim.outcome == kit.TOO_SHORT or claim.verdict == kit.NOT_REPRODUCED
